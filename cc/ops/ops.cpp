@@ -1,0 +1,52 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+//
+// Schemas of the scored hash table ops, defined once. Backends register their
+// kernels in ops_cpu.cpp, ops_cuda.cpp and ops_meta.cpp. The table layout and
+// the meaning of `info`, `counters`, policies and statuses are documented in
+// cc/table/table_common.h and cc/table/types.h.
+#include <torch/library.h>
+
+TORCH_LIBRARY(dynamicemb, m) {
+  // Looks up keys.
+  // Args:
+  //   keys, table_ids: (n) int64, the key and the logical table of each entry.
+  //   table_keys, digests, scores, info: the table state (scores is mutated
+  //     when `update` is set: the policies are applied to resident keys).
+  //   policies: one ScorePolicy per score column; score_values: (1 or n,
+  //     num_scores) int64 values they use.
+  // Result:
+  //   (n) int64 slots, -1 where the key is absent (or invalid).
+  m.def(
+      "table_find(Tensor keys, Tensor table_ids, Tensor table_keys, Tensor digests, "
+      "Tensor(a!) scores, Tensor info, int[] policies, Tensor score_values, bool update) -> Tensor");
+
+  // insert (op 0), insert_and_evict (op 1) or erase (op 2), processed as if one
+  // key after another in batch order (see table_common.h).
+  // Args:
+  //   counters: (num_tables, kCounterCols) int64, updated on the device.
+  //   free_rows: NO_EVICTION free-row stacks (may be empty when no table is).
+  //   assign_rows: NO_EVICTION tables take score_values column 0 as the row.
+  //   total_buckets: buckets of all tables (sort key bound).
+  //   has_rows: some table is NO_EVICTION.
+  // Result:
+  //   slots (n) int64, status (n) int8 InsertStatus (erase: 0 removed, 3 absent),
+  //   evicted keys (n), scores (n, num_scores), slots (n), table ids (n), the
+  //   first num_evicted[0] entries valid, in (bucket, index) order.
+  m.def(
+      "table_run(Tensor keys, Tensor table_ids, Tensor(a!) table_keys, Tensor(b!) digests, "
+      "Tensor(c!) scores, Tensor info, Tensor(d!) counters, Tensor(e!) free_rows, int[] policies, "
+      "Tensor score_values, int op, bool assign_rows, int total_buckets, bool has_rows) -> "
+      "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+
+  // Occupied slots in [slot_begin, slot_end) whose score word `score_column` is
+  // at least `threshold`, in slot order.
+  // Result:
+  //   keys, slots, table ids (range) int64, scores (range, num_scores) int64,
+  //   count (1) int64; the first count entries are valid.
+  m.def(
+      "table_export(Tensor table_keys, Tensor scores, Tensor info, int slot_begin, int slot_end, "
+      "int score_column, int threshold) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+
+  // Occupied slots of each table, counted from the keys: (num_tables) int64.
+  m.def("table_count(Tensor table_keys, Tensor info) -> Tensor");
+}

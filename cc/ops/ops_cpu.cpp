@@ -1,0 +1,155 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+//
+// CPU kernels of the table ops. Every argument, and every key and table id,
+// is checked before the table is touched, so a rejected call changes nothing.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "cc/ops/ops_common.h"
+#include "cc/table/table_common.h"
+#include "cc/table/table_cpu.h"
+
+namespace dyn_emb {
+namespace ops {
+namespace {
+
+using table::TableMode;
+
+void check_cpu(const at::Tensor& t) {
+  TORCH_INTERNAL_ASSERT(t.device().is_cpu(), "dynamicemb: CPU kernel got a ", t.device(),
+                        " tensor");
+}
+
+/// Refuses reserved keys and table ids out of range, naming the first one.
+void check_key_values(const at::Tensor& keys, const at::Tensor& table_ids, int64_t num_tables) {
+  const int64_t* k = keys.data_ptr<int64_t>();
+  const int64_t* t = table_ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < keys.numel(); ++i) {
+    TORCH_CHECK_VALUE(!table::is_reserved_key(k[i]), "dynamicemb: key ", k[i], " at index ", i,
+                " is reserved (keys below ", table::kFirstValidKey, " mark slot states)");
+    TORCH_CHECK_VALUE(t[i] >= 0 && t[i] < num_tables, "dynamicemb: table id ", t[i], " at index ", i,
+                " is out of range [0, ", num_tables, ")");
+  }
+}
+
+at::Tensor find_cpu(const at::Tensor& keys, const at::Tensor& table_ids,
+                    const at::Tensor& table_keys, const at::Tensor& digests, at::Tensor& scores,
+                    const at::Tensor& info, at::IntArrayRef policies,
+                    const at::Tensor& score_values, bool update) {
+  check_state(table_keys, digests, scores, info);
+  check_batch(keys, table_ids, table_keys);
+  check_cpu(keys);
+  const int64_t n = keys.numel();
+  check_scores(policies, score_values, n, scores.size(1), table_keys);
+  check_key_values(keys, table_ids, info.size(0));
+  at::Tensor slots = at::empty({n}, keys.options());
+  const table::TableRef t = table_ref(table_keys, digests, scores, info, nullptr, nullptr);
+  table::ScoreArgs a = score_args(policies, score_values, n);
+  a.host_now = table::cpu::host_timer_ns();
+  table::cpu::find(t, a, keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(), n, update,
+                   slots.data_ptr<int64_t>());
+  return slots;
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+run_cpu(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_keys,
+        at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::Tensor& counters,
+        at::Tensor& free_rows, at::IntArrayRef policies, const at::Tensor& score_values, int64_t op,
+        bool assign_rows, int64_t total_buckets, bool has_rows) {
+  check_state(table_keys, digests, scores, info);
+  check_batch(keys, table_ids, table_keys);
+  check_counters(counters, free_rows, info, table_keys);
+  check_op(op);
+  check_cpu(keys);
+  const int64_t n = keys.numel();
+  check_scores(policies, score_values, n, scores.size(1), table_keys);
+  check_key_values(keys, table_ids, info.size(0));
+  TORCH_CHECK(total_buckets >= 1, "dynamicemb: total_buckets must be positive, got ",
+              total_buckets);
+  if (assign_rows && op != static_cast<int64_t>(table::RunOp::kErase)) {
+    const int64_t* inf = info.data_ptr<int64_t>();
+    const int64_t* tid = table_ids.data_ptr<int64_t>();
+    const int64_t* v = score_values.data_ptr<int64_t>();
+    const int64_t stride = score_values.size(0) == 1 ? 0 : score_values.size(1);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t* ti = inf + tid[i] * kInfoCols;
+      if (ti[table::kInfoMode] != static_cast<int64_t>(TableMode::kNoEviction)) continue;
+      TORCH_CHECK_VALUE(v[i * stride] >= 0 && v[i * stride] < ti[table::kInfoRowCapacity],
+                  "dynamicemb: row ", v[i * stride], " at index ", i, " is out of range [0, ",
+                  ti[table::kInfoRowCapacity], ") of table ", tid[i]);
+    }
+  }
+  RunOutputs out = alloc_run_outputs(keys, scores.size(1));
+  at::Tensor order = at::empty({n}, keys.options().dtype(at::kInt));
+  at::Tensor scratch = at::empty({n}, keys.options());
+  at::Tensor row_work = at::empty({has_rows ? n : 0}, keys.options());
+  at::Tensor flags = at::empty({n}, keys.options().dtype(at::kByte));
+
+  const table::TableRef t = table_ref(table_keys, digests, scores, info, &counters, &free_rows);
+  table::RunArgs r;
+  r.keys = keys.data_ptr<int64_t>();
+  r.table_ids = table_ids.data_ptr<int64_t>();
+  r.order = order.data_ptr<int32_t>();
+  r.score = score_args(policies, score_values, n);
+  r.op = static_cast<table::RunOp>(op);
+  r.assign_rows = assign_rows;
+  r.slots = out.slots.data_ptr<int64_t>();
+  r.status = out.status.data_ptr<int8_t>();
+  r.ev_keys = out.ev_keys.data_ptr<int64_t>();
+  r.ev_scores = out.ev_scores.data_ptr<int64_t>();
+  r.ev_slots = out.ev_slots.data_ptr<int64_t>();
+  r.ev_tables = out.ev_tables.data_ptr<int64_t>();
+  r.ev_flags = flags.data_ptr<uint8_t>();
+  r.row_work = has_rows ? row_work.data_ptr<int64_t>() : nullptr;
+  const int64_t evicted =
+      table::cpu::run_op(t, r, n, total_buckets, scratch.data_ptr<int64_t>());
+  out.num_evicted.fill_(evicted);
+  return out.tuple();
+}
+
+ExportResult export_cpu(const at::Tensor& table_keys, const at::Tensor& scores,
+                        const at::Tensor& info, int64_t slot_begin, int64_t slot_end,
+                        int64_t column, int64_t threshold) {
+  TORCH_CHECK(table_keys.numel() == scores.size(0), "dynamicemb: table_keys and scores disagree");
+  check_export(table_keys, scores, slot_begin, slot_end, column);
+  check_cpu(table_keys);
+  ExportResult res = alloc_export(table_keys, scores, slot_end - slot_begin);
+  table::TableRef t;
+  t.keys = const_cast<int64_t*>(table_keys.data_ptr<int64_t>());
+  t.scores = const_cast<int64_t*>(scores.data_ptr<int64_t>());
+  t.info = info.data_ptr<int64_t>();
+  t.num_scores = static_cast<int32_t>(scores.size(1));
+  t.num_tables = info.size(0);
+  t.num_slots = table_keys.numel();
+  const int64_t c = table::cpu::export_batch(
+      t, slot_begin, slot_end, static_cast<int32_t>(column), threshold,
+      std::get<0>(res).data_ptr<int64_t>(), std::get<1>(res).data_ptr<int64_t>(),
+      std::get<2>(res).data_ptr<int64_t>(), std::get<3>(res).data_ptr<int64_t>());
+  std::get<4>(res).fill_(c);
+  return res;
+}
+
+at::Tensor count_cpu(const at::Tensor& table_keys, const at::Tensor& info) {
+  check_1d(table_keys, at::kLong, "table_keys");
+  check_cpu(table_keys);
+  at::Tensor out = at::zeros({info.size(0)}, table_keys.options());
+  table::TableRef t;
+  t.keys = const_cast<int64_t*>(table_keys.data_ptr<int64_t>());
+  t.info = info.data_ptr<int64_t>();
+  t.num_tables = info.size(0);
+  t.num_slots = table_keys.numel();
+  table::cpu::count(t, out.data_ptr<int64_t>());
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
+  m.impl("table_find", &find_cpu);
+  m.impl("table_run", &run_cpu);
+  m.impl("table_export", &export_cpu);
+  m.impl("table_count", &count_cpu);
+}
+
+}  // namespace ops
+}  // namespace dyn_emb

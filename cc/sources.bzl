@@ -1,0 +1,43 @@
+"""The one list of C++/CUDA sources of the extension.
+
+Read by the Bazel BUILD files (load) and by setup.py (exec), so both builds
+compile exactly the same files. Keep it to plain literals: setup.py evaluates
+it as Python.
+"""
+
+# Paths are relative to each package directory.
+# //cc/table:table_core (header-only, no torch, no CUDA).
+TABLE_CORE_HDRS = [
+    "types.h",
+    "table_common.h",
+    "table_ref.h",
+]
+
+# //cc/table:table_cpu and //cc/table:table_cuda.
+TABLE_CPU_HDRS = ["table_cpu.h"]
+
+TABLE_CUDA_HDRS = ["table_cuda.h"]
+
+TABLE_HDRS = TABLE_CORE_HDRS + TABLE_CPU_HDRS + TABLE_CUDA_HDRS
+
+TABLE_CPU_SRCS = ["table_cpu.cpp"]
+
+TABLE_CUDA_SRCS = ["table_cuda.cu"]
+
+OPS_HDRS = ["ops_common.h"]
+
+# Torch op schemas, CPU and Meta kernels, and the Python module entry point.
+OPS_SRCS = [
+    "ops.cpp",
+    "ops_cpu.cpp",
+    "ops_meta.cpp",
+    "module.cpp",
+]
+
+# CUDA dispatch registrations: built only against a CUDA-enabled torch.
+OPS_CUDA_SRCS = ["ops_cuda.cpp"]
+
+PACKAGES = {
+    "cc/table": {"hdrs": TABLE_HDRS, "cpu_srcs": TABLE_CPU_SRCS, "cuda_srcs": TABLE_CUDA_SRCS},
+    "cc/ops": {"hdrs": OPS_HDRS, "cpu_srcs": OPS_SRCS, "cuda_srcs": OPS_CUDA_SRCS},
+}

@@ -1,0 +1,52 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+//
+// CUDA backend of the scored hash table. The per-key logic is table_common.h,
+// shared with the CPU backend; this file adds the kernels and their launches.
+// Nothing here synchronizes the host with the device: counts stay on the
+// device until someone reads them. Torch-free, so it builds with nvcc alone.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "cc/table/table_ref.h"
+
+namespace dyn_emb {
+namespace table {
+namespace cuda {
+
+/// Device scratch memory, alive until the calling op returns.
+class ScratchAllocator {
+ public:
+  virtual ~ScratchAllocator() = default;
+  virtual void* allocate(size_t bytes) = 0;
+};
+
+/// @brief Device-side find; see cpu::find.
+void find(const TableRef& t, const ScoreArgs& a, const int64_t* keys, const int64_t* table_ids,
+          int64_t n, bool update, int64_t* slots, cudaStream_t stream);
+
+/// @brief Device-side insert / insert_and_evict / erase; see cpu::run_op.
+/// The eviction records come out compacted in r.ev_* (sorted order), their
+/// number in `*num_evicted` (device memory). `r.order` must be writable
+/// device memory of n entries. `has_rows`: some table is NO_EVICTION.
+void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_buckets, bool has_rows,
+            int64_t* num_evicted, ScratchAllocator& scratch, cudaStream_t stream);
+
+/// @brief Device-side export_batch; the count goes to `*count` (device).
+void export_batch(const TableRef& t, int64_t slot_begin, int64_t slot_end, int32_t column,
+                  int64_t threshold, int64_t* out_keys, int64_t* out_slots, int64_t* out_tables,
+                  int64_t* out_scores, int64_t* count, ScratchAllocator& scratch,
+                  cudaStream_t stream);
+
+/// @brief Occupied slots per table, into `out` (num_tables, device).
+void count(const TableRef& t, int64_t* out, cudaStream_t stream);
+
+/// @brief Number of CUDA devices visible, or a negative cudaError_t.
+int device_count();
+
+}  // namespace cuda
+}  // namespace table
+}  // namespace dyn_emb

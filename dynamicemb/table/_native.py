@@ -1,0 +1,72 @@
+"""Loads the native extension and exposes the table's constants.
+
+The numbers (reserved keys, score policies, statuses, tensor columns) are
+defined once, in ``cc/table/types.h``; this module only reads them from the
+extension, so Python never restates them.
+"""
+
+import enum
+import functools
+from typing import Any, Dict
+
+import torch  # noqa: F401  (loads libtorch before the extension)
+
+
+@functools.lru_cache(maxsize=None)
+def extension():
+    """The ``dynamicemb._C`` module; importing it registers ``torch.ops.dynamicemb``."""
+    try:
+        from dynamicemb import _C  # type: ignore[attr-defined]
+    except ImportError as e:  # pragma: no cover - exercised only on broken installs
+        raise ImportError(
+            "dynamicemb's native extension is not built. Build it with "
+            "`pip install --no-build-isolation .` (or `python setup.py build_ext --inplace`) "
+            "or through Bazel (`bazel build //dynamicemb:_C.so`)."
+        ) from e
+    return _C
+
+
+@functools.lru_cache(maxsize=None)
+def constants() -> Dict[str, Any]:
+    return dict(extension().table_constants())
+
+
+def _int_enum(name: str) -> type:
+    members = constants()[name]
+    return enum.IntEnum(name, {k: int(v) for k, v in members.items()})
+
+
+class _Enums:
+    """Enumerations built from the C++ definitions on first use."""
+
+    @functools.cached_property
+    def ScorePolicy(self):
+        return _int_enum("ScorePolicy")
+
+    @functools.cached_property
+    def InsertStatus(self):
+        return _int_enum("InsertStatus")
+
+    @functools.cached_property
+    def TableMode(self):
+        return _int_enum("TableMode")
+
+    @functools.cached_property
+    def InfoCol(self):
+        return _int_enum("InfoCol")
+
+    @functools.cached_property
+    def CounterCol(self):
+        return _int_enum("CounterCol")
+
+    @functools.cached_property
+    def RunOp(self):
+        return _int_enum("RunOp")
+
+
+enums = _Enums()
+
+
+def ops():
+    extension()
+    return torch.ops.dynamicemb

@@ -1,0 +1,488 @@
+"""The scored hash table: many logical tables of int64 keys in one allocation.
+
+This class owns the table's tensors and calls the ``torch.ops.dynamicemb``
+kernels (CPU or CUDA, by the table's device). It maps keys to slots and keeps
+per-slot scores; values (embeddings, optimizer state) live in the layer above,
+indexed by slot, or, under NO_EVICTION, by the row held in score word 0.
+The semantics are documented once, in ``cc/table/table_common.h``.
+"""
+
+from dataclasses import dataclass
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from dynamicemb.table._native import constants, enums, ops
+
+IntOrSeq = Union[int, Sequence[int]]
+
+INT64_MIN = -(2**63)
+
+
+@dataclass
+class EvictedKeys:
+    """Keys an insert_and_evict pushed out, in (bucket, batch index) order.
+
+    Attributes:
+        keys (torch.Tensor): (n) int64, valid up to ``count``.
+        scores (torch.Tensor): (n, num_scores) int64, the scores they had.
+        slots (torch.Tensor): (n) int64, the slots they held (now the new keys').
+        table_ids (torch.Tensor): (n) int64.
+        count (torch.Tensor): (1) int64 on the table's device.
+    """
+
+    keys: torch.Tensor
+    scores: torch.Tensor
+    slots: torch.Tensor
+    table_ids: torch.Tensor
+    count: torch.Tensor
+
+    def compact(self) -> "EvictedKeys":
+        """The valid prefix (reads the count: synchronizes on CUDA)."""
+        n = int(self.count.item())
+        return EvictedKeys(
+            self.keys[:n], self.scores[:n], self.slots[:n], self.table_ids[:n], self.count
+        )
+
+
+@dataclass
+class InsertResult:
+    """Per-key result of insert / insert_and_evict.
+
+    Attributes:
+        slots (torch.Tensor): (n) int64 slot of each key, -1 where not stored.
+        status (torch.Tensor): (n) int8, ``enums.InsertStatus`` values.
+        evicted (EvictedKeys): the keys evicted to make room.
+    """
+
+    slots: torch.Tensor
+    status: torch.Tensor
+    evicted: EvictedKeys
+
+
+@dataclass
+class ExportedBatch:
+    """Occupied slots selected by export_batch, in slot order (first ``count``)."""
+
+    keys: torch.Tensor
+    slots: torch.Tensor
+    table_ids: torch.Tensor
+    scores: torch.Tensor
+    count: torch.Tensor
+
+    def compact(self) -> "ExportedBatch":
+        n = int(self.count.item())
+        return ExportedBatch(
+            self.keys[:n], self.slots[:n], self.table_ids[:n], self.scores[:n], self.count
+        )
+
+
+def _per_table(value: IntOrSeq, n: int, name: str) -> List:
+    if isinstance(value, (list, tuple)):
+        if len(value) != n:
+            raise ValueError(f"{name} has {len(value)} entries for {n} tables")
+        return list(value)
+    return [value] * n
+
+
+class ScoredHashTable:
+    """Fused scored hash tables, on CPU or CUDA.
+
+    Args:
+        capacities (Sequence[int]): initial slots of each logical table.
+        bucket_capacities (int or Sequence[int]): slots per bucket, a multiple of
+            16 dividing the capacity; ``None`` for one bucket spanning the table.
+        num_scores (int): score words per slot: 1, or 2 for TIMESTAMP+LFU.
+        no_eviction (bool or Sequence[bool]): NO_EVICTION tables never evict;
+            score word 0 is the key's row in the value buffer.
+        max_capacities (int or Sequence[int], optional): expansion limit per
+            table (defaults to the initial capacity: no expansion).
+        row_capacities (int or Sequence[int], optional): NO_EVICTION value rows
+            (defaults to the capacity).
+        max_load_factor (float): expansion happens before an insert that could
+            take a table above this load.
+        device (torch.device, optional): where the table lives.
+        validate (bool): check key values and table ids of every call (on CUDA
+            this synchronizes; the CPU kernels always check).
+
+    Example::
+
+        t = ScoredHashTable([1024], bucket_capacities=128)
+        res = t.insert_and_evict(torch.tensor([7, 8, 9]), scores=torch.tensor([[5]]))
+        slots = t.find(torch.tensor([8, 10]))   # [slot of 8, -1]
+    """
+
+    def __init__(
+        self,
+        capacities: Sequence[int],
+        bucket_capacities: Union[Optional[int], Sequence[Optional[int]]] = 128,
+        num_scores: int = 1,
+        no_eviction: Union[bool, Sequence[bool]] = False,
+        max_capacities: Optional[IntOrSeq] = None,
+        row_capacities: Optional[IntOrSeq] = None,
+        max_load_factor: float = 0.5,
+        device: Optional[Union[str, torch.device]] = None,
+        validate: bool = True,
+    ) -> None:
+        c = constants()
+        self._align = int(c["BUCKET_ALIGNMENT"])
+        capacities = [int(x) for x in capacities]
+        n = len(capacities)
+        if n == 0:
+            raise ValueError("ScoredHashTable needs at least one table")
+        if not 1 <= num_scores <= int(c["MAX_SCORES"]):
+            raise ValueError(f"num_scores must be 1..{c['MAX_SCORES']}, got {num_scores}")
+        if not 0.0 < max_load_factor <= 1.0:
+            raise ValueError(f"max_load_factor must be in (0, 1], got {max_load_factor}")
+        widths = _per_table(bucket_capacities, n, "bucket_capacities")
+        self._one_bucket = [w is None for w in widths]
+        for t, (cap, w) in enumerate(zip(capacities, widths)):
+            self._check_layout(t, cap, cap if w is None else int(w))
+        widths = [cap if w is None else int(w) for cap, w in zip(capacities, widths)]
+        self._no_eviction = [bool(x) for x in _per_table(no_eviction, n, "no_eviction")]
+        max_caps = _per_table(max_capacities, n, "max_capacities")
+        self._max_caps = [cap if m is None else int(m) for cap, m in zip(capacities, max_caps)]
+        for t, (cap, m) in enumerate(zip(capacities, self._max_caps)):
+            if m < cap:
+                raise ValueError(f"table {t}: max_capacity {m} is below its capacity {cap}")
+        rows = _per_table(row_capacities, n, "row_capacities")
+        rows = [
+            (cap if r is None else int(r)) if ne else 0
+            for cap, r, ne in zip(capacities, rows, self._no_eviction)
+        ]
+        self.num_scores = num_scores
+        self.max_load_factor = max_load_factor
+        self.validate = validate
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.has_rows = any(self._no_eviction)
+        self._capacities = capacities
+        self._widths = widths
+        self._row_caps = rows
+        self.counters = torch.zeros(
+            (n, int(c["COUNTER_COLS"])), dtype=torch.int64, device=self.device
+        )
+        self._allocate(capacities, widths, rows)
+
+    # ------------------------------------------------------------ layout --
+
+    def _check_layout(self, table: int, capacity: int, width: int) -> None:
+        a = self._align
+        if width <= 0 or width % a:
+            raise ValueError(
+                f"table {table}: bucket capacity {width} is not a positive multiple of {a}"
+            )
+        if capacity <= 0 or capacity % width:
+            raise ValueError(
+                f"table {table}: capacity {capacity} is not a positive multiple of the "
+                f"bucket capacity {width}"
+            )
+
+    def _info_rows(self, caps: List[int], widths: List[int], rows: List[int]) -> torch.Tensor:
+        c = constants()
+        col = enums.InfoCol
+        info = torch.zeros((len(caps), int(c["INFO_COLS"])), dtype=torch.int64)
+        slot = bucket = row = 0
+        for t, (cap, w, r) in enumerate(zip(caps, widths, rows)):
+            info[t, col.SLOT_OFFSET] = slot
+            info[t, col.CAPACITY] = cap
+            info[t, col.BUCKET_CAPACITY] = w
+            info[t, col.BUCKET_OFFSET] = bucket
+            info[t, col.ROW_OFFSET] = row
+            info[t, col.ROW_CAPACITY] = r
+            info[t, col.MODE] = (
+                enums.TableMode.NO_EVICTION if self._no_eviction[t] else enums.TableMode.EVICTING
+            )
+            slot += cap
+            bucket += cap // w
+            row += r
+        return info
+
+    def _allocate(self, caps: List[int], widths: List[int], rows: List[int]) -> None:
+        c = constants()
+        self.info_host = self._info_rows(caps, widths, rows)
+        self.info = self.info_host.to(self.device)
+        total = sum(caps)
+        self.total_buckets = sum(cap // w for cap, w in zip(caps, widths))
+        self.keys = torch.full((total,), int(c["EMPTY_KEY"]), dtype=torch.int64, device=self.device)
+        self.digests = torch.full(
+            (total,), int(c["EMPTY_DIGEST"]), dtype=torch.uint8, device=self.device
+        )
+        self.scores = torch.zeros((total, self.num_scores), dtype=torch.int64, device=self.device)
+        self.free_rows = torch.zeros((sum(rows),), dtype=torch.int64, device=self.device)
+        self._capacities, self._widths, self._row_caps = list(caps), list(widths), list(rows)
+
+    @property
+    def num_tables(self) -> int:
+        return len(self._capacities)
+
+    @property
+    def num_slots(self) -> int:
+        return self.keys.numel()
+
+    def capacity(self, table: int = 0) -> int:
+        return self._capacities[table]
+
+    def bucket_capacity(self, table: int = 0) -> int:
+        return self._widths[table]
+
+    def max_capacity(self, table: int = 0) -> int:
+        return self._max_caps[table]
+
+    def row_capacity(self, table: int = 0) -> int:
+        return self._row_caps[table]
+
+    def is_no_eviction(self, table: int = 0) -> bool:
+        return self._no_eviction[table]
+
+    def slot_range(self, table: int) -> Tuple[int, int]:
+        off = int(self.info_host[table, enums.InfoCol.SLOT_OFFSET])
+        return off, off + self._capacities[table]
+
+    # ------------------------------------------------------------ inputs --
+
+    def _batch(
+        self, keys: torch.Tensor, table_ids: Optional[torch.Tensor]
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        if not isinstance(keys, torch.Tensor):
+            raise TypeError(f"keys must be a torch.Tensor, got {type(keys).__name__}")
+        if keys.dtype != torch.int64:
+            raise TypeError(f"keys must be int64, got {keys.dtype}")
+        if keys.dim() != 1:
+            raise ValueError(f"keys must be 1-D, got shape {tuple(keys.shape)}")
+        if table_ids is None:
+            if self.num_tables != 1:
+                raise ValueError(
+                    f"table_ids is required for a table of {self.num_tables} fused tables"
+                )
+            table_ids = torch.zeros_like(keys)
+        elif not isinstance(table_ids, torch.Tensor) or table_ids.dtype != torch.int64:
+            got = table_ids.dtype if isinstance(table_ids, torch.Tensor) else type(table_ids)
+            raise TypeError(f"table_ids must be an int64 tensor, got {got}")
+        if table_ids.shape != keys.shape:
+            raise ValueError(
+                f"keys and table_ids lengths differ: {keys.numel()} vs {table_ids.numel()}"
+            )
+        keys = keys.to(self.device).contiguous()
+        table_ids = table_ids.to(self.device).contiguous()
+        if self.validate and self.device.type != "cpu" and keys.numel():
+            self._check_values(keys, table_ids)
+        return keys, table_ids
+
+    def _check_values(self, keys: torch.Tensor, table_ids: torch.Tensor) -> None:
+        bad = keys < int(constants()["FIRST_VALID_KEY"])
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            raise ValueError(
+                f"dynamicemb: key {int(keys[i])} at index {i} is reserved (keys below "
+                f"{constants()['FIRST_VALID_KEY']} mark slot states)"
+            )
+        bad = (table_ids < 0) | (table_ids >= self.num_tables)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            raise ValueError(
+                f"dynamicemb: table id {int(table_ids[i])} at index {i} is out of range "
+                f"[0, {self.num_tables})"
+            )
+
+    def _scores(
+        self,
+        n: int,
+        policies: Optional[Sequence[int]],
+        scores: Optional[Union[int, Sequence[int], torch.Tensor]],
+    ) -> Tuple[List[int], torch.Tensor]:
+        w = self.num_scores
+        if policies is None:
+            policies = [enums.ScorePolicy.ASSIGN if scores is not None else enums.ScorePolicy.NONE] * w
+        policies = [int(p) for p in policies]
+        if scores is None:
+            values = torch.zeros((1, w), dtype=torch.int64)
+        elif isinstance(scores, torch.Tensor):
+            if scores.dtype != torch.int64:
+                raise TypeError(f"scores must be int64, got {scores.dtype}")
+            values = scores.reshape(-1, w) if scores.dim() < 2 else scores
+        else:
+            vals = [int(scores)] * w if isinstance(scores, int) else [int(s) for s in scores]
+            values = torch.tensor([vals], dtype=torch.int64)
+        return policies, values.to(self.device).contiguous()
+
+    # -------------------------------------------------------- operations --
+
+    def find(
+        self,
+        keys: torch.Tensor,
+        table_ids: Optional[torch.Tensor] = None,
+        policies: Optional[Sequence[int]] = None,
+        scores: Optional[Union[int, Sequence[int], torch.Tensor]] = None,
+        update: bool = False,
+    ) -> torch.Tensor:
+        """Slots of the keys (-1 where absent); with ``update``, applies the
+        score policies to the keys found."""
+        keys, table_ids = self._batch(keys, table_ids)
+        policies, values = self._scores(keys.numel(), policies, scores)
+        return ops().table_find(
+            keys, table_ids, self.keys, self.digests, self.scores, self.info, policies, values, update
+        )
+
+    def _run(self, op, keys, table_ids, policies, scores, assign_rows=False) -> InsertResult:
+        keys, table_ids = self._batch(keys, table_ids)
+        policies, values = self._scores(keys.numel(), policies, scores)
+        out = ops().table_run(
+            keys,
+            table_ids,
+            self.keys,
+            self.digests,
+            self.scores,
+            self.info,
+            self.counters,
+            self.free_rows,
+            policies,
+            values,
+            int(op),
+            assign_rows,
+            self.total_buckets,
+            self.has_rows,
+        )
+        return InsertResult(out[0], out[1], EvictedKeys(out[2], out[3], out[4], out[5], out[6]))
+
+    def insert(self, keys, table_ids=None, policies=None, scores=None, assign_rows=False):
+        """Find-or-insert without eviction: a key whose bucket is full fails
+        (status FAILED, counted in the INSERT_FAILURES counter)."""
+        return self._run(enums.RunOp.INSERT, keys, table_ids, policies, scores, assign_rows)
+
+    def insert_and_evict(self, keys, table_ids=None, policies=None, scores=None, assign_rows=False):
+        """Find-or-insert; a full bucket evicts its minimum-score key that this
+        batch has not touched. NO_EVICTION tables behave as in ``insert``."""
+        return self._run(enums.RunOp.INSERT_EVICT, keys, table_ids, policies, scores, assign_rows)
+
+    def erase(self, keys: torch.Tensor, table_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Removes the keys; returns a bool mask of the keys that were present."""
+        res = self._run(enums.RunOp.ERASE, keys, table_ids, None, None)
+        return res.status == enums.InsertStatus.FOUND
+
+    def export_batch(
+        self,
+        slot_begin: int = 0,
+        slot_end: Optional[int] = None,
+        score_column: int = 0,
+        threshold: int = INT64_MIN,
+    ) -> ExportedBatch:
+        """Occupied slots in [slot_begin, slot_end) whose score word
+        ``score_column`` is at least ``threshold``, in slot order."""
+        slot_end = self.num_slots if slot_end is None else slot_end
+        out = ops().table_export(
+            self.keys, self.scores, self.info, slot_begin, slot_end, score_column, threshold
+        )
+        return ExportedBatch(*out)
+
+    def size(self) -> torch.Tensor:
+        """(num_tables) keys stored, from the device counters (no sync)."""
+        return self.counters[:, enums.CounterCol.SIZE]
+
+    def count(self) -> torch.Tensor:
+        """(num_tables) occupied slots counted from the keys."""
+        return ops().table_count(self.keys, self.info)
+
+    def counter(self, name: str) -> torch.Tensor:
+        """(num_tables) one counter column, e.g. ``"EVICTIONS"``."""
+        return self.counters[:, enums.CounterCol[name]]
+
+    def rows(self, slots: torch.Tensor) -> torch.Tensor:
+        """NO_EVICTION: the value row of each slot (-1 stays -1)."""
+        r = self.scores[slots.clamp(min=0), 0]
+        return torch.where(slots >= 0, r, slots)
+
+    def load_factor(self) -> torch.Tensor:
+        caps = torch.tensor(self._capacities, dtype=torch.float64, device=self.device)
+        return self.size().to(torch.float64) / caps
+
+    # --------------------------------------------------------- expansion --
+
+    def reserve(self, incoming: Sequence[int]) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """Doubles the tables that could exceed max_load_factor (NO_EVICTION:
+        0.5) after ``incoming[t]`` new keys, up to their max capacity, and grows
+        NO_EVICTION row capacity to fit. Reads the size counters (synchronizes).
+
+        Returns:
+            (old_slots, new_slots) of every moved key when the layout changed,
+            else None. Values indexed by slot must move accordingly; NO_EVICTION
+            rows do not move.
+        """
+        sizes = self.size().cpu().tolist()
+        caps = list(self._capacities)
+        rows = list(self._row_caps)
+        for t in range(self.num_tables):
+            lf = 0.5 if self._no_eviction[t] else self.max_load_factor
+            need = sizes[t] + int(incoming[t])
+            while need > lf * caps[t] and caps[t] < self._max_caps[t]:
+                caps[t] = min(caps[t] * 2, self._max_caps[t])
+            if self._no_eviction[t]:
+                next_row = int(self.counters[t, enums.CounterCol.NEXT_ROW])
+                free = int(self.counters[t, enums.CounterCol.FREE_TOP])
+                while next_row + max(0, int(incoming[t]) - free) > rows[t]:
+                    rows[t] = max(1, rows[t] * 2)
+        if caps == self._capacities and rows == self._row_caps:
+            return None
+        return self.relayout(caps, rows)
+
+    def relayout(
+        self, capacities: Sequence[int], row_capacities: Optional[Sequence[int]] = None
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Rebuilds the table with new capacities (and NO_EVICTION row
+        capacities), keeping every key, score, row and counter.
+
+        Returns:
+            (old_slots, new_slots) of every key.
+        """
+        caps = [int(x) for x in capacities]
+        rows = list(self._row_caps if row_capacities is None else [int(r) for r in row_capacities])
+        widths = [
+            cap if one else w for cap, w, one in zip(caps, self._widths, self._one_bucket)
+        ]
+        for t, (cap, w) in enumerate(zip(caps, widths)):
+            self._check_layout(t, cap, w)
+            if self._no_eviction[t] and rows[t] < self._row_caps[t]:
+                raise ValueError(f"table {t}: row capacity cannot shrink below {self._row_caps[t]}")
+        old = self.export_batch().compact()
+        old_info = self.info_host
+        old_free = self.free_rows
+        saved = self.counters.clone()
+        state = self._state()
+        self._allocate(caps, widths, rows)
+        self.counters = torch.zeros_like(saved)
+        # Free-row stacks keep their entries at the new offsets.
+        col = enums.InfoCol
+        for t in range(self.num_tables):
+            top = int(saved[t, enums.CounterCol.FREE_TOP])
+            if top:
+                o = int(old_info[t, col.ROW_OFFSET])
+                nw = int(self.info_host[t, col.ROW_OFFSET])
+                self.free_rows[nw : nw + top] = old_free[o : o + top]
+        assign = [enums.ScorePolicy.ASSIGN] * self.num_scores
+        res = self._run(
+            enums.RunOp.INSERT, old.keys, old.table_ids, assign, old.scores, assign_rows=True
+        )
+        failed = res.status != enums.InsertStatus.INSERTED
+        if bool(failed.any()):
+            i = int(failed.nonzero()[0])
+            self._restore(state)
+            raise RuntimeError(
+                f"dynamicemb: relayout could not place key {int(old.keys[i])} of table "
+                f"{int(old.table_ids[i])}; the new capacities {caps} are too small"
+            )
+        size_col = int(enums.CounterCol.SIZE)
+        keep = [c for c in range(saved.shape[1]) if c != size_col]
+        self.counters[:, keep] = saved[:, keep]
+        self._max_caps = [max(m, c) for m, c in zip(self._max_caps, caps)]
+        return old.slots, res.slots
+
+    _STATE = (
+        "keys", "digests", "scores", "free_rows", "info", "info_host", "counters",
+        "total_buckets", "_capacities", "_widths", "_row_caps",
+    )
+
+    def _state(self) -> dict:
+        return {k: getattr(self, k) for k in self._STATE}
+
+    def _restore(self, state: dict) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
