@@ -1,0 +1,815 @@
+"""Configuration of dynamic embedding tables.
+
+The per-table options (``DynamicEmbTableOptions``), initializer arguments,
+the public enums, and the sizing rules the sharding planner applies to them:
+
+* ``complete_initializer_args``: fill missing UNIFORM bounds.
+* ``get_sharded_table_capacity``: per-rank row capacity after sharding and
+  bucket alignment (what the planner writes to ``max_capacity``).
+* ``get_table_value_bytes``: bytes of all ranks' value rows (embedding and
+  optimizer state), to size ``global_hbm_for_values``.
+* ``optimizer_state_dim``: the one rule for the optimizer-state width of a
+  row.
+
+This module needs only torch. TorchRec / FBGEMM objects (embedding configs,
+``EmbOptimType``) are accepted where the API takes them, and their modules are
+imported only when such an object has to be interpreted.
+"""
+
+import dataclasses
+import enum
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Tuple, Type, Union
+
+import torch
+
+from ._enums import (
+    BUCKET_ALIGNMENT,
+    DynamicEmbEvictStrategy,
+    DynamicEmbPoolingMode,
+    DynamicEmbScoreStrategy,
+)
+from .types import (
+    AdmissionStrategy,
+    Counter,
+    EvictedItemMode,
+    MemoryType,
+    Storage,
+)
+
+__all__ = [
+    "BUCKET_ALIGNMENT",
+    "DEFAULT_BUCKET_CAPACITY",
+    "DEFAULT_DIST_TYPE",
+    "DEFAULT_INDEX_TYPE",
+    "DIST_TYPES",
+    "MAX_BUCKET_CAPACITY",
+    "DynamicEmbCheckMode",
+    "DynamicEmbEvictStrategy",
+    "DynamicEmbInitializerArgs",
+    "DynamicEmbInitializerMode",
+    "DynamicEmbOptimType",
+    "DynamicEmbPoolingMode",
+    "DynamicEmbScoreStrategy",
+    "DynamicEmbTableOptions",
+    "EvictedItemMode",
+    "MemoryType",
+    "ReplayContent",
+    "align_to_table_size",
+    "complete_initializer_args",
+    "get_sharded_table_capacity",
+    "get_table_value_bytes",
+    "optimizer_state_dim",
+]
+
+# Bucket width meaning "one bucket spanning the whole per-rank shard".
+MAX_BUCKET_CAPACITY = 2**63 - 1
+
+# Slots per bucket when the user does not say.
+DEFAULT_BUCKET_CAPACITY = 128
+
+# Index (sparse feature id) dtype a table uses when index_type is None.
+DEFAULT_INDEX_TYPE = torch.int64
+
+# Row-wise key -> rank routing of a sharded table.
+DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")
+DEFAULT_DIST_TYPE = "roundrobin"
+
+# Bytes the fused row layout reserves for row-wise Adagrad's state (one
+# scalar is used; the rest keeps rows aligned).
+_ROWWISE_ADAGRAD_STATE_BYTES = 16
+
+# The only compound score strategy: a timestamp column and an LFU column.
+_COMPOUND_SCORE_STRATEGY = frozenset(
+    {DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU}
+)
+
+
+@enum.unique
+class DynamicEmbCheckMode(enum.IntEnum):
+    """What to do when keys of a batch cannot be inserted into the table.
+
+    A key whose home bucket is full of keys that may not be evicted cannot be
+    inserted; its lookup result is then all zeros. This is rare in a large
+    table and frequent in a small one. Safe check reports it.
+
+    Attributes:
+        ERROR (int): raise a runtime error naming how many keys failed.
+        WARNING (int): warn how many keys failed and continue; their
+            embeddings are 0.0.
+        IGNORE (int): do not check (no overhead); failed keys get 0.0
+            silently.
+    """
+
+    ERROR = 0
+    WARNING = 1
+    IGNORE = 2
+
+
+@enum.unique
+class DynamicEmbInitializerMode(enum.Enum):
+    """How a new embedding row is initialized.
+
+    Attributes:
+        NORMAL (str): normal distribution (``mean``, ``std_dev``).
+        TRUNCATED_NORMAL (str): normal distribution truncated to
+            [``lower``, ``upper``].
+        UNIFORM (str): uniform distribution on [``lower``, ``upper``).
+        CONSTANT (str): every element is ``value``.
+        DEBUG (str): deterministic values derived from the key, for tests.
+    """
+
+    NORMAL = "normal"
+    TRUNCATED_NORMAL = "truncated_normal"
+    UNIFORM = "uniform"
+    CONSTANT = "constant"
+    DEBUG = "debug"
+
+
+@enum.unique
+class DynamicEmbOptimType(enum.Enum):
+    """Optimizers dynamicemb implements that FBGEMM's ``EmbOptimType`` lacks.
+
+    Accepted wherever an optimizer type is (the ``optimizer`` entry of
+    ``fused_params``). A plain ``Enum``, so its members never compare equal
+    to an ``EmbOptimType`` member nor to their string values.
+
+    Attributes:
+        FTRL (str): FTRL-Proximal; per-row state is ``linear`` then ``accum``,
+            ``2 * dim`` elements.
+    """
+
+    FTRL = "ftrl"
+
+
+@enum.unique
+class ReplayContent(enum.Flag):
+    """What ``replay_increment`` writes besides the embedding, which it always does.
+
+    Attributes:
+        EMBEDDING_ONLY: neither optimizer state nor scores.
+        OPTIMIZER_STATE: the optimizer state of each replayed row.
+        SCORE: the score words of each replayed key.
+        ALL: ``OPTIMIZER_STATE | SCORE``.
+    """
+
+    EMBEDDING_ONLY = 0
+    OPTIMIZER_STATE = enum.auto()
+    SCORE = enum.auto()
+    ALL = OPTIMIZER_STATE | SCORE
+
+
+@dataclass
+class DynamicEmbInitializerArgs:
+    """Arguments for initializing dynamic embedding rows.
+
+    ``lower``/``upper`` left as None are completed by
+    ``complete_initializer_args`` (for UNIFORM: ``±sqrt(1 / num_embeddings)``
+    given the table's embedding config, else 0.0 and 1.0).
+
+    Attributes:
+        mode (DynamicEmbInitializerMode): the initialization. A string value
+            (``"uniform"``) is converted. Defaults to UNIFORM.
+        mean (float): mean of NORMAL / TRUNCATED_NORMAL. Defaults to 0.0.
+        std_dev (float): standard deviation of NORMAL / TRUNCATED_NORMAL.
+            Defaults to 1.0.
+        lower (Optional[float]): lower bound of UNIFORM / TRUNCATED_NORMAL.
+            Defaults to None (completed later).
+        upper (Optional[float]): upper bound of UNIFORM / TRUNCATED_NORMAL.
+            Defaults to None (completed later).
+        value (float): the constant of CONSTANT. Defaults to 0.0.
+
+    Raises:
+        ValueError: ``mode`` is not a DynamicEmbInitializerMode (or its
+            value), or both bounds are set and ``lower > upper``.
+    """
+
+    mode: DynamicEmbInitializerMode = DynamicEmbInitializerMode.UNIFORM
+    mean: float = 0.0
+    std_dev: float = 1.0
+    lower: Optional[float] = None
+    upper: Optional[float] = None
+    value: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.mode = _to_enum(DynamicEmbInitializerMode, self.mode, "mode")
+        if self.lower is not None and self.upper is not None and self.lower > self.upper:
+            raise ValueError(
+                f"DynamicEmbInitializerArgs: lower ({self.lower!r}) must not exceed "
+                f"upper ({self.upper!r})"
+            )
+
+
+ScoreStrategy = Union[DynamicEmbScoreStrategy, Tuple[DynamicEmbScoreStrategy, ...]]
+
+
+@dataclass
+class DynamicEmbTableOptions:
+    """Configuration of one dynamic embedding table.
+
+    Passed to ``DynamicEmbParameterConstraints`` as ``dynamicemb_options``.
+    Fields listed first (through ``device_id``) are usually filled by the
+    sharding planner or the runtime rather than set by the user.
+    ``get_grouped_key`` returns the fields that must agree for tables to be
+    fused into one module.
+
+    Attributes:
+        embedding_dtype (Optional[torch.dtype]): dtype of the rows (embedding
+            and optimizer state); also the precision a checkpoint stores.
+            A floating dtype or None.
+        dim (Optional[int]): embedding width; the planner sets it from
+            ``BaseEmbeddingConfig.embedding_dim``.
+        max_capacity (Optional[int]): most rows of this table on one rank; the
+            planner sets it to ``get_sharded_table_capacity(...)``.
+        evict_strategy (DynamicEmbEvictStrategy): eviction policy. Defaults to
+            LRU.
+        local_hbm_for_values (int): bytes of device memory for this rank's
+            values; the planner sets it to
+            ``ceil(global_hbm_for_values / world_size)``. Defaults to 0.
+        device_id (Optional[int]): device index of the table.
+        training (bool): training mode: rows hold the optimizer state after the
+            embedding (``value = concat(embedding, optimizer_state)``), whose
+            width follows the ``optimizer`` of ``fused_params``
+            (``optimizer_state_dim``). Defaults to True.
+        initializer_args (DynamicEmbInitializerArgs): how a row new in
+            training is initialized. Defaults to UNIFORM with bounds completed
+            by the planner (``complete_initializer_args``).
+        eval_initializer_args (DynamicEmbInitializerArgs): how a key missing in
+            evaluation is looked up. Defaults to CONSTANT 0.0.
+        caching (bool): True: a device table caches hot keys in front of a
+            host table, evicting from the device into the host table. False:
+            one hybrid table whose value rows are split between device and
+            host memory by key hash. Keys and metadata are on the device in
+            both cases. Defaults to False.
+        init_capacity (Optional[int]): initial rows on one rank; the table
+            doubles (rehash) up to ``max_capacity`` as it fills. None means
+            ``max_capacity``; the planner aligns it to ``bucket_capacity`` and
+            clamps it to ``max_capacity``.
+        max_load_factor (float): load factor in (0, 1] above which the table
+            doubles. Ignored under NO_EVICTION (which uses 0.5 for its key
+            map). Defaults to 0.5.
+        score_strategy (Union[DynamicEmbScoreStrategy,
+            Tuple[DynamicEmbScoreStrategy, ...]]): how keys are scored for
+            eviction; must be the same on every rank of a table. A tuple is a
+            compound strategy keeping one score per element; only
+            ``(TIMESTAMP, LFU)`` in either order is supported (eviction by
+            frequency, ties by older timestamp, plus a timestamp for
+            time-based ``incremental_dump``). The tuple order is the order of
+            the score columns in dumps and in ``score_function``'s ``scores``.
+            A one-element tuple ``(X,)`` is stored as ``X``. Defaults to
+            TIMESTAMP.
+        bucket_capacity (int): slots per hash bucket. A key lives only in its
+            home bucket; a full bucket evicts its minimum-score key. A
+            multiple of ``BUCKET_ALIGNMENT`` (16), or ``MAX_BUCKET_CAPACITY``
+            for one bucket spanning the shard. Larger buckets evict more
+            accurately and run slower. Defaults to 128 (a device cache in
+            front of a host table uses 1024).
+        safe_check_mode (DynamicEmbCheckMode): what to do about keys that
+            could not be inserted. Defaults to IGNORE.
+        global_hbm_for_values (int): bytes of device memory for the values of
+            the whole table over all ranks (``caching=False``: the device part
+            of the hybrid table; ``caching=True``: the size of the device
+            cache). Size it with ``get_table_value_bytes``. Defaults to 0.
+        external_storage (Optional[Type[Storage]]): a subclass of ``Storage``
+            keeping this table's rows instead of dynamicemb's hash table; the
+            module constructs it. Defaults to None.
+        index_type (Optional[torch.dtype]): integer dtype of the sparse
+            feature ids; None means ``DEFAULT_INDEX_TYPE`` (torch.int64).
+        admit_strategy (Optional[AdmissionStrategy]): which missing keys may
+            enter the table; rejected keys are initialized and used in the
+            forward but not stored. Defaults to None (admit all).
+        admission_counter (Optional[Counter]): deprecated; warns when set. Give
+            the counter to the admission strategy instead.
+        evicted_item_mode (EvictedItemMode): what the last storage tier does
+            with the keys it evicts: DISCARD them, or RETAIN_KEY for
+            ``pop_evicted_keys``. Defaults to DISCARD.
+        score_function (Optional[Callable]): custom eviction ranking for the
+            compound ``{TIMESTAMP, LFU}`` strategy only:
+            ``score_function(scores, cur_timestamp) -> float64``, ``scores``
+            indexed in ``score_strategy`` tuple order; the lowest score is
+            evicted first. Compiled to device code (numba-cuda) when a table
+            is built. Defaults to None (frequency, then older timestamp).
+        dist_type (str): row-wise key -> rank routing, one of ``DIST_TYPES``:
+            ``"continuous"``, ``"roundrobin"`` or ``"hash_roundrobin"`` (hashes
+            the key first). Defaults to ``"roundrobin"``.
+
+    Raises:
+        ValueError: a field has a bad value; the message names it.
+        TypeError: a field has the wrong kind of object.
+    """
+
+    embedding_dtype: Optional[torch.dtype] = None
+    dim: Optional[int] = None
+    max_capacity: Optional[int] = None
+    evict_strategy: DynamicEmbEvictStrategy = DynamicEmbEvictStrategy.LRU
+    local_hbm_for_values: int = 0  # in bytes
+    device_id: Optional[int] = None
+    training: bool = True
+    initializer_args: DynamicEmbInitializerArgs = field(
+        default_factory=DynamicEmbInitializerArgs
+    )
+    eval_initializer_args: DynamicEmbInitializerArgs = field(
+        default_factory=lambda: DynamicEmbInitializerArgs(
+            mode=DynamicEmbInitializerMode.CONSTANT,
+            value=0.0,
+        )
+    )
+    caching: bool = False
+    init_capacity: Optional[int] = None  # None: max_capacity after sharding
+    max_load_factor: float = 0.5  # before rehash (doubling the capacity)
+    score_strategy: ScoreStrategy = DynamicEmbScoreStrategy.TIMESTAMP
+    bucket_capacity: int = DEFAULT_BUCKET_CAPACITY
+    safe_check_mode: DynamicEmbCheckMode = DynamicEmbCheckMode.IGNORE
+    global_hbm_for_values: int = 0  # in bytes
+    external_storage: Optional[Type[Storage]] = None
+    index_type: Optional[torch.dtype] = None
+    admit_strategy: Optional[AdmissionStrategy] = None
+    admission_counter: Optional[Counter] = None  # deprecated
+    evicted_item_mode: EvictedItemMode = EvictedItemMode.DISCARD
+    # Not in the spec's field listing; appended so that every listed field
+    # keeps its listed position.
+    score_function: Optional[Callable] = None
+    dist_type: str = DEFAULT_DIST_TYPE
+
+    def __post_init__(self) -> None:
+        self.evict_strategy = _to_enum(
+            DynamicEmbEvictStrategy, self.evict_strategy, "evict_strategy"
+        )
+        self.safe_check_mode = _to_enum(
+            DynamicEmbCheckMode, self.safe_check_mode, "safe_check_mode"
+        )
+        self.evicted_item_mode = _to_enum(
+            EvictedItemMode, self.evicted_item_mode, "evicted_item_mode"
+        )
+        self.score_strategy = _normalize_score_strategy(self.score_strategy)
+        if self.score_function is not None:
+            if not callable(self.score_function):
+                raise TypeError(
+                    "DynamicEmbTableOptions.score_function must be callable, "
+                    f"got {self.score_function!r}"
+                )
+            if self.num_scores() != 2:
+                raise ValueError(
+                    "DynamicEmbTableOptions.score_function is supported only with the "
+                    "compound score_strategy (TIMESTAMP, LFU) in either order, got "
+                    f"score_strategy={self.score_strategy!r}"
+                )
+        _check_bucket_capacity(self.bucket_capacity, "DynamicEmbTableOptions.bucket_capacity")
+        if (
+            not isinstance(self.max_load_factor, (int, float))
+            or isinstance(self.max_load_factor, bool)
+            or not 0.0 < self.max_load_factor <= 1.0
+        ):
+            raise ValueError(
+                "DynamicEmbTableOptions.max_load_factor must be in (0, 1], "
+                f"got {self.max_load_factor!r}"
+            )
+        for name in ("dim", "max_capacity", "init_capacity"):
+            value = getattr(self, name)
+            if value is not None and (not _is_int(value) or value <= 0):
+                raise ValueError(
+                    f"DynamicEmbTableOptions.{name} must be a positive int or None, "
+                    f"got {value!r}"
+                )
+        for name in ("local_hbm_for_values", "global_hbm_for_values"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 0:
+                raise ValueError(
+                    f"DynamicEmbTableOptions.{name} must be a non-negative int (bytes), "
+                    f"got {value!r}"
+                )
+        if self.embedding_dtype is not None and not (
+            isinstance(self.embedding_dtype, torch.dtype)
+            and self.embedding_dtype.is_floating_point
+        ):
+            raise ValueError(
+                "DynamicEmbTableOptions.embedding_dtype must be a floating torch.dtype "
+                f"or None, got {self.embedding_dtype!r}"
+            )
+        if self.index_type is not None and not _is_integer_dtype(self.index_type):
+            raise ValueError(
+                "DynamicEmbTableOptions.index_type must be an integer torch.dtype "
+                f"or None, got {self.index_type!r}"
+            )
+        for name in ("initializer_args", "eval_initializer_args"):
+            value = getattr(self, name)
+            if not isinstance(value, DynamicEmbInitializerArgs):
+                raise TypeError(
+                    f"DynamicEmbTableOptions.{name} must be a DynamicEmbInitializerArgs, "
+                    f"got {value!r}"
+                )
+        if self.external_storage is not None and not (
+            isinstance(self.external_storage, type)
+            and issubclass(self.external_storage, Storage)
+        ):
+            raise TypeError(
+                "DynamicEmbTableOptions.external_storage must be a subclass of "
+                f"dynamicemb.types.Storage (the class, not an instance), got "
+                f"{self.external_storage!r}"
+            )
+        if self.admit_strategy is not None and not isinstance(
+            self.admit_strategy, AdmissionStrategy
+        ):
+            raise TypeError(
+                "DynamicEmbTableOptions.admit_strategy must be an AdmissionStrategy "
+                f"or None, got {self.admit_strategy!r}"
+            )
+        if self.admission_counter is not None:
+            warnings.warn(
+                "DynamicEmbTableOptions.admission_counter is deprecated; pass the "
+                "counter to the admission strategy that uses it instead "
+                "(e.g. FrequencyAdmissionStrategy(threshold=..., counter=KVCounter(...))).",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+        if self.dist_type not in DIST_TYPES:
+            raise ValueError(
+                f"DynamicEmbTableOptions.dist_type must be one of {DIST_TYPES}, "
+                f"got {self.dist_type!r}"
+            )
+
+    def score_strategies(self) -> Tuple[DynamicEmbScoreStrategy, ...]:
+        """The score strategy as a tuple, one element per score word.
+
+        Returns:
+            Tuple[DynamicEmbScoreStrategy, ...]: ``(X,)`` for a single
+            strategy, the configured tuple (in its order) for a compound one.
+        """
+        if isinstance(self.score_strategy, tuple):
+            return self.score_strategy
+        return (self.score_strategy,)
+
+    def num_scores(self) -> int:
+        """Score words kept per key: 1, or 2 for the compound (TIMESTAMP, LFU)."""
+        return len(self.score_strategies())
+
+    def effective_index_type(self) -> torch.dtype:
+        """``index_type``, or ``DEFAULT_INDEX_TYPE`` when it is None."""
+        return self.index_type if self.index_type is not None else DEFAULT_INDEX_TYPE
+
+    def get_grouped_key(self) -> Tuple[Tuple[str, Any], ...]:
+        """What has to match for tables to be fused into one module.
+
+        A fused module holds one hash table, one value layout and one
+        admitter for all its tables, so everything those are built from must
+        agree. What is resolved per table (dim, capacities, memory budgets,
+        initializers, device) is left out.
+
+        Returns:
+            Tuple[Tuple[str, Any], ...]: hashable ``(name, value)`` pairs.
+        """
+        admit_key = None
+        if self.admit_strategy is not None:
+            admit_key = (
+                type(self.admit_strategy),
+                self.admit_strategy.get_grouped_key(),
+            )
+        return (
+            ("embedding_dtype", self.embedding_dtype),
+            ("training", self.training),
+            ("caching", self.caching),
+            ("evict_strategy", self.evict_strategy),
+            ("score_strategy", self.score_strategy),
+            ("score_function", self.score_function),
+            ("bucket_capacity", self.bucket_capacity),
+            ("max_load_factor", self.max_load_factor),
+            ("safe_check_mode", self.safe_check_mode),
+            ("index_type", self.effective_index_type()),
+            ("admit_strategy", admit_key),
+            ("external_storage", self.external_storage),
+            ("evicted_item_mode", self.evicted_item_mode),
+            ("dist_type", self.dist_type),
+        )
+
+
+def complete_initializer_args(
+    initializer_args: DynamicEmbInitializerArgs,
+    embedding_config: Optional[Any] = None,
+) -> DynamicEmbInitializerArgs:
+    """Fill the missing bounds of UNIFORM initializer arguments.
+
+    Step 1 of the planner's option preparation. Only UNIFORM is completed: a
+    ``lower`` or ``upper`` that is None becomes ``-sqrt(1 / num_embeddings)``
+    / ``+sqrt(1 / num_embeddings)`` when ``embedding_config`` is given, else
+    0.0 / 1.0. A bound already set is kept. The argument is never modified.
+
+    Args:
+        initializer_args (DynamicEmbInitializerArgs): the table's arguments.
+        embedding_config (Optional[BaseEmbeddingConfig]): the table's global
+            TorchRec config (its ``num_embeddings`` sets the bounds).
+
+    Returns:
+        DynamicEmbInitializerArgs: a new object with the bounds filled, or
+        ``initializer_args`` itself when there is nothing to fill (other
+        modes, or both bounds set).
+
+    Raises:
+        ValueError: the completed bounds have ``lower > upper``, or the
+            config's ``num_embeddings`` is not a positive int.
+    """
+    if initializer_args.mode != DynamicEmbInitializerMode.UNIFORM or (
+        initializer_args.lower is not None and initializer_args.upper is not None
+    ):
+        return initializer_args
+    if embedding_config is not None:
+        bound = math.sqrt(1.0 / _num_embeddings(embedding_config))
+        default_lower, default_upper = -bound, bound
+    else:
+        default_lower, default_upper = 0.0, 1.0
+    return dataclasses.replace(
+        initializer_args,
+        lower=default_lower if initializer_args.lower is None else initializer_args.lower,
+        upper=default_upper if initializer_args.upper is None else initializer_args.upper,
+    )
+
+
+def align_to_table_size(size: int, bucket_capacity: int) -> int:
+    """Rows of a table of whole buckets that holds ``size`` rows.
+
+    ``size`` rounded up to a multiple of ``bucket_capacity``, and at least one
+    bucket: ``max(1, ceil(size / bucket_capacity)) * bucket_capacity``. (Not a
+    power of two: a key's home bucket is ``hash(key) % capacity //
+    bucket_capacity``, which needs only whole buckets.)
+
+    Args:
+        size (int): rows wanted, >= 0.
+        bucket_capacity (int): slots per bucket, > 0.
+
+    Returns:
+        int: the aligned row count.
+
+    Raises:
+        ValueError: ``size`` is negative or ``bucket_capacity`` not positive.
+    """
+    if not _is_int(size) or size < 0:
+        raise ValueError(f"align_to_table_size: size must be an int >= 0, got {size!r}")
+    if not _is_int(bucket_capacity) or bucket_capacity <= 0:
+        raise ValueError(
+            f"align_to_table_size: bucket_capacity must be an int > 0, got {bucket_capacity!r}"
+        )
+    return max(1, _ceil_div(size, bucket_capacity)) * bucket_capacity
+
+
+def _sharded_table_bucket_layout(
+    embedding_config: Any,
+    world_size: int,
+    bucket_capacity: int = DEFAULT_BUCKET_CAPACITY,
+) -> Tuple[int, int]:
+    """Per-rank bucket layout of a row-wise sharded table.
+
+    Each rank holds ``ceil(num_embeddings / world_size)`` rows, laid out as:
+
+    * ``bucket_capacity == MAX_BUCKET_CAPACITY``: one bucket whose width is
+      those rows rounded up to a multiple of ``BUCKET_ALIGNMENT``.
+    * otherwise: ``align_to_table_size(rows, bucket_capacity) //
+      bucket_capacity`` buckets of ``bucket_capacity`` slots.
+
+    Args:
+        embedding_config (BaseEmbeddingConfig): the table's global config.
+        world_size (int): ranks the table is sharded over.
+        bucket_capacity (int): requested bucket width.
+
+    Returns:
+        Tuple[int, int]: ``(num_buckets, effective_bucket_width)`` per rank.
+
+    Raises:
+        ValueError: a bad ``world_size``, ``num_embeddings`` or
+            ``bucket_capacity`` (not a multiple of 16 nor the sentinel).
+    """
+    num_embeddings = _num_embeddings(embedding_config)
+    if not _is_int(world_size) or world_size <= 0:
+        raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    _check_bucket_capacity(bucket_capacity, "bucket_capacity")
+    rows_per_rank = _ceil_div(num_embeddings, world_size)
+    if bucket_capacity == MAX_BUCKET_CAPACITY:
+        return 1, align_to_table_size(rows_per_rank, BUCKET_ALIGNMENT)
+    rows = align_to_table_size(rows_per_rank, bucket_capacity)
+    return rows // bucket_capacity, bucket_capacity
+
+
+def get_sharded_table_capacity(
+    embedding_config: Any,
+    world_size: int,
+    bucket_capacity: int = DEFAULT_BUCKET_CAPACITY,
+) -> int:
+    """Per-rank row capacity of a row-wise sharded dynamic table.
+
+    ``num_buckets * effective_bucket_width`` of the layout the planner uses,
+    i.e. the ``max_capacity`` it sets. For ``bucket_capacity=128``,
+    ``num_embeddings=1000`` and ``world_size=3``: ``ceil(1000 / 3) = 334``
+    rows, rounded up to whole buckets: 384. With ``MAX_BUCKET_CAPACITY``: one
+    bucket of 334 rounded up to a multiple of 16: 336.
+
+    Args:
+        embedding_config (BaseEmbeddingConfig): the table's global config
+            (``num_embeddings``).
+        world_size (int): ranks the table is sharded over.
+        bucket_capacity (int): a multiple of ``BUCKET_ALIGNMENT``, or
+            ``MAX_BUCKET_CAPACITY``. Defaults to 128.
+
+    Returns:
+        int: rows per rank.
+
+    Raises:
+        ValueError: ``bucket_capacity`` is not a multiple of 16 nor
+            ``MAX_BUCKET_CAPACITY``, or a bad ``world_size`` /
+            ``num_embeddings``.
+    """
+    num_buckets, width = _sharded_table_bucket_layout(
+        embedding_config, world_size, bucket_capacity
+    )
+    return num_buckets * width
+
+
+def optimizer_state_dim(optimizer_type: Any, dim: int, dtype: torch.dtype) -> int:
+    """Optimizer-state elements stored after the embedding in one row.
+
+    The single rule for the row layout's state width, in elements of
+    ``dtype`` (the optimizer state shares the embedding's dtype):
+
+    ========================================  =============================
+    optimizer                                 state width
+    ========================================  =============================
+    EmbOptimType.SGD, EXACT_SGD               0
+    EmbOptimType.ADAM, PARTIAL_ROWWISE_ADAM   ``2 * dim`` (m, then v)
+    EmbOptimType.EXACT_ADAGRAD                ``dim``
+    EmbOptimType.EXACT_ROWWISE_ADAGRAD        16 bytes: ``16 // itemsize``
+                                              (one scalar used)
+    DynamicEmbOptimType.FTRL                  ``2 * dim`` (linear, accum)
+    ========================================  =============================
+
+    Args:
+        optimizer_type (Union[EmbOptimType, DynamicEmbOptimType]): the
+            ``optimizer`` of ``fused_params``.
+        dim (int): embedding width.
+        dtype (torch.dtype): element dtype of the row.
+
+    Returns:
+        int: state elements per row.
+
+    Raises:
+        ValueError: an optimizer without a dynamicemb row layout, or a bad
+            ``dim`` / ``dtype``.
+    """
+    if not _is_int(dim) or dim <= 0:
+        raise ValueError(f"optimizer_state_dim: dim must be a positive int, got {dim!r}")
+    if not isinstance(dtype, torch.dtype):
+        raise ValueError(f"optimizer_state_dim: dtype must be a torch.dtype, got {dtype!r}")
+    if isinstance(optimizer_type, DynamicEmbOptimType):
+        if optimizer_type is DynamicEmbOptimType.FTRL:
+            return 2 * dim
+    elif _is_emb_optim_type(optimizer_type):
+        name = optimizer_type.name
+        if name in ("SGD", "EXACT_SGD"):
+            return 0
+        if name in ("ADAM", "PARTIAL_ROWWISE_ADAM"):
+            return 2 * dim
+        if name == "EXACT_ADAGRAD":
+            return dim
+        if name == "EXACT_ROWWISE_ADAGRAD":
+            return _ROWWISE_ADAGRAD_STATE_BYTES // dtype.itemsize
+    raise ValueError(f"optimizer {optimizer_type!r} is not supported by dynamicemb tables")
+
+
+def get_table_value_bytes(
+    embedding_config: Any,
+    optimizer_type: Any,
+    world_size: int,
+    bucket_capacity: int = DEFAULT_BUCKET_CAPACITY,
+) -> int:
+    """Bytes of the value rows of a sharded dynamic table over all ranks.
+
+    ``get_sharded_table_capacity(...) * (dim + optimizer_state_dim(...)) *
+    itemsize * world_size``, with ``dim`` and the dtype taken from
+    ``embedding_config`` (``embedding_dim``, ``data_type``). Use it to size
+    ``global_hbm_for_values``, scaled by a cache ratio as you see fit.
+
+    Args:
+        embedding_config (BaseEmbeddingConfig): the table's global config.
+        optimizer_type (Union[EmbOptimType, DynamicEmbOptimType]): the
+            optimizer whose state the rows carry.
+        world_size (int): ranks the table is sharded over.
+        bucket_capacity (int): as for ``get_sharded_table_capacity``.
+
+    Returns:
+        int: total bytes.
+
+    Raises:
+        ValueError: as ``get_sharded_table_capacity`` and
+            ``optimizer_state_dim``, or a non-floating ``data_type``.
+    """
+    rows = get_sharded_table_capacity(embedding_config, world_size, bucket_capacity)
+    dim = getattr(embedding_config, "embedding_dim", None)
+    dtype = _embedding_config_dtype(embedding_config)
+    row_width = dim + optimizer_state_dim(optimizer_type, dim, dtype)
+    return rows * row_width * dtype.itemsize * world_size
+
+
+def _normalize_score_strategy(value: Any) -> ScoreStrategy:
+    """Validate a score strategy; ``(X,)`` becomes ``X``.
+
+    Raises:
+        ValueError: not a strategy, or an unsupported compound.
+    """
+    if isinstance(value, (tuple, list)):
+        members = tuple(
+            _to_enum(DynamicEmbScoreStrategy, item, "score_strategy") for item in value
+        )
+        if len(members) == 1:
+            return members[0]
+        if len(members) == 2 and frozenset(members) == _COMPOUND_SCORE_STRATEGY:
+            return members
+        raise ValueError(
+            "DynamicEmbTableOptions.score_strategy: the only supported compound is "
+            f"(TIMESTAMP, LFU) in either order, got {value!r}"
+        )
+    return _to_enum(DynamicEmbScoreStrategy, value, "score_strategy")
+
+
+def _check_bucket_capacity(bucket_capacity: Any, what: str) -> None:
+    """Raise ValueError unless a multiple of 16 or MAX_BUCKET_CAPACITY."""
+    if (
+        not _is_int(bucket_capacity)
+        or bucket_capacity <= 0
+        or (
+            bucket_capacity != MAX_BUCKET_CAPACITY
+            and bucket_capacity % BUCKET_ALIGNMENT != 0
+        )
+    ):
+        raise ValueError(
+            f"{what} must be a positive multiple of BUCKET_ALIGNMENT ({BUCKET_ALIGNMENT}) "
+            f"or MAX_BUCKET_CAPACITY (2**63 - 1), got {bucket_capacity!r}"
+        )
+
+
+def _num_embeddings(embedding_config: Any) -> int:
+    num_embeddings = getattr(embedding_config, "num_embeddings", None)
+    if not _is_int(num_embeddings) or num_embeddings <= 0:
+        raise ValueError(
+            "embedding_config.num_embeddings must be a positive int, got "
+            f"{num_embeddings!r}"
+        )
+    return num_embeddings
+
+
+def _embedding_config_dtype(embedding_config: Any) -> torch.dtype:
+    """The value dtype of a TorchRec embedding config (its ``data_type``)."""
+    data_type = getattr(embedding_config, "data_type", None)
+    if isinstance(data_type, torch.dtype):
+        dtype = data_type
+    elif data_type is None:
+        dtype = torch.float32
+    else:
+        from torchrec.modules.embedding_configs import data_type_to_dtype
+
+        dtype = data_type_to_dtype(data_type)
+    if not dtype.is_floating_point:
+        raise ValueError(
+            f"embedding_config.data_type must be a floating type, got {data_type!r}"
+        )
+    return dtype
+
+
+def _is_emb_optim_type(value: Any) -> bool:
+    """True for a member of FBGEMM's EmbOptimType (imported only if needed)."""
+    if not isinstance(value, enum.Enum):
+        return False
+    try:
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    except ImportError:
+        return False
+    return isinstance(value, EmbOptimType)
+
+
+def _to_enum(enum_type: Type[enum.Enum], value: Any, name: str) -> Any:
+    """``enum_type(value)``, with an error naming the field and the value."""
+    if isinstance(value, enum_type):
+        return value
+    if isinstance(value, enum.Enum) or isinstance(value, bool):
+        # A member of another enum (or a bool) is never silently converted.
+        raise ValueError(f"{name} must be a {enum_type.__name__}, got {value!r}")
+    try:
+        return enum_type(value)
+    except ValueError:
+        raise ValueError(
+            f"{name} must be a {enum_type.__name__}, got {value!r}"
+        ) from None
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_integer_dtype(dtype: Any) -> bool:
+    return (
+        isinstance(dtype, torch.dtype)
+        and not dtype.is_floating_point
+        and not dtype.is_complex
+        and dtype != torch.bool
+    )
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
