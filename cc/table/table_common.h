@@ -129,8 +129,9 @@ DEMB_HD int64_t timer_now(const ScoreArgs& a) {
 
 // ------------------------------------------------------------ addressing --
 
-/// Where a key lives: its home bucket's first slot and width, and the bucket's
-/// global index (the sort key of the run-wise operations).
+/// Where a key lives: its home bucket's first slot and width, the bucket's
+/// global index (the sort key of the run-wise operations), and the key's digest
+/// (keys sharing a bucket have different digests).
 struct Home {
   int64_t start;
   int64_t width;
@@ -286,7 +287,8 @@ DEMB_HD void process_run(const TableRef& t, const RunArgs& r, int64_t begin, int
   for (int64_t p = begin; p < end; ++p) {
     const int32_t i = r.order[p];
     const int64_t key = r.keys[i];
-    const int64_t pos = probe(t, h, key, h.digest);
+    const uint8_t digest = digest_of_hash(mix64(static_cast<uint64_t>(key)));
+    const int64_t pos = probe(t, h, key, digest);
     if (r.row_work) r.row_work[p] = -1;
 
     if (r.op == RunOp::kErase) {
@@ -339,7 +341,7 @@ DEMB_HD void process_run(const TableRef& t, const RunArgs& r, int64_t begin, int
     }
     const int64_t slot = h.start + target;
     t.keys[slot] = key;
-    t.digests[slot] = h.digest;
+    t.digests[slot] = digest;
     if (no_evict) {
       if (r.assign_rows) {
         t.scores[slot * ns] = score_input(r.score, i, ns, 0);

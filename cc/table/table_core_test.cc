@@ -1,0 +1,337 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+//
+// Tests of the shared per-key semantics (table_common.h), run on the host with
+// plain arrays: hashing, digest probing, victim selection and run processing.
+#include "cc/table/table_common.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <set>
+#include <vector>
+
+namespace dyn_emb {
+namespace table {
+namespace {
+
+using ::testing::ElementsAre;
+
+// One fused table of the given (capacity, width) pairs on the host.
+struct HostTable {
+  std::vector<int64_t> keys;
+  std::vector<uint8_t> digests;
+  std::vector<int64_t> scores;
+  std::vector<int64_t> info;
+  std::vector<int64_t> counters;
+  std::vector<int64_t> free_rows;
+  int32_t num_scores;
+
+  HostTable(std::vector<std::pair<int64_t, int64_t>> tables, int32_t ns,
+            std::vector<bool> no_evict = {})
+      : num_scores(ns) {
+    int64_t slot = 0, bucket = 0, row = 0;
+    for (size_t t = 0; t < tables.size(); ++t) {
+      const bool ne = t < no_evict.size() && no_evict[t];
+      std::vector<int64_t> r(kInfoCols, 0);
+      r[kInfoSlotOffset] = slot;
+      r[kInfoCapacity] = tables[t].first;
+      r[kInfoBucketCapacity] = tables[t].second;
+      r[kInfoBucketOffset] = bucket;
+      r[kInfoRowOffset] = row;
+      r[kInfoRowCapacity] = ne ? tables[t].first : 0;
+      r[kInfoMode] = static_cast<int64_t>(ne ? TableMode::kNoEviction : TableMode::kEvicting);
+      info.insert(info.end(), r.begin(), r.end());
+      slot += tables[t].first;
+      bucket += tables[t].first / tables[t].second;
+      row += r[kInfoRowCapacity];
+    }
+    keys.assign(slot, kEmptyKey);
+    digests.assign(slot, empty_digest());
+    scores.assign(slot * ns, 0);
+    counters.assign(tables.size() * kCounterCols, 0);
+    free_rows.assign(std::max<int64_t>(row, 1), 0);
+  }
+
+  TableRef ref() {
+    TableRef t;
+    t.keys = keys.data();
+    t.digests = digests.data();
+    t.scores = scores.data();
+    t.info = info.data();
+    t.counters = counters.data();
+    t.free_rows = free_rows.data();
+    t.num_scores = num_scores;
+    t.num_tables = static_cast<int64_t>(info.size() / kInfoCols);
+    t.num_slots = static_cast<int64_t>(keys.size());
+    return t;
+  }
+};
+
+// Runs one batch sequentially through process_run (all keys of one table).
+struct Batch {
+  std::vector<int64_t> keys, tables, slots, ev_keys, ev_scores, ev_slots, ev_tables, row_work;
+  std::vector<int32_t> order;
+  std::vector<int8_t> status;
+  std::vector<uint8_t> ev_flags;
+
+  void run(HostTable& h, RunOp op, ScoreArgs a) {
+    const int64_t n = static_cast<int64_t>(keys.size());
+    if (tables.empty()) tables.assign(n, 0);
+    slots.assign(n, -7);
+    status.assign(n, -1);
+    ev_keys.assign(n, 0);
+    ev_scores.assign(n * h.num_scores, 0);
+    ev_slots.assign(n, 0);
+    ev_tables.assign(n, 0);
+    ev_flags.assign(n, 0);
+    row_work.assign(n, -1);
+    TableRef t = h.ref();
+    std::vector<int64_t> sk(n);
+    for (int64_t i = 0; i < n; ++i) sk[i] = sort_key_of(t, keys[i], tables[i]);
+    order.resize(n);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return sk[x] < sk[y]; });
+    RunArgs r;
+    r.keys = keys.data();
+    r.table_ids = tables.data();
+    r.order = order.data();
+    r.score = a;
+    r.op = op;
+    r.slots = slots.data();
+    r.status = status.data();
+    r.ev_keys = ev_keys.data();
+    r.ev_scores = ev_scores.data();
+    r.ev_slots = ev_slots.data();
+    r.ev_tables = ev_tables.data();
+    r.ev_flags = ev_flags.data();
+    r.row_work = row_work.data();
+    int64_t b = 0;
+    while (b < n) {
+      int64_t e = b + 1;
+      while (e < n && sk[order[e]] == sk[order[b]]) ++e;
+      process_run(t, r, b, e);
+      b = e;
+    }
+  }
+};
+
+ScoreArgs assign_each(const std::vector<int64_t>& v) {
+  ScoreArgs a;
+  a.policy[0] = static_cast<int32_t>(ScorePolicy::kAssign);
+  a.values = v.data();
+  a.value_row_stride = 1;
+  return a;
+}
+
+// Keys of one table (capacity = width) all share its single bucket.
+std::vector<int64_t> iota_keys(int64_t n, int64_t first = 1) {
+  std::vector<int64_t> k(n);
+  std::iota(k.begin(), k.end(), first);
+  return k;
+}
+
+TEST(Hashing, Mix64IsABijectionOnASample) {
+  std::set<uint64_t> seen;
+  for (uint64_t k = 0; k < 100000; ++k) seen.insert(mix64(k * 0x9E3779B97F4A7C15ULL));
+  EXPECT_EQ(seen.size(), 100000u);
+  EXPECT_EQ(mix64(0), 0u);  // the finalizer fixes zero
+}
+
+TEST(Hashing, ReservedKeysAreTheFourSmallest) {
+  EXPECT_TRUE(is_reserved_key(kEmptyKey));
+  EXPECT_TRUE(is_reserved_key(kEmptyKey + 3));
+  EXPECT_FALSE(is_reserved_key(kEmptyKey + 4));
+  EXPECT_FALSE(is_reserved_key(-1));
+  EXPECT_FALSE(is_reserved_key(0));
+}
+
+TEST(Probing, MatchBytesFlagsEveryEqualByte) {
+  const uint64_t word = 0x11AB22AB33AB44ABULL;
+  const uint64_t m = match_bytes(word, 0xAB);
+  // Bytes 0, 2, 4, 6 are 0xAB; false positives are allowed only above a match.
+  for (int b : {0, 2, 4, 6}) EXPECT_NE(m & (0x80ULL << (8 * b)), 0u) << b;
+  EXPECT_EQ(match_bytes(0x0102030405060708ULL, 0xFF), 0u);
+}
+
+TEST(Probing, HomeBucketIsHashModCapacityOverWidth) {
+  HostTable h({{64, 16}, {128, 32}}, 1);
+  TableRef t = h.ref();
+  for (int64_t key : {1, 99, -5, 123456789}) {
+    const uint64_t hh = mix64(static_cast<uint64_t>(key));
+    const Home a = home_of(t, 0, key);
+    EXPECT_EQ(a.start, static_cast<int64_t>(hh % 64) / 16 * 16);
+    const Home b = home_of(t, 1, key);
+    EXPECT_EQ(b.start, 64 + static_cast<int64_t>(hh % 128) / 32 * 32);
+    EXPECT_EQ(b.global_bucket, 4 + static_cast<int64_t>(hh % 128) / 32);
+  }
+}
+
+TEST(RunOps, FillsFirstEmptyPositionsInBatchOrder) {
+  HostTable h({{16, 16}}, 1);
+  Batch b;
+  b.keys = {10, 11, 12};
+  std::vector<int64_t> s = {5, 6, 7};
+  b.run(h, RunOp::kInsertEvict, assign_each(s));
+  EXPECT_THAT(b.slots, ElementsAre(0, 1, 2));
+  EXPECT_THAT(b.status, ElementsAre(1, 1, 1));
+  EXPECT_EQ(h.scores[1], 6);
+  EXPECT_EQ(h.counters[kCounterSize], 3);
+}
+
+TEST(RunOps, VictimIsMinimumScoreLowestPositionOnTies) {
+  HostTable h({{16, 16}}, 1);
+  Batch fill;
+  fill.keys = iota_keys(16);
+  std::vector<int64_t> s(16, 50);
+  s[9] = 3;
+  s[12] = 3;  // a tie at a higher position
+  fill.run(h, RunOp::kInsertEvict, assign_each(s));
+  Batch b;
+  b.keys = {100};
+  std::vector<int64_t> s2 = {60};
+  b.run(h, RunOp::kInsertEvict, assign_each(s2));
+  EXPECT_EQ(b.status[0], static_cast<int8_t>(InsertStatus::kEvicted));
+  EXPECT_EQ(b.slots[0], 9);
+  EXPECT_EQ(b.ev_flags[0], 1);
+  EXPECT_EQ(b.ev_keys[0], 10);  // key 10 sat at position 9
+  EXPECT_EQ(b.ev_scores[0], 3);
+  EXPECT_EQ(h.counters[kCounterEvictions], 1);
+  EXPECT_EQ(h.counters[kCounterSize], 16);
+}
+
+TEST(RunOps, BatchNeverEvictsWhatItTouched) {
+  HostTable h({{16, 16}}, 1);
+  Batch fill;
+  fill.keys = iota_keys(16);
+  std::vector<int64_t> s(16, 1);
+  fill.run(h, RunOp::kInsertEvict, assign_each(s));
+  // Touch all 16 residents, then ask for one more key in the same batch.
+  Batch b;
+  b.keys = iota_keys(16);
+  b.keys.push_back(1000);
+  std::vector<int64_t> s2(17, 9);
+  b.run(h, RunOp::kInsertEvict, assign_each(s2));
+  EXPECT_EQ(b.status[16], static_cast<int8_t>(InsertStatus::kFailed));
+  EXPECT_EQ(b.slots[16], -1);
+  EXPECT_EQ(h.counters[kCounterInsertFailures], 1);
+  for (int i = 0; i < 16; ++i) EXPECT_EQ(b.status[i], static_cast<int8_t>(InsertStatus::kFound));
+}
+
+TEST(RunOps, InsertWithoutEvictionFailsOnFullBucket) {
+  HostTable h({{16, 16}}, 1);
+  Batch b;
+  b.keys = iota_keys(17);
+  b.run(h, RunOp::kInsert, ScoreArgs{});
+  EXPECT_EQ(b.status[16], static_cast<int8_t>(InsertStatus::kFailed));
+  EXPECT_EQ(h.counters[kCounterInsertFailures], 1);
+  EXPECT_EQ(h.counters[kCounterSize], 16);
+}
+
+TEST(RunOps, DuplicateKeyFindsItsFirstSlotAndAccumulates) {
+  HostTable h({{16, 16}}, 1);
+  Batch b;
+  b.keys = {5, 5, 5};
+  std::vector<int64_t> s = {2, 3, 4};
+  ScoreArgs a = assign_each(s);
+  a.policy[0] = static_cast<int32_t>(ScorePolicy::kAccumulate);
+  b.run(h, RunOp::kInsertEvict, a);
+  EXPECT_THAT(b.slots, ElementsAre(0, 0, 0));
+  EXPECT_THAT(b.status, ElementsAre(1, 0, 0));
+  EXPECT_EQ(h.scores[0], 9);
+}
+
+TEST(RunOps, CompoundScoresEvictLeastFrequentThenOlder) {
+  HostTable h({{16, 16}}, 2);
+  Batch fill;
+  fill.keys = iota_keys(16);
+  std::vector<int64_t> s(32);
+  for (int i = 0; i < 16; ++i) {
+    s[2 * i] = 5;            // frequency
+    s[2 * i + 1] = 100 + i;  // timestamp
+  }
+  s[2 * 3] = 2;
+  s[2 * 3 + 1] = 500;  // rare but recent
+  s[2 * 7] = 2;
+  s[2 * 7 + 1] = 400;  // rare and older: the victim
+  ScoreArgs a;
+  a.policy[0] = a.policy[1] = static_cast<int32_t>(ScorePolicy::kAssign);
+  a.values = s.data();
+  a.value_row_stride = 2;
+  fill.run(h, RunOp::kInsertEvict, a);
+  Batch b;
+  b.keys = {99};
+  std::vector<int64_t> s2 = {1, 999};
+  a.values = s2.data();
+  b.run(h, RunOp::kInsertEvict, a);
+  EXPECT_EQ(b.slots[0], 7);
+  EXPECT_EQ(b.ev_keys[0], 8);
+  EXPECT_THAT(std::vector<int64_t>(h.scores.begin() + 14, h.scores.begin() + 16), ElementsAre(1, 999));
+}
+
+TEST(RunOps, EraseFreesTheSlotAndCountsOnce) {
+  HostTable h({{16, 16}}, 1);
+  Batch fill;
+  fill.keys = {1, 2, 3};
+  fill.run(h, RunOp::kInsert, ScoreArgs{});
+  Batch e;
+  e.keys = {2, 2, 9};
+  e.run(h, RunOp::kErase, ScoreArgs{});
+  EXPECT_THAT(e.status, ElementsAre(0, 3, 3));
+  EXPECT_EQ(h.keys[1], kEmptyKey);
+  EXPECT_EQ(h.digests[1], empty_digest());
+  EXPECT_EQ(h.counters[kCounterSize], 2);
+  EXPECT_EQ(find_slot(h.ref(), 0, 2), -1);
+  EXPECT_EQ(find_slot(h.ref(), 0, 3), 2);
+}
+
+TEST(RunOps, InvalidInputFormsNoRun) {
+  HostTable h({{16, 16}}, 1);
+  TableRef t = h.ref();
+  EXPECT_EQ(sort_key_of(t, kEmptyKey, 0), INT64_MAX);
+  EXPECT_EQ(sort_key_of(t, 5, 1), INT64_MAX);
+  EXPECT_EQ(sort_key_of(t, 5, -1), INT64_MAX);
+  EXPECT_EQ(find_one(t, ScoreArgs{}, 0, 5, 3, false), -1);
+}
+
+TEST(Rows, NoEvictionHandsOutFreeRowsTopFirstThenFresh) {
+  HostTable h({{32, 16}}, 1, {true});
+  TableRef t = h.ref();
+  // Two rows on the free stack: 7 (bottom), 4 (top); next fresh row is 10.
+  h.free_rows[0] = 7;
+  h.free_rows[1] = 4;
+  h.counters[kCounterFreeTop] = 2;
+  h.counters[kCounterNextRow] = 10;
+  EXPECT_EQ(row_for_rank(t, 0, 0), 4);
+  EXPECT_EQ(row_for_rank(t, 0, 1), 7);
+  EXPECT_EQ(row_for_rank(t, 0, 2), 10);
+  EXPECT_EQ(row_for_rank(t, 0, 23), 31);
+  EXPECT_EQ(row_for_rank(t, 0, 24), -1);  // row capacity 32 exhausted
+  finish_row_allocation(t, 0, 3);
+  EXPECT_EQ(h.counters[kCounterFreeTop], 0);
+  EXPECT_EQ(h.counters[kCounterNextRow], 11);
+}
+
+TEST(Export, SelectsOccupiedSlotsAtOrAboveThreshold) {
+  HostTable h({{16, 16}, {32, 16}}, 1);
+  Batch b;
+  b.keys = {1, 2, 3};
+  b.tables = {0, 1, 1};
+  std::vector<int64_t> s = {5, 1, 9};
+  b.run(h, RunOp::kInsert, assign_each(s));
+  TableRef t = h.ref();
+  std::vector<int64_t> picked;
+  for (int64_t slot = 0; slot < t.num_slots; ++slot) {
+    if (export_selects(t, slot, 0, 5)) picked.push_back(h.keys[slot]);
+  }
+  std::sort(picked.begin(), picked.end());
+  EXPECT_THAT(picked, ElementsAre(1, 3));
+  EXPECT_EQ(table_of_slot(t, 15), 0);
+  EXPECT_EQ(table_of_slot(t, 16), 1);
+  EXPECT_EQ(table_of_slot(t, 47), 1);
+}
+
+}  // namespace
+}  // namespace table
+}  // namespace dyn_emb
