@@ -51,11 +51,11 @@
 // # Rows (NO_EVICTION)
 //
 // A new key needs a row of the value buffer. Rows are handed out after the runs,
-// in sorted-position order per table: first from the table's free stack (top
-// first), then fresh rows from counters[kCounterNextRow]. erase pushes the
-// freed rows onto the stack in the same order. `row_work[p]` carries, by
-// position, 1 for a key that needs a row (insert) or the freed row (erase),
-// -1 otherwise.
+// in batch order per table: first from the table's free stack (top first),
+// then fresh rows from counters[kCounterNextRow]. erase pushes the freed rows
+// onto the stack in batch order. So a batch leaves rows exactly as its keys
+// applied one at a time would. `row_work[i]` carries, by index, 1 for a key
+// that needs a row (insert) or the freed row (erase), -1 otherwise.
 #pragma once
 
 #include <cstdint>
@@ -289,7 +289,7 @@ DEMB_HD void process_run(const TableRef& t, const RunArgs& r, int64_t begin, int
     const int64_t key = r.keys[i];
     const uint8_t digest = digest_of_hash(mix64(static_cast<uint64_t>(key)));
     const int64_t pos = probe(t, h, key, digest);
-    if (r.row_work) r.row_work[p] = -1;
+    if (r.row_work) r.row_work[i] = -1;
 
     if (r.op == RunOp::kErase) {
       if (pos < 0) {
@@ -298,7 +298,7 @@ DEMB_HD void process_run(const TableRef& t, const RunArgs& r, int64_t begin, int
         continue;
       }
       const int64_t slot = h.start + pos;
-      if (no_evict && r.row_work) r.row_work[p] = t.scores[slot * ns];
+      if (no_evict && r.row_work) r.row_work[i] = t.scores[slot * ns];
       t.keys[slot] = kEmptyKey;
       t.digests[slot] = empty_dg;
       for (int32_t c = 0; c < ns; ++c) t.scores[slot * ns + c] = 0;
@@ -347,7 +347,7 @@ DEMB_HD void process_run(const TableRef& t, const RunArgs& r, int64_t begin, int
         t.scores[slot * ns] = score_input(r.score, i, ns, 0);
       } else {
         t.scores[slot * ns] = -1;  // handed out by the row pass
-        if (r.row_work) r.row_work[p] = 1;
+        if (r.row_work) r.row_work[i] = 1;
       }
       for (int32_t c = 1; c < ns; ++c) t.scores[slot * ns + c] = 0;
     } else {
@@ -367,7 +367,7 @@ DEMB_HD void process_run(const TableRef& t, const RunArgs& r, int64_t begin, int
 
 // ------------------------------------------------------------------ rows --
 
-/// Row for the `rank`-th new key of a NO_EVICTION table in this batch, or -1
+/// Row for the `rank`-th new key (batch order) of a NO_EVICTION table, or -1
 /// when the value buffer has no row left. Reads the counters as they were
 /// before the batch.
 DEMB_HD int64_t row_for_rank(const TableRef& t, int64_t table, int64_t rank) {
@@ -390,6 +390,19 @@ DEMB_HD void undo_rowless_insert(const TableRef& t, int64_t table, int64_t slot)
   atomic_add_i64(cnt + kCounterInsertFailures, 1);
 }
 
+/// After the row pass: a repeat of a key whose insert got no row found a slot
+/// that was given back; it fails too, as it would one key at a time.
+DEMB_HD void fail_rowless_repeat(const TableRef& t, const RunArgs& r, int64_t i) {
+  const int64_t slot = r.slots[i];
+  if (slot < 0 || r.status[i] != static_cast<int8_t>(InsertStatus::kFound) ||
+      t.keys[slot] == r.keys[i]) {
+    return;
+  }
+  r.slots[i] = -1;
+  r.status[i] = static_cast<int8_t>(InsertStatus::kFailed);
+  atomic_add_i64(t.counters + r.table_ids[i] * kCounterCols + kCounterInsertFailures, 1);
+}
+
 /// Counter update once `n` rows were asked for (insert) by a table's batch.
 DEMB_HD void finish_row_allocation(const TableRef& t, int64_t table, int64_t n) {
   int64_t* cnt = t.counters + table * kCounterCols;
@@ -403,7 +416,7 @@ DEMB_HD void finish_row_allocation(const TableRef& t, int64_t table, int64_t n) 
   cnt[kCounterNextRow] += fresh;
 }
 
-/// erase: the `rank`-th freed row of a table in this batch goes on the stack.
+/// erase: the `rank`-th freed row (batch order) of a table goes on the stack.
 DEMB_HD void push_free_row(const TableRef& t, int64_t table, int64_t rank, int64_t row) {
   const int64_t* inf = t.info + table * kInfoCols;
   const int64_t top = t.counters[table * kCounterCols + kCounterFreeTop];

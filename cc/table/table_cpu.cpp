@@ -85,7 +85,7 @@ int64_t run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_buc
   for (int64_t p = valid; p < n; ++p) {
     r.slots[order[p]] = -1;
     r.status[order[p]] = static_cast<int8_t>(InsertStatus::kInvalid);
-    if (r.row_work) r.row_work[p] = -1;
+    if (r.row_work) r.row_work[order[p]] = -1;
   }
   std::fill(r.ev_flags, r.ev_flags + n, 0);
 
@@ -100,13 +100,13 @@ int64_t run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_buc
     for (int64_t k = b; k < e; ++k) process_run(t, args, heads[k], heads[k + 1]);
   });
 
-  // NO_EVICTION rows, in sorted-position order per table.
+  // NO_EVICTION rows, in batch order per table.
   if (r.row_work) {
     std::vector<int64_t> rank(static_cast<size_t>(t.num_tables), 0);
-    for (int64_t p = 0; p < valid; ++p) {
-      const int64_t w = r.row_work[p];
+    bool undone = false;
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t w = r.row_work[i];
       if (w < 0) continue;
-      const int32_t i = order[p];
       const int64_t table = r.table_ids[i];
       if (r.op == RunOp::kErase) {
         push_free_row(t, table, rank[table]++, w);
@@ -114,12 +114,16 @@ int64_t run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_buc
       }
       const int64_t row = row_for_rank(t, table, rank[table]++);
       if (row < 0) {
+        undone = true;
         undo_rowless_insert(t, table, r.slots[i]);
         r.slots[i] = -1;
         r.status[i] = static_cast<int8_t>(InsertStatus::kFailed);
       } else {
         t.scores[r.slots[i] * t.num_scores] = row;
       }
+    }
+    if (undone) {
+      for (int64_t i = 0; i < n; ++i) fail_rowless_repeat(t, r, i);
     }
     for (int64_t table = 0; table < t.num_tables; ++table) {
       if (rank[table] == 0) continue;

@@ -59,7 +59,7 @@ __global__ void run_kernel(TableRef t, RunArgs r, const int64_t* sorted_keys, in
     const int32_t i = r.order[p];
     r.slots[i] = -1;
     r.status[i] = static_cast<int8_t>(InsertStatus::kInvalid);
-    if (r.row_work) r.row_work[p] = -1;
+    if (r.row_work) r.row_work[i] = -1;
     return;
   }
   if (p > 0 && sorted_keys[p - 1] == k) return;
@@ -68,30 +68,36 @@ __global__ void run_kernel(TableRef t, RunArgs r, const int64_t* sorted_keys, in
   process_run(t, r, p, end);
 }
 
-__global__ void row_flags_kernel(TableRef t, RunArgs r, int64_t n, int64_t* flags, int64_t* seg) {
-  const int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (p >= n) return;
-  const int32_t i = r.order[p];
-  const int64_t w = r.row_work[p];
-  flags[p] = w >= 0 ? 1 : 0;
-  seg[p] = r.status[i] == static_cast<int8_t>(InsertStatus::kInvalid) ? t.num_tables
+// Segment key of a batch index for the row pass: its table, or num_tables for
+// entries that take no part (invalid input).
+__global__ void row_keys_kernel(TableRef t, RunArgs r, int64_t n, int64_t* seg, int32_t* iota) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  seg[i] = r.status[i] == static_cast<int8_t>(InsertStatus::kInvalid) ? t.num_tables
                                                                        : r.table_ids[i];
+  iota[i] = static_cast<int32_t>(i);
 }
 
-__global__ void row_assign_kernel(TableRef t, RunArgs r, int64_t n, const int64_t* rank,
-                                  int64_t* per_table) {
-  const int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (p >= n) return;
-  const int64_t w = r.row_work[p];
+// flags[q] for the q-th entry of the (table, index) order.
+__global__ void row_flags_kernel(RunArgs r, int64_t n, const int32_t* idx, int64_t* flags) {
+  const int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (q < n) flags[q] = r.row_work[idx[q]] >= 0 ? 1 : 0;
+}
+
+__global__ void row_assign_kernel(TableRef t, RunArgs r, int64_t n, const int32_t* idx,
+                                  const int64_t* rank, int64_t* per_table) {
+  const int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (q >= n) return;
+  const int32_t i = idx[q];
+  const int64_t w = r.row_work[i];
   if (w < 0) return;
-  const int32_t i = r.order[p];
   const int64_t table = r.table_ids[i];
   atomic_add_i64(per_table + table, 1);
   if (r.op == RunOp::kErase) {
-    push_free_row(t, table, rank[p], w);
+    push_free_row(t, table, rank[q], w);
     return;
   }
-  const int64_t row = row_for_rank(t, table, rank[p]);
+  const int64_t row = row_for_rank(t, table, rank[q]);
   if (row < 0) {
     undo_rowless_insert(t, table, r.slots[i]);
     r.slots[i] = -1;
@@ -99,6 +105,11 @@ __global__ void row_assign_kernel(TableRef t, RunArgs r, int64_t n, const int64_
   } else {
     t.scores[r.slots[i] * t.num_scores] = row;
   }
+}
+
+__global__ void rowless_repeat_kernel(TableRef t, RunArgs r, int64_t n) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i < n) fail_rowless_repeat(t, r, i);
 }
 
 __global__ void row_finish_kernel(TableRef t, RunOp op, const int64_t* per_table) {
@@ -233,20 +244,36 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
   check(cudaGetLastError(), "runs");
 
   if (has_rows) {
-    int64_t* flags = alloc<int64_t>(scratch, n);
+    // Rows go out in batch order per table: order the indices by (table, index).
     int64_t* seg = alloc<int64_t>(scratch, n);
+    int64_t* seg_sorted = alloc<int64_t>(scratch, n);
+    int32_t* idx = alloc<int32_t>(scratch, n);
+    int64_t* flags = alloc<int64_t>(scratch, n);
     int64_t* rank = alloc<int64_t>(scratch, n);
     int64_t* per_table = alloc<int64_t>(scratch, t.num_tables);
     check(cudaMemsetAsync(per_table, 0, sizeof(int64_t) * t.num_tables, stream), "memset");
-    row_flags_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, w, n, flags, seg);
+    row_keys_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, w, n, seg, iota);
+    int seg_bits = 1;
+    while ((int64_t{1} << seg_bits) <= t.num_tables) ++seg_bits;
+    auto* sin = reinterpret_cast<unsigned long long*>(seg);
+    auto* sout = reinterpret_cast<unsigned long long*>(seg_sorted);
     size_t sb = 0;
-    check(cub::DeviceScan::ExclusiveSumByKey(nullptr, sb, seg, flags, rank, n, ::cuda::std::equal_to<int64_t>(),
-                                             stream),
-          "scan (size)");
+    check(cub::DeviceRadixSort::SortPairs(nullptr, sb, sin, sout, iota, idx, n, 0, seg_bits, stream),
+          "row sort (size)");
     void* st = scratch.allocate(sb);
-    check(cub::DeviceScan::ExclusiveSumByKey(st, sb, seg, flags, rank, n, ::cuda::std::equal_to<int64_t>(), stream),
+    check(cub::DeviceRadixSort::SortPairs(st, sb, sin, sout, iota, idx, n, 0, seg_bits, stream),
+          "row sort");
+    row_flags_kernel<<<grid_for(n), kBlock, 0, stream>>>(w, n, idx, flags);
+    size_t cb = 0;
+    check(cub::DeviceScan::ExclusiveSumByKey(nullptr, cb, seg_sorted, flags, rank, n,
+                                             ::cuda::std::equal_to<int64_t>(), stream),
+          "scan (size)");
+    void* ct = scratch.allocate(cb);
+    check(cub::DeviceScan::ExclusiveSumByKey(ct, cb, seg_sorted, flags, rank, n,
+                                             ::cuda::std::equal_to<int64_t>(), stream),
           "scan");
-    row_assign_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, w, n, rank, per_table);
+    row_assign_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, w, n, idx, rank, per_table);
+    if (r.op != RunOp::kErase) rowless_repeat_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, w, n);
     row_finish_kernel<<<grid_for(t.num_tables), kBlock, 0, stream>>>(t, r.op, per_table);
     check(cudaGetLastError(), "rows");
   }

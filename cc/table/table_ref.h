@@ -56,7 +56,7 @@ struct RunArgs {
   int64_t* ev_slots = nullptr;    ///< (n) by position
   int64_t* ev_tables = nullptr;   ///< (n) by position
   uint8_t* ev_flags = nullptr;    ///< (n) by position: 1 where a key was evicted
-  int64_t* row_work = nullptr;    ///< (n) by position: see table_common.h, "Rows"
+  int64_t* row_work = nullptr;    ///< (n) by index: see table_common.h, "Rows"
 };
 
 }  // namespace table

@@ -1,0 +1,233 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+//
+// The CPU backend's parallel, sorted driver against the definition it must
+// equal: the same batch applied one key at a time.
+#include "cc/table/table_cpu.h"
+
+#include <ATen/Parallel.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "cc/table/table_common.h"
+
+namespace dyn_emb {
+namespace table {
+namespace {
+
+struct State {
+  std::vector<int64_t> keys, scores, info, counters, free_rows;
+  std::vector<uint8_t> digests;
+  int32_t ns = 1;
+
+  State(std::vector<std::pair<int64_t, int64_t>> tables, int32_t num_scores, bool no_evict_last)
+      : ns(num_scores) {
+    int64_t slot = 0, bucket = 0, row = 0;
+    for (size_t t = 0; t < tables.size(); ++t) {
+      const bool ne = no_evict_last && t + 1 == tables.size();
+      std::vector<int64_t> r(kInfoCols, 0);
+      r[kInfoSlotOffset] = slot;
+      r[kInfoCapacity] = tables[t].first;
+      r[kInfoBucketCapacity] = tables[t].second;
+      r[kInfoBucketOffset] = bucket;
+      r[kInfoRowOffset] = row;
+      r[kInfoRowCapacity] = ne ? tables[t].first / 2 : 0;
+      r[kInfoMode] = static_cast<int64_t>(ne ? TableMode::kNoEviction : TableMode::kEvicting);
+      info.insert(info.end(), r.begin(), r.end());
+      slot += tables[t].first;
+      bucket += tables[t].first / tables[t].second;
+      row += r[kInfoRowCapacity];
+    }
+    keys.assign(slot, kEmptyKey);
+    digests.assign(slot, empty_digest());
+    scores.assign(slot * ns, 0);
+    counters.assign(tables.size() * kCounterCols, 0);
+    free_rows.assign(std::max<int64_t>(row, 1), 0);
+  }
+  int64_t total_buckets() const {
+    int64_t b = 0;
+    for (size_t t = 0; t < info.size() / kInfoCols; ++t)
+      b += info[t * kInfoCols + kInfoCapacity] / info[t * kInfoCols + kInfoBucketCapacity];
+    return b;
+  }
+  TableRef ref() {
+    TableRef t;
+    t.keys = keys.data();
+    t.digests = digests.data();
+    t.scores = scores.data();
+    t.info = info.data();
+    t.counters = counters.data();
+    t.free_rows = free_rows.data();
+    t.num_scores = ns;
+    t.num_tables = static_cast<int64_t>(info.size() / kInfoCols);
+    t.num_slots = static_cast<int64_t>(keys.size());
+    return t;
+  }
+};
+
+struct Out {
+  std::vector<int64_t> slots, ev_keys, ev_scores, ev_slots, ev_tables, row_work, scratch;
+  std::vector<int8_t> status;
+  std::vector<uint8_t> flags;
+  std::vector<int32_t> order;
+  int64_t evicted = 0;
+};
+
+Out run(State& s, RunOp op, const std::vector<int64_t>& keys, const std::vector<int64_t>& tables,
+        const std::vector<int64_t>& score_values) {
+  const int64_t n = static_cast<int64_t>(keys.size());
+  Out o;
+  o.slots.assign(n, 0);
+  o.status.assign(n, 0);
+  o.ev_keys.assign(n, 0);
+  o.ev_scores.assign(n * s.ns, 0);
+  o.ev_slots.assign(n, 0);
+  o.ev_tables.assign(n, 0);
+  o.row_work.assign(n, 0);
+  o.scratch.assign(n, 0);
+  o.flags.assign(n, 0);
+  o.order.assign(n, 0);
+  RunArgs r;
+  r.keys = keys.data();
+  r.table_ids = tables.data();
+  r.order = o.order.data();
+  for (int c = 0; c < s.ns; ++c) r.score.policy[c] = static_cast<int32_t>(ScorePolicy::kAccumulate);
+  r.score.values = score_values.data();
+  r.score.value_row_stride = s.ns;
+  r.op = op;
+  r.slots = o.slots.data();
+  r.status = o.status.data();
+  r.ev_keys = o.ev_keys.data();
+  r.ev_scores = o.ev_scores.data();
+  r.ev_slots = o.ev_slots.data();
+  r.ev_tables = o.ev_tables.data();
+  r.ev_flags = o.flags.data();
+  r.row_work = o.row_work.data();
+  o.evicted = cpu::run_op(s.ref(), r, n, s.total_buckets(), o.scratch.data());
+  return o;
+}
+
+TEST(CpuBackend, RadixOrderIsAStableSort) {
+  std::mt19937_64 rng(7);
+  for (int64_t total : std::vector<int64_t>{1, 5, 3000, int64_t{1} << 23}) {
+    std::vector<int64_t> k(5000);
+    for (auto& x : k) x = static_cast<int64_t>(rng() % static_cast<uint64_t>(total + 1));
+    std::vector<int32_t> got(k.size()), want(k.size());
+    cpu::stable_order(k.data(), static_cast<int64_t>(k.size()), total, got.data());
+    std::iota(want.begin(), want.end(), 0);
+    std::stable_sort(want.begin(), want.end(), [&](int32_t a, int32_t b) { return k[a] < k[b]; });
+    EXPECT_EQ(got, want) << total;
+  }
+}
+
+// Without eviction, a batch through the parallel sorted driver leaves the
+// table exactly as the same keys applied one at a time, NO_EVICTION rows
+// included, at any thread count.
+TEST(CpuBackend, InsertAndEraseBatchEqualsOneKeyAtATime) {
+  for (int threads : {1, 2, 4}) {
+    at::set_num_threads(threads);
+    std::mt19937_64 rng(11 + threads);
+    State a({{64, 16}, {256, 32}, {128, 16}}, 2, /*no_evict_last=*/true);
+    State b = a;
+    for (int step = 0; step < 6; ++step) {
+      const RunOp op = step == 3 || step == 5 ? RunOp::kErase : RunOp::kInsert;
+      const int64_t n = 200;
+      std::vector<int64_t> keys(n), tables(n), sv(n * 2);
+      for (int64_t i = 0; i < n; ++i) {
+        keys[i] = static_cast<int64_t>(rng() % 400) - 50;
+        tables[i] = static_cast<int64_t>(rng() % 3);
+        sv[2 * i] = static_cast<int64_t>(rng() % 4);
+        sv[2 * i + 1] = step;
+      }
+      Out batch = run(a, op, keys, tables, sv);
+      for (int64_t i = 0; i < n; ++i) {
+        Out one = run(b, op, {keys[i]}, {tables[i]}, {sv[2 * i], sv[2 * i + 1]});
+        EXPECT_EQ(one.status[0], batch.status[i]) << "step " << step << " index " << i;
+        EXPECT_EQ(one.slots[0], batch.slots[i]) << "step " << step << " index " << i;
+      }
+      ASSERT_EQ(a.keys, b.keys) << "step " << step;
+      ASSERT_EQ(a.scores, b.scores) << "step " << step;
+      ASSERT_EQ(a.digests, b.digests) << "step " << step;
+      ASSERT_EQ(a.counters, b.counters) << "step " << step;
+      ASSERT_EQ(a.free_rows, b.free_rows) << "step " << step;
+    }
+  }
+}
+
+// With eviction the result does not depend on the thread count.
+TEST(CpuBackend, InsertEvictIsIndependentOfThreadCount) {
+  std::vector<State> finals;
+  std::vector<std::vector<int64_t>> evicted;
+  for (int threads : {1, 2, 4}) {
+    at::set_num_threads(threads);
+    std::mt19937_64 rng(5);
+    State s({{64, 16}, {256, 32}}, 2, false);
+    std::vector<int64_t> ev;
+    for (int step = 0; step < 8; ++step) {
+      const int64_t n = 300;
+      std::vector<int64_t> keys(n), tables(n), sv(n * 2);
+      for (int64_t i = 0; i < n; ++i) {
+        keys[i] = static_cast<int64_t>(rng() % 2000);
+        tables[i] = static_cast<int64_t>(rng() % 2);
+        sv[2 * i] = static_cast<int64_t>(rng() % 3);
+        sv[2 * i + 1] = step;
+      }
+      Out o = run(s, RunOp::kInsertEvict, keys, tables, sv);
+      ev.insert(ev.end(), o.ev_keys.begin(), o.ev_keys.begin() + o.evicted);
+      ev.insert(ev.end(), o.slots.begin(), o.slots.end());
+    }
+    finals.push_back(s);
+    evicted.push_back(ev);
+  }
+  at::set_num_threads(1);
+  for (size_t k = 1; k < finals.size(); ++k) {
+    EXPECT_EQ(finals[k].keys, finals[0].keys);
+    EXPECT_EQ(finals[k].scores, finals[0].scores);
+    EXPECT_EQ(finals[k].counters, finals[0].counters);
+    EXPECT_EQ(evicted[k], evicted[0]);
+  }
+  EXPECT_GT(finals[0].counters[kCounterEvictions], 0);
+}
+
+TEST(CpuBackend, InvalidEntriesAreReportedAndChangeNothing) {
+  State s({{32, 16}}, 1, false);
+  const std::vector<int64_t> before = s.keys;
+  Out o = run(s, RunOp::kInsertEvict, {kEmptyKey, 5}, {0, 3}, {1, 1});
+  EXPECT_EQ(o.status[0], static_cast<int8_t>(InsertStatus::kInvalid));
+  EXPECT_EQ(o.status[1], static_cast<int8_t>(InsertStatus::kInvalid));
+  EXPECT_EQ(s.keys, before);
+  EXPECT_EQ(s.counters[kCounterSize], 0);
+}
+
+TEST(CpuBackend, ExportAndCountAgreeWithTheKeys) {
+  State s({{64, 16}, {64, 32}}, 1, false);
+  std::vector<int64_t> keys(80), tables(80), sv(80);
+  for (int i = 0; i < 80; ++i) {
+    keys[i] = i * 7 + 1;
+    tables[i] = i % 2;
+    sv[i] = i;
+  }
+  run(s, RunOp::kInsert, keys, tables, sv);
+  std::vector<int64_t> cnt(2);
+  cpu::count(s.ref(), cnt.data());
+  EXPECT_EQ(cnt[0], s.counters[kCounterSize]);
+  EXPECT_EQ(cnt[1], s.counters[kCounterCols + kCounterSize]);
+  std::vector<int64_t> k(128), sl(128), tb(128), sc(128);
+  const int64_t c = cpu::export_batch(s.ref(), 0, 128, 0, 40, k.data(), sl.data(), tb.data(), sc.data());
+  int64_t expect = 0;
+  for (int64_t slot = 0; slot < 128; ++slot) expect += s.keys[slot] != kEmptyKey && s.scores[slot] >= 40;
+  EXPECT_EQ(c, expect);
+  for (int64_t j = 0; j < c; ++j) {
+    EXPECT_EQ(s.keys[sl[j]], k[j]);
+    EXPECT_GE(sc[j], 40);
+    EXPECT_EQ(tb[j], sl[j] < 64 ? 0 : 1);
+    if (j) EXPECT_LT(sl[j - 1], sl[j]);
+  }
+}
+
+}  // namespace
+}  // namespace table
+}  // namespace dyn_emb
