@@ -5,7 +5,7 @@
 // of range gets status kInvalid / slot -1 and leaves the table untouched. The
 // Python wrapper checks values when asked to (ScoredHashTable(validate=True)).
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -46,7 +46,7 @@ at::Tensor find_cuda(const at::Tensor& keys, const at::Tensor& table_ids,
   const table::TableRef t = table_ref(table_keys, digests, scores, info, nullptr, nullptr);
   const table::ScoreArgs a = score_args(policies, score_values, n);
   table::cuda::find(t, a, keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(), n, update,
-                    slots.data_ptr<int64_t>(), at::cuda::getCurrentCUDAStream());
+                    slots.data_ptr<int64_t>(), c10::cuda::getCurrentCUDAStream().stream());
   return slots;
 }
 
@@ -82,7 +82,7 @@ run_cuda(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
   r.ev_slots = out.ev_slots.data_ptr<int64_t>();
   r.ev_tables = out.ev_tables.data_ptr<int64_t>();
   table::cuda::run_op(t, r, n, total_buckets, has_rows, out.num_evicted.data_ptr<int64_t>(),
-                      scratch, at::cuda::getCurrentCUDAStream());
+                      scratch, c10::cuda::getCurrentCUDAStream().stream());
   return out.tuple();
 }
 
@@ -107,7 +107,7 @@ ExportResult export_cuda(const at::Tensor& table_keys, const at::Tensor& scores,
                             std::get<2>(res).data_ptr<int64_t>(),
                             std::get<3>(res).data_ptr<int64_t>(),
                             std::get<4>(res).data_ptr<int64_t>(), scratch,
-                            at::cuda::getCurrentCUDAStream());
+                            c10::cuda::getCurrentCUDAStream().stream());
   return res;
 }
 
@@ -120,7 +120,7 @@ at::Tensor count_cuda(const at::Tensor& table_keys, const at::Tensor& info) {
   t.info = info.data_ptr<int64_t>();
   t.num_tables = info.size(0);
   t.num_slots = table_keys.numel();
-  table::cuda::count(t, out.data_ptr<int64_t>(), at::cuda::getCurrentCUDAStream());
+  table::cuda::count(t, out.data_ptr<int64_t>(), c10::cuda::getCurrentCUDAStream().stream());
   return out;
 }
 

@@ -1,0 +1,163 @@
+"""GPU throughput of the scored hash table, the way published GPU hash-table
+benchmarks measure it: one batch of 1,048,576 keys per operation, on a table
+pre-filled to a load factor, fp32 values of a given dim copied in or out.
+
+    python tools/bench/table_gpu_bench.py [--dims 8 32 64] [--load-factors 0.5 0.75 1.0]
+
+Prints a markdown table in billions of keys per second, with, from the same
+run, a plain PyTorch baseline (sorted keys + searchsorted + index_select) and
+the device copy bandwidth as the floor.
+"""
+
+import argparse
+import statistics
+
+import torch
+
+from dynamicemb.table import ScoredHashTable, enums
+
+BATCH = 1 << 20
+
+
+def timed(fn, reps):
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return statistics.median(times)
+
+
+def copy_bandwidth():
+    x = torch.empty(1 << 30, dtype=torch.float32, device="cuda")  # 4 GiB
+    y = torch.empty_like(x)
+    y.copy_(x)
+    t = timed(lambda: y.copy_(x), 10)
+    return 2 * x.numel() * 4 / t
+
+
+class Fresh:
+    """Distinct random keys, never repeated across calls."""
+
+    def __init__(self, seed):
+        self.g = torch.Generator(device="cuda").manual_seed(seed)
+        self.base = 0
+
+    def __call__(self, n):
+        # Disjoint ranges of 2**40 keys per call keep keys unique without a set.
+        k = torch.randint(0, 1 << 40, (n,), device="cuda", generator=self.g) + self.base
+        self.base += 1 << 40
+        return k
+
+
+def bench_dim(dim, capacity, load_factors, reps, out):
+    table = ScoredHashTable([capacity], bucket_capacities=128, device="cuda", validate=False)
+    values = torch.empty((capacity, dim), dtype=torch.float32, device="cuda")
+    fresh = Fresh(dim)
+    ts = [0]
+    policy = [enums.ScorePolicy.ASSIGN]
+    resident = []
+
+    def insert_batch(keys, evict):
+        ts[0] += 1
+        op = table.insert_and_evict if evict else table.insert
+        res = op(keys, policies=policy, scores=ts[0])
+        ok = res.slots >= 0
+        values.index_copy_(0, res.slots[ok], torch.ones((int(ok.sum()), dim), device="cuda"))
+        return res
+
+    filled = 0
+    for lf in load_factors:
+        target = int(lf * capacity)
+        while filled < target:
+            n = min(BATCH, target - filled)
+            k = fresh(n)
+            insert_batch(k, evict=True)
+            resident.append(k)
+            filled += n
+        torch.cuda.synchronize()
+        size = int(table.size()[0])
+        probe = torch.cat(resident[-8:])[-BATCH:]
+        out_buf = torch.empty((BATCH, dim), dtype=torch.float32, device="cuda")
+
+        def find():
+            slots = table.find(probe)
+            torch.index_select(values, 0, slots.clamp(min=0), out=out_buf)
+
+        t_find = timed(find, reps)
+
+        # insert / insert_and_evict of new keys with their values written.
+        batches = [fresh(BATCH) for _ in range(reps)]
+        it = iter(batches)
+        vals = torch.ones((BATCH, dim), device="cuda")
+
+        def upsert(evict):
+            res = (table.insert_and_evict if evict else table.insert)(
+                next(it), policies=policy, scores=ts[0] + 1)
+            ok = res.slots.clamp(min=0)
+            values.index_copy_(0, ok, vals)
+
+        # Each timed batch runs on the table as it was, so the load factor stays
+        # what it claims: save the state, restore it after each measurement.
+        saved = [t.clone() for t in (table.keys, table.digests, table.scores, table.counters)]
+
+        def restore():
+            for dst, src in zip((table.keys, table.digests, table.scores, table.counters), saved):
+                dst.copy_(src)
+
+        t_ins = timed(lambda: upsert(False), reps)
+        restore()
+        it = iter([fresh(BATCH) for _ in range(reps)])
+        t_ie = timed(lambda: upsert(True), reps)
+        restore()
+        del saved
+
+        # Baseline: sorted keys + searchsorted + index_select on the same keys.
+        sorted_keys, perm = torch.sort(torch.cat(resident)[:size])
+        base_vals = values[:size]
+
+        def base_find():
+            pos = torch.searchsorted(sorted_keys, probe).clamp(max=size - 1)
+            hit = sorted_keys[pos] == probe
+            torch.index_select(base_vals, 0, perm[pos], out=out_buf)
+            return hit
+
+        t_base = timed(base_find, reps)
+        del sorted_keys, perm
+        out.append((dim, capacity, lf, size / capacity, BATCH / t_find / 1e9,
+                    BATCH / t_ins / 1e9, BATCH / t_ie / 1e9, BATCH / t_base / 1e9))
+        print(f"dim {dim} lf {lf}: find {BATCH / t_find / 1e9:.3f} B/s, insert {BATCH / t_ins / 1e9:.3f} B/s, "
+              f"insert_and_evict {BATCH / t_ie / 1e9:.3f} B/s, baseline find {BATCH / t_base / 1e9:.3f} B/s",
+              flush=True)
+    del table, values
+    torch.cuda.empty_cache()
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dims", type=int, nargs="+", default=[8, 32, 64])
+    ap.add_argument("--load-factors", type=float, nargs="+", default=[0.5, 0.75, 1.0])
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--capacity-log2", type=int, default=27, help="dims below 64; dim 64 uses one less")
+    args = ap.parse_args()
+    print(torch.cuda.get_device_name(0), "torch", torch.__version__)
+    bw = copy_bandwidth()
+    print(f"device copy bandwidth (read + write): {bw / 1e12:.2f} TB/s")
+    rows = []
+    for dim in args.dims:
+        cap = 1 << (args.capacity_log2 - (1 if dim >= 64 else 0))
+        bench_dim(dim, cap, args.load_factors, args.reps, rows)
+    print()
+    print("| dim | capacity | load factor | find B/s | insert B/s | insert_and_evict B/s | torch sorted find B/s | find floor B/s |")
+    print("|---|---|---|---|---|---|---|---|")
+    for dim, cap, lf, real_lf, f, ins, ie, b in rows:
+        # Floor for find: keys in (8 B), digests (128 B line) + key (8 B) + value read + write.
+        bytes_per_key = 8 + 128 + 8 + 2 * 4 * dim + 8
+        print(f"| {dim} | {cap:,} | {lf} ({real_lf:.3f}) | {f:.3f} | {ins:.3f} | {ie:.3f} | {b:.3f} | {bw / bytes_per_key / 1e9:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
