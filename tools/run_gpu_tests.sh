@@ -16,6 +16,7 @@ if [ -f .gpupkg/bin/remote_setup.sh ]; then
   # shellcheck disable=SC1091
   source .gpupkg/bin/remote_setup.sh
 fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 export DEMB_CUDA_ARCHS=${DEMB_CUDA_ARCHS:-90} DEMB_BUILD_CUDA=1 MAX_JOBS=${MAX_JOBS:-16}
 "$PY" -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no device')"
 start=$(date +%s)

@@ -47,6 +47,15 @@ TORCH_LIBRARY(dynamicemb, m) {
       "table_export(Tensor table_keys, Tensor scores, Tensor info, int slot_begin, int slot_end, "
       "int score_column, int threshold) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
 
+  // Rows of a value buffer by index: out[i] = values[rows[i]], zeros where
+  // rows[i] is -1 (a key that is absent or failed). The copy the lookup path
+  // makes after table_find.
+  // Args:
+  //   values: (num_rows, dim) contiguous, any dtype; rows: (n) int64.
+  // Result:
+  //   (n, dim) tensor of values' dtype.
+  m.def("gather_rows(Tensor values, Tensor rows) -> Tensor");
+
   // Occupied slots of each table, counted from the keys: (num_tables) int64.
   m.def("table_count(Tensor table_keys, Tensor info) -> Tensor");
 }

@@ -164,5 +164,13 @@ inline ExportResult alloc_export(const at::Tensor& keys, const at::Tensor& score
           at::empty({range, scores.size(1)}, l), at::zeros({1}, l)};
 }
 
+inline void check_gather(const at::Tensor& values, const at::Tensor& rows) {
+  TORCH_CHECK_VALUE(values.dim() == 2 && values.is_contiguous(),
+                    "dynamicemb: values must be a contiguous 2-D tensor, got shape ", values.sizes());
+  check_1d(rows, at::kLong, "rows");
+  TORCH_CHECK(rows.device() == values.device(), "dynamicemb: rows must be on the values' device ",
+              values.device(), ", got ", rows.device());
+}
+
 }  // namespace ops
 }  // namespace dyn_emb

@@ -129,6 +129,21 @@ ExportResult export_cpu(const at::Tensor& table_keys, const at::Tensor& scores,
   return res;
 }
 
+at::Tensor gather_rows_cpu(const at::Tensor& values, const at::Tensor& rows) {
+  check_gather(values, rows);
+  check_cpu(values);
+  const int64_t* r = rows.data_ptr<int64_t>();
+  for (int64_t i = 0; i < rows.numel(); ++i) {
+    TORCH_CHECK_VALUE(r[i] >= -1 && r[i] < values.size(0), "dynamicemb: row ", r[i], " at index ",
+                      i, " is out of range [-1, ", values.size(0), ")");
+  }
+  at::Tensor out = at::empty({rows.numel(), values.size(1)}, values.options());
+  table::cpu::gather_rows(static_cast<const uint8_t*>(values.data_ptr()),
+                          values.size(1) * values.element_size(), r, rows.numel(),
+                          static_cast<uint8_t*>(out.data_ptr()));
+  return out;
+}
+
 at::Tensor count_cpu(const at::Tensor& table_keys, const at::Tensor& info) {
   check_1d(table_keys, at::kLong, "table_keys");
   check_cpu(table_keys);
@@ -149,6 +164,7 @@ TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
   m.impl("table_run", &run_cpu);
   m.impl("table_export", &export_cpu);
   m.impl("table_count", &count_cpu);
+  m.impl("gather_rows", &gather_rows_cpu);
 }
 
 }  // namespace ops

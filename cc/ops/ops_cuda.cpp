@@ -111,6 +111,17 @@ ExportResult export_cuda(const at::Tensor& table_keys, const at::Tensor& scores,
   return res;
 }
 
+at::Tensor gather_rows_cuda(const at::Tensor& values, const at::Tensor& rows) {
+  check_gather(values, rows);
+  c10::cuda::CUDAGuard guard(values.device());
+  at::Tensor out = at::empty({rows.numel(), values.size(1)}, values.options());
+  table::cuda::gather_rows(static_cast<const uint8_t*>(values.data_ptr()), values.size(0),
+                           values.size(1) * values.element_size(), rows.data_ptr<int64_t>(),
+                           rows.numel(), static_cast<uint8_t*>(out.data_ptr()),
+                           c10::cuda::getCurrentCUDAStream().stream());
+  return out;
+}
+
 at::Tensor count_cuda(const at::Tensor& table_keys, const at::Tensor& info) {
   check_1d(table_keys, at::kLong, "table_keys");
   c10::cuda::CUDAGuard guard(table_keys.device());
@@ -131,6 +142,7 @@ TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
   m.impl("table_run", &run_cuda);
   m.impl("table_export", &export_cuda);
   m.impl("table_count", &count_cuda);
+  m.impl("gather_rows", &gather_rows_cuda);
 }
 
 }  // namespace ops

@@ -2,7 +2,8 @@
 //
 // Meta (fake) kernels: output shapes only, so the ops trace under
 // torch.compile / torch.export. Every output is sized by its inputs, not by
-// the data (counts travel in separate tensors).
+// the data (counts travel in separate tensors). Sizes are symbolic here
+// (SymInt): the value checks of the real kernels are not repeated.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -16,10 +17,9 @@ at::Tensor find_meta(const at::Tensor& keys, const at::Tensor& table_ids,
                      const at::Tensor& table_keys, const at::Tensor& digests, at::Tensor& scores,
                      const at::Tensor& info, at::IntArrayRef policies,
                      const at::Tensor& score_values, bool update) {
-  check_state(table_keys, digests, scores, info);
-  check_batch(keys, table_ids, table_keys);
-  check_scores(policies, score_values, keys.numel(), scores.size(1), table_keys);
-  return at::empty({keys.numel()}, keys.options());
+  TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
+                   keys.scalar_type());
+  return at::empty_symint({keys.sym_numel()}, keys.options());
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
@@ -27,23 +27,41 @@ run_meta(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
          at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::Tensor& counters,
          at::Tensor& free_rows, at::IntArrayRef policies, const at::Tensor& score_values,
          int64_t op, bool assign_rows, int64_t total_buckets, bool has_rows) {
-  check_state(table_keys, digests, scores, info);
-  check_batch(keys, table_ids, table_keys);
-  check_counters(counters, free_rows, info, table_keys);
+  TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
+                   keys.scalar_type());
   check_op(op);
-  check_scores(policies, score_values, keys.numel(), scores.size(1), table_keys);
-  return alloc_run_outputs(keys, scores.size(1)).tuple();
+  const c10::SymInt n = keys.sym_numel();
+  const c10::SymInt ns = scores.sym_size(1);
+  auto l = keys.options().dtype(at::kLong);
+  return {at::empty_symint({n}, l),
+          at::empty_symint({n}, keys.options().dtype(at::kChar)),
+          at::empty_symint({n}, l),
+          at::empty_symint({n, ns}, l),
+          at::empty_symint({n}, l),
+          at::empty_symint({n}, l),
+          at::empty({1}, l)};
 }
 
 ExportResult export_meta(const at::Tensor& table_keys, const at::Tensor& scores,
                          const at::Tensor& info, int64_t slot_begin, int64_t slot_end,
                          int64_t column, int64_t threshold) {
-  check_export(table_keys, scores, slot_begin, slot_end, column);
-  return alloc_export(table_keys, scores, slot_end - slot_begin);
+  TORCH_CHECK_VALUE(slot_begin >= 0 && slot_begin <= slot_end, "dynamicemb: slot range [",
+                    slot_begin, ", ", slot_end, ") is empty or negative");
+  const int64_t range = slot_end - slot_begin;
+  auto l = table_keys.options().dtype(at::kLong);
+  return {at::empty({range}, l), at::empty({range}, l), at::empty({range}, l),
+          at::empty_symint({c10::SymInt(range), scores.sym_size(1)}, l), at::empty({1}, l)};
+}
+
+at::Tensor gather_rows_meta(const at::Tensor& values, const at::Tensor& rows) {
+  TORCH_CHECK_TYPE(rows.scalar_type() == at::kLong, "dynamicemb: rows must be int64, got ",
+                   rows.scalar_type());
+  TORCH_CHECK_VALUE(values.dim() == 2, "dynamicemb: values must be 2-D");
+  return at::empty_symint({rows.sym_numel(), values.sym_size(1)}, values.options());
 }
 
 at::Tensor count_meta(const at::Tensor& table_keys, const at::Tensor& info) {
-  return at::empty({info.size(0)}, table_keys.options());
+  return at::empty_symint({info.sym_size(0)}, table_keys.options());
 }
 
 }  // namespace
@@ -53,6 +71,7 @@ TORCH_LIBRARY_IMPL(dynamicemb, Meta, m) {
   m.impl("table_run", &run_meta);
   m.impl("table_export", &export_meta);
   m.impl("table_count", &count_meta);
+  m.impl("gather_rows", &gather_rows_meta);
 }
 
 }  // namespace ops

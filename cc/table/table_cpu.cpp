@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <vector>
 
 #include "cc/table/table_common.h"
@@ -188,6 +189,20 @@ int64_t export_batch(const TableRef& t, int64_t slot_begin, int64_t slot_end, in
     }
   });
   return counts[chunks];
+}
+
+void gather_rows(const uint8_t* values, int64_t row_bytes, const int64_t* rows, int64_t n,
+                 uint8_t* out) {
+  at::parallel_for(0, n, 1024, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      uint8_t* dst = out + i * row_bytes;
+      if (rows[i] < 0) {
+        std::memset(dst, 0, static_cast<size_t>(row_bytes));
+      } else {
+        std::memcpy(dst, values + rows[i] * row_bytes, static_cast<size_t>(row_bytes));
+      }
+    }
+  });
 }
 
 void count(const TableRef& t, int64_t* out) {

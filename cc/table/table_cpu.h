@@ -49,6 +49,13 @@ int64_t export_batch(const TableRef& t, int64_t slot_begin, int64_t slot_end, in
                      int64_t threshold, int64_t* out_keys, int64_t* out_slots, int64_t* out_tables,
                      int64_t* out_scores);
 
+/// @brief out[i] = values[rows[i]] (row_bytes bytes each), zeros where rows[i] < 0.
+/// @param values (num_rows, row_bytes) bytes
+/// @param rows (n) int64
+/// @param out (n, row_bytes) bytes
+void gather_rows(const uint8_t* values, int64_t row_bytes, const int64_t* rows, int64_t n,
+                 uint8_t* out);
+
 /// @brief Occupied slots of each table, counted from the keys.
 /// @param out (num_tables) out
 void count(const TableRef& t, int64_t* out);

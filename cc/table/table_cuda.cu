@@ -1,6 +1,7 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 #include "cc/table/table_cuda.h"
 
+#include <cooperative_groups.h>
 #include <cub/cub.cuh>
 #include <cuda/std/functional>
 
@@ -34,10 +35,217 @@ T* alloc(ScratchAllocator& s, int64_t n) {
   return static_cast<T*>(s.allocate(static_cast<size_t>(n < 1 ? 1 : n) * sizeof(T)));
 }
 
+namespace cg = cooperative_groups;
+
+// ------------------------------------------------------- tile probing --
+//
+// The kernels give each key (find) or each bucket run (insert, erase) a tile
+// of kTile lanes. A lane reads 8 digests (one 8-byte word) per step, so a
+// 128-slot bucket is one coalesced 128-byte read. The answers are those of
+// table_common.h's sequential functions, which the CPU backend runs:
+//   tile_probe  == probe        (the only key match, or the lowest empty slot)
+//   tile_victim == pick_victim  (smallest (scores, position) not touched)
+// Only lane 0 writes; the tile syncs before the next key reads the bucket.
+
+constexpr int kTile = 16;
+constexpr int64_t kTileSlots = kTile * 8;
+
+template <class Tile>
+__device__ int64_t tile_probe(const Tile& g, const TableRef& t, const Home& h, int64_t key,
+                              uint8_t digest) {
+  const int64_t lane_off = static_cast<int64_t>(g.thread_rank()) * 8;
+  for (int64_t base = 0; base < h.width; base += kTileSlots) {
+    const int64_t off = base + lane_off;
+    int64_t hit = -1;
+    if (off < h.width) {
+      uint64_t m = match_bytes(*reinterpret_cast<const uint64_t*>(t.digests + h.start + off), digest);
+      while (m) {
+        const int64_t pos = off + (ctz64(m) >> 3);
+        if (t.keys[h.start + pos] == key) {
+          hit = pos;
+          break;
+        }
+        m &= m - 1;
+      }
+    }
+    const unsigned b = g.ballot(hit >= 0);
+    if (b) return g.shfl(hit, __ffs(b) - 1);
+  }
+  return -1;
+}
+
+__device__ __forceinline__ bool lex_less(int64_t a0, int64_t a1, int64_t ap, int64_t b0,
+                                         int64_t b1, int64_t bp) {
+  if (a0 != b0) return a0 < b0;
+  if (a1 != b1) return a1 < b1;
+  return ap < bp;
+}
+
+template <class Tile>
+__device__ int64_t tile_victim(const Tile& g, const TableRef& t, const Home& h, const RunArgs& r,
+                               int64_t begin, int64_t cur) {
+  const int32_t ns = t.num_scores;
+  int64_t b0 = INT64_MAX, b1 = INT64_MAX, bp = INT64_MAX;
+  const int64_t lane_off = static_cast<int64_t>(g.thread_rank()) * 8;
+  for (int64_t base = 0; base < h.width; base += kTileSlots) {
+    for (int j = 0; j < 8; ++j) {
+      const int64_t pos = base + lane_off + j;
+      if (pos >= h.width) break;
+      const int64_t* s = t.scores + (h.start + pos) * ns;
+      const int64_t s0 = s[0], s1 = ns > 1 ? s[1] : 0;
+      if (lex_less(s0, s1, pos, b0, b1, bp) && !touched_by_run(r, begin, cur, h.start + pos)) {
+        b0 = s0;
+        b1 = s1;
+        bp = pos;
+      }
+    }
+  }
+  for (int o = kTile / 2; o > 0; o >>= 1) {
+    const int64_t o0 = g.shfl_xor(b0, o), o1 = g.shfl_xor(b1, o), op = g.shfl_xor(bp, o);
+    if (lex_less(o0, o1, op, b0, b1, bp)) {
+      b0 = o0;
+      b1 = o1;
+      bp = op;
+    }
+  }
+  return bp == INT64_MAX ? -1 : bp;
+}
+
+// process_run (table_common.h) with tile-parallel probing.
+// The run's counter changes (size, failures, evictions, inserts) go to
+// `delta`; the kernel adds them up per block before touching global counters.
+template <class Tile>
+__device__ void process_run_tile(const Tile& g, const TableRef& t, const RunArgs& r, int64_t begin,
+                                 int64_t end, int64_t* delta) {
+  const bool leader = g.thread_rank() == 0;
+  const int32_t first = r.order[begin];
+  const int64_t table = r.table_ids[first];
+  const Home h = home_of(t, table, r.keys[first]);
+  const int64_t* inf = t.info + table * kInfoCols;
+  const bool no_evict = inf[kInfoMode] == static_cast<int64_t>(TableMode::kNoEviction);
+  const int32_t ns = t.num_scores;
+  const uint8_t empty_dg = empty_digest();
+  int64_t d_size = 0, d_fail = 0, d_evict = 0, d_insert = 0;
+
+  for (int64_t p = begin; p < end; ++p) {
+    const int32_t i = r.order[p];
+    const int64_t key = r.keys[i];
+    const uint8_t digest = digest_of_hash(mix64(static_cast<uint64_t>(key)));
+    const int64_t pos = tile_probe(g, t, h, key, digest);
+    if (leader && r.row_work) r.row_work[i] = -1;
+
+    if (r.op == RunOp::kErase) {
+      if (leader) {
+        if (pos < 0) {
+          r.slots[i] = -1;
+          r.status[i] = static_cast<int8_t>(InsertStatus::kFailed);
+        } else {
+          const int64_t slot = h.start + pos;
+          if (no_evict && r.row_work) r.row_work[i] = t.scores[slot * ns];
+          t.keys[slot] = kEmptyKey;
+          t.digests[slot] = empty_dg;
+          for (int32_t c = 0; c < ns; ++c) t.scores[slot * ns + c] = 0;
+          r.slots[i] = slot;
+          r.status[i] = static_cast<int8_t>(InsertStatus::kFound);
+          --d_size;
+        }
+      }
+      g.sync();
+      continue;
+    }
+
+    if (pos >= 0) {
+      if (leader) {
+        const int64_t slot = h.start + pos;
+        if (!no_evict) update_score(r.score, i, ns, t.scores + slot * ns, /*atomic=*/false);
+        r.slots[i] = slot;
+        r.status[i] = static_cast<int8_t>(InsertStatus::kFound);
+      }
+      g.sync();
+      continue;
+    }
+
+    int64_t target = tile_probe(g, t, h, kEmptyKey, empty_dg);
+    InsertStatus st = InsertStatus::kInserted;
+    if (target < 0) {
+      if (r.op == RunOp::kInsertEvict && !no_evict) {
+        target = tile_victim(g, t, h, r, begin, p);
+        st = InsertStatus::kEvicted;
+      }
+      if (target < 0) {
+        if (leader) {
+          r.slots[i] = -1;
+          r.status[i] = static_cast<int8_t>(InsertStatus::kFailed);
+        }
+        ++d_fail;
+        g.sync();
+        continue;
+      }
+      if (leader) {
+        const int64_t vslot = h.start + target;
+        r.ev_keys[p] = t.keys[vslot];
+        for (int32_t c = 0; c < ns; ++c) r.ev_scores[p * ns + c] = t.scores[vslot * ns + c];
+        r.ev_slots[p] = vslot;
+        r.ev_tables[p] = table;
+        r.ev_flags[p] = 1;
+      }
+      ++d_evict;
+    } else {
+      ++d_size;
+    }
+    if (leader) {
+      const int64_t slot = h.start + target;
+      t.keys[slot] = key;
+      t.digests[slot] = digest;
+      if (no_evict) {
+        if (r.assign_rows) {
+          t.scores[slot * ns] = score_input(r.score, i, ns, 0);
+        } else {
+          t.scores[slot * ns] = -1;  // handed out by the row pass
+          if (r.row_work) r.row_work[i] = 1;
+        }
+        for (int32_t c = 1; c < ns; ++c) t.scores[slot * ns + c] = 0;
+      } else {
+        for (int32_t c = 0; c < ns; ++c) t.scores[slot * ns + c] = initial_score(r.score, i, ns, c);
+      }
+      r.slots[i] = slot;
+      r.status[i] = static_cast<int8_t>(st);
+    }
+    ++d_insert;
+    g.sync();
+  }
+
+  delta[0] = d_size;
+  delta[1] = d_fail;
+  delta[2] = d_evict;
+  delta[3] = d_insert;
+}
+
+__device__ __forceinline__ int64_t tile_index() {
+  return (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kTile;
+}
+
+inline unsigned tile_grid_for(int64_t n) { return grid_for(n * kTile); }
+
 __global__ void find_kernel(TableRef t, ScoreArgs a, const int64_t* keys, const int64_t* table_ids,
                             int64_t n, bool update, int64_t* slots) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i < n) slots[i] = find_one(t, a, i, keys[i], table_ids[i], update);
+  const auto g = cg::tiled_partition<kTile>(cg::this_thread_block());
+  const int64_t i = tile_index();
+  if (i >= n) return;
+  const int64_t key = keys[i], table = table_ids[i];
+  if (!valid_input(t, key, table)) {
+    if (g.thread_rank() == 0) slots[i] = -1;
+    return;
+  }
+  const Home h = home_of(t, table, key);
+  const int64_t pos = tile_probe(g, t, h, key, h.digest);
+  if (g.thread_rank() != 0) return;
+  const int64_t slot = pos < 0 ? -1 : h.start + pos;
+  slots[i] = slot;
+  if (slot >= 0 && update &&
+      t.info[table * kInfoCols + kInfoMode] != static_cast<int64_t>(TableMode::kNoEviction)) {
+    update_score(a, i, t.num_scores, t.scores + slot * t.num_scores, /*atomic=*/true);
+  }
 }
 
 __global__ void sort_key_kernel(TableRef t, const int64_t* keys, const int64_t* table_ids,
@@ -49,23 +257,60 @@ __global__ void sort_key_kernel(TableRef t, const int64_t* keys, const int64_t* 
   iota[i] = static_cast<int32_t>(i);
 }
 
-// One thread per sorted position; the first position of each run processes it.
+constexpr int kCounterDeltas = 4;
+__device__ __forceinline__ int delta_column(int c) {
+  return c == 0 ? kCounterSize : c == 1 ? kCounterInsertFailures : c == 2 ? kCounterEvictions : kCounterInserts;
+}
+
+// One tile per sorted position; the tile at the first position of a run
+// processes the run. Batches are sorted by table, so a block's runs nearly
+// always share one table: their counter changes are summed in shared memory
+// and added with one atomic per counter per block (one global atomic per run
+// on a single address would serialize the whole batch).
 __global__ void run_kernel(TableRef t, RunArgs r, const int64_t* sorted_keys, int64_t n,
                            int64_t total_buckets) {
-  const int64_t p = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (p >= n) return;
-  const int64_t k = sorted_keys[p];
-  if (k == total_buckets) {
-    const int32_t i = r.order[p];
-    r.slots[i] = -1;
-    r.status[i] = static_cast<int8_t>(InsertStatus::kInvalid);
-    if (r.row_work) r.row_work[i] = -1;
-    return;
+  __shared__ unsigned long long block_sum[kCounterDeltas];
+  __shared__ int64_t block_table;
+  const auto g = cg::tiled_partition<kTile>(cg::this_thread_block());
+  const int64_t p = tile_index();
+  if (threadIdx.x == 0) {
+    const int64_t p0 = (blockIdx.x * static_cast<int64_t>(blockDim.x)) / kTile;
+    block_table = p0 < n && sorted_keys[p0] != total_buckets ? r.table_ids[r.order[p0]] : -1;
+    for (int c = 0; c < kCounterDeltas; ++c) block_sum[c] = 0;
   }
-  if (p > 0 && sorted_keys[p - 1] == k) return;
-  int64_t end = p + 1;
-  while (end < n && sorted_keys[end] == k) ++end;
-  process_run(t, r, p, end);
+  __syncthreads();
+  if (p < n) {
+    const int64_t k = sorted_keys[p];
+    if (k == total_buckets) {
+      if (g.thread_rank() == 0) {
+        const int32_t i = r.order[p];
+        r.slots[i] = -1;
+        r.status[i] = static_cast<int8_t>(InsertStatus::kInvalid);
+        if (r.row_work) r.row_work[i] = -1;
+      }
+    } else if (p == 0 || sorted_keys[p - 1] != k) {
+      int64_t end = p + 1;
+      while (end < n && sorted_keys[end] == k) ++end;
+      int64_t delta[kCounterDeltas];
+      process_run_tile(g, t, r, p, end, delta);
+      if (g.thread_rank() == 0) {
+        const int64_t table = r.table_ids[r.order[p]];
+        for (int c = 0; c < kCounterDeltas; ++c) {
+          if (!delta[c]) continue;
+          if (table == block_table) {
+            atomicAdd(&block_sum[c], static_cast<unsigned long long>(delta[c]));
+          } else {
+            atomic_add_i64(t.counters + table * kCounterCols + delta_column(c), delta[c]);
+          }
+        }
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < kCounterDeltas && block_table >= 0 && block_sum[threadIdx.x]) {
+    atomic_add_i64(t.counters + block_table * kCounterCols + delta_column(threadIdx.x),
+                   static_cast<int64_t>(block_sum[threadIdx.x]));
+  }
 }
 
 // Segment key of a batch index for the row pass: its table, or num_tables for
@@ -181,6 +426,32 @@ __global__ void count_kernel(TableRef t, int64_t table, int64_t* out) {
   if (threadIdx.x == 0 && sum) atomic_add_i64(out + table, sum);
 }
 
+// One thread per (row, vector) element: consecutive threads copy consecutive
+// vectors of a row, then of the next row, so loads and stores coalesce.
+template <typename V>
+__global__ void gather_rows_kernel(const V* values, int64_t num_rows, int64_t vecs,
+                                   const int64_t* rows, int64_t n, V* out) {
+  const int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (e >= n * vecs) return;
+  const int64_t i = e / vecs, v = e - i * vecs;
+  const int64_t row = rows[i];
+  V x;
+  if (row >= 0 && row < num_rows) {
+    x = values[row * vecs + v];
+  } else {
+    memset(&x, 0, sizeof(V));
+  }
+  out[e] = x;
+}
+
+template <typename V>
+void launch_gather(const uint8_t* values, int64_t num_rows, int64_t row_bytes, const int64_t* rows,
+                   int64_t n, uint8_t* out, cudaStream_t stream) {
+  const int64_t vecs = row_bytes / static_cast<int64_t>(sizeof(V));
+  gather_rows_kernel<V><<<grid_for(n * vecs), kBlock, 0, stream>>>(
+      reinterpret_cast<const V*>(values), num_rows, vecs, rows, n, reinterpret_cast<V*>(out));
+}
+
 // Compacts the positions whose flag is set; returns the selected positions.
 template <typename Flag>
 int64_t* select_flagged(const Flag* flags, int64_t n, int64_t base, int64_t* count,
@@ -201,7 +472,7 @@ int64_t* select_flagged(const Flag* flags, int64_t n, int64_t base, int64_t* cou
 void find(const TableRef& t, const ScoreArgs& a, const int64_t* keys, const int64_t* table_ids,
           int64_t n, bool update, int64_t* slots, cudaStream_t stream) {
   if (n == 0) return;
-  find_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, a, keys, table_ids, n, update, slots);
+  find_kernel<<<tile_grid_for(n), kBlock, 0, stream>>>(t, a, keys, table_ids, n, update, slots);
   check(cudaGetLastError(), "find");
 }
 
@@ -240,7 +511,7 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
   check(cudaMemsetAsync(w.ev_flags, 0, static_cast<size_t>(n), stream), "memset");
   if (!has_rows) w.row_work = nullptr;
   else if (!w.row_work) w.row_work = alloc<int64_t>(scratch, n);
-  run_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, w, keys_sorted, n, total_buckets);
+  run_kernel<<<tile_grid_for(n), kBlock, 0, stream>>>(t, w, keys_sorted, n, total_buckets);
   check(cudaGetLastError(), "runs");
 
   if (has_rows) {
@@ -300,6 +571,25 @@ void export_batch(const TableRef& t, int64_t slot_begin, int64_t slot_end, int32
   export_gather_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, sel, count, n, out_keys, out_slots,
                                                            out_tables, out_scores);
   check(cudaGetLastError(), "export");
+}
+
+void gather_rows(const uint8_t* values, int64_t num_rows, int64_t row_bytes, const int64_t* rows,
+                 int64_t n, uint8_t* out, cudaStream_t stream) {
+  if (n == 0 || row_bytes == 0) return;
+  const auto aligned = [&](size_t a) {
+    return row_bytes % static_cast<int64_t>(a) == 0 && reinterpret_cast<uintptr_t>(values) % a == 0 &&
+           reinterpret_cast<uintptr_t>(out) % a == 0;
+  };
+  if (aligned(16)) {
+    launch_gather<uint4>(values, num_rows, row_bytes, rows, n, out, stream);
+  } else if (aligned(8)) {
+    launch_gather<uint2>(values, num_rows, row_bytes, rows, n, out, stream);
+  } else if (aligned(4)) {
+    launch_gather<uint32_t>(values, num_rows, row_bytes, rows, n, out, stream);
+  } else {
+    launch_gather<uint8_t>(values, num_rows, row_bytes, rows, n, out, stream);
+  }
+  check(cudaGetLastError(), "gather rows");
 }
 
 void count(const TableRef& t, int64_t* out, cudaStream_t stream) {

@@ -41,6 +41,11 @@ void export_batch(const TableRef& t, int64_t slot_begin, int64_t slot_end, int32
                   int64_t* out_scores, int64_t* count, ScratchAllocator& scratch,
                   cudaStream_t stream);
 
+/// @brief Device-side gather_rows (see cpu::gather_rows); rows >= num_rows
+/// read as zeros too (no check that would synchronize).
+void gather_rows(const uint8_t* values, int64_t num_rows, int64_t row_bytes, const int64_t* rows,
+                 int64_t n, uint8_t* out, cudaStream_t stream);
+
 /// @brief Occupied slots per table, into `out` (num_tables, device).
 void count(const TableRef& t, int64_t* out, cudaStream_t stream);
 

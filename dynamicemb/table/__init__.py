@@ -6,6 +6,7 @@ from dynamicemb.table.scored_hash_table import (
     ExportedBatch,
     InsertResult,
     ScoredHashTable,
+    gather_rows,
 )
 
 __all__ = [
@@ -14,5 +15,6 @@ __all__ = [
     "InsertResult",
     "ScoredHashTable",
     "constants",
+    "gather_rows",
     "enums",
 ]

@@ -77,6 +77,20 @@ class ExportedBatch:
         )
 
 
+def gather_rows(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """``out[i] = values[rows[i]]``, zeros where ``rows[i]`` is -1.
+
+    Args:
+        values (torch.Tensor): (num_rows, dim), contiguous, any dtype.
+        rows (torch.Tensor): (n) int64 on the same device, e.g. slots from
+            ``ScoredHashTable.find`` (or ``rows()`` under NO_EVICTION).
+
+    Returns:
+        torch.Tensor: (n, dim) of values' dtype.
+    """
+    return ops().gather_rows(values, rows)
+
+
 def _per_table(value: IntOrSeq, n: int, name: str) -> List:
     if isinstance(value, (list, tuple)):
         if len(value) != n:
@@ -294,16 +308,26 @@ class ScoredHashTable:
         if policies is None:
             policies = [enums.ScorePolicy.ASSIGN if scores is not None else enums.ScorePolicy.NONE] * w
         policies = [int(p) for p in policies]
-        if scores is None:
-            values = torch.zeros((1, w), dtype=torch.int64)
-        elif isinstance(scores, torch.Tensor):
+        if isinstance(scores, torch.Tensor):
             if scores.dtype != torch.int64:
                 raise TypeError(f"scores must be int64, got {scores.dtype}")
             values = scores.reshape(-1, w) if scores.dim() < 2 else scores
+            return policies, values.to(self.device).contiguous()
+        if scores is None:
+            vals = [0] * w
+        elif isinstance(scores, int):
+            vals = [int(scores)] * w
         else:
-            vals = [int(scores)] * w if isinstance(scores, int) else [int(s) for s in scores]
-            values = torch.tensor([vals], dtype=torch.int64)
-        return policies, values.to(self.device).contiguous()
+            vals = [int(v) for v in scores]
+            if len(vals) != w:
+                raise ValueError(f"expected {w} score values, got {len(vals)}")
+        # Built on the device with fills: a host tensor copied to the GPU would
+        # synchronize the stream on every call.
+        values = torch.full((1, w), vals[0], dtype=torch.int64, device=self.device)
+        for c in range(1, w):
+            if vals[c] != vals[0]:
+                values[0, c].fill_(vals[c])
+        return policies, values
 
     # -------------------------------------------------------- operations --
 

@@ -14,7 +14,7 @@ import statistics
 
 import torch
 
-from dynamicemb.table import ScoredHashTable, enums
+from dynamicemb.table import ScoredHashTable, enums, gather_rows
 
 BATCH = 1 << 20
 
@@ -84,8 +84,7 @@ def bench_dim(dim, capacity, load_factors, reps, out):
         out_buf = torch.empty((BATCH, dim), dtype=torch.float32, device="cuda")
 
         def find():
-            slots = table.find(probe)
-            torch.index_select(values, 0, slots.clamp(min=0), out=out_buf)
+            return gather_rows(values, table.find(probe))
 
         t_find = timed(find, reps)
 
