@@ -1,0 +1,145 @@
+"""Builds dynamicemb and its extension `dynamicemb._C` without Bazel.
+
+    pip install --no-build-isolation -e .        # or: pip install --no-build-isolation .
+    python setup.py build_ext --inplace          # puts dynamicemb/_C*.so in the tree
+
+The C++/CUDA sources are the ones Bazel compiles, read from cc/sources.bzl.
+The CUDA backend (cc/table/table_cuda.cu, cc/ops/ops_cuda.cpp) is built when torch has
+CUDA (torch.version.cuda) and nvcc is found; otherwise a CPU-only extension is built.
+
+Environment:
+    DEMB_BUILD_CUDA=0|1   force the CPU-only build, or fail unless CUDA can be built
+    DEMB_CUDA_ARCHS       GPU archs, e.g. "80;90" (default), "90", "8.0 9.0", "sm_90a"
+    CUDA_HOME/CUDA_PATH   the CUDA toolkit (default: /usr/local/cuda, or nvcc on PATH)
+    MAX_JOBS              parallel compile jobs (ninja)
+"""
+
+import os
+import re
+import shutil
+import sys
+
+from setuptools import setup
+
+ROOT = os.path.dirname(os.path.abspath(__file__))
+CXX_STD = "-std=c++20"
+DEFAULT_CUDA_ARCHS = "80;90"
+
+
+def read_sources():
+    """Evaluates cc/sources.bzl (plain Python literals) and returns its names."""
+    path = os.path.join(ROOT, "cc", "sources.bzl")
+    names = {}
+    with open(path) as f:
+        exec(compile(f.read(), path, "exec"), names)
+    return names
+
+
+def is_toolkit(path):
+    return bool(path) and os.path.isfile(os.path.join(path, "bin", "nvcc.profile"))
+
+
+def find_cuda_home():
+    """The CUDA toolkit root, or None.
+
+    nvcc on PATH may be a wrapper script (e.g. /usr/local/bin/nvcc), so its real path
+    is used, and a candidate counts only if bin/nvcc.profile is there.
+    """
+    candidates = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        candidates.append(os.path.dirname(os.path.dirname(os.path.realpath(nvcc))))
+        candidates.append(os.path.dirname(os.path.dirname(nvcc)))
+    for c in candidates:
+        if is_toolkit(c):
+            return os.path.realpath(c)
+    return None
+
+
+def gencode_flags(spec):
+    """nvcc -gencode flags for DEMB_CUDA_ARCHS ("80;90", "8.0,9.0", "sm_90a", ...)."""
+    flags = []
+    for item in re.split(r"[;,\s]+", spec.strip()):
+        if not item:
+            continue
+        ptx = item.endswith("+PTX")
+        arch = item[: -len("+PTX")] if ptx else item
+        arch = arch.replace("sm_", "").replace("compute_", "").replace(".", "")
+        if not re.fullmatch(r"\d+[af]?", arch):
+            sys.exit("setup.py: cannot parse CUDA arch %r in DEMB_CUDA_ARCHS=%r" % (item, spec))
+        flags.append("-gencode=arch=compute_%s,code=sm_%s" % (arch, arch))
+        if ptx:
+            flags.append("-gencode=arch=compute_%s,code=compute_%s" % (arch, arch))
+    return flags
+
+
+def build_cuda_wanted(torch):
+    force = os.environ.get("DEMB_BUILD_CUDA", "")
+    if force == "0":
+        return False
+    cuda_home = find_cuda_home()
+    can = bool(torch.version.cuda) and cuda_home is not None
+    if force == "1" and not can:
+        sys.exit(
+            "setup.py: DEMB_BUILD_CUDA=1 but %s"
+            % ("torch has no CUDA" if not torch.version.cuda else "no CUDA toolkit (nvcc) found")
+        )
+    if can:
+        # torch.utils.cpp_extension reads CUDA_HOME when it is imported.
+        os.environ["CUDA_HOME"] = cuda_home
+    return can
+
+
+def extension_modules():
+    import torch
+
+    with_cuda = build_cuda_wanted(torch)
+    from torch.utils import cpp_extension
+
+    src = read_sources()
+    table, ops = src["PACKAGES"]["cc/table"], src["PACKAGES"]["cc/ops"]
+    sources = [os.path.join("cc/table", f) for f in table["cpu_srcs"]]
+    sources += [os.path.join("cc/ops", f) for f in ops["cpu_srcs"]]
+    depends = [os.path.join("cc/table", f) for f in table["hdrs"]]
+    depends += [os.path.join("cc/ops", f) for f in ops["hdrs"]]
+    depends.append("cc/sources.bzl")
+
+    cxx_flags = ["-O3", CXX_STD, "-fvisibility=hidden"]
+    macros = []
+    kwargs = {}
+    if with_cuda:
+        sources += [os.path.join("cc/table", f) for f in table["cuda_srcs"]]
+        sources += [os.path.join("cc/ops", f) for f in ops["cuda_srcs"]]
+        macros.append(("DEMB_WITH_CUDA", "1"))
+        archs = os.environ.get("DEMB_CUDA_ARCHS") or DEFAULT_CUDA_ARCHS
+        nvcc_flags = ["-O3", CXX_STD, "--expt-relaxed-constexpr"] + gencode_flags(archs)
+        kwargs["extra_compile_args"] = {"cxx": cxx_flags, "nvcc": nvcc_flags}
+        ext_class = cpp_extension.CUDAExtension
+        print("setup.py: building dynamicemb._C with CUDA (%s, archs %s)" % (os.environ["CUDA_HOME"], archs))
+    else:
+        kwargs["extra_compile_args"] = {"cxx": cxx_flags}
+        ext_class = cpp_extension.CppExtension
+        print("setup.py: building dynamicemb._C for CPU only")
+
+    ext = ext_class(
+        name="dynamicemb._C",
+        sources=sources,
+        depends=depends,
+        include_dirs=[ROOT],
+        define_macros=macros,
+        **kwargs,
+    )
+    return [ext], cpp_extension.BuildExtension
+
+
+def main():
+    os.chdir(ROOT)  # the source paths are relative to the project root
+    ext_modules, build_ext = extension_modules()
+    setup(
+        ext_modules=ext_modules,
+        cmdclass={"build_ext": build_ext},
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,11 @@
+"""Offline stand-in for @rules_cuda//cuda:defs.bzl (compile-only, nvcc only).
+
+See private/cuda_library.bzl. The CUDA toolkit repository `@cuda` is created by the
+project's WORKSPACE (//tools:local_cuda.bzl); under Bzlmod the real rules_cuda does it.
+"""
+
+load("//cuda/private:cuda_library.bzl", _cuda_library = "cuda_library")
+load("//cuda/private:flags.bzl", _CudaArchsInfo = "CudaArchsInfo")
+
+cuda_library = _cuda_library
+CudaArchsInfo = _CudaArchsInfo

@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Installs what a fresh Debian 12 machine lacks to build and test dynamicemb:
+#   * apt: Debian's Bazel 4 (bazel-bootstrap), GoogleTest/GMock;
+#   * ./.venv: torch (CPU), fbgemm-gpu-cpu, torchrec and the test tools.
+# Idempotent and fast when everything is there already (a few seconds).
+# The CUDA toolkit (nvcc) is not installed here: it is expected at $CUDA_PATH,
+# /usr/local/cuda or on PATH (see docs/building.md).
+#
+# Environment:
+#   PYTHON   interpreter that creates the venv (default: python3)
+#   VENV     venv directory (default: <repo>/.venv)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${VENV:-$ROOT/.venv}
+PYTHON=${PYTHON:-python3}
+
+log() { echo "setup_env: $*" >&2; }
+
+# ---------------------------------------------------------------- apt packages
+APT_PACKAGES=(bazel-bootstrap libgtest-dev libgmock-dev)
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if ((${#missing[@]})); then
+  SUDO=""
+  if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+  log "apt-get install ${missing[*]}"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+else
+  log "apt packages present"
+fi
+
+# ---------------------------------------------------------------- Python venv
+# torchrec is installed with --no-deps: its metadata requires `fbgemm-gpu`, the CUDA
+# build (hundreds of MB of CUDA wheels). fbgemm-gpu-cpu provides the same module
+# `fbgemm_gpu`; torchrec's other requirements are listed here explicitly (pinned as on
+# the GPU machine's bundle, see docs/building.md).
+TORCH=torch==2.13.0
+FBGEMM=fbgemm-gpu-cpu==1.8.0
+TORCHREC=torchrec==1.8.0
+TORCHREC_REQS=(tensordict==0.15.3 torchmetrics==1.0.3 tqdm==4.70.1 pyre-extensions==0.0.32)
+TOOLS=(numpy pybind11 pytest hypothesis numba opentelemetry-api opentelemetry-sdk ninja)
+
+# The stamp records what was installed; when it matches and the imports work, skip pip.
+STAMP_CONTENT="$TORCH $FBGEMM $TORCHREC ${TORCHREC_REQS[*]} ${TOOLS[*]}"
+STAMP=$VENV/.dynamicemb-setup
+CHECK='
+import sys
+import torch, fbgemm_gpu, torchrec, numpy, pybind11, pytest, hypothesis, numba, opentelemetry.sdk, ninja
+print("setup_env: torch %s, fbgemm_gpu %s, torchrec %s" % (
+    torch.__version__, fbgemm_gpu.__version__, torchrec.__version__), file=sys.stderr)
+'
+
+if [ ! -x "$VENV/bin/python" ]; then
+  log "creating $VENV with $PYTHON"
+  "$PYTHON" -m venv "$VENV"
+fi
+PY=$VENV/bin/python
+
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_CONTENT" ] && versions=$("$PY" -c "$CHECK" 2>&1); then
+  echo "$versions" >&2
+  log "venv up to date ($VENV)"
+else
+  rm -f "$STAMP"
+  export PIP_DISABLE_PIP_VERSION_CHECK=1
+  # (The filter drops pip's notes about index directories that lack a package.)
+  pip_install() {
+    "$PY" -m pip install -q "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+  }
+  log "pip: torch, fbgemm-gpu-cpu, torchrec requirements, tools"
+  # torch is pinned in the same call, so the resolver cannot move it.
+  pip_install "$TORCH" "$FBGEMM" "${TORCHREC_REQS[@]}" "${TOOLS[@]}"
+  log "pip: torchrec (--no-deps)"
+  pip_install --no-deps "$TORCHREC"
+  "$PY" -c "$CHECK"
+  if "$PY" -m pip show -q fbgemm-gpu >/dev/null 2>&1; then
+    log "warning: the CUDA package fbgemm-gpu is installed too; remove it with: $PY -m pip uninstall fbgemm-gpu"
+  fi
+  echo "$STAMP_CONTENT" > "$STAMP"
+fi
