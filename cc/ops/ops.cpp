@@ -20,6 +20,17 @@ TORCH_LIBRARY(dynamicemb, m) {
       "table_find(Tensor keys, Tensor table_ids, Tensor table_keys, Tensor digests, "
       "Tensor(a!) scores, Tensor info, int[] policies, Tensor score_values, bool update) -> Tensor");
 
+  // table_find fused with the copy of each found key's value row.
+  // Args: as table_find, and values: (num_rows, dim) contiguous, indexed by
+  //   slot (by score word 0 under NO_EVICTION).
+  // Result:
+  //   slots (n) int64 (-1 where absent), rows (n, dim) of values' dtype, zeros
+  //   where absent.
+  m.def(
+      "table_find_gather(Tensor keys, Tensor table_ids, Tensor table_keys, Tensor digests, "
+      "Tensor(a!) scores, Tensor info, int[] policies, Tensor score_values, bool update, "
+      "Tensor values) -> (Tensor, Tensor)");
+
   // insert (op 0), insert_and_evict (op 1) or erase (op 2), processed as if one
   // key after another in batch order (see table_common.h).
   // Args:

@@ -51,6 +51,37 @@ at::Tensor find_cpu(const at::Tensor& keys, const at::Tensor& table_ids,
   return slots;
 }
 
+std::tuple<at::Tensor, at::Tensor> find_gather_cpu(
+    const at::Tensor& keys, const at::Tensor& table_ids, const at::Tensor& table_keys,
+    const at::Tensor& digests, at::Tensor& scores, const at::Tensor& info,
+    at::IntArrayRef policies, const at::Tensor& score_values, bool update,
+    const at::Tensor& values) {
+  TORCH_CHECK_VALUE(values.dim() == 2 && values.is_contiguous(),
+                    "dynamicemb: values must be a contiguous 2-D tensor, got shape ", values.sizes());
+  check_cpu(values);
+  at::Tensor slots =
+      find_cpu(keys, table_ids, table_keys, digests, scores, info, policies, score_values, update);
+  // Row of each found key: its slot, or score word 0 under NO_EVICTION.
+  at::Tensor rows = slots.clone();
+  const int64_t* inf = info.data_ptr<int64_t>();
+  const int64_t* tid = table_ids.data_ptr<int64_t>();
+  const int64_t* sc = scores.data_ptr<int64_t>();
+  int64_t* r = rows.data_ptr<int64_t>();
+  const int64_t ns = scores.size(1);
+  for (int64_t i = 0; i < rows.numel(); ++i) {
+    if (r[i] < 0) continue;
+    if (inf[tid[i] * kInfoCols + table::kInfoMode] == static_cast<int64_t>(TableMode::kNoEviction)) {
+      r[i] = sc[r[i] * ns];
+    }
+    if (r[i] >= values.size(0)) r[i] = -1;
+  }
+  at::Tensor out = at::empty({rows.numel(), values.size(1)}, values.options());
+  table::cpu::gather_rows(static_cast<const uint8_t*>(values.data_ptr()),
+                          values.size(1) * values.element_size(), r, rows.numel(),
+                          static_cast<uint8_t*>(out.data_ptr()));
+  return {slots, out};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 run_cpu(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_keys,
         at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::Tensor& counters,
@@ -162,6 +193,7 @@ at::Tensor count_cpu(const at::Tensor& table_keys, const at::Tensor& info) {
 TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
   m.impl("table_find", &find_cpu);
   m.impl("table_run", &run_cpu);
+  m.impl("table_find_gather", &find_gather_cpu);
   m.impl("table_export", &export_cpu);
   m.impl("table_count", &count_cpu);
   m.impl("gather_rows", &gather_rows_cpu);

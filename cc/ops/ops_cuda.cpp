@@ -50,6 +50,30 @@ at::Tensor find_cuda(const at::Tensor& keys, const at::Tensor& table_ids,
   return slots;
 }
 
+std::tuple<at::Tensor, at::Tensor> find_gather_cuda(
+    const at::Tensor& keys, const at::Tensor& table_ids, const at::Tensor& table_keys,
+    const at::Tensor& digests, at::Tensor& scores, const at::Tensor& info,
+    at::IntArrayRef policies, const at::Tensor& score_values, bool update,
+    const at::Tensor& values) {
+  check_state(table_keys, digests, scores, info);
+  check_batch(keys, table_ids, table_keys);
+  const int64_t n = keys.numel();
+  check_scores(policies, score_values, n, scores.size(1), table_keys);
+  check_gather(values, keys);
+  c10::cuda::CUDAGuard guard(keys.device());
+  at::Tensor slots = at::empty({n}, keys.options());
+  at::Tensor out = at::empty({n, values.size(1)}, values.options());
+  const table::TableRef t = table_ref(table_keys, digests, scores, info, nullptr, nullptr);
+  const table::ScoreArgs a = score_args(policies, score_values, n);
+  table::cuda::find_gather(t, a, keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(), n,
+                           update, slots.data_ptr<int64_t>(),
+                           static_cast<const uint8_t*>(values.data_ptr()), values.size(0),
+                           values.size(1) * values.element_size(),
+                           static_cast<uint8_t*>(out.data_ptr()),
+                           c10::cuda::getCurrentCUDAStream().stream());
+  return {slots, out};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 run_cuda(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_keys,
          at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::Tensor& counters,
@@ -140,6 +164,7 @@ at::Tensor count_cuda(const at::Tensor& table_keys, const at::Tensor& info) {
 TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
   m.impl("table_find", &find_cuda);
   m.impl("table_run", &run_cuda);
+  m.impl("table_find_gather", &find_gather_cuda);
   m.impl("table_export", &export_cuda);
   m.impl("table_count", &count_cuda);
   m.impl("gather_rows", &gather_rows_cuda);

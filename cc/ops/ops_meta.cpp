@@ -22,6 +22,16 @@ at::Tensor find_meta(const at::Tensor& keys, const at::Tensor& table_ids,
   return at::empty_symint({keys.sym_numel()}, keys.options());
 }
 
+std::tuple<at::Tensor, at::Tensor> find_gather_meta(
+    const at::Tensor& keys, const at::Tensor& table_ids, const at::Tensor& table_keys,
+    const at::Tensor& digests, at::Tensor& scores, const at::Tensor& info,
+    at::IntArrayRef policies, const at::Tensor& score_values, bool update,
+    const at::Tensor& values) {
+  TORCH_CHECK_VALUE(values.dim() == 2, "dynamicemb: values must be 2-D");
+  return {at::empty_symint({keys.sym_numel()}, keys.options()),
+          at::empty_symint({keys.sym_numel(), values.sym_size(1)}, values.options())};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 run_meta(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_keys,
          at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::Tensor& counters,
@@ -69,6 +79,7 @@ at::Tensor count_meta(const at::Tensor& table_keys, const at::Tensor& info) {
 TORCH_LIBRARY_IMPL(dynamicemb, Meta, m) {
   m.impl("table_find", &find_meta);
   m.impl("table_run", &run_meta);
+  m.impl("table_find_gather", &find_gather_meta);
   m.impl("table_export", &export_meta);
   m.impl("table_count", &count_meta);
   m.impl("gather_rows", &gather_rows_meta);

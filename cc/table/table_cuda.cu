@@ -248,6 +248,42 @@ __global__ void find_kernel(TableRef t, ScoreArgs a, const int64_t* keys, const 
   }
 }
 
+template <typename V>
+__global__ void find_gather_kernel(TableRef t, ScoreArgs a, const int64_t* keys,
+                                   const int64_t* table_ids, int64_t n, bool update,
+                                   int64_t* slots, const V* values, int64_t num_rows,
+                                   int64_t vecs, V* out) {
+  const auto g = cg::tiled_partition<kTile>(cg::this_thread_block());
+  const int64_t i = tile_index();
+  if (i >= n) return;
+  const int64_t key = keys[i], table = table_ids[i];
+  int64_t slot = -1, row = -1;
+  if (valid_input(t, key, table)) {
+    const Home h = home_of(t, table, key);
+    const int64_t pos = tile_probe(g, t, h, key, h.digest);
+    if (pos >= 0) {
+      slot = h.start + pos;
+      const bool no_evict =
+          t.info[table * kInfoCols + kInfoMode] == static_cast<int64_t>(TableMode::kNoEviction);
+      row = no_evict ? t.scores[slot * t.num_scores] : slot;
+      if (row >= num_rows) row = -1;
+      if (g.thread_rank() == 0 && update && !no_evict) {
+        update_score(a, i, t.num_scores, t.scores + slot * t.num_scores, /*atomic=*/true);
+      }
+    }
+  }
+  if (g.thread_rank() == 0) slots[i] = slot;
+  V* dst = out + i * vecs;
+  if (row >= 0) {
+    const V* src = values + row * vecs;
+    for (int64_t v = g.thread_rank(); v < vecs; v += kTile) dst[v] = src[v];
+  } else {
+    V zero;
+    memset(&zero, 0, sizeof(V));
+    for (int64_t v = g.thread_rank(); v < vecs; v += kTile) dst[v] = zero;
+  }
+}
+
 __global__ void sort_key_kernel(TableRef t, const int64_t* keys, const int64_t* table_ids,
                                 int64_t n, int64_t total_buckets, int64_t* out, int32_t* iota) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
@@ -329,15 +365,21 @@ __global__ void row_flags_kernel(RunArgs r, int64_t n, const int32_t* idx, int64
   if (q < n) flags[q] = r.row_work[idx[q]] >= 0 ? 1 : 0;
 }
 
+// Entries are in (table, index) order; the last entry of a table's segment
+// records how many of its entries take part (no atomics on one address).
 __global__ void row_assign_kernel(TableRef t, RunArgs r, int64_t n, const int32_t* idx,
+                                  const int64_t* seg_sorted, const int64_t* flags,
                                   const int64_t* rank, int64_t* per_table) {
   const int64_t q = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (q >= n) return;
+  const int64_t seg = seg_sorted[q];
+  if (seg < t.num_tables && (q + 1 == n || seg_sorted[q + 1] != seg)) {
+    per_table[seg] = rank[q] + flags[q];
+  }
   const int32_t i = idx[q];
   const int64_t w = r.row_work[i];
   if (w < 0) return;
   const int64_t table = r.table_ids[i];
-  atomic_add_i64(per_table + table, 1);
   if (r.op == RunOp::kErase) {
     push_free_row(t, table, rank[q], w);
     return;
@@ -476,6 +518,34 @@ void find(const TableRef& t, const ScoreArgs& a, const int64_t* keys, const int6
   check(cudaGetLastError(), "find");
 }
 
+void find_gather(const TableRef& t, const ScoreArgs& a, const int64_t* keys,
+                 const int64_t* table_ids, int64_t n, bool update, int64_t* slots,
+                 const uint8_t* values, int64_t num_rows, int64_t row_bytes, uint8_t* out,
+                 cudaStream_t stream) {
+  if (n == 0) return;
+  const auto aligned = [&](size_t al) {
+    return row_bytes % static_cast<int64_t>(al) == 0 &&
+           reinterpret_cast<uintptr_t>(values) % al == 0 && reinterpret_cast<uintptr_t>(out) % al == 0;
+  };
+  const auto launch = [&](auto tag) {
+    using V = decltype(tag);
+    const int64_t vecs = row_bytes / static_cast<int64_t>(sizeof(V));
+    find_gather_kernel<V><<<tile_grid_for(n), kBlock, 0, stream>>>(
+        t, a, keys, table_ids, n, update, slots, reinterpret_cast<const V*>(values), num_rows,
+        vecs, reinterpret_cast<V*>(out));
+  };
+  if (aligned(16)) {
+    launch(uint4{});
+  } else if (aligned(8)) {
+    launch(uint2{});
+  } else if (aligned(4)) {
+    launch(uint32_t{});
+  } else {
+    launch(uint8_t{});
+  }
+  check(cudaGetLastError(), "find_gather");
+}
+
 void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_buckets, bool has_rows,
             int64_t* num_evicted, ScratchAllocator& scratch, cudaStream_t stream) {
   check(cudaMemsetAsync(num_evicted, 0, sizeof(int64_t), stream), "memset");
@@ -543,7 +613,8 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
     check(cub::DeviceScan::ExclusiveSumByKey(ct, cb, seg_sorted, flags, rank, n,
                                              ::cuda::std::equal_to<int64_t>(), stream),
           "scan");
-    row_assign_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, w, n, idx, rank, per_table);
+    row_assign_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, w, n, idx, seg_sorted, flags, rank,
+                                                          per_table);
     if (r.op != RunOp::kErase) rowless_repeat_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, w, n);
     row_finish_kernel<<<grid_for(t.num_tables), kBlock, 0, stream>>>(t, r.op, per_table);
     check(cudaGetLastError(), "rows");

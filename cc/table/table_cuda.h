@@ -28,6 +28,15 @@ class ScratchAllocator {
 void find(const TableRef& t, const ScoreArgs& a, const int64_t* keys, const int64_t* table_ids,
           int64_t n, bool update, int64_t* slots, cudaStream_t stream);
 
+/// @brief find fused with the copy of each found key's value row: out[i] is
+/// values[row of key i] (the slot, or under NO_EVICTION score word 0), zeros
+/// where the key is absent. One tile probes the bucket and copies the row.
+/// @param values (num_rows, row_bytes) bytes; @param out (n, row_bytes) bytes
+void find_gather(const TableRef& t, const ScoreArgs& a, const int64_t* keys,
+                 const int64_t* table_ids, int64_t n, bool update, int64_t* slots,
+                 const uint8_t* values, int64_t num_rows, int64_t row_bytes, uint8_t* out,
+                 cudaStream_t stream);
+
 /// @brief Device-side insert / insert_and_evict / erase; see cpu::run_op.
 /// The eviction records come out compacted in r.ev_* (sorted order), their
 /// number in `*num_evicted` (device memory). `r.order` must be writable

@@ -347,6 +347,32 @@ class ScoredHashTable:
             keys, table_ids, self.keys, self.digests, self.scores, self.info, policies, values, update
         )
 
+    def find_values(
+        self,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+        table_ids: Optional[torch.Tensor] = None,
+        policies: Optional[Sequence[int]] = None,
+        scores: Optional[Union[int, Sequence[int], torch.Tensor]] = None,
+        update: bool = False,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``find`` fused with the copy of each found key's value row.
+
+        Args:
+            values (torch.Tensor): (num_rows, dim) value buffer indexed by slot
+                (by the row in score word 0 under NO_EVICTION).
+
+        Returns:
+            (slots, rows): (n) int64 slots (-1 where absent) and (n, dim) rows,
+            zeros where absent.
+        """
+        keys, table_ids = self._batch(keys, table_ids)
+        policies, vals = self._scores(keys.numel(), policies, scores)
+        return ops().table_find_gather(
+            keys, table_ids, self.keys, self.digests, self.scores, self.info, policies, vals,
+            update, values,
+        )
+
     def _run(self, op, keys, table_ids, policies, scores, assign_rows=False) -> InsertResult:
         keys, table_ids = self._batch(keys, table_ids)
         policies, values = self._scores(keys.numel(), policies, scores)

@@ -52,3 +52,25 @@ def test_gather_rows_opcheck():
     values = torch.randn((10, 4))
     rows = torch.tensor([3, -1, 9, 0])
     torch.library.opcheck(ops().gather_rows.default, (values, rows))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dim,dtype", [(8, torch.float32), (5, torch.float16), (64, torch.float32)])
+def test_find_values_equals_find_then_gather(device, dim, dtype):
+    from dynamicemb.table import ScoredHashTable
+
+    table = ScoredHashTable([256, 128], bucket_capacities=16, no_eviction=[False, True],
+                            row_capacities=[None, 100], device=device)
+    g = torch.Generator().manual_seed(dim)
+    keys = torch.randint(0, 500, (300,), generator=g)
+    tids = torch.randint(0, 2, (300,), generator=g)
+    table.insert(keys, tids, scores=1)
+    values = torch.randn((256, dim), generator=g).to(dtype).to(device)
+    probe = torch.randint(0, 700, (400,), generator=g)
+    ptids = torch.randint(0, 2, (400,), generator=g)
+    slots, rows = table.find_values(probe, values, ptids)
+    want_slots = table.find(probe, ptids)
+    assert torch.equal(slots.cpu(), want_slots.cpu())
+    idx = torch.where(ptids.to(device) == 1, table.rows(want_slots), want_slots)
+    assert torch.equal(rows.cpu(), reference(values.cpu(), idx.cpu()))
+    assert bool((slots >= 0).any()) and bool((slots < 0).any())

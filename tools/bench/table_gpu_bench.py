@@ -84,7 +84,7 @@ def bench_dim(dim, capacity, load_factors, reps, out):
         out_buf = torch.empty((BATCH, dim), dtype=torch.float32, device="cuda")
 
         def find():
-            return gather_rows(values, table.find(probe))
+            return table.find_values(probe, values)
 
         t_find = timed(find, reps)
 
