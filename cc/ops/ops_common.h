@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/table/table_common.h"
 #include "cc/table/table_ref.h"
 #include "cc/table/types.h"
 
@@ -26,6 +27,14 @@ inline void check_1d(const at::Tensor& t, at::ScalarType dtype, const char* name
   TORCH_CHECK(t.is_contiguous(), "dynamicemb: ", name, " must be contiguous");
 }
 
+inline void check_info(const at::Tensor& info) {
+  TORCH_CHECK(info.scalar_type() == at::kLong && info.dim() == 2 && info.size(1) == kInfoCols &&
+                  info.is_contiguous(),
+              "dynamicemb: info must be a contiguous int64 (num_tables, ", kInfoCols,
+              ") tensor, got ", info.scalar_type(), " ", info.sizes());
+  TORCH_CHECK_VALUE(info.size(0) >= 1, "dynamicemb: info describes no table");
+}
+
 /// Checks the table state tensors against each other.
 inline void check_state(const at::Tensor& keys, const at::Tensor& digests, const at::Tensor& scores,
                         const at::Tensor& info) {
@@ -39,11 +48,7 @@ inline void check_state(const at::Tensor& keys, const at::Tensor& digests, const
   TORCH_CHECK(digests.numel() == keys.numel() && scores.size(0) == keys.numel(),
               "dynamicemb: table_keys, digests and scores disagree on the slot count: ",
               keys.numel(), ", ", digests.numel(), ", ", scores.size(0));
-  TORCH_CHECK(info.scalar_type() == at::kLong && info.dim() == 2 && info.size(1) == kInfoCols &&
-                  info.is_contiguous(),
-              "dynamicemb: info must be a contiguous int64 (num_tables, ", kInfoCols,
-              ") tensor, got ", info.scalar_type(), " ", info.sizes());
-  TORCH_CHECK(info.size(0) >= 1, "dynamicemb: info describes no table");
+  check_info(info);
   for (const at::Tensor* t : {&digests, &scores, &info}) {
     TORCH_CHECK(t->device() == keys.device(), "dynamicemb: table tensors must share a device, got ",
                 keys.device(), " and ", t->device());
@@ -73,8 +78,9 @@ inline void check_scores(at::IntArrayRef policies, const at::Tensor& values, int
                 "dynamicemb: score policy ", policies[c], " of column ", c, " is not one of 0..",
                 table::kNumScorePolicies - 1);
   }
-  TORCH_CHECK(values.scalar_type() == at::kLong && values.dim() == 2 &&
-                  values.size(1) == num_scores && values.is_contiguous(),
+  TORCH_CHECK_TYPE(values.scalar_type() == at::kLong, "dynamicemb: score_values must be int64, got ",
+                   values.scalar_type());
+  TORCH_CHECK_VALUE(values.dim() == 2 && values.size(1) == num_scores && values.is_contiguous(),
               "dynamicemb: score_values must be a contiguous int64 (1 or n, ", num_scores,
               ") tensor, got ", values.scalar_type(), " ", values.sizes());
   TORCH_CHECK_VALUE(values.size(0) == 1 || values.size(0) == n,
@@ -105,6 +111,7 @@ inline table::TableRef table_ref(const at::Tensor& keys, const at::Tensor& diges
   t.num_scores = static_cast<int32_t>(scores.size(1));
   t.num_tables = info.size(0);
   t.num_slots = keys.numel();
+  t.num_free_rows = free_rows ? free_rows->numel() : 0;
   return t;
 }
 
@@ -162,6 +169,44 @@ inline ExportResult alloc_export(const at::Tensor& keys, const at::Tensor& score
   auto l = keys.options().dtype(at::kLong);
   return {at::empty({range}, l), at::empty({range}, l), at::empty({range}, l),
           at::empty({range, scores.size(1)}, l), at::zeros({1}, l)};
+}
+
+/// Checks the layout `info` describes (CPU tensors), naming what is wrong.
+/// Returns the total bucket count and whether a table is NO_EVICTION.
+inline std::pair<int64_t, bool> check_layout_cpu(const table::TableRef& t, int64_t free_rows_len) {
+  int64_t total = 0, bad = -1;
+  bool rows = false;
+  const int32_t e = table::check_layout(t, free_rows_len, &total, &rows, &bad);
+  if (e == table::kLayoutOk) return {total, rows};
+  const int64_t* inf = t.info + (bad < 0 ? 0 : bad) * kInfoCols;
+  switch (e) {
+    case table::kLayoutBucketWidth:
+      TORCH_CHECK_VALUE(false, "dynamicemb: info: bucket capacity ", inf[table::kInfoBucketCapacity],
+                        " of table ", bad, " is not a positive multiple of ",
+                        table::kBucketAlignment);
+    case table::kLayoutCapacity:
+      TORCH_CHECK_VALUE(false, "dynamicemb: info: capacity ", inf[table::kInfoCapacity],
+                        " of table ", bad, " is not a positive multiple of its bucket capacity ",
+                        inf[table::kInfoBucketCapacity]);
+    case table::kLayoutSlotOffset:
+      TORCH_CHECK_VALUE(false, "dynamicemb: info: slot offset ", inf[table::kInfoSlotOffset],
+                        " of table ", bad, " does not follow the tables before it");
+    case table::kLayoutBucketOffset:
+      TORCH_CHECK_VALUE(false, "dynamicemb: info: bucket offset ", inf[table::kInfoBucketOffset],
+                        " of table ", bad, " does not follow the tables before it");
+    case table::kLayoutMode:
+      TORCH_CHECK_VALUE(false, "dynamicemb: info: mode ", inf[table::kInfoMode], " of table ", bad,
+                        " is not 0 (evicting) or 1 (NO_EVICTION)");
+    case table::kLayoutRows:
+      TORCH_CHECK_VALUE(false, "dynamicemb: info: NO_EVICTION rows (offset ",
+                        inf[table::kInfoRowOffset], ", capacity ", inf[table::kInfoRowCapacity],
+                        ") of table ", bad, " do not follow the tables before it or do not fit ",
+                        "free_rows of ", free_rows_len, " entries");
+    default:
+      TORCH_CHECK_VALUE(false, "dynamicemb: info: the capacities do not add up to the ",
+                        t.num_slots, " slots of table_keys");
+  }
+  return {0, false};
 }
 
 inline void check_gather(const at::Tensor& values, const at::Tensor& rows) {

@@ -41,9 +41,10 @@ at::Tensor find_cpu(const at::Tensor& keys, const at::Tensor& table_ids,
   check_cpu(keys);
   const int64_t n = keys.numel();
   check_scores(policies, score_values, n, scores.size(1), table_keys);
+  const table::TableRef t = table_ref(table_keys, digests, scores, info, nullptr, nullptr);
+  check_layout_cpu(t, INT64_MAX);
   check_key_values(keys, table_ids, info.size(0));
   at::Tensor slots = at::empty({n}, keys.options());
-  const table::TableRef t = table_ref(table_keys, digests, scores, info, nullptr, nullptr);
   table::ScoreArgs a = score_args(policies, score_values, n);
   a.host_now = table::cpu::host_timer_ns();
   table::cpu::find(t, a, keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(), n, update,
@@ -73,7 +74,8 @@ std::tuple<at::Tensor, at::Tensor> find_gather_cpu(
     if (inf[tid[i] * kInfoCols + table::kInfoMode] == static_cast<int64_t>(TableMode::kNoEviction)) {
       r[i] = sc[r[i] * ns];
     }
-    if (r[i] >= values.size(0)) r[i] = -1;
+    TORCH_CHECK_VALUE(r[i] < values.size(0), "dynamicemb: key at index ", i, " has row ", r[i],
+                      ", past the ", values.size(0), " rows of values");
   }
   at::Tensor out = at::empty({rows.numel(), values.size(1)}, values.options());
   table::cpu::gather_rows(static_cast<const uint8_t*>(values.data_ptr()),
@@ -94,9 +96,15 @@ run_cpu(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_k
   check_cpu(keys);
   const int64_t n = keys.numel();
   check_scores(policies, score_values, n, scores.size(1), table_keys);
+  {
+    const table::TableRef lt = table_ref(table_keys, digests, scores, info, &counters, &free_rows);
+    const auto [buckets, rows] = check_layout_cpu(lt, free_rows.numel());
+    TORCH_CHECK_VALUE(total_buckets == buckets, "dynamicemb: total_buckets ", total_buckets,
+                      " disagrees with info, which describes ", buckets, " buckets");
+    TORCH_CHECK_VALUE(has_rows || !rows,
+                      "dynamicemb: has_rows is false but info has a NO_EVICTION table");
+  }
   check_key_values(keys, table_ids, info.size(0));
-  TORCH_CHECK(total_buckets >= 1, "dynamicemb: total_buckets must be positive, got ",
-              total_buckets);
   if (assign_rows && op != static_cast<int64_t>(table::RunOp::kErase)) {
     const int64_t* inf = info.data_ptr<int64_t>();
     const int64_t* tid = table_ids.data_ptr<int64_t>();
@@ -141,10 +149,17 @@ run_cpu(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_k
 ExportResult export_cpu(const at::Tensor& table_keys, const at::Tensor& scores,
                         const at::Tensor& info, int64_t slot_begin, int64_t slot_end,
                         int64_t column, int64_t threshold) {
-  TORCH_CHECK(table_keys.numel() == scores.size(0), "dynamicemb: table_keys and scores disagree");
+  check_1d(table_keys, at::kLong, "table_keys");
+  check_info(info);
+  TORCH_CHECK_VALUE(scores.dim() == 2 && table_keys.numel() == scores.size(0),
+                    "dynamicemb: table_keys and scores disagree on the slot count");
   check_export(table_keys, scores, slot_begin, slot_end, column);
   check_cpu(table_keys);
   ExportResult res = alloc_export(table_keys, scores, slot_end - slot_begin);
+  std::get<0>(res).fill_(table::kEmptyKey);
+  std::get<1>(res).fill_(-1);
+  std::get<2>(res).fill_(-1);
+  std::get<3>(res).zero_();
   table::TableRef t;
   t.keys = const_cast<int64_t*>(table_keys.data_ptr<int64_t>());
   t.scores = const_cast<int64_t*>(scores.data_ptr<int64_t>());
@@ -152,6 +167,7 @@ ExportResult export_cpu(const at::Tensor& table_keys, const at::Tensor& scores,
   t.num_scores = static_cast<int32_t>(scores.size(1));
   t.num_tables = info.size(0);
   t.num_slots = table_keys.numel();
+  check_layout_cpu(t, INT64_MAX);
   const int64_t c = table::cpu::export_batch(
       t, slot_begin, slot_end, static_cast<int32_t>(column), threshold,
       std::get<0>(res).data_ptr<int64_t>(), std::get<1>(res).data_ptr<int64_t>(),
@@ -177,6 +193,7 @@ at::Tensor gather_rows_cpu(const at::Tensor& values, const at::Tensor& rows) {
 
 at::Tensor count_cpu(const at::Tensor& table_keys, const at::Tensor& info) {
   check_1d(table_keys, at::kLong, "table_keys");
+  check_info(info);
   check_cpu(table_keys);
   at::Tensor out = at::zeros({info.size(0)}, table_keys.options());
   table::TableRef t;
@@ -184,6 +201,7 @@ at::Tensor count_cpu(const at::Tensor& table_keys, const at::Tensor& info) {
   t.info = info.data_ptr<int64_t>();
   t.num_tables = info.size(0);
   t.num_slots = table_keys.numel();
+  check_layout_cpu(t, INT64_MAX);
   table::cpu::count(t, out.data_ptr<int64_t>());
   return out;
 }

@@ -45,8 +45,9 @@ at::Tensor find_cuda(const at::Tensor& keys, const at::Tensor& table_ids,
   at::Tensor slots = at::empty({n}, keys.options());
   const table::TableRef t = table_ref(table_keys, digests, scores, info, nullptr, nullptr);
   const table::ScoreArgs a = score_args(policies, score_values, n);
+  TorchScratch scratch(keys);
   table::cuda::find(t, a, keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(), n, update,
-                    slots.data_ptr<int64_t>(), c10::cuda::getCurrentCUDAStream().stream());
+                    slots.data_ptr<int64_t>(), scratch, c10::cuda::getCurrentCUDAStream().stream());
   return slots;
 }
 
@@ -65,11 +66,12 @@ std::tuple<at::Tensor, at::Tensor> find_gather_cuda(
   at::Tensor out = at::empty({n, values.size(1)}, values.options());
   const table::TableRef t = table_ref(table_keys, digests, scores, info, nullptr, nullptr);
   const table::ScoreArgs a = score_args(policies, score_values, n);
+  TorchScratch scratch(keys);
   table::cuda::find_gather(t, a, keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(), n,
                            update, slots.data_ptr<int64_t>(),
                            static_cast<const uint8_t*>(values.data_ptr()), values.size(0),
                            values.size(1) * values.element_size(),
-                           static_cast<uint8_t*>(out.data_ptr()),
+                           static_cast<uint8_t*>(out.data_ptr()), scratch,
                            c10::cuda::getCurrentCUDAStream().stream());
   return {slots, out};
 }
@@ -113,7 +115,10 @@ run_cuda(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
 ExportResult export_cuda(const at::Tensor& table_keys, const at::Tensor& scores,
                          const at::Tensor& info, int64_t slot_begin, int64_t slot_end,
                          int64_t column, int64_t threshold) {
-  TORCH_CHECK(table_keys.numel() == scores.size(0), "dynamicemb: table_keys and scores disagree");
+  check_1d(table_keys, at::kLong, "table_keys");
+  check_info(info);
+  TORCH_CHECK_VALUE(scores.dim() == 2 && table_keys.numel() == scores.size(0),
+                    "dynamicemb: table_keys and scores disagree on the slot count");
   check_export(table_keys, scores, slot_begin, slot_end, column);
   c10::cuda::CUDAGuard guard(table_keys.device());
   ExportResult res = alloc_export(table_keys, scores, slot_end - slot_begin);
@@ -148,6 +153,7 @@ at::Tensor gather_rows_cuda(const at::Tensor& values, const at::Tensor& rows) {
 
 at::Tensor count_cuda(const at::Tensor& table_keys, const at::Tensor& info) {
   check_1d(table_keys, at::kLong, "table_keys");
+  check_info(info);
   c10::cuda::CUDAGuard guard(table_keys.device());
   at::Tensor out = at::empty({info.size(0)}, table_keys.options());
   table::TableRef t;
@@ -155,7 +161,8 @@ at::Tensor count_cuda(const at::Tensor& table_keys, const at::Tensor& info) {
   t.info = info.data_ptr<int64_t>();
   t.num_tables = info.size(0);
   t.num_slots = table_keys.numel();
-  table::cuda::count(t, out.data_ptr<int64_t>(), c10::cuda::getCurrentCUDAStream().stream());
+  TorchScratch scratch(table_keys);
+  table::cuda::count(t, out.data_ptr<int64_t>(), scratch, c10::cuda::getCurrentCUDAStream().stream());
   return out;
 }
 

@@ -127,6 +127,55 @@ DEMB_HD int64_t timer_now(const ScoreArgs& a) {
 #endif
 }
 
+// ---------------------------------------------------------------- layout --
+
+/// What is wrong with an `info` tensor, if anything.
+enum LayoutError : int32_t {
+  kLayoutOk = 0,
+  kLayoutBucketWidth = 1,   ///< bucket capacity not a positive multiple of 16
+  kLayoutCapacity = 2,      ///< capacity not a positive multiple of the bucket capacity
+  kLayoutSlotOffset = 3,    ///< slot offset is not the sum of the capacities before it
+  kLayoutBucketOffset = 4,  ///< bucket offset is not the sum of the buckets before it
+  kLayoutRows = 5,          ///< row offset/capacity inconsistent, or free_rows too short
+  kLayoutMode = 6,          ///< mode is not a TableMode
+  kLayoutSlotCount = 7,     ///< capacities do not add up to the slot count
+};
+
+/// Checks that `info` lays the tables out back to back over exactly
+/// t.num_slots slots and `free_rows_len` free-row entries. On success fills
+/// the total bucket count and whether any table is NO_EVICTION; otherwise
+/// returns the error and the offending table in `*bad_table`.
+DEMB_HD int32_t check_layout(const TableRef& t, int64_t free_rows_len, int64_t* total_buckets,
+                             bool* has_rows, int64_t* bad_table) {
+  int64_t slots = 0, buckets = 0, rows = 0;
+  bool any_rows = false;
+  for (int64_t table = 0; table < t.num_tables; ++table) {
+    const int64_t* inf = t.info + table * kInfoCols;
+    *bad_table = table;
+    const int64_t w = inf[kInfoBucketCapacity], cap = inf[kInfoCapacity];
+    if (w <= 0 || w % kBucketAlignment) return kLayoutBucketWidth;
+    if (cap <= 0 || cap % w) return kLayoutCapacity;
+    if (inf[kInfoSlotOffset] != slots) return kLayoutSlotOffset;
+    if (inf[kInfoBucketOffset] != buckets) return kLayoutBucketOffset;
+    const int64_t mode = inf[kInfoMode];
+    if (mode != static_cast<int64_t>(TableMode::kEvicting) &&
+        mode != static_cast<int64_t>(TableMode::kNoEviction)) {
+      return kLayoutMode;
+    }
+    if (inf[kInfoRowOffset] != rows || inf[kInfoRowCapacity] < 0) return kLayoutRows;
+    any_rows = any_rows || mode == static_cast<int64_t>(TableMode::kNoEviction);
+    slots += cap;
+    buckets += cap / w;
+    rows += inf[kInfoRowCapacity];
+  }
+  *bad_table = -1;
+  if (slots != t.num_slots) return kLayoutSlotCount;
+  if (rows > free_rows_len) return kLayoutRows;
+  *total_buckets = buckets;
+  *has_rows = any_rows;
+  return kLayoutOk;
+}
+
 // ------------------------------------------------------------ addressing --
 
 /// Where a key lives: its home bucket's first slot and width, the bucket's

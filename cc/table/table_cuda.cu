@@ -37,6 +37,23 @@ T* alloc(ScratchAllocator& s, int64_t n) {
 
 namespace cg = cooperative_groups;
 
+// 1 where info describes a consistent layout (and, when given, the bucket
+// count and NO_EVICTION flag the caller passed agree with it).
+__global__ void layout_kernel(TableRef t, int64_t free_rows_len, int64_t total_buckets,
+                              bool has_rows, int32_t* ok) {
+  int64_t buckets = 0, bad = 0;
+  bool rows = false;
+  const int32_t e = check_layout(t, free_rows_len, &buckets, &rows, &bad);
+  *ok = e == kLayoutOk && (total_buckets < 0 || buckets == total_buckets) && (has_rows || !rows);
+}
+
+const int32_t* layout_ok(const TableRef& t, int64_t free_rows_len, int64_t total_buckets,
+                         bool has_rows, ScratchAllocator& scratch, cudaStream_t stream) {
+  auto* ok = static_cast<int32_t*>(scratch.allocate(sizeof(int32_t)));
+  layout_kernel<<<1, 1, 0, stream>>>(t, free_rows_len, total_buckets, has_rows, ok);
+  return ok;
+}
+
 // ------------------------------------------------------- tile probing --
 //
 // The kernels give each key (find) or each bucket run (insert, erase) a tile
@@ -228,12 +245,12 @@ __device__ __forceinline__ int64_t tile_index() {
 inline unsigned tile_grid_for(int64_t n) { return grid_for(n * kTile); }
 
 __global__ void find_kernel(TableRef t, ScoreArgs a, const int64_t* keys, const int64_t* table_ids,
-                            int64_t n, bool update, int64_t* slots) {
+                            int64_t n, bool update, int64_t* slots, const int32_t* ok) {
   const auto g = cg::tiled_partition<kTile>(cg::this_thread_block());
   const int64_t i = tile_index();
   if (i >= n) return;
   const int64_t key = keys[i], table = table_ids[i];
-  if (!valid_input(t, key, table)) {
+  if (!*ok || !valid_input(t, key, table)) {
     if (g.thread_rank() == 0) slots[i] = -1;
     return;
   }
@@ -252,13 +269,13 @@ template <typename V>
 __global__ void find_gather_kernel(TableRef t, ScoreArgs a, const int64_t* keys,
                                    const int64_t* table_ids, int64_t n, bool update,
                                    int64_t* slots, const V* values, int64_t num_rows,
-                                   int64_t vecs, V* out) {
+                                   int64_t vecs, V* out, const int32_t* ok) {
   const auto g = cg::tiled_partition<kTile>(cg::this_thread_block());
   const int64_t i = tile_index();
   if (i >= n) return;
   const int64_t key = keys[i], table = table_ids[i];
   int64_t slot = -1, row = -1;
-  if (valid_input(t, key, table)) {
+  if (*ok && valid_input(t, key, table)) {
     const Home h = home_of(t, table, key);
     const int64_t pos = tile_probe(g, t, h, key, h.digest);
     if (pos >= 0) {
@@ -285,10 +302,11 @@ __global__ void find_gather_kernel(TableRef t, ScoreArgs a, const int64_t* keys,
 }
 
 __global__ void sort_key_kernel(TableRef t, const int64_t* keys, const int64_t* table_ids,
-                                int64_t n, int64_t total_buckets, int64_t* out, int32_t* iota) {
+                                int64_t n, int64_t total_buckets, int64_t* out, int32_t* iota,
+                                const int32_t* ok) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
-  const int64_t k = sort_key_of(t, keys[i], table_ids[i]);
+  const int64_t k = *ok ? sort_key_of(t, keys[i], table_ids[i]) : INT64_MAX;
   out[i] = k == INT64_MAX ? total_buckets : k;
   iota[i] = static_cast<int32_t>(i);
 }
@@ -436,27 +454,35 @@ __global__ void evict_gather_kernel(const int64_t* sel, const int64_t* count, in
 }
 
 __global__ void export_flags_kernel(TableRef t, int64_t slot_begin, int64_t n, int32_t column,
-                                    int64_t threshold, uint8_t* flags) {
+                                    int64_t threshold, uint8_t* flags, const int32_t* ok) {
   const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (j < n) flags[j] = export_selects(t, slot_begin + j, column, threshold) ? 1 : 0;
+  if (j < n) flags[j] = *ok && export_selects(t, slot_begin + j, column, threshold) ? 1 : 0;
 }
 
 __global__ void export_gather_kernel(TableRef t, const int64_t* sel, const int64_t* count,
                                      int64_t n, int64_t* o_keys, int64_t* o_slots,
                                      int64_t* o_tables, int64_t* o_scores) {
   const int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (j >= n || j >= *count) return;
-  const int64_t s = sel[j];
+  if (j >= n) return;
   const int32_t ns = t.num_scores;
+  if (j >= *count) {
+    o_keys[j] = kEmptyKey;
+    o_slots[j] = -1;
+    o_tables[j] = -1;
+    for (int32_t c = 0; c < ns; ++c) o_scores[j * ns + c] = 0;
+    return;
+  }
+  const int64_t s = sel[j];
   o_keys[j] = t.keys[s];
   o_slots[j] = s;
   o_tables[j] = table_of_slot(t, s);
   for (int32_t c = 0; c < ns; ++c) o_scores[j * ns + c] = t.scores[s * ns + c];
 }
 
-__global__ void count_kernel(TableRef t, int64_t table, int64_t* out) {
+__global__ void count_kernel(TableRef t, int64_t table, int64_t* out, const int32_t* ok) {
   using Reduce = cub::BlockReduce<int64_t, kBlock>;
   __shared__ typename Reduce::TempStorage tmp;
+  if (!*ok) return;
   const int64_t off = t.info[table * kInfoCols + kInfoSlotOffset];
   const int64_t cap = t.info[table * kInfoCols + kInfoCapacity];
   int64_t c = 0;
@@ -512,17 +538,19 @@ int64_t* select_flagged(const Flag* flags, int64_t n, int64_t base, int64_t* cou
 }  // namespace
 
 void find(const TableRef& t, const ScoreArgs& a, const int64_t* keys, const int64_t* table_ids,
-          int64_t n, bool update, int64_t* slots, cudaStream_t stream) {
+          int64_t n, bool update, int64_t* slots, ScratchAllocator& scratch, cudaStream_t stream) {
   if (n == 0) return;
-  find_kernel<<<tile_grid_for(n), kBlock, 0, stream>>>(t, a, keys, table_ids, n, update, slots);
+  const int32_t* ok = layout_ok(t, INT64_MAX, -1, true, scratch, stream);
+  find_kernel<<<tile_grid_for(n), kBlock, 0, stream>>>(t, a, keys, table_ids, n, update, slots, ok);
   check(cudaGetLastError(), "find");
 }
 
 void find_gather(const TableRef& t, const ScoreArgs& a, const int64_t* keys,
                  const int64_t* table_ids, int64_t n, bool update, int64_t* slots,
                  const uint8_t* values, int64_t num_rows, int64_t row_bytes, uint8_t* out,
-                 cudaStream_t stream) {
+                 ScratchAllocator& scratch, cudaStream_t stream) {
   if (n == 0) return;
+  const int32_t* ok = layout_ok(t, INT64_MAX, -1, true, scratch, stream);
   const auto aligned = [&](size_t al) {
     return row_bytes % static_cast<int64_t>(al) == 0 &&
            reinterpret_cast<uintptr_t>(values) % al == 0 && reinterpret_cast<uintptr_t>(out) % al == 0;
@@ -532,7 +560,7 @@ void find_gather(const TableRef& t, const ScoreArgs& a, const int64_t* keys,
     const int64_t vecs = row_bytes / static_cast<int64_t>(sizeof(V));
     find_gather_kernel<V><<<tile_grid_for(n), kBlock, 0, stream>>>(
         t, a, keys, table_ids, n, update, slots, reinterpret_cast<const V*>(values), num_rows,
-        vecs, reinterpret_cast<V*>(out));
+        vecs, reinterpret_cast<V*>(out), ok);
   };
   if (aligned(16)) {
     launch(uint4{});
@@ -556,8 +584,10 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
   int32_t* iota = alloc<int32_t>(scratch, n);
   int32_t* order = const_cast<int32_t*>(r.order);
 
+  const int32_t* ok =
+      layout_ok(t, has_rows ? t.num_free_rows : INT64_MAX, total_buckets, has_rows, scratch, stream);
   sort_key_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, r.keys, r.table_ids, n, total_buckets,
-                                                      keys_in, iota);
+                                                      keys_in, iota, ok);
   check(cudaGetLastError(), "sort keys");
   int end_bit = 1;
   while ((int64_t{1} << end_bit) <= total_buckets) ++end_bit;
@@ -636,8 +666,9 @@ void export_batch(const TableRef& t, int64_t slot_begin, int64_t slot_end, int32
   const int64_t n = slot_end - slot_begin;
   if (n <= 0) return;
   uint8_t* flags = alloc<uint8_t>(scratch, n);
+  const int32_t* ok = layout_ok(t, INT64_MAX, -1, true, scratch, stream);
   export_flags_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, slot_begin, n, column, threshold,
-                                                          flags);
+                                                          flags, ok);
   const int64_t* sel = select_flagged(flags, n, slot_begin, count, scratch, stream);
   export_gather_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, sel, count, n, out_keys, out_slots,
                                                            out_tables, out_scores);
@@ -663,10 +694,11 @@ void gather_rows(const uint8_t* values, int64_t num_rows, int64_t row_bytes, con
   check(cudaGetLastError(), "gather rows");
 }
 
-void count(const TableRef& t, int64_t* out, cudaStream_t stream) {
+void count(const TableRef& t, int64_t* out, ScratchAllocator& scratch, cudaStream_t stream) {
   check(cudaMemsetAsync(out, 0, sizeof(int64_t) * t.num_tables, stream), "memset");
+  const int32_t* ok = layout_ok(t, INT64_MAX, -1, true, scratch, stream);
   for (int64_t table = 0; table < t.num_tables; ++table) {
-    count_kernel<<<264, kBlock, 0, stream>>>(t, table, out);
+    count_kernel<<<264, kBlock, 0, stream>>>(t, table, out, ok);
   }
   check(cudaGetLastError(), "count");
 }

@@ -3,7 +3,10 @@
 // CUDA backend of the scored hash table. The per-key logic is table_common.h,
 // shared with the CPU backend; this file adds the kernels and their launches.
 // Nothing here synchronizes the host with the device: counts stay on the
-// device until someone reads them. Torch-free, so it builds with nvcc alone.
+// device until someone reads them. Every operation first checks the layout
+// `info` describes on the device (check_layout); if it is inconsistent, every
+// entry is treated as invalid and nothing is read or written out of bounds.
+// Torch-free, so it builds with nvcc alone.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -26,7 +29,7 @@ class ScratchAllocator {
 
 /// @brief Device-side find; see cpu::find.
 void find(const TableRef& t, const ScoreArgs& a, const int64_t* keys, const int64_t* table_ids,
-          int64_t n, bool update, int64_t* slots, cudaStream_t stream);
+          int64_t n, bool update, int64_t* slots, ScratchAllocator& scratch, cudaStream_t stream);
 
 /// @brief find fused with the copy of each found key's value row: out[i] is
 /// values[row of key i] (the slot, or under NO_EVICTION score word 0), zeros
@@ -35,7 +38,7 @@ void find(const TableRef& t, const ScoreArgs& a, const int64_t* keys, const int6
 void find_gather(const TableRef& t, const ScoreArgs& a, const int64_t* keys,
                  const int64_t* table_ids, int64_t n, bool update, int64_t* slots,
                  const uint8_t* values, int64_t num_rows, int64_t row_bytes, uint8_t* out,
-                 cudaStream_t stream);
+                 ScratchAllocator& scratch, cudaStream_t stream);
 
 /// @brief Device-side insert / insert_and_evict / erase; see cpu::run_op.
 /// The eviction records come out compacted in r.ev_* (sorted order), their
@@ -56,7 +59,7 @@ void gather_rows(const uint8_t* values, int64_t num_rows, int64_t row_bytes, con
                  int64_t n, uint8_t* out, cudaStream_t stream);
 
 /// @brief Occupied slots per table, into `out` (num_tables, device).
-void count(const TableRef& t, int64_t* out, cudaStream_t stream);
+void count(const TableRef& t, int64_t* out, ScratchAllocator& scratch, cudaStream_t stream);
 
 /// @brief Number of CUDA devices visible, or a negative cudaError_t.
 int device_count();

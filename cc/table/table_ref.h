@@ -26,6 +26,7 @@ struct TableRef {
   int32_t num_scores = 1;            ///< score words per slot, 1..kMaxScores
   int64_t num_tables = 0;            ///< logical tables fused in this allocation
   int64_t num_slots = 0;             ///< sum of the tables' capacities
+  int64_t num_free_rows = 0;         ///< entries of free_rows
 };
 
 /// How a bulk operation treats scores: one policy per score column, and the
