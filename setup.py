@@ -104,7 +104,10 @@ def extension_modules():
     depends += [os.path.join("cc/ops", f) for f in ops["hdrs"]]
     depends.append("cc/sources.bzl")
 
-    cxx_flags = ["-O3", CXX_STD, "-fvisibility=hidden"]
+    # No -fvisibility=hidden here: with it, libstdc++ templates that GCC 13
+    # instantiates locally in C++20 (ostream, locale facets) get private copies of
+    # their static locale ids, and formatting a number in an error message crashed.
+    cxx_flags = ["-O3", CXX_STD]
     macros = []
     kwargs = {}
     if with_cuda:

@@ -298,6 +298,14 @@ DEMB_HD int64_t sort_key_of(const TableRef& t, int64_t key, int64_t table) {
   return home_of(t, table, key).global_bucket;
 }
 
+/// NO_EVICTION with assign_rows: the row given for entry `index` lies in the
+/// table's value buffer (else the entry is invalid and nothing is stored).
+DEMB_HD bool assigned_row_valid(const ScoreArgs& a, int64_t index, int32_t num_scores,
+                                const int64_t* inf) {
+  const int64_t row = score_input(a, index, num_scores, 0);
+  return row >= 0 && row < inf[kInfoRowCapacity];
+}
+
 /// True if an earlier key of this run holds `slot` (found or placed it).
 DEMB_HD bool touched_by_run(const RunArgs& r, int64_t begin, int64_t cur, int64_t slot) {
   for (int64_t q = begin; q < cur; ++q) {
@@ -365,6 +373,11 @@ DEMB_HD void process_run(const TableRef& t, const RunArgs& r, int64_t begin, int
       continue;
     }
 
+    if (no_evict && r.assign_rows && !assigned_row_valid(r.score, i, ns, inf)) {
+      r.slots[i] = -1;
+      r.status[i] = static_cast<int8_t>(InsertStatus::kInvalid);
+      continue;
+    }
     int64_t target = probe(t, h, kEmptyKey, empty_dg);
     InsertStatus st = InsertStatus::kInserted;
     if (target < 0) {

@@ -182,6 +182,14 @@ __device__ void process_run_tile(const Tile& g, const TableRef& t, const RunArgs
       continue;
     }
 
+    if (no_evict && r.assign_rows && !assigned_row_valid(r.score, i, ns, inf)) {
+      if (leader) {
+        r.slots[i] = -1;
+        r.status[i] = static_cast<int8_t>(InsertStatus::kInvalid);
+      }
+      g.sync();
+      continue;
+    }
     int64_t target = tile_probe(g, t, h, kEmptyKey, empty_dg);
     InsertStatus st = InsertStatus::kInserted;
     if (target < 0) {

@@ -33,7 +33,8 @@ void find(const TableRef& t, const ScoreArgs& a, const int64_t* keys, const int6
 
 /// @brief find fused with the copy of each found key's value row: out[i] is
 /// values[row of key i] (the slot, or under NO_EVICTION score word 0), zeros
-/// where the key is absent. One tile probes the bucket and copies the row.
+/// where the key is absent (or its row lies past num_rows: no synchronizing
+/// check here). One tile probes the bucket and copies the row.
 /// @param values (num_rows, row_bytes) bytes; @param out (n, row_bytes) bytes
 void find_gather(const TableRef& t, const ScoreArgs& a, const int64_t* keys,
                  const int64_t* table_ids, int64_t n, bool update, int64_t* slots,

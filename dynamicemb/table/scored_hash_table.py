@@ -298,6 +298,21 @@ class ScoredHashTable:
                 f"[0, {self.num_tables})"
             )
 
+    def _check_rows(self, table_ids: torch.Tensor, values: torch.Tensor) -> None:
+        """assign_rows: each NO_EVICTION entry's row (score column 0) must lie in
+        its table's value buffer (the CPU kernels check this themselves)."""
+        col = enums.InfoCol
+        rows = values[:, 0].expand(table_ids.numel())
+        cap = self.info[table_ids, col.ROW_CAPACITY]
+        ne = self.info[table_ids, col.MODE] == enums.TableMode.NO_EVICTION
+        bad = ne & ((rows < 0) | (rows >= cap))
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            raise ValueError(
+                f"dynamicemb: row {int(rows[i])} at index {i} is out of range "
+                f"[0, {int(cap[i])}) of table {int(table_ids[i])}"
+            )
+
     def _scores(
         self,
         n: int,
@@ -376,6 +391,8 @@ class ScoredHashTable:
     def _run(self, op, keys, table_ids, policies, scores, assign_rows=False) -> InsertResult:
         keys, table_ids = self._batch(keys, table_ids)
         policies, values = self._scores(keys.numel(), policies, scores)
+        if assign_rows and self.validate and self.device.type != "cpu" and keys.numel():
+            self._check_rows(table_ids, values)
         out = ops().table_run(
             keys,
             table_ids,

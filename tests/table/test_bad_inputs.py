@@ -49,6 +49,28 @@ def table(request):
     return t
 
 
+INVALID = 4  # InsertStatus.kInvalid (cc/table/types.h)
+
+
+def expect_refused(table, op, args, exc, match, bad=None):
+    """Raw ops: the CPU kernels raise `exc`; the CUDA kernels do not check
+    values (that would synchronize) but mark the entries `bad` (all when None)
+    invalid and leave the table as it was."""
+    if table.device.type == "cpu":
+        expect_error(table, exc, match, lambda: getattr(OPS, op)(*args))
+        return
+    before = snapshot(table)
+    out = getattr(OPS, op)(*args)
+    torch.cuda.synchronize()
+    assert_same_snapshot(before, snapshot(table))
+    sel = slice(None) if bad is None else bad
+    if op == "table_run":
+        assert (out[1][sel].cpu() == INVALID).all(), out[1]
+    else:
+        slots = out if op == "table_find" else out[0]
+        assert (slots[sel].cpu() == -1).all(), slots
+
+
 def expect_error(table, exc, match, fn):
     before = snapshot(table)
     with pytest.raises(exc, match=match):
@@ -241,7 +263,7 @@ def test_reserved_key_raises_value_error_naming_key_and_index(table, method, key
 def test_raw_reserved_key_raises_value_error_naming_key_and_index(table, op, key):
     keys = i64([100, key, 101], table.device)
     args = op_args(table, op, keys=keys)
-    expect_error(table, ValueError, rf"key {key} at index 1", lambda: getattr(OPS, op)(*args))
+    expect_refused(table, op, args, ValueError, rf"key {key} at index 1", bad=1)
 
 
 @pytest.mark.parametrize("tid", [2, -1, 2**40])
@@ -260,7 +282,7 @@ def test_table_id_out_of_range_raises_value_error(table, method, tid):
 def test_raw_table_id_out_of_range_raises_value_error(table, op):
     tids = i64([0, 1, 2], table.device)
     args = op_args(table, op, table_ids=tids)
-    expect_error(table, ValueError, r"table id 2 at index 2", lambda: getattr(OPS, op)(*args))
+    expect_refused(table, op, args, ValueError, r"table id 2 at index 2", bad=2)
 
 
 def test_assigned_row_out_of_range_raises_value_error(table):
@@ -372,18 +394,13 @@ def test_raw_ops_refuse_a_capacity_not_a_multiple_of_the_width_in_info(op):
 @pytest.mark.parametrize("total_buckets", [2, 7, 1000])
 def test_raw_run_refuses_a_total_buckets_that_disagrees_with_info(table, total_buckets):
     # 32/16 + 64/16 = 6 buckets
-    expect_error(
-        table,
-        ValueError,
-        rf"{total_buckets}",
-        lambda: OPS.table_run(*run_args(table, total_buckets=total_buckets)),
-    )
+    args = run_args(table, total_buckets=total_buckets)
+    expect_refused(table, "table_run", args, ValueError, rf"{total_buckets}")
 
 
 def test_raw_run_refuses_has_rows_false_with_a_no_eviction_table(table):
-    expect_error(
-        table, ValueError, r"has_rows", lambda: OPS.table_run(*run_args(table, has_rows=False))
-    )
+    args = run_args(table, has_rows=False)
+    expect_refused(table, "table_run", args, ValueError, r"has_rows")
 
 
 def _run_isolated(body: str) -> subprocess.CompletedProcess:

@@ -638,8 +638,14 @@ def test_find_values_refuses_a_value_buffer_too_small_for_a_found_key(device):
     t = ScoredHashTable([64], bucket_capacities=None, device=device)
     t.insert(i64(range(20), device))  # slots 0..19
     values = torch.ones(10, 4, device=device)
-    with pytest.raises(ValueError, match=r"1[0-9]"):
-        t.find_values(i64([3, 15], device), values)
+    if device == "cpu":
+        with pytest.raises(ValueError, match=r"1[0-9]"):
+            t.find_values(i64([3, 15], device), values)
+        return
+    # The CUDA kernel does not synchronize to raise: the row past the buffer
+    # reads as zeros (documented in cc/table/table_cuda.h).
+    slots, rows = t.find_values(i64([3, 15], device), values)
+    assert rows[1].abs().sum().item() == 0
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -650,8 +656,11 @@ def test_gather_rows_copies_rows_and_zeros_for_minus_one(device):
     assert torch.equal(out, exp)
     assert OPS.gather_rows(values, i64([], device)).shape == (0, 4)
     for bad, idx in ((5, 1), (-2, 1)):
-        with pytest.raises(ValueError, match=rf"row {bad} at index {idx}"):
-            OPS.gather_rows(values, i64([0, bad], device))
+        if device == "cpu":
+            with pytest.raises(ValueError, match=rf"row {bad} at index {idx}"):
+                OPS.gather_rows(values, i64([0, bad], device))
+        else:  # no synchronizing check on CUDA: rows out of range read as zeros
+            assert OPS.gather_rows(values, i64([0, bad], device))[1].abs().sum().item() == 0
     with pytest.raises(ValueError, match="contiguous"):
         OPS.gather_rows(values.t(), i64([0], device))
 
