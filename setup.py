@@ -22,7 +22,12 @@ import sys
 from setuptools import setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-CXX_STD = "-std=c++20"
+# torch 2.13's headers need C++20. Older torch builds with C++17: with GCC 13 in
+# C++20 mode, libstdc++'s ostream templates were instantiated inside the
+# extension and crashed formatting a number under torch 2.11.
+def cxx_std(torch):
+    major, minor = (int(x) for x in torch.__version__.split(".")[:2])
+    return "-std=c++20" if (major, minor) >= (2, 13) else "-std=c++17"
 DEFAULT_CUDA_ARCHS = "80;90"
 
 
@@ -107,7 +112,8 @@ def extension_modules():
     # No -fvisibility=hidden here: with it, libstdc++ templates that GCC 13
     # instantiates locally in C++20 (ostream, locale facets) get private copies of
     # their static locale ids, and formatting a number in an error message crashed.
-    cxx_flags = ["-O3", CXX_STD]
+    std = cxx_std(torch)
+    cxx_flags = ["-O3", std]
     macros = []
     kwargs = {}
     if with_cuda:
@@ -115,7 +121,7 @@ def extension_modules():
         sources += [os.path.join("cc/ops", f) for f in ops["cuda_srcs"]]
         macros.append(("DEMB_WITH_CUDA", "1"))
         archs = os.environ.get("DEMB_CUDA_ARCHS") or DEFAULT_CUDA_ARCHS
-        nvcc_flags = ["-O3", CXX_STD, "--expt-relaxed-constexpr"] + gencode_flags(archs)
+        nvcc_flags = ["-O3", std, "--expt-relaxed-constexpr"] + gencode_flags(archs)
         kwargs["extra_compile_args"] = {"cxx": cxx_flags, "nvcc": nvcc_flags}
         ext_class = cpp_extension.CUDAExtension
         print("setup.py: building dynamicemb._C with CUDA (%s, archs %s)" % (os.environ["CUDA_HOME"], archs))
@@ -135,8 +141,31 @@ def extension_modules():
     return [ext], cpp_extension.BuildExtension
 
 
+def link_with_cxx():
+    """Links the extension with the C++ driver, as torch itself is linked.
+
+    Some distributions' Pythons link extensions with `gcc -shared
+    -Wl,-Bsymbolic-functions` (sysconfig LDSHARED): libstdc++ is then not a
+    dependency of the extension, and the template instantiations it carries
+    bind to themselves instead of to the process's libstdc++. Under torch 2.11
+    on such a machine, formatting a number in an error message crashed inside
+    the extension. An LDSHARED set by the caller is kept.
+    """
+    if "LDSHARED" in os.environ:
+        return
+    import sysconfig
+
+    ldshared = (sysconfig.get_config_var("LDSHARED") or "").split()
+    if not ldshared:
+        return
+    cxx = os.environ.get("CXX", "c++")
+    flags = [f for f in ldshared[1:] if f != "-Wl,-Bsymbolic-functions"]
+    os.environ["LDSHARED"] = " ".join([cxx] + flags)
+
+
 def main():
     os.chdir(ROOT)  # the source paths are relative to the project root
+    link_with_cxx()
     ext_modules, build_ext = extension_modules()
     setup(
         ext_modules=ext_modules,

@@ -47,6 +47,27 @@ __global__ void layout_kernel(TableRef t, int64_t free_rows_len, int64_t total_b
   *ok = e == kLayoutOk && (total_buckets < 0 || buckets == total_buckets) && (has_rows || !rows);
 }
 
+__global__ void timer_kernel(int64_t* now) {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  *now = static_cast<int64_t>(t);
+}
+
+// The call's one reading of the device nanosecond timer, where a policy needs it.
+ScoreArgs with_timer(const ScoreArgs& a, int32_t num_scores, ScratchAllocator& scratch,
+                     cudaStream_t stream) {
+  ScoreArgs out = a;
+  for (int32_t c = 0; c < num_scores; ++c) {
+    if (a.policy[c] == static_cast<int32_t>(ScorePolicy::kTimer)) {
+      auto* now = static_cast<int64_t*>(scratch.allocate(sizeof(int64_t)));
+      timer_kernel<<<1, 1, 0, stream>>>(now);
+      out.device_now = now;
+      break;
+    }
+  }
+  return out;
+}
+
 const int32_t* layout_ok(const TableRef& t, int64_t free_rows_len, int64_t total_buckets,
                          bool has_rows, ScratchAllocator& scratch, cudaStream_t stream) {
   auto* ok = static_cast<int32_t*>(scratch.allocate(sizeof(int32_t)));
@@ -549,7 +570,9 @@ void find(const TableRef& t, const ScoreArgs& a, const int64_t* keys, const int6
           int64_t n, bool update, int64_t* slots, ScratchAllocator& scratch, cudaStream_t stream) {
   if (n == 0) return;
   const int32_t* ok = layout_ok(t, INT64_MAX, -1, true, scratch, stream);
-  find_kernel<<<tile_grid_for(n), kBlock, 0, stream>>>(t, a, keys, table_ids, n, update, slots, ok);
+  const ScoreArgs at = update ? with_timer(a, t.num_scores, scratch, stream) : a;
+  find_kernel<<<tile_grid_for(n), kBlock, 0, stream>>>(t, at, keys, table_ids, n, update, slots,
+                                                       ok);
   check(cudaGetLastError(), "find");
 }
 
@@ -559,6 +582,7 @@ void find_gather(const TableRef& t, const ScoreArgs& a, const int64_t* keys,
                  ScratchAllocator& scratch, cudaStream_t stream) {
   if (n == 0) return;
   const int32_t* ok = layout_ok(t, INT64_MAX, -1, true, scratch, stream);
+  const ScoreArgs at = update ? with_timer(a, t.num_scores, scratch, stream) : a;
   const auto aligned = [&](size_t al) {
     return row_bytes % static_cast<int64_t>(al) == 0 &&
            reinterpret_cast<uintptr_t>(values) % al == 0 && reinterpret_cast<uintptr_t>(out) % al == 0;
@@ -567,7 +591,7 @@ void find_gather(const TableRef& t, const ScoreArgs& a, const int64_t* keys,
     using V = decltype(tag);
     const int64_t vecs = row_bytes / static_cast<int64_t>(sizeof(V));
     find_gather_kernel<V><<<tile_grid_for(n), kBlock, 0, stream>>>(
-        t, a, keys, table_ids, n, update, slots, reinterpret_cast<const V*>(values), num_rows,
+        t, at, keys, table_ids, n, update, slots, reinterpret_cast<const V*>(values), num_rows,
         vecs, reinterpret_cast<V*>(out), ok);
   };
   if (aligned(16)) {
@@ -611,6 +635,7 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
 
   // The runs write eviction records by position into scratch.
   RunArgs w = r;
+  w.score = with_timer(r.score, ns, scratch, stream);
   w.ev_keys = alloc<int64_t>(scratch, n);
   w.ev_scores = alloc<int64_t>(scratch, n * ns);
   w.ev_slots = alloc<int64_t>(scratch, n);

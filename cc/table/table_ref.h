@@ -37,6 +37,7 @@ struct ScoreArgs {
   const int64_t* values = nullptr;      ///< (1 or n, num_scores)
   int64_t value_row_stride = 0;         ///< 0 (broadcast) or num_scores
   int64_t host_now = 0;                 ///< kTimer on the CPU backend
+  const int64_t* device_now = nullptr;  ///< kTimer on the CUDA backend: one reading per call
 };
 
 /// Inputs and outputs of the run-wise operations (insert, insert_and_evict,
