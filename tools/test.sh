@@ -2,7 +2,19 @@
 # The project's test command, as given in README.md; .ci/run calls it too.
 # Installs what is missing (tools/setup_env.sh), then builds and runs every test with
 # Debian's Bazel 4. Extra arguments go to `bazel test` (e.g. --test_output=all).
+# Ends with one line "bazel: N passed, N failed" (test targets).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-bash tools/setup_env.sh && bazel test //... "$@"
+bash tools/setup_env.sh
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+rc=0
+bazel test //... "$@" 2>&1 | tee "$log" || rc=$?
+passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log" || true)
+failed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|INCOMPLETE)' "$log" || true)
+if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
+  failed=1  # the build itself failed
+fi
+echo "bazel: $passed passed, $failed failed"
+exit "$rc"

@@ -115,6 +115,21 @@ inline table::TableRef table_ref(const at::Tensor& keys, const at::Tensor& diges
   return t;
 }
 
+/// A read-only view for export and count: keys, info and (optionally) scores.
+inline table::TableRef keys_ref(const at::Tensor& keys, const at::Tensor& info,
+                                const at::Tensor* scores) {
+  table::TableRef t;
+  t.keys = const_cast<int64_t*>(keys.data_ptr<int64_t>());
+  t.info = info.data_ptr<int64_t>();
+  t.num_tables = info.size(0);
+  t.num_slots = keys.numel();
+  if (scores) {
+    t.scores = const_cast<int64_t*>(scores->data_ptr<int64_t>());
+    t.num_scores = static_cast<int32_t>(scores->size(1));
+  }
+  return t;
+}
+
 inline void check_counters(const at::Tensor& counters, const at::Tensor& free_rows,
                            const at::Tensor& info, const at::Tensor& table_keys) {
   TORCH_CHECK(counters.scalar_type() == at::kLong && counters.dim() == 2 &&

@@ -160,13 +160,7 @@ ExportResult export_cpu(const at::Tensor& table_keys, const at::Tensor& scores,
   std::get<1>(res).fill_(-1);
   std::get<2>(res).fill_(-1);
   std::get<3>(res).zero_();
-  table::TableRef t;
-  t.keys = const_cast<int64_t*>(table_keys.data_ptr<int64_t>());
-  t.scores = const_cast<int64_t*>(scores.data_ptr<int64_t>());
-  t.info = info.data_ptr<int64_t>();
-  t.num_scores = static_cast<int32_t>(scores.size(1));
-  t.num_tables = info.size(0);
-  t.num_slots = table_keys.numel();
+  const table::TableRef t = keys_ref(table_keys, info, &scores);
   check_layout_cpu(t, INT64_MAX);
   const int64_t c = table::cpu::export_batch(
       t, slot_begin, slot_end, static_cast<int32_t>(column), threshold,
@@ -196,11 +190,7 @@ at::Tensor count_cpu(const at::Tensor& table_keys, const at::Tensor& info) {
   check_info(info);
   check_cpu(table_keys);
   at::Tensor out = at::zeros({info.size(0)}, table_keys.options());
-  table::TableRef t;
-  t.keys = const_cast<int64_t*>(table_keys.data_ptr<int64_t>());
-  t.info = info.data_ptr<int64_t>();
-  t.num_tables = info.size(0);
-  t.num_slots = table_keys.numel();
+  const table::TableRef t = keys_ref(table_keys, info, nullptr);
   check_layout_cpu(t, INT64_MAX);
   table::cpu::count(t, out.data_ptr<int64_t>());
   return out;

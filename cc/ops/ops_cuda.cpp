@@ -122,13 +122,7 @@ ExportResult export_cuda(const at::Tensor& table_keys, const at::Tensor& scores,
   check_export(table_keys, scores, slot_begin, slot_end, column);
   c10::cuda::CUDAGuard guard(table_keys.device());
   ExportResult res = alloc_export(table_keys, scores, slot_end - slot_begin);
-  table::TableRef t;
-  t.keys = const_cast<int64_t*>(table_keys.data_ptr<int64_t>());
-  t.scores = const_cast<int64_t*>(scores.data_ptr<int64_t>());
-  t.info = info.data_ptr<int64_t>();
-  t.num_scores = static_cast<int32_t>(scores.size(1));
-  t.num_tables = info.size(0);
-  t.num_slots = table_keys.numel();
+  const table::TableRef t = keys_ref(table_keys, info, &scores);
   TorchScratch scratch(table_keys);
   table::cuda::export_batch(t, slot_begin, slot_end, static_cast<int32_t>(column), threshold,
                             std::get<0>(res).data_ptr<int64_t>(),
@@ -156,11 +150,7 @@ at::Tensor count_cuda(const at::Tensor& table_keys, const at::Tensor& info) {
   check_info(info);
   c10::cuda::CUDAGuard guard(table_keys.device());
   at::Tensor out = at::empty({info.size(0)}, table_keys.options());
-  table::TableRef t;
-  t.keys = const_cast<int64_t*>(table_keys.data_ptr<int64_t>());
-  t.info = info.data_ptr<int64_t>();
-  t.num_tables = info.size(0);
-  t.num_slots = table_keys.numel();
+  const table::TableRef t = keys_ref(table_keys, info, nullptr);
   TorchScratch scratch(table_keys);
   table::cuda::count(t, out.data_ptr<int64_t>(), scratch, c10::cuda::getCurrentCUDAStream().stream());
   return out;

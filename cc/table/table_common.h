@@ -328,10 +328,36 @@ DEMB_HD int64_t pick_victim(const TableRef& t, const Home& h, const RunArgs& r, 
   return best;
 }
 
+/// Counter changes of one run, added to the table's counters by the caller.
+struct RunDeltas {
+  int64_t size = 0, failures = 0, evictions = 0, inserts = 0;
+};
+
+/// The sequential way of probing a bucket, used by the CPU backend. The CUDA
+/// backend passes a tile-parallel one with the same answers (table_cuda.cu);
+/// both run the one definition of a run below.
+struct SequentialProbe {
+  DEMB_HD int64_t find(const TableRef& t, const Home& h, int64_t key, uint8_t digest) const {
+    return probe(t, h, key, digest);
+  }
+  DEMB_HD int64_t victim(const TableRef& t, const Home& h, const RunArgs& r, int64_t begin,
+                         int64_t cur) const {
+    return pick_victim(t, h, r, begin, cur);
+  }
+  DEMB_HD bool leader() const { return true; }  ///< whether this thread writes
+  DEMB_HD void sync() const {}                 ///< orders writes before the next key
+};
+
 /// Processes the keys at sorted positions [begin, end), which share one
-/// bucket, in order. Updates the table, the per-key outputs and the table's
-/// counters.
-DEMB_HD void process_run(const TableRef& t, const RunArgs& r, int64_t begin, int64_t end) {
+/// bucket, in order, updating the table and the per-key outputs; returns the
+/// run's counter changes. `P` probes (see SequentialProbe); only its leader
+/// writes.
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class P>
+DEMB_HD RunDeltas run_keys(const TableRef& t, const RunArgs& r, int64_t begin, int64_t end,
+                           const P& pr) {
   const int32_t first = r.order[begin];
   const int64_t table = r.table_ids[first];
   const Home h = home_of(t, table, r.keys[first]);
@@ -339,92 +365,112 @@ DEMB_HD void process_run(const TableRef& t, const RunArgs& r, int64_t begin, int
   const bool no_evict = inf[kInfoMode] == static_cast<int64_t>(TableMode::kNoEviction);
   const int32_t ns = t.num_scores;
   const uint8_t empty_dg = empty_digest();
-  int64_t d_size = 0, d_fail = 0, d_evict = 0, d_insert = 0;
+  const bool lead = pr.leader();
+  RunDeltas d;
+  const auto result = [&](int32_t i, int64_t slot, InsertStatus st) {
+    if (!lead) return;
+    r.slots[i] = slot;
+    r.status[i] = static_cast<int8_t>(st);
+  };
 
   for (int64_t p = begin; p < end; ++p) {
     const int32_t i = r.order[p];
     const int64_t key = r.keys[i];
     const uint8_t digest = digest_of_hash(mix64(static_cast<uint64_t>(key)));
-    const int64_t pos = probe(t, h, key, digest);
-    if (r.row_work) r.row_work[i] = -1;
+    const int64_t pos = pr.find(t, h, key, digest);
+    if (lead && r.row_work) r.row_work[i] = -1;
 
     if (r.op == RunOp::kErase) {
       if (pos < 0) {
-        r.slots[i] = -1;
-        r.status[i] = static_cast<int8_t>(InsertStatus::kFailed);
-        continue;
+        result(i, -1, InsertStatus::kFailed);
+      } else {
+        const int64_t slot = h.start + pos;
+        if (lead) {
+          if (no_evict && r.row_work) r.row_work[i] = t.scores[slot * ns];
+          t.keys[slot] = kEmptyKey;
+          t.digests[slot] = empty_dg;
+          for (int32_t c = 0; c < ns; ++c) t.scores[slot * ns + c] = 0;
+        }
+        result(i, slot, InsertStatus::kFound);
+        --d.size;
       }
-      const int64_t slot = h.start + pos;
-      if (no_evict && r.row_work) r.row_work[i] = t.scores[slot * ns];
-      t.keys[slot] = kEmptyKey;
-      t.digests[slot] = empty_dg;
-      for (int32_t c = 0; c < ns; ++c) t.scores[slot * ns + c] = 0;
-      r.slots[i] = slot;
-      r.status[i] = static_cast<int8_t>(InsertStatus::kFound);
-      --d_size;
+      pr.sync();
       continue;
     }
 
     if (pos >= 0) {  // resident: update the score
       const int64_t slot = h.start + pos;
-      if (!no_evict) update_score(r.score, i, ns, t.scores + slot * ns, /*atomic=*/false);
-      r.slots[i] = slot;
-      r.status[i] = static_cast<int8_t>(InsertStatus::kFound);
+      if (lead && !no_evict) update_score(r.score, i, ns, t.scores + slot * ns, /*atomic=*/false);
+      result(i, slot, InsertStatus::kFound);
+      pr.sync();
       continue;
     }
 
     if (no_evict && r.assign_rows && !assigned_row_valid(r.score, i, ns, inf)) {
-      r.slots[i] = -1;
-      r.status[i] = static_cast<int8_t>(InsertStatus::kInvalid);
+      result(i, -1, InsertStatus::kInvalid);
+      pr.sync();
       continue;
     }
-    int64_t target = probe(t, h, kEmptyKey, empty_dg);
+    int64_t target = pr.find(t, h, kEmptyKey, empty_dg);
     InsertStatus st = InsertStatus::kInserted;
     if (target < 0) {
       if (r.op == RunOp::kInsertEvict && !no_evict) {
-        target = pick_victim(t, h, r, begin, p);
+        target = pr.victim(t, h, r, begin, p);
         st = InsertStatus::kEvicted;
       }
       if (target < 0) {
-        r.slots[i] = -1;
-        r.status[i] = static_cast<int8_t>(InsertStatus::kFailed);
-        ++d_fail;
+        result(i, -1, InsertStatus::kFailed);
+        ++d.failures;
+        pr.sync();
         continue;
       }
       const int64_t vslot = h.start + target;
-      r.ev_keys[p] = t.keys[vslot];
-      for (int32_t c = 0; c < ns; ++c) r.ev_scores[p * ns + c] = t.scores[vslot * ns + c];
-      r.ev_slots[p] = vslot;
-      r.ev_tables[p] = table;
-      r.ev_flags[p] = 1;
-      ++d_evict;
+      if (lead) {
+        r.ev_keys[p] = t.keys[vslot];
+        for (int32_t c = 0; c < ns; ++c) r.ev_scores[p * ns + c] = t.scores[vslot * ns + c];
+        r.ev_slots[p] = vslot;
+        r.ev_tables[p] = table;
+        r.ev_flags[p] = 1;
+      }
+      ++d.evictions;
     } else {
-      ++d_size;
+      ++d.size;
     }
     const int64_t slot = h.start + target;
-    t.keys[slot] = key;
-    t.digests[slot] = digest;
-    if (no_evict) {
-      if (r.assign_rows) {
-        t.scores[slot * ns] = score_input(r.score, i, ns, 0);
+    if (lead) {
+      t.keys[slot] = key;
+      t.digests[slot] = digest;
+      if (no_evict) {
+        if (r.assign_rows) {
+          t.scores[slot * ns] = score_input(r.score, i, ns, 0);
+        } else {
+          t.scores[slot * ns] = -1;  // handed out by the row pass
+          if (r.row_work) r.row_work[i] = 1;
+        }
+        for (int32_t c = 1; c < ns; ++c) t.scores[slot * ns + c] = 0;
       } else {
-        t.scores[slot * ns] = -1;  // handed out by the row pass
-        if (r.row_work) r.row_work[i] = 1;
+        for (int32_t c = 0; c < ns; ++c) t.scores[slot * ns + c] = initial_score(r.score, i, ns, c);
       }
-      for (int32_t c = 1; c < ns; ++c) t.scores[slot * ns + c] = 0;
-    } else {
-      for (int32_t c = 0; c < ns; ++c) t.scores[slot * ns + c] = initial_score(r.score, i, ns, c);
     }
-    r.slots[i] = slot;
-    r.status[i] = static_cast<int8_t>(st);
-    ++d_insert;
+    result(i, slot, st);
+    ++d.inserts;
+    pr.sync();
   }
+  return d;
+}
 
+/// Adds a run's counter changes to its table's counters.
+DEMB_HD void add_deltas(const TableRef& t, int64_t table, const RunDeltas& d) {
   int64_t* cnt = t.counters + table * kCounterCols;
-  if (d_size) atomic_add_i64(cnt + kCounterSize, d_size);
-  if (d_fail) atomic_add_i64(cnt + kCounterInsertFailures, d_fail);
-  if (d_evict) atomic_add_i64(cnt + kCounterEvictions, d_evict);
-  if (d_insert) atomic_add_i64(cnt + kCounterInserts, d_insert);
+  if (d.size) atomic_add_i64(cnt + kCounterSize, d.size);
+  if (d.failures) atomic_add_i64(cnt + kCounterInsertFailures, d.failures);
+  if (d.evictions) atomic_add_i64(cnt + kCounterEvictions, d.evictions);
+  if (d.inserts) atomic_add_i64(cnt + kCounterInserts, d.inserts);
+}
+
+/// A run processed by one thread: the CPU backend's unit of work.
+DEMB_HD void process_run(const TableRef& t, const RunArgs& r, int64_t begin, int64_t end) {
+  add_deltas(t, r.table_ids[r.order[begin]], run_keys(t, r, begin, end, SequentialProbe{}));
 }
 
 // ------------------------------------------------------------------ rows --

@@ -149,123 +149,20 @@ __device__ int64_t tile_victim(const Tile& g, const TableRef& t, const Home& h, 
   return bp == INT64_MAX ? -1 : bp;
 }
 
-// process_run (table_common.h) with tile-parallel probing.
-// The run's counter changes (size, failures, evictions, inserts) go to
-// `delta`; the kernel adds them up per block before touching global counters.
+// The tile-parallel probe run_keys (table_common.h) is given on the GPU.
 template <class Tile>
-__device__ void process_run_tile(const Tile& g, const TableRef& t, const RunArgs& r, int64_t begin,
-                                 int64_t end, int64_t* delta) {
-  const bool leader = g.thread_rank() == 0;
-  const int32_t first = r.order[begin];
-  const int64_t table = r.table_ids[first];
-  const Home h = home_of(t, table, r.keys[first]);
-  const int64_t* inf = t.info + table * kInfoCols;
-  const bool no_evict = inf[kInfoMode] == static_cast<int64_t>(TableMode::kNoEviction);
-  const int32_t ns = t.num_scores;
-  const uint8_t empty_dg = empty_digest();
-  int64_t d_size = 0, d_fail = 0, d_evict = 0, d_insert = 0;
-
-  for (int64_t p = begin; p < end; ++p) {
-    const int32_t i = r.order[p];
-    const int64_t key = r.keys[i];
-    const uint8_t digest = digest_of_hash(mix64(static_cast<uint64_t>(key)));
-    const int64_t pos = tile_probe(g, t, h, key, digest);
-    if (leader && r.row_work) r.row_work[i] = -1;
-
-    if (r.op == RunOp::kErase) {
-      if (leader) {
-        if (pos < 0) {
-          r.slots[i] = -1;
-          r.status[i] = static_cast<int8_t>(InsertStatus::kFailed);
-        } else {
-          const int64_t slot = h.start + pos;
-          if (no_evict && r.row_work) r.row_work[i] = t.scores[slot * ns];
-          t.keys[slot] = kEmptyKey;
-          t.digests[slot] = empty_dg;
-          for (int32_t c = 0; c < ns; ++c) t.scores[slot * ns + c] = 0;
-          r.slots[i] = slot;
-          r.status[i] = static_cast<int8_t>(InsertStatus::kFound);
-          --d_size;
-        }
-      }
-      g.sync();
-      continue;
-    }
-
-    if (pos >= 0) {
-      if (leader) {
-        const int64_t slot = h.start + pos;
-        if (!no_evict) update_score(r.score, i, ns, t.scores + slot * ns, /*atomic=*/false);
-        r.slots[i] = slot;
-        r.status[i] = static_cast<int8_t>(InsertStatus::kFound);
-      }
-      g.sync();
-      continue;
-    }
-
-    if (no_evict && r.assign_rows && !assigned_row_valid(r.score, i, ns, inf)) {
-      if (leader) {
-        r.slots[i] = -1;
-        r.status[i] = static_cast<int8_t>(InsertStatus::kInvalid);
-      }
-      g.sync();
-      continue;
-    }
-    int64_t target = tile_probe(g, t, h, kEmptyKey, empty_dg);
-    InsertStatus st = InsertStatus::kInserted;
-    if (target < 0) {
-      if (r.op == RunOp::kInsertEvict && !no_evict) {
-        target = tile_victim(g, t, h, r, begin, p);
-        st = InsertStatus::kEvicted;
-      }
-      if (target < 0) {
-        if (leader) {
-          r.slots[i] = -1;
-          r.status[i] = static_cast<int8_t>(InsertStatus::kFailed);
-        }
-        ++d_fail;
-        g.sync();
-        continue;
-      }
-      if (leader) {
-        const int64_t vslot = h.start + target;
-        r.ev_keys[p] = t.keys[vslot];
-        for (int32_t c = 0; c < ns; ++c) r.ev_scores[p * ns + c] = t.scores[vslot * ns + c];
-        r.ev_slots[p] = vslot;
-        r.ev_tables[p] = table;
-        r.ev_flags[p] = 1;
-      }
-      ++d_evict;
-    } else {
-      ++d_size;
-    }
-    if (leader) {
-      const int64_t slot = h.start + target;
-      t.keys[slot] = key;
-      t.digests[slot] = digest;
-      if (no_evict) {
-        if (r.assign_rows) {
-          t.scores[slot * ns] = score_input(r.score, i, ns, 0);
-        } else {
-          t.scores[slot * ns] = -1;  // handed out by the row pass
-          if (r.row_work) r.row_work[i] = 1;
-        }
-        for (int32_t c = 1; c < ns; ++c) t.scores[slot * ns + c] = 0;
-      } else {
-        for (int32_t c = 0; c < ns; ++c) t.scores[slot * ns + c] = initial_score(r.score, i, ns, c);
-      }
-      r.slots[i] = slot;
-      r.status[i] = static_cast<int8_t>(st);
-    }
-    ++d_insert;
-    g.sync();
+struct TileProbe {
+  const Tile& g;
+  __device__ int64_t find(const TableRef& t, const Home& h, int64_t key, uint8_t digest) const {
+    return tile_probe(g, t, h, key, digest);
   }
-
-  delta[0] = d_size;
-  delta[1] = d_fail;
-  delta[2] = d_evict;
-  delta[3] = d_insert;
-}
+  __device__ int64_t victim(const TableRef& t, const Home& h, const RunArgs& r, int64_t begin,
+                            int64_t cur) const {
+    return tile_victim(g, t, h, r, begin, cur);
+  }
+  __device__ bool leader() const { return g.thread_rank() == 0; }
+  __device__ void sync() const { g.sync(); }
+};
 
 __device__ __forceinline__ int64_t tile_index() {
   return (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kTile;
@@ -374,8 +271,8 @@ __global__ void run_kernel(TableRef t, RunArgs r, const int64_t* sorted_keys, in
     } else if (p == 0 || sorted_keys[p - 1] != k) {
       int64_t end = p + 1;
       while (end < n && sorted_keys[end] == k) ++end;
-      int64_t delta[kCounterDeltas];
-      process_run_tile(g, t, r, p, end, delta);
+      const RunDeltas d = run_keys(t, r, p, end, TileProbe<decltype(g)>{g});
+      const int64_t delta[kCounterDeltas] = {d.size, d.failures, d.evictions, d.inserts};
       if (g.thread_rank() == 0) {
         const int64_t table = r.table_ids[r.order[p]];
         for (int c = 0; c < kCounterDeltas; ++c) {
