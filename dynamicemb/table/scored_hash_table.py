@@ -175,6 +175,7 @@ class ScoredHashTable:
         self.counters = torch.zeros(
             (n, int(c["COUNTER_COLS"])), dtype=torch.int64, device=self.device
         )
+        self._erased: List[Tuple[torch.Tensor, torch.Tensor]] = []
         self._allocate(capacities, widths, rows)
 
     # ------------------------------------------------------------ layout --
@@ -421,10 +422,36 @@ class ScoredHashTable:
         batch has not touched. NO_EVICTION tables behave as in ``insert``."""
         return self._run(enums.RunOp.INSERT_EVICT, keys, table_ids, policies, scores, assign_rows)
 
-    def erase(self, keys: torch.Tensor, table_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Removes the keys; returns a bool mask of the keys that were present."""
-        res = self._run(enums.RunOp.ERASE, keys, table_ids, None, None)
-        return res.status == enums.InsertStatus.FOUND
+    def erase(
+        self,
+        keys: torch.Tensor,
+        table_ids: Optional[torch.Tensor] = None,
+        record: bool = False,
+    ) -> torch.Tensor:
+        """Removes the keys; returns a bool mask of the keys that were present.
+
+        Args:
+            record (bool): keep the keys actually removed (each once, with its
+                table) until ``pop_erased_keys`` reads them. Recording selects
+                the removed keys, which synchronizes on CUDA.
+        """
+        keys_d, tids_d = self._batch(keys, table_ids)
+        res = self._run(enums.RunOp.ERASE, keys_d, tids_d, None, None)
+        removed = res.status == enums.InsertStatus.FOUND
+        if record:
+            self._erased.append((keys_d[removed], tids_d[removed]))
+        return removed
+
+    def pop_erased_keys(self) -> List[torch.Tensor]:
+        """The keys recorded by ``erase(record=True)`` since the last call, one
+        int64 tensor per table (in erase order), and clears the record."""
+        if self._erased:
+            keys = torch.cat([k for k, _ in self._erased])
+            tids = torch.cat([t for _, t in self._erased])
+        else:
+            keys = tids = torch.empty(0, dtype=torch.int64, device=self.device)
+        self._erased = []
+        return [keys[tids == t] for t in range(self.num_tables)]
 
     def export_batch(
         self,
