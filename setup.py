@@ -101,12 +101,9 @@ def extension_modules():
     with_cuda = build_cuda_wanted(torch)
     from torch.utils import cpp_extension
 
-    src = read_sources()
-    table, ops = src["PACKAGES"]["cc/table"], src["PACKAGES"]["cc/ops"]
-    sources = [os.path.join("cc/table", f) for f in table["cpu_srcs"]]
-    sources += [os.path.join("cc/ops", f) for f in ops["cpu_srcs"]]
-    depends = [os.path.join("cc/table", f) for f in table["hdrs"]]
-    depends += [os.path.join("cc/ops", f) for f in ops["hdrs"]]
+    packages = read_sources()["PACKAGES"]
+    sources = [os.path.join(d, f) for d, p in packages.items() for f in p["cpu_srcs"]]
+    depends = [os.path.join(d, f) for d, p in packages.items() for f in p["hdrs"]]
     depends.append("cc/sources.bzl")
 
     # No -fvisibility=hidden here: with it, libstdc++ templates that GCC 13
@@ -117,8 +114,7 @@ def extension_modules():
     macros = []
     kwargs = {}
     if with_cuda:
-        sources += [os.path.join("cc/table", f) for f in table["cuda_srcs"]]
-        sources += [os.path.join("cc/ops", f) for f in ops["cuda_srcs"]]
+        sources += [os.path.join(d, f) for d, p in packages.items() for f in p["cuda_srcs"]]
         macros.append(("DEMB_WITH_CUDA", "1"))
         archs = os.environ.get("DEMB_CUDA_ARCHS") or DEFAULT_CUDA_ARCHS
         nvcc_flags = ["-O3", std, "--expt-relaxed-constexpr"] + gencode_flags(archs)

@@ -24,6 +24,19 @@ TABLE_CPU_SRCS = ["table_cpu.cpp"]
 
 TABLE_CUDA_SRCS = ["table_cuda.cu"]
 
+# //cc/embedding: initializers (counter-based random rows).
+EMBEDDING_CORE_HDRS = ["initializer.h"]
+
+EMBEDDING_CPU_HDRS = ["initializer_cpu.h"]
+
+EMBEDDING_CUDA_HDRS = ["initializer_cuda.h"]
+
+EMBEDDING_HDRS = EMBEDDING_CORE_HDRS + EMBEDDING_CPU_HDRS + EMBEDDING_CUDA_HDRS
+
+EMBEDDING_CPU_SRCS = ["initializer_cpu.cpp"]
+
+EMBEDDING_CUDA_SRCS = ["initializer_cuda.cu"]
+
 OPS_HDRS = ["ops_common.h"]
 
 # Torch op schemas, CPU and Meta kernels, and the Python module entry point.
@@ -39,5 +52,10 @@ OPS_CUDA_SRCS = ["ops_cuda.cpp"]
 
 PACKAGES = {
     "cc/table": {"hdrs": TABLE_HDRS, "cpu_srcs": TABLE_CPU_SRCS, "cuda_srcs": TABLE_CUDA_SRCS},
+    "cc/embedding": {
+        "hdrs": EMBEDDING_HDRS,
+        "cpu_srcs": EMBEDDING_CPU_SRCS,
+        "cuda_srcs": EMBEDDING_CUDA_SRCS,
+    },
     "cc/ops": {"hdrs": OPS_HDRS, "cpu_srcs": OPS_SRCS, "cuda_srcs": OPS_CUDA_SRCS},
 }

@@ -5,6 +5,7 @@
 // so they are defined once, in cc/table/types.h.
 #include <torch/extension.h>
 
+#include "cc/embedding/initializer.h"
 #include "cc/table/table_common.h"
 #include "cc/table/types.h"
 
@@ -50,6 +51,14 @@ py::dict table_constants() {
   op["INSERT"] = static_cast<int>(tb::RunOp::kInsert);
   op["INSERT_EVICT"] = static_cast<int>(tb::RunOp::kInsertEvict);
   op["ERASE"] = static_cast<int>(tb::RunOp::kErase);
+  py::dict init;
+  init["NORMAL"] = static_cast<int>(dyn_emb::embedding::InitMode::kNormal);
+  init["TRUNCATED_NORMAL"] = static_cast<int>(dyn_emb::embedding::InitMode::kTruncatedNormal);
+  init["UNIFORM"] = static_cast<int>(dyn_emb::embedding::InitMode::kUniform);
+  init["CONSTANT"] = static_cast<int>(dyn_emb::embedding::InitMode::kConstant);
+  init["DEBUG"] = static_cast<int>(dyn_emb::embedding::InitMode::kDebug);
+  d["InitMode"] = init;
+  d["DEBUG_MODULUS"] = dyn_emb::embedding::kDebugModulus;
   d["ScorePolicy"] = policy;
   d["InsertStatus"] = status;
   d["TableMode"] = mode;

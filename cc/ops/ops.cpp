@@ -67,6 +67,17 @@ TORCH_LIBRARY(dynamicemb, m) {
   //   (n, dim) tensor of values' dtype.
   m.def("gather_rows(Tensor values, Tensor rows) -> Tensor");
 
+  // Initial rows of keys (cc/embedding/initializer.h): the same key, table
+  // and seed give the same row on every backend and in any batch.
+  // Args:
+  //   keys, table_ids: (n) int64; dim: row width; mode: InitMode; mean,
+  //   std_dev, lower, upper, value: the initializer's parameters; seed.
+  // Result:
+  //   (n, dim) float32.
+  m.def(
+      "init_rows(Tensor keys, Tensor table_ids, int dim, int mode, float mean, float std_dev, "
+      "float lower, float upper, float value, int seed) -> Tensor");
+
   // Occupied slots of each table, counted from the keys: (num_tables) int64.
   m.def("table_count(Tensor table_keys, Tensor info) -> Tensor");
 }

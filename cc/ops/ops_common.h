@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "cc/embedding/initializer.h"
 #include "cc/table/table_common.h"
 #include "cc/table/table_ref.h"
 #include "cc/table/types.h"
@@ -113,6 +114,35 @@ inline table::TableRef table_ref(const at::Tensor& keys, const at::Tensor& diges
   t.num_slots = keys.numel();
   t.num_free_rows = free_rows ? free_rows->numel() : 0;
   return t;
+}
+
+/// Checks init_rows' arguments and packs its parameters.
+inline embedding::InitArgs init_args(const at::Tensor& keys, const at::Tensor& table_ids,
+                                     int64_t dim, int64_t mode, double mean, double std_dev,
+                                     double lower, double upper, double value, int64_t seed) {
+  check_1d(keys, at::kLong, "keys");
+  check_1d(table_ids, at::kLong, "table_ids");
+  TORCH_CHECK_VALUE(keys.numel() == table_ids.numel(),
+                    "dynamicemb: keys and table_ids lengths differ: ", keys.numel(), " vs ",
+                    table_ids.numel());
+  TORCH_CHECK(keys.device() == table_ids.device(),
+              "dynamicemb: keys and table_ids must share a device, got ", keys.device(), " and ",
+              table_ids.device());
+  TORCH_CHECK_VALUE(dim >= 0, "dynamicemb: dim must be non-negative, got ", dim);
+  TORCH_CHECK_VALUE(mode >= 0 && mode < embedding::kNumInitModes, "dynamicemb: initializer mode ",
+                    mode, " is not one of 0..", embedding::kNumInitModes - 1);
+  TORCH_CHECK_VALUE(std_dev >= 0, "dynamicemb: std_dev must be non-negative, got ", std_dev);
+  TORCH_CHECK_VALUE(lower <= upper, "dynamicemb: lower bound ", lower, " is above upper bound ",
+                    upper);
+  embedding::InitArgs a;
+  a.mode = static_cast<int32_t>(mode);
+  a.mean = mean;
+  a.std_dev = std_dev;
+  a.lower = lower;
+  a.upper = upper;
+  a.value = value;
+  a.seed = static_cast<uint64_t>(seed);
+  return a;
 }
 
 /// A read-only view for export and count: keys, info and (optionally) scores.

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "cc/embedding/initializer_cpu.h"
 #include "cc/ops/ops_common.h"
 #include "cc/table/table_common.h"
 #include "cc/table/table_cpu.h"
@@ -185,6 +186,18 @@ at::Tensor gather_rows_cpu(const at::Tensor& values, const at::Tensor& rows) {
   return out;
 }
 
+at::Tensor init_rows_cpu(const at::Tensor& keys, const at::Tensor& table_ids, int64_t dim,
+                         int64_t mode, double mean, double std_dev, double lower, double upper,
+                         double value, int64_t seed) {
+  const embedding::InitArgs a =
+      init_args(keys, table_ids, dim, mode, mean, std_dev, lower, upper, value, seed);
+  check_cpu(keys);
+  at::Tensor out = at::empty({keys.numel(), dim}, keys.options().dtype(at::kFloat));
+  embedding::cpu::init_rows(a, keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(),
+                            keys.numel(), dim, out.data_ptr<float>());
+  return out;
+}
+
 at::Tensor count_cpu(const at::Tensor& table_keys, const at::Tensor& info) {
   check_1d(table_keys, at::kLong, "table_keys");
   check_info(info);
@@ -205,6 +218,7 @@ TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
   m.impl("table_export", &export_cpu);
   m.impl("table_count", &count_cpu);
   m.impl("gather_rows", &gather_rows_cpu);
+  m.impl("init_rows", &init_rows_cpu);
 }
 
 }  // namespace ops

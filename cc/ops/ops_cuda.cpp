@@ -11,6 +11,7 @@
 
 #include <vector>
 
+#include "cc/embedding/initializer_cuda.h"
 #include "cc/ops/ops_common.h"
 #include "cc/table/table_cuda.h"
 
@@ -145,6 +146,19 @@ at::Tensor gather_rows_cuda(const at::Tensor& values, const at::Tensor& rows) {
   return out;
 }
 
+at::Tensor init_rows_cuda(const at::Tensor& keys, const at::Tensor& table_ids, int64_t dim,
+                          int64_t mode, double mean, double std_dev, double lower, double upper,
+                          double value, int64_t seed) {
+  const embedding::InitArgs a =
+      init_args(keys, table_ids, dim, mode, mean, std_dev, lower, upper, value, seed);
+  c10::cuda::CUDAGuard guard(keys.device());
+  at::Tensor out = at::empty({keys.numel(), dim}, keys.options().dtype(at::kFloat));
+  embedding::cuda::init_rows(a, keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(),
+                             keys.numel(), dim, out.data_ptr<float>(),
+                             c10::cuda::getCurrentCUDAStream().stream());
+  return out;
+}
+
 at::Tensor count_cuda(const at::Tensor& table_keys, const at::Tensor& info) {
   check_1d(table_keys, at::kLong, "table_keys");
   check_info(info);
@@ -165,6 +179,7 @@ TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
   m.impl("table_export", &export_cuda);
   m.impl("table_count", &count_cuda);
   m.impl("gather_rows", &gather_rows_cuda);
+  m.impl("init_rows", &init_rows_cuda);
 }
 
 }  // namespace ops

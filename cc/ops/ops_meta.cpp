@@ -70,6 +70,14 @@ at::Tensor gather_rows_meta(const at::Tensor& values, const at::Tensor& rows) {
   return at::empty_symint({rows.sym_numel(), values.sym_size(1)}, values.options());
 }
 
+at::Tensor init_rows_meta(const at::Tensor& keys, const at::Tensor& table_ids, int64_t dim,
+                          int64_t mode, double mean, double std_dev, double lower, double upper,
+                          double value, int64_t seed) {
+  TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
+                   keys.scalar_type());
+  return at::empty_symint({keys.sym_numel(), c10::SymInt(dim)}, keys.options().dtype(at::kFloat));
+}
+
 at::Tensor count_meta(const at::Tensor& table_keys, const at::Tensor& info) {
   return at::empty_symint({info.sym_size(0)}, table_keys.options());
 }
@@ -83,6 +91,7 @@ TORCH_LIBRARY_IMPL(dynamicemb, Meta, m) {
   m.impl("table_export", &export_meta);
   m.impl("table_count", &count_meta);
   m.impl("gather_rows", &gather_rows_meta);
+  m.impl("init_rows", &init_rows_meta);
 }
 
 }  // namespace ops

@@ -1,0 +1,103 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+//
+// Properties of the counter-based initializers: a row depends only on (seed,
+// table, key, element), values follow the requested distribution, bounds hold.
+#include "cc/embedding/initializer.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <set>
+#include <vector>
+
+namespace dyn_emb {
+namespace embedding {
+namespace {
+
+InitArgs args(InitMode m) {
+  InitArgs a;
+  a.mode = static_cast<int32_t>(m);
+  a.seed = 1234;
+  return a;
+}
+
+TEST(Philox, DifferentCountersAndKeysGiveDifferentWords) {
+  std::set<uint32_t> seen;
+  for (uint32_t c = 0; c < 1000; ++c) {
+    const Philox4 r = philox(c, 0, 7, 0, 1, 2);
+    for (uint32_t w : r.v) seen.insert(w);
+  }
+  EXPECT_GT(seen.size(), 3990u);  // 4000 words, collisions vanishingly rare
+  const Philox4 a = philox(1, 2, 3, 4, 5, 6), b = philox(1, 2, 3, 4, 5, 7);
+  EXPECT_NE(a.v[0], b.v[0]);
+}
+
+TEST(Initializer, RowDependsOnlyOnSeedTableKeyAndElement) {
+  const InitArgs a = args(InitMode::kNormal);
+  EXPECT_EQ(init_value(a, 42, 0, 3), init_value(a, 42, 0, 3));
+  EXPECT_NE(init_value(a, 42, 0, 3), init_value(a, 43, 0, 3));
+  EXPECT_NE(init_value(a, 42, 0, 3), init_value(a, 42, 1, 3));
+  EXPECT_NE(init_value(a, 42, 0, 3), init_value(a, 42, 0, 2));
+  InitArgs b = a;
+  b.seed = 99;
+  EXPECT_NE(init_value(a, 42, 0, 3), init_value(b, 42, 0, 3));
+}
+
+TEST(Initializer, UniformStaysInBoundsWithTheRightMean) {
+  InitArgs a = args(InitMode::kUniform);
+  a.lower = -0.5;
+  a.upper = 1.5;
+  double sum = 0;
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) {
+    const float v = init_value(a, i / 16, 0, i % 16);
+    ASSERT_GE(v, -0.5f);
+    ASSERT_LE(v, 1.5f);
+    sum += v;
+  }
+  EXPECT_NEAR(sum / n, 0.5, 0.01);  // sd of the mean: 0.577 / sqrt(n) = 0.0013
+}
+
+TEST(Initializer, NormalHasTheRequestedMeanAndStd) {
+  InitArgs a = args(InitMode::kNormal);
+  a.mean = 2.0;
+  a.std_dev = 3.0;
+  double sum = 0, sq = 0;
+  const int n = 200000;
+  for (int i = 0; i < n; ++i) {
+    const double v = init_value(a, i / 8, 0, i % 8);
+    sum += v;
+    sq += v * v;
+  }
+  const double mean = sum / n, var = sq / n - mean * mean;
+  EXPECT_NEAR(mean, 2.0, 0.03);           // sd of the mean: 3 / sqrt(n) = 0.0067
+  EXPECT_NEAR(std::sqrt(var), 3.0, 0.03);
+}
+
+TEST(Initializer, TruncatedNormalStaysInBounds) {
+  InitArgs a = args(InitMode::kTruncatedNormal);
+  a.lower = -0.1;
+  a.upper = 0.2;
+  int below_zero = 0;
+  for (int i = 0; i < 50000; ++i) {
+    const float v = init_value(a, i, 0, 0);
+    ASSERT_GE(v, -0.1f);
+    ASSERT_LE(v, 0.2f);
+    below_zero += v < 0;
+  }
+  // N(0,1) restricted to [-0.1, 0.2] is nearly uniform: about a third below 0.
+  EXPECT_NEAR(below_zero / 50000.0, 1.0 / 3.0, 0.02);
+}
+
+TEST(Initializer, ConstantAndDebugModes) {
+  InitArgs c = args(InitMode::kConstant);
+  c.value = 0.25;
+  EXPECT_EQ(init_value(c, 5, 0, 7), 0.25f);
+  const InitArgs d = args(InitMode::kDebug);
+  EXPECT_EQ(init_value(d, 123456, 0, 0), 23456.0f);
+  EXPECT_EQ(init_value(d, -3, 0, 1), static_cast<float>(kDebugModulus - 3));
+}
+
+}  // namespace
+}  // namespace embedding
+}  // namespace dyn_emb
