@@ -5,6 +5,7 @@
 #include <cub/cub.cuh>
 #include <cuda/std/functional>
 
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -78,21 +79,20 @@ const int32_t* layout_ok(const TableRef& t, int64_t free_rows_len, int64_t total
 // ------------------------------------------------------- tile probing --
 //
 // The kernels give each key (find) or each bucket run (insert, erase) a tile
-// of kTile lanes. A lane reads 8 digests (one 8-byte word) per step, so a
+// of L lanes (16 by default: DEMB_CUDA_FIND_LANES / DEMB_CUDA_RUN_LANES pick
+// 8, 16 or 32, and 1 for runs, one thread per run, for timing variants). A
+// lane reads 8 digests (one 8-byte word) per step, so with 16 lanes a
 // 128-slot bucket is one coalesced 128-byte read. The answers are those of
 // table_common.h's sequential functions, which the CPU backend runs:
 //   tile_probe  == probe        (the only key match, or the lowest empty slot)
 //   tile_victim == pick_victim  (smallest (scores, position) not touched)
 // Only lane 0 writes; the tile syncs before the next key reads the bucket.
 
-constexpr int kTile = 16;
-constexpr int64_t kTileSlots = kTile * 8;
-
-template <class Tile>
+template <int L, class Tile>
 __device__ int64_t tile_probe(const Tile& g, const TableRef& t, const Home& h, int64_t key,
                               uint8_t digest) {
   const int64_t lane_off = static_cast<int64_t>(g.thread_rank()) * 8;
-  for (int64_t base = 0; base < h.width; base += kTileSlots) {
+  for (int64_t base = 0; base < h.width; base += L * 8) {
     const int64_t off = base + lane_off;
     int64_t hit = -1;
     if (off < h.width) {
@@ -119,13 +119,13 @@ __device__ __forceinline__ bool lex_less(int64_t a0, int64_t a1, int64_t ap, int
   return ap < bp;
 }
 
-template <class Tile>
+template <int L, class Tile>
 __device__ int64_t tile_victim(const Tile& g, const TableRef& t, const Home& h, const RunArgs& r,
                                int64_t begin, int64_t cur) {
   const int32_t ns = t.num_scores;
   int64_t b0 = INT64_MAX, b1 = INT64_MAX, bp = INT64_MAX;
   const int64_t lane_off = static_cast<int64_t>(g.thread_rank()) * 8;
-  for (int64_t base = 0; base < h.width; base += kTileSlots) {
+  for (int64_t base = 0; base < h.width; base += L * 8) {
     for (int j = 0; j < 8; ++j) {
       const int64_t pos = base + lane_off + j;
       if (pos >= h.width) break;
@@ -138,7 +138,7 @@ __device__ int64_t tile_victim(const Tile& g, const TableRef& t, const Home& h, 
       }
     }
   }
-  for (int o = kTile / 2; o > 0; o >>= 1) {
+  for (int o = L / 2; o > 0; o >>= 1) {
     const int64_t o0 = g.shfl_xor(b0, o), o1 = g.shfl_xor(b1, o), op = g.shfl_xor(bp, o);
     if (lex_less(o0, o1, op, b0, b1, bp)) {
       b0 = o0;
@@ -150,30 +150,51 @@ __device__ int64_t tile_victim(const Tile& g, const TableRef& t, const Home& h, 
 }
 
 // The tile-parallel probe run_keys (table_common.h) is given on the GPU.
-template <class Tile>
+template <int L, class Tile>
 struct TileProbe {
   const Tile& g;
   __device__ int64_t find(const TableRef& t, const Home& h, int64_t key, uint8_t digest) const {
-    return tile_probe(g, t, h, key, digest);
+    return tile_probe<L>(g, t, h, key, digest);
   }
   __device__ int64_t victim(const TableRef& t, const Home& h, const RunArgs& r, int64_t begin,
                             int64_t cur) const {
-    return tile_victim(g, t, h, r, begin, cur);
+    return tile_victim<L>(g, t, h, r, begin, cur);
   }
   __device__ bool leader() const { return g.thread_rank() == 0; }
   __device__ void sync() const { g.sync(); }
 };
 
+template <int L>
 __device__ __forceinline__ int64_t tile_index() {
-  return (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kTile;
+  return (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / L;
 }
 
-inline unsigned tile_grid_for(int64_t n) { return grid_for(n * kTile); }
+template <int L>
+inline unsigned tile_grid_for(int64_t n) { return grid_for(n * L); }
 
+/// Lanes per key or run chosen by an environment variable (read once).
+int lanes_from_env(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (!v) return fallback;
+  const int x = std::atoi(v);
+  return (x == 1 || x == 8 || x == 16 || x == 32) ? x : fallback;
+}
+
+int find_lanes() {
+  static const int lanes = lanes_from_env("DEMB_CUDA_FIND_LANES", 16);
+  return lanes == 1 ? 16 : lanes;
+}
+
+int run_lanes() {
+  static const int lanes = lanes_from_env("DEMB_CUDA_RUN_LANES", 16);
+  return lanes;
+}
+
+template <int L>
 __global__ void find_kernel(TableRef t, ScoreArgs a, const int64_t* keys, const int64_t* table_ids,
                             int64_t n, bool update, int64_t* slots, const int32_t* ok) {
-  const auto g = cg::tiled_partition<kTile>(cg::this_thread_block());
-  const int64_t i = tile_index();
+  const auto g = cg::tiled_partition<L>(cg::this_thread_block());
+  const int64_t i = tile_index<L>();
   if (i >= n) return;
   const int64_t key = keys[i], table = table_ids[i];
   if (!*ok || !valid_input(t, key, table)) {
@@ -181,7 +202,7 @@ __global__ void find_kernel(TableRef t, ScoreArgs a, const int64_t* keys, const 
     return;
   }
   const Home h = home_of(t, table, key);
-  const int64_t pos = tile_probe(g, t, h, key, h.digest);
+  const int64_t pos = tile_probe<L>(g, t, h, key, h.digest);
   if (g.thread_rank() != 0) return;
   const int64_t slot = pos < 0 ? -1 : h.start + pos;
   slots[i] = slot;
@@ -191,19 +212,19 @@ __global__ void find_kernel(TableRef t, ScoreArgs a, const int64_t* keys, const 
   }
 }
 
-template <typename V>
+template <typename V, int L>
 __global__ void find_gather_kernel(TableRef t, ScoreArgs a, const int64_t* keys,
                                    const int64_t* table_ids, int64_t n, bool update,
                                    int64_t* slots, const V* values, int64_t num_rows,
                                    int64_t vecs, V* out, const int32_t* ok) {
-  const auto g = cg::tiled_partition<kTile>(cg::this_thread_block());
-  const int64_t i = tile_index();
+  const auto g = cg::tiled_partition<L>(cg::this_thread_block());
+  const int64_t i = tile_index<L>();
   if (i >= n) return;
   const int64_t key = keys[i], table = table_ids[i];
   int64_t slot = -1, row = -1;
   if (*ok && valid_input(t, key, table)) {
     const Home h = home_of(t, table, key);
-    const int64_t pos = tile_probe(g, t, h, key, h.digest);
+    const int64_t pos = tile_probe<L>(g, t, h, key, h.digest);
     if (pos >= 0) {
       slot = h.start + pos;
       const bool no_evict =
@@ -219,11 +240,11 @@ __global__ void find_gather_kernel(TableRef t, ScoreArgs a, const int64_t* keys,
   V* dst = out + i * vecs;
   if (row >= 0) {
     const V* src = values + row * vecs;
-    for (int64_t v = g.thread_rank(); v < vecs; v += kTile) dst[v] = src[v];
+    for (int64_t v = g.thread_rank(); v < vecs; v += L) dst[v] = src[v];
   } else {
     V zero;
     memset(&zero, 0, sizeof(V));
-    for (int64_t v = g.thread_rank(); v < vecs; v += kTile) dst[v] = zero;
+    for (int64_t v = g.thread_rank(); v < vecs; v += L) dst[v] = zero;
   }
 }
 
@@ -247,14 +268,28 @@ __device__ __forceinline__ int delta_column(int c) {
 // always share one table: their counter changes are summed in shared memory
 // and added with one atomic per counter per block (one global atomic per run
 // on a single address would serialize the whole batch).
+// Processes the run starting at p (if p starts one) with L lanes: one thread
+// and the sequential probe when L == 1, else a tile.
+template <int L, class Tile>
+__device__ RunDeltas run_at(const Tile& g, const TableRef& t, const RunArgs& r, int64_t p,
+                            int64_t end) {
+  if constexpr (L == 1) {
+    return run_keys(t, r, p, end, SequentialProbe{});
+  } else {
+    return run_keys(t, r, p, end, TileProbe<L, Tile>{g});
+  }
+}
+
+template <int L>
 __global__ void run_kernel(TableRef t, RunArgs r, const int64_t* sorted_keys, int64_t n,
                            int64_t total_buckets) {
   __shared__ unsigned long long block_sum[kCounterDeltas];
   __shared__ int64_t block_table;
-  const auto g = cg::tiled_partition<kTile>(cg::this_thread_block());
-  const int64_t p = tile_index();
+  const auto g = cg::tiled_partition<L == 1 ? 32 : L>(cg::this_thread_block());
+  const bool leader = L == 1 || g.thread_rank() == 0;
+  const int64_t p = tile_index<L>();
   if (threadIdx.x == 0) {
-    const int64_t p0 = (blockIdx.x * static_cast<int64_t>(blockDim.x)) / kTile;
+    const int64_t p0 = (blockIdx.x * static_cast<int64_t>(blockDim.x)) / L;
     block_table = p0 < n && sorted_keys[p0] != total_buckets ? r.table_ids[r.order[p0]] : -1;
     for (int c = 0; c < kCounterDeltas; ++c) block_sum[c] = 0;
   }
@@ -262,7 +297,7 @@ __global__ void run_kernel(TableRef t, RunArgs r, const int64_t* sorted_keys, in
   if (p < n) {
     const int64_t k = sorted_keys[p];
     if (k == total_buckets) {
-      if (g.thread_rank() == 0) {
+      if (leader) {
         const int32_t i = r.order[p];
         r.slots[i] = -1;
         r.status[i] = static_cast<int8_t>(InsertStatus::kInvalid);
@@ -271,9 +306,9 @@ __global__ void run_kernel(TableRef t, RunArgs r, const int64_t* sorted_keys, in
     } else if (p == 0 || sorted_keys[p - 1] != k) {
       int64_t end = p + 1;
       while (end < n && sorted_keys[end] == k) ++end;
-      const RunDeltas d = run_keys(t, r, p, end, TileProbe<decltype(g)>{g});
+      const RunDeltas d = run_at<L>(g, t, r, p, end);
       const int64_t delta[kCounterDeltas] = {d.size, d.failures, d.evictions, d.inserts};
-      if (g.thread_rank() == 0) {
+      if (leader) {
         const int64_t table = r.table_ids[r.order[p]];
         for (int c = 0; c < kCounterDeltas; ++c) {
           if (!delta[c]) continue;
@@ -468,8 +503,19 @@ void find(const TableRef& t, const ScoreArgs& a, const int64_t* keys, const int6
   if (n == 0) return;
   const int32_t* ok = layout_ok(t, INT64_MAX, -1, true, scratch, stream);
   const ScoreArgs at = update ? with_timer(a, t.num_scores, scratch, stream) : a;
-  find_kernel<<<tile_grid_for(n), kBlock, 0, stream>>>(t, at, keys, table_ids, n, update, slots,
-                                                       ok);
+  switch (find_lanes()) {
+    case 8:
+      find_kernel<8><<<tile_grid_for<8>(n), kBlock, 0, stream>>>(t, at, keys, table_ids, n, update,
+                                                                  slots, ok);
+      break;
+    case 32:
+      find_kernel<32><<<tile_grid_for<32>(n), kBlock, 0, stream>>>(t, at, keys, table_ids, n,
+                                                                    update, slots, ok);
+      break;
+    default:
+      find_kernel<16><<<tile_grid_for<16>(n), kBlock, 0, stream>>>(t, at, keys, table_ids, n,
+                                                                    update, slots, ok);
+  }
   check(cudaGetLastError(), "find");
 }
 
@@ -484,12 +530,22 @@ void find_gather(const TableRef& t, const ScoreArgs& a, const int64_t* keys,
     return row_bytes % static_cast<int64_t>(al) == 0 &&
            reinterpret_cast<uintptr_t>(values) % al == 0 && reinterpret_cast<uintptr_t>(out) % al == 0;
   };
+  const int lanes = find_lanes();
   const auto launch = [&](auto tag) {
     using V = decltype(tag);
     const int64_t vecs = row_bytes / static_cast<int64_t>(sizeof(V));
-    find_gather_kernel<V><<<tile_grid_for(n), kBlock, 0, stream>>>(
-        t, at, keys, table_ids, n, update, slots, reinterpret_cast<const V*>(values), num_rows,
-        vecs, reinterpret_cast<V*>(out), ok);
+    const auto* src = reinterpret_cast<const V*>(values);
+    auto* dst = reinterpret_cast<V*>(out);
+    if (lanes == 8) {
+      find_gather_kernel<V, 8><<<tile_grid_for<8>(n), kBlock, 0, stream>>>(
+          t, at, keys, table_ids, n, update, slots, src, num_rows, vecs, dst, ok);
+    } else if (lanes == 32) {
+      find_gather_kernel<V, 32><<<tile_grid_for<32>(n), kBlock, 0, stream>>>(
+          t, at, keys, table_ids, n, update, slots, src, num_rows, vecs, dst, ok);
+    } else {
+      find_gather_kernel<V, 16><<<tile_grid_for<16>(n), kBlock, 0, stream>>>(
+          t, at, keys, table_ids, n, update, slots, src, num_rows, vecs, dst, ok);
+    }
   };
   if (aligned(16)) {
     launch(uint4{});
@@ -541,7 +597,23 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
   check(cudaMemsetAsync(w.ev_flags, 0, static_cast<size_t>(n), stream), "memset");
   if (!has_rows) w.row_work = nullptr;
   else if (!w.row_work) w.row_work = alloc<int64_t>(scratch, n);
-  run_kernel<<<tile_grid_for(n), kBlock, 0, stream>>>(t, w, keys_sorted, n, total_buckets);
+  switch (run_lanes()) {
+    case 1:
+      run_kernel<1><<<tile_grid_for<1>(n), kBlock, 0, stream>>>(t, w, keys_sorted, n,
+                                                                 total_buckets);
+      break;
+    case 8:
+      run_kernel<8><<<tile_grid_for<8>(n), kBlock, 0, stream>>>(t, w, keys_sorted, n,
+                                                                 total_buckets);
+      break;
+    case 32:
+      run_kernel<32><<<tile_grid_for<32>(n), kBlock, 0, stream>>>(t, w, keys_sorted, n,
+                                                                   total_buckets);
+      break;
+    default:
+      run_kernel<16><<<tile_grid_for<16>(n), kBlock, 0, stream>>>(t, w, keys_sorted, n,
+                                                                   total_buckets);
+  }
   check(cudaGetLastError(), "runs");
 
   if (has_rows) {
