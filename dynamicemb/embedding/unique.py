@@ -1,0 +1,92 @@
+"""Segmented unique: the distinct (table, key) pairs of a batch, per table.
+
+The embedding step looks every distinct key up once, reduces the gradients
+of its occurrences into one, and counts how often it occurred (LFU scores,
+admission). This is that step, in torch operations, on any device.
+"""
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class SegmentedUnique:
+    """Distinct keys of a batch, grouped by table.
+
+    Attributes:
+        keys (torch.Tensor): (u) int64, table by table, ascending within a table.
+        table_ids (torch.Tensor): (u) int64, non-decreasing.
+        inverse (torch.Tensor): (n) int64, ``keys[inverse] == input keys``.
+        counts (torch.Tensor): (u) int64 occurrences of each distinct key.
+        table_offsets (torch.Tensor): (num_tables + 1) int64: table t's keys are
+            ``keys[table_offsets[t]:table_offsets[t + 1]]``.
+    """
+
+    keys: torch.Tensor
+    table_ids: torch.Tensor
+    inverse: torch.Tensor
+    counts: torch.Tensor
+    table_offsets: torch.Tensor
+
+
+def segmented_unique(
+    keys: torch.Tensor, table_ids: torch.Tensor, num_tables: int
+) -> SegmentedUnique:
+    """Distinct (table, key) pairs of a batch.
+
+    Args:
+        keys (torch.Tensor): (n) int64.
+        table_ids (torch.Tensor): (n) int64 in [0, num_tables).
+        num_tables (int): tables the batch may address.
+
+    With the environment variable DYNAMICEMB_DEBUG set, the table offsets are
+    checked on the host (0 first, the number of distinct keys last,
+    non-decreasing) and a violation raises.
+    """
+    if keys.dtype != torch.int64 or table_ids.dtype != torch.int64:
+        raise TypeError(
+            f"keys and table_ids must be int64, got {keys.dtype} and {table_ids.dtype}"
+        )
+    if keys.dim() != 1 or keys.shape != table_ids.shape:
+        raise ValueError(
+            f"keys and table_ids must be 1-D of one length, got {tuple(keys.shape)} and "
+            f"{tuple(table_ids.shape)}"
+        )
+    if num_tables < 1:
+        raise ValueError(f"num_tables must be positive, got {num_tables}")
+    n = keys.numel()
+    dev = keys.device
+    # Sort by key, then stably by table: (table, key) order.
+    k1, p1 = torch.sort(keys, stable=True)
+    t_sorted, p2 = torch.sort(table_ids[p1], stable=True)
+    perm = p1[p2]
+    k_sorted = k1[p2]
+    new = torch.ones(n, dtype=torch.bool, device=dev)
+    if n > 1:
+        new[1:] = (k_sorted[1:] != k_sorted[:-1]) | (t_sorted[1:] != t_sorted[:-1])
+    group = torch.cumsum(new.to(torch.int64), 0) - 1
+    uniq_keys = k_sorted[new]
+    uniq_tables = t_sorted[new]
+    inverse = torch.empty(n, dtype=torch.int64, device=dev)
+    inverse[perm] = group
+    counts = torch.bincount(group, minlength=uniq_keys.numel()) if n else group.new_zeros(0)
+    bounds = torch.arange(num_tables + 1, dtype=torch.int64, device=dev)
+    offsets = torch.searchsorted(uniq_tables, bounds)
+    if os.environ.get("DYNAMICEMB_DEBUG"):
+        _check_offsets(offsets, uniq_keys.numel(), num_tables)
+    return SegmentedUnique(uniq_keys, uniq_tables, inverse, counts, offsets)
+
+
+def _check_offsets(offsets: torch.Tensor, num_keys: int, num_tables: int) -> None:
+    o = offsets.cpu()
+    if int(o[0]) != 0:
+        raise RuntimeError(f"segmented_unique: table_offsets[0] is {int(o[0])}, not 0")
+    if int(o[num_tables]) != num_keys:
+        raise RuntimeError(
+            f"segmented_unique: table_offsets[{num_tables}] is {int(o[num_tables])}, "
+            f"not the {num_keys} distinct keys (a table id is out of range)"
+        )
+    if bool((o[1:] < o[:-1]).any()):
+        raise RuntimeError(f"segmented_unique: table_offsets decrease: {o.tolist()}")

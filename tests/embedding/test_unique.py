@@ -1,0 +1,65 @@
+"""segmented_unique against a dictionary over (table, key) pairs."""
+
+import collections
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+from dynamicemb.embedding import segmented_unique
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def reference(keys, tables):
+    count = collections.Counter(zip(tables, keys))
+    order = sorted(count)  # (table, key)
+    return order, count
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    pairs=st.lists(
+        st.tuples(st.integers(-(2**63) + 4, 2**63 - 1) | st.integers(-5, 5), st.integers(0, 3)),
+        max_size=60,
+    )
+)
+def test_segmented_unique_matches_a_dictionary(pairs):
+    keys = torch.tensor([k for k, _ in pairs], dtype=torch.int64)
+    tables = torch.tensor([t for _, t in pairs], dtype=torch.int64)
+    su = segmented_unique(keys, tables, 4)
+    order, count = reference([k for k, _ in pairs], [t for _, t in pairs])
+    assert list(zip(su.table_ids.tolist(), su.keys.tolist())) == order
+    assert su.counts.tolist() == [count[p] for p in order]
+    assert torch.equal(su.keys[su.inverse], keys)
+    assert torch.equal(su.table_ids[su.inverse], tables)
+    want = [sum(1 for t, _ in order if t < b) for b in range(5)]
+    assert su.table_offsets.tolist() == want
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_segmented_unique_on_each_device(device):
+    keys = torch.tensor([5, 3, 5, 9, 3, 5], device=device)
+    tables = torch.tensor([1, 0, 1, 1, 1, 0], device=device)
+    su = segmented_unique(keys, tables, 3)
+    assert su.keys.cpu().tolist() == [3, 5, 3, 5, 9]
+    assert su.table_ids.cpu().tolist() == [0, 0, 1, 1, 1]
+    assert su.counts.cpu().tolist() == [1, 1, 1, 2, 1]
+    assert su.table_offsets.cpu().tolist() == [0, 2, 5, 5]
+    assert su.inverse.cpu().tolist() == [3, 0, 3, 4, 2, 1]
+
+
+def test_segmented_unique_bad_input():
+    with pytest.raises(TypeError, match="int32"):
+        segmented_unique(torch.tensor([1], dtype=torch.int32), torch.tensor([0]), 1)
+    with pytest.raises(ValueError, match=r"\(2,\) and \(1,\)"):
+        segmented_unique(torch.tensor([1, 2]), torch.tensor([0]), 1)
+    with pytest.raises(ValueError, match="num_tables must be positive, got 0"):
+        segmented_unique(torch.tensor([1]), torch.tensor([0]), 0)
+
+
+def test_debug_mode_catches_a_table_id_out_of_range(monkeypatch):
+    monkeypatch.setenv("DYNAMICEMB_DEBUG", "1")
+    segmented_unique(torch.tensor([1, 2]), torch.tensor([0, 1]), 2)
+    with pytest.raises(RuntimeError, match=r"table_offsets\[2\] is 1, not the 2 distinct keys"):
+        segmented_unique(torch.tensor([1, 2]), torch.tensor([0, 5]), 2)
