@@ -24,18 +24,18 @@ TABLE_CPU_SRCS = ["table_cpu.cpp"]
 
 TABLE_CUDA_SRCS = ["table_cuda.cu"]
 
-# //cc/embedding: initializers (counter-based random rows).
-EMBEDDING_CORE_HDRS = ["initializer.h"]
+# //cc/embedding: initializers (counter-based random rows), fused optimizers.
+EMBEDDING_CORE_HDRS = ["initializer.h", "optimizer.h"]
 
-EMBEDDING_CPU_HDRS = ["initializer_cpu.h"]
+EMBEDDING_CPU_HDRS = ["initializer_cpu.h", "optimizer_cpu.h"]
 
-EMBEDDING_CUDA_HDRS = ["initializer_cuda.h"]
+EMBEDDING_CUDA_HDRS = ["initializer_cuda.h", "optimizer_cuda.h"]
 
 EMBEDDING_HDRS = EMBEDDING_CORE_HDRS + EMBEDDING_CPU_HDRS + EMBEDDING_CUDA_HDRS
 
-EMBEDDING_CPU_SRCS = ["initializer_cpu.cpp"]
+EMBEDDING_CPU_SRCS = ["initializer_cpu.cpp", "optimizer_cpu.cpp"]
 
-EMBEDDING_CUDA_SRCS = ["initializer_cuda.cu"]
+EMBEDDING_CUDA_SRCS = ["initializer_cuda.cu", "optimizer_cuda.cu"]
 
 OPS_HDRS = ["ops_common.h"]
 

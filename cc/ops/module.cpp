@@ -6,6 +6,7 @@
 #include <torch/extension.h>
 
 #include "cc/embedding/initializer.h"
+#include "cc/embedding/optimizer.h"
 #include "cc/table/table_common.h"
 #include "cc/table/types.h"
 
@@ -58,6 +59,14 @@ py::dict table_constants() {
   init["CONSTANT"] = static_cast<int>(dyn_emb::embedding::InitMode::kConstant);
   init["DEBUG"] = static_cast<int>(dyn_emb::embedding::InitMode::kDebug);
   d["InitMode"] = init;
+  py::dict optim;
+  optim["SGD"] = static_cast<int>(dyn_emb::embedding::OptimType::kSGD);
+  optim["ADAM"] = static_cast<int>(dyn_emb::embedding::OptimType::kAdam);
+  optim["EXACT_ADAGRAD"] = static_cast<int>(dyn_emb::embedding::OptimType::kExactAdagrad);
+  optim["EXACT_ROWWISE_ADAGRAD"] =
+      static_cast<int>(dyn_emb::embedding::OptimType::kExactRowwiseAdagrad);
+  optim["FTRL"] = static_cast<int>(dyn_emb::embedding::OptimType::kFTRL);
+  d["OptimType"] = optim;
   d["DEBUG_MODULUS"] = dyn_emb::embedding::kDebugModulus;
   d["ScorePolicy"] = policy;
   d["InsertStatus"] = status;

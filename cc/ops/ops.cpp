@@ -78,6 +78,17 @@ TORCH_LIBRARY(dynamicemb, m) {
       "init_rows(Tensor keys, Tensor table_ids, int dim, int mode, float mean, float std_dev, "
       "float lower, float upper, float value, int seed) -> Tensor");
 
+  // Fused optimizer update of embedding rows stored with their state
+  // (cc/embedding/optimizer.h).
+  // Args:
+  //   values: (num_rows, width) float32, updated in place; rows: (n) int64,
+  //   distinct, -1 to skip; grads: (n, dim) float32 reduced gradients; type:
+  //   OptimType; the hyper-parameters; step: 1-based iteration (Adam).
+  m.def(
+      "optimizer_step(Tensor(a!) values, Tensor rows, Tensor grads, int type, float lr, float eps, "
+      "float beta1, float beta2, float weight_decay, int wd_mode, int step, float lr_power, "
+      "float ftrl_beta, float l1, float l2) -> ()");
+
   // Occupied slots of each table, counted from the keys: (num_tables) int64.
   m.def("table_count(Tensor table_keys, Tensor info) -> Tensor");
 }

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cc/embedding/initializer.h"
+#include "cc/embedding/optimizer.h"
 #include "cc/table/table_common.h"
 #include "cc/table/table_ref.h"
 #include "cc/table/types.h"
@@ -142,6 +143,55 @@ inline embedding::InitArgs init_args(const at::Tensor& keys, const at::Tensor& t
   a.upper = upper;
   a.value = value;
   a.seed = static_cast<uint64_t>(seed);
+  return a;
+}
+
+/// Checks optimizer_step's arguments and packs its hyper-parameters.
+inline embedding::OptimArgs optim_args(const at::Tensor& values, const at::Tensor& rows,
+                                       const at::Tensor& grads, int64_t type, double lr,
+                                       double eps, double beta1, double beta2,
+                                       double weight_decay, int64_t wd_mode, int64_t step,
+                                       double lr_power, double ftrl_beta, double l1, double l2) {
+  TORCH_CHECK_TYPE(values.scalar_type() == at::kFloat && grads.scalar_type() == at::kFloat,
+                   "dynamicemb: values and grads must be float32, got ", values.scalar_type(),
+                   " and ", grads.scalar_type());
+  TORCH_CHECK_VALUE(values.dim() == 2 && values.is_contiguous() && grads.dim() == 2 &&
+                        grads.is_contiguous(),
+                    "dynamicemb: values and grads must be contiguous 2-D tensors, got shapes ",
+                    values.sizes(), " and ", grads.sizes());
+  check_1d(rows, at::kLong, "rows");
+  TORCH_CHECK_VALUE(rows.numel() == grads.size(0), "dynamicemb: ", rows.numel(), " rows but ",
+                    grads.size(0), " gradients");
+  TORCH_CHECK(values.device() == rows.device() && values.device() == grads.device(),
+              "dynamicemb: values, rows and grads must share a device");
+  TORCH_CHECK_VALUE(type >= 0 && type < embedding::kNumOptimTypes, "dynamicemb: optimizer type ",
+                    type, " is not one of 0..", embedding::kNumOptimTypes - 1);
+  const int64_t dim = grads.size(1);
+  const int64_t need = dim + embedding::state_dim(static_cast<int32_t>(type), dim);
+  TORCH_CHECK_VALUE(values.size(1) >= need, "dynamicemb: rows of ", values.size(1),
+                    " floats cannot hold dim ", dim, " plus the optimizer state (", need,
+                    " floats)");
+  TORCH_CHECK_VALUE(wd_mode >= 0 && wd_mode <= 2, "dynamicemb: weight decay mode ", wd_mode,
+                    " is not 0 (none), 1 (L2) or 2 (decoupled)");
+  TORCH_CHECK_VALUE(step >= 1, "dynamicemb: step must be at least 1, got ", step);
+  if (type == static_cast<int64_t>(embedding::OptimType::kFTRL)) {
+    TORCH_CHECK_VALUE(lr > 0, "dynamicemb: FTRL learning_rate must be positive, got ", lr);
+    TORCH_CHECK_VALUE(lr_power <= 0, "dynamicemb: FTRL learning_rate_power must be <= 0, got ",
+                      lr_power);
+  }
+  embedding::OptimArgs a;
+  a.type = static_cast<int32_t>(type);
+  a.lr = static_cast<float>(lr);
+  a.eps = static_cast<float>(eps);
+  a.beta1 = static_cast<float>(beta1);
+  a.beta2 = static_cast<float>(beta2);
+  a.weight_decay = static_cast<float>(weight_decay);
+  a.wd_mode = static_cast<int32_t>(wd_mode);
+  a.step = step;
+  a.lr_power = static_cast<float>(lr_power);
+  a.ftrl_beta = static_cast<float>(ftrl_beta);
+  a.l1 = static_cast<float>(l1);
+  a.l2 = static_cast<float>(l2);
   return a;
 }
 

@@ -6,6 +6,7 @@
 #include <torch/library.h>
 
 #include "cc/embedding/initializer_cpu.h"
+#include "cc/embedding/optimizer_cpu.h"
 #include "cc/ops/ops_common.h"
 #include "cc/table/table_common.h"
 #include "cc/table/table_cpu.h"
@@ -198,6 +199,23 @@ at::Tensor init_rows_cpu(const at::Tensor& keys, const at::Tensor& table_ids, in
   return out;
 }
 
+void optimizer_step_cpu(at::Tensor& values, const at::Tensor& rows, const at::Tensor& grads,
+                        int64_t type, double lr, double eps, double beta1, double beta2,
+                        double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
+                        double ftrl_beta, double l1, double l2) {
+  const embedding::OptimArgs a = optim_args(values, rows, grads, type, lr, eps, beta1, beta2,
+                                            weight_decay, wd_mode, step, lr_power, ftrl_beta, l1,
+                                            l2);
+  check_cpu(values);
+  const int64_t* r = rows.data_ptr<int64_t>();
+  for (int64_t i = 0; i < rows.numel(); ++i) {
+    TORCH_CHECK_VALUE(r[i] >= -1 && r[i] < values.size(0), "dynamicemb: row ", r[i], " at index ",
+                      i, " is out of range [-1, ", values.size(0), ")");
+  }
+  embedding::cpu::optimizer_step(a, values.data_ptr<float>(), values.size(1), r,
+                                 grads.data_ptr<float>(), rows.numel(), grads.size(1));
+}
+
 at::Tensor count_cpu(const at::Tensor& table_keys, const at::Tensor& info) {
   check_1d(table_keys, at::kLong, "table_keys");
   check_info(info);
@@ -219,6 +237,7 @@ TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
   m.impl("table_count", &count_cpu);
   m.impl("gather_rows", &gather_rows_cpu);
   m.impl("init_rows", &init_rows_cpu);
+  m.impl("optimizer_step", &optimizer_step_cpu);
 }
 
 }  // namespace ops

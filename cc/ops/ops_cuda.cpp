@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cc/embedding/initializer_cuda.h"
+#include "cc/embedding/optimizer_cuda.h"
 #include "cc/ops/ops_common.h"
 #include "cc/table/table_cuda.h"
 
@@ -159,6 +160,19 @@ at::Tensor init_rows_cuda(const at::Tensor& keys, const at::Tensor& table_ids, i
   return out;
 }
 
+void optimizer_step_cuda(at::Tensor& values, const at::Tensor& rows, const at::Tensor& grads,
+                         int64_t type, double lr, double eps, double beta1, double beta2,
+                         double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
+                         double ftrl_beta, double l1, double l2) {
+  const embedding::OptimArgs a = optim_args(values, rows, grads, type, lr, eps, beta1, beta2,
+                                            weight_decay, wd_mode, step, lr_power, ftrl_beta, l1,
+                                            l2);
+  c10::cuda::CUDAGuard guard(values.device());
+  embedding::cuda::optimizer_step(a, values.data_ptr<float>(), values.size(0), values.size(1),
+                                  rows.data_ptr<int64_t>(), grads.data_ptr<float>(), rows.numel(),
+                                  grads.size(1), c10::cuda::getCurrentCUDAStream().stream());
+}
+
 at::Tensor count_cuda(const at::Tensor& table_keys, const at::Tensor& info) {
   check_1d(table_keys, at::kLong, "table_keys");
   check_info(info);
@@ -180,6 +194,7 @@ TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
   m.impl("table_count", &count_cuda);
   m.impl("gather_rows", &gather_rows_cuda);
   m.impl("init_rows", &init_rows_cuda);
+  m.impl("optimizer_step", &optimizer_step_cuda);
 }
 
 }  // namespace ops

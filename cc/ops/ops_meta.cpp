@@ -78,6 +78,13 @@ at::Tensor init_rows_meta(const at::Tensor& keys, const at::Tensor& table_ids, i
   return at::empty_symint({keys.sym_numel(), c10::SymInt(dim)}, keys.options().dtype(at::kFloat));
 }
 
+void optimizer_step_meta(at::Tensor& values, const at::Tensor& rows, const at::Tensor& grads,
+                         int64_t type, double lr, double eps, double beta1, double beta2,
+                         double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
+                         double ftrl_beta, double l1, double l2) {
+  TORCH_CHECK_TYPE(values.scalar_type() == at::kFloat, "dynamicemb: values must be float32");
+}
+
 at::Tensor count_meta(const at::Tensor& table_keys, const at::Tensor& info) {
   return at::empty_symint({info.sym_size(0)}, table_keys.options());
 }
@@ -92,6 +99,7 @@ TORCH_LIBRARY_IMPL(dynamicemb, Meta, m) {
   m.impl("table_count", &count_meta);
   m.impl("gather_rows", &gather_rows_meta);
   m.impl("init_rows", &init_rows_meta);
+  m.impl("optimizer_step", &optimizer_step_meta);
 }
 
 }  // namespace ops

@@ -1,0 +1,127 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+//
+// Fused optimizer updates of embedding rows stored with their state:
+//
+//   row = [embedding (dim) | optimizer state]     float32
+//
+//   SGD                    no state            w -= lr * (g + wd * w)            (L2 if wd_mode 1)
+//   ADAM                   m (dim), v (dim)    m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
+//                                              w -= lr * (m / (1-b1^t) / (sqrt(v / (1-b2^t)) + eps) + wd * w)
+//   EXACT_ADAGRAD          G (dim)             g += wd * w (L2); G += g^2; w -= lr * g / (sqrt(G) + eps)
+//   EXACT_ROWWISE_ADAGRAD  G (1 of 4 floats)   G += mean((g + wd w)^2) (L2) or mean(g^2);
+//                                              k = lr / (sqrt(G) + eps);
+//                                              w = c * w - k * g, c = 1 - k wd (L2), 1 - lr wd
+//                                              (decoupled, wd_mode 2), else 1
+//   FTRL                   linear (dim), accum (dim): the spec's FTRL-Proximal equations with
+//                                              learning_rate_power p (n^(-p); p = -0.5 is sqrt).
+//
+// Host-device inline code: the CPU backend and the CUDA kernels run the same
+// per-row function.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "cc/embedding/initializer.h"  // DEMB_EMB_HD
+
+namespace dyn_emb {
+namespace embedding {
+
+enum class OptimType : int32_t {
+  kSGD = 0,
+  kAdam = 1,
+  kExactAdagrad = 2,
+  kExactRowwiseAdagrad = 3,
+  kFTRL = 4,
+};
+constexpr int32_t kNumOptimTypes = 5;
+
+enum class WeightDecayMode : int32_t { kNone = 0, kL2 = 1, kDecoupled = 2 };
+
+/// Floats of state after a row's embedding.
+DEMB_EMB_HD int64_t state_dim(int32_t type, int64_t dim) {
+  switch (static_cast<OptimType>(type)) {
+    case OptimType::kAdam:
+    case OptimType::kFTRL:
+      return 2 * dim;
+    case OptimType::kExactAdagrad:
+      return dim;
+    case OptimType::kExactRowwiseAdagrad:
+      return 4;  // 16 bytes reserved, the first float used
+    default:
+      return 0;
+  }
+}
+
+struct OptimArgs {
+  int32_t type = 0;
+  float lr = 0.01f, eps = 1e-8f, beta1 = 0.9f, beta2 = 0.999f, weight_decay = 0.0f;
+  int32_t wd_mode = 0;
+  int64_t step = 1;  ///< 1-based iteration (Adam's bias correction)
+  float lr_power = -0.5f, ftrl_beta = 0.0f, l1 = 0.0f, l2 = 0.0f;
+};
+
+/// n^(-p) for FTRL; p = -0.5 takes the square root.
+DEMB_EMB_HD float ftrl_pow(float n, float p) { return p == -0.5f ? sqrtf(n) : powf(n, -p); }
+
+/// Updates one row in place with its (reduced) gradient `g` (dim).
+DEMB_EMB_HD void update_row(const OptimArgs& a, float* row, const float* g, int64_t dim) {
+  float* w = row;
+  float* s = row + dim;
+  const bool l2 = a.wd_mode == static_cast<int32_t>(WeightDecayMode::kL2);
+  switch (static_cast<OptimType>(a.type)) {
+    case OptimType::kSGD:
+      for (int64_t d = 0; d < dim; ++d) w[d] -= a.lr * (g[d] + (l2 ? a.weight_decay * w[d] : 0.f));
+      break;
+    case OptimType::kAdam: {
+      const float c1 = 1.f - powf(a.beta1, static_cast<float>(a.step));
+      const float c2 = 1.f - powf(a.beta2, static_cast<float>(a.step));
+      for (int64_t d = 0; d < dim; ++d) {
+        float& m = s[d];
+        float& v = s[dim + d];
+        m = a.beta1 * m + (1.f - a.beta1) * g[d];
+        v = a.beta2 * v + (1.f - a.beta2) * g[d] * g[d];
+        w[d] -= a.lr * ((m / c1) / (sqrtf(v / c2) + a.eps) + a.weight_decay * w[d]);
+      }
+      break;
+    }
+    case OptimType::kExactAdagrad:
+      for (int64_t d = 0; d < dim; ++d) {
+        const float gd = g[d] + (l2 ? a.weight_decay * w[d] : 0.f);
+        s[d] += gd * gd;
+        w[d] -= a.lr * gd / (sqrtf(s[d]) + a.eps);
+      }
+      break;
+    case OptimType::kExactRowwiseAdagrad: {
+      float sq = 0.f;
+      for (int64_t d = 0; d < dim; ++d) {
+        const float gd = g[d] + (l2 ? a.weight_decay * w[d] : 0.f);
+        sq += gd * gd;
+      }
+      s[0] += dim > 0 ? sq / static_cast<float>(dim) : 0.f;
+      const float k = a.lr / (sqrtf(s[0]) + a.eps);
+      const float c = l2 ? 1.f - k * a.weight_decay
+                         : (a.wd_mode == static_cast<int32_t>(WeightDecayMode::kDecoupled)
+                                ? 1.f - a.lr * a.weight_decay
+                                : 1.f);
+      for (int64_t d = 0; d < dim; ++d) w[d] = c * w[d] - k * g[d];
+      break;
+    }
+    case OptimType::kFTRL:
+      for (int64_t d = 0; d < dim; ++d) {
+        float& linear = s[d];
+        float& accum = s[dim + d];
+        const float n1 = accum + g[d] * g[d];
+        linear += g[d] - (ftrl_pow(n1, a.lr_power) - ftrl_pow(accum, a.lr_power)) / a.lr * w[d];
+        w[d] = fabsf(linear) <= a.l1
+                   ? 0.f
+                   : (copysignf(a.l1, linear) - linear) /
+                         ((a.ftrl_beta + ftrl_pow(n1, a.lr_power)) / a.lr + a.l2);
+        accum = n1;
+      }
+      break;
+  }
+}
+
+}  // namespace embedding
+}  // namespace dyn_emb

@@ -1,0 +1,42 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+#include "cc/embedding/optimizer_cuda.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace dyn_emb {
+namespace embedding {
+namespace cuda {
+
+namespace {
+
+// One thread per row, running the shared per-row update (optimizer.h).
+__global__ void optimizer_kernel(OptimArgs a, float* values, int64_t num_rows, int64_t width,
+                                 const int64_t* rows, const float* grads, int64_t n,
+                                 int64_t dim) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  const int64_t r = rows[i];
+  if (r < 0 || r >= num_rows) return;
+  update_row(a, values + r * width, grads + i * dim, dim);
+}
+
+}  // namespace
+
+void optimizer_step(const OptimArgs& a, float* values, int64_t num_rows, int64_t width,
+                    const int64_t* rows, const float* grads, int64_t n, int64_t dim,
+                    cudaStream_t stream) {
+  if (n == 0) return;
+  constexpr int kBlock = 128;
+  optimizer_kernel<<<static_cast<unsigned>((n + kBlock - 1) / kBlock), kBlock, 0, stream>>>(
+      a, values, num_rows, width, rows, grads, n, dim);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) {
+    throw std::runtime_error(std::string("dynamicemb optimizer_step (CUDA): ") +
+                             cudaGetErrorString(e));
+  }
+}
+
+}  // namespace cuda
+}  // namespace embedding
+}  // namespace dyn_emb

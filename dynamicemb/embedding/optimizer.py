@@ -1,0 +1,102 @@
+"""Fused optimizer updates of embedding rows stored with their state.
+
+A row of the value buffer is ``[embedding (dim) | optimizer state]`` in
+float32; the state's width is ``dynamicemb_config.optimizer_state_dim``. The
+update rules are written once, in ``cc/embedding/optimizer.h``.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dynamicemb.dynamicemb_config import DynamicEmbOptimType, optimizer_state_dim
+from dynamicemb.table._native import constants, ops
+
+# EmbOptimType (fbgemm) and DynamicEmbOptimType member names -> native OptimType names.
+_NATIVE = {
+    "SGD": "SGD",
+    "EXACT_SGD": "SGD",
+    "ADAM": "ADAM",
+    "EXACT_ADAGRAD": "EXACT_ADAGRAD",
+    "EXACT_ROWWISE_ADAGRAD": "EXACT_ROWWISE_ADAGRAD",
+    "FTRL": "FTRL",
+}
+
+
+@dataclass
+class RowOptimizer:
+    """An optimizer of ``fused_params`` applied to rows of a value buffer.
+
+    Attributes:
+        optimizer (Union[EmbOptimType, DynamicEmbOptimType]): which update.
+        learning_rate (float): lr (FTRL's alpha, must be positive).
+        eps (float): Adam / Adagrad denominator term.
+        beta1, beta2 (float): Adam moments.
+        weight_decay (float): decay coefficient.
+        weight_decay_mode (int): 0 none, 1 L2 (added to the gradient), 2
+            decoupled (rowwise Adagrad); Adam always decays decoupled by
+            ``weight_decay``.
+        learning_rate_power (float): FTRL's p, <= 0 (-0.5 is the paper's).
+        ftrl_beta, l1_reg, l2_reg (float): FTRL's beta, lambda1, lambda2.
+        initial_accumulator_value (float): FTRL's n0 (see ``init_state``).
+    """
+
+    optimizer: Any
+    learning_rate: float = 0.01
+    eps: float = 1e-8
+    beta1: float = 0.9
+    beta2: float = 0.999
+    weight_decay: float = 0.0
+    weight_decay_mode: int = 0
+    learning_rate_power: float = -0.5
+    ftrl_beta: float = 0.0
+    l1_reg: float = 0.0
+    l2_reg: float = 0.0
+    initial_accumulator_value: float = 0.0
+
+    def __post_init__(self) -> None:
+        name = getattr(self.optimizer, "name", None)
+        if name not in _NATIVE or (
+            name == "FTRL" and not isinstance(self.optimizer, DynamicEmbOptimType)
+        ):
+            raise ValueError(f"optimizer {self.optimizer!r} has no fused row update")
+        self._type = int(constants()["OptimType"][_NATIVE[name]])
+        if isinstance(self.optimizer, DynamicEmbOptimType):
+            if not self.learning_rate > 0:
+                raise ValueError(
+                    f"FTRL learning_rate must be positive, got {self.learning_rate}"
+                )
+            if self.learning_rate_power > 0:
+                raise ValueError(
+                    f"FTRL learning_rate_power must be <= 0, got {self.learning_rate_power}"
+                )
+            if self.initial_accumulator_value < 0:
+                raise ValueError(
+                    "FTRL initial_accumulator_value must be >= 0, got "
+                    f"{self.initial_accumulator_value}"
+                )
+        if int(self.weight_decay_mode) not in (0, 1, 2):
+            raise ValueError(f"weight_decay_mode must be 0, 1 or 2, got {self.weight_decay_mode}")
+
+    def state_dim(self, dim: int) -> int:
+        """Floats of state after an embedding of ``dim``."""
+        return optimizer_state_dim(self.optimizer, dim, torch.float32)
+
+    def init_state(self, state: torch.Tensor) -> None:
+        """Writes the initial state into ``state`` ((rows, state_dim) view of
+        new rows): zeros, and FTRL's accumulators at ``initial_accumulator_value``."""
+        state.zero_()
+        if isinstance(self.optimizer, DynamicEmbOptimType) and self.initial_accumulator_value:
+            dim = state.shape[1] // 2
+            state[:, dim:].fill_(self.initial_accumulator_value)
+
+    def step(self, values: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor, step: int) -> None:
+        """Updates ``values[rows]`` in place with ``grads`` (one reduced gradient
+        per distinct row; -1 skips an entry). ``step`` is 1-based."""
+        ops().optimizer_step(
+            values, rows, grads, self._type, float(self.learning_rate), float(self.eps),
+            float(self.beta1), float(self.beta2), float(self.weight_decay),
+            int(self.weight_decay_mode), int(step), float(self.learning_rate_power),
+            float(self.ftrl_beta), float(self.l1_reg), float(self.l2_reg),
+        )

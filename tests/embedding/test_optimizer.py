@@ -1,0 +1,126 @@
+"""Fused row optimizers against the update rules written out in float64."""
+
+import math
+
+import pytest
+import torch
+
+from dynamicemb import DynamicEmbOptimType
+from dynamicemb.embedding import RowOptimizer
+from dynamicemb.table._native import ops
+
+EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
+
+DIM = 6
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def reference_step(opt, w, s, g, t):
+    """One update of a float64 row (w: dim, s: state) by the rules of
+    cc/embedding/optimizer.h, written independently."""
+    lr, wd, mode = opt.learning_rate, opt.weight_decay, opt.weight_decay_mode
+    name = opt.optimizer.name
+    if name in ("SGD", "EXACT_SGD"):
+        return w - lr * (g + (wd * w if mode == 1 else 0)), s
+    if name == "ADAM":
+        m = opt.beta1 * s[:DIM] + (1 - opt.beta1) * g
+        v = opt.beta2 * s[DIM:] + (1 - opt.beta2) * g * g
+        mh, vh = m / (1 - opt.beta1**t), v / (1 - opt.beta2**t)
+        return w - lr * (mh / (vh.sqrt() + opt.eps) + wd * w), torch.cat([m, v])
+    if name == "EXACT_ADAGRAD":
+        gg = g + (wd * w if mode == 1 else 0)
+        G = s + gg * gg
+        return w - lr * gg / (G.sqrt() + opt.eps), G
+    if name == "EXACT_ROWWISE_ADAGRAD":
+        gg = g + (wd * w if mode == 1 else 0)
+        G = s.clone()
+        G[0] += (gg * gg).mean()
+        k = lr / (math.sqrt(float(G[0])) + opt.eps)
+        c = 1 - k * wd if mode == 1 else (1 - lr * wd if mode == 2 else 1.0)
+        return c * w - k * g, G
+    if name == "FTRL":
+        p = opt.learning_rate_power
+        lin, n0 = s[:DIM], s[DIM:]
+        n1 = n0 + g * g
+        lin = lin + g - (n1 ** (-p) - n0 ** (-p)) / lr * w
+        denom = (opt.ftrl_beta + n1 ** (-p)) / lr + opt.l2_reg
+        new_w = torch.where(lin.abs() <= opt.l1_reg, torch.zeros_like(w),
+                            (torch.sign(lin) * opt.l1_reg - lin) / denom)
+        return new_w, torch.cat([lin, n1])
+    raise AssertionError(name)
+
+
+CASES = [
+    ("sgd", lambda: RowOptimizer(EmbOptimType.EXACT_SGD, learning_rate=0.3)),
+    ("sgd_l2", lambda: RowOptimizer(EmbOptimType.SGD, learning_rate=0.1, weight_decay=0.05, weight_decay_mode=1)),
+    ("adam", lambda: RowOptimizer(EmbOptimType.ADAM, learning_rate=0.05, weight_decay=0.01)),
+    ("adagrad", lambda: RowOptimizer(EmbOptimType.EXACT_ADAGRAD, learning_rate=0.2, weight_decay=0.02, weight_decay_mode=1)),
+    ("rowwise", lambda: RowOptimizer(EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.2)),
+    ("rowwise_l2", lambda: RowOptimizer(EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.2, weight_decay=0.1, weight_decay_mode=1)),
+    ("rowwise_decoupled", lambda: RowOptimizer(EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.2, weight_decay=0.1, weight_decay_mode=2)),
+    ("ftrl", lambda: RowOptimizer(DynamicEmbOptimType.FTRL, learning_rate=0.5, l1_reg=0.01, l2_reg=0.1, ftrl_beta=1.0)),
+    ("ftrl_power", lambda: RowOptimizer(DynamicEmbOptimType.FTRL, learning_rate=0.5, learning_rate_power=-0.3, initial_accumulator_value=0.1)),
+    ("ftrl_fixed_rate", lambda: RowOptimizer(DynamicEmbOptimType.FTRL, learning_rate=0.5, learning_rate_power=0.0, ftrl_beta=1.0)),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name,make", CASES, ids=[c[0] for c in CASES])
+def test_ten_steps_match_the_float64_rules(device, name, make):
+    opt = make()
+    g = torch.Generator().manual_seed(len(name))
+    sd = opt.state_dim(DIM)
+    rows_total = 8
+    values = torch.zeros(rows_total, DIM + sd)
+    values[:, :DIM] = torch.randn(rows_total, DIM, generator=g) * 0.1
+    opt.init_state(values[:, DIM:])
+    ref = values.double().clone()
+    values = values.to(device)
+    for t in range(1, 11):
+        rows = torch.randperm(rows_total, generator=g)[:5]
+        grads = torch.randn(5, DIM, generator=g)
+        opt.step(values, rows.to(device), grads.to(device), t)
+        for r, gr in zip(rows.tolist(), grads.double()):
+            w, s = reference_step(opt, ref[r, :DIM], ref[r, DIM:], gr, t)
+            ref[r, :DIM] = w
+            ref[r, DIM:DIM + s.numel()] = s
+    got = values.cpu().double()
+    assert torch.allclose(got, ref, rtol=1e-5, atol=1e-6), (got - ref).abs().max()
+
+
+def test_ftrl_l1_drives_weights_to_exactly_zero():
+    opt = RowOptimizer(DynamicEmbOptimType.FTRL, learning_rate=0.1, l1_reg=10.0)
+    values = torch.zeros(1, 3 * DIM)
+    values[0, :DIM] = 0.5
+    opt.step(values, torch.tensor([0]), torch.full((1, DIM), 0.01), 1)
+    assert torch.equal(values[0, :DIM], torch.zeros(DIM))
+
+
+def test_rows_minus_one_are_skipped_and_others_untouched():
+    opt = RowOptimizer(EmbOptimType.EXACT_SGD, learning_rate=1.0)
+    values = torch.ones(3, DIM)
+    opt.step(values, torch.tensor([-1, 2]), torch.ones(2, DIM), 1)
+    assert values[:2].eq(1).all() and values[2].eq(0).all()
+
+
+def test_bad_arguments_raise_naming_the_value():
+    with pytest.raises(ValueError, match="learning_rate must be positive, got 0"):
+        RowOptimizer(DynamicEmbOptimType.FTRL, learning_rate=0.0)
+    with pytest.raises(ValueError, match="learning_rate_power must be <= 0, got 0.5"):
+        RowOptimizer(DynamicEmbOptimType.FTRL, learning_rate_power=0.5)
+    with pytest.raises(ValueError, match="LAMB"):
+        RowOptimizer(EmbOptimType.LAMB)
+    opt = RowOptimizer(EmbOptimType.ADAM)
+    with pytest.raises(ValueError, match="cannot hold dim 6"):
+        opt.step(torch.zeros(2, DIM), torch.tensor([0]), torch.zeros(1, DIM), 1)
+    with pytest.raises(ValueError, match="row 5 at index 0"):
+        opt.step(torch.zeros(2, 3 * DIM), torch.tensor([5]), torch.zeros(1, DIM), 1)
+    with pytest.raises(TypeError, match="float32"):
+        opt.step(torch.zeros(2, 3 * DIM, dtype=torch.float64), torch.tensor([0]), torch.zeros(1, DIM), 1)
+
+
+def test_optimizer_step_opcheck():
+    values = torch.randn(4, 3 * DIM)
+    args = (values, torch.tensor([2, 0]), torch.randn(2, DIM), 1, 0.1, 1e-8, 0.9, 0.999, 0.0, 0, 3,
+            -0.5, 0.0, 0.0, 0.0)
+    torch.library.opcheck(ops().optimizer_step.default, args)
