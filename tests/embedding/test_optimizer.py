@@ -19,12 +19,13 @@ def reference_step(opt, w, s, g, t):
     """One update of a float64 row (w: dim, s: state) by the rules of
     cc/embedding/optimizer.h, written independently."""
     lr, wd, mode = opt.learning_rate, opt.weight_decay, opt.weight_decay_mode
+    dim = w.numel()
     name = opt.optimizer.name
     if name in ("SGD", "EXACT_SGD"):
         return w - lr * (g + (wd * w if mode == 1 else 0)), s
     if name == "ADAM":
-        m = opt.beta1 * s[:DIM] + (1 - opt.beta1) * g
-        v = opt.beta2 * s[DIM:] + (1 - opt.beta2) * g * g
+        m = opt.beta1 * s[:dim] + (1 - opt.beta1) * g
+        v = opt.beta2 * s[dim:] + (1 - opt.beta2) * g * g
         mh, vh = m / (1 - opt.beta1**t), v / (1 - opt.beta2**t)
         return w - lr * (mh / (vh.sqrt() + opt.eps) + wd * w), torch.cat([m, v])
     if name == "EXACT_ADAGRAD":
@@ -40,7 +41,7 @@ def reference_step(opt, w, s, g, t):
         return c * w - k * g, G
     if name == "FTRL":
         p = opt.learning_rate_power
-        lin, n0 = s[:DIM], s[DIM:]
+        lin, n0 = s[:dim], s[dim:]
         n1 = n0 + g * g
         lin = lin + g - (n1 ** (-p) - n0 ** (-p)) / lr * w
         denom = (opt.ftrl_beta + n1 ** (-p)) / lr + opt.l2_reg

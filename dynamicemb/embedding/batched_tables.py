@@ -1,0 +1,342 @@
+"""BatchedDynamicEmbeddingTablesV2: many dynamic tables fused, keys in,
+pooled (or per-key) embeddings out, fused optimizer updates in backward.
+
+This version composes the table ops (find-or-insert, initializers, row
+gathers, fused optimizers) with torch operations; it runs on the CPU and the
+GPU alike and is the reference for fused kernels to come.
+
+The step, per batch:
+  1. the distinct (table, key) pairs and their counts (segmented_unique);
+  2. training: find-or-insert them with the table's score policy; new keys
+     get their initializer's row and a fresh optimizer state. Eval: find only;
+     absent keys read the eval initializer and nothing is inserted;
+  3. rows of the distinct keys are gathered and pooled (SUM, MEAN, NONE,
+     weighted SUM), empty bags give zeros;
+  4. backward: per-occurrence gradients are summed per distinct key and the
+     optimizer updates the rows in place.
+"""
+
+import os
+import warnings
+from typing import Any, List, Optional, Sequence
+
+import torch
+
+from dynamicemb.dynamicemb_config import (
+    DynamicEmbCheckMode,
+    DynamicEmbInitializerArgs,
+    DynamicEmbPoolingMode,
+    DynamicEmbScoreStrategy,
+    DynamicEmbTableOptions,
+)
+from dynamicemb.embedding.initializer import init_rows
+from dynamicemb.embedding.optimizer import RowOptimizer
+from dynamicemb.embedding.unique import segmented_unique
+from dynamicemb.table import ScoredHashTable, enums
+
+S = DynamicEmbScoreStrategy
+
+
+def _policies(strategies, step: int, custom: Optional[int], counts: torch.Tensor):
+    """Score policies and values of a batch, in the table's internal column
+    order: (LFU count, timestamp) for the compound strategy."""
+    P = enums.ScorePolicy
+    if len(strategies) == 2:  # (TIMESTAMP, LFU) in either order
+        vals = torch.stack([counts, torch.zeros_like(counts)], dim=1)
+        return [P.ACCUMULATE, P.TIMER], vals
+    s = strategies[0]
+    if s == S.TIMESTAMP:
+        return [P.TIMER], None
+    if s == S.STEP:
+        return [P.ASSIGN], step
+    if s == S.CUSTOMIZED:
+        return [P.ASSIGN], custom
+    if s == S.LFU:
+        return [P.ACCUMULATE], counts.reshape(-1, 1)
+    return [P.NONE], None  # NO_EVICTION: the score word holds the row
+
+
+class _Lookup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, placeholder, module, rows, inverse, pooled_index, weights, num_out, dims):
+        ctx.module, ctx.rows, ctx.inverse = module, rows, inverse
+        ctx.pooled_index, ctx.weights, ctx.num_out = pooled_index, weights, num_out
+        return module._pool(module._gather(rows), inverse, pooled_index, weights, num_out)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        ctx.module._apply_gradients(
+            grad_out, ctx.rows, ctx.inverse, ctx.pooled_index, ctx.weights
+        )
+        return (None,) * 8
+
+
+class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
+    """Fused dynamic embedding tables.
+
+    Args:
+        table_options (Sequence[DynamicEmbTableOptions]): one per table; each
+            needs ``dim`` and ``max_capacity`` (``init_capacity`` defaults to
+            it). The tables share ``score_strategy`` and ``bucket_capacity``
+            layout rules of one fused allocation.
+        feature_table_map (List[int], optional): table of each feature
+            (default: feature t uses table t).
+        pooling_mode (DynamicEmbPoolingMode): SUM, MEAN or NONE.
+        optimizer: an FBGEMM ``EmbOptimType`` or ``DynamicEmbOptimType``.
+        device (torch.device, optional): where tables and values live.
+        seed (int): the initializers' seed.
+        **optimizer_args: the optimizer's hyper-parameters (``learning_rate``,
+            ``eps``, ``beta1``, ``beta2``, ``weight_decay``,
+            ``weight_decay_mode``, FTRL's ``learning_rate_power``,
+            ``ftrl_beta``, ``l1_reg``, ``l2_reg``, ``initial_accumulator_value``).
+
+    Input (TorchRec's TBE convention): ``indices`` (n) int64 and ``offsets``
+    (num_features * batch_size + 1), the bags of feature f being
+    ``offsets[f * B : (f + 1) * B + 1]``.
+    """
+
+    def __init__(
+        self,
+        table_options: Sequence[DynamicEmbTableOptions],
+        feature_table_map: Optional[List[int]] = None,
+        pooling_mode: DynamicEmbPoolingMode = DynamicEmbPoolingMode.SUM,
+        optimizer: Any = None,
+        device: Optional[torch.device] = None,
+        seed: int = 0,
+        **optimizer_args: Any,
+    ) -> None:
+        super().__init__()
+        if not table_options:
+            raise ValueError("BatchedDynamicEmbeddingTablesV2 needs at least one table")
+        self.table_options = list(table_options)
+        for t, o in enumerate(self.table_options):
+            if not o.dim or not o.max_capacity:
+                raise ValueError(f"table {t}: dim and max_capacity must be set, got {o.dim} and {o.max_capacity}")
+        strategies = {o.score_strategies() for o in self.table_options}
+        if len(strategies) != 1:
+            raise ValueError(f"fused tables must share one score_strategy, got {strategies}")
+        self.strategies = next(iter(strategies))
+        self.pooling_mode = DynamicEmbPoolingMode(pooling_mode)
+        n = len(self.table_options)
+        self.feature_table_map = list(range(n)) if feature_table_map is None else list(feature_table_map)
+        for f, t in enumerate(self.feature_table_map):
+            if not 0 <= t < n:
+                raise ValueError(f"feature {f} maps to table {t}, not one of 0..{n - 1}")
+        self.dims = [int(o.dim) for o in self.table_options]
+        if self.pooling_mode == DynamicEmbPoolingMode.NONE and len(set(self.dims)) != 1:
+            raise ValueError(f"pooling NONE needs one dim for all tables, got {self.dims}")
+        if optimizer is None:
+            from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+            optimizer = EmbOptimType.EXACT_SGD
+        self.optimizer = RowOptimizer(optimizer, **optimizer_args)
+        self.max_dim = max(self.dims)
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        if S.NO_EVICTION in self.strategies:
+            raise ValueError(
+                "score_strategy NO_EVICTION is not supported by BatchedDynamicEmbeddingTablesV2 yet"
+            )
+        no_evict = [False] * n
+        caps = [int(o.init_capacity or o.max_capacity) for o in self.table_options]
+        self.table = ScoredHashTable(
+            caps,
+            bucket_capacities=[o.bucket_capacity if o.bucket_capacity != 2**63 - 1 else None for o in self.table_options],
+            num_scores=self.table_options[0].num_scores(),
+            no_eviction=no_evict,
+            max_capacities=[int(o.max_capacity) for o in self.table_options],
+            max_load_factor=self.table_options[0].max_load_factor,
+            device=self.device,
+            validate=False,
+        )
+        self.training_state = all(o.training for o in self.table_options)
+        self.width = max(
+            d + (self.optimizer.state_dim(d) if self.training_state else 0) for d in [self.max_dim] + self.dims
+        )
+        self.values = torch.zeros(self._value_rows(), self.width, device=self.device)
+        self.seed = seed
+        self.step = 0
+        self._custom_score: Optional[int] = None
+        self.insert_failures = torch.zeros((), dtype=torch.int64, device=self.device)
+        # Autograd needs one input that requires grad to call backward.
+        self._placeholder = torch.nn.Parameter(torch.zeros(1, device=self.device))
+
+    # ------------------------------------------------------------ storage --
+
+    def _value_rows(self) -> int:
+        return self.table.num_slots
+
+    def _rows_of(self, slots: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
+        """Value rows of slots: the slot itself (values are indexed by slot)."""
+        return slots
+
+    def _grow_values(self, moved) -> None:
+        """Keeps values aligned with the table after expansion / row growth."""
+        need = self._value_rows()
+        if moved is not None:
+            old_slots, new_slots = moved
+            fresh = torch.zeros(max(need, self.values.shape[0]), self.width, device=self.device)
+            evicting = new_slots >= 0
+            fresh[new_slots[evicting]] = self.values[old_slots[evicting]]
+            self.values = fresh
+        elif need > self.values.shape[0]:
+            fresh = torch.zeros(need, self.width, device=self.device)
+            fresh[: self.values.shape[0]] = self.values
+            self.values = fresh
+
+    def set_score(self, score: int) -> None:
+        """CUSTOMIZED: the score of the next forward passes."""
+        if self._custom_score is not None and score < self._custom_score and os.environ.get("DYNAMICEMB_CSTM_SCORE_CHECK", "1") != "0":
+            warnings.warn(f"set_score: new score {score} is less than the previous {self._custom_score}")
+        self._custom_score = int(score)
+
+    # ------------------------------------------------------------ forward --
+
+    def forward(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        frequency_counters: Optional[torch.Tensor] = None,
+        pooling_weights: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        self._check_weights(indices, frequency_counters, pooling_weights)
+        indices = indices.to(self.device).long()
+        offsets = offsets.to(self.device).long()
+        num_features = len(self.feature_table_map)
+        if (offsets.numel() - 1) % num_features:
+            raise ValueError(f"offsets has {offsets.numel()} entries, not num_features ({num_features}) * batch_size + 1")
+        batch = (offsets.numel() - 1) // num_features
+        lengths = offsets[1:] - offsets[:-1]
+        bag = torch.repeat_interleave(torch.arange(lengths.numel(), device=self.device), lengths)
+        feature = bag // max(batch, 1)
+        ftab = torch.tensor(self.feature_table_map, dtype=torch.int64, device=self.device)
+        tids = ftab[feature]
+        su = segmented_unique(indices, tids, self.table.num_tables)
+        self._uniq_tids = su.table_ids
+        counts = su.counts
+        if frequency_counters is not None:
+            counts = torch.zeros_like(su.counts).index_add_(0, su.inverse, frequency_counters.to(self.device).long())
+        if self.training:
+            rows = self._lookup_train(su.keys, su.table_ids, counts)
+        else:
+            rows = self._lookup_eval(su.keys, su.table_ids)
+        weights = None if pooling_weights is None else pooling_weights.to(self.device)
+        if self.pooling_mode == DynamicEmbPoolingMode.NONE:
+            pooled_index, num_out = torch.arange(indices.numel(), device=self.device), indices.numel()
+        else:
+            pooled_index, num_out = bag, lengths.numel()
+        if self.pooling_mode == DynamicEmbPoolingMode.MEAN:
+            inv_len = 1.0 / lengths.clamp(min=1).to(torch.float32)
+            weights = inv_len[bag]
+        out = _Lookup.apply(self._placeholder, self, rows, su.inverse, pooled_index, weights, num_out, self.dims)
+        return self._layout(out, batch, num_features)
+
+    def _check_weights(self, indices, frequency_counters, pooling_weights) -> None:
+        if pooling_weights is None:
+            return
+        if self.pooling_mode != DynamicEmbPoolingMode.SUM:
+            raise ValueError(f"pooling_weights need pooling mode SUM, got {self.pooling_mode.name}")
+        if pooling_weights.dtype != torch.float32:
+            raise ValueError(f"pooling_weights must be float32, got {pooling_weights.dtype}")
+        if pooling_weights.numel() != indices.numel():
+            raise ValueError(f"pooling_weights has {pooling_weights.numel()} entries for {indices.numel()} indices")
+        if pooling_weights.requires_grad and torch.is_grad_enabled():
+            raise ValueError("pooling_weights must not require grad while grad mode is enabled: no gradient is computed for them")
+        if frequency_counters is not None:
+            raise ValueError("pass either pooling_weights or frequency_counters, not both")
+
+    def _lookup_train(self, keys, tids, counts) -> torch.Tensor:
+        self.step += 1
+        if S.CUSTOMIZED in self.strategies and self._custom_score is None:
+            raise RuntimeError("CUSTOMIZED score strategy: call set_score before the forward pass")
+        incoming = torch.bincount(tids, minlength=self.table.num_tables).tolist()
+        if any(self.table.capacity(t) < self.table.max_capacity(t) for t in range(self.table.num_tables)):
+            self._grow_values(self.table.reserve(incoming))
+        policies, vals = _policies(self.strategies, self.step, self._custom_score, counts)
+        res = self.table.insert_and_evict(keys, tids, policies=policies, scores=vals)
+        status = res.status
+        new = (status == enums.InsertStatus.INSERTED) | (status == enums.InsertStatus.EVICTED)
+        rows = self._rows_of(res.slots, tids)
+        self._grow_values(None)
+        if bool(new.any()):
+            self._initialize(keys[new], tids[new], rows[new])
+        failed = status == enums.InsertStatus.FAILED
+        mode = self.table_options[0].safe_check_mode
+        if mode != DynamicEmbCheckMode.IGNORE:
+            n_failed = int(failed.sum())
+            if n_failed:
+                msg = f"{n_failed} keys could not be inserted into the dynamic embedding table"
+                if mode == DynamicEmbCheckMode.ERROR:
+                    raise RuntimeError(msg)
+                warnings.warn(msg + "; their embeddings are zeros")
+        self.insert_failures += failed.sum()
+        return rows
+
+    def _initialize(self, keys, tids, rows) -> None:
+        for t in range(self.table.num_tables):
+            sel = tids == t
+            if not bool(sel.any()):
+                continue
+            d = self.dims[t]
+            args = self.table_options[t].initializer_args
+            self.values[rows[sel], :d] = init_rows(keys[sel], d, args, tids[sel], self.seed)
+            if self.training_state:
+                # The optimizer state sits right after the table's own dim.
+                sd = self.optimizer.state_dim(d)
+                state = torch.empty(int(sel.sum()), sd, device=self.device)
+                self.optimizer.init_state(state)
+                self.values[rows[sel], d : d + sd] = state
+
+    def _lookup_eval(self, keys, tids) -> torch.Tensor:
+        slots = self.table.find(keys, tids)
+        rows = self._rows_of(slots, tids)
+        missing = rows < 0
+        self._eval_rows = None
+        if bool(missing.any()):
+            fill = torch.zeros(keys.numel(), self.max_dim, device=self.device)
+            for t in range(self.table.num_tables):
+                sel = missing & (tids == t)
+                if bool(sel.any()):
+                    args = self.table_options[t].eval_initializer_args
+                    fill[sel, : self.dims[t]] = init_rows(keys[sel], self.dims[t], args, tids[sel], self.seed)
+            self._eval_rows = (missing, fill)
+        return rows
+
+    def _gather(self, rows: torch.Tensor) -> torch.Tensor:
+        out = self.values[rows.clamp(min=0), : self.max_dim] * (rows >= 0).unsqueeze(1)
+        if not self.training and getattr(self, "_eval_rows", None) is not None:
+            missing, fill = self._eval_rows
+            out = torch.where(missing.unsqueeze(1), fill, out)
+        return out
+
+    def _pool(self, uniq_rows, inverse, pooled_index, weights, num_out) -> torch.Tensor:
+        per_key = uniq_rows[inverse]
+        if weights is not None:
+            per_key = per_key * weights.unsqueeze(1)
+        out = torch.zeros(num_out, self.max_dim, device=self.device, dtype=per_key.dtype)
+        return out.index_add_(0, pooled_index, per_key)
+
+    def _layout(self, out: torch.Tensor, batch: int, num_features: int) -> torch.Tensor:
+        if self.pooling_mode == DynamicEmbPoolingMode.NONE:
+            return out[:, : self.dims[0]]
+        # (F * B, max_dim) -> (B, sum of the features' dims), features side by side.
+        parts = [out[f * batch : (f + 1) * batch, : self.dims[self.feature_table_map[f]]] for f in range(num_features)]
+        return torch.cat(parts, dim=1)
+
+    # ----------------------------------------------------------- backward --
+
+    def _apply_gradients(self, grad_out, rows, inverse, pooled_index, weights) -> None:
+        """grad_out: (bags or occurrences, max_dim), the gradient of _pool's output."""
+        grad_bag = grad_out
+        per_key = grad_bag[pooled_index]
+        if weights is not None:
+            per_key = per_key * weights.unsqueeze(1)
+        grad_uniq = torch.zeros(rows.numel(), self.max_dim, device=self.device).index_add_(0, inverse, per_key)
+        if not self.training_state:
+            return
+        # Each table's rows are updated at their own dim (state follows the dim).
+        tids = self._uniq_tids
+        for t in range(self.table.num_tables):
+            sel = tids == t
+            if bool(sel.any()):
+                d = self.dims[t]
+                self.optimizer.step(self.values, rows[sel], grad_uniq[sel, :d].contiguous(), self.step)
