@@ -7,6 +7,7 @@ import torch
 
 from dynamicemb import (
     DynamicEmbCheckMode,
+    DynamicEmbOptimType,
     DynamicEmbInitializerArgs,
     DynamicEmbInitializerMode as Mode,
     DynamicEmbPoolingMode as Pool,
@@ -105,7 +106,8 @@ def _dense_output(outs, pooling, dims, ftm, batch, n_indices):
     (EmbOptimType.ADAM, dict(learning_rate=0.05)),
     (EmbOptimType.EXACT_ADAGRAD, dict(learning_rate=0.2)),
     (EmbOptimType.EXACT_ROWWISE_ADAGRAD, dict(learning_rate=0.2, weight_decay=0.01, weight_decay_mode=1)),
-], ids=["sgd", "adam", "adagrad", "rowwise"])
+    (DynamicEmbOptimType.FTRL, dict(learning_rate=0.5, l1_reg=0.001, l2_reg=0.01, ftrl_beta=1.0)),
+], ids=["sgd", "adam", "adagrad", "rowwise", "ftrl"])
 def test_ten_steps_match_the_dense_reference(device, pooling, optimizer, kw):
     dims = [4, 4] if pooling == Pool.NONE else [4, 8]
     ftm = [0, 1, 0]
@@ -220,3 +222,19 @@ def test_safe_check_error_reports_the_failed_keys():
         out = w(torch.arange(19), torch.tensor([0, 19]))
     assert int((out.abs().sum(1) == 0).sum()) >= 3
     assert int(w.insert_failures) == 3
+
+
+def test_rows_survive_table_expansion():
+    opts = [DynamicEmbTableOptions(dim=4, init_capacity=128, max_capacity=4096, bucket_capacity=128,
+                                   initializer_args=DynamicEmbInitializerArgs(mode=Mode.DEBUG))]
+    m = BatchedDynamicEmbeddingTablesV2(opts, None, Pool.NONE, EmbOptimType.EXACT_SGD, learning_rate=1.0)
+    first = torch.arange(50)
+    m(first, torch.tensor([0, 50])).sum().backward()  # every row lowered by 1
+    assert m.table.capacity() == 128
+    more = torch.arange(1000, 1900)
+    m(more, torch.tensor([0, 900]))  # forces doubling past 128 slots
+    assert m.table.capacity() >= 2048
+    m.eval()
+    with torch.no_grad():
+        out = m(first, torch.tensor([0, 50]))
+    assert out[:, 0].tolist() == [float(k - 1) for k in range(50)]
