@@ -1,0 +1,103 @@
+"""Train-step time of BatchedDynamicEmbeddingTablesV2 against torch.nn.EmbeddingBag.
+
+    python tools/bench/embedding_bench.py [--device cpu] [--tables 4] [--lookups 16384]
+        [--dim 64] [--rows 200000] [--optimizer sgd|adam] [--pooling sum|none]
+
+One step = forward + backward + optimizer update, keys drawn from a power law
+(exponent 1.05) over `rows` ids per table, hotness 1. The baseline in the same
+run is an nn.EmbeddingBag per table (dense weights of `rows` rows, sparse
+gradients) with torch.optim.SGD / SparseAdam. Prints the median of the
+timed steps after warm-up.
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from dynamicemb import DynamicEmbPoolingMode, DynamicEmbTableOptions
+from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
+
+
+def power_law(g, n, rows, alpha):
+    u = torch.rand(n, generator=g, dtype=torch.float64)
+    a = 1.0 - alpha
+    return (((rows**a - 1.0) * u + 1.0) ** (1.0 / a)).long().clamp(max=rows) - 1
+
+
+def timed(fn, device, reps, warmup=3):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--tables", type=int, default=4)
+    ap.add_argument("--lookups", type=int, default=16384)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--rows", type=int, default=200000)
+    ap.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
+    ap.add_argument("--pooling", choices=["sum", "none"], default="sum")
+    ap.add_argument("--reps", type=int, default=10)
+    args = ap.parse_args()
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    dev = torch.device(args.device)
+    T, N, D = args.tables, args.lookups, args.dim
+    g = torch.Generator().manual_seed(0)
+    batches = []
+    for _ in range(args.reps + 3):
+        idx = torch.cat([power_law(g, N, args.rows, 1.05) for _ in range(T)])
+        batches.append(idx.to(dev))
+    offsets = torch.arange(T * N + 1, device=dev)  # hotness 1: one index per bag
+    pooling = DynamicEmbPoolingMode.SUM if args.pooling == "sum" else DynamicEmbPoolingMode.NONE
+    opt = EmbOptimType.EXACT_SGD if args.optimizer == "sgd" else EmbOptimType.ADAM
+    cap = 1 << (2 * args.rows - 1).bit_length()
+    opts = [DynamicEmbTableOptions(dim=D, max_capacity=cap, bucket_capacity=128) for _ in range(T)]
+    ours = BatchedDynamicEmbeddingTablesV2(opts, None, pooling, opt, device=dev, learning_rate=0.1)
+    it = iter(batches * 2)
+
+    def ours_step():
+        out = ours(next(it), offsets)
+        out.sum().backward()
+
+    for b in batches:  # pre-fill: every row the timed steps touch exists
+        ours(b, offsets)
+    t_ours = timed(ours_step, dev, args.reps)
+
+    bags = [torch.nn.EmbeddingBag(args.rows, D, mode="sum", sparse=True).to(dev) for _ in range(T)]
+    params = [p for b in bags for p in b.parameters()]
+    base_opt = torch.optim.SGD(params, lr=0.1) if args.optimizer == "sgd" else torch.optim.SparseAdam(params, lr=0.1)
+    per_table = torch.arange(N + 1, device=dev)
+    it2 = iter(batches * 2)
+
+    def base_step():
+        idx = next(it2)
+        outs = [bags[t](idx[t * N : (t + 1) * N], per_table[:-1]) for t in range(T)]
+        torch.cat(outs, dim=1).sum().backward()
+        base_opt.step()
+        base_opt.zero_grad(set_to_none=True)
+
+    t_base = timed(base_step, dev, args.reps)
+    print(f"device {dev}, {T} tables x {N} lookups, dim {D}, {args.optimizer}, pooling {args.pooling}, "
+          f"{torch.get_num_threads()} threads")
+    print("| implementation | train step (ms) | ratio to EmbeddingBag |")
+    print("|---|---|---|")
+    print(f"| BatchedDynamicEmbeddingTablesV2 | {t_ours * 1e3:.2f} | {t_ours / t_base:.2f} |")
+    print(f"| torch.nn.EmbeddingBag (sparse) | {t_base * 1e3:.2f} | 1.00 |")
+
+
+if __name__ == "__main__":
+    main()
