@@ -4,10 +4,11 @@
         [--dim 64] [--rows 200000] [--optimizer sgd|adam] [--pooling sum|none]
 
 One step = forward + backward + optimizer update, keys drawn from a power law
-(exponent 1.05) over `rows` ids per table, hotness 1. The baseline in the same
-run is an nn.EmbeddingBag per table (dense weights of `rows` rows, sparse
-gradients) with torch.optim.SGD / SparseAdam. Prints the median of the
-timed steps after warm-up.
+(exponent 1.05) over `rows` ids per table, hotness 1. Baselines in the same
+run: FBGEMM's SplitTableBatchedEmbeddingBagsCodegen (TorchRec's own static
+tables; on the CPU it supports SGD only) and an nn.EmbeddingBag per table
+(dense weights of `rows` rows, sparse gradients) with torch.optim.SGD /
+SparseAdam. Prints the median of the timed steps after warm-up.
 """
 
 import argparse
@@ -91,12 +92,48 @@ def main():
         base_opt.zero_grad(set_to_none=True)
 
     t_base = timed(base_step, dev, args.reps)
+    t_tbe = tbe_time(args, dev, batches, offsets, opt)
     print(f"device {dev}, {T} tables x {N} lookups, dim {D}, {args.optimizer}, pooling {args.pooling}, "
           f"{torch.get_num_threads()} threads")
-    print("| implementation | train step (ms) | ratio to EmbeddingBag |")
+    ref = t_tbe if t_tbe else t_base
+    name = "FBGEMM TBE" if t_tbe else "EmbeddingBag"
+    print(f"| implementation | train step (ms) | ratio to {name} |")
     print("|---|---|---|")
-    print(f"| BatchedDynamicEmbeddingTablesV2 | {t_ours * 1e3:.2f} | {t_ours / t_base:.2f} |")
-    print(f"| torch.nn.EmbeddingBag (sparse) | {t_base * 1e3:.2f} | 1.00 |")
+    print(f"| BatchedDynamicEmbeddingTablesV2 | {t_ours * 1e3:.2f} | {t_ours / ref:.2f} |")
+    if t_tbe:
+        print(f"| FBGEMM SplitTableBatchedEmbeddingBagsCodegen | {t_tbe * 1e3:.2f} | 1.00 |")
+    else:
+        print("| FBGEMM SplitTableBatchedEmbeddingBagsCodegen | n/a (not supported here) | |")
+    print(f"| torch.nn.EmbeddingBag (sparse) | {t_base * 1e3:.2f} | {t_base / ref:.2f} |")
+
+
+def tbe_time(args, dev, batches, offsets, opt):
+    """FBGEMM TBE's train step on the same batches, or None where this
+    optimizer/device is not supported by the installed fbgemm_gpu."""
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        ComputeDevice,
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    cuda = dev.type == "cuda"
+    loc = EmbeddingLocation.DEVICE if cuda else EmbeddingLocation.HOST
+    cdev = ComputeDevice.CUDA if cuda else ComputeDevice.CPU
+    pooling = PoolingMode.SUM if args.pooling == "sum" else PoolingMode.NONE
+    try:
+        tbe = SplitTableBatchedEmbeddingBagsCodegen(
+            [(args.rows, args.dim, loc, cdev)] * args.tables, optimizer=opt, learning_rate=0.1,
+            pooling_mode=pooling, device=dev,
+        )
+    except (AssertionError, RuntimeError, NotImplementedError) as e:
+        print(f"FBGEMM TBE skipped: {str(e).splitlines()[0]}")
+        return None
+    it = iter(batches * 2)
+
+    def step():
+        tbe(next(it), offsets).sum().backward()
+
+    return timed(step, dev, args.reps)
 
 
 if __name__ == "__main__":
