@@ -58,9 +58,9 @@ def _policies(strategies, step: int, custom: Optional[int], counts: torch.Tensor
 
 class _Lookup(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, placeholder, module, rows, inverse, pooled_index, weights, num_out, dims):
+    def forward(ctx, placeholder, module, rows, inverse, pooled_index, weights, num_out):
         ctx.module, ctx.rows, ctx.inverse = module, rows, inverse
-        ctx.pooled_index, ctx.weights, ctx.num_out = pooled_index, weights, num_out
+        ctx.pooled_index, ctx.weights = pooled_index, weights
         return module._pool(module._gather(rows), inverse, pooled_index, weights, num_out)
 
     @staticmethod
@@ -68,7 +68,7 @@ class _Lookup(torch.autograd.Function):
         ctx.module._apply_gradients(
             grad_out, ctx.rows, ctx.inverse, ctx.pooled_index, ctx.weights
         )
-        return (None,) * 8
+        return (None,) * 7
 
 
 class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
@@ -152,36 +152,24 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.width = max(
             d + (self.optimizer.state_dim(d) if self.training_state else 0) for d in [self.max_dim] + self.dims
         )
-        self.values = torch.zeros(self._value_rows(), self.width, device=self.device)
+        # Values are indexed by slot.
+        self.values = torch.zeros(self.table.num_slots, self.width, device=self.device)
         self.seed = seed
         self.step = 0
         self._custom_score: Optional[int] = None
         self.insert_failures = torch.zeros((), dtype=torch.int64, device=self.device)
+        self._feature_tables = torch.tensor(self.feature_table_map, dtype=torch.int64, device=self.device)
         # Autograd needs one input that requires grad to call backward.
         self._placeholder = torch.nn.Parameter(torch.zeros(1, device=self.device))
 
     # ------------------------------------------------------------ storage --
 
-    def _value_rows(self) -> int:
-        return self.table.num_slots
-
-    def _rows_of(self, slots: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
-        """Value rows of slots: the slot itself (values are indexed by slot)."""
-        return slots
-
-    def _grow_values(self, moved) -> None:
-        """Keeps values aligned with the table after expansion / row growth."""
-        need = self._value_rows()
-        if moved is not None:
-            old_slots, new_slots = moved
-            fresh = torch.zeros(max(need, self.values.shape[0]), self.width, device=self.device)
-            evicting = new_slots >= 0
-            fresh[new_slots[evicting]] = self.values[old_slots[evicting]]
-            self.values = fresh
-        elif need > self.values.shape[0]:
-            fresh = torch.zeros(need, self.width, device=self.device)
-            fresh[: self.values.shape[0]] = self.values
-            self.values = fresh
+    def _move_values(self, old_slots: torch.Tensor, new_slots: torch.Tensor) -> None:
+        """After the table's relayout: each key's row follows it to its new slot."""
+        fresh = torch.zeros(self.table.num_slots, self.width, device=self.device)
+        kept = new_slots >= 0
+        fresh[new_slots[kept]] = self.values[old_slots[kept]]
+        self.values = fresh
 
     def set_score(self, score: int) -> None:
         """CUSTOMIZED: the score of the next forward passes."""
@@ -208,8 +196,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         lengths = offsets[1:] - offsets[:-1]
         bag = torch.repeat_interleave(torch.arange(lengths.numel(), device=self.device), lengths)
         feature = bag // max(batch, 1)
-        ftab = torch.tensor(self.feature_table_map, dtype=torch.int64, device=self.device)
-        tids = ftab[feature]
+        tids = self._feature_tables[feature]
         su = segmented_unique(indices, tids, self.table.num_tables)
         self._uniq_tids = su.table_ids
         counts = su.counts
@@ -227,7 +214,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if self.pooling_mode == DynamicEmbPoolingMode.MEAN:
             inv_len = 1.0 / lengths.clamp(min=1).to(torch.float32)
             weights = inv_len[bag]
-        out = _Lookup.apply(self._placeholder, self, rows, su.inverse, pooled_index, weights, num_out, self.dims)
+        out = _Lookup.apply(self._placeholder, self, rows, su.inverse, pooled_index, weights, num_out)
         return self._layout(out, batch, num_features)
 
     def _check_weights(self, indices, frequency_counters, pooling_weights) -> None:
@@ -248,15 +235,17 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.step += 1
         if S.CUSTOMIZED in self.strategies and self._custom_score is None:
             raise RuntimeError("CUSTOMIZED score strategy: call set_score before the forward pass")
-        incoming = torch.bincount(tids, minlength=self.table.num_tables).tolist()
         if any(self.table.capacity(t) < self.table.max_capacity(t) for t in range(self.table.num_tables)):
-            self._grow_values(self.table.reserve(incoming))
+            # Only tables that can still grow pay for reading the batch's size per table.
+            incoming = torch.bincount(tids, minlength=self.table.num_tables).tolist()
+            moved = self.table.reserve(incoming)
+            if moved is not None:
+                self._move_values(*moved)
         policies, vals = _policies(self.strategies, self.step, self._custom_score, counts)
         res = self.table.insert_and_evict(keys, tids, policies=policies, scores=vals)
         status = res.status
         new = (status == enums.InsertStatus.INSERTED) | (status == enums.InsertStatus.EVICTED)
-        rows = self._rows_of(res.slots, tids)
-        self._grow_values(None)
+        rows = res.slots
         if bool(new.any()):
             self._initialize(keys[new], tids[new], rows[new])
         failed = status == enums.InsertStatus.FAILED
@@ -287,8 +276,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 self.values[rows[sel], d : d + sd] = state
 
     def _lookup_eval(self, keys, tids) -> torch.Tensor:
-        slots = self.table.find(keys, tids)
-        rows = self._rows_of(slots, tids)
+        rows = self.table.find(keys, tids)
         missing = rows < 0
         self._eval_rows = None
         if bool(missing.any()):
