@@ -337,60 +337,28 @@ def _bad_info(t, table, col, value):
     return info
 
 
+@pytest.mark.parametrize(
+    "column, value, total_buckets",
+    [("BUCKET_CAPACITY", 24, 2), ("CAPACITY", 40, 3)],
+    ids=["unaligned_bucket_width", "capacity_not_a_multiple_of_the_width"],
+)
 @pytest.mark.parametrize("op", ["table_run", "table_find"])
-def test_raw_ops_refuse_an_unaligned_bucket_width_in_info(op):
+def test_raw_ops_refuse_a_bad_layout_in_info(op, column, value, total_buckets):
     t = ScoredHashTable([48], bucket_capacities=16)
-    info = _bad_info(t, 0, M_INFO["BUCKET_CAPACITY"], 24)
-    args = (
-        run_args(
-            t,
-            keys=i64([1, 2, 3]),
-            table_ids=i64([0, 0, 0]),
-            policies=[ASSIGN],
-            score_values=i64([[1]]),
-            info=info,
-            has_rows=False,
-            total_buckets=2,
-        )
-        if op == "table_run"
-        else find_args(
-            t,
-            keys=i64([1, 2, 3]),
-            table_ids=i64([0, 0, 0]),
-            policies=[ASSIGN],
-            score_values=i64([[1]]),
-            info=info,
-        )
+    info = _bad_info(t, 0, M_INFO[column], value)
+    common = dict(
+        keys=i64([1, 2, 3]),
+        table_ids=i64([0, 0, 0]),
+        policies=[ASSIGN],
+        score_values=i64([[1]]),
+        info=info,
     )
-    expect_error(t, ValueError, r"24", lambda: getattr(OPS, op)(*args))
-
-
-@pytest.mark.parametrize("op", ["table_run", "table_find"])
-def test_raw_ops_refuse_a_capacity_not_a_multiple_of_the_width_in_info(op):
-    t = ScoredHashTable([48], bucket_capacities=16)
-    info = _bad_info(t, 0, M_INFO["CAPACITY"], 40)
     args = (
-        run_args(
-            t,
-            keys=i64([1, 2, 3]),
-            table_ids=i64([0, 0, 0]),
-            policies=[ASSIGN],
-            score_values=i64([[1]]),
-            info=info,
-            has_rows=False,
-            total_buckets=3,
-        )
+        run_args(t, has_rows=False, total_buckets=total_buckets, **common)
         if op == "table_run"
-        else find_args(
-            t,
-            keys=i64([1, 2, 3]),
-            table_ids=i64([0, 0, 0]),
-            policies=[ASSIGN],
-            score_values=i64([[1]]),
-            info=info,
-        )
+        else find_args(t, **common)
     )
-    expect_error(t, ValueError, r"40", lambda: getattr(OPS, op)(*args))
+    expect_error(t, ValueError, rf"{value}", lambda: getattr(OPS, op)(*args))
 
 
 @pytest.mark.parametrize("total_buckets", [2, 7, 1000])
