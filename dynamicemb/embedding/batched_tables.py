@@ -9,7 +9,12 @@ The step, per batch:
   1. the distinct (table, key) pairs and their counts (segmented_unique);
   2. training: find-or-insert them with the table's score policy; new keys
      get their initializer's row and a fresh optimizer state. Eval: find only;
-     absent keys read the eval initializer and nothing is inserted;
+     absent keys read the eval initializer and nothing is inserted.
+     NO_EVICTION tables never evict: before the insert, a table the batch
+     could fill (more keys than value rows, or a key map above load 0.5)
+     doubles its key map and its value rows; a key whose bucket is full
+     doubles its table again and is placed after. Out of memory, a warning
+     is given and the keys that do not fit read zeros;
   3. rows of the distinct keys are gathered and pooled (SUM, MEAN, NONE,
      weighted SUM), empty bags give zeros;
   4. backward: per-occurrence gradients are summed per distinct key and the
@@ -23,6 +28,8 @@ from typing import Any, List, Optional, Sequence
 import torch
 
 from dynamicemb.dynamicemb_config import (
+    BUCKET_ALIGNMENT,
+    MAX_BUCKET_CAPACITY,
     DynamicEmbCheckMode,
     DynamicEmbInitializerArgs,
     DynamicEmbPoolingMode,
@@ -35,6 +42,20 @@ from dynamicemb.embedding.unique import segmented_unique
 from dynamicemb.table import ScoredHashTable, enums
 
 S = DynamicEmbScoreStrategy
+
+# Rehash attempts of one growth (each doubles the key map once more).
+_MAX_REHASH = 16
+
+
+def _align(n: int, width: Optional[int]) -> int:
+    """n rounded up to a multiple of the bucket width (16 for one bucket)."""
+    a = width or BUCKET_ALIGNMENT
+    return -(-n // a) * a
+
+
+def _out_of_memory(e: BaseException) -> bool:
+    msg = str(e)
+    return isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in msg or "out of memory" in msg
 
 
 def _policies(strategies, step: int, custom: Optional[int], counts: torch.Tensor):
@@ -78,7 +99,11 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         table_options (Sequence[DynamicEmbTableOptions]): one per table; each
             needs ``dim`` and ``max_capacity`` (``init_capacity`` defaults to
             it). The tables share ``score_strategy`` and ``bucket_capacity``
-            layout rules of one fused allocation.
+            layout rules of one fused allocation, so NO_EVICTION tables are
+            fused only with NO_EVICTION tables. A NO_EVICTION table starts
+            with ``init_capacity`` value rows and a key map of twice that and
+            grows without bound (``max_capacity`` and ``max_load_factor`` do
+            not apply).
         feature_table_map (List[int], optional): table of each feature
             (default: feature t uses table t).
         pooling_mode (DynamicEmbPoolingMode): SUM, MEAN or NONE.
@@ -132,28 +157,37 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.optimizer = RowOptimizer(optimizer, **optimizer_args)
         self.max_dim = max(self.dims)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
-        if S.NO_EVICTION in self.strategies:
-            raise ValueError(
-                "score_strategy NO_EVICTION is not supported by BatchedDynamicEmbeddingTablesV2 yet"
+        self.no_eviction = S.NO_EVICTION in self.strategies
+        widths = [o.bucket_capacity if o.bucket_capacity != MAX_BUCKET_CAPACITY else None for o in self.table_options]
+        init = [int(o.init_capacity or o.max_capacity) for o in self.table_options]
+        if self.no_eviction:
+            # The key map holds at most half its slots (a fixed load factor of
+            # 0.5); the value buffer holds init_capacity rows. Both double
+            # together, without limit, as keys arrive (see _grow).
+            caps = [_align(2 * r, w) for r, w in zip(init, widths)]
+            self.table = ScoredHashTable(
+                caps, bucket_capacities=widths, num_scores=1, no_eviction=True,
+                max_capacities=caps, row_capacities=init, device=self.device, validate=False,
             )
-        no_evict = [False] * n
-        caps = [int(o.init_capacity or o.max_capacity) for o in self.table_options]
-        self.table = ScoredHashTable(
-            caps,
-            bucket_capacities=[o.bucket_capacity if o.bucket_capacity != 2**63 - 1 else None for o in self.table_options],
-            num_scores=self.table_options[0].num_scores(),
-            no_eviction=no_evict,
-            max_capacities=[int(o.max_capacity) for o in self.table_options],
-            max_load_factor=self.table_options[0].max_load_factor,
-            device=self.device,
-            validate=False,
-        )
+        else:
+            self.table = ScoredHashTable(
+                init,
+                bucket_capacities=widths,
+                num_scores=self.table_options[0].num_scores(),
+                no_eviction=False,
+                max_capacities=[int(o.max_capacity) for o in self.table_options],
+                max_load_factor=self.table_options[0].max_load_factor,
+                device=self.device,
+                validate=False,
+            )
         self.training_state = all(o.training for o in self.table_options)
         self.width = max(
             d + (self.optimizer.state_dim(d) if self.training_state else 0) for d in [self.max_dim] + self.dims
         )
-        # Values are indexed by slot.
-        self.values = torch.zeros(self.table.num_slots, self.width, device=self.device)
+        # Values are indexed by slot; under NO_EVICTION by row: table t's rows
+        # are the block [row_base[t], row_base[t] + row_capacity(t)).
+        num_rows = self._set_row_bases() if self.no_eviction else self.table.num_slots
+        self.values = torch.zeros(num_rows, self.width, device=self.device)
         self.seed = seed
         self.step = 0
         self._custom_score: Optional[int] = None
@@ -163,6 +197,90 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self._placeholder = torch.nn.Parameter(torch.zeros(1, device=self.device))
 
     # ------------------------------------------------------------ storage --
+
+    def _set_row_bases(self) -> int:
+        """NO_EVICTION: first value row of each table; returns the row total."""
+        caps = [self.table.row_capacity(t) for t in range(self.table.num_tables)]
+        bases = [0]
+        for c in caps:
+            bases.append(bases[-1] + c)
+        self._row_base_host = bases
+        self._row_base = torch.tensor(bases[:-1], dtype=torch.int64, device=self.device)
+        return bases[-1]
+
+    def _rows_of(self, slots: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
+        """Value rows of table slots (-1 stays -1)."""
+        if not self.no_eviction:
+            return slots
+        rows = self._row_base[tids] + self.table.rows(slots)
+        return torch.where(slots >= 0, rows, slots)
+
+    def _grow(self, tables: Sequence[int], needed: Optional[Sequence[int]] = None) -> bool:
+        """NO_EVICTION: doubles the key map and the value rows of ``tables``
+        (repeatedly, until ``needed[t]`` keys fit at load 0.5; at least once).
+        A key map that cannot place every key at its new capacity is doubled
+        again. Out of memory: warns, changes nothing and returns False."""
+        caps = [self.table.capacity(t) for t in range(self.table.num_tables)]
+        rows = [self.table.row_capacity(t) for t in range(self.table.num_tables)]
+        old_rows, old_bases = list(rows), list(self._row_base_host)
+        for t in tables:
+            want = rows[t] + 1 if needed is None else int(needed[t])
+            while want > rows[t] or 2 * want > caps[t]:
+                caps[t], rows[t] = caps[t] * 2, rows[t] * 2
+        for _ in range(_MAX_REHASH):
+            try:
+                values = torch.zeros(sum(rows), self.width, device=self.device)
+                self.table.relayout(caps, rows)
+                break
+            except RuntimeError as e:
+                if _out_of_memory(e):
+                    warnings.warn(
+                        f"dynamicemb: NO_EVICTION tables {list(tables)} cannot grow to key map "
+                        f"capacities {[caps[t] for t in tables]} and {[rows[t] for t in tables]} "
+                        f"rows: out of memory ({e}). Training continues; keys that do not fit "
+                        "are not stored and read zeros."
+                    )
+                    return False
+                if "relayout could not place" not in str(e):
+                    raise
+                # A bucket overflowed at the new capacity: double the key map again.
+                for t in tables:
+                    caps[t] *= 2
+        else:
+            raise RuntimeError(f"dynamicemb: NO_EVICTION tables {list(tables)} could not be rehashed")
+        self._set_row_bases()
+        for t in range(self.table.num_tables):
+            lo, new_lo = old_bases[t], self._row_base_host[t]
+            values[new_lo : new_lo + old_rows[t]] = self.values[lo : lo + old_rows[t]]
+        self.values = values
+        return True
+
+    def _insert_no_eviction(self, keys, tids):
+        """NO_EVICTION find-or-insert: grows the tables the batch could fill
+        before inserting, and again for any key whose bucket was full, so that
+        every key is stored while memory lasts."""
+        n = self.table.num_tables
+        incoming = torch.bincount(tids, minlength=n).tolist()
+        sizes = self.table.size().tolist()
+        needed = [s + i for s, i in zip(sizes, incoming)]
+        grow = [t for t in range(n) if needed[t] > self.table.row_capacity(t) or 2 * needed[t] > self.table.capacity(t)]
+        if grow:
+            self._grow(grow, needed)
+        res = self.table.insert(keys, tids)
+        slots, status = res.slots, res.status
+        for _ in range(_MAX_REHASH):
+            failed = status == enums.InsertStatus.FAILED
+            if not bool(failed.any()):
+                break
+            # A full bucket below load 0.5: double the tables it happened in
+            # and place the keys again.
+            if not self._grow(torch.unique(tids[failed]).tolist()):
+                break
+            idx = failed.nonzero().squeeze(1)
+            again = self.table.insert(keys[idx], tids[idx])
+            slots = slots.index_copy(0, idx, again.slots)
+            status = status.index_copy(0, idx, again.status)
+        return slots, status
 
     def _move_values(self, old_slots: torch.Tensor, new_slots: torch.Tensor) -> None:
         """After the table's relayout: each key's row follows it to its new slot."""
@@ -235,17 +353,12 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.step += 1
         if S.CUSTOMIZED in self.strategies and self._custom_score is None:
             raise RuntimeError("CUSTOMIZED score strategy: call set_score before the forward pass")
-        if any(self.table.capacity(t) < self.table.max_capacity(t) for t in range(self.table.num_tables)):
-            # Only tables that can still grow pay for reading the batch's size per table.
-            incoming = torch.bincount(tids, minlength=self.table.num_tables).tolist()
-            moved = self.table.reserve(incoming)
-            if moved is not None:
-                self._move_values(*moved)
-        policies, vals = _policies(self.strategies, self.step, self._custom_score, counts)
-        res = self.table.insert_and_evict(keys, tids, policies=policies, scores=vals)
-        status = res.status
+        if self.no_eviction:
+            slots, status = self._insert_no_eviction(keys, tids)
+        else:
+            slots, status = self._insert_evicting(keys, tids, counts)
         new = (status == enums.InsertStatus.INSERTED) | (status == enums.InsertStatus.EVICTED)
-        rows = res.slots
+        rows = self._rows_of(slots, tids)
         if bool(new.any()):
             self._initialize(keys[new], tids[new], rows[new])
         failed = status == enums.InsertStatus.FAILED
@@ -259,6 +372,17 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 warnings.warn(msg + "; their embeddings are zeros")
         self.insert_failures += failed.sum()
         return rows
+
+    def _insert_evicting(self, keys, tids, counts):
+        if any(self.table.capacity(t) < self.table.max_capacity(t) for t in range(self.table.num_tables)):
+            # Only tables that can still grow pay for reading the batch's size per table.
+            incoming = torch.bincount(tids, minlength=self.table.num_tables).tolist()
+            moved = self.table.reserve(incoming)
+            if moved is not None:
+                self._move_values(*moved)
+        policies, vals = _policies(self.strategies, self.step, self._custom_score, counts)
+        res = self.table.insert_and_evict(keys, tids, policies=policies, scores=vals)
+        return res.slots, res.status
 
     def _initialize(self, keys, tids, rows) -> None:
         for t in range(self.table.num_tables):
@@ -276,7 +400,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 self.values[rows[sel], d : d + sd] = state
 
     def _lookup_eval(self, keys, tids) -> torch.Tensor:
-        rows = self.table.find(keys, tids)
+        rows = self._rows_of(self.table.find(keys, tids), tids)
         missing = rows < 0
         self._eval_rows = None
         if bool(missing.any()):

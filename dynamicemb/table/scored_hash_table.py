@@ -541,20 +541,25 @@ class ScoredHashTable:
         old_free = self.free_rows
         saved = self.counters.clone()
         state = self._state()
-        self._allocate(caps, widths, rows)
-        self.counters = torch.zeros_like(saved)
-        # Free-row stacks keep their entries at the new offsets.
-        col = enums.InfoCol
-        for t in range(self.num_tables):
-            top = int(saved[t, enums.CounterCol.FREE_TOP])
-            if top:
-                o = int(old_info[t, col.ROW_OFFSET])
-                nw = int(self.info_host[t, col.ROW_OFFSET])
-                self.free_rows[nw : nw + top] = old_free[o : o + top]
-        assign = [enums.ScorePolicy.ASSIGN] * self.num_scores
-        res = self._run(
-            enums.RunOp.INSERT, old.keys, old.table_ids, assign, old.scores, assign_rows=True
-        )
+        try:
+            # An allocation that fails (out of memory) leaves the table as it was.
+            self._allocate(caps, widths, rows)
+            self.counters = torch.zeros_like(saved)
+            # Free-row stacks keep their entries at the new offsets.
+            col = enums.InfoCol
+            for t in range(self.num_tables):
+                top = int(saved[t, enums.CounterCol.FREE_TOP])
+                if top:
+                    o = int(old_info[t, col.ROW_OFFSET])
+                    nw = int(self.info_host[t, col.ROW_OFFSET])
+                    self.free_rows[nw : nw + top] = old_free[o : o + top]
+            assign = [enums.ScorePolicy.ASSIGN] * self.num_scores
+            res = self._run(
+                enums.RunOp.INSERT, old.keys, old.table_ids, assign, old.scores, assign_rows=True
+            )
+        except BaseException:
+            self._restore(state)
+            raise
         failed = res.status != enums.InsertStatus.INSERTED
         if bool(failed.any()):
             i = int(failed.nonzero()[0])

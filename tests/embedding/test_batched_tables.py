@@ -15,6 +15,7 @@ from dynamicemb import (
     DynamicEmbTableOptions,
 )
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2, init_rows
+from dynamicemb.table import ScoredHashTable
 import os, sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_optimizer import reference_step  # noqa: E402  (the float64 update rules)
@@ -238,3 +239,134 @@ def test_rows_survive_table_expansion():
     with torch.no_grad():
         out = m(first, torch.tensor([0, 50]))
     assert out[:, 0].tolist() == [float(k - 1) for k in range(50)]
+
+
+# ------------------------------------------------------------ NO_EVICTION --
+
+
+def _no_eviction_opts(dims, init_capacity, bucket_capacity=16):
+    return [
+        DynamicEmbTableOptions(
+            dim=d, init_capacity=init_capacity, max_capacity=init_capacity,
+            bucket_capacity=bucket_capacity, score_strategy=Score.NO_EVICTION,
+            initializer_args=DynamicEmbInitializerArgs(mode=Mode.UNIFORM, lower=-0.1, upper=0.1),
+        )
+        for d in dims
+    ]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("optimizer,kw", [
+    (EmbOptimType.EXACT_SGD, dict(learning_rate=0.3)),
+    (EmbOptimType.ADAM, dict(learning_rate=0.05)),
+], ids=["sgd", "adam"])
+def test_no_eviction_keeps_every_key_and_its_trained_row_across_expansions(device, optimizer, kw):
+    dims, ftm = [4, 8], [0, 1, 0]
+    m = BatchedDynamicEmbeddingTablesV2(_no_eviction_opts(dims, 32), ftm, Pool.SUM, optimizer,
+                                        device=device, **kw)
+    # Key map at load 0.5 of init_capacity, rows = init_capacity.
+    assert [m.table.capacity(t) for t in range(2)] == [64, 64]
+    assert [m.table.row_capacity(t) for t in range(2)] == [32, 32]
+    ref = Dense(m, dims, ftm)
+    g = torch.Generator().manual_seed(11)
+    B, vocab = 16, 5000  # far more distinct keys than the 32 initial rows
+    for step in range(1, 13):
+        indices, offsets = _batch(g, len(ftm), B, vocab)
+        out = m(indices.to(device), offsets.to(device))
+        grad = torch.randn(out.shape, generator=g)
+        want = _dense_output(ref.forward_backward(indices, offsets, Pool.SUM, grad, None, step),
+                             Pool.SUM, dims, ftm, B, indices.numel())
+        assert torch.allclose(out.detach().cpu().double(), want, rtol=1e-5, atol=1e-6), step
+        out.backward(grad.to(device))
+    seen = {t: sorted(k for (tt, k) in ref.rows if tt == t) for t in range(2)}
+    assert int(m.insert_failures) == 0
+    assert int(m.table.counter("EVICTIONS").sum()) == 0
+    for t in range(2):
+        assert int(m.table.size()[t]) == len(seen[t])
+        assert len(seen[t]) > 4 * 32
+        # Doubled together: the key map stays at twice the rows, load <= 0.5.
+        assert m.table.capacity(t) == 2 * m.table.row_capacity(t)
+        assert m.table.row_capacity(t) >= len(seen[t])
+    # Every key ever seen reads back its trained row.
+    m.eval()
+    with torch.no_grad():
+        for t in range(2):
+            f = ftm.index(t)
+            keys = torch.tensor(seen[t])
+            lengths = torch.zeros(len(ftm), keys.numel(), dtype=torch.int64)
+            lengths[f] = 1
+            offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.flatten().cumsum(0)])
+            out = m(keys.to(device), offsets.to(device)).cpu().double()
+            col = sum(dims[ftm[x]] for x in range(f))
+            want = torch.stack([ref.rows[(t, int(k))] for k in keys])
+            assert torch.allclose(out[:, col : col + dims[t]], want, rtol=1e-5, atol=1e-6)
+
+
+def test_no_eviction_grows_only_the_table_that_needs_it():
+    m = BatchedDynamicEmbeddingTablesV2(_no_eviction_opts([4, 4], 64, 32), [0, 1], Pool.SUM,
+                                        EmbOptimType.EXACT_SGD)
+    before = [(m.table.capacity(t), m.table.row_capacity(t)) for t in range(2)]
+    # 200 keys for table 0, 3 for table 1 (feature f's bags are offsets[f*B : (f+1)*B+1]).
+    indices = torch.cat([torch.arange(200), torch.arange(3)])
+    m(indices, torch.tensor([0, 200, 203]))
+    assert (m.table.capacity(1), m.table.row_capacity(1)) == before[1]
+    assert m.table.row_capacity(0) >= 200 and m.table.capacity(0) == 2 * m.table.row_capacity(0)
+    assert m.values.shape[0] == m.table.row_capacity(0) + m.table.row_capacity(1)
+
+
+def _home_bucket(key, capacity, width):
+    """The table's addressing (table_common.h): murmur3's finalizer, then the bucket."""
+    m = (1 << 64) - 1
+    k = key & m
+    k ^= k >> 33
+    k = (k * 0xFF51AFD7ED558CCD) & m
+    k ^= k >> 33
+    k = (k * 0xC4CEB9FE1A85EC53) & m
+    k ^= k >> 33
+    return (k % capacity) // width
+
+
+def test_no_eviction_full_bucket_below_half_load_grows_instead_of_failing():
+    # 40 keys that all hash into one 16-slot bucket overflow it long before
+    # the key map's load reaches 0.5: the table grows and stores all of them.
+    m = BatchedDynamicEmbeddingTablesV2(_no_eviction_opts([2], 512, 16), None, Pool.NONE,
+                                        EmbOptimType.EXACT_SGD)
+    cap = m.table.capacity()
+    same = torch.tensor([k for k in range(1, 100000) if _home_bucket(k, cap, 16) == 0][:40])
+    assert same.numel() == 40
+    out = m(same, torch.tensor([0, 40]))
+    assert int(m.insert_failures) == 0
+    assert m.table.capacity() > cap
+    assert int(m.table.size()[0]) == 40
+    assert bool((out.abs().sum(1) > 0).all())
+    # The home-bucket model is the table's: at the initial capacity they collide.
+    t = ScoredHashTable([cap], bucket_capacities=16)
+    res = t.insert(same)
+    assert int((res.status == 3).sum()) == 24
+
+
+def test_no_eviction_out_of_memory_warns_and_training_continues(monkeypatch):
+    m = BatchedDynamicEmbeddingTablesV2(_no_eviction_opts([4], 16), None, Pool.NONE,
+                                        EmbOptimType.EXACT_SGD, learning_rate=1.0)
+
+    def no_memory(*a, **k):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB")
+
+    monkeypatch.setattr(m.table, "relayout", no_memory)
+    with pytest.warns(UserWarning, match="out of memory"):
+        out = m(torch.arange(40), torch.tensor([0, 40]))
+    out.sum().backward()  # the step completes
+    assert m.table.row_capacity() == 16 and m.values.shape[0] == 16
+    assert int(m.table.size()[0]) == 16  # the rows there are, the rest not stored
+    assert int(m.insert_failures) == 24
+    stored = out.abs().sum(1) > 0
+    assert int(stored.sum()) == 16
+    monkeypatch.undo()
+    m(torch.arange(100, 140), torch.tensor([0, 40]))  # memory back: it grows again
+    assert m.table.row_capacity() >= 56 and int(m.table.size()[0]) == 56
+
+
+def test_no_eviction_cannot_be_fused_with_an_evicting_table():
+    opts = _no_eviction_opts([4], 64) + _opts([4])
+    with pytest.raises(ValueError, match="share one score_strategy"):
+        BatchedDynamicEmbeddingTablesV2(opts, None, Pool.SUM, EmbOptimType.EXACT_SGD)
