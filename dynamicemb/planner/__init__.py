@@ -4,5 +4,11 @@ Importing this package needs TorchRec (``import dynamicemb`` does not).
 """
 
 from .constraints import DynamicEmbParameterConstraints
+from .enumerator import DynamicEmbeddingEnumerator
+from .planner import DynamicEmbeddingShardingPlanner
 
-__all__ = ["DynamicEmbParameterConstraints"]
+__all__ = [
+    "DynamicEmbParameterConstraints",
+    "DynamicEmbeddingEnumerator",
+    "DynamicEmbeddingShardingPlanner",
+]

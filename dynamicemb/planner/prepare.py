@@ -1,0 +1,200 @@
+"""Per-rank options of a dynamic table, and what one rank of it stores.
+
+``_prepare_dynemb_table_options`` is the preparation step of the spec's
+"Sharding planner" section; ``dynamic_shard_storage`` is the per-rank memory
+the enumerator reports for a dynamic table instead of TorchRec's dense
+``num_embeddings * dim`` estimate.
+"""
+
+import dataclasses
+from typing import Any, Optional
+
+import torch
+
+from ..dynamicemb_config import (
+    DynamicEmbScoreStrategy,
+    DynamicEmbTableOptions,
+    _sharded_table_bucket_layout,
+    align_to_table_size,
+    complete_initializer_args,
+    optimizer_state_dim,
+)
+
+__all__ = [
+    "DynamicShardStorage",
+    "_prepare_dynemb_table_options",
+    "dynamic_shard_storage",
+    "slot_metadata_bytes",
+]
+
+# Bytes of one slot of the hash table besides its score words: the int64 key
+# and the one-byte digest (ScoredHashTable's ``keys`` and ``digests``).
+_KEY_BYTES = 8
+_DIGEST_BYTES = 1
+_SCORE_WORD_BYTES = 8
+# NO_EVICTION tables also keep an int64 free-row list, one entry per row.
+_FREE_ROW_BYTES = 8
+
+
+def _prepare_dynemb_table_options(
+    options: DynamicEmbTableOptions,
+    embedding_config: Any,
+    world_size: int,
+) -> DynamicEmbTableOptions:
+    """The options one rank of a row-wise sharded dynamic table uses.
+
+    The spec's preparation, in its order, on a copy (``options`` is not
+    modified; objects it refers to, like an admission strategy, are shared):
+
+    0. ``dim`` = ``embedding_config.embedding_dim``;
+    1. ``initializer_args`` = ``complete_initializer_args(initializer_args,
+       embedding_config)``;
+    2. ``(num_buckets, width) = _sharded_table_bucket_layout(embedding_config,
+       world_size, bucket_capacity)``; ``bucket_capacity`` = width,
+       ``max_capacity`` = ``num_buckets * width``; ``init_capacity``: None
+       becomes ``max_capacity``, a value is rounded up to whole buckets and
+       then clamped to ``max_capacity``;
+    3. ``local_hbm_for_values`` = ``ceil(global_hbm_for_values / world_size)``.
+
+    Preparing prepared options again for the same config and world size
+    gives the same options.
+
+    Args:
+        options (DynamicEmbTableOptions): the table's options as the user
+            gave them.
+        embedding_config (BaseEmbeddingConfig): the table's global TorchRec
+            config (``num_embeddings``, ``embedding_dim``).
+        world_size (int): ranks the table is sharded over.
+
+    Returns:
+        DynamicEmbTableOptions: a new object with the per-rank values.
+
+    Raises:
+        TypeError: ``options`` is not a DynamicEmbTableOptions.
+        ValueError: a bad ``bucket_capacity``, ``world_size``,
+            ``num_embeddings`` or ``embedding_dim`` (the message names it).
+    """
+    if not isinstance(options, DynamicEmbTableOptions):
+        raise TypeError(
+            f"dynamicemb_options must be a DynamicEmbTableOptions, got {options!r}"
+        )
+    dim = getattr(embedding_config, "embedding_dim", None)
+    if not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0:
+        raise ValueError(
+            f"embedding_config.embedding_dim must be a positive int, got {dim!r}"
+        )
+    initializer_args = complete_initializer_args(options.initializer_args, embedding_config)
+    num_buckets, width = _sharded_table_bucket_layout(
+        embedding_config, world_size, options.bucket_capacity
+    )
+    max_capacity = num_buckets * width
+    if options.init_capacity is None:
+        init_capacity = max_capacity
+    else:
+        init_capacity = min(align_to_table_size(options.init_capacity, width), max_capacity)
+    return dataclasses.replace(
+        options,
+        dim=dim,
+        initializer_args=initializer_args,
+        bucket_capacity=width,
+        max_capacity=max_capacity,
+        init_capacity=init_capacity,
+        local_hbm_for_values=-(-options.global_hbm_for_values // world_size),
+    )
+
+
+def slot_metadata_bytes(options: DynamicEmbTableOptions) -> int:
+    """Device bytes of one hash-table slot besides its value row.
+
+    The key (int64), its digest (one byte) and one int64 score word per score
+    (two for the compound ``(TIMESTAMP, LFU)``), plus an int64 free-row entry
+    for a NO_EVICTION table: the layout ``ScoredHashTable`` allocates.
+
+    Args:
+        options (DynamicEmbTableOptions): the table's options.
+
+    Returns:
+        int: bytes per slot.
+    """
+    size = _KEY_BYTES + _DIGEST_BYTES + _SCORE_WORD_BYTES * options.num_scores()
+    if DynamicEmbScoreStrategy.NO_EVICTION in options.score_strategies():
+        size += _FREE_ROW_BYTES
+    return size
+
+
+@dataclasses.dataclass(frozen=True)
+class DynamicShardStorage:
+    """Bytes one rank of a dynamic table allocates when it is built.
+
+    Attributes:
+        hbm (int): device memory: the values kept on the device plus the
+            metadata (keys, digests, scores) of every slot.
+        ddr (int): host memory: the values not kept on the device.
+    """
+
+    hbm: int
+    ddr: int
+
+
+def dynamic_shard_storage(
+    options: DynamicEmbTableOptions,
+    dtype: torch.dtype,
+    optimizer: Optional[Any],
+    compute_device: str,
+) -> DynamicShardStorage:
+    """Memory of one rank of a dynamic table, from its prepared options.
+
+    The table is built with ``init_capacity`` slots (and grows toward
+    ``max_capacity`` as keys arrive, which is not reserved here). A row is
+    ``dim`` elements plus, in training, the optimizer state
+    (``optimizer_state_dim``), of ``embedding_dtype`` (or ``dtype``).
+
+    * ``caching=False`` (hybrid table): the first ``local_hbm_for_values``
+      bytes of the values are on the device, the rest on the host.
+    * ``caching=True``: a device cache of ``local_hbm_for_values`` bytes of
+      rows, with its own slot metadata, in front of a host table holding
+      ``init_capacity`` rows.
+
+    Slot metadata is always on the device. On a compute device without HBM
+    (``"cpu"``) everything is host memory.
+
+    Args:
+        options (DynamicEmbTableOptions): prepared options (``dim`` and
+            ``init_capacity`` set).
+        dtype (torch.dtype): the table's dtype when ``embedding_dtype`` is None.
+        optimizer (Optional[Union[EmbOptimType, DynamicEmbOptimType]]): the
+            sharder's fused optimizer; None means plain SGD (no state).
+        compute_device (str): the topology's compute device.
+
+    Returns:
+        DynamicShardStorage: bytes on the device and on the host.
+
+    Raises:
+        ValueError: the options are not prepared, or the optimizer has no
+            dynamicemb row layout.
+    """
+    if options.dim is None or options.init_capacity is None:
+        raise ValueError(
+            "dynamic_shard_storage needs prepared options (dim and init_capacity set), "
+            f"got dim={options.dim!r}, init_capacity={options.init_capacity!r}"
+        )
+    dtype = options.embedding_dtype or dtype
+    state = 0
+    if options.training and optimizer is not None:
+        state = optimizer_state_dim(optimizer, options.dim, dtype)
+    row_bytes = (options.dim + state) * dtype.itemsize
+    slots = options.init_capacity
+    meta = slots * slot_metadata_bytes(options)
+    values = slots * row_bytes
+    budget = options.local_hbm_for_values
+    if options.caching:
+        cache_rows = budget // row_bytes
+        hbm = cache_rows * (row_bytes + slot_metadata_bytes(options)) + meta
+        ddr = values
+    else:
+        on_device = min(budget, values)
+        hbm = on_device + meta
+        ddr = values - on_device
+    if compute_device not in ("cuda", "mtia"):
+        return DynamicShardStorage(hbm=0, ddr=hbm + ddr)
+    return DynamicShardStorage(hbm=hbm, ddr=ddr)
