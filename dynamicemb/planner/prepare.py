@@ -25,6 +25,7 @@ __all__ = [
     "_prepare_dynemb_table_options",
     "dynamic_shard_storage",
     "slot_metadata_bytes",
+    "table_metadata_bytes",
 ]
 
 # Bytes of one slot of the hash table besides its score words: the int64 key
@@ -107,8 +108,8 @@ def slot_metadata_bytes(options: DynamicEmbTableOptions) -> int:
     """Device bytes of one hash-table slot besides its value row.
 
     The key (int64), its digest (one byte) and one int64 score word per score
-    (two for the compound ``(TIMESTAMP, LFU)``), plus an int64 free-row entry
-    for a NO_EVICTION table: the layout ``ScoredHashTable`` allocates.
+    (two for the compound ``(TIMESTAMP, LFU)``): the layout ``ScoredHashTable``
+    allocates.
 
     Args:
         options (DynamicEmbTableOptions): the table's options.
@@ -116,10 +117,28 @@ def slot_metadata_bytes(options: DynamicEmbTableOptions) -> int:
     Returns:
         int: bytes per slot.
     """
-    size = _KEY_BYTES + _DIGEST_BYTES + _SCORE_WORD_BYTES * options.num_scores()
+    return _KEY_BYTES + _DIGEST_BYTES + _SCORE_WORD_BYTES * options.num_scores()
+
+
+def table_metadata_bytes(options: DynamicEmbTableOptions, rows: int) -> int:
+    """Device bytes of the hash table (keys, digests, scores) for ``rows`` rows.
+
+    A table that evicts has one slot per row. A NO_EVICTION table keeps its
+    key map at most half full (twice the rows, in whole buckets) and an int64
+    free-row entry per row.
+
+    Args:
+        options (DynamicEmbTableOptions): prepared options (``bucket_capacity``
+            is the effective bucket width).
+        rows (int): value rows of the table.
+
+    Returns:
+        int: bytes.
+    """
     if DynamicEmbScoreStrategy.NO_EVICTION in options.score_strategies():
-        size += _FREE_ROW_BYTES
-    return size
+        slots = align_to_table_size(2 * rows, options.bucket_capacity)
+        return slots * slot_metadata_bytes(options) + rows * _FREE_ROW_BYTES
+    return rows * slot_metadata_bytes(options)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,7 +163,7 @@ def dynamic_shard_storage(
 ) -> DynamicShardStorage:
     """Memory of one rank of a dynamic table, from its prepared options.
 
-    The table is built with ``init_capacity`` slots (and grows toward
+    The table is built with ``init_capacity`` rows (and grows toward
     ``max_capacity`` as keys arrive, which is not reserved here). A row is
     ``dim`` elements plus, in training, the optimizer state
     (``optimizer_state_dim``), of ``embedding_dtype`` (or ``dtype``).
@@ -155,7 +174,7 @@ def dynamic_shard_storage(
       rows, with its own slot metadata, in front of a host table holding
       ``init_capacity`` rows.
 
-    Slot metadata is always on the device. On a compute device without HBM
+    Slot metadata (``table_metadata_bytes``) is always on the device. On a compute device without HBM
     (``"cpu"``) everything is host memory.
 
     Args:
@@ -183,13 +202,13 @@ def dynamic_shard_storage(
     if options.training and optimizer is not None:
         state = optimizer_state_dim(optimizer, options.dim, dtype)
     row_bytes = (options.dim + state) * dtype.itemsize
-    slots = options.init_capacity
-    meta = slots * slot_metadata_bytes(options)
-    values = slots * row_bytes
+    rows = options.init_capacity
+    meta = table_metadata_bytes(options, rows)
+    values = rows * row_bytes
     budget = options.local_hbm_for_values
     if options.caching:
         cache_rows = budget // row_bytes
-        hbm = cache_rows * (row_bytes + slot_metadata_bytes(options)) + meta
+        hbm = cache_rows * row_bytes + table_metadata_bytes(options, cache_rows) + meta
         ddr = values
     else:
         on_device = min(budget, values)

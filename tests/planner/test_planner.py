@@ -1,0 +1,558 @@
+"""Tests of dynamicemb.planner against the spec's "Sharding planner" rules.
+
+Expected capacities and bytes are worked out here from the spec's rules (and
+written as numbers), not by calling the code under test.
+"""
+
+import dataclasses
+import math
+import os
+import tempfile
+
+import pytest
+import torch
+import torch.distributed as dist
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from torchrec.distributed.embedding import EmbeddingCollectionSharder
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Topology
+from torchrec.distributed.types import ParameterSharding, ShardingType
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
+from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+from dynamicemb import (
+    MAX_BUCKET_CAPACITY,
+    DynamicEmbInitializerArgs,
+    DynamicEmbInitializerMode,
+    DynamicEmbPoolingMode,
+    DynamicEmbScoreStrategy,
+    DynamicEmbTableOptions,
+)
+from dynamicemb.planner import (
+    DynamicEmbeddingEnumerator,
+    DynamicEmbeddingShardingPlanner,
+    DynamicEmbParameterConstraints,
+)
+from dynamicemb.planner.parameter_sharding import DynamicEmbParameterSharding
+from dynamicemb.planner.planner import _prepare_dynemb_table_options
+
+RW = ShardingType.ROW_WISE.value
+CUSTOM = EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value
+FUSED = EmbeddingComputeKernel.FUSED.value
+
+
+# ------------------------------------------------------------------ sharders
+
+
+def _with_dynamic_kernel(base):
+    """TorchRec's sharder, offering row-wise on every device and the
+    customized kernel for row-wise (what dynamicemb's sharders offer)."""
+
+    class Sharder(base):
+        def sharding_types(self, compute_device_type):
+            types = super().sharding_types(compute_device_type)
+            return types if RW in types else types + [RW]
+
+        def compute_kernels(self, sharding_type, compute_device_type):
+            kernels = super().compute_kernels(sharding_type, compute_device_type)
+            return kernels + [CUSTOM] if sharding_type == RW else kernels
+
+    return Sharder
+
+
+def _sharders(fused_params=None):
+    try:
+        from dynamicemb.shard import (  # noqa: F401
+            DynamicEmbeddingBagCollectionSharder,
+            DynamicEmbeddingCollectionSharder,
+        )
+
+        return [
+            DynamicEmbeddingCollectionSharder(fused_params=fused_params),
+            DynamicEmbeddingBagCollectionSharder(fused_params=fused_params),
+        ]
+    except ImportError:
+        return [
+            _with_dynamic_kernel(EmbeddingCollectionSharder)(fused_params=fused_params),
+            _with_dynamic_kernel(EmbeddingBagCollectionSharder)(fused_params=fused_params),
+        ]
+
+
+# --------------------------------------------------------------------- model
+
+
+def _ec_configs(huge=1000):
+    return [
+        EmbeddingConfig(name="dyn_ec", embedding_dim=16, num_embeddings=huge, feature_names=["f0"]),
+        EmbeddingConfig(name="static_ec", embedding_dim=16, num_embeddings=100, feature_names=["f1"]),
+    ]
+
+
+def _ebc_configs():
+    return [
+        EmbeddingBagConfig(name="dyn_ebc", embedding_dim=8, num_embeddings=1000, feature_names=["f2"]),
+        EmbeddingBagConfig(name="static_ebc", embedding_dim=8, num_embeddings=60, feature_names=["f3"]),
+    ]
+
+
+class _Model(torch.nn.Module):
+    def __init__(self, ec_configs, ebc_configs):
+        super().__init__()
+        self.ec = EmbeddingCollection(tables=ec_configs, device=torch.device("meta"))
+        self.ebc = EmbeddingBagCollection(tables=ebc_configs, device=torch.device("meta"))
+
+
+def _constraints(**dyn_options):
+    return {
+        "dyn_ec": DynamicEmbParameterConstraints(
+            use_dynamicemb=True,
+            dynamicemb_options=dyn_options.get("dyn_ec", DynamicEmbTableOptions()),
+        ),
+        "static_ec": ParameterConstraints(),
+        "dyn_ebc": DynamicEmbParameterConstraints(
+            use_dynamicemb=True,
+            dynamicemb_options=dyn_options.get("dyn_ebc", DynamicEmbTableOptions()),
+        ),
+        "static_ebc": DynamicEmbParameterConstraints(use_dynamicemb=False),
+    }
+
+
+def _topology(world_size, device="cpu"):
+    return Topology(world_size=world_size, compute_device=device)
+
+
+def _cfg(num_embeddings, dim=16):
+    return EmbeddingConfig(name="t", embedding_dim=dim, num_embeddings=num_embeddings, feature_names=["f"])
+
+
+# --------------------------------------------------------- option preparation
+
+
+@pytest.mark.parametrize(
+    "num_embeddings, world_size, bucket, want_width, want_capacity",
+    [
+        # ceil(1000 / 3) = 334 rows -> 3 buckets of 128.
+        (1000, 3, 128, 128, 384),
+        # Sentinel: one bucket of 334 rounded up to a multiple of 16.
+        (1000, 3, MAX_BUCKET_CAPACITY, 336, 336),
+        (1000, 1, MAX_BUCKET_CAPACITY, 1008, 1008),
+        (1024, 4, MAX_BUCKET_CAPACITY, 256, 256),
+        # Fewer rows than a bucket: still one whole bucket.
+        (2, 8, 128, 128, 128),
+        (2, 8, MAX_BUCKET_CAPACITY, 16, 16),
+        (1000, 2, 64, 64, 512),
+    ],
+)
+def test_prepare_bucket_layout(num_embeddings, world_size, bucket, want_width, want_capacity):
+    options = DynamicEmbTableOptions(bucket_capacity=bucket)
+    prepared = _prepare_dynemb_table_options(options, _cfg(num_embeddings), world_size)
+    assert prepared.bucket_capacity == want_width
+    assert prepared.max_capacity == want_capacity
+    assert prepared.init_capacity == want_capacity
+    assert prepared.dim == 16
+    assert options.bucket_capacity == bucket and options.max_capacity is None
+
+
+@pytest.mark.parametrize(
+    "init, want",
+    [(1, 128), (200, 256), (256, 256), (384, 384), (1000, 384), (10**9, 384)],
+)
+def test_prepare_init_capacity_aligned_then_clamped(init, want):
+    # 1000 rows over 3 ranks with buckets of 128: max_capacity 384.
+    options = DynamicEmbTableOptions(bucket_capacity=128, init_capacity=init)
+    assert _prepare_dynemb_table_options(options, _cfg(1000), 3).init_capacity == want
+
+
+def test_prepare_init_capacity_with_sentinel_width():
+    # One bucket of 336 per rank: 100 rounds up to the bucket, i.e. 336.
+    options = DynamicEmbTableOptions(bucket_capacity=MAX_BUCKET_CAPACITY, init_capacity=100)
+    prepared = _prepare_dynemb_table_options(options, _cfg(1000), 3)
+    assert (prepared.bucket_capacity, prepared.max_capacity, prepared.init_capacity) == (336, 336, 336)
+
+
+@pytest.mark.parametrize(
+    "global_bytes, world_size, want", [(0, 4, 0), (1000, 4, 250), (1001, 4, 251), (1001, 2, 501), (7, 1, 7)]
+)
+def test_prepare_local_hbm_split(global_bytes, world_size, want):
+    options = DynamicEmbTableOptions(global_hbm_for_values=global_bytes)
+    prepared = _prepare_dynemb_table_options(options, _cfg(1000), world_size)
+    assert prepared.local_hbm_for_values == want
+    assert prepared.global_hbm_for_values == global_bytes
+
+
+def test_prepare_completes_uniform_bounds_from_the_config():
+    prepared = _prepare_dynemb_table_options(DynamicEmbTableOptions(), _cfg(400), 2)
+    assert prepared.initializer_args.mode == DynamicEmbInitializerMode.UNIFORM
+    assert prepared.initializer_args.lower == pytest.approx(-0.05)
+    assert prepared.initializer_args.upper == pytest.approx(0.05)
+    partial = DynamicEmbTableOptions(initializer_args=DynamicEmbInitializerArgs(lower=-0.01))
+    prepared = _prepare_dynemb_table_options(partial, _cfg(400), 2)
+    assert (prepared.initializer_args.lower, prepared.initializer_args.upper) == (-0.01, pytest.approx(0.05))
+    assert partial.initializer_args.upper is None
+    normal = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.NORMAL, std_dev=0.1)
+    prepared = _prepare_dynemb_table_options(DynamicEmbTableOptions(initializer_args=normal), _cfg(400), 2)
+    assert prepared.initializer_args == normal
+
+
+def test_prepare_is_idempotent_for_one_world_size():
+    for bucket in (128, MAX_BUCKET_CAPACITY):
+        options = DynamicEmbTableOptions(bucket_capacity=bucket, init_capacity=50, global_hbm_for_values=999)
+        once = _prepare_dynemb_table_options(options, _cfg(1000), 3)
+        assert _prepare_dynemb_table_options(once, _cfg(1000), 3) == once
+
+
+def test_prepare_rejects_a_bucket_width_that_is_not_a_multiple_of_16():
+    with pytest.raises(ValueError, match="100"):
+        DynamicEmbTableOptions(bucket_capacity=100)
+    options = DynamicEmbTableOptions()
+    options.bucket_capacity = 100  # set after construction: the planner catches it
+    with pytest.raises(ValueError, match="bucket_capacity.*100"):
+        _prepare_dynemb_table_options(options, _cfg(1000), 2)
+
+
+# ------------------------------------------------------------------ planner
+
+
+def test_planner_prepares_dynamic_tables_and_leaves_the_given_options_alone():
+    shared = DynamicEmbTableOptions(bucket_capacity=MAX_BUCKET_CAPACITY, global_hbm_for_values=4000)
+    given = dataclasses.replace(shared)
+    constraints = _constraints(dyn_ec=shared, dyn_ebc=shared)
+    static_ec = constraints["static_ec"]
+    planner = DynamicEmbeddingShardingPlanner(
+        _ec_configs(huge=500) + _ebc_configs(), topology=_topology(2), constraints=constraints
+    )
+    assert shared == given  # the object the user passed is unchanged
+    ec_opts = constraints["dyn_ec"].dynamicemb_options
+    ebc_opts = constraints["dyn_ebc"].dynamicemb_options
+    assert ec_opts is not shared and ebc_opts is not shared
+    # dyn_ec: 500 rows / 2 = 250 -> 256; dyn_ebc: 1000 / 2 = 500 -> 512.
+    assert (ec_opts.dim, ec_opts.bucket_capacity, ec_opts.max_capacity) == (16, 256, 256)
+    assert (ebc_opts.dim, ebc_opts.bucket_capacity, ebc_opts.max_capacity) == (8, 512, 512)
+    assert ec_opts.local_hbm_for_values == ebc_opts.local_hbm_for_values == 2000
+    assert constraints["static_ec"] is static_ec
+    assert planner.dynamicemb_options == {"dyn_ec": ec_opts, "dyn_ebc": ebc_opts}
+    assert planner.constraints is constraints
+
+
+def test_updated_constraints_plan_again_from_the_given_options():
+    constraints = _constraints(dyn_ec=DynamicEmbTableOptions(bucket_capacity=MAX_BUCKET_CAPACITY))
+    configs = _ec_configs(huge=1000) + _ebc_configs()
+    DynamicEmbeddingShardingPlanner(configs, topology=_topology(1), constraints=constraints)
+    assert constraints["dyn_ec"].dynamicemb_options.bucket_capacity == 1008
+    # A second planner of another world size starts from the sentinel, not 1008.
+    DynamicEmbeddingShardingPlanner(configs, topology=_topology(4), constraints=constraints)
+    assert constraints["dyn_ec"].dynamicemb_options.bucket_capacity == 256
+    assert constraints["dyn_ec"].dynamicemb_options.max_capacity == 256
+    # Fields edited in between are what the next planner prepares.
+    constraints["dyn_ec"].dynamicemb_options.bucket_capacity = 128
+    DynamicEmbeddingShardingPlanner(configs, topology=_topology(2), constraints=constraints)
+    assert constraints["dyn_ec"].dynamicemb_options.bucket_capacity == 128
+    assert constraints["dyn_ec"].dynamicemb_options.max_capacity == 512
+
+
+def _snapshot(constraints):
+    return {name: (c, getattr(c, "dynamicemb_options", None)) for name, c in constraints.items()}
+
+
+@pytest.mark.parametrize(
+    "mutate, error, match",
+    [
+        (lambda cfgs, cons: cfgs.append(_ec_configs()[0]), ValueError, "more than once.*dyn_ec"),
+        (lambda cfgs, cons: cons.pop("static_ebc"), ValueError, "missing.*static_ebc"),
+        (
+            lambda cfgs, cons: cons.__setitem__("ghost", ParameterConstraints()),
+            ValueError,
+            "not in eb_configs.*ghost",
+        ),
+        (lambda cfgs, cons: cfgs.append("static_ec"), TypeError, "eb_configs\\[4\\]"),
+        (lambda cfgs, cons: cons.__setitem__("static_ec", {"sharding_types": []}), TypeError, "static_ec"),
+        (
+            lambda cfgs, cons: setattr(cons["dyn_ebc"], "sharding_types", ["table_wise"]),
+            ValueError,
+            "dyn_ebc.*table_wise",
+        ),
+        (
+            lambda cfgs, cons: setattr(cons["dyn_ebc"], "compute_kernels", ["fused"]),
+            ValueError,
+            "dyn_ebc.*fused",
+        ),
+        (
+            lambda cfgs, cons: setattr(cons["dyn_ebc"].dynamicemb_options, "bucket_capacity", 24),
+            ValueError,
+            "dyn_ebc.*24",
+        ),
+    ],
+)
+def test_planner_validation_errors_name_the_table_and_change_nothing(mutate, error, match):
+    configs = _ec_configs() + _ebc_configs()
+    constraints = _constraints()
+    mutate(configs, constraints)
+    before = _snapshot(constraints)
+    with pytest.raises(error, match=match):
+        DynamicEmbeddingShardingPlanner(configs, topology=_topology(2), constraints=constraints)
+    after = _snapshot(constraints)
+    assert after.keys() == before.keys()
+    for name in before:
+        assert after[name][0] is before[name][0] and after[name][1] is before[name][1]
+
+
+def test_planner_needs_a_dynamic_enumerator_for_dynamic_tables():
+    topology = _topology(2)
+    with pytest.raises(TypeError, match="DynamicEmbeddingEnumerator"):
+        DynamicEmbeddingShardingPlanner(
+            _ec_configs() + _ebc_configs(),
+            topology=topology,
+            enumerator=EmbeddingEnumerator(topology=topology, batch_size=512),
+            constraints=_constraints(),
+        )
+
+
+def test_planner_default_topology_without_a_process_group():
+    assert not dist.is_initialized()
+    planner = DynamicEmbeddingShardingPlanner(_ec_configs() + _ebc_configs(), constraints=_constraints())
+    assert planner.topology.world_size == 1
+    assert planner.topology.compute_device == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert planner.dynamicemb_options["dyn_ebc"].max_capacity == 1024  # 1000 -> 8 buckets of 128
+
+
+def _expected_dynamic(world_size, num_embeddings, dim, bucket=128):
+    rows = math.ceil(num_embeddings / world_size)
+    capacity = max(1, math.ceil(rows / bucket)) * bucket
+    return capacity
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_plan_mixed_model(world_size):
+    options = {
+        "dyn_ec": DynamicEmbTableOptions(
+            init_capacity=100, global_hbm_for_values=10_000, dist_type="hash_roundrobin"
+        ),
+        "dyn_ebc": DynamicEmbTableOptions(bucket_capacity=MAX_BUCKET_CAPACITY),
+    }
+    constraints = _constraints(**options)
+    planner = DynamicEmbeddingShardingPlanner(
+        _ec_configs() + _ebc_configs(), topology=_topology(world_size), constraints=constraints, debug=False
+    )
+    plan = planner.plan(_Model(_ec_configs(), _ebc_configs()), _sharders())
+    assert set(plan.plan) == {"ec", "ebc"}
+    dyn_ec = plan.plan["ec"]["dyn_ec"]
+    dyn_ebc = plan.plan["ebc"]["dyn_ebc"]
+    for entry in (dyn_ec, dyn_ebc):
+        assert isinstance(entry, DynamicEmbParameterSharding)
+        assert entry.sharding_type == RW and entry.compute_kernel == CUSTOM
+        assert entry.ranks == list(range(world_size))
+        assert sum(s.shard_sizes[0] for s in entry.sharding_spec.shards) == 1000
+    ec_capacity = _expected_dynamic(world_size, 1000, 16)
+    o = dyn_ec.dynamicemb_options
+    assert (o.dim, o.bucket_capacity, o.max_capacity) == (16, 128, ec_capacity)
+    assert o.init_capacity == 128  # 100 -> one bucket
+    assert o.local_hbm_for_values == math.ceil(10_000 / world_size)
+    assert o.dist_type == "hash_roundrobin"
+    assert o.initializer_args.lower == pytest.approx(-math.sqrt(1 / 1000))
+    assert o.initializer_args.upper == pytest.approx(math.sqrt(1 / 1000))
+    o = dyn_ebc.dynamicemb_options
+    width = math.ceil(math.ceil(1000 / world_size) / 16) * 16
+    assert (o.dim, o.bucket_capacity, o.max_capacity, o.init_capacity) == (8, width, width, width)
+    assert o.dist_type == "roundrobin"
+    assert o is constraints["dyn_ebc"].dynamicemb_options
+    for module, name in (("ec", "static_ec"), ("ebc", "static_ebc")):
+        entry = plan.plan[module][name]
+        assert type(entry) is ParameterSharding
+        assert entry.compute_kernel != CUSTOM
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_plan_huge_dynamic_table(world_size):
+    huge = 2**40
+    constraints = _constraints(dyn_ec=DynamicEmbTableOptions(init_capacity=4096, global_hbm_for_values=2**20))
+    planner = DynamicEmbeddingShardingPlanner(
+        _ec_configs(huge=huge) + _ebc_configs(),
+        topology=_topology(world_size, "cuda"),
+        constraints=constraints,
+        debug=False,
+    )
+    plan = planner.plan(_Model(_ec_configs(huge=huge), _ebc_configs()), _sharders())
+    entry = plan.plan["ec"]["dyn_ec"]
+    assert isinstance(entry, DynamicEmbParameterSharding)
+    assert entry.dynamicemb_options.max_capacity == huge // world_size
+    assert entry.dynamicemb_options.init_capacity == 4096
+    assert sum(s.shard_sizes[0] for s in entry.sharding_spec.shards) == huge
+
+
+def test_plan_reserves_the_initial_allocation():
+    # Without init_capacity the table is built at max_capacity (2**39 rows of
+    # keys and scores per rank): that does not fit and planning says so.
+    planner = DynamicEmbeddingShardingPlanner(
+        _ec_configs(huge=2**40) + _ebc_configs(),
+        topology=_topology(2, "cuda"),
+        constraints=_constraints(),
+        debug=False,
+    )
+    with pytest.raises(PlannerError):
+        planner.plan(_Model(_ec_configs(huge=2**40), _ebc_configs()), _sharders())
+
+
+def test_plan_rejects_a_sharder_without_the_dynamic_kernel():
+    planner = DynamicEmbeddingShardingPlanner(
+        _ec_configs() + _ebc_configs(), topology=_topology(2), constraints=_constraints(), debug=False
+    )
+    sharders = [
+        _with_dynamic_kernel(EmbeddingCollectionSharder)(),
+        EmbeddingBagCollectionSharder(),
+    ]
+    with pytest.raises(ValueError, match="dyn_ebc"):
+        planner.plan(_Model(_ec_configs(), _ebc_configs()), sharders)
+
+
+def test_plan_rejects_a_model_that_disagrees_with_eb_configs():
+    configs = _ec_configs() + _ebc_configs()
+    planner = DynamicEmbeddingShardingPlanner(
+        configs, topology=_topology(2), constraints=_constraints(), debug=False
+    )
+    model_configs = _ec_configs(huge=2000)
+    with pytest.raises(ValueError, match="dyn_ec.*2000"):
+        planner.plan(_Model(model_configs, _ebc_configs()), _sharders())
+
+
+def test_plan_rejects_an_optimizer_dynamicemb_lacks():
+    planner = DynamicEmbeddingShardingPlanner(
+        _ec_configs() + _ebc_configs(), topology=_topology(2), constraints=_constraints(), debug=False
+    )
+    with pytest.raises(ValueError, match="dyn_ebc?.*LAMB"):
+        planner.plan(
+            _Model(_ec_configs(), _ebc_configs()), _sharders({"optimizer": EmbOptimType.LAMB})
+        )
+
+
+def test_collective_plan_single_rank_group():
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group(
+            "gloo", init_method=f"file://{os.path.join(tmp, 'store')}", rank=0, world_size=1
+        )
+        try:
+            planner = DynamicEmbeddingShardingPlanner(
+                _ec_configs() + _ebc_configs(), constraints=_constraints(), debug=False
+            )
+            assert planner.topology.world_size == 1
+            plan = planner.collective_plan(_Model(_ec_configs(), _ebc_configs()), _sharders())
+        finally:
+            dist.destroy_process_group()
+    entry = plan.plan["ebc"]["dyn_ebc"]
+    assert isinstance(entry, DynamicEmbParameterSharding)
+    assert entry.dynamicemb_options.max_capacity == 1024
+
+
+# --------------------------------------------------------------- enumerator
+
+
+def _options_by(search_space):
+    out = {}
+    for so in search_space:
+        out.setdefault(so.name, []).append(so)
+    return out
+
+
+def test_enumerator_static_tables_as_torchrec():
+    topology = _topology(4, "cuda")
+    constraints = _constraints()
+    model = _Model(_ec_configs(), _ebc_configs())
+    ours = _options_by(
+        DynamicEmbeddingEnumerator(topology, constraints=constraints).enumerate(model, _sharders())
+    )
+    theirs = _options_by(
+        EmbeddingEnumerator(topology, batch_size=512, constraints=constraints).enumerate(
+            model, [EmbeddingCollectionSharder(), EmbeddingBagCollectionSharder()]
+        )
+    )
+    # TorchRec's EBC sharder has no row-wise on the CPU only; on CUDA both agree.
+    for name in ("static_ec", "static_ebc"):
+        key = lambda so: (so.sharding_type, so.compute_kernel)  # noqa: E731
+        a = sorted(ours[name], key=key)
+        b = sorted(theirs[name], key=key)
+        assert [key(so) for so in a] == [key(so) for so in b]
+        for x, y in zip(a, b):
+            assert [s.size for s in x.shards] == [s.size for s in y.shards]
+            assert [s.storage for s in x.shards] == [s.storage for s in y.shards]
+            assert [s.perf for s in x.shards] == [s.perf for s in y.shards]
+    for name in ("dyn_ec", "dyn_ebc"):
+        assert [(so.sharding_type, so.compute_kernel) for so in ours[name]] == [(RW, CUSTOM)]
+
+
+def _rw_fused(options):
+    return next(so for so in options if so.sharding_type == RW and so.compute_kernel == FUSED)
+
+
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+@pytest.mark.parametrize("caching", [False, True])
+def test_enumerator_dynamic_storage(device, caching):
+    # A dynamic table and a static one of the same shape and inputs: the
+    # static FUSED row-wise option's storage minus its dense rows is the
+    # input/output part both share.
+    world_size, dim, rows = 2, 16, 1000
+    configs = [
+        EmbeddingBagConfig(name="dyn", embedding_dim=dim, num_embeddings=rows, feature_names=["a"]),
+        EmbeddingBagConfig(name="twin", embedding_dim=dim, num_embeddings=rows, feature_names=["b"]),
+    ]
+    model = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    options = DynamicEmbTableOptions(init_capacity=300, global_hbm_for_values=30_000, caching=caching)
+    constraints = {
+        "dyn": DynamicEmbParameterConstraints(use_dynamicemb=True, dynamicemb_options=options),
+        "twin": ParameterConstraints(),
+    }
+    enumerator = DynamicEmbeddingEnumerator(_topology(world_size, device), constraints=constraints)
+    sharders = [_sharders({"optimizer": EmbOptimType.ADAM})[1]]
+    space = _options_by(enumerator.enumerate(model, sharders))
+    (dyn,) = space["dyn"]
+    twin = _rw_fused(space["twin"])
+    dense_rows = [s.size[0] * dim * 4 for s in twin.shards]
+    # 300 rows -> 3 buckets of 128 = 384 rows; Adam: dim + 2 * dim floats.
+    row_bytes = 3 * dim * 4
+    values = 384 * row_bytes
+    meta = 384 * (8 + 1 + 8)
+    local_hbm = 15_000
+    if caching:
+        cache_rows = local_hbm // row_bytes
+        table_hbm = cache_rows * row_bytes + cache_rows * 17 + meta
+        table_ddr = values
+    else:
+        table_hbm = local_hbm + meta
+        table_ddr = values - local_hbm
+    for shard, twin_shard, dense in zip(dyn.shards, twin.shards, dense_rows):
+        assert shard.perf == twin_shard.perf
+        if device == "cuda":
+            io = twin_shard.storage.hbm - dense
+            assert twin_shard.storage.ddr == 0
+            assert (shard.storage.hbm, shard.storage.ddr) == (io + table_hbm, table_ddr)
+        else:
+            io = twin_shard.storage.ddr - dense
+            assert twin_shard.storage.hbm == 0
+            assert (shard.storage.hbm, shard.storage.ddr) == (0, io + table_hbm + table_ddr)
+
+
+def test_table_metadata_matches_the_embedding_module():
+    # The bytes the planner counts for keys, digests and scores (and values)
+    # are what BatchedDynamicEmbeddingTablesV2 allocates.
+    from dynamicemb.embedding.batched_tables import BatchedDynamicEmbeddingTablesV2
+    from dynamicemb.planner.prepare import table_metadata_bytes
+
+    strategies = [
+        DynamicEmbScoreStrategy.TIMESTAMP,
+        (DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU),
+        DynamicEmbScoreStrategy.NO_EVICTION,
+    ]
+    for strategy in strategies:
+        options = _prepare_dynemb_table_options(
+            DynamicEmbTableOptions(score_strategy=strategy, init_capacity=200), _cfg(1000, dim=4), 1
+        )
+        module = BatchedDynamicEmbeddingTablesV2(
+            [options], pooling_mode=DynamicEmbPoolingMode.SUM, optimizer=EmbOptimType.EXACT_SGD
+        )
+        table = module.table
+        allocated = sum(
+            t.numel() * t.element_size()
+            for t in (table.keys, table.digests, table.scores, table.free_rows)
+        )
+        assert allocated == table_metadata_bytes(options, options.init_capacity), strategy
+        assert module.values.shape[0] == options.init_capacity
