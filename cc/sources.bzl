@@ -39,6 +39,14 @@ EMBEDDING_CUDA_SRCS = ["initializer_cuda.cu", "optimizer_cuda.cu"]
 
 OPS_HDRS = ["ops_common.h"]
 
+# //cc/ops:routing_core (row-wise key -> rank routing, host/device inline, no
+# torch) and //cc/ops:routing_cuda (its torch-free CUDA kernel).
+ROUTING_HDRS = ["routing.h"]
+
+ROUTING_CUDA_HDRS = ["routing_cuda.h"]
+
+ROUTING_CUDA_SRCS = ["routing_cuda.cu"]
+
 # Torch op schemas, CPU and Meta kernels, and the Python module entry point.
 OPS_SRCS = [
     "ops.cpp",
@@ -57,5 +65,9 @@ PACKAGES = {
         "cpu_srcs": EMBEDDING_CPU_SRCS,
         "cuda_srcs": EMBEDDING_CUDA_SRCS,
     },
-    "cc/ops": {"hdrs": OPS_HDRS, "cpu_srcs": OPS_SRCS, "cuda_srcs": OPS_CUDA_SRCS},
+    "cc/ops": {
+        "hdrs": OPS_HDRS + ROUTING_HDRS + ROUTING_CUDA_HDRS,
+        "cpu_srcs": OPS_SRCS,
+        "cuda_srcs": OPS_CUDA_SRCS + ROUTING_CUDA_SRCS,
+    },
 }

@@ -39,6 +39,10 @@ TORCH_LIBRARY(dynamicemb, m) {
   //   assign_rows: NO_EVICTION tables take score_values column 0 as the row.
   //   total_buckets: buckets of all tables (sort key bound).
   //   has_rows: some table is NO_EVICTION.
+  //   victim_scores: optional (num_slots) float64 on the table's device: a
+  //     custom eviction score per slot ranking insert_and_evict's victims
+  //     before the score words (lowest first, NaN first). Only the slots of
+  //     the buckets the batch touches are read (see table_home_starts).
   // Result:
   //   slots (n) int64, status (n) int8 InsertStatus (erase: 0 removed, 3 absent),
   //   evicted keys (n), scores (n, num_scores), slots (n), table ids (n), the
@@ -46,8 +50,20 @@ TORCH_LIBRARY(dynamicemb, m) {
   m.def(
       "table_run(Tensor keys, Tensor table_ids, Tensor(a!) table_keys, Tensor(b!) digests, "
       "Tensor(c!) scores, Tensor info, Tensor(d!) counters, Tensor(e!) free_rows, int[] policies, "
-      "Tensor score_values, int op, bool assign_rows, int total_buckets, bool has_rows) -> "
-      "(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "Tensor score_values, int op, bool assign_rows, int total_buckets, bool has_rows, "
+      "Tensor? victim_scores=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+
+  // First slot of each entry's home bucket (its bucket spans the table's
+  // bucket capacity from there), -1 for a reserved key or a table id out of
+  // range: the slots an insert of these keys may evict from.
+  // Result: (n) int64.
+  m.def(
+      "table_home_starts(Tensor keys, Tensor table_ids, Tensor table_keys, Tensor info) -> Tensor");
+
+  // One reading of the clock the TIMER score policy uses (the host's
+  // monotonic nanosecond clock on the CPU, the device's global timer on
+  // CUDA), as a (1) int64 tensor on `like`'s device, in stream order.
+  m.def("table_timer(Tensor like) -> Tensor");
 
   // Occupied slots in [slot_begin, slot_end) whose score word `score_column` is
   // at least `threshold`, in slot order.
@@ -91,4 +107,17 @@ TORCH_LIBRARY(dynamicemb, m) {
 
   // Occupied slots of each table, counted from the keys: (num_tables) int64.
   m.def("table_count(Tensor table_keys, Tensor info) -> Tensor");
+
+  // Row-wise routing of raw keys to the ranks of a sharded table
+  // (cc/ops/routing.h): ranks[i] = route_key(keys[i], dist_types[f],
+  // blocks[f], world_size) with f = feature_ids[i].
+  // Args:
+  //   keys, feature_ids: (n) int64; dist_types, blocks: (num_features) int64
+  //   (DistType values; the continuous block size, ignored by the other
+  //   types); world_size > 0.
+  // Result:
+  //   (n) int64 ranks in [0, world_size).
+  m.def(
+      "route_keys(Tensor keys, Tensor feature_ids, Tensor dist_types, Tensor blocks, "
+      "int world_size) -> Tensor");
 }

@@ -6,6 +6,7 @@
 
 #include <ATen/ATen.h>
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -222,6 +223,19 @@ inline void check_counters(const at::Tensor& counters, const at::Tensor& free_ro
               "dynamicemb: counters and free_rows must be on the table's device");
 }
 
+/// Checks run's optional victim scores: (num_slots) float64 on the table's device.
+inline void check_victim_scores(const std::optional<at::Tensor>& v, const at::Tensor& table_keys) {
+  if (!v.has_value()) return;
+  TORCH_CHECK_TYPE(v->scalar_type() == at::kDouble, "dynamicemb: victim_scores must be float64, got ",
+                   v->scalar_type());
+  TORCH_CHECK_VALUE(v->dim() == 1 && v->numel() == table_keys.numel() && v->is_contiguous(),
+                    "dynamicemb: victim_scores must be a contiguous (", table_keys.numel(),
+                    ") tensor, one per slot, got shape ", v->sizes());
+  TORCH_CHECK(v->device() == table_keys.device(),
+              "dynamicemb: victim_scores must be on the table's device ", table_keys.device(),
+              ", got ", v->device());
+}
+
 inline void check_op(int64_t op) {
   TORCH_CHECK_VALUE(op >= 0 && op <= static_cast<int64_t>(table::RunOp::kErase),
               "dynamicemb: run op must be 0 (insert), 1 (insert_and_evict) or 2 (erase), got ",
@@ -310,6 +324,31 @@ inline void check_gather(const at::Tensor& values, const at::Tensor& rows) {
   check_1d(rows, at::kLong, "rows");
   TORCH_CHECK(rows.device() == values.device(), "dynamicemb: rows must be on the values' device ",
               values.device(), ", got ", rows.device());
+}
+
+/// Checks the arguments of route_keys that need no data: dtypes, shapes,
+/// devices and the world size. Values (dist types, blocks, feature ids) are
+/// checked by the CPU kernel; on CUDA that would synchronize, and the Python
+/// wrapper checks the per-feature tables once, when it builds them.
+inline void check_route_args(const at::Tensor& keys, const at::Tensor& feature_ids,
+                             const at::Tensor& dist_types, const at::Tensor& blocks,
+                             int64_t world_size) {
+  check_1d(keys, at::kLong, "keys");
+  check_1d(feature_ids, at::kLong, "feature_ids");
+  check_1d(dist_types, at::kLong, "dist_types");
+  check_1d(blocks, at::kLong, "blocks");
+  TORCH_CHECK_VALUE(feature_ids.numel() == keys.numel(), "dynamicemb: route_keys got ",
+                    keys.numel(), " keys and ", feature_ids.numel(), " feature ids");
+  TORCH_CHECK_VALUE(dist_types.numel() == blocks.numel() && dist_types.numel() >= 1,
+                    "dynamicemb: route_keys needs one dist type and one block per feature, got ",
+                    dist_types.numel(), " and ", blocks.numel());
+  TORCH_CHECK_VALUE(world_size > 0, "dynamicemb: route_keys world_size must be positive, got ",
+                    world_size);
+  for (const at::Tensor* t : {&feature_ids, &dist_types, &blocks}) {
+    TORCH_CHECK(t->device() == keys.device(),
+                "dynamicemb: route_keys tensors must share a device, got ", keys.device(), " and ",
+                t->device());
+  }
 }
 
 }  // namespace ops

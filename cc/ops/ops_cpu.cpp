@@ -3,11 +3,13 @@
 // CPU kernels of the table ops. Every argument, and every key and table id,
 // is checked before the table is touched, so a rejected call changes nothing.
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include "cc/embedding/initializer_cpu.h"
 #include "cc/embedding/optimizer_cpu.h"
 #include "cc/ops/ops_common.h"
+#include "cc/ops/routing.h"
 #include "cc/table/table_common.h"
 #include "cc/table/table_cpu.h"
 
@@ -90,11 +92,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 run_cpu(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_keys,
         at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::Tensor& counters,
         at::Tensor& free_rows, at::IntArrayRef policies, const at::Tensor& score_values, int64_t op,
-        bool assign_rows, int64_t total_buckets, bool has_rows) {
+        bool assign_rows, int64_t total_buckets, bool has_rows,
+        const std::optional<at::Tensor>& victim_scores) {
   check_state(table_keys, digests, scores, info);
   check_batch(keys, table_ids, table_keys);
   check_counters(counters, free_rows, info, table_keys);
   check_op(op);
+  check_victim_scores(victim_scores, table_keys);
   check_cpu(keys);
   const int64_t n = keys.numel();
   check_scores(policies, score_values, n, scores.size(1), table_keys);
@@ -142,6 +146,7 @@ run_cpu(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_k
   r.ev_tables = out.ev_tables.data_ptr<int64_t>();
   r.ev_flags = flags.data_ptr<uint8_t>();
   r.row_work = has_rows ? row_work.data_ptr<int64_t>() : nullptr;
+  r.victim_scores = victim_scores.has_value() ? victim_scores->data_ptr<double>() : nullptr;
   const int64_t evicted =
       table::cpu::run_op(t, r, n, total_buckets, scratch.data_ptr<int64_t>());
   out.num_evicted.fill_(evicted);
@@ -216,6 +221,27 @@ void optimizer_step_cpu(at::Tensor& values, const at::Tensor& rows, const at::Te
                                  grads.data_ptr<float>(), rows.numel(), grads.size(1));
 }
 
+at::Tensor home_starts_cpu(const at::Tensor& keys, const at::Tensor& table_ids,
+                           const at::Tensor& table_keys, const at::Tensor& info) {
+  check_1d(table_keys, at::kLong, "table_keys");
+  check_info(info);
+  check_batch(keys, table_ids, table_keys);
+  check_cpu(keys);
+  TORCH_CHECK(info.device() == keys.device(), "dynamicemb: info must be on the table's device ",
+              keys.device(), ", got ", info.device());
+  const table::TableRef t = keys_ref(table_keys, info, nullptr);
+  check_layout_cpu(t, INT64_MAX);
+  check_key_values(keys, table_ids, info.size(0));
+  at::Tensor out = at::empty({keys.numel()}, keys.options());
+  table::cpu::home_starts(t, keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(), keys.numel(),
+                          out.data_ptr<int64_t>());
+  return out;
+}
+
+at::Tensor timer_cpu(const at::Tensor& like) {
+  return at::full({1}, table::cpu::host_timer_ns(), like.options().dtype(at::kLong));
+}
+
 at::Tensor count_cpu(const at::Tensor& table_keys, const at::Tensor& info) {
   check_1d(table_keys, at::kLong, "table_keys");
   check_info(info);
@@ -227,6 +253,38 @@ at::Tensor count_cpu(const at::Tensor& table_keys, const at::Tensor& info) {
   return out;
 }
 
+at::Tensor route_keys_cpu(const at::Tensor& keys, const at::Tensor& feature_ids,
+                          const at::Tensor& dist_types, const at::Tensor& blocks,
+                          int64_t world_size) {
+  check_route_args(keys, feature_ids, dist_types, blocks, world_size);
+  check_cpu(keys);
+  const int64_t nf = dist_types.numel();
+  const int64_t* d = dist_types.data_ptr<int64_t>();
+  const int64_t* b = blocks.data_ptr<int64_t>();
+  for (int64_t f = 0; f < nf; ++f) {
+    TORCH_CHECK_VALUE(d[f] >= 0 && d[f] <= 2, "dynamicemb: route_keys dist type ", d[f],
+                      " of feature ", f,
+                      " is not 0 (continuous), 1 (roundrobin) or 2 (hash_roundrobin)");
+    TORCH_CHECK_VALUE(d[f] != 0 || b[f] > 0, "dynamicemb: route_keys continuous block of feature ",
+                      f, " must be positive, got ", b[f]);
+  }
+  const int64_t n = keys.numel();
+  const int64_t* k = keys.data_ptr<int64_t>();
+  const int64_t* fid = feature_ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < n; ++i) {
+    TORCH_CHECK_VALUE(fid[i] >= 0 && fid[i] < nf, "dynamicemb: route_keys feature id ", fid[i],
+                      " at index ", i, " is out of range [0, ", nf, ")");
+  }
+  at::Tensor ranks = at::empty({n}, keys.options());
+  int64_t* r = ranks.data_ptr<int64_t>();
+  at::parallel_for(0, n, 1 << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      r[i] = routing::route_key(k[i], d[fid[i]], b[fid[i]], world_size);
+    }
+  });
+  return ranks;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
@@ -235,9 +293,12 @@ TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
   m.impl("table_find_gather", &find_gather_cpu);
   m.impl("table_export", &export_cpu);
   m.impl("table_count", &count_cpu);
+  m.impl("table_home_starts", &home_starts_cpu);
+  m.impl("table_timer", &timer_cpu);
   m.impl("gather_rows", &gather_rows_cpu);
   m.impl("init_rows", &init_rows_cpu);
   m.impl("optimizer_step", &optimizer_step_cpu);
+  m.impl("route_keys", &route_keys_cpu);
 }
 
 }  // namespace ops

@@ -14,6 +14,7 @@
 #include "cc/embedding/initializer_cuda.h"
 #include "cc/embedding/optimizer_cuda.h"
 #include "cc/ops/ops_common.h"
+#include "cc/ops/routing_cuda.h"
 #include "cc/table/table_cuda.h"
 
 namespace dyn_emb {
@@ -82,11 +83,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 run_cuda(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_keys,
          at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::Tensor& counters,
          at::Tensor& free_rows, at::IntArrayRef policies, const at::Tensor& score_values,
-         int64_t op, bool assign_rows, int64_t total_buckets, bool has_rows) {
+         int64_t op, bool assign_rows, int64_t total_buckets, bool has_rows,
+        const std::optional<at::Tensor>& victim_scores) {
   check_state(table_keys, digests, scores, info);
   check_batch(keys, table_ids, table_keys);
   check_counters(counters, free_rows, info, table_keys);
   check_op(op);
+  check_victim_scores(victim_scores, table_keys);
   const int64_t n = keys.numel();
   check_scores(policies, score_values, n, scores.size(1), table_keys);
   TORCH_CHECK(total_buckets >= 1, "dynamicemb: total_buckets must be positive, got ",
@@ -109,6 +112,7 @@ run_cuda(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
   r.ev_scores = out.ev_scores.data_ptr<int64_t>();
   r.ev_slots = out.ev_slots.data_ptr<int64_t>();
   r.ev_tables = out.ev_tables.data_ptr<int64_t>();
+  r.victim_scores = victim_scores.has_value() ? victim_scores->data_ptr<double>() : nullptr;
   table::cuda::run_op(t, r, n, total_buckets, has_rows, out.num_evicted.data_ptr<int64_t>(),
                       scratch, c10::cuda::getCurrentCUDAStream().stream());
   return out.tuple();
@@ -173,6 +177,30 @@ void optimizer_step_cuda(at::Tensor& values, const at::Tensor& rows, const at::T
                                   grads.size(1), c10::cuda::getCurrentCUDAStream().stream());
 }
 
+at::Tensor home_starts_cuda(const at::Tensor& keys, const at::Tensor& table_ids,
+                            const at::Tensor& table_keys, const at::Tensor& info) {
+  check_1d(table_keys, at::kLong, "table_keys");
+  check_info(info);
+  check_batch(keys, table_ids, table_keys);
+  TORCH_CHECK(info.device() == keys.device(), "dynamicemb: info must be on the table's device ",
+              keys.device(), ", got ", info.device());
+  c10::cuda::CUDAGuard guard(keys.device());
+  at::Tensor out = at::empty({keys.numel()}, keys.options());
+  const table::TableRef t = keys_ref(table_keys, info, nullptr);
+  TorchScratch scratch(keys);
+  table::cuda::home_starts(t, keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(),
+                           keys.numel(), out.data_ptr<int64_t>(), scratch,
+                           c10::cuda::getCurrentCUDAStream().stream());
+  return out;
+}
+
+at::Tensor timer_cuda(const at::Tensor& like) {
+  c10::cuda::CUDAGuard guard(like.device());
+  at::Tensor out = at::empty({1}, like.options().dtype(at::kLong));
+  table::cuda::read_timer(out.data_ptr<int64_t>(), c10::cuda::getCurrentCUDAStream().stream());
+  return out;
+}
+
 at::Tensor count_cuda(const at::Tensor& table_keys, const at::Tensor& info) {
   check_1d(table_keys, at::kLong, "table_keys");
   check_info(info);
@@ -184,6 +212,19 @@ at::Tensor count_cuda(const at::Tensor& table_keys, const at::Tensor& info) {
   return out;
 }
 
+at::Tensor route_keys_cuda(const at::Tensor& keys, const at::Tensor& feature_ids,
+                           const at::Tensor& dist_types, const at::Tensor& blocks,
+                           int64_t world_size) {
+  check_route_args(keys, feature_ids, dist_types, blocks, world_size);
+  c10::cuda::CUDAGuard guard(keys.device());
+  at::Tensor ranks = at::empty({keys.numel()}, keys.options());
+  routing::cuda::route_keys(keys.data_ptr<int64_t>(), feature_ids.data_ptr<int64_t>(),
+                            keys.numel(), dist_types.data_ptr<int64_t>(),
+                            blocks.data_ptr<int64_t>(), dist_types.numel(), world_size,
+                            ranks.data_ptr<int64_t>(), c10::cuda::getCurrentCUDAStream().stream());
+  return ranks;
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
@@ -192,9 +233,12 @@ TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
   m.impl("table_find_gather", &find_gather_cuda);
   m.impl("table_export", &export_cuda);
   m.impl("table_count", &count_cuda);
+  m.impl("table_home_starts", &home_starts_cuda);
+  m.impl("table_timer", &timer_cuda);
   m.impl("gather_rows", &gather_rows_cuda);
   m.impl("init_rows", &init_rows_cuda);
   m.impl("optimizer_step", &optimizer_step_cuda);
+  m.impl("route_keys", &route_keys_cuda);
 }
 
 }  // namespace ops

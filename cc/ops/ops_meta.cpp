@@ -36,7 +36,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tenso
 run_meta(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_keys,
          at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::Tensor& counters,
          at::Tensor& free_rows, at::IntArrayRef policies, const at::Tensor& score_values,
-         int64_t op, bool assign_rows, int64_t total_buckets, bool has_rows) {
+         int64_t op, bool assign_rows, int64_t total_buckets, bool has_rows,
+        const std::optional<at::Tensor>& victim_scores) {
   TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
                    keys.scalar_type());
   check_op(op);
@@ -85,8 +86,25 @@ void optimizer_step_meta(at::Tensor& values, const at::Tensor& rows, const at::T
   TORCH_CHECK_TYPE(values.scalar_type() == at::kFloat, "dynamicemb: values must be float32");
 }
 
+at::Tensor home_starts_meta(const at::Tensor& keys, const at::Tensor& table_ids,
+                            const at::Tensor& table_keys, const at::Tensor& info) {
+  return at::empty_symint({keys.sym_numel()}, keys.options().dtype(at::kLong));
+}
+
+at::Tensor timer_meta(const at::Tensor& like) {
+  return at::empty({1}, like.options().dtype(at::kLong));
+}
+
 at::Tensor count_meta(const at::Tensor& table_keys, const at::Tensor& info) {
   return at::empty_symint({info.sym_size(0)}, table_keys.options());
+}
+
+at::Tensor route_keys_meta(const at::Tensor& keys, const at::Tensor& feature_ids,
+                           const at::Tensor& dist_types, const at::Tensor& blocks,
+                           int64_t world_size) {
+  TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
+                   keys.scalar_type());
+  return at::empty_symint({keys.sym_numel()}, keys.options());
 }
 
 }  // namespace
@@ -97,9 +115,12 @@ TORCH_LIBRARY_IMPL(dynamicemb, Meta, m) {
   m.impl("table_find_gather", &find_gather_meta);
   m.impl("table_export", &export_meta);
   m.impl("table_count", &count_meta);
+  m.impl("table_home_starts", &home_starts_meta);
+  m.impl("table_timer", &timer_meta);
   m.impl("gather_rows", &gather_rows_meta);
   m.impl("init_rows", &init_rows_meta);
   m.impl("optimizer_step", &optimizer_step_meta);
+  m.impl("route_keys", &route_keys_meta);
 }
 
 }  // namespace ops
