@@ -1,9 +1,19 @@
 """Per-table planner constraints that mark a table as a dynamic embedding table."""
 
+import dataclasses
+import hashlib
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Any, List, Optional
 
-from torchrec.distributed.planner.types import ParameterConstraints, hash_sha256_to_int
+from torchrec.distributed.planner.types import ParameterConstraints
+
+try:
+    from torchrec.distributed.planner.types import hash_sha256_to_int
+except ImportError:  # older TorchRec releases
+
+    def hash_sha256_to_int(hashable_list: List[Any]) -> int:
+        digest = hashlib.sha256(repr(hashable_list).encode()).digest()
+        return int.from_bytes(digest[:8], "big")
 
 from ..dynamicemb_config import DynamicEmbTableOptions
 
@@ -37,8 +47,18 @@ class DynamicEmbParameterConstraints(ParameterConstraints):
         # defines. Options are hashed by their repr, i.e. by content.
         return hash_sha256_to_int(
             [
-                ParameterConstraints.__hash__(self),
+                _base_hash(self),
                 self.use_dynamicemb,
                 self.dynamicemb_options,
             ]
         )
+
+
+def _base_hash(constraints: ParameterConstraints) -> int:
+    """``ParameterConstraints``' own hash, or (in TorchRec releases where it
+    has none) a hash of its fields' reprs."""
+    if ParameterConstraints.__hash__ is not None:
+        return ParameterConstraints.__hash__(constraints)
+    return hash_sha256_to_int(
+        [getattr(constraints, f.name) for f in dataclasses.fields(ParameterConstraints)]
+    )

@@ -20,7 +20,7 @@ from torchrec.distributed.types import ShardingType
 from ..dynamicemb_config import DynamicEmbTableOptions
 from .constraints import DynamicEmbParameterConstraints
 from .parameter_sharding import DYNAMICEMB_COMPUTE_KERNEL, DYNAMICEMB_SHARDING_TYPE
-from .prepare import _prepare_dynemb_table_options, dynamic_shard_storage
+from .prepare import _prepare_dynemb_table_options, _requested_options, dynamic_shard_storage
 
 __all__ = ["DynamicEmbeddingEnumerator", "is_dynamic_table"]
 
@@ -177,9 +177,7 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
             DynamicEmbTableOptions: its ``dynamicemb_options`` prepared for
             this topology's world size (a new object).
         """
-        options = self._constraints[sharding_option.name].dynamicemb_options
-        if options is None:
-            options = DynamicEmbTableOptions()
+        options = _requested_options(self._constraints[sharding_option.name].dynamicemb_options)
         rows, dim = sharding_option.tensor.shape
         shape_config = types.SimpleNamespace(num_embeddings=int(rows), embedding_dim=int(dim))
         return _prepare_dynemb_table_options(

@@ -217,3 +217,27 @@ def dynamic_shard_storage(
     if compute_device not in ("cuda", "mtia"):
         return DynamicShardStorage(hbm=0, ddr=hbm + ddr)
     return DynamicShardStorage(hbm=hbm, ddr=ddr)
+
+
+# Attribute names under which prepared options remember what they were
+# prepared from, and what they looked like then.
+_REQUEST_ATTR = "_dynamicemb_request"
+_SNAPSHOT_ATTR = "_dynamicemb_prepared_snapshot"
+
+
+def _record_request(prepared: DynamicEmbTableOptions, given: Optional[DynamicEmbTableOptions]) -> None:
+    request = _requested_options(given)
+    object.__setattr__(prepared, _REQUEST_ATTR, request)
+    object.__setattr__(prepared, _SNAPSHOT_ATTR, dataclasses.replace(prepared))
+
+
+def _requested_options(options: Optional[DynamicEmbTableOptions]) -> DynamicEmbTableOptions:
+    """The options to prepare: the user's request behind options a planner
+    prepared (while they are as it left them), else ``options`` itself."""
+    if options is None:
+        return DynamicEmbTableOptions()
+    request = getattr(options, _REQUEST_ATTR, None)
+    snapshot = getattr(options, _SNAPSHOT_ATTR, None)
+    if request is not None and snapshot is not None and options == snapshot:
+        return request
+    return options

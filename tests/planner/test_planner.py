@@ -556,3 +556,15 @@ def test_table_metadata_matches_the_embedding_module():
         )
         assert allocated == table_metadata_bytes(options, options.init_capacity), strategy
         assert module.values.shape[0] == options.init_capacity
+
+
+def test_enumerator_prepares_for_its_own_world_size():
+    # Constraints a world-size-1 planner updated (sentinel width 1008) are
+    # prepared from the sentinel again by an enumerator of world size 4.
+    constraints = _constraints(dyn_ec=DynamicEmbTableOptions(bucket_capacity=MAX_BUCKET_CAPACITY))
+    DynamicEmbeddingShardingPlanner(_ec_configs() + _ebc_configs(), topology=_topology(1), constraints=constraints)
+    assert constraints["dyn_ec"].dynamicemb_options.bucket_capacity == 1008
+    enumerator = DynamicEmbeddingEnumerator(_topology(4), constraints=constraints)
+    space = _options_by(enumerator.enumerate(_Model(_ec_configs(), _ebc_configs()), _sharders()))
+    prepared = enumerator.prepared_options(space["dyn_ec"][0])
+    assert (prepared.bucket_capacity, prepared.max_capacity) == (256, 256)
