@@ -64,63 +64,90 @@ struct OptimArgs {
 /// n^(-p) for FTRL; p = -0.5 takes the square root.
 DEMB_EMB_HD float ftrl_pow(float n, float p) { return p == -0.5f ? sqrtf(n) : powf(n, -p); }
 
-/// Updates one row in place with its (reduced) gradient `g` (dim).
-DEMB_EMB_HD void update_row(const OptimArgs& a, float* row, const float* g, int64_t dim) {
-  float* w = row;
-  float* s = row + dim;
+/// Row-wise Adagrad's per-row factors, from the row's new accumulator s0.
+struct RowFactors {
+  float k = 0.f;  ///< step size: lr / (sqrt(s0) + eps)
+  float c = 1.f;  ///< weight scale (weight decay)
+};
+
+/// The squared gradient one coordinate adds to row-wise Adagrad's row sum
+/// (L2 weight decay folded into the gradient). Summed over the row, divided by
+/// dim and added to the accumulator before any coordinate is updated.
+DEMB_EMB_HD float rowwise_sq(const OptimArgs& a, float w, float g) {
+  const bool l2 = a.wd_mode == static_cast<int32_t>(WeightDecayMode::kL2);
+  const float gd = g + (l2 ? a.weight_decay * w : 0.f);
+  return gd * gd;
+}
+
+DEMB_EMB_HD RowFactors rowwise_factors(const OptimArgs& a, float s0) {
+  RowFactors f;
+  f.k = a.lr / (sqrtf(s0) + a.eps);
+  if (a.wd_mode == static_cast<int32_t>(WeightDecayMode::kL2)) {
+    f.c = 1.f - f.k * a.weight_decay;
+  } else if (a.wd_mode == static_cast<int32_t>(WeightDecayMode::kDecoupled)) {
+    f.c = 1.f - a.lr * a.weight_decay;
+  }
+  return f;
+}
+
+/// Updates coordinate `d` of a row: weight w[d], its state in s (after the
+/// row's `dim` weights), gradient gd. Every optimizer but row-wise Adagrad is
+/// per coordinate; row-wise Adagrad takes its per-row factors `rf`, computed
+/// from the whole row first (rowwise_sq, rowwise_factors). The CPU runs the
+/// coordinates of a row in a loop, the GPU gives them to the lanes of a warp.
+DEMB_EMB_HD void update_coord(const OptimArgs& a, float* w, float* s, float gd, int64_t d,
+                              int64_t dim, const RowFactors& rf) {
   const bool l2 = a.wd_mode == static_cast<int32_t>(WeightDecayMode::kL2);
   switch (static_cast<OptimType>(a.type)) {
     case OptimType::kSGD:
-      for (int64_t d = 0; d < dim; ++d) w[d] -= a.lr * (g[d] + (l2 ? a.weight_decay * w[d] : 0.f));
+      w[d] -= a.lr * (gd + (l2 ? a.weight_decay * w[d] : 0.f));
       break;
     case OptimType::kAdam: {
       const float c1 = 1.f - powf(a.beta1, static_cast<float>(a.step));
       const float c2 = 1.f - powf(a.beta2, static_cast<float>(a.step));
-      for (int64_t d = 0; d < dim; ++d) {
-        float& m = s[d];
-        float& v = s[dim + d];
-        m = a.beta1 * m + (1.f - a.beta1) * g[d];
-        v = a.beta2 * v + (1.f - a.beta2) * g[d] * g[d];
-        w[d] -= a.lr * ((m / c1) / (sqrtf(v / c2) + a.eps) + a.weight_decay * w[d]);
-      }
+      float& m = s[d];
+      float& v = s[dim + d];
+      m = a.beta1 * m + (1.f - a.beta1) * gd;
+      v = a.beta2 * v + (1.f - a.beta2) * gd * gd;
+      w[d] -= a.lr * ((m / c1) / (sqrtf(v / c2) + a.eps) + a.weight_decay * w[d]);
       break;
     }
-    case OptimType::kExactAdagrad:
-      for (int64_t d = 0; d < dim; ++d) {
-        const float gd = g[d] + (l2 ? a.weight_decay * w[d] : 0.f);
-        s[d] += gd * gd;
-        w[d] -= a.lr * gd / (sqrtf(s[d]) + a.eps);
-      }
-      break;
-    case OptimType::kExactRowwiseAdagrad: {
-      float sq = 0.f;
-      for (int64_t d = 0; d < dim; ++d) {
-        const float gd = g[d] + (l2 ? a.weight_decay * w[d] : 0.f);
-        sq += gd * gd;
-      }
-      s[0] += dim > 0 ? sq / static_cast<float>(dim) : 0.f;
-      const float k = a.lr / (sqrtf(s[0]) + a.eps);
-      const float c = l2 ? 1.f - k * a.weight_decay
-                         : (a.wd_mode == static_cast<int32_t>(WeightDecayMode::kDecoupled)
-                                ? 1.f - a.lr * a.weight_decay
-                                : 1.f);
-      for (int64_t d = 0; d < dim; ++d) w[d] = c * w[d] - k * g[d];
+    case OptimType::kExactAdagrad: {
+      const float g2 = gd + (l2 ? a.weight_decay * w[d] : 0.f);
+      s[d] += g2 * g2;
+      w[d] -= a.lr * g2 / (sqrtf(s[d]) + a.eps);
       break;
     }
-    case OptimType::kFTRL:
-      for (int64_t d = 0; d < dim; ++d) {
-        float& linear = s[d];
-        float& accum = s[dim + d];
-        const float n1 = accum + g[d] * g[d];
-        linear += g[d] - (ftrl_pow(n1, a.lr_power) - ftrl_pow(accum, a.lr_power)) / a.lr * w[d];
-        w[d] = fabsf(linear) <= a.l1
-                   ? 0.f
-                   : (copysignf(a.l1, linear) - linear) /
-                         ((a.ftrl_beta + ftrl_pow(n1, a.lr_power)) / a.lr + a.l2);
-        accum = n1;
-      }
+    case OptimType::kExactRowwiseAdagrad:
+      w[d] = rf.c * w[d] - rf.k * gd;
       break;
+    case OptimType::kFTRL: {
+      float& linear = s[d];
+      float& accum = s[dim + d];
+      const float n1 = accum + gd * gd;
+      linear += gd - (ftrl_pow(n1, a.lr_power) - ftrl_pow(accum, a.lr_power)) / a.lr * w[d];
+      w[d] = fabsf(linear) <= a.l1
+                 ? 0.f
+                 : (copysignf(a.l1, linear) - linear) /
+                       ((a.ftrl_beta + ftrl_pow(n1, a.lr_power)) / a.lr + a.l2);
+      accum = n1;
+      break;
+    }
   }
+}
+
+/// Updates one row in place with its (reduced) gradient `g` (dim).
+DEMB_EMB_HD void update_row(const OptimArgs& a, float* row, const float* g, int64_t dim) {
+  float* w = row;
+  float* s = row + dim;
+  RowFactors rf;
+  if (static_cast<OptimType>(a.type) == OptimType::kExactRowwiseAdagrad) {
+    float sq = 0.f;
+    for (int64_t d = 0; d < dim; ++d) sq += rowwise_sq(a, w[d], g[d]);
+    s[0] += dim > 0 ? sq / static_cast<float>(dim) : 0.f;
+    rf = rowwise_factors(a, s[0]);
+  }
+  for (int64_t d = 0; d < dim; ++d) update_coord(a, w, s, g[d], d, dim, rf);
 }
 
 }  // namespace embedding

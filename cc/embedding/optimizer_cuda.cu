@@ -10,15 +10,33 @@ namespace cuda {
 
 namespace {
 
-// One thread per row, running the shared per-row update (optimizer.h).
+// One warp per row: the lanes stride over the row's coordinates, so a warp
+// reads and writes its row (and state) in coalesced 128-byte pieces. Row-wise
+// Adagrad first sums the row's squared gradient across the warp.
+constexpr int kWarp = 32;
+
 __global__ void optimizer_kernel(OptimArgs a, float* values, int64_t num_rows, int64_t width,
                                  const int64_t* rows, const float* grads, int64_t n,
                                  int64_t dim) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (i >= n) return;
+  const int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (i >= n) return;  // whole warps leave together: i is uniform in a warp
   const int64_t r = rows[i];
   if (r < 0 || r >= num_rows) return;
-  update_row(a, values + r * width, grads + i * dim, dim);
+  float* w = values + r * width;
+  float* s = w + dim;
+  const float* g = grads + i * dim;
+  RowFactors rf;
+  if (static_cast<OptimType>(a.type) == OptimType::kExactRowwiseAdagrad) {
+    float sq = 0.f;
+    for (int64_t d = lane; d < dim; d += kWarp) sq += rowwise_sq(a, w[d], g[d]);
+    for (int off = kWarp / 2; off > 0; off /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, off);
+    const float s0 = s[0] + (dim > 0 ? sq / static_cast<float>(dim) : 0.f);
+    rf = rowwise_factors(a, s0);
+    __syncwarp();
+    if (lane == 0) s[0] = s0;
+  }
+  for (int64_t d = lane; d < dim; d += kWarp) update_coord(a, w, s, g[d], d, dim, rf);
 }
 
 }  // namespace
@@ -27,8 +45,9 @@ void optimizer_step(const OptimArgs& a, float* values, int64_t num_rows, int64_t
                     const int64_t* rows, const float* grads, int64_t n, int64_t dim,
                     cudaStream_t stream) {
   if (n == 0) return;
-  constexpr int kBlock = 128;
-  optimizer_kernel<<<static_cast<unsigned>((n + kBlock - 1) / kBlock), kBlock, 0, stream>>>(
+  constexpr int kBlock = 256;
+  const int64_t threads = n * kWarp;
+  optimizer_kernel<<<static_cast<unsigned>((threads + kBlock - 1) / kBlock), kBlock, 0, stream>>>(
       a, values, num_rows, width, rows, grads, n, dim);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {
