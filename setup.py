@@ -126,6 +126,12 @@ def extension_modules():
         ext_class = cpp_extension.CppExtension
         print("setup.py: building dynamicemb._C for CPU only")
 
+    if sys.platform.startswith("linux"):
+        # libstdc++ first, ahead of torch's libraries: with --as-needed (the
+        # default of Debian/Ubuntu toolchains) the standard library's symbols
+        # otherwise bind to whichever torch library happens to export a copy,
+        # and formatting a number in an error message crashed under torch 2.11.
+        kwargs["libraries"] = ["stdc++"]
     ext = ext_class(
         name="dynamicemb._C",
         sources=sources,

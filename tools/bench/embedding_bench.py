@@ -52,6 +52,7 @@ def main():
     ap.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
     ap.add_argument("--pooling", choices=["sum", "none"], default="sum")
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--profile", action="store_true", help="print our step's kernels by device time")
     args = ap.parse_args()
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
@@ -77,6 +78,8 @@ def main():
     for b in batches:  # pre-fill: every row the timed steps touch exists
         ours(b, offsets)
     t_ours = timed(ours_step, dev, args.reps)
+    if args.profile:
+        profile_step(ours_step, dev)
 
     bags = [torch.nn.EmbeddingBag(args.rows, D, mode="sum", sparse=True).to(dev) for _ in range(T)]
     params = [p for b in bags for p in b.parameters()]
@@ -105,6 +108,40 @@ def main():
     else:
         print("| FBGEMM SplitTableBatchedEmbeddingBagsCodegen | n/a (not supported here) | |")
     print(f"| torch.nn.EmbeddingBag (sparse) | {t_base * 1e3:.2f} | {t_base / ref:.2f} |")
+    if dev.type == "cuda":
+        uniq = statistics.mean(
+            sum(int(torch.unique(b[t * N : (t + 1) * N]).numel()) for t in range(T)) for b in batches
+        )
+        bw = copy_bandwidth(dev)
+        state = {"sgd": 0, "adam": 2 * D}[args.optimizer]
+        # Must move at least: keys in, output out, gradient in, and each unique
+        # row (and its optimizer state) read once and written once.
+        floor_bytes = T * N * 8 + 2 * T * N * D * 4 + uniq * (D + state) * 4 * 2
+        t_floor = floor_bytes / bw
+        print(f"| HBM floor ({floor_bytes / 1e6:.0f} MB at {bw / 1e12:.2f} TB/s copy, {uniq:.0f} unique keys) "
+              f"| {t_floor * 1e3:.2f} | {t_floor / ref:.2f} |")
+
+
+def copy_bandwidth(dev):
+    """Device-to-device copy bandwidth in bytes (read + written) per second."""
+    src = torch.empty(1 << 28, dtype=torch.float32, device=dev)
+    dst = torch.empty_like(src)
+    t = timed(lambda: dst.copy_(src), dev, 10)
+    return 2 * src.numel() * 4 / t
+
+
+def profile_step(step, dev):
+    """Prints the kernels of a few steps by total device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        for _ in range(3):
+            step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+    key = "self_cuda_time_total" if dev.type == "cuda" else "self_cpu_time_total"
+    print(prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60))
 
 
 def tbe_time(args, dev, batches, offsets, opt):
