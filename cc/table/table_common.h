@@ -35,6 +35,14 @@
 // a tie, whatever order the user wrote the tuple in. Under NO_EVICTION word 0
 // is the key's row in the value buffer, not a score.
 //
+// insert_and_evict may be given a float64 victim score per slot (a user's
+// score_function evaluated by the layer above over the buckets the batch
+// touches). The victim is then the smallest (victim score, scores...,
+// position), NaN below every number (evicted first), -0.0 equal to 0.0. Only
+// untouched slots of a full bucket are ever compared, and the batch changes
+// none of them before it compares them, so scores evaluated before the call
+// are those of eviction time.
+//
 // # Bulk operations are sequential per bucket
 //
 // insert, insert_and_evict and erase sort the batch by (global bucket, index)
@@ -306,6 +314,35 @@ DEMB_HD bool assigned_row_valid(const ScoreArgs& a, int64_t index, int32_t num_s
   return row >= 0 && row < inf[kInfoRowCapacity];
 }
 
+/// Order key of a victim score: ascending with the number, NaN first (it
+/// maps to INT64_MIN, below -inf), -0.0 and 0.0 equal.
+DEMB_HD int64_t victim_rank_key(double v) {
+  if (v != v) return INT64_MIN;
+  v += 0.0;  // -0.0 -> 0.0
+#if defined(__CUDA_ARCH__)
+  const int64_t b = __double_as_longlong(v);
+#else
+  int64_t b;
+  __builtin_memcpy(&b, &v, sizeof(b));
+#endif
+  // Negative doubles order backwards as integers: flip their magnitude bits.
+  return b >= 0 ? b : (b ^ INT64_MAX);
+}
+
+/// The victim order's first component of `slot`: its victim score's order
+/// key, or 0 (all equal) when the call has none.
+DEMB_HD int64_t victim_key(const RunArgs& r, int64_t slot) {
+  return r.victim_scores ? victim_rank_key(r.victim_scores[slot]) : 0;
+}
+
+/// Whether slot `a` goes before slot `b` as a victim, ignoring positions.
+DEMB_HD bool victim_less(const TableRef& t, const RunArgs& r, int64_t a, int64_t b) {
+  const int64_t ka = victim_key(r, a), kb = victim_key(r, b);
+  if (ka != kb) return ka < kb;
+  const int32_t ns = t.num_scores;
+  return score_less(t.scores + a * ns, t.scores + b * ns, ns);
+}
+
 /// True if an earlier key of this run holds `slot` (found or placed it).
 DEMB_HD bool touched_by_run(const RunArgs& r, int64_t begin, int64_t cur, int64_t slot) {
   for (int64_t q = begin; q < cur; ++q) {
@@ -315,17 +352,23 @@ DEMB_HD bool touched_by_run(const RunArgs& r, int64_t begin, int64_t cur, int64_
   return false;
 }
 
-/// Position of the smallest (scores, position) not touched by this run, or -1.
+/// Position of the smallest (victim score, scores, position) not touched by
+/// this run, or -1.
 DEMB_HD int64_t pick_victim(const TableRef& t, const Home& h, const RunArgs& r, int64_t begin,
                             int64_t cur) {
   int64_t best = -1;
-  const int32_t ns = t.num_scores;
   for (int64_t pos = 0; pos < h.width; ++pos) {
-    const int64_t* s = t.scores + (h.start + pos) * ns;
-    if (best >= 0 && !score_less(s, t.scores + (h.start + best) * ns, ns)) continue;
+    if (best >= 0 && !victim_less(t, r, h.start + pos, h.start + best)) continue;
     if (!touched_by_run(r, begin, cur, h.start + pos)) best = pos;
   }
   return best;
+}
+
+/// First slot of the home bucket of a batch entry, or -1 for invalid input:
+/// what the layer above evaluates victim scores over.
+DEMB_HD int64_t home_start_of(const TableRef& t, int64_t key, int64_t table) {
+  if (!valid_input(t, key, table)) return -1;
+  return home_of(t, table, key).start;
 }
 
 /// Counter changes of one run, added to the table's counters by the caller.

@@ -41,6 +41,13 @@ void sort_keys(const TableRef& t, const int64_t* keys, const int64_t* table_ids,
   });
 }
 
+void home_starts(const TableRef& t, const int64_t* keys, const int64_t* table_ids, int64_t n,
+                 int64_t* starts) {
+  at::parallel_for(0, n, kGrain, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) starts[i] = home_start_of(t, keys[i], table_ids[i]);
+  });
+}
+
 void stable_order(const int64_t* sort_keys, int64_t n, int64_t total_buckets, int32_t* order) {
   // LSD radix sort of (sort key, index) on 11-bit digits; each pass is stable,
   // so equal buckets keep batch order.

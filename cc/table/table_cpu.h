@@ -28,6 +28,11 @@ void find(const TableRef& t, const ScoreArgs& a, const int64_t* keys, const int6
 void sort_keys(const TableRef& t, const int64_t* keys, const int64_t* table_ids, int64_t n,
                int64_t total_buckets, int64_t* sort_keys);
 
+/// @brief First slot of each entry's home bucket, -1 for invalid input.
+/// @param starts (n) out
+void home_starts(const TableRef& t, const int64_t* keys, const int64_t* table_ids, int64_t n,
+                 int64_t* starts);
+
 /// @brief Stable argsort of `sort_keys` (values in [0, total_buckets]).
 /// @param order (n) out
 void stable_order(const int64_t* sort_keys, int64_t n, int64_t total_buckets, int32_t* order);

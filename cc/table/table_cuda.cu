@@ -86,7 +86,7 @@ const int32_t* layout_ok(const TableRef& t, int64_t free_rows_len, int64_t total
 // 128-slot bucket is one coalesced 128-byte read. The answers are those of
 // table_common.h's sequential functions, which the CPU backend runs:
 //   tile_probe  == probe        (the only key match, or the lowest empty slot)
-//   tile_victim == pick_victim  (smallest (scores, position) not touched)
+//   tile_victim == pick_victim  (smallest (victim score, scores, position) not touched)
 // Only lane 0 writes; the tile syncs before the next key reads the bucket.
 
 template <int L, class Tile>
@@ -113,8 +113,11 @@ __device__ int64_t tile_probe(const Tile& g, const TableRef& t, const Home& h, i
   return -1;
 }
 
-__device__ __forceinline__ bool lex_less(int64_t a0, int64_t a1, int64_t ap, int64_t b0,
-                                         int64_t b1, int64_t bp) {
+// (victim key, score 0, score 1, position) lexicographically; the victim key
+// is victim_key() of table_common.h (0 for every slot without victim scores).
+__device__ __forceinline__ bool lex_less(int64_t ak, int64_t a0, int64_t a1, int64_t ap,
+                                         int64_t bk, int64_t b0, int64_t b1, int64_t bp) {
+  if (ak != bk) return ak < bk;
   if (a0 != b0) return a0 < b0;
   if (a1 != b1) return a1 < b1;
   return ap < bp;
@@ -124,15 +127,17 @@ template <int L, class Tile>
 __device__ int64_t tile_victim(const Tile& g, const TableRef& t, const Home& h, const RunArgs& r,
                                int64_t begin, int64_t cur) {
   const int32_t ns = t.num_scores;
-  int64_t b0 = INT64_MAX, b1 = INT64_MAX, bp = INT64_MAX;
+  int64_t bk = INT64_MAX, b0 = INT64_MAX, b1 = INT64_MAX, bp = INT64_MAX;
   const int64_t lane_off = static_cast<int64_t>(g.thread_rank()) * 8;
   for (int64_t base = 0; base < h.width; base += L * 8) {
     for (int j = 0; j < 8; ++j) {
       const int64_t pos = base + lane_off + j;
       if (pos >= h.width) break;
       const int64_t* s = t.scores + (h.start + pos) * ns;
-      const int64_t s0 = s[0], s1 = ns > 1 ? s[1] : 0;
-      if (lex_less(s0, s1, pos, b0, b1, bp) && !touched_by_run(r, begin, cur, h.start + pos)) {
+      const int64_t sk = victim_key(r, h.start + pos), s0 = s[0], s1 = ns > 1 ? s[1] : 0;
+      if (lex_less(sk, s0, s1, pos, bk, b0, b1, bp) &&
+          !touched_by_run(r, begin, cur, h.start + pos)) {
+        bk = sk;
         b0 = s0;
         b1 = s1;
         bp = pos;
@@ -140,8 +145,10 @@ __device__ int64_t tile_victim(const Tile& g, const TableRef& t, const Home& h, 
     }
   }
   for (int o = L / 2; o > 0; o >>= 1) {
-    const int64_t o0 = g.shfl_xor(b0, o), o1 = g.shfl_xor(b1, o), op = g.shfl_xor(bp, o);
-    if (lex_less(o0, o1, op, b0, b1, bp)) {
+    const int64_t ok = g.shfl_xor(bk, o), o0 = g.shfl_xor(b0, o), o1 = g.shfl_xor(b1, o),
+                  op = g.shfl_xor(bp, o);
+    if (lex_less(ok, o0, o1, op, bk, b0, b1, bp)) {
+      bk = ok;
       b0 = o0;
       b1 = o1;
       bp = op;
@@ -441,6 +448,13 @@ __global__ void export_gather_kernel(TableRef t, const int64_t* sel, const int64
   for (int32_t c = 0; c < ns; ++c) o_scores[j * ns + c] = t.scores[s * ns + c];
 }
 
+__global__ void home_start_kernel(TableRef t, const int64_t* keys, const int64_t* table_ids,
+                                  int64_t n, int64_t* starts, const int32_t* ok) {
+  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (i >= n) return;
+  starts[i] = *ok ? home_start_of(t, keys[i], table_ids[i]) : -1;
+}
+
 __global__ void count_kernel(TableRef t, int64_t table, int64_t* out, const int32_t* ok) {
   using Reduce = cub::BlockReduce<int64_t, kBlock>;
   __shared__ typename Reduce::TempStorage tmp;
@@ -695,6 +709,19 @@ void gather_rows(const uint8_t* values, int64_t num_rows, int64_t row_bytes, con
     launch_gather<uint8_t>(values, num_rows, row_bytes, rows, n, out, stream);
   }
   check(cudaGetLastError(), "gather rows");
+}
+
+void home_starts(const TableRef& t, const int64_t* keys, const int64_t* table_ids, int64_t n,
+                 int64_t* starts, ScratchAllocator& scratch, cudaStream_t stream) {
+  if (n == 0) return;
+  const int32_t* ok = layout_ok(t, INT64_MAX, -1, true, scratch, stream);
+  home_start_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, keys, table_ids, n, starts, ok);
+  check(cudaGetLastError(), "home_starts");
+}
+
+void read_timer(int64_t* now, cudaStream_t stream) {
+  timer_kernel<<<1, 1, 0, stream>>>(now);
+  check(cudaGetLastError(), "read_timer");
 }
 
 void count(const TableRef& t, int64_t* out, ScratchAllocator& scratch, cudaStream_t stream) {

@@ -48,6 +48,15 @@ void find_gather(const TableRef& t, const ScoreArgs& a, const int64_t* keys,
 void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_buckets, bool has_rows,
             int64_t* num_evicted, ScratchAllocator& scratch, cudaStream_t stream);
 
+/// @brief Device-side home_starts (see cpu::home_starts); every entry is -1
+/// when the layout is inconsistent.
+void home_starts(const TableRef& t, const int64_t* keys, const int64_t* table_ids, int64_t n,
+                 int64_t* starts, ScratchAllocator& scratch, cudaStream_t stream);
+
+/// @brief One reading of the device nanosecond timer (the kTimer score) into
+/// `*now` (device memory), in stream order.
+void read_timer(int64_t* now, cudaStream_t stream);
+
 /// @brief Device-side export_batch; the count goes to `*count` (device).
 void export_batch(const TableRef& t, int64_t slot_begin, int64_t slot_end, int32_t column,
                   int64_t threshold, int64_t* out_keys, int64_t* out_slots, int64_t* out_tables,

@@ -59,6 +59,10 @@ struct RunArgs {
   int64_t* ev_tables = nullptr;   ///< (n) by position
   uint8_t* ev_flags = nullptr;    ///< (n) by position: 1 where a key was evicted
   int64_t* row_work = nullptr;    ///< (n) by index: see table_common.h, "Rows"
+  /// (num_slots) by slot, or null: a custom eviction score per slot that ranks
+  /// victims before the score words (see table_common.h, "Scores"). Read only
+  /// for the untouched slots of full buckets.
+  const double* victim_scores = nullptr;
 };
 
 }  // namespace table
