@@ -127,11 +127,12 @@ def extension_modules():
         print("setup.py: building dynamicemb._C for CPU only")
 
     if sys.platform.startswith("linux"):
-        # libstdc++ first, ahead of torch's libraries: with --as-needed (the
-        # default of Debian/Ubuntu toolchains) the standard library's symbols
-        # otherwise bind to whichever torch library happens to export a copy,
-        # and formatting a number in an error message crashed under torch 2.11.
-        kwargs["libraries"] = ["stdc++"]
+        # The shared libstdc++ by its file name, ahead of torch's libraries. On
+        # a machine whose toolchain finds only the static archive for -lstdc++
+        # (the torch 2.11 CUDA image), the extension otherwise carried a private
+        # copy of the standard library, and formatting a number in an error
+        # message crashed in it.
+        kwargs["libraries"] = [":libstdc++.so.6"]
     ext = ext_class(
         name="dynamicemb._C",
         sources=sources,

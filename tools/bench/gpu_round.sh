@@ -23,7 +23,7 @@ for part in "${parts[@]}"; do
   case $part in
     tests)
       bash tools/run_gpu_tests.sh -n 8 -q 2>&1 | tail -40 | tee "$OUT/gpu_tests.txt"
-      readelf -d dynamicemb/_C*.so | grep NEEDED | tee -a "$OUT/gpu_tests.txt"
+      { readelf -d dynamicemb/_C*.so | grep NEEDED; echo "libstdc++.so: $(g++ -print-file-name=libstdc++.so)"; } | tee -a "$OUT/gpu_tests.txt"
       ;;
     embedding)
       for opt in sgd adam; do
