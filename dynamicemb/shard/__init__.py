@@ -1,9 +1,38 @@
 """TorchRec sharders for dynamic embedding tables.
 
-This package is to hold ``DynamicEmbeddingCollectionSharder`` (a TorchRec
-``EmbeddingCollectionSharder`` whose index deduplication and input
-distribution suit hash-table-backed tables) and its EmbeddingBagCollection
-counterpart. They are not implemented yet; nothing is exported.
+``DynamicEmbeddingCollectionSharder`` and
+``DynamicEmbeddingBagCollectionSharder`` are TorchRec's
+``EmbeddingCollectionSharder`` / ``EmbeddingBagCollectionSharder``, used the
+same way. A table whose plan entry is a ``DynamicEmbParameterSharding`` is
+sharded row-wise into per-rank hash tables (``BatchedDynamicEmbeddingTablesV2``)
+with keys routed by its ``dist_type`` (``route_keys``); the other tables of the
+collection stay TorchRec's.
+
+Importing this package needs TorchRec (``import dynamicemb`` does not).
 """
 
-__all__ = []
+from .embedding import (
+    DYNAMICEMB_SHARDING_KEY,
+    DynamicEmbeddingBagCollectionSharder,
+    DynamicEmbeddingCollectionSharder,
+    ShardedDynamicEmbeddingBagCollection,
+    ShardedDynamicEmbeddingCollection,
+)
+from .input_dist import DynamicEmbRwSparseFeaturesDist, bucketize_by_route, dedup_kjt
+from .lookup import DynamicEmbeddingKernel
+from .routing import DIST_TYPE_CODES, continuous_block_size, route_keys
+
+__all__ = [
+    "DIST_TYPE_CODES",
+    "DYNAMICEMB_SHARDING_KEY",
+    "DynamicEmbRwSparseFeaturesDist",
+    "DynamicEmbeddingBagCollectionSharder",
+    "DynamicEmbeddingCollectionSharder",
+    "DynamicEmbeddingKernel",
+    "ShardedDynamicEmbeddingBagCollection",
+    "ShardedDynamicEmbeddingCollection",
+    "bucketize_by_route",
+    "continuous_block_size",
+    "dedup_kjt",
+    "route_keys",
+]

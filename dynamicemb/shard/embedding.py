@@ -1,0 +1,310 @@
+"""Sharded EmbeddingCollection / EmbeddingBagCollection with dynamic tables,
+and their sharders.
+
+A table is dynamic when its plan entry is a ``DynamicEmbParameterSharding``
+(``dynamicemb.planner.parameter_sharding``). The sharded modules are
+TorchRec's, with the dynamic tables taken out of TorchRec's row-wise group into
+a sharding of their own (``DYNAMICEMB_SHARDING_KEY``); every other table of the
+collection keeps TorchRec's sharding, kernel and state dict.
+"""
+
+from typing import Any, Dict, List, Optional, Type
+
+import torch
+from torchrec.distributed.embedding import (
+    EmbeddingCollectionSharder,
+    ShardedEmbeddingCollection,
+)
+from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.embeddingbag import (
+    EmbeddingBagCollectionSharder,
+    ShardedEmbeddingBagCollection,
+)
+from torchrec.distributed.types import ParameterSharding, ShardingEnv, ShardingType
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from ..planner.parameter_sharding import is_dynamicemb_sharding
+from .input_dist import dedup_kjt
+from .sharding import (
+    DynamicEmbRwPooledEmbeddingSharding,
+    DynamicEmbRwSequenceEmbeddingSharding,
+)
+
+__all__ = [
+    "DYNAMICEMB_SHARDING_KEY",
+    "DynamicEmbeddingBagCollectionSharder",
+    "DynamicEmbeddingCollectionSharder",
+    "ShardedDynamicEmbeddingBagCollection",
+    "ShardedDynamicEmbeddingCollection",
+]
+
+# Key of the dynamic tables' sharding among a sharded module's shardings
+# (TorchRec keys its shardings by sharding type; the dynamic tables are
+# row-wise too, but need their own input dist and lookup).
+DYNAMICEMB_SHARDING_KEY = "row_wise_dynamicemb"
+
+
+def _separate_dynamic_tables(
+    sharding_type_to_infos: Dict[str, List[EmbeddingShardingInfo]],
+) -> Dict[str, List[EmbeddingShardingInfo]]:
+    """Moves the dynamic tables' infos under ``DYNAMICEMB_SHARDING_KEY``."""
+    result: Dict[str, List[EmbeddingShardingInfo]] = {}
+    dynamic: List[EmbeddingShardingInfo] = []
+    for sharding_type, infos in sharding_type_to_infos.items():
+        kept = []
+        for info in infos:
+            (dynamic if is_dynamicemb_sharding(info.param_sharding) else kept).append(info)
+        if kept:
+            result[sharding_type] = kept
+    if dynamic:
+        result[DYNAMICEMB_SHARDING_KEY] = dynamic
+    return result
+
+
+def _dynamic_table_names(plan: Dict[str, ParameterSharding]) -> List[str]:
+    return [name for name, ps in plan.items() if is_dynamicemb_sharding(ps)]
+
+
+def _drop_dynamic_weights(
+    state_dict: Dict[str, Any], prefix: str, collection: str, names: List[str]
+) -> None:
+    """Removes dense weights of dynamic tables from a state dict being loaded:
+    their rows live in hash tables (checkpointed by DynamicEmbDump / Load)."""
+    for name in names:
+        state_dict.pop(f"{prefix}{collection}.{name}.weight", None)
+
+
+class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
+    """TorchRec's ``ShardedEmbeddingCollection`` with dynamic tables.
+
+    Dynamic tables are looked up by ``DynamicEmbeddingKernel``s behind their
+    own row-wise input dist; with ``use_index_dedup`` every sharding's keys
+    are deduplicated per feature before the all-to-all (for dynamic tables the
+    occurrence counts travel as frequency counters, so LFU scores count the
+    same as without dedup). Constructor arguments are the parent's.
+    """
+
+    @classmethod
+    def create_grouped_sharding_infos(
+        cls, *args: Any, **kwargs: Any
+    ) -> Dict[str, List[EmbeddingShardingInfo]]:
+        return _separate_dynamic_tables(super().create_grouped_sharding_infos(*args, **kwargs))
+
+    @classmethod
+    def create_embedding_sharding(
+        cls,
+        sharding_type: str,
+        sharding_infos: List[EmbeddingShardingInfo],
+        env: ShardingEnv,
+        device: Optional[torch.device] = None,
+        qcomm_codecs_registry: Optional[Dict[str, Any]] = None,
+    ):
+        if sharding_type == DYNAMICEMB_SHARDING_KEY:
+            return DynamicEmbRwSequenceEmbeddingSharding(
+                sharding_infos=sharding_infos,
+                env=env,
+                device=device,
+                qcomm_codecs_registry=qcomm_codecs_registry,
+            )
+        return super().create_embedding_sharding(
+            sharding_type=sharding_type,
+            sharding_infos=sharding_infos,
+            env=env,
+            device=device,
+            qcomm_codecs_registry=qcomm_codecs_registry,
+        )
+
+    def _create_hash_size_info(self, *args: Any, **kwargs: Any) -> None:
+        # dedup_kjt needs no per-feature hash sizes (dynamic keys are not
+        # bounded by num_embeddings).
+        return None
+
+    def _dedup_indices(
+        self,
+        ctx: Any,
+        input_feature_splits: List[KeyedJaggedTensor],
+    ) -> List[KeyedJaggedTensor]:
+        sharding_types = list(self._sharding_type_to_sharding.keys())
+        deduped: List[KeyedJaggedTensor] = []
+        for sharding_type, features in zip(sharding_types, input_feature_splits):
+            dedup_features, reverse = dedup_kjt(
+                features, counts_as_weights=sharding_type == DYNAMICEMB_SHARDING_KEY
+            )
+            ctx.input_features.append(features)
+            ctx.reverse_indices.append(reverse)
+            deduped.append(dedup_features)
+        return deduped
+
+    def reset_parameters(self) -> None:
+        # Dynamic tables have no dense weight to initialize.
+        configs = self._embedding_configs
+        dynamic = set(_dynamic_table_names(self.module_sharding_plan))
+        self._embedding_configs = [c for c in configs if c.name not in dynamic]
+        try:
+            super().reset_parameters()
+        finally:
+            self._embedding_configs = configs
+
+    @staticmethod
+    def _pre_load_state_dict_hook(
+        self: "ShardedDynamicEmbeddingCollection",
+        state_dict: Dict[str, Any],
+        prefix: str,
+        *args: Any,
+    ) -> None:
+        _drop_dynamic_weights(
+            state_dict, prefix, "embeddings", _dynamic_table_names(self.module_sharding_plan)
+        )
+        ShardedEmbeddingCollection._pre_load_state_dict_hook(self, state_dict, prefix, *args)
+
+
+class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
+    """TorchRec's ``ShardedEmbeddingBagCollection`` with dynamic tables.
+
+    Dynamic tables pool with SUM on each rank (weighted SUM with the KJT
+    weights when the collection is weighted); MEAN bags are divided by their
+    lengths after the reduce-scatter, as TorchRec does for its row-wise tables.
+    Constructor arguments are the parent's.
+    """
+
+    @classmethod
+    def create_grouped_sharding_infos(
+        cls, *args: Any, **kwargs: Any
+    ) -> Dict[str, List[EmbeddingShardingInfo]]:
+        return _separate_dynamic_tables(super().create_grouped_sharding_infos(*args, **kwargs))
+
+    @classmethod
+    def create_embedding_bag_sharding(
+        cls,
+        sharding_infos: List[EmbeddingShardingInfo],
+        env: ShardingEnv,
+        device: Optional[torch.device] = None,
+        permute_embeddings: bool = False,
+        qcomm_codecs_registry: Optional[Dict[str, Any]] = None,
+    ):
+        if sharding_infos and is_dynamicemb_sharding(sharding_infos[0].param_sharding):
+            return DynamicEmbRwPooledEmbeddingSharding(
+                sharding_infos=sharding_infos,
+                env=env,
+                device=device,
+                qcomm_codecs_registry=qcomm_codecs_registry,
+            )
+        return super().create_embedding_bag_sharding(
+            sharding_infos=sharding_infos,
+            env=env,
+            device=device,
+            permute_embeddings=permute_embeddings,
+            qcomm_codecs_registry=qcomm_codecs_registry,
+        )
+
+    def reset_parameters(self) -> None:
+        configs = self._embedding_bag_configs
+        dynamic = set(_dynamic_table_names(self.module_sharding_plan))
+        self._embedding_bag_configs = [c for c in configs if c.name not in dynamic]
+        try:
+            super().reset_parameters()
+        finally:
+            self._embedding_bag_configs = configs
+
+    @staticmethod
+    def _pre_load_state_dict_hook(
+        self: "ShardedDynamicEmbeddingBagCollection",
+        state_dict: Dict[str, Any],
+        prefix: str,
+        *args: Any,
+    ) -> None:
+        _drop_dynamic_weights(
+            state_dict, prefix, "embedding_bags", _dynamic_table_names(self.module_sharding_plan)
+        )
+        ShardedEmbeddingBagCollection._pre_load_state_dict_hook(self, state_dict, prefix, *args)
+
+
+def _with_customized_kernel(kernels: List[str], sharding_type: str) -> List[str]:
+    kernels = list(kernels)
+    customized = EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value
+    if sharding_type == ShardingType.ROW_WISE.value and customized not in kernels:
+        kernels.append(customized)
+    return kernels
+
+
+class DynamicEmbeddingCollectionSharder(EmbeddingCollectionSharder):
+    """TorchRec's ``EmbeddingCollectionSharder`` for collections with dynamic tables.
+
+    Used exactly like the parent (``fused_params`` with the optimizer type and
+    its arguments, ``qcomm_codecs_registry``, ``use_index_dedup``). Tables whose
+    plan entry is a ``DynamicEmbParameterSharding`` become hash-table-backed
+    row-wise tables; the others are sharded by TorchRec. Lists
+    ``CUSTOMIZED_KERNEL`` among the row-wise compute kernels, the kernel the
+    planner gives dynamic tables.
+    """
+
+    def shard(
+        self,
+        module: Any,
+        params: Dict[str, ParameterSharding],
+        env: ShardingEnv,
+        device: Optional[torch.device] = None,
+        module_fqn: Optional[str] = None,
+    ) -> ShardedDynamicEmbeddingCollection:
+        return ShardedDynamicEmbeddingCollection(
+            module,
+            params,
+            env,
+            self.fused_params,
+            device,
+            qcomm_codecs_registry=self.qcomm_codecs_registry,
+            use_index_dedup=self._use_index_dedup,
+            module_fqn=module_fqn,
+        )
+
+    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> List[str]:
+        return _with_customized_kernel(
+            super().compute_kernels(sharding_type, compute_device_type), sharding_type
+        )
+
+    @property
+    def sharded_module_type(self) -> Type[ShardedDynamicEmbeddingCollection]:
+        return ShardedDynamicEmbeddingCollection
+
+
+class DynamicEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
+    """TorchRec's ``EmbeddingBagCollectionSharder`` for collections with dynamic tables.
+
+    Used exactly like the parent. Dynamic tables (plan entries that are
+    ``DynamicEmbParameterSharding``) pool SUM or MEAN; a weighted collection
+    (``is_weighted=True``) passes the KJT weights as pooling weights, an
+    unweighted one ignores them.
+    """
+
+    def shard(
+        self,
+        module: Any,
+        params: Dict[str, ParameterSharding],
+        env: ShardingEnv,
+        device: Optional[torch.device] = None,
+        module_fqn: Optional[str] = None,
+    ) -> ShardedDynamicEmbeddingBagCollection:
+        kwargs: Dict[str, Any] = {}
+        order = getattr(self, "_sharded_module_order_overwrite", None)
+        if order is not None:
+            kwargs["sharded_module_order_overwrite"] = order
+        return ShardedDynamicEmbeddingBagCollection(
+            module=module,
+            table_name_to_parameter_sharding=params,
+            env=env,
+            fused_params=self.fused_params,
+            device=device,
+            qcomm_codecs_registry=self.qcomm_codecs_registry,
+            module_fqn=module_fqn,
+            **kwargs,
+        )
+
+    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> List[str]:
+        return _with_customized_kernel(
+            super().compute_kernels(sharding_type, compute_device_type), sharding_type
+        )
+
+    @property
+    def sharded_module_type(self) -> Type[ShardedDynamicEmbeddingBagCollection]:
+        return ShardedDynamicEmbeddingBagCollection

@@ -1,0 +1,234 @@
+"""Input distribution of row-wise sharded dynamic tables, and index dedup.
+
+``bucketize_by_route`` splits a KeyedJaggedTensor into one bucket per rank by
+the tables' routing (``dynamicemb.shard.routing``), keeping every key raw;
+``DynamicEmbRwSparseFeaturesDist`` sends the buckets with TorchRec's
+``KJTAllToAll``. ``dedup_kjt`` removes repeated keys per feature before the
+all-to-all and returns the index that expands the looked-up rows again.
+"""
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.sharding.rw_sharding import RwSparseFeaturesDist
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from .routing import continuous_block_size, route_codes, route_keys_by_feature
+
+__all__ = [
+    "DynamicEmbRwSparseFeaturesDist",
+    "bucketize_by_route",
+    "dedup_kjt",
+]
+
+
+def _bag_ids(kjt: KeyedJaggedTensor) -> torch.Tensor:
+    """Bag (feature * stride + sample) of every value, without a host sync."""
+    lengths = kjt.lengths().long()
+    values = kjt.values()
+    return torch.repeat_interleave(
+        torch.arange(lengths.numel(), device=values.device),
+        lengths,
+        output_size=values.numel(),
+    )
+
+
+def bucketize_by_route(
+    kjt: KeyedJaggedTensor,
+    world_size: int,
+    dist_types: torch.Tensor,
+    blocks: torch.Tensor,
+    output_permute: bool = False,
+) -> Tuple[KeyedJaggedTensor, Optional[torch.Tensor]]:
+    """Orders a KJT's values by owning rank, one bucket of all features per rank.
+
+    The result has the layout TorchRec's ``KJTAllToAll`` sends (as from
+    ``bucketize_kjt_before_all2all``): keys repeated ``world_size`` times,
+    lengths ``(world_size, num_features, stride)``; within a bag the values
+    keep their order. Values stay raw keys; weights travel with their values.
+
+    Args:
+        kjt (KeyedJaggedTensor): features with one stride (no variable batch).
+        world_size (int): number of buckets (ranks).
+        dist_types (torch.Tensor): (num_features) int64 routing codes.
+        blocks (torch.Tensor): (num_features) int64 continuous block sizes.
+        output_permute (bool): also return, for each input value, its position
+            in the bucketized values (what the sequence output dist reorders
+            the returned embeddings with).
+
+    Returns:
+        Tuple[KeyedJaggedTensor, Optional[torch.Tensor]]: the bucketized KJT
+        and the permute (None unless ``output_permute``).
+
+    Raises:
+        NotImplementedError: ``kjt`` has a variable stride per feature.
+    """
+    if kjt.variable_stride_per_key():
+        raise NotImplementedError(
+            "dynamic embedding tables do not support variable batch size per feature"
+        )
+    num_features = len(kjt.keys())
+    stride = kjt.stride()
+    values = kjt.values()
+    weights = kjt.weights_or_none()
+    num_bags = num_features * stride
+    bags = _bag_ids(kjt)
+    features = torch.div(bags, max(stride, 1), rounding_mode="floor")
+    ranks = route_keys_by_feature(values.long(), features, dist_types, blocks, world_size)
+    # Bucket-major, then bag, then original position (a stable sort).
+    slot = ranks * num_bags + bags
+    order = torch.sort(slot, stable=True).indices
+    lengths = torch.bincount(slot, minlength=world_size * num_bags).to(kjt.lengths().dtype)
+    bucketized = KeyedJaggedTensor(
+        keys=list(kjt.keys()) * world_size,
+        values=values[order],
+        weights=None if weights is None else weights[order],
+        lengths=lengths,
+        stride=stride,
+    )
+    permute = None
+    if output_permute:
+        permute = torch.empty_like(order)
+        permute[order] = torch.arange(order.numel(), device=order.device)
+    return bucketized, permute
+
+
+class DynamicEmbRwSparseFeaturesDist(RwSparseFeaturesDist):
+    """Row-wise input distribution of dynamic tables.
+
+    A TorchRec ``RwSparseFeaturesDist`` (so the sharded modules treat it as
+    one: its ``unbucketize_permute_tensor`` reorders sequence embeddings)
+    whose bucketization follows each feature's ``dist_type`` and keeps raw
+    keys.
+
+    Args:
+        pg (dist.ProcessGroup): the sharding's process group.
+        feature_hash_sizes (Sequence[int]): ``num_embeddings`` of each
+            feature's table.
+        feature_dist_types (Sequence[str]): ``dist_type`` of each feature's
+            table.
+        device (Optional[torch.device]): where the routing tables live.
+        is_sequence (bool): EmbeddingCollection (keep the permute) or
+            EmbeddingBagCollection.
+
+    Raises:
+        ValueError: the lists differ in length, or a dist type or hash size is
+            bad.
+    """
+
+    def __init__(
+        self,
+        pg: dist.ProcessGroup,
+        feature_hash_sizes: Sequence[int],
+        feature_dist_types: Sequence[str],
+        device: Optional[torch.device] = None,
+        is_sequence: bool = False,
+    ) -> None:
+        if len(feature_hash_sizes) != len(feature_dist_types):
+            raise ValueError(
+                f"{len(feature_hash_sizes)} feature hash sizes for "
+                f"{len(feature_dist_types)} feature dist types"
+            )
+        super().__init__(
+            pg=pg,
+            num_features=len(feature_hash_sizes),
+            feature_hash_sizes=list(feature_hash_sizes),
+            device=device,
+            is_sequence=is_sequence,
+        )
+        world_size = pg.size()
+        blocks = [continuous_block_size(int(h), world_size) for h in feature_hash_sizes]
+        self.register_buffer(
+            "_route_dist_types",
+            route_codes(feature_dist_types).to(device),
+            persistent=False,
+        )
+        self.register_buffer(
+            "_route_blocks",
+            torch.tensor(blocks, dtype=torch.int64, device=device),
+            persistent=False,
+        )
+
+    def forward(self, sparse_features: KeyedJaggedTensor):
+        """Bucketizes by route and starts the all-to-all.
+
+        Returns:
+            Awaitable[Awaitable[KeyedJaggedTensor]]: the features each rank
+            looks up.
+        """
+        bucketized, self.unbucketize_permute_tensor = bucketize_by_route(
+            sparse_features,
+            self._world_size,
+            self._route_dist_types,
+            self._route_blocks,
+            output_permute=self._is_sequence,
+        )
+        return self._dist(bucketized)
+
+
+def dedup_kjt(
+    kjt: KeyedJaggedTensor, counts_as_weights: bool = False
+) -> Tuple[KeyedJaggedTensor, torch.Tensor]:
+    """Keeps the first occurrence of every (feature, key) of a KJT.
+
+    The result is a sub-KJT of ``kjt`` (same keys and stride, values in their
+    order), so the rows looked up for it, indexed by the returned inverse,
+    are the rows of ``kjt``'s values.
+
+    Args:
+        kjt (KeyedJaggedTensor): features with one stride.
+        counts_as_weights (bool): give every kept key a weight: the sum of its
+            occurrences' weights, or its number of occurrences when ``kjt``
+            has none (frequency counters for LFU scores, so they count the
+            same with and without dedup). When False, weights (if any) are
+            summed the same way.
+
+    Returns:
+        Tuple[KeyedJaggedTensor, torch.Tensor]: the deduplicated KJT and the
+        (n) int64 position of each original value in it.
+
+    Raises:
+        NotImplementedError: ``kjt`` has a variable stride per feature.
+    """
+    if kjt.variable_stride_per_key():
+        raise NotImplementedError(
+            "index dedup of dynamic embedding tables does not support variable batch "
+            "size per feature"
+        )
+    values = kjt.values().long()
+    n = values.numel()
+    device = values.device
+    stride = kjt.stride()
+    bags = _bag_ids(kjt)
+    features = torch.div(bags, max(stride, 1), rounding_mode="floor")
+    unique, inverse = torch.unique(
+        torch.stack([features, values], dim=1), dim=0, return_inverse=True
+    )
+    num_unique = unique.size(0)
+    positions = torch.arange(n, device=device)
+    first = torch.full((num_unique,), n, dtype=torch.int64, device=device)
+    first = first.scatter_reduce(0, inverse, positions, reduce="amin")
+    keep = torch.zeros(n, dtype=torch.bool, device=device)
+    keep[first] = True
+    new_position = torch.cumsum(keep.long(), 0) - 1
+    reverse = new_position[first[inverse]]
+    lengths = torch.zeros(kjt.lengths().numel(), dtype=torch.int64, device=device)
+    lengths.index_add_(0, bags[keep], torch.ones_like(bags[keep]))
+    weights = kjt.weights_or_none()
+    kept_weights = None
+    if weights is not None or counts_as_weights:
+        source = (
+            weights.float() if weights is not None else torch.ones(n, device=device)
+        )
+        summed = torch.zeros(num_unique, dtype=source.dtype, device=device)
+        summed.index_add_(0, inverse, source)
+        kept_weights = summed[inverse[keep]]
+    deduped = KeyedJaggedTensor(
+        keys=kjt.keys(),
+        values=kjt.values()[keep],
+        weights=kept_weights,
+        lengths=lengths.to(kjt.lengths().dtype),
+        stride=stride,
+    )
+    return deduped, reverse

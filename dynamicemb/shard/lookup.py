@@ -1,0 +1,348 @@
+"""The per-rank lookup of row-wise sharded dynamic tables.
+
+``DynamicEmbeddingKernel`` is a TorchRec ``BaseEmbedding`` (the role FBGEMM's
+TBE plays for TorchRec's FUSED kernel) around one
+``BatchedDynamicEmbeddingTablesV2`` for a group of tables. The grouped lookups
+are TorchRec's own (``GroupedEmbeddingsLookup``,
+``GroupedPooledEmbeddingsLookup``), with this kernel for the groups whose
+compute kernel is ``CUSTOMIZED_KERNEL``.
+"""
+
+import enum
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.embedding_kernel import BaseEmbedding
+from torchrec.distributed.embedding_lookup import (
+    GroupedEmbeddingsLookup,
+    GroupedPooledEmbeddingsLookup,
+)
+from torchrec.distributed.embedding_types import (
+    EmbeddingComputeKernel,
+    GroupedEmbeddingConfig,
+)
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from ..dynamicemb_config import (
+    DynamicEmbPoolingMode,
+    DynamicEmbTableOptions,
+    complete_initializer_args,
+    get_sharded_table_capacity,
+)
+from ..embedding import BatchedDynamicEmbeddingTablesV2
+
+__all__ = [
+    "DynamicEmbGroupedEmbeddingsLookup",
+    "DynamicEmbGroupedPooledEmbeddingsLookup",
+    "DynamicEmbeddingKernel",
+    "optimizer_from_fused_params",
+    "resolve_table_options",
+]
+
+# fused_params entries that configure the fused row optimizer; every other
+# entry (TBE cache, precision, bounds-check settings, ...) concerns TorchRec's
+# own kernels and is not read here.
+_OPTIMIZER_ARGS = (
+    "learning_rate",
+    "eps",
+    "beta1",
+    "beta2",
+    "weight_decay",
+    "weight_decay_mode",
+    "learning_rate_power",
+    "ftrl_beta",
+    "l1_reg",
+    "l2_reg",
+    "initial_accumulator_value",
+)
+
+# Seed of the tables' initializers: the same on every rank, so a key's first
+# row does not depend on the rank that owns it.
+_INITIALIZER_SEED = 0
+
+# The grouping entry dynamicemb adds to a dynamic table's fused_params so that
+# TorchRec's group_tables fuses only tables that can share one module.
+GROUP_KEY = "dynamicemb_group"
+
+
+def optimizer_from_fused_params(
+    fused_params: Optional[Dict[str, Any]],
+) -> Tuple[Any, Dict[str, Any]]:
+    """The fused optimizer type and its arguments from a sharder's fused_params.
+
+    Args:
+        fused_params (Optional[Dict[str, Any]]): as TorchRec hands them to a
+            grouped kernel (``optimizer`` an ``EmbOptimType`` or
+            ``DynamicEmbOptimType``, ``learning_rate``, ``eps``, ...).
+
+    Returns:
+        Tuple[Any, Dict[str, Any]]: the optimizer (None for the module's
+        default, exact SGD) and the keyword arguments of
+        ``BatchedDynamicEmbeddingTablesV2`` (enums such as
+        ``weight_decay_mode`` become their int values).
+    """
+    params = dict(fused_params or {})
+    args: Dict[str, Any] = {}
+    for name in _OPTIMIZER_ARGS:
+        if params.get(name) is not None:
+            value = params[name]
+            args[name] = value.value if isinstance(value, enum.Enum) else value
+    return params.get("optimizer"), args
+
+
+def resolve_table_options(
+    options: DynamicEmbTableOptions,
+    table: Any,
+    world_size: int,
+) -> DynamicEmbTableOptions:
+    """One rank's options of a table, checked against its TorchRec config.
+
+    ``dim`` and ``max_capacity`` the planner left unset are filled (from
+    ``embedding_dim`` and ``get_sharded_table_capacity``), as are UNIFORM
+    bounds (``complete_initializer_args``). The argument is not modified.
+
+    Args:
+        options (DynamicEmbTableOptions): from the plan's
+            ``DynamicEmbParameterSharding``.
+        table: the TorchRec table config (``name``, ``embedding_dim``,
+            ``num_embeddings``).
+        world_size (int): ranks of the sharding.
+
+    Returns:
+        DynamicEmbTableOptions: a completed copy.
+
+    Raises:
+        TypeError: ``options`` is not a DynamicEmbTableOptions.
+        ValueError: ``dim`` differs from the table's ``embedding_dim``.
+    """
+    import dataclasses
+
+    if not isinstance(options, DynamicEmbTableOptions):
+        raise TypeError(
+            f"table {table.name!r}: dynamicemb_options must be a DynamicEmbTableOptions, "
+            f"got {type(options).__name__}"
+        )
+    if options.dim is not None and options.dim != table.embedding_dim:
+        raise ValueError(
+            f"table {table.name!r}: dynamicemb_options.dim ({options.dim}) differs from "
+            f"embedding_dim ({table.embedding_dim})"
+        )
+    max_capacity = options.max_capacity
+    if max_capacity is None:
+        max_capacity = get_sharded_table_capacity(table, world_size, options.bucket_capacity)
+    init_capacity = options.init_capacity
+    if init_capacity is not None and init_capacity > max_capacity:
+        init_capacity = max_capacity
+    return dataclasses.replace(
+        options,
+        dim=table.embedding_dim,
+        max_capacity=max_capacity,
+        init_capacity=init_capacity,
+        initializer_args=complete_initializer_args(options.initializer_args, table),
+    )
+
+
+class DynamicEmbeddingKernel(BaseEmbedding):
+    """The lookup of one group of dynamic tables on one rank.
+
+    Keys arrive raw (as routed by ``DynamicEmbRwSparseFeaturesDist``) and are
+    looked up, inserted and updated in place by a fused
+    ``BatchedDynamicEmbeddingTablesV2``; like TorchRec's FUSED kernel the
+    optimizer runs in the backward pass, so the kernel has no dense weight.
+
+    Args:
+        config (GroupedEmbeddingConfig): the group TorchRec formed.
+        table_options (Dict[str, DynamicEmbTableOptions]): options of each
+            table, by name.
+        pooling (DynamicEmbPoolingMode): NONE for an EmbeddingCollection; SUM
+            for an EmbeddingBagCollection (row-wise MEAN is divided by the
+            bag lengths after the output dist, as TorchRec does).
+        world_size (int): ranks of the sharding.
+        device (Optional[torch.device]): where the tables live.
+    """
+
+    def __init__(
+        self,
+        config: GroupedEmbeddingConfig,
+        table_options: Dict[str, DynamicEmbTableOptions],
+        pooling: DynamicEmbPoolingMode,
+        world_size: int,
+        device: Optional[torch.device] = None,
+    ) -> None:
+        super().__init__()
+        self._config = config
+        options: List[DynamicEmbTableOptions] = []
+        feature_table_map: List[int] = []
+        for t, table in enumerate(config.embedding_tables):
+            if table.name not in table_options:
+                raise ValueError(f"table {table.name!r} has no dynamicemb_options")
+            options.append(resolve_table_options(table_options[table.name], table, world_size))
+            feature_table_map.extend([t] * table.num_features())
+        self._table_names: List[str] = [table.name for table in config.embedding_tables]
+        self._pooled = pooling != DynamicEmbPoolingMode.NONE
+        optimizer, optimizer_args = optimizer_from_fused_params(config.fused_params)
+        self._emb_module = BatchedDynamicEmbeddingTablesV2(
+            options,
+            feature_table_map=feature_table_map,
+            pooling_mode=pooling,
+            optimizer=optimizer,
+            device=device,
+            seed=_INITIALIZER_SEED,
+            **optimizer_args,
+        )
+
+    @property
+    def config(self) -> GroupedEmbeddingConfig:
+        return self._config
+
+    @property
+    def emb_module(self) -> BatchedDynamicEmbeddingTablesV2:
+        """The fused tables of this group."""
+        return self._emb_module
+
+    @property
+    def table_names(self) -> List[str]:
+        """Names of the group's tables, in the module's table order."""
+        return list(self._table_names)
+
+    def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        """Looks up the routed features.
+
+        KJT weights are pooling weights of a weighted EmbeddingBagCollection,
+        frequency counters (LFU) of an EmbeddingCollection, and ignored on an
+        unweighted EmbeddingBagCollection.
+
+        Returns:
+            torch.Tensor: (values, dim) for sequence lookups, (stride, sum of
+            the features' dims) for pooled ones.
+        """
+        weights = features.weights_or_none()
+        pooling_weights = frequency_counters = None
+        if weights is not None:
+            if not self._pooled:
+                frequency_counters = weights
+            elif self._config.is_weighted:
+                pooling_weights = weights.float()
+        return self._emb_module(
+            features.values(),
+            features.offsets(),
+            frequency_counters=frequency_counters,
+            pooling_weights=pooling_weights,
+        )
+
+    # The rows live in the hash table, not in a dense weight: nothing to add
+    # to TorchRec's state dict or parameter views (DynamicEmbDump / Load
+    # checkpoint them).
+    def state_dict(
+        self,
+        destination: Optional[Dict[str, Any]] = None,
+        prefix: str = "",
+        keep_vars: bool = False,
+    ) -> Dict[str, Any]:
+        if destination is None:
+            destination = {}
+        return destination
+
+    def named_parameters_by_table(self) -> Iterator[Tuple[str, torch.Tensor]]:
+        return iter(())
+
+    def named_split_embedding_weights(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
+        return iter(())
+
+    def flush(self) -> None:
+        pass
+
+    def purge(self) -> None:
+        pass
+
+
+def _dynamic_kernel(
+    lookup: Any,
+    config: GroupedEmbeddingConfig,
+    pooling: DynamicEmbPoolingMode,
+    device: Optional[torch.device],
+) -> DynamicEmbeddingKernel:
+    if config.compute_kernel != EmbeddingComputeKernel.CUSTOMIZED_KERNEL:
+        raise ValueError(
+            "a dynamic embedding sharding holds only tables with compute kernel "
+            f"{EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value!r}, got "
+            f"{config.compute_kernel.value!r} for tables "
+            f"{[t.name for t in config.embedding_tables]}"
+        )
+    return DynamicEmbeddingKernel(
+        config,
+        lookup._dynamicemb_table_options,
+        pooling,
+        lookup._dynamicemb_world_size,
+        device,
+    )
+
+
+class DynamicEmbGroupedEmbeddingsLookup(GroupedEmbeddingsLookup):
+    """TorchRec's sequence lookup with ``DynamicEmbeddingKernel`` groups.
+
+    Args:
+        grouped_configs (List[GroupedEmbeddingConfig]): the rank's groups.
+        table_options (Dict[str, DynamicEmbTableOptions]): options by table.
+        world_size (int): ranks of the sharding.
+        pg, device, env: as for ``GroupedEmbeddingsLookup``.
+    """
+
+    def __init__(
+        self,
+        grouped_configs: List[GroupedEmbeddingConfig],
+        table_options: Dict[str, DynamicEmbTableOptions],
+        world_size: int,
+        pg: Optional[dist.ProcessGroup] = None,
+        device: Optional[torch.device] = None,
+        env: Optional[Any] = None,
+    ) -> None:
+        # Read by _create_embedding_kernel, which the parent's constructor calls.
+        object.__setattr__(self, "_dynamicemb_table_options", dict(table_options))
+        object.__setattr__(self, "_dynamicemb_world_size", world_size)
+        super().__init__(grouped_configs=grouped_configs, pg=pg, device=device, env=env)
+
+    def _create_embedding_kernel(
+        self, config: GroupedEmbeddingConfig, pg: Any, device: Any, *args: Any, **kwargs: Any
+    ) -> BaseEmbedding:
+        return _dynamic_kernel(self, config, DynamicEmbPoolingMode.NONE, device)
+
+
+class DynamicEmbGroupedPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):
+    """TorchRec's pooled lookup with ``DynamicEmbeddingKernel`` groups.
+
+    Args:
+        grouped_configs (List[GroupedEmbeddingConfig]): the rank's groups.
+        table_options (Dict[str, DynamicEmbTableOptions]): options by table.
+        world_size (int): ranks of the sharding.
+        device, pg, feature_processor, sharding_type, env: as for
+            ``GroupedPooledEmbeddingsLookup``.
+    """
+
+    def __init__(
+        self,
+        grouped_configs: List[GroupedEmbeddingConfig],
+        table_options: Dict[str, DynamicEmbTableOptions],
+        world_size: int,
+        device: Optional[torch.device] = None,
+        pg: Optional[dist.ProcessGroup] = None,
+        feature_processor: Optional[Any] = None,
+        sharding_type: Optional[Any] = None,
+        env: Optional[Any] = None,
+    ) -> None:
+        object.__setattr__(self, "_dynamicemb_table_options", dict(table_options))
+        object.__setattr__(self, "_dynamicemb_world_size", world_size)
+        super().__init__(
+            grouped_configs=grouped_configs,
+            device=device,
+            pg=pg,
+            feature_processor=feature_processor,
+            sharding_type=sharding_type,
+            env=env,
+        )
+
+    def _create_embedding_kernel(
+        self, config: GroupedEmbeddingConfig, device: Any, *args: Any, **kwargs: Any
+    ) -> BaseEmbedding:
+        return _dynamic_kernel(self, config, DynamicEmbPoolingMode.SUM, device)

@@ -1,0 +1,218 @@
+"""Row-wise embedding shardings of dynamic tables.
+
+TorchRec's row-wise shardings (``RwSequenceEmbeddingSharding`` for an
+EmbeddingCollection, ``RwPooledEmbeddingSharding`` for an
+EmbeddingBagCollection) with two parts replaced: the input dist routes raw keys
+by each table's ``dist_type`` (``DynamicEmbRwSparseFeaturesDist``), and the
+lookup is a ``DynamicEmbeddingKernel`` per group. The output dists (sequence
+all-to-all, pooled reduce-scatter) are TorchRec's, so gradients reach the
+tables exactly as they reach TorchRec's own (divided by the world size when
+``get_gradient_division()`` is on).
+"""
+
+import dataclasses
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.sharding.rw_sequence_sharding import RwSequenceEmbeddingSharding
+from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
+from torchrec.distributed.types import ShardingEnv, ShardingType
+
+from ..dynamicemb_config import DynamicEmbTableOptions
+from ..planner.parameter_sharding import is_dynamicemb_sharding
+from .input_dist import DynamicEmbRwSparseFeaturesDist
+from .lookup import (
+    GROUP_KEY,
+    DynamicEmbGroupedEmbeddingsLookup,
+    DynamicEmbGroupedPooledEmbeddingsLookup,
+)
+
+__all__ = [
+    "DynamicEmbRwPooledEmbeddingSharding",
+    "DynamicEmbRwSequenceEmbeddingSharding",
+    "prepare_dynamic_sharding_infos",
+]
+
+
+def prepare_dynamic_sharding_infos(
+    sharding_infos: List[EmbeddingShardingInfo],
+) -> List[EmbeddingShardingInfo]:
+    """Checks the dynamic tables of a sharding and marks which may be fused.
+
+    Every table must be planned by a ``DynamicEmbParameterSharding`` with
+    sharding type ROW_WISE and compute kernel CUSTOMIZED_KERNEL. Tables whose
+    options disagree on what one fused module shares
+    (``DynamicEmbTableOptions.get_grouped_key``) get different
+    ``dynamicemb_group`` entries in their fused_params, so TorchRec's
+    ``group_tables`` puts them in different groups (and modules).
+
+    Returns:
+        List[EmbeddingShardingInfo]: copies of the infos with the entry added.
+
+    Raises:
+        ValueError: a table is not planned as a dynamic row-wise table, or
+            has a feature processor.
+    """
+    prepared: List[EmbeddingShardingInfo] = []
+    group_of: Dict[Tuple[Any, ...], int] = {}
+    for info in sharding_infos:
+        name = info.embedding_config.name
+        ps = info.param_sharding
+        if not is_dynamicemb_sharding(ps):
+            raise ValueError(
+                f"table {name!r} is in a dynamic embedding sharding but its plan entry is a "
+                f"{type(ps).__name__}, not a DynamicEmbParameterSharding"
+            )
+        if ps.sharding_type != ShardingType.ROW_WISE.value:
+            raise ValueError(
+                f"dynamic table {name!r} must be sharded {ShardingType.ROW_WISE.value!r}, "
+                f"got {ps.sharding_type!r}"
+            )
+        if ps.compute_kernel != EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value:
+            raise ValueError(
+                f"dynamic table {name!r} must use compute kernel "
+                f"{EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value!r}, got {ps.compute_kernel!r}"
+            )
+        options = ps.dynamicemb_options
+        if not isinstance(options, DynamicEmbTableOptions):
+            raise TypeError(
+                f"table {name!r}: dynamicemb_options must be a DynamicEmbTableOptions, "
+                f"got {type(options).__name__}"
+            )
+        if info.embedding_config.has_feature_processor:
+            raise ValueError(
+                f"dynamic table {name!r}: feature processors are not supported"
+            )
+        group = group_of.setdefault(options.get_grouped_key(), len(group_of))
+        fused_params = dict(info.fused_params or {})
+        fused_params[GROUP_KEY] = group
+        prepared.append(dataclasses.replace(info, fused_params=fused_params))
+    return prepared
+
+
+class _DynamicEmbRwMixin:
+    """What both row-wise dynamic shardings add to TorchRec's."""
+
+    def _init_dynamicemb(self, sharding_infos: List[EmbeddingShardingInfo]) -> None:
+        self._dynamicemb_table_options: Dict[str, DynamicEmbTableOptions] = {
+            info.embedding_config.name: info.param_sharding.dynamicemb_options
+            for info in sharding_infos
+        }
+
+    def _feature_dist_types(self) -> List[str]:
+        dist_types: List[str] = []
+        for group in self._grouped_embedding_configs:
+            for table in group.embedding_tables:
+                dist_type = self._dynamicemb_table_options[table.name].dist_type
+                dist_types.extend([dist_type] * table.num_features())
+        return dist_types
+
+    def _dynamicemb_input_dist(
+        self, device: Optional[torch.device], is_sequence: bool
+    ) -> DynamicEmbRwSparseFeaturesDist:
+        return DynamicEmbRwSparseFeaturesDist(
+            pg=self._pg,
+            feature_hash_sizes=self._get_feature_hash_sizes(),
+            feature_dist_types=self._feature_dist_types(),
+            device=device if device is not None else self._device,
+            is_sequence=is_sequence,
+        )
+
+    @property
+    def dynamicemb_table_options(self) -> Dict[str, DynamicEmbTableOptions]:
+        """The plan's options of each table, by name."""
+        return dict(self._dynamicemb_table_options)
+
+
+class DynamicEmbRwSequenceEmbeddingSharding(_DynamicEmbRwMixin, RwSequenceEmbeddingSharding):
+    """Row-wise sharding of an EmbeddingCollection's dynamic tables.
+
+    Args:
+        sharding_infos (List[EmbeddingShardingInfo]): the dynamic tables.
+        env (ShardingEnv): the sharding environment.
+        device (Optional[torch.device]): the compute device.
+        qcomm_codecs_registry: as for TorchRec's shardings.
+    """
+
+    def __init__(
+        self,
+        sharding_infos: List[EmbeddingShardingInfo],
+        env: ShardingEnv,
+        device: Optional[torch.device] = None,
+        qcomm_codecs_registry: Optional[Dict[str, Any]] = None,
+    ) -> None:
+        sharding_infos = prepare_dynamic_sharding_infos(sharding_infos)
+        super().__init__(
+            sharding_infos=sharding_infos,
+            env=env,
+            device=device,
+            qcomm_codecs_registry=qcomm_codecs_registry,
+        )
+        self._init_dynamicemb(sharding_infos)
+
+    def create_input_dist(self, device: Optional[torch.device] = None) -> DynamicEmbRwSparseFeaturesDist:
+        return self._dynamicemb_input_dist(device, is_sequence=True)
+
+    def create_lookup(
+        self,
+        device: Optional[torch.device] = None,
+        fused_params: Optional[Dict[str, Any]] = None,
+        feature_processor: Optional[Any] = None,
+    ) -> DynamicEmbGroupedEmbeddingsLookup:
+        return DynamicEmbGroupedEmbeddingsLookup(
+            grouped_configs=self._grouped_embedding_configs,
+            table_options=self._dynamicemb_table_options,
+            world_size=self._world_size,
+            pg=self._pg,
+            device=device if device is not None else self._device,
+            env=self._env,
+        )
+
+
+class DynamicEmbRwPooledEmbeddingSharding(_DynamicEmbRwMixin, RwPooledEmbeddingSharding):
+    """Row-wise sharding of an EmbeddingBagCollection's dynamic tables.
+
+    Args:
+        sharding_infos (List[EmbeddingShardingInfo]): the dynamic tables.
+        env (ShardingEnv): the sharding environment.
+        device (Optional[torch.device]): the compute device.
+        qcomm_codecs_registry: as for TorchRec's shardings.
+    """
+
+    def __init__(
+        self,
+        sharding_infos: List[EmbeddingShardingInfo],
+        env: ShardingEnv,
+        device: Optional[torch.device] = None,
+        qcomm_codecs_registry: Optional[Dict[str, Any]] = None,
+    ) -> None:
+        sharding_infos = prepare_dynamic_sharding_infos(sharding_infos)
+        super().__init__(
+            sharding_infos=sharding_infos,
+            env=env,
+            device=device,
+            qcomm_codecs_registry=qcomm_codecs_registry,
+        )
+        self._init_dynamicemb(sharding_infos)
+
+    def create_input_dist(self, device: Optional[torch.device] = None) -> DynamicEmbRwSparseFeaturesDist:
+        return self._dynamicemb_input_dist(device, is_sequence=False)
+
+    def create_lookup(
+        self,
+        device: Optional[torch.device] = None,
+        fused_params: Optional[Dict[str, Any]] = None,
+        feature_processor: Optional[Any] = None,
+    ) -> DynamicEmbGroupedPooledEmbeddingsLookup:
+        return DynamicEmbGroupedPooledEmbeddingsLookup(
+            grouped_configs=self._grouped_embedding_configs,
+            table_options=self._dynamicemb_table_options,
+            world_size=self._world_size,
+            device=device if device is not None else self._device,
+            pg=self._pg,
+            feature_processor=feature_processor,
+            sharding_type=ShardingType.ROW_WISE,
+            env=self._env,
+        )
