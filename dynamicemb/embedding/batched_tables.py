@@ -38,6 +38,7 @@ from dynamicemb.dynamicemb_config import (
 )
 from dynamicemb.embedding.initializer import init_rows
 from dynamicemb.embedding.optimizer import RowOptimizer
+from dynamicemb.embedding.score_function import VictimScorer
 from dynamicemb.embedding.unique import segmented_unique
 from dynamicemb.table import ScoredHashTable, enums
 
@@ -103,7 +104,10 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             fused only with NO_EVICTION tables. A NO_EVICTION table starts
             with ``init_capacity`` value rows and a key map of twice that and
             grows without bound (``max_capacity`` and ``max_load_factor`` do
-            not apply).
+            not apply). A ``score_function`` (compound (TIMESTAMP, LFU) only,
+            shared by the fused tables) ranks the victims of full buckets:
+            it is compiled with numba when the module is built and evaluated
+            over the buckets of each training batch (score_function.py).
         feature_table_map (List[int], optional): table of each feature
             (default: feature t uses table t).
         pooling_mode (DynamicEmbPoolingMode): SUM, MEAN or NONE.
@@ -141,6 +145,10 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if len(strategies) != 1:
             raise ValueError(f"fused tables must share one score_strategy, got {strategies}")
         self.strategies = next(iter(strategies))
+        functions = {o.score_function for o in self.table_options}
+        if len(functions) != 1:
+            raise ValueError(f"fused tables must share one score_function, got {functions}")
+        self.score_function = next(iter(functions))
         self.pooling_mode = DynamicEmbPoolingMode(pooling_mode)
         n = len(self.table_options)
         self.feature_table_map = list(range(n)) if feature_table_map is None else list(feature_table_map)
@@ -157,6 +165,11 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.optimizer = RowOptimizer(optimizer, **optimizer_args)
         self.max_dim = max(self.dims)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
+        # Compound (TIMESTAMP, LFU) with a score_function: victims ranked by it.
+        self._victim_scorer = (
+            None if self.score_function is None
+            else VictimScorer(self.score_function, self.strategies, self.device)
+        )
         self.no_eviction = S.NO_EVICTION in self.strategies
         widths = [o.bucket_capacity if o.bucket_capacity != MAX_BUCKET_CAPACITY else None for o in self.table_options]
         init = [int(o.init_capacity or o.max_capacity) for o in self.table_options]
@@ -381,7 +394,8 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             if moved is not None:
                 self._move_values(*moved)
         policies, vals = _policies(self.strategies, self.step, self._custom_score, counts)
-        res = self.table.insert_and_evict(keys, tids, policies=policies, scores=vals)
+        victim = None if self._victim_scorer is None else self._victim_scorer(self.table, keys, tids)
+        res = self.table.insert_and_evict(keys, tids, policies=policies, scores=vals, victim_scores=victim)
         return res.slots, res.status
 
     def _initialize(self, keys, tids, rows) -> None:

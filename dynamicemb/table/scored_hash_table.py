@@ -389,11 +389,23 @@ class ScoredHashTable:
             update, values,
         )
 
-    def _run(self, op, keys, table_ids, policies, scores, assign_rows=False) -> InsertResult:
+    def _run(
+        self, op, keys, table_ids, policies, scores, assign_rows=False, victim_scores=None
+    ) -> InsertResult:
         keys, table_ids = self._batch(keys, table_ids)
         policies, values = self._scores(keys.numel(), policies, scores)
         if assign_rows and self.validate and self.device.type != "cpu" and keys.numel():
             self._check_rows(table_ids, values)
+        if victim_scores is not None:
+            if not isinstance(victim_scores, torch.Tensor) or victim_scores.dtype != torch.float64:
+                got = victim_scores.dtype if isinstance(victim_scores, torch.Tensor) else type(victim_scores)
+                raise TypeError(f"victim_scores must be a float64 tensor, got {got}")
+            if victim_scores.shape != (self.num_slots,):
+                raise ValueError(
+                    f"victim_scores must have one entry per slot ({self.num_slots}), got shape "
+                    f"{tuple(victim_scores.shape)}"
+                )
+            victim_scores = victim_scores.to(self.device).contiguous()
         out = ops().table_run(
             keys,
             table_ids,
@@ -409,6 +421,7 @@ class ScoredHashTable:
             assign_rows,
             self.total_buckets,
             self.has_rows,
+            victim_scores,
         )
         return InsertResult(out[0], out[1], EvictedKeys(out[2], out[3], out[4], out[5], out[6]))
 
@@ -417,10 +430,35 @@ class ScoredHashTable:
         (status FAILED, counted in the INSERT_FAILURES counter)."""
         return self._run(enums.RunOp.INSERT, keys, table_ids, policies, scores, assign_rows)
 
-    def insert_and_evict(self, keys, table_ids=None, policies=None, scores=None, assign_rows=False):
+    def insert_and_evict(
+        self, keys, table_ids=None, policies=None, scores=None, assign_rows=False,
+        victim_scores=None,
+    ):
         """Find-or-insert; a full bucket evicts its minimum-score key that this
-        batch has not touched. NO_EVICTION tables behave as in ``insert``."""
-        return self._run(enums.RunOp.INSERT_EVICT, keys, table_ids, policies, scores, assign_rows)
+        batch has not touched. NO_EVICTION tables behave as in ``insert``.
+
+        Args:
+            victim_scores (torch.Tensor, optional): (num_slots) float64, a
+                custom eviction score per slot: the victim is the untouched
+                slot with the lowest one (NaN lowest of all), ties by the score
+                words, then position. Only the buckets of ``home_starts(keys)``
+                are read.
+        """
+        return self._run(
+            enums.RunOp.INSERT_EVICT, keys, table_ids, policies, scores, assign_rows, victim_scores
+        )
+
+    def home_starts(self, keys: torch.Tensor, table_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """First slot of each key's home bucket (the bucket spans
+        ``bucket_capacity(table)`` slots from there): where an insert of the
+        key may evict."""
+        keys, table_ids = self._batch(keys, table_ids)
+        return ops().table_home_starts(keys, table_ids, self.keys, self.info)
+
+    def timer(self) -> torch.Tensor:
+        """(1) int64 on the table's device: a reading of the clock the TIMER
+        score policy uses (no synchronization)."""
+        return ops().table_timer(self.keys)
 
     def erase(
         self,
