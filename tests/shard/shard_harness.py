@@ -1,0 +1,522 @@
+"""Multi-process harness of the sharder tests: gloo on the CPU, one process
+per rank (torch.multiprocessing spawn), a free port, and timeouts so that a
+hang fails the test instead of blocking it.
+
+Scenarios run in the workers (``run_scenarios``) build a model with an
+EmbeddingCollection or EmbeddingBagCollection, shard it with
+DistributedModelParallel and the dynamicemb sharders, train a few steps and
+return each step's local outputs. ``reference_outputs`` computes the same
+outputs with a dense float64 model in one process.
+"""
+
+import dataclasses
+import datetime
+import io
+import os
+import queue
+import socket
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+# --------------------------------------------------------------- processes --
+
+RUN_TIMEOUT_S = 240.0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, results) -> None:
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    torch.set_num_threads(1)
+    try:
+        dist.init_process_group(
+            "gloo",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=90),
+        )
+        out = fn(rank, world_size, *args)
+        # Bytes, not tensors: a tensor in a queue is shared memory that dies
+        # with this process.
+        buffer = io.BytesIO()
+        torch.save(out, buffer)
+        results.put((rank, "ok", buffer.getvalue()))
+    except BaseException:  # reported to the parent, which fails the test
+        results.put((rank, "error", traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_world(fn: Callable, world_size: int, *args: Any, timeout: float = RUN_TIMEOUT_S) -> List[Any]:
+    """Runs ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks.
+
+    Returns:
+        List[Any]: each rank's return value, by rank.
+
+    Raises:
+        RuntimeError: a rank raised (its traceback is in the message) or the
+            run did not finish within ``timeout`` seconds.
+    """
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = _free_port()
+    procs = [
+        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, results), daemon=True)
+        for r in range(world_size)
+    ]
+    for p in procs:
+        p.start()
+    outs: Dict[int, Any] = {}
+    errors: List[str] = []
+    try:
+        import time
+
+        deadline = time.monotonic() + timeout
+        while len(outs) + len(errors) < world_size:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RuntimeError(f"world of {world_size} ranks did not finish within {timeout} s")
+            try:
+                rank, status, payload = results.get(timeout=min(left, 5.0))
+            except queue.Empty:
+                if any(p.exitcode not in (None, 0) for p in procs) and results.empty():
+                    dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+                    raise RuntimeError(f"ranks {dead} died without a result")
+                continue
+            if status == "ok":
+                outs[rank] = torch.load(io.BytesIO(payload), weights_only=False)
+            else:
+                errors.append(f"rank {rank}:\n{payload}")
+                break
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join(timeout=5)
+    if errors:
+        raise RuntimeError("\n".join(errors))
+    return [outs[r] for r in range(world_size)]
+
+
+# --------------------------------------------------------------- scenarios --
+
+
+@dataclass
+class TableSpec:
+    """One table of a scenario's collection (a single feature per table)."""
+
+    name: str
+    num_embeddings: int
+    dim: int
+    dynamic: bool = True
+    dist_type: str = "roundrobin"
+    pooling: str = "SUM"  # EmbeddingBagCollection only: SUM or MEAN
+    static_sharding: str = "row_wise"  # static tables: row_wise or table_wise
+    initializer: str = "debug"  # dynamic tables: debug or uniform
+
+    @property
+    def feature(self) -> str:
+        return f"f_{self.name}"
+
+
+@dataclass
+class Scenario:
+    """A sharded training run: its model, optimizer and batches."""
+
+    name: str
+    kind: str  # "ec" or "ebc"
+    tables: List[TableSpec]
+    optimizer: str = "sgd"  # sgd or adam
+    learning_rate: float = 0.1
+    steps: int = 3
+    batch_size: int = 3
+    max_length: int = 4
+    key_range: Tuple[int, int] = (-6, 30)
+    use_index_dedup: bool = False
+    weighted: bool = False
+    seq_weights: bool = False  # EC: attach integer weights (frequency counters)
+    use_planner: bool = False
+    eval_step: bool = True
+
+
+def batch_for(scenario: Scenario, step: int, rank: int):
+    """The local batch of ``rank`` at ``step``: per feature, per sample, keys
+    (and weights). Static tables get keys in [0, num_embeddings)."""
+    g = torch.Generator().manual_seed(1000 * step + 17 * rank + 3)
+    batch = {}
+    for t in scenario.tables:
+        lo, hi = scenario.key_range if t.dynamic else (0, t.num_embeddings)
+        samples = []
+        for _ in range(scenario.batch_size):
+            n = int(torch.randint(0, scenario.max_length + 1, (1,), generator=g))
+            keys = torch.randint(lo, hi, (n,), generator=g)
+            weights = torch.rand(n, generator=g) + 0.5
+            if scenario.seq_weights:
+                weights = torch.randint(1, 4, (n,), generator=g).float()
+            samples.append((keys, weights))
+        batch[t.feature] = samples
+    return batch
+
+
+def to_kjt(scenario: Scenario, batch):
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    keys, values, lengths, weights = [], [], [], []
+    for t in scenario.tables:
+        keys.append(t.feature)
+        for k, w in batch[t.feature]:
+            values.append(k)
+            weights.append(w)
+            lengths.append(k.numel())
+    with_weights = scenario.weighted or scenario.seq_weights
+    return KeyedJaggedTensor(
+        keys=keys,
+        values=torch.cat(values).long(),
+        lengths=torch.tensor(lengths, dtype=torch.int64),
+        weights=torch.cat(weights).float() if with_weights else None,
+    )
+
+
+def targets_for(scenario: Scenario, step: int, rank: int, shapes: Dict[str, Tuple[int, ...]]):
+    """Deterministic regression targets of a rank's outputs."""
+    g = torch.Generator().manual_seed(7919 * step + 31 * rank + 1)
+    return {name: torch.randn(shape, generator=g, dtype=torch.float64) for name, shape in sorted(shapes.items())}
+
+
+def initializer_args(spec: TableSpec):
+    from dynamicemb import DynamicEmbInitializerArgs, DynamicEmbInitializerMode
+
+    if spec.initializer == "debug":
+        return DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG)
+    return DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.UNIFORM, lower=-0.5, upper=0.5)
+
+
+def fused_params(scenario: Scenario) -> Dict[str, Any]:
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    if scenario.optimizer == "sgd":
+        return {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": scenario.learning_rate}
+    if scenario.optimizer == "adam":
+        return {
+            "optimizer": EmbOptimType.ADAM,
+            "learning_rate": scenario.learning_rate,
+            "eps": 1e-8,
+            "beta1": 0.9,
+            "beta2": 0.999,
+        }
+    raise ValueError(f"unknown optimizer {scenario.optimizer!r}")
+
+
+def build_collection(scenario: Scenario, device: torch.device):
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig, PoolingType
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
+
+    torch.manual_seed(0)  # static tables: the same initial weights everywhere
+    if scenario.kind == "ec":
+        configs = [
+            EmbeddingConfig(
+                name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.dim, feature_names=[t.feature]
+            )
+            for t in scenario.tables
+        ]
+        return EmbeddingCollection(tables=configs, device=device)
+    configs = [
+        EmbeddingBagConfig(
+            name=t.name,
+            num_embeddings=t.num_embeddings,
+            embedding_dim=t.dim,
+            feature_names=[t.feature],
+            pooling=PoolingType[t.pooling],
+        )
+        for t in scenario.tables
+    ]
+    return EmbeddingBagCollection(tables=configs, is_weighted=scenario.weighted, device=device)
+
+
+def table_options(spec: TableSpec, world_size: int):
+    from dynamicemb import DynamicEmbTableOptions, get_sharded_table_capacity
+    from torchrec.modules.embedding_configs import EmbeddingConfig
+
+    config = EmbeddingConfig(name=spec.name, num_embeddings=spec.num_embeddings, embedding_dim=spec.dim)
+    return DynamicEmbTableOptions(
+        dim=spec.dim,
+        max_capacity=get_sharded_table_capacity(config, world_size, 128),
+        bucket_capacity=128,
+        initializer_args=initializer_args(spec),
+        dist_type=spec.dist_type,
+    )
+
+
+def sharder_for(scenario: Scenario):
+    from dynamicemb.shard import DynamicEmbeddingBagCollectionSharder, DynamicEmbeddingCollectionSharder
+
+    if scenario.kind == "ec":
+        return DynamicEmbeddingCollectionSharder(
+            fused_params=fused_params(scenario), use_index_dedup=scenario.use_index_dedup
+        )
+    return DynamicEmbeddingBagCollectionSharder(fused_params=fused_params(scenario))
+
+
+def hand_plan(scenario: Scenario, collection, sharder, world_size: int):
+    """A plan built with TorchRec's helpers, dynamic entries swapped in."""
+    from dynamicemb.planner.parameter_sharding import DynamicEmbParameterSharding
+    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise, table_wise
+
+    per_param = {}
+    for t in scenario.tables:
+        if t.dynamic:
+            per_param[t.name] = row_wise(compute_kernel=EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value)
+        elif t.static_sharding == "table_wise":
+            per_param[t.name] = table_wise(rank=world_size - 1, compute_kernel=EmbeddingComputeKernel.FUSED.value)
+        else:
+            per_param[t.name] = row_wise(compute_kernel=EmbeddingComputeKernel.FUSED.value)
+    plan = construct_module_sharding_plan(
+        collection, per_param, sharder=sharder, local_size=world_size, world_size=world_size, device_type="cpu"
+    )
+    for t in scenario.tables:
+        if t.dynamic:
+            ps = plan[t.name]
+            fields = {f.name: getattr(ps, f.name) for f in dataclasses.fields(ps)}
+            plan[t.name] = DynamicEmbParameterSharding(**fields, dynamicemb_options=table_options(t, world_size))
+    return plan
+
+
+def planner_plan(scenario: Scenario, collection, sharder, world_size: int, pg):
+    from dynamicemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
+    from torchrec.distributed.planner import Topology
+
+    constraints = {}
+    for t in scenario.tables:
+        if t.dynamic:
+            options = table_options(t, world_size)
+            options = dataclasses.replace(options, max_capacity=None, dim=None)
+            constraints[t.name] = DynamicEmbParameterConstraints(
+                sharding_types=["row_wise"], use_dynamicemb=True, dynamicemb_options=options
+            )
+        else:
+            constraints[t.name] = DynamicEmbParameterConstraints(
+                sharding_types=[t.static_sharding], compute_kernels=["fused"]
+            )
+    configs = collection.embedding_configs() if scenario.kind == "ec" else collection.embedding_bag_configs()
+    planner = DynamicEmbeddingShardingPlanner(
+        eb_configs=configs,
+        topology=Topology(world_size=world_size, compute_device="cpu"),
+        constraints=constraints,
+        batch_size=scenario.batch_size,
+    )
+    return planner.collective_plan(collection, [sharder], pg)
+
+
+class _Model(torch.nn.Module):
+    def __init__(self, collection) -> None:
+        super().__init__()
+        self.coll = collection
+
+    def forward(self, kjt):
+        return self.coll(kjt)
+
+
+def local_outputs(scenario: Scenario, out) -> Dict[str, torch.Tensor]:
+    if scenario.kind == "ec":
+        return {f: out[f].values() for f in sorted(out.keys())}
+    return {"pooled": out.values()}
+
+
+def run_scenario(rank: int, world_size: int, scenario: Scenario) -> Dict[str, Any]:
+    """Shards the scenario's model, trains ``steps`` steps; returns the local
+    outputs of every step (float64 on the CPU) and of a final eval step."""
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv, ShardingPlan
+
+    device = torch.device("cpu")
+    collection = build_collection(scenario, device)
+    sharder = sharder_for(scenario)
+    if scenario.use_planner:
+        plan = planner_plan(scenario, _Model(collection), sharder, world_size, dist.group.WORLD)
+    else:
+        plan = ShardingPlan({"coll": hand_plan(scenario, collection, sharder, world_size)})
+    model = DistributedModelParallel(
+        _Model(collection),
+        env=ShardingEnv.from_process_group(dist.group.WORLD),
+        device=device,
+        plan=plan,
+        sharders=[sharder],
+    )
+    steps = []
+    for step in range(scenario.steps):
+        kjt = to_kjt(scenario, batch_for(scenario, step, rank))
+        outs = local_outputs(scenario, model(kjt))
+        targets = targets_for(scenario, step, rank, {k: tuple(v.shape) for k, v in outs.items()})
+        loss = sum(0.5 * ((v.double() - targets[k]) ** 2).sum() for k, v in outs.items())
+        loss.backward()
+        steps.append({k: v.detach().double().clone() for k, v in outs.items()})
+    result = {"steps": steps, "plan_kernels": {}}
+    for name, ps in plan.plan["coll"].items():
+        result["plan_kernels"][name] = (ps.sharding_type, ps.compute_kernel, type(ps).__name__)
+    if scenario.eval_step:
+        model.eval()
+        with torch.no_grad():
+            kjt = to_kjt(scenario, batch_for(scenario, scenario.steps, rank))
+            result["eval"] = {k: v.double().clone() for k, v in local_outputs(scenario, model(kjt)).items()}
+    return result
+
+
+def run_scenarios(rank: int, world_size: int, scenarios: List[Scenario]) -> Dict[str, Any]:
+    return {s.name: run_scenario(rank, world_size, s) for s in scenarios}
+
+
+# --------------------------------------------------------------- reference --
+
+
+class _DenseTable:
+    """A float64 table of one key space: rows created on first use."""
+
+    def __init__(self, spec: TableSpec, table_id: int, static_weight: Optional[torch.Tensor]) -> None:
+        self.spec = spec
+        self.table_id = table_id
+        self.static_weight = static_weight
+        self.rows: Dict[int, torch.Tensor] = {}
+        self.state: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def row(self, key: int) -> torch.Tensor:
+        if key not in self.rows:
+            if self.static_weight is not None:
+                self.rows[key] = self.static_weight[key].double().clone()
+            else:
+                from dynamicemb.embedding import init_rows
+
+                r = init_rows(
+                    torch.tensor([key]),
+                    self.spec.dim,
+                    initializer_args(self.spec),
+                    torch.tensor([self.table_id]),
+                    0,
+                )
+                self.rows[key] = r[0].double()
+        return self.rows[key]
+
+
+def reference_outputs(scenario: Scenario, world_size: int) -> Dict[str, Any]:
+    """The outputs every rank should see, from a dense float64 model.
+
+    Gradients are those of the mean of the ranks' losses (TorchRec divides the
+    embedding gradients by the world size in its all-to-all backward).
+    """
+    collection = build_collection(scenario, torch.device("cpu"))
+    state = collection.state_dict()
+    prefix = "embeddings" if scenario.kind == "ec" else "embedding_bags"
+    # Table id within its fused module: TorchRec groups the dynamic tables by
+    # pooling (their options agree on everything else here; dist_type does not
+    # split groups).
+    dynamic_ids: Dict[str, int] = {}
+    group_sizes: Dict[str, int] = {}
+    for t in scenario.tables:
+        if t.dynamic:
+            group = t.pooling if scenario.kind == "ebc" else ""
+            dynamic_ids[t.name] = group_sizes.get(group, 0)
+            group_sizes[group] = dynamic_ids[t.name] + 1
+    tables = {
+        t.name: _DenseTable(
+            t,
+            dynamic_ids.get(t.name, 0),
+            None if t.dynamic else state[f"{prefix}.{t.name}.weight"],
+        )
+        for t in scenario.tables
+    }
+    per_rank_steps: List[List[Dict[str, torch.Tensor]]] = [[] for _ in range(world_size)]
+    for step in range(scenario.steps + (1 if scenario.eval_step else 0)):
+        training = step < scenario.steps
+        batches = [batch_for(scenario, step, r) for r in range(world_size)]
+        # Leaf tensors of the rows this step touches.
+        leaves: Dict[Tuple[str, int], torch.Tensor] = {}
+        for batch in batches:
+            for t in scenario.tables:
+                for keys, _ in batch[t.feature]:
+                    for k in keys.tolist():
+                        if (t.name, k) not in leaves:
+                            if training or k in tables[t.name].rows or not t.dynamic:
+                                base = tables[t.name].row(k)
+                            else:  # eval: an unseen key reads the eval initializer (0.0)
+                                base = torch.zeros(t.dim, dtype=torch.float64)
+                            leaves[(t.name, k)] = base.clone().requires_grad_(training)
+        total = torch.zeros((), dtype=torch.float64)
+        for r, batch in enumerate(batches):
+            outs = _dense_forward(scenario, batch, leaves)
+            if training:
+                targets = targets_for(scenario, step, r, {k: tuple(v.shape) for k, v in outs.items()})
+                total = total + sum(0.5 * ((v - targets[k]) ** 2).sum() for k, v in outs.items())
+            per_rank_steps[r].append({k: v.detach().clone() for k, v in outs.items()})
+        if not training:
+            break
+        (total / world_size).backward()
+        for (name, k), leaf in leaves.items():
+            if leaf.grad is None:
+                continue
+            _apply(scenario, tables[name], k, leaf.grad, step + 1)
+    result = []
+    for r in range(world_size):
+        entry = {"steps": per_rank_steps[r][: scenario.steps]}
+        if scenario.eval_step:
+            entry["eval"] = per_rank_steps[r][scenario.steps]
+        result.append(entry)
+    return result
+
+
+def _dense_forward(scenario: Scenario, batch, leaves) -> Dict[str, torch.Tensor]:
+    if scenario.kind == "ec":
+        outs = {}
+        for t in scenario.tables:
+            rows = [leaves[(t.name, k)] for keys, _ in batch[t.feature] for k in keys.tolist()]
+            outs[t.feature] = torch.stack(rows) if rows else torch.zeros(0, t.dim, dtype=torch.float64)
+        return dict(sorted(outs.items()))
+    cols = []
+    for t in scenario.tables:
+        pooled = []
+        for keys, weights in batch[t.feature]:
+            acc = torch.zeros(t.dim, dtype=torch.float64)
+            for k, w in zip(keys.tolist(), weights.double()):
+                acc = acc + (w if scenario.weighted else 1.0) * leaves[(t.name, k)]
+            if t.pooling == "MEAN" and keys.numel():
+                acc = acc / keys.numel()
+            pooled.append(acc)
+        cols.append(torch.stack(pooled))
+    return {"pooled": torch.cat(cols, dim=1)}
+
+
+def _apply(scenario: Scenario, table: _DenseTable, key: int, grad: torch.Tensor, step: int) -> None:
+    lr = scenario.learning_rate
+    w = table.rows[key] if key in table.rows else table.row(key)
+    if scenario.optimizer == "sgd":
+        table.rows[key] = w - lr * grad
+        return
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    m, v = table.state.get(key, (torch.zeros_like(w), torch.zeros_like(w)))
+    m = b1 * m + (1 - b1) * grad
+    v = b2 * v + (1 - b2) * grad * grad
+    table.state[key] = (m, v)
+    table.rows[key] = w - lr * (m / (1 - b1**step)) / ((v / (1 - b2**step)).sqrt() + eps)
+
+
+def assert_matches(got: Dict[str, Any], want: Dict[str, Any], rtol: float = 1e-4, atol: float = 1e-5) -> None:
+    assert len(got["steps"]) == len(want["steps"])
+    for step, (g, w) in enumerate(zip(got["steps"], want["steps"])):
+        assert sorted(g) == sorted(w), (step, sorted(g), sorted(w))
+        for k in w:
+            torch.testing.assert_close(g[k], w[k], rtol=rtol, atol=atol, msg=lambda m: f"step {step} {k}: {m}")
+    if "eval" in want:
+        for k in want["eval"]:
+            torch.testing.assert_close(got["eval"][k], want["eval"][k], rtol=rtol, atol=atol, msg=lambda m: f"eval {k}: {m}")
