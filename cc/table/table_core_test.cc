@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <limits>
 #include <numeric>
 #include <set>
 #include <vector>
@@ -76,6 +77,8 @@ struct Batch {
   std::vector<int8_t> status;
   std::vector<uint8_t> ev_flags;
 
+  const double* victim_scores = nullptr;
+
   void run(HostTable& h, RunOp op, ScoreArgs a) {
     const int64_t n = static_cast<int64_t>(keys.size());
     if (tables.empty()) tables.assign(n, 0);
@@ -107,6 +110,7 @@ struct Batch {
     r.ev_tables = ev_tables.data();
     r.ev_flags = ev_flags.data();
     r.row_work = row_work.data();
+    r.victim_scores = victim_scores;
     int64_t b = 0;
     while (b < n) {
       int64_t e = b + 1;
@@ -199,6 +203,41 @@ TEST(RunOps, VictimIsMinimumScoreLowestPositionOnTies) {
   EXPECT_EQ(b.ev_scores[0], 3);
   EXPECT_EQ(h.counters[kCounterEvictions], 1);
   EXPECT_EQ(h.counters[kCounterSize], 16);
+}
+
+TEST(Victims, RankKeyOrdersNumbersAscendingWithNanFirst) {
+  const double inf = std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<double> ascending = {-inf, -1e308, -2.0, -1.0, -1e-310, 0.0,
+                                         1e-310, 1.0, 2.0, 1e308, inf};
+  EXPECT_EQ(victim_rank_key(nan), INT64_MIN);
+  EXPECT_EQ(victim_rank_key(-nan), INT64_MIN);
+  for (size_t i = 0; i < ascending.size(); ++i) {
+    EXPECT_LT(victim_rank_key(nan), victim_rank_key(ascending[i])) << ascending[i];
+    if (i) EXPECT_LT(victim_rank_key(ascending[i - 1]), victim_rank_key(ascending[i])) << i;
+  }
+  EXPECT_EQ(victim_rank_key(-0.0), victim_rank_key(0.0));
+}
+
+TEST(Victims, VictimScoresRankBeforeScoreWordsAndTiesFallBackToThem) {
+  HostTable h({{16, 16}}, 1);
+  Batch fill;
+  fill.keys = iota_keys(16);
+  std::vector<int64_t> s(16);
+  std::iota(s.begin(), s.end(), 0);  // the score words alone would evict position 0
+  fill.run(h, RunOp::kInsertEvict, assign_each(s));
+  std::vector<double> vs(16, 5.0);
+  vs[11] = -1.0;
+  vs[4] = std::numeric_limits<double>::quiet_NaN();
+  vs[13] = -1.0;  // ties with position 11 on the victim score; 11 has the smaller word
+  Batch b;
+  b.keys = {100, 101, 102, 103};
+  b.victim_scores = vs.data();
+  std::vector<int64_t> s2 = {60, 60, 60, 60};
+  b.run(h, RunOp::kInsertEvict, assign_each(s2));
+  // NaN first, then -1.0 at 11 and 13, then a 5.0 with the smallest word (position 0).
+  EXPECT_THAT(b.slots, ElementsAre(4, 11, 13, 0));
+  EXPECT_THAT(b.ev_keys, ElementsAre(5, 12, 14, 1));
 }
 
 TEST(RunOps, BatchNeverEvictsWhatItTouched) {
