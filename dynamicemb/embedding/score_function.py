@@ -63,9 +63,17 @@ def _cpu_kernel(fn: Callable, timestamp_first: bool):
     return evaluate
 
 
-def _cuda_kernel(fn: Callable, timestamp_first: bool):
-    from numba import cuda
+# numba.cuda, imported by the first GPU scorer. The kernel reads it as a
+# module global (numba resolves globals when it compiles; its CUDA simulator
+# swaps exactly such globals).
+cuda = None
 
+
+def _cuda_kernel(fn: Callable, timestamp_first: bool):
+    global cuda
+    from numba import cuda as numba_cuda
+
+    cuda = numba_cuda
     f = cuda.jit(device=True)(_python_function(fn))
 
     def evaluate(scores, starts, widths, now, out):
@@ -150,8 +158,6 @@ class VictimScorer:
         if self.device.type != "cuda":
             self._kernel(scores.numpy(), starts.numpy(), widths.numpy(), now.numpy(), out.numpy())
             return
-        from numba import cuda
-
         stream = cuda.external_stream(torch.cuda.current_stream(out.device).cuda_stream)
         args = [cuda.as_cuda_array(x, sync=False) for x in (scores, starts, widths, now, out)]
         self._kernel[starts.numel(), _CUDA_BLOCK, stream](*args)

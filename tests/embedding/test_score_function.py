@@ -197,3 +197,45 @@ def test_a_numba_compiled_function_is_accepted():
     _fill(m, FREQ, "cpu")
     m(torch.tensor([99]), torch.tensor([0, 1]))
     assert set(range(16)) - set(_resident(m, range(16), "cpu")) == {0}
+
+
+_SIMULATED = r"""
+import math
+import numpy as np
+from dynamicemb.embedding.score_function import _cpu_kernel, _cuda_kernel
+
+def fn(scores, cur_timestamp):
+    age = (cur_timestamp - scores[0]) * 1e-9
+    if scores[1] == 7:
+        return math.nan
+    return math.log(max(scores[1], 1)) + age * math.log(0.9)
+
+rng = np.random.default_rng(0)
+scores = np.stack([rng.integers(0, 10, 96), rng.integers(0, 10**9, 96)], 1).astype(np.int64)
+starts = np.array([32, -1, 0, 64], dtype=np.int64)
+widths = np.array([32, 16, 16, 32], dtype=np.int64)
+now = np.array([2 * 10**9], dtype=np.int64)
+for timestamp_first in (True, False):
+    got = np.full(96, -5.0)
+    want = np.full(96, -5.0)
+    _cuda_kernel(fn, timestamp_first)[starts.size, 128](scores, starts, widths, now, got)
+    _cpu_kernel(fn, timestamp_first)(scores, starts, widths, now, want)
+    assert np.array_equal(got, want, equal_nan=True), timestamp_first
+    assert np.all(got[16:32] == -5.0)  # outside the buckets: untouched
+print("same")
+"""
+
+
+def test_the_cuda_kernel_computes_what_the_cpu_kernel_does_in_numbas_simulator():
+    """The GPU kernel's indexing and column order, run by numba's CUDA
+    simulator (the real device run is the gpu-marked tests above)."""
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    out = subprocess.run([sys.executable, "-c", _SIMULATED], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().endswith("same")
