@@ -220,6 +220,15 @@ class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         ShardedEmbeddingBagCollection._pre_load_state_dict_hook(self, state_dict, prefix, *args)
 
 
+def _with_row_wise(sharding_types: List[str]) -> List[str]:
+    # Dynamic tables are row-wise on every device (TorchRec offers row-wise
+    # EmbeddingBagCollection sharding on CUDA only).
+    sharding_types = list(sharding_types)
+    if ShardingType.ROW_WISE.value not in sharding_types:
+        sharding_types.append(ShardingType.ROW_WISE.value)
+    return sharding_types
+
+
 def _with_customized_kernel(kernels: List[str], sharding_type: str) -> List[str]:
     kernels = list(kernels)
     customized = EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value
@@ -258,6 +267,9 @@ class DynamicEmbeddingCollectionSharder(EmbeddingCollectionSharder):
             module_fqn=module_fqn,
         )
 
+    def sharding_types(self, compute_device_type: str) -> List[str]:
+        return _with_row_wise(super().sharding_types(compute_device_type))
+
     def compute_kernels(self, sharding_type: str, compute_device_type: str) -> List[str]:
         return _with_customized_kernel(
             super().compute_kernels(sharding_type, compute_device_type), sharding_type
@@ -274,7 +286,9 @@ class DynamicEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
     Used exactly like the parent. Dynamic tables (plan entries that are
     ``DynamicEmbParameterSharding``) pool SUM or MEAN; a weighted collection
     (``is_weighted=True``) passes the KJT weights as pooling weights, an
-    unweighted one ignores them.
+    unweighted one ignores them. Offers ROW_WISE sharding on every device
+    (TorchRec's parent offers it on CUDA only) and ``CUSTOMIZED_KERNEL`` among
+    its compute kernels.
     """
 
     def shard(
@@ -299,6 +313,9 @@ class DynamicEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
             module_fqn=module_fqn,
             **kwargs,
         )
+
+    def sharding_types(self, compute_device_type: str) -> List[str]:
+        return _with_row_wise(super().sharding_types(compute_device_type))
 
     def compute_kernels(self, sharding_type: str, compute_device_type: str) -> List[str]:
         return _with_customized_kernel(

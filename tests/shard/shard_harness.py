@@ -295,7 +295,7 @@ def hand_plan(scenario: Scenario, collection, sharder, world_size: int):
     return plan
 
 
-def planner_plan(scenario: Scenario, collection, sharder, world_size: int, pg):
+def planner_plan(scenario: Scenario, model, sharder, world_size: int, pg):
     from dynamicemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
     from torchrec.distributed.planner import Topology
 
@@ -311,6 +311,7 @@ def planner_plan(scenario: Scenario, collection, sharder, world_size: int, pg):
             constraints[t.name] = DynamicEmbParameterConstraints(
                 sharding_types=[t.static_sharding], compute_kernels=["fused"]
             )
+    collection = model.coll
     configs = collection.embedding_configs() if scenario.kind == "ec" else collection.embedding_bag_configs()
     planner = DynamicEmbeddingShardingPlanner(
         eb_configs=configs,
@@ -318,7 +319,7 @@ def planner_plan(scenario: Scenario, collection, sharder, world_size: int, pg):
         constraints=constraints,
         batch_size=scenario.batch_size,
     )
-    return planner.collective_plan(collection, [sharder], pg)
+    return planner.collective_plan(model, [sharder], pg)
 
 
 class _Model(torch.nn.Module):

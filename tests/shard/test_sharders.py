@@ -75,6 +75,23 @@ def _world2_scenarios():
             ],
             use_index_dedup=True,
         ),
+        # Through DynamicEmbeddingShardingPlanner instead of a hand-made plan.
+        h.Scenario(
+            name="ec_planner_mixed",
+            kind="ec",
+            tables=[
+                T("s0", 30, 4, dynamic=False, static_sharding="table_wise"),
+                T("d0", 40, 4, dist_type="hash_roundrobin"),
+            ],
+            use_planner=True,
+            use_index_dedup=True,
+        ),
+        h.Scenario(
+            name="ebc_planner",
+            kind="ebc",
+            tables=[T("d0", 40, 4, dist_type="continuous"), T("d1", 30, 2, pooling="MEAN")],
+            use_planner=True,
+        ),
         # Key-derived random initializer, dist types differing per table.
         h.Scenario(
             name="ec_uniform_init",
