@@ -24,20 +24,21 @@ TABLE_CPU_SRCS = ["table_cpu.cpp"]
 
 TABLE_CUDA_SRCS = ["table_cuda.cu"]
 
-# //cc/embedding: initializers (counter-based random rows), fused optimizers.
-EMBEDDING_CORE_HDRS = ["initializer.h", "optimizer.h"]
+# //cc/embedding: initializers (counter-based random rows), fused optimizers, the
+# fused lookup (pooling forward, gradient reduction + update backward).
+EMBEDDING_CORE_HDRS = ["initializer.h", "lookup.h", "optimizer.h"]
 
-EMBEDDING_CPU_HDRS = ["initializer_cpu.h", "optimizer_cpu.h"]
+EMBEDDING_CPU_HDRS = ["initializer_cpu.h", "lookup_cpu.h", "optimizer_cpu.h"]
 
-EMBEDDING_CUDA_HDRS = ["initializer_cuda.h", "optimizer_cuda.h"]
+EMBEDDING_CUDA_HDRS = ["initializer_cuda.h", "lookup_cuda.h", "optimizer_cuda.h"]
 
 EMBEDDING_HDRS = EMBEDDING_CORE_HDRS + EMBEDDING_CPU_HDRS + EMBEDDING_CUDA_HDRS
 
-EMBEDDING_CPU_SRCS = ["initializer_cpu.cpp", "optimizer_cpu.cpp"]
+EMBEDDING_CPU_SRCS = ["initializer_cpu.cpp", "lookup_cpu.cpp", "optimizer_cpu.cpp"]
 
-EMBEDDING_CUDA_SRCS = ["initializer_cuda.cu", "optimizer_cuda.cu"]
+EMBEDDING_CUDA_SRCS = ["initializer_cuda.cu", "lookup_cuda.cu", "optimizer_cuda.cu"]
 
-OPS_HDRS = ["ops_common.h"]
+OPS_HDRS = ["lookup_ops.h", "ops_common.h"]
 
 # //cc/ops:routing_core (row-wise key -> rank routing, host/device inline, no
 # torch) and //cc/ops:routing_cuda (its torch-free CUDA kernel).
@@ -49,6 +50,7 @@ ROUTING_CUDA_SRCS = ["routing_cuda.cu"]
 
 # Torch op schemas, CPU and Meta kernels, and the Python module entry point.
 OPS_SRCS = [
+    "lookup_ops.cpp",
     "ops.cpp",
     "ops_cpu.cpp",
     "ops_meta.cpp",
@@ -56,7 +58,7 @@ OPS_SRCS = [
 ]
 
 # CUDA dispatch registrations: built only against a CUDA-enabled torch.
-OPS_CUDA_SRCS = ["ops_cuda.cpp"]
+OPS_CUDA_SRCS = ["lookup_ops_cuda.cpp", "ops_cuda.cpp"]
 
 PACKAGES = {
     "cc/table": {"hdrs": TABLE_HDRS, "cpu_srcs": TABLE_CPU_SRCS, "cuda_srcs": TABLE_CUDA_SRCS},

@@ -147,31 +147,13 @@ inline embedding::InitArgs init_args(const at::Tensor& keys, const at::Tensor& t
   return a;
 }
 
-/// Checks optimizer_step's arguments and packs its hyper-parameters.
-inline embedding::OptimArgs optim_args(const at::Tensor& values, const at::Tensor& rows,
-                                       const at::Tensor& grads, int64_t type, double lr,
-                                       double eps, double beta1, double beta2,
-                                       double weight_decay, int64_t wd_mode, int64_t step,
-                                       double lr_power, double ftrl_beta, double l1, double l2) {
-  TORCH_CHECK_TYPE(values.scalar_type() == at::kFloat && grads.scalar_type() == at::kFloat,
-                   "dynamicemb: values and grads must be float32, got ", values.scalar_type(),
-                   " and ", grads.scalar_type());
-  TORCH_CHECK_VALUE(values.dim() == 2 && values.is_contiguous() && grads.dim() == 2 &&
-                        grads.is_contiguous(),
-                    "dynamicemb: values and grads must be contiguous 2-D tensors, got shapes ",
-                    values.sizes(), " and ", grads.sizes());
-  check_1d(rows, at::kLong, "rows");
-  TORCH_CHECK_VALUE(rows.numel() == grads.size(0), "dynamicemb: ", rows.numel(), " rows but ",
-                    grads.size(0), " gradients");
-  TORCH_CHECK(values.device() == rows.device() && values.device() == grads.device(),
-              "dynamicemb: values, rows and grads must share a device");
+/// Checks an optimizer's type and hyper-parameters and packs them.
+inline embedding::OptimArgs optim_params(int64_t type, double lr, double eps, double beta1,
+                                         double beta2, double weight_decay, int64_t wd_mode,
+                                         int64_t step, double lr_power, double ftrl_beta,
+                                         double l1, double l2) {
   TORCH_CHECK_VALUE(type >= 0 && type < embedding::kNumOptimTypes, "dynamicemb: optimizer type ",
                     type, " is not one of 0..", embedding::kNumOptimTypes - 1);
-  const int64_t dim = grads.size(1);
-  const int64_t need = dim + embedding::state_dim(static_cast<int32_t>(type), dim);
-  TORCH_CHECK_VALUE(values.size(1) >= need, "dynamicemb: rows of ", values.size(1),
-                    " floats cannot hold dim ", dim, " plus the optimizer state (", need,
-                    " floats)");
   TORCH_CHECK_VALUE(wd_mode >= 0 && wd_mode <= 2, "dynamicemb: weight decay mode ", wd_mode,
                     " is not 0 (none), 1 (L2) or 2 (decoupled)");
   TORCH_CHECK_VALUE(step >= 1, "dynamicemb: step must be at least 1, got ", step);
@@ -193,6 +175,34 @@ inline embedding::OptimArgs optim_args(const at::Tensor& values, const at::Tenso
   a.ftrl_beta = static_cast<float>(ftrl_beta);
   a.l1 = static_cast<float>(l1);
   a.l2 = static_cast<float>(l2);
+  return a;
+}
+
+/// Checks optimizer_step's arguments and packs its hyper-parameters.
+inline embedding::OptimArgs optim_args(const at::Tensor& values, const at::Tensor& rows,
+                                       const at::Tensor& grads, int64_t type, double lr,
+                                       double eps, double beta1, double beta2,
+                                       double weight_decay, int64_t wd_mode, int64_t step,
+                                       double lr_power, double ftrl_beta, double l1, double l2) {
+  TORCH_CHECK_TYPE(values.scalar_type() == at::kFloat && grads.scalar_type() == at::kFloat,
+                   "dynamicemb: values and grads must be float32, got ", values.scalar_type(),
+                   " and ", grads.scalar_type());
+  TORCH_CHECK_VALUE(values.dim() == 2 && values.is_contiguous() && grads.dim() == 2 &&
+                        grads.is_contiguous(),
+                    "dynamicemb: values and grads must be contiguous 2-D tensors, got shapes ",
+                    values.sizes(), " and ", grads.sizes());
+  check_1d(rows, at::kLong, "rows");
+  TORCH_CHECK_VALUE(rows.numel() == grads.size(0), "dynamicemb: ", rows.numel(), " rows but ",
+                    grads.size(0), " gradients");
+  TORCH_CHECK(values.device() == rows.device() && values.device() == grads.device(),
+              "dynamicemb: values, rows and grads must share a device");
+  embedding::OptimArgs a = optim_params(type, lr, eps, beta1, beta2, weight_decay, wd_mode, step,
+                                        lr_power, ftrl_beta, l1, l2);
+  const int64_t dim = grads.size(1);
+  const int64_t need = dim + embedding::state_dim(static_cast<int32_t>(type), dim);
+  TORCH_CHECK_VALUE(values.size(1) >= need, "dynamicemb: rows of ", values.size(1),
+                    " floats cannot hold dim ", dim, " plus the optimizer state (", need,
+                    " floats)");
   return a;
 }
 

@@ -23,6 +23,7 @@ The step, per batch:
 
 import os
 import warnings
+from dataclasses import dataclass
 from typing import Any, List, Optional, Sequence
 
 import torch
@@ -41,6 +42,7 @@ from dynamicemb.embedding.optimizer import RowOptimizer
 from dynamicemb.embedding.score_function import VictimScorer
 from dynamicemb.embedding.unique import segmented_unique
 from dynamicemb.table import ScoredHashTable, enums
+from dynamicemb.table._native import ops
 
 S = DynamicEmbScoreStrategy
 
@@ -79,18 +81,40 @@ def _policies(strategies, step: int, custom: Optional[int], counts: torch.Tensor
 
 
 class _Lookup(torch.autograd.Function):
+    """The fused lookup: pooling forward (embedding_pool), and a backward that
+    reduces each distinct key's gradient and updates its row in place
+    (embedding_update) -- the optimizer is fused, nothing flows further."""
+
     @staticmethod
-    def forward(ctx, placeholder, module, rows, inverse, pooled_index, weights, num_out):
-        ctx.module, ctx.rows, ctx.inverse = module, rows, inverse
-        ctx.pooled_index, ctx.weights = pooled_index, weights
-        return module._pool(module._gather(rows), inverse, pooled_index, weights, num_out)
+    def forward(ctx, placeholder, module, batch_args, extra):
+        ctx.module, ctx.batch_args = module, batch_args
+        out = module._pool(batch_args)
+        if extra is not None:  # eval: initializer rows of keys the table misses
+            out = out + extra
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        ctx.module._apply_gradients(
-            grad_out, ctx.rows, ctx.inverse, ctx.pooled_index, ctx.weights
-        )
-        return (None,) * 7
+        ctx.module._apply_gradients(grad_out, ctx.batch_args)
+        return (None,) * 4
+
+
+@dataclass
+class _Batch:
+    """One batch's lookup structure (cc/embedding/lookup.h): distinct keys'
+    rows, occurrences grouped by distinct key, bags and output layout."""
+
+    rows: torch.Tensor
+    inverse: torch.Tensor
+    bag_offsets: torch.Tensor
+    weights: Optional[torch.Tensor]
+    occ_offsets: torch.Tensor
+    occ_order: torch.Tensor
+    occ_bag: torch.Tensor
+    cols: torch.Tensor
+    dims: torch.Tensor
+    batch: int
+    out_width: int
 
 
 class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
@@ -205,6 +229,16 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.step = 0
         self._custom_score: Optional[int] = None
         self.insert_failures = torch.zeros((), dtype=torch.int64, device=self.device)
+        self._eval_rows = None
+        # Output layout of pooled lookups: feature f's dims[f] columns start at
+        # cols[f], the features side by side (TorchRec's KeyedTensor order).
+        fdims = [self.dims[t] for t in self.feature_table_map]
+        fcols = [sum(fdims[:f]) for f in range(len(fdims))]
+        self._feature_dims = torch.tensor(fdims, dtype=torch.int64, device=self.device)
+        self._feature_cols = torch.tensor(fcols, dtype=torch.int64, device=self.device)
+        self._out_width = sum(fdims)
+        self._none_dims = torch.tensor([self.dims[0]], dtype=torch.int64, device=self.device)
+        self._none_cols = torch.zeros(1, dtype=torch.int64, device=self.device)
         self._feature_tables = torch.tensor(self.feature_table_map, dtype=torch.int64, device=self.device)
         # Autograd needs one input that requires grad to call backward.
         self._placeholder = torch.nn.Parameter(torch.zeros(1, device=self.device))
@@ -338,15 +372,27 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         else:
             rows = self._lookup_eval(su.keys, su.table_ids)
         weights = None if pooling_weights is None else pooling_weights.to(self.device)
-        if self.pooling_mode == DynamicEmbPoolingMode.NONE:
-            pooled_index, num_out = torch.arange(indices.numel(), device=self.device), indices.numel()
-        else:
-            pooled_index, num_out = bag, lengths.numel()
         if self.pooling_mode == DynamicEmbPoolingMode.MEAN:
             inv_len = 1.0 / lengths.clamp(min=1).to(torch.float32)
             weights = inv_len[bag]
-        out = _Lookup.apply(self._placeholder, self, rows, su.inverse, pooled_index, weights, num_out)
-        return self._layout(out, batch, num_features)
+        n = indices.numel()
+        occ_offsets = torch.zeros(su.counts.numel() + 1, dtype=torch.int64, device=self.device)
+        torch.cumsum(su.counts, 0, out=occ_offsets[1:])
+        if self.pooling_mode == DynamicEmbPoolingMode.NONE:
+            # Sequence lookups: every occurrence is a bag of its own.
+            b = _Batch(rows, su.inverse, torch.arange(n + 1, device=self.device), weights, occ_offsets,
+                       su.order, torch.arange(n, device=self.device), self._none_cols, self._none_dims,
+                       n, self.dims[0])
+        else:
+            b = _Batch(rows, su.inverse, offsets, weights, occ_offsets, su.order, bag,
+                       self._feature_cols, self._feature_dims, batch, self._out_width)
+        extra = None
+        if not self.training and self._eval_rows is not None:
+            missing, fill = self._eval_rows
+            fill_rows = torch.where(missing, torch.arange(missing.numel(), device=self.device), -1)
+            extra = ops().embedding_pool(fill, fill_rows, b.inverse, b.bag_offsets, b.weights, b.cols,
+                                         b.dims, b.batch, b.out_width)
+        return _Lookup.apply(self._placeholder, self, b, extra)
 
     def _check_weights(self, indices, frequency_counters, pooling_weights) -> None:
         if pooling_weights is None:
@@ -427,42 +473,14 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             self._eval_rows = (missing, fill)
         return rows
 
-    def _gather(self, rows: torch.Tensor) -> torch.Tensor:
-        out = self.values[rows.clamp(min=0), : self.max_dim] * (rows >= 0).unsqueeze(1)
-        if not self.training and getattr(self, "_eval_rows", None) is not None:
-            missing, fill = self._eval_rows
-            out = torch.where(missing.unsqueeze(1), fill, out)
-        return out
-
-    def _pool(self, uniq_rows, inverse, pooled_index, weights, num_out) -> torch.Tensor:
-        per_key = uniq_rows[inverse]
-        if weights is not None:
-            per_key = per_key * weights.unsqueeze(1)
-        out = torch.zeros(num_out, self.max_dim, device=self.device, dtype=per_key.dtype)
-        return out.index_add_(0, pooled_index, per_key)
-
-    def _layout(self, out: torch.Tensor, batch: int, num_features: int) -> torch.Tensor:
-        if self.pooling_mode == DynamicEmbPoolingMode.NONE:
-            return out[:, : self.dims[0]]
-        # (F * B, max_dim) -> (B, sum of the features' dims), features side by side.
-        parts = [out[f * batch : (f + 1) * batch, : self.dims[self.feature_table_map[f]]] for f in range(num_features)]
-        return torch.cat(parts, dim=1)
+    def _pool(self, b: "_Batch") -> torch.Tensor:
+        return ops().embedding_pool(self.values, b.rows, b.inverse, b.bag_offsets, b.weights, b.cols,
+                                    b.dims, b.batch, b.out_width)
 
     # ----------------------------------------------------------- backward --
 
-    def _apply_gradients(self, grad_out, rows, inverse, pooled_index, weights) -> None:
-        """grad_out: (bags or occurrences, max_dim), the gradient of _pool's output."""
-        grad_bag = grad_out
-        per_key = grad_bag[pooled_index]
-        if weights is not None:
-            per_key = per_key * weights.unsqueeze(1)
-        grad_uniq = torch.zeros(rows.numel(), self.max_dim, device=self.device).index_add_(0, inverse, per_key)
+    def _apply_gradients(self, grad_out: torch.Tensor, b: "_Batch") -> None:
+        """grad_out: the gradient of the forward's output, in its layout."""
         if not self.training_state:
             return
-        # Each table's rows are updated at their own dim (state follows the dim).
-        tids = self._uniq_tids
-        for t in range(self.table.num_tables):
-            sel = tids == t
-            if bool(sel.any()):
-                d = self.dims[t]
-                self.optimizer.step(self.values, rows[sel], grad_uniq[sel, :d].contiguous(), self.step)
+        self.optimizer.fused_update(self.values, grad_out.contiguous(), b, self.step)

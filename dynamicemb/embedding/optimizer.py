@@ -100,3 +100,15 @@ class RowOptimizer:
             int(self.weight_decay_mode), int(step), float(self.learning_rate_power),
             float(self.ftrl_beta), float(self.l1_reg), float(self.l2_reg),
         )
+
+    def fused_update(self, values: torch.Tensor, grad_out: torch.Tensor, batch: Any, step: int) -> None:
+        """Reduces each distinct key's gradient from ``grad_out`` (the lookup's
+        output gradient) and updates its row of ``values`` in place; ``batch``
+        is the lookup's structure (cc/embedding/lookup.h). ``step`` is 1-based."""
+        b = batch
+        ops().embedding_update(
+            values, grad_out, b.rows, b.occ_offsets, b.occ_order, b.occ_bag, b.weights, b.cols, b.dims,
+            b.batch, self._type, float(self.learning_rate), float(self.eps), float(self.beta1),
+            float(self.beta2), float(self.weight_decay), int(self.weight_decay_mode), int(step),
+            float(self.learning_rate_power), float(self.ftrl_beta), float(self.l1_reg), float(self.l2_reg),
+        )

@@ -22,6 +22,8 @@ class SegmentedUnique:
         counts (torch.Tensor): (u) int64 occurrences of each distinct key.
         table_offsets (torch.Tensor): (num_tables + 1) int64: table t's keys are
             ``keys[table_offsets[t]:table_offsets[t + 1]]``.
+        order (torch.Tensor): (n) int64, the input positions grouped by distinct
+            key: those of key u are ``order[sum(counts[:u]) : sum(counts[:u + 1])]``.
     """
 
     keys: torch.Tensor
@@ -29,6 +31,7 @@ class SegmentedUnique:
     inverse: torch.Tensor
     counts: torch.Tensor
     table_offsets: torch.Tensor
+    order: torch.Tensor
 
 
 def segmented_unique(
@@ -76,7 +79,7 @@ def segmented_unique(
     offsets = torch.searchsorted(uniq_tables, bounds)
     if os.environ.get("DYNAMICEMB_DEBUG"):
         _check_offsets(offsets, uniq_keys.numel(), num_tables)
-    return SegmentedUnique(uniq_keys, uniq_tables, inverse, counts, offsets)
+    return SegmentedUnique(uniq_keys, uniq_tables, inverse, counts, offsets, perm)
 
 
 def _check_offsets(offsets: torch.Tensor, num_keys: int, num_tables: int) -> None:

@@ -1,0 +1,108 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+//
+// The embedding lookup's two fused passes, defined once for the CPU backend
+// and the CUDA kernels:
+//
+//   forward   out[bag] = sum over the bag's occurrences j of w_j * values[rows[inverse[j]]]
+//             written straight into TorchRec's output layout;
+//   backward  g_u = sum over the occurrences j of distinct key u of w_j * grad_out[bag(j)],
+//             then the optimizer's update of u's row (optimizer.h), with no
+//             per-key gradient tensor in between.
+//
+// Bags and layout. A batch of F features and B samples has F * B bags, feature
+// by feature; bag b is sample b % B of feature f = b / B. Its output is the
+// slice [cols[f], cols[f] + dims[f]) of row b % B of `out` (B x out_width):
+// the features side by side, as TBE and TorchRec lay them out. Sequence
+// lookups (pooling NONE) are the case F = 1, B = number of occurrences, one
+// occurrence per bag. MEAN pooling is SUM with w_j = 1 / bag length.
+//
+// Rows. rows[u] is the value row of distinct key u, or -1 when it has none
+// (an insert that failed): its embedding reads as zeros and it is not updated.
+// Only the first dims[f] floats of a row are the embedding; its optimizer
+// state follows (optimizer.h).
+#pragma once
+
+#include <cstdint>
+
+#include "cc/embedding/optimizer.h"
+
+namespace dyn_emb {
+namespace embedding {
+
+/// The batch's bag structure and output layout, shared by both passes.
+struct BagLayout {
+  const int64_t* cols = nullptr;  ///< (F) first output column of feature f
+  const int64_t* dims = nullptr;  ///< (F) embedding dim of feature f
+  int64_t batch = 1;              ///< B, samples per feature
+  int64_t out_width = 0;          ///< columns of `out` / `grad_out`
+};
+
+/// Where bag b's output starts, and its dim.
+struct BagSlot {
+  int64_t offset;  ///< into out / grad_out
+  int64_t dim;
+};
+
+DEMB_EMB_HD BagSlot bag_slot(const BagLayout& l, int64_t b) {
+  const int64_t f = b / l.batch;
+  return {(b % l.batch) * l.out_width + l.cols[f], l.dims[f]};
+}
+
+struct PoolArgs {
+  BagLayout layout;
+  const float* values = nullptr;   ///< (num_rows, width)
+  int64_t width = 0;
+  const int64_t* rows = nullptr;   ///< (U)
+  const int64_t* inverse = nullptr;  ///< (n) distinct key of each occurrence
+  const int64_t* bag_offsets = nullptr;  ///< (F * B + 1) bag b = occurrences [o[b], o[b+1])
+  const float* weights = nullptr;  ///< (n) or null (all 1)
+  float* out = nullptr;            ///< (B, out_width)
+};
+
+/// Coordinate d of bag b's pooled embedding.
+DEMB_EMB_HD float pooled_coord(const PoolArgs& a, int64_t b, int64_t d) {
+  float acc = 0.f;
+  for (int64_t j = a.bag_offsets[b]; j < a.bag_offsets[b + 1]; ++j) {
+    const int64_t r = a.rows[a.inverse[j]];
+    if (r < 0) continue;
+    const float v = a.values[r * a.width + d];
+    acc += a.weights ? a.weights[j] * v : v;
+  }
+  return acc;
+}
+
+struct UpdateArgs {
+  BagLayout layout;
+  OptimArgs optim;
+  float* values = nullptr;          ///< (num_rows, width), updated in place
+  int64_t width = 0;
+  const float* grad_out = nullptr;  ///< (B, out_width)
+  const int64_t* rows = nullptr;    ///< (U)
+  const int64_t* occ_offsets = nullptr;  ///< (U + 1) key u's occurrences are
+  const int64_t* occ_order = nullptr;    ///< occ_order[occ_offsets[u] .. occ_offsets[u+1])
+  const int64_t* occ_bag = nullptr;      ///< (n) bag of each occurrence
+  const float* weights = nullptr;   ///< (n) or null
+};
+
+/// Coordinate d of distinct key u's reduced gradient.
+DEMB_EMB_HD float key_grad(const UpdateArgs& a, int64_t u, int64_t d) {
+  float acc = 0.f;
+  for (int64_t i = a.occ_offsets[u]; i < a.occ_offsets[u + 1]; ++i) {
+    const int64_t j = a.occ_order[i];
+    const BagSlot s = bag_slot(a.layout, a.occ_bag[j]);
+    const float g = a.grad_out[s.offset + d];
+    acc += a.weights ? a.weights[j] * g : g;
+  }
+  return acc;
+}
+
+/// The dim of distinct key u: that of the bag of its first occurrence (all
+/// occurrences of a key belong to features of its table, of one dim).
+DEMB_EMB_HD int64_t key_dim(const UpdateArgs& a, int64_t u) {
+  const int64_t i = a.occ_offsets[u];
+  if (i == a.occ_offsets[u + 1]) return 0;
+  return bag_slot(a.layout, a.occ_bag[a.occ_order[i]]).dim;
+}
+
+}  // namespace embedding
+}  // namespace dyn_emb

@@ -1,0 +1,20 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+#pragma once
+
+#include <cstdint>
+
+#include "cc/embedding/lookup.h"
+
+namespace dyn_emb {
+namespace embedding {
+namespace cpu {
+
+/// @brief Writes every bag's pooled embedding into a.out (lookup.h).
+void pool_forward(const PoolArgs& a, int64_t num_bags);
+
+/// @brief Reduces each distinct key's gradient and updates its row in place.
+void update_backward(const UpdateArgs& a, int64_t num_keys);
+
+}  // namespace cpu
+}  // namespace embedding
+}  // namespace dyn_emb

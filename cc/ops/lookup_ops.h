@@ -1,0 +1,169 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+//
+// Argument checks and packing of the fused lookup ops (embedding_pool,
+// embedding_update), shared by their CPU and CUDA kernels. Shapes, dtypes and
+// devices are checked on every backend; index values only on the CPU, whose
+// kernels would otherwise read out of bounds (the module builds them).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include "cc/embedding/lookup.h"
+#include "cc/ops/ops_common.h"
+
+namespace dyn_emb {
+namespace ops {
+
+/// Checks the layout tensors and returns it; num_bags = F * batch.
+inline embedding::BagLayout bag_layout(const at::Tensor& cols, const at::Tensor& dims,
+                                       int64_t batch, int64_t out_width, int64_t num_bags,
+                                       int64_t width) {
+  check_1d(cols, at::kLong, "cols");
+  check_1d(dims, at::kLong, "dims");
+  TORCH_CHECK_VALUE(cols.numel() == dims.numel() && cols.numel() > 0,
+                    "dynamicemb: cols and dims must name the same features, got ", cols.numel(),
+                    " and ", dims.numel());
+  TORCH_CHECK_VALUE(batch >= 0, "dynamicemb: batch must not be negative, got ", batch);
+  TORCH_CHECK_VALUE(num_bags == cols.numel() * batch, "dynamicemb: ", num_bags,
+                    " bags are not features (", cols.numel(), ") x batch (", batch, ")");
+  if (cols.device().is_cpu()) {
+    const int64_t* c = cols.data_ptr<int64_t>();
+    const int64_t* d = dims.data_ptr<int64_t>();
+    for (int64_t f = 0; f < cols.numel(); ++f) {
+      TORCH_CHECK_VALUE(d[f] >= 0 && d[f] <= width && c[f] >= 0 && c[f] + d[f] <= out_width,
+                        "dynamicemb: feature ", f, " (columns ", c[f], " + dim ", d[f],
+                        ") does not fit rows of ", width, " and outputs of ", out_width);
+    }
+  }
+  embedding::BagLayout l;
+  l.cols = cols.data_ptr<int64_t>();
+  l.dims = dims.data_ptr<int64_t>();
+  l.batch = batch;
+  l.out_width = out_width;
+  return l;
+}
+
+inline void check_values(const at::Tensor& values) {
+  TORCH_CHECK_TYPE(values.scalar_type() == at::kFloat, "dynamicemb: values must be float32, got ",
+                   values.scalar_type());
+  TORCH_CHECK_VALUE(values.dim() == 2 && values.is_contiguous(),
+                    "dynamicemb: values must be a contiguous 2-D tensor, got shape ",
+                    values.sizes());
+}
+
+inline const float* opt_weights(const c10::optional<at::Tensor>& weights, int64_t n) {
+  if (!weights.has_value()) return nullptr;
+  TORCH_CHECK_TYPE(weights->scalar_type() == at::kFloat, "dynamicemb: weights must be float32, got ",
+                   weights->scalar_type());
+  TORCH_CHECK_VALUE(weights->dim() == 1 && weights->numel() == n && weights->is_contiguous(),
+                    "dynamicemb: weights must be 1-D with one entry per occurrence (", n,
+                    "), got shape ", weights->sizes());
+  return weights->data_ptr<float>();
+}
+
+/// CPU only: every entry of `idx` in [lo, hi).
+inline void check_range(const at::Tensor& idx, int64_t lo, int64_t hi, const char* name) {
+  if (!idx.device().is_cpu()) return;
+  const int64_t* p = idx.data_ptr<int64_t>();
+  for (int64_t i = 0; i < idx.numel(); ++i) {
+    TORCH_CHECK_VALUE(p[i] >= lo && p[i] < hi, "dynamicemb: ", name, "[", i, "] = ", p[i],
+                      " is out of range [", lo, ", ", hi, ")");
+  }
+}
+
+/// CPU only: offsets start at 0, never decrease and end at n.
+inline void check_offsets(const at::Tensor& off, int64_t n, const char* name) {
+  if (!off.device().is_cpu()) return;
+  const int64_t* p = off.data_ptr<int64_t>();
+  const int64_t m = off.numel();
+  TORCH_CHECK_VALUE(p[0] == 0 && p[m - 1] == n, "dynamicemb: ", name, " must run from 0 to ", n,
+                    ", got ", p[0], " to ", p[m - 1]);
+  for (int64_t i = 1; i < m; ++i) {
+    TORCH_CHECK_VALUE(p[i] >= p[i - 1], "dynamicemb: ", name, " decreases at ", i, ": ",
+                      p[i - 1], " then ", p[i]);
+  }
+}
+
+inline embedding::PoolArgs pool_args(const at::Tensor& values, const at::Tensor& rows,
+                                     const at::Tensor& inverse, const at::Tensor& bag_offsets,
+                                     const c10::optional<at::Tensor>& weights,
+                                     const at::Tensor& cols, const at::Tensor& dims, int64_t batch,
+                                     int64_t out_width, at::Tensor& out) {
+  check_values(values);
+  check_1d(rows, at::kLong, "rows");
+  check_1d(inverse, at::kLong, "inverse");
+  check_1d(bag_offsets, at::kLong, "bag_offsets");
+  TORCH_CHECK_VALUE(bag_offsets.numel() >= 1, "dynamicemb: bag_offsets must not be empty");
+  const int64_t n = inverse.numel();
+  embedding::PoolArgs a;
+  a.layout = bag_layout(cols, dims, batch, out_width, bag_offsets.numel() - 1, values.size(1));
+  a.weights = opt_weights(weights, n);
+  check_offsets(bag_offsets, n, "bag_offsets");
+  check_range(inverse, 0, rows.numel(), "inverse");
+  check_range(rows, -1, values.size(0), "rows");
+  a.values = values.data_ptr<float>();
+  a.width = values.size(1);
+  a.rows = rows.data_ptr<int64_t>();
+  a.inverse = inverse.data_ptr<int64_t>();
+  a.bag_offsets = bag_offsets.data_ptr<int64_t>();
+  a.out = out.data_ptr<float>();
+  return a;
+}
+
+inline embedding::UpdateArgs update_args(at::Tensor& values, const at::Tensor& grad_out,
+                                         const at::Tensor& rows, const at::Tensor& occ_offsets,
+                                         const at::Tensor& occ_order, const at::Tensor& occ_bag,
+                                         const c10::optional<at::Tensor>& weights,
+                                         const at::Tensor& cols, const at::Tensor& dims,
+                                         int64_t batch, const embedding::OptimArgs& optim) {
+  check_values(values);
+  TORCH_CHECK_TYPE(grad_out.scalar_type() == at::kFloat, "dynamicemb: grad_out must be float32, got ",
+                   grad_out.scalar_type());
+  TORCH_CHECK_VALUE(grad_out.dim() == 2 && grad_out.is_contiguous() && grad_out.size(0) == batch,
+                    "dynamicemb: grad_out must be a contiguous (", batch, ", width) tensor, got ",
+                    grad_out.sizes());
+  check_1d(rows, at::kLong, "rows");
+  check_1d(occ_offsets, at::kLong, "occ_offsets");
+  check_1d(occ_order, at::kLong, "occ_order");
+  check_1d(occ_bag, at::kLong, "occ_bag");
+  const int64_t n = occ_order.numel();
+  TORCH_CHECK_VALUE(occ_offsets.numel() == rows.numel() + 1 && occ_bag.numel() == n,
+                    "dynamicemb: occ_offsets (", occ_offsets.numel(), ") must have rows + 1 (",
+                    rows.numel() + 1, ") entries and occ_bag (", occ_bag.numel(),
+                    ") one per occurrence (", n, ")");
+  embedding::UpdateArgs a;
+  a.layout = bag_layout(cols, dims, batch, grad_out.size(1), cols.numel() * batch, values.size(1));
+  a.weights = opt_weights(weights, n);
+  if (values.device().is_cpu()) {
+    const int64_t* d = dims.data_ptr<int64_t>();
+    for (int64_t f = 0; f < dims.numel(); ++f) {
+      const int64_t need = d[f] + embedding::state_dim(optim.type, d[f]);
+      TORCH_CHECK_VALUE(values.size(1) >= need, "dynamicemb: rows of ", values.size(1),
+                        " floats cannot hold dim ", d[f], " plus the optimizer state (", need,
+                        " floats)");
+    }
+  }
+  check_offsets(occ_offsets, n, "occ_offsets");
+  check_range(occ_order, 0, n, "occ_order");
+  check_range(occ_bag, 0, cols.numel() * batch, "occ_bag");
+  check_range(rows, -1, values.size(0), "rows");
+  a.optim = optim;
+  a.values = values.data_ptr<float>();
+  a.width = values.size(1);
+  a.grad_out = grad_out.data_ptr<float>();
+  a.rows = rows.data_ptr<int64_t>();
+  a.occ_offsets = occ_offsets.data_ptr<int64_t>();
+  a.occ_order = occ_order.data_ptr<int64_t>();
+  a.occ_bag = occ_bag.data_ptr<int64_t>();
+  return a;
+}
+
+inline void check_same_device(const at::Tensor& a, std::initializer_list<const at::Tensor*> others) {
+  for (const at::Tensor* t : others) {
+    TORCH_CHECK(t->device() == a.device(), "dynamicemb: every tensor must be on ", a.device(),
+                ", got one on ", t->device());
+  }
+}
+
+}  // namespace ops
+}  // namespace dyn_emb

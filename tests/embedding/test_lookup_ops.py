@@ -1,0 +1,206 @@
+"""The fused lookup ops (embedding_pool, embedding_update) against plain torch.
+
+The references are written out with index_add_ and the optimizer's equations;
+CUDA cases compare the CUDA kernels with the CPU ones on the same inputs.
+"""
+
+import pytest
+import torch
+
+from dynamicemb.table._native import ops
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+SGD, ADAM, ROWWISE = 0, 1, 3
+
+
+def batch(device, seed=0, dims=(4, 8, 4), B=5, num_rows=40, width=24, weighted=True):
+    """A random pooled batch over features of `dims`, keys mapped to rows."""
+    g = torch.Generator().manual_seed(seed)
+    F = len(dims)
+    lengths = torch.randint(0, 4, (F * B,), generator=g)
+    n = int(lengths.sum())
+    offsets = torch.zeros(F * B + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(lengths, 0)
+    bag = torch.repeat_interleave(torch.arange(F * B), lengths)
+    # Key u belongs to feature u % F (a key's occurrences share its table's dim).
+    U = F * max(n // (2 * F), 1)
+    inverse = F * torch.randint(0, U // F, (n,), generator=g) + bag // B
+    rows = torch.randperm(num_rows, generator=g)[:U]
+    rows[0] = -1  # a key whose insert failed: zeros, never updated
+    values = torch.randn(num_rows, width, generator=g)
+    weights = torch.rand(n, generator=g) if weighted else None
+    dims_t = torch.tensor(dims)
+    cols = torch.cumsum(torch.tensor((0,) + tuple(dims[:-1])), 0)
+    t = dict(values=values, rows=rows, inverse=inverse, offsets=offsets, weights=weights, cols=cols,
+             dims=dims_t, B=B, width=int(sum(dims)), bag=bag)
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in t.items()}
+
+
+def reference_pool(t):
+    """out[b % B, cols[f] : cols[f] + dims[f]] = sum of w_j * values[rows[inverse[j]]]."""
+    B = t["B"]
+    out = torch.zeros(B, t["width"], dtype=torch.float64)
+    for j in range(t["inverse"].numel()):
+        r = int(t["rows"][t["inverse"][j]])
+        if r < 0:
+            continue
+        b = int(t["bag"][j])
+        f, i = divmod(b, B)
+        c, d = int(t["cols"][f]), int(t["dims"][f])
+        w = 1.0 if t["weights"] is None else float(t["weights"][j])
+        out[i, c : c + d] += w * t["values"][r, :d].double().cpu()
+    return out
+
+
+def pool(t):
+    return ops().embedding_pool(t["values"], t["rows"], t["inverse"], t["offsets"], t["weights"],
+                                t["cols"], t["dims"], t["B"], t["width"])
+
+
+def occurrences(t):
+    order = torch.argsort(t["inverse"], stable=True)
+    counts = torch.bincount(t["inverse"], minlength=t["rows"].numel())
+    occ = torch.zeros(counts.numel() + 1, dtype=torch.int64, device=counts.device)
+    occ[1:] = torch.cumsum(counts, 0)
+    return occ, order
+
+
+def update(t, grad_out, optim, lr=0.1, step=1, wd=0.0, wd_mode=0):
+    occ, order = occurrences(t)
+    ops().embedding_update(t["values"], grad_out, t["rows"], occ, order, t["bag"], t["weights"], t["cols"],
+                           t["dims"], t["B"], optim, lr, 1e-8, 0.9, 0.999, wd, wd_mode, step, -0.5, 0.0,
+                           0.0, 0.0)
+
+
+def key_grads(t, grad_out):
+    """(U, max_dim) float64 reduced gradient of every distinct key."""
+    B = t["B"]
+    U = t["rows"].numel()
+    g = torch.zeros(U, int(t["dims"].max()), dtype=torch.float64)
+    for j in range(t["inverse"].numel()):
+        f, i = divmod(int(t["bag"][j]), B)
+        c, d = int(t["cols"][f]), int(t["dims"][f])
+        w = 1.0 if t["weights"] is None else float(t["weights"][j])
+        g[int(t["inverse"][j]), :d] += w * grad_out[i, c : c + d].double().cpu()
+    return g
+
+
+def key_dims(t):
+    U = t["rows"].numel()
+    dims = [0] * U
+    for j in range(t["inverse"].numel()):
+        f = int(t["bag"][j]) // t["B"]
+        dims[int(t["inverse"][j])] = int(t["dims"][f])
+    return dims
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("weighted", [False, True])
+def test_pool_matches_the_weighted_sum_of_rows_in_the_feature_layout(device, weighted):
+    t = batch(device, seed=1, weighted=weighted)
+    out = pool(t)
+    assert out.shape == (t["B"], t["width"])
+    torch.testing.assert_close(out.double().cpu(), reference_pool(t), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pool_of_a_sequence_batch_is_a_gather(device):
+    """Pooling NONE: every occurrence its own bag, one feature of one dim."""
+    t = batch(device, seed=2, dims=(8,), weighted=False)
+    n = t["inverse"].numel()
+    out = ops().embedding_pool(t["values"], t["rows"], t["inverse"], torch.arange(n + 1, device=device),
+                               None, t["cols"], t["dims"], n, 8)
+    rows = t["rows"][t["inverse"]]
+    want = t["values"][rows.clamp(min=0), :8] * (rows >= 0).unsqueeze(1)
+    assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sgd_update_subtracts_the_reduced_gradient_at_each_keys_dim(device):
+    t = batch(device, seed=3)
+    before = t["values"].clone()
+    grad_out = torch.randn(t["B"], t["width"], device=device)
+    update(t, grad_out, SGD, lr=0.5)
+    g = key_grads(t, grad_out)
+    want = before.double().cpu()
+    for u, d in enumerate(key_dims(t)):
+        r = int(t["rows"][u])
+        if r >= 0:
+            want[r, :d] -= 0.5 * g[u, :d]
+    torch.testing.assert_close(t["values"].double().cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rowwise_adagrad_update_uses_the_mean_square_of_the_whole_row(device):
+    t = batch(device, seed=4, dims=(40, 40), width=48)  # a row longer than a warp
+    before = t["values"].clone().double().cpu()
+    grad_out = torch.randn(t["B"], t["width"], device=device)
+    update(t, grad_out, ROWWISE, lr=0.3)
+    g = key_grads(t, grad_out)
+    want = before.clone()
+    for u, d in enumerate(key_dims(t)):
+        r = int(t["rows"][u])
+        if r < 0 or d == 0:
+            continue
+        s0 = before[r, d] + (g[u, :d] ** 2).mean()
+        want[r, d] = s0
+        want[r, :d] -= 0.3 / (s0.sqrt() + 1e-8) * g[u, :d]
+    torch.testing.assert_close(t["values"].double().cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("optim", [SGD, ADAM, 2, ROWWISE, 4])
+def test_cuda_update_matches_the_cpu_kernel(optim):
+    cpu, gpu = batch("cpu", seed=5, dims=(16, 48, 16), width=112), batch("cuda", seed=5, dims=(16, 48, 16), width=112)
+    grad = torch.randn(cpu["B"], cpu["width"])
+    for step in (1, 2):
+        update(cpu, grad, optim, step=step)
+        update(gpu, grad.cuda(), optim, step=step)
+    torch.testing.assert_close(gpu["values"].cpu(), cpu["values"], rtol=1e-5, atol=1e-5)
+
+
+def test_pool_refuses_a_row_out_of_range_naming_it():
+    t = batch("cpu", seed=6)
+    t["rows"][1] = 1000
+    with pytest.raises(ValueError, match="rows\\[1\\] = 1000"):
+        pool(t)
+
+
+def test_update_refuses_bad_occurrences_and_changes_nothing():
+    t = batch("cpu", seed=7)
+    before = t["values"].clone()
+    occ, order = occurrences(t)
+    occ[-1] += 1
+    grad = torch.randn(t["B"], t["width"])
+    with pytest.raises(ValueError, match="occ_offsets must run from 0 to"):
+        ops().embedding_update(t["values"], grad, t["rows"], occ, order, t["bag"], t["weights"], t["cols"],
+                               t["dims"], t["B"], SGD, 0.1, 1e-8, 0.9, 0.999, 0.0, 0, 1, -0.5, 0.0, 0.0, 0.0)
+    assert torch.equal(t["values"], before)
+
+
+def test_pool_refuses_a_feature_that_does_not_fit_the_output():
+    t = batch("cpu", seed=8)
+    with pytest.raises(ValueError, match="feature 2"):
+        ops().embedding_pool(t["values"], t["rows"], t["inverse"], t["offsets"], t["weights"], t["cols"],
+                             t["dims"], t["B"], t["width"] - 1)
+
+
+OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_lookup_ops_opcheck(device):
+    t = batch(device, seed=9)
+    torch.library.opcheck(
+        ops().embedding_pool.default,
+        (t["values"], t["rows"], t["inverse"], t["offsets"], t["weights"], t["cols"], t["dims"], t["B"], t["width"]),
+        test_utils=OPCHECK_UTILS,
+    )
+    occ, order = occurrences(t)
+    grad = torch.randn(t["B"], t["width"], device=device)
+    torch.library.opcheck(
+        ops().embedding_update.default,
+        (t["values"], grad, t["rows"], occ, order, t["bag"], t["weights"], t["cols"], t["dims"], t["B"],
+         SGD, 0.1, 1e-8, 0.9, 0.999, 0.0, 0, 1, -0.5, 0.0, 0.0, 0.0),
+        test_utils=("test_schema", "test_faketensor"),
+    )
