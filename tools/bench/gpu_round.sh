@@ -2,7 +2,7 @@
 # One device round: build and run the GPU tests, then the embedding and table
 # benchmarks, writing each output to $OUT (default: .gpu_round/) as well.
 #
-#   bash tools/bench/gpu_round.sh [tests|embedding|table]...   (default: all three)
+#   bash tools/bench/gpu_round.sh [tests|embedding|table|variants]...   (default: the first three)
 #
 # Needs a CUDA machine; the torchrec/fbgemm bundle in .gpupkg/ for the FBGEMM
 # baselines (see docs/testing.md).
@@ -35,6 +35,9 @@ for part in "${parts[@]}"; do
       done
       ;;
     table)
+      timeout 400 "$PY" tools/bench/table_gpu_bench.py --reps 7 2>&1 | tee "$OUT/table.txt"
+      ;;
+    variants)
       timeout 300 bash tools/bench/table_gpu_variants.sh 2>&1 | tee "$OUT/table_variants.txt"
       ;;
     *) echo "unknown part $part"; exit 2 ;;
