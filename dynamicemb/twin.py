@@ -158,8 +158,10 @@ def dynamic_table_ids(model: nn.Module, constraints: Mapping[str, Any]) -> Dict[
 
     A dynamic table's id is its position among the dynamic tables of its
     ``EmbeddingCollection`` / ``EmbeddingBagCollection``, in the module's
-    config order: the ids of one ``BatchedDynamicEmbeddingTablesV2`` built
-    from those tables in that order.
+    config order (``planner.parameter_sharding.initializer_table_ids``):
+    the ids the sharders give the tables, at every world size and however
+    they are fused, and those of one unsharded
+    ``BatchedDynamicEmbeddingTablesV2`` built from the tables in that order.
 
     Args:
         model (nn.Module): the model.
@@ -168,13 +170,14 @@ def dynamic_table_ids(model: nn.Module, constraints: Mapping[str, Any]) -> Dict[
     Returns:
         Dict[str, int]: table name -> id.
     """
+    from .planner.parameter_sharding import initializer_table_ids
+
     ids: Dict[str, int] = {}
     for _, module in _collections(model):
-        position = 0
-        for config in _configs(module):
-            if _is_dynamic(constraints.get(config.name)):
-                ids[config.name] = position
-                position += 1
+        names = [config.name for config in _configs(module)]
+        ids.update(
+            initializer_table_ids(names, {n for n in names if _is_dynamic(constraints.get(n))})
+        )
     return ids
 
 

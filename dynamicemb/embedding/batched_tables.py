@@ -138,6 +138,10 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         optimizer: an FBGEMM ``EmbOptimType`` or ``DynamicEmbOptimType``.
         device (torch.device, optional): where tables and values live.
         seed (int): the initializers' seed.
+        initializer_table_ids (Sequence[int], optional): the table id each
+            table's initializer uses (a row depends on (seed, table id, key));
+            default: table t uses t. Sharders pass ids that do not depend on
+            how tables are fused into modules.
         **optimizer_args: the optimizer's hyper-parameters (``learning_rate``,
             ``eps``, ``beta1``, ``beta2``, ``weight_decay``,
             ``weight_decay_mode``, FTRL's ``learning_rate_power``,
@@ -156,6 +160,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         optimizer: Any = None,
         device: Optional[torch.device] = None,
         seed: int = 0,
+        initializer_table_ids: Optional[Sequence[int]] = None,
         **optimizer_args: Any,
     ) -> None:
         super().__init__()
@@ -226,6 +231,14 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         num_rows = self._set_row_bases() if self.no_eviction else self.table.num_slots
         self.values = torch.zeros(num_rows, self.width, device=self.device)
         self.seed = seed
+        if initializer_table_ids is None:
+            initializer_table_ids = range(n)
+        self.initializer_table_ids = [int(i) for i in initializer_table_ids]
+        if len(self.initializer_table_ids) != n:
+            raise ValueError(
+                f"initializer_table_ids has {len(self.initializer_table_ids)} entries for {n} tables: "
+                f"{self.initializer_table_ids}"
+            )
         self.step = 0
         self._custom_score: Optional[int] = None
         self.insert_failures = torch.zeros((), dtype=torch.int64, device=self.device)
@@ -451,7 +464,8 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 continue
             d = self.dims[t]
             args = self.table_options[t].initializer_args
-            self.values[rows[sel], :d] = init_rows(keys[sel], d, args, tids[sel], self.seed)
+            init_ids = torch.full_like(keys[sel], self.initializer_table_ids[t])
+            self.values[rows[sel], :d] = init_rows(keys[sel], d, args, init_ids, self.seed)
             if self.training_state:
                 # The optimizer state sits right after the table's own dim.
                 sd = self.optimizer.state_dim(d)
@@ -469,7 +483,8 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 sel = missing & (tids == t)
                 if bool(sel.any()):
                     args = self.table_options[t].eval_initializer_args
-                    fill[sel, : self.dims[t]] = init_rows(keys[sel], self.dims[t], args, tids[sel], self.seed)
+                    init_ids = torch.full_like(keys[sel], self.initializer_table_ids[t])
+                    fill[sel, : self.dims[t]] = init_rows(keys[sel], self.dims[t], args, init_ids, self.seed)
             self._eval_rows = (missing, fill)
         return rows
 

@@ -24,7 +24,7 @@ from torchrec.distributed.embeddingbag import (
 from torchrec.distributed.types import ParameterSharding, ShardingEnv, ShardingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from ..planner.parameter_sharding import is_dynamicemb_sharding
+from ..planner.parameter_sharding import initializer_table_ids, is_dynamicemb_sharding
 from .input_dist import dedup_kjt
 from .sharding import (
     DynamicEmbRwPooledEmbeddingSharding,
@@ -47,8 +47,11 @@ DYNAMICEMB_SHARDING_KEY = "row_wise_dynamicemb"
 
 def _separate_dynamic_tables(
     sharding_type_to_infos: Dict[str, List[EmbeddingShardingInfo]],
+    table_ids: Dict[str, int],
 ) -> Dict[str, List[EmbeddingShardingInfo]]:
-    """Moves the dynamic tables' infos under ``DYNAMICEMB_SHARDING_KEY``."""
+    """Moves the dynamic tables' infos under ``DYNAMICEMB_SHARDING_KEY``,
+    ordered by initializer table id: a dynamic sharding's table at position
+    ``i`` has initializer id ``i`` (``initializer_table_ids``)."""
     result: Dict[str, List[EmbeddingShardingInfo]] = {}
     dynamic: List[EmbeddingShardingInfo] = []
     for sharding_type, infos in sharding_type_to_infos.items():
@@ -57,9 +60,23 @@ def _separate_dynamic_tables(
             (dynamic if is_dynamicemb_sharding(info.param_sharding) else kept).append(info)
         if kept:
             result[sharding_type] = kept
+    names = sorted(info.embedding_config.name for info in dynamic)
+    if names != sorted(table_ids):
+        raise ValueError(
+            f"dynamic tables {names} of the sharding infos differ from the collection's "
+            f"dynamic tables {sorted(table_ids)}"
+        )
     if dynamic:
-        result[DYNAMICEMB_SHARDING_KEY] = dynamic
+        result[DYNAMICEMB_SHARDING_KEY] = sorted(
+            dynamic, key=lambda info: table_ids[info.embedding_config.name]
+        )
     return result
+
+
+def _collection_table_ids(configs: List[Any], plan: Dict[str, ParameterSharding]) -> Dict[str, int]:
+    """Initializer ids of a collection's dynamic tables (config order)."""
+    names = [config.name for config in configs]
+    return initializer_table_ids(names, {n for n in names if n in plan and is_dynamicemb_sharding(plan[n])})
 
 
 def _dynamic_table_names(plan: Dict[str, ParameterSharding]) -> List[str]:
@@ -87,9 +104,18 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
 
     @classmethod
     def create_grouped_sharding_infos(
-        cls, *args: Any, **kwargs: Any
+        cls,
+        module: Any,
+        table_name_to_parameter_sharding: Dict[str, ParameterSharding],
+        *args: Any,
+        **kwargs: Any,
     ) -> Dict[str, List[EmbeddingShardingInfo]]:
-        return _separate_dynamic_tables(super().create_grouped_sharding_infos(*args, **kwargs))
+        infos = super().create_grouped_sharding_infos(
+            module, table_name_to_parameter_sharding, *args, **kwargs
+        )
+        return _separate_dynamic_tables(
+            infos, _collection_table_ids(module.embedding_configs(), table_name_to_parameter_sharding)
+        )
 
     @classmethod
     def create_embedding_sharding(
@@ -170,9 +196,18 @@ class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
 
     @classmethod
     def create_grouped_sharding_infos(
-        cls, *args: Any, **kwargs: Any
+        cls,
+        module: Any,
+        table_name_to_parameter_sharding: Dict[str, ParameterSharding],
+        *args: Any,
+        **kwargs: Any,
     ) -> Dict[str, List[EmbeddingShardingInfo]]:
-        return _separate_dynamic_tables(super().create_grouped_sharding_infos(*args, **kwargs))
+        infos = super().create_grouped_sharding_infos(
+            module, table_name_to_parameter_sharding, *args, **kwargs
+        )
+        return _separate_dynamic_tables(
+            infos, _collection_table_ids(module.embedding_bag_configs(), table_name_to_parameter_sharding)
+        )
 
     @classmethod
     def create_embedding_bag_sharding(

@@ -155,6 +155,9 @@ class DynamicEmbeddingKernel(BaseEmbedding):
         config (GroupedEmbeddingConfig): the group TorchRec formed.
         table_options (Dict[str, DynamicEmbTableOptions]): options of each
             table, by name.
+        table_ids (Dict[str, int]): the initializer table id of each table,
+            by name (its position among its collection's dynamic tables, the
+            same on every rank and in every group).
         pooling (DynamicEmbPoolingMode): NONE for an EmbeddingCollection; SUM
             for an EmbeddingBagCollection (row-wise MEAN is divided by the
             bag lengths after the output dist, as TorchRec does).
@@ -166,6 +169,7 @@ class DynamicEmbeddingKernel(BaseEmbedding):
         self,
         config: GroupedEmbeddingConfig,
         table_options: Dict[str, DynamicEmbTableOptions],
+        table_ids: Dict[str, int],
         pooling: DynamicEmbPoolingMode,
         world_size: int,
         device: Optional[torch.device] = None,
@@ -177,9 +181,12 @@ class DynamicEmbeddingKernel(BaseEmbedding):
         for t, table in enumerate(config.embedding_tables):
             if table.name not in table_options:
                 raise ValueError(f"table {table.name!r} has no dynamicemb_options")
+            if table.name not in table_ids:
+                raise ValueError(f"table {table.name!r} has no initializer table id")
             options.append(resolve_table_options(table_options[table.name], table, world_size))
             feature_table_map.extend([t] * table.num_features())
         self._table_names: List[str] = [table.name for table in config.embedding_tables]
+        self._initializer_table_ids: List[int] = [table_ids[name] for name in self._table_names]
         self._pooled = pooling != DynamicEmbPoolingMode.NONE
         optimizer, optimizer_args = optimizer_from_fused_params(config.fused_params)
         self._emb_module = BatchedDynamicEmbeddingTablesV2(
@@ -189,6 +196,7 @@ class DynamicEmbeddingKernel(BaseEmbedding):
             optimizer=optimizer,
             device=device,
             seed=_INITIALIZER_SEED,
+            initializer_table_ids=self._initializer_table_ids,
             **optimizer_args,
         )
 
@@ -205,6 +213,11 @@ class DynamicEmbeddingKernel(BaseEmbedding):
     def table_names(self) -> List[str]:
         """Names of the group's tables, in the module's table order."""
         return list(self._table_names)
+
+    @property
+    def initializer_table_ids(self) -> Dict[str, int]:
+        """The initializer table id of each of the group's tables, by name."""
+        return dict(zip(self._table_names, self._initializer_table_ids))
 
     def forward(self, features: KeyedJaggedTensor) -> torch.Tensor:
         """Looks up the routed features.
@@ -273,6 +286,7 @@ def _dynamic_kernel(
     return DynamicEmbeddingKernel(
         config,
         lookup._dynamicemb_table_options,
+        lookup._dynamicemb_table_ids,
         pooling,
         lookup._dynamicemb_world_size,
         device,
@@ -285,6 +299,7 @@ class DynamicEmbGroupedEmbeddingsLookup(GroupedEmbeddingsLookup):
     Args:
         grouped_configs (List[GroupedEmbeddingConfig]): the rank's groups.
         table_options (Dict[str, DynamicEmbTableOptions]): options by table.
+        table_ids (Dict[str, int]): initializer table ids by table.
         world_size (int): ranks of the sharding.
         pg, device, env: as for ``GroupedEmbeddingsLookup``.
     """
@@ -293,6 +308,7 @@ class DynamicEmbGroupedEmbeddingsLookup(GroupedEmbeddingsLookup):
         self,
         grouped_configs: List[GroupedEmbeddingConfig],
         table_options: Dict[str, DynamicEmbTableOptions],
+        table_ids: Dict[str, int],
         world_size: int,
         pg: Optional[dist.ProcessGroup] = None,
         device: Optional[torch.device] = None,
@@ -300,6 +316,7 @@ class DynamicEmbGroupedEmbeddingsLookup(GroupedEmbeddingsLookup):
     ) -> None:
         # Read by _create_embedding_kernel, which the parent's constructor calls.
         object.__setattr__(self, "_dynamicemb_table_options", dict(table_options))
+        object.__setattr__(self, "_dynamicemb_table_ids", dict(table_ids))
         object.__setattr__(self, "_dynamicemb_world_size", world_size)
         super().__init__(grouped_configs=grouped_configs, pg=pg, device=device, env=env)
 
@@ -315,6 +332,7 @@ class DynamicEmbGroupedPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):
     Args:
         grouped_configs (List[GroupedEmbeddingConfig]): the rank's groups.
         table_options (Dict[str, DynamicEmbTableOptions]): options by table.
+        table_ids (Dict[str, int]): initializer table ids by table.
         world_size (int): ranks of the sharding.
         device, pg, feature_processor, sharding_type, env: as for
             ``GroupedPooledEmbeddingsLookup``.
@@ -324,6 +342,7 @@ class DynamicEmbGroupedPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):
         self,
         grouped_configs: List[GroupedEmbeddingConfig],
         table_options: Dict[str, DynamicEmbTableOptions],
+        table_ids: Dict[str, int],
         world_size: int,
         device: Optional[torch.device] = None,
         pg: Optional[dist.ProcessGroup] = None,
@@ -332,6 +351,7 @@ class DynamicEmbGroupedPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):
         env: Optional[Any] = None,
     ) -> None:
         object.__setattr__(self, "_dynamicemb_table_options", dict(table_options))
+        object.__setattr__(self, "_dynamicemb_table_ids", dict(table_ids))
         object.__setattr__(self, "_dynamicemb_world_size", world_size)
         super().__init__(
             grouped_configs=grouped_configs,

@@ -104,6 +104,12 @@ class _DynamicEmbRwMixin:
             info.embedding_config.name: info.param_sharding.dynamicemb_options
             for info in sharding_infos
         }
+        # The sharded collection hands over all its dynamic tables, ordered
+        # by initializer table id (position among the collection's dynamic
+        # tables in config order), so the position here is the id.
+        self._dynamicemb_table_ids: Dict[str, int] = {
+            info.embedding_config.name: i for i, info in enumerate(sharding_infos)
+        }
 
     def _feature_dist_types(self) -> List[str]:
         dist_types: List[str] = []
@@ -128,6 +134,11 @@ class _DynamicEmbRwMixin:
     def dynamicemb_table_options(self) -> Dict[str, DynamicEmbTableOptions]:
         """The plan's options of each table, by name."""
         return dict(self._dynamicemb_table_options)
+
+    @property
+    def dynamicemb_table_ids(self) -> Dict[str, int]:
+        """The initializer table id of each table, by name."""
+        return dict(self._dynamicemb_table_ids)
 
 
 class DynamicEmbRwSequenceEmbeddingSharding(_DynamicEmbRwMixin, RwSequenceEmbeddingSharding):
@@ -168,6 +179,7 @@ class DynamicEmbRwSequenceEmbeddingSharding(_DynamicEmbRwMixin, RwSequenceEmbedd
         return DynamicEmbGroupedEmbeddingsLookup(
             grouped_configs=self._grouped_embedding_configs,
             table_options=self._dynamicemb_table_options,
+            table_ids=self._dynamicemb_table_ids,
             world_size=self._world_size,
             pg=self._pg,
             device=device if device is not None else self._device,
@@ -213,6 +225,7 @@ class DynamicEmbRwPooledEmbeddingSharding(_DynamicEmbRwMixin, RwPooledEmbeddingS
         return DynamicEmbGroupedPooledEmbeddingsLookup(
             grouped_configs=self._grouped_embedding_configs,
             table_options=self._dynamicemb_table_options,
+            table_ids=self._dynamicemb_table_ids,
             world_size=self._world_size,
             device=device if device is not None else self._device,
             pg=self._pg,

@@ -420,16 +420,13 @@ def reference_outputs(scenario: Scenario, world_size: int) -> Dict[str, Any]:
     collection = build_collection(scenario, torch.device("cpu"))
     state = collection.state_dict()
     prefix = "embeddings" if scenario.kind == "ec" else "embedding_bags"
-    # Table id within its fused module: TorchRec groups the dynamic tables by
-    # pooling (their options agree on everything else here; dist_type does not
-    # split groups).
+    # Initializer table id: the table's position among the collection's
+    # dynamic tables, whatever module TorchRec fuses it into (SUM and MEAN
+    # tables land in different ones).
     dynamic_ids: Dict[str, int] = {}
-    group_sizes: Dict[str, int] = {}
     for t in scenario.tables:
         if t.dynamic:
-            group = t.pooling if scenario.kind == "ebc" else ""
-            dynamic_ids[t.name] = group_sizes.get(group, 0)
-            group_sizes[group] = dynamic_ids[t.name] + 1
+            dynamic_ids[t.name] = len(dynamic_ids)
     tables = {
         t.name: _DenseTable(
             t,
