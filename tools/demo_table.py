@@ -1,5 +1,5 @@
-"""A short demonstration of the scored hash table (the project's main job until
-the embedding layer lands).
+"""A short demonstration of the scored hash table alone (the main job,
+tools/train_dlrm.py, trains a model on it).
 
 Streams batches of power-law distributed 64-bit ids through a table that is
 too small for them: every batch is a find-or-insert scored by the step

@@ -1,0 +1,100 @@
+"""Smoke test of the main job (tools/train_dlrm.py): a short run on the CPU
+with two gloo processes, checked through the summary it writes."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+WORLD_SIZE = 2
+STEPS = 150
+BATCH = 128
+
+
+def _script() -> Path:
+    # Bazel: the runfiles root is the working directory; by hand: the checkout.
+    for root in (Path.cwd(), Path(__file__).parents[2]):
+        path = root / "tools" / "train_dlrm.py"
+        if path.is_file():
+            return path
+    raise FileNotFoundError("tools/train_dlrm.py")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("main_job") / "summary.json"
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, str(_script()), "--device", "cpu", "--world-size", str(WORLD_SIZE),
+         "--steps", str(STEPS), "--batch-size", str(BATCH), "--eval-batches", "4",
+         "--log-window", "25", "--summary-json", str(out)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240,
+    )
+    assert proc.returncode == 0, proc.stdout[-6000:]
+    with open(out) as f:
+        return json.load(f), proc.stdout
+
+
+def test_loss_falls(run):
+    s, _ = run
+    assert s["world_size"] == WORLD_SIZE and s["steps"] == STEPS and s["batch_size"] == BATCH
+    assert s["train_loss_last"] < s["train_loss_first"] - 0.02
+    assert s["eval_loss_final"] < s["eval_loss_first"] - 0.02
+    assert s["eval_auc_final"] > s["eval_auc_first"] + 0.05
+    # No model beats the one that drew the labels (by more than noise).
+    assert s["eval_loss_final"] > s["eval_loss_hidden_model"] - 0.02
+    steps = [step for step, _ in s["train_loss_checkpoints"]]
+    assert steps == sorted(steps) and steps[-1] == STEPS
+
+
+def test_throughput_numbers(run):
+    s, _ = run
+    assert s["seconds"] > 0
+    assert s["steps_per_s"] == pytest.approx(STEPS / s["seconds"])
+    assert s["examples_per_s"] == pytest.approx(STEPS * BATCH * WORLD_SIZE / s["seconds"])
+
+
+def test_table_counters(run):
+    from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+    from dynamicemb import get_sharded_table_capacity
+
+    sys.path.insert(0, str(_script().parent))
+    try:
+        import train_dlrm
+    finally:
+        sys.path.pop(0)
+    s, _ = run
+    dynamic = {f.table: f for f in train_dlrm.FEATURES if f.dynamic}
+    assert set(s["tables"]) == set(dynamic)
+    for name, t in s["tables"].items():
+        config = EmbeddingBagConfig(name=name, num_embeddings=dynamic[name].capacity, embedding_dim=16,
+                                    feature_names=["f"])
+        assert t["capacity"] == WORLD_SIZE * get_sharded_table_capacity(config, WORLD_SIZE, 128), name
+        assert 0 < t["rows_held"] <= t["capacity"], name
+        assert t["rows_held"] <= t["distinct_ids"], name
+        # Every key a table took either filled a free slot or replaced a victim.
+        assert t["inserts"] - t["evictions"] == t["rows_held"], name
+        assert t["insert_failures"] == 0, name
+    item, user = s["tables"]["t_item"], s["tables"]["t_user"]
+    # The small table sees far more ids than it holds: it is full and evicts.
+    assert item["distinct_ids"] > 4 * item["capacity"]
+    assert item["rows_held"] == item["capacity"]
+    assert item["evictions"] >= item["distinct_ids"] - item["capacity"]
+    # The large one holds every id it saw.
+    assert user["evictions"] == 0
+    assert user["rows_held"] == user["distinct_ids"]
+
+
+def test_output(run):
+    s, text = run
+    assert "plan (2 ranks, cpu):" in text
+    assert "t_device static  table_wise / fused" in text
+    for name in s["tables"]:
+        assert f"{name} " in text and "dynamic row_wise / customized_kernel" in text
+    assert f"trained {STEPS} steps of {BATCH} x {WORLD_SIZE} examples" in text
+    assert "Traceback" not in text
