@@ -642,7 +642,8 @@ def parse_args(argv: Optional[List[str]] = None):
     ap.add_argument("--world-size", type=int, default=None,
                     help="processes: default every visible GPU on cuda, 2 on cpu")
     ap.add_argument("--dim", type=int, default=16, help="embedding dim (default: 16)")
-    ap.add_argument("--emb-optimizer", choices=["rowwise_adagrad", "adam"], default="rowwise_adagrad")
+    ap.add_argument("--emb-optimizer", choices=["rowwise_adagrad", "adam"], default="rowwise_adagrad",
+                    help="fused optimizer of the embedding tables (adam: on cuda only)")
     ap.add_argument("--emb-lr", type=float, default=0.05)
     ap.add_argument("--dense-lr", type=float, default=3e-3)
     ap.add_argument("--alpha", type=float, default=1.05, help="power-law exponent of the ids (default: 1.05)")
@@ -660,6 +661,11 @@ def parse_args(argv: Optional[List[str]] = None):
         args.world_size = torch.cuda.device_count() if args.device == "cuda" else 2
     if args.device == "cuda" and args.world_size > torch.cuda.device_count():
         ap.error(f"--world-size {args.world_size}: only {torch.cuda.device_count()} GPUs are visible")
+    if args.emb_optimizer == "adam" and args.device == "cpu":
+        # The static table's FBGEMM kernel (TorchRec's FUSED) has no Adam on
+        # the CPU; the dynamic tables would run it.
+        ap.error("--emb-optimizer adam needs --device cuda (FBGEMM's CPU kernel of the static table "
+                 "supports rowwise Adagrad, not Adam)")
     if args.steps < 1 or args.batch_size < 1 or args.world_size < 1:
         ap.error("--steps, --batch-size and --world-size must be positive")
     return args
