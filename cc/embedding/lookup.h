@@ -84,16 +84,22 @@ struct UpdateArgs {
   const float* weights = nullptr;   ///< (n) or null
 };
 
-/// Coordinate d of distinct key u's reduced gradient.
-DEMB_EMB_HD float key_grad(const UpdateArgs& a, int64_t u, int64_t d) {
+/// Coordinate d of the gradient summed over occurrences [i0, i1) of the
+/// grouped order (a key's occurrences, or a chunk of them).
+DEMB_EMB_HD float occ_grad(const UpdateArgs& a, int64_t i0, int64_t i1, int64_t d) {
   float acc = 0.f;
-  for (int64_t i = a.occ_offsets[u]; i < a.occ_offsets[u + 1]; ++i) {
+  for (int64_t i = i0; i < i1; ++i) {
     const int64_t j = a.occ_order[i];
     const BagSlot s = bag_slot(a.layout, a.occ_bag[j]);
     const float g = a.grad_out[s.offset + d];
     acc += a.weights ? a.weights[j] * g : g;
   }
   return acc;
+}
+
+/// Coordinate d of distinct key u's reduced gradient.
+DEMB_EMB_HD float key_grad(const UpdateArgs& a, int64_t u, int64_t d) {
+  return occ_grad(a, a.occ_offsets[u], a.occ_offsets[u + 1], d);
 }
 
 /// The dim of distinct key u: that of the bag of its first occurrence (all

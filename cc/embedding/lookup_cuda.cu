@@ -23,29 +23,72 @@ __global__ void pool_kernel(PoolArgs a, int64_t num_bags) {
   for (int64_t d = lane; d < s.dim; d += kWarp) a.out[s.offset + d] = pooled_coord(a, b, d);
 }
 
-// A warp per distinct key: each lane reduces the gradient of its coordinates
-// and updates them (update_coord); row-wise Adagrad first sums the row's
-// squared gradient across the warp, before any coordinate changes.
-__global__ void update_kernel(UpdateArgs a, int64_t num_keys) {
-  const int64_t u = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (u >= num_keys) return;
+// Updates key u's row with the gradient g(d) (one warp, lanes over d);
+// row-wise Adagrad first sums the row's squared gradient across the warp,
+// before any coordinate changes.
+template <class Grad>
+__device__ void update_key(const UpdateArgs& a, int64_t u, int lane, const Grad& g) {
   const int64_t r = a.rows[u];
-  if (r < 0) return;
+  if (r < 0) return;  // uniform across the warp
   const int64_t dim = key_dim(a, u);
   float* w = a.values + r * a.width;
   float* s = w + dim;
   RowFactors rf;
   if (static_cast<OptimType>(a.optim.type) == OptimType::kExactRowwiseAdagrad) {
     float sq = 0.f;
-    for (int64_t d = lane; d < dim; d += kWarp) sq += rowwise_sq(a.optim, w[d], key_grad(a, u, d));
+    for (int64_t d = lane; d < dim; d += kWarp) sq += rowwise_sq(a.optim, w[d], g(d));
     for (int off = kWarp / 2; off > 0; off /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, off);
     const float s0 = s[0] + (dim > 0 ? sq / static_cast<float>(dim) : 0.f);
     rf = rowwise_factors(a.optim, s0);
     __syncwarp();
     if (lane == 0) s[0] = s0;
   }
-  for (int64_t d = lane; d < dim; d += kWarp) update_coord(a.optim, w, s, key_grad(a, u, d), d, dim, rf);
+  for (int64_t d = lane; d < dim; d += kWarp) update_coord(a.optim, w, s, g(d), d, dim, rf);
+}
+
+__device__ __forceinline__ bool hot(const UpdateArgs& a, int64_t u) {
+  return a.occ_offsets[u + 1] - a.occ_offsets[u] > kHotChunk;
+}
+
+/// The first index i in [0, n) with v[i] > x (v non-decreasing), n if none.
+__device__ int64_t upper_bound(const int64_t* v, int64_t n, int64_t x) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi) / 2;
+    if (v[mid] > x) hi = mid; else lo = mid + 1;
+  }
+  return lo;
+}
+
+// A warp per distinct key that is not hot: reduce and update in one pass.
+__global__ void update_kernel(UpdateArgs a, int64_t num_keys) {
+  const int64_t u = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (u >= num_keys || hot(a, u)) return;
+  update_key(a, u, lane, [&](int64_t d) { return key_grad(a, u, d); });
+}
+
+// A warp per chunk of a hot key's occurrences: partial sums into its buffer row.
+__global__ void hot_chunk_kernel(UpdateArgs a, HotKeys h, int64_t num_keys) {
+  const int64_t c = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (c >= h.max_chunks || c >= h.chunk_offsets[num_keys]) return;
+  const int64_t u = upper_bound(h.chunk_offsets, num_keys + 1, c) - 1;
+  const int64_t i0 = a.occ_offsets[u] + (c - h.chunk_offsets[u]) * kHotChunk;
+  const int64_t i1 = i0 + kHotChunk < a.occ_offsets[u + 1] ? i0 + kHotChunk : a.occ_offsets[u + 1];
+  const int64_t dim = key_dim(a, u);
+  float* row = h.buf + (h.hot_incl[u] - 1) * h.buf_width;
+  for (int64_t d = lane; d < dim; d += kWarp) atomicAdd(row + d, occ_grad(a, i0, i1, d));
+}
+
+// A warp per hot key: apply the summed gradient.
+__global__ void hot_update_kernel(UpdateArgs a, HotKeys h, int64_t num_keys) {
+  const int64_t k = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (num_keys == 0 || k >= h.max_hot || k >= h.hot_incl[num_keys - 1]) return;
+  const int64_t u = upper_bound(h.hot_incl, num_keys, k);
+  const float* row = h.buf + k * h.buf_width;
+  update_key(a, u, lane, [&](int64_t d) { return row[d]; });
 }
 
 unsigned grid(int64_t warps) {
@@ -67,10 +110,15 @@ void pool_forward(const PoolArgs& a, int64_t num_bags, cudaStream_t stream) {
   check("embedding_pool");
 }
 
-void update_backward(const UpdateArgs& a, int64_t num_keys, cudaStream_t stream) {
+void update_backward(const UpdateArgs& a, const HotKeys& h, int64_t num_keys, cudaStream_t stream) {
   if (num_keys == 0) return;
   update_kernel<<<grid(num_keys), kBlock, 0, stream>>>(a, num_keys);
   check("embedding_update");
+  if (h.max_hot == 0) return;
+  hot_chunk_kernel<<<grid(h.max_chunks), kBlock, 0, stream>>>(a, h, num_keys);
+  check("embedding_update (hot chunks)");
+  hot_update_kernel<<<grid(h.max_hot), kBlock, 0, stream>>>(a, h, num_keys);
+  check("embedding_update (hot keys)");
 }
 
 }  // namespace cuda

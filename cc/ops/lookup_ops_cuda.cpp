@@ -43,7 +43,28 @@ void embedding_update_cuda(at::Tensor& values, const at::Tensor& grad_out, const
                                               step, lr_power, ftrl_beta, l1, l2);
   const embedding::UpdateArgs a = update_args(values, grad_out, rows, occ_offsets, occ_order,
                                               occ_bag, weights, cols, dims, batch, o);
-  embedding::cuda::update_backward(a, rows.numel(), c10::cuda::getCurrentCUDAStream().stream());
+  // Hot keys (more than kHotChunk occurrences) are summed chunk by chunk.
+  constexpr int64_t K = embedding::cuda::kHotChunk;
+  const int64_t U = rows.numel(), n = occ_order.numel();
+  embedding::cuda::HotKeys h;
+  h.max_hot = n / (K + 1);
+  at::Tensor chunk_offsets, hot_incl, buf;
+  if (h.max_hot > 0 && U > 0) {
+    const at::Tensor counts = occ_offsets.slice(0, 1) - occ_offsets.slice(0, 0, U);
+    const at::Tensor hot = (counts > K).to(at::kLong);
+    chunk_offsets = at::zeros({U + 1}, occ_offsets.options());
+    chunk_offsets.slice(0, 1).copy_(at::cumsum(hot * at::floor_divide(counts + (K - 1), K), 0));
+    hot_incl = at::cumsum(hot, 0);
+    buf = at::zeros({h.max_hot, values.size(1)}, values.options());
+    h.chunk_offsets = chunk_offsets.data_ptr<int64_t>();
+    h.hot_incl = hot_incl.data_ptr<int64_t>();
+    h.buf = buf.data_ptr<float>();
+    h.buf_width = values.size(1);
+    h.max_chunks = n / K + h.max_hot;
+  } else {
+    h.max_hot = 0;
+  }
+  embedding::cuda::update_backward(a, h, U, c10::cuda::getCurrentCUDAStream().stream());
 }
 
 }  // namespace

@@ -151,12 +151,48 @@ def test_rowwise_adagrad_update_uses_the_mean_square_of_the_whole_row(device):
 @pytest.mark.gpu
 @pytest.mark.parametrize("optim", [SGD, ADAM, 2, ROWWISE, 4])
 def test_cuda_update_matches_the_cpu_kernel(optim):
-    cpu, gpu = batch("cpu", seed=5, dims=(16, 48, 16), width=112), batch("cuda", seed=5, dims=(16, 48, 16), width=112)
+    cpu, gpu = batch("cpu", seed=5, dims=(16, 48, 16), width=160), batch("cuda", seed=5, dims=(16, 48, 16), width=160)
     grad = torch.randn(cpu["B"], cpu["width"])
     for step in (1, 2):
         update(cpu, grad, optim, step=step)
         update(gpu, grad.cuda(), optim, step=step)
     torch.testing.assert_close(gpu["values"].cpu(), cpu["values"], rtol=1e-5, atol=1e-5)
+
+
+def hot_batch(device, dim=40, n=3000):
+    """One feature, n bags of one occurrence; key 0 takes most of them (a hot
+    key, summed chunk by chunk on the GPU), the rest spread over 30 keys."""
+    g = torch.Generator().manual_seed(11)
+    inverse = torch.where(torch.rand(n, generator=g) < 0.7, 0, torch.randint(1, 31, (n,), generator=g))
+    t = dict(values=torch.randn(64, 3 * dim, generator=g), rows=torch.randperm(64, generator=g)[:31],
+             inverse=inverse, offsets=torch.arange(n + 1), weights=torch.rand(n, generator=g),
+             cols=torch.zeros(1, dtype=torch.int64), dims=torch.tensor([dim]), B=n, width=dim,
+             bag=torch.arange(n))
+    return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in t.items()}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sgd_update_of_a_hot_key_sums_all_its_occurrences(device):
+    t = hot_batch(device)
+    before = t["values"].clone()
+    grad_out = torch.randn(t["B"], t["width"], device=device)
+    update(t, grad_out, SGD, lr=0.01)
+    g = key_grads(t, grad_out)
+    want = before.double().cpu()
+    for u in range(t["rows"].numel()):
+        want[int(t["rows"][u]), :40] -= 0.01 * g[u, :40]
+    torch.testing.assert_close(t["values"].double().cpu(), want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("optim", [SGD, ADAM, 2, ROWWISE, 4])
+def test_cuda_update_of_a_hot_key_matches_the_cpu_kernel(optim):
+    cpu, gpu = hot_batch("cpu"), hot_batch("cuda")
+    grad = torch.randn(cpu["B"], cpu["width"])
+    for step in (1, 2):
+        update(cpu, grad, optim, step=step)
+        update(gpu, grad.cuda(), optim, step=step)
+    torch.testing.assert_close(gpu["values"].cpu(), cpu["values"], rtol=1e-4, atol=1e-4)
 
 
 def test_pool_refuses_a_row_out_of_range_naming_it():

@@ -22,7 +22,8 @@ parts=("$@")
 for part in "${parts[@]}"; do
   case $part in
     tests)
-      bash tools/run_gpu_tests.sh -n 8 -q 2>&1 | tail -40 | tee "$OUT/gpu_tests.txt"
+      bash tools/run_gpu_tests.sh -n 8 -q --tb=short > "$OUT/gpu_tests_full.txt" 2>&1
+      tail -40 "$OUT/gpu_tests_full.txt" | tee "$OUT/gpu_tests.txt"
       { readelf -d dynamicemb/_C*.so | grep NEEDED; echo "libstdc++.so: $(g++ -print-file-name=libstdc++.so)"; } | tee -a "$OUT/gpu_tests.txt"
       ;;
     embedding)
