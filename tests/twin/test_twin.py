@@ -167,3 +167,27 @@ def test_twin_agrees_with_the_dynamic_module_over_sgd_steps(seed):
             slots = dyn.table.find(keys, torch.full_like(keys, t))
             assert bool((slots >= 0).all())
             torch.testing.assert_close(dyn.values[slots, : dims[t]], weights[t][keys].detach(), rtol=0, atol=1e-6)
+
+
+def test_initializer_table_ids_are_positions_among_dynamic_tables():
+    from dynamicemb.planner.parameter_sharding import initializer_table_ids
+
+    assert initializer_table_ids(["s0", "d0", "s1", "d1", "d2"], {"d2", "d0", "d1"}) == {"d0": 0, "d1": 1, "d2": 2}
+    assert initializer_table_ids(["s0"], set()) == {}
+    with pytest.raises(ValueError, match="ghost"):
+        initializer_table_ids(["d0"], {"d0", "ghost"})
+    with pytest.raises(ValueError, match="'d0' appears twice"):
+        initializer_table_ids(["d0", "d0"], {"d0"})
+
+
+def test_module_initializer_table_ids_choose_the_rows():
+    """A table fused at position 0 with initializer id 2 creates the rows of
+    table id 2; a wrong count of ids is refused."""
+    opts = [DynamicEmbTableOptions(dim=4, max_capacity=128, bucket_capacity=128, initializer_args=NORMAL)]
+    keys = torch.arange(5)
+    m = BatchedDynamicEmbeddingTablesV2(opts, seed=3, initializer_table_ids=[2])
+    out = m(keys, torch.arange(6))
+    torch.testing.assert_close(out, init_rows(keys, 4, NORMAL, torch.full_like(keys, 2), 3), rtol=0, atol=0)
+    assert not torch.equal(out, init_rows(keys, 4, NORMAL, torch.zeros_like(keys), 3))
+    with pytest.raises(ValueError, match="initializer_table_ids has 2 entries for 1 tables"):
+        BatchedDynamicEmbeddingTablesV2(opts, initializer_table_ids=[0, 1])
