@@ -85,9 +85,9 @@ def prepare_dynamic_sharding_infos(
             raise ValueError(
                 f"dynamic table {name!r}: feature processors are not supported"
             )
-        # dist_type is left out: routing happens before the lookup, and a
-        # table's place in its module (part of its initializer's key) must not
-        # move when another table's routing changes.
+        # dist_type is left out: routing happens before the lookup, so it
+        # does not have to split modules. (Initializer ids do not depend on
+        # the grouping: see initializer_table_ids.)
         fuse_key = tuple(kv for kv in options.get_grouped_key() if kv[0] != "dist_type")
         group = group_of.setdefault(fuse_key, len(group_of))
         fused_params = dict(info.fused_params or {})
