@@ -89,6 +89,12 @@ def _cuda_kernel(fn: Callable, timestamp_first: bool):
                 v = f((scores[slot, 0], scores[slot, 1]), cur)
             out[slot] = v
 
+    # Some numba-cuda releases still refer to numpy.row_stack, which NumPy 2.4
+    # removed; it was always an alias of vstack, so restore the alias for them.
+    import numpy as np
+
+    if not hasattr(np, "row_stack"):
+        np.row_stack = np.vstack
     # Compiled now, with the argument types, so that a function numba cannot
     # compile is refused when the module is built.
     return cuda.jit("void(int64[:, :], int64[:], int64[:], int64[:], float64[:])")(evaluate)
