@@ -215,7 +215,7 @@ def test_package_imports_without_torchrec_fbgemm_or_extension():
         "sys.modules['fbgemm_gpu'] = None\n"
         "sys.modules['dynamicemb._C'] = None\n"
         "import dynamicemb, dynamicemb.types, dynamicemb.dynamicemb_config\n"
-        "import dynamicemb.shard, dynamicemb.incremental_dump\n"
+        "import dynamicemb.incremental_dump\n"
         "o = dynamicemb.DynamicEmbTableOptions()\n"
         "print('ok')\n"
     )
