@@ -372,7 +372,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             raise ValueError(f"offsets has {offsets.numel()} entries, not num_features ({num_features}) * batch_size + 1")
         batch = (offsets.numel() - 1) // num_features
         lengths = offsets[1:] - offsets[:-1]
-        bag = torch.repeat_interleave(torch.arange(lengths.numel(), device=self.device), lengths)
+        bag = torch.repeat_interleave(
+            torch.arange(lengths.numel(), device=self.device), lengths, output_size=indices.numel()
+        )
         feature = bag // max(batch, 1)
         tids = self._feature_tables[feature]
         su = segmented_unique(indices, tids, self.table.num_tables)

@@ -61,20 +61,27 @@ def segmented_unique(
         raise ValueError(f"num_tables must be positive, got {num_tables}")
     n = keys.numel()
     dev = keys.device
-    # Sort by key, then stably by table: (table, key) order.
+    # Sort by key, then stably by table: (table, key) order. The table ids
+    # are sorted at the narrowest width that holds them (fewer radix passes).
     k1, p1 = torch.sort(keys, stable=True)
-    t_sorted, p2 = torch.sort(table_ids[p1], stable=True)
+    narrow = torch.int16 if num_tables <= 2**15 else torch.int32
+    t_narrow, p2 = torch.sort(table_ids[p1].to(narrow), stable=True)
+    t_sorted = t_narrow.long()
     perm = p1[p2]
     k_sorted = k1[p2]
     new = torch.ones(n, dtype=torch.bool, device=dev)
     if n > 1:
         new[1:] = (k_sorted[1:] != k_sorted[:-1]) | (t_sorted[1:] != t_sorted[:-1])
     group = torch.cumsum(new.to(torch.int64), 0) - 1
-    uniq_keys = k_sorted[new]
-    uniq_tables = t_sorted[new]
+    starts = torch.nonzero(new).squeeze(1)  # the one host synchronization: the count
+    uniq_keys = k_sorted[starts]
+    uniq_tables = t_sorted[starts]
     inverse = torch.empty(n, dtype=torch.int64, device=dev)
     inverse[perm] = group
-    counts = torch.bincount(group, minlength=uniq_keys.numel()) if n else group.new_zeros(0)
+    ends = torch.empty_like(starts)
+    ends[:-1] = starts[1:]
+    ends[-1:] = n
+    counts = ends - starts
     bounds = torch.arange(num_tables + 1, dtype=torch.int64, device=dev)
     offsets = torch.searchsorted(uniq_tables, bounds)
     if os.environ.get("DYNAMICEMB_DEBUG"):
