@@ -1,5 +1,6 @@
-"""Multi-process harness of the sharder tests: gloo on the CPU, one process
-per rank (torch.multiprocessing spawn), a free port, and timeouts so that a
+"""Multi-process harness of the sharder tests: one process per rank
+(torch.multiprocessing spawn), gloo on the CPU or NCCL with one GPU per rank
+(``run_world(..., device_type="cuda")``), a free port, and timeouts so that a
 hang fails the test instead of blocking it.
 
 Scenarios run in the workers (``run_scenarios``) build a model with an
@@ -34,18 +35,48 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, results) -> None:
+def worker_device() -> torch.device:
+    """The device of this rank: its GPU under NCCL, else the CPU."""
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def to_cpu(obj: Any) -> Any:
+    """``obj`` with every tensor in its dicts, lists and tuples moved to the CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_cpu(v) for v in obj)
+    return obj
+
+
+def _worker(
+    rank: int, world_size: int, port: int, fn: Callable, args: tuple, results, device_type: str = "cpu"
+) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     try:
-        dist.init_process_group(
-            "gloo",
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=90),
-        )
-        out = fn(rank, world_size, *args)
+        if device_type == "cuda":
+            torch.cuda.set_device(rank)
+            dist.init_process_group(
+                "nccl",
+                rank=rank,
+                world_size=world_size,
+                timeout=datetime.timedelta(seconds=90),
+                device_id=torch.device("cuda", rank),
+            )
+        else:
+            dist.init_process_group(
+                "gloo",
+                rank=rank,
+                world_size=world_size,
+                timeout=datetime.timedelta(seconds=90),
+            )
+        out = to_cpu(fn(rank, world_size, *args))
         # Bytes, not tensors: a tensor in a queue is shared memory that dies
         # with this process.
         buffer = io.BytesIO()
@@ -58,21 +89,29 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, re
             dist.destroy_process_group()
 
 
-def run_world(fn: Callable, world_size: int, *args: Any, timeout: float = RUN_TIMEOUT_S) -> List[Any]:
-    """Runs ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks.
+def run_world(
+    fn: Callable, world_size: int, *args: Any, timeout: float = RUN_TIMEOUT_S, device_type: str = "cpu"
+) -> List[Any]:
+    """Runs ``fn(rank, world_size, *args)`` on ``world_size`` ranks: gloo
+    processes on the CPU, or (``device_type="cuda"``) NCCL processes, rank r
+    on GPU r. ``fn`` finds its device with ``worker_device()``.
 
     Returns:
-        List[Any]: each rank's return value, by rank.
+        List[Any]: each rank's return value, by rank, tensors on the CPU.
 
     Raises:
         RuntimeError: a rank raised (its traceback is in the message) or the
             run did not finish within ``timeout`` seconds.
     """
+    if device_type not in ("cpu", "cuda"):
+        raise ValueError(f"device_type must be 'cpu' or 'cuda', got {device_type!r}")
+    if device_type == "cuda" and world_size > torch.cuda.device_count():
+        raise RuntimeError(f"{world_size} ranks need {world_size} GPUs, {torch.cuda.device_count()} visible")
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
     procs = [
-        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, results), daemon=True)
+        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, results, device_type), daemon=True)
         for r in range(world_size)
     ]
     for p in procs:
@@ -270,7 +309,7 @@ def sharder_for(scenario: Scenario):
     return DynamicEmbeddingBagCollectionSharder(fused_params=fused_params(scenario))
 
 
-def hand_plan(scenario: Scenario, collection, sharder, world_size: int):
+def hand_plan(scenario: Scenario, collection, sharder, world_size: int, device_type: str = "cpu"):
     """A plan built with TorchRec's helpers, dynamic entries swapped in."""
     from dynamicemb.planner.parameter_sharding import DynamicEmbParameterSharding
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
@@ -285,7 +324,7 @@ def hand_plan(scenario: Scenario, collection, sharder, world_size: int):
         else:
             per_param[t.name] = row_wise(compute_kernel=EmbeddingComputeKernel.FUSED.value)
     plan = construct_module_sharding_plan(
-        collection, per_param, sharder=sharder, local_size=world_size, world_size=world_size, device_type="cpu"
+        collection, per_param, sharder=sharder, local_size=world_size, world_size=world_size, device_type=device_type
     )
     for t in scenario.tables:
         if t.dynamic:
@@ -295,7 +334,7 @@ def hand_plan(scenario: Scenario, collection, sharder, world_size: int):
     return plan
 
 
-def planner_plan(scenario: Scenario, model, sharder, world_size: int, pg):
+def planner_plan(scenario: Scenario, model, sharder, world_size: int, pg, device_type: str = "cpu"):
     from dynamicemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
     from torchrec.distributed.planner import Topology
 
@@ -315,7 +354,7 @@ def planner_plan(scenario: Scenario, model, sharder, world_size: int, pg):
     configs = collection.embedding_configs() if scenario.kind == "ec" else collection.embedding_bag_configs()
     planner = DynamicEmbeddingShardingPlanner(
         eb_configs=configs,
-        topology=Topology(world_size=world_size, compute_device="cpu"),
+        topology=Topology(world_size=world_size, compute_device=device_type, local_world_size=world_size),
         constraints=constraints,
         batch_size=scenario.batch_size,
     )
@@ -339,17 +378,21 @@ def local_outputs(scenario: Scenario, out) -> Dict[str, torch.Tensor]:
 
 def run_scenario(rank: int, world_size: int, scenario: Scenario) -> Dict[str, Any]:
     """Shards the scenario's model, trains ``steps`` steps; returns the local
-    outputs of every step (float64 on the CPU) and of a final eval step."""
+    outputs of every step (float64 on the CPU) and of a final eval step.
+
+    Runs on ``worker_device()``. The unsharded collection is built on the
+    CPU either way, so static tables start from the reference's weights
+    (TorchRec's sharded collection copies them to the device)."""
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv, ShardingPlan
 
-    device = torch.device("cpu")
-    collection = build_collection(scenario, device)
+    device = worker_device()
+    collection = build_collection(scenario, torch.device("cpu"))
     sharder = sharder_for(scenario)
     if scenario.use_planner:
-        plan = planner_plan(scenario, _Model(collection), sharder, world_size, dist.group.WORLD)
+        plan = planner_plan(scenario, _Model(collection), sharder, world_size, dist.group.WORLD, device.type)
     else:
-        plan = ShardingPlan({"coll": hand_plan(scenario, collection, sharder, world_size)})
+        plan = ShardingPlan({"coll": hand_plan(scenario, collection, sharder, world_size, device.type)})
     model = DistributedModelParallel(
         _Model(collection),
         env=ShardingEnv.from_process_group(dist.group.WORLD),
@@ -359,20 +402,20 @@ def run_scenario(rank: int, world_size: int, scenario: Scenario) -> Dict[str, An
     )
     steps = []
     for step in range(scenario.steps):
-        kjt = to_kjt(scenario, batch_for(scenario, step, rank))
+        kjt = to_kjt(scenario, batch_for(scenario, step, rank)).to(device)
         outs = local_outputs(scenario, model(kjt))
         targets = targets_for(scenario, step, rank, {k: tuple(v.shape) for k, v in outs.items()})
-        loss = sum(0.5 * ((v.double() - targets[k]) ** 2).sum() for k, v in outs.items())
+        loss = sum(0.5 * ((v.double() - targets[k].to(device)) ** 2).sum() for k, v in outs.items())
         loss.backward()
-        steps.append({k: v.detach().double().clone() for k, v in outs.items()})
+        steps.append({k: v.detach().double().cpu().clone() for k, v in outs.items()})
     result = {"steps": steps, "plan_kernels": {}}
     for name, ps in plan.plan["coll"].items():
         result["plan_kernels"][name] = (ps.sharding_type, ps.compute_kernel, type(ps).__name__)
     if scenario.eval_step:
         model.eval()
         with torch.no_grad():
-            kjt = to_kjt(scenario, batch_for(scenario, scenario.steps, rank))
-            result["eval"] = {k: v.double().clone() for k, v in local_outputs(scenario, model(kjt)).items()}
+            kjt = to_kjt(scenario, batch_for(scenario, scenario.steps, rank)).to(device)
+            result["eval"] = {k: v.double().cpu().clone() for k, v in local_outputs(scenario, model(kjt)).items()}
     return result
 
 

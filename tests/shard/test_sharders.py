@@ -4,6 +4,10 @@ Each world size runs once (gloo on the CPU, one process per rank) and trains
 every scenario of that world; the scenarios' local outputs of each step (and
 of a final eval step) are compared with a single-process float64 model whose
 rows start from the same key-derived initializer.
+
+The `multigpu` cases run the world-2 scenarios (every dist type, EC and EBC,
+dedup on and off, static tables, the planner) once more with NCCL, one
+process per visible GPU, against the same reference at that world size.
 """
 
 import dataclasses
@@ -133,6 +137,15 @@ def _world1_scenarios():
 SCENARIOS = {1: _world1_scenarios(), 2: _world2_scenarios(), 4: _world4_scenarios()}
 
 
+def _gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+# The NCCL run: one rank per visible GPU (at least 2; the cases skip below 2).
+GPU_WORLD = max(2, _gpus())
+GPU_SCENARIOS = _world2_scenarios()
+
+
 @pytest.fixture(scope="module")
 def runs():
     cache = {}
@@ -162,6 +175,35 @@ def test_sharded_training_matches_dense_reference(runs, world_size, name):
             assert kernels[t.name] == ("row_wise", "customized_kernel", "DynamicEmbParameterSharding")
         else:
             assert kernels[t.name][2] == "ParameterSharding"
+
+
+@pytest.fixture(scope="module")
+def gpu_runs():
+    return h.run_world(h.run_scenarios, GPU_WORLD, GPU_SCENARIOS, device_type="cuda")
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("name", [s.name for s in GPU_SCENARIOS])
+def test_nccl_sharded_training_matches_dense_reference(gpu_runs, name):
+    scenario = next(s for s in GPU_SCENARIOS if s.name == name)
+    want = h.reference_outputs(scenario, GPU_WORLD)
+    for rank in range(GPU_WORLD):
+        h.assert_matches(gpu_runs[rank][name], want[rank])
+    kernels = gpu_runs[0][name]["plan_kernels"]
+    for t in scenario.tables:
+        if t.dynamic:
+            assert kernels[t.name] == ("row_wise", "customized_kernel", "DynamicEmbParameterSharding")
+        else:
+            assert kernels[t.name][2] == "ParameterSharding"
+
+
+@pytest.mark.multigpu
+def test_nccl_dedup_gives_the_results_without_dedup(gpu_runs):
+    for rank in range(GPU_WORLD):
+        a, b = gpu_runs[rank]["ec_nodedup_counts"], gpu_runs[rank]["ec_dedup_counts"]
+        for step_a, step_b in zip(a["steps"] + [a["eval"]], b["steps"] + [b["eval"]]):
+            for k in step_a:
+                torch.testing.assert_close(step_a[k], step_b[k], rtol=1e-6, atol=1e-6)
 
 
 def test_dedup_gives_the_results_without_dedup(runs):

@@ -13,6 +13,9 @@ The dynamic tables are fused into several modules (SUM and MEAN pooling,
 different bucket capacities), so a table's position in its module differs
 from its position among its collection's dynamic tables: the initializer ids
 the sharders give them must be the ones construct_twin_module uses.
+
+The `multigpu` cases run the same pair with NCCL, one process per visible
+GPU, with every optimizer (FBGEMM's CUDA TBE has Adam).
 """
 
 import os
@@ -173,16 +176,16 @@ def _flat_outputs(outs) -> Dict[str, torch.Tensor]:
     return flat
 
 
-def _train(model, rank: int) -> List[Dict[str, torch.Tensor]]:
+def _train(model, rank: int, device: torch.device) -> List[Dict[str, torch.Tensor]]:
     steps = []
     for step in range(STEPS):
-        outs = _flat_outputs(model(*batches(step, rank)))
+        outs = _flat_outputs(model(*(kjt.to(device) for kjt in batches(step, rank))))
         g = torch.Generator().manual_seed(31 * step + rank)
         loss = sum(
-            0.5 * ((v - torch.randn(v.shape, generator=g)) ** 2).sum() for _, v in sorted(outs.items())
+            0.5 * ((v - torch.randn(v.shape, generator=g).to(device)) ** 2).sum() for _, v in sorted(outs.items())
         )
         loss.backward()
-        steps.append({k: v.detach().clone() for k, v in outs.items()})
+        steps.append({k: v.detach().cpu().clone() for k, v in outs.items()})
     return steps
 
 
@@ -212,7 +215,7 @@ def _load_weights(dmp, state: Dict[str, torch.Tensor]) -> None:
     for key, value in dmp.state_dict().items():
         for shard in value.local_shards():
             (r, c), (rows, cols) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
-            assert torch.equal(shard.tensor, state[key][r : r + rows, c : c + cols]), key
+            assert torch.equal(shard.tensor.cpu(), state[key][r : r + rows, c : c + cols]), key
 
 
 def _dynamic_kernels(model):
@@ -233,11 +236,11 @@ def _dynamic_rows(model) -> Dict[str, Dict[int, torch.Tensor]]:
     for kernel in _dynamic_kernels(model):
         module = kernel.emb_module
         for t, name in enumerate(kernel.table_names):
-            keys = torch.arange(ALL_TABLES[name][1])
+            keys = torch.arange(ALL_TABLES[name][1], device=module.values.device)
             tids = torch.full_like(keys, t)
             slots = module.table.find(keys, tids)
             held = slots >= 0
-            values = module.values[module._rows_of(slots[held], tids[held]), : module.dims[t]]
+            values = module.values[module._rows_of(slots[held], tids[held]), : module.dims[t]].cpu()
             rows[name] = {int(k): v.clone() for k, v in zip(keys[held].tolist(), values)}
     return rows
 
@@ -252,13 +255,15 @@ def _twin_rows(twin) -> Dict[str, Dict[int, torch.Tensor]]:
         rows[name] = {}
         for shard in value.local_shards():
             offset = shard.metadata.shard_offsets[0]
-            for i, row in enumerate(shard.tensor.detach()):
+            for i, row in enumerate(shard.tensor.detach().cpu()):
                 rows[name][offset + i] = row.clone()
     return rows
 
 
 def run_pair(rank: int, world_size: int, optimizers: List[str]) -> Dict[str, Any]:
-    """Shards the model and its twin, trains both with each optimizer."""
+    """Shards the model and its twin, trains both with each optimizer, on
+    this rank's device (``h.worker_device()``). The unsharded models are
+    built on the CPU; their weights are copied into the sharded tables."""
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
@@ -268,14 +273,14 @@ def run_pair(rank: int, world_size: int, optimizers: List[str]) -> Dict[str, Any
     from dynamicemb.shard import DynamicEmbeddingBagCollectionSharder, DynamicEmbeddingCollectionSharder
     from dynamicemb.twin import construct_twin_module, dynamic_table_ids
 
-    device = torch.device("cpu")
+    device = h.worker_device()
     env = ShardingEnv.from_process_group(dist.group.WORLD)
-    topology = Topology(world_size=world_size, compute_device="cpu")
+    topology = Topology(world_size=world_size, compute_device=device.type, local_world_size=world_size)
     result: Dict[str, Any] = {}
     for optimizer in optimizers:
         params = fused_params(optimizer)
         cons = constraints()
-        model = TwinTestModel(device)
+        model = TwinTestModel(torch.device("cpu"))
         twin, twin_cons = construct_twin_module(model, cons, fused_params=params)
         ids = dynamic_table_ids(model, cons)
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
@@ -312,8 +317,8 @@ def run_pair(rank: int, world_size: int, optimizers: List[str]) -> Dict[str, Any
             "kernel_ids": kernel_ids,
             "groups": [kernel.table_names for kernel in _dynamic_kernels(dyn)],
             "twin_kinds": twin_kinds,
-            "dyn_steps": _train(dyn, rank),
-            "twin_steps": _train(twin_dmp, rank),
+            "dyn_steps": _train(dyn, rank, device),
+            "twin_steps": _train(twin_dmp, rank, device),
             "dyn_rows": _dynamic_rows(dyn),
             "twin_rows": _twin_rows(twin_dmp),
         }
@@ -407,3 +412,33 @@ def test_sharded_twin_trains_like_the_dynamic_model(world2, optimizer):
 
 def test_sharded_twin_world1_sgd(world1):
     _check_training(world1, "sgd")
+
+
+# ------------------------------------------------- NCCL, one rank per GPU --
+
+
+def _gpu_world() -> int:
+    return max(2, torch.cuda.device_count() if torch.cuda.is_available() else 0)
+
+
+@pytest.fixture(scope="module")
+def gpu_world():
+    return h.run_world(run_pair, _gpu_world(), list(OPTIMIZERS), device_type="cuda")
+
+
+@pytest.mark.multigpu
+def test_nccl_sharders_use_the_twin_table_ids(gpu_world):
+    _check_ids(gpu_world)
+
+
+@pytest.mark.multigpu
+def test_nccl_twin_plan_is_row_wise_fused(gpu_world):
+    kinds = gpu_world[0][next(iter(gpu_world[0]))]["twin_kinds"]
+    for name in DYNAMIC:
+        assert kinds[name] == ("row_wise", "fused"), (name, kinds[name])
+
+
+@pytest.mark.multigpu
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+def test_nccl_sharded_twin_trains_like_the_dynamic_model(gpu_world, optimizer):
+    _check_training(gpu_world, optimizer)
