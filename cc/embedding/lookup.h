@@ -4,8 +4,10 @@
 // and the CUDA kernels:
 //
 //   forward   out[bag] = sum over the bag's occurrences j of w_j * values[rows[inverse[j]]]
+//             (occ_row, occ_weight)
 //             written straight into TorchRec's output layout;
-//   backward  g_u = sum over the occurrences j of distinct key u of w_j * grad_out[bag(j)],
+//   backward  g_u = sum over the occurrences j of distinct key u of w_j * grad_out[bag(j)]
+//             (occ_grad_row),
 //             then the optimizer's update of u's row (optimizer.h), with no
 //             per-key gradient tensor in between.
 //
@@ -59,17 +61,13 @@ struct PoolArgs {
   float* out = nullptr;            ///< (B, out_width)
 };
 
-/// Coordinate d of bag b's pooled embedding.
-DEMB_EMB_HD float pooled_coord(const PoolArgs& a, int64_t b, int64_t d) {
-  float acc = 0.f;
-  for (int64_t j = a.bag_offsets[b]; j < a.bag_offsets[b + 1]; ++j) {
-    const int64_t r = a.rows[a.inverse[j]];
-    if (r < 0) continue;
-    const float v = a.values[r * a.width + d];
-    acc += a.weights ? a.weights[j] * v : v;
-  }
-  return acc;
+/// The value row occurrence j reads, or nullptr when its key has none.
+DEMB_EMB_HD const float* occ_row(const PoolArgs& a, int64_t j) {
+  const int64_t r = a.rows[a.inverse[j]];
+  return r < 0 ? nullptr : a.values + r * a.width;
 }
+
+DEMB_EMB_HD float occ_weight(const float* weights, int64_t j) { return weights ? weights[j] : 1.f; }
 
 struct UpdateArgs {
   BagLayout layout;
@@ -84,22 +82,14 @@ struct UpdateArgs {
   const float* weights = nullptr;   ///< (n) or null
 };
 
-/// Coordinate d of the gradient summed over occurrences [i0, i1) of the
-/// grouped order (a key's occurrences, or a chunk of them).
-DEMB_EMB_HD float occ_grad(const UpdateArgs& a, int64_t i0, int64_t i1, int64_t d) {
-  float acc = 0.f;
-  for (int64_t i = i0; i < i1; ++i) {
-    const int64_t j = a.occ_order[i];
-    const BagSlot s = bag_slot(a.layout, a.occ_bag[j]);
-    const float g = a.grad_out[s.offset + d];
-    acc += a.weights ? a.weights[j] * g : g;
-  }
-  return acc;
-}
-
-/// Coordinate d of distinct key u's reduced gradient.
-DEMB_EMB_HD float key_grad(const UpdateArgs& a, int64_t u, int64_t d) {
-  return occ_grad(a, a.occ_offsets[u], a.occ_offsets[u + 1], d);
+/// The output-gradient slice of the occurrence at grouped position i (a key's
+/// occurrences are positions occ_offsets[u] .. occ_offsets[u + 1]), and its
+/// weight in *w. A key's gradient is the weighted sum of these slices over its
+/// occurrences, in this order.
+DEMB_EMB_HD const float* occ_grad_row(const UpdateArgs& a, int64_t i, float* w) {
+  const int64_t j = a.occ_order[i];
+  *w = occ_weight(a.weights, j);
+  return a.grad_out + bag_slot(a.layout, a.occ_bag[j]).offset;
 }
 
 /// The dim of distinct key u: that of the bag of its first occurrence (all

@@ -9,8 +9,7 @@ namespace dyn_emb {
 namespace embedding {
 namespace cpu {
 
-// The CPU walks a bag's (a key's) occurrences once and streams whole rows, the
-// same sums as pooled_coord / key_grad taken coordinate by coordinate.
+// The CPU walks a bag's (a key's) occurrences once and streams whole rows.
 
 void pool_forward(const PoolArgs& a, int64_t num_bags) {
   at::parallel_for(0, num_bags, 256, [&](int64_t begin, int64_t end) {
@@ -19,10 +18,9 @@ void pool_forward(const PoolArgs& a, int64_t num_bags) {
       float* o = a.out + s.offset;
       for (int64_t d = 0; d < s.dim; ++d) o[d] = 0.f;
       for (int64_t j = a.bag_offsets[b]; j < a.bag_offsets[b + 1]; ++j) {
-        const int64_t r = a.rows[a.inverse[j]];
-        if (r < 0) continue;
-        const float w = a.weights ? a.weights[j] : 1.f;
-        const float* v = a.values + r * a.width;
+        const float* v = occ_row(a, j);
+        if (v == nullptr) continue;
+        const float w = occ_weight(a.weights, j);
         for (int64_t d = 0; d < s.dim; ++d) o[d] += w * v[d];
       }
     }
@@ -38,10 +36,8 @@ void update_backward(const UpdateArgs& a, int64_t num_keys) {
       const int64_t dim = key_dim(a, u);
       g.assign(static_cast<size_t>(dim), 0.f);
       for (int64_t i = a.occ_offsets[u]; i < a.occ_offsets[u + 1]; ++i) {
-        const int64_t j = a.occ_order[i];
-        const BagSlot s = bag_slot(a.layout, a.occ_bag[j]);
-        const float w = a.weights ? a.weights[j] : 1.f;
-        const float* go = a.grad_out + s.offset;
+        float w;
+        const float* go = occ_grad_row(a, i, &w);
         for (int64_t d = 0; d < dim; ++d) g[d] += w * go[d];
       }
       update_row(a.optim, a.values + r * a.width, g.data(), dim);

@@ -13,37 +13,92 @@ namespace {
 constexpr int kWarp = 32;
 constexpr int kBlock = 256;
 
-// A warp per bag: the lanes own coordinates d, d + 32, ... so each row of the
-// bag is read in coalesced 128-byte pieces.
+// Rows are handled in chunks of kChunk coordinates: lane l owns coordinates
+// base + l + 32 k (k < kPer) of a chunk, so a warp reads a row's chunk in
+// coalesced 128-byte pieces, and walks the occurrences once per chunk (once
+// for dims up to 128), keeping kPer partial sums in registers.
+constexpr int kPer = 4;
+constexpr int64_t kChunk = kWarp * kPer;
+
+// A warp per bag.
 __global__ void pool_kernel(PoolArgs a, int64_t num_bags) {
   const int64_t b = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (b >= num_bags) return;
   const BagSlot s = bag_slot(a.layout, b);
-  for (int64_t d = lane; d < s.dim; d += kWarp) a.out[s.offset + d] = pooled_coord(a, b, d);
+  const int64_t j0 = a.bag_offsets[b], j1 = a.bag_offsets[b + 1];
+  for (int64_t base = 0; base < s.dim; base += kChunk) {
+    float acc[kPer] = {};
+    for (int64_t j = j0; j < j1; ++j) {
+      const float* v = occ_row(a, j);
+      if (v == nullptr) continue;
+      const float w = occ_weight(a.weights, j);
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        const int64_t d = base + lane + k * kWarp;
+        if (d < s.dim) acc[k] += w * v[d];
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int64_t d = base + lane + k * kWarp;
+      if (d < s.dim) a.out[s.offset + d] = acc[k];
+    }
+  }
 }
 
-// Updates key u's row with the gradient g(d) (one warp, lanes over d);
-// row-wise Adagrad first sums the row's squared gradient across the warp,
-// before any coordinate changes.
-template <class Grad>
-__device__ void update_key(const UpdateArgs& a, int64_t u, int lane, const Grad& g) {
+// The chunk at `base` of the gradient summed over grouped positions [i0, i1).
+__device__ void grad_chunk(const UpdateArgs& a, int64_t i0, int64_t i1, int64_t base, int64_t dim,
+                           int lane, float (&g)[kPer]) {
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) g[k] = 0.f;
+  for (int64_t i = i0; i < i1; ++i) {
+    float w;
+    const float* go = occ_grad_row(a, i, &w);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int64_t d = base + lane + k * kWarp;
+      if (d < dim) g[k] += w * go[d];
+    }
+  }
+}
+
+// Updates key u's row (one warp); fill(base, g) writes the gradient's chunk
+// at `base` into g. Row-wise Adagrad first sums the row's squared gradient
+// across the warp, before any coordinate changes.
+template <class Fill>
+__device__ void update_key(const UpdateArgs& a, int64_t u, int lane, const Fill& fill) {
   const int64_t r = a.rows[u];
   if (r < 0) return;  // uniform across the warp
   const int64_t dim = key_dim(a, u);
   float* w = a.values + r * a.width;
   float* s = w + dim;
   RowFactors rf;
+  float g[kPer];
   if (static_cast<OptimType>(a.optim.type) == OptimType::kExactRowwiseAdagrad) {
     float sq = 0.f;
-    for (int64_t d = lane; d < dim; d += kWarp) sq += rowwise_sq(a.optim, w[d], g(d));
+    for (int64_t base = 0; base < dim; base += kChunk) {
+      fill(base, g);
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        const int64_t d = base + lane + k * kWarp;
+        if (d < dim) sq += rowwise_sq(a.optim, w[d], g[k]);
+      }
+    }
     for (int off = kWarp / 2; off > 0; off /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, off);
     const float s0 = s[0] + (dim > 0 ? sq / static_cast<float>(dim) : 0.f);
     rf = rowwise_factors(a.optim, s0);
     __syncwarp();
     if (lane == 0) s[0] = s0;
   }
-  for (int64_t d = lane; d < dim; d += kWarp) update_coord(a.optim, w, s, g(d), d, dim, rf);
+  for (int64_t base = 0; base < dim; base += kChunk) {
+    fill(base, g);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int64_t d = base + lane + k * kWarp;
+      if (d < dim) update_coord(a.optim, w, s, g[k], d, dim, rf);
+    }
+  }
 }
 
 __device__ __forceinline__ bool hot(const UpdateArgs& a, int64_t u) {
@@ -65,7 +120,10 @@ __global__ void update_kernel(UpdateArgs a, int64_t num_keys) {
   const int64_t u = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (u >= num_keys || hot(a, u)) return;
-  update_key(a, u, lane, [&](int64_t d) { return key_grad(a, u, d); });
+  const int64_t dim = key_dim(a, u);
+  update_key(a, u, lane, [&](int64_t base, float(&g)[kPer]) {
+    grad_chunk(a, a.occ_offsets[u], a.occ_offsets[u + 1], base, dim, lane, g);
+  });
 }
 
 // A warp per chunk of a hot key's occurrences: partial sums into its buffer row.
@@ -78,7 +136,15 @@ __global__ void hot_chunk_kernel(UpdateArgs a, HotKeys h, int64_t num_keys) {
   const int64_t i1 = i0 + kHotChunk < a.occ_offsets[u + 1] ? i0 + kHotChunk : a.occ_offsets[u + 1];
   const int64_t dim = key_dim(a, u);
   float* row = h.buf + (h.hot_incl[u] - 1) * h.buf_width;
-  for (int64_t d = lane; d < dim; d += kWarp) atomicAdd(row + d, occ_grad(a, i0, i1, d));
+  for (int64_t base = 0; base < dim; base += kChunk) {
+    float g[kPer];
+    grad_chunk(a, i0, i1, base, dim, lane, g);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int64_t d = base + lane + k * kWarp;
+      if (d < dim) atomicAdd(row + d, g[k]);
+    }
+  }
 }
 
 // A warp per hot key: apply the summed gradient.
@@ -88,7 +154,14 @@ __global__ void hot_update_kernel(UpdateArgs a, HotKeys h, int64_t num_keys) {
   if (num_keys == 0 || k >= h.max_hot || k >= h.hot_incl[num_keys - 1]) return;
   const int64_t u = upper_bound(h.hot_incl, num_keys, k);
   const float* row = h.buf + k * h.buf_width;
-  update_key(a, u, lane, [&](int64_t d) { return row[d]; });
+  const int64_t dim = key_dim(a, u);
+  update_key(a, u, lane, [&](int64_t base, float(&g)[kPer]) {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int64_t d = base + lane + j * kWarp;
+      g[j] = d < dim ? row[d] : 0.f;
+    }
+  });
 }
 
 unsigned grid(int64_t warps) {
