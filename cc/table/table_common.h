@@ -335,14 +335,6 @@ DEMB_HD int64_t victim_key(const RunArgs& r, int64_t slot) {
   return r.victim_scores ? victim_rank_key(r.victim_scores[slot]) : 0;
 }
 
-/// Whether slot `a` goes before slot `b` as a victim, ignoring positions.
-DEMB_HD bool victim_less(const TableRef& t, const RunArgs& r, int64_t a, int64_t b) {
-  const int64_t ka = victim_key(r, a), kb = victim_key(r, b);
-  if (ka != kb) return ka < kb;
-  const int32_t ns = t.num_scores;
-  return score_less(t.scores + a * ns, t.scores + b * ns, ns);
-}
-
 /// True if an earlier key of this run holds `slot` (found or placed it).
 DEMB_HD bool touched_by_run(const RunArgs& r, int64_t begin, int64_t cur, int64_t slot) {
   for (int64_t q = begin; q < cur; ++q) {
@@ -354,12 +346,23 @@ DEMB_HD bool touched_by_run(const RunArgs& r, int64_t begin, int64_t cur, int64_
 
 /// Position of the smallest (victim score, scores, position) not touched by
 /// this run, or -1.
+/// (The best candidate's order key and score words stay in registers: each
+/// slot's are read once. Score words are at most two.)
 DEMB_HD int64_t pick_victim(const TableRef& t, const Home& h, const RunArgs& r, int64_t begin,
                             int64_t cur) {
-  int64_t best = -1;
+  const int32_t ns = t.num_scores;
+  int64_t best = -1, bk = 0, b0 = 0, b1 = 0;
   for (int64_t pos = 0; pos < h.width; ++pos) {
-    if (best >= 0 && !victim_less(t, r, h.start + pos, h.start + best)) continue;
-    if (!touched_by_run(r, begin, cur, h.start + pos)) best = pos;
+    const int64_t slot = h.start + pos;
+    const int64_t* sc = t.scores + slot * ns;
+    const int64_t k = victim_key(r, slot), s0 = sc[0], s1 = ns > 1 ? sc[1] : 0;
+    if (best >= 0 && !(k != bk ? k < bk : (s0 != b0 ? s0 < b0 : s1 < b1))) continue;
+    if (!touched_by_run(r, begin, cur, slot)) {
+      best = pos;
+      bk = k;
+      b0 = s0;
+      b1 = s1;
+    }
   }
   return best;
 }
