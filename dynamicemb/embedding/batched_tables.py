@@ -243,6 +243,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self._custom_score: Optional[int] = None
         self.insert_failures = torch.zeros((), dtype=torch.int64, device=self.device)
         self._eval_rows = None
+        self._init_table_ids = torch.tensor(self.initializer_table_ids, dtype=torch.int64, device=self.device)
         # Output layout of pooled lookups: feature f's dims[f] columns start at
         # cols[f], the features side by side (TorchRec's KeyedTensor order).
         fdims = [self.dims[t] for t in self.feature_table_map]
@@ -459,21 +460,41 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         res = self.table.insert_and_evict(keys, tids, policies=policies, scores=vals, victim_scores=victim)
         return res.slots, res.status
 
-    def _initialize(self, keys, tids, rows) -> None:
-        for t in range(self.table.num_tables):
-            sel = tids == t
-            if not bool(sel.any()):
+    def _init_groups(self, eval_mode: bool):
+        """Tables grouped by (dim, initializer arguments): one init_rows call
+        serves a group. Returns [(dim, args, tables)], built once per mode."""
+        cache = self.__dict__.setdefault("_init_group_cache", {})
+        if eval_mode not in cache:
+            groups = {}
+            for t, o in enumerate(self.table_options):
+                args = o.eval_initializer_args if eval_mode else o.initializer_args
+                groups.setdefault((self.dims[t], repr(args)), (self.dims[t], args, []))[2].append(t)
+            cache[eval_mode] = list(groups.values())
+        return cache[eval_mode]
+
+    def _init_values(self, keys, tids, eval_mode: bool):
+        """Yields (selection or None for all, dim, initial rows) per group of
+        tables sharing dim and initializer arguments."""
+        init_ids = self._init_table_ids[tids]
+        groups = self._init_groups(eval_mode)
+        for dim, args, tables in groups:
+            if len(groups) == 1:
+                yield None, dim, init_rows(keys, dim, args, init_ids, self.seed)
                 continue
-            d = self.dims[t]
-            args = self.table_options[t].initializer_args
-            init_ids = torch.full_like(keys[sel], self.initializer_table_ids[t])
-            self.values[rows[sel], :d] = init_rows(keys[sel], d, args, init_ids, self.seed)
+            sel = torch.isin(tids, torch.tensor(tables, device=self.device))
+            if bool(sel.any()):
+                yield sel, dim, init_rows(keys[sel], dim, args, init_ids[sel], self.seed)
+
+    def _initialize(self, keys, tids, rows) -> None:
+        for sel, d, init in self._init_values(keys, tids, eval_mode=False):
+            r = rows if sel is None else rows[sel]
+            self.values[r, :d] = init
             if self.training_state:
                 # The optimizer state sits right after the table's own dim.
                 sd = self.optimizer.state_dim(d)
-                state = torch.empty(int(sel.sum()), sd, device=self.device)
+                state = torch.empty(r.numel(), sd, device=self.device)
                 self.optimizer.init_state(state)
-                self.values[rows[sel], d : d + sd] = state
+                self.values[r, d : d + sd] = state
 
     def _lookup_eval(self, keys, tids) -> torch.Tensor:
         rows = self._rows_of(self.table.find(keys, tids), tids)
@@ -481,12 +502,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self._eval_rows = None
         if bool(missing.any()):
             fill = torch.zeros(keys.numel(), self.max_dim, device=self.device)
-            for t in range(self.table.num_tables):
-                sel = missing & (tids == t)
-                if bool(sel.any()):
-                    args = self.table_options[t].eval_initializer_args
-                    init_ids = torch.full_like(keys[sel], self.initializer_table_ids[t])
-                    fill[sel, : self.dims[t]] = init_rows(keys[sel], self.dims[t], args, init_ids, self.seed)
+            idx = missing.nonzero().squeeze(1)
+            for sel, d, init in self._init_values(keys[idx], tids[idx], eval_mode=True):
+                fill[idx if sel is None else idx[sel], :d] = init
             self._eval_rows = (missing, fill)
         return rows
 
