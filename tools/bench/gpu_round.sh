@@ -2,10 +2,20 @@
 # One device round: build and run the GPU tests, then the embedding and table
 # benchmarks, writing each output to $OUT (default: .gpu_round/) as well.
 #
-#   bash tools/bench/gpu_round.sh [tests|embedding|table|variants]...   (default: the first three)
+#   bash tools/bench/gpu_round.sh [tests|embedding|table|variants|multigpu]...   (default: the first three)
 #
 # Needs a CUDA machine; the torchrec/fbgemm bundle in .gpupkg/ for the FBGEMM
 # baselines (see docs/testing.md).
+#
+# multigpu: NCCL over every visible GPU (one process per GPU). Builds
+# dynamicemb._C with CUDA if it is not built yet, then, each under a timeout:
+# the sharded EmbeddingCollection benchmark against TorchRec
+# (tools/bench/sharded_ec_bench.py), the `multigpu` tests (tests/shard,
+# tests/twin), the main job (tools/train_dlrm.py --device cuda --steps 500).
+# Writes multigpu_*.txt to $OUT and prints a summary (also $OUT/multigpu.txt).
+# Timeouts in seconds: MG_BENCH_TIMEOUT (90), MG_TESTS_TIMEOUT (90),
+# MG_TRAIN_TIMEOUT (60), MG_BUILD_TIMEOUT (300); MG_BENCH_ARGS replaces the
+# benchmark's step counts.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu_round}
@@ -17,6 +27,79 @@ if [ -f .gpupkg/bin/remote_setup.sh ]; then
   source .gpupkg/bin/remote_setup.sh > /dev/null 2>&1
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# "ok", "timed out after N s" or "failed (exit N)" for a command's status.
+status_word() {
+  case $1 in
+    0) echo "ok" ;;
+    124|137) echo "timed out after $2 s" ;;
+    *) echo "failed (exit $1)" ;;
+  esac
+}
+
+multigpu_part() {
+  local sum="$OUT/multigpu.txt" rc t0
+  : > "$sum"
+  "$PY" -c "import torch; n = torch.cuda.device_count(); print(f'torch {torch.__version__}, {n} GPU(s):', ', '.join(sorted({torch.cuda.get_device_name(i) for i in range(n)})))" 2>&1 | tee -a "$sum"
+  # The extension, with CUDA kernels (run_gpu_tests.sh's build) unless already there.
+  if ! "$PY" -c "from dynamicemb.table._native import extension; import sys; sys.exit(0 if extension().cuda_built() else 1)" > /dev/null 2>&1; then
+    t0=$(date +%s)
+    DEMB_CUDA_ARCHS=${DEMB_CUDA_ARCHS:-90} DEMB_BUILD_CUDA=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} \
+      timeout -k 10 "${MG_BUILD_TIMEOUT:-300}" "$PY" setup.py -q build_ext --inplace > "$OUT/multigpu_build.txt" 2>&1
+    rc=$?
+    echo "build: $(status_word $rc "${MG_BUILD_TIMEOUT:-300}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+    if [ $rc -ne 0 ]; then
+      tail -30 "$OUT/multigpu_build.txt"
+      return
+    fi
+  fi
+  # 1. Benchmark: sharded EmbeddingCollection, dynamicemb against TorchRec.
+  t0=$(date +%s)
+  # shellcheck disable=SC2086
+  timeout -k 10 "${MG_BENCH_TIMEOUT:-90}" "$PY" tools/bench/sharded_ec_bench.py --device cuda \
+    ${MG_BENCH_ARGS:---warmup 3 --steps 10} > "$OUT/multigpu_bench.txt" 2>&1
+  rc=$?
+  echo "benchmark: $(status_word $rc "${MG_BENCH_TIMEOUT:-90}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+  grep -E '^(torchrec|dynamicemb):|^\||^`' "$OUT/multigpu_bench.txt" | tee -a "$sum"
+  [ $rc -ne 0 ] && grep -v "registered at\|backend fallback" "$OUT/multigpu_bench.txt" | tail -15
+  # 2. The distributed tests on NCCL (one pytest worker per test file when
+  # pytest-xdist is there: the two files' worlds run side by side).
+  t0=$(date +%s)
+  local report="$OUT/multigpu_tests.xml" par=()
+  rm -f "$report"
+  "$PY" -c "import xdist" > /dev/null 2>&1 && par=(-n 2 --dist loadfile)
+  timeout -k 10 "${MG_TESTS_TIMEOUT:-90}" "$PY" -m pytest -m multigpu tests/shard tests/twin -q --tb=short \
+    -p no:cacheprovider ${par[@]+"${par[@]}"} --junitxml="$report" > "$OUT/multigpu_tests_full.txt" 2>&1
+  rc=$?
+  echo "tests: $(status_word $rc "${MG_TESTS_TIMEOUT:-90}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+  if [ -f "$report" ]; then
+    "$PY" - "$report" <<'PYEOF' | tee -a "$sum"
+import sys, xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+suites = [root] if root.tag == "testsuite" else list(root)
+tests = sum(int(s.get("tests", 0)) for s in suites)
+failed = sum(int(s.get("failures", 0)) + int(s.get("errors", 0)) for s in suites)
+skipped = sum(int(s.get("skipped", 0)) for s in suites)
+for s in suites:
+    for case in s.iter("testcase"):
+        if case.find("failure") is not None or case.find("error") is not None:
+            print("FAILED", case.get("classname"), case.get("name"))
+print(f"{tests - failed - skipped} passed, {failed} failed, {skipped} skipped")
+PYEOF
+  else
+    tail -20 "$OUT/multigpu_tests_full.txt"
+    echo "0 passed, 1 failed (no report: the run $(status_word $rc "${MG_TESTS_TIMEOUT:-90}"))" | tee -a "$sum"
+  fi
+  # 3. The main job on every GPU.
+  t0=$(date +%s)
+  timeout -k 10 "${MG_TRAIN_TIMEOUT:-60}" "$PY" tools/train_dlrm.py --device cuda --steps 500 \
+    --summary-json "$OUT/multigpu_train.json" > "$OUT/multigpu_train.txt" 2>&1
+  rc=$?
+  echo "main job: $(status_word $rc "${MG_TRAIN_TIMEOUT:-60}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+  grep -E '^(DLRM on|trained|train loss|eval )' "$OUT/multigpu_train.txt" | tee -a "$sum"
+  [ $rc -ne 0 ] && grep -v "registered at\|backend fallback" "$OUT/multigpu_train.txt" | tail -15
+  return 0
+}
+
 parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(tests embedding table)
 for part in "${parts[@]}"; do
@@ -40,6 +123,9 @@ for part in "${parts[@]}"; do
       ;;
     variants)
       timeout 300 bash tools/bench/table_gpu_variants.sh 2>&1 | tee "$OUT/table_variants.txt"
+      ;;
+    multigpu)
+      multigpu_part
       ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
