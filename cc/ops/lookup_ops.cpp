@@ -21,12 +21,10 @@ at::Tensor embedding_pool_cpu(const at::Tensor& values, const at::Tensor& rows,
                               const at::Tensor& inverse, const at::Tensor& bag_offsets,
                               const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
                               const at::Tensor& dims, int64_t batch, int64_t out_width) {
-  TORCH_CHECK_VALUE(out_width >= 0, "dynamicemb: out_width must not be negative, got ", out_width);
-  at::Tensor out = at::empty({batch, out_width}, values.options());
-  const embedding::PoolArgs a =
-      pool_args(values, rows, inverse, bag_offsets, weights, cols, dims, batch, out_width, out);
-  embedding::cpu::pool_forward(a, bag_offsets.numel() - 1);
-  return out;
+  return pool_with(values, rows, inverse, bag_offsets, weights, cols, dims, batch, out_width,
+                   [](const embedding::PoolArgs& a, int64_t num_bags) {
+                     embedding::cpu::pool_forward(a, num_bags);
+                   });
 }
 
 void embedding_update_cpu(at::Tensor& values, const at::Tensor& grad_out, const at::Tensor& rows,
@@ -36,11 +34,12 @@ void embedding_update_cpu(at::Tensor& values, const at::Tensor& grad_out, const 
                           int64_t type, double lr, double eps, double beta1, double beta2,
                           double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
                           double ftrl_beta, double l1, double l2) {
-  const embedding::OptimArgs o = optim_params(type, lr, eps, beta1, beta2, weight_decay, wd_mode,
-                                              step, lr_power, ftrl_beta, l1, l2);
-  const embedding::UpdateArgs a = update_args(values, grad_out, rows, occ_offsets, occ_order,
-                                              occ_bag, weights, cols, dims, batch, o);
-  embedding::cpu::update_backward(a, rows.numel());
+  update_with(values, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols, dims, batch,
+              optim_params(type, lr, eps, beta1, beta2, weight_decay, wd_mode, step, lr_power,
+                           ftrl_beta, l1, l2),
+              [&](const embedding::UpdateArgs& a) {
+                embedding::cpu::update_backward(a, rows.numel());
+              });
 }
 
 at::Tensor embedding_pool_meta(const at::Tensor& values, const at::Tensor& rows,

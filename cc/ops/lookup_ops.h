@@ -165,5 +165,34 @@ inline void check_same_device(const at::Tensor& a, std::initializer_list<const a
   }
 }
 
+/// embedding_pool on one backend: checks, allocates the output, then
+/// run(args, num_bags) computes it.
+template <class Run>
+at::Tensor pool_with(const at::Tensor& values, const at::Tensor& rows, const at::Tensor& inverse,
+                     const at::Tensor& bag_offsets, const c10::optional<at::Tensor>& weights,
+                     const at::Tensor& cols, const at::Tensor& dims, int64_t batch,
+                     int64_t out_width, const Run& run) {
+  TORCH_CHECK_VALUE(out_width >= 0, "dynamicemb: out_width must not be negative, got ", out_width);
+  check_same_device(values, {&rows, &inverse, &bag_offsets, &cols, &dims});
+  if (weights.has_value()) check_same_device(values, {&*weights});
+  at::Tensor out = at::empty({batch, out_width}, values.options());
+  run(pool_args(values, rows, inverse, bag_offsets, weights, cols, dims, batch, out_width, out),
+      bag_offsets.numel() - 1);
+  return out;
+}
+
+/// embedding_update on one backend: checks and packs, then run(args) updates.
+template <class Run>
+void update_with(at::Tensor& values, const at::Tensor& grad_out, const at::Tensor& rows,
+                 const at::Tensor& occ_offsets, const at::Tensor& occ_order,
+                 const at::Tensor& occ_bag, const c10::optional<at::Tensor>& weights,
+                 const at::Tensor& cols, const at::Tensor& dims, int64_t batch,
+                 const embedding::OptimArgs& optim, const Run& run) {
+  check_same_device(values, {&grad_out, &rows, &occ_offsets, &occ_order, &occ_bag, &cols, &dims});
+  if (weights.has_value()) check_same_device(values, {&*weights});
+  run(update_args(values, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols, dims,
+                  batch, optim));
+}
+
 }  // namespace ops
 }  // namespace dyn_emb
