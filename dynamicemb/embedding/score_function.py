@@ -39,10 +39,23 @@ def _python_function(fn: Callable) -> Callable:
     return getattr(fn, "py_func", fn)
 
 
+def _slot_scorer(f: Callable, timestamp_first: bool) -> Callable:
+    """score(scores, slot, cur): the user's function over one slot's two score
+    words, handed over in the configured tuple order (table columns: 0
+    frequency, 1 timestamp). Compiled for the CPU and for the GPU alike."""
+
+    def score(scores, slot, cur):
+        if timestamp_first:
+            return f((scores[slot, 1], scores[slot, 0]), cur)
+        return f((scores[slot, 0], scores[slot, 1]), cur)
+
+    return score
+
+
 def _cpu_kernel(fn: Callable, timestamp_first: bool):
     import numba
 
-    f = numba.njit(_python_function(fn))
+    score = numba.njit(_slot_scorer(numba.njit(_python_function(fn)), timestamp_first))
 
     @numba.njit
     def evaluate(scores, starts, widths, now, out):
@@ -52,13 +65,7 @@ def _cpu_kernel(fn: Callable, timestamp_first: bool):
             if s0 < 0:
                 continue
             for j in range(widths[b]):
-                slot = s0 + j
-                # Table columns: 0 frequency, 1 timestamp.
-                if timestamp_first:
-                    v = f((scores[slot, 1], scores[slot, 0]), cur)
-                else:
-                    v = f((scores[slot, 0], scores[slot, 1]), cur)
-                out[slot] = v
+                out[s0 + j] = score(scores, s0 + j, cur)
 
     return evaluate
 
@@ -75,6 +82,7 @@ def _cuda_kernel(fn: Callable, timestamp_first: bool):
 
     cuda = numba_cuda
     f = cuda.jit(device=True)(_python_function(fn))
+    score = cuda.jit(device=True)(_slot_scorer(f, timestamp_first))
 
     def evaluate(scores, starts, widths, now, out):
         s0 = starts[cuda.blockIdx.x]
@@ -82,12 +90,7 @@ def _cuda_kernel(fn: Callable, timestamp_first: bool):
             return
         cur = now[0]
         for j in range(cuda.threadIdx.x, widths[cuda.blockIdx.x], cuda.blockDim.x):
-            slot = s0 + j
-            if timestamp_first:
-                v = f((scores[slot, 1], scores[slot, 0]), cur)
-            else:
-                v = f((scores[slot, 0], scores[slot, 1]), cur)
-            out[slot] = v
+            out[s0 + j] = score(scores, s0 + j, cur)
 
     # Some numba-cuda releases still refer to numpy.row_stack, which NumPy 2.4
     # removed; it was always an alias of vstack, so restore the alias for them.
