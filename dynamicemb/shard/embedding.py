@@ -92,15 +92,21 @@ def _drop_dynamic_weights(
         state_dict.pop(f"{prefix}{collection}.{name}.weight", None)
 
 
-class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
-    """TorchRec's ``ShardedEmbeddingCollection`` with dynamic tables.
+class _DynamicTablesMixin:
+    """What both sharded collections add to TorchRec's: the dynamic tables'
+    own sharding (``DYNAMICEMB_SHARDING_KEY``), and no dense weights for them.
 
-    Dynamic tables are looked up by ``DynamicEmbeddingKernel``s behind their
-    own row-wise input dist; with ``use_index_dedup`` every sharding's keys
-    are deduplicated per feature before the all-to-all (for dynamic tables the
-    occurrence counts travel as frequency counters, so LFU scores count the
-    same as without dedup). Constructor arguments are the parent's.
+    Each class names its TorchRec parent (``_TORCHREC_CLASS``), the
+    unsharded module's method listing its table configs
+    (``_MODULE_CONFIGS``), its own attribute holding them
+    (``_CONFIGS_ATTR``) and its key in the state dict
+    (``_STATE_DICT_COLLECTION``).
     """
+
+    _TORCHREC_CLASS: Type[Any]
+    _MODULE_CONFIGS: str
+    _CONFIGS_ATTR: str
+    _STATE_DICT_COLLECTION: str
 
     @classmethod
     def create_grouped_sharding_infos(
@@ -114,8 +120,52 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
             module, table_name_to_parameter_sharding, *args, **kwargs
         )
         return _separate_dynamic_tables(
-            infos, _collection_table_ids(module.embedding_configs(), table_name_to_parameter_sharding)
+            infos,
+            _collection_table_ids(
+                getattr(module, cls._MODULE_CONFIGS)(), table_name_to_parameter_sharding
+            ),
         )
+
+    def reset_parameters(self) -> None:
+        # Dynamic tables have no dense weight to initialize.
+        configs = getattr(self, self._CONFIGS_ATTR)
+        dynamic = set(_dynamic_table_names(self.module_sharding_plan))
+        setattr(self, self._CONFIGS_ATTR, [c for c in configs if c.name not in dynamic])
+        try:
+            super().reset_parameters()
+        finally:
+            setattr(self, self._CONFIGS_ATTR, configs)
+
+    @staticmethod
+    def _pre_load_state_dict_hook(
+        self: Any,
+        state_dict: Dict[str, Any],
+        prefix: str,
+        *args: Any,
+    ) -> None:
+        _drop_dynamic_weights(
+            state_dict,
+            prefix,
+            self._STATE_DICT_COLLECTION,
+            _dynamic_table_names(self.module_sharding_plan),
+        )
+        self._TORCHREC_CLASS._pre_load_state_dict_hook(self, state_dict, prefix, *args)
+
+
+class ShardedDynamicEmbeddingCollection(_DynamicTablesMixin, ShardedEmbeddingCollection):
+    """TorchRec's ``ShardedEmbeddingCollection`` with dynamic tables.
+
+    Dynamic tables are looked up by ``DynamicEmbeddingKernel``s behind their
+    own row-wise input dist; with ``use_index_dedup`` every sharding's keys
+    are deduplicated per feature before the all-to-all (for dynamic tables the
+    occurrence counts travel as frequency counters, so LFU scores count the
+    same as without dedup). Constructor arguments are the parent's.
+    """
+
+    _TORCHREC_CLASS = ShardedEmbeddingCollection
+    _MODULE_CONFIGS = "embedding_configs"
+    _CONFIGS_ATTR = "_embedding_configs"
+    _STATE_DICT_COLLECTION = "embeddings"
 
     @classmethod
     def create_embedding_sharding(
@@ -162,30 +212,8 @@ class ShardedDynamicEmbeddingCollection(ShardedEmbeddingCollection):
             deduped.append(dedup_features)
         return deduped
 
-    def reset_parameters(self) -> None:
-        # Dynamic tables have no dense weight to initialize.
-        configs = self._embedding_configs
-        dynamic = set(_dynamic_table_names(self.module_sharding_plan))
-        self._embedding_configs = [c for c in configs if c.name not in dynamic]
-        try:
-            super().reset_parameters()
-        finally:
-            self._embedding_configs = configs
 
-    @staticmethod
-    def _pre_load_state_dict_hook(
-        self: "ShardedDynamicEmbeddingCollection",
-        state_dict: Dict[str, Any],
-        prefix: str,
-        *args: Any,
-    ) -> None:
-        _drop_dynamic_weights(
-            state_dict, prefix, "embeddings", _dynamic_table_names(self.module_sharding_plan)
-        )
-        ShardedEmbeddingCollection._pre_load_state_dict_hook(self, state_dict, prefix, *args)
-
-
-class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
+class ShardedDynamicEmbeddingBagCollection(_DynamicTablesMixin, ShardedEmbeddingBagCollection):
     """TorchRec's ``ShardedEmbeddingBagCollection`` with dynamic tables.
 
     Dynamic tables pool with SUM on each rank (weighted SUM with the KJT
@@ -194,20 +222,10 @@ class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
     Constructor arguments are the parent's.
     """
 
-    @classmethod
-    def create_grouped_sharding_infos(
-        cls,
-        module: Any,
-        table_name_to_parameter_sharding: Dict[str, ParameterSharding],
-        *args: Any,
-        **kwargs: Any,
-    ) -> Dict[str, List[EmbeddingShardingInfo]]:
-        infos = super().create_grouped_sharding_infos(
-            module, table_name_to_parameter_sharding, *args, **kwargs
-        )
-        return _separate_dynamic_tables(
-            infos, _collection_table_ids(module.embedding_bag_configs(), table_name_to_parameter_sharding)
-        )
+    _TORCHREC_CLASS = ShardedEmbeddingBagCollection
+    _MODULE_CONFIGS = "embedding_bag_configs"
+    _CONFIGS_ATTR = "_embedding_bag_configs"
+    _STATE_DICT_COLLECTION = "embedding_bags"
 
     @classmethod
     def create_embedding_bag_sharding(
@@ -233,27 +251,6 @@ class ShardedDynamicEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             qcomm_codecs_registry=qcomm_codecs_registry,
         )
 
-    def reset_parameters(self) -> None:
-        configs = self._embedding_bag_configs
-        dynamic = set(_dynamic_table_names(self.module_sharding_plan))
-        self._embedding_bag_configs = [c for c in configs if c.name not in dynamic]
-        try:
-            super().reset_parameters()
-        finally:
-            self._embedding_bag_configs = configs
-
-    @staticmethod
-    def _pre_load_state_dict_hook(
-        self: "ShardedDynamicEmbeddingBagCollection",
-        state_dict: Dict[str, Any],
-        prefix: str,
-        *args: Any,
-    ) -> None:
-        _drop_dynamic_weights(
-            state_dict, prefix, "embedding_bags", _dynamic_table_names(self.module_sharding_plan)
-        )
-        ShardedEmbeddingBagCollection._pre_load_state_dict_hook(self, state_dict, prefix, *args)
-
 
 def _with_row_wise(sharding_types: List[str]) -> List[str]:
     # Dynamic tables are row-wise on every device (TorchRec offers row-wise
@@ -272,7 +269,20 @@ def _with_customized_kernel(kernels: List[str], sharding_type: str) -> List[str]
     return kernels
 
 
-class DynamicEmbeddingCollectionSharder(EmbeddingCollectionSharder):
+class _DynamicSharderMixin:
+    """What both sharders add to TorchRec's: ROW_WISE sharding and, for it,
+    the ``CUSTOMIZED_KERNEL`` compute kernel."""
+
+    def sharding_types(self, compute_device_type: str) -> List[str]:
+        return _with_row_wise(super().sharding_types(compute_device_type))
+
+    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> List[str]:
+        return _with_customized_kernel(
+            super().compute_kernels(sharding_type, compute_device_type), sharding_type
+        )
+
+
+class DynamicEmbeddingCollectionSharder(_DynamicSharderMixin, EmbeddingCollectionSharder):
     """TorchRec's ``EmbeddingCollectionSharder`` for collections with dynamic tables.
 
     Used exactly like the parent (``fused_params`` with the optimizer type and
@@ -302,20 +312,12 @@ class DynamicEmbeddingCollectionSharder(EmbeddingCollectionSharder):
             module_fqn=module_fqn,
         )
 
-    def sharding_types(self, compute_device_type: str) -> List[str]:
-        return _with_row_wise(super().sharding_types(compute_device_type))
-
-    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> List[str]:
-        return _with_customized_kernel(
-            super().compute_kernels(sharding_type, compute_device_type), sharding_type
-        )
-
     @property
     def sharded_module_type(self) -> Type[ShardedDynamicEmbeddingCollection]:
         return ShardedDynamicEmbeddingCollection
 
 
-class DynamicEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
+class DynamicEmbeddingBagCollectionSharder(_DynamicSharderMixin, EmbeddingBagCollectionSharder):
     """TorchRec's ``EmbeddingBagCollectionSharder`` for collections with dynamic tables.
 
     Used exactly like the parent. Dynamic tables (plan entries that are
@@ -347,14 +349,6 @@ class DynamicEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
             qcomm_codecs_registry=self.qcomm_codecs_registry,
             module_fqn=module_fqn,
             **kwargs,
-        )
-
-    def sharding_types(self, compute_device_type: str) -> List[str]:
-        return _with_row_wise(super().sharding_types(compute_device_type))
-
-    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> List[str]:
-        return _with_customized_kernel(
-            super().compute_kernels(sharding_type, compute_device_type), sharding_type
         )
 
     @property

@@ -270,6 +270,19 @@ class DynamicEmbeddingKernel(BaseEmbedding):
         pass
 
 
+def _set_dynamic_kernel_args(
+    lookup: Any,
+    table_options: Dict[str, DynamicEmbTableOptions],
+    table_ids: Dict[str, int],
+    world_size: int,
+) -> None:
+    # Read by _create_embedding_kernel, which the parent's constructor calls
+    # (before nn.Module's own attributes exist, hence object.__setattr__).
+    object.__setattr__(lookup, "_dynamicemb_table_options", dict(table_options))
+    object.__setattr__(lookup, "_dynamicemb_table_ids", dict(table_ids))
+    object.__setattr__(lookup, "_dynamicemb_world_size", world_size)
+
+
 def _dynamic_kernel(
     lookup: Any,
     config: GroupedEmbeddingConfig,
@@ -314,10 +327,7 @@ class DynamicEmbGroupedEmbeddingsLookup(GroupedEmbeddingsLookup):
         device: Optional[torch.device] = None,
         env: Optional[Any] = None,
     ) -> None:
-        # Read by _create_embedding_kernel, which the parent's constructor calls.
-        object.__setattr__(self, "_dynamicemb_table_options", dict(table_options))
-        object.__setattr__(self, "_dynamicemb_table_ids", dict(table_ids))
-        object.__setattr__(self, "_dynamicemb_world_size", world_size)
+        _set_dynamic_kernel_args(self, table_options, table_ids, world_size)
         super().__init__(grouped_configs=grouped_configs, pg=pg, device=device, env=env)
 
     def _create_embedding_kernel(
@@ -350,9 +360,7 @@ class DynamicEmbGroupedPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):
         sharding_type: Optional[Any] = None,
         env: Optional[Any] = None,
     ) -> None:
-        object.__setattr__(self, "_dynamicemb_table_options", dict(table_options))
-        object.__setattr__(self, "_dynamicemb_table_ids", dict(table_ids))
-        object.__setattr__(self, "_dynamicemb_world_size", world_size)
+        _set_dynamic_kernel_args(self, table_options, table_ids, world_size)
         super().__init__(
             grouped_configs=grouped_configs,
             device=device,

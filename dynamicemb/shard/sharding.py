@@ -97,9 +97,28 @@ def prepare_dynamic_sharding_infos(
 
 
 class _DynamicEmbRwMixin:
-    """What both row-wise dynamic shardings add to TorchRec's."""
+    """What both row-wise dynamic shardings add to TorchRec's.
 
-    def _init_dynamicemb(self, sharding_infos: List[EmbeddingShardingInfo]) -> None:
+    Each class says whether its input dist is a sequence one
+    (``_IS_SEQUENCE``).
+    """
+
+    _IS_SEQUENCE: bool
+
+    def __init__(
+        self,
+        sharding_infos: List[EmbeddingShardingInfo],
+        env: ShardingEnv,
+        device: Optional[torch.device] = None,
+        qcomm_codecs_registry: Optional[Dict[str, Any]] = None,
+    ) -> None:
+        sharding_infos = prepare_dynamic_sharding_infos(sharding_infos)
+        super().__init__(
+            sharding_infos=sharding_infos,
+            env=env,
+            device=device,
+            qcomm_codecs_registry=qcomm_codecs_registry,
+        )
         self._dynamicemb_table_options: Dict[str, DynamicEmbTableOptions] = {
             info.embedding_config.name: info.param_sharding.dynamicemb_options
             for info in sharding_infos
@@ -119,15 +138,25 @@ class _DynamicEmbRwMixin:
                 dist_types.extend([dist_type] * table.num_features())
         return dist_types
 
-    def _dynamicemb_input_dist(
-        self, device: Optional[torch.device], is_sequence: bool
-    ) -> DynamicEmbRwSparseFeaturesDist:
+    def create_input_dist(self, device: Optional[torch.device] = None) -> DynamicEmbRwSparseFeaturesDist:
         return DynamicEmbRwSparseFeaturesDist(
             pg=self._pg,
             feature_hash_sizes=self._get_feature_hash_sizes(),
             feature_dist_types=self._feature_dist_types(),
             device=device if device is not None else self._device,
-            is_sequence=is_sequence,
+            is_sequence=self._IS_SEQUENCE,
+        )
+
+    def _dynamicemb_lookup_args(self, device: Optional[torch.device]) -> Dict[str, Any]:
+        """The arguments both dynamic lookups take (their constructors' keywords)."""
+        return dict(
+            grouped_configs=self._grouped_embedding_configs,
+            table_options=self._dynamicemb_table_options,
+            table_ids=self._dynamicemb_table_ids,
+            world_size=self._world_size,
+            pg=self._pg,
+            device=device if device is not None else self._device,
+            env=self._env,
         )
 
     @property
@@ -151,24 +180,7 @@ class DynamicEmbRwSequenceEmbeddingSharding(_DynamicEmbRwMixin, RwSequenceEmbedd
         qcomm_codecs_registry: as for TorchRec's shardings.
     """
 
-    def __init__(
-        self,
-        sharding_infos: List[EmbeddingShardingInfo],
-        env: ShardingEnv,
-        device: Optional[torch.device] = None,
-        qcomm_codecs_registry: Optional[Dict[str, Any]] = None,
-    ) -> None:
-        sharding_infos = prepare_dynamic_sharding_infos(sharding_infos)
-        super().__init__(
-            sharding_infos=sharding_infos,
-            env=env,
-            device=device,
-            qcomm_codecs_registry=qcomm_codecs_registry,
-        )
-        self._init_dynamicemb(sharding_infos)
-
-    def create_input_dist(self, device: Optional[torch.device] = None) -> DynamicEmbRwSparseFeaturesDist:
-        return self._dynamicemb_input_dist(device, is_sequence=True)
+    _IS_SEQUENCE = True
 
     def create_lookup(
         self,
@@ -176,15 +188,7 @@ class DynamicEmbRwSequenceEmbeddingSharding(_DynamicEmbRwMixin, RwSequenceEmbedd
         fused_params: Optional[Dict[str, Any]] = None,
         feature_processor: Optional[Any] = None,
     ) -> DynamicEmbGroupedEmbeddingsLookup:
-        return DynamicEmbGroupedEmbeddingsLookup(
-            grouped_configs=self._grouped_embedding_configs,
-            table_options=self._dynamicemb_table_options,
-            table_ids=self._dynamicemb_table_ids,
-            world_size=self._world_size,
-            pg=self._pg,
-            device=device if device is not None else self._device,
-            env=self._env,
-        )
+        return DynamicEmbGroupedEmbeddingsLookup(**self._dynamicemb_lookup_args(device))
 
 
 class DynamicEmbRwPooledEmbeddingSharding(_DynamicEmbRwMixin, RwPooledEmbeddingSharding):
@@ -197,24 +201,7 @@ class DynamicEmbRwPooledEmbeddingSharding(_DynamicEmbRwMixin, RwPooledEmbeddingS
         qcomm_codecs_registry: as for TorchRec's shardings.
     """
 
-    def __init__(
-        self,
-        sharding_infos: List[EmbeddingShardingInfo],
-        env: ShardingEnv,
-        device: Optional[torch.device] = None,
-        qcomm_codecs_registry: Optional[Dict[str, Any]] = None,
-    ) -> None:
-        sharding_infos = prepare_dynamic_sharding_infos(sharding_infos)
-        super().__init__(
-            sharding_infos=sharding_infos,
-            env=env,
-            device=device,
-            qcomm_codecs_registry=qcomm_codecs_registry,
-        )
-        self._init_dynamicemb(sharding_infos)
-
-    def create_input_dist(self, device: Optional[torch.device] = None) -> DynamicEmbRwSparseFeaturesDist:
-        return self._dynamicemb_input_dist(device, is_sequence=False)
+    _IS_SEQUENCE = False
 
     def create_lookup(
         self,
@@ -223,13 +210,7 @@ class DynamicEmbRwPooledEmbeddingSharding(_DynamicEmbRwMixin, RwPooledEmbeddingS
         feature_processor: Optional[Any] = None,
     ) -> DynamicEmbGroupedPooledEmbeddingsLookup:
         return DynamicEmbGroupedPooledEmbeddingsLookup(
-            grouped_configs=self._grouped_embedding_configs,
-            table_options=self._dynamicemb_table_options,
-            table_ids=self._dynamicemb_table_ids,
-            world_size=self._world_size,
-            device=device if device is not None else self._device,
-            pg=self._pg,
             feature_processor=feature_processor,
             sharding_type=ShardingType.ROW_WISE,
-            env=self._env,
+            **self._dynamicemb_lookup_args(device),
         )
