@@ -34,6 +34,15 @@ def _ebc(name, dist_type, **kw):
     return h.Scenario(name=name, kind="ebc", tables=tables, **kw)
 
 
+def _ec_uniform_init(dist_type0, dist_type1):
+    # Key-derived random initializer; the dist types differ between worlds.
+    tables = [
+        T("t0", 40, 4, dist_type=dist_type0, initializer="uniform"),
+        T("t1", 40, 4, dist_type=dist_type1, initializer="uniform"),
+    ]
+    return h.Scenario(name="ec_uniform_init", kind="ec", tables=tables)
+
+
 def _world2_scenarios():
     out = []
     for d in DIST_TYPES:
@@ -97,12 +106,7 @@ def _world2_scenarios():
             use_planner=True,
         ),
         # Key-derived random initializer, dist types differing per table.
-        h.Scenario(
-            name="ec_uniform_init",
-            kind="ec",
-            tables=[T("t0", 40, 4, dist_type="continuous", initializer="uniform"),
-                    T("t1", 40, 4, dist_type="hash_roundrobin", initializer="uniform")],
-        ),
+        _ec_uniform_init("continuous", "hash_roundrobin"),
     ]
     return out
 
@@ -112,12 +116,7 @@ def _world4_scenarios():
         _ec("ec_roundrobin_dedup", "roundrobin", use_index_dedup=True),
         _ec("ec_continuous", "continuous", optimizer="adam", learning_rate=0.05),
         _ebc("ebc_hash_roundrobin", "hash_roundrobin"),
-        h.Scenario(
-            name="ec_uniform_init",
-            kind="ec",
-            tables=[T("t0", 40, 4, dist_type="roundrobin", initializer="uniform"),
-                    T("t1", 40, 4, dist_type="roundrobin", initializer="uniform")],
-        ),
+        _ec_uniform_init("roundrobin", "roundrobin"),
     ]
 
 
@@ -125,12 +124,7 @@ def _world1_scenarios():
     return [
         _ec("ec_hash_roundrobin", "hash_roundrobin", use_index_dedup=True),
         _ebc("ebc_continuous", "continuous", weighted=False),
-        h.Scenario(
-            name="ec_uniform_init",
-            kind="ec",
-            tables=[T("t0", 40, 4, dist_type="hash_roundrobin", initializer="uniform"),
-                    T("t1", 40, 4, dist_type="continuous", initializer="uniform")],
-        ),
+        _ec_uniform_init("hash_roundrobin", "continuous"),
     ]
 
 
@@ -144,6 +138,28 @@ def _gpus() -> int:
 # The NCCL run: one rank per visible GPU (at least 2; the cases skip below 2).
 GPU_WORLD = max(2, _gpus())
 GPU_SCENARIOS = _world2_scenarios()
+
+
+def _assert_scenario_matches(got, scenario, world_size):
+    """Each rank's outputs equal the dense reference's; dynamic tables are
+    planned row-wise with the customized kernel, static ones by TorchRec."""
+    want = h.reference_outputs(scenario, world_size)
+    for rank in range(world_size):
+        h.assert_matches(got[rank][scenario.name], want[rank])
+    kernels = got[0][scenario.name]["plan_kernels"]
+    for t in scenario.tables:
+        if t.dynamic:
+            assert kernels[t.name] == ("row_wise", "customized_kernel", "DynamicEmbParameterSharding")
+        else:
+            assert kernels[t.name][2] == "ParameterSharding"
+
+
+def _assert_dedup_matches_nodedup(got, world_size, tol):
+    for rank in range(world_size):
+        a, b = got[rank]["ec_nodedup_counts"], got[rank]["ec_dedup_counts"]
+        for step_a, step_b in zip(a["steps"] + [a["eval"]], b["steps"] + [b["eval"]]):
+            for k in step_a:
+                torch.testing.assert_close(step_a[k], step_b[k], rtol=tol, atol=tol)
 
 
 @pytest.fixture(scope="module")
@@ -165,16 +181,7 @@ def _cases():
 @pytest.mark.parametrize("world_size,name", _cases())
 def test_sharded_training_matches_dense_reference(runs, world_size, name):
     scenario = next(s for s in SCENARIOS[world_size] if s.name == name)
-    got = runs(world_size)
-    want = h.reference_outputs(scenario, world_size)
-    for rank in range(world_size):
-        h.assert_matches(got[rank][name], want[rank])
-    kernels = got[0][name]["plan_kernels"]
-    for t in scenario.tables:
-        if t.dynamic:
-            assert kernels[t.name] == ("row_wise", "customized_kernel", "DynamicEmbParameterSharding")
-        else:
-            assert kernels[t.name][2] == "ParameterSharding"
+    _assert_scenario_matches(runs(world_size), scenario, world_size)
 
 
 @pytest.fixture(scope="module")
@@ -186,33 +193,16 @@ def gpu_runs():
 @pytest.mark.parametrize("name", [s.name for s in GPU_SCENARIOS])
 def test_nccl_sharded_training_matches_dense_reference(gpu_runs, name):
     scenario = next(s for s in GPU_SCENARIOS if s.name == name)
-    want = h.reference_outputs(scenario, GPU_WORLD)
-    for rank in range(GPU_WORLD):
-        h.assert_matches(gpu_runs[rank][name], want[rank])
-    kernels = gpu_runs[0][name]["plan_kernels"]
-    for t in scenario.tables:
-        if t.dynamic:
-            assert kernels[t.name] == ("row_wise", "customized_kernel", "DynamicEmbParameterSharding")
-        else:
-            assert kernels[t.name][2] == "ParameterSharding"
+    _assert_scenario_matches(gpu_runs, scenario, GPU_WORLD)
 
 
 @pytest.mark.multigpu
 def test_nccl_dedup_gives_the_results_without_dedup(gpu_runs):
-    for rank in range(GPU_WORLD):
-        a, b = gpu_runs[rank]["ec_nodedup_counts"], gpu_runs[rank]["ec_dedup_counts"]
-        for step_a, step_b in zip(a["steps"] + [a["eval"]], b["steps"] + [b["eval"]]):
-            for k in step_a:
-                torch.testing.assert_close(step_a[k], step_b[k], rtol=1e-6, atol=1e-6)
+    _assert_dedup_matches_nodedup(gpu_runs, GPU_WORLD, tol=1e-6)
 
 
 def test_dedup_gives_the_results_without_dedup(runs):
-    got = runs(2)
-    for rank in range(2):
-        a, b = got[rank]["ec_nodedup_counts"], got[rank]["ec_dedup_counts"]
-        for step_a, step_b in zip(a["steps"] + [a["eval"]], b["steps"] + [b["eval"]]):
-            for k in step_a:
-                torch.testing.assert_close(step_a[k], step_b[k], rtol=0, atol=0)
+    _assert_dedup_matches_nodedup(runs(2), 2, tol=0)
 
 
 def test_initial_rows_do_not_depend_on_world_size_or_dist_type(runs):
