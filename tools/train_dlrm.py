@@ -25,11 +25,9 @@ One process per GPU (NCCL) when there is a GPU, else processes on the CPU
 
 import argparse
 import dataclasses
-import datetime
 import json
 import math
 import os
-import socket
 import sys
 import time
 from dataclasses import dataclass
@@ -38,6 +36,8 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+import dist_launch  # tools/dist_launch.py, next to this script
 
 # ------------------------------------------------------------------ features --
 
@@ -589,12 +589,6 @@ def print_summary(s: Dict[str, Any]) -> None:
 # ------------------------------------------------------------------ launcher --
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _quiet() -> None:
     """Silences notices that would bury the progress output: TorchRec's KJT
     validator (raw ids are outside [0, num_embeddings) by design) and
@@ -613,17 +607,7 @@ def _quiet() -> None:
 
 def _worker(rank: int, world_size: int, port: int, args, result_path: Optional[str]) -> None:
     _quiet()
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    if args.device == "cuda":
-        torch.cuda.set_device(rank)
-        backend = "nccl"
-    else:
-        torch.set_num_threads(args.threads)
-        backend = "gloo"
-    dist.init_process_group(backend, rank=rank, world_size=world_size,
-                            timeout=datetime.timedelta(seconds=300),
-                            **({"device_id": torch.device("cuda", rank)} if backend == "nccl" else {}))
+    dist_launch.init_process_group(rank, world_size, port, args.device, args.threads)
     try:
         summary = train(rank, world_size, args)
         if summary is not None and result_path:
@@ -638,9 +622,7 @@ def parse_args(argv: Optional[List[str]] = None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--steps", type=int, default=2000, help="training steps (default: 2000)")
     ap.add_argument("--batch-size", type=int, default=256, help="examples per rank and step (default: 256)")
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if has_gpu else "cpu")
-    ap.add_argument("--world-size", type=int, default=None,
-                    help="processes: default every visible GPU on cuda, 2 on cpu")
+    dist_launch.add_device_args(ap, has_gpu)
     ap.add_argument("--dim", type=int, default=16, help="embedding dim (default: 16)")
     ap.add_argument("--emb-optimizer", choices=["rowwise_adagrad", "adam"], default="rowwise_adagrad",
                     help="fused optimizer of the embedding tables (adam: on cuda only)")
@@ -655,12 +637,7 @@ def parse_args(argv: Optional[List[str]] = None):
                     help="do not count the distinct ids of the run")
     ap.add_argument("--summary-json", default=None, help="write rank 0's summary here")
     args = ap.parse_args(argv)
-    if args.device == "cuda" and not has_gpu:
-        ap.error("--device cuda: no GPU is visible")
-    if args.world_size is None:
-        args.world_size = torch.cuda.device_count() if args.device == "cuda" else 2
-    if args.device == "cuda" and args.world_size > torch.cuda.device_count():
-        ap.error(f"--world-size {args.world_size}: only {torch.cuda.device_count()} GPUs are visible")
+    dist_launch.check_device_args(ap, args, has_gpu)
     if args.emb_optimizer == "adam" and args.device == "cpu":
         # The static table's FBGEMM kernel (TorchRec's FUSED) has no Adam on
         # the CPU; the dynamic tables would run it.
@@ -681,7 +658,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     with tempfile.TemporaryDirectory() as tmp:
         result_path = args.summary_json or os.path.join(tmp, "summary.json")
-        mp.spawn(_worker, args=(args.world_size, _free_port(), args, result_path),
+        mp.spawn(_worker, args=(args.world_size, dist_launch.free_port(), args, result_path),
                  nprocs=args.world_size, join=True)
         with open(result_path) as f:
             summary = json.load(f)

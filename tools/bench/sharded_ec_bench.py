@@ -26,10 +26,8 @@ before the step's clock starts). Prints the median step time after warm-up
 """
 
 import argparse
-import datetime
 import gc
 import os
-import socket
 import statistics
 import sys
 import time
@@ -38,6 +36,10 @@ from typing import Any, Dict, List, Optional
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+# tools/dist_launch.py
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import dist_launch  # noqa: E402
 
 TABLE = "t0"
 # An odd prime: id = rank * MULT mod rows is a bijection of [0, rows) unless
@@ -262,12 +264,6 @@ def run(rank: int, world_size: int, args) -> None:
           f"| {ms(ours)} | {ms(theirs)} | {ratio} |", flush=True)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _quiet() -> None:
     import logging
     import warnings
@@ -283,16 +279,7 @@ def _quiet() -> None:
 
 def _worker(rank: int, world_size: int, port: int, args) -> None:
     _quiet()
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    if args.device == "cuda":
-        torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=300), device_id=torch.device("cuda", rank))
-    else:
-        torch.set_num_threads(args.threads)
-        dist.init_process_group("gloo", rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=300))
+    dist_launch.init_process_group(rank, world_size, port, args.device, args.threads)
     try:
         run(rank, world_size, args)
     finally:
@@ -302,9 +289,7 @@ def _worker(rank: int, world_size: int, port: int, args) -> None:
 def parse_args(argv: Optional[List[str]] = None):
     has_gpu = torch.cuda.is_available() and torch.cuda.device_count() > 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if has_gpu else "cpu")
-    ap.add_argument("--world-size", type=int, default=None,
-                    help="processes: default every visible GPU on cuda, 2 on cpu")
+    dist_launch.add_device_args(ap, has_gpu)
     ap.add_argument("--batch", type=int, default=65536, help="global batch, split over the ranks")
     ap.add_argument("--features", type=int, default=26)
     ap.add_argument("--hotness", type=int, default=10, help="ids per feature and sample")
@@ -322,12 +307,7 @@ def parse_args(argv: Optional[List[str]] = None):
                     help="versions to time, in this order")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per CPU process")
     args = ap.parse_args(argv)
-    if args.device == "cuda" and not has_gpu:
-        ap.error("--device cuda: no GPU is visible")
-    if args.world_size is None:
-        args.world_size = torch.cuda.device_count() if args.device == "cuda" else 2
-    if args.device == "cuda" and args.world_size > torch.cuda.device_count():
-        ap.error(f"--world-size {args.world_size}: only {torch.cuda.device_count()} GPUs are visible")
+    dist_launch.check_device_args(ap, args, has_gpu)
     if args.batch % args.world_size:
         ap.error(f"--batch {args.batch} is not a multiple of the world size {args.world_size}")
     if args.rows % MULT == 0:
@@ -343,7 +323,7 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"{args.features} features x hotness {args.hotness} on one table of dim {args.dim}, ids power law "
           f"alpha {args.alpha} over {args.rows:,}, {args.optimizer}, dedup {'on' if args.dedup else 'off'}, "
           f"{args.warmup} warm-up + {args.steps} timed steps", flush=True)
-    mp.spawn(_worker, args=(args.world_size, _free_port(), args), nprocs=args.world_size, join=True)
+    mp.spawn(_worker, args=(args.world_size, dist_launch.free_port(), args), nprocs=args.world_size, join=True)
     return 0
 
 

@@ -1,0 +1,50 @@
+"""What the multi-process scripts (tools/train_dlrm.py,
+tools/bench/sharded_ec_bench.py) share: the --device and --world-size
+arguments, and one process per rank (NCCL on GPU ``rank``, or gloo on the CPU).
+"""
+
+import argparse
+import datetime
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+
+def add_device_args(ap: argparse.ArgumentParser, has_gpu: bool) -> None:
+    """Adds --device (cuda when a GPU is visible) and --world-size."""
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if has_gpu else "cpu")
+    ap.add_argument("--world-size", type=int, default=None,
+                    help="processes: default every visible GPU on cuda, 2 on cpu")
+
+
+def check_device_args(ap: argparse.ArgumentParser, args: argparse.Namespace, has_gpu: bool) -> None:
+    """Fills the default world size and checks it against the visible GPUs."""
+    if args.device == "cuda" and not has_gpu:
+        ap.error("--device cuda: no GPU is visible")
+    if args.world_size is None:
+        args.world_size = torch.cuda.device_count() if args.device == "cuda" else 2
+    if args.device == "cuda" and args.world_size > torch.cuda.device_count():
+        ap.error(f"--world-size {args.world_size}: only {torch.cuda.device_count()} GPUs are visible")
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_process_group(rank: int, world_size: int, port: int, device: str, threads: int) -> None:
+    """Joins the process group of a rank: NCCL on GPU ``rank`` for device
+    cuda, else gloo with ``threads`` torch threads."""
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    if device == "cuda":
+        torch.cuda.set_device(rank)
+        dist.init_process_group("nccl", rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=300), device_id=torch.device("cuda", rank))
+    else:
+        torch.set_num_threads(threads)
+        dist.init_process_group("gloo", rank=rank, world_size=world_size,
+                                timeout=datetime.timedelta(seconds=300))
