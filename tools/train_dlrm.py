@@ -271,30 +271,13 @@ def constraints(args) -> Dict[str, Any]:
     return out
 
 
-def dynamic_kernels(model: torch.nn.Module):
-    """The DynamicEmbeddingKernel of every group of dynamic tables on this rank.
-
-    A sharded collection keeps its lookups (one per sharding) in a plain list
-    ``_lookups``, not as submodules; each lookup's kernels are its
-    ``_emb_modules``.
-    """
-    from dynamicemb.shard.lookup import DynamicEmbeddingKernel
-
-    kernels = []
-    for module in model.modules():
-        for lookup in getattr(module, "_lookups", None) or []:
-            lookup = getattr(lookup, "module", lookup)  # a DDP-wrapped lookup
-            for kernel in getattr(lookup, "_emb_modules", None) or []:
-                if isinstance(kernel, DynamicEmbeddingKernel):
-                    kernels.append(kernel)
-    return kernels
-
-
 def table_stats(model: torch.nn.Module) -> Dict[str, List[int]]:
     """This rank's [rows held, capacity, evictions, insert failures, inserts]
     of every dynamic table (table counters of the fused modules)."""
     stats: Dict[str, List[int]] = {}
-    for kernel in dynamic_kernels(model):
+    from dynamicemb.shard import dynamic_embedding_kernels
+
+    for kernel in dynamic_embedding_kernels(model):
         table = kernel.emb_module.table
         size = table.size().tolist()
         evictions = table.counter("EVICTIONS").tolist()

@@ -19,7 +19,7 @@ from .embedding import (
     ShardedDynamicEmbeddingCollection,
 )
 from .input_dist import DynamicEmbRwSparseFeaturesDist, bucketize_by_route, dedup_kjt
-from .lookup import DynamicEmbeddingKernel
+from .lookup import DynamicEmbeddingKernel, dynamic_embedding_kernels
 from .routing import DIST_TYPE_CODES, continuous_block_size, route_keys
 
 __all__ = [
@@ -34,5 +34,6 @@ __all__ = [
     "bucketize_by_route",
     "continuous_block_size",
     "dedup_kjt",
+    "dynamic_embedding_kernels",
     "route_keys",
 ]

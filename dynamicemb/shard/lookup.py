@@ -374,3 +374,22 @@ class DynamicEmbGroupedPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):
         self, config: GroupedEmbeddingConfig, device: Any, *args: Any, **kwargs: Any
     ) -> BaseEmbedding:
         return _dynamic_kernel(self, config, DynamicEmbPoolingMode.SUM, device)
+
+
+def dynamic_embedding_kernels(model: torch.nn.Module) -> List["DynamicEmbeddingKernel"]:
+    """This rank's ``DynamicEmbeddingKernel`` of every group of dynamic tables
+    in a sharded model, in module order.
+
+    TorchRec's sharded collections keep their lookups (one per sharding) in a
+    plain list, not as submodules, so ``model.modules()`` alone does not reach
+    them; a lookup may be wrapped (e.g. by DistributedDataParallel). Each
+    kernel's ``table_names`` and ``emb_module`` (a
+    ``BatchedDynamicEmbeddingTablesV2``, whose ``table`` has the counters)
+    are what metrics, dumps and tests read.
+    """
+    kernels: List[DynamicEmbeddingKernel] = []
+    for module in model.modules():
+        for lookup in getattr(module, "_lookups", None) or []:
+            lookup = getattr(lookup, "module", lookup)
+            kernels += [m for m in lookup.modules() if isinstance(m, DynamicEmbeddingKernel)]
+    return kernels

@@ -30,6 +30,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import shard_harness as h  # noqa: E402
 
+from dynamicemb.shard import dynamic_embedding_kernels  # noqa: E402
+
 STEPS = 3
 BATCH = 3
 MAX_LEN = 4
@@ -218,22 +220,10 @@ def _load_weights(dmp, state: Dict[str, torch.Tensor]) -> None:
             assert torch.equal(shard.tensor.cpu(), state[key][r : r + rows, c : c + cols]), key
 
 
-def _dynamic_kernels(model):
-    """The DynamicEmbeddingKernels of a sharded model (in its modules'
-    lookups, which TorchRec does not register as submodules)."""
-    from dynamicemb.shard import DynamicEmbeddingKernel
-
-    kernels = []
-    for module in model.modules():
-        for lookup in getattr(module, "_lookups", None) or []:
-            kernels += [m for m in lookup.modules() if isinstance(m, DynamicEmbeddingKernel)]
-    return kernels
-
-
 def _dynamic_rows(model) -> Dict[str, Dict[int, torch.Tensor]]:
     """Every key a dynamic table of this rank holds, with its row."""
     rows: Dict[str, Dict[int, torch.Tensor]] = {}
-    for kernel in _dynamic_kernels(model):
+    for kernel in dynamic_embedding_kernels(model):
         module = kernel.emb_module
         for t, name in enumerate(kernel.table_names):
             keys = torch.arange(ALL_TABLES[name][1], device=module.values.device)
@@ -304,7 +294,7 @@ def run_pair(rank: int, world_size: int, optimizers: List[str]) -> Dict[str, Any
         _load_weights(twin_dmp, twin_state)
 
         kernel_ids = {}
-        for kernel in _dynamic_kernels(dyn):
+        for kernel in dynamic_embedding_kernels(dyn):
             for name, tid in kernel.initializer_table_ids.items():
                 assert kernel_ids.setdefault(name, tid) == tid, (name, kernel_ids[name], tid)
         twin_kinds = {
@@ -315,7 +305,7 @@ def run_pair(rank: int, world_size: int, optimizers: List[str]) -> Dict[str, Any
         result[optimizer] = {
             "twin_ids": ids,
             "kernel_ids": kernel_ids,
-            "groups": [kernel.table_names for kernel in _dynamic_kernels(dyn)],
+            "groups": [kernel.table_names for kernel in dynamic_embedding_kernels(dyn)],
             "twin_kinds": twin_kinds,
             "dyn_steps": _train(dyn, rank, device),
             "twin_steps": _train(twin_dmp, rank, device),

@@ -186,18 +186,14 @@ def time_steps(model, args, rank: int, local_batch: int, device: torch.device) -
 
 def dynamic_table_stats(model) -> torch.Tensor:
     """[rows held, evictions, insert failures] of this rank's dynamic tables."""
-    from dynamicemb.shard import DynamicEmbeddingKernel
+    from dynamicemb.shard import dynamic_embedding_kernels
 
     held = evictions = failures = 0
-    for module in model.modules():
-        for lookup in getattr(module, "_lookups", None) or []:
-            lookup = getattr(lookup, "module", lookup)
-            for kernel in lookup.modules():
-                if isinstance(kernel, DynamicEmbeddingKernel):
-                    table = kernel.emb_module.table
-                    held += int(table.size().sum())
-                    evictions += int(table.counter("EVICTIONS").sum())
-                    failures += int(table.counter("INSERT_FAILURES").sum())
+    for kernel in dynamic_embedding_kernels(model):
+        table = kernel.emb_module.table
+        held += int(table.size().sum())
+        evictions += int(table.counter("EVICTIONS").sum())
+        failures += int(table.counter("INSERT_FAILURES").sum())
     return torch.tensor([held, evictions, failures], dtype=torch.int64)
 
 
