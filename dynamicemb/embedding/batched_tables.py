@@ -244,6 +244,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.insert_failures = torch.zeros((), dtype=torch.int64, device=self.device)
         self._eval_rows = None
         self._init_table_ids = torch.tensor(self.initializer_table_ids, dtype=torch.int64, device=self.device)
+        self._init_groups = {mode: self._group_tables(mode) for mode in (False, True)}
         # Output layout of pooled lookups: feature f's dims[f] columns start at
         # cols[f], the features side by side (TorchRec's KeyedTensor order).
         fdims = [self.dims[t] for t in self.feature_table_map]
@@ -460,28 +461,25 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         res = self.table.insert_and_evict(keys, tids, policies=policies, scores=vals, victim_scores=victim)
         return res.slots, res.status
 
-    def _init_groups(self, eval_mode: bool):
-        """Tables grouped by (dim, initializer arguments): one init_rows call
-        serves a group. Returns [(dim, args, tables)], built once per mode."""
-        cache = self.__dict__.setdefault("_init_group_cache", {})
-        if eval_mode not in cache:
-            groups = {}
-            for t, o in enumerate(self.table_options):
-                args = o.eval_initializer_args if eval_mode else o.initializer_args
-                groups.setdefault((self.dims[t], repr(args)), (self.dims[t], args, []))[2].append(t)
-            cache[eval_mode] = list(groups.values())
-        return cache[eval_mode]
+    def _group_tables(self, eval_mode: bool):
+        """Tables grouped by (dim, initializer arguments), so that one
+        init_rows call serves a group: [(dim, args, tables on the device)]."""
+        groups = {}
+        for t, o in enumerate(self.table_options):
+            args = o.eval_initializer_args if eval_mode else o.initializer_args
+            groups.setdefault((self.dims[t], repr(args)), (self.dims[t], args, []))[2].append(t)
+        return [(d, args, torch.tensor(ts, device=self.device)) for d, args, ts in groups.values()]
 
     def _init_values(self, keys, tids, eval_mode: bool):
         """Yields (selection or None for all, dim, initial rows) per group of
         tables sharing dim and initializer arguments."""
         init_ids = self._init_table_ids[tids]
-        groups = self._init_groups(eval_mode)
+        groups = self._init_groups[eval_mode]
         for dim, args, tables in groups:
             if len(groups) == 1:
                 yield None, dim, init_rows(keys, dim, args, init_ids, self.seed)
                 continue
-            sel = torch.isin(tids, torch.tensor(tables, device=self.device))
+            sel = torch.isin(tids, tables)
             if bool(sel.any()):
                 yield sel, dim, init_rows(keys[sel], dim, args, init_ids[sel], self.seed)
 
