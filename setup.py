@@ -22,9 +22,8 @@ import sys
 from setuptools import setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
-# torch 2.13's headers need C++20. Older torch builds with C++17: with GCC 13 in
-# C++20 mode, libstdc++'s ostream templates were instantiated inside the
-# extension and crashed formatting a number under torch 2.11.
+# torch 2.13's headers need C++20; older torch (2.11 on the GPU machine) is
+# built as C++17, and the extension follows it.
 def cxx_std(torch):
     major, minor = (int(x) for x in torch.__version__.split(".")[:2])
     return "-std=c++20" if (major, minor) >= (2, 13) else "-std=c++17"
@@ -106,9 +105,6 @@ def extension_modules():
     depends = [os.path.join(d, f) for d, p in packages.items() for f in p["hdrs"]]
     depends.append("cc/sources.bzl")
 
-    # No -fvisibility=hidden here: with it, libstdc++ templates that GCC 13
-    # instantiates locally in C++20 (ostream, locale facets) get private copies of
-    # their static locale ids, and formatting a number in an error message crashed.
     std = cxx_std(torch)
     cxx_flags = ["-O3", std]
     macros = []
@@ -148,11 +144,10 @@ def link_with_cxx():
     """Links the extension with the C++ driver, as torch itself is linked.
 
     Some distributions' Pythons link extensions with `gcc -shared
-    -Wl,-Bsymbolic-functions` (sysconfig LDSHARED): libstdc++ is then not a
-    dependency of the extension, and the template instantiations it carries
-    bind to themselves instead of to the process's libstdc++. Under torch 2.11
-    on such a machine, formatting a number in an error message crashed inside
-    the extension. An LDSHARED set by the caller is kept.
+    -Wl,-Bsymbolic-functions` (sysconfig LDSHARED); this keeps their flags but
+    the C++ driver and drops -Bsymbolic-functions. (The crash that was once
+    blamed on it came from a statically linked libstdc++: see the libraries
+    set in extension_modules.) An LDSHARED set by the caller is kept.
     """
     if "LDSHARED" in os.environ:
         return
