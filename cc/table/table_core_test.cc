@@ -13,62 +13,13 @@
 #include <set>
 #include <vector>
 
+#include "cc/table/host_table_testing.h"
+
 namespace dyn_emb {
 namespace table {
 namespace {
 
 using ::testing::ElementsAre;
-
-// One fused table of the given (capacity, width) pairs on the host.
-struct HostTable {
-  std::vector<int64_t> keys;
-  std::vector<uint8_t> digests;
-  std::vector<int64_t> scores;
-  std::vector<int64_t> info;
-  std::vector<int64_t> counters;
-  std::vector<int64_t> free_rows;
-  int32_t num_scores;
-
-  HostTable(std::vector<std::pair<int64_t, int64_t>> tables, int32_t ns,
-            std::vector<bool> no_evict = {})
-      : num_scores(ns) {
-    int64_t slot = 0, bucket = 0, row = 0;
-    for (size_t t = 0; t < tables.size(); ++t) {
-      const bool ne = t < no_evict.size() && no_evict[t];
-      std::vector<int64_t> r(kInfoCols, 0);
-      r[kInfoSlotOffset] = slot;
-      r[kInfoCapacity] = tables[t].first;
-      r[kInfoBucketCapacity] = tables[t].second;
-      r[kInfoBucketOffset] = bucket;
-      r[kInfoRowOffset] = row;
-      r[kInfoRowCapacity] = ne ? tables[t].first : 0;
-      r[kInfoMode] = static_cast<int64_t>(ne ? TableMode::kNoEviction : TableMode::kEvicting);
-      info.insert(info.end(), r.begin(), r.end());
-      slot += tables[t].first;
-      bucket += tables[t].first / tables[t].second;
-      row += r[kInfoRowCapacity];
-    }
-    keys.assign(slot, kEmptyKey);
-    digests.assign(slot, empty_digest());
-    scores.assign(slot * ns, 0);
-    counters.assign(tables.size() * kCounterCols, 0);
-    free_rows.assign(std::max<int64_t>(row, 1), 0);
-  }
-
-  TableRef ref() {
-    TableRef t;
-    t.keys = keys.data();
-    t.digests = digests.data();
-    t.scores = scores.data();
-    t.info = info.data();
-    t.counters = counters.data();
-    t.free_rows = free_rows.data();
-    t.num_scores = num_scores;
-    t.num_tables = static_cast<int64_t>(info.size() / kInfoCols);
-    t.num_slots = static_cast<int64_t>(keys.size());
-    return t;
-  }
-};
 
 // Runs one batch sequentially through process_run (all keys of one table).
 struct Batch {
@@ -335,7 +286,7 @@ TEST(RunOps, InvalidInputFormsNoRun) {
 }
 
 TEST(Rows, NoEvictionHandsOutFreeRowsTopFirstThenFresh) {
-  HostTable h({{32, 16}}, 1, {true});
+  HostTable h({{32, 16}}, 1, {32});
   TableRef t = h.ref();
   // Two rows on the free stack: 7 (bottom), 4 (top); next fresh row is 10.
   h.free_rows[0] = 7;

@@ -12,61 +12,12 @@
 #include <random>
 #include <vector>
 
+#include "cc/table/host_table_testing.h"
 #include "cc/table/table_common.h"
 
 namespace dyn_emb {
 namespace table {
 namespace {
-
-struct State {
-  std::vector<int64_t> keys, scores, info, counters, free_rows;
-  std::vector<uint8_t> digests;
-  int32_t ns = 1;
-
-  State(std::vector<std::pair<int64_t, int64_t>> tables, int32_t num_scores, bool no_evict_last)
-      : ns(num_scores) {
-    int64_t slot = 0, bucket = 0, row = 0;
-    for (size_t t = 0; t < tables.size(); ++t) {
-      const bool ne = no_evict_last && t + 1 == tables.size();
-      std::vector<int64_t> r(kInfoCols, 0);
-      r[kInfoSlotOffset] = slot;
-      r[kInfoCapacity] = tables[t].first;
-      r[kInfoBucketCapacity] = tables[t].second;
-      r[kInfoBucketOffset] = bucket;
-      r[kInfoRowOffset] = row;
-      r[kInfoRowCapacity] = ne ? tables[t].first / 2 : 0;
-      r[kInfoMode] = static_cast<int64_t>(ne ? TableMode::kNoEviction : TableMode::kEvicting);
-      info.insert(info.end(), r.begin(), r.end());
-      slot += tables[t].first;
-      bucket += tables[t].first / tables[t].second;
-      row += r[kInfoRowCapacity];
-    }
-    keys.assign(slot, kEmptyKey);
-    digests.assign(slot, empty_digest());
-    scores.assign(slot * ns, 0);
-    counters.assign(tables.size() * kCounterCols, 0);
-    free_rows.assign(std::max<int64_t>(row, 1), 0);
-  }
-  int64_t total_buckets() const {
-    int64_t b = 0;
-    for (size_t t = 0; t < info.size() / kInfoCols; ++t)
-      b += info[t * kInfoCols + kInfoCapacity] / info[t * kInfoCols + kInfoBucketCapacity];
-    return b;
-  }
-  TableRef ref() {
-    TableRef t;
-    t.keys = keys.data();
-    t.digests = digests.data();
-    t.scores = scores.data();
-    t.info = info.data();
-    t.counters = counters.data();
-    t.free_rows = free_rows.data();
-    t.num_scores = ns;
-    t.num_tables = static_cast<int64_t>(info.size() / kInfoCols);
-    t.num_slots = static_cast<int64_t>(keys.size());
-    return t;
-  }
-};
 
 struct Out {
   std::vector<int64_t> slots, ev_keys, ev_scores, ev_slots, ev_tables, row_work, scratch;
@@ -76,14 +27,14 @@ struct Out {
   int64_t evicted = 0;
 };
 
-Out run(State& s, RunOp op, const std::vector<int64_t>& keys, const std::vector<int64_t>& tables,
+Out run(HostTable& s, RunOp op, const std::vector<int64_t>& keys, const std::vector<int64_t>& tables,
         const std::vector<int64_t>& score_values) {
   const int64_t n = static_cast<int64_t>(keys.size());
   Out o;
   o.slots.assign(n, 0);
   o.status.assign(n, 0);
   o.ev_keys.assign(n, 0);
-  o.ev_scores.assign(n * s.ns, 0);
+  o.ev_scores.assign(n * s.num_scores, 0);
   o.ev_slots.assign(n, 0);
   o.ev_tables.assign(n, 0);
   o.row_work.assign(n, 0);
@@ -94,9 +45,9 @@ Out run(State& s, RunOp op, const std::vector<int64_t>& keys, const std::vector<
   r.keys = keys.data();
   r.table_ids = tables.data();
   r.order = o.order.data();
-  for (int c = 0; c < s.ns; ++c) r.score.policy[c] = static_cast<int32_t>(ScorePolicy::kAccumulate);
+  for (int c = 0; c < s.num_scores; ++c) r.score.policy[c] = static_cast<int32_t>(ScorePolicy::kAccumulate);
   r.score.values = score_values.data();
-  r.score.value_row_stride = s.ns;
+  r.score.value_row_stride = s.num_scores;
   r.op = op;
   r.slots = o.slots.data();
   r.status = o.status.data();
@@ -130,8 +81,8 @@ TEST(CpuBackend, InsertAndEraseBatchEqualsOneKeyAtATime) {
   for (int threads : {1, 2, 4}) {
     at::set_num_threads(threads);
     std::mt19937_64 rng(11 + threads);
-    State a({{64, 16}, {256, 32}, {128, 16}}, 2, /*no_evict_last=*/true);
-    State b = a;
+    HostTable a({{64, 16}, {256, 32}, {128, 16}}, 2, /*row_capacities=*/{0, 0, 64});
+    HostTable b = a;
     for (int step = 0; step < 6; ++step) {
       const RunOp op = step == 3 || step == 5 ? RunOp::kErase : RunOp::kInsert;
       const int64_t n = 200;
@@ -159,12 +110,12 @@ TEST(CpuBackend, InsertAndEraseBatchEqualsOneKeyAtATime) {
 
 // With eviction the result does not depend on the thread count.
 TEST(CpuBackend, InsertEvictIsIndependentOfThreadCount) {
-  std::vector<State> finals;
+  std::vector<HostTable> finals;
   std::vector<std::vector<int64_t>> evicted;
   for (int threads : {1, 2, 4}) {
     at::set_num_threads(threads);
     std::mt19937_64 rng(5);
-    State s({{64, 16}, {256, 32}}, 2, false);
+    HostTable s({{64, 16}, {256, 32}}, 2);
     std::vector<int64_t> ev;
     for (int step = 0; step < 8; ++step) {
       const int64_t n = 300;
@@ -193,7 +144,7 @@ TEST(CpuBackend, InsertEvictIsIndependentOfThreadCount) {
 }
 
 TEST(CpuBackend, InvalidEntriesAreReportedAndChangeNothing) {
-  State s({{32, 16}}, 1, false);
+  HostTable s({{32, 16}}, 1);
   const std::vector<int64_t> before = s.keys;
   Out o = run(s, RunOp::kInsertEvict, {kEmptyKey, 5}, {0, 3}, {1, 1});
   EXPECT_EQ(o.status[0], static_cast<int8_t>(InsertStatus::kInvalid));
@@ -203,7 +154,7 @@ TEST(CpuBackend, InvalidEntriesAreReportedAndChangeNothing) {
 }
 
 TEST(CpuBackend, ExportAndCountAgreeWithTheKeys) {
-  State s({{64, 16}, {64, 32}}, 1, false);
+  HostTable s({{64, 16}, {64, 32}}, 1);
   std::vector<int64_t> keys(80), tables(80), sv(80);
   for (int i = 0; i < 80; ++i) {
     keys[i] = i * 7 + 1;

@@ -1,0 +1,77 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+//
+// Test support: a fused table held in host vectors, for the gtests of the
+// shared semantics and of the CPU backend.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "cc/table/table_common.h"
+
+namespace dyn_emb {
+namespace table {
+
+/// Tables of the given (capacity, bucket width) pairs, fused in one layout.
+/// row_capacities[t] > 0 makes table t a NO_EVICTION table with that many rows.
+struct HostTable {
+  std::vector<int64_t> keys;
+  std::vector<uint8_t> digests;
+  std::vector<int64_t> scores;
+  std::vector<int64_t> info;
+  std::vector<int64_t> counters;
+  std::vector<int64_t> free_rows;
+  int32_t num_scores;
+
+  HostTable(const std::vector<std::pair<int64_t, int64_t>>& tables, int32_t ns,
+            const std::vector<int64_t>& row_capacities = {})
+      : num_scores(ns) {
+    int64_t slot = 0, bucket = 0, row = 0;
+    for (size_t t = 0; t < tables.size(); ++t) {
+      const int64_t rows = t < row_capacities.size() ? row_capacities[t] : 0;
+      std::vector<int64_t> r(kInfoCols, 0);
+      r[kInfoSlotOffset] = slot;
+      r[kInfoCapacity] = tables[t].first;
+      r[kInfoBucketCapacity] = tables[t].second;
+      r[kInfoBucketOffset] = bucket;
+      r[kInfoRowOffset] = row;
+      r[kInfoRowCapacity] = rows;
+      r[kInfoMode] = static_cast<int64_t>(rows > 0 ? TableMode::kNoEviction : TableMode::kEvicting);
+      info.insert(info.end(), r.begin(), r.end());
+      slot += tables[t].first;
+      bucket += tables[t].first / tables[t].second;
+      row += rows;
+    }
+    keys.assign(slot, kEmptyKey);
+    digests.assign(slot, empty_digest());
+    scores.assign(slot * ns, 0);
+    counters.assign(tables.size() * kCounterCols, 0);
+    free_rows.assign(std::max<int64_t>(row, 1), 0);
+  }
+
+  int64_t total_buckets() const {
+    int64_t b = 0;
+    for (size_t t = 0; t < info.size() / kInfoCols; ++t)
+      b += info[t * kInfoCols + kInfoCapacity] / info[t * kInfoCols + kInfoBucketCapacity];
+    return b;
+  }
+
+  TableRef ref() {
+    TableRef t;
+    t.keys = keys.data();
+    t.digests = digests.data();
+    t.scores = scores.data();
+    t.info = info.data();
+    t.counters = counters.data();
+    t.free_rows = free_rows.data();
+    t.num_scores = num_scores;
+    t.num_tables = static_cast<int64_t>(info.size() / kInfoCols);
+    t.num_slots = static_cast<int64_t>(keys.size());
+    return t;
+  }
+};
+
+}  // namespace table
+}  // namespace dyn_emb
