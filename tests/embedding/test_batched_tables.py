@@ -19,6 +19,8 @@ from dynamicemb.table import ScoredHashTable
 import os, sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_optimizer import reference_step  # noqa: E402  (the float64 update rules)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "table"))
+from table_model import mix64  # noqa: E402  (the table's bucket hash, written out)
 
 EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -315,15 +317,8 @@ def test_no_eviction_grows_only_the_table_that_needs_it():
 
 
 def _home_bucket(key, capacity, width):
-    """The table's addressing (table_common.h): murmur3's finalizer, then the bucket."""
-    m = (1 << 64) - 1
-    k = key & m
-    k ^= k >> 33
-    k = (k * 0xFF51AFD7ED558CCD) & m
-    k ^= k >> 33
-    k = (k * 0xC4CEB9FE1A85EC53) & m
-    k ^= k >> 33
-    return (k % capacity) // width
+    """The table's addressing (table_common.h): the bucket hash, then the bucket."""
+    return (mix64(key) % capacity) // width
 
 
 def test_no_eviction_full_bucket_below_half_load_grows_instead_of_failing():

@@ -2,6 +2,8 @@
 dist, index dedup, and the sharders' checks of plan entries."""
 
 import dataclasses
+import os
+import sys
 
 import pytest
 import torch
@@ -9,6 +11,9 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dynamicemb.shard import DIST_TYPE_CODES, bucketize_by_route, dedup_kjt, route_keys
 from dynamicemb.shard.routing import route_keys_by_feature
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "table"))
+from table_model import mix64  # noqa: E402  (the table's bucket hash, written out)
 
 MASK64 = (1 << 64) - 1
 
@@ -20,17 +25,6 @@ def _splitmix_route_hash(key: int) -> int:
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64
     x ^= x >> 31
     return x >> 1
-
-
-def _mix64(key: int) -> int:
-    """The table's bucket hash (murmur3's finalizer, cc/table/table_common.h)."""
-    k = key & MASK64
-    k ^= k >> 33
-    k = (k * 0xFF51AFD7ED558CCD) & MASK64
-    k ^= k >> 33
-    k = (k * 0xC4CEB9FE1A85EC53) & MASK64
-    k ^= k >> 33
-    return k
 
 
 def _expected_rank(key: int, dist_type: str, world_size: int, num_embeddings: int) -> int:
@@ -82,11 +76,11 @@ def test_hash_roundrobin_keys_of_a_rank_spread_over_its_buckets():
     counts = torch.bincount(ranks, minlength=world_size)
     assert int(counts.min()) > 0.2 * keys.numel()
     mine = keys[ranks == 0].tolist()
-    used = {_mix64(k) % buckets for k in mine}
+    used = {mix64(k) % buckets for k in mine}
     assert len(used) == buckets
     # The same rank split by the bucket hash itself: only buckets = 0 mod 4.
-    same_hash = [k for k in keys.tolist() if _mix64(k) % world_size == 0]
-    assert len({_mix64(k) % buckets for k in same_hash}) == buckets // world_size
+    same_hash = [k for k in keys.tolist() if mix64(k) % world_size == 0]
+    assert len({mix64(k) % buckets for k in same_hash}) == buckets // world_size
 
 
 def test_route_keys_rejects_bad_input():
