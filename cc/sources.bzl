@@ -30,7 +30,7 @@ EMBEDDING_CORE_HDRS = ["initializer.h", "lookup.h", "optimizer.h"]
 
 EMBEDDING_CPU_HDRS = ["initializer_cpu.h", "lookup_cpu.h", "optimizer_cpu.h"]
 
-EMBEDDING_CUDA_HDRS = ["initializer_cuda.h", "lookup_cuda.h", "optimizer_cuda.h"]
+EMBEDDING_CUDA_HDRS = ["initializer_cuda.h", "lookup_cuda.h", "optimizer_cuda.h", "warp_update.cuh"]
 
 EMBEDDING_HDRS = EMBEDDING_CORE_HDRS + EMBEDDING_CPU_HDRS + EMBEDDING_CUDA_HDRS
 

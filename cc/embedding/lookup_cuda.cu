@@ -4,21 +4,19 @@
 #include <stdexcept>
 #include <string>
 
+#include "cc/embedding/warp_update.cuh"
+
 namespace dyn_emb {
 namespace embedding {
 namespace cuda {
 
 namespace {
 
-constexpr int kWarp = 32;
 constexpr int kBlock = 256;
 
-// Rows are handled in chunks of kChunk coordinates: lane l owns coordinates
-// base + l + 32 k (k < kPer) of a chunk, so a warp reads a row's chunk in
-// coalesced 128-byte pieces, and walks the occurrences once per chunk (once
-// for dims up to 128), keeping kPer partial sums in registers.
-constexpr int kPer = 4;
-constexpr int64_t kChunk = kWarp * kPer;
+// Bags and keys are walked once per chunk of kChunk coordinates
+// (warp_update.cuh; once for dims up to 128), kPer partial sums per lane in
+// registers.
 
 // A warp per bag.
 __global__ void pool_kernel(PoolArgs a, int64_t num_bags) {
@@ -63,42 +61,13 @@ __device__ void grad_chunk(const UpdateArgs& a, int64_t i0, int64_t i1, int64_t 
   }
 }
 
-// Updates key u's row (one warp); fill(base, g) writes the gradient's chunk
-// at `base` into g. Row-wise Adagrad first sums the row's squared gradient
-// across the warp, before any coordinate changes.
+// Updates key u's row (one warp, warp_update_row); fill(base, g) writes the
+// gradient's chunk at `base` into g.
 template <class Fill>
 __device__ void update_key(const UpdateArgs& a, int64_t u, int lane, const Fill& fill) {
   const int64_t r = a.rows[u];
   if (r < 0) return;  // uniform across the warp
-  const int64_t dim = key_dim(a, u);
-  float* w = a.values + r * a.width;
-  float* s = w + dim;
-  RowFactors rf;
-  float g[kPer];
-  if (static_cast<OptimType>(a.optim.type) == OptimType::kExactRowwiseAdagrad) {
-    float sq = 0.f;
-    for (int64_t base = 0; base < dim; base += kChunk) {
-      fill(base, g);
-#pragma unroll
-      for (int k = 0; k < kPer; ++k) {
-        const int64_t d = base + lane + k * kWarp;
-        if (d < dim) sq += rowwise_sq(a.optim, w[d], g[k]);
-      }
-    }
-    for (int off = kWarp / 2; off > 0; off /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, off);
-    const float s0 = s[0] + (dim > 0 ? sq / static_cast<float>(dim) : 0.f);
-    rf = rowwise_factors(a.optim, s0);
-    __syncwarp();
-    if (lane == 0) s[0] = s0;
-  }
-  for (int64_t base = 0; base < dim; base += kChunk) {
-    fill(base, g);
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int64_t d = base + lane + k * kWarp;
-      if (d < dim) update_coord(a.optim, w, s, g[k], d, dim, rf);
-    }
-  }
+  warp_update_row(a.optim, a.values + r * a.width, key_dim(a, u), lane, fill);
 }
 
 __device__ __forceinline__ bool hot(const UpdateArgs& a, int64_t u) {
@@ -155,13 +124,8 @@ __global__ void hot_update_kernel(UpdateArgs a, HotKeys h, int64_t num_keys) {
   const int64_t u = upper_bound(h.hot_incl, num_keys, k);
   const float* row = h.buf + k * h.buf_width;
   const int64_t dim = key_dim(a, u);
-  update_key(a, u, lane, [&](int64_t base, float(&g)[kPer]) {
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int64_t d = base + lane + j * kWarp;
-      g[j] = d < dim ? row[d] : 0.f;
-    }
-  });
+  update_key(a, u, lane,
+             [&](int64_t base, float(&g)[kPer]) { load_chunk(row, base, dim, lane, g); });
 }
 
 unsigned grid(int64_t warps) {

@@ -4,17 +4,15 @@
 #include <stdexcept>
 #include <string>
 
+#include "cc/embedding/warp_update.cuh"
+
 namespace dyn_emb {
 namespace embedding {
 namespace cuda {
 
 namespace {
 
-// One warp per row: the lanes stride over the row's coordinates, so a warp
-// reads and writes its row (and state) in coalesced 128-byte pieces. Row-wise
-// Adagrad first sums the row's squared gradient across the warp.
-constexpr int kWarp = 32;
-
+// One warp per row (warp_update_row), the row's gradient read in chunks.
 __global__ void optimizer_kernel(OptimArgs a, float* values, int64_t num_rows, int64_t width,
                                  const int64_t* rows, const float* grads, int64_t n,
                                  int64_t dim) {
@@ -23,20 +21,9 @@ __global__ void optimizer_kernel(OptimArgs a, float* values, int64_t num_rows, i
   if (i >= n) return;  // whole warps leave together: i is uniform in a warp
   const int64_t r = rows[i];
   if (r < 0 || r >= num_rows) return;
-  float* w = values + r * width;
-  float* s = w + dim;
   const float* g = grads + i * dim;
-  RowFactors rf;
-  if (static_cast<OptimType>(a.type) == OptimType::kExactRowwiseAdagrad) {
-    float sq = 0.f;
-    for (int64_t d = lane; d < dim; d += kWarp) sq += rowwise_sq(a, w[d], g[d]);
-    for (int off = kWarp / 2; off > 0; off /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, off);
-    const float s0 = s[0] + (dim > 0 ? sq / static_cast<float>(dim) : 0.f);
-    rf = rowwise_factors(a, s0);
-    __syncwarp();
-    if (lane == 0) s[0] = s0;
-  }
-  for (int64_t d = lane; d < dim; d += kWarp) update_coord(a, w, s, g[d], d, dim, rf);
+  warp_update_row(a, values + r * width, dim, lane,
+                  [&](int64_t base, float(&c)[kPer]) { load_chunk(g, base, dim, lane, c); });
 }
 
 }  // namespace
