@@ -61,16 +61,6 @@ inline const float* opt_weights(const c10::optional<at::Tensor>& weights, int64_
   return weights->data_ptr<float>();
 }
 
-/// CPU only: every entry of `idx` in [lo, hi).
-inline void check_range(const at::Tensor& idx, int64_t lo, int64_t hi, const char* name) {
-  if (!idx.device().is_cpu()) return;
-  const int64_t* p = idx.data_ptr<int64_t>();
-  for (int64_t i = 0; i < idx.numel(); ++i) {
-    TORCH_CHECK_VALUE(p[i] >= lo && p[i] < hi, "dynamicemb: ", name, "[", i, "] = ", p[i],
-                      " is out of range [", lo, ", ", hi, ")");
-  }
-}
-
 /// CPU only: offsets start at 0, never decrease and end at n.
 inline void check_offsets(const at::Tensor& off, int64_t n, const char* name) {
   if (!off.device().is_cpu()) return;
@@ -99,8 +89,8 @@ inline embedding::PoolArgs pool_args(const at::Tensor& values, const at::Tensor&
   a.layout = bag_layout(cols, dims, batch, out_width, bag_offsets.numel() - 1, values.size(1));
   a.weights = opt_weights(weights, n);
   check_offsets(bag_offsets, n, "bag_offsets");
-  check_range(inverse, 0, rows.numel(), "inverse");
-  check_range(rows, -1, values.size(0), "rows");
+  check_index_range(inverse, 0, rows.numel(), "inverse entry");
+  check_index_range(rows, -1, values.size(0), "row");
   a.values = values.data_ptr<float>();
   a.width = values.size(1);
   a.rows = rows.data_ptr<int64_t>();
@@ -144,9 +134,9 @@ inline embedding::UpdateArgs update_args(at::Tensor& values, const at::Tensor& g
     }
   }
   check_offsets(occ_offsets, n, "occ_offsets");
-  check_range(occ_order, 0, n, "occ_order");
-  check_range(occ_bag, 0, cols.numel() * batch, "occ_bag");
-  check_range(rows, -1, values.size(0), "rows");
+  check_index_range(occ_order, 0, n, "occurrence");
+  check_index_range(occ_bag, 0, cols.numel() * batch, "bag");
+  check_index_range(rows, -1, values.size(0), "row");
   a.optim = optim;
   a.values = values.data_ptr<float>();
   a.width = values.size(1);

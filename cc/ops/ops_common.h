@@ -30,6 +30,18 @@ inline void check_1d(const at::Tensor& t, at::ScalarType dtype, const char* name
   TORCH_CHECK(t.is_contiguous(), "dynamicemb: ", name, " must be contiguous");
 }
 
+/// Every entry of the int64 tensor `idx` in [lo, hi), else a ValueError naming
+/// the first bad one ("<what> v at index i is out of range [lo, hi)"). Only CPU
+/// tensors are read: their values are on the host.
+inline void check_index_range(const at::Tensor& idx, int64_t lo, int64_t hi, const char* what) {
+  if (!idx.device().is_cpu()) return;
+  const int64_t* p = idx.data_ptr<int64_t>();
+  for (int64_t i = 0; i < idx.numel(); ++i) {
+    TORCH_CHECK_VALUE(p[i] >= lo && p[i] < hi, "dynamicemb: ", what, " ", p[i], " at index ", i,
+                      " is out of range [", lo, ", ", hi, ")");
+  }
+}
+
 inline void check_info(const at::Tensor& info) {
   TORCH_CHECK(info.scalar_type() == at::kLong && info.dim() == 2 && info.size(1) == kInfoCols &&
                   info.is_contiguous(),

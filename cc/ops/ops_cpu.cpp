@@ -180,11 +180,8 @@ ExportResult export_cpu(const at::Tensor& table_keys, const at::Tensor& scores,
 at::Tensor gather_rows_cpu(const at::Tensor& values, const at::Tensor& rows) {
   check_gather(values, rows);
   check_cpu(values);
+  check_index_range(rows, -1, values.size(0), "row");
   const int64_t* r = rows.data_ptr<int64_t>();
-  for (int64_t i = 0; i < rows.numel(); ++i) {
-    TORCH_CHECK_VALUE(r[i] >= -1 && r[i] < values.size(0), "dynamicemb: row ", r[i], " at index ",
-                      i, " is out of range [-1, ", values.size(0), ")");
-  }
   at::Tensor out = at::empty({rows.numel(), values.size(1)}, values.options());
   table::cpu::gather_rows(static_cast<const uint8_t*>(values.data_ptr()),
                           values.size(1) * values.element_size(), r, rows.numel(),
@@ -212,11 +209,8 @@ void optimizer_step_cpu(at::Tensor& values, const at::Tensor& rows, const at::Te
                                             weight_decay, wd_mode, step, lr_power, ftrl_beta, l1,
                                             l2);
   check_cpu(values);
+  check_index_range(rows, -1, values.size(0), "row");
   const int64_t* r = rows.data_ptr<int64_t>();
-  for (int64_t i = 0; i < rows.numel(); ++i) {
-    TORCH_CHECK_VALUE(r[i] >= -1 && r[i] < values.size(0), "dynamicemb: row ", r[i], " at index ",
-                      i, " is out of range [-1, ", values.size(0), ")");
-  }
   embedding::cpu::optimizer_step(a, values.data_ptr<float>(), values.size(1), r,
                                  grads.data_ptr<float>(), rows.numel(), grads.size(1));
 }
@@ -271,10 +265,7 @@ at::Tensor route_keys_cpu(const at::Tensor& keys, const at::Tensor& feature_ids,
   const int64_t n = keys.numel();
   const int64_t* k = keys.data_ptr<int64_t>();
   const int64_t* fid = feature_ids.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    TORCH_CHECK_VALUE(fid[i] >= 0 && fid[i] < nf, "dynamicemb: route_keys feature id ", fid[i],
-                      " at index ", i, " is out of range [0, ", nf, ")");
-  }
+  check_index_range(feature_ids, 0, nf, "route_keys feature id");
   at::Tensor ranks = at::empty({n}, keys.options());
   int64_t* r = ranks.data_ptr<int64_t>();
   at::parallel_for(0, n, 1 << 14, [&](int64_t begin, int64_t end) {
