@@ -46,6 +46,9 @@ FOUND, INSERTED, EVICTED, FAILED, INVALID = 0, 1, 2, 3, 4
 OP_INSERT, OP_INSERT_EVICT, OP_ERASE = 0, 1, 2
 # CounterCol
 SIZE, INSERT_FAILURES, EVICTIONS, NEXT_ROW, FREE_TOP, INSERTS = 0, 1, 2, 3, 4, 5
+# The model's state that a relayout replaces.
+_LAYOUT_FIELDS = ("caps", "widths", "slot_offsets", "bucket_offsets", "num_slots", "keys", "scores",
+                  "counters", "row_caps")
 NUM_COUNTERS = 6
 
 
@@ -364,17 +367,9 @@ class TableModel:
             if self.no_eviction[t] and rows[t] < self.row_caps[t]:
                 raise ValueError("row capacity cannot shrink")
         old = self.export_batch()
-        saved = (
-            self.caps,
-            self.widths,
-            self.slot_offsets,
-            self.bucket_offsets,
-            self.num_slots,
-            self.keys,
-            self.scores,
-            [list(c) for c in self.counters],
-            self.row_caps,
-        )
+        # What _layout replaces: put back as it was if a key cannot be placed.
+        saved = {f: getattr(self, f) for f in _LAYOUT_FIELDS}
+        saved["counters"] = [list(c) for c in self.counters]
         self._layout(caps, widths)
         self.row_caps = rows
         new_slots = []
@@ -382,17 +377,7 @@ class TableModel:
             start, w, _ = self.home(t, key)
             p = next((p for p in range(w) if self.keys[start + p] == EMPTY_KEY), -1)
             if p < 0:
-                (
-                    self.caps,
-                    self.widths,
-                    self.slot_offsets,
-                    self.bucket_offsets,
-                    self.num_slots,
-                    self.keys,
-                    self.scores,
-                    self.counters,
-                    self.row_caps,
-                ) = saved
+                self.__dict__.update(saved)
                 raise RuntimeError(f"relayout could not place key {key} of table {t}")
             self.keys[start + p] = key
             self.scores[start + p] = list(sc)
