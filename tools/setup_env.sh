@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian 12 machine lacks to build and test dynamicemb:
 #   * apt: Debian's Bazel 4 (bazel-bootstrap), GoogleTest/GMock;
-#   * ./.venv: torch (CPU), fbgemm-gpu-cpu, torchrec and the test tools.
+#   * ./.venv: torch (CPU), fbgemm-gpu-cpu, torchrec, the test tools and the lint tools
+#     (ruff and clang-format from PyPI; buildifier from the npm registry into .venv/lint).
 # Idempotent and fast when everything is there already (a few seconds).
 # The CUDA toolkit (nvcc) is not installed here: it is expected at $CUDA_PATH,
 # /usr/local/cuda or on PATH (see docs/building.md).
@@ -19,6 +20,8 @@ log() { echo "setup_env: $*" >&2; }
 
 # ---------------------------------------------------------------- apt packages
 APT_PACKAGES=(bazel-bootstrap libgtest-dev libgmock-dev)
+# npm fetches buildifier; Debian's npm only where the machine has none of its own.
+command -v npm >/dev/null || APT_PACKAGES+=(npm)
 
 missing=()
 for p in "${APT_PACKAGES[@]}"; do
@@ -45,10 +48,12 @@ TORCH=torch==2.13.0
 FBGEMM=fbgemm-gpu-cpu==1.8.0
 TORCHREC=torchrec==1.8.0
 TORCHREC_REQS=(tensordict==0.15.3 torchmetrics==1.0.3 tqdm==4.70.1 pyre-extensions==0.0.32)
-TOOLS=(numpy pybind11 pytest hypothesis numba opentelemetry-api opentelemetry-sdk ninja)
+TOOLS=(numpy pybind11 pytest hypothesis numba opentelemetry-api opentelemetry-sdk ninja
+  ruff==0.17.6 clang-format==23.1.5)
+BUILDIFIER=@bazel/buildifier@8.2.1
 
 # The stamp records what was installed; when it matches and the imports work, skip pip.
-STAMP_CONTENT="$TORCH $FBGEMM $TORCHREC ${TORCHREC_REQS[*]} ${TOOLS[*]}"
+STAMP_CONTENT="$TORCH $FBGEMM $TORCHREC ${TORCHREC_REQS[*]} ${TOOLS[*]} $BUILDIFIER"
 STAMP=$VENV/.dynamicemb-setup
 CHECK='
 import sys
@@ -63,7 +68,9 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 PY=$VENV/bin/python
 
-if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_CONTENT" ] && versions=$("$PY" -c "$CHECK" 2>&1); then
+BUILDIFIER_BIN=$VENV/lint/node_modules/@bazel/buildifier/buildifier-linux_amd64
+if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$STAMP_CONTENT" ] && [ -x "$BUILDIFIER_BIN" ] &&
+  versions=$("$PY" -c "$CHECK" 2>&1); then
   echo "$versions" >&2
   log "venv up to date ($VENV)"
 else
@@ -79,6 +86,10 @@ else
   log "pip: torchrec (--no-deps)"
   pip_install --no-deps "$TORCHREC"
   "$PY" -c "$CHECK"
+  log "npm: $BUILDIFIER (into $VENV/lint)"
+  mkdir -p "$VENV/lint"
+  (cd "$VENV/lint" && npm install --silent --no-save --no-audit --no-fund "$BUILDIFIER" >/dev/null)
+  "$BUILDIFIER_BIN" --version >/dev/null
   if "$PY" -m pip show -q fbgemm-gpu >/dev/null 2>&1; then
     log "warning: the CUDA package fbgemm-gpu is installed too; remove it with: $PY -m pip uninstall fbgemm-gpu"
   fi

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The lint gate: ruff (lint and format) for Python, clang-format for C++/CUDA,
+# buildifier for BUILD/.bzl files. .ci/run runs it before the tests; alone it takes
+# seconds once tools/setup_env.sh has installed the tools.
+#
+#   bash tools/lint.sh          check; exits non-zero on any finding
+#   bash tools/lint.sh --fix    rewrite the files in place (format + safe lint fixes)
+#
+# Configuration: pyproject.toml ([tool.ruff]), .clang-format. The stand-ins under
+# third_party/offline forward to Bazel's native rules by design, so buildifier checks
+# only their format there.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+VENV=${VENV:-$PWD/.venv}
+RUFF=$VENV/bin/ruff
+CLANG_FORMAT=$VENV/bin/clang-format
+BUILDIFIER=$VENV/lint/node_modules/@bazel/buildifier/buildifier-linux_amd64
+for tool in "$RUFF" "$CLANG_FORMAT" "$BUILDIFIER"; do
+  if [ ! -x "$tool" ]; then
+    echo "lint: $tool is missing; run tools/setup_env.sh first" >&2
+    exit 2
+  fi
+done
+
+fix=0
+case "${1:-}" in
+  --fix) fix=1 ;;
+  "") ;;
+  *) echo "usage: tools/lint.sh [--fix]" >&2; exit 2 ;;
+esac
+
+# Tracked and new (not ignored) files only: never .venv, bazel-* or build outputs.
+files() { git ls-files --cached --others --exclude-standard -- "$@"; }
+mapfile -t cxx < <(files '*.h' '*.cc' '*.cpp' '*.cu' '*.cuh')
+mapfile -t bzl_ours < <(files 'BUILD' '*BUILD.bazel' '*.bzl' 'WORKSPACE' 'MODULE.bazel' | grep -v '^third_party/offline/' || true)
+mapfile -t bzl_offline < <(files 'third_party/offline/*' | grep -E '(BUILD|BUILD\.bazel|\.bzl)$' || true)
+
+status=0
+run() {
+  if ! "$@"; then status=1; fi
+}
+if ((fix)); then
+  "$RUFF" check --fix -q .
+  "$RUFF" format -q .
+  "$CLANG_FORMAT" -i "${cxx[@]}"
+  "$BUILDIFIER" -mode=fix -lint=fix "${bzl_ours[@]}"
+  "$BUILDIFIER" -mode=fix "${bzl_offline[@]}"
+fi
+run "$RUFF" check -q .
+run "$RUFF" format --check -q .
+run "$CLANG_FORMAT" --dry-run -Werror "${cxx[@]}"
+run "$BUILDIFIER" -mode=check -lint=warn "${bzl_ours[@]}"
+run "$BUILDIFIER" -mode=check "${bzl_offline[@]}"
+if ((status)); then
+  echo "lint: FAILED (bash tools/lint.sh --fix rewrites what can be fixed automatically)" >&2
+else
+  echo "lint: ok (${#cxx[@]} C++/CUDA, ${#bzl_ours[@]}+${#bzl_offline[@]} Bazel files; Python by ruff)"
+fi
+exit "$status"
