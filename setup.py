@@ -22,11 +22,15 @@ import sys
 from setuptools import setup
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
+
+
 # torch 2.13's headers need C++20; older torch (2.11 on the GPU machine) is
 # built as C++17, and the extension follows it.
 def cxx_std(torch):
     major, minor = (int(x) for x in torch.__version__.split(".")[:2])
     return "-std=c++20" if (major, minor) >= (2, 13) else "-std=c++17"
+
+
 DEFAULT_CUDA_ARCHS = "80;90"
 
 
@@ -116,7 +120,10 @@ def extension_modules():
         nvcc_flags = ["-O3", std, "--expt-relaxed-constexpr"] + gencode_flags(archs)
         kwargs["extra_compile_args"] = {"cxx": cxx_flags, "nvcc": nvcc_flags}
         ext_class = cpp_extension.CUDAExtension
-        print("setup.py: building dynamicemb._C with CUDA (%s, archs %s)" % (os.environ["CUDA_HOME"], archs))
+        print(
+            "setup.py: building dynamicemb._C with CUDA (%s, archs %s)"
+            % (os.environ["CUDA_HOME"], archs)
+        )
     else:
         kwargs["extra_compile_args"] = {"cxx": cxx_flags}
         ext_class = cpp_extension.CppExtension

@@ -20,8 +20,9 @@ import dataclasses
 import enum
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Tuple, Type, Union
+from typing import Any
 
 import torch
 
@@ -189,8 +190,8 @@ class DynamicEmbInitializerArgs:
     mode: DynamicEmbInitializerMode = DynamicEmbInitializerMode.UNIFORM
     mean: float = 0.0
     std_dev: float = 1.0
-    lower: Optional[float] = None
-    upper: Optional[float] = None
+    lower: float | None = None
+    upper: float | None = None
     value: float = 0.0
 
     def __post_init__(self) -> None:
@@ -202,7 +203,7 @@ class DynamicEmbInitializerArgs:
             )
 
 
-ScoreStrategy = Union[DynamicEmbScoreStrategy, Tuple[DynamicEmbScoreStrategy, ...]]
+ScoreStrategy = DynamicEmbScoreStrategy | tuple[DynamicEmbScoreStrategy, ...]
 
 
 @dataclass
@@ -300,16 +301,14 @@ class DynamicEmbTableOptions:
         TypeError: a field has the wrong kind of object.
     """
 
-    embedding_dtype: Optional[torch.dtype] = None
-    dim: Optional[int] = None
-    max_capacity: Optional[int] = None
+    embedding_dtype: torch.dtype | None = None
+    dim: int | None = None
+    max_capacity: int | None = None
     evict_strategy: DynamicEmbEvictStrategy = DynamicEmbEvictStrategy.LRU
     local_hbm_for_values: int = 0  # in bytes
-    device_id: Optional[int] = None
+    device_id: int | None = None
     training: bool = True
-    initializer_args: DynamicEmbInitializerArgs = field(
-        default_factory=DynamicEmbInitializerArgs
-    )
+    initializer_args: DynamicEmbInitializerArgs = field(default_factory=DynamicEmbInitializerArgs)
     eval_initializer_args: DynamicEmbInitializerArgs = field(
         default_factory=lambda: DynamicEmbInitializerArgs(
             mode=DynamicEmbInitializerMode.CONSTANT,
@@ -317,20 +316,20 @@ class DynamicEmbTableOptions:
         )
     )
     caching: bool = False
-    init_capacity: Optional[int] = None  # None: max_capacity after sharding
+    init_capacity: int | None = None  # None: max_capacity after sharding
     max_load_factor: float = 0.5  # before rehash (doubling the capacity)
     score_strategy: ScoreStrategy = DynamicEmbScoreStrategy.TIMESTAMP
     bucket_capacity: int = DEFAULT_BUCKET_CAPACITY
     safe_check_mode: DynamicEmbCheckMode = DynamicEmbCheckMode.IGNORE
     global_hbm_for_values: int = 0  # in bytes
-    external_storage: Optional[Type[Storage]] = None
-    index_type: Optional[torch.dtype] = None
-    admit_strategy: Optional[AdmissionStrategy] = None
-    admission_counter: Optional[Counter] = None  # deprecated
+    external_storage: type[Storage] | None = None
+    index_type: torch.dtype | None = None
+    admit_strategy: AdmissionStrategy | None = None
+    admission_counter: Counter | None = None  # deprecated
     evicted_item_mode: EvictedItemMode = EvictedItemMode.DISCARD
     # Not in the spec's field listing; appended so that every listed field
     # keeps its listed position.
-    score_function: Optional[Callable] = None
+    score_function: Callable | None = None
     dist_type: str = DEFAULT_DIST_TYPE
 
     def __post_init__(self) -> None:
@@ -370,8 +369,7 @@ class DynamicEmbTableOptions:
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value <= 0):
                 raise ValueError(
-                    f"DynamicEmbTableOptions.{name} must be a positive int or None, "
-                    f"got {value!r}"
+                    f"DynamicEmbTableOptions.{name} must be a positive int or None, got {value!r}"
                 )
         for name in ("local_hbm_for_values", "global_hbm_for_values"):
             value = getattr(self, name)
@@ -381,8 +379,7 @@ class DynamicEmbTableOptions:
                     f"got {value!r}"
                 )
         if self.embedding_dtype is not None and not (
-            isinstance(self.embedding_dtype, torch.dtype)
-            and self.embedding_dtype.is_floating_point
+            isinstance(self.embedding_dtype, torch.dtype) and self.embedding_dtype.is_floating_point
         ):
             raise ValueError(
                 "DynamicEmbTableOptions.embedding_dtype must be a floating torch.dtype "
@@ -401,8 +398,7 @@ class DynamicEmbTableOptions:
                     f"got {value!r}"
                 )
         if self.external_storage is not None and not (
-            isinstance(self.external_storage, type)
-            and issubclass(self.external_storage, Storage)
+            isinstance(self.external_storage, type) and issubclass(self.external_storage, Storage)
         ):
             raise TypeError(
                 "DynamicEmbTableOptions.external_storage must be a subclass of "
@@ -430,7 +426,7 @@ class DynamicEmbTableOptions:
                 f"got {self.dist_type!r}"
             )
 
-    def score_strategies(self) -> Tuple[DynamicEmbScoreStrategy, ...]:
+    def score_strategies(self) -> tuple[DynamicEmbScoreStrategy, ...]:
         """The score strategy as a tuple, one element per score word.
 
         Returns:
@@ -449,7 +445,7 @@ class DynamicEmbTableOptions:
         """``index_type``, or ``DEFAULT_INDEX_TYPE`` when it is None."""
         return self.index_type if self.index_type is not None else DEFAULT_INDEX_TYPE
 
-    def get_grouped_key(self) -> Tuple[Tuple[str, Any], ...]:
+    def get_grouped_key(self) -> tuple[tuple[str, Any], ...]:
         """What has to match for tables to be fused into one module.
 
         A fused module holds one hash table, one value layout and one
@@ -486,7 +482,7 @@ class DynamicEmbTableOptions:
 
 def complete_initializer_args(
     initializer_args: DynamicEmbInitializerArgs,
-    embedding_config: Optional[Any] = None,
+    embedding_config: Any | None = None,
 ) -> DynamicEmbInitializerArgs:
     """Fill the missing bounds of UNIFORM initializer arguments.
 
@@ -556,7 +552,7 @@ def _sharded_table_bucket_layout(
     embedding_config: Any,
     world_size: int,
     bucket_capacity: int = DEFAULT_BUCKET_CAPACITY,
-) -> Tuple[int, int]:
+) -> tuple[int, int]:
     """Per-rank bucket layout of a row-wise sharded table.
 
     Each rank holds ``ceil(num_embeddings / world_size)`` rows, laid out as:
@@ -617,9 +613,7 @@ def get_sharded_table_capacity(
             ``MAX_BUCKET_CAPACITY``, or a bad ``world_size`` /
             ``num_embeddings``.
     """
-    num_buckets, width = _sharded_table_bucket_layout(
-        embedding_config, world_size, bucket_capacity
-    )
+    num_buckets, width = _sharded_table_bucket_layout(embedding_config, world_size, bucket_capacity)
     return num_buckets * width
 
 
@@ -714,9 +708,7 @@ def _normalize_score_strategy(value: Any) -> ScoreStrategy:
         ValueError: not a strategy, or an unsupported compound.
     """
     if isinstance(value, (tuple, list)):
-        members = tuple(
-            _to_enum(DynamicEmbScoreStrategy, item, "score_strategy") for item in value
-        )
+        members = tuple(_to_enum(DynamicEmbScoreStrategy, item, "score_strategy") for item in value)
         if len(members) == 1:
             return members[0]
         if len(members) == 2 and frozenset(members) == _COMPOUND_SCORE_STRATEGY:
@@ -733,10 +725,7 @@ def _check_bucket_capacity(bucket_capacity: Any, what: str) -> None:
     if (
         not _is_int(bucket_capacity)
         or bucket_capacity <= 0
-        or (
-            bucket_capacity != MAX_BUCKET_CAPACITY
-            and bucket_capacity % BUCKET_ALIGNMENT != 0
-        )
+        or (bucket_capacity != MAX_BUCKET_CAPACITY and bucket_capacity % BUCKET_ALIGNMENT != 0)
     ):
         raise ValueError(
             f"{what} must be a positive multiple of BUCKET_ALIGNMENT ({BUCKET_ALIGNMENT}) "
@@ -748,8 +737,7 @@ def _num_embeddings(embedding_config: Any) -> int:
     num_embeddings = getattr(embedding_config, "num_embeddings", None)
     if not _is_int(num_embeddings) or num_embeddings <= 0:
         raise ValueError(
-            "embedding_config.num_embeddings must be a positive int, got "
-            f"{num_embeddings!r}"
+            f"embedding_config.num_embeddings must be a positive int, got {num_embeddings!r}"
         )
     return num_embeddings
 
@@ -766,9 +754,7 @@ def _embedding_config_dtype(embedding_config: Any) -> torch.dtype:
 
         dtype = data_type_to_dtype(data_type)
     if not dtype.is_floating_point:
-        raise ValueError(
-            f"embedding_config.data_type must be a floating type, got {data_type!r}"
-        )
+        raise ValueError(f"embedding_config.data_type must be a floating type, got {data_type!r}")
     return dtype
 
 
@@ -783,7 +769,7 @@ def _is_emb_optim_type(value: Any) -> bool:
     return isinstance(value, EmbOptimType)
 
 
-def _to_enum(enum_type: Type[enum.Enum], value: Any, name: str) -> Any:
+def _to_enum(enum_type: type[enum.Enum], value: Any, name: str) -> Any:
     """``enum_type(value)``, with an error naming the field and the value."""
     if isinstance(value, enum_type):
         return value
@@ -793,9 +779,7 @@ def _to_enum(enum_type: Type[enum.Enum], value: Any, name: str) -> Any:
     try:
         return enum_type(value)
     except ValueError:
-        raise ValueError(
-            f"{name} must be a {enum_type.__name__}, got {value!r}"
-        ) from None
+        raise ValueError(f"{name} must be a {enum_type.__name__}, got {value!r}") from None
 
 
 def _is_int(value: Any) -> bool:

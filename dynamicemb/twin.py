@@ -13,7 +13,8 @@ Needs TorchRec and the C++ extension (the initializer).
 
 import copy
 import dataclasses
-from typing import Any, Dict, Mapping, Optional, Tuple
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import nn
@@ -33,10 +34,10 @@ _CHUNK_ROWS = 1 << 16
 def construct_twin_module(
     model: nn.Module,
     constraints: Mapping[str, Any],
-    fused_params: Optional[Mapping[str, Any]] = None,
-    table_ids: Optional[Mapping[str, int]] = None,
+    fused_params: Mapping[str, Any] | None = None,
+    table_ids: Mapping[str, int] | None = None,
     seed: int = 0,
-) -> Tuple[nn.Module, Dict[str, Any]]:
+) -> tuple[nn.Module, dict[str, Any]]:
     """Builds the TorchRec twin of a model with dynamic tables.
 
     Every ``EmbeddingCollection`` / ``EmbeddingBagCollection`` table whose
@@ -96,14 +97,15 @@ def construct_twin_module(
     if lacking:
         raise ValueError(f"construct_twin_module: table_ids has no entry for {lacking}")
 
-    rows: Dict[str, torch.Tensor] = {}
+    rows: dict[str, torch.Tensor] = {}
     for name, config, weight in _tables(model):
         if name not in dynamic:
             continue
         options = constraints[name].dynamicemb_options or DynamicEmbTableOptions()
         if not isinstance(options, DynamicEmbTableOptions):
             raise TypeError(
-                f"table {name!r}: dynamicemb_options must be DynamicEmbTableOptions, got {options!r}"
+                f"table {name!r}: dynamicemb_options must be DynamicEmbTableOptions, got "
+                f"{options!r}"
             )
         args = complete_initializer_args(options.initializer_args, config)
         device = weight.device if weight.device.type != "meta" else torch.device("cpu")
@@ -114,7 +116,9 @@ def construct_twin_module(
     twin = copy.deepcopy(model)
     for name, _, weight_owner in _table_modules(twin):
         if name in rows:
-            weight_owner.weight = nn.Parameter(rows[name], requires_grad=weight_owner.weight.requires_grad)
+            weight_owner.weight = nn.Parameter(
+                rows[name], requires_grad=weight_owner.weight.requires_grad
+            )
     return twin, {name: _twin_constraint(c) for name, c in constraints.items()}
 
 
@@ -124,7 +128,7 @@ def twin_rows(
     initializer_args: Any,
     table_id: int,
     seed: int = 0,
-    device: Optional[torch.device] = None,
+    device: torch.device | None = None,
 ) -> torch.Tensor:
     """Rows a dynamic table initializes for keys ``0 .. num_embeddings - 1``.
 
@@ -153,7 +157,7 @@ def twin_rows(
     return out
 
 
-def dynamic_table_ids(model: nn.Module, constraints: Mapping[str, Any]) -> Dict[str, int]:
+def dynamic_table_ids(model: nn.Module, constraints: Mapping[str, Any]) -> dict[str, int]:
     """The default table ids of the dynamic tables of a model.
 
     A dynamic table's id is its position among the dynamic tables of its
@@ -172,7 +176,7 @@ def dynamic_table_ids(model: nn.Module, constraints: Mapping[str, Any]) -> Dict[
     """
     from .planner.parameter_sharding import initializer_table_ids
 
-    ids: Dict[str, int] = {}
+    ids: dict[str, int] = {}
     for _, module in _collections(model):
         names = [config.name for config in _configs(module)]
         ids.update(
@@ -228,7 +232,9 @@ def _table_modules(model: nn.Module):
     from torchrec.modules.embedding_modules import EmbeddingCollection
 
     for _, module in _collections(model):
-        tables = module.embeddings if isinstance(module, EmbeddingCollection) else module.embedding_bags
+        tables = (
+            module.embeddings if isinstance(module, EmbeddingCollection) else module.embedding_bags
+        )
         for config in _configs(module):
             yield config.name, config, tables[config.name]
 

@@ -21,8 +21,8 @@ Implementations live in plural-named modules elsewhere in the package.
 
 import abc
 import enum
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, List, Optional, Tuple
 
 import torch
 
@@ -167,13 +167,10 @@ class KVCounter:
 
     def __post_init__(self) -> None:
         if not _is_int(self.capacity) or self.capacity <= 0:
-            raise ValueError(
-                f"KVCounter.capacity must be a positive int, got {self.capacity!r}"
-            )
+            raise ValueError(f"KVCounter.capacity must be a positive int, got {self.capacity!r}")
         if not _is_int(self.bucket_capacity) or self.bucket_capacity <= 0:
             raise ValueError(
-                "KVCounter.bucket_capacity must be a positive int, "
-                f"got {self.bucket_capacity!r}"
+                f"KVCounter.bucket_capacity must be a positive int, got {self.bucket_capacity!r}"
             )
         if self.bucket_capacity > self.capacity:
             raise ValueError(
@@ -203,7 +200,7 @@ class MultiTableAdmitter(abc.ABC):
         self,
         keys: torch.Tensor,
         table_ids: torch.Tensor,
-        frequencies: Optional[torch.Tensor] = None,
+        frequencies: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Which of these missing keys may enter the table.
 
@@ -219,7 +216,7 @@ class MultiTableAdmitter(abc.ABC):
             torch.Tensor: ``(n,)`` bool, True where the key is admitted.
         """
 
-    def state(self) -> Optional[Counter]:
+    def state(self) -> Counter | None:
         """Persistent state the framework has to carry, or None.
 
         Whatever an admitter accumulates across steps has to be reported in
@@ -253,7 +250,7 @@ class AdmissionStrategy(abc.ABC):
     @abc.abstractmethod
     def create_admitter(
         cls,
-        table_strategies: List["AdmissionStrategy"],
+        table_strategies: list["AdmissionStrategy"],
         device: torch.device,
     ) -> MultiTableAdmitter:
         """The admitter these tables share, with its device state allocated.
@@ -270,9 +267,7 @@ class AdmissionStrategy(abc.ABC):
         """
 
     @classmethod
-    def one_configuration(
-        cls, table_strategies: List["AdmissionStrategy"]
-    ) -> "AdmissionStrategy":
+    def one_configuration(cls, table_strategies: list["AdmissionStrategy"]) -> "AdmissionStrategy":
         """The single configuration these tables agree on.
 
         They were grouped on ``get_grouped_key``, so they are already
@@ -351,7 +346,7 @@ class Storage(abc.ABC):
         keys: torch.Tensor,
         table_ids: torch.Tensor,
         values: torch.Tensor,
-        scores: Optional[torch.Tensor] = None,
+        scores: torch.Tensor | None = None,
     ) -> None:
         """Insert or overwrite rows.
 
@@ -376,7 +371,7 @@ class Storage(abc.ABC):
     @abc.abstractmethod
     def export_batches(
         self, table_id: int, batch_size: int
-    ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Iterate over everything one logical table stores, in batches.
 
         This is what a checkpoint dump reads; a load goes through ``insert``.

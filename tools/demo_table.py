@@ -41,8 +41,10 @@ def main():
     device = torch.device(args.device)
     table = ScoredHashTable([args.capacity], bucket_capacities=128, device=device, validate=False)
     g = torch.Generator().manual_seed(0)
-    print(f"scored hash table on {device}: capacity {args.capacity:,}, buckets of 128, "
-          f"{args.steps} steps of {args.batch:,} power-law ids (alpha {args.alpha})")
+    print(
+        f"scored hash table on {device}: capacity {args.capacity:,}, buckets of 128, "
+        f"{args.steps} steps of {args.batch:,} power-law ids (alpha {args.alpha})"
+    )
     found = 0
     total = 0
     start = time.perf_counter()
@@ -56,18 +58,24 @@ def main():
         if step % max(1, args.steps // 20) == 0 or step == args.steps:
             done = step * width // args.steps
             lf = float(table.load_factor()[0])
-            print(f"\r[{'#' * done}{'.' * (width - done)}] step {step}/{args.steps} "
-                  f"load {lf:.3f} hit rate {found / total:.3f}", end="", flush=True)
+            print(
+                f"\r[{'#' * done}{'.' * (width - done)}] step {step}/{args.steps} "
+                f"load {lf:.3f} hit rate {found / total:.3f}",
+                end="",
+                flush=True,
+            )
     if device.type == "cuda":
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
     print()
     size = int(table.size()[0])
     print(f"done in {elapsed:.2f} s: {total / elapsed / 1e6:.2f} M unique keys/s")
-    print(f"keys stored {size:,} (count from slots {int(table.count()[0]):,}), "
-          f"inserted {int(table.counter('INSERTS')[0]):,}, "
-          f"evicted {int(table.counter('EVICTIONS')[0]):,}, "
-          f"insert failures {int(table.counter('INSERT_FAILURES')[0]):,}")
+    print(
+        f"keys stored {size:,} (count from slots {int(table.count()[0]):,}), "
+        f"inserted {int(table.counter('INSERTS')[0]):,}, "
+        f"evicted {int(table.counter('EVICTIONS')[0]):,}, "
+        f"insert failures {int(table.counter('INSERT_FAILURES')[0]):,}"
+    )
     recent = table.export_batch(threshold=args.steps).compact()
     print(f"keys touched in the last step: {int(recent.count):,}")
 

@@ -15,8 +15,12 @@ import torch.distributed as dist
 def add_device_args(ap: argparse.ArgumentParser, has_gpu: bool) -> None:
     """Adds --device (cuda when a GPU is visible) and --world-size."""
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if has_gpu else "cpu")
-    ap.add_argument("--world-size", type=int, default=None,
-                    help="processes: default every visible GPU on cuda, 2 on cpu")
+    ap.add_argument(
+        "--world-size",
+        type=int,
+        default=None,
+        help="processes: default every visible GPU on cuda, 2 on cpu",
+    )
 
 
 def check_device_args(ap: argparse.ArgumentParser, args: argparse.Namespace, has_gpu: bool) -> None:
@@ -26,7 +30,9 @@ def check_device_args(ap: argparse.ArgumentParser, args: argparse.Namespace, has
     if args.world_size is None:
         args.world_size = torch.cuda.device_count() if args.device == "cuda" else 2
     if args.device == "cuda" and args.world_size > torch.cuda.device_count():
-        ap.error(f"--world-size {args.world_size}: only {torch.cuda.device_count()} GPUs are visible")
+        ap.error(
+            f"--world-size {args.world_size}: only {torch.cuda.device_count()} GPUs are visible"
+        )
 
 
 def free_port() -> int:
@@ -42,9 +48,15 @@ def init_process_group(rank: int, world_size: int, port: int, device: str, threa
     os.environ["MASTER_PORT"] = str(port)
     if device == "cuda":
         torch.cuda.set_device(rank)
-        dist.init_process_group("nccl", rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=300), device_id=torch.device("cuda", rank))
+        dist.init_process_group(
+            "nccl",
+            rank=rank,
+            world_size=world_size,
+            timeout=datetime.timedelta(seconds=300),
+            device_id=torch.device("cuda", rank),
+        )
     else:
         torch.set_num_threads(threads)
-        dist.init_process_group("gloo", rank=rank, world_size=world_size,
-                                timeout=datetime.timedelta(seconds=300))
+        dist.init_process_group(
+            "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=300)
+        )

@@ -122,8 +122,7 @@ def _local_cuda_impl(rctx):
     root = _find_toolkit(rctx)
     lib = _lib_dir(rctx, root) if root else None
     if not root or not lib:
-        why = "no bin/nvcc under $CUDA_PATH, /usr/local/cuda or PATH" if not root else \
-              "no libcudart_static.a under " + root
+        why = "no bin/nvcc under $CUDA_PATH, /usr/local/cuda or PATH" if not root else "no libcudart_static.a under " + root
         rctx.file("bin/nvcc", _NVCC_MISSING.format(why = why), executable = True)
         rctx.file("BUILD.bazel", _BUILD_MISSING.format(why = why))
         return

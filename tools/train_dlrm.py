@@ -24,20 +24,18 @@ One process per GPU (NCCL) when there is a GPU, else processes on the CPU
 """
 
 import argparse
-import dataclasses
 import json
 import math
 import os
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
+import dist_launch  # tools/dist_launch.py, next to this script
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-import dist_launch  # tools/dist_launch.py, next to this script
 
 # ------------------------------------------------------------------ features --
 
@@ -72,7 +70,7 @@ class Feature:
         return f"t_{self.name}"
 
 
-FEATURES: Tuple[Feature, ...] = (
+FEATURES: tuple[Feature, ...] = (
     # Large enough for every id the default run sees: never evicts.
     Feature("user", capacity=1 << 19, vocab=1 << 20, max_length=1),
     # Far below the distinct ids seen: evicts throughout the run.
@@ -149,7 +147,9 @@ class ClickData:
         self.dense_w *= self.DENSE_SCALE / self.dense_w.norm()
 
     def batch(self, split: int, step: int, rank: int, batch_size: int) -> Batch:
-        g = torch.Generator().manual_seed(((self.seed * 7 + split) * 1_000_003 + step) * 4099 + rank)
+        g = torch.Generator().manual_seed(
+            ((self.seed * 7 + split) * 1_000_003 + step) * 4099 + rank
+        )
         dense = torch.randn(batch_size, NUM_DENSE, generator=g, dtype=torch.float64)
         logit = dense @ self.dense_w
         values, lengths = [], []
@@ -180,8 +180,8 @@ class ClickData:
 # --------------------------------------------------------------------- model --
 
 
-def mlp(sizes: List[int], last_activation: bool) -> torch.nn.Sequential:
-    layers: List[torch.nn.Module] = []
+def mlp(sizes: list[int], last_activation: bool) -> torch.nn.Sequential:
+    layers: list[torch.nn.Module] = []
     for i in range(len(sizes) - 1):
         layers.append(torch.nn.Linear(sizes[i], sizes[i + 1]))
         if i < len(sizes) - 2 or last_activation:
@@ -231,16 +231,25 @@ def embedding_configs(dim: int):
     ]
 
 
-def fused_params(args) -> Dict[str, Any]:
+def fused_params(args) -> dict[str, Any]:
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
     if args.emb_optimizer == "adam":
-        return {"optimizer": EmbOptimType.ADAM, "learning_rate": args.emb_lr, "eps": 1e-8,
-                "beta1": 0.9, "beta2": 0.999}
-    return {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": args.emb_lr, "eps": 1e-8}
+        return {
+            "optimizer": EmbOptimType.ADAM,
+            "learning_rate": args.emb_lr,
+            "eps": 1e-8,
+            "beta1": 0.9,
+            "beta2": 0.999,
+        }
+    return {
+        "optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+        "learning_rate": args.emb_lr,
+        "eps": 1e-8,
+    }
 
 
-def constraints(args) -> Dict[str, Any]:
+def constraints(args) -> dict[str, Any]:
     from torchrec.distributed.planner.types import ParameterConstraints
 
     from dynamicemb import (
@@ -251,7 +260,7 @@ def constraints(args) -> Dict[str, Any]:
     )
     from dynamicemb.planner import DynamicEmbParameterConstraints
 
-    out: Dict[str, Any] = {}
+    out: dict[str, Any] = {}
     for f in FEATURES:
         if f.dynamic:
             out[f.table] = DynamicEmbParameterConstraints(
@@ -267,14 +276,16 @@ def constraints(args) -> Dict[str, Any]:
                 ),
             )
         else:
-            out[f.table] = ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"])
+            out[f.table] = ParameterConstraints(
+                sharding_types=["table_wise"], compute_kernels=["fused"]
+            )
     return out
 
 
-def table_stats(model: torch.nn.Module) -> Dict[str, List[int]]:
+def table_stats(model: torch.nn.Module) -> dict[str, list[int]]:
     """This rank's [rows held, capacity, evictions, insert failures, inserts]
     of every dynamic table (table counters of the fused modules)."""
-    stats: Dict[str, List[int]] = {}
+    stats: dict[str, list[int]] = {}
     from dynamicemb.shard import dynamic_embedding_kernels
 
     for kernel in dynamic_embedding_kernels(model):
@@ -326,8 +337,14 @@ class Progress:
         try:
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, desc="train", unit="step", mininterval=0.5,
-                            dynamic_ncols=True, file=sys.stdout)
+            self.bar = tqdm(
+                total=total,
+                desc="train",
+                unit="step",
+                mininterval=0.5,
+                dynamic_ncols=True,
+                file=sys.stdout,
+            )
         except ImportError:
             self.bar = None
 
@@ -343,8 +360,11 @@ class Progress:
         elif done * 10 >= self.next_line * self.total:
             self.next_line = done * 10 // self.total + 1
             rate = done / max(time.perf_counter() - self.start, 1e-9)
-            print(f"train {done:>6}/{self.total} ({100 * done // self.total:3d}%) "
-                  f"{rate:.1f} steps/s, loss {loss:.4f}", flush=True)
+            print(
+                f"train {done:>6}/{self.total} ({100 * done // self.total:3d}%) "
+                f"{rate:.1f} steps/s, loss {loss:.4f}",
+                flush=True,
+            )
 
     def write(self, line: str) -> None:
         if not self.enabled:
@@ -371,7 +391,9 @@ def _to_kjt(batch: Batch, device: torch.device):
     )
 
 
-def evaluate(model, data: ClickData, args, rank: int, world_size: int, device) -> Tuple[float, float]:
+def evaluate(
+    model, data: ClickData, args, rank: int, world_size: int, device
+) -> tuple[float, float]:
     """(log loss, AUC) over the held-out batches of every rank; with
     ``model=None``, those of the hidden model that drew the labels."""
     logits, labels = [], []
@@ -398,7 +420,7 @@ def evaluate(model, data: ClickData, args, rank: int, world_size: int, device) -
     return loss, auc(logits_t, labels_t)
 
 
-def train(rank: int, world_size: int, args) -> Optional[Dict[str, Any]]:
+def train(rank: int, world_size: int, args) -> dict[str, Any] | None:
     """One rank's training; rank 0 returns the run's summary."""
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import Topology
@@ -418,7 +440,9 @@ def train(rank: int, world_size: int, args) -> Optional[Dict[str, Any]]:
     sharder = DynamicEmbeddingBagCollectionSharder(fused_params=fused_params(args))
     planner = DynamicEmbeddingShardingPlanner(
         eb_configs=configs,
-        topology=Topology(world_size=world_size, compute_device=device.type, local_world_size=world_size),
+        topology=Topology(
+            world_size=world_size, compute_device=device.type, local_world_size=world_size
+        ),
         constraints=constraints(args),
         batch_size=args.batch_size,
         debug=False,
@@ -433,7 +457,9 @@ def train(rank: int, world_size: int, args) -> Optional[Dict[str, Any]]:
     )
     # Embedding rows (dynamic and static) are updated by the fused optimizer
     # in the backward pass; the rest is dense and data parallel.
-    dense_params = [p for n, p in model.named_parameters() if "sparse_arch" not in n and p.requires_grad]
+    dense_params = [
+        p for n, p in model.named_parameters() if "sparse_arch" not in n and p.requires_grad
+    ]
     dense_opt = torch.optim.Adam(dense_params, lr=args.dense_lr)
 
     lead = rank == 0
@@ -452,8 +478,8 @@ def train(rank: int, world_size: int, args) -> Optional[Dict[str, Any]]:
     checkpoints = sorted({max(1, round(args.steps * k / 4)) for k in range(1, 5)})
     window = max(1, min(args.log_window, args.steps // 4 or 1))
     progress = Progress(args.steps, lead)
-    seen: Dict[str, List[torch.Tensor]] = {f.name: [] for f in FEATURES if f.dynamic}
-    moving: List[Tuple[int, float]] = []
+    seen: dict[str, list[torch.Tensor]] = {f.name: [] for f in FEATURES if f.dynamic}
+    moving: list[tuple[int, float]] = []
     start = time.perf_counter()
     for step in range(args.steps):
         b = data.batch(0, step, rank, args.batch_size)
@@ -476,7 +502,10 @@ def train(rank: int, world_size: int, args) -> Optional[Dict[str, Any]]:
                 dist.all_reduce(avg)
                 avg /= world_size
             moving.append((step + 1, float(avg)))
-            progress.write(f"step {step + 1:5d}: loss {float(avg):.4f} (mean of the last {window} steps, all ranks)")
+            progress.write(
+                f"step {step + 1:5d}: loss {float(avg):.4f} (mean of the last {window} steps, all "
+                "ranks)"
+            )
         if lead and ((step + 1) % 10 == 0 or step + 1 == args.steps):
             progress.update(step + 1, float(loss_hist[step]))
     if device.type == "cuda":
@@ -500,13 +529,13 @@ def train(rank: int, world_size: int, args) -> Optional[Dict[str, Any]]:
         local = local.to(device)
         dist.all_reduce(local)
         local = local.cpu()
-    distinct: Dict[str, int] = {}
+    distinct: dict[str, int] = {}
     if args.count_distinct:
         for f in FEATURES:
             if not f.dynamic:
                 continue
             mine = torch.unique(torch.cat(seen[f.name]))
-            parts: List[Any] = [None] * world_size
+            parts: list[Any] = [None] * world_size
             if world_size > 1:
                 dist.all_gather_object(parts, mine)
             else:
@@ -552,21 +581,35 @@ def train(rank: int, world_size: int, args) -> Optional[Dict[str, Any]]:
     return summary
 
 
-def print_summary(s: Dict[str, Any]) -> None:
-    print(f"trained {s['steps']} steps of {s['batch_size']} x {s['world_size']} examples in {s['seconds']:.1f} s: "
-          f"{s['steps_per_s']:.1f} steps/s, {s['examples_per_s']:,.0f} examples/s")
+def print_summary(s: dict[str, Any]) -> None:
+    print(
+        f"trained {s['steps']} steps of {s['batch_size']} x {s['world_size']} examples in "
+        f"{s['seconds']:.1f} s: "
+        f"{s['steps_per_s']:.1f} steps/s, {s['examples_per_s']:,.0f} examples/s"
+    )
     print("dynamic tables (summed over ranks):")
-    print(f"  {'table':8s} {'rows held':>10s} {'capacity':>10s} {'distinct ids':>12s} "
-          f"{'inserts':>10s} {'evictions':>10s} {'insert fails':>12s}")
+    print(
+        f"  {'table':8s} {'rows held':>10s} {'capacity':>10s} {'distinct ids':>12s} "
+        f"{'inserts':>10s} {'evictions':>10s} {'insert fails':>12s}"
+    )
     for name, t in s["tables"].items():
         d = "-" if t["distinct_ids"] is None else f"{t['distinct_ids']:,}"
-        print(f"  {name:8s} {t['rows_held']:>10,} {t['capacity']:>10,} {d:>12s} "
-              f"{t['inserts']:>10,} {t['evictions']:>10,} {t['insert_failures']:>12,}")
-    print(f"train loss {s['train_loss_first']:.4f} -> {s['train_loss_last']:.4f} (first and last window)")
-    print(f"eval  loss {s['eval_loss_first']:.4f} -> {s['eval_loss_final']:.4f}, "
-          f"AUC {s['eval_auc_first']:.4f} -> {s['eval_auc_final']:.4f} (before and after training)")
-    print(f"eval  loss {s['eval_loss_hidden_model']:.4f}, AUC {s['eval_auc_hidden_model']:.4f} "
-          "of the hidden model that drew the labels (the best possible)")
+        print(
+            f"  {name:8s} {t['rows_held']:>10,} {t['capacity']:>10,} {d:>12s} "
+            f"{t['inserts']:>10,} {t['evictions']:>10,} {t['insert_failures']:>12,}"
+        )
+    print(
+        f"train loss {s['train_loss_first']:.4f} -> {s['train_loss_last']:.4f} (first and last "
+        "window)"
+    )
+    print(
+        f"eval  loss {s['eval_loss_first']:.4f} -> {s['eval_loss_final']:.4f}, "
+        f"AUC {s['eval_auc_first']:.4f} -> {s['eval_auc_final']:.4f} (before and after training)"
+    )
+    print(
+        f"eval  loss {s['eval_loss_hidden_model']:.4f}, AUC {s['eval_auc_hidden_model']:.4f} "
+        "of the hidden model that drew the labels (the best possible)"
+    )
 
 
 # ------------------------------------------------------------------ launcher --
@@ -588,7 +631,7 @@ def _quiet() -> None:
     warnings.filterwarnings("ignore", category=DeprecationWarning)
 
 
-def _worker(rank: int, world_size: int, port: int, args, result_path: Optional[str]) -> None:
+def _worker(rank: int, world_size: int, port: int, args, result_path: str | None) -> None:
     _quiet()
     dist_launch.init_process_group(rank, world_size, port, args.device, args.threads)
     try:
@@ -600,49 +643,76 @@ def _worker(rank: int, world_size: int, port: int, args, result_path: Optional[s
         dist.destroy_process_group()
 
 
-def parse_args(argv: Optional[List[str]] = None):
+def parse_args(argv: list[str] | None = None):
     has_gpu = torch.cuda.is_available() and torch.cuda.device_count() > 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0].replace("\n", " "))
     ap.add_argument("--steps", type=int, default=2000, help="training steps (default: 2000)")
-    ap.add_argument("--batch-size", type=int, default=256, help="examples per rank and step (default: 256)")
+    ap.add_argument(
+        "--batch-size", type=int, default=256, help="examples per rank and step (default: 256)"
+    )
     dist_launch.add_device_args(ap, has_gpu)
     ap.add_argument("--dim", type=int, default=16, help="embedding dim (default: 16)")
-    ap.add_argument("--emb-optimizer", choices=["rowwise_adagrad", "adam"], default="rowwise_adagrad",
-                    help="fused optimizer of the embedding tables (adam: on cuda only)")
+    ap.add_argument(
+        "--emb-optimizer",
+        choices=["rowwise_adagrad", "adam"],
+        default="rowwise_adagrad",
+        help="fused optimizer of the embedding tables (adam: on cuda only)",
+    )
     ap.add_argument("--emb-lr", type=float, default=0.05)
     ap.add_argument("--dense-lr", type=float, default=3e-3)
-    ap.add_argument("--alpha", type=float, default=1.05, help="power-law exponent of the ids (default: 1.05)")
-    ap.add_argument("--eval-batches", type=int, default=8, help="held-out batches per rank (default: 8)")
-    ap.add_argument("--log-window", type=int, default=50, help="steps in a moving-average loss (default: 50)")
+    ap.add_argument(
+        "--alpha", type=float, default=1.05, help="power-law exponent of the ids (default: 1.05)"
+    )
+    ap.add_argument(
+        "--eval-batches", type=int, default=8, help="held-out batches per rank (default: 8)"
+    )
+    ap.add_argument(
+        "--log-window", type=int, default=50, help="steps in a moving-average loss (default: 50)"
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per CPU process (default: 1)")
-    ap.add_argument("--no-count-distinct", dest="count_distinct", action="store_false",
-                    help="do not count the distinct ids of the run")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch threads per CPU process (default: 1)"
+    )
+    ap.add_argument(
+        "--no-count-distinct",
+        dest="count_distinct",
+        action="store_false",
+        help="do not count the distinct ids of the run",
+    )
     ap.add_argument("--summary-json", default=None, help="write rank 0's summary here")
     args = ap.parse_args(argv)
     dist_launch.check_device_args(ap, args, has_gpu)
     if args.emb_optimizer == "adam" and args.device == "cpu":
         # The static table's FBGEMM kernel (TorchRec's FUSED) has no Adam on
         # the CPU; the dynamic tables would run it.
-        ap.error("--emb-optimizer adam needs --device cuda (FBGEMM's CPU kernel of the static table "
-                 "supports rowwise Adagrad, not Adam)")
+        ap.error(
+            "--emb-optimizer adam needs --device cuda (FBGEMM's CPU kernel of the static table "
+            "supports rowwise Adagrad, not Adam)"
+        )
     if args.steps < 1 or args.batch_size < 1 or args.world_size < 1:
         ap.error("--steps, --batch-size and --world-size must be positive")
     return args
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     dyn = ", ".join(f"{f.name} ({f.capacity:,} rows)" for f in FEATURES if f.dynamic)
     static = ", ".join(f"{f.name} ({f.capacity} rows)" for f in FEATURES if not f.dynamic)
-    print(f"DLRM on {args.world_size} {args.device} process(es): dynamic tables {dyn}; static {static}; "
-          f"{NUM_DENSE} dense features; ids power law alpha {args.alpha}")
+    print(
+        f"DLRM on {args.world_size} {args.device} process(es): dynamic tables {dyn}; static "
+        f"{static}; "
+        f"{NUM_DENSE} dense features; ids power law alpha {args.alpha}"
+    )
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         result_path = args.summary_json or os.path.join(tmp, "summary.json")
-        mp.spawn(_worker, args=(args.world_size, dist_launch.free_port(), args, result_path),
-                 nprocs=args.world_size, join=True)
+        mp.spawn(
+            _worker,
+            args=(args.world_size, dist_launch.free_port(), args, result_path),
+            nprocs=args.world_size,
+            join=True,
+        )
         with open(result_path) as f:
             summary = json.load(f)
     fell = summary["train_loss_last"] < summary["train_loss_first"]

@@ -97,9 +97,9 @@ DEMB_EMB_HD float init_value(const InitArgs& a, int64_t key, int64_t table, int6
     case InitMode::kTruncatedNormal: {
       double x = a.mean;
       for (uint32_t attempt = 0; attempt < kTruncatedAttempts; ++attempt) {
-        x = a.mean + a.std_dev * normal_of(draw(a, key, table, static_cast<uint32_t>(e / 2),
-                                                attempt),
-                                           static_cast<int>(e % 2));
+        x = a.mean +
+            a.std_dev * normal_of(draw(a, key, table, static_cast<uint32_t>(e / 2), attempt),
+                                  static_cast<int>(e % 2));
         if (x >= a.lower && x <= a.upper) break;
       }
       x = x < a.lower ? a.lower : (x > a.upper ? a.upper : x);

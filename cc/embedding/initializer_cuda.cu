@@ -1,8 +1,8 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
-#include "cc/embedding/initializer_cuda.h"
-
 #include <stdexcept>
 #include <string>
+
+#include "cc/embedding/initializer_cuda.h"
 
 namespace dyn_emb {
 namespace embedding {

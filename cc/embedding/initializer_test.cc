@@ -70,7 +70,7 @@ TEST(Initializer, NormalHasTheRequestedMeanAndStd) {
     sq += v * v;
   }
   const double mean = sum / n, var = sq / n - mean * mean;
-  EXPECT_NEAR(mean, 2.0, 0.03);           // sd of the mean: 3 / sqrt(n) = 0.0067
+  EXPECT_NEAR(mean, 2.0, 0.03);  // sd of the mean: 3 / sqrt(n) = 0.0067
   EXPECT_NEAR(std::sqrt(var), 3.0, 0.03);
 }
 

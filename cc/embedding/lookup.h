@@ -52,13 +52,13 @@ DEMB_EMB_HD BagSlot bag_slot(const BagLayout& l, int64_t b) {
 
 struct PoolArgs {
   BagLayout layout;
-  const float* values = nullptr;   ///< (num_rows, width)
+  const float* values = nullptr;  ///< (num_rows, width)
   int64_t width = 0;
-  const int64_t* rows = nullptr;   ///< (U)
-  const int64_t* inverse = nullptr;  ///< (n) distinct key of each occurrence
+  const int64_t* rows = nullptr;         ///< (U)
+  const int64_t* inverse = nullptr;      ///< (n) distinct key of each occurrence
   const int64_t* bag_offsets = nullptr;  ///< (F * B + 1) bag b = occurrences [o[b], o[b+1])
-  const float* weights = nullptr;  ///< (n) or null (all 1)
-  float* out = nullptr;            ///< (B, out_width)
+  const float* weights = nullptr;        ///< (n) or null (all 1)
+  float* out = nullptr;                  ///< (B, out_width)
 };
 
 /// The value row occurrence j reads, or nullptr when its key has none.
@@ -72,14 +72,14 @@ DEMB_EMB_HD float occ_weight(const float* weights, int64_t j) { return weights ?
 struct UpdateArgs {
   BagLayout layout;
   OptimArgs optim;
-  float* values = nullptr;          ///< (num_rows, width), updated in place
+  float* values = nullptr;  ///< (num_rows, width), updated in place
   int64_t width = 0;
-  const float* grad_out = nullptr;  ///< (B, out_width)
-  const int64_t* rows = nullptr;    ///< (U)
+  const float* grad_out = nullptr;       ///< (B, out_width)
+  const int64_t* rows = nullptr;         ///< (U)
   const int64_t* occ_offsets = nullptr;  ///< (U + 1) key u's occurrences are
   const int64_t* occ_order = nullptr;    ///< occ_order[occ_offsets[u] .. occ_offsets[u+1])
   const int64_t* occ_bag = nullptr;      ///< (n) bag of each occurrence
-  const float* weights = nullptr;   ///< (n) or null
+  const float* weights = nullptr;        ///< (n) or null
 };
 
 /// The output-gradient slice of the occurrence at grouped position i (a key's

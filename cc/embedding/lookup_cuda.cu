@@ -1,9 +1,8 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
-#include "cc/embedding/lookup_cuda.h"
-
 #include <stdexcept>
 #include <string>
 
+#include "cc/embedding/lookup_cuda.h"
 #include "cc/embedding/warp_update.cuh"
 
 namespace dyn_emb {
@@ -79,7 +78,10 @@ __device__ int64_t upper_bound(const int64_t* v, int64_t n, int64_t x) {
   int64_t lo = 0, hi = n;
   while (lo < hi) {
     const int64_t mid = (lo + hi) / 2;
-    if (v[mid] > x) hi = mid; else lo = mid + 1;
+    if (v[mid] > x)
+      hi = mid;
+    else
+      lo = mid + 1;
   }
   return lo;
 }
@@ -90,7 +92,7 @@ __global__ void update_kernel(UpdateArgs a, int64_t num_keys) {
   const int lane = threadIdx.x % kWarp;
   if (u >= num_keys || hot(a, u)) return;
   const int64_t dim = key_dim(a, u);
-  update_key(a, u, lane, [&](int64_t base, float(&g)[kPer]) {
+  update_key(a, u, lane, [&](int64_t base, float (&g)[kPer]) {
     grad_chunk(a, a.occ_offsets[u], a.occ_offsets[u + 1], base, dim, lane, g);
   });
 }
@@ -125,7 +127,7 @@ __global__ void hot_update_kernel(UpdateArgs a, HotKeys h, int64_t num_keys) {
   const float* row = h.buf + k * h.buf_width;
   const int64_t dim = key_dim(a, u);
   update_key(a, u, lane,
-             [&](int64_t base, float(&g)[kPer]) { load_chunk(row, base, dim, lane, g); });
+             [&](int64_t base, float (&g)[kPer]) { load_chunk(row, base, dim, lane, g); });
 }
 
 unsigned grid(int64_t warps) {
@@ -135,7 +137,8 @@ unsigned grid(int64_t warps) {
 void check(const char* what) {
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) {
-    throw std::runtime_error(std::string("dynamicemb ") + what + " (CUDA): " + cudaGetErrorString(e));
+    throw std::runtime_error(std::string("dynamicemb ") + what +
+                             " (CUDA): " + cudaGetErrorString(e));
   }
 }
 

@@ -6,9 +6,10 @@
 //
 //   SGD                    no state            w -= lr * (g + wd * w)            (L2 if wd_mode 1)
 //   ADAM                   m (dim), v (dim)    m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
-//                                              w -= lr * (m / (1-b1^t) / (sqrt(v / (1-b2^t)) + eps) + wd * w)
-//   EXACT_ADAGRAD          G (dim)             g += wd * w (L2); G += g^2; w -= lr * g / (sqrt(G) + eps)
-//   EXACT_ROWWISE_ADAGRAD  G (1 of 4 floats)   G += mean((g + wd w)^2) (L2) or mean(g^2);
+//                                              w -= lr * (m / (1-b1^t) / (sqrt(v / (1-b2^t)) + eps)
+//                                              + wd * w)
+//   EXACT_ADAGRAD          G (dim)             g += wd * w (L2); G += g^2; w -= lr * g / (sqrt(G) +
+//   eps) EXACT_ROWWISE_ADAGRAD  G (1 of 4 floats)   G += mean((g + wd w)^2) (L2) or mean(g^2);
 //                                              k = lr / (sqrt(G) + eps);
 //                                              w = c * w - k * g, c = 1 - k wd (L2), 1 - lr wd
 //                                              (decoupled, wd_mode 2), else 1
@@ -126,10 +127,9 @@ DEMB_EMB_HD void update_coord(const OptimArgs& a, float* w, float* s, float gd, 
       float& accum = s[dim + d];
       const float n1 = accum + gd * gd;
       linear += gd - (ftrl_pow(n1, a.lr_power) - ftrl_pow(accum, a.lr_power)) / a.lr * w[d];
-      w[d] = fabsf(linear) <= a.l1
-                 ? 0.f
-                 : (copysignf(a.l1, linear) - linear) /
-                       ((a.ftrl_beta + ftrl_pow(n1, a.lr_power)) / a.lr + a.l2);
+      w[d] = fabsf(linear) <= a.l1 ? 0.f
+                                   : (copysignf(a.l1, linear) - linear) /
+                                         ((a.ftrl_beta + ftrl_pow(n1, a.lr_power)) / a.lr + a.l2);
       accum = n1;
       break;
     }

@@ -1,9 +1,8 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
-#include "cc/embedding/optimizer_cuda.h"
-
 #include <stdexcept>
 #include <string>
 
+#include "cc/embedding/optimizer_cuda.h"
 #include "cc/embedding/warp_update.cuh"
 
 namespace dyn_emb {
@@ -14,8 +13,7 @@ namespace {
 
 // One warp per row (warp_update_row), the row's gradient read in chunks.
 __global__ void optimizer_kernel(OptimArgs a, float* values, int64_t num_rows, int64_t width,
-                                 const int64_t* rows, const float* grads, int64_t n,
-                                 int64_t dim) {
+                                 const int64_t* rows, const float* grads, int64_t n, int64_t dim) {
   const int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (i >= n) return;  // whole warps leave together: i is uniform in a warp
@@ -23,7 +21,7 @@ __global__ void optimizer_kernel(OptimArgs a, float* values, int64_t num_rows, i
   if (r < 0 || r >= num_rows) return;
   const float* g = grads + i * dim;
   warp_update_row(a, values + r * width, dim, lane,
-                  [&](int64_t base, float(&c)[kPer]) { load_chunk(g, base, dim, lane, c); });
+                  [&](int64_t base, float (&c)[kPer]) { load_chunk(g, base, dim, lane, c); });
 }
 
 }  // namespace

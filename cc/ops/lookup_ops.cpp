@@ -7,11 +7,12 @@
 //   embedding_update(values!, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols,
 //                    dims, batch, <optimizer type and hyper-parameters>)
 //       reduces each distinct key's gradient from grad_out and updates its row in place
+#include "cc/ops/lookup_ops.h"
+
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
 #include "cc/embedding/lookup_cpu.h"
-#include "cc/ops/lookup_ops.h"
 
 namespace dyn_emb {
 namespace ops {
@@ -34,12 +35,11 @@ void embedding_update_cpu(at::Tensor& values, const at::Tensor& grad_out, const 
                           int64_t type, double lr, double eps, double beta1, double beta2,
                           double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
                           double ftrl_beta, double l1, double l2) {
-  update_with(values, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols, dims, batch,
-              optim_params(type, lr, eps, beta1, beta2, weight_decay, wd_mode, step, lr_power,
-                           ftrl_beta, l1, l2),
-              [&](const embedding::UpdateArgs& a) {
-                embedding::cpu::update_backward(a, rows.numel());
-              });
+  update_with(
+      values, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols, dims, batch,
+      optim_params(type, lr, eps, beta1, beta2, weight_decay, wd_mode, step, lr_power, ftrl_beta,
+                   l1, l2),
+      [&](const embedding::UpdateArgs& a) { embedding::cpu::update_backward(a, rows.numel()); });
 }
 
 at::Tensor embedding_pool_meta(const at::Tensor& values, const at::Tensor& rows,

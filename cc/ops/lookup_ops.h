@@ -53,8 +53,8 @@ inline void check_values(const at::Tensor& values) {
 
 inline const float* opt_weights(const c10::optional<at::Tensor>& weights, int64_t n) {
   if (!weights.has_value()) return nullptr;
-  TORCH_CHECK_TYPE(weights->scalar_type() == at::kFloat, "dynamicemb: weights must be float32, got ",
-                   weights->scalar_type());
+  TORCH_CHECK_TYPE(weights->scalar_type() == at::kFloat,
+                   "dynamicemb: weights must be float32, got ", weights->scalar_type());
   TORCH_CHECK_VALUE(weights->dim() == 1 && weights->numel() == n && weights->is_contiguous(),
                     "dynamicemb: weights must be 1-D with one entry per occurrence (", n,
                     "), got shape ", weights->sizes());
@@ -69,8 +69,8 @@ inline void check_offsets(const at::Tensor& off, int64_t n, const char* name) {
   TORCH_CHECK_VALUE(p[0] == 0 && p[m - 1] == n, "dynamicemb: ", name, " must run from 0 to ", n,
                     ", got ", p[0], " to ", p[m - 1]);
   for (int64_t i = 1; i < m; ++i) {
-    TORCH_CHECK_VALUE(p[i] >= p[i - 1], "dynamicemb: ", name, " decreases at ", i, ": ",
-                      p[i - 1], " then ", p[i]);
+    TORCH_CHECK_VALUE(p[i] >= p[i - 1], "dynamicemb: ", name, " decreases at ", i, ": ", p[i - 1],
+                      " then ", p[i]);
   }
 }
 
@@ -107,8 +107,8 @@ inline embedding::UpdateArgs update_args(at::Tensor& values, const at::Tensor& g
                                          const at::Tensor& cols, const at::Tensor& dims,
                                          int64_t batch, const embedding::OptimArgs& optim) {
   check_values(values);
-  TORCH_CHECK_TYPE(grad_out.scalar_type() == at::kFloat, "dynamicemb: grad_out must be float32, got ",
-                   grad_out.scalar_type());
+  TORCH_CHECK_TYPE(grad_out.scalar_type() == at::kFloat,
+                   "dynamicemb: grad_out must be float32, got ", grad_out.scalar_type());
   TORCH_CHECK_VALUE(grad_out.dim() == 2 && grad_out.is_contiguous() && grad_out.size(0) == batch,
                     "dynamicemb: grad_out must be a contiguous (", batch, ", width) tensor, got ",
                     grad_out.sizes());
@@ -148,7 +148,8 @@ inline embedding::UpdateArgs update_args(at::Tensor& values, const at::Tensor& g
   return a;
 }
 
-inline void check_same_device(const at::Tensor& a, std::initializer_list<const at::Tensor*> others) {
+inline void check_same_device(const at::Tensor& a,
+                              std::initializer_list<const at::Tensor*> others) {
   for (const at::Tensor* t : others) {
     TORCH_CHECK(t->device() == a.device(), "dynamicemb: every tensor must be on ", a.device(),
                 ", got one on ", t->device());

@@ -27,7 +27,8 @@ embedding::cuda::HotKeys hot_keys(const at::Tensor& values, const at::Tensor& oc
   const at::Tensor hot = (counts > K).to(at::kLong);
   at::Tensor chunk_offsets = at::zeros({num_keys + 1}, occ_offsets.options());
   chunk_offsets.slice(0, 1).copy_(at::cumsum(hot * at::floor_divide(counts + (K - 1), K), 0));
-  keep = {chunk_offsets, at::cumsum(hot, 0), at::zeros({h.max_hot, values.size(1)}, values.options())};
+  keep = {chunk_offsets, at::cumsum(hot, 0),
+          at::zeros({h.max_hot, values.size(1)}, values.options())};
   h.chunk_offsets = keep[0].data_ptr<int64_t>();
   h.hot_incl = keep[1].data_ptr<int64_t>();
   h.buf = keep[2].data_ptr<float>();

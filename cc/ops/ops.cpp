@@ -18,7 +18,8 @@ TORCH_LIBRARY(dynamicemb, m) {
   //   (n) int64 slots, -1 where the key is absent (or invalid).
   m.def(
       "table_find(Tensor keys, Tensor table_ids, Tensor table_keys, Tensor digests, "
-      "Tensor(a!) scores, Tensor info, int[] policies, Tensor score_values, bool update) -> Tensor");
+      "Tensor(a!) scores, Tensor info, int[] policies, Tensor score_values, bool update) -> "
+      "Tensor");
 
   // table_find fused with the copy of each found key's value row.
   // Args: as table_find, and values: (num_rows, dim) contiguous, indexed by

@@ -25,7 +25,7 @@ using table::kMaxScores;
 
 inline void check_1d(const at::Tensor& t, at::ScalarType dtype, const char* name) {
   TORCH_CHECK_TYPE(t.scalar_type() == dtype, "dynamicemb: ", name, " must be ", dtype, ", got ",
-              t.scalar_type());
+                   t.scalar_type());
   TORCH_CHECK(t.dim() == 1, "dynamicemb: ", name, " must be 1-D, got shape ", t.sizes());
   TORCH_CHECK(t.is_contiguous(), "dynamicemb: ", name, " must be contiguous");
 }
@@ -75,8 +75,9 @@ inline void check_batch(const at::Tensor& keys, const at::Tensor& table_ids,
                         const at::Tensor& table_keys) {
   check_1d(keys, at::kLong, "keys");
   check_1d(table_ids, at::kLong, "table_ids");
-  TORCH_CHECK_VALUE(keys.numel() == table_ids.numel(), "dynamicemb: keys and table_ids lengths differ: ",
-              keys.numel(), " vs ", table_ids.numel());
+  TORCH_CHECK_VALUE(keys.numel() == table_ids.numel(),
+                    "dynamicemb: keys and table_ids lengths differ: ", keys.numel(), " vs ",
+                    table_ids.numel());
   TORCH_CHECK(keys.device() == table_keys.device() && table_ids.device() == table_keys.device(),
               "dynamicemb: keys and table_ids must be on the table's device ", table_keys.device(),
               ", got ", keys.device(), " and ", table_ids.device());
@@ -86,20 +87,20 @@ inline void check_batch(const at::Tensor& keys, const at::Tensor& table_ids,
 inline void check_scores(at::IntArrayRef policies, const at::Tensor& values, int64_t n,
                          int64_t num_scores, const at::Tensor& table_keys) {
   TORCH_CHECK_VALUE(static_cast<int64_t>(policies.size()) == num_scores,
-              "dynamicemb: expected one score policy per score column (", num_scores, "), got ",
-              policies.size());
+                    "dynamicemb: expected one score policy per score column (", num_scores,
+                    "), got ", policies.size());
   for (size_t c = 0; c < policies.size(); ++c) {
     TORCH_CHECK_VALUE(policies[c] >= 0 && policies[c] < table::kNumScorePolicies,
-                "dynamicemb: score policy ", policies[c], " of column ", c, " is not one of 0..",
-                table::kNumScorePolicies - 1);
+                      "dynamicemb: score policy ", policies[c], " of column ", c,
+                      " is not one of 0..", table::kNumScorePolicies - 1);
   }
-  TORCH_CHECK_TYPE(values.scalar_type() == at::kLong, "dynamicemb: score_values must be int64, got ",
-                   values.scalar_type());
+  TORCH_CHECK_TYPE(values.scalar_type() == at::kLong,
+                   "dynamicemb: score_values must be int64, got ", values.scalar_type());
   TORCH_CHECK_VALUE(values.dim() == 2 && values.size(1) == num_scores && values.is_contiguous(),
-              "dynamicemb: score_values must be a contiguous int64 (1 or n, ", num_scores,
-              ") tensor, got ", values.scalar_type(), " ", values.sizes());
+                    "dynamicemb: score_values must be a contiguous int64 (1 or n, ", num_scores,
+                    ") tensor, got ", values.scalar_type(), " ", values.sizes());
   TORCH_CHECK_VALUE(values.size(0) == 1 || values.size(0) == n,
-              "dynamicemb: score_values must have 1 or ", n, " rows, got ", values.size(0));
+                    "dynamicemb: score_values must have 1 or ", n, " rows, got ", values.size(0));
   TORCH_CHECK(values.device() == table_keys.device(),
               "dynamicemb: score_values must be on the table's device ", table_keys.device(),
               ", got ", values.device());
@@ -162,8 +163,8 @@ inline embedding::InitArgs init_args(const at::Tensor& keys, const at::Tensor& t
 /// Checks an optimizer's type and hyper-parameters and packs them.
 inline embedding::OptimArgs optim_params(int64_t type, double lr, double eps, double beta1,
                                          double beta2, double weight_decay, int64_t wd_mode,
-                                         int64_t step, double lr_power, double ftrl_beta,
-                                         double l1, double l2) {
+                                         int64_t step, double lr_power, double ftrl_beta, double l1,
+                                         double l2) {
   TORCH_CHECK_VALUE(type >= 0 && type < embedding::kNumOptimTypes, "dynamicemb: optimizer type ",
                     type, " is not one of 0..", embedding::kNumOptimTypes - 1);
   TORCH_CHECK_VALUE(wd_mode >= 0 && wd_mode <= 2, "dynamicemb: weight decay mode ", wd_mode,
@@ -192,17 +193,17 @@ inline embedding::OptimArgs optim_params(int64_t type, double lr, double eps, do
 
 /// Checks optimizer_step's arguments and packs its hyper-parameters.
 inline embedding::OptimArgs optim_args(const at::Tensor& values, const at::Tensor& rows,
-                                       const at::Tensor& grads, int64_t type, double lr,
-                                       double eps, double beta1, double beta2,
-                                       double weight_decay, int64_t wd_mode, int64_t step,
-                                       double lr_power, double ftrl_beta, double l1, double l2) {
+                                       const at::Tensor& grads, int64_t type, double lr, double eps,
+                                       double beta1, double beta2, double weight_decay,
+                                       int64_t wd_mode, int64_t step, double lr_power,
+                                       double ftrl_beta, double l1, double l2) {
   TORCH_CHECK_TYPE(values.scalar_type() == at::kFloat && grads.scalar_type() == at::kFloat,
                    "dynamicemb: values and grads must be float32, got ", values.scalar_type(),
                    " and ", grads.scalar_type());
-  TORCH_CHECK_VALUE(values.dim() == 2 && values.is_contiguous() && grads.dim() == 2 &&
-                        grads.is_contiguous(),
-                    "dynamicemb: values and grads must be contiguous 2-D tensors, got shapes ",
-                    values.sizes(), " and ", grads.sizes());
+  TORCH_CHECK_VALUE(
+      values.dim() == 2 && values.is_contiguous() && grads.dim() == 2 && grads.is_contiguous(),
+      "dynamicemb: values and grads must be contiguous 2-D tensors, got shapes ", values.sizes(),
+      " and ", grads.sizes());
   check_1d(rows, at::kLong, "rows");
   TORCH_CHECK_VALUE(rows.numel() == grads.size(0), "dynamicemb: ", rows.numel(), " rows but ",
                     grads.size(0), " gradients");
@@ -238,8 +239,8 @@ inline void check_counters(const at::Tensor& counters, const at::Tensor& free_ro
   TORCH_CHECK(counters.scalar_type() == at::kLong && counters.dim() == 2 &&
                   counters.size(0) == info.size(0) && counters.size(1) == kCounterCols &&
                   counters.is_contiguous(),
-              "dynamicemb: counters must be a contiguous int64 (", info.size(0), ", ",
-              kCounterCols, ") tensor, got ", counters.scalar_type(), " ", counters.sizes());
+              "dynamicemb: counters must be a contiguous int64 (", info.size(0), ", ", kCounterCols,
+              ") tensor, got ", counters.scalar_type(), " ", counters.sizes());
   check_1d(free_rows, at::kLong, "free_rows");
   TORCH_CHECK(counters.device() == table_keys.device() && free_rows.device() == table_keys.device(),
               "dynamicemb: counters and free_rows must be on the table's device");
@@ -248,8 +249,8 @@ inline void check_counters(const at::Tensor& counters, const at::Tensor& free_ro
 /// Checks run's optional victim scores: (num_slots) float64 on the table's device.
 inline void check_victim_scores(const std::optional<at::Tensor>& v, const at::Tensor& table_keys) {
   if (!v.has_value()) return;
-  TORCH_CHECK_TYPE(v->scalar_type() == at::kDouble, "dynamicemb: victim_scores must be float64, got ",
-                   v->scalar_type());
+  TORCH_CHECK_TYPE(v->scalar_type() == at::kDouble,
+                   "dynamicemb: victim_scores must be float64, got ", v->scalar_type());
   TORCH_CHECK_VALUE(v->dim() == 1 && v->numel() == table_keys.numel() && v->is_contiguous(),
                     "dynamicemb: victim_scores must be a contiguous (", table_keys.numel(),
                     ") tensor, one per slot, got shape ", v->sizes());
@@ -259,9 +260,9 @@ inline void check_victim_scores(const std::optional<at::Tensor>& v, const at::Te
 }
 
 inline void check_op(int64_t op) {
-  TORCH_CHECK_VALUE(op >= 0 && op <= static_cast<int64_t>(table::RunOp::kErase),
-              "dynamicemb: run op must be 0 (insert), 1 (insert_and_evict) or 2 (erase), got ",
-              op);
+  TORCH_CHECK_VALUE(
+      op >= 0 && op <= static_cast<int64_t>(table::RunOp::kErase),
+      "dynamicemb: run op must be 0 (insert), 1 (insert_and_evict) or 2 (erase), got ", op);
 }
 
 /// Outputs of table_run, allocated like `keys`.
@@ -276,12 +277,9 @@ struct RunOutputs {
 inline RunOutputs alloc_run_outputs(const at::Tensor& keys, int64_t num_scores) {
   const int64_t n = keys.numel();
   auto l = keys.options().dtype(at::kLong);
-  return RunOutputs{at::empty({n}, l),
-                    at::empty({n}, keys.options().dtype(at::kChar)),
-                    at::empty({n}, l),
-                    at::empty({n, num_scores}, l),
-                    at::empty({n}, l),
-                    at::empty({n}, l),
+  return RunOutputs{at::empty({n}, l), at::empty({n}, keys.options().dtype(at::kChar)),
+                    at::empty({n}, l), at::empty({n, num_scores}, l),
+                    at::empty({n}, l), at::empty({n}, l),
                     at::zeros({1}, l)};
 }
 
@@ -290,10 +288,10 @@ using ExportResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, 
 inline void check_export(const at::Tensor& keys, const at::Tensor& scores, int64_t slot_begin,
                          int64_t slot_end, int64_t column) {
   TORCH_CHECK_VALUE(slot_begin >= 0 && slot_begin <= slot_end && slot_end <= keys.numel(),
-              "dynamicemb: slot range [", slot_begin, ", ", slot_end, ") is not within [0, ",
-              keys.numel(), "]");
+                    "dynamicemb: slot range [", slot_begin, ", ", slot_end, ") is not within [0, ",
+                    keys.numel(), "]");
   TORCH_CHECK_VALUE(column >= 0 && column < scores.size(1), "dynamicemb: score column ", column,
-              " is not one of 0..", scores.size(1) - 1);
+                    " is not one of 0..", scores.size(1) - 1);
 }
 
 inline ExportResult alloc_export(const at::Tensor& keys, const at::Tensor& scores, int64_t range) {
@@ -312,9 +310,9 @@ inline std::pair<int64_t, bool> check_layout_cpu(const table::TableRef& t, int64
   const int64_t* inf = t.info + (bad < 0 ? 0 : bad) * kInfoCols;
   switch (e) {
     case table::kLayoutBucketWidth:
-      TORCH_CHECK_VALUE(false, "dynamicemb: info: bucket capacity ", inf[table::kInfoBucketCapacity],
-                        " of table ", bad, " is not a positive multiple of ",
-                        table::kBucketAlignment);
+      TORCH_CHECK_VALUE(false, "dynamicemb: info: bucket capacity ",
+                        inf[table::kInfoBucketCapacity], " of table ", bad,
+                        " is not a positive multiple of ", table::kBucketAlignment);
     case table::kLayoutCapacity:
       TORCH_CHECK_VALUE(false, "dynamicemb: info: capacity ", inf[table::kInfoCapacity],
                         " of table ", bad, " is not a positive multiple of its bucket capacity ",
@@ -342,7 +340,8 @@ inline std::pair<int64_t, bool> check_layout_cpu(const table::TableRef& t, int64
 
 inline void check_gather(const at::Tensor& values, const at::Tensor& rows) {
   TORCH_CHECK_VALUE(values.dim() == 2 && values.is_contiguous(),
-                    "dynamicemb: values must be a contiguous 2-D tensor, got shape ", values.sizes());
+                    "dynamicemb: values must be a contiguous 2-D tensor, got shape ",
+                    values.sizes());
   check_1d(rows, at::kLong, "rows");
   TORCH_CHECK(rows.device() == values.device(), "dynamicemb: rows must be on the values' device ",
               values.device(), ", got ", rows.device());

@@ -30,9 +30,9 @@ void check_key_values(const at::Tensor& keys, const at::Tensor& table_ids, int64
   const int64_t* t = table_ids.data_ptr<int64_t>();
   for (int64_t i = 0; i < keys.numel(); ++i) {
     TORCH_CHECK_VALUE(!table::is_reserved_key(k[i]), "dynamicemb: key ", k[i], " at index ", i,
-                " is reserved (keys below ", table::kFirstValidKey, " mark slot states)");
-    TORCH_CHECK_VALUE(t[i] >= 0 && t[i] < num_tables, "dynamicemb: table id ", t[i], " at index ", i,
-                " is out of range [0, ", num_tables, ")");
+                      " is reserved (keys below ", table::kFirstValidKey, " mark slot states)");
+    TORCH_CHECK_VALUE(t[i] >= 0 && t[i] < num_tables, "dynamicemb: table id ", t[i], " at index ",
+                      i, " is out of range [0, ", num_tables, ")");
   }
 }
 
@@ -58,11 +58,11 @@ at::Tensor find_cpu(const at::Tensor& keys, const at::Tensor& table_ids,
 
 std::tuple<at::Tensor, at::Tensor> find_gather_cpu(
     const at::Tensor& keys, const at::Tensor& table_ids, const at::Tensor& table_keys,
-    const at::Tensor& digests, at::Tensor& scores, const at::Tensor& info,
-    at::IntArrayRef policies, const at::Tensor& score_values, bool update,
-    const at::Tensor& values) {
+    const at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::IntArrayRef policies,
+    const at::Tensor& score_values, bool update, const at::Tensor& values) {
   TORCH_CHECK_VALUE(values.dim() == 2 && values.is_contiguous(),
-                    "dynamicemb: values must be a contiguous 2-D tensor, got shape ", values.sizes());
+                    "dynamicemb: values must be a contiguous 2-D tensor, got shape ",
+                    values.sizes());
   check_cpu(values);
   at::Tensor slots =
       find_cpu(keys, table_ids, table_keys, digests, scores, info, policies, score_values, update);
@@ -75,7 +75,8 @@ std::tuple<at::Tensor, at::Tensor> find_gather_cpu(
   const int64_t ns = scores.size(1);
   for (int64_t i = 0; i < rows.numel(); ++i) {
     if (r[i] < 0) continue;
-    if (inf[tid[i] * kInfoCols + table::kInfoMode] == static_cast<int64_t>(TableMode::kNoEviction)) {
+    if (inf[tid[i] * kInfoCols + table::kInfoMode] ==
+        static_cast<int64_t>(TableMode::kNoEviction)) {
       r[i] = sc[r[i] * ns];
     }
     TORCH_CHECK_VALUE(r[i] < values.size(0), "dynamicemb: key at index ", i, " has row ", r[i],
@@ -120,8 +121,8 @@ run_cpu(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_k
       const int64_t* ti = inf + tid[i] * kInfoCols;
       if (ti[table::kInfoMode] != static_cast<int64_t>(TableMode::kNoEviction)) continue;
       TORCH_CHECK_VALUE(v[i * stride] >= 0 && v[i * stride] < ti[table::kInfoRowCapacity],
-                  "dynamicemb: row ", v[i * stride], " at index ", i, " is out of range [0, ",
-                  ti[table::kInfoRowCapacity], ") of table ", tid[i]);
+                        "dynamicemb: row ", v[i * stride], " at index ", i, " is out of range [0, ",
+                        ti[table::kInfoRowCapacity], ") of table ", tid[i]);
     }
   }
   RunOutputs out = alloc_run_outputs(keys, scores.size(1));
@@ -147,8 +148,7 @@ run_cpu(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_k
   r.ev_flags = flags.data_ptr<uint8_t>();
   r.row_work = has_rows ? row_work.data_ptr<int64_t>() : nullptr;
   r.victim_scores = victim_scores.has_value() ? victim_scores->data_ptr<double>() : nullptr;
-  const int64_t evicted =
-      table::cpu::run_op(t, r, n, total_buckets, scratch.data_ptr<int64_t>());
+  const int64_t evicted = table::cpu::run_op(t, r, n, total_buckets, scratch.data_ptr<int64_t>());
   out.num_evicted.fill_(evicted);
   return out.tuple();
 }
@@ -205,9 +205,9 @@ void optimizer_step_cpu(at::Tensor& values, const at::Tensor& rows, const at::Te
                         int64_t type, double lr, double eps, double beta1, double beta2,
                         double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
                         double ftrl_beta, double l1, double l2) {
-  const embedding::OptimArgs a = optim_args(values, rows, grads, type, lr, eps, beta1, beta2,
-                                            weight_decay, wd_mode, step, lr_power, ftrl_beta, l1,
-                                            l2);
+  const embedding::OptimArgs a =
+      optim_args(values, rows, grads, type, lr, eps, beta1, beta2, weight_decay, wd_mode, step,
+                 lr_power, ftrl_beta, l1, l2);
   check_cpu(values);
   check_index_range(rows, -1, values.size(0), "row");
   const int64_t* r = rows.data_ptr<int64_t>();

@@ -5,8 +5,8 @@
 // of range gets status kInvalid / slot -1 and leaves the table untouched. The
 // Python wrapper checks values when asked to (ScoredHashTable(validate=True)).
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include <vector>
@@ -56,9 +56,8 @@ at::Tensor find_cuda(const at::Tensor& keys, const at::Tensor& table_ids,
 
 std::tuple<at::Tensor, at::Tensor> find_gather_cuda(
     const at::Tensor& keys, const at::Tensor& table_ids, const at::Tensor& table_keys,
-    const at::Tensor& digests, at::Tensor& scores, const at::Tensor& info,
-    at::IntArrayRef policies, const at::Tensor& score_values, bool update,
-    const at::Tensor& values) {
+    const at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::IntArrayRef policies,
+    const at::Tensor& score_values, bool update, const at::Tensor& values) {
   check_state(table_keys, digests, scores, info);
   check_batch(keys, table_ids, table_keys);
   const int64_t n = keys.numel();
@@ -70,12 +69,11 @@ std::tuple<at::Tensor, at::Tensor> find_gather_cuda(
   const table::TableRef t = table_ref(table_keys, digests, scores, info, nullptr, nullptr);
   const table::ScoreArgs a = score_args(policies, score_values, n);
   TorchScratch scratch(keys);
-  table::cuda::find_gather(t, a, keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(), n,
-                           update, slots.data_ptr<int64_t>(),
-                           static_cast<const uint8_t*>(values.data_ptr()), values.size(0),
-                           values.size(1) * values.element_size(),
-                           static_cast<uint8_t*>(out.data_ptr()), scratch,
-                           c10::cuda::getCurrentCUDAStream().stream());
+  table::cuda::find_gather(
+      t, a, keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(), n, update,
+      slots.data_ptr<int64_t>(), static_cast<const uint8_t*>(values.data_ptr()), values.size(0),
+      values.size(1) * values.element_size(), static_cast<uint8_t*>(out.data_ptr()), scratch,
+      c10::cuda::getCurrentCUDAStream().stream());
   return {slots, out};
 }
 
@@ -84,7 +82,7 @@ run_cuda(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
          at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::Tensor& counters,
          at::Tensor& free_rows, at::IntArrayRef policies, const at::Tensor& score_values,
          int64_t op, bool assign_rows, int64_t total_buckets, bool has_rows,
-        const std::optional<at::Tensor>& victim_scores) {
+         const std::optional<at::Tensor>& victim_scores) {
   check_state(table_keys, digests, scores, info);
   check_batch(keys, table_ids, table_keys);
   check_counters(counters, free_rows, info, table_keys);
@@ -130,13 +128,11 @@ ExportResult export_cuda(const at::Tensor& table_keys, const at::Tensor& scores,
   ExportResult res = alloc_export(table_keys, scores, slot_end - slot_begin);
   const table::TableRef t = keys_ref(table_keys, info, &scores);
   TorchScratch scratch(table_keys);
-  table::cuda::export_batch(t, slot_begin, slot_end, static_cast<int32_t>(column), threshold,
-                            std::get<0>(res).data_ptr<int64_t>(),
-                            std::get<1>(res).data_ptr<int64_t>(),
-                            std::get<2>(res).data_ptr<int64_t>(),
-                            std::get<3>(res).data_ptr<int64_t>(),
-                            std::get<4>(res).data_ptr<int64_t>(), scratch,
-                            c10::cuda::getCurrentCUDAStream().stream());
+  table::cuda::export_batch(
+      t, slot_begin, slot_end, static_cast<int32_t>(column), threshold,
+      std::get<0>(res).data_ptr<int64_t>(), std::get<1>(res).data_ptr<int64_t>(),
+      std::get<2>(res).data_ptr<int64_t>(), std::get<3>(res).data_ptr<int64_t>(),
+      std::get<4>(res).data_ptr<int64_t>(), scratch, c10::cuda::getCurrentCUDAStream().stream());
   return res;
 }
 
@@ -168,9 +164,9 @@ void optimizer_step_cuda(at::Tensor& values, const at::Tensor& rows, const at::T
                          int64_t type, double lr, double eps, double beta1, double beta2,
                          double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
                          double ftrl_beta, double l1, double l2) {
-  const embedding::OptimArgs a = optim_args(values, rows, grads, type, lr, eps, beta1, beta2,
-                                            weight_decay, wd_mode, step, lr_power, ftrl_beta, l1,
-                                            l2);
+  const embedding::OptimArgs a =
+      optim_args(values, rows, grads, type, lr, eps, beta1, beta2, weight_decay, wd_mode, step,
+                 lr_power, ftrl_beta, l1, l2);
   c10::cuda::CUDAGuard guard(values.device());
   embedding::cuda::optimizer_step(a, values.data_ptr<float>(), values.size(0), values.size(1),
                                   rows.data_ptr<int64_t>(), grads.data_ptr<float>(), rows.numel(),
@@ -188,8 +184,8 @@ at::Tensor home_starts_cuda(const at::Tensor& keys, const at::Tensor& table_ids,
   at::Tensor out = at::empty({keys.numel()}, keys.options());
   const table::TableRef t = keys_ref(table_keys, info, nullptr);
   TorchScratch scratch(keys);
-  table::cuda::home_starts(t, keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(),
-                           keys.numel(), out.data_ptr<int64_t>(), scratch,
+  table::cuda::home_starts(t, keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(), keys.numel(),
+                           out.data_ptr<int64_t>(), scratch,
                            c10::cuda::getCurrentCUDAStream().stream());
   return out;
 }
@@ -208,7 +204,8 @@ at::Tensor count_cuda(const at::Tensor& table_keys, const at::Tensor& info) {
   at::Tensor out = at::empty({info.size(0)}, table_keys.options());
   const table::TableRef t = keys_ref(table_keys, info, nullptr);
   TorchScratch scratch(table_keys);
-  table::cuda::count(t, out.data_ptr<int64_t>(), scratch, c10::cuda::getCurrentCUDAStream().stream());
+  table::cuda::count(t, out.data_ptr<int64_t>(), scratch,
+                     c10::cuda::getCurrentCUDAStream().stream());
   return out;
 }
 
@@ -218,10 +215,10 @@ at::Tensor route_keys_cuda(const at::Tensor& keys, const at::Tensor& feature_ids
   check_route_args(keys, feature_ids, dist_types, blocks, world_size);
   c10::cuda::CUDAGuard guard(keys.device());
   at::Tensor ranks = at::empty({keys.numel()}, keys.options());
-  routing::cuda::route_keys(keys.data_ptr<int64_t>(), feature_ids.data_ptr<int64_t>(),
-                            keys.numel(), dist_types.data_ptr<int64_t>(),
-                            blocks.data_ptr<int64_t>(), dist_types.numel(), world_size,
-                            ranks.data_ptr<int64_t>(), c10::cuda::getCurrentCUDAStream().stream());
+  routing::cuda::route_keys(keys.data_ptr<int64_t>(), feature_ids.data_ptr<int64_t>(), keys.numel(),
+                            dist_types.data_ptr<int64_t>(), blocks.data_ptr<int64_t>(),
+                            dist_types.numel(), world_size, ranks.data_ptr<int64_t>(),
+                            c10::cuda::getCurrentCUDAStream().stream());
   return ranks;
 }
 

@@ -24,9 +24,8 @@ at::Tensor find_meta(const at::Tensor& keys, const at::Tensor& table_ids,
 
 std::tuple<at::Tensor, at::Tensor> find_gather_meta(
     const at::Tensor& keys, const at::Tensor& table_ids, const at::Tensor& table_keys,
-    const at::Tensor& digests, at::Tensor& scores, const at::Tensor& info,
-    at::IntArrayRef policies, const at::Tensor& score_values, bool update,
-    const at::Tensor& values) {
+    const at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::IntArrayRef policies,
+    const at::Tensor& score_values, bool update, const at::Tensor& values) {
   TORCH_CHECK_VALUE(values.dim() == 2, "dynamicemb: values must be 2-D");
   return {at::empty_symint({keys.sym_numel()}, keys.options()),
           at::empty_symint({keys.sym_numel(), values.sym_size(1)}, values.options())};
@@ -37,19 +36,16 @@ run_meta(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
          at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::Tensor& counters,
          at::Tensor& free_rows, at::IntArrayRef policies, const at::Tensor& score_values,
          int64_t op, bool assign_rows, int64_t total_buckets, bool has_rows,
-        const std::optional<at::Tensor>& victim_scores) {
+         const std::optional<at::Tensor>& victim_scores) {
   TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
                    keys.scalar_type());
   check_op(op);
   const c10::SymInt n = keys.sym_numel();
   const c10::SymInt ns = scores.sym_size(1);
   auto l = keys.options().dtype(at::kLong);
-  return {at::empty_symint({n}, l),
-          at::empty_symint({n}, keys.options().dtype(at::kChar)),
-          at::empty_symint({n}, l),
-          at::empty_symint({n, ns}, l),
-          at::empty_symint({n}, l),
-          at::empty_symint({n}, l),
+  return {at::empty_symint({n}, l), at::empty_symint({n}, keys.options().dtype(at::kChar)),
+          at::empty_symint({n}, l), at::empty_symint({n, ns}, l),
+          at::empty_symint({n}, l), at::empty_symint({n}, l),
           at::empty({1}, l)};
 }
 

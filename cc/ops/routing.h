@@ -56,8 +56,7 @@ DEMB_ROUTE_HD int64_t floor_mod(int64_t a, int64_t m) {
 
 /// The rank in [0, world_size) that owns `key`. `block` is used by
 /// kContinuous only and must be positive there; world_size > 0.
-DEMB_ROUTE_HD int64_t route_key(int64_t key, int64_t dist_type, int64_t block,
-                                int64_t world_size) {
+DEMB_ROUTE_HD int64_t route_key(int64_t key, int64_t dist_type, int64_t block, int64_t world_size) {
   if (dist_type == static_cast<int64_t>(DistType::kHashRoundRobin)) {
     return route_hash(key) % world_size;
   }

@@ -1,10 +1,9 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
-#include "cc/ops/routing_cuda.h"
-
 #include <stdexcept>
 #include <string>
 
 #include "cc/ops/routing.h"
+#include "cc/ops/routing_cuda.h"
 
 namespace dyn_emb {
 namespace routing {
@@ -19,9 +18,8 @@ __global__ void route_keys_kernel(const int64_t* keys, const int64_t* feature_id
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
   const int64_t f = feature_ids[i];
-  ranks[i] = (f < 0 || f >= num_features)
-                 ? -1
-                 : route_key(keys[i], dist_types[f], blocks[f], world_size);
+  ranks[i] =
+      (f < 0 || f >= num_features) ? -1 : route_key(keys[i], dist_types[f], blocks[f], world_size);
 }
 
 }  // namespace

@@ -95,9 +95,7 @@ DEMB_HD uint64_t mix64(uint64_t k) {
 DEMB_HD uint8_t digest_of_hash(uint64_t h) { return static_cast<uint8_t>(h >> 32); }
 
 /// Digest stored in a free slot.
-DEMB_HD uint8_t empty_digest() {
-  return digest_of_hash(mix64(static_cast<uint64_t>(kEmptyKey)));
-}
+DEMB_HD uint8_t empty_digest() { return digest_of_hash(mix64(static_cast<uint64_t>(kEmptyKey))); }
 
 DEMB_HD bool is_reserved_key(int64_t key) { return key < kFirstValidKey; }
 
@@ -391,7 +389,7 @@ struct SequentialProbe {
     return pick_victim(t, h, r, begin, cur);
   }
   DEMB_HD bool leader() const { return true; }  ///< whether this thread writes
-  DEMB_HD void sync() const {}                 ///< orders writes before the next key
+  DEMB_HD void sync() const {}                  ///< orders writes before the next key
 };
 
 /// Processes the keys at sorted positions [begin, end), which share one

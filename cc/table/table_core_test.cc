@@ -2,8 +2,6 @@
 //
 // Tests of the shared per-key semantics (table_common.h), run on the host with
 // plain arrays: hashing, digest probing, victim selection and run processing.
-#include "cc/table/table_common.h"
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -14,6 +12,7 @@
 #include <vector>
 
 #include "cc/table/host_table_testing.h"
+#include "cc/table/table_common.h"
 
 namespace dyn_emb {
 namespace table {
@@ -46,7 +45,8 @@ struct Batch {
     for (int64_t i = 0; i < n; ++i) sk[i] = sort_key_of(t, keys[i], tables[i]);
     order.resize(n);
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](int32_t x, int32_t y) { return sk[x] < sk[y]; });
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t x, int32_t y) { return sk[x] < sk[y]; });
     RunArgs r;
     r.keys = keys.data();
     r.table_ids = tables.data();
@@ -159,8 +159,8 @@ TEST(RunOps, VictimIsMinimumScoreLowestPositionOnTies) {
 TEST(Victims, RankKeyOrdersNumbersAscendingWithNanFirst) {
   const double inf = std::numeric_limits<double>::infinity();
   const double nan = std::numeric_limits<double>::quiet_NaN();
-  const std::vector<double> ascending = {-inf, -1e308, -2.0, -1.0, -1e-310, 0.0,
-                                         1e-310, 1.0, 2.0, 1e308, inf};
+  const std::vector<double> ascending = {-inf,   -1e308, -2.0, -1.0,  -1e-310, 0.0,
+                                         1e-310, 1.0,    2.0,  1e308, inf};
   EXPECT_EQ(victim_rank_key(nan), INT64_MIN);
   EXPECT_EQ(victim_rank_key(-nan), INT64_MIN);
   for (size_t i = 0; i < ascending.size(); ++i) {
@@ -257,7 +257,8 @@ TEST(RunOps, CompoundScoresEvictLeastFrequentThenOlder) {
   b.run(h, RunOp::kInsertEvict, a);
   EXPECT_EQ(b.slots[0], 7);
   EXPECT_EQ(b.ev_keys[0], 8);
-  EXPECT_THAT(std::vector<int64_t>(h.scores.begin() + 14, h.scores.begin() + 16), ElementsAre(1, 999));
+  EXPECT_THAT(std::vector<int64_t>(h.scores.begin() + 14, h.scores.begin() + 16),
+              ElementsAre(1, 999));
 }
 
 TEST(RunOps, EraseFreesTheSlotAndCountsOnce) {

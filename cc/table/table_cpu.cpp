@@ -69,7 +69,8 @@ void stable_order(const int64_t* sort_keys, int64_t n, int64_t total_buckets, in
       hist[d] = sum;
       sum += c;
     }
-    for (int64_t i = 0; i < n; ++i) dst[hist[(sort_keys[src[i]] >> shift) & (kRadix - 1)]++] = src[i];
+    for (int64_t i = 0; i < n; ++i)
+      dst[hist[(sort_keys[src[i]] >> shift) & (kRadix - 1)]++] = src[i];
     std::swap(src, dst);
   }
   if (src != order) std::copy(src, src + n, order);

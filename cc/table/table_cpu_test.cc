@@ -27,8 +27,8 @@ struct Out {
   int64_t evicted = 0;
 };
 
-Out run(HostTable& s, RunOp op, const std::vector<int64_t>& keys, const std::vector<int64_t>& tables,
-        const std::vector<int64_t>& score_values) {
+Out run(HostTable& s, RunOp op, const std::vector<int64_t>& keys,
+        const std::vector<int64_t>& tables, const std::vector<int64_t>& score_values) {
   const int64_t n = static_cast<int64_t>(keys.size());
   Out o;
   o.slots.assign(n, 0);
@@ -45,7 +45,8 @@ Out run(HostTable& s, RunOp op, const std::vector<int64_t>& keys, const std::vec
   r.keys = keys.data();
   r.table_ids = tables.data();
   r.order = o.order.data();
-  for (int c = 0; c < s.num_scores; ++c) r.score.policy[c] = static_cast<int32_t>(ScorePolicy::kAccumulate);
+  for (int c = 0; c < s.num_scores; ++c)
+    r.score.policy[c] = static_cast<int32_t>(ScorePolicy::kAccumulate);
   r.score.values = score_values.data();
   r.score.value_row_stride = s.num_scores;
   r.op = op;
@@ -167,9 +168,11 @@ TEST(CpuBackend, ExportAndCountAgreeWithTheKeys) {
   EXPECT_EQ(cnt[0], s.counters[kCounterSize]);
   EXPECT_EQ(cnt[1], s.counters[kCounterCols + kCounterSize]);
   std::vector<int64_t> k(128), sl(128), tb(128), sc(128);
-  const int64_t c = cpu::export_batch(s.ref(), 0, 128, 0, 40, k.data(), sl.data(), tb.data(), sc.data());
+  const int64_t c =
+      cpu::export_batch(s.ref(), 0, 128, 0, 40, k.data(), sl.data(), tb.data(), sc.data());
   int64_t expect = 0;
-  for (int64_t slot = 0; slot < 128; ++slot) expect += s.keys[slot] != kEmptyKey && s.scores[slot] >= 40;
+  for (int64_t slot = 0; slot < 128; ++slot)
+    expect += s.keys[slot] != kEmptyKey && s.scores[slot] >= 40;
   EXPECT_EQ(c, expect);
   for (int64_t j = 0; j < c; ++j) {
     EXPECT_EQ(s.keys[sl[j]], k[j]);

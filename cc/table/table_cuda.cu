@@ -1,15 +1,14 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
-#include "cc/table/table_cuda.h"
-
 #include <cooperative_groups.h>
-#include <cub/cub.cuh>
-#include <cuda/std/functional>
 
 #include <cstdlib>
+#include <cub/cub.cuh>
+#include <cuda/std/functional>
 #include <stdexcept>
 #include <string>
 
 #include "cc/table/table_common.h"
+#include "cc/table/table_cuda.h"
 
 namespace dyn_emb {
 namespace table {
@@ -97,7 +96,8 @@ __device__ int64_t tile_probe(const Tile& g, const TableRef& t, const Home& h, i
     const int64_t off = base + lane_off;
     int64_t hit = -1;
     if (off < h.width) {
-      uint64_t m = match_bytes(*reinterpret_cast<const uint64_t*>(t.digests + h.start + off), digest);
+      uint64_t m =
+          match_bytes(*reinterpret_cast<const uint64_t*>(t.digests + h.start + off), digest);
       while (m) {
         const int64_t pos = off + (ctz64(m) >> 3);
         if (t.keys[h.start + pos] == key) {
@@ -115,8 +115,8 @@ __device__ int64_t tile_probe(const Tile& g, const TableRef& t, const Home& h, i
 
 // (victim key, score 0, score 1, position) lexicographically; the victim key
 // is victim_key() of table_common.h (0 for every slot without victim scores).
-__device__ __forceinline__ bool lex_less(int64_t ak, int64_t a0, int64_t a1, int64_t ap,
-                                         int64_t bk, int64_t b0, int64_t b1, int64_t bp) {
+__device__ __forceinline__ bool lex_less(int64_t ak, int64_t a0, int64_t a1, int64_t ap, int64_t bk,
+                                         int64_t b0, int64_t b1, int64_t bp) {
   if (ak != bk) return ak < bk;
   if (a0 != b0) return a0 < b0;
   if (a1 != b1) return a1 < b1;
@@ -178,7 +178,9 @@ __device__ __forceinline__ int64_t tile_index() {
 }
 
 template <int L>
-inline unsigned tile_grid_for(int64_t n) { return grid_for(n * L); }
+inline unsigned tile_grid_for(int64_t n) {
+  return grid_for(n * L);
+}
 
 /// Lanes per key or run chosen by an environment variable (read once).
 int lanes_from_env(const char* name, int fallback) {
@@ -222,9 +224,9 @@ __global__ void find_kernel(TableRef t, ScoreArgs a, const int64_t* keys, const 
 
 template <typename V, int L>
 __global__ void find_gather_kernel(TableRef t, ScoreArgs a, const int64_t* keys,
-                                   const int64_t* table_ids, int64_t n, bool update,
-                                   int64_t* slots, const V* values, int64_t num_rows,
-                                   int64_t vecs, V* out, const int32_t* ok) {
+                                   const int64_t* table_ids, int64_t n, bool update, int64_t* slots,
+                                   const V* values, int64_t num_rows, int64_t vecs, V* out,
+                                   const int32_t* ok) {
   const auto g = cg::tiled_partition<L>(cg::this_thread_block());
   const int64_t i = tile_index<L>();
   if (i >= n) return;
@@ -268,7 +270,10 @@ __global__ void sort_key_kernel(TableRef t, const int64_t* keys, const int64_t* 
 
 constexpr int kCounterDeltas = 4;
 __device__ __forceinline__ int delta_column(int c) {
-  return c == 0 ? kCounterSize : c == 1 ? kCounterInsertFailures : c == 2 ? kCounterEvictions : kCounterInserts;
+  return c == 0   ? kCounterSize
+         : c == 1 ? kCounterInsertFailures
+         : c == 2 ? kCounterEvictions
+                  : kCounterInserts;
 }
 
 // One tile per sorted position; the tile at the first position of a run
@@ -341,8 +346,8 @@ __global__ void run_kernel(TableRef t, RunArgs r, const int64_t* sorted_keys, in
 __global__ void row_keys_kernel(TableRef t, RunArgs r, int64_t n, int64_t* seg, int32_t* iota) {
   const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (i >= n) return;
-  seg[i] = r.status[i] == static_cast<int8_t>(InsertStatus::kInvalid) ? t.num_tables
-                                                                       : r.table_ids[i];
+  seg[i] =
+      r.status[i] == static_cast<int8_t>(InsertStatus::kInvalid) ? t.num_tables : r.table_ids[i];
   iota[i] = static_cast<int32_t>(i);
 }
 
@@ -521,15 +526,15 @@ void find(const TableRef& t, const ScoreArgs& a, const int64_t* keys, const int6
   switch (find_lanes()) {
     case 8:
       find_kernel<8><<<tile_grid_for<8>(n), kBlock, 0, stream>>>(t, at, keys, table_ids, n, update,
-                                                                  slots, ok);
+                                                                 slots, ok);
       break;
     case 32:
       find_kernel<32><<<tile_grid_for<32>(n), kBlock, 0, stream>>>(t, at, keys, table_ids, n,
-                                                                    update, slots, ok);
+                                                                   update, slots, ok);
       break;
     default:
       find_kernel<16><<<tile_grid_for<16>(n), kBlock, 0, stream>>>(t, at, keys, table_ids, n,
-                                                                    update, slots, ok);
+                                                                   update, slots, ok);
   }
   check(cudaGetLastError(), "find");
 }
@@ -543,7 +548,8 @@ void find_gather(const TableRef& t, const ScoreArgs& a, const int64_t* keys,
   const ScoreArgs at = update ? with_timer(a, t.num_scores, scratch, stream) : a;
   const auto aligned = [&](size_t al) {
     return row_bytes % static_cast<int64_t>(al) == 0 &&
-           reinterpret_cast<uintptr_t>(values) % al == 0 && reinterpret_cast<uintptr_t>(out) % al == 0;
+           reinterpret_cast<uintptr_t>(values) % al == 0 &&
+           reinterpret_cast<uintptr_t>(out) % al == 0;
   };
   const int lanes = find_lanes();
   const auto launch = [&](auto tag) {
@@ -584,8 +590,8 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
   int32_t* iota = alloc<int32_t>(scratch, n);
   int32_t* order = const_cast<int32_t*>(r.order);
 
-  const int32_t* ok =
-      layout_ok(t, has_rows ? t.num_free_rows : INT64_MAX, total_buckets, has_rows, scratch, stream);
+  const int32_t* ok = layout_ok(t, has_rows ? t.num_free_rows : INT64_MAX, total_buckets, has_rows,
+                                scratch, stream);
   sort_key_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, r.keys, r.table_ids, n, total_buckets,
                                                       keys_in, iota, ok);
   check(cudaGetLastError(), "sort keys");
@@ -610,24 +616,26 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
   w.ev_tables = alloc<int64_t>(scratch, n);
   w.ev_flags = alloc<uint8_t>(scratch, n);
   check(cudaMemsetAsync(w.ev_flags, 0, static_cast<size_t>(n), stream), "memset");
-  if (!has_rows) w.row_work = nullptr;
-  else if (!w.row_work) w.row_work = alloc<int64_t>(scratch, n);
+  if (!has_rows)
+    w.row_work = nullptr;
+  else if (!w.row_work)
+    w.row_work = alloc<int64_t>(scratch, n);
   switch (run_lanes()) {
     case 1:
-      run_kernel<1><<<tile_grid_for<1>(n), kBlock, 0, stream>>>(t, w, keys_sorted, n,
-                                                                 total_buckets);
+      run_kernel<1>
+          <<<tile_grid_for<1>(n), kBlock, 0, stream>>>(t, w, keys_sorted, n, total_buckets);
       break;
     case 8:
-      run_kernel<8><<<tile_grid_for<8>(n), kBlock, 0, stream>>>(t, w, keys_sorted, n,
-                                                                 total_buckets);
+      run_kernel<8>
+          <<<tile_grid_for<8>(n), kBlock, 0, stream>>>(t, w, keys_sorted, n, total_buckets);
       break;
     case 32:
-      run_kernel<32><<<tile_grid_for<32>(n), kBlock, 0, stream>>>(t, w, keys_sorted, n,
-                                                                   total_buckets);
+      run_kernel<32>
+          <<<tile_grid_for<32>(n), kBlock, 0, stream>>>(t, w, keys_sorted, n, total_buckets);
       break;
     default:
-      run_kernel<16><<<tile_grid_for<16>(n), kBlock, 0, stream>>>(t, w, keys_sorted, n,
-                                                                   total_buckets);
+      run_kernel<16>
+          <<<tile_grid_for<16>(n), kBlock, 0, stream>>>(t, w, keys_sorted, n, total_buckets);
   }
   check(cudaGetLastError(), "runs");
 
@@ -646,8 +654,9 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
     auto* sin = reinterpret_cast<unsigned long long*>(seg);
     auto* sout = reinterpret_cast<unsigned long long*>(seg_sorted);
     size_t sb = 0;
-    check(cub::DeviceRadixSort::SortPairs(nullptr, sb, sin, sout, iota, idx, n, 0, seg_bits, stream),
-          "row sort (size)");
+    check(
+        cub::DeviceRadixSort::SortPairs(nullptr, sb, sin, sout, iota, idx, n, 0, seg_bits, stream),
+        "row sort (size)");
     void* st = scratch.allocate(sb);
     check(cub::DeviceRadixSort::SortPairs(st, sb, sin, sout, iota, idx, n, 0, seg_bits, stream),
           "row sort");
@@ -668,10 +677,9 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
   }
 
   const int64_t* sel = select_flagged(w.ev_flags, n, 0, num_evicted, scratch, stream);
-  evict_gather_kernel<<<grid_for(n), kBlock, 0, stream>>>(sel, num_evicted, n, ns, w.ev_keys,
-                                                          w.ev_scores, w.ev_slots, w.ev_tables,
-                                                          r.ev_keys, r.ev_scores, r.ev_slots,
-                                                          r.ev_tables);
+  evict_gather_kernel<<<grid_for(n), kBlock, 0, stream>>>(
+      sel, num_evicted, n, ns, w.ev_keys, w.ev_scores, w.ev_slots, w.ev_tables, r.ev_keys,
+      r.ev_scores, r.ev_slots, r.ev_tables);
   check(cudaGetLastError(), "evict gather");
 }
 
@@ -696,7 +704,8 @@ void gather_rows(const uint8_t* values, int64_t num_rows, int64_t row_bytes, con
                  int64_t n, uint8_t* out, cudaStream_t stream) {
   if (n == 0 || row_bytes == 0) return;
   const auto aligned = [&](size_t a) {
-    return row_bytes % static_cast<int64_t>(a) == 0 && reinterpret_cast<uintptr_t>(values) % a == 0 &&
+    return row_bytes % static_cast<int64_t>(a) == 0 &&
+           reinterpret_cast<uintptr_t>(values) % a == 0 &&
            reinterpret_cast<uintptr_t>(out) % a == 0;
   };
   if (aligned(16)) {

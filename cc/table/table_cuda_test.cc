@@ -36,8 +36,7 @@ TEST(CudaBackend, LaunchWithoutDeviceThrows) {
   RunArgs r;
   NullScratch scratch;
   std::vector<int64_t> count(1);
-  EXPECT_THROW(cuda::run_op(t, r, 0, 1, false, count.data(), scratch, nullptr),
-               std::runtime_error);
+  EXPECT_THROW(cuda::run_op(t, r, 0, 1, false, count.data(), scratch, nullptr), std::runtime_error);
 }
 
 }  // namespace

@@ -17,16 +17,16 @@ constexpr int32_t kMaxScores = 2;
 
 /// The table's state, as raw pointers into tensors owned by the layer above.
 struct TableRef {
-  int64_t* keys = nullptr;           ///< (num_slots) key or kEmptyKey
-  uint8_t* digests = nullptr;        ///< (num_slots) 1-byte digest of the key's hash
-  int64_t* scores = nullptr;         ///< (num_slots, num_scores)
-  const int64_t* info = nullptr;     ///< (num_tables, kInfoCols)
-  int64_t* counters = nullptr;       ///< (num_tables, kCounterCols)
-  int64_t* free_rows = nullptr;      ///< NO_EVICTION free-row stacks, see kInfoRowOffset
-  int32_t num_scores = 1;            ///< score words per slot, 1..kMaxScores
-  int64_t num_tables = 0;            ///< logical tables fused in this allocation
-  int64_t num_slots = 0;             ///< sum of the tables' capacities
-  int64_t num_free_rows = 0;         ///< entries of free_rows
+  int64_t* keys = nullptr;        ///< (num_slots) key or kEmptyKey
+  uint8_t* digests = nullptr;     ///< (num_slots) 1-byte digest of the key's hash
+  int64_t* scores = nullptr;      ///< (num_slots, num_scores)
+  const int64_t* info = nullptr;  ///< (num_tables, kInfoCols)
+  int64_t* counters = nullptr;    ///< (num_tables, kCounterCols)
+  int64_t* free_rows = nullptr;   ///< NO_EVICTION free-row stacks, see kInfoRowOffset
+  int32_t num_scores = 1;         ///< score words per slot, 1..kMaxScores
+  int64_t num_tables = 0;         ///< logical tables fused in this allocation
+  int64_t num_slots = 0;          ///< sum of the tables' capacities
+  int64_t num_free_rows = 0;      ///< entries of free_rows
 };
 
 /// How a bulk operation treats scores: one policy per score column, and the
@@ -51,14 +51,14 @@ struct RunArgs {
   RunOp op = RunOp::kInsert;
   bool assign_rows = false;  ///< NO_EVICTION: score column 0 gives the row, not the allocator
 
-  int64_t* slots = nullptr;       ///< (n) by index: slot or -1
-  int8_t* status = nullptr;       ///< (n) by index: InsertStatus
-  int64_t* ev_keys = nullptr;     ///< (n) by position: evicted key
-  int64_t* ev_scores = nullptr;   ///< (n, num_scores) by position
-  int64_t* ev_slots = nullptr;    ///< (n) by position
-  int64_t* ev_tables = nullptr;   ///< (n) by position
-  uint8_t* ev_flags = nullptr;    ///< (n) by position: 1 where a key was evicted
-  int64_t* row_work = nullptr;    ///< (n) by index: see table_common.h, "Rows"
+  int64_t* slots = nullptr;      ///< (n) by index: slot or -1
+  int8_t* status = nullptr;      ///< (n) by index: InsertStatus
+  int64_t* ev_keys = nullptr;    ///< (n) by position: evicted key
+  int64_t* ev_scores = nullptr;  ///< (n, num_scores) by position
+  int64_t* ev_slots = nullptr;   ///< (n) by position
+  int64_t* ev_tables = nullptr;  ///< (n) by position
+  uint8_t* ev_flags = nullptr;   ///< (n) by position: 1 where a key was evicted
+  int64_t* row_work = nullptr;   ///< (n) by index: see table_common.h, "Rows"
   /// (num_slots) by slot, or null: a custom eviction score per slot that ranks
   /// victims before the score words (see table_common.h, "Scores"). Read only
   /// for the untouched slots of full buckets.

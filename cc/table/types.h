@@ -18,7 +18,7 @@ namespace table {
 /// Keys below `kFirstValidKey` are reserved for slot states; user keys in that
 /// range are refused with an error.
 constexpr int64_t kEmptyKey = std::numeric_limits<int64_t>::min();  ///< unused slot
-constexpr int64_t kLockedKey = kEmptyKey + 1;  ///< slot being written (GPU)
+constexpr int64_t kLockedKey = kEmptyKey + 1;                       ///< slot being written (GPU)
 constexpr int64_t kFirstValidKey = kEmptyKey + 4;
 static_assert(kLockedKey < kFirstValidKey, "reserved keys must lie below kFirstValidKey");
 
@@ -78,9 +78,9 @@ enum CounterCol : int32_t {
 
 /// Operation performed on a run of keys that share a bucket.
 enum class RunOp : int32_t {
-  kInsert = 0,          ///< find or insert; a full bucket fails
-  kInsertEvict = 1,     ///< find or insert; a full bucket evicts its minimum
-  kErase = 2,           ///< remove
+  kInsert = 0,       ///< find or insert; a full bucket fails
+  kInsertEvict = 1,  ///< find or insert; a full bucket evicts its minimum
+  kErase = 2,        ///< remove
 };
 
 }  // namespace table

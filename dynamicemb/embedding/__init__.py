@@ -6,4 +6,10 @@ from dynamicemb.embedding.initializer import init_rows
 from dynamicemb.embedding.optimizer import RowOptimizer
 from dynamicemb.embedding.unique import SegmentedUnique, segmented_unique
 
-__all__ = ["BatchedDynamicEmbeddingTablesV2", "RowOptimizer", "SegmentedUnique", "init_rows", "segmented_unique"]
+__all__ = [
+    "BatchedDynamicEmbeddingTablesV2",
+    "RowOptimizer",
+    "SegmentedUnique",
+    "init_rows",
+    "segmented_unique",
+]

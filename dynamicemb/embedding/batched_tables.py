@@ -23,8 +23,9 @@ The step, per batch:
 
 import os
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, List, Optional, Sequence
+from typing import Any
 
 import torch
 
@@ -32,7 +33,6 @@ from dynamicemb.dynamicemb_config import (
     BUCKET_ALIGNMENT,
     MAX_BUCKET_CAPACITY,
     DynamicEmbCheckMode,
-    DynamicEmbInitializerArgs,
     DynamicEmbPoolingMode,
     DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
@@ -50,7 +50,7 @@ S = DynamicEmbScoreStrategy
 _MAX_REHASH = 16
 
 
-def _align(n: int, width: Optional[int]) -> int:
+def _align(n: int, width: int | None) -> int:
     """n rounded up to a multiple of the bucket width (16 for one bucket)."""
     a = width or BUCKET_ALIGNMENT
     return -(-n // a) * a
@@ -58,10 +58,14 @@ def _align(n: int, width: Optional[int]) -> int:
 
 def _out_of_memory(e: BaseException) -> bool:
     msg = str(e)
-    return isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in msg or "out of memory" in msg
+    return (
+        isinstance(e, torch.OutOfMemoryError)
+        or "can't allocate memory" in msg
+        or "out of memory" in msg
+    )
 
 
-def _policies(strategies, step: int, custom: Optional[int], counts: torch.Tensor):
+def _policies(strategies, step: int, custom: int | None, counts: torch.Tensor):
     """Score policies and values of a batch, in the table's internal column
     order: (LFU count, timestamp) for the compound strategy."""
     P = enums.ScorePolicy
@@ -107,7 +111,7 @@ class _Batch:
     rows: torch.Tensor
     inverse: torch.Tensor
     bag_offsets: torch.Tensor
-    weights: Optional[torch.Tensor]
+    weights: torch.Tensor | None
     occ_offsets: torch.Tensor
     occ_order: torch.Tensor
     occ_bag: torch.Tensor
@@ -155,12 +159,12 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
     def __init__(
         self,
         table_options: Sequence[DynamicEmbTableOptions],
-        feature_table_map: Optional[List[int]] = None,
+        feature_table_map: list[int] | None = None,
         pooling_mode: DynamicEmbPoolingMode = DynamicEmbPoolingMode.SUM,
         optimizer: Any = None,
-        device: Optional[torch.device] = None,
+        device: torch.device | None = None,
         seed: int = 0,
-        initializer_table_ids: Optional[Sequence[int]] = None,
+        initializer_table_ids: Sequence[int] | None = None,
         **optimizer_args: Any,
     ) -> None:
         super().__init__()
@@ -169,7 +173,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.table_options = list(table_options)
         for t, o in enumerate(self.table_options):
             if not o.dim or not o.max_capacity:
-                raise ValueError(f"table {t}: dim and max_capacity must be set, got {o.dim} and {o.max_capacity}")
+                raise ValueError(
+                    f"table {t}: dim and max_capacity must be set, got {o.dim} and {o.max_capacity}"
+                )
         strategies = {o.score_strategies() for o in self.table_options}
         if len(strategies) != 1:
             raise ValueError(f"fused tables must share one score_strategy, got {strategies}")
@@ -180,7 +186,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.score_function = next(iter(functions))
         self.pooling_mode = DynamicEmbPoolingMode(pooling_mode)
         n = len(self.table_options)
-        self.feature_table_map = list(range(n)) if feature_table_map is None else list(feature_table_map)
+        self.feature_table_map = (
+            list(range(n)) if feature_table_map is None else list(feature_table_map)
+        )
         for f, t in enumerate(self.feature_table_map):
             if not 0 <= t < n:
                 raise ValueError(f"feature {f} maps to table {t}, not one of 0..{n - 1}")
@@ -196,11 +204,15 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         # Compound (TIMESTAMP, LFU) with a score_function: victims ranked by it.
         self._victim_scorer = (
-            None if self.score_function is None
+            None
+            if self.score_function is None
             else VictimScorer(self.score_function, self.strategies, self.device)
         )
         self.no_eviction = S.NO_EVICTION in self.strategies
-        widths = [o.bucket_capacity if o.bucket_capacity != MAX_BUCKET_CAPACITY else None for o in self.table_options]
+        widths = [
+            o.bucket_capacity if o.bucket_capacity != MAX_BUCKET_CAPACITY else None
+            for o in self.table_options
+        ]
         init = [int(o.init_capacity or o.max_capacity) for o in self.table_options]
         if self.no_eviction:
             # The key map holds at most half its slots (a fixed load factor of
@@ -208,8 +220,14 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             # together, without limit, as keys arrive (see _grow).
             caps = [_align(2 * r, w) for r, w in zip(init, widths)]
             self.table = ScoredHashTable(
-                caps, bucket_capacities=widths, num_scores=1, no_eviction=True,
-                max_capacities=caps, row_capacities=init, device=self.device, validate=False,
+                caps,
+                bucket_capacities=widths,
+                num_scores=1,
+                no_eviction=True,
+                max_capacities=caps,
+                row_capacities=init,
+                device=self.device,
+                validate=False,
             )
         else:
             self.table = ScoredHashTable(
@@ -224,7 +242,8 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             )
         self.training_state = all(o.training for o in self.table_options)
         self.width = max(
-            d + (self.optimizer.state_dim(d) if self.training_state else 0) for d in [self.max_dim] + self.dims
+            d + (self.optimizer.state_dim(d) if self.training_state else 0)
+            for d in [self.max_dim] + self.dims
         )
         # Values are indexed by slot; under NO_EVICTION by row: table t's rows
         # are the block [row_base[t], row_base[t] + row_capacity(t)).
@@ -236,14 +255,17 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.initializer_table_ids = [int(i) for i in initializer_table_ids]
         if len(self.initializer_table_ids) != n:
             raise ValueError(
-                f"initializer_table_ids has {len(self.initializer_table_ids)} entries for {n} tables: "
+                f"initializer_table_ids has {len(self.initializer_table_ids)} entries for {n} "
+                "tables: "
                 f"{self.initializer_table_ids}"
             )
         self.step = 0
-        self._custom_score: Optional[int] = None
+        self._custom_score: int | None = None
         self.insert_failures = torch.zeros((), dtype=torch.int64, device=self.device)
         self._eval_rows = None
-        self._init_table_ids = torch.tensor(self.initializer_table_ids, dtype=torch.int64, device=self.device)
+        self._init_table_ids = torch.tensor(
+            self.initializer_table_ids, dtype=torch.int64, device=self.device
+        )
         self._init_groups = {mode: self._group_tables(mode) for mode in (False, True)}
         # Output layout of pooled lookups: feature f's dims[f] columns start at
         # cols[f], the features side by side (TorchRec's KeyedTensor order).
@@ -254,7 +276,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self._out_width = sum(fdims)
         self._none_dims = torch.tensor([self.dims[0]], dtype=torch.int64, device=self.device)
         self._none_cols = torch.zeros(1, dtype=torch.int64, device=self.device)
-        self._feature_tables = torch.tensor(self.feature_table_map, dtype=torch.int64, device=self.device)
+        self._feature_tables = torch.tensor(
+            self.feature_table_map, dtype=torch.int64, device=self.device
+        )
         # Autograd needs one input that requires grad to call backward.
         self._placeholder = torch.nn.Parameter(torch.zeros(1, device=self.device))
 
@@ -277,7 +301,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         rows = self._row_base[tids] + self.table.rows(slots)
         return torch.where(slots >= 0, rows, slots)
 
-    def _grow(self, tables: Sequence[int], needed: Optional[Sequence[int]] = None) -> bool:
+    def _grow(self, tables: Sequence[int], needed: Sequence[int] | None = None) -> bool:
         """NO_EVICTION: doubles the key map and the value rows of ``tables``
         (repeatedly, until ``needed[t]`` keys fit at load 0.5; at least once).
         A key map that cannot place every key at its new capacity is doubled
@@ -300,7 +324,8 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                         f"dynamicemb: NO_EVICTION tables {list(tables)} cannot grow to key map "
                         f"capacities {[caps[t] for t in tables]} and {[rows[t] for t in tables]} "
                         f"rows: out of memory ({e}). Training continues; keys that do not fit "
-                        "are not stored and read zeros."
+                        "are not stored and read zeros.",
+                        stacklevel=2,
                     )
                     return False
                 if "relayout could not place" not in str(e):
@@ -309,7 +334,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 for t in tables:
                     caps[t] *= 2
         else:
-            raise RuntimeError(f"dynamicemb: NO_EVICTION tables {list(tables)} could not be rehashed")
+            raise RuntimeError(
+                f"dynamicemb: NO_EVICTION tables {list(tables)} could not be rehashed"
+            )
         self._set_row_bases()
         for t in range(self.table.num_tables):
             lo, new_lo = old_bases[t], self._row_base_host[t]
@@ -325,7 +352,11 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         incoming = torch.bincount(tids, minlength=n).tolist()
         sizes = self.table.size().tolist()
         needed = [s + i for s, i in zip(sizes, incoming)]
-        grow = [t for t in range(n) if needed[t] > self.table.row_capacity(t) or 2 * needed[t] > self.table.capacity(t)]
+        grow = [
+            t
+            for t in range(n)
+            if needed[t] > self.table.row_capacity(t) or 2 * needed[t] > self.table.capacity(t)
+        ]
         if grow:
             self._grow(grow, needed)
         res = self.table.insert(keys, tids)
@@ -353,8 +384,15 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
 
     def set_score(self, score: int) -> None:
         """CUSTOMIZED: the score of the next forward passes."""
-        if self._custom_score is not None and score < self._custom_score and os.environ.get("DYNAMICEMB_CSTM_SCORE_CHECK", "1") != "0":
-            warnings.warn(f"set_score: new score {score} is less than the previous {self._custom_score}")
+        if (
+            self._custom_score is not None
+            and score < self._custom_score
+            and os.environ.get("DYNAMICEMB_CSTM_SCORE_CHECK", "1") != "0"
+        ):
+            warnings.warn(
+                f"set_score: new score {score} is less than the previous {self._custom_score}",
+                stacklevel=2,
+            )
         self._custom_score = int(score)
 
     # ------------------------------------------------------------ forward --
@@ -363,15 +401,18 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self,
         indices: torch.Tensor,
         offsets: torch.Tensor,
-        frequency_counters: Optional[torch.Tensor] = None,
-        pooling_weights: Optional[torch.Tensor] = None,
+        frequency_counters: torch.Tensor | None = None,
+        pooling_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
         self._check_weights(indices, frequency_counters, pooling_weights)
         indices = indices.to(self.device).long()
         offsets = offsets.to(self.device).long()
         num_features = len(self.feature_table_map)
         if (offsets.numel() - 1) % num_features:
-            raise ValueError(f"offsets has {offsets.numel()} entries, not num_features ({num_features}) * batch_size + 1")
+            raise ValueError(
+                f"offsets has {offsets.numel()} entries, not num_features ({num_features}) * "
+                "batch_size + 1"
+            )
         batch = (offsets.numel() - 1) // num_features
         lengths = offsets[1:] - offsets[:-1]
         bag = torch.repeat_interleave(
@@ -383,7 +424,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self._uniq_tids = su.table_ids
         counts = su.counts
         if frequency_counters is not None:
-            counts = torch.zeros_like(su.counts).index_add_(0, su.inverse, frequency_counters.to(self.device).long())
+            counts = torch.zeros_like(su.counts).index_add_(
+                0, su.inverse, frequency_counters.to(self.device).long()
+            )
         if self.training:
             rows = self._lookup_train(su.keys, su.table_ids, counts)
         else:
@@ -397,18 +440,48 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         torch.cumsum(su.counts, 0, out=occ_offsets[1:])
         if self.pooling_mode == DynamicEmbPoolingMode.NONE:
             # Sequence lookups: every occurrence is a bag of its own.
-            b = _Batch(rows, su.inverse, torch.arange(n + 1, device=self.device), weights, occ_offsets,
-                       su.order, torch.arange(n, device=self.device), self._none_cols, self._none_dims,
-                       n, self.dims[0])
+            b = _Batch(
+                rows,
+                su.inverse,
+                torch.arange(n + 1, device=self.device),
+                weights,
+                occ_offsets,
+                su.order,
+                torch.arange(n, device=self.device),
+                self._none_cols,
+                self._none_dims,
+                n,
+                self.dims[0],
+            )
         else:
-            b = _Batch(rows, su.inverse, offsets, weights, occ_offsets, su.order, bag,
-                       self._feature_cols, self._feature_dims, batch, self._out_width)
+            b = _Batch(
+                rows,
+                su.inverse,
+                offsets,
+                weights,
+                occ_offsets,
+                su.order,
+                bag,
+                self._feature_cols,
+                self._feature_dims,
+                batch,
+                self._out_width,
+            )
         extra = None
         if not self.training and self._eval_rows is not None:
             missing, fill = self._eval_rows
             fill_rows = torch.where(missing, torch.arange(missing.numel(), device=self.device), -1)
-            extra = ops().embedding_pool(fill, fill_rows, b.inverse, b.bag_offsets, b.weights, b.cols,
-                                         b.dims, b.batch, b.out_width)
+            extra = ops().embedding_pool(
+                fill,
+                fill_rows,
+                b.inverse,
+                b.bag_offsets,
+                b.weights,
+                b.cols,
+                b.dims,
+                b.batch,
+                b.out_width,
+            )
         return _Lookup.apply(self._placeholder, self, b, extra)
 
     def _check_weights(self, indices, frequency_counters, pooling_weights) -> None:
@@ -419,9 +492,15 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if pooling_weights.dtype != torch.float32:
             raise ValueError(f"pooling_weights must be float32, got {pooling_weights.dtype}")
         if pooling_weights.numel() != indices.numel():
-            raise ValueError(f"pooling_weights has {pooling_weights.numel()} entries for {indices.numel()} indices")
+            raise ValueError(
+                f"pooling_weights has {pooling_weights.numel()} entries for {indices.numel()} "
+                "indices"
+            )
         if pooling_weights.requires_grad and torch.is_grad_enabled():
-            raise ValueError("pooling_weights must not require grad while grad mode is enabled: no gradient is computed for them")
+            raise ValueError(
+                "pooling_weights must not require grad while grad mode is enabled: no gradient is "
+                "computed for them"
+            )
         if frequency_counters is not None:
             raise ValueError("pass either pooling_weights or frequency_counters, not both")
 
@@ -445,20 +524,27 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 msg = f"{n_failed} keys could not be inserted into the dynamic embedding table"
                 if mode == DynamicEmbCheckMode.ERROR:
                     raise RuntimeError(msg)
-                warnings.warn(msg + "; their embeddings are zeros")
+                warnings.warn(msg + "; their embeddings are zeros", stacklevel=2)
         self.insert_failures += failed.sum()
         return rows
 
     def _insert_evicting(self, keys, tids, counts):
-        if any(self.table.capacity(t) < self.table.max_capacity(t) for t in range(self.table.num_tables)):
+        if any(
+            self.table.capacity(t) < self.table.max_capacity(t)
+            for t in range(self.table.num_tables)
+        ):
             # Only tables that can still grow pay for reading the batch's size per table.
             incoming = torch.bincount(tids, minlength=self.table.num_tables).tolist()
             moved = self.table.reserve(incoming)
             if moved is not None:
                 self._move_values(*moved)
         policies, vals = _policies(self.strategies, self.step, self._custom_score, counts)
-        victim = None if self._victim_scorer is None else self._victim_scorer(self.table, keys, tids)
-        res = self.table.insert_and_evict(keys, tids, policies=policies, scores=vals, victim_scores=victim)
+        victim = (
+            None if self._victim_scorer is None else self._victim_scorer(self.table, keys, tids)
+        )
+        res = self.table.insert_and_evict(
+            keys, tids, policies=policies, scores=vals, victim_scores=victim
+        )
         return res.slots, res.status
 
     def _group_tables(self, eval_mode: bool):
@@ -507,8 +593,17 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         return rows
 
     def _pool(self, b: "_Batch") -> torch.Tensor:
-        return ops().embedding_pool(self.values, b.rows, b.inverse, b.bag_offsets, b.weights, b.cols,
-                                    b.dims, b.batch, b.out_width)
+        return ops().embedding_pool(
+            self.values,
+            b.rows,
+            b.inverse,
+            b.bag_offsets,
+            b.weights,
+            b.cols,
+            b.dims,
+            b.batch,
+            b.out_width,
+        )
 
     # ----------------------------------------------------------- backward --
 

@@ -5,8 +5,6 @@ the same initial row on the CPU and the GPU, whatever batch it arrives in and
 in whatever order.
 """
 
-from typing import Optional
-
 import torch
 
 from dynamicemb.dynamicemb_config import (
@@ -21,7 +19,7 @@ def init_rows(
     keys: torch.Tensor,
     dim: int,
     args: DynamicEmbInitializerArgs,
-    table_ids: Optional[torch.Tensor] = None,
+    table_ids: torch.Tensor | None = None,
     seed: int = 0,
 ) -> torch.Tensor:
     """Initial rows of ``keys``.
@@ -59,6 +57,14 @@ def init_rows(
     upper = 1.0 if upper is None else float(upper)
     mode = int(constants()["InitMode"][args.mode.name])
     return ops().init_rows(
-        keys, table_ids, int(dim), mode, float(args.mean), float(args.std_dev), lower, upper,
-        float(args.value), int(seed),
+        keys,
+        table_ids,
+        int(dim),
+        mode,
+        float(args.mean),
+        float(args.std_dev),
+        lower,
+        upper,
+        float(args.value),
+        int(seed),
     )

@@ -64,9 +64,7 @@ class RowOptimizer:
         self._type = int(constants()["OptimType"][_NATIVE[name]])
         if isinstance(self.optimizer, DynamicEmbOptimType):
             if not self.learning_rate > 0:
-                raise ValueError(
-                    f"FTRL learning_rate must be positive, got {self.learning_rate}"
-                )
+                raise ValueError(f"FTRL learning_rate must be positive, got {self.learning_rate}")
             if self.learning_rate_power > 0:
                 raise ValueError(
                     f"FTRL learning_rate_power must be <= 0, got {self.learning_rate_power}"
@@ -91,24 +89,57 @@ class RowOptimizer:
             dim = state.shape[1] // 2
             state[:, dim:].fill_(self.initial_accumulator_value)
 
-    def step(self, values: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor, step: int) -> None:
+    def step(
+        self, values: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor, step: int
+    ) -> None:
         """Updates ``values[rows]`` in place with ``grads`` (one reduced gradient
         per distinct row; -1 skips an entry). ``step`` is 1-based."""
         ops().optimizer_step(
-            values, rows, grads, self._type, float(self.learning_rate), float(self.eps),
-            float(self.beta1), float(self.beta2), float(self.weight_decay),
-            int(self.weight_decay_mode), int(step), float(self.learning_rate_power),
-            float(self.ftrl_beta), float(self.l1_reg), float(self.l2_reg),
+            values,
+            rows,
+            grads,
+            self._type,
+            float(self.learning_rate),
+            float(self.eps),
+            float(self.beta1),
+            float(self.beta2),
+            float(self.weight_decay),
+            int(self.weight_decay_mode),
+            int(step),
+            float(self.learning_rate_power),
+            float(self.ftrl_beta),
+            float(self.l1_reg),
+            float(self.l2_reg),
         )
 
-    def fused_update(self, values: torch.Tensor, grad_out: torch.Tensor, batch: Any, step: int) -> None:
+    def fused_update(
+        self, values: torch.Tensor, grad_out: torch.Tensor, batch: Any, step: int
+    ) -> None:
         """Reduces each distinct key's gradient from ``grad_out`` (the lookup's
         output gradient) and updates its row of ``values`` in place; ``batch``
         is the lookup's structure (cc/embedding/lookup.h). ``step`` is 1-based."""
         b = batch
         ops().embedding_update(
-            values, grad_out, b.rows, b.occ_offsets, b.occ_order, b.occ_bag, b.weights, b.cols, b.dims,
-            b.batch, self._type, float(self.learning_rate), float(self.eps), float(self.beta1),
-            float(self.beta2), float(self.weight_decay), int(self.weight_decay_mode), int(step),
-            float(self.learning_rate_power), float(self.ftrl_beta), float(self.l1_reg), float(self.l2_reg),
+            values,
+            grad_out,
+            b.rows,
+            b.occ_offsets,
+            b.occ_order,
+            b.occ_bag,
+            b.weights,
+            b.cols,
+            b.dims,
+            b.batch,
+            self._type,
+            float(self.learning_rate),
+            float(self.eps),
+            float(self.beta1),
+            float(self.beta2),
+            float(self.weight_decay),
+            int(self.weight_decay_mode),
+            int(step),
+            float(self.learning_rate_power),
+            float(self.ftrl_beta),
+            float(self.l1_reg),
+            float(self.l2_reg),
         )

@@ -21,7 +21,7 @@ evaluates one bucket. ``scores`` is a 2-tuple of int64, indexed with
 constants.
 """
 
-from typing import Callable, Optional, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -119,7 +119,9 @@ class VictimScorer:
         ImportError: numba (numba-cuda for a GPU table) is not installed.
     """
 
-    def __init__(self, fn: Callable, strategies: Sequence[DynamicEmbScoreStrategy], device: torch.device) -> None:
+    def __init__(
+        self, fn: Callable, strategies: Sequence[DynamicEmbScoreStrategy], device: torch.device
+    ) -> None:
         strategies = tuple(strategies)
         if len(strategies) != 2 or set(strategies) != {S.TIMESTAMP, S.LFU}:
             raise ValueError(
@@ -138,8 +140,11 @@ class VictimScorer:
                 # Compile now (an empty call types the whole kernel).
                 empty = torch.empty(0, dtype=torch.int64)
                 self._kernel(
-                    torch.zeros((1, 2), dtype=torch.int64).numpy(), empty.numpy(), empty.numpy(),
-                    torch.zeros(1, dtype=torch.int64).numpy(), torch.empty(0, dtype=torch.float64).numpy(),
+                    torch.zeros((1, 2), dtype=torch.int64).numpy(),
+                    empty.numpy(),
+                    empty.numpy(),
+                    torch.zeros(1, dtype=torch.int64).numpy(),
+                    torch.empty(0, dtype=torch.float64).numpy(),
                 )
         except ImportError:
             raise
@@ -147,12 +152,18 @@ class VictimScorer:
             raise ValueError(
                 f"score_function {name} cannot be compiled with numba: {type(e).__name__}: {e}"
             ) from e
-        self._out: Optional[torch.Tensor] = None
+        self._out: torch.Tensor | None = None
 
-    def __call__(self, table: ScoredHashTable, keys: torch.Tensor, table_ids: torch.Tensor) -> torch.Tensor:
+    def __call__(
+        self, table: ScoredHashTable, keys: torch.Tensor, table_ids: torch.Tensor
+    ) -> torch.Tensor:
         """(num_slots) float64 victim scores, evaluated over the home buckets
         of ``keys`` (other entries are left as they are: never read)."""
-        if self._out is None or self._out.numel() != table.num_slots or self._out.device != table.device:
+        if (
+            self._out is None
+            or self._out.numel() != table.num_slots
+            or self._out.device != table.device
+        ):
             self._out = torch.empty(table.num_slots, dtype=torch.float64, device=table.device)
         starts = table.home_starts(keys, table_ids)
         widths = table.info[table_ids, enums.InfoCol.BUCKET_CAPACITY]

@@ -49,9 +49,7 @@ def segmented_unique(
     non-decreasing) and a violation raises.
     """
     if keys.dtype != torch.int64 or table_ids.dtype != torch.int64:
-        raise TypeError(
-            f"keys and table_ids must be int64, got {keys.dtype} and {table_ids.dtype}"
-        )
+        raise TypeError(f"keys and table_ids must be int64, got {keys.dtype} and {table_ids.dtype}")
     if keys.dim() != 1 or keys.shape != table_ids.shape:
         raise ValueError(
             f"keys and table_ids must be 1-D of one length, got {tuple(keys.shape)} and "

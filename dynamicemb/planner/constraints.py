@@ -3,7 +3,7 @@
 import dataclasses
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any
 
 from torchrec.distributed.planner.types import ParameterConstraints
 
@@ -11,9 +11,10 @@ try:
     from torchrec.distributed.planner.types import hash_sha256_to_int
 except ImportError:  # older TorchRec releases
 
-    def hash_sha256_to_int(hashable_list: List[Any]) -> int:
+    def hash_sha256_to_int(hashable_list: list[Any]) -> int:
         digest = hashlib.sha256(repr(hashable_list).encode()).digest()
         return int.from_bytes(digest[:8], "big")
+
 
 from ..dynamicemb_config import DynamicEmbTableOptions
 
@@ -36,8 +37,8 @@ class DynamicEmbParameterConstraints(ParameterConstraints):
             ``DynamicEmbTableOptions()`` per instance.
     """
 
-    use_dynamicemb: Optional[bool] = False
-    dynamicemb_options: Optional[DynamicEmbTableOptions] = field(
+    use_dynamicemb: bool | None = False
+    dynamicemb_options: DynamicEmbTableOptions | None = field(
         default_factory=DynamicEmbTableOptions
     )
 

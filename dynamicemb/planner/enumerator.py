@@ -3,7 +3,6 @@
 import copy
 import dataclasses
 import types
-from typing import Dict, List, Optional, Union
 
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner.constants import BATCH_SIZE
@@ -15,7 +14,6 @@ from torchrec.distributed.planner.types import (
     Topology,
 )
 from torchrec.distributed.planner.utils import sharder_name
-from torchrec.distributed.types import ShardingType
 
 from ..dynamicemb_config import DynamicEmbTableOptions
 from .constraints import DynamicEmbParameterConstraints
@@ -29,7 +27,7 @@ __all__ = ["DynamicEmbeddingEnumerator", "is_dynamic_table"]
 _PROXY_COMPUTE_KERNEL = EmbeddingComputeKernel.FUSED.value
 
 
-def is_dynamic_table(constraints: Optional[ParameterConstraints]) -> bool:
+def is_dynamic_table(constraints: ParameterConstraints | None) -> bool:
     """True when ``constraints`` mark their table as a dynamic embedding table."""
     return isinstance(constraints, DynamicEmbParameterConstraints) and bool(
         constraints.use_dynamicemb
@@ -76,9 +74,9 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
     def __init__(
         self,
         topology: Topology,
-        batch_size: Optional[int] = BATCH_SIZE,
-        constraints: Optional[Dict[str, ParameterConstraints]] = None,
-        estimator: Optional[Union[ShardEstimator, List[ShardEstimator]]] = None,
+        batch_size: int | None = BATCH_SIZE,
+        constraints: dict[str, ParameterConstraints] | None = None,
+        estimator: ShardEstimator | list[ShardEstimator] | None = None,
     ) -> None:
         super().__init__(
             topology=topology,
@@ -93,7 +91,9 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
     def _is_dynamic(self, name: str) -> bool:
         return bool(self._constraints) and is_dynamic_table(self._constraints.get(name))
 
-    def _filter_sharding_types(self, name: str, allowed_sharding_types: List[str], *args, **kwargs) -> List[str]:
+    def _filter_sharding_types(
+        self, name: str, allowed_sharding_types: list[str], *args, **kwargs
+    ) -> list[str]:
         if not self._is_dynamic(name):
             return super()._filter_sharding_types(name, allowed_sharding_types, *args, **kwargs)
         requested = self._constraints[name].sharding_types
@@ -112,8 +112,8 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
         return [DYNAMICEMB_SHARDING_TYPE]
 
     def _filter_compute_kernels(
-        self, name: str, allowed_compute_kernels: List[str], sharding_type: str, *args, **kwargs
-    ) -> List[str]:
+        self, name: str, allowed_compute_kernels: list[str], sharding_type: str, *args, **kwargs
+    ) -> list[str]:
         if not self._is_dynamic(name):
             allowed = [k for k in allowed_compute_kernels if k != DYNAMICEMB_COMPUTE_KERNEL]
             return super()._filter_compute_kernels(name, allowed, sharding_type, *args, **kwargs)
@@ -135,7 +135,7 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
 
     # ---------------------------------------------------------- estimates --
 
-    def populate_estimates(self, sharding_options: List[ShardingOption]) -> None:
+    def populate_estimates(self, sharding_options: list[ShardingOption]) -> None:
         """Estimates perf and storage of every sharding option.
 
         TorchRec's options go to the estimators unchanged. A dynamic option
@@ -199,7 +199,7 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
             raise ValueError(f"table {sharding_option.name!r}: {error}") from None
 
 
-def _stand_in(sharding_option: ShardingOption, rows: Optional[int]) -> ShardingOption:
+def _stand_in(sharding_option: ShardingOption, rows: int | None) -> ShardingOption:
     """A FUSED copy of a dynamic option, its non-empty shards given ``rows``
     rows (None: shards as they are), without estimates."""
     stand_in = copy.copy(sharding_option)

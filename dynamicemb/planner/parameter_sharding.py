@@ -17,8 +17,8 @@ The planner (``DynamicEmbeddingShardingPlanner``) and the sharders
   fused into, and ``construct_twin_module`` writes the twin's rows with it.
 """
 
+from collections.abc import Sequence, Set
 from dataclasses import dataclass, field
-from typing import AbstractSet, Dict, Sequence
 
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.types import ParameterSharding, ShardingType
@@ -46,9 +46,7 @@ class DynamicEmbParameterSharding(ParameterSharding):
             planner prepared them for one rank of the plan's world size.
     """
 
-    dynamicemb_options: DynamicEmbTableOptions = field(
-        default_factory=DynamicEmbTableOptions
-    )
+    dynamicemb_options: DynamicEmbTableOptions = field(default_factory=DynamicEmbTableOptions)
 
 
 def is_dynamicemb_sharding(parameter_sharding: ParameterSharding) -> bool:
@@ -56,9 +54,7 @@ def is_dynamicemb_sharding(parameter_sharding: ParameterSharding) -> bool:
     return isinstance(parameter_sharding, DynamicEmbParameterSharding)
 
 
-def initializer_table_ids(
-    table_names: Sequence[str], dynamic_names: AbstractSet[str]
-) -> Dict[str, int]:
+def initializer_table_ids(table_names: Sequence[str], dynamic_names: Set[str]) -> dict[str, int]:
     """The initializer table id of each dynamic table of one collection.
 
     A dynamic table creates a key's first row from (seed, table id, key), so
@@ -70,7 +66,7 @@ def initializer_table_ids(
     Args:
         table_names (Sequence[str]): the collection's table names in config
             order (``embedding_configs()`` / ``embedding_bag_configs()``).
-        dynamic_names (AbstractSet[str]): the names of its dynamic tables.
+        dynamic_names (Set[str]): the names of its dynamic tables.
 
     Returns:
         Dict[str, int]: dynamic table name -> id (0, 1, ... in config order).
@@ -86,8 +82,10 @@ def initializer_table_ids(
         seen.add(name)
     unknown = sorted(set(dynamic_names) - seen)
     if unknown:
-        raise ValueError(f"dynamic tables {unknown} are not tables of the collection {list(table_names)}")
-    ids: Dict[str, int] = {}
+        raise ValueError(
+            f"dynamic tables {unknown} are not tables of the collection {list(table_names)}"
+        )
+    ids: dict[str, int] = {}
     for name in table_names:
         if name in dynamic_names:
             ids[name] = len(ids)

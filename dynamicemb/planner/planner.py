@@ -2,7 +2,7 @@
 
 import dataclasses
 from collections import Counter
-from typing import Dict, List, Optional, Sequence, Union
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -103,16 +103,16 @@ class DynamicEmbeddingShardingPlanner:
 
     def __init__(
         self,
-        eb_configs: List[BaseEmbeddingConfig],
-        topology: Optional[Topology] = None,
-        batch_size: Optional[int] = None,
-        enumerator: Optional[Enumerator] = None,
-        storage_reservation: Optional[StorageReservation] = None,
-        proposer: Optional[Union[Proposer, List[Proposer]]] = None,
-        partitioner: Optional[Partitioner] = None,
-        performance_model: Optional[PerfModel] = None,
-        stats: Optional[Union[Stats, List[Stats]]] = None,
-        constraints: Optional[Dict[str, DynamicEmbParameterConstraints]] = None,
+        eb_configs: list[BaseEmbeddingConfig],
+        topology: Topology | None = None,
+        batch_size: int | None = None,
+        enumerator: Enumerator | None = None,
+        storage_reservation: StorageReservation | None = None,
+        proposer: Proposer | list[Proposer] | None = None,
+        partitioner: Partitioner | None = None,
+        performance_model: PerfModel | None = None,
+        stats: Stats | list[Stats] | None = None,
+        constraints: dict[str, DynamicEmbParameterConstraints] | None = None,
         debug: bool = True,
     ) -> None:
         self._eb_configs = _index_configs(eb_configs)
@@ -123,7 +123,7 @@ class DynamicEmbeddingShardingPlanner:
         self._world_size = topology.world_size
 
         # Prepare every dynamic table before updating any (all or nothing).
-        prepared: Dict[str, DynamicEmbTableOptions] = {}
+        prepared: dict[str, DynamicEmbTableOptions] = {}
         for name, constraint in (constraints or {}).items():
             if not is_dynamic_table(constraint):
                 continue
@@ -135,8 +135,10 @@ class DynamicEmbeddingShardingPlanner:
                 )
             except (TypeError, ValueError) as error:
                 raise type(error)(f"table {name!r}: {error}") from None
-        if prepared and enumerator is not None and not isinstance(
-            enumerator, DynamicEmbeddingEnumerator
+        if (
+            prepared
+            and enumerator is not None
+            and not isinstance(enumerator, DynamicEmbeddingEnumerator)
         ):
             raise TypeError(
                 "a model with dynamic tables needs a DynamicEmbeddingEnumerator, got "
@@ -174,19 +176,19 @@ class DynamicEmbeddingShardingPlanner:
         return self._topology
 
     @property
-    def constraints(self) -> Optional[Dict[str, ParameterConstraints]]:
+    def constraints(self) -> dict[str, ParameterConstraints] | None:
         """The constraints, dynamic tables' options prepared."""
         return self._constraints
 
     @property
-    def dynamicemb_options(self) -> Dict[str, DynamicEmbTableOptions]:
+    def dynamicemb_options(self) -> dict[str, DynamicEmbTableOptions]:
         """Prepared per-rank options of every dynamic table, by table name."""
         return dict(self._dynamic_options)
 
     def plan(
         self,
         module: nn.Module,
-        sharders: List[ModuleSharder[nn.Module]],
+        sharders: list[ModuleSharder[nn.Module]],
     ) -> ShardingPlan:
         """Plans the sharding of ``module`` on this process.
 
@@ -206,8 +208,8 @@ class DynamicEmbeddingShardingPlanner:
     def collective_plan(
         self,
         module: nn.Module,
-        sharders: Optional[List[ModuleSharder[nn.Module]]] = None,
-        pg: Optional[dist.ProcessGroup] = None,
+        sharders: list[ModuleSharder[nn.Module]] | None = None,
+        pg: dist.ProcessGroup | None = None,
     ) -> ShardingPlan:
         """Plans on rank 0 of ``pg`` and gives every rank the same plan.
 
@@ -251,7 +253,7 @@ class DynamicEmbeddingShardingPlanner:
         return plan
 
 
-def _index_configs(eb_configs: Sequence[BaseEmbeddingConfig]) -> Dict[str, BaseEmbeddingConfig]:
+def _index_configs(eb_configs: Sequence[BaseEmbeddingConfig]) -> dict[str, BaseEmbeddingConfig]:
     if isinstance(eb_configs, (str, bytes)) or not isinstance(eb_configs, Sequence):
         raise TypeError(
             f"eb_configs must be a list of TorchRec embedding configs, got {eb_configs!r}"
@@ -272,8 +274,8 @@ def _index_configs(eb_configs: Sequence[BaseEmbeddingConfig]) -> Dict[str, BaseE
 
 
 def _check_constraints(
-    configs: Dict[str, BaseEmbeddingConfig],
-    constraints: Optional[Dict[str, ParameterConstraints]],
+    configs: dict[str, BaseEmbeddingConfig],
+    constraints: dict[str, ParameterConstraints] | None,
 ) -> None:
     if constraints is None:
         return

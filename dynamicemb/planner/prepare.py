@@ -7,7 +7,7 @@ the enumerator reports for a dynamic table instead of TorchRec's dense
 """
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -76,14 +76,10 @@ def _prepare_dynemb_table_options(
             ``num_embeddings`` or ``embedding_dim`` (the message names it).
     """
     if not isinstance(options, DynamicEmbTableOptions):
-        raise TypeError(
-            f"dynamicemb_options must be a DynamicEmbTableOptions, got {options!r}"
-        )
+        raise TypeError(f"dynamicemb_options must be a DynamicEmbTableOptions, got {options!r}")
     dim = getattr(embedding_config, "embedding_dim", None)
     if not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0:
-        raise ValueError(
-            f"embedding_config.embedding_dim must be a positive int, got {dim!r}"
-        )
+        raise ValueError(f"embedding_config.embedding_dim must be a positive int, got {dim!r}")
     initializer_args = complete_initializer_args(options.initializer_args, embedding_config)
     num_buckets, width = _sharded_table_bucket_layout(
         embedding_config, world_size, options.bucket_capacity
@@ -158,7 +154,7 @@ class DynamicShardStorage:
 def dynamic_shard_storage(
     options: DynamicEmbTableOptions,
     dtype: torch.dtype,
-    optimizer: Optional[Any],
+    optimizer: Any | None,
     compute_device: str,
 ) -> DynamicShardStorage:
     """Memory of one rank of a dynamic table, from its prepared options.
@@ -174,8 +170,8 @@ def dynamic_shard_storage(
       rows, with its own slot metadata, in front of a host table holding
       ``init_capacity`` rows.
 
-    Slot metadata (``table_metadata_bytes``) is always on the device. On a compute device without HBM
-    (``"cpu"``) everything is host memory.
+    Slot metadata (``table_metadata_bytes``) is always on the device. On a compute device
+    without HBM (``"cpu"``) everything is host memory.
 
     Args:
         options (DynamicEmbTableOptions): prepared options (``dim`` and
@@ -225,13 +221,13 @@ _REQUEST_ATTR = "_dynamicemb_request"
 _SNAPSHOT_ATTR = "_dynamicemb_prepared_snapshot"
 
 
-def _record_request(prepared: DynamicEmbTableOptions, given: Optional[DynamicEmbTableOptions]) -> None:
+def _record_request(prepared: DynamicEmbTableOptions, given: DynamicEmbTableOptions | None) -> None:
     request = _requested_options(given)
     object.__setattr__(prepared, _REQUEST_ATTR, request)
     object.__setattr__(prepared, _SNAPSHOT_ATTR, dataclasses.replace(prepared))
 
 
-def _requested_options(options: Optional[DynamicEmbTableOptions]) -> DynamicEmbTableOptions:
+def _requested_options(options: DynamicEmbTableOptions | None) -> DynamicEmbTableOptions:
     """The options to prepare: the user's request behind options a planner
     prepared (while they are as it left them), else ``options`` itself."""
     if options is None:

@@ -8,7 +8,7 @@ a sharding of their own (``DYNAMICEMB_SHARDING_KEY``); every other table of the
 collection keeps TorchRec's sharding, kernel and state dict.
 """
 
-from typing import Any, Dict, List, Optional, Type
+from typing import Any
 
 import torch
 from torchrec.distributed.embedding import (
@@ -46,14 +46,14 @@ DYNAMICEMB_SHARDING_KEY = "row_wise_dynamicemb"
 
 
 def _separate_dynamic_tables(
-    sharding_type_to_infos: Dict[str, List[EmbeddingShardingInfo]],
-    table_ids: Dict[str, int],
-) -> Dict[str, List[EmbeddingShardingInfo]]:
+    sharding_type_to_infos: dict[str, list[EmbeddingShardingInfo]],
+    table_ids: dict[str, int],
+) -> dict[str, list[EmbeddingShardingInfo]]:
     """Moves the dynamic tables' infos under ``DYNAMICEMB_SHARDING_KEY``,
     ordered by initializer table id: a dynamic sharding's table at position
     ``i`` has initializer id ``i`` (``initializer_table_ids``)."""
-    result: Dict[str, List[EmbeddingShardingInfo]] = {}
-    dynamic: List[EmbeddingShardingInfo] = []
+    result: dict[str, list[EmbeddingShardingInfo]] = {}
+    dynamic: list[EmbeddingShardingInfo] = []
     for sharding_type, infos in sharding_type_to_infos.items():
         kept = []
         for info in infos:
@@ -73,18 +73,20 @@ def _separate_dynamic_tables(
     return result
 
 
-def _collection_table_ids(configs: List[Any], plan: Dict[str, ParameterSharding]) -> Dict[str, int]:
+def _collection_table_ids(configs: list[Any], plan: dict[str, ParameterSharding]) -> dict[str, int]:
     """Initializer ids of a collection's dynamic tables (config order)."""
     names = [config.name for config in configs]
-    return initializer_table_ids(names, {n for n in names if n in plan and is_dynamicemb_sharding(plan[n])})
+    return initializer_table_ids(
+        names, {n for n in names if n in plan and is_dynamicemb_sharding(plan[n])}
+    )
 
 
-def _dynamic_table_names(plan: Dict[str, ParameterSharding]) -> List[str]:
+def _dynamic_table_names(plan: dict[str, ParameterSharding]) -> list[str]:
     return [name for name, ps in plan.items() if is_dynamicemb_sharding(ps)]
 
 
 def _drop_dynamic_weights(
-    state_dict: Dict[str, Any], prefix: str, collection: str, names: List[str]
+    state_dict: dict[str, Any], prefix: str, collection: str, names: list[str]
 ) -> None:
     """Removes dense weights of dynamic tables from a state dict being loaded:
     their rows live in hash tables (checkpointed by DynamicEmbDump / Load)."""
@@ -103,7 +105,7 @@ class _DynamicTablesMixin:
     (``_STATE_DICT_COLLECTION``).
     """
 
-    _TORCHREC_CLASS: Type[Any]
+    _TORCHREC_CLASS: type[Any]
     _MODULE_CONFIGS: str
     _CONFIGS_ATTR: str
     _STATE_DICT_COLLECTION: str
@@ -112,10 +114,10 @@ class _DynamicTablesMixin:
     def create_grouped_sharding_infos(
         cls,
         module: Any,
-        table_name_to_parameter_sharding: Dict[str, ParameterSharding],
+        table_name_to_parameter_sharding: dict[str, ParameterSharding],
         *args: Any,
         **kwargs: Any,
-    ) -> Dict[str, List[EmbeddingShardingInfo]]:
+    ) -> dict[str, list[EmbeddingShardingInfo]]:
         infos = super().create_grouped_sharding_infos(
             module, table_name_to_parameter_sharding, *args, **kwargs
         )
@@ -139,7 +141,7 @@ class _DynamicTablesMixin:
     @staticmethod
     def _pre_load_state_dict_hook(
         self: Any,
-        state_dict: Dict[str, Any],
+        state_dict: dict[str, Any],
         prefix: str,
         *args: Any,
     ) -> None:
@@ -171,10 +173,10 @@ class ShardedDynamicEmbeddingCollection(_DynamicTablesMixin, ShardedEmbeddingCol
     def create_embedding_sharding(
         cls,
         sharding_type: str,
-        sharding_infos: List[EmbeddingShardingInfo],
+        sharding_infos: list[EmbeddingShardingInfo],
         env: ShardingEnv,
-        device: Optional[torch.device] = None,
-        qcomm_codecs_registry: Optional[Dict[str, Any]] = None,
+        device: torch.device | None = None,
+        qcomm_codecs_registry: dict[str, Any] | None = None,
     ):
         if sharding_type == DYNAMICEMB_SHARDING_KEY:
             return DynamicEmbRwSequenceEmbeddingSharding(
@@ -199,10 +201,10 @@ class ShardedDynamicEmbeddingCollection(_DynamicTablesMixin, ShardedEmbeddingCol
     def _dedup_indices(
         self,
         ctx: Any,
-        input_feature_splits: List[KeyedJaggedTensor],
-    ) -> List[KeyedJaggedTensor]:
+        input_feature_splits: list[KeyedJaggedTensor],
+    ) -> list[KeyedJaggedTensor]:
         sharding_types = list(self._sharding_type_to_sharding.keys())
-        deduped: List[KeyedJaggedTensor] = []
+        deduped: list[KeyedJaggedTensor] = []
         for sharding_type, features in zip(sharding_types, input_feature_splits):
             dedup_features, reverse = dedup_kjt(
                 features, counts_as_weights=sharding_type == DYNAMICEMB_SHARDING_KEY
@@ -230,11 +232,11 @@ class ShardedDynamicEmbeddingBagCollection(_DynamicTablesMixin, ShardedEmbedding
     @classmethod
     def create_embedding_bag_sharding(
         cls,
-        sharding_infos: List[EmbeddingShardingInfo],
+        sharding_infos: list[EmbeddingShardingInfo],
         env: ShardingEnv,
-        device: Optional[torch.device] = None,
+        device: torch.device | None = None,
         permute_embeddings: bool = False,
-        qcomm_codecs_registry: Optional[Dict[str, Any]] = None,
+        qcomm_codecs_registry: dict[str, Any] | None = None,
     ):
         if sharding_infos and is_dynamicemb_sharding(sharding_infos[0].param_sharding):
             return DynamicEmbRwPooledEmbeddingSharding(
@@ -252,7 +254,7 @@ class ShardedDynamicEmbeddingBagCollection(_DynamicTablesMixin, ShardedEmbedding
         )
 
 
-def _with_row_wise(sharding_types: List[str]) -> List[str]:
+def _with_row_wise(sharding_types: list[str]) -> list[str]:
     # Dynamic tables are row-wise on every device (TorchRec offers row-wise
     # EmbeddingBagCollection sharding on CUDA only).
     sharding_types = list(sharding_types)
@@ -261,7 +263,7 @@ def _with_row_wise(sharding_types: List[str]) -> List[str]:
     return sharding_types
 
 
-def _with_customized_kernel(kernels: List[str], sharding_type: str) -> List[str]:
+def _with_customized_kernel(kernels: list[str], sharding_type: str) -> list[str]:
     kernels = list(kernels)
     customized = EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value
     if sharding_type == ShardingType.ROW_WISE.value and customized not in kernels:
@@ -273,10 +275,10 @@ class _DynamicSharderMixin:
     """What both sharders add to TorchRec's: ROW_WISE sharding and, for it,
     the ``CUSTOMIZED_KERNEL`` compute kernel."""
 
-    def sharding_types(self, compute_device_type: str) -> List[str]:
+    def sharding_types(self, compute_device_type: str) -> list[str]:
         return _with_row_wise(super().sharding_types(compute_device_type))
 
-    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> List[str]:
+    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
         return _with_customized_kernel(
             super().compute_kernels(sharding_type, compute_device_type), sharding_type
         )
@@ -296,10 +298,10 @@ class DynamicEmbeddingCollectionSharder(_DynamicSharderMixin, EmbeddingCollectio
     def shard(
         self,
         module: Any,
-        params: Dict[str, ParameterSharding],
+        params: dict[str, ParameterSharding],
         env: ShardingEnv,
-        device: Optional[torch.device] = None,
-        module_fqn: Optional[str] = None,
+        device: torch.device | None = None,
+        module_fqn: str | None = None,
     ) -> ShardedDynamicEmbeddingCollection:
         return ShardedDynamicEmbeddingCollection(
             module,
@@ -313,7 +315,7 @@ class DynamicEmbeddingCollectionSharder(_DynamicSharderMixin, EmbeddingCollectio
         )
 
     @property
-    def sharded_module_type(self) -> Type[ShardedDynamicEmbeddingCollection]:
+    def sharded_module_type(self) -> type[ShardedDynamicEmbeddingCollection]:
         return ShardedDynamicEmbeddingCollection
 
 
@@ -331,12 +333,12 @@ class DynamicEmbeddingBagCollectionSharder(_DynamicSharderMixin, EmbeddingBagCol
     def shard(
         self,
         module: Any,
-        params: Dict[str, ParameterSharding],
+        params: dict[str, ParameterSharding],
         env: ShardingEnv,
-        device: Optional[torch.device] = None,
-        module_fqn: Optional[str] = None,
+        device: torch.device | None = None,
+        module_fqn: str | None = None,
     ) -> ShardedDynamicEmbeddingBagCollection:
-        kwargs: Dict[str, Any] = {}
+        kwargs: dict[str, Any] = {}
         order = getattr(self, "_sharded_module_order_overwrite", None)
         if order is not None:
             kwargs["sharded_module_order_overwrite"] = order
@@ -352,5 +354,5 @@ class DynamicEmbeddingBagCollectionSharder(_DynamicSharderMixin, EmbeddingBagCol
         )
 
     @property
-    def sharded_module_type(self) -> Type[ShardedDynamicEmbeddingBagCollection]:
+    def sharded_module_type(self) -> type[ShardedDynamicEmbeddingBagCollection]:
         return ShardedDynamicEmbeddingBagCollection

@@ -7,7 +7,7 @@ the tables' routing (``dynamicemb.shard.routing``), keeping every key raw;
 all-to-all and returns the index that expands the looked-up rows again.
 """
 
-from typing import List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -40,7 +40,7 @@ def bucketize_by_route(
     dist_types: torch.Tensor,
     blocks: torch.Tensor,
     output_permute: bool = False,
-) -> Tuple[KeyedJaggedTensor, Optional[torch.Tensor]]:
+) -> tuple[KeyedJaggedTensor, torch.Tensor | None]:
     """Orders a KJT's values by owning rank, one bucket of all features per rank.
 
     The result has the layout TorchRec's ``KJTAllToAll`` sends (as from
@@ -122,7 +122,7 @@ class DynamicEmbRwSparseFeaturesDist(RwSparseFeaturesDist):
         pg: dist.ProcessGroup,
         feature_hash_sizes: Sequence[int],
         feature_dist_types: Sequence[str],
-        device: Optional[torch.device] = None,
+        device: torch.device | None = None,
         is_sequence: bool = False,
     ) -> None:
         if len(feature_hash_sizes) != len(feature_dist_types):
@@ -169,7 +169,7 @@ class DynamicEmbRwSparseFeaturesDist(RwSparseFeaturesDist):
 
 def dedup_kjt(
     kjt: KeyedJaggedTensor, counts_as_weights: bool = False
-) -> Tuple[KeyedJaggedTensor, torch.Tensor]:
+) -> tuple[KeyedJaggedTensor, torch.Tensor]:
     """Keeps the first occurrence of every (feature, key) of a KJT.
 
     The result is a sub-KJT of ``kjt`` (same keys and stride, values in their
@@ -218,9 +218,7 @@ def dedup_kjt(
     weights = kjt.weights_or_none()
     kept_weights = None
     if weights is not None or counts_as_weights:
-        source = (
-            weights.float() if weights is not None else torch.ones(n, device=device)
-        )
+        source = weights.float() if weights is not None else torch.ones(n, device=device)
         summed = torch.zeros(num_unique, dtype=source.dtype, device=device)
         summed.index_add_(0, inverse, source)
         kept_weights = summed[inverse[keep]]

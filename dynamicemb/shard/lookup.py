@@ -9,7 +9,8 @@ compute kernel is ``CUSTOMIZED_KERNEL``.
 """
 
 import enum
-from typing import Any, Dict, Iterator, List, Optional, Tuple
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -67,8 +68,8 @@ GROUP_KEY = "dynamicemb_group"
 
 
 def optimizer_from_fused_params(
-    fused_params: Optional[Dict[str, Any]],
-) -> Tuple[Any, Dict[str, Any]]:
+    fused_params: dict[str, Any] | None,
+) -> tuple[Any, dict[str, Any]]:
     """The fused optimizer type and its arguments from a sharder's fused_params.
 
     Args:
@@ -83,7 +84,7 @@ def optimizer_from_fused_params(
         ``weight_decay_mode`` become their int values).
     """
     params = dict(fused_params or {})
-    args: Dict[str, Any] = {}
+    args: dict[str, Any] = {}
     for name in _OPTIMIZER_ARGS:
         if params.get(name) is not None:
             value = params[name]
@@ -168,16 +169,16 @@ class DynamicEmbeddingKernel(BaseEmbedding):
     def __init__(
         self,
         config: GroupedEmbeddingConfig,
-        table_options: Dict[str, DynamicEmbTableOptions],
-        table_ids: Dict[str, int],
+        table_options: dict[str, DynamicEmbTableOptions],
+        table_ids: dict[str, int],
         pooling: DynamicEmbPoolingMode,
         world_size: int,
-        device: Optional[torch.device] = None,
+        device: torch.device | None = None,
     ) -> None:
         super().__init__()
         self._config = config
-        options: List[DynamicEmbTableOptions] = []
-        feature_table_map: List[int] = []
+        options: list[DynamicEmbTableOptions] = []
+        feature_table_map: list[int] = []
         for t, table in enumerate(config.embedding_tables):
             if table.name not in table_options:
                 raise ValueError(f"table {table.name!r} has no dynamicemb_options")
@@ -185,8 +186,8 @@ class DynamicEmbeddingKernel(BaseEmbedding):
                 raise ValueError(f"table {table.name!r} has no initializer table id")
             options.append(resolve_table_options(table_options[table.name], table, world_size))
             feature_table_map.extend([t] * table.num_features())
-        self._table_names: List[str] = [table.name for table in config.embedding_tables]
-        self._initializer_table_ids: List[int] = [table_ids[name] for name in self._table_names]
+        self._table_names: list[str] = [table.name for table in config.embedding_tables]
+        self._initializer_table_ids: list[int] = [table_ids[name] for name in self._table_names]
         self._pooled = pooling != DynamicEmbPoolingMode.NONE
         optimizer, optimizer_args = optimizer_from_fused_params(config.fused_params)
         self._emb_module = BatchedDynamicEmbeddingTablesV2(
@@ -210,12 +211,12 @@ class DynamicEmbeddingKernel(BaseEmbedding):
         return self._emb_module
 
     @property
-    def table_names(self) -> List[str]:
+    def table_names(self) -> list[str]:
         """Names of the group's tables, in the module's table order."""
         return list(self._table_names)
 
     @property
-    def initializer_table_ids(self) -> Dict[str, int]:
+    def initializer_table_ids(self) -> dict[str, int]:
         """The initializer table id of each of the group's tables, by name."""
         return dict(zip(self._table_names, self._initializer_table_ids))
 
@@ -249,15 +250,15 @@ class DynamicEmbeddingKernel(BaseEmbedding):
     # checkpoint them).
     def state_dict(
         self,
-        destination: Optional[Dict[str, Any]] = None,
+        destination: dict[str, Any] | None = None,
         prefix: str = "",
         keep_vars: bool = False,
-    ) -> Dict[str, Any]:
+    ) -> dict[str, Any]:
         if destination is None:
             destination = {}
         return destination
 
-    def named_parameters_by_table(self) -> Iterator[Tuple[str, torch.Tensor]]:
+    def named_parameters_by_table(self) -> Iterator[tuple[str, torch.Tensor]]:
         return iter(())
 
     def named_split_embedding_weights(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
@@ -272,8 +273,8 @@ class DynamicEmbeddingKernel(BaseEmbedding):
 
 def _set_dynamic_kernel_args(
     lookup: Any,
-    table_options: Dict[str, DynamicEmbTableOptions],
-    table_ids: Dict[str, int],
+    table_options: dict[str, DynamicEmbTableOptions],
+    table_ids: dict[str, int],
     world_size: int,
 ) -> None:
     # Read by _create_embedding_kernel, which the parent's constructor calls
@@ -287,7 +288,7 @@ def _dynamic_kernel(
     lookup: Any,
     config: GroupedEmbeddingConfig,
     pooling: DynamicEmbPoolingMode,
-    device: Optional[torch.device],
+    device: torch.device | None,
 ) -> DynamicEmbeddingKernel:
     if config.compute_kernel != EmbeddingComputeKernel.CUSTOMIZED_KERNEL:
         raise ValueError(
@@ -319,13 +320,13 @@ class DynamicEmbGroupedEmbeddingsLookup(GroupedEmbeddingsLookup):
 
     def __init__(
         self,
-        grouped_configs: List[GroupedEmbeddingConfig],
-        table_options: Dict[str, DynamicEmbTableOptions],
-        table_ids: Dict[str, int],
+        grouped_configs: list[GroupedEmbeddingConfig],
+        table_options: dict[str, DynamicEmbTableOptions],
+        table_ids: dict[str, int],
         world_size: int,
-        pg: Optional[dist.ProcessGroup] = None,
-        device: Optional[torch.device] = None,
-        env: Optional[Any] = None,
+        pg: dist.ProcessGroup | None = None,
+        device: torch.device | None = None,
+        env: Any | None = None,
     ) -> None:
         _set_dynamic_kernel_args(self, table_options, table_ids, world_size)
         super().__init__(grouped_configs=grouped_configs, pg=pg, device=device, env=env)
@@ -350,15 +351,15 @@ class DynamicEmbGroupedPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):
 
     def __init__(
         self,
-        grouped_configs: List[GroupedEmbeddingConfig],
-        table_options: Dict[str, DynamicEmbTableOptions],
-        table_ids: Dict[str, int],
+        grouped_configs: list[GroupedEmbeddingConfig],
+        table_options: dict[str, DynamicEmbTableOptions],
+        table_ids: dict[str, int],
         world_size: int,
-        device: Optional[torch.device] = None,
-        pg: Optional[dist.ProcessGroup] = None,
-        feature_processor: Optional[Any] = None,
-        sharding_type: Optional[Any] = None,
-        env: Optional[Any] = None,
+        device: torch.device | None = None,
+        pg: dist.ProcessGroup | None = None,
+        feature_processor: Any | None = None,
+        sharding_type: Any | None = None,
+        env: Any | None = None,
     ) -> None:
         _set_dynamic_kernel_args(self, table_options, table_ids, world_size)
         super().__init__(
@@ -376,7 +377,7 @@ class DynamicEmbGroupedPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):
         return _dynamic_kernel(self, config, DynamicEmbPoolingMode.SUM, device)
 
 
-def dynamic_embedding_kernels(model: torch.nn.Module) -> List["DynamicEmbeddingKernel"]:
+def dynamic_embedding_kernels(model: torch.nn.Module) -> list["DynamicEmbeddingKernel"]:
     """This rank's ``DynamicEmbeddingKernel`` of every group of dynamic tables
     in a sharded model, in module order.
 
@@ -387,7 +388,7 @@ def dynamic_embedding_kernels(model: torch.nn.Module) -> List["DynamicEmbeddingK
     ``BatchedDynamicEmbeddingTablesV2``, whose ``table`` has the counters)
     are what metrics, dumps and tests read.
     """
-    kernels: List[DynamicEmbeddingKernel] = []
+    kernels: list[DynamicEmbeddingKernel] = []
     for module in model.modules():
         for lookup in getattr(module, "_lookups", None) or []:
             lookup = getattr(lookup, "module", lookup)

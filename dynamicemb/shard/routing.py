@@ -19,7 +19,7 @@ The rule is defined once, in ``cc/ops/routing.h``, and runs as the
 """
 
 import math
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -100,7 +100,7 @@ def route_keys(
     keys: torch.Tensor,
     world_size: int,
     dist_type: str = "roundrobin",
-    num_embeddings: Optional[int] = None,
+    num_embeddings: int | None = None,
 ) -> torch.Tensor:
     """Owning rank of each key of one table.
 

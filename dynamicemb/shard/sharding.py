@@ -11,7 +11,7 @@ tables exactly as they reach TorchRec's own (divided by the world size when
 """
 
 import dataclasses
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import torch
 from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
@@ -37,8 +37,8 @@ __all__ = [
 
 
 def prepare_dynamic_sharding_infos(
-    sharding_infos: List[EmbeddingShardingInfo],
-) -> List[EmbeddingShardingInfo]:
+    sharding_infos: list[EmbeddingShardingInfo],
+) -> list[EmbeddingShardingInfo]:
     """Checks the dynamic tables of a sharding and marks which may be fused.
 
     Every table must be planned by a ``DynamicEmbParameterSharding`` with
@@ -55,8 +55,8 @@ def prepare_dynamic_sharding_infos(
         ValueError: a table is not planned as a dynamic row-wise table, or
             has a feature processor.
     """
-    prepared: List[EmbeddingShardingInfo] = []
-    group_of: Dict[Tuple[Any, ...], int] = {}
+    prepared: list[EmbeddingShardingInfo] = []
+    group_of: dict[tuple[Any, ...], int] = {}
     for info in sharding_infos:
         name = info.embedding_config.name
         ps = info.param_sharding
@@ -82,9 +82,7 @@ def prepare_dynamic_sharding_infos(
                 f"got {type(options).__name__}"
             )
         if info.embedding_config.has_feature_processor:
-            raise ValueError(
-                f"dynamic table {name!r}: feature processors are not supported"
-            )
+            raise ValueError(f"dynamic table {name!r}: feature processors are not supported")
         # dist_type is left out: routing happens before the lookup, so it
         # does not have to split modules. (Initializer ids do not depend on
         # the grouping: see initializer_table_ids.)
@@ -107,10 +105,10 @@ class _DynamicEmbRwMixin:
 
     def __init__(
         self,
-        sharding_infos: List[EmbeddingShardingInfo],
+        sharding_infos: list[EmbeddingShardingInfo],
         env: ShardingEnv,
-        device: Optional[torch.device] = None,
-        qcomm_codecs_registry: Optional[Dict[str, Any]] = None,
+        device: torch.device | None = None,
+        qcomm_codecs_registry: dict[str, Any] | None = None,
     ) -> None:
         sharding_infos = prepare_dynamic_sharding_infos(sharding_infos)
         super().__init__(
@@ -119,26 +117,28 @@ class _DynamicEmbRwMixin:
             device=device,
             qcomm_codecs_registry=qcomm_codecs_registry,
         )
-        self._dynamicemb_table_options: Dict[str, DynamicEmbTableOptions] = {
+        self._dynamicemb_table_options: dict[str, DynamicEmbTableOptions] = {
             info.embedding_config.name: info.param_sharding.dynamicemb_options
             for info in sharding_infos
         }
         # The sharded collection hands over all its dynamic tables, ordered
         # by initializer table id (position among the collection's dynamic
         # tables in config order), so the position here is the id.
-        self._dynamicemb_table_ids: Dict[str, int] = {
+        self._dynamicemb_table_ids: dict[str, int] = {
             info.embedding_config.name: i for i, info in enumerate(sharding_infos)
         }
 
-    def _feature_dist_types(self) -> List[str]:
-        dist_types: List[str] = []
+    def _feature_dist_types(self) -> list[str]:
+        dist_types: list[str] = []
         for group in self._grouped_embedding_configs:
             for table in group.embedding_tables:
                 dist_type = self._dynamicemb_table_options[table.name].dist_type
                 dist_types.extend([dist_type] * table.num_features())
         return dist_types
 
-    def create_input_dist(self, device: Optional[torch.device] = None) -> DynamicEmbRwSparseFeaturesDist:
+    def create_input_dist(
+        self, device: torch.device | None = None
+    ) -> DynamicEmbRwSparseFeaturesDist:
         return DynamicEmbRwSparseFeaturesDist(
             pg=self._pg,
             feature_hash_sizes=self._get_feature_hash_sizes(),
@@ -147,7 +147,7 @@ class _DynamicEmbRwMixin:
             is_sequence=self._IS_SEQUENCE,
         )
 
-    def _dynamicemb_lookup_args(self, device: Optional[torch.device]) -> Dict[str, Any]:
+    def _dynamicemb_lookup_args(self, device: torch.device | None) -> dict[str, Any]:
         """The arguments both dynamic lookups take (their constructors' keywords)."""
         return dict(
             grouped_configs=self._grouped_embedding_configs,
@@ -160,12 +160,12 @@ class _DynamicEmbRwMixin:
         )
 
     @property
-    def dynamicemb_table_options(self) -> Dict[str, DynamicEmbTableOptions]:
+    def dynamicemb_table_options(self) -> dict[str, DynamicEmbTableOptions]:
         """The plan's options of each table, by name."""
         return dict(self._dynamicemb_table_options)
 
     @property
-    def dynamicemb_table_ids(self) -> Dict[str, int]:
+    def dynamicemb_table_ids(self) -> dict[str, int]:
         """The initializer table id of each table, by name."""
         return dict(self._dynamicemb_table_ids)
 
@@ -184,9 +184,9 @@ class DynamicEmbRwSequenceEmbeddingSharding(_DynamicEmbRwMixin, RwSequenceEmbedd
 
     def create_lookup(
         self,
-        device: Optional[torch.device] = None,
-        fused_params: Optional[Dict[str, Any]] = None,
-        feature_processor: Optional[Any] = None,
+        device: torch.device | None = None,
+        fused_params: dict[str, Any] | None = None,
+        feature_processor: Any | None = None,
     ) -> DynamicEmbGroupedEmbeddingsLookup:
         return DynamicEmbGroupedEmbeddingsLookup(**self._dynamicemb_lookup_args(device))
 
@@ -205,9 +205,9 @@ class DynamicEmbRwPooledEmbeddingSharding(_DynamicEmbRwMixin, RwPooledEmbeddingS
 
     def create_lookup(
         self,
-        device: Optional[torch.device] = None,
-        fused_params: Optional[Dict[str, Any]] = None,
-        feature_processor: Optional[Any] = None,
+        device: torch.device | None = None,
+        fused_params: dict[str, Any] | None = None,
+        feature_processor: Any | None = None,
     ) -> DynamicEmbGroupedPooledEmbeddingsLookup:
         return DynamicEmbGroupedPooledEmbeddingsLookup(
             feature_processor=feature_processor,

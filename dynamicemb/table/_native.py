@@ -7,12 +7,12 @@ extension, so Python never restates them.
 
 import enum
 import functools
-from typing import Any, Dict
+from typing import Any
 
-import torch  # noqa: F401  (loads libtorch before the extension)
+import torch
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def extension():
     """The ``dynamicemb._C`` module; importing it registers ``torch.ops.dynamicemb``."""
     try:
@@ -26,8 +26,8 @@ def extension():
     return _C
 
 
-@functools.lru_cache(maxsize=None)
-def constants() -> Dict[str, Any]:
+@functools.cache
+def constants() -> dict[str, Any]:
     return dict(extension().table_constants())
 
 

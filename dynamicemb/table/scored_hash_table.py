@@ -7,14 +7,14 @@ indexed by slot, or, under NO_EVICTION, by the row held in score word 0.
 The semantics are documented once, in ``cc/table/table_common.h``.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
 from dynamicemb.table._native import constants, enums, ops
 
-IntOrSeq = Union[int, Sequence[int]]
+IntOrSeq = int | Sequence[int]
 
 INT64_MIN = -(2**63)
 
@@ -91,7 +91,7 @@ def gather_rows(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return ops().gather_rows(values, rows)
 
 
-def _per_table(value: IntOrSeq, n: int, name: str) -> List:
+def _per_table(value: IntOrSeq, n: int, name: str) -> list:
     if isinstance(value, (list, tuple)):
         if len(value) != n:
             raise ValueError(f"{name} has {len(value)} entries for {n} tables")
@@ -129,13 +129,13 @@ class ScoredHashTable:
     def __init__(
         self,
         capacities: Sequence[int],
-        bucket_capacities: Union[Optional[int], Sequence[Optional[int]]] = 128,
+        bucket_capacities: int | None | Sequence[int | None] = 128,
         num_scores: int = 1,
-        no_eviction: Union[bool, Sequence[bool]] = False,
-        max_capacities: Optional[IntOrSeq] = None,
-        row_capacities: Optional[IntOrSeq] = None,
+        no_eviction: bool | Sequence[bool] = False,
+        max_capacities: IntOrSeq | None = None,
+        row_capacities: IntOrSeq | None = None,
         max_load_factor: float = 0.5,
-        device: Optional[Union[str, torch.device]] = None,
+        device: str | torch.device | None = None,
         validate: bool = True,
     ) -> None:
         c = constants()
@@ -175,7 +175,7 @@ class ScoredHashTable:
         self.counters = torch.zeros(
             (n, int(c["COUNTER_COLS"])), dtype=torch.int64, device=self.device
         )
-        self._erased: List[Tuple[torch.Tensor, torch.Tensor]] = []
+        self._erased: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._allocate(capacities, widths, rows)
 
     # ------------------------------------------------------------ layout --
@@ -192,7 +192,7 @@ class ScoredHashTable:
                 f"bucket capacity {width}"
             )
 
-    def _info_rows(self, caps: List[int], widths: List[int], rows: List[int]) -> torch.Tensor:
+    def _info_rows(self, caps: list[int], widths: list[int], rows: list[int]) -> torch.Tensor:
         c = constants()
         col = enums.InfoCol
         info = torch.zeros((len(caps), int(c["INFO_COLS"])), dtype=torch.int64)
@@ -212,7 +212,7 @@ class ScoredHashTable:
             row += r
         return info
 
-    def _allocate(self, caps: List[int], widths: List[int], rows: List[int]) -> None:
+    def _allocate(self, caps: list[int], widths: list[int], rows: list[int]) -> None:
         c = constants()
         self.info_host = self._info_rows(caps, widths, rows)
         self.info = self.info_host.to(self.device)
@@ -249,15 +249,15 @@ class ScoredHashTable:
     def is_no_eviction(self, table: int = 0) -> bool:
         return self._no_eviction[table]
 
-    def slot_range(self, table: int) -> Tuple[int, int]:
+    def slot_range(self, table: int) -> tuple[int, int]:
         off = int(self.info_host[table, enums.InfoCol.SLOT_OFFSET])
         return off, off + self._capacities[table]
 
     # ------------------------------------------------------------ inputs --
 
     def _batch(
-        self, keys: torch.Tensor, table_ids: Optional[torch.Tensor]
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        self, keys: torch.Tensor, table_ids: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if not isinstance(keys, torch.Tensor):
             raise TypeError(f"keys must be a torch.Tensor, got {type(keys).__name__}")
         if keys.dtype != torch.int64:
@@ -317,12 +317,14 @@ class ScoredHashTable:
     def _scores(
         self,
         n: int,
-        policies: Optional[Sequence[int]],
-        scores: Optional[Union[int, Sequence[int], torch.Tensor]],
-    ) -> Tuple[List[int], torch.Tensor]:
+        policies: Sequence[int] | None,
+        scores: int | Sequence[int] | torch.Tensor | None,
+    ) -> tuple[list[int], torch.Tensor]:
         w = self.num_scores
         if policies is None:
-            policies = [enums.ScorePolicy.ASSIGN if scores is not None else enums.ScorePolicy.NONE] * w
+            policies = [
+                enums.ScorePolicy.ASSIGN if scores is not None else enums.ScorePolicy.NONE
+            ] * w
         policies = [int(p) for p in policies]
         if isinstance(scores, torch.Tensor):
             if scores.dtype != torch.int64:
@@ -350,9 +352,9 @@ class ScoredHashTable:
     def find(
         self,
         keys: torch.Tensor,
-        table_ids: Optional[torch.Tensor] = None,
-        policies: Optional[Sequence[int]] = None,
-        scores: Optional[Union[int, Sequence[int], torch.Tensor]] = None,
+        table_ids: torch.Tensor | None = None,
+        policies: Sequence[int] | None = None,
+        scores: int | Sequence[int] | torch.Tensor | None = None,
         update: bool = False,
     ) -> torch.Tensor:
         """Slots of the keys (-1 where absent); with ``update``, applies the
@@ -360,18 +362,26 @@ class ScoredHashTable:
         keys, table_ids = self._batch(keys, table_ids)
         policies, values = self._scores(keys.numel(), policies, scores)
         return ops().table_find(
-            keys, table_ids, self.keys, self.digests, self.scores, self.info, policies, values, update
+            keys,
+            table_ids,
+            self.keys,
+            self.digests,
+            self.scores,
+            self.info,
+            policies,
+            values,
+            update,
         )
 
     def find_values(
         self,
         keys: torch.Tensor,
         values: torch.Tensor,
-        table_ids: Optional[torch.Tensor] = None,
-        policies: Optional[Sequence[int]] = None,
-        scores: Optional[Union[int, Sequence[int], torch.Tensor]] = None,
+        table_ids: torch.Tensor | None = None,
+        policies: Sequence[int] | None = None,
+        scores: int | Sequence[int] | torch.Tensor | None = None,
         update: bool = False,
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """``find`` fused with the copy of each found key's value row.
 
         Args:
@@ -385,8 +395,16 @@ class ScoredHashTable:
         keys, table_ids = self._batch(keys, table_ids)
         policies, vals = self._scores(keys.numel(), policies, scores)
         return ops().table_find_gather(
-            keys, table_ids, self.keys, self.digests, self.scores, self.info, policies, vals,
-            update, values,
+            keys,
+            table_ids,
+            self.keys,
+            self.digests,
+            self.scores,
+            self.info,
+            policies,
+            vals,
+            update,
+            values,
         )
 
     def _run(
@@ -398,7 +416,11 @@ class ScoredHashTable:
             self._check_rows(table_ids, values)
         if victim_scores is not None:
             if not isinstance(victim_scores, torch.Tensor) or victim_scores.dtype != torch.float64:
-                got = victim_scores.dtype if isinstance(victim_scores, torch.Tensor) else type(victim_scores)
+                got = (
+                    victim_scores.dtype
+                    if isinstance(victim_scores, torch.Tensor)
+                    else type(victim_scores)
+                )
                 raise TypeError(f"victim_scores must be a float64 tensor, got {got}")
             if victim_scores.shape != (self.num_slots,):
                 raise ValueError(
@@ -431,7 +453,12 @@ class ScoredHashTable:
         return self._run(enums.RunOp.INSERT, keys, table_ids, policies, scores, assign_rows)
 
     def insert_and_evict(
-        self, keys, table_ids=None, policies=None, scores=None, assign_rows=False,
+        self,
+        keys,
+        table_ids=None,
+        policies=None,
+        scores=None,
+        assign_rows=False,
         victim_scores=None,
     ):
         """Find-or-insert; a full bucket evicts its minimum-score key that this
@@ -448,7 +475,9 @@ class ScoredHashTable:
             enums.RunOp.INSERT_EVICT, keys, table_ids, policies, scores, assign_rows, victim_scores
         )
 
-    def home_starts(self, keys: torch.Tensor, table_ids: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def home_starts(
+        self, keys: torch.Tensor, table_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """First slot of each key's home bucket (the bucket spans
         ``bucket_capacity(table)`` slots from there): where an insert of the
         key may evict."""
@@ -463,7 +492,7 @@ class ScoredHashTable:
     def erase(
         self,
         keys: torch.Tensor,
-        table_ids: Optional[torch.Tensor] = None,
+        table_ids: torch.Tensor | None = None,
         record: bool = False,
     ) -> torch.Tensor:
         """Removes the keys; returns a bool mask of the keys that were present.
@@ -480,7 +509,7 @@ class ScoredHashTable:
             self._erased.append((keys_d[removed], tids_d[removed]))
         return removed
 
-    def pop_erased_keys(self) -> List[torch.Tensor]:
+    def pop_erased_keys(self) -> list[torch.Tensor]:
         """The keys recorded by ``erase(record=True)`` since the last call, one
         int64 tensor per table (in erase order), and clears the record."""
         if self._erased:
@@ -494,7 +523,7 @@ class ScoredHashTable:
     def export_batch(
         self,
         slot_begin: int = 0,
-        slot_end: Optional[int] = None,
+        slot_end: int | None = None,
         score_column: int = 0,
         threshold: int = INT64_MIN,
     ) -> ExportedBatch:
@@ -529,7 +558,7 @@ class ScoredHashTable:
 
     # --------------------------------------------------------- expansion --
 
-    def reserve(self, incoming: Sequence[int]) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    def reserve(self, incoming: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Doubles the tables that could exceed max_load_factor (NO_EVICTION:
         0.5) after ``incoming[t]`` new keys, up to their max capacity, and grows
         NO_EVICTION row capacity to fit. Reads the size counters (synchronizes).
@@ -557,8 +586,8 @@ class ScoredHashTable:
         return self.relayout(caps, rows)
 
     def relayout(
-        self, capacities: Sequence[int], row_capacities: Optional[Sequence[int]] = None
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        self, capacities: Sequence[int], row_capacities: Sequence[int] | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rebuilds the table with new capacities (and NO_EVICTION row
         capacities), keeping every key, score, row and counter.
 
@@ -567,9 +596,7 @@ class ScoredHashTable:
         """
         caps = [int(x) for x in capacities]
         rows = list(self._row_caps if row_capacities is None else [int(r) for r in row_capacities])
-        widths = [
-            cap if one else w for cap, w, one in zip(caps, self._widths, self._one_bucket)
-        ]
+        widths = [cap if one else w for cap, w, one in zip(caps, self._widths, self._one_bucket)]
         for t, (cap, w) in enumerate(zip(caps, widths)):
             self._check_layout(t, cap, w)
             if self._no_eviction[t] and rows[t] < self._row_caps[t]:
@@ -613,8 +640,17 @@ class ScoredHashTable:
         return old.slots, res.slots
 
     _STATE = (
-        "keys", "digests", "scores", "free_rows", "info", "info_host", "counters",
-        "total_buckets", "_capacities", "_widths", "_row_caps",
+        "keys",
+        "digests",
+        "scores",
+        "free_rows",
+        "info",
+        "info_host",
+        "counters",
+        "total_buckets",
+        "_capacities",
+        "_widths",
+        "_row_caps",
     )
 
     def _state(self) -> dict:

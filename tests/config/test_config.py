@@ -202,9 +202,7 @@ def test_config_module_exports_the_same_objects_as_the_package():
 
 
 def _run_python(code):
-    return subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=False
-    )
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
 
 
 def test_package_imports_without_torchrec_fbgemm_or_extension():
@@ -377,9 +375,7 @@ def test_score_function_is_accepted_with_the_compound_strategy(order):
     assert options.score_function is _score_function
 
 
-@pytest.mark.parametrize(
-    "strategy", list(DynamicEmbScoreStrategy) + [(LFU,), (TS,)]
-)
+@pytest.mark.parametrize("strategy", list(DynamicEmbScoreStrategy) + [(LFU,), (TS,)])
 def test_score_function_with_a_single_strategy_is_rejected(strategy):
     with pytest.raises(ValueError, match="score_function") as info:
         DynamicEmbTableOptions(score_strategy=strategy, score_function=_score_function)
@@ -427,9 +423,7 @@ def test_max_load_factor_outside_unit_interval_is_rejected_naming_it(factor):
 
 
 def test_int_enum_fields_accept_their_values():
-    options = DynamicEmbTableOptions(
-        safe_check_mode=0, evict_strategy=1, evicted_item_mode=1
-    )
+    options = DynamicEmbTableOptions(safe_check_mode=0, evict_strategy=1, evicted_item_mode=1)
     assert options.safe_check_mode is DynamicEmbCheckMode.ERROR
     assert options.evict_strategy is DynamicEmbEvictStrategy.LFU
     assert options.evicted_item_mode is EvictedItemMode.RETAIN_KEY
@@ -549,9 +543,10 @@ def test_grouped_key_treats_none_index_type_as_default():
     ],
 )
 def test_grouped_key_separates_tables_that_cannot_fuse(change):
-    assert DynamicEmbTableOptions().get_grouped_key() != DynamicEmbTableOptions(
-        **change
-    ).get_grouped_key()
+    assert (
+        DynamicEmbTableOptions().get_grouped_key()
+        != DynamicEmbTableOptions(**change).get_grouped_key()
+    )
 
 
 def test_grouped_key_separates_compound_orders():
@@ -583,9 +578,7 @@ def test_uniform_bounds_without_config_are_zero_and_one():
 
 
 def test_uniform_keeps_a_bound_already_set():
-    completed = complete_initializer_args(
-        DynamicEmbInitializerArgs(lower=-0.5), emb_config(100)
-    )
+    completed = complete_initializer_args(DynamicEmbInitializerArgs(lower=-0.5), emb_config(100))
     assert (completed.lower, completed.upper) == (-0.5, pytest.approx(0.1))
     completed = complete_initializer_args(DynamicEmbInitializerArgs(upper=0.25))
     assert (completed.lower, completed.upper) == (0.0, 0.25)
@@ -692,9 +685,7 @@ def test_capacity_is_the_smallest_whole_bucket_cover_of_a_rank_shard(
     capacity = get_sharded_table_capacity(emb_config(num_embeddings), world_size, width)
     assert capacity % width == 0
     assert rows <= capacity < rows + width or capacity == width
-    single = get_sharded_table_capacity(
-        emb_config(num_embeddings), world_size, MAX_BUCKET_CAPACITY
-    )
+    single = get_sharded_table_capacity(emb_config(num_embeddings), world_size, MAX_BUCKET_CAPACITY)
     assert single % 16 == 0 and rows <= single < rows + 16
 
 
@@ -758,9 +749,7 @@ def test_value_bytes_with_sentinel_bucket_and_half_precision():
     config = emb_config(1000, 16, torch.float16)
     # 336 rows per rank; rowwise Adagrad keeps 16 bytes = 8 halves per row.
     assert (
-        get_table_value_bytes(
-            config, EmbOptimType.EXACT_ROWWISE_ADAGRAD, 3, MAX_BUCKET_CAPACITY
-        )
+        get_table_value_bytes(config, EmbOptimType.EXACT_ROWWISE_ADAGRAD, 3, MAX_BUCKET_CAPACITY)
         == 336 * (16 + 8) * 2 * 3
     )
 
@@ -785,10 +774,7 @@ def test_value_bytes_with_a_real_torchrec_config():
         feature_names=["f"],
         data_type=configs.DataType.BF16,
     )
-    assert (
-        get_table_value_bytes(config, EmbOptimType.ADAM, 2, 128)
-        == 512 * (32 + 64) * 2 * 2
-    )
+    assert get_table_value_bytes(config, EmbOptimType.ADAM, 2, 128) == 512 * (32 + 64) * 2 * 2
 
 
 # ---------------------------------------------------------------- planner constraints
@@ -805,10 +791,7 @@ def test_parameter_constraints_defaults():
     assert dataclasses.is_dataclass(constraints)
     assert constraints.use_dynamicemb is False
     assert constraints.dynamicemb_options == DynamicEmbTableOptions()
-    assert (
-        constraints.dynamicemb_options
-        is not DynamicEmbParameterConstraints().dynamicemb_options
-    )
+    assert constraints.dynamicemb_options is not DynamicEmbParameterConstraints().dynamicemb_options
     names = [f.name for f in dataclasses.fields(DynamicEmbParameterConstraints)]
     assert names[-2:] == ["use_dynamicemb", "dynamicemb_options"]
 

@@ -2,25 +2,35 @@
 tables (rows created on first sight by the same initializer), over several
 training steps, for each pooling mode and optimizer."""
 
+import os
+import sys
+
 import pytest
 import torch
 
 from dynamicemb import (
     DynamicEmbCheckMode,
-    DynamicEmbOptimType,
     DynamicEmbInitializerArgs,
-    DynamicEmbInitializerMode as Mode,
-    DynamicEmbPoolingMode as Pool,
-    DynamicEmbScoreStrategy as Score,
+    DynamicEmbOptimType,
     DynamicEmbTableOptions,
+)
+from dynamicemb import (
+    DynamicEmbInitializerMode as Mode,
+)
+from dynamicemb import (
+    DynamicEmbPoolingMode as Pool,
+)
+from dynamicemb import (
+    DynamicEmbScoreStrategy as Score,
 )
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2, init_rows
 from dynamicemb.table import ScoredHashTable
-import os, sys
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_optimizer import reference_step  # noqa: E402  (the float64 update rules)
+from test_optimizer import reference_step
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "table"))
-from table_model import mix64  # noqa: E402  (the table's bucket hash, written out)
+from table_model import mix64
 
 EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -29,7 +39,9 @@ DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 def _opts(dims, **kw):
     return [
         DynamicEmbTableOptions(
-            dim=d, max_capacity=1024, bucket_capacity=128,
+            dim=d,
+            max_capacity=1024,
+            bucket_capacity=128,
             initializer_args=DynamicEmbInitializerArgs(mode=Mode.UNIFORM, lower=-0.1, upper=0.1),
             **kw,
         )
@@ -54,8 +66,12 @@ class Dense:
     def row(self, t, k):
         if (t, k) not in self.rows:
             a = self.m.table_options[t].initializer_args
-            self.rows[(t, k)] = init_rows(torch.tensor([k]), self.dims[t], a, torch.tensor([t]), self.m.seed)[0].double()
-            self.state[(t, k)] = torch.zeros(self.m.optimizer.state_dim(self.dims[t]), dtype=torch.float64)
+            self.rows[(t, k)] = init_rows(
+                torch.tensor([k]), self.dims[t], a, torch.tensor([t]), self.m.seed
+            )[0].double()
+            self.state[(t, k)] = torch.zeros(
+                self.m.optimizer.state_dim(self.dims[t]), dtype=torch.float64
+            )
         return self.rows[(t, k)]
 
     def forward_backward(self, indices, offsets, pooling, grad, weights, step):
@@ -78,7 +94,10 @@ class Dense:
                         g = grad[j, :d].double()
                     else:
                         acc += w * self.row(t, k)
-                        g = w * grad[b, sum(self.dims[self.ftm[x]] for x in range(f)):][:d].double()
+                        g = (
+                            w
+                            * grad[b, sum(self.dims[self.ftm[x]] for x in range(f)) :][:d].double()
+                        )
                     grads[(t, k)] = grads.get((t, k), 0) + g
                 if pooling != Pool.NONE:
                     outs.append(((f, b), acc))
@@ -104,13 +123,23 @@ def _dense_output(outs, pooling, dims, ftm, batch, n_indices):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("pooling", [Pool.SUM, Pool.MEAN, Pool.NONE])
-@pytest.mark.parametrize("optimizer,kw", [
-    (EmbOptimType.EXACT_SGD, dict(learning_rate=0.3)),
-    (EmbOptimType.ADAM, dict(learning_rate=0.05)),
-    (EmbOptimType.EXACT_ADAGRAD, dict(learning_rate=0.2)),
-    (EmbOptimType.EXACT_ROWWISE_ADAGRAD, dict(learning_rate=0.2, weight_decay=0.01, weight_decay_mode=1)),
-    (DynamicEmbOptimType.FTRL, dict(learning_rate=0.5, l1_reg=0.001, l2_reg=0.01, ftrl_beta=1.0)),
-], ids=["sgd", "adam", "adagrad", "rowwise", "ftrl"])
+@pytest.mark.parametrize(
+    "optimizer,kw",
+    [
+        (EmbOptimType.EXACT_SGD, dict(learning_rate=0.3)),
+        (EmbOptimType.ADAM, dict(learning_rate=0.05)),
+        (EmbOptimType.EXACT_ADAGRAD, dict(learning_rate=0.2)),
+        (
+            EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+            dict(learning_rate=0.2, weight_decay=0.01, weight_decay_mode=1),
+        ),
+        (
+            DynamicEmbOptimType.FTRL,
+            dict(learning_rate=0.5, l1_reg=0.001, l2_reg=0.01, ftrl_beta=1.0),
+        ),
+    ],
+    ids=["sgd", "adam", "adagrad", "rowwise", "ftrl"],
+)
 def test_ten_steps_match_the_dense_reference(device, pooling, optimizer, kw):
     dims = [4, 4] if pooling == Pool.NONE else [4, 8]
     ftm = [0, 1, 0]
@@ -122,15 +151,23 @@ def test_ten_steps_match_the_dense_reference(device, pooling, optimizer, kw):
         indices, offsets = _batch(g, len(ftm), B, 40)
         out = m(indices.to(device), offsets.to(device))
         grad = torch.randn(out.shape, generator=g)
-        want = _dense_output(ref.forward_backward(indices, offsets, pooling, grad, None, step),
-                             pooling, dims, ftm, B, indices.numel())
+        want = _dense_output(
+            ref.forward_backward(indices, offsets, pooling, grad, None, step),
+            pooling,
+            dims,
+            ftm,
+            B,
+            indices.numel(),
+        )
         assert torch.allclose(out.detach().cpu().double(), want, rtol=1e-5, atol=1e-6), step
         out.backward(grad.to(device))
 
 
 def test_weighted_sum_matches_the_dense_reference():
     dims, ftm = [4, 8], [0, 1]
-    m = BatchedDynamicEmbeddingTablesV2(_opts(dims), ftm, Pool.SUM, EmbOptimType.EXACT_SGD, learning_rate=0.5)
+    m = BatchedDynamicEmbeddingTablesV2(
+        _opts(dims), ftm, Pool.SUM, EmbOptimType.EXACT_SGD, learning_rate=0.5
+    )
     ref = Dense(m, dims, ftm)
     g = torch.Generator().manual_seed(4)
     for step in range(1, 6):
@@ -138,23 +175,38 @@ def test_weighted_sum_matches_the_dense_reference():
         w = torch.rand(indices.numel(), generator=g)
         out = m(indices, offsets, pooling_weights=w)
         grad = torch.randn(out.shape, generator=g)
-        want = _dense_output(ref.forward_backward(indices, offsets, Pool.SUM, grad, w, step), Pool.SUM, dims, ftm, 4, 0)
+        want = _dense_output(
+            ref.forward_backward(indices, offsets, Pool.SUM, grad, w, step),
+            Pool.SUM,
+            dims,
+            ftm,
+            4,
+            0,
+        )
         assert torch.allclose(out.detach().double(), want, rtol=1e-5, atol=1e-6)
         out.backward(grad)
 
 
 @pytest.mark.parametrize("pooling", [Pool.SUM, Pool.NONE])
 def test_debug_init_sgd_lr_one_unit_grads_lower_each_row_by_its_count(pooling):
-    opts = [DynamicEmbTableOptions(dim=3, max_capacity=256,
-                                   initializer_args=DynamicEmbInitializerArgs(mode=Mode.DEBUG))]
-    m = BatchedDynamicEmbeddingTablesV2(opts, None, pooling, EmbOptimType.EXACT_SGD, learning_rate=1.0)
+    opts = [
+        DynamicEmbTableOptions(
+            dim=3, max_capacity=256, initializer_args=DynamicEmbInitializerArgs(mode=Mode.DEBUG)
+        )
+    ]
+    m = BatchedDynamicEmbeddingTablesV2(
+        opts, None, pooling, EmbOptimType.EXACT_SGD, learning_rate=1.0
+    )
     indices = torch.tensor([10, 11, 10, 10, 12])
     offsets = torch.tensor([0, 2, 5])
     m(indices, offsets).sum().backward()
     m.eval()
     with torch.no_grad():
-        out = m(torch.tensor([10, 11, 12]), torch.tensor([0, 1, 2, 3])) if pooling == Pool.SUM else \
-            m(torch.tensor([10, 11, 12]), torch.tensor([0, 3]))
+        out = (
+            m(torch.tensor([10, 11, 12]), torch.tensor([0, 1, 2, 3]))
+            if pooling == Pool.SUM
+            else m(torch.tensor([10, 11, 12]), torch.tensor([0, 3]))
+        )
     assert out[:, 0].tolist() == [10 - 3, 11 - 1, 12 - 1]
 
 
@@ -168,7 +220,13 @@ def test_eval_reads_the_eval_initializer_and_inserts_nothing():
         out = m(torch.tensor([99, 98]), torch.tensor([0, 1, 2]))
     assert torch.equal(out, torch.zeros(2, 4))
     assert int(m.table.size()[0]) == size
-    opts2 = [DynamicEmbTableOptions(dim=4, max_capacity=256, eval_initializer_args=DynamicEmbInitializerArgs(mode=Mode.CONSTANT, value=0.5))]
+    opts2 = [
+        DynamicEmbTableOptions(
+            dim=4,
+            max_capacity=256,
+            eval_initializer_args=DynamicEmbInitializerArgs(mode=Mode.CONSTANT, value=0.5),
+        )
+    ]
     m2 = BatchedDynamicEmbeddingTablesV2(opts2, None, Pool.SUM, EmbOptimType.EXACT_SGD).eval()
     with torch.no_grad():
         assert torch.equal(m2(torch.tensor([5]), torch.tensor([0, 1])), torch.full((1, 4), 0.5))
@@ -187,23 +245,34 @@ def test_weighted_pooling_errors():
     with torch.no_grad():
         m(idx, off, pooling_weights=torch.ones(2, requires_grad=True))  # accepted
     with pytest.raises(ValueError, match="either pooling_weights or frequency_counters"):
-        m(idx, off, frequency_counters=torch.ones(2, dtype=torch.int64), pooling_weights=torch.ones(2))
+        m(
+            idx,
+            off,
+            frequency_counters=torch.ones(2, dtype=torch.int64),
+            pooling_weights=torch.ones(2),
+        )
     mean = BatchedDynamicEmbeddingTablesV2(_opts([4]), None, Pool.MEAN, EmbOptimType.EXACT_SGD)
     with pytest.raises(ValueError, match="SUM, got MEAN"):
         mean(idx, off, pooling_weights=torch.ones(2))
 
 
 def test_scores_follow_the_strategy():
-    step = BatchedDynamicEmbeddingTablesV2(_opts([2], score_strategy=Score.STEP), None, Pool.SUM, EmbOptimType.EXACT_SGD)
+    step = BatchedDynamicEmbeddingTablesV2(
+        _opts([2], score_strategy=Score.STEP), None, Pool.SUM, EmbOptimType.EXACT_SGD
+    )
     for _ in range(3):
         step(torch.tensor([7]), torch.tensor([0, 1]))
     slot = step.table.find(torch.tensor([7]))
     assert int(step.table.scores[slot, 0]) == 3
-    lfu = BatchedDynamicEmbeddingTablesV2(_opts([2], score_strategy=Score.LFU), None, Pool.SUM, EmbOptimType.EXACT_SGD)
+    lfu = BatchedDynamicEmbeddingTablesV2(
+        _opts([2], score_strategy=Score.LFU), None, Pool.SUM, EmbOptimType.EXACT_SGD
+    )
     lfu(torch.tensor([7, 7, 8]), torch.tensor([0, 3]))
     lfu(torch.tensor([7]), torch.tensor([0, 1]), frequency_counters=torch.tensor([5]))
     assert lfu.table.scores[lfu.table.find(torch.tensor([7, 8])), 0].tolist() == [7, 1]
-    cst = BatchedDynamicEmbeddingTablesV2(_opts([2], score_strategy=Score.CUSTOMIZED), None, Pool.SUM, EmbOptimType.EXACT_SGD)
+    cst = BatchedDynamicEmbeddingTablesV2(
+        _opts([2], score_strategy=Score.CUSTOMIZED), None, Pool.SUM, EmbOptimType.EXACT_SGD
+    )
     with pytest.raises(RuntimeError, match="set_score"):
         cst(torch.tensor([1]), torch.tensor([0, 1]))
     cst.set_score(42)
@@ -214,8 +283,11 @@ def test_scores_follow_the_strategy():
 
 
 def test_safe_check_error_reports_the_failed_keys():
-    opts = [DynamicEmbTableOptions(dim=2, max_capacity=16, bucket_capacity=16,
-                                   safe_check_mode=DynamicEmbCheckMode.ERROR)]
+    opts = [
+        DynamicEmbTableOptions(
+            dim=2, max_capacity=16, bucket_capacity=16, safe_check_mode=DynamicEmbCheckMode.ERROR
+        )
+    ]
     m = BatchedDynamicEmbeddingTablesV2(opts, None, Pool.SUM, EmbOptimType.EXACT_SGD)
     with pytest.raises(RuntimeError, match="3 keys could not be inserted"):
         m(torch.arange(19), torch.tensor([0, 19]))
@@ -228,9 +300,18 @@ def test_safe_check_error_reports_the_failed_keys():
 
 
 def test_rows_survive_table_expansion():
-    opts = [DynamicEmbTableOptions(dim=4, init_capacity=128, max_capacity=4096, bucket_capacity=128,
-                                   initializer_args=DynamicEmbInitializerArgs(mode=Mode.DEBUG))]
-    m = BatchedDynamicEmbeddingTablesV2(opts, None, Pool.NONE, EmbOptimType.EXACT_SGD, learning_rate=1.0)
+    opts = [
+        DynamicEmbTableOptions(
+            dim=4,
+            init_capacity=128,
+            max_capacity=4096,
+            bucket_capacity=128,
+            initializer_args=DynamicEmbInitializerArgs(mode=Mode.DEBUG),
+        )
+    ]
+    m = BatchedDynamicEmbeddingTablesV2(
+        opts, None, Pool.NONE, EmbOptimType.EXACT_SGD, learning_rate=1.0
+    )
     first = torch.arange(50)
     m(first, torch.tensor([0, 50])).sum().backward()  # every row lowered by 1
     assert m.table.capacity() == 128
@@ -249,8 +330,11 @@ def test_rows_survive_table_expansion():
 def _no_eviction_opts(dims, init_capacity, bucket_capacity=16):
     return [
         DynamicEmbTableOptions(
-            dim=d, init_capacity=init_capacity, max_capacity=init_capacity,
-            bucket_capacity=bucket_capacity, score_strategy=Score.NO_EVICTION,
+            dim=d,
+            init_capacity=init_capacity,
+            max_capacity=init_capacity,
+            bucket_capacity=bucket_capacity,
+            score_strategy=Score.NO_EVICTION,
             initializer_args=DynamicEmbInitializerArgs(mode=Mode.UNIFORM, lower=-0.1, upper=0.1),
         )
         for d in dims
@@ -258,14 +342,19 @@ def _no_eviction_opts(dims, init_capacity, bucket_capacity=16):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("optimizer,kw", [
-    (EmbOptimType.EXACT_SGD, dict(learning_rate=0.3)),
-    (EmbOptimType.ADAM, dict(learning_rate=0.05)),
-], ids=["sgd", "adam"])
+@pytest.mark.parametrize(
+    "optimizer,kw",
+    [
+        (EmbOptimType.EXACT_SGD, dict(learning_rate=0.3)),
+        (EmbOptimType.ADAM, dict(learning_rate=0.05)),
+    ],
+    ids=["sgd", "adam"],
+)
 def test_no_eviction_keeps_every_key_and_its_trained_row_across_expansions(device, optimizer, kw):
     dims, ftm = [4, 8], [0, 1, 0]
-    m = BatchedDynamicEmbeddingTablesV2(_no_eviction_opts(dims, 32), ftm, Pool.SUM, optimizer,
-                                        device=device, **kw)
+    m = BatchedDynamicEmbeddingTablesV2(
+        _no_eviction_opts(dims, 32), ftm, Pool.SUM, optimizer, device=device, **kw
+    )
     # Key map at load 0.5 of init_capacity, rows = init_capacity.
     assert [m.table.capacity(t) for t in range(2)] == [64, 64]
     assert [m.table.row_capacity(t) for t in range(2)] == [32, 32]
@@ -276,8 +365,14 @@ def test_no_eviction_keeps_every_key_and_its_trained_row_across_expansions(devic
         indices, offsets = _batch(g, len(ftm), B, vocab)
         out = m(indices.to(device), offsets.to(device))
         grad = torch.randn(out.shape, generator=g)
-        want = _dense_output(ref.forward_backward(indices, offsets, Pool.SUM, grad, None, step),
-                             Pool.SUM, dims, ftm, B, indices.numel())
+        want = _dense_output(
+            ref.forward_backward(indices, offsets, Pool.SUM, grad, None, step),
+            Pool.SUM,
+            dims,
+            ftm,
+            B,
+            indices.numel(),
+        )
         assert torch.allclose(out.detach().cpu().double(), want, rtol=1e-5, atol=1e-6), step
         out.backward(grad.to(device))
     seen = {t: sorted(k for (tt, k) in ref.rows if tt == t) for t in range(2)}
@@ -305,8 +400,9 @@ def test_no_eviction_keeps_every_key_and_its_trained_row_across_expansions(devic
 
 
 def test_no_eviction_grows_only_the_table_that_needs_it():
-    m = BatchedDynamicEmbeddingTablesV2(_no_eviction_opts([4, 4], 64, 32), [0, 1], Pool.SUM,
-                                        EmbOptimType.EXACT_SGD)
+    m = BatchedDynamicEmbeddingTablesV2(
+        _no_eviction_opts([4, 4], 64, 32), [0, 1], Pool.SUM, EmbOptimType.EXACT_SGD
+    )
     before = [(m.table.capacity(t), m.table.row_capacity(t)) for t in range(2)]
     # 200 keys for table 0, 3 for table 1 (feature f's bags are offsets[f*B : (f+1)*B+1]).
     indices = torch.cat([torch.arange(200), torch.arange(3)])
@@ -324,8 +420,9 @@ def _home_bucket(key, capacity, width):
 def test_no_eviction_full_bucket_below_half_load_grows_instead_of_failing():
     # 40 keys that all hash into one 16-slot bucket overflow it long before
     # the key map's load reaches 0.5: the table grows and stores all of them.
-    m = BatchedDynamicEmbeddingTablesV2(_no_eviction_opts([2], 512, 16), None, Pool.NONE,
-                                        EmbOptimType.EXACT_SGD)
+    m = BatchedDynamicEmbeddingTablesV2(
+        _no_eviction_opts([2], 512, 16), None, Pool.NONE, EmbOptimType.EXACT_SGD
+    )
     cap = m.table.capacity()
     same = torch.tensor([k for k in range(1, 100000) if _home_bucket(k, cap, 16) == 0][:40])
     assert same.numel() == 40
@@ -341,8 +438,9 @@ def test_no_eviction_full_bucket_below_half_load_grows_instead_of_failing():
 
 
 def test_no_eviction_out_of_memory_warns_and_training_continues(monkeypatch):
-    m = BatchedDynamicEmbeddingTablesV2(_no_eviction_opts([4], 16), None, Pool.NONE,
-                                        EmbOptimType.EXACT_SGD, learning_rate=1.0)
+    m = BatchedDynamicEmbeddingTablesV2(
+        _no_eviction_opts([4], 16), None, Pool.NONE, EmbOptimType.EXACT_SGD, learning_rate=1.0
+    )
 
     def no_memory(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB")

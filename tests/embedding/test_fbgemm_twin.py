@@ -38,13 +38,22 @@ ALL_OPTIMIZERS = CPU_OPTIMIZERS + [O.ADAM]
 
 def make_pair(device, optim, pooling, dims):
     init = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.UNIFORM, lower=-0.1, upper=0.1)
-    opts = [DynamicEmbTableOptions(dim=d, max_capacity=1024, bucket_capacity=128, initializer_args=init)
-            for d in dims]
+    opts = [
+        DynamicEmbTableOptions(dim=d, max_capacity=1024, bucket_capacity=128, initializer_args=init)
+        for d in dims
+    ]
     ours = BatchedDynamicEmbeddingTablesV2(opts, None, pooling, optim, device=device, **HYPER)
     cuda = torch.device(device).type == "cuda"
     tbe = SplitTableBatchedEmbeddingBagsCodegen(
-        [(ROWS, d, EmbeddingLocation.DEVICE if cuda else EmbeddingLocation.HOST,
-          ComputeDevice.CUDA if cuda else ComputeDevice.CPU) for d in dims],
+        [
+            (
+                ROWS,
+                d,
+                EmbeddingLocation.DEVICE if cuda else EmbeddingLocation.HOST,
+                ComputeDevice.CUDA if cuda else ComputeDevice.CPU,
+            )
+            for d in dims
+        ],
         optimizer=optim,
         pooling_mode=PoolingMode.SUM if pooling == DynamicEmbPoolingMode.SUM else PoolingMode.NONE,
         device=torch.device(device),
@@ -63,11 +72,15 @@ def batches(device, dims, steps=10, B=16, seed=0):
     for _ in range(steps):
         lengths = torch.randint(0, 4, (len(dims) * B,), generator=g)
         # A few hot keys, so rows are updated by several occurrences at once.
-        idx = torch.where(torch.rand(int(lengths.sum()), generator=g) < 0.3,
-                          torch.randint(0, 5, (int(lengths.sum()),), generator=g),
-                          torch.randint(0, ROWS, (int(lengths.sum()),), generator=g))
+        idx = torch.where(
+            torch.rand(int(lengths.sum()), generator=g) < 0.3,
+            torch.randint(0, 5, (int(lengths.sum()),), generator=g),
+            torch.randint(0, ROWS, (int(lengths.sum()),), generator=g),
+        )
         offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
-        out.append((idx.to(device), offsets.to(device), torch.randn(B, sum(dims), generator=g).to(device)))
+        out.append(
+            (idx.to(device), offsets.to(device), torch.randn(B, sum(dims), generator=g).to(device))
+        )
     return out
 
 
@@ -79,11 +92,13 @@ def run_twin(device, optim, pooling, dims):
         a, b = ours(idx, offsets), tbe(idx, offsets)
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
         if pooling == DynamicEmbPoolingMode.NONE:
-            grad = torch.randn(a.shape, generator=torch.Generator().manual_seed(int(idx.sum()))).to(device)
+            grad = torch.randn(a.shape, generator=torch.Generator().manual_seed(int(idx.sum()))).to(
+                device
+            )
         a.backward(grad)
         b.backward(grad)
         for f in range(len(dims)):
-            seen[f].update(idx[offsets[f * B]: offsets[(f + 1) * B]].tolist())
+            seen[f].update(idx[offsets[f * B] : offsets[(f + 1) * B]].tolist())
     for t, w in enumerate(tbe.split_embedding_weights()):
         keys = torch.tensor(sorted(seen[t]), device=device)
         slots = ours.table.find(keys, torch.full_like(keys, t))
@@ -93,7 +108,9 @@ def run_twin(device, optim, pooling, dims):
 
 
 @pytest.mark.parametrize("optim", CPU_OPTIMIZERS, ids=lambda o: o.name)
-@pytest.mark.parametrize("pooling", [DynamicEmbPoolingMode.SUM, DynamicEmbPoolingMode.NONE], ids=["sum", "none"])
+@pytest.mark.parametrize(
+    "pooling", [DynamicEmbPoolingMode.SUM, DynamicEmbPoolingMode.NONE], ids=["sum", "none"]
+)
 def test_matches_fbgemm_tbe_on_cpu(optim, pooling):
     dims = (8, 16, 8) if pooling == DynamicEmbPoolingMode.SUM else (8, 8)
     run_twin("cpu", optim, pooling, dims)
@@ -101,7 +118,9 @@ def test_matches_fbgemm_tbe_on_cpu(optim, pooling):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("optim", ALL_OPTIMIZERS, ids=lambda o: o.name)
-@pytest.mark.parametrize("pooling", [DynamicEmbPoolingMode.SUM, DynamicEmbPoolingMode.NONE], ids=["sum", "none"])
+@pytest.mark.parametrize(
+    "pooling", [DynamicEmbPoolingMode.SUM, DynamicEmbPoolingMode.NONE], ids=["sum", "none"]
+)
 def test_matches_fbgemm_tbe_on_cuda(optim, pooling):
     dims = (32, 64, 32) if pooling == DynamicEmbPoolingMode.SUM else (64, 64)
     run_twin("cuda", optim, pooling, dims)

@@ -1,12 +1,11 @@
 """init_rows: rows depend only on (seed, table, key, element), follow the
 requested distribution, and agree between the CPU and CUDA backends."""
 
-import math
-
 import pytest
 import torch
 
-from dynamicemb import DynamicEmbInitializerArgs, DynamicEmbInitializerMode as Mode
+from dynamicemb import DynamicEmbInitializerArgs
+from dynamicemb import DynamicEmbInitializerMode as Mode
 from dynamicemb.embedding import init_rows
 from dynamicemb.table._native import constants, ops
 
@@ -64,7 +63,9 @@ def test_normal_has_the_requested_mean_and_std():
 
 
 def test_truncated_normal_stays_within_its_bounds():
-    out = init_rows(torch.arange(5000), 16, _args(Mode.TRUNCATED_NORMAL, std_dev=1.0, lower=-0.5, upper=1.0))
+    out = init_rows(
+        torch.arange(5000), 16, _args(Mode.TRUNCATED_NORMAL, std_dev=1.0, lower=-0.5, upper=1.0)
+    )
     assert float(out.min()) >= -0.5 and float(out.max()) <= 1.0
     # default bounds: +- 2 std_dev around the mean
     d = init_rows(torch.arange(5000), 16, _args(Mode.TRUNCATED_NORMAL, mean=3.0, std_dev=0.1))

@@ -31,8 +31,18 @@ def batch(device, seed=0, dims=(4, 8, 4), B=5, num_rows=40, width=24, weighted=T
     weights = torch.rand(n, generator=g) if weighted else None
     dims_t = torch.tensor(dims)
     cols = torch.cumsum(torch.tensor((0,) + tuple(dims[:-1])), 0)
-    t = dict(values=values, rows=rows, inverse=inverse, offsets=offsets, weights=weights, cols=cols,
-             dims=dims_t, B=B, width=int(sum(dims)), bag=bag)
+    t = dict(
+        values=values,
+        rows=rows,
+        inverse=inverse,
+        offsets=offsets,
+        weights=weights,
+        cols=cols,
+        dims=dims_t,
+        B=B,
+        width=int(sum(dims)),
+        bag=bag,
+    )
     return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in t.items()}
 
 
@@ -53,8 +63,17 @@ def reference_pool(t):
 
 
 def pool(t):
-    return ops().embedding_pool(t["values"], t["rows"], t["inverse"], t["offsets"], t["weights"],
-                                t["cols"], t["dims"], t["B"], t["width"])
+    return ops().embedding_pool(
+        t["values"],
+        t["rows"],
+        t["inverse"],
+        t["offsets"],
+        t["weights"],
+        t["cols"],
+        t["dims"],
+        t["B"],
+        t["width"],
+    )
 
 
 def occurrences(t):
@@ -67,9 +86,30 @@ def occurrences(t):
 
 def update(t, grad_out, optim, lr=0.1, step=1, wd=0.0, wd_mode=0):
     occ, order = occurrences(t)
-    ops().embedding_update(t["values"], grad_out, t["rows"], occ, order, t["bag"], t["weights"], t["cols"],
-                           t["dims"], t["B"], optim, lr, 1e-8, 0.9, 0.999, wd, wd_mode, step, -0.5, 0.0,
-                           0.0, 0.0)
+    ops().embedding_update(
+        t["values"],
+        grad_out,
+        t["rows"],
+        occ,
+        order,
+        t["bag"],
+        t["weights"],
+        t["cols"],
+        t["dims"],
+        t["B"],
+        optim,
+        lr,
+        1e-8,
+        0.9,
+        0.999,
+        wd,
+        wd_mode,
+        step,
+        -0.5,
+        0.0,
+        0.0,
+        0.0,
+    )
 
 
 def key_grads(t, grad_out):
@@ -108,8 +148,17 @@ def test_pool_of_a_sequence_batch_is_a_gather(device):
     """Pooling NONE: every occurrence its own bag, one feature of one dim."""
     t = batch(device, seed=2, dims=(8,), weighted=False)
     n = t["inverse"].numel()
-    out = ops().embedding_pool(t["values"], t["rows"], t["inverse"], torch.arange(n + 1, device=device),
-                               None, t["cols"], t["dims"], n, 8)
+    out = ops().embedding_pool(
+        t["values"],
+        t["rows"],
+        t["inverse"],
+        torch.arange(n + 1, device=device),
+        None,
+        t["cols"],
+        t["dims"],
+        n,
+        8,
+    )
     rows = t["rows"][t["inverse"]]
     want = t["values"][rows.clamp(min=0), :8] * (rows >= 0).unsqueeze(1)
     assert torch.equal(out, want)
@@ -152,11 +201,21 @@ def hot_batch(device, dim=40, n=3000):
     """One feature, n bags of one occurrence; key 0 takes most of them (a hot
     key, summed chunk by chunk on the GPU), the rest spread over 30 keys."""
     g = torch.Generator().manual_seed(11)
-    inverse = torch.where(torch.rand(n, generator=g) < 0.7, 0, torch.randint(1, 31, (n,), generator=g))
-    t = dict(values=torch.randn(64, 3 * dim, generator=g), rows=torch.randperm(64, generator=g)[:31],
-             inverse=inverse, offsets=torch.arange(n + 1), weights=torch.rand(n, generator=g),
-             cols=torch.zeros(1, dtype=torch.int64), dims=torch.tensor([dim]), B=n, width=dim,
-             bag=torch.arange(n))
+    inverse = torch.where(
+        torch.rand(n, generator=g) < 0.7, 0, torch.randint(1, 31, (n,), generator=g)
+    )
+    t = dict(
+        values=torch.randn(64, 3 * dim, generator=g),
+        rows=torch.randperm(64, generator=g)[:31],
+        inverse=inverse,
+        offsets=torch.arange(n + 1),
+        weights=torch.rand(n, generator=g),
+        cols=torch.zeros(1, dtype=torch.int64),
+        dims=torch.tensor([dim]),
+        B=n,
+        width=dim,
+        bag=torch.arange(n),
+    )
     return {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in t.items()}
 
 
@@ -210,19 +269,55 @@ def test_update_refuses_bad_occurrences_and_changes_nothing():
     occ[-1] += 1
     grad = torch.randn(t["B"], t["width"])
     with pytest.raises(ValueError, match="occ_offsets must run from 0 to"):
-        ops().embedding_update(t["values"], grad, t["rows"], occ, order, t["bag"], t["weights"], t["cols"],
-                               t["dims"], t["B"], SGD, 0.1, 1e-8, 0.9, 0.999, 0.0, 0, 1, -0.5, 0.0, 0.0, 0.0)
+        ops().embedding_update(
+            t["values"],
+            grad,
+            t["rows"],
+            occ,
+            order,
+            t["bag"],
+            t["weights"],
+            t["cols"],
+            t["dims"],
+            t["B"],
+            SGD,
+            0.1,
+            1e-8,
+            0.9,
+            0.999,
+            0.0,
+            0,
+            1,
+            -0.5,
+            0.0,
+            0.0,
+            0.0,
+        )
     assert torch.equal(t["values"], before)
 
 
 def test_pool_refuses_a_feature_that_does_not_fit_the_output():
     t = batch("cpu", seed=8)
     with pytest.raises(ValueError, match="feature 2"):
-        ops().embedding_pool(t["values"], t["rows"], t["inverse"], t["offsets"], t["weights"], t["cols"],
-                             t["dims"], t["B"], t["width"] - 1)
+        ops().embedding_pool(
+            t["values"],
+            t["rows"],
+            t["inverse"],
+            t["offsets"],
+            t["weights"],
+            t["cols"],
+            t["dims"],
+            t["B"],
+            t["width"] - 1,
+        )
 
 
-OPCHECK_UTILS = ("test_schema", "test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+OPCHECK_UTILS = (
+    "test_schema",
+    "test_autograd_registration",
+    "test_faketensor",
+    "test_aot_dispatch_dynamic",
+)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -230,14 +325,46 @@ def test_lookup_ops_opcheck(device):
     t = batch(device, seed=9)
     torch.library.opcheck(
         ops().embedding_pool.default,
-        (t["values"], t["rows"], t["inverse"], t["offsets"], t["weights"], t["cols"], t["dims"], t["B"], t["width"]),
+        (
+            t["values"],
+            t["rows"],
+            t["inverse"],
+            t["offsets"],
+            t["weights"],
+            t["cols"],
+            t["dims"],
+            t["B"],
+            t["width"],
+        ),
         test_utils=OPCHECK_UTILS,
     )
     occ, order = occurrences(t)
     grad = torch.randn(t["B"], t["width"], device=device)
     torch.library.opcheck(
         ops().embedding_update.default,
-        (t["values"], grad, t["rows"], occ, order, t["bag"], t["weights"], t["cols"], t["dims"], t["B"],
-         SGD, 0.1, 1e-8, 0.9, 0.999, 0.0, 0, 1, -0.5, 0.0, 0.0, 0.0),
+        (
+            t["values"],
+            grad,
+            t["rows"],
+            occ,
+            order,
+            t["bag"],
+            t["weights"],
+            t["cols"],
+            t["dims"],
+            t["B"],
+            SGD,
+            0.1,
+            1e-8,
+            0.9,
+            0.999,
+            0.0,
+            0,
+            1,
+            -0.5,
+            0.0,
+            0.0,
+            0.0,
+        ),
         test_utils=("test_schema", "test_faketensor"),
     )

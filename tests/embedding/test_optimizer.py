@@ -45,23 +45,70 @@ def reference_step(opt, w, s, g, t):
         n1 = n0 + g * g
         lin = lin + g - (n1 ** (-p) - n0 ** (-p)) / lr * w
         denom = (opt.ftrl_beta + n1 ** (-p)) / lr + opt.l2_reg
-        new_w = torch.where(lin.abs() <= opt.l1_reg, torch.zeros_like(w),
-                            (torch.sign(lin) * opt.l1_reg - lin) / denom)
+        new_w = torch.where(
+            lin.abs() <= opt.l1_reg,
+            torch.zeros_like(w),
+            (torch.sign(lin) * opt.l1_reg - lin) / denom,
+        )
         return new_w, torch.cat([lin, n1])
     raise AssertionError(name)
 
 
 CASES = [
     ("sgd", lambda: RowOptimizer(EmbOptimType.EXACT_SGD, learning_rate=0.3)),
-    ("sgd_l2", lambda: RowOptimizer(EmbOptimType.SGD, learning_rate=0.1, weight_decay=0.05, weight_decay_mode=1)),
+    (
+        "sgd_l2",
+        lambda: RowOptimizer(
+            EmbOptimType.SGD, learning_rate=0.1, weight_decay=0.05, weight_decay_mode=1
+        ),
+    ),
     ("adam", lambda: RowOptimizer(EmbOptimType.ADAM, learning_rate=0.05, weight_decay=0.01)),
-    ("adagrad", lambda: RowOptimizer(EmbOptimType.EXACT_ADAGRAD, learning_rate=0.2, weight_decay=0.02, weight_decay_mode=1)),
+    (
+        "adagrad",
+        lambda: RowOptimizer(
+            EmbOptimType.EXACT_ADAGRAD, learning_rate=0.2, weight_decay=0.02, weight_decay_mode=1
+        ),
+    ),
     ("rowwise", lambda: RowOptimizer(EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.2)),
-    ("rowwise_l2", lambda: RowOptimizer(EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.2, weight_decay=0.1, weight_decay_mode=1)),
-    ("rowwise_decoupled", lambda: RowOptimizer(EmbOptimType.EXACT_ROWWISE_ADAGRAD, learning_rate=0.2, weight_decay=0.1, weight_decay_mode=2)),
-    ("ftrl", lambda: RowOptimizer(DynamicEmbOptimType.FTRL, learning_rate=0.5, l1_reg=0.01, l2_reg=0.1, ftrl_beta=1.0)),
-    ("ftrl_power", lambda: RowOptimizer(DynamicEmbOptimType.FTRL, learning_rate=0.5, learning_rate_power=-0.3, initial_accumulator_value=0.1)),
-    ("ftrl_fixed_rate", lambda: RowOptimizer(DynamicEmbOptimType.FTRL, learning_rate=0.5, learning_rate_power=0.0, ftrl_beta=1.0)),
+    (
+        "rowwise_l2",
+        lambda: RowOptimizer(
+            EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+            learning_rate=0.2,
+            weight_decay=0.1,
+            weight_decay_mode=1,
+        ),
+    ),
+    (
+        "rowwise_decoupled",
+        lambda: RowOptimizer(
+            EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+            learning_rate=0.2,
+            weight_decay=0.1,
+            weight_decay_mode=2,
+        ),
+    ),
+    (
+        "ftrl",
+        lambda: RowOptimizer(
+            DynamicEmbOptimType.FTRL, learning_rate=0.5, l1_reg=0.01, l2_reg=0.1, ftrl_beta=1.0
+        ),
+    ),
+    (
+        "ftrl_power",
+        lambda: RowOptimizer(
+            DynamicEmbOptimType.FTRL,
+            learning_rate=0.5,
+            learning_rate_power=-0.3,
+            initial_accumulator_value=0.1,
+        ),
+    ),
+    (
+        "ftrl_fixed_rate",
+        lambda: RowOptimizer(
+            DynamicEmbOptimType.FTRL, learning_rate=0.5, learning_rate_power=0.0, ftrl_beta=1.0
+        ),
+    ),
 ]
 
 
@@ -84,7 +131,7 @@ def test_ten_steps_match_the_float64_rules(device, name, make):
         for r, gr in zip(rows.tolist(), grads.double()):
             w, s = reference_step(opt, ref[r, :DIM], ref[r, DIM:], gr, t)
             ref[r, :DIM] = w
-            ref[r, DIM:DIM + s.numel()] = s
+            ref[r, DIM : DIM + s.numel()] = s
     got = values.cpu().double()
     assert torch.allclose(got, ref, rtol=1e-5, atol=1e-6), (got - ref).abs().max()
 
@@ -117,11 +164,28 @@ def test_bad_arguments_raise_naming_the_value():
     with pytest.raises(ValueError, match="row 5 at index 0"):
         opt.step(torch.zeros(2, 3 * DIM), torch.tensor([5]), torch.zeros(1, DIM), 1)
     with pytest.raises(TypeError, match="float32"):
-        opt.step(torch.zeros(2, 3 * DIM, dtype=torch.float64), torch.tensor([0]), torch.zeros(1, DIM), 1)
+        opt.step(
+            torch.zeros(2, 3 * DIM, dtype=torch.float64), torch.tensor([0]), torch.zeros(1, DIM), 1
+        )
 
 
 def test_optimizer_step_opcheck():
     values = torch.randn(4, 3 * DIM)
-    args = (values, torch.tensor([2, 0]), torch.randn(2, DIM), 1, 0.1, 1e-8, 0.9, 0.999, 0.0, 0, 3,
-            -0.5, 0.0, 0.0, 0.0)
+    args = (
+        values,
+        torch.tensor([2, 0]),
+        torch.randn(2, DIM),
+        1,
+        0.1,
+        1e-8,
+        0.9,
+        0.999,
+        0.0,
+        0,
+        3,
+        -0.5,
+        0.0,
+        0.0,
+        0.0,
+    )
     torch.library.opcheck(ops().optimizer_step.default, args)

@@ -9,10 +9,16 @@ import torch
 
 from dynamicemb import (
     DynamicEmbInitializerArgs,
-    DynamicEmbInitializerMode as Mode,
-    DynamicEmbPoolingMode as Pool,
-    DynamicEmbScoreStrategy as Score,
     DynamicEmbTableOptions,
+)
+from dynamicemb import (
+    DynamicEmbInitializerMode as Mode,
+)
+from dynamicemb import (
+    DynamicEmbPoolingMode as Pool,
+)
+from dynamicemb import (
+    DynamicEmbScoreStrategy as Score,
 )
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
 
@@ -61,19 +67,30 @@ ORDERS = {
 
 
 def _module(strategy, fn, device, capacity=16, dim=2):
-    opts = [DynamicEmbTableOptions(
-        dim=dim, max_capacity=capacity, bucket_capacity=16, score_strategy=strategy,
-        score_function=fn,
-        initializer_args=DynamicEmbInitializerArgs(mode=Mode.UNIFORM, lower=-0.1, upper=0.1))]
-    return BatchedDynamicEmbeddingTablesV2(opts, None, Pool.SUM, EmbOptimType.EXACT_SGD, device=device)
+    opts = [
+        DynamicEmbTableOptions(
+            dim=dim,
+            max_capacity=capacity,
+            bucket_capacity=16,
+            score_strategy=strategy,
+            score_function=fn,
+            initializer_args=DynamicEmbInitializerArgs(mode=Mode.UNIFORM, lower=-0.1, upper=0.1),
+        )
+    ]
+    return BatchedDynamicEmbeddingTablesV2(
+        opts, None, Pool.SUM, EmbOptimType.EXACT_SGD, device=device
+    )
 
 
 def _fill(m, frequencies, device):
     """Key k enters at step k (so older keys have smaller timestamps) with
     access count frequencies[k]; 16 keys fill the one 16-slot bucket."""
     for k, f in enumerate(frequencies):
-        m(torch.tensor([k], device=device), torch.tensor([0, 1], device=device),
-          frequency_counters=torch.tensor([f], device=device))
+        m(
+            torch.tensor([k], device=device),
+            torch.tensor([0, 1], device=device),
+            frequency_counters=torch.tensor([f], device=device),
+        )
     assert int(m.table.size()[0]) == len(frequencies)
 
 
@@ -141,7 +158,11 @@ def test_both_tuple_orders_evict_identically(device, kind):
         keys = torch.randint(0, 300, (n,), generator=g)
         counts = torch.randint(1, 4, (n,), generator=g)
         for m in (a, b, plain):
-            m(keys.to(device), torch.tensor([0, n], device=device), frequency_counters=counts.to(device))
+            m(
+                keys.to(device),
+                torch.tensor([0, n], device=device),
+                frequency_counters=counts.to(device),
+            )
         ka, kb = (set(m.table.export_batch().compact().keys.tolist()) for m in (a, b))
         assert ka == kb, step
         differs |= ka != set(plain.table.export_batch().compact().keys.tolist())
@@ -157,26 +178,32 @@ def test_default_compound_evictor_is_frequency_then_older_timestamp():
     assert set(range(16)) - set(_resident(m, range(16), "cpu")) == {0}
 
 
-@pytest.mark.parametrize("strategy", [Score.TIMESTAMP, Score.STEP, Score.CUSTOMIZED, Score.LFU,
-                                      Score.NO_EVICTION, (Score.LFU,)])
+@pytest.mark.parametrize(
+    "strategy",
+    [Score.TIMESTAMP, Score.STEP, Score.CUSTOMIZED, Score.LFU, Score.NO_EVICTION, (Score.LFU,)],
+)
 def test_score_function_with_another_strategy_is_refused(strategy):
     name = getattr(strategy, "name", None) or strategy[0].name
     with pytest.raises(ValueError, match=f"score_function.*{name}"):
-        DynamicEmbTableOptions(dim=2, max_capacity=16, score_strategy=strategy,
-                               score_function=oldest_first_ts_lfu)
+        DynamicEmbTableOptions(
+            dim=2, max_capacity=16, score_strategy=strategy, score_function=oldest_first_ts_lfu
+        )
 
 
 def test_module_refuses_a_score_function_whose_strategy_was_changed():
-    opts = DynamicEmbTableOptions(dim=2, max_capacity=16, score_strategy=TS_LFU,
-                                  score_function=oldest_first_ts_lfu)
+    opts = DynamicEmbTableOptions(
+        dim=2, max_capacity=16, score_strategy=TS_LFU, score_function=oldest_first_ts_lfu
+    )
     opts.score_strategy = Score.LFU  # dataclass fields can be reassigned after validation
     with pytest.raises(ValueError, match="score_function.*LFU"):
         BatchedDynamicEmbeddingTablesV2([opts])
 
 
 def test_tables_fused_with_different_score_functions_are_refused():
-    opts = [DynamicEmbTableOptions(dim=2, max_capacity=16, score_strategy=TS_LFU, score_function=f)
-            for f in (oldest_first_ts_lfu, decayed_ts_lfu)]
+    opts = [
+        DynamicEmbTableOptions(dim=2, max_capacity=16, score_strategy=TS_LFU, score_function=f)
+        for f in (oldest_first_ts_lfu, decayed_ts_lfu)
+    ]
     with pytest.raises(ValueError, match="share one score_function"):
         BatchedDynamicEmbeddingTablesV2(opts)
 
@@ -185,8 +212,11 @@ def test_a_function_numba_cannot_compile_is_refused_when_the_module_is_built():
     def uses_a_dict(scores, cur_timestamp):
         return {"a": object()}["a"]
 
-    opts = [DynamicEmbTableOptions(dim=2, max_capacity=16, score_strategy=TS_LFU,
-                                   score_function=uses_a_dict)]
+    opts = [
+        DynamicEmbTableOptions(
+            dim=2, max_capacity=16, score_strategy=TS_LFU, score_function=uses_a_dict
+        )
+    ]
     with pytest.raises(ValueError, match="score_function uses_a_dict cannot be compiled"):
         BatchedDynamicEmbeddingTablesV2(opts)
 
@@ -235,7 +265,11 @@ def test_the_cuda_kernel_computes_what_the_cpu_kernel_does_in_numbas_simulator()
 
     env = dict(os.environ, NUMBA_ENABLE_CUDASIM="1")
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join([root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
-    out = subprocess.run([sys.executable, "-c", _SIMULATED], env=env, capture_output=True, text=True, timeout=600)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [root] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", _SIMULATED], env=env, capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.strip().endswith("same")

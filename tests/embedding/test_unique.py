@@ -4,7 +4,8 @@ import collections
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dynamicemb.embedding import segmented_unique
 

@@ -29,10 +29,29 @@ def run(tmp_path_factory):
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
     proc = subprocess.run(
-        [sys.executable, str(_script()), "--device", "cpu", "--world-size", str(WORLD_SIZE),
-         "--steps", str(STEPS), "--batch-size", str(BATCH), "--eval-batches", "4",
-         "--log-window", "25", "--summary-json", str(out)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=240,
+        [
+            sys.executable,
+            str(_script()),
+            "--device",
+            "cpu",
+            "--world-size",
+            str(WORLD_SIZE),
+            "--steps",
+            str(STEPS),
+            "--batch-size",
+            str(BATCH),
+            "--eval-batches",
+            "4",
+            "--log-window",
+            "25",
+            "--summary-json",
+            str(out),
+        ],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=240,
     )
     assert proc.returncode == 0, proc.stdout[-6000:]
     with open(out) as f:
@@ -72,9 +91,12 @@ def test_table_counters(run):
     dynamic = {f.table: f for f in train_dlrm.FEATURES if f.dynamic}
     assert set(s["tables"]) == set(dynamic)
     for name, t in s["tables"].items():
-        config = EmbeddingBagConfig(name=name, num_embeddings=dynamic[name].capacity, embedding_dim=16,
-                                    feature_names=["f"])
-        assert t["capacity"] == WORLD_SIZE * get_sharded_table_capacity(config, WORLD_SIZE, 128), name
+        config = EmbeddingBagConfig(
+            name=name, num_embeddings=dynamic[name].capacity, embedding_dim=16, feature_names=["f"]
+        )
+        assert t["capacity"] == WORLD_SIZE * get_sharded_table_capacity(config, WORLD_SIZE, 128), (
+            name
+        )
         assert 0 < t["rows_held"] <= t["capacity"], name
         assert t["rows_held"] <= t["distinct_ids"], name
         # Every key a table took either filled a free slot or replaced a victim.

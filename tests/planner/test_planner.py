@@ -64,7 +64,7 @@ def _with_dynamic_kernel(base):
 
 def _sharders(fused_params=None):
     try:
-        from dynamicemb.shard import (  # noqa: F401
+        from dynamicemb.shard import (
             DynamicEmbeddingBagCollectionSharder,
             DynamicEmbeddingCollectionSharder,
         )
@@ -86,14 +86,20 @@ def _sharders(fused_params=None):
 def _ec_configs(huge=1000):
     return [
         EmbeddingConfig(name="dyn_ec", embedding_dim=16, num_embeddings=huge, feature_names=["f0"]),
-        EmbeddingConfig(name="static_ec", embedding_dim=16, num_embeddings=100, feature_names=["f1"]),
+        EmbeddingConfig(
+            name="static_ec", embedding_dim=16, num_embeddings=100, feature_names=["f1"]
+        ),
     ]
 
 
 def _ebc_configs():
     return [
-        EmbeddingBagConfig(name="dyn_ebc", embedding_dim=8, num_embeddings=1000, feature_names=["f2"]),
-        EmbeddingBagConfig(name="static_ebc", embedding_dim=8, num_embeddings=60, feature_names=["f3"]),
+        EmbeddingBagConfig(
+            name="dyn_ebc", embedding_dim=8, num_embeddings=1000, feature_names=["f2"]
+        ),
+        EmbeddingBagConfig(
+            name="static_ebc", embedding_dim=8, num_embeddings=60, feature_names=["f3"]
+        ),
     ]
 
 
@@ -124,7 +130,9 @@ def _topology(world_size, device="cpu"):
 
 
 def _cfg(num_embeddings, dim=16):
-    return EmbeddingConfig(name="t", embedding_dim=dim, num_embeddings=num_embeddings, feature_names=["f"])
+    return EmbeddingConfig(
+        name="t", embedding_dim=dim, num_embeddings=num_embeddings, feature_names=["f"]
+    )
 
 
 # --------------------------------------------------------- option preparation
@@ -169,11 +177,16 @@ def test_prepare_init_capacity_with_sentinel_width():
     # One bucket of 336 per rank: 100 rounds up to the bucket, i.e. 336.
     options = DynamicEmbTableOptions(bucket_capacity=MAX_BUCKET_CAPACITY, init_capacity=100)
     prepared = _prepare_dynemb_table_options(options, _cfg(1000), 3)
-    assert (prepared.bucket_capacity, prepared.max_capacity, prepared.init_capacity) == (336, 336, 336)
+    assert (prepared.bucket_capacity, prepared.max_capacity, prepared.init_capacity) == (
+        336,
+        336,
+        336,
+    )
 
 
 @pytest.mark.parametrize(
-    "global_bytes, world_size, want", [(0, 4, 0), (1000, 4, 250), (1001, 4, 251), (1001, 2, 501), (7, 1, 7)]
+    "global_bytes, world_size, want",
+    [(0, 4, 0), (1000, 4, 250), (1001, 4, 251), (1001, 2, 501), (7, 1, 7)],
 )
 def test_prepare_local_hbm_split(global_bytes, world_size, want):
     options = DynamicEmbTableOptions(global_hbm_for_values=global_bytes)
@@ -189,16 +202,23 @@ def test_prepare_completes_uniform_bounds_from_the_config():
     assert prepared.initializer_args.upper == pytest.approx(0.05)
     partial = DynamicEmbTableOptions(initializer_args=DynamicEmbInitializerArgs(lower=-0.01))
     prepared = _prepare_dynemb_table_options(partial, _cfg(400), 2)
-    assert (prepared.initializer_args.lower, prepared.initializer_args.upper) == (-0.01, pytest.approx(0.05))
+    assert (prepared.initializer_args.lower, prepared.initializer_args.upper) == (
+        -0.01,
+        pytest.approx(0.05),
+    )
     assert partial.initializer_args.upper is None
     normal = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.NORMAL, std_dev=0.1)
-    prepared = _prepare_dynemb_table_options(DynamicEmbTableOptions(initializer_args=normal), _cfg(400), 2)
+    prepared = _prepare_dynemb_table_options(
+        DynamicEmbTableOptions(initializer_args=normal), _cfg(400), 2
+    )
     assert prepared.initializer_args == normal
 
 
 def test_prepare_is_idempotent_for_one_world_size():
     for bucket in (128, MAX_BUCKET_CAPACITY):
-        options = DynamicEmbTableOptions(bucket_capacity=bucket, init_capacity=50, global_hbm_for_values=999)
+        options = DynamicEmbTableOptions(
+            bucket_capacity=bucket, init_capacity=50, global_hbm_for_values=999
+        )
         once = _prepare_dynemb_table_options(options, _cfg(1000), 3)
         assert _prepare_dynemb_table_options(once, _cfg(1000), 3) == once
 
@@ -267,7 +287,11 @@ def _snapshot(constraints):
             "not in eb_configs.*ghost",
         ),
         (lambda cfgs, cons: cfgs.append("static_ec"), TypeError, "eb_configs\\[4\\]"),
-        (lambda cfgs, cons: cons.__setitem__("static_ec", {"sharding_types": []}), TypeError, "static_ec"),
+        (
+            lambda cfgs, cons: cons.__setitem__("static_ec", {"sharding_types": []}),
+            TypeError,
+            "static_ec",
+        ),
         (
             lambda cfgs, cons: setattr(cons["dyn_ebc"], "sharding_types", ["table_wise"]),
             ValueError,
@@ -311,7 +335,9 @@ def test_planner_needs_a_dynamic_enumerator_for_dynamic_tables():
 
 def test_planner_default_topology_without_a_process_group():
     assert not dist.is_initialized()
-    planner = DynamicEmbeddingShardingPlanner(_ec_configs() + _ebc_configs(), constraints=_constraints())
+    planner = DynamicEmbeddingShardingPlanner(
+        _ec_configs() + _ebc_configs(), constraints=_constraints()
+    )
     assert planner.topology.world_size == 1
     assert planner.topology.compute_device == ("cuda" if torch.cuda.is_available() else "cpu")
     assert planner.dynamicemb_options["dyn_ebc"].max_capacity == 1024  # 1000 -> 8 buckets of 128
@@ -333,7 +359,10 @@ def test_plan_mixed_model(world_size):
     }
     constraints = _constraints(**options)
     planner = DynamicEmbeddingShardingPlanner(
-        _ec_configs() + _ebc_configs(), topology=_topology(world_size), constraints=constraints, debug=False
+        _ec_configs() + _ebc_configs(),
+        topology=_topology(world_size),
+        constraints=constraints,
+        debug=False,
     )
     plan = planner.plan(_Model(_ec_configs(), _ebc_configs()), _sharders())
     assert set(plan.plan) == {"ec", "ebc"}
@@ -366,7 +395,9 @@ def test_plan_mixed_model(world_size):
 @pytest.mark.parametrize("world_size", [2, 4])
 def test_plan_huge_dynamic_table(world_size):
     huge = 2**40
-    constraints = _constraints(dyn_ec=DynamicEmbTableOptions(init_capacity=4096, global_hbm_for_values=2**20))
+    constraints = _constraints(
+        dyn_ec=DynamicEmbTableOptions(init_capacity=4096, global_hbm_for_values=2**20)
+    )
     planner = DynamicEmbeddingShardingPlanner(
         _ec_configs(huge=huge) + _ebc_configs(),
         topology=_topology(world_size, "cuda"),
@@ -396,7 +427,10 @@ def test_plan_reserves_the_initial_allocation():
 
 def test_plan_rejects_a_sharder_without_the_dynamic_kernel():
     planner = DynamicEmbeddingShardingPlanner(
-        _ec_configs() + _ebc_configs(), topology=_topology(2), constraints=_constraints(), debug=False
+        _ec_configs() + _ebc_configs(),
+        topology=_topology(2),
+        constraints=_constraints(),
+        debug=False,
     )
     sharders = [
         _with_dynamic_kernel(EmbeddingCollectionSharder)(),
@@ -418,7 +452,10 @@ def test_plan_rejects_a_model_that_disagrees_with_eb_configs():
 
 def test_plan_rejects_an_optimizer_dynamicemb_lacks():
     planner = DynamicEmbeddingShardingPlanner(
-        _ec_configs() + _ebc_configs(), topology=_topology(2), constraints=_constraints(), debug=False
+        _ec_configs() + _ebc_configs(),
+        topology=_topology(2),
+        constraints=_constraints(),
+        debug=False,
     )
     with pytest.raises(ValueError, match="dyn_ebc?.*LAMB"):
         planner.plan(
@@ -493,10 +530,14 @@ def test_enumerator_dynamic_storage(device, caching):
     world_size, dim, rows = 2, 16, 1000
     configs = [
         EmbeddingBagConfig(name="dyn", embedding_dim=dim, num_embeddings=rows, feature_names=["a"]),
-        EmbeddingBagConfig(name="twin", embedding_dim=dim, num_embeddings=rows, feature_names=["b"]),
+        EmbeddingBagConfig(
+            name="twin", embedding_dim=dim, num_embeddings=rows, feature_names=["b"]
+        ),
     ]
     model = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
-    options = DynamicEmbTableOptions(init_capacity=300, global_hbm_for_values=30_000, caching=caching)
+    options = DynamicEmbTableOptions(
+        init_capacity=300, global_hbm_for_values=30_000, caching=caching
+    )
     constraints = {
         "dyn": DynamicEmbParameterConstraints(use_dynamicemb=True, dynamicemb_options=options),
         "twin": ParameterConstraints(),
@@ -562,7 +603,9 @@ def test_enumerator_prepares_for_its_own_world_size():
     # Constraints a world-size-1 planner updated (sentinel width 1008) are
     # prepared from the sentinel again by an enumerator of world size 4.
     constraints = _constraints(dyn_ec=DynamicEmbTableOptions(bucket_capacity=MAX_BUCKET_CAPACITY))
-    DynamicEmbeddingShardingPlanner(_ec_configs() + _ebc_configs(), topology=_topology(1), constraints=constraints)
+    DynamicEmbeddingShardingPlanner(
+        _ec_configs() + _ebc_configs(), topology=_topology(1), constraints=constraints
+    )
     assert constraints["dyn_ec"].dynamicemb_options.bucket_capacity == 1008
     enumerator = DynamicEmbeddingEnumerator(_topology(4), constraints=constraints)
     space = _options_by(enumerator.enumerate(_Model(_ec_configs(), _ebc_configs()), _sharders()))

@@ -19,7 +19,8 @@ def gpu_count() -> int:
 
 def pytest_configure(config):
     config.addinivalue_line(
-        "markers", "multigpu: NCCL over every visible GPU (skipped with fewer than two CUDA devices)"
+        "markers",
+        "multigpu: NCCL over every visible GPU (skipped with fewer than two CUDA devices)",
     )
 
 

@@ -17,8 +17,9 @@ import os
 import queue
 import socket
 import traceback
-from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -54,7 +55,13 @@ def to_cpu(obj: Any) -> Any:
 
 
 def _worker(
-    rank: int, world_size: int, port: int, fn: Callable, args: tuple, results, device_type: str = "cpu"
+    rank: int,
+    world_size: int,
+    port: int,
+    fn: Callable,
+    args: tuple,
+    results,
+    device_type: str = "cpu",
 ) -> None:
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
@@ -90,8 +97,12 @@ def _worker(
 
 
 def run_world(
-    fn: Callable, world_size: int, *args: Any, timeout: float = RUN_TIMEOUT_S, device_type: str = "cpu"
-) -> List[Any]:
+    fn: Callable,
+    world_size: int,
+    *args: Any,
+    timeout: float = RUN_TIMEOUT_S,
+    device_type: str = "cpu",
+) -> list[Any]:
     """Runs ``fn(rank, world_size, *args)`` on ``world_size`` ranks: gloo
     processes on the CPU, or (``device_type="cuda"``) NCCL processes, rank r
     on GPU r. ``fn`` finds its device with ``worker_device()``.
@@ -106,18 +117,22 @@ def run_world(
     if device_type not in ("cpu", "cuda"):
         raise ValueError(f"device_type must be 'cpu' or 'cuda', got {device_type!r}")
     if device_type == "cuda" and world_size > torch.cuda.device_count():
-        raise RuntimeError(f"{world_size} ranks need {world_size} GPUs, {torch.cuda.device_count()} visible")
+        raise RuntimeError(
+            f"{world_size} ranks need {world_size} GPUs, {torch.cuda.device_count()} visible"
+        )
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = _free_port()
     procs = [
-        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, results, device_type), daemon=True)
+        ctx.Process(
+            target=_worker, args=(r, world_size, port, fn, args, results, device_type), daemon=True
+        )
         for r in range(world_size)
     ]
     for p in procs:
         p.start()
-    outs: Dict[int, Any] = {}
-    errors: List[str] = []
+    outs: dict[int, Any] = {}
+    errors: list[str] = []
     try:
         import time
 
@@ -131,7 +146,7 @@ def run_world(
             except queue.Empty:
                 if any(p.exitcode not in (None, 0) for p in procs) and results.empty():
                     dead = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
-                    raise RuntimeError(f"ranks {dead} died without a result")
+                    raise RuntimeError(f"ranks {dead} died without a result") from None
                 continue
             if status == "ok":
                 outs[rank] = torch.load(io.BytesIO(payload), weights_only=False)
@@ -177,13 +192,13 @@ class Scenario:
 
     name: str
     kind: str  # "ec" or "ebc"
-    tables: List[TableSpec]
+    tables: list[TableSpec]
     optimizer: str = "sgd"  # sgd or adam
     learning_rate: float = 0.1
     steps: int = 3
     batch_size: int = 3
     max_length: int = 4
-    key_range: Tuple[int, int] = (-6, 30)
+    key_range: tuple[int, int] = (-6, 30)
     use_index_dedup: bool = False
     weighted: bool = False
     seq_weights: bool = False  # EC: attach integer weights (frequency counters)
@@ -229,10 +244,13 @@ def to_kjt(scenario: Scenario, batch):
     )
 
 
-def targets_for(scenario: Scenario, step: int, rank: int, shapes: Dict[str, Tuple[int, ...]]):
+def targets_for(scenario: Scenario, step: int, rank: int, shapes: dict[str, tuple[int, ...]]):
     """Deterministic regression targets of a rank's outputs."""
     g = torch.Generator().manual_seed(7919 * step + 31 * rank + 1)
-    return {name: torch.randn(shape, generator=g, dtype=torch.float64) for name, shape in sorted(shapes.items())}
+    return {
+        name: torch.randn(shape, generator=g, dtype=torch.float64)
+        for name, shape in sorted(shapes.items())
+    }
 
 
 def initializer_args(spec: TableSpec):
@@ -243,7 +261,7 @@ def initializer_args(spec: TableSpec):
     return DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.UNIFORM, lower=-0.5, upper=0.5)
 
 
-def fused_params(scenario: Scenario) -> Dict[str, Any]:
+def fused_params(scenario: Scenario) -> dict[str, Any]:
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
     if scenario.optimizer == "sgd":
@@ -267,7 +285,10 @@ def build_collection(scenario: Scenario, device: torch.device):
     if scenario.kind == "ec":
         configs = [
             EmbeddingConfig(
-                name=t.name, num_embeddings=t.num_embeddings, embedding_dim=t.dim, feature_names=[t.feature]
+                name=t.name,
+                num_embeddings=t.num_embeddings,
+                embedding_dim=t.dim,
+                feature_names=[t.feature],
             )
             for t in scenario.tables
         ]
@@ -286,10 +307,13 @@ def build_collection(scenario: Scenario, device: torch.device):
 
 
 def table_options(spec: TableSpec, world_size: int):
-    from dynamicemb import DynamicEmbTableOptions, get_sharded_table_capacity
     from torchrec.modules.embedding_configs import EmbeddingConfig
 
-    config = EmbeddingConfig(name=spec.name, num_embeddings=spec.num_embeddings, embedding_dim=spec.dim)
+    from dynamicemb import DynamicEmbTableOptions, get_sharded_table_capacity
+
+    config = EmbeddingConfig(
+        name=spec.name, num_embeddings=spec.num_embeddings, embedding_dim=spec.dim
+    )
     return DynamicEmbTableOptions(
         dim=spec.dim,
         max_capacity=get_sharded_table_capacity(config, world_size, 128),
@@ -300,7 +324,10 @@ def table_options(spec: TableSpec, world_size: int):
 
 
 def sharder_for(scenario: Scenario):
-    from dynamicemb.shard import DynamicEmbeddingBagCollectionSharder, DynamicEmbeddingCollectionSharder
+    from dynamicemb.shard import (
+        DynamicEmbeddingBagCollectionSharder,
+        DynamicEmbeddingCollectionSharder,
+    )
 
     if scenario.kind == "ec":
         return DynamicEmbeddingCollectionSharder(
@@ -311,32 +338,49 @@ def sharder_for(scenario: Scenario):
 
 def hand_plan(scenario: Scenario, collection, sharder, world_size: int, device_type: str = "cpu"):
     """A plan built with TorchRec's helpers, dynamic entries swapped in."""
-    from dynamicemb.planner.parameter_sharding import DynamicEmbParameterSharding
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
-    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, row_wise, table_wise
+    from torchrec.distributed.sharding_plan import (
+        construct_module_sharding_plan,
+        row_wise,
+        table_wise,
+    )
+
+    from dynamicemb.planner.parameter_sharding import DynamicEmbParameterSharding
 
     per_param = {}
     for t in scenario.tables:
         if t.dynamic:
-            per_param[t.name] = row_wise(compute_kernel=EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value)
+            per_param[t.name] = row_wise(
+                compute_kernel=EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value
+            )
         elif t.static_sharding == "table_wise":
-            per_param[t.name] = table_wise(rank=world_size - 1, compute_kernel=EmbeddingComputeKernel.FUSED.value)
+            per_param[t.name] = table_wise(
+                rank=world_size - 1, compute_kernel=EmbeddingComputeKernel.FUSED.value
+            )
         else:
             per_param[t.name] = row_wise(compute_kernel=EmbeddingComputeKernel.FUSED.value)
     plan = construct_module_sharding_plan(
-        collection, per_param, sharder=sharder, local_size=world_size, world_size=world_size, device_type=device_type
+        collection,
+        per_param,
+        sharder=sharder,
+        local_size=world_size,
+        world_size=world_size,
+        device_type=device_type,
     )
     for t in scenario.tables:
         if t.dynamic:
             ps = plan[t.name]
             fields = {f.name: getattr(ps, f.name) for f in dataclasses.fields(ps)}
-            plan[t.name] = DynamicEmbParameterSharding(**fields, dynamicemb_options=table_options(t, world_size))
+            plan[t.name] = DynamicEmbParameterSharding(
+                **fields, dynamicemb_options=table_options(t, world_size)
+            )
     return plan
 
 
 def planner_plan(scenario: Scenario, model, sharder, world_size: int, pg, device_type: str = "cpu"):
-    from dynamicemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
     from torchrec.distributed.planner import Topology
+
+    from dynamicemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
 
     constraints = {}
     for t in scenario.tables:
@@ -351,10 +395,16 @@ def planner_plan(scenario: Scenario, model, sharder, world_size: int, pg, device
                 sharding_types=[t.static_sharding], compute_kernels=["fused"]
             )
     collection = model.coll
-    configs = collection.embedding_configs() if scenario.kind == "ec" else collection.embedding_bag_configs()
+    configs = (
+        collection.embedding_configs()
+        if scenario.kind == "ec"
+        else collection.embedding_bag_configs()
+    )
     planner = DynamicEmbeddingShardingPlanner(
         eb_configs=configs,
-        topology=Topology(world_size=world_size, compute_device=device_type, local_world_size=world_size),
+        topology=Topology(
+            world_size=world_size, compute_device=device_type, local_world_size=world_size
+        ),
         constraints=constraints,
         batch_size=scenario.batch_size,
     )
@@ -370,13 +420,13 @@ class _Model(torch.nn.Module):
         return self.coll(kjt)
 
 
-def local_outputs(scenario: Scenario, out) -> Dict[str, torch.Tensor]:
+def local_outputs(scenario: Scenario, out) -> dict[str, torch.Tensor]:
     if scenario.kind == "ec":
         return {f: out[f].values() for f in sorted(out.keys())}
     return {"pooled": out.values()}
 
 
-def run_scenario(rank: int, world_size: int, scenario: Scenario) -> Dict[str, Any]:
+def run_scenario(rank: int, world_size: int, scenario: Scenario) -> dict[str, Any]:
     """Shards the scenario's model, trains ``steps`` steps; returns the local
     outputs of every step (float64 on the CPU) and of a final eval step.
 
@@ -390,9 +440,13 @@ def run_scenario(rank: int, world_size: int, scenario: Scenario) -> Dict[str, An
     collection = build_collection(scenario, torch.device("cpu"))
     sharder = sharder_for(scenario)
     if scenario.use_planner:
-        plan = planner_plan(scenario, _Model(collection), sharder, world_size, dist.group.WORLD, device.type)
+        plan = planner_plan(
+            scenario, _Model(collection), sharder, world_size, dist.group.WORLD, device.type
+        )
     else:
-        plan = ShardingPlan({"coll": hand_plan(scenario, collection, sharder, world_size, device.type)})
+        plan = ShardingPlan(
+            {"coll": hand_plan(scenario, collection, sharder, world_size, device.type)}
+        )
     model = DistributedModelParallel(
         _Model(collection),
         env=ShardingEnv.from_process_group(dist.group.WORLD),
@@ -415,11 +469,13 @@ def run_scenario(rank: int, world_size: int, scenario: Scenario) -> Dict[str, An
         model.eval()
         with torch.no_grad():
             kjt = to_kjt(scenario, batch_for(scenario, scenario.steps, rank)).to(device)
-            result["eval"] = {k: v.double().cpu().clone() for k, v in local_outputs(scenario, model(kjt)).items()}
+            result["eval"] = {
+                k: v.double().cpu().clone() for k, v in local_outputs(scenario, model(kjt)).items()
+            }
     return result
 
 
-def run_scenarios(rank: int, world_size: int, scenarios: List[Scenario]) -> Dict[str, Any]:
+def run_scenarios(rank: int, world_size: int, scenarios: list[Scenario]) -> dict[str, Any]:
     return {s.name: run_scenario(rank, world_size, s) for s in scenarios}
 
 
@@ -429,12 +485,12 @@ def run_scenarios(rank: int, world_size: int, scenarios: List[Scenario]) -> Dict
 class _DenseTable:
     """A float64 table of one key space: rows created on first use."""
 
-    def __init__(self, spec: TableSpec, table_id: int, static_weight: Optional[torch.Tensor]) -> None:
+    def __init__(self, spec: TableSpec, table_id: int, static_weight: torch.Tensor | None) -> None:
         self.spec = spec
         self.table_id = table_id
         self.static_weight = static_weight
-        self.rows: Dict[int, torch.Tensor] = {}
-        self.state: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
+        self.rows: dict[int, torch.Tensor] = {}
+        self.state: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def row(self, key: int) -> torch.Tensor:
         if key not in self.rows:
@@ -454,7 +510,7 @@ class _DenseTable:
         return self.rows[key]
 
 
-def reference_outputs(scenario: Scenario, world_size: int) -> Dict[str, Any]:
+def reference_outputs(scenario: Scenario, world_size: int) -> dict[str, Any]:
     """The outputs every rank should see, from a dense float64 model.
 
     Gradients are those of the mean of the ranks' losses (TorchRec divides the
@@ -466,7 +522,7 @@ def reference_outputs(scenario: Scenario, world_size: int) -> Dict[str, Any]:
     # Initializer table id: the table's position among the collection's
     # dynamic tables, whatever module TorchRec fuses it into (SUM and MEAN
     # tables land in different ones).
-    dynamic_ids: Dict[str, int] = {}
+    dynamic_ids: dict[str, int] = {}
     for t in scenario.tables:
         if t.dynamic:
             dynamic_ids[t.name] = len(dynamic_ids)
@@ -478,12 +534,12 @@ def reference_outputs(scenario: Scenario, world_size: int) -> Dict[str, Any]:
         )
         for t in scenario.tables
     }
-    per_rank_steps: List[List[Dict[str, torch.Tensor]]] = [[] for _ in range(world_size)]
+    per_rank_steps: list[list[dict[str, torch.Tensor]]] = [[] for _ in range(world_size)]
     for step in range(scenario.steps + (1 if scenario.eval_step else 0)):
         training = step < scenario.steps
         batches = [batch_for(scenario, step, r) for r in range(world_size)]
         # Leaf tensors of the rows this step touches.
-        leaves: Dict[Tuple[str, int], torch.Tensor] = {}
+        leaves: dict[tuple[str, int], torch.Tensor] = {}
         for batch in batches:
             for t in scenario.tables:
                 for keys, _ in batch[t.feature]:
@@ -498,7 +554,9 @@ def reference_outputs(scenario: Scenario, world_size: int) -> Dict[str, Any]:
         for r, batch in enumerate(batches):
             outs = _dense_forward(scenario, batch, leaves)
             if training:
-                targets = targets_for(scenario, step, r, {k: tuple(v.shape) for k, v in outs.items()})
+                targets = targets_for(
+                    scenario, step, r, {k: tuple(v.shape) for k, v in outs.items()}
+                )
                 total = total + sum(0.5 * ((v - targets[k]) ** 2).sum() for k, v in outs.items())
             per_rank_steps[r].append({k: v.detach().clone() for k, v in outs.items()})
         if not training:
@@ -517,12 +575,14 @@ def reference_outputs(scenario: Scenario, world_size: int) -> Dict[str, Any]:
     return result
 
 
-def _dense_forward(scenario: Scenario, batch, leaves) -> Dict[str, torch.Tensor]:
+def _dense_forward(scenario: Scenario, batch, leaves) -> dict[str, torch.Tensor]:
     if scenario.kind == "ec":
         outs = {}
         for t in scenario.tables:
             rows = [leaves[(t.name, k)] for keys, _ in batch[t.feature] for k in keys.tolist()]
-            outs[t.feature] = torch.stack(rows) if rows else torch.zeros(0, t.dim, dtype=torch.float64)
+            outs[t.feature] = (
+                torch.stack(rows) if rows else torch.zeros(0, t.dim, dtype=torch.float64)
+            )
         return dict(sorted(outs.items()))
     cols = []
     for t in scenario.tables:
@@ -552,12 +612,22 @@ def _apply(scenario: Scenario, table: _DenseTable, key: int, grad: torch.Tensor,
     table.rows[key] = w - lr * (m / (1 - b1**step)) / ((v / (1 - b2**step)).sqrt() + eps)
 
 
-def assert_matches(got: Dict[str, Any], want: Dict[str, Any], rtol: float = 1e-4, atol: float = 1e-5) -> None:
+def assert_matches(
+    got: dict[str, Any], want: dict[str, Any], rtol: float = 1e-4, atol: float = 1e-5
+) -> None:
     assert len(got["steps"]) == len(want["steps"])
     for step, (g, w) in enumerate(zip(got["steps"], want["steps"])):
         assert sorted(g) == sorted(w), (step, sorted(g), sorted(w))
         for k in w:
-            torch.testing.assert_close(g[k], w[k], rtol=rtol, atol=atol, msg=lambda m: f"step {step} {k}: {m}")
+            torch.testing.assert_close(
+                g[k], w[k], rtol=rtol, atol=atol, msg=lambda m: f"step {step} {k}: {m}"
+            )
     if "eval" in want:
         for k in want["eval"]:
-            torch.testing.assert_close(got["eval"][k], want["eval"][k], rtol=rtol, atol=atol, msg=lambda m: f"eval {k}: {m}")
+            torch.testing.assert_close(
+                got["eval"][k],
+                want["eval"][k],
+                rtol=rtol,
+                atol=atol,
+                msg=lambda m: f"eval {k}: {m}",
+            )

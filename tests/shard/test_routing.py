@@ -1,7 +1,6 @@
 """Key -> rank routing (the route_keys op), the bucketization of the input
 dist, index dedup, and the sharders' checks of plan entries."""
 
-import dataclasses
 import os
 import sys
 
@@ -13,7 +12,7 @@ from dynamicemb.shard import DIST_TYPE_CODES, bucketize_by_route, dedup_kjt, rou
 from dynamicemb.shard.routing import route_keys_by_feature
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "table"))
-from table_model import mix64  # noqa: E402  (the table's bucket hash, written out)
+from table_model import mix64
 
 MASK64 = (1 << 64) - 1
 
@@ -36,7 +35,24 @@ def _expected_rank(key: int, dist_type: str, world_size: int, num_embeddings: in
     return key % world_size  # Python's % is a floor mod, as the op's
 
 
-KEYS = [0, 1, 2, 7, 8, 99, 100, 101, 2**40 + 3, 2**62, -1, -2, -5, -(2**62), 2**63 - 1, -(2**63) + 4]
+KEYS = [
+    0,
+    1,
+    2,
+    7,
+    8,
+    99,
+    100,
+    101,
+    2**40 + 3,
+    2**62,
+    -1,
+    -2,
+    -5,
+    -(2**62),
+    2**63 - 1,
+    -(2**63) + 4,
+]
 
 
 @pytest.mark.parametrize("dist_type", sorted(DIST_TYPE_CODES))
@@ -52,7 +68,9 @@ def test_route_keys_follows_the_documented_rule(dist_type, world_size):
 def test_route_keys_by_feature_uses_each_features_rule():
     keys = torch.tensor([5, 5, 5, -3, 17, 17], dtype=torch.int64)
     features = torch.tensor([0, 1, 2, 0, 1, 2])
-    codes = torch.tensor([DIST_TYPE_CODES[d] for d in ("continuous", "roundrobin", "hash_roundrobin")])
+    codes = torch.tensor(
+        [DIST_TYPE_CODES[d] for d in ("continuous", "roundrobin", "hash_roundrobin")]
+    )
     blocks = torch.tensor([4, 1, 1])
     ranks = route_keys_by_feature(keys, features, codes, blocks, 3)
     assert ranks.tolist() == [1, 2, _splitmix_route_hash(5) % 3, 0, 2, _splitmix_route_hash(17) % 3]
@@ -61,8 +79,11 @@ def test_route_keys_by_feature_uses_each_features_rule():
 def test_route_keys_meta_kernel_gives_the_shape():
     keys = torch.empty(11, dtype=torch.int64, device="meta")
     out = route_keys_by_feature(
-        keys, torch.empty_like(keys), torch.empty(2, dtype=torch.int64, device="meta"),
-        torch.empty(2, dtype=torch.int64, device="meta"), 4,
+        keys,
+        torch.empty_like(keys),
+        torch.empty(2, dtype=torch.int64, device="meta"),
+        torch.empty(2, dtype=torch.int64, device="meta"),
+        4,
     )
     assert out.shape == (11,) and out.device.type == "meta" and out.dtype == torch.int64
 
@@ -168,7 +189,9 @@ def _info(name, ps):
     from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
     from torchrec.modules.embedding_configs import EmbeddingTableConfig
 
-    config = EmbeddingTableConfig(num_embeddings=10, embedding_dim=4, name=name, feature_names=["f"])
+    config = EmbeddingTableConfig(
+        num_embeddings=10, embedding_dim=4, name=name, feature_names=["f"]
+    )
     return EmbeddingShardingInfo(embedding_config=config, param_sharding=ps, param=torch.empty(0))
 
 
@@ -193,19 +216,30 @@ def test_plan_entries_of_dynamic_tables_are_checked():
     from dynamicemb.shard.sharding import prepare_dynamic_sharding_infos
 
     with pytest.raises(ValueError, match="'t'.*row_wise"):
-        prepare_dynamic_sharding_infos([_info("t", _parameter_sharding(sharding_type="table_wise"))])
+        prepare_dynamic_sharding_infos(
+            [_info("t", _parameter_sharding(sharding_type="table_wise"))]
+        )
     with pytest.raises(ValueError, match="'t'.*customized_kernel"):
         prepare_dynamic_sharding_infos([_info("t", _parameter_sharding(compute_kernel="fused"))])
     with pytest.raises(ValueError, match="'t'.*DynamicEmbParameterSharding"):
         prepare_dynamic_sharding_infos(
-            [_info("t", ParameterSharding(sharding_type="row_wise", compute_kernel="fused", ranks=[0]))]
+            [
+                _info(
+                    "t",
+                    ParameterSharding(sharding_type="row_wise", compute_kernel="fused", ranks=[0]),
+                )
+            ]
         )
     with pytest.raises(TypeError, match="'t'.*DynamicEmbTableOptions"):
-        prepare_dynamic_sharding_infos([_info("t", _parameter_sharding(dynamicemb_options={"dim": 4}))])
+        prepare_dynamic_sharding_infos(
+            [_info("t", _parameter_sharding(dynamicemb_options={"dim": 4}))]
+        )
     # Options that cannot share one module go to different groups; dist_type does not split.
     from dynamicemb import DynamicEmbScoreStrategy, DynamicEmbTableOptions
 
-    lfu = DynamicEmbTableOptions(dim=4, max_capacity=128, score_strategy=DynamicEmbScoreStrategy.LFU)
+    lfu = DynamicEmbTableOptions(
+        dim=4, max_capacity=128, score_strategy=DynamicEmbScoreStrategy.LFU
+    )
     hashed = DynamicEmbTableOptions(dim=4, max_capacity=128, dist_type="hash_roundrobin")
     infos = prepare_dynamic_sharding_infos(
         [
@@ -220,7 +254,10 @@ def test_plan_entries_of_dynamic_tables_are_checked():
 def test_sharders_offer_the_customized_kernel_for_row_wise_only():
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
 
-    from dynamicemb.shard import DynamicEmbeddingBagCollectionSharder, DynamicEmbeddingCollectionSharder
+    from dynamicemb.shard import (
+        DynamicEmbeddingBagCollectionSharder,
+        DynamicEmbeddingCollectionSharder,
+    )
 
     for sharder in (DynamicEmbeddingCollectionSharder(), DynamicEmbeddingBagCollectionSharder()):
         assert "customized_kernel" in sharder.compute_kernels("row_wise", "cuda")

@@ -10,12 +10,9 @@ dedup on and off, static tables, the planner) once more with NCCL, one
 process per visible GPU, against the same reference at that world size.
 """
 
-import dataclasses
-
 import pytest
-import torch
-
 import shard_harness as h
+import torch
 
 T = h.TableSpec
 DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")
@@ -55,12 +52,21 @@ def _world2_scenarios():
         _ec("ec_dedup", "hash_roundrobin", use_index_dedup=True),
         _ec("ec_nodedup_counts", "continuous", seq_weights=True),
         _ec("ec_dedup_counts", "continuous", seq_weights=True, use_index_dedup=True),
-        _ec("ec_dedup_adam", "roundrobin", use_index_dedup=True, optimizer="adam", learning_rate=0.05),
+        _ec(
+            "ec_dedup_adam",
+            "roundrobin",
+            use_index_dedup=True,
+            optimizer="adam",
+            learning_rate=0.05,
+        ),
         # Weighted SUM; and an unweighted collection that ignores KJT weights.
         h.Scenario(
             name="ebc_weighted",
             kind="ebc",
-            tables=[T("t0", 40, 4, dist_type="roundrobin"), T("t1", 24, 2, dist_type="hash_roundrobin")],
+            tables=[
+                T("t0", 40, 4, dist_type="roundrobin"),
+                T("t1", 24, 2, dist_type="hash_roundrobin"),
+            ],
             weighted=True,
         ),
         h.Scenario(
@@ -149,7 +155,11 @@ def _assert_scenario_matches(got, scenario, world_size):
     kernels = got[0][scenario.name]["plan_kernels"]
     for t in scenario.tables:
         if t.dynamic:
-            assert kernels[t.name] == ("row_wise", "customized_kernel", "DynamicEmbParameterSharding")
+            assert kernels[t.name] == (
+                "row_wise",
+                "customized_kernel",
+                "DynamicEmbParameterSharding",
+            )
         else:
             assert kernels[t.name][2] == "ParameterSharding"
 

@@ -29,7 +29,7 @@ Semantics modelled:
     clock reading per call: the model has no clock, the caller passes `now`).
 """
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 MASK64 = (1 << 64) - 1
 
@@ -47,8 +47,17 @@ OP_INSERT, OP_INSERT_EVICT, OP_ERASE = 0, 1, 2
 # CounterCol
 SIZE, INSERT_FAILURES, EVICTIONS, NEXT_ROW, FREE_TOP, INSERTS = 0, 1, 2, 3, 4, 5
 # The model's state that a relayout replaces.
-_LAYOUT_FIELDS = ("caps", "widths", "slot_offsets", "bucket_offsets", "num_slots", "keys", "scores",
-                  "counters", "row_caps")
+_LAYOUT_FIELDS = (
+    "caps",
+    "widths",
+    "slot_offsets",
+    "bucket_offsets",
+    "num_slots",
+    "keys",
+    "scores",
+    "counters",
+    "row_caps",
+)
 NUM_COUNTERS = 6
 
 
@@ -74,10 +83,10 @@ class RunResult:
     """Outputs of one insert / insert_and_evict / erase."""
 
     def __init__(self, n: int) -> None:
-        self.slots: List[int] = [-1] * n
-        self.status: List[int] = [FAILED] * n
+        self.slots: list[int] = [-1] * n
+        self.status: list[int] = [FAILED] * n
         # (key, scores tuple, slot, table), in (bucket, batch index) order.
-        self.evicted: List[Tuple[int, Tuple[int, ...], int, int]] = []
+        self.evicted: list[tuple[int, tuple[int, ...], int, int]] = []
 
 
 class TableModel:
@@ -116,13 +125,13 @@ class TableModel:
             for c, r, ne in zip(caps, rows, self.no_eviction)
         ]
         self.counters = [[0] * NUM_COUNTERS for _ in range(n)]
-        self.now: Optional[int] = None
-        self.free_stack: List[List[int]] = [[] for _ in range(n)]  # top = end
+        self.now: int | None = None
+        self.free_stack: list[list[int]] = [[] for _ in range(n)]  # top = end
         self._layout(caps, widths)
 
     # ------------------------------------------------------------ layout --
 
-    def _layout(self, caps: List[int], widths: List[int]) -> None:
+    def _layout(self, caps: list[int], widths: list[int]) -> None:
         self.caps = list(caps)
         self.widths = list(widths)
         self.slot_offsets, self.bucket_offsets = [], []
@@ -144,7 +153,7 @@ class TableModel:
     def has_rows(self) -> bool:
         return any(self.no_eviction)
 
-    def home(self, table: int, key: int) -> Tuple[int, int, int]:
+    def home(self, table: int, key: int) -> tuple[int, int, int]:
         """(first slot of the home bucket, bucket width, global bucket index)."""
         cap, w = self.caps[table], self.widths[table]
         local = (mix64(key) % cap) // w
@@ -156,7 +165,7 @@ class TableModel:
                 return t
         raise IndexError(slot)
 
-    def digests(self) -> List[int]:
+    def digests(self) -> list[int]:
         return [EMPTY_DIGEST if k == EMPTY_KEY else digest_of(k) for k in self.keys]
 
     def _locate(self, table: int, key: int) -> int:
@@ -169,7 +178,7 @@ class TableModel:
     # ------------------------------------------------------------ scores --
 
     @staticmethod
-    def _value(values: List[List[int]], i: int, c: int) -> int:
+    def _value(values: list[list[int]], i: int, c: int) -> int:
         return values[0 if len(values) == 1 else i][c]
 
     def _clock(self) -> int:
@@ -177,7 +186,7 @@ class TableModel:
             raise ValueError("a TIMER policy needs the clock reading: pass now=")
         return self.now
 
-    def _initial(self, policies, values, i) -> List[int]:
+    def _initial(self, policies, values, i) -> list[int]:
         out = []
         for c, p in enumerate(policies):
             if p in (ASSIGN, ACCUMULATE):
@@ -202,7 +211,7 @@ class TableModel:
 
     def find(
         self, keys, table_ids, policies=None, values=None, update=False, now=None
-    ) -> List[int]:
+    ) -> list[int]:
         """Slots (-1 where absent). TIMER sets the score to `now`: the model has
         no clock, the caller passes the one reading the whole call uses."""
         self.now = now
@@ -228,9 +237,9 @@ class TableModel:
             if k < FIRST_VALID_KEY or not 0 <= t < self.num_tables:
                 raise ValueError(f"invalid key {k} or table id {t}")
         order = sorted(range(n), key=lambda i: (self.home(table_ids[i], keys[i])[2], i))
-        touched: Dict[int, set] = {}  # global bucket -> slots found or filled in this batch
-        need_row: List[int] = []  # batch indices of new NO_EVICTION keys
-        freed: List[Tuple[int, int, int]] = []  # (batch index, table, row)
+        touched: dict[int, set] = {}  # global bucket -> slots found or filled in this batch
+        need_row: list[int] = []  # batch indices of new NO_EVICTION keys
+        freed: list[tuple[int, int, int]] = []  # (batch index, table, row)
         for i in order:
             key, t = keys[i], table_ids[i]
             start, w, gb = self.home(t, key)
@@ -330,7 +339,7 @@ class TableModel:
     ):
         return self.run(OP_INSERT_EVICT, keys, table_ids, policies, values, assign_rows, now)
 
-    def erase(self, keys, table_ids) -> List[bool]:
+    def erase(self, keys, table_ids) -> list[bool]:
         res = self.run(OP_ERASE, keys, table_ids)
         return [s == FOUND for s in res.status]
 
@@ -343,7 +352,7 @@ class TableModel:
                 out.append((self.keys[s], s, self.table_of_slot(s), tuple(self.scores[s])))
         return out
 
-    def count(self) -> List[int]:
+    def count(self) -> list[int]:
         return [
             sum(1 for s in range(o, o + c) if self.keys[s] != EMPTY_KEY)
             for o, c in zip(self.slot_offsets, self.caps)
@@ -354,7 +363,7 @@ class TableModel:
 
     # --------------------------------------------------------- expansion --
 
-    def relayout(self, capacities, row_capacities=None) -> Tuple[List[int], List[int]]:
+    def relayout(self, capacities, row_capacities=None) -> tuple[list[int], list[int]]:
         """Rebuilds with new capacities, re-inserting every key in slot order.
         Raises RuntimeError (state unchanged) if a key finds no slot."""
         caps = [int(c) for c in capacities]

@@ -1,12 +1,10 @@
 """Helpers shared by the table tests: devices, state snapshots, comparisons
 of a ScoredHashTable with the pure-Python model."""
 
-from typing import Dict, List
-
 import pytest
+import table_model as M
 import torch
 
-import table_model as M
 from dynamicemb.table import ScoredHashTable, enums
 
 # "cpu", plus "cuda" (marked gpu) where a CUDA device exists.
@@ -20,7 +18,7 @@ def i64(values, device="cpu") -> torch.Tensor:
     return torch.tensor(list(values), dtype=torch.int64, device=device)
 
 
-def snapshot(table: ScoredHashTable) -> Dict[str, object]:
+def snapshot(table: ScoredHashTable) -> dict[str, object]:
     """Copies of every tensor of the table state, plus its Python layout."""
     snap = {k: getattr(table, k).detach().clone().cpu() for k in STATE_TENSORS}
     snap["layout"] = (
@@ -33,7 +31,7 @@ def snapshot(table: ScoredHashTable) -> Dict[str, object]:
     return snap
 
 
-def assert_same_snapshot(before: Dict[str, object], after: Dict[str, object]) -> None:
+def assert_same_snapshot(before: dict[str, object], after: dict[str, object]) -> None:
     assert before.keys() == after.keys()
     for k in before:
         if isinstance(before[k], torch.Tensor):
@@ -43,7 +41,7 @@ def assert_same_snapshot(before: Dict[str, object], after: Dict[str, object]) ->
             assert before[k] == after[k], k
 
 
-def status_names(status: torch.Tensor) -> List[str]:
+def status_names(status: torch.Tensor) -> list[str]:
     return [enums.InsertStatus(int(s)).name for s in status.cpu().tolist()]
 
 
@@ -96,7 +94,7 @@ def assert_rows_consistent(table: ScoredHashTable) -> None:
         assert nxt <= table.row_capacity(t)
 
 
-def evicted_records(res) -> List[tuple]:
+def evicted_records(res) -> list[tuple]:
     ev = res.evicted.compact()
     return [
         (k, tuple(s), sl, t)
@@ -109,7 +107,7 @@ def evicted_records(res) -> List[tuple]:
     ]
 
 
-def exported_records(batch) -> List[tuple]:
+def exported_records(batch) -> list[tuple]:
     b = batch.compact()
     return [
         (k, sl, t, tuple(s))

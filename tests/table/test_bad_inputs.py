@@ -10,11 +10,11 @@ import sys
 import textwrap
 
 import pytest
-import torch
-
 import table_model as M
-from dynamicemb.table import ScoredHashTable
+import torch
 from table_testlib import DEVICES, assert_same_snapshot, i64, snapshot
+
+from dynamicemb.table import ScoredHashTable
 
 OPS = torch.ops.dynamicemb
 RESERVED = [M.EMPTY_KEY, M.EMPTY_KEY + 1, M.EMPTY_KEY + 2, M.EMPTY_KEY + 3]
@@ -442,10 +442,10 @@ def _run_isolated(body: str) -> subprocess.CompletedProcess:
 )
 def test_raw_run_refuses_inconsistent_state_instead_of_writing_out_of_bounds(what, body, match):
     out = _run_isolated(body)
-    assert (
-        out.returncode == 0
-    ), f"{what}: crashed with return code {out.returncode}\n{out.stderr[-2000:]}"
-    assert out.stdout.startswith(
-        "ValueError unchanged"
-    ), f"{what}: {out.stdout!r} {out.stderr[-2000:]}"
+    assert out.returncode == 0, (
+        f"{what}: crashed with return code {out.returncode}\n{out.stderr[-2000:]}"
+    )
+    assert out.stdout.startswith("ValueError unchanged"), (
+        f"{what}: {out.stdout!r} {out.stderr[-2000:]}"
+    )
     assert re.search(match, out.stdout.split(" ", 2)[2]), out.stdout

@@ -42,8 +42,12 @@ def _assert_same_result(ra, rb) -> None:
 
 def _step(a, b, op, keys, tables, policies=None, scores=None):
     ra = getattr(a, op)(keys, tables, policies, scores)
-    rb = getattr(b, op)(keys.cuda(), tables.cuda(), policies,
-                        scores.cuda() if isinstance(scores, torch.Tensor) else scores)
+    rb = getattr(b, op)(
+        keys.cuda(),
+        tables.cuda(),
+        policies,
+        scores.cuda() if isinstance(scores, torch.Tensor) else scores,
+    )
     _assert_same_result(ra, rb)
     _assert_same_state(a, b)
     return ra
@@ -59,8 +63,9 @@ def _random_batch(g, n, key_range, num_tables, num_scores):
 @pytest.mark.parametrize("num_scores", [1, 2])
 def test_random_batches_match_cpu(num_scores):
     g = torch.Generator().manual_seed(1)
-    kw = dict(capacities=[1024, 4096, 512], bucket_capacities=[16, 128, None],
-              num_scores=num_scores)
+    kw = dict(
+        capacities=[1024, 4096, 512], bucket_capacities=[16, 128, None], num_scores=num_scores
+    )
     a, b = _pair(**kw)
     pol = [P.ACCUMULATE] * num_scores
     for step in range(8):
@@ -72,9 +77,14 @@ def test_random_batches_match_cpu(num_scores):
         assert torch.equal(found_a, found_b.cpu())
         _assert_same_state(a, b)
     erase_keys, erase_tables, _ = _random_batch(g, 2000, 20000, 3, num_scores)
-    assert torch.equal(a.erase(erase_keys, erase_tables), b.erase(erase_keys.cuda(), erase_tables.cuda()).cpu())
+    assert torch.equal(
+        a.erase(erase_keys, erase_tables), b.erase(erase_keys.cuda(), erase_tables.cuda()).cpu()
+    )
     _assert_same_state(a, b)
-    ea, eb = a.export_batch(0, a.num_slots, 0, 3).compact(), b.export_batch(0, b.num_slots, 0, 3).compact()
+    ea, eb = (
+        a.export_batch(0, a.num_slots, 0, 3).compact(),
+        b.export_batch(0, b.num_slots, 0, 3).compact(),
+    )
     for name in ("keys", "slots", "table_ids", "scores"):
         assert torch.equal(getattr(ea, name), getattr(eb, name).cpu())
     assert torch.equal(a.count(), b.count().cpu())
@@ -101,8 +111,12 @@ def test_load_factor_one_and_empty_batches_match_cpu():
 
 
 def test_no_eviction_rows_match_cpu():
-    kw = dict(capacities=[256, 256], bucket_capacities=16, no_eviction=[True, False],
-              row_capacities=[100, None])
+    kw = dict(
+        capacities=[256, 256],
+        bucket_capacities=16,
+        no_eviction=[True, False],
+        row_capacities=[100, None],
+    )
     a, b = _pair(**kw)
     g = torch.Generator().manual_seed(4)
     for step in range(5):

@@ -16,8 +16,16 @@ def reference(values, rows):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("dtype,dim", [(torch.float32, 8), (torch.float32, 33), (torch.float16, 3),
-                                       (torch.bfloat16, 128), (torch.float32, 1)])
+@pytest.mark.parametrize(
+    "dtype,dim",
+    [
+        (torch.float32, 8),
+        (torch.float32, 33),
+        (torch.float16, 3),
+        (torch.bfloat16, 128),
+        (torch.float32, 1),
+    ],
+)
 def test_gather_rows_matches_indexing(device, dtype, dim):
     if device == "cuda":
         pytest.importorskip("torch.cuda")
@@ -59,8 +67,13 @@ def test_gather_rows_opcheck():
 def test_find_values_equals_find_then_gather(device, dim, dtype):
     from dynamicemb.table import ScoredHashTable
 
-    table = ScoredHashTable([256, 128], bucket_capacities=16, no_eviction=[False, True],
-                            row_capacities=[None, 100], device=device)
+    table = ScoredHashTable(
+        [256, 128],
+        bucket_capacities=16,
+        no_eviction=[False, True],
+        row_capacities=[None, 100],
+        device=device,
+    )
     g = torch.Generator().manual_seed(dim)
     keys = torch.randint(0, 500, (300,), generator=g)
     tids = torch.randint(0, 2, (300,), generator=g)

@@ -10,12 +10,10 @@ exported records) must equal the model's.
 import random
 
 import pytest
+import table_model as M
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-
-import table_model as M
-from dynamicemb.table import ScoredHashTable
 from table_testlib import (
     DEVICES,
     assert_matches_model,
@@ -25,6 +23,8 @@ from table_testlib import (
     i64,
     status_names,
 )
+
+from dynamicemb.table import ScoredHashTable
 
 # Small keys collide a lot in 2-4 buckets of 16; the extremes exercise the
 # hash of negative and large keys.

@@ -9,11 +9,8 @@ position and its slot is predictable by hand.
 import time
 
 import pytest
-import torch
-
 import table_model as M
-from dynamicemb.table import ScoredHashTable, constants
-from dynamicemb.table._native import extension
+import torch
 from table_testlib import (
     DEVICES,
     assert_matches_model,
@@ -26,6 +23,9 @@ from table_testlib import (
     snapshot,
     status_names,
 )
+
+from dynamicemb.table import ScoredHashTable, constants
+from dynamicemb.table._native import extension
 
 OPS = torch.ops.dynamicemb
 ASSIGN, ACCUMULATE, NONE, TIMER = M.ASSIGN, M.ACCUMULATE, M.NONE, M.TIMER

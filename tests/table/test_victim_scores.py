@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
+from table_testlib import DEVICES, assert_same_snapshot, i64, keys_in_bucket, snapshot
 
 from dynamicemb.table import ScoredHashTable
-from table_testlib import DEVICES, assert_same_snapshot, i64, keys_in_bucket, snapshot
 
 ASSIGN = 1
 
@@ -25,8 +25,12 @@ def _full_bucket(device):
 
 
 def _victims(t, new_keys, victim_scores, device):
-    res = t.insert_and_evict(i64(new_keys, device), policies=[ASSIGN, ASSIGN], scores=[99, 0],
-                             victim_scores=torch.tensor(victim_scores, dtype=torch.float64, device=device))
+    res = t.insert_and_evict(
+        i64(new_keys, device),
+        policies=[ASSIGN, ASSIGN],
+        scores=[99, 0],
+        victim_scores=torch.tensor(victim_scores, dtype=torch.float64, device=device),
+    )
     ev = res.evicted.compact()
     return ev.keys.cpu().tolist()
 
@@ -73,9 +77,22 @@ def test_bad_victim_scores_are_refused_and_change_nothing():
         t.insert_and_evict(i64([200]), victim_scores=torch.zeros(15, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"victim_scores must be a contiguous \(16\) tensor"):
         torch.ops.dynamicemb.table_run(
-            i64([200]), i64([0]), t.keys, t.digests, t.scores, t.info, t.counters, t.free_rows,
-            [0, 0], torch.zeros((1, 2), dtype=torch.int64), 1, False, t.total_buckets, False,
-            torch.zeros(8, dtype=torch.float64))
+            i64([200]),
+            i64([0]),
+            t.keys,
+            t.digests,
+            t.scores,
+            t.info,
+            t.counters,
+            t.free_rows,
+            [0, 0],
+            torch.zeros((1, 2), dtype=torch.int64),
+            1,
+            False,
+            t.total_buckets,
+            False,
+            torch.zeros(8, dtype=torch.float64),
+        )
     assert_same_snapshot(before, snapshot(t))
 
 

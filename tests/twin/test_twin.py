@@ -67,20 +67,25 @@ def test_twin_rows_are_the_dynamic_initializer_rows():
     uniform = DynamicEmbInitializerArgs(lower=-bound, upper=bound)
     keys = torch.arange(300)
     assert torch.equal(
-        weights["ebc.embedding_bags.d0.weight"], init_rows(keys, 8, uniform, torch.zeros_like(keys), 7)
+        weights["ebc.embedding_bags.d0.weight"],
+        init_rows(keys, 8, uniform, torch.zeros_like(keys), 7),
     )
     assert weights["ebc.embedding_bags.d0.weight"].abs().max() <= bound
     # d1: NORMAL, table id 1 (second dynamic table of the EBC).
     keys = torch.arange(200)
     assert torch.equal(
-        weights["ebc.embedding_bags.d1.weight"], init_rows(keys, 4, NORMAL, torch.ones_like(keys), 7)
+        weights["ebc.embedding_bags.d1.weight"],
+        init_rows(keys, 4, NORMAL, torch.ones_like(keys), 7),
     )
     # e0: the first dynamic table of the EC.
     assert torch.equal(
-        weights["ec.embeddings.e0.weight"], twin_rows(100, 8, DynamicEmbInitializerArgs(lower=-0.1, upper=0.1), 0, 7)
+        weights["ec.embeddings.e0.weight"],
+        twin_rows(100, 8, DynamicEmbInitializerArgs(lower=-0.1, upper=0.1), 0, 7),
     )
     # The static table is the model's.
-    assert torch.equal(weights["ebc.embedding_bags.s0.weight"], before["ebc.embedding_bags.s0.weight"])
+    assert torch.equal(
+        weights["ebc.embedding_bags.s0.weight"], before["ebc.embedding_bags.s0.weight"]
+    )
     assert dynamic_table_ids(model, constraints()) == {"d0": 0, "d1": 1, "e0": 0}
 
 
@@ -105,7 +110,9 @@ def test_twin_constraints():
 
 def test_twin_refuses_ftrl_and_unknown_tables():
     with pytest.raises(ValueError, match="FTRL"):
-        construct_twin_module(Model(), constraints(), fused_params={"optimizer": DynamicEmbOptimType.FTRL})
+        construct_twin_module(
+            Model(), constraints(), fused_params={"optimizer": DynamicEmbOptimType.FTRL}
+        )
     cons = constraints()
     cons["ghost"] = DynamicEmbParameterConstraints(use_dynamicemb=True)
     with pytest.raises(ValueError, match="ghost"):
@@ -121,16 +128,22 @@ def test_twin_agrees_with_the_dynamic_module_over_sgd_steps(seed):
     with torch's embedding_bag and SGD."""
     model = Model()
     cons = constraints()
-    twin, _ = construct_twin_module(model, cons, fused_params={"optimizer": EmbOptimType.EXACT_SGD}, seed=seed)
+    twin, _ = construct_twin_module(
+        model, cons, fused_params={"optimizer": EmbOptimType.EXACT_SGD}, seed=seed
+    )
     configs = {c.name: c for c in EBC_CONFIGS}
     options = [
-        _prepare_dynemb_table_options(cons[name].dynamicemb_options, configs[name], 1) for name in ("d0", "d1")
+        _prepare_dynemb_table_options(cons[name].dynamicemb_options, configs[name], 1)
+        for name in ("d0", "d1")
     ]
     dims = [8, 4]
     lr = 0.1
     dyn = BatchedDynamicEmbeddingTablesV2(
-        options, pooling_mode=DynamicEmbPoolingMode.SUM, optimizer=EmbOptimType.EXACT_SGD,
-        seed=seed, learning_rate=lr,
+        options,
+        pooling_mode=DynamicEmbPoolingMode.SUM,
+        optimizer=EmbOptimType.EXACT_SGD,
+        seed=seed,
+        learning_rate=lr,
     )
     weights = [
         twin.ebc.embedding_bags["d0"].weight.detach().clone().requires_grad_(True),
@@ -140,11 +153,15 @@ def test_twin_agrees_with_the_dynamic_module_over_sgd_steps(seed):
     batch = 5
     for _ in range(3):
         per_feature = []
-        for t, vocab in enumerate((300, 200)):
+        for vocab in (300, 200):
             lengths = torch.randint(0, 4, (batch,), generator=g)
-            per_feature.append((torch.randint(0, vocab, (int(lengths.sum()),), generator=g), lengths))
+            per_feature.append(
+                (torch.randint(0, vocab, (int(lengths.sum()),), generator=g), lengths)
+            )
         indices = torch.cat([i for i, _ in per_feature])
-        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cat([l for _, l in per_feature]).cumsum(0)])
+        offsets = torch.cat(
+            [torch.zeros(1, dtype=torch.int64), torch.cat([n for _, n in per_feature]).cumsum(0)]
+        )
         out = dyn(indices, offsets)
         # Reference: per table, SUM bags over the twin's rows.
         ref = []
@@ -166,13 +183,19 @@ def test_twin_agrees_with_the_dynamic_module_over_sgd_steps(seed):
             keys = idx.unique()
             slots = dyn.table.find(keys, torch.full_like(keys, t))
             assert bool((slots >= 0).all())
-            torch.testing.assert_close(dyn.values[slots, : dims[t]], weights[t][keys].detach(), rtol=0, atol=1e-6)
+            torch.testing.assert_close(
+                dyn.values[slots, : dims[t]], weights[t][keys].detach(), rtol=0, atol=1e-6
+            )
 
 
 def test_initializer_table_ids_are_positions_among_dynamic_tables():
     from dynamicemb.planner.parameter_sharding import initializer_table_ids
 
-    assert initializer_table_ids(["s0", "d0", "s1", "d1", "d2"], {"d2", "d0", "d1"}) == {"d0": 0, "d1": 1, "d2": 2}
+    assert initializer_table_ids(["s0", "d0", "s1", "d1", "d2"], {"d2", "d0", "d1"}) == {
+        "d0": 0,
+        "d1": 1,
+        "d2": 2,
+    }
     assert initializer_table_ids(["s0"], set()) == {}
     with pytest.raises(ValueError, match="ghost"):
         initializer_table_ids(["d0"], {"d0", "ghost"})
@@ -183,11 +206,17 @@ def test_initializer_table_ids_are_positions_among_dynamic_tables():
 def test_module_initializer_table_ids_choose_the_rows():
     """A table fused at position 0 with initializer id 2 creates the rows of
     table id 2; a wrong count of ids is refused."""
-    opts = [DynamicEmbTableOptions(dim=4, max_capacity=128, bucket_capacity=128, initializer_args=NORMAL)]
+    opts = [
+        DynamicEmbTableOptions(
+            dim=4, max_capacity=128, bucket_capacity=128, initializer_args=NORMAL
+        )
+    ]
     keys = torch.arange(5)
     m = BatchedDynamicEmbeddingTablesV2(opts, seed=3, initializer_table_ids=[2])
     out = m(keys, torch.arange(6))
-    torch.testing.assert_close(out, init_rows(keys, 4, NORMAL, torch.full_like(keys, 2), 3), rtol=0, atol=0)
+    torch.testing.assert_close(
+        out, init_rows(keys, 4, NORMAL, torch.full_like(keys, 2), 3), rtol=0, atol=0
+    )
     assert not torch.equal(out, init_rows(keys, 4, NORMAL, torch.zeros_like(keys), 3))
     with pytest.raises(ValueError, match="initializer_table_ids has 2 entries for 1 tables"):
         BatchedDynamicEmbeddingTablesV2(opts, initializer_table_ids=[0, 1])

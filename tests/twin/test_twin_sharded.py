@@ -20,7 +20,7 @@ GPU, with every optimizer (FBGEMM's CUDA TBE has Adam).
 
 import os
 import sys
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
 import torch
@@ -28,9 +28,9 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "shard"))
 
-import shard_harness as h  # noqa: E402
+import shard_harness as h
 
-from dynamicemb.shard import dynamic_embedding_kernels  # noqa: E402
+from dynamicemb.shard import dynamic_embedding_kernels
 
 STEPS = 3
 BATCH = 3
@@ -64,7 +64,11 @@ def _feature(name: str) -> str:
 class TwinTestModel(torch.nn.Module):
     def __init__(self, device: torch.device) -> None:
         super().__init__()
-        from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig, PoolingType
+        from torchrec.modules.embedding_configs import (
+            EmbeddingBagConfig,
+            EmbeddingConfig,
+            PoolingType,
+        )
         from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
 
         torch.manual_seed(0)  # static tables: the same weights in both models, every rank
@@ -72,7 +76,10 @@ class TwinTestModel(torch.nn.Module):
         def bags(tables):
             return [
                 EmbeddingBagConfig(
-                    name=n, num_embeddings=rows, embedding_dim=dim, feature_names=[_feature(n)],
+                    name=n,
+                    num_embeddings=rows,
+                    embedding_dim=dim,
+                    feature_names=[_feature(n)],
                     pooling=PoolingType[pooling],
                 )
                 for n, rows, dim, _, pooling, _ in tables
@@ -82,7 +89,9 @@ class TwinTestModel(torch.nn.Module):
         self.wbc = EmbeddingBagCollection(tables=bags(WBC_TABLES), is_weighted=True, device=device)
         self.ec = EmbeddingCollection(
             tables=[
-                EmbeddingConfig(name=n, num_embeddings=rows, embedding_dim=dim, feature_names=[_feature(n)])
+                EmbeddingConfig(
+                    name=n, num_embeddings=rows, embedding_dim=dim, feature_names=[_feature(n)]
+                )
                 for n, rows, dim, _, _, _ in EC_TABLES
             ],
             device=device,
@@ -92,7 +101,7 @@ class TwinTestModel(torch.nn.Module):
         return self.ebc(ebc_kjt), self.wbc(wbc_kjt), self.ec(ec_kjt)
 
 
-def constraints() -> Dict[str, Any]:
+def constraints() -> dict[str, Any]:
     from dynamicemb import DynamicEmbTableOptions
     from dynamicemb.planner import DynamicEmbParameterConstraints
 
@@ -101,16 +110,20 @@ def constraints() -> Dict[str, Any]:
         if dynamic:
             out[name] = DynamicEmbParameterConstraints(
                 use_dynamicemb=True,
-                dynamicemb_options=DynamicEmbTableOptions(bucket_capacity=bucket, dist_type="hash_roundrobin"),
+                dynamicemb_options=DynamicEmbTableOptions(
+                    bucket_capacity=bucket, dist_type="hash_roundrobin"
+                ),
             )
         else:
             # TorchRec offers table-wise (not row-wise) EBC sharding on the CPU.
             kind = "table_wise" if pooling is not None else "row_wise"
-            out[name] = DynamicEmbParameterConstraints(sharding_types=[kind], compute_kernels=["fused"])
+            out[name] = DynamicEmbParameterConstraints(
+                sharding_types=[kind], compute_kernels=["fused"]
+            )
     return out
 
 
-def fused_params(optimizer: str) -> Dict[str, Any]:
+def fused_params(optimizer: str) -> dict[str, Any]:
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
     if optimizer == "sgd":
@@ -118,7 +131,13 @@ def fused_params(optimizer: str) -> Dict[str, Any]:
     if optimizer == "rowwise_adagrad":
         return {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": LR, "eps": 1e-8}
     if optimizer == "adam":
-        return {"optimizer": EmbOptimType.ADAM, "learning_rate": LR, "eps": 1e-8, "beta1": 0.9, "beta2": 0.999}
+        return {
+            "optimizer": EmbOptimType.ADAM,
+            "learning_rate": LR,
+            "eps": 1e-8,
+            "beta1": 0.9,
+            "beta2": 0.999,
+        }
     raise ValueError(f"unknown optimizer {optimizer!r}")
 
 
@@ -134,7 +153,9 @@ def cpu_tbe_support(optimizer: str) -> str:
     kwargs = {k: v for k, v in params.items() if k != "optimizer"}
     try:
         tbe = SplitTableBatchedEmbeddingBagsCodegen(
-            [(8, 4, EmbeddingLocation.HOST, ComputeDevice.CPU)], optimizer=params["optimizer"], **kwargs
+            [(8, 4, EmbeddingLocation.HOST, ComputeDevice.CPU)],
+            optimizer=params["optimizer"],
+            **kwargs,
         )
         tbe(torch.tensor([1, 2]), torch.tensor([0, 1, 2])).sum().backward()
     except Exception as e:  # the reason is reported in the skip message
@@ -162,10 +183,14 @@ def _batch(step: int, rank: int, tables, weighted: bool):
 
 
 def batches(step: int, rank: int):
-    return _batch(step, rank, EBC_TABLES, False), _batch(step, rank, WBC_TABLES, True), _batch(step, rank, EC_TABLES, False)
+    return (
+        _batch(step, rank, EBC_TABLES, False),
+        _batch(step, rank, WBC_TABLES, True),
+        _batch(step, rank, EC_TABLES, False),
+    )
 
 
-def _flat_outputs(outs) -> Dict[str, torch.Tensor]:
+def _flat_outputs(outs) -> dict[str, torch.Tensor]:
     pooled, weighted, seq = outs
     flat = {}
     for prefix, kt in (("ebc", pooled), ("wbc", weighted)):
@@ -178,13 +203,14 @@ def _flat_outputs(outs) -> Dict[str, torch.Tensor]:
     return flat
 
 
-def _train(model, rank: int, device: torch.device) -> List[Dict[str, torch.Tensor]]:
+def _train(model, rank: int, device: torch.device) -> list[dict[str, torch.Tensor]]:
     steps = []
     for step in range(STEPS):
         outs = _flat_outputs(model(*(kjt.to(device) for kjt in batches(step, rank))))
         g = torch.Generator().manual_seed(31 * step + rank)
         loss = sum(
-            0.5 * ((v - torch.randn(v.shape, generator=g).to(device)) ** 2).sum() for _, v in sorted(outs.items())
+            0.5 * ((v - torch.randn(v.shape, generator=g).to(device)) ** 2).sum()
+            for _, v in sorted(outs.items())
         )
         loss.backward()
         steps.append({k: v.detach().cpu().clone() for k, v in outs.items()})
@@ -198,14 +224,14 @@ def _twin_ebc_sharder(params):
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
     class CpuRowWiseEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
-        def sharding_types(self, compute_device_type: str) -> List[str]:
+        def sharding_types(self, compute_device_type: str) -> list[str]:
             types = list(super().sharding_types(compute_device_type))
             return types if "row_wise" in types else types + ["row_wise"]
 
     return CpuRowWiseEmbeddingBagCollectionSharder(fused_params=params)
 
 
-def _load_weights(dmp, state: Dict[str, torch.Tensor]) -> None:
+def _load_weights(dmp, state: dict[str, torch.Tensor]) -> None:
     """Copies the unsharded model's weights into the sharded tables. (A
     sharded EmbeddingBagCollection on the CPU keeps FBGEMM's initial weights:
     TorchRec copies the module's only on other devices.)"""
@@ -220,9 +246,9 @@ def _load_weights(dmp, state: Dict[str, torch.Tensor]) -> None:
             assert torch.equal(shard.tensor.cpu(), state[key][r : r + rows, c : c + cols]), key
 
 
-def _dynamic_rows(model) -> Dict[str, Dict[int, torch.Tensor]]:
+def _dynamic_rows(model) -> dict[str, dict[int, torch.Tensor]]:
     """Every key a dynamic table of this rank holds, with its row."""
-    rows: Dict[str, Dict[int, torch.Tensor]] = {}
+    rows: dict[str, dict[int, torch.Tensor]] = {}
     for kernel in dynamic_embedding_kernels(model):
         module = kernel.emb_module
         for t, name in enumerate(kernel.table_names):
@@ -235,9 +261,9 @@ def _dynamic_rows(model) -> Dict[str, Dict[int, torch.Tensor]]:
     return rows
 
 
-def _twin_rows(twin) -> Dict[str, Dict[int, torch.Tensor]]:
+def _twin_rows(twin) -> dict[str, dict[int, torch.Tensor]]:
     """This rank's rows of the twin's row-wise tables, by global row."""
-    rows: Dict[str, Dict[int, torch.Tensor]] = {}
+    rows: dict[str, dict[int, torch.Tensor]] = {}
     for key, value in twin.state_dict().items():
         name = key.split(".")[-2]
         if name not in DYNAMIC:
@@ -250,7 +276,7 @@ def _twin_rows(twin) -> Dict[str, Dict[int, torch.Tensor]]:
     return rows
 
 
-def run_pair(rank: int, world_size: int, optimizers: List[str]) -> Dict[str, Any]:
+def run_pair(rank: int, world_size: int, optimizers: list[str]) -> dict[str, Any]:
     """Shards the model and its twin, trains both with each optimizer, on
     this rank's device (``h.worker_device()``). The unsharded models are
     built on the CPU; their weights are copied into the sharded tables."""
@@ -260,13 +286,18 @@ def run_pair(rank: int, world_size: int, optimizers: List[str]) -> Dict[str, Any
     from torchrec.distributed.types import ShardingEnv
 
     from dynamicemb.planner import DynamicEmbeddingShardingPlanner
-    from dynamicemb.shard import DynamicEmbeddingBagCollectionSharder, DynamicEmbeddingCollectionSharder
+    from dynamicemb.shard import (
+        DynamicEmbeddingBagCollectionSharder,
+        DynamicEmbeddingCollectionSharder,
+    )
     from dynamicemb.twin import construct_twin_module, dynamic_table_ids
 
     device = h.worker_device()
     env = ShardingEnv.from_process_group(dist.group.WORLD)
-    topology = Topology(world_size=world_size, compute_device=device.type, local_world_size=world_size)
-    result: Dict[str, Any] = {}
+    topology = Topology(
+        world_size=world_size, compute_device=device.type, local_world_size=world_size
+    )
+    result: dict[str, Any] = {}
     for optimizer in optimizers:
         params = fused_params(optimizer)
         cons = constraints()
@@ -276,8 +307,10 @@ def run_pair(rank: int, world_size: int, optimizers: List[str]) -> Dict[str, Any
         state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         twin_state = {k: v.detach().clone() for k, v in twin.state_dict().items()}
 
-        sharders = [DynamicEmbeddingBagCollectionSharder(fused_params=params),
-                    DynamicEmbeddingCollectionSharder(fused_params=params)]
+        sharders = [
+            DynamicEmbeddingBagCollectionSharder(fused_params=params),
+            DynamicEmbeddingCollectionSharder(fused_params=params),
+        ]
         configs = [c for m in (model.ebc, model.wbc) for c in m.embedding_bag_configs()]
         configs += model.ec.embedding_configs()
         planner = DynamicEmbeddingShardingPlanner(
@@ -288,9 +321,13 @@ def run_pair(rank: int, world_size: int, optimizers: List[str]) -> Dict[str, Any
         _load_weights(dyn, state)  # the static tables
 
         twin_sharders = [_twin_ebc_sharder(params), EmbeddingCollectionSharder(fused_params=params)]
-        twin_planner = EmbeddingShardingPlanner(topology=topology, constraints=twin_cons, batch_size=BATCH)
+        twin_planner = EmbeddingShardingPlanner(
+            topology=topology, constraints=twin_cons, batch_size=BATCH
+        )
         twin_plan = twin_planner.collective_plan(twin, twin_sharders, dist.group.WORLD)
-        twin_dmp = DistributedModelParallel(twin, env=env, device=device, plan=twin_plan, sharders=twin_sharders)
+        twin_dmp = DistributedModelParallel(
+            twin, env=env, device=device, plan=twin_plan, sharders=twin_sharders
+        )
         _load_weights(twin_dmp, twin_state)
 
         kernel_ids = {}
@@ -341,7 +378,12 @@ def _check_ids(runs):
             # not the collection positions, so a mismatch would show.
             assert len(r["groups"]) > 3, r["groups"]
             assert set(r["kernel_ids"]) == set(DYNAMIC), (rank, r["kernel_ids"])
-            assert r["kernel_ids"] == r["twin_ids"], (rank, optimizer, r["kernel_ids"], r["twin_ids"])
+            assert r["kernel_ids"] == r["twin_ids"], (
+                rank,
+                optimizer,
+                r["kernel_ids"],
+                r["twin_ids"],
+            )
 
 
 def test_sharders_use_the_twin_table_ids_world1(world1):
@@ -359,16 +401,18 @@ def test_twin_plan_is_row_wise_fused(world2):
 
 
 def _check_training(runs, optimizer):
-    rows_dyn: Dict[str, Dict[int, torch.Tensor]] = {name: {} for name in DYNAMIC}
-    rows_twin: Dict[str, Dict[int, torch.Tensor]] = {name: {} for name in DYNAMIC}
-    touched: Dict[str, set] = {name: set() for name in DYNAMIC}
+    rows_dyn: dict[str, dict[int, torch.Tensor]] = {name: {} for name in DYNAMIC}
+    rows_twin: dict[str, dict[int, torch.Tensor]] = {name: {} for name in DYNAMIC}
+    touched: dict[str, set] = {name: set() for name in DYNAMIC}
     for rank, run in enumerate(runs):
         r = run[optimizer]
         for step, (d, t) in enumerate(zip(r["dyn_steps"], r["twin_steps"])):
             assert sorted(d) == sorted(t)
             for k in t:
                 assert d[k].shape == t[k].shape, (rank, step, k)
-                torch.testing.assert_close(d[k], t[k], rtol=0, atol=1e-5, msg=lambda m: f"rank {rank} step {step} {k}: {m}")
+                torch.testing.assert_close(
+                    d[k], t[k], rtol=0, atol=1e-5, msg=lambda m: f"rank {rank} step {step} {k}: {m}"
+                )
         for name, held in r["dyn_rows"].items():
             overlap = set(held) & set(rows_dyn[name])
             assert not overlap, f"table {name}: keys {sorted(overlap)} held by two ranks"
@@ -378,7 +422,7 @@ def _check_training(runs, optimizer):
         for step in range(STEPS):
             for kjt in batches(step, rank):
                 for key in kjt.keys():
-                    name = key[len("f_"):]
+                    name = key[len("f_") :]
                     if name in touched:
                         touched[name].update(kjt[key].values().tolist())
     for name in DYNAMIC:
@@ -389,7 +433,9 @@ def _check_training(runs, optimizer):
         keys = sorted(touched[name])
         got = torch.stack([rows_dyn[name][k] for k in keys])
         want = torch.stack([rows_twin[name][k] for k in keys])
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-5, msg=lambda m: f"table {name} rows: {m}")
+        torch.testing.assert_close(
+            got, want, rtol=0, atol=1e-5, msg=lambda m: f"table {name} rows: {m}"
+        )
 
 
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)

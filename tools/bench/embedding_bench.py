@@ -52,7 +52,9 @@ def main():
     ap.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
     ap.add_argument("--pooling", choices=["sum", "none"], default="sum")
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--profile", action="store_true", help="print our step's kernels by device time")
+    ap.add_argument(
+        "--profile", action="store_true", help="print our step's kernels by device time"
+    )
     args = ap.parse_args()
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
@@ -83,7 +85,11 @@ def main():
 
     bags = [torch.nn.EmbeddingBag(args.rows, D, mode="sum", sparse=True).to(dev) for _ in range(T)]
     params = [p for b in bags for p in b.parameters()]
-    base_opt = torch.optim.SGD(params, lr=0.1) if args.optimizer == "sgd" else torch.optim.SparseAdam(params, lr=0.1)
+    base_opt = (
+        torch.optim.SGD(params, lr=0.1)
+        if args.optimizer == "sgd"
+        else torch.optim.SparseAdam(params, lr=0.1)
+    )
     per_table = torch.arange(N + 1, device=dev)
     it2 = iter(batches * 2)
 
@@ -96,8 +102,11 @@ def main():
 
     t_base = timed(base_step, dev, args.reps)
     t_tbe = tbe_time(args, dev, batches, offsets, opt)
-    print(f"device {dev}, {T} tables x {N} lookups, dim {D}, {args.optimizer}, pooling {args.pooling}, "
-          f"{torch.get_num_threads()} threads")
+    print(
+        f"device {dev}, {T} tables x {N} lookups, dim {D}, {args.optimizer}, pooling "
+        f"{args.pooling}, "
+        f"{torch.get_num_threads()} threads"
+    )
     ref = t_tbe if t_tbe else t_base
     name = "FBGEMM TBE" if t_tbe else "EmbeddingBag"
     print(f"| implementation | train step (ms) | ratio to {name} |")
@@ -110,7 +119,8 @@ def main():
     print(f"| torch.nn.EmbeddingBag (sparse) | {t_base * 1e3:.2f} | {t_base / ref:.2f} |")
     if dev.type == "cuda":
         uniq = statistics.mean(
-            sum(int(torch.unique(b[t * N : (t + 1) * N]).numel()) for t in range(T)) for b in batches
+            sum(int(torch.unique(b[t * N : (t + 1) * N]).numel()) for t in range(T))
+            for b in batches
         )
         bw = copy_bandwidth(dev)
         state = {"sgd": 0, "adam": 2 * D}[args.optimizer]
@@ -118,8 +128,11 @@ def main():
         # row (and its optimizer state) read once and written once.
         floor_bytes = T * N * 8 + 2 * T * N * D * 4 + uniq * (D + state) * 4 * 2
         t_floor = floor_bytes / bw
-        print(f"| HBM floor ({floor_bytes / 1e6:.0f} MB at {bw / 1e12:.2f} TB/s copy, {uniq:.0f} unique keys) "
-              f"| {t_floor * 1e3:.2f} | {t_floor / ref:.2f} |")
+        print(
+            f"| HBM floor ({floor_bytes / 1e6:.0f} MB at {bw / 1e12:.2f} TB/s copy, {uniq:.0f} "
+            "unique keys) "
+            f"| {t_floor * 1e3:.2f} | {t_floor / ref:.2f} |"
+        )
 
 
 def copy_bandwidth(dev):
@@ -159,8 +172,11 @@ def tbe_time(args, dev, batches, offsets, opt):
     pooling = PoolingMode.SUM if args.pooling == "sum" else PoolingMode.NONE
     try:
         tbe = SplitTableBatchedEmbeddingBagsCodegen(
-            [(args.rows, args.dim, loc, cdev)] * args.tables, optimizer=opt, learning_rate=0.1,
-            pooling_mode=pooling, device=dev,
+            [(args.rows, args.dim, loc, cdev)] * args.tables,
+            optimizer=opt,
+            learning_rate=0.1,
+            pooling_mode=pooling,
+            device=dev,
         )
     except (AssertionError, RuntimeError, NotImplementedError) as e:
         print(f"FBGEMM TBE skipped: {str(e).splitlines()[0]}")

@@ -31,7 +31,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -39,7 +39,7 @@ import torch.multiprocessing as mp
 
 # tools/dist_launch.py
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-import dist_launch  # noqa: E402
+import dist_launch
 
 TABLE = "t0"
 # An odd prime: id = rank * MULT mod rows is a bijection of [0, rows) unless
@@ -47,11 +47,13 @@ TABLE = "t0"
 MULT = 2654435761
 
 
-def feature_names(n: int) -> List[str]:
+def feature_names(n: int) -> list[str]:
     return [f"f{i}" for i in range(n)]
 
 
-def power_law(g: torch.Generator, n: int, rows: int, alpha: float, device: torch.device) -> torch.Tensor:
+def power_law(
+    g: torch.Generator, n: int, rows: int, alpha: float, device: torch.device
+) -> torch.Tensor:
     """n ids in [0, rows): ranks with P(r) ~ r^-alpha (continuous inverse CDF,
     floored), scattered by ``r * MULT mod rows``."""
     u = torch.rand(n, generator=g, dtype=torch.float64, device=device)
@@ -66,18 +68,29 @@ def make_batch(args, step: int, rank: int, local_batch: int, device: torch.devic
     g = torch.Generator(device=device).manual_seed(1_000_003 * step + 7919 * rank + 1)
     n = args.features * local_batch * args.hotness
     values = power_law(g, n, args.rows, args.alpha, device)
-    lengths = torch.full((args.features * local_batch,), args.hotness, dtype=torch.int64, device=device)
+    lengths = torch.full(
+        (args.features * local_batch,), args.hotness, dtype=torch.int64, device=device
+    )
     return KeyedJaggedTensor(keys=feature_names(args.features), values=values, lengths=lengths)
 
 
-def fused_params(args) -> Dict[str, Any]:
+def fused_params(args) -> dict[str, Any]:
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
     if args.optimizer == "adam":
-        return {"optimizer": EmbOptimType.ADAM, "learning_rate": args.lr, "eps": 1e-8,
-                "beta1": 0.9, "beta2": 0.999}
+        return {
+            "optimizer": EmbOptimType.ADAM,
+            "learning_rate": args.lr,
+            "eps": 1e-8,
+            "beta1": 0.9,
+            "beta2": 0.999,
+        }
     if args.optimizer == "rowwise_adagrad":
-        return {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": args.lr, "eps": 1e-8}
+        return {
+            "optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+            "learning_rate": args.lr,
+            "eps": 1e-8,
+        }
     return {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": args.lr}
 
 
@@ -88,7 +101,9 @@ class Model(torch.nn.Module):
         from torchrec.modules.embedding_modules import EmbeddingCollection
 
         self.config = EmbeddingConfig(
-            name=TABLE, num_embeddings=args.rows, embedding_dim=args.dim,
+            name=TABLE,
+            num_embeddings=args.rows,
+            embedding_dim=args.dim,
             feature_names=feature_names(args.features),
         )
         self.ec = EmbeddingCollection(tables=[self.config], device=torch.device("meta"))
@@ -121,18 +136,26 @@ def build_dynamicemb(args, world_size: int, device: torch.device, local_batch: i
             sharding_types=["row_wise"],
             use_dynamicemb=True,
             dynamicemb_options=DynamicEmbTableOptions(
-                bucket_capacity=128, dist_type="roundrobin", global_hbm_for_values=hbm,
+                bucket_capacity=128,
+                dist_type="roundrobin",
+                global_hbm_for_values=hbm,
             ),
         )
     }
     sharder = DynamicEmbeddingCollectionSharder(fused_params=params, use_index_dedup=args.dedup)
     planner = DynamicEmbeddingShardingPlanner(
-        eb_configs=[model.config], topology=topology(world_size, device), constraints=constraints,
-        batch_size=local_batch, debug=False,
+        eb_configs=[model.config],
+        topology=topology(world_size, device),
+        constraints=constraints,
+        batch_size=local_batch,
+        debug=False,
     )
     plan = planner.collective_plan(model, [sharder], dist.group.WORLD)
     return DistributedModelParallel(
-        model, env=ShardingEnv.from_process_group(dist.group.WORLD), device=device, plan=plan,
+        model,
+        env=ShardingEnv.from_process_group(dist.group.WORLD),
+        device=device,
+        plan=plan,
         sharders=[sharder],
     ), plan
 
@@ -151,12 +174,17 @@ def build_torchrec(args, world_size: int, device: torch.device, local_batch: int
     planner = EmbeddingShardingPlanner(
         topology=topology(world_size, device),
         batch_size=local_batch,
-        constraints={TABLE: ParameterConstraints(sharding_types=["row_wise"], compute_kernels=["fused"])},
+        constraints={
+            TABLE: ParameterConstraints(sharding_types=["row_wise"], compute_kernels=["fused"])
+        },
         debug=False,
     )
     plan = planner.collective_plan(model, [sharder], dist.group.WORLD)
     return DistributedModelParallel(
-        model, env=ShardingEnv.from_process_group(dist.group.WORLD), device=device, plan=plan,
+        model,
+        env=ShardingEnv.from_process_group(dist.group.WORLD),
+        device=device,
+        plan=plan,
         sharders=[sharder],
     ), plan
 
@@ -207,8 +235,8 @@ def run(rank: int, world_size: int, args) -> None:
     device = torch.device("cuda", rank) if args.device == "cuda" else torch.device("cpu")
     local_batch = args.batch // world_size
     lead = rank == 0
-    results: Dict[str, float] = {}
-    notes: List[str] = []
+    results: dict[str, float] = {}
+    notes: list[str] = []
     for which in args.which:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
@@ -224,12 +252,18 @@ def run(rank: int, world_size: int, args) -> None:
             stats = dynamic_table_stats(model).to(device)
             dist.all_reduce(stats)
             held, evictions, failures = stats.tolist()
-            extra = f", rows held {held:,}, evictions {evictions:,}, insert failures {failures:,} (all ranks)"
+            extra = (
+                f", rows held {held:,}, evictions {evictions:,}, "
+                f"insert failures {failures:,} (all ranks)"
+            )
         if device.type == "cuda":
             peak = _max_over_ranks(torch.cuda.max_memory_allocated(device) / 2**30, device)
             extra += f", peak memory {peak:.1f} GiB"
-        line = (f"{which}: {type(ps).__name__} {ps.sharding_type}/{ps.compute_kernel}, built in {built:.1f} s, "
-                f"median step {1e3 * results[which]:.2f} ms{extra}")
+        line = (
+            f"{which}: {type(ps).__name__} {ps.sharding_type}/{ps.compute_kernel}, built in "
+            f"{built:.1f} s, "
+            f"median step {1e3 * results[which]:.2f} ms{extra}"
+        )
         notes.append(line)
         if lead:
             print(line, flush=True)
@@ -244,7 +278,7 @@ def run(rank: int, world_size: int, args) -> None:
     ours = results.get("dynamicemb")
     theirs = results.get("torchrec")
 
-    def ms(x: Optional[float]) -> str:
+    def ms(x: float | None) -> str:
         return "-" if x is None else f"{1e3 * x:.2f}"
 
     ratio = f"{ours / theirs:.2f}" if ours and theirs else "-"
@@ -252,21 +286,31 @@ def run(rank: int, world_size: int, args) -> None:
     print()
     print("`" + " ".join(["python", "tools/bench/sharded_ec_bench.py"] + sys.argv[1:]) + "`")
     print()
-    print("| world | device | global batch | features | hotness | dim | rows | optimizer | dedup "
-          "| dynamicemb ms/step | TorchRec ms/step | dynamicemb / TorchRec |")
+    print(
+        "| world | device | global batch | features | hotness | dim | rows | optimizer | dedup "
+        "| dynamicemb ms/step | TorchRec ms/step | dynamicemb / TorchRec |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    print(f"| {world_size} | {name} | {args.batch:,} | {args.features} | {args.hotness} | {args.dim} "
-          f"| {args.rows:,} | {args.optimizer} | {dedup} "
-          f"| {ms(ours)} | {ms(theirs)} | {ratio} |", flush=True)
+    print(
+        f"| {world_size} | {name} | {args.batch:,} | {args.features} | {args.hotness} | {args.dim} "
+        f"| {args.rows:,} | {args.optimizer} | {dedup} "
+        f"| {ms(ours)} | {ms(theirs)} | {ratio} |",
+        flush=True,
+    )
 
 
 def _quiet() -> None:
     import logging
     import warnings
 
-    for name in ("torchrec.sparse.jagged_tensor_validator", "torch.fx._symbolic_trace",
-                 "torchrec.distributed.planner.types", "torchrec.distributed.planner.storage_reservations",
-                 "torchrec.distributed.planner.planners", "torchrec.distributed.planner.stats"):
+    for name in (
+        "torchrec.sparse.jagged_tensor_validator",
+        "torch.fx._symbolic_trace",
+        "torchrec.distributed.planner.types",
+        "torchrec.distributed.planner.storage_reservations",
+        "torchrec.distributed.planner.planners",
+        "torchrec.distributed.planner.stats",
+    ):
         logging.getLogger(name).setLevel(logging.ERROR)
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
@@ -282,7 +326,7 @@ def _worker(rank: int, world_size: int, port: int, args) -> None:
         dist.destroy_process_group()
 
 
-def parse_args(argv: Optional[List[str]] = None):
+def parse_args(argv: list[str] | None = None):
     has_gpu = torch.cuda.is_available() and torch.cuda.device_count() > 0
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     dist_launch.add_device_args(ap, has_gpu)
@@ -290,17 +334,31 @@ def parse_args(argv: Optional[List[str]] = None):
     ap.add_argument("--features", type=int, default=26)
     ap.add_argument("--hotness", type=int, default=10, help="ids per feature and sample")
     ap.add_argument("--dim", type=int, default=128)
-    ap.add_argument("--rows", type=int, default=10_000_000, help="id space and TorchRec's table rows")
+    ap.add_argument(
+        "--rows", type=int, default=10_000_000, help="id space and TorchRec's table rows"
+    )
     ap.add_argument("--alpha", type=float, default=1.05, help="power-law exponent of the ids")
-    ap.add_argument("--optimizer", choices=["adam", "sgd", "rowwise_adagrad"], default="adam",
-                    help="fused optimizer (FBGEMM's CPU kernel has no adam: use sgd on cpu)")
+    ap.add_argument(
+        "--optimizer",
+        choices=["adam", "sgd", "rowwise_adagrad"],
+        default="adam",
+        help="fused optimizer (FBGEMM's CPU kernel has no adam: use sgd on cpu)",
+    )
     ap.add_argument("--lr", type=float, default=1e-3)
-    ap.add_argument("--dedup", action="store_true",
-                    help="index dedup in both sharders (TorchRec's: on cuda only, its op has no CPU kernel)")
+    ap.add_argument(
+        "--dedup",
+        action="store_true",
+        help="index dedup in both sharders (TorchRec's: on cuda only, its op has no CPU kernel)",
+    )
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20, help="timed steps")
-    ap.add_argument("--which", nargs="+", choices=["torchrec", "dynamicemb"], default=["torchrec", "dynamicemb"],
-                    help="versions to time, in this order")
+    ap.add_argument(
+        "--which",
+        nargs="+",
+        choices=["torchrec", "dynamicemb"],
+        default=["torchrec", "dynamicemb"],
+        help="versions to time, in this order",
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch threads per CPU process")
     args = ap.parse_args(argv)
     dist_launch.check_device_args(ap, args, has_gpu)
@@ -308,18 +366,32 @@ def parse_args(argv: Optional[List[str]] = None):
         ap.error(f"--batch {args.batch} is not a multiple of the world size {args.world_size}")
     if args.rows % MULT == 0:
         ap.error(f"--rows must not be a multiple of {MULT}")
-    if min(args.batch, args.features, args.hotness, args.dim, args.rows, args.steps) < 1 or args.warmup < 0:
+    if (
+        min(args.batch, args.features, args.hotness, args.dim, args.rows, args.steps) < 1
+        or args.warmup < 0
+    ):
         ap.error("sizes and --steps must be positive")
     return args
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    print(f"sharded EmbeddingCollection, {args.world_size} {args.device} rank(s): global batch {args.batch:,}, "
-          f"{args.features} features x hotness {args.hotness} on one table of dim {args.dim}, ids power law "
-          f"alpha {args.alpha} over {args.rows:,}, {args.optimizer}, dedup {'on' if args.dedup else 'off'}, "
-          f"{args.warmup} warm-up + {args.steps} timed steps", flush=True)
-    mp.spawn(_worker, args=(args.world_size, dist_launch.free_port(), args), nprocs=args.world_size, join=True)
+    print(
+        f"sharded EmbeddingCollection, {args.world_size} {args.device} rank(s): global batch "
+        f"{args.batch:,}, "
+        f"{args.features} features x hotness {args.hotness} on one table of dim {args.dim}, ids "
+        "power law "
+        f"alpha {args.alpha} over {args.rows:,}, {args.optimizer}, "
+        f"dedup {'on' if args.dedup else 'off'}, "
+        f"{args.warmup} warm-up + {args.steps} timed steps",
+        flush=True,
+    )
+    mp.spawn(
+        _worker,
+        args=(args.world_size, dist_launch.free_port(), args),
+        nprocs=args.world_size,
+        join=True,
+    )
     return 0
 
 

@@ -34,14 +34,14 @@ import shlex
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Optional
+from collections.abc import Callable
 
 import torch
 
 # Runnable from a checkout without installing the package.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from dynamicemb.table import ScoredHashTable  # noqa: E402
+from dynamicemb.table import ScoredHashTable
 
 
 class Fresh:
@@ -58,7 +58,7 @@ class Fresh:
         return k
 
 
-def timed(fn: Callable[[], object], setup: Optional[Callable[[], object]], reps: int) -> float:
+def timed(fn: Callable[[], object], setup: Callable[[], object] | None, reps: int) -> float:
     """Median seconds of `fn` over `reps` runs, `setup` (untimed) before each."""
     times = []
     for _ in range(reps):
@@ -91,7 +91,7 @@ def prefill(table: ScoredHashTable, fresh: Fresh, load_factor: float) -> torch.T
     return table.export_batch().compact().keys
 
 
-def bench_table(table, resident, fresh, batch, reps) -> Dict[str, float]:
+def bench_table(table, resident, fresh, batch, reps) -> dict[str, float]:
     g = torch.Generator().manual_seed(7)
     hits = resident[torch.randint(0, resident.numel(), (batch,), generator=g)]
     out = {"find": timed(lambda: table.find(hits), None, reps)}
@@ -120,7 +120,7 @@ def bench_table(table, resident, fresh, batch, reps) -> Dict[str, float]:
 # -------------------------------------------------------------- baselines --
 
 
-def bench_dict(resident: torch.Tensor, fresh: Fresh, batch: int, reps: int) -> Dict[str, float]:
+def bench_dict(resident: torch.Tensor, fresh: Fresh, batch: int, reps: int) -> dict[str, float]:
     res_list = resident.tolist()
     d = dict(zip(res_list, range(len(res_list))))
     g = torch.Generator().manual_seed(7)
@@ -175,7 +175,7 @@ def bench_dict(resident: torch.Tensor, fresh: Fresh, batch: int, reps: int) -> D
     return out
 
 
-def bench_sorted(resident: torch.Tensor, fresh: Fresh, batch: int, reps: int) -> Dict[str, float]:
+def bench_sorted(resident: torch.Tensor, fresh: Fresh, batch: int, reps: int) -> dict[str, float]:
     sorted_keys, perm = torch.sort(resident)
     g = torch.Generator().manual_seed(7)
     hits = resident[torch.randint(0, resident.numel(), (batch,), generator=g)]
@@ -215,7 +215,7 @@ def fmt(x: float) -> str:
     return f"{x / 1e6:,.1f} M"
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )

@@ -14,7 +14,7 @@ import statistics
 
 import torch
 
-from dynamicemb.table import ScoredHashTable, enums, gather_rows
+from dynamicemb.table import ScoredHashTable, enums
 
 BATCH = 1 << 20
 
@@ -95,7 +95,8 @@ def bench_dim(dim, capacity, load_factors, reps, out):
 
         def upsert(evict):
             res = (table.insert_and_evict if evict else table.insert)(
-                next(it), policies=policy, scores=ts[0] + 1)
+                next(it), policies=policy, scores=ts[0] + 1
+            )
             ok = res.slots.clamp(min=0)
             values.index_copy_(0, ok, vals)
 
@@ -112,7 +113,7 @@ def bench_dim(dim, capacity, load_factors, reps, out):
         it = iter([fresh(BATCH) for _ in range(reps)])
         t_ie = timed(lambda: upsert(True), reps)
         restore()
-        del saved
+        saved.clear()
 
         # Baseline: sorted keys + searchsorted + index_select on the same keys.
         sorted_keys, perm = torch.sort(torch.cat(resident)[:size])
@@ -125,14 +126,25 @@ def bench_dim(dim, capacity, load_factors, reps, out):
             return hit
 
         t_base = timed(base_find, reps)
-        del sorted_keys, perm
-        out.append((dim, capacity, lf, size / capacity, BATCH / t_find / 1e9,
-                    BATCH / t_ins / 1e9, BATCH / t_ie / 1e9, BATCH / t_base / 1e9))
-        print(f"dim {dim} lf {lf}: find {BATCH / t_find / 1e9:.3f} B/s, insert {BATCH / t_ins / 1e9:.3f} B/s, "
-              f"insert_and_evict {BATCH / t_ie / 1e9:.3f} B/s, baseline find {BATCH / t_base / 1e9:.3f} B/s",
-              flush=True)
-    del table, values
-    torch.cuda.empty_cache()
+        out.append(
+            (
+                dim,
+                capacity,
+                lf,
+                size / capacity,
+                BATCH / t_find / 1e9,
+                BATCH / t_ins / 1e9,
+                BATCH / t_ie / 1e9,
+                BATCH / t_base / 1e9,
+            )
+        )
+        print(
+            f"dim {dim} lf {lf}: find {BATCH / t_find / 1e9:.3f} B/s, "
+            f"insert {BATCH / t_ins / 1e9:.3f} B/s, "
+            f"insert_and_evict {BATCH / t_ie / 1e9:.3f} B/s, "
+            f"baseline find {BATCH / t_base / 1e9:.3f} B/s",
+            flush=True,
+        )
 
 
 def main():
@@ -140,7 +152,9 @@ def main():
     ap.add_argument("--dims", type=int, nargs="+", default=[8, 32, 64])
     ap.add_argument("--load-factors", type=float, nargs="+", default=[0.5, 0.75, 1.0])
     ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--capacity-log2", type=int, default=27, help="dims below 64; dim 64 uses one less")
+    ap.add_argument(
+        "--capacity-log2", type=int, default=27, help="dims below 64; dim 64 uses one less"
+    )
     args = ap.parse_args()
     print(torch.cuda.get_device_name(0), "torch", torch.__version__)
     bw = copy_bandwidth()
@@ -149,13 +163,20 @@ def main():
     for dim in args.dims:
         cap = 1 << (args.capacity_log2 - (1 if dim >= 64 else 0))
         bench_dim(dim, cap, args.load_factors, args.reps, rows)
+        torch.cuda.empty_cache()
     print()
-    print("| dim | capacity | load factor | find B/s | insert B/s | insert_and_evict B/s | torch sorted find B/s | find floor B/s |")
+    print(
+        "| dim | capacity | load factor | find B/s | insert B/s | insert_and_evict B/s | torch "
+        "sorted find B/s | find floor B/s |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for dim, cap, lf, real_lf, f, ins, ie, b in rows:
         # Floor for find: keys in (8 B), digests (128 B line) + key (8 B) + value read + write.
         bytes_per_key = 8 + 128 + 8 + 2 * 4 * dim + 8
-        print(f"| {dim} | {cap:,} | {lf} ({real_lf:.3f}) | {f:.3f} | {ins:.3f} | {ie:.3f} | {b:.3f} | {bw / bytes_per_key / 1e9:.2f} |")
+        print(
+            f"| {dim} | {cap:,} | {lf} ({real_lf:.3f}) | {f:.3f} | {ins:.3f} | {ie:.3f} | {b:.3f} "
+            f"| {bw / bytes_per_key / 1e9:.2f} |"
+        )
 
 
 if __name__ == "__main__":

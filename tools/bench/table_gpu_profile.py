@@ -41,7 +41,9 @@ def main():
             r = t.insert_and_evict(k, policies=[enums.ScorePolicy.ASSIGN], scores=step)
             values.index_copy_(0, r.slots.clamp(min=0), out)
         torch.cuda.synchronize()
-    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70))
+    print(
+        prof.key_averages().table(sort_by="cuda_time_total", row_limit=25, max_name_column_width=70)
+    )
 
 
 if __name__ == "__main__":

@@ -26,6 +26,12 @@ def parse_archs(value):
     `spec[;spec...]`, where spec is `virtual:code[,code...]` or `code[,code...]`;
     a code is `sm_XX` (SASS) or `compute_XX` (PTX). Without a virtual arch, each
     code gets the virtual arch of the same number.
+
+    Args:
+      value: the archs string, e.g. "compute_80:sm_80;sm_90".
+
+    Returns:
+      The list of nvcc -gencode flags.
     """
     gencode = []
     for spec in value.replace(" ", "").split(";"):
