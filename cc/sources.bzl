@@ -38,7 +38,22 @@ EMBEDDING_CPU_SRCS = ["initializer_cpu.cpp", "lookup_cpu.cpp", "optimizer_cpu.cp
 
 EMBEDDING_CUDA_SRCS = ["initializer_cuda.cu", "lookup_cuda.cu", "optimizer_cuda.cu"]
 
-OPS_HDRS = ["lookup_ops.h", "ops_common.h"]
+# //cc/storage: the row space (row layout, element types, two segments) shared by
+# the lookup kernels and the row moves (storage_core, header-only), and the
+# copy_rows kernels.
+STORAGE_CORE_HDRS = ["row_space.h", "copy_rows.h"]
+
+STORAGE_CPU_HDRS = ["copy_rows_cpu.h"]
+
+STORAGE_CUDA_HDRS = ["copy_rows_cuda.h"]
+
+STORAGE_HDRS = STORAGE_CORE_HDRS + STORAGE_CPU_HDRS + STORAGE_CUDA_HDRS
+
+STORAGE_CPU_SRCS = ["copy_rows_cpu.cpp"]
+
+STORAGE_CUDA_SRCS = ["copy_rows_cuda.cu"]
+
+OPS_HDRS = ["lookup_ops.h", "ops_common.h", "storage_ops.h"]
 
 # //cc/ops:routing_core (row-wise key -> rank routing, host/device inline, no
 # torch) and //cc/ops:routing_cuda (its torch-free CUDA kernel).
@@ -54,11 +69,12 @@ OPS_SRCS = [
     "ops.cpp",
     "ops_cpu.cpp",
     "ops_meta.cpp",
+    "storage_ops.cpp",
     "module.cpp",
 ]
 
 # CUDA dispatch registrations: built only against a CUDA-enabled torch.
-OPS_CUDA_SRCS = ["lookup_ops_cuda.cpp", "ops_cuda.cpp"]
+OPS_CUDA_SRCS = ["lookup_ops_cuda.cpp", "ops_cuda.cpp", "storage_ops_cuda.cpp"]
 
 PACKAGES = {
     "cc/table": {"hdrs": TABLE_HDRS, "cpu_srcs": TABLE_CPU_SRCS, "cuda_srcs": TABLE_CUDA_SRCS},
@@ -66,6 +82,11 @@ PACKAGES = {
         "hdrs": EMBEDDING_HDRS,
         "cpu_srcs": EMBEDDING_CPU_SRCS,
         "cuda_srcs": EMBEDDING_CUDA_SRCS,
+    },
+    "cc/storage": {
+        "hdrs": STORAGE_HDRS,
+        "cpu_srcs": STORAGE_CPU_SRCS,
+        "cuda_srcs": STORAGE_CUDA_SRCS,
     },
     "cc/ops": {
         "hdrs": OPS_HDRS + ROUTING_HDRS + ROUTING_CUDA_HDRS,
