@@ -53,7 +53,9 @@ class Group:
         if not self.distributed:
             return list(values)
         t = torch.tensor(values, dtype=torch.int64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=self.pg)
+        dist.all_reduce(
+            t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=self.pg
+        )
         return t.tolist()
 
     def agree(self, error: BaseException | None) -> None:

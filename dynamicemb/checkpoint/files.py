@@ -53,7 +53,7 @@ class CheckedWriter:
     def __init__(self, path: str, block: int) -> None:
         self.path = path
         self.block = block
-        self.f = open(path, "wb")  # noqa: SIM115 (closed by close())
+        self.f = open(path, "wb")
         self.nbytes = 0
         self.crcs: list[int] = []
         self._crc = 0  # CRC of the current, unfinished block
@@ -93,7 +93,7 @@ class CheckedReader:
         self.info = info
         self.block = block
         self.what = what
-        self.f = open(self.path, "rb")  # noqa: SIM115 (closed by close())
+        self.f = open(self.path, "rb")
         self._buf: list[bytearray] = []
         self._buffered = 0
         self._blocks = 0
@@ -145,9 +145,7 @@ def _siblings(path: str, tag: str) -> list[str]:
     parent, base = os.path.split(os.path.abspath(path))
     if not os.path.isdir(parent):
         return []
-    return [
-        os.path.join(parent, n) for n in sorted(os.listdir(parent)) if n.startswith(base + tag)
-    ]
+    return [os.path.join(parent, n) for n in sorted(os.listdir(parent)) if n.startswith(base + tag)]
 
 
 def read_manifest(folder: str) -> dict[str, Any]:

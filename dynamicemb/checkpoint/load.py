@@ -240,7 +240,9 @@ def _read_chunks(plan: _Plan, shards: list[Shard], rows: int, progress):
     kinds = _kinds(meta)
     for shard in shards:
         readers = {
-            k: files.CheckedReader(plan.folder, shard.files[k], meta.checksum_block_bytes, plan.what)
+            k: files.CheckedReader(
+                plan.folder, shard.files[k], meta.checksum_block_bytes, plan.what
+            )
             for k in kinds
         }
         try:

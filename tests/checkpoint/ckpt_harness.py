@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "shard"))
 
-import shard_harness as h  # noqa: E402
+import shard_harness as h
 
 T = h.TableSpec
 DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")
@@ -197,7 +197,9 @@ def merge(per_rank: list[dict[str, dict[str, torch.Tensor]]]) -> dict[str, dict[
         parts = [r[name] for r in per_rank]
         keys = torch.cat([p["keys"] for p in parts])
         order = torch.argsort(keys)
-        merged = {f: torch.cat([p[f] for p in parts])[order] for f in ("keys", "emb", "opt", "scores")}
+        merged = {
+            f: torch.cat([p[f] for p in parts])[order] for f in ("keys", "emb", "opt", "scores")
+        }
         merged["rank"] = torch.cat(
             [torch.full((p["keys"].numel(),), r, dtype=torch.int64) for r, p in enumerate(parts)]
         )[order]

@@ -184,7 +184,10 @@ def _check_loaded(case: c.Case, want, per_rank_results, world: int, what: str) -
         assert sorted(r["static_before"]) == sorted(r["static_after"])
         for k, v in r["static_before"].items():
             assert torch.equal(v, r["static_after"][k]), (what, k)
-    reports = {name: (rows, loaded, dropped) for name, rows, loaded, dropped in per_rank_results[0]["report"]}
+    reports = {
+        name: (rows, loaded, dropped)
+        for name, rows, loaded, dropped in per_rank_results[0]["report"]
+    }
     for name, w in want.items():
         g = got[name]
         assert torch.equal(g["rank"], _owner(g["keys"], world, specs[name])), (what, name)
@@ -216,7 +219,9 @@ def _check_loaded(case: c.Case, want, per_rank_results, world: int, what: str) -
             keys = keys_by_feature[t.feature]
             pos = torch.searchsorted(w["keys"], keys).clamp(max=max(w["keys"].numel() - 1, 0))
             present = w["keys"].numel() > 0
-            found = (w["keys"][pos] == keys) if present else torch.zeros_like(keys, dtype=torch.bool)
+            found = (
+                (w["keys"][pos] == keys) if present else torch.zeros_like(keys, dtype=torch.bool)
+            )
             expect = torch.where(found[:, None], w["emb"][pos], 0.0)
             got_rows = outs[t.feature].float()
             torch.testing.assert_close(got_rows, expect, msg=lambda m: f"{what} eval: {m}")
