@@ -20,6 +20,8 @@ import zlib
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from dynamicemb.checkpoint.layout import (
     MANIFEST,
     CheckpointError,
@@ -84,58 +86,42 @@ class CheckedWriter:
         self.f.close()
 
 
-class CheckedReader:
-    """Reads one file front to back, verifying each block's CRC-32 before any
-    of its bytes are handed out. ``info.crc32`` None (legacy) skips checks."""
-
-    def __init__(self, folder: str, info: FileInfo, block: int, what: str) -> None:
-        self.path = os.path.join(folder, info.name)
-        self.info = info
-        self.block = block
-        self.what = what
-        self.f = open(self.path, "rb")
-        self._buf: list[bytearray] = []
-        self._buffered = 0
-        self._blocks = 0
-        self._read = 0
-
-    def _fill(self) -> None:
-        want = min(self.block, self.info.nbytes - self._read)
-        if want <= 0:
-            raise CheckpointError(f"{self.what}: {self.path} has no more bytes")
-        data = bytearray(want)
-        got = self.f.readinto(data)
-        if got != want:
+def read_verified(folder: str, info: FileInfo, block: int, what: str, out) -> None:
+    """Reads the file ``info`` names into ``out`` (a contiguous tensor of
+    exactly its size) and verifies the CRC-32 of every ``block`` bytes
+    (``info.crc32`` None, the legacy layout: none)."""
+    path = os.path.join(folder, info.name)
+    mv = memoryview(out.reshape(-1).view(torch.uint8).numpy())
+    if len(mv) != info.nbytes:
+        raise CheckpointError(f"{what}: {path}: {len(mv)} bytes expected, {info.nbytes} recorded")
+    got = 0
+    try:
+        with open(path, "rb") as f:
+            while got < len(mv):
+                n = f.readinto(mv[got:])
+                if not n:
+                    break
+                got += n
+    except FileNotFoundError:
+        raise CheckpointError(f"{what}: {path} does not exist") from None
+    if got != info.nbytes:
+        raise CheckpointError(
+            f"{what}: {path} is truncated: {got} bytes, the meta JSON records {info.nbytes}"
+        )
+    if info.crc32 is None:
+        return
+    starts = range(0, info.nbytes, block)
+    if len(starts) != len(info.crc32):
+        raise CheckpointError(
+            f"{what}: {path}: the meta JSON lists {len(info.crc32)} checksums for "
+            f"{len(starts)} blocks"
+        )
+    for i, lo in enumerate(starts):
+        if zlib.crc32(mv[lo : lo + block]) != info.crc32[i]:
             raise CheckpointError(
-                f"{self.what}: {self.path} is truncated: {self._read + got} bytes, "
-                f"the meta JSON records {self.info.nbytes}"
+                f"{what}: {path} is corrupted: checksum mismatch in block {i} "
+                f"(bytes {lo}..{min(lo + block, info.nbytes)})"
             )
-        if self.info.crc32 is not None:
-            i = self._blocks
-            if i >= len(self.info.crc32) or zlib.crc32(data) != self.info.crc32[i]:
-                raise CheckpointError(
-                    f"{self.what}: {self.path} is corrupted: checksum mismatch in block {i} "
-                    f"(bytes {self._read}..{self._read + want})"
-                )
-        self._blocks += 1
-        self._read += want
-        self._buf.append(data)
-        self._buffered += want
-
-    def read(self, n: int) -> bytearray:
-        """The next ``n`` bytes, every block they touch verified."""
-        while self._buffered < n:
-            self._fill()
-        data = self._buf[0] if len(self._buf) == 1 else bytearray().join(self._buf)
-        if len(data) == n:
-            self._buf, self._buffered = [], 0
-            return data
-        out, rest = data[:n], data[n:]
-        self._buf, self._buffered = [rest], len(rest)
-        return out
-
-    def close(self) -> None:
-        self.f.close()
 
 
 # ----------------------------------------------------------- publishing --

@@ -25,6 +25,7 @@ import os
 import sys
 import warnings
 from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -32,7 +33,7 @@ import torch.distributed as dist
 
 from dynamicemb.checkpoint import files
 from dynamicemb.checkpoint.comm import Group
-from dynamicemb.checkpoint.dump import check_world, chunk_rows
+from dynamicemb.checkpoint.dump import IO_THREADS, check_world, chunk_rows
 from dynamicemb.checkpoint.layout import (
     CHECKSUM_BLOCK_BYTES,
     KEYS,
@@ -235,31 +236,31 @@ def _assign(shards: list[Shard], world: int) -> list[list[Shard]]:
     return out
 
 
-def _read_chunks(plan: _Plan, shards: list[Shard], rows: int, progress):
+def _read_shard(plan: _Plan, shard: Shard, pool, progress) -> dict[str, torch.Tensor]:
+    """One dumping rank's rows of a table, every file read whole and its
+    blocks verified (the files in parallel)."""
     meta = plan.meta
-    kinds = _kinds(meta)
+    out = {}
+    tasks = []
+    for k in _kinds(meta):
+        dtype, ncols = _columns(meta, k)
+        out[k] = torch.empty(shard.rows, ncols, dtype=dtype)
+        info = shard.files[k]
+
+        def task(info=info, t=out[k]):
+            files.read_verified(plan.folder, info, meta.checksum_block_bytes, plan.what, t)
+            progress.update(info.nbytes)
+
+        tasks.append(task)
+    files.run_tasks(tasks, pool)
+    return out
+
+
+def _chunks(plan: _Plan, shards: list[Shard], rows: int, pool, progress):
     for shard in shards:
-        readers = {
-            k: files.CheckedReader(
-                plan.folder, shard.files[k], meta.checksum_block_bytes, plan.what
-            )
-            for k in kinds
-        }
-        try:
-            done = 0
-            while done < shard.rows:
-                n = min(rows, shard.rows - done)
-                out = {}
-                for k, reader in readers.items():
-                    dtype, ncols = _columns(meta, k)
-                    data = reader.read(n * ncols * dtype.itemsize)
-                    out[k] = torch.frombuffer(data, dtype=dtype).reshape(n, ncols)
-                    progress.update(len(data))
-                done += n
-                yield out
-        finally:
-            for reader in readers.values():
-                reader.close()
+        parts = _read_shard(plan, shard, pool, progress)
+        for lo in range(0, shard.rows, rows):
+            yield {k: v[lo : lo + rows] for k, v in parts.items()}
 
 
 def _pack(parts: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -276,15 +277,17 @@ def _unpack(meta: TableMeta, data: torch.Tensor) -> dict[str, torch.Tensor]:
     return out
 
 
-def _read(plan: _Plan, group: Group, progress) -> dict[str, torch.Tensor]:
+def _read(plan: _Plan, group: Group, pool, progress) -> dict[str, torch.Tensor]:
     """This rank's rows of a table after the exchange, as column blocks."""
     meta = plan.meta
     mine = _assign(meta.shards, group.world_size)[group.rank]
     row_bytes = sum(c * d.itemsize for d, c in (_columns(meta, k) for k in _kinds(meta)))
     rows = chunk_rows(row_bytes)
+    if not group.distributed:  # no exchange: whole shards
+        rows = max([s.rows for s in mine] + [1])
     local = sum(-(-s.rows // rows) for s in mine)
     (rounds,) = group.all_reduce([local], op="max")
-    chunks = _read_chunks(plan, mine, rows, progress)
+    chunks = _chunks(plan, mine, rows, pool, progress)
     kept: list[dict[str, torch.Tensor]] = []
     for _ in range(rounds):
         error, parts, dest = None, None, None
@@ -311,6 +314,8 @@ def _read(plan: _Plan, group: Group, progress) -> dict[str, torch.Tensor]:
             kept.append(parts)
     if next(chunks, None) is not None:  # pragma: no cover - rounds count every chunk
         raise CheckpointError(f"{plan.what}: rows left unread")
+    if len(kept) == 1:
+        return kept[0]
     return {
         k: torch.cat([p[k] for p in kept]) if kept else torch.empty(0, c, dtype=d)
         for k, (d, c) in ((k, _columns(meta, k)) for k in _kinds(meta))
@@ -353,20 +358,30 @@ def _apply(plan: _Plan, rows: dict[str, torch.Tensor], chunk: int) -> tuple[int,
     scores = rows.get(SCORES)
     if module.checkpoint_score_columns() is not None and scores is None:
         scores = torch.zeros(keys.numel(), module.table.num_scores, dtype=torch.int64)
-    order = _order(plan, scores)
-    module.clear_tables([t])
-    module.reserve_rows(t, keys.numel())
-    stored = 0
-    for lo in range(0, keys.numel(), chunk):
-        idx = slice(lo, lo + chunk) if order is None else order[lo : lo + chunk]
-        ok = module.import_rows(
-            t,
-            keys[idx],
-            None if scores is None or module.checkpoint_score_columns() is None else scores[idx],
-            emb[idx],
-            None if state is None else state[idx],
-        )
-        stored += int(ok.sum())
+    evicting = module.checkpoint_score_columns() is not None
+
+    def insert(order):
+        module.clear_tables([t])
+        module.reserve_rows(t, keys.numel())
+        stored = 0
+        for lo in range(0, keys.numel(), chunk):
+            idx = slice(lo, lo + chunk) if order is None else order[lo : lo + chunk]
+            ok = module.import_rows(
+                t,
+                keys[idx],
+                scores[idx] if evicting else None,
+                emb[idx],
+                None if state is None else state[idx],
+            )
+            stored += int(ok.sum())
+        return stored
+
+    # In file order first; a table too small for all keys (some bucket
+    # overflowed) is filled again best first, so that it keeps what its
+    # eviction would keep.
+    stored = insert(None)
+    if stored < keys.numel() and evicting:
+        stored = insert(_order(plan, scores))
     return stored, keys.numel() - stored
 
 
@@ -412,7 +427,8 @@ def load(
         s.nbytes for p in plans for s in _assign(p.meta.shards, group.world_size)[group.rank]
     )
     progress = files.Progress("DynamicEmbLoad", mine, show_progress and group.rank == 0)
-    received = [_read(p, group, progress) for p in plans]
+    with ThreadPoolExecutor(IO_THREADS) as pool:
+        received = [_read(p, group, pool, progress) for p in plans]
     # 3. apply, all or nothing
     if torch.cuda.is_available():
         torch.cuda.synchronize()

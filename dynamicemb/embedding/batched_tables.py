@@ -41,7 +41,7 @@ from dynamicemb.embedding.initializer import init_rows
 from dynamicemb.embedding.optimizer import RowOptimizer
 from dynamicemb.embedding.score_function import VictimScorer, table_score_columns
 from dynamicemb.embedding.unique import segmented_unique
-from dynamicemb.table import ScoredHashTable, enums, gather_rows
+from dynamicemb.table import ScoredHashTable, enums
 from dynamicemb.table._native import ops
 
 S = DynamicEmbScoreStrategy
@@ -663,12 +663,14 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         dim, sd = self.dims[table], self.state_dim(table)
         for begin in range(lo, hi, chunk):
             ex = self.table.export_batch(begin, min(begin + chunk, hi)).compact()
-            rows = gather_rows(self.values, self._rows_of(ex.slots, ex.table_ids))
+            rows = self._rows_of(ex.slots, ex.table_ids)  # all valid: the keys are stored
             yield ExportedRows(
                 keys=ex.keys,
                 scores=None if cols is None else ex.scores[:, cols],
-                embeddings=rows[:, :dim],
-                optimizer_state=rows[:, dim : dim + sd] if sd else None,
+                embeddings=self.values[:, :dim].index_select(0, rows),
+                optimizer_state=(
+                    self.values[:, dim : dim + sd].index_select(0, rows) if sd else None
+                ),
             )
 
     def clear_tables(self, tables: Sequence[int]) -> None:
@@ -731,16 +733,19 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             slots = res.slots
         rows = self._rows_of(slots, tids)
         stored = rows >= 0
-        r = rows[stored]
+        every = bool(stored.all())
+        r = rows if every else rows[stored]
         dim, sd = self.dims[table], self.state_dim(table)
-        self.values[r, :dim] = embeddings.to(self.device, self.values.dtype)[stored]
+        emb = embeddings.to(self.device, self.values.dtype)
+        self.values[:, :dim].index_copy_(0, r, emb if every else emb[stored])
         if sd:
             if optimizer_state is None:
                 state = torch.empty(r.numel(), sd, device=self.device, dtype=self.values.dtype)
                 self.optimizer.init_state(state)
             else:
-                state = optimizer_state.to(self.device, self.values.dtype)[stored]
-            self.values[r, dim : dim + sd] = state
+                state = optimizer_state.to(self.device, self.values.dtype)
+                state = state if every else state[stored]
+            self.values[:, dim : dim + sd].index_copy_(0, r, state)
         return stored
 
     def checkpoint_snapshot(self) -> dict[str, Any]:
