@@ -6,7 +6,8 @@ safe (a dump publishes a finished folder atomically), checksummed (a
 truncated or corrupted file is refused before anything changes), and
 reshardable (a checkpoint loads at any world size and ``dist_type``; each key
 goes to the rank that owns it now). ``dump`` and ``load`` are the same calls
-returning what they wrote and loaded.
+returning what they wrote and loaded. ``DynamicEmbStateful`` puts the
+dynamic tables into ``torch.distributed.checkpoint`` (dcp.py).
 
 Importing this package needs TorchRec.
 """
@@ -14,6 +15,7 @@ Importing this package needs TorchRec.
 import torch
 import torch.distributed as dist
 
+from dynamicemb.checkpoint.dcp import DynamicEmbStateful
 from dynamicemb.checkpoint.dump import DumpReport, dump
 from dynamicemb.checkpoint.layout import CheckpointError
 from dynamicemb.checkpoint.load import LoadReport, TableLoad, load
@@ -23,6 +25,7 @@ __all__ = [
     "DumpReport",
     "DynamicEmbDump",
     "DynamicEmbLoad",
+    "DynamicEmbStateful",
     "LoadReport",
     "TableLoad",
     "dump",

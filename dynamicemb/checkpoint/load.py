@@ -141,31 +141,14 @@ def _legacy_meta(folder: str, ref: TableRef) -> TableMeta:
     )
 
 
-def _plan(root: str, manifest: dict | None, ref: TableRef, optim: bool) -> _Plan:
-    folder = os.path.join(root, ref.collection)
+def check_meta(meta: TableMeta, ref: TableRef, optim: bool) -> bool:
+    """Checks a table's meta against the table; returns whether its
+    optimizer state is to be loaded.
+
+    Raises:
+        ValueError: dim, score columns or optimizer differ.
+    """
     module, t = ref.module, ref.index
-    if manifest is None:
-        if not os.path.isdir(folder):
-            raise CheckpointError(
-                f"{ref.label}: {root} is not a dynamicemb checkpoint (no manifest) and has no "
-                f"folder {ref.collection!r}"
-            )
-        meta = _legacy_meta(folder, ref)
-    else:
-        colls = manifest["collections"]
-        if ref.collection not in colls:
-            raise CheckpointError(
-                f"{ref.label}: the checkpoint at {root} has no collection {ref.collection!r} "
-                f"(it has {sorted(colls)})"
-            )
-        if ref.name not in colls[ref.collection]:
-            raise CheckpointError(
-                f"{ref.label}: the checkpoint at {root} has no table {ref.name!r} in "
-                f"{ref.collection!r} (it has {sorted(colls[ref.collection])})"
-            )
-        info = FileInfo.from_json(colls[ref.collection][ref.name])
-        data = files.read_small(folder, info, meta_file(ref.name), ref.label)
-        meta = TableMeta.decode(data, os.path.join(folder, meta_file(ref.name)))
     if meta.embedding_dim != ref.dim:
         raise ValueError(
             f"{ref.label}: the checkpoint's embedding_dim {meta.embedding_dim} differs from the "
@@ -197,6 +180,34 @@ def _plan(root: str, manifest: dict | None, ref: TableRef, optim: bool) -> _Plan
                 f"{ref.label}: the checkpoint's optim_state_dim {meta.optim_state_dim} differs "
                 f"from the table's {module.state_dim(t)}"
             )
+    return with_state
+
+
+def _plan(root: str, manifest: dict | None, ref: TableRef, optim: bool) -> _Plan:
+    folder = os.path.join(root, ref.collection)
+    if manifest is None:
+        if not os.path.isdir(folder):
+            raise CheckpointError(
+                f"{ref.label}: {root} is not a dynamicemb checkpoint (no manifest) and has no "
+                f"folder {ref.collection!r}"
+            )
+        meta = _legacy_meta(folder, ref)
+    else:
+        colls = manifest["collections"]
+        if ref.collection not in colls:
+            raise CheckpointError(
+                f"{ref.label}: the checkpoint at {root} has no collection {ref.collection!r} "
+                f"(it has {sorted(colls)})"
+            )
+        if ref.name not in colls[ref.collection]:
+            raise CheckpointError(
+                f"{ref.label}: the checkpoint at {root} has no table {ref.name!r} in "
+                f"{ref.collection!r} (it has {sorted(colls[ref.collection])})"
+            )
+        info = FileInfo.from_json(colls[ref.collection][ref.name])
+        data = files.read_small(folder, info, meta_file(ref.name), ref.label)
+        meta = TableMeta.decode(data, os.path.join(folder, meta_file(ref.name)))
+    with_state = check_meta(meta, ref, optim)
     for shard in meta.shards:
         for kind in _kinds(meta):
             dtype, ncols = _columns(meta, kind)
@@ -390,6 +401,41 @@ def _sets_step(plan: _Plan) -> bool:
     return plan.optim or DynamicEmbScoreStrategy.STEP in module.strategies
 
 
+def apply_all(plans: list[_Plan], received: list[dict[str, torch.Tensor]], group: Group):
+    """Step 3: every plan's rows into its table, on every rank or on none.
+    Returns (stored, dropped) per plan."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    modules = {id(p.ref.module): p.ref.module for p in plans}
+    snapshots, results, error = {}, [], None
+    try:
+        for key, module in modules.items():
+            snapshots[key] = module.checkpoint_snapshot()
+        failures_col = int(enums.CounterCol.INSERT_FAILURES)
+        failures = {k: m.table.counters[:, failures_col].clone() for k, m in modules.items()}
+        for p, rows in zip(plans, received):
+            row_bytes = 8 + (p.ref.dim + p.meta.optim_state_dim) * 4
+            results.append(_apply(p, rows, chunk_rows(row_bytes)))
+        steps = defaultdict(list)
+        for p in plans:
+            if _sets_step(p):
+                steps[id(p.ref.module)].append(p.meta.step)
+        for key, module in modules.items():
+            module.table.counters[:, failures_col] = failures[key]
+            if steps[key]:
+                module.step = max(steps[key])
+    except BaseException as e:
+        error = e
+    try:
+        group.agree(error)
+    except BaseException:
+        for key, module in modules.items():
+            if key in snapshots:
+                module.restore_snapshot(snapshots[key])
+        raise
+    return results
+
+
 def load(
     path: str,
     model: torch.nn.Module,
@@ -430,36 +476,7 @@ def load(
     with ThreadPoolExecutor(IO_THREADS) as pool:
         received = [_read(p, group, pool, progress) for p in plans]
     # 3. apply, all or nothing
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    modules = {id(p.ref.module): p.ref.module for p in plans}
-    snapshots, results, error = {}, [], None
-    try:
-        for key, module in modules.items():
-            snapshots[key] = module.checkpoint_snapshot()
-        failures_col = int(enums.CounterCol.INSERT_FAILURES)
-        failures = {k: m.table.counters[:, failures_col].clone() for k, m in modules.items()}
-        for p, rows in zip(plans, received):
-            row_bytes = 8 + (p.ref.dim + p.meta.optim_state_dim) * 4
-            results.append(_apply(p, rows, chunk_rows(row_bytes)))
-        steps = defaultdict(list)
-        for p in plans:
-            if _sets_step(p):
-                steps[id(p.ref.module)].append(p.meta.step)
-        for key, module in modules.items():
-            module.table.counters[:, failures_col] = failures[key]
-            if steps[key]:
-                module.step = max(steps[key])
-    except BaseException as e:
-        error = e
-    try:
-        group.agree(error)
-    except BaseException:
-        for key, module in modules.items():
-            if key in snapshots:
-                module.restore_snapshot(snapshots[key])
-        raise
-    del snapshots
+    results = apply_all(plans, received, group)
     seconds = progress.close()
     totals = group.all_reduce([v for r in results for v in r] + [mine])
     report = LoadReport(os.path.abspath(path), nbytes=totals[-1], seconds=seconds)

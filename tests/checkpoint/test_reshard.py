@@ -239,3 +239,16 @@ def test_load_at_another_world_size_and_dist_type(dumped, world):
                 swept = _with_dist_type(case, d)
                 key = f"{case.name}@{d}"
                 _check_loaded(swept, want, [r[key] for r in results], world, f"{key}@{world}")
+
+
+@pytest.mark.multigpu
+def test_nccl_dump_at_two_gpus_load_at_one(tmp_path):
+    """The same on GPUs: two NCCL ranks train and dump, one GPU loads."""
+    root = str(tmp_path)
+    per_rank = h.run_world(_dump_world, 2, cases(), root, device_type="cuda")
+    results = h.run_world(_load_world, 1, cases(), root, device_type="cuda")
+    for case in cases():
+        want = c.merge([r[case.name]["dumped"] for r in per_rank])
+        again = c.merge([r[case.name]["reloaded"] for r in per_rank])
+        c.assert_same_tables(again, want, what=f"{case.name} reloaded on 2 GPUs")
+        _check_loaded(case, want, [r[case.name] for r in results], 1, f"{case.name}@1 GPU")

@@ -204,8 +204,20 @@ def raw_read(tables, folder, device) -> list:
     return out
 
 
+def load_into_fresh(args, device: torch.device, ckpt: str, stored: int) -> float:
+    """Seconds of a load into a new model of the same shape (checked full)."""
+    from dynamicemb.checkpoint import load
+    from dynamicemb.shard import dynamic_embedding_kernels
+
+    fresh = build(args, device)
+    seconds = timed(lambda: load(ckpt, fresh, optim=True, show_progress=args.progress), device)
+    loaded = sum(int(k.emb_module.table.size().sum()) for k in dynamic_embedding_kernels(fresh))
+    assert loaded == stored, (loaded, stored)
+    return seconds
+
+
 def run(args) -> None:
-    from dynamicemb.checkpoint import dump, load
+    from dynamicemb.checkpoint import dump
 
     device = torch.device(args.device)
     root = tempfile.mkdtemp(prefix="checkpoint_bench_", dir=args.dir)
@@ -217,14 +229,7 @@ def run(args) -> None:
 
         report = dump(ckpt, model, optim=True, show_progress=args.progress)
         nbytes = report.nbytes
-        fresh = build(args, device)
-        t_load = timed(lambda: load(ckpt, fresh, optim=True, show_progress=args.progress), device)
-        loaded = sum(
-            int(k.emb_module.table.size().sum())
-            for k in __import__("dynamicemb.shard", fromlist=["x"]).dynamic_embedding_kernels(fresh)
-        )
-        assert loaded == stored, (loaded, stored)
-        del fresh
+        t_load = load_into_fresh(args, device, ckpt, stored)
         shutil.rmtree(ckpt)
         rows.append(("dynamicemb dump / load (checksums, fsync)", report.seconds, t_load))
 
