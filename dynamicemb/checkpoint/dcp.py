@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 
 from dynamicemb.checkpoint.comm import Group
-from dynamicemb.checkpoint.dump import check_world
+from dynamicemb.checkpoint.dump import check_world, table_meta
 from dynamicemb.checkpoint.layout import (
     KEYS,
     OPT_VALUES,
@@ -42,7 +42,7 @@ from dynamicemb.checkpoint.layout import (
     TableMeta,
 )
 from dynamicemb.checkpoint.load import _pack, _Plan, _unpack, apply_all, check_meta
-from dynamicemb.checkpoint.model import TableRef, dynamic_tables, optimizer_name, select
+from dynamicemb.checkpoint.model import TableRef, dynamic_tables, select
 from dynamicemb.shard.routing import route_keys
 
 # Virtual shards per table: fixed, so that names do not depend on the world.
@@ -50,23 +50,7 @@ NUM_SHARDS = 64
 
 
 def _meta(ref: TableRef, optim: bool) -> TableMeta:
-    module, t = ref.module, ref.index
-    sd = module.state_dim(t) if optim else 0
-    cols = module.checkpoint_score_columns()
-    return TableMeta(
-        table_name=ref.name,
-        embedding_dtype=module.value_dtype,
-        embedding_dim=ref.dim,
-        optim_state_dtype=module.value_dtype if sd else None,
-        optim_state_dim=sd,
-        optimizer=optimizer_name(module) if module.training_state else None,
-        score_strategy=[] if cols is None else [s.name for s in module.strategies],
-        step=int(module.step),
-        dist_type=ref.dist_type,
-        num_embeddings=ref.num_embeddings,
-        world_size=0,
-        shards=[],
-    )
+    return table_meta(ref, optim, world=0, shards=[])
 
 
 def _rows(ref: TableRef, meta: TableMeta) -> dict[str, torch.Tensor]:

@@ -102,7 +102,8 @@ def _write_table(
     return Shard(rank=rank, rows=rows, files=infos)
 
 
-def _table_meta(ref: TableRef, optim: bool, world: int, shards: list[Shard]) -> TableMeta:
+def table_meta(ref: TableRef, optim: bool, world: int, shards: list[Shard]) -> TableMeta:
+    """A table's meta JSON (``world`` 0 and no shards: DCP's, see dcp.py)."""
     module, t = ref.module, ref.index
     sd = module.state_dim(t) if optim else 0
     cols = module.checkpoint_score_columns()
@@ -180,7 +181,7 @@ def dump(
                         folder, ref, optim, group.rank, group.world_size, pool, progress
                     )
             for folder in {ref.collection for ref in refs}:
-                files.fsync_dir(os.path.join(tmp, folder))
+                files.fsync_path(os.path.join(tmp, folder))
         except BaseException as e:
             error = e
         group.agree(error)
@@ -190,13 +191,13 @@ def dump(
                 collections: dict[str, dict[str, dict]] = {}
                 for ref in refs:
                     key = (ref.collection, ref.name)
-                    meta = _table_meta(ref, optim, group.world_size, [g[key] for g in gathered])
+                    meta = table_meta(ref, optim, group.world_size, [g[key] for g in gathered])
                     info = files.write_small(
                         os.path.join(tmp, ref.collection), meta_file(ref.name), meta.encode()
                     )
                     collections.setdefault(ref.collection, {})[ref.name] = info.to_json()
                 for folder in collections:
-                    files.fsync_dir(os.path.join(tmp, folder))
+                    files.fsync_path(os.path.join(tmp, folder))
                 body = {
                     "format": FORMAT_NAME,
                     "version": FORMAT_VERSION,

@@ -38,7 +38,8 @@ def new_token() -> str:
     return f"{time.time_ns()}-{uuid.uuid4().hex[:8]}"
 
 
-def fsync_dir(path: str) -> None:
+def fsync_path(path: str) -> None:
+    """fsync of a file or folder by name."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -195,7 +196,7 @@ def prepare_target(path: str) -> None:
             folder = None
         if folder is not None:
             os.rename(folder, path)  # a crash left the newest complete one beside it
-            fsync_dir(os.path.dirname(path))
+            fsync_path(os.path.dirname(path))
     for folder in _siblings(path, TMP_TAG) + _siblings(path, OLD_TAG):
         shutil.rmtree(folder, ignore_errors=True)
 
@@ -216,23 +217,23 @@ def write_manifest(tmp: str, body: dict[str, Any]) -> None:
         f.write(encode_manifest(body))
         f.flush()
         os.fsync(f.fileno())
-    fsync_dir(tmp)
+    fsync_path(tmp)
 
 
 def publish(tmp: str, path: str) -> None:
     """Puts the finished folder ``tmp`` at ``path`` (see the module docstring)."""
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
-    fsync_dir(parent)  # the tmp folder's own entry
+    fsync_path(parent)  # the tmp folder's own entry
     if os.path.lexists(path):
         old = path + OLD_TAG + new_token()
         os.rename(path, old)
         os.rename(tmp, path)
-        fsync_dir(parent)
+        fsync_path(parent)
         shutil.rmtree(old, ignore_errors=True)
     else:
         os.rename(tmp, path)
-        fsync_dir(parent)
+        fsync_path(parent)
 
 
 def write_small(folder: str, name: str, data: bytes) -> FileInfo:

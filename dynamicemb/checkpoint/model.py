@@ -3,7 +3,6 @@ selection of DynamicEmbDump / DynamicEmbLoad."""
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -146,7 +145,3 @@ def select(
 
 def optimizer_name(module: BatchedDynamicEmbeddingTablesV2) -> str:
     return str(module.optimizer.optimizer.name)
-
-
-def jsonable(value: Any) -> Any:
-    return value if isinstance(value, (int, float, str, bool, type(None))) else repr(value)

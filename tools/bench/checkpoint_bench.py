@@ -149,14 +149,6 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def fsync_file(name: str) -> None:
-    fd = os.open(name, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def timed(fn, device) -> float:
     sync(device)
     start = time.perf_counter()
@@ -166,11 +158,13 @@ def timed(fn, device) -> float:
 
 
 def torch_save(tables, folder, fsync: bool) -> None:
+    from dynamicemb.checkpoint.files import fsync_path
+
     for i, t in enumerate(tables):
         name = os.path.join(folder, f"t{i}.pt")
         torch.save(t, name)
         if fsync:
-            fsync_file(name)
+            fsync_path(name)
 
 
 def torch_load(folder, n, device) -> list:
