@@ -7,9 +7,10 @@
 
 #include "cc/embedding/initializer.h"
 #include "cc/embedding/optimizer.h"
-#include "cc/ops/storage_ops.h"
+#include "cc/ops/storage_args.h"
 #include "cc/storage/row_space.h"
-#include "cc/table/table_common.h"
+#include "cc/table/hash.h"
+#include "cc/table/table_ref.h"
 #include "cc/table/types.h"
 
 namespace {
@@ -94,7 +95,7 @@ at::Tensor hash_keys(const at::Tensor& keys) {
   const int64_t* src = k.data_ptr<int64_t>();
   int64_t* dst = out.data_ptr<int64_t>();
   for (int64_t i = 0; i < k.numel(); ++i) {
-    dst[i] = static_cast<int64_t>(tb::mix64(static_cast<uint64_t>(src[i])));
+    dst[i] = static_cast<int64_t>(tb::bucket_hash(static_cast<uint64_t>(src[i])));
   }
   return out;
 }
@@ -105,7 +106,8 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "dynamicemb native extension: scored hash table ops (torch.ops.dynamicemb.*)";
   m.def("table_constants", &table_constants,
         "Enumerations and layout constants of the scored hash table (cc/table/types.h).");
-  m.def("hash_keys", &hash_keys, "mix64(key) for each key, as int64 bit patterns.");
+  m.def("hash_keys", &hash_keys,
+        "bucket_hash(key) (murmur3 fmix64) of each key, as int64 bit patterns.");
 #ifdef DEMB_WITH_CUDA
   m.def("host_mapped_empty", &dyn_emb::ops::host_mapped_empty,
         "(host, device) uint8 views of nbytes of pinned host memory mapped into a CUDA "

@@ -1,7 +1,7 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 //
 // CUDA side of the storage tiers: the copy_rows kernel (schema in
-// storage_ops.cpp) and host memory the device reads and writes directly.
+// schemas.cpp) and host memory the device reads and writes directly.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -11,7 +11,7 @@
 #include <memory>
 #include <tuple>
 
-#include "cc/ops/storage_ops.h"
+#include "cc/ops/storage_args.h"
 #include "cc/storage/copy_rows_cuda.h"
 
 namespace dyn_emb {

@@ -26,7 +26,7 @@ struct CopyArgs {
 };
 
 /// Whether entry i is copied.
-DEMB_ST_HD bool copies(const CopyArgs& a, int64_t i) {
+DEMB_HD bool copies(const CopyArgs& a, int64_t i) {
   return a.dst_offsets[i] >= 0 && a.src_offsets[i] >= 0;
 }
 

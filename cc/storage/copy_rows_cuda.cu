@@ -1,7 +1,5 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
-#include <stdexcept>
-#include <string>
-
+#include "cc/common/cuda_launch.cuh"
 #include "cc/storage/copy_rows_cuda.h"
 
 namespace dyn_emb {
@@ -10,11 +8,9 @@ namespace cuda {
 
 namespace {
 
-constexpr int kWarp = 32;
-constexpr int kBlock = 256;
-
+// A warp per row, 4-byte words (offsets and byte counts are multiples of 4).
 __global__ void copy_rows_kernel(CopyArgs a) {
-  const int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kWarp;
+  const int64_t i = global_thread() / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (i >= a.n || !copies(a, i)) return;
   const uint32_t* src = reinterpret_cast<const uint32_t*>(a.src.at(a.src_offsets[i]));
@@ -27,13 +23,8 @@ __global__ void copy_rows_kernel(CopyArgs a) {
 
 void copy_rows(const CopyArgs& a, cudaStream_t stream) {
   if (a.n == 0) return;
-  const int64_t threads = a.n * kWarp;
-  copy_rows_kernel<<<static_cast<unsigned>((threads + kBlock - 1) / kBlock), kBlock, 0, stream>>>(
-      a);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) {
-    throw std::runtime_error(std::string("dynamicemb copy_rows (CUDA): ") + cudaGetErrorString(e));
-  }
+  copy_rows_kernel<<<grid_for(a.n * kWarp), kBlock, 0, stream>>>(a);
+  check_launch("copy_rows");
 }
 
 }  // namespace cuda

@@ -28,11 +28,7 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__CUDACC__)
-#define DEMB_ST_HD __host__ __device__ __forceinline__
-#else
-#define DEMB_ST_HD inline
-#endif
+#include "cc/common/host_device.h"
 
 namespace dyn_emb {
 namespace storage {
@@ -52,7 +48,7 @@ struct BFloat16 {
   uint16_t bits;
 };
 
-DEMB_ST_HD uint32_t float_bits(float f) {
+DEMB_HD uint32_t float_bits(float f) {
 #if defined(__CUDA_ARCH__)
   return __float_as_uint(f);
 #else
@@ -62,7 +58,7 @@ DEMB_ST_HD uint32_t float_bits(float f) {
 #endif
 }
 
-DEMB_ST_HD float bits_float(uint32_t u) {
+DEMB_HD float bits_float(uint32_t u) {
 #if defined(__CUDA_ARCH__)
   return __uint_as_float(u);
 #else
@@ -72,9 +68,9 @@ DEMB_ST_HD float bits_float(uint32_t u) {
 #endif
 }
 
-DEMB_ST_HD float to_float(float x) { return x; }
+DEMB_HD float to_float(float x) { return x; }
 
-DEMB_ST_HD float to_float(Half h) {
+DEMB_HD float to_float(Half h) {
   const uint32_t sign = static_cast<uint32_t>(h.bits & 0x8000u) << 16;
   const uint32_t exp = (h.bits >> 10) & 0x1fu;
   const uint32_t mant = h.bits & 0x3ffu;
@@ -87,19 +83,19 @@ DEMB_ST_HD float to_float(Half h) {
   return bits_float(sign | ((exp + (127 - 15)) << 23) | (mant << 13));
 }
 
-DEMB_ST_HD float to_float(BFloat16 b) { return bits_float(static_cast<uint32_t>(b.bits) << 16); }
+DEMB_HD float to_float(BFloat16 b) { return bits_float(static_cast<uint32_t>(b.bits) << 16); }
 
 template <class T>
-DEMB_ST_HD T from_float(float x);
+DEMB_HD T from_float(float x);
 
 template <>
-DEMB_ST_HD float from_float<float>(float x) {
+DEMB_HD float from_float<float>(float x) {
   return x;
 }
 
 /// Round to nearest even; overflow gives infinity, NaN stays a (quiet) NaN.
 template <>
-DEMB_ST_HD Half from_float<Half>(float x) {
+DEMB_HD Half from_float<Half>(float x) {
   uint32_t u = float_bits(x);
   const uint16_t sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
   u &= 0x7fffffffu;
@@ -122,14 +118,14 @@ DEMB_ST_HD Half from_float<Half>(float x) {
 
 /// Round to nearest even; NaN stays a (quiet) NaN.
 template <>
-DEMB_ST_HD BFloat16 from_float<BFloat16>(float x) {
+DEMB_HD BFloat16 from_float<BFloat16>(float x) {
   const uint32_t u = float_bits(x);
   if ((u & 0x7fffffffu) > 0x7f800000u) return BFloat16{static_cast<uint16_t>((u >> 16) | 0x40u)};
   return BFloat16{static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16)};
 }
 
 /// Byte offset of the optimizer state in a row: the embedding padded to 4 bytes.
-DEMB_ST_HD int64_t state_offset(int64_t dim, int64_t element_size) {
+DEMB_HD int64_t state_offset(int64_t dim, int64_t element_size) {
   return (dim * element_size + 3) / 4 * 4;
 }
 
@@ -140,12 +136,12 @@ struct RowSpace {
   uint8_t* seg1 = nullptr;
   int64_t size1 = 0;  ///< bytes of seg1
 
-  DEMB_ST_HD uint8_t* at(int64_t offset) const {
+  DEMB_HD uint8_t* at(int64_t offset) const {
     return offset < size0 ? seg0 + offset : seg1 + (offset - size0);
   }
-  DEMB_ST_HD int64_t size() const { return size0 + size1; }
+  DEMB_HD int64_t size() const { return size0 + size1; }
   /// Whether `bytes` bytes at `offset` lie inside one segment.
-  DEMB_ST_HD bool holds(int64_t offset, int64_t bytes) const {
+  DEMB_HD bool holds(int64_t offset, int64_t bytes) const {
     if (offset < 0 || bytes < 0) return false;
     if (offset < size0) return offset + bytes <= size0;
     return offset - size0 + bytes <= size1;
@@ -154,13 +150,13 @@ struct RowSpace {
 
 /// The embedding of the row at `offset` (4-byte aligned), as T.
 template <class T>
-DEMB_ST_HD T* embedding_at(const RowSpace& s, int64_t offset) {
+DEMB_HD T* embedding_at(const RowSpace& s, int64_t offset) {
   return reinterpret_cast<T*>(s.at(offset));
 }
 
 /// The optimizer state of the row at `offset` whose embedding has `dim` T's.
 template <class T>
-DEMB_ST_HD float* state_at(const RowSpace& s, int64_t offset, int64_t dim) {
+DEMB_HD float* state_at(const RowSpace& s, int64_t offset, int64_t dim) {
   return reinterpret_cast<float*>(s.at(offset) + state_offset(dim, sizeof(T)));
 }
 

@@ -30,6 +30,7 @@ from typing import Any
 import torch
 
 from dynamicemb.dynamicemb_config import (
+    OPTIMIZER_STATE_DTYPE,
     DynamicEmbCheckMode,
     DynamicEmbPoolingMode,
     DynamicEmbScoreStrategy,
@@ -37,7 +38,7 @@ from dynamicemb.dynamicemb_config import (
 )
 from dynamicemb.embedding.initializer import init_rows
 from dynamicemb.embedding.optimizer import RowOptimizer
-from dynamicemb.embedding.score_function import VictimScorer
+from dynamicemb.embedding.score_function import VictimScorer, table_score_columns
 from dynamicemb.embedding.unique import segmented_unique
 from dynamicemb.storage import (
     BatchScore,
@@ -77,7 +78,7 @@ class _Lookup(torch.autograd.Function):
 
 @dataclass
 class _Batch:
-    """One batch's lookup structure (cc/embedding/lookup.h): the row space
+    """One batch's lookup structure (cc/embedding/pooling.h): the row space
     and the distinct keys' rows (byte offsets into it), occurrences grouped by
     distinct key, bags and output layout."""
 
@@ -537,9 +538,19 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         """dtype the embeddings are stored at (the optimizer state is float32)."""
         return self.embedding_dtype
 
+    @property
+    def optim_state_dtype(self) -> torch.dtype:
+        """dtype the optimizer state is stored (and checkpointed) at: float32."""
+        return OPTIMIZER_STATE_DTYPE
+
     def state_dim(self, table: int) -> int:
         """Optimizer-state elements of one row of ``table`` (0 in eval mode)."""
         return self.layout.state_dims[table]
+
+    def checkpoint_score_columns(self) -> list[int] | None:
+        """For each score column in ``score_strategy`` tuple order, the table
+        score word holding it; None under NO_EVICTION (whose word is a row)."""
+        return None if self.no_eviction else table_score_columns(self.strategies)
 
     def export_rows(self, table: int, chunk: int) -> Iterator[ExportedRows]:
         """The stored keys of ``table`` and their rows, ``chunk`` keys or fewer
@@ -568,6 +579,16 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
     def reserve_rows(self, table: int, incoming: int) -> None:
         """Expands ``table`` for ``incoming`` more keys, as a training insert would."""
         self.storage.reserve_rows(table, incoming)
+
+    def checkpoint_snapshot(self) -> dict[str, Any]:
+        """A copy of everything a load may change, for ``restore_snapshot``
+        (the storage's tables and rows, rows in host memory; the step)."""
+        return {"storage": self.storage.snapshot(), "step": self.step}
+
+    def restore_snapshot(self, snapshot: dict[str, Any]) -> None:
+        """Puts back the state ``checkpoint_snapshot`` copied."""
+        self.storage.restore(snapshot["storage"])
+        self.step = snapshot["step"]
 
 
 class _ModuleRowInit(RowInit):

@@ -125,7 +125,7 @@ class RowOptimizer:
         """Reduces each distinct key's gradient from ``grad_out`` (the lookup's
         output gradient) and updates its row in place; ``space`` is the row
         space's two segments, ``batch`` the lookup's structure
-        (cc/embedding/lookup.h: rows are byte offsets into the space),
+        (cc/embedding/pooling.h: rows are byte offsets into the space),
         ``element_type`` the embeddings' native ElementType. ``step`` is
         1-based."""
         b = batch

@@ -183,6 +183,16 @@ class TableStorage(abc.ABC):
         """Expands ``table``'s last tier for ``incoming`` more keys, as a
         training insert would."""
 
+    @abc.abstractmethod
+    def snapshot(self):
+        """A copy of everything ``import_rows``, ``clear_tables`` and
+        ``reserve_rows`` may change (rows copied to host memory), for
+        ``restore``; an external storage's own rows are not part of it."""
+
+    @abc.abstractmethod
+    def restore(self, snapshot) -> None:
+        """Puts back the state ``snapshot`` copied."""
+
     # ---------------------------------------------------------- accounting --
 
     @abc.abstractmethod

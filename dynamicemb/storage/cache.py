@@ -84,7 +84,9 @@ class CachedStorage(TableStorage):
         self._held = None  # (keys, tids, slots) the last training batch holds in the cache
         self._last_score = BatchScore(0, None)
         self._prefetch_event = None
+        # Keys staged outside the cache, and keys prefetch brought into it.
         self.overflows = torch.zeros((), dtype=torch.int64, device=device)
+        self.prefetched = torch.zeros((), dtype=torch.int64, device=device)
 
     # ---------------------------------------------------------- streams --
 
@@ -328,6 +330,7 @@ class CachedStorage(TableStorage):
             .nonzero()
             .squeeze(1)
         )
+        self.prefetched += placed.numel()
         if placed.numel():
             cache.write(
                 slots[placed],
@@ -408,6 +411,20 @@ class CachedStorage(TableStorage):
 
     def reserve_rows(self, table: int, incoming: int) -> None:
         self.backing.reserve_rows(table, incoming)
+
+    def snapshot(self) -> dict:
+        self._join_prefetch()
+        return {
+            "cache": None if self.cache is None else self.cache.snapshot(),
+            "backing": self.backing.snapshot(),
+            "held": self._held,
+        }
+
+    def restore(self, snapshot: dict) -> None:
+        if self.cache is not None:
+            self.cache.restore(snapshot["cache"])
+        self.backing.restore(snapshot["backing"])
+        self._held = snapshot["held"]
 
     # ---------------------------------------------------------- accounting --
 

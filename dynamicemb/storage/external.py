@@ -230,6 +230,13 @@ class ExternalBacking:
     def reserve_rows(self, table: int, incoming: int) -> None:
         """The storage sizes itself."""
 
+    def snapshot(self) -> None:
+        """The storage's own rows are not copied (see TableStorage.snapshot)."""
+        return None
+
+    def restore(self, snapshot) -> None:
+        """Nothing was copied."""
+
     # ---------------------------------------------------------- accounting --
 
     def footprint(self) -> Footprint:

@@ -31,7 +31,7 @@ from dynamicemb.dynamicemb_config import (
 from dynamicemb.storage import space as sp
 from dynamicemb.storage.base import ExportedRows, Footprint, RowInit, TableStorage
 from dynamicemb.storage.layout import RowLayout
-from dynamicemb.storage.scores import BatchScore, batch_policies
+from dynamicemb.storage.scores import BatchScore, batch_policies, table_score_columns
 from dynamicemb.table import ScoredHashTable, enums
 from dynamicemb.types import MemoryType
 
@@ -531,12 +531,7 @@ class HashTableStorage(TableStorage):
     def score_columns(self) -> list[int] | None:
         """For each score column in ``score_strategy`` tuple order, the table
         word holding it; None under NO_EVICTION."""
-        if self.no_eviction:
-            return None
-        if len(self.strategies) == 2:
-            # The table keeps (frequency, timestamp) whatever the tuple order.
-            return [1, 0] if self.strategies[0] == S.TIMESTAMP else [0, 1]
-        return [0]
+        return None if self.no_eviction else table_score_columns(self.strategies)
 
     def export_rows(self, table: int, chunk: int) -> Iterator[ExportedRows]:
         lo, hi = self.table.slot_range(table)
@@ -589,6 +584,40 @@ class HashTableStorage(TableStorage):
         counts = [0] * self.table.num_tables
         counts[table] = int(incoming)
         self.reserve(counts)
+
+    def snapshot(self) -> dict:
+        t = self.table
+        holds_keys = bool((t.size() > 0).any())
+        segs = (self.rows_space.seg0, self.rows_space.seg1)
+        return {
+            "table": {
+                k: v.clone()
+                if isinstance(v, torch.Tensor)
+                else list(v)
+                if isinstance(v, list)
+                else v
+                for k, v in t._state().items()
+            },
+            "max_caps": list(t._max_caps),
+            "placement": self.placement,
+            "rows_space": self.rows_space,
+            "slot_offsets": self._slot_offsets,
+            # Rows mean nothing in an empty table.
+            "rows": [s.data.to("cpu", copy=True) for s in segs] if holds_keys else None,
+            "evicted": list(self._evicted),
+            "dropped": self.dropped.clone(),
+        }
+
+    def restore(self, snapshot: dict) -> None:
+        self.table._restore(snapshot["table"])
+        self.table._max_caps = snapshot["max_caps"]
+        self.placement, self.rows_space = snapshot["placement"], snapshot["rows_space"]
+        self._slot_offsets = snapshot["slot_offsets"]
+        if snapshot["rows"] is not None:
+            for seg, saved in zip((self.rows_space.seg0, self.rows_space.seg1), snapshot["rows"]):
+                seg.data.copy_(saved)
+        self._evicted = snapshot["evicted"]
+        self.dropped = snapshot["dropped"]
 
     # ---------------------------------------------------------- accounting --
 

@@ -31,6 +31,16 @@ class BatchScore:
     custom: int | None = None
 
 
+def table_score_columns(strategies: Sequence[DynamicEmbScoreStrategy]) -> list[int]:
+    """For each score column in the user's tuple order, the table's score
+    word holding it: the compound (TIMESTAMP, LFU) is stored as (frequency,
+    timestamp) whatever the order the user wrote."""
+    strategies = tuple(strategies)
+    if len(strategies) == 2:
+        return [1, 0] if strategies[0] == S.TIMESTAMP else [0, 1]
+    return [0]
+
+
 def cache_strategies(strategies: tuple) -> tuple:
     """The strategies a device cache ranks its keys by: the table's, except
     that NO_EVICTION (whose score word is a row) caches by STEP."""

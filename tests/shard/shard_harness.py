@@ -180,6 +180,8 @@ class TableSpec:
     pooling: str = "SUM"  # EmbeddingBagCollection only: SUM or MEAN
     static_sharding: str = "row_wise"  # static tables: row_wise or table_wise
     initializer: str = "debug"  # dynamic tables: debug or uniform
+    # dynamic tables: more DynamicEmbTableOptions fields (storage tiers, dtype)
+    options: dict = dataclasses.field(default_factory=dict)
 
     @property
     def feature(self) -> str:
@@ -320,6 +322,7 @@ def table_options(spec: TableSpec, world_size: int):
         bucket_capacity=128,
         initializer_args=initializer_args(spec),
         dist_type=spec.dist_type,
+        **spec.options,
     )
 
 

@@ -1,0 +1,107 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+//
+// The two fused passes of an embedding bag step, the ops embedding_pool and
+// embedding_update, defined once for the CPU backend and the CUDA kernels:
+//
+//   forward   out[bag] = sum over the bag's occurrences j of w_j * row(rows[inverse[j]])
+//             (occ_row, occ_weight)
+//             written straight into TorchRec's output layout;
+//   backward  g_u = sum over the occurrences j of distinct key u of w_j * grad_out[bag(j)]
+//             (occ_grad_row),
+//             then the optimizer's update of u's row (optimizer.h), with no
+//             per-key gradient tensor in between.
+//
+// Bags and layout. A batch of F features and B samples has F * B bags, feature
+// by feature; bag b is sample b % B of feature f = b / B. Its output is the
+// slice [cols[f], cols[f] + dims[f]) of row b % B of `out` (B x out_width):
+// the features side by side, as TBE and TorchRec lay them out. Sequence
+// lookups (pooling NONE) are the case F = 1, B = number of occurrences, one
+// occurrence per bag. MEAN pooling is SUM with w_j = 1 / bag length.
+//
+// Rows. rows[u] is the byte offset of distinct key u's row in the row space
+// (cc/storage/row_space.h: two segments, e.g. device and host memory), or -1
+// when it has none (an insert that failed): its embedding reads as zeros and
+// it is not updated. A row is dims[f] elements of T (the table's element
+// type), then the optimizer state in float32 (optimizer.h). Both passes are
+// templates over T; pooled outputs and gradients are float32.
+#pragma once
+
+#include <cstdint>
+
+#include "cc/common/host_device.h"
+#include "cc/embedding/optimizer.h"
+#include "cc/storage/row_space.h"
+
+namespace dyn_emb {
+namespace embedding {
+
+/// The batch's bag structure and output layout, shared by both passes.
+struct BagLayout {
+  const int64_t* cols = nullptr;  ///< (F) first output column of feature f
+  const int64_t* dims = nullptr;  ///< (F) embedding dim of feature f
+  int64_t batch = 1;              ///< B, samples per feature
+  int64_t out_width = 0;          ///< columns of `out` / `grad_out`
+};
+
+/// Where bag b's output starts, and its dim.
+struct BagSlot {
+  int64_t offset;  ///< into out / grad_out
+  int64_t dim;
+};
+
+DEMB_HD BagSlot bag_slot(const BagLayout& l, int64_t b) {
+  const int64_t f = b / l.batch;
+  return {(b % l.batch) * l.out_width + l.cols[f], l.dims[f]};
+}
+
+struct PoolArgs {
+  BagLayout layout;
+  storage::RowSpace space;
+  const int64_t* rows = nullptr;         ///< (U) byte offsets, -1: none
+  const int64_t* inverse = nullptr;      ///< (n) distinct key of each occurrence
+  const int64_t* bag_offsets = nullptr;  ///< (F * B + 1) bag b = occurrences [o[b], o[b+1])
+  const float* weights = nullptr;        ///< (n) or null (all 1)
+  float* out = nullptr;                  ///< (B, out_width)
+};
+
+/// The embedding occurrence j reads, or nullptr when its key has none.
+template <class T>
+DEMB_HD const T* occ_row(const PoolArgs& a, int64_t j) {
+  const int64_t r = a.rows[a.inverse[j]];
+  return r < 0 ? nullptr : storage::embedding_at<T>(a.space, r);
+}
+
+DEMB_HD float occ_weight(const float* weights, int64_t j) { return weights ? weights[j] : 1.f; }
+
+struct UpdateArgs {
+  BagLayout layout;
+  OptimArgs optim;
+  storage::RowSpace space;               ///< rows updated in place
+  const float* grad_out = nullptr;       ///< (B, out_width)
+  const int64_t* rows = nullptr;         ///< (U) byte offsets, -1: none
+  const int64_t* occ_offsets = nullptr;  ///< (U + 1) key u's occurrences are
+  const int64_t* occ_order = nullptr;    ///< occ_order[occ_offsets[u] .. occ_offsets[u+1])
+  const int64_t* occ_bag = nullptr;      ///< (n) bag of each occurrence
+  const float* weights = nullptr;        ///< (n) or null
+};
+
+/// The output-gradient slice of the occurrence at grouped position i (a key's
+/// occurrences are positions occ_offsets[u] .. occ_offsets[u + 1]), and its
+/// weight in *w. A key's gradient is the weighted sum of these slices over its
+/// occurrences, in this order.
+DEMB_HD const float* occ_grad_row(const UpdateArgs& a, int64_t i, float* w) {
+  const int64_t j = a.occ_order[i];
+  *w = occ_weight(a.weights, j);
+  return a.grad_out + bag_slot(a.layout, a.occ_bag[j]).offset;
+}
+
+/// The dim of distinct key u: that of the bag of its first occurrence (all
+/// occurrences of a key belong to features of its table, of one dim).
+DEMB_HD int64_t key_dim(const UpdateArgs& a, int64_t u) {
+  const int64_t i = a.occ_offsets[u];
+  if (i == a.occ_offsets[u + 1]) return 0;
+  return bag_slot(a.layout, a.occ_bag[a.occ_order[i]]).dim;
+}
+
+}  // namespace embedding
+}  // namespace dyn_emb

@@ -1,0 +1,42 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "cc/embedding/pooling.h"
+
+namespace dyn_emb {
+namespace embedding {
+namespace cuda {
+
+/// @brief Writes every bag's pooled embedding into a.out (pooling.h); one warp per bag;
+/// rows of element type `type`.
+void pool_forward(const PoolArgs& a, int64_t num_bags, storage::ElementType type,
+                  cudaStream_t stream);
+
+/// Occurrences per chunk of a hot key (one with more than this many).
+constexpr int64_t kHotChunk = 64;
+
+/// Work space of hot keys, prepared by the caller from the occurrence offsets:
+/// a hot key's gradient is summed by one warp per chunk of kHotChunk
+/// occurrences into `buf` (atomically), then applied by one warp per hot key,
+/// so a key seen tens of thousands of times does not hold one warp for them all.
+struct HotKeys {
+  const int64_t* chunk_offsets = nullptr;  ///< (U + 1) exclusive sum of hot keys' chunks
+  const int64_t* hot_incl = nullptr;       ///< (U) inclusive count of hot keys up to u
+  float* buf = nullptr;                    ///< (max_hot, buf_width) zeros
+  int64_t buf_width = 0;
+  int64_t max_chunks = 0;  ///< bound on chunks: n / kHotChunk + max_hot
+  int64_t max_hot = 0;     ///< bound on hot keys: n / (kHotChunk + 1)
+};
+
+/// @brief Reduces each distinct key's gradient and updates its row in place;
+/// one warp per key, hot keys split into chunks (HotKeys).
+void update_backward(const UpdateArgs& a, const HotKeys& h, int64_t num_keys,
+                     storage::ElementType type, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace embedding
+}  // namespace dyn_emb

@@ -1,0 +1,278 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+//
+// Argument checks and packing of the embedding ops (init_rows,
+// optimizer_step, embedding_pool, embedding_update), shared by their CPU and
+// CUDA kernels. Shapes, dtypes and devices are checked on every backend;
+// index values only on the CPU, whose kernels would otherwise read out of
+// bounds (the module builds them).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+
+#include "cc/embedding/initializer.h"
+#include "cc/embedding/optimizer.h"
+#include "cc/embedding/pooling.h"
+#include "cc/ops/storage_args.h"
+#include "cc/ops/tensor_checks.h"
+
+namespace dyn_emb {
+namespace ops {
+
+/// Checks init_rows' arguments and packs its parameters.
+inline embedding::InitArgs init_args(const at::Tensor& keys, const at::Tensor& table_ids,
+                                     int64_t dim, int64_t mode, double mean, double std_dev,
+                                     double lower, double upper, double value, int64_t seed) {
+  check_1d(keys, at::kLong, "keys");
+  check_1d(table_ids, at::kLong, "table_ids");
+  TORCH_CHECK_VALUE(keys.numel() == table_ids.numel(),
+                    "dynamicemb: keys and table_ids lengths differ: ", keys.numel(), " vs ",
+                    table_ids.numel());
+  TORCH_CHECK(keys.device() == table_ids.device(),
+              "dynamicemb: keys and table_ids must share a device, got ", keys.device(), " and ",
+              table_ids.device());
+  TORCH_CHECK_VALUE(dim >= 0, "dynamicemb: dim must be non-negative, got ", dim);
+  TORCH_CHECK_VALUE(mode >= 0 && mode < embedding::kNumInitModes, "dynamicemb: initializer mode ",
+                    mode, " is not one of 0..", embedding::kNumInitModes - 1);
+  TORCH_CHECK_VALUE(std_dev >= 0, "dynamicemb: std_dev must be non-negative, got ", std_dev);
+  TORCH_CHECK_VALUE(lower <= upper, "dynamicemb: lower bound ", lower, " is above upper bound ",
+                    upper);
+  embedding::InitArgs a;
+  a.mode = static_cast<int32_t>(mode);
+  a.mean = mean;
+  a.std_dev = std_dev;
+  a.lower = lower;
+  a.upper = upper;
+  a.value = value;
+  a.seed = static_cast<uint64_t>(seed);
+  return a;
+}
+
+/// Checks an optimizer's type and hyper-parameters and packs them.
+inline embedding::OptimArgs optim_params(int64_t type, double lr, double eps, double beta1,
+                                         double beta2, double weight_decay, int64_t wd_mode,
+                                         int64_t step, double lr_power, double ftrl_beta, double l1,
+                                         double l2) {
+  TORCH_CHECK_VALUE(type >= 0 && type < embedding::kNumOptimTypes, "dynamicemb: optimizer type ",
+                    type, " is not one of 0..", embedding::kNumOptimTypes - 1);
+  TORCH_CHECK_VALUE(wd_mode >= 0 && wd_mode <= 2, "dynamicemb: weight decay mode ", wd_mode,
+                    " is not 0 (none), 1 (L2) or 2 (decoupled)");
+  TORCH_CHECK_VALUE(step >= 1, "dynamicemb: step must be at least 1, got ", step);
+  if (type == static_cast<int64_t>(embedding::OptimType::kFTRL)) {
+    TORCH_CHECK_VALUE(lr > 0, "dynamicemb: FTRL learning_rate must be positive, got ", lr);
+    TORCH_CHECK_VALUE(lr_power <= 0, "dynamicemb: FTRL learning_rate_power must be <= 0, got ",
+                      lr_power);
+  }
+  embedding::OptimArgs a;
+  a.type = static_cast<int32_t>(type);
+  a.lr = static_cast<float>(lr);
+  a.eps = static_cast<float>(eps);
+  a.beta1 = static_cast<float>(beta1);
+  a.beta2 = static_cast<float>(beta2);
+  a.weight_decay = static_cast<float>(weight_decay);
+  a.wd_mode = static_cast<int32_t>(wd_mode);
+  a.step = step;
+  a.lr_power = static_cast<float>(lr_power);
+  a.ftrl_beta = static_cast<float>(ftrl_beta);
+  a.l1 = static_cast<float>(l1);
+  a.l2 = static_cast<float>(l2);
+  return a;
+}
+
+/// Checks optimizer_step's arguments and packs its hyper-parameters.
+inline embedding::OptimArgs optim_args(const at::Tensor& values, const at::Tensor& rows,
+                                       const at::Tensor& grads, int64_t type, double lr, double eps,
+                                       double beta1, double beta2, double weight_decay,
+                                       int64_t wd_mode, int64_t step, double lr_power,
+                                       double ftrl_beta, double l1, double l2) {
+  TORCH_CHECK_TYPE(values.scalar_type() == at::kFloat && grads.scalar_type() == at::kFloat,
+                   "dynamicemb: values and grads must be float32, got ", values.scalar_type(),
+                   " and ", grads.scalar_type());
+  TORCH_CHECK_VALUE(
+      values.dim() == 2 && values.is_contiguous() && grads.dim() == 2 && grads.is_contiguous(),
+      "dynamicemb: values and grads must be contiguous 2-D tensors, got shapes ", values.sizes(),
+      " and ", grads.sizes());
+  check_1d(rows, at::kLong, "rows");
+  TORCH_CHECK_VALUE(rows.numel() == grads.size(0), "dynamicemb: ", rows.numel(), " rows but ",
+                    grads.size(0), " gradients");
+  TORCH_CHECK(values.device() == rows.device() && values.device() == grads.device(),
+              "dynamicemb: values, rows and grads must share a device");
+  embedding::OptimArgs a = optim_params(type, lr, eps, beta1, beta2, weight_decay, wd_mode, step,
+                                        lr_power, ftrl_beta, l1, l2);
+  const int64_t dim = grads.size(1);
+  const int64_t need = dim + embedding::state_dim(static_cast<int32_t>(type), dim);
+  TORCH_CHECK_VALUE(values.size(1) >= need, "dynamicemb: rows of ", values.size(1),
+                    " floats cannot hold dim ", dim, " plus the optimizer state (", need,
+                    " floats)");
+  return a;
+}
+
+/// Checks the layout tensors and returns it; num_bags = F * batch.
+inline embedding::BagLayout bag_layout(const at::Tensor& cols, const at::Tensor& dims,
+                                       int64_t batch, int64_t out_width, int64_t num_bags) {
+  check_1d(cols, at::kLong, "cols");
+  check_1d(dims, at::kLong, "dims");
+  TORCH_CHECK_VALUE(cols.numel() == dims.numel() && cols.numel() > 0,
+                    "dynamicemb: cols and dims must name the same features, got ", cols.numel(),
+                    " and ", dims.numel());
+  TORCH_CHECK_VALUE(batch >= 0, "dynamicemb: batch must not be negative, got ", batch);
+  TORCH_CHECK_VALUE(num_bags == cols.numel() * batch, "dynamicemb: ", num_bags,
+                    " bags are not features (", cols.numel(), ") x batch (", batch, ")");
+  if (cols.device().is_cpu()) {
+    const int64_t* c = cols.data_ptr<int64_t>();
+    const int64_t* d = dims.data_ptr<int64_t>();
+    for (int64_t f = 0; f < cols.numel(); ++f) {
+      TORCH_CHECK_VALUE(d[f] >= 0 && c[f] >= 0 && c[f] + d[f] <= out_width, "dynamicemb: feature ",
+                        f, " (columns ", c[f], " + dim ", d[f], ") does not fit outputs of ",
+                        out_width);
+    }
+  }
+  embedding::BagLayout l;
+  l.cols = cols.data_ptr<int64_t>();
+  l.dims = dims.data_ptr<int64_t>();
+  l.batch = batch;
+  l.out_width = out_width;
+  return l;
+}
+
+inline const float* opt_weights(const c10::optional<at::Tensor>& weights, int64_t n) {
+  if (!weights.has_value()) return nullptr;
+  TORCH_CHECK_TYPE(weights->scalar_type() == at::kFloat,
+                   "dynamicemb: weights must be float32, got ", weights->scalar_type());
+  TORCH_CHECK_VALUE(weights->dim() == 1 && weights->numel() == n && weights->is_contiguous(),
+                    "dynamicemb: weights must be 1-D with one entry per occurrence (", n,
+                    "), got shape ", weights->sizes());
+  return weights->data_ptr<float>();
+}
+
+/// CPU only: offsets start at 0, never decrease and end at n.
+inline void check_offsets(const at::Tensor& off, int64_t n, const char* name) {
+  if (!off.device().is_cpu()) return;
+  const int64_t* p = off.data_ptr<int64_t>();
+  const int64_t m = off.numel();
+  TORCH_CHECK_VALUE(p[0] == 0 && p[m - 1] == n, "dynamicemb: ", name, " must run from 0 to ", n,
+                    ", got ", p[0], " to ", p[m - 1]);
+  for (int64_t i = 1; i < m; ++i) {
+    TORCH_CHECK_VALUE(p[i] >= p[i - 1], "dynamicemb: ", name, " decreases at ", i, ": ", p[i - 1],
+                      " then ", p[i]);
+  }
+}
+
+inline embedding::PoolArgs pool_args(const at::Tensor& seg0, const at::Tensor& seg1,
+                                     const at::Tensor& rows, const at::Tensor& inverse,
+                                     const at::Tensor& bag_offsets,
+                                     const c10::optional<at::Tensor>& weights,
+                                     const at::Tensor& cols, const at::Tensor& dims, int64_t batch,
+                                     int64_t out_width, storage::ElementType type,
+                                     at::Tensor& out) {
+  check_1d(rows, at::kLong, "rows");
+  check_1d(inverse, at::kLong, "inverse");
+  check_1d(bag_offsets, at::kLong, "bag_offsets");
+  TORCH_CHECK_VALUE(bag_offsets.numel() >= 1, "dynamicemb: bag_offsets must not be empty");
+  const int64_t n = inverse.numel();
+  embedding::PoolArgs a;
+  a.layout = bag_layout(cols, dims, batch, out_width, bag_offsets.numel() - 1);
+  a.weights = opt_weights(weights, n);
+  check_offsets(bag_offsets, n, "bag_offsets");
+  check_index_range(inverse, 0, rows.numel(), "inverse entry");
+  a.space = row_space(seg0, seg1, "values");
+  a.rows = rows.data_ptr<int64_t>();
+  if (rows.device().is_cpu()) {
+    // Each occurrence's row holds its feature's embedding.
+    const int64_t* bo = bag_offsets.data_ptr<int64_t>();
+    const int64_t* inv = inverse.data_ptr<int64_t>();
+    for (int64_t b = 0; b + 1 < bag_offsets.numel(); ++b) {
+      const int64_t dim = embedding::bag_slot(a.layout, b).dim;
+      for (int64_t j = bo[b]; j < bo[b + 1]; ++j) {
+        check_row_offset(a.space, a.rows[inv[j]], dim * element_size(type), inv[j], "row");
+      }
+    }
+  }
+  a.inverse = inverse.data_ptr<int64_t>();
+  a.bag_offsets = bag_offsets.data_ptr<int64_t>();
+  a.out = out.data_ptr<float>();
+  return a;
+}
+
+inline embedding::UpdateArgs update_args(
+    at::Tensor& seg0, at::Tensor& seg1, const at::Tensor& grad_out, const at::Tensor& rows,
+    const at::Tensor& occ_offsets, const at::Tensor& occ_order, const at::Tensor& occ_bag,
+    const c10::optional<at::Tensor>& weights, const at::Tensor& cols, const at::Tensor& dims,
+    int64_t batch, storage::ElementType type, const embedding::OptimArgs& optim) {
+  TORCH_CHECK_TYPE(grad_out.scalar_type() == at::kFloat,
+                   "dynamicemb: grad_out must be float32, got ", grad_out.scalar_type());
+  TORCH_CHECK_VALUE(grad_out.dim() == 2 && grad_out.is_contiguous() && grad_out.size(0) == batch,
+                    "dynamicemb: grad_out must be a contiguous (", batch, ", width) tensor, got ",
+                    grad_out.sizes());
+  check_1d(rows, at::kLong, "rows");
+  check_1d(occ_offsets, at::kLong, "occ_offsets");
+  check_1d(occ_order, at::kLong, "occ_order");
+  check_1d(occ_bag, at::kLong, "occ_bag");
+  const int64_t n = occ_order.numel();
+  TORCH_CHECK_VALUE(occ_offsets.numel() == rows.numel() + 1 && occ_bag.numel() == n,
+                    "dynamicemb: occ_offsets (", occ_offsets.numel(), ") must have rows + 1 (",
+                    rows.numel() + 1, ") entries and occ_bag (", occ_bag.numel(),
+                    ") one per occurrence (", n, ")");
+  embedding::UpdateArgs a;
+  a.layout = bag_layout(cols, dims, batch, grad_out.size(1), cols.numel() * batch);
+  a.weights = opt_weights(weights, n);
+  check_offsets(occ_offsets, n, "occ_offsets");
+  check_index_range(occ_order, 0, n, "occurrence");
+  check_index_range(occ_bag, 0, cols.numel() * batch, "bag");
+  a.optim = optim;
+  a.space = row_space(seg0, seg1, "values");
+  a.grad_out = grad_out.data_ptr<float>();
+  a.rows = rows.data_ptr<int64_t>();
+  a.occ_offsets = occ_offsets.data_ptr<int64_t>();
+  a.occ_order = occ_order.data_ptr<int64_t>();
+  a.occ_bag = occ_bag.data_ptr<int64_t>();
+  if (rows.device().is_cpu()) {
+    // Each key's row holds its embedding and the optimizer state.
+    for (int64_t u = 0; u < rows.numel(); ++u) {
+      const int64_t dim = embedding::key_dim(a, u);
+      const int64_t bytes = storage::state_offset(dim, element_size(type)) +
+                            4 * embedding::state_dim(optim.type, dim);
+      check_row_offset(a.space, a.rows[u], bytes, u, "row");
+    }
+  }
+  return a;
+}
+
+/// embedding_pool on one backend: checks, allocates the output, then
+/// run(args, num_bags) computes it.
+template <class Run>
+at::Tensor pool_with(const at::Tensor& seg0, const at::Tensor& seg1, const at::Tensor& rows,
+                     const at::Tensor& inverse, const at::Tensor& bag_offsets,
+                     const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
+                     const at::Tensor& dims, int64_t batch, int64_t out_width, int64_t type,
+                     const Run& run) {
+  TORCH_CHECK_VALUE(out_width >= 0, "dynamicemb: out_width must not be negative, got ", out_width);
+  check_same_device(rows, {&seg0, &seg1, &inverse, &bag_offsets, &cols, &dims});
+  if (weights.has_value()) check_same_device(rows, {&*weights});
+  const storage::ElementType et = element_type(type);
+  at::Tensor out = at::empty({batch, out_width}, rows.options().dtype(at::kFloat));
+  run(pool_args(seg0, seg1, rows, inverse, bag_offsets, weights, cols, dims, batch, out_width, et,
+                out),
+      bag_offsets.numel() - 1, et);
+  return out;
+}
+
+/// embedding_update on one backend: checks and packs, then run(args) updates.
+template <class Run>
+void update_with(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor& grad_out,
+                 const at::Tensor& rows, const at::Tensor& occ_offsets, const at::Tensor& occ_order,
+                 const at::Tensor& occ_bag, const c10::optional<at::Tensor>& weights,
+                 const at::Tensor& cols, const at::Tensor& dims, int64_t batch, int64_t type,
+                 const embedding::OptimArgs& optim, const Run& run) {
+  check_same_device(rows,
+                    {&seg0, &seg1, &grad_out, &occ_offsets, &occ_order, &occ_bag, &cols, &dims});
+  if (weights.has_value()) check_same_device(rows, {&*weights});
+  const storage::ElementType et = element_type(type);
+  run(update_args(seg0, seg1, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols, dims,
+                  batch, et, optim),
+      et);
+}
+
+}  // namespace ops
+}  // namespace dyn_emb

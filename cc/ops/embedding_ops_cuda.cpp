@@ -1,0 +1,115 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+//
+// CUDA kernels of the embedding ops: init_rows, optimizer_step, embedding_pool
+// and embedding_update (schemas in schemas.cpp).
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <torch/library.h>
+
+#include <vector>
+
+#include "cc/embedding/initializer_cuda.h"
+#include "cc/embedding/optimizer_cuda.h"
+#include "cc/embedding/pooling_cuda.h"
+#include "cc/ops/embedding_args.h"
+
+namespace dyn_emb {
+namespace ops {
+namespace {
+
+/// Work space of the update's hot keys (more than kHotChunk occurrences),
+/// summed chunk by chunk: see pooling_cuda.h. The tensors in `keep` hold it.
+embedding::cuda::HotKeys hot_keys(const at::Tensor& grad_out, const at::Tensor& occ_offsets,
+                                  int64_t num_keys, int64_t n, std::vector<at::Tensor>& keep) {
+  constexpr int64_t K = embedding::cuda::kHotChunk;
+  embedding::cuda::HotKeys h;
+  h.max_hot = num_keys > 0 ? n / (K + 1) : 0;
+  if (h.max_hot == 0) return h;
+  const at::Tensor counts = occ_offsets.slice(0, 1) - occ_offsets.slice(0, 0, num_keys);
+  const at::Tensor hot = (counts > K).to(at::kLong);
+  at::Tensor chunk_offsets = at::zeros({num_keys + 1}, occ_offsets.options());
+  chunk_offsets.slice(0, 1).copy_(at::cumsum(hot * at::floor_divide(counts + (K - 1), K), 0));
+  keep = {chunk_offsets, at::cumsum(hot, 0),
+          at::zeros({h.max_hot, grad_out.size(1)}, grad_out.options())};
+  h.chunk_offsets = keep[0].data_ptr<int64_t>();
+  h.hot_incl = keep[1].data_ptr<int64_t>();
+  h.buf = keep[2].data_ptr<float>();
+  h.buf_width = grad_out.size(1);
+  h.max_chunks = n / K + h.max_hot;
+  return h;
+}
+
+at::Tensor embedding_pool_cuda(const at::Tensor& seg0, const at::Tensor& seg1,
+                               const at::Tensor& rows, const at::Tensor& inverse,
+                               const at::Tensor& bag_offsets,
+                               const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
+                               const at::Tensor& dims, int64_t batch, int64_t out_width,
+                               int64_t element_type) {
+  const c10::cuda::CUDAGuard guard(rows.device());
+  return pool_with(
+      seg0, seg1, rows, inverse, bag_offsets, weights, cols, dims, batch, out_width, element_type,
+      [](const embedding::PoolArgs& a, int64_t num_bags, storage::ElementType et) {
+        embedding::cuda::pool_forward(a, num_bags, et, c10::cuda::getCurrentCUDAStream().stream());
+      });
+}
+
+void embedding_update_cuda(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor& grad_out,
+                           const at::Tensor& rows, const at::Tensor& occ_offsets,
+                           const at::Tensor& occ_order, const at::Tensor& occ_bag,
+                           const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
+                           const at::Tensor& dims, int64_t batch, int64_t element_type,
+                           int64_t type, double lr, double eps, double beta1, double beta2,
+                           double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
+                           double ftrl_beta, double l1, double l2) {
+  const c10::cuda::CUDAGuard guard(rows.device());
+  update_with(seg0, seg1, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols, dims,
+              batch, element_type,
+              optim_params(type, lr, eps, beta1, beta2, weight_decay, wd_mode, step, lr_power,
+                           ftrl_beta, l1, l2),
+              [&](const embedding::UpdateArgs& a, storage::ElementType et) {
+                std::vector<at::Tensor> keep;
+                const embedding::cuda::HotKeys h =
+                    hot_keys(grad_out, occ_offsets, rows.numel(), occ_order.numel(), keep);
+                embedding::cuda::update_backward(a, h, rows.numel(), et,
+                                                 c10::cuda::getCurrentCUDAStream().stream());
+              });
+}
+
+at::Tensor init_rows_cuda(const at::Tensor& keys, const at::Tensor& table_ids, int64_t dim,
+                          int64_t mode, double mean, double std_dev, double lower, double upper,
+                          double value, int64_t seed) {
+  const embedding::InitArgs a =
+      init_args(keys, table_ids, dim, mode, mean, std_dev, lower, upper, value, seed);
+  c10::cuda::CUDAGuard guard(keys.device());
+  at::Tensor out = at::empty({keys.numel(), dim}, keys.options().dtype(at::kFloat));
+  embedding::cuda::init_rows(a, keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(),
+                             keys.numel(), dim, out.data_ptr<float>(),
+                             c10::cuda::getCurrentCUDAStream().stream());
+  return out;
+}
+
+void optimizer_step_cuda(at::Tensor& values, const at::Tensor& rows, const at::Tensor& grads,
+                         int64_t type, double lr, double eps, double beta1, double beta2,
+                         double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
+                         double ftrl_beta, double l1, double l2) {
+  const embedding::OptimArgs a =
+      optim_args(values, rows, grads, type, lr, eps, beta1, beta2, weight_decay, wd_mode, step,
+                 lr_power, ftrl_beta, l1, l2);
+  c10::cuda::CUDAGuard guard(values.device());
+  embedding::cuda::optimizer_step(a, values.data_ptr<float>(), values.size(0), values.size(1),
+                                  rows.data_ptr<int64_t>(), grads.data_ptr<float>(), rows.numel(),
+                                  grads.size(1), c10::cuda::getCurrentCUDAStream().stream());
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
+  m.impl("embedding_pool", &embedding_pool_cuda);
+  m.impl("embedding_update", &embedding_update_cuda);
+  m.impl("init_rows", &init_rows_cuda);
+  m.impl("optimizer_step", &optimizer_step_cuda);
+}
+
+}  // namespace ops
+}  // namespace dyn_emb

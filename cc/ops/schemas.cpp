@@ -1,0 +1,171 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+//
+// Schemas of every dynamicemb op, defined once. Backends register their kernels
+// per component: table_ops_{cpu,cuda}.cpp, embedding_ops_{cpu,cuda}.cpp,
+// routing_ops_{cpu,cuda}.cpp, and ops_meta.cpp for the Meta (fake) kernels.
+// The table layout and the meaning of `info`, `counters`, policies and
+// statuses are documented in cc/table/ (layout.h, scores.h, operations.h,
+// rows.h) and cc/table/types.h.
+#include <torch/library.h>
+
+TORCH_LIBRARY(dynamicemb, m) {
+  // Looks up keys.
+  // Args:
+  //   keys, table_ids: (n) int64, the key and the logical table of each entry.
+  //   table_keys, digests, scores, info: the table state (scores is mutated
+  //     when `update` is set: the policies are applied to resident keys).
+  //   policies: one ScorePolicy per score column; score_values: (1 or n,
+  //     num_scores) int64 values they use.
+  // Result:
+  //   (n) int64 slots, -1 where the key is absent (or invalid).
+  m.def(
+      "table_find(Tensor keys, Tensor table_ids, Tensor table_keys, Tensor digests, "
+      "Tensor(a!) scores, Tensor info, int[] policies, Tensor score_values, bool update) -> "
+      "Tensor");
+
+  // table_find fused with the copy of each found key's value row.
+  // Args: as table_find, and values: (num_rows, dim) contiguous, indexed by
+  //   slot (by score word 0 under NO_EVICTION).
+  // Result:
+  //   slots (n) int64 (-1 where absent), rows (n, dim) of values' dtype, zeros
+  //   where absent.
+  m.def(
+      "table_find_gather(Tensor keys, Tensor table_ids, Tensor table_keys, Tensor digests, "
+      "Tensor(a!) scores, Tensor info, int[] policies, Tensor score_values, bool update, "
+      "Tensor values) -> (Tensor, Tensor)");
+
+  // insert (op 0), insert_and_evict (op 1) or erase (op 2), processed as if one
+  // key after another in batch order (see cc/table/operations.h).
+  // Args:
+  //   counters: (num_tables, kCounterCols) int64, updated on the device.
+  //   free_rows: NO_EVICTION free-row stacks (may be empty when no table is).
+  //   assign_rows: NO_EVICTION tables take score_values column 0 as the row.
+  //   total_buckets: buckets of all tables (sort key bound).
+  //   has_rows: some table is NO_EVICTION.
+  //   victim_scores: optional (num_slots) float64 on the table's device: a
+  //     custom eviction score per slot ranking insert_and_evict's victims
+  //     before the score words (lowest first, NaN first). Only the slots of
+  //     the buckets the batch touches are read (see table_home_starts).
+  // Result:
+  //   slots (n) int64, status (n) int8 InsertStatus (erase: 0 removed, 3 absent),
+  //   evicted keys (n), scores (n, num_scores), slots (n), table ids (n), the
+  //   first num_evicted[0] entries valid, in (bucket, index) order.
+  m.def(
+      "table_run(Tensor keys, Tensor table_ids, Tensor(a!) table_keys, Tensor(b!) digests, "
+      "Tensor(c!) scores, Tensor info, Tensor(d!) counters, Tensor(e!) free_rows, int[] policies, "
+      "Tensor score_values, int op, bool assign_rows, int total_buckets, bool has_rows, "
+      "Tensor? victim_scores=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+
+  // First slot of each entry's home bucket (its bucket spans the table's
+  // bucket capacity from there), -1 for a reserved key or a table id out of
+  // range: the slots an insert of these keys may evict from.
+  // Result: (n) int64.
+  m.def(
+      "table_home_starts(Tensor keys, Tensor table_ids, Tensor table_keys, Tensor info) -> Tensor");
+
+  // One reading of the clock the TIMER score policy uses (the host's
+  // monotonic nanosecond clock on the CPU, the device's global timer on
+  // CUDA), as a (1) int64 tensor on `like`'s device, in stream order.
+  m.def("table_timer(Tensor like) -> Tensor");
+
+  // Occupied slots in [slot_begin, slot_end) whose score word `score_column` is
+  // at least `threshold`, in slot order.
+  // Result:
+  //   keys, slots, table ids (range) int64, scores (range, num_scores) int64,
+  //   count (1) int64; the first count entries are valid.
+  m.def(
+      "table_export(Tensor table_keys, Tensor scores, Tensor info, int slot_begin, int slot_end, "
+      "int score_column, int threshold) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+
+  // Rows of a value buffer by index: out[i] = values[rows[i]], zeros where
+  // rows[i] is -1 (a key that is absent or failed). The copy the lookup path
+  // makes after table_find.
+  // Args:
+  //   values: (num_rows, dim) contiguous, any dtype; rows: (n) int64.
+  // Result:
+  //   (n, dim) tensor of values' dtype.
+  m.def("gather_rows(Tensor values, Tensor rows) -> Tensor");
+
+  // Initial rows of keys (cc/embedding/initializer.h): the same key, table
+  // and seed give the same row on every backend and in any batch.
+  // Args:
+  //   keys, table_ids: (n) int64; dim: row width; mode: InitMode; mean,
+  //   std_dev, lower, upper, value: the initializer's parameters; seed.
+  // Result:
+  //   (n, dim) float32.
+  m.def(
+      "init_rows(Tensor keys, Tensor table_ids, int dim, int mode, float mean, float std_dev, "
+      "float lower, float upper, float value, int seed) -> Tensor");
+
+  // Fused optimizer update of embedding rows stored with their state
+  // (cc/embedding/optimizer.h).
+  // Args:
+  //   values: (num_rows, width) float32, updated in place; rows: (n) int64,
+  //   distinct, -1 to skip; grads: (n, dim) float32 reduced gradients; type:
+  //   OptimType; the hyper-parameters; step: 1-based iteration (Adam).
+  m.def(
+      "optimizer_step(Tensor(a!) values, Tensor rows, Tensor grads, int type, float lr, float eps, "
+      "float beta1, float beta2, float weight_decay, int wd_mode, int step, float lr_power, "
+      "float ftrl_beta, float l1, float l2) -> ()");
+
+  // Occupied slots of each table, counted from the keys: (num_tables) int64.
+  m.def("table_count(Tensor table_keys, Tensor info) -> Tensor");
+
+  // Row-wise routing of raw keys to the ranks of a sharded table
+  // (cc/routing/routing.h): ranks[i] = route_key(keys[i], dist_types[f],
+  // blocks[f], world_size) with f = feature_ids[i].
+  // Args:
+  //   keys, feature_ids: (n) int64; dist_types, blocks: (num_features) int64
+  //   (DistType values; the continuous block size, ignored by the other
+  //   types); world_size > 0.
+  // Result:
+  //   (n) int64 ranks in [0, world_size).
+  m.def(
+      "route_keys(Tensor keys, Tensor feature_ids, Tensor dist_types, Tensor blocks, "
+      "int world_size) -> Tensor");
+
+  // Every bag's (weighted) sum of its rows, written into TorchRec's output
+  // layout (cc/embedding/pooling.h).
+  // Args:
+  //   seg0, seg1: the row space's two segments (cc/storage/row_space.h; any
+  //   contiguous tensors, read as bytes); rows: (U) int64 byte offset of each
+  //   distinct key's row, -1 for none; inverse: (n) distinct key of each
+  //   occurrence; bag_offsets: (F * batch + 1); weights: (n) float32 or None;
+  //   cols, dims: (F) first output column and dim of each feature;
+  //   element_type: the embeddings' storage::ElementType (0 float32, 1
+  //   float16, 2 bfloat16).
+  // Result:
+  //   (batch, out_width) float32.
+  m.def(
+      "embedding_pool(Tensor seg0, Tensor seg1, Tensor rows, Tensor inverse, Tensor bag_offsets, "
+      "Tensor? weights, Tensor cols, Tensor dims, int batch, int out_width, int element_type) -> "
+      "Tensor");
+
+  // embedding_pool's backward: reduces each distinct key's gradient from
+  // grad_out and updates its row in place with the optimizer, in float32
+  // (cc/embedding/pooling.h, optimizer.h).
+  // Args:
+  //   seg0, seg1: the row space, updated in place; grad_out: (batch,
+  //   out_width); rows: (U) byte offsets; occ_offsets (U + 1), occ_order (n):
+  //   each key's occurrences; occ_bag (n): the bag of each occurrence;
+  //   weights, cols, dims, element_type as embedding_pool; the optimizer's
+  //   type and hyper-parameters as optimizer_step.
+  m.def(
+      "embedding_update(Tensor(a!) seg0, Tensor(b!) seg1, Tensor grad_out, Tensor rows, "
+      "Tensor occ_offsets, Tensor occ_order, Tensor occ_bag, Tensor? weights, Tensor cols, "
+      "Tensor dims, int batch, int element_type, int type, float lr, float eps, float beta1, "
+      "float beta2, float weight_decay, int wd_mode, int step, float lr_power, float ftrl_beta, "
+      "float l1, float l2) -> ()");
+
+  // Row moves of the storage tiers (cc/storage/copy_rows.h): for each i with
+  // both offsets >= 0, bytes[i] bytes from the row space (src0, src1) at
+  // src_offsets[i] to the row space (dst0, dst1) at dst_offsets[i].
+  // Args:
+  //   segments: contiguous tensors read as bytes, on one device (a segment
+  //   may be host memory mapped into a CUDA device's address space);
+  //   offsets and byte counts: (n) int64, multiples of 4; source and
+  //   destination rows must not overlap.
+  m.def(
+      "copy_rows(Tensor(a!) dst0, Tensor(b!) dst1, Tensor dst_offsets, Tensor src0, Tensor src1, "
+      "Tensor src_offsets, Tensor bytes) -> ()");
+}

@@ -1,0 +1,244 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+//
+// Argument checks of the table ops (caller errors, named with the bad value)
+// and the tensor -> TableRef plumbing, shared by their CPU, CUDA and Meta
+// kernels.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <optional>
+#include <tuple>
+#include <utility>
+
+#include "cc/ops/tensor_checks.h"
+#include "cc/table/layout.h"
+#include "cc/table/table_ref.h"
+#include "cc/table/types.h"
+
+namespace dyn_emb {
+namespace ops {
+
+using table::kCounterCols;
+using table::kInfoCols;
+using table::kMaxScores;
+
+inline void check_info(const at::Tensor& info) {
+  TORCH_CHECK(info.scalar_type() == at::kLong && info.dim() == 2 && info.size(1) == kInfoCols &&
+                  info.is_contiguous(),
+              "dynamicemb: info must be a contiguous int64 (num_tables, ", kInfoCols,
+              ") tensor, got ", info.scalar_type(), " ", info.sizes());
+  TORCH_CHECK_VALUE(info.size(0) >= 1, "dynamicemb: info describes no table");
+}
+
+/// Checks the table state tensors against each other.
+inline void check_state(const at::Tensor& keys, const at::Tensor& digests, const at::Tensor& scores,
+                        const at::Tensor& info) {
+  check_1d(keys, at::kLong, "table_keys");
+  check_1d(digests, at::kByte, "digests");
+  TORCH_CHECK(scores.scalar_type() == at::kLong && scores.dim() == 2 && scores.is_contiguous(),
+              "dynamicemb: scores must be a contiguous int64 (slots, num_scores) tensor, got ",
+              scores.scalar_type(), " ", scores.sizes());
+  TORCH_CHECK(scores.size(1) >= 1 && scores.size(1) <= kMaxScores,
+              "dynamicemb: num_scores must be 1..", kMaxScores, ", got ", scores.size(1));
+  TORCH_CHECK(digests.numel() == keys.numel() && scores.size(0) == keys.numel(),
+              "dynamicemb: table_keys, digests and scores disagree on the slot count: ",
+              keys.numel(), ", ", digests.numel(), ", ", scores.size(0));
+  check_info(info);
+  for (const at::Tensor* t : {&digests, &scores, &info}) {
+    TORCH_CHECK(t->device() == keys.device(), "dynamicemb: table tensors must share a device, got ",
+                keys.device(), " and ", t->device());
+  }
+}
+
+/// Checks a batch of keys and table ids, and that it lives with the table.
+inline void check_batch(const at::Tensor& keys, const at::Tensor& table_ids,
+                        const at::Tensor& table_keys) {
+  check_1d(keys, at::kLong, "keys");
+  check_1d(table_ids, at::kLong, "table_ids");
+  TORCH_CHECK_VALUE(keys.numel() == table_ids.numel(),
+                    "dynamicemb: keys and table_ids lengths differ: ", keys.numel(), " vs ",
+                    table_ids.numel());
+  TORCH_CHECK(keys.device() == table_keys.device() && table_ids.device() == table_keys.device(),
+              "dynamicemb: keys and table_ids must be on the table's device ", table_keys.device(),
+              ", got ", keys.device(), " and ", table_ids.device());
+}
+
+/// Checks the score policies and their values; returns num_scores.
+inline void check_scores(at::IntArrayRef policies, const at::Tensor& values, int64_t n,
+                         int64_t num_scores, const at::Tensor& table_keys) {
+  TORCH_CHECK_VALUE(static_cast<int64_t>(policies.size()) == num_scores,
+                    "dynamicemb: expected one score policy per score column (", num_scores,
+                    "), got ", policies.size());
+  for (size_t c = 0; c < policies.size(); ++c) {
+    TORCH_CHECK_VALUE(policies[c] >= 0 && policies[c] < table::kNumScorePolicies,
+                      "dynamicemb: score policy ", policies[c], " of column ", c,
+                      " is not one of 0..", table::kNumScorePolicies - 1);
+  }
+  TORCH_CHECK_TYPE(values.scalar_type() == at::kLong,
+                   "dynamicemb: score_values must be int64, got ", values.scalar_type());
+  TORCH_CHECK_VALUE(values.dim() == 2 && values.size(1) == num_scores && values.is_contiguous(),
+                    "dynamicemb: score_values must be a contiguous int64 (1 or n, ", num_scores,
+                    ") tensor, got ", values.scalar_type(), " ", values.sizes());
+  TORCH_CHECK_VALUE(values.size(0) == 1 || values.size(0) == n,
+                    "dynamicemb: score_values must have 1 or ", n, " rows, got ", values.size(0));
+  TORCH_CHECK(values.device() == table_keys.device(),
+              "dynamicemb: score_values must be on the table's device ", table_keys.device(),
+              ", got ", values.device());
+}
+
+inline table::ScoreArgs score_args(at::IntArrayRef policies, const at::Tensor& values, int64_t n) {
+  table::ScoreArgs a;
+  for (size_t c = 0; c < policies.size(); ++c) a.policy[c] = static_cast<int32_t>(policies[c]);
+  a.values = values.data_ptr<int64_t>();
+  a.value_row_stride = (values.size(0) == 1 && n != 1) ? 0 : values.size(1);
+  return a;
+}
+
+inline table::TableRef table_ref(const at::Tensor& keys, const at::Tensor& digests,
+                                 const at::Tensor& scores, const at::Tensor& info,
+                                 const at::Tensor* counters, const at::Tensor* free_rows) {
+  table::TableRef t;
+  t.keys = keys.data_ptr<int64_t>();
+  t.digests = digests.data_ptr<uint8_t>();
+  t.scores = scores.data_ptr<int64_t>();
+  t.info = info.data_ptr<int64_t>();
+  t.counters = counters ? counters->data_ptr<int64_t>() : nullptr;
+  t.free_rows = (free_rows && free_rows->numel() > 0) ? free_rows->data_ptr<int64_t>() : nullptr;
+  t.num_scores = static_cast<int32_t>(scores.size(1));
+  t.num_tables = info.size(0);
+  t.num_slots = keys.numel();
+  t.num_free_rows = free_rows ? free_rows->numel() : 0;
+  return t;
+}
+
+/// A read-only view for export and count: keys, info and (optionally) scores.
+inline table::TableRef keys_ref(const at::Tensor& keys, const at::Tensor& info,
+                                const at::Tensor* scores) {
+  table::TableRef t;
+  t.keys = const_cast<int64_t*>(keys.data_ptr<int64_t>());
+  t.info = info.data_ptr<int64_t>();
+  t.num_tables = info.size(0);
+  t.num_slots = keys.numel();
+  if (scores) {
+    t.scores = const_cast<int64_t*>(scores->data_ptr<int64_t>());
+    t.num_scores = static_cast<int32_t>(scores->size(1));
+  }
+  return t;
+}
+
+inline void check_counters(const at::Tensor& counters, const at::Tensor& free_rows,
+                           const at::Tensor& info, const at::Tensor& table_keys) {
+  TORCH_CHECK(counters.scalar_type() == at::kLong && counters.dim() == 2 &&
+                  counters.size(0) == info.size(0) && counters.size(1) == kCounterCols &&
+                  counters.is_contiguous(),
+              "dynamicemb: counters must be a contiguous int64 (", info.size(0), ", ", kCounterCols,
+              ") tensor, got ", counters.scalar_type(), " ", counters.sizes());
+  check_1d(free_rows, at::kLong, "free_rows");
+  TORCH_CHECK(counters.device() == table_keys.device() && free_rows.device() == table_keys.device(),
+              "dynamicemb: counters and free_rows must be on the table's device");
+}
+
+/// Checks run's optional victim scores: (num_slots) float64 on the table's device.
+inline void check_victim_scores(const std::optional<at::Tensor>& v, const at::Tensor& table_keys) {
+  if (!v.has_value()) return;
+  TORCH_CHECK_TYPE(v->scalar_type() == at::kDouble,
+                   "dynamicemb: victim_scores must be float64, got ", v->scalar_type());
+  TORCH_CHECK_VALUE(v->dim() == 1 && v->numel() == table_keys.numel() && v->is_contiguous(),
+                    "dynamicemb: victim_scores must be a contiguous (", table_keys.numel(),
+                    ") tensor, one per slot, got shape ", v->sizes());
+  TORCH_CHECK(v->device() == table_keys.device(),
+              "dynamicemb: victim_scores must be on the table's device ", table_keys.device(),
+              ", got ", v->device());
+}
+
+inline void check_op(int64_t op) {
+  TORCH_CHECK_VALUE(
+      op >= 0 && op <= static_cast<int64_t>(table::RunOp::kErase),
+      "dynamicemb: run op must be 0 (insert), 1 (insert_and_evict) or 2 (erase), got ", op);
+}
+
+/// Outputs of table_run, allocated like `keys`.
+struct RunOutputs {
+  at::Tensor slots, status, ev_keys, ev_scores, ev_slots, ev_tables, num_evicted;
+  std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+  tuple() const {
+    return {slots, status, ev_keys, ev_scores, ev_slots, ev_tables, num_evicted};
+  }
+};
+
+inline RunOutputs alloc_run_outputs(const at::Tensor& keys, int64_t num_scores) {
+  const int64_t n = keys.numel();
+  auto l = keys.options().dtype(at::kLong);
+  return RunOutputs{at::empty({n}, l), at::empty({n}, keys.options().dtype(at::kChar)),
+                    at::empty({n}, l), at::empty({n, num_scores}, l),
+                    at::empty({n}, l), at::empty({n}, l),
+                    at::zeros({1}, l)};
+}
+
+using ExportResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+inline void check_export(const at::Tensor& keys, const at::Tensor& scores, int64_t slot_begin,
+                         int64_t slot_end, int64_t column) {
+  TORCH_CHECK_VALUE(slot_begin >= 0 && slot_begin <= slot_end && slot_end <= keys.numel(),
+                    "dynamicemb: slot range [", slot_begin, ", ", slot_end, ") is not within [0, ",
+                    keys.numel(), "]");
+  TORCH_CHECK_VALUE(column >= 0 && column < scores.size(1), "dynamicemb: score column ", column,
+                    " is not one of 0..", scores.size(1) - 1);
+}
+
+inline ExportResult alloc_export(const at::Tensor& keys, const at::Tensor& scores, int64_t range) {
+  auto l = keys.options().dtype(at::kLong);
+  return {at::empty({range}, l), at::empty({range}, l), at::empty({range}, l),
+          at::empty({range, scores.size(1)}, l), at::zeros({1}, l)};
+}
+
+/// Checks the layout `info` describes (CPU tensors), naming what is wrong.
+/// Returns the total bucket count and whether a table is NO_EVICTION.
+inline std::pair<int64_t, bool> check_layout_cpu(const table::TableRef& t, int64_t free_rows_len) {
+  int64_t total = 0, bad = -1;
+  bool rows = false;
+  const int32_t e = table::check_layout(t, free_rows_len, &total, &rows, &bad);
+  if (e == table::kLayoutOk) return {total, rows};
+  const int64_t* inf = t.info + (bad < 0 ? 0 : bad) * kInfoCols;
+  switch (e) {
+    case table::kLayoutBucketWidth:
+      TORCH_CHECK_VALUE(false, "dynamicemb: info: bucket capacity ",
+                        inf[table::kInfoBucketCapacity], " of table ", bad,
+                        " is not a positive multiple of ", table::kBucketAlignment);
+    case table::kLayoutCapacity:
+      TORCH_CHECK_VALUE(false, "dynamicemb: info: capacity ", inf[table::kInfoCapacity],
+                        " of table ", bad, " is not a positive multiple of its bucket capacity ",
+                        inf[table::kInfoBucketCapacity]);
+    case table::kLayoutSlotOffset:
+      TORCH_CHECK_VALUE(false, "dynamicemb: info: slot offset ", inf[table::kInfoSlotOffset],
+                        " of table ", bad, " does not follow the tables before it");
+    case table::kLayoutBucketOffset:
+      TORCH_CHECK_VALUE(false, "dynamicemb: info: bucket offset ", inf[table::kInfoBucketOffset],
+                        " of table ", bad, " does not follow the tables before it");
+    case table::kLayoutMode:
+      TORCH_CHECK_VALUE(false, "dynamicemb: info: mode ", inf[table::kInfoMode], " of table ", bad,
+                        " is not 0 (evicting) or 1 (NO_EVICTION)");
+    case table::kLayoutRows:
+      TORCH_CHECK_VALUE(false, "dynamicemb: info: NO_EVICTION rows (offset ",
+                        inf[table::kInfoRowOffset], ", capacity ", inf[table::kInfoRowCapacity],
+                        ") of table ", bad, " do not follow the tables before it or do not fit ",
+                        "free_rows of ", free_rows_len, " entries");
+    default:
+      TORCH_CHECK_VALUE(false, "dynamicemb: info: the capacities do not add up to the ",
+                        t.num_slots, " slots of table_keys");
+  }
+  return {0, false};
+}
+
+inline void check_gather(const at::Tensor& values, const at::Tensor& rows) {
+  TORCH_CHECK_VALUE(values.dim() == 2 && values.is_contiguous(),
+                    "dynamicemb: values must be a contiguous 2-D tensor, got shape ",
+                    values.sizes());
+  check_1d(rows, at::kLong, "rows");
+  TORCH_CHECK(rows.device() == values.device(), "dynamicemb: rows must be on the values' device ",
+              values.device(), ", got ", rows.device());
+}
+
+}  // namespace ops
+}  // namespace dyn_emb

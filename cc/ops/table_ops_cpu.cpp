@@ -1,0 +1,230 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+//
+// CPU kernels of the table ops. Every argument, and every key and table id,
+// is checked before the table is touched, so a rejected call changes nothing.
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "cc/ops/table_args.h"
+#include "cc/ops/tensor_checks.h"
+#include "cc/table/hash.h"
+#include "cc/table/table_cpu.h"
+
+namespace dyn_emb {
+namespace ops {
+namespace {
+
+using table::TableMode;
+
+/// Refuses reserved keys and table ids out of range, naming the first one.
+void check_key_values(const at::Tensor& keys, const at::Tensor& table_ids, int64_t num_tables) {
+  const int64_t* k = keys.data_ptr<int64_t>();
+  const int64_t* t = table_ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < keys.numel(); ++i) {
+    TORCH_CHECK_VALUE(!table::is_reserved_key(k[i]), "dynamicemb: key ", k[i], " at index ", i,
+                      " is reserved (keys below ", table::kFirstValidKey, " mark slot states)");
+    TORCH_CHECK_VALUE(t[i] >= 0 && t[i] < num_tables, "dynamicemb: table id ", t[i], " at index ",
+                      i, " is out of range [0, ", num_tables, ")");
+  }
+}
+
+at::Tensor find_cpu(const at::Tensor& keys, const at::Tensor& table_ids,
+                    const at::Tensor& table_keys, const at::Tensor& digests, at::Tensor& scores,
+                    const at::Tensor& info, at::IntArrayRef policies,
+                    const at::Tensor& score_values, bool update) {
+  check_state(table_keys, digests, scores, info);
+  check_batch(keys, table_ids, table_keys);
+  check_cpu(keys);
+  const int64_t n = keys.numel();
+  check_scores(policies, score_values, n, scores.size(1), table_keys);
+  const table::TableRef t = table_ref(table_keys, digests, scores, info, nullptr, nullptr);
+  check_layout_cpu(t, INT64_MAX);
+  check_key_values(keys, table_ids, info.size(0));
+  at::Tensor slots = at::empty({n}, keys.options());
+  table::ScoreArgs a = score_args(policies, score_values, n);
+  a.host_now = table::cpu::host_timer_ns();
+  table::cpu::find(t, a, keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(), n, update,
+                   slots.data_ptr<int64_t>());
+  return slots;
+}
+
+std::tuple<at::Tensor, at::Tensor> find_gather_cpu(
+    const at::Tensor& keys, const at::Tensor& table_ids, const at::Tensor& table_keys,
+    const at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::IntArrayRef policies,
+    const at::Tensor& score_values, bool update, const at::Tensor& values) {
+  TORCH_CHECK_VALUE(values.dim() == 2 && values.is_contiguous(),
+                    "dynamicemb: values must be a contiguous 2-D tensor, got shape ",
+                    values.sizes());
+  check_cpu(values);
+  at::Tensor slots =
+      find_cpu(keys, table_ids, table_keys, digests, scores, info, policies, score_values, update);
+  // Row of each found key: its slot, or score word 0 under NO_EVICTION.
+  at::Tensor rows = slots.clone();
+  const int64_t* inf = info.data_ptr<int64_t>();
+  const int64_t* tid = table_ids.data_ptr<int64_t>();
+  const int64_t* sc = scores.data_ptr<int64_t>();
+  int64_t* r = rows.data_ptr<int64_t>();
+  const int64_t ns = scores.size(1);
+  for (int64_t i = 0; i < rows.numel(); ++i) {
+    if (r[i] < 0) continue;
+    if (inf[tid[i] * kInfoCols + table::kInfoMode] ==
+        static_cast<int64_t>(TableMode::kNoEviction)) {
+      r[i] = sc[r[i] * ns];
+    }
+    TORCH_CHECK_VALUE(r[i] < values.size(0), "dynamicemb: key at index ", i, " has row ", r[i],
+                      ", past the ", values.size(0), " rows of values");
+  }
+  at::Tensor out = at::empty({rows.numel(), values.size(1)}, values.options());
+  table::cpu::gather_rows(static_cast<const uint8_t*>(values.data_ptr()),
+                          values.size(1) * values.element_size(), r, rows.numel(),
+                          static_cast<uint8_t*>(out.data_ptr()));
+  return {slots, out};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
+run_cpu(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_keys,
+        at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::Tensor& counters,
+        at::Tensor& free_rows, at::IntArrayRef policies, const at::Tensor& score_values, int64_t op,
+        bool assign_rows, int64_t total_buckets, bool has_rows,
+        const std::optional<at::Tensor>& victim_scores) {
+  check_state(table_keys, digests, scores, info);
+  check_batch(keys, table_ids, table_keys);
+  check_counters(counters, free_rows, info, table_keys);
+  check_op(op);
+  check_victim_scores(victim_scores, table_keys);
+  check_cpu(keys);
+  const int64_t n = keys.numel();
+  check_scores(policies, score_values, n, scores.size(1), table_keys);
+  {
+    const table::TableRef lt = table_ref(table_keys, digests, scores, info, &counters, &free_rows);
+    const auto [buckets, rows] = check_layout_cpu(lt, free_rows.numel());
+    TORCH_CHECK_VALUE(total_buckets == buckets, "dynamicemb: total_buckets ", total_buckets,
+                      " disagrees with info, which describes ", buckets, " buckets");
+    TORCH_CHECK_VALUE(has_rows || !rows,
+                      "dynamicemb: has_rows is false but info has a NO_EVICTION table");
+  }
+  check_key_values(keys, table_ids, info.size(0));
+  if (assign_rows && op != static_cast<int64_t>(table::RunOp::kErase)) {
+    const int64_t* inf = info.data_ptr<int64_t>();
+    const int64_t* tid = table_ids.data_ptr<int64_t>();
+    const int64_t* v = score_values.data_ptr<int64_t>();
+    const int64_t stride = score_values.size(0) == 1 ? 0 : score_values.size(1);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t* ti = inf + tid[i] * kInfoCols;
+      if (ti[table::kInfoMode] != static_cast<int64_t>(TableMode::kNoEviction)) continue;
+      TORCH_CHECK_VALUE(v[i * stride] >= 0 && v[i * stride] < ti[table::kInfoRowCapacity],
+                        "dynamicemb: row ", v[i * stride], " at index ", i, " is out of range [0, ",
+                        ti[table::kInfoRowCapacity], ") of table ", tid[i]);
+    }
+  }
+  RunOutputs out = alloc_run_outputs(keys, scores.size(1));
+  at::Tensor order = at::empty({n}, keys.options().dtype(at::kInt));
+  at::Tensor scratch = at::empty({n}, keys.options());
+  at::Tensor row_work = at::empty({has_rows ? n : 0}, keys.options());
+  at::Tensor flags = at::empty({n}, keys.options().dtype(at::kByte));
+
+  const table::TableRef t = table_ref(table_keys, digests, scores, info, &counters, &free_rows);
+  table::RunArgs r;
+  r.keys = keys.data_ptr<int64_t>();
+  r.table_ids = table_ids.data_ptr<int64_t>();
+  r.order = order.data_ptr<int32_t>();
+  r.score = score_args(policies, score_values, n);
+  r.op = static_cast<table::RunOp>(op);
+  r.assign_rows = assign_rows;
+  r.slots = out.slots.data_ptr<int64_t>();
+  r.status = out.status.data_ptr<int8_t>();
+  r.ev_keys = out.ev_keys.data_ptr<int64_t>();
+  r.ev_scores = out.ev_scores.data_ptr<int64_t>();
+  r.ev_slots = out.ev_slots.data_ptr<int64_t>();
+  r.ev_tables = out.ev_tables.data_ptr<int64_t>();
+  r.ev_flags = flags.data_ptr<uint8_t>();
+  r.row_work = has_rows ? row_work.data_ptr<int64_t>() : nullptr;
+  r.victim_scores = victim_scores.has_value() ? victim_scores->data_ptr<double>() : nullptr;
+  const int64_t evicted = table::cpu::run_op(t, r, n, total_buckets, scratch.data_ptr<int64_t>());
+  out.num_evicted.fill_(evicted);
+  return out.tuple();
+}
+
+ExportResult export_cpu(const at::Tensor& table_keys, const at::Tensor& scores,
+                        const at::Tensor& info, int64_t slot_begin, int64_t slot_end,
+                        int64_t column, int64_t threshold) {
+  check_1d(table_keys, at::kLong, "table_keys");
+  check_info(info);
+  TORCH_CHECK_VALUE(scores.dim() == 2 && table_keys.numel() == scores.size(0),
+                    "dynamicemb: table_keys and scores disagree on the slot count");
+  check_export(table_keys, scores, slot_begin, slot_end, column);
+  check_cpu(table_keys);
+  ExportResult res = alloc_export(table_keys, scores, slot_end - slot_begin);
+  std::get<0>(res).fill_(table::kEmptyKey);
+  std::get<1>(res).fill_(-1);
+  std::get<2>(res).fill_(-1);
+  std::get<3>(res).zero_();
+  const table::TableRef t = keys_ref(table_keys, info, &scores);
+  check_layout_cpu(t, INT64_MAX);
+  const int64_t c = table::cpu::export_batch(
+      t, slot_begin, slot_end, static_cast<int32_t>(column), threshold,
+      std::get<0>(res).data_ptr<int64_t>(), std::get<1>(res).data_ptr<int64_t>(),
+      std::get<2>(res).data_ptr<int64_t>(), std::get<3>(res).data_ptr<int64_t>());
+  std::get<4>(res).fill_(c);
+  return res;
+}
+
+at::Tensor gather_rows_cpu(const at::Tensor& values, const at::Tensor& rows) {
+  check_gather(values, rows);
+  check_cpu(values);
+  check_index_range(rows, -1, values.size(0), "row");
+  const int64_t* r = rows.data_ptr<int64_t>();
+  at::Tensor out = at::empty({rows.numel(), values.size(1)}, values.options());
+  table::cpu::gather_rows(static_cast<const uint8_t*>(values.data_ptr()),
+                          values.size(1) * values.element_size(), r, rows.numel(),
+                          static_cast<uint8_t*>(out.data_ptr()));
+  return out;
+}
+
+at::Tensor home_starts_cpu(const at::Tensor& keys, const at::Tensor& table_ids,
+                           const at::Tensor& table_keys, const at::Tensor& info) {
+  check_1d(table_keys, at::kLong, "table_keys");
+  check_info(info);
+  check_batch(keys, table_ids, table_keys);
+  check_cpu(keys);
+  TORCH_CHECK(info.device() == keys.device(), "dynamicemb: info must be on the table's device ",
+              keys.device(), ", got ", info.device());
+  const table::TableRef t = keys_ref(table_keys, info, nullptr);
+  check_layout_cpu(t, INT64_MAX);
+  check_key_values(keys, table_ids, info.size(0));
+  at::Tensor out = at::empty({keys.numel()}, keys.options());
+  table::cpu::home_starts(t, keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(), keys.numel(),
+                          out.data_ptr<int64_t>());
+  return out;
+}
+
+at::Tensor timer_cpu(const at::Tensor& like) {
+  return at::full({1}, table::cpu::host_timer_ns(), like.options().dtype(at::kLong));
+}
+
+at::Tensor count_cpu(const at::Tensor& table_keys, const at::Tensor& info) {
+  check_1d(table_keys, at::kLong, "table_keys");
+  check_info(info);
+  check_cpu(table_keys);
+  at::Tensor out = at::zeros({info.size(0)}, table_keys.options());
+  const table::TableRef t = keys_ref(table_keys, info, nullptr);
+  check_layout_cpu(t, INT64_MAX);
+  table::cpu::count(t, out.data_ptr<int64_t>());
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
+  m.impl("table_find", &find_cpu);
+  m.impl("table_run", &run_cpu);
+  m.impl("table_find_gather", &find_gather_cpu);
+  m.impl("table_export", &export_cpu);
+  m.impl("table_count", &count_cpu);
+  m.impl("table_home_starts", &home_starts_cpu);
+  m.impl("table_timer", &timer_cpu);
+  m.impl("gather_rows", &gather_rows_cpu);
+}
+
+}  // namespace ops
+}  // namespace dyn_emb
