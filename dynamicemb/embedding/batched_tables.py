@@ -270,14 +270,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         for batch i + 1 between the forward and the backward of batch i); a
         no-op without a cache. It changes no result: the forward of that
         batch finds or inserts every key itself."""
-        indices = indices.to(self.device).long()
-        offsets = offsets.to(self.device).long()
-        num_features = len(self.feature_table_map)
-        if (offsets.numel() - 1) % num_features:
-            raise ValueError(
-                f"offsets has {offsets.numel()} entries, not num_features ({num_features}) * "
-                "batch_size + 1"
-            )
+        indices, offsets = self._batch_input(indices, offsets)
         su = segmented_unique(
             indices, self._occurrence_tables(indices, offsets), len(self.table_options)
         )
@@ -320,14 +313,8 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         pooling_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
         self._check_weights(indices, frequency_counters, pooling_weights)
-        indices = indices.to(self.device).long()
-        offsets = offsets.to(self.device).long()
+        indices, offsets = self._batch_input(indices, offsets)
         num_features = len(self.feature_table_map)
-        if (offsets.numel() - 1) % num_features:
-            raise ValueError(
-                f"offsets has {offsets.numel()} entries, not num_features ({num_features}) * "
-                "batch_size + 1"
-            )
         batch = (offsets.numel() - 1) // num_features
         lengths = offsets[1:] - offsets[:-1]
         bag = self._bags(indices, lengths)
@@ -405,6 +392,19 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 int(constants()["ElementType"]["FLOAT32"]),
             )
         return _Lookup.apply(self._placeholder, self, b, extra)
+
+    def _batch_input(self, indices: torch.Tensor, offsets: torch.Tensor):
+        """A batch in TBE layout on the module's device, its offsets checked
+        against the number of features."""
+        indices = indices.to(self.device).long()
+        offsets = offsets.to(self.device).long()
+        num_features = len(self.feature_table_map)
+        if (offsets.numel() - 1) % num_features:
+            raise ValueError(
+                f"offsets has {offsets.numel()} entries, not num_features ({num_features}) * "
+                "batch_size + 1"
+            )
+        return indices, offsets
 
     def _bags(self, indices: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         """The bag of each occurrence."""

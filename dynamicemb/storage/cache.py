@@ -231,16 +231,21 @@ class CachedStorage(TableStorage):
         self.overflows += k
 
     def _write_back_evicted(self, evicted) -> None:
-        ev = evicted.compact()
-        if ev.keys.numel() == 0:
+        self._write_back_slots(evicted.compact())
+
+    def _write_back_slots(self, entries) -> None:
+        """Writes the cache rows of ``entries`` (keys, table ids, slots and
+        scores of cache slots: compacted evicted keys or an export) back to
+        the backing tier, scores with them where both tiers keep the same."""
+        if entries.keys.numel() == 0:
             return
-        rows = self.cache.read(ev.slots, ev.table_ids)
+        rows = self.cache.read(entries.slots, entries.table_ids)
         self.backing.write_back(
-            ev.keys,
-            ev.table_ids,
+            entries.keys,
+            entries.table_ids,
             sp.as_space(rows),
-            sp.staging_offsets(ev.keys.numel(), self.layout, self.device),
-            ev.scores if self._carry else None,
+            sp.staging_offsets(entries.keys.numel(), self.layout, self.device),
+            entries.scores if self._carry else None,
         )
 
     def after_update(self) -> None:
@@ -345,16 +350,7 @@ class CachedStorage(TableStorage):
         self._join_prefetch()
         if self.cache is None:
             return
-        ex = self.cache.table.export_batch().compact()
-        if ex.keys.numel():
-            rows = self.cache.read(ex.slots, ex.table_ids)
-            self.backing.write_back(
-                ex.keys,
-                ex.table_ids,
-                sp.as_space(rows),
-                sp.staging_offsets(ex.keys.numel(), self.layout, self.device),
-                ex.scores if self._carry else None,
-            )
+        self._write_back_slots(self.cache.table.export_batch().compact())
 
     def purge(self) -> None:
         self.flush()

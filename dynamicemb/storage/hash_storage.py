@@ -93,7 +93,7 @@ class _Placement:
     host_base: list[int]
     size0: int
     size1: int
-    tensors: tuple[torch.Tensor, ...]  # row_bytes, dev_rows, dev_base, host_base + size0
+    params: torch.Tensor  # (tables, 4): row_bytes, dev_rows, dev_base, host_base + size0
 
     @staticmethod
     def of(rows: Sequence[int], layout: RowLayout, budgets, device) -> "_Placement":
@@ -116,12 +116,17 @@ class _Placement:
             host_base[:-1],
             size0,
             size1,
-            tuple(torch.tensor(x, dtype=torch.int64, device=device) for x in t),
+            torch.tensor(t, dtype=torch.int64, device=device).t().contiguous(),
         )
+
+    def one_tier(self) -> bool:
+        """Every row of every table in one segment."""
+        return all(d == r for d, r in zip(self.dev_rows, self.rows)) or not any(self.dev_rows)
 
     def offsets(self, local: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
         """Byte offsets of tables' local rows (-1 stays -1)."""
-        rb, dev, dev_base, host_base = (x[tids] for x in self.tensors)
+        p = self.params[tids]
+        rb, dev, dev_base, host_base = p.unbind(1)
         off = torch.where(local < dev, dev_base + local * rb, host_base + (local - dev) * rb)
         return torch.where(local >= 0, off, local)
 
@@ -218,11 +223,22 @@ class HashTableStorage(TableStorage):
         placement = _Placement.of(rows, self.layout, self.budgets, self.device)
         seg0 = sp.allocate(placement.size0, MemoryType.DEVICE, self.device)
         seg1 = sp.allocate(placement.size1, MemoryType.HOST, self.device)
-        self.placement, self.rows_space = placement, sp.RowSpace(seg0, seg1)
+        self._set_placement(placement, sp.RowSpace(seg0, seg1))
+
+    def _set_placement(self, placement: "_Placement", rows_space: sp.RowSpace) -> None:
+        self.placement, self.rows_space = placement, rows_space
         self._slot_offsets = torch.tensor(
             [self.table.slot_range(t)[0] for t in range(self.table.num_tables)],
             dtype=torch.int64,
             device=self.device,
+        )
+        # Evicting tables of one row width in one segment: a slot's row is at
+        # slot * row_bytes (the tables' slots and rows are both back to back).
+        widths = set(self.layout.row_bytes)
+        self._slot_stride = (
+            self.layout.row_bytes[0]
+            if not self.no_eviction and len(widths) == 1 and placement.one_tier()
+            else None
         )
 
     def space(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -236,6 +252,8 @@ class HashTableStorage(TableStorage):
 
     def offsets(self, slots: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
         """Byte offsets in ``space()`` of the rows of table slots (-1 stays -1)."""
+        if self._slot_stride is not None:
+            return torch.where(slots >= 0, slots * self._slot_stride, slots)
         return self.placement.offsets(self.local_rows(slots, tids), tids)
 
     def _move_rows(self, old: "_Placement", old_space, old_off: torch.Tensor, tids, new_local):
@@ -285,8 +303,7 @@ class HashTableStorage(TableStorage):
             self._place(self._rows())
         except BaseException:
             self._restore_table(state)
-            self.placement, self.rows_space = old_placement, old_space
-            self._slot_offsets = old_slot_offsets
+            self._set_placement(old_placement, old_space)
             raise
         self._move_rows(
             old_placement, old_space, old_off, tids, new_slots - self._slot_offsets[tids]
@@ -305,11 +322,7 @@ class HashTableStorage(TableStorage):
             want = rows[t] + 1 if needed is None else int(needed[t])
             while want > rows[t] or 2 * want > caps[t]:
                 caps[t], rows[t] = caps[t] * 2, rows[t] * 2
-        old_placement, old_space, old_slot_offsets = (
-            self.placement,
-            self.rows_space,
-            self._slot_offsets,
-        )
+        old_placement, old_space = self.placement, self.rows_space
         try:
             new_placement = _Placement.of(rows, self.layout, self.budgets, self.device)
             seg0 = sp.allocate(new_placement.size0, MemoryType.DEVICE, self.device)
@@ -336,10 +349,7 @@ class HashTableStorage(TableStorage):
             raise RuntimeError(
                 f"dynamicemb: NO_EVICTION tables {list(tables)} could not be rehashed"
             )
-        self.placement, self.rows_space = new_placement, sp.RowSpace(seg0, seg1)
-        self._slot_offsets = torch.tensor(
-            [self.table.slot_range(t)[0] for t in range(n)], dtype=torch.int64, device=self.device
-        )
+        self._set_placement(new_placement, sp.RowSpace(seg0, seg1))
         # Rows keep their numbers: table t's rows [0, old_rows[t]) move as they are.
         tids = torch.repeat_interleave(
             torch.arange(n, device=self.device),
@@ -349,7 +359,6 @@ class HashTableStorage(TableStorage):
         local = torch.arange(tids.numel(), device=self.device) - starts[tids]
         old_off = old_placement.offsets(local, tids)
         self._move_rows(old_placement, old_space, old_off, tids, local)
-        del old_slot_offsets
         return True
 
     def _warn_oom(self, tables, caps, rows, e) -> None:
@@ -601,7 +610,6 @@ class HashTableStorage(TableStorage):
             "max_caps": list(t._max_caps),
             "placement": self.placement,
             "rows_space": self.rows_space,
-            "slot_offsets": self._slot_offsets,
             # Rows mean nothing in an empty table.
             "rows": [s.data.to("cpu", copy=True) for s in segs] if holds_keys else None,
             "evicted": list(self._evicted),
@@ -611,8 +619,7 @@ class HashTableStorage(TableStorage):
     def restore(self, snapshot: dict) -> None:
         self.table._restore(snapshot["table"])
         self.table._max_caps = snapshot["max_caps"]
-        self.placement, self.rows_space = snapshot["placement"], snapshot["rows_space"]
-        self._slot_offsets = snapshot["slot_offsets"]
+        self._set_placement(snapshot["placement"], snapshot["rows_space"])
         if snapshot["rows"] is not None:
             for seg, saved in zip((self.rows_space.seg0, self.rows_space.seg1), snapshot["rows"]):
                 seg.data.copy_(saved)

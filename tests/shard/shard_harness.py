@@ -429,13 +429,20 @@ def local_outputs(scenario: Scenario, out) -> dict[str, torch.Tensor]:
     return {"pooled": out.values()}
 
 
-def run_scenario(rank: int, world_size: int, scenario: Scenario) -> dict[str, Any]:
+def run_scenario(
+    rank: int,
+    world_size: int,
+    scenario: Scenario,
+    before_backward: Callable | None = None,
+) -> dict[str, Any]:
     """Shards the scenario's model, trains ``steps`` steps; returns the local
     outputs of every step (float64 on the CPU) and of a final eval step.
 
     Runs on ``worker_device()``. The unsharded collection is built on the
     CPU either way, so static tables start from the reference's weights
-    (TorchRec's sharded collection copies them to the device)."""
+    (TorchRec's sharded collection copies them to the device).
+    ``before_backward(model, step)``, when given, runs between each step's
+    forward and backward (where TorchRec's prefetch pipeline prefetches)."""
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv, ShardingPlan
 
@@ -461,6 +468,8 @@ def run_scenario(rank: int, world_size: int, scenario: Scenario) -> dict[str, An
     for step in range(scenario.steps):
         kjt = to_kjt(scenario, batch_for(scenario, step, rank)).to(device)
         outs = local_outputs(scenario, model(kjt))
+        if before_backward is not None:
+            before_backward(model, step)
         targets = targets_for(scenario, step, rank, {k: tuple(v.shape) for k, v in outs.items()})
         loss = sum(0.5 * ((v.double() - targets[k].to(device)) ** 2).sum() for k, v in outs.items())
         loss.backward()

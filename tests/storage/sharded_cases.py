@@ -12,7 +12,6 @@ import os
 import sys
 
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import shard_harness as h
@@ -68,47 +67,28 @@ def scenario(kind: str, mode: str, optimizer: str, steps: int) -> h.Scenario:
     )
 
 
-def _collection(model):
-    """The sharded collection inside DistributedModelParallel."""
-    return model.module.coll
-
-
 def train(rank: int, world_size: int, sc: h.Scenario, prefetch: bool) -> list:
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.types import ShardingEnv, ShardingPlan
-
-    device = h.worker_device()
-    collection = h.build_collection(sc, torch.device("cpu"))
-    sharder = h.sharder_for(sc)
-    plan = ShardingPlan({"coll": h.hand_plan(sc, collection, sharder, world_size, device.type)})
-    model = DistributedModelParallel(
-        h._Model(collection),
-        env=ShardingEnv.from_process_group(dist.group.WORLD),
-        device=device,
-        plan=plan,
-        sharders=[sharder],
-    )
-    steps = []
-    for step in range(sc.steps):
-        kjt = h.to_kjt(sc, h.batch_for(sc, step, rank)).to(device)
-        outs = h.local_outputs(sc, model(kjt))
-        if prefetch and step + 1 < sc.steps:
-            sharded = _collection(model)
-            ctx = sharded.create_context()
-            nxt = h.to_kjt(sc, h.batch_for(sc, step + 1, rank)).to(device)
-            dist_input = sharded.input_dist(ctx, nxt).wait().wait()
-            sharded.prefetch(dist_input=dist_input, forward_stream=None, ctx=ctx)
-        targets = h.targets_for(sc, step, rank, {k: tuple(v.shape) for k, v in outs.items()})
-        loss = sum(0.5 * ((v.double() - targets[k].to(device)) ** 2).sum() for k, v in outs.items())
-        loss.backward()
-        steps.append({k: v.detach().double().cpu().clone() for k, v in outs.items()})
+    """The scenario's steps (shard_harness.run_scenario), with the next batch
+    prefetched through the sharded collection's hook when ``prefetch``; and
+    the keys the caches staged and prefetched."""
     from dynamicemb.shard.lookup import dynamic_embedding_kernels
 
     counts = {"overflows": 0, "prefetched": 0}
-    for kernel in dynamic_embedding_kernels(model):
-        for name in counts:
-            counts[name] += int(getattr(kernel.emb_module.storage, name, 0))
-    return [steps, counts]
+
+    def before_backward(model, step):
+        if prefetch and step + 1 < sc.steps:
+            sharded = model.module.coll
+            ctx = sharded.create_context()
+            nxt = h.to_kjt(sc, h.batch_for(sc, step + 1, rank)).to(h.worker_device())
+            dist_input = sharded.input_dist(ctx, nxt).wait().wait()
+            sharded.prefetch(dist_input=dist_input, forward_stream=None, ctx=ctx)
+        if step + 1 == sc.steps:
+            for kernel in dynamic_embedding_kernels(model):
+                for name in counts:
+                    counts[name] += int(getattr(kernel.emb_module.storage, name, 0))
+
+    result = h.run_scenario(rank, world_size, sc, before_backward)
+    return [result["steps"], counts]
 
 
 def run_modes(rank: int, world_size: int, kind: str, modes: list, steps: int) -> dict:
