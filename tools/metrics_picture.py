@@ -14,14 +14,13 @@ Needs matplotlib (`pip install matplotlib`), which nothing else in the project u
 
 import argparse
 import os
-import subprocess
 import sys
 import time
 
 import dist_launch  # tools/dist_launch.py, next to this script
+import train_dlrm
 from prometheus_server import PrometheusServer
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 SCRAPE = 0.5  # seconds
 
 # (title, PromQL, y label); {w} is the rate window. Sums over ranks, per table.
@@ -63,27 +62,17 @@ USAGE = "sum by (dynamicemb_table_name) (dynamicemb_table_usage)"
 LIMIT = "sum by (dynamicemb_table_name) (dynamicemb_table_limit)"
 
 
-def run_job(prom_targets_base: int, world_size: int, steps: int, extra: list[str]) -> None:
-    cmd = [
-        sys.executable,
-        os.path.join(HERE, "train_dlrm.py"),
-        "--device",
-        "cpu",
-        "--world-size",
-        str(world_size),
-        "--steps",
-        str(steps),
-        "--no-count-distinct",
-        "--metrics-port",
-        str(prom_targets_base),
-        "--metrics-address",
-        "127.0.0.1",
-        "--metrics-wait",
-        "30",
-        *extra,
-    ]
-    print("running:", " ".join(cmd[1:]), flush=True)
-    subprocess.run(cmd, check=True)
+def run_job(base_port: int, world_size: int, steps: int, extra: list[str]) -> None:
+    argv = (
+        f"--device cpu --world-size {world_size} --steps {steps} --no-count-distinct "
+        f"--metrics-port {base_port} --metrics-address 127.0.0.1 --metrics-wait 30".split()
+        + extra
+    )
+    print("running: train_dlrm.py", " ".join(argv), flush=True)
+    summary, out = train_dlrm.launch(argv)
+    print(out)
+    if summary is None:
+        raise RuntimeError("the main job failed")
 
 
 def plot(prom: PrometheusServer, start: float, end: float, out: str, title: str) -> None:

@@ -31,7 +31,9 @@ import argparse
 import json
 import math
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -740,6 +742,30 @@ def parse_args(argv: list[str] | None = None):
     return args
 
 
+def launch(argv: list[str], timeout: float | None = None) -> tuple[dict[str, Any] | None, str]:
+    """Runs this job in a new process with ``argv`` (and this process's
+    sys.path); returns (rank 0's summary, or None when the job failed, and
+    the job's output)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "summary.json")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [p for p in sys.path if p] + [env.get("PYTHONPATH", "")]
+        )
+        proc = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), *argv, "--summary-json", path],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+        )
+        if proc.returncode != 0:
+            return None, proc.stdout
+        with open(path) as f:
+            return json.load(f), proc.stdout
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     dyn = ", ".join(f"{f.name} ({f.capacity:,} rows)" for f in FEATURES if f.dynamic)
@@ -749,8 +775,6 @@ def main(argv: list[str] | None = None) -> int:
         f"{static}; "
         f"{NUM_DENSE} dense features; ids power law alpha {args.alpha}"
     )
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
         result_path = args.summary_json or os.path.join(tmp, "summary.json")
         mp.spawn(

@@ -6,9 +6,6 @@ scrape interval 0.5 s), runs tools/train_dlrm.py on two gloo processes with
 Prometheus stored against the job's own summary.
 """
 
-import json
-import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -31,56 +28,28 @@ def _tools() -> Path:
 
 sys.path.insert(0, str(_tools()))
 import dist_launch  # noqa: E402
+import train_dlrm  # noqa: E402
 from prometheus_server import PrometheusServer  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
+def run():
     """(summary, Prometheus, start time, end time) of one job."""
-    out = tmp_path_factory.mktemp("metrics") / "summary.json"
     base = dist_launch.free_ports(WORLD_SIZE)
     targets = [f"127.0.0.1:{base + r}" for r in range(WORLD_SIZE)]
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
     with PrometheusServer(targets, scrape_interval=SCRAPE_INTERVAL) as prom:
         start = time.time()
-        proc = subprocess.run(
-            [
-                sys.executable,
-                str(_tools() / "train_dlrm.py"),
-                "--device",
-                "cpu",
-                "--world-size",
-                str(WORLD_SIZE),
-                "--steps",
-                str(STEPS),
-                "--batch-size",
-                str(BATCH),
-                "--eval-batches",
-                "2",
-                "--no-count-distinct",
-                "--summary-json",
-                str(out),
-                "--metrics-port",
-                str(base),
-                "--metrics-address",
-                "127.0.0.1",
-                "--metrics-wait",
-                "30",
-            ],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+        summary, out = train_dlrm.launch(
+            f"--device cpu --world-size {WORLD_SIZE} --steps {STEPS} --batch-size {BATCH} "
+            f"--eval-batches 2 --no-count-distinct --metrics-port {base} "
+            "--metrics-address 127.0.0.1 --metrics-wait 30".split(),
             timeout=240,
         )
-        assert proc.returncode == 0, proc.stdout[-6000:]
-        assert "was not scraped" not in proc.stdout, proc.stdout[-3000:]
+        assert summary is not None, out[-6000:]
+        assert "was not scraped" not in out, out[-3000:]
         # Once every endpoint is seen down, all it served is stored.
         prom.wait_until_down()
-        end = time.time()
-        with open(out) as f:
-            yield json.load(f), prom, start, end
+        yield summary, prom, start, time.time()
 
 
 def _by_table(prom, promql, at):
