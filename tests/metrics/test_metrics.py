@@ -174,6 +174,31 @@ def test_no_sdk_reads_nothing():
     assert reg.reads == 0
 
 
+def test_library_needs_only_the_api():
+    # In a process where the SDK cannot be imported: instrumenting and
+    # training work, and nothing is read.
+    script = textwrap.dedent(
+        """
+        import sys
+        sys.modules["opentelemetry.sdk"] = None  # any import of the SDK fails
+        import torch
+        from dynamicemb import DynamicEmbTableOptions
+        from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
+        from dynamicemb.metrics import instrument
+        opts = [DynamicEmbTableOptions(dim=4, max_capacity=128, bucket_capacity=128)]
+        module = BatchedDynamicEmbeddingTablesV2(opts, learning_rate=0.1)
+        registry = instrument(module)
+        module(torch.arange(8), torch.arange(9)).sum().backward()
+        print("reads", registry.reads)
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "reads 0"
+
+
 def test_registering_twice_and_dropping_dead_modules(reader):
     _, provider = reader
     module = _module()
