@@ -7,16 +7,19 @@ every second against no metrics collection.
 The module is instrumented (dynamicemb.metrics) with an OpenTelemetry SDK
 MeterProvider and a Prometheus endpoint (serve_prometheus). Blocks of
 ``--seconds`` alternate, ``--rounds`` of each, in the order off-on, on-off,
-off-on, ... (so a drift of the machine's speed cancels): "off", where nothing collects,
-and "on", where a scraper in a separate process fetches /metrics every
+off-on, ... (so a drift of the machine's speed cancels): "off", where nothing
+collects, and "on", where a scraper in a separate process fetches /metrics every
 ``--interval`` seconds, as a Prometheus server would. Without collections the
 instruments are never called, so "off" is the step as it runs without an SDK.
 One step = forward + backward + optimizer update (SGD), keys drawn from a
 power law (exponent 1.05) over ``rows`` ids per table, hotness 1; every step
-is timed alone (synchronized on CUDA). Prints the mean and median step time of
-each mode, their difference, the scrapes served, and the time one scrape takes
-(the median of 50, fetched from this process after the blocks: what a scrape
-costs the training process, at most, per interval), as a markdown row.
+is timed alone (synchronized on CUDA). Prints, as a markdown row: the mean
+and median step time of each mode and their difference; the process's CPU
+time (all threads, the endpoint's included) per step of each mode, which a
+busy machine disturbs less than wall time; the scrapes served per second; and
+the time and CPU time of one scrape (50 fetched from this process after the
+blocks, the client's side included: at most what a scrape costs the training
+process, once per interval).
 """
 
 import argparse
@@ -84,6 +87,7 @@ def main() -> int:
     registry = instrument(module, meter_provider=endpoint.meter_provider)
     url = f"http://127.0.0.1:{endpoint.port}/metrics"
     times: dict[str, list[float]] = {"off": [], "on": []}
+    cpu = {"off": 0.0, "on": 0.0}
     scrapes = 0
     i = 0
     try:
@@ -98,6 +102,7 @@ def main() -> int:
                     )
                     scraper.stdout.readline()  # the first scrape is served
                 reads = registry.reads
+                cpu0 = time.process_time()
                 end = time.perf_counter() + args.seconds
                 while time.perf_counter() < end:
                     if dev.type == "cuda":
@@ -108,6 +113,7 @@ def main() -> int:
                         torch.cuda.synchronize()
                     times[mode].append(time.perf_counter() - t0)
                     i += 1
+                cpu[mode] += time.process_time() - cpu0
                 if scraper is not None:
                     scraper.terminate()
                     scraper.wait()
@@ -115,17 +121,20 @@ def main() -> int:
                 elif registry.reads != reads:
                     raise RuntimeError("a collection ran in an 'off' block")
         scrape_times = []
+        cpu0 = time.process_time()
         for _ in range(50):
             t0 = time.perf_counter()
             with urllib.request.urlopen(url, timeout=30) as r:
                 r.read()
             scrape_times.append(time.perf_counter() - t0)
+        scrape_cpu_ms = (time.process_time() - cpu0) / 50 * 1e3
         scrape_ms = statistics.median(scrape_times) * 1e3
     finally:
         endpoint.shutdown()
 
     mean = {m: statistics.fmean(v) * 1e3 for m, v in times.items()}
     median = {m: statistics.median(v) * 1e3 for m, v in times.items()}
+    cpu_ms = {m: cpu[m] / len(times[m]) * 1e3 for m in times}
     seconds_on = args.rounds * args.seconds
     name = torch.cuda.get_device_name(dev) if dev.type == "cuda" else "CPU"
     print(
@@ -134,15 +143,17 @@ def main() -> int:
     )
     print(
         "| device | steps off / on | mean ms off | mean ms on | mean diff | median ms off "
-        "| median ms on | median diff | scrapes / s | ms per scrape |"
+        "| median ms on | median diff | CPU ms off | CPU ms on | CPU diff | scrapes / s "
+        "| ms per scrape | CPU ms per scrape |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     print(
         f"| {name} | {len(times['off'])} / {len(times['on'])} | {mean['off']:.3f} | "
         f"{mean['on']:.3f} | {100 * (mean['on'] / mean['off'] - 1):+.2f} % | "
         f"{median['off']:.3f} | {median['on']:.3f} | "
-        f"{100 * (median['on'] / median['off'] - 1):+.2f} % | {scrapes / seconds_on:.2f} | "
-        f"{scrape_ms:.2f} |"
+        f"{100 * (median['on'] / median['off'] - 1):+.2f} % | {cpu_ms['off']:.3f} | "
+        f"{cpu_ms['on']:.3f} | {100 * (cpu_ms['on'] / cpu_ms['off'] - 1):+.2f} % | "
+        f"{scrapes / seconds_on:.2f} | {scrape_ms:.2f} | {scrape_cpu_ms:.2f} |"
     )
     return 0
 
