@@ -40,9 +40,11 @@ from dynamicemb.dynamicemb_config import (
 from dynamicemb.embedding.initializer import init_rows
 from dynamicemb.embedding.optimizer import RowOptimizer
 from dynamicemb.embedding.score_function import VictimScorer, table_score_columns
+from dynamicemb.embedding.stats import TableStats
 from dynamicemb.embedding.unique import segmented_unique
 from dynamicemb.table import ScoredHashTable, enums
 from dynamicemb.table._native import ops
+from dynamicemb.types import MemoryType
 
 S = DynamicEmbScoreStrategy
 
@@ -281,6 +283,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.step = 0
         self._custom_score: int | None = None
         self.insert_failures = torch.zeros((), dtype=torch.int64, device=self.device)
+        # What the module counts per table (lookups; admission and cache tiers
+        # feed their columns), read by dynamicemb.metrics when it collects.
+        self.stats = TableStats(n, self.device)
         self._eval_rows = None
         self._init_table_ids = torch.tensor(
             self.initializer_table_ids, dtype=torch.int64, device=self.device
@@ -401,6 +406,19 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         fresh[new_slots[kept]] = self.values[old_slots[kept]]
         self.values = fresh
 
+    def memory_per_table(self, mem_type: MemoryType) -> list[int]:
+        """Bytes of ``mem_type`` memory each table holds: its slots in the hash
+        table and its value rows (embedding and optimizer state)."""
+        on_host = self.device.type == "cpu"
+        if (mem_type == MemoryType.HOST) != on_host:
+            return [0] * self.table.num_tables
+        row = self.width * self.values.element_size()
+        rows = [
+            self.table.row_capacity(t) if self.no_eviction else self.table.capacity(t)
+            for t in range(self.table.num_tables)
+        ]
+        return [s + r * row for s, r in zip(self.table.memory_per_table(), rows)]
+
     def set_score(self, score: int) -> None:
         """CUSTOMIZED: the score of the next forward passes."""
         if (
@@ -440,6 +458,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         feature = bag // max(batch, 1)
         tids = self._feature_tables[feature]
         su = segmented_unique(indices, tids, self.table.num_tables)
+        self.stats.count_lookups(su.table_offsets)
         self._uniq_tids = su.table_ids
         counts = su.counts
         if frequency_counters is not None:
