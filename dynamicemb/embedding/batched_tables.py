@@ -39,6 +39,7 @@ from dynamicemb.dynamicemb_config import (
 from dynamicemb.embedding.initializer import init_rows
 from dynamicemb.embedding.optimizer import RowOptimizer
 from dynamicemb.embedding.score_function import VictimScorer, table_score_columns
+from dynamicemb.embedding.stats import StatCol, TableStats
 from dynamicemb.embedding.unique import segmented_unique
 from dynamicemb.storage import (
     BatchScore,
@@ -219,6 +220,12 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.step = 0
         self._custom_score: int | None = None
         self.insert_failures = torch.zeros((), dtype=torch.int64, device=self.device)
+        # What the module counts per table (lookups; admission and cache tiers
+        # feed their columns), read by dynamicemb.metrics when it collects.
+        self.stats = TableStats(n, self.device)
+        if self.storage.has_cache:
+            self.stats.feed(StatCol.CACHE_HITS, StatCol.CACHE_MISSES)
+            self.storage.cache_observer = self._count_cache_lookups
         self._eval_rows = None
         self._init_table_ids = torch.tensor(
             self.initializer_table_ids, dtype=torch.int64, device=self.device
@@ -290,6 +297,21 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         call (``evicted_item_mode=RETAIN_KEY``; empty otherwise)."""
         return self.storage.pop_evicted_keys()
 
+    def memory_per_table(self, mem_type: MemoryType) -> list[int]:
+        """Bytes of ``mem_type`` memory each table holds in its storage's tiers:
+        its slots in the hash tables and its value rows (embedding and
+        optimizer state)."""
+        return self.storage.memory_per_table(mem_type)
+
+    def _count_cache_lookups(self, hit: torch.Tensor, tids: torch.Tensor) -> None:
+        """CACHE_HITS / CACHE_MISSES += a batch's distinct keys the cache held
+        or not, per table (no synchronization)."""
+        hits = torch.zeros(len(self.table_options), dtype=torch.int64, device=self.device)
+        hits.index_add_(0, tids, hit.to(torch.int64))
+        looked = torch.zeros_like(hits).index_add_(0, tids, torch.ones_like(tids))
+        self.stats.add(StatCol.CACHE_HITS, hits)
+        self.stats.add(StatCol.CACHE_MISSES, looked - hits)
+
     def set_score(self, score: int) -> None:
         """CUSTOMIZED: the score of the next forward passes."""
         if (
@@ -320,6 +342,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         bag = self._bags(indices, lengths)
         tids = self._feature_tables[bag // max(batch, 1)]
         su = segmented_unique(indices, tids, len(self.table_options))
+        self.stats.count_lookups(su.table_offsets)
         self._uniq_tids = su.table_ids
         counts = su.counts
         if frequency_counters is not None:

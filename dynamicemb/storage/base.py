@@ -74,6 +74,11 @@ class TableStorage(abc.ABC):
 
     layout: RowLayout
     device: torch.device
+    # Whether the storage keeps a device cache; a cache tells
+    # ``cache_observer(hit, tids)``, when set, which of each lookup's distinct
+    # keys it held.
+    has_cache: bool = False
+    cache_observer = None
 
     # ------------------------------------------------------------ lookups --
 
@@ -199,15 +204,19 @@ class TableStorage(abc.ABC):
     def footprint(self) -> Footprint:
         """Bytes held, by tier."""
 
+    @abc.abstractmethod
+    def footprint_per_table(self) -> list[Footprint]:
+        """Bytes held for each table, by tier (they add up to ``footprint``;
+        an external storage's own memory is not split by table)."""
+
     def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
         """Bytes of ``mem_type`` memory held (a CPU storage holds host memory
         only)."""
-        if not isinstance(mem_type, MemoryType):
-            raise ValueError(f"mem_type must be a MemoryType, got {mem_type!r}")
-        f = self.footprint()
-        if self.device.type == "cpu":
-            return f.device + f.host if mem_type == MemoryType.HOST else 0
-        return f.device if mem_type == MemoryType.DEVICE else f.host
+        return _by_memory(self.footprint(), mem_type, self.device)
+
+    def memory_per_table(self, mem_type: MemoryType = MemoryType.DEVICE) -> list[int]:
+        """``memory_usage`` of each table."""
+        return [_by_memory(f, mem_type, self.device) for f in self.footprint_per_table()]
 
     @abc.abstractmethod
     def sizes(self) -> list[int]:
@@ -217,3 +226,12 @@ class TableStorage(abc.ABC):
     def pop_evicted_keys(self) -> list[torch.Tensor]:
         """Per table, the keys the last tier evicted since the last call
         (``evicted_item_mode=RETAIN_KEY``; empty otherwise), each once."""
+
+
+def _by_memory(f: Footprint, mem_type: MemoryType, device: torch.device) -> int:
+    """The bytes of a footprint in ``mem_type`` memory on ``device``."""
+    if not isinstance(mem_type, MemoryType):
+        raise ValueError(f"mem_type must be a MemoryType, got {mem_type!r}")
+    if device.type == "cpu":
+        return f.device + f.host if mem_type == MemoryType.HOST else 0
+    return f.device if mem_type == MemoryType.DEVICE else f.host

@@ -79,6 +79,7 @@ class CachedStorage(TableStorage):
         self._carry = (
             cache is not None and backing.has_scores and backing.strategies == cache.strategies
         )
+        self.has_cache = cache is not None
         self._staged: _Staged | None = None  # the last training batch's
         self._space_staged: _Staged | None = None  # the last lookup's
         self._held = None  # (keys, tids, slots) the last training batch holds in the cache
@@ -173,6 +174,8 @@ class CachedStorage(TableStorage):
         key of the batch is evicted and inserted again in one call (its row
         would be lost between the write-back and the fetch)."""
         resident = self.cache.table.find(keys, tids) >= 0
+        if self.cache_observer is not None:
+            self.cache_observer(resident, tids)
         order = torch.cat([resident.nonzero().squeeze(1), (~resident).nonzero().squeeze(1)])
         slots, status, evicted = self.cache.insert(
             keys[order], tids[order], policies, _select(vals, order), expand=False
@@ -266,6 +269,8 @@ class CachedStorage(TableStorage):
         self._join_prefetch()
         if self.cache is not None:
             offsets = self.cache.offsets(self.cache.table.find(keys, tids), tids)
+            if self.cache_observer is not None:
+                self.cache_observer(offsets >= 0, tids)
         else:
             offsets = torch.full_like(keys, -1)
         miss = (offsets < 0).nonzero().squeeze(1)
@@ -430,6 +435,15 @@ class CachedStorage(TableStorage):
             return b
         c = self.cache.footprint()
         return Footprint(device=b.device + c.device, host=b.host + c.host)
+
+    def footprint_per_table(self) -> list[Footprint]:
+        b = self.backing.footprint_per_table()
+        if self.cache is None:
+            return b
+        return [
+            Footprint(device=x.device + y.device, host=x.host + y.host)
+            for x, y in zip(b, self.cache.footprint_per_table())
+        ]
 
     def sizes(self) -> list[int]:
         sizes = self.backing.sizes()

@@ -245,6 +245,10 @@ class ExternalBacking:
             host=self._int("memory_usage", self.storage.memory_usage(MemoryType.HOST)),
         )
 
+    def footprint_per_table(self) -> list[Footprint]:
+        """Not split by table: the storage reports its memory as a whole."""
+        return [Footprint(0, 0) for _ in self.tables]
+
     def sizes(self) -> list[int]:
         return [self._int("size", self.storage.size(t)) for t in range(len(self.tables))]
 

@@ -635,6 +635,19 @@ class HashTableStorage(TableStorage):
             for x in (t.keys, t.digests, t.scores, t.info, t.counters, t.free_rows)
         )
 
+    def footprint_per_table(self) -> list[Footprint]:
+        t, p = self.table, self.placement
+        # A table's slots and free rows, and its row of table info and counters.
+        own = (t.info.shape[1] * t.info.element_size()) + (
+            t.counters.shape[1] * t.counters.element_size()
+        )
+        return [
+            Footprint(device=meta + own + d * rb, host=(r - d) * rb)
+            for meta, d, r, rb in zip(
+                t.memory_per_table(), p.dev_rows, p.rows, self.layout.row_bytes
+            )
+        ]
+
     def footprint(self) -> Footprint:
         s = self.rows_space
         return Footprint(

@@ -148,3 +148,23 @@ def test_a_cache_keeps_no_eviction_rows_by_step():
     m = BatchedDynamicEmbeddingTablesV2(options, optimizer=EmbOptimType.EXACT_SGD)
     assert m.storage.cache.strategies == (Score.STEP,)
     assert m.storage.backing.no_eviction
+
+
+def test_cache_hits_and_misses_are_counted_per_table():
+    from dynamicemb.embedding.stats import StatCol
+
+    m, device_module = module("cache", optimizer="sgd"), module("device", optimizer="sgd")
+    assert {StatCol.CACHE_HITS, StatCol.CACHE_MISSES} <= m.stats.fed
+    assert StatCol.CACHE_HITS not in device_module.stats.fed
+    want = torch.zeros(2, dtype=torch.int64)
+    for indices, offsets in batches(6, 2):
+        ex = m.storage.cache.table.export_batch().compact()
+        cached = set(zip(ex.table_ids.tolist(), ex.keys.tolist()))
+        keys, tids = _distinct(m, indices, offsets)
+        for t, k in zip(tids.tolist(), keys.tolist()):
+            want[t] += (t, k) in cached
+        m(indices, offsets).sum().backward()
+    c = m.stats.counts
+    assert torch.equal(c[:, StatCol.CACHE_HITS], want)
+    assert torch.equal(c[:, StatCol.CACHE_HITS] + c[:, StatCol.CACHE_MISSES], c[:, StatCol.LOOKUPS])
+    assert int(want.sum()) > 0 and int(c[:, StatCol.CACHE_MISSES].sum()) > 0

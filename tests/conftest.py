@@ -1,15 +1,12 @@
-"""The `gpu` marker: CUDA cases, skipped unless a CUDA device is visible and
-dynamicemb is built with CUDA kernels.
-
-A conftest.py imports these hooks (tests/storage's, with the `multigpu` ones
-of multigpu_marker.py)."""
+"""pytest configuration of every suite: the `gpu` marker, and skipping the
+cases it marks where there is no CUDA device or the extension has no CUDA
+kernels."""
 
 import pytest
 import torch
 
 
-def cuda_usable() -> bool:
-    """A CUDA device and dynamicemb's CUDA kernels."""
+def _cuda_usable() -> bool:
     if not torch.cuda.is_available():
         return False
     from dynamicemb.table._native import extension
@@ -22,7 +19,7 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    if cuda_usable():
+    if not any("gpu" in item.keywords for item in items) or _cuda_usable():
         return
     skip = pytest.mark.skip(reason="no CUDA device, or dynamicemb built without CUDA")
     for item in items:
