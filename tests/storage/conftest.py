@@ -7,4 +7,4 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "shard"))
 
-from multigpu_marker import pytest_collection_modifyitems, pytest_configure  # noqa: F401, E402
+from multigpu_marker import pytest_collection_modifyitems, pytest_configure  # noqa: F401
