@@ -68,7 +68,9 @@ TEST(BFloat16Test, RoundsToNearestEven) {
   EXPECT_TRUE(std::isnan(to_float(from_float<BFloat16>(std::nanf("")))));
   for (uint32_t b = 0; b < 0x10000u; ++b) {
     const BFloat16 h{static_cast<uint16_t>(b)};
-    if (!std::isnan(to_float(h))) EXPECT_EQ(from_float<BFloat16>(to_float(h)).bits, h.bits) << b;
+    if (!std::isnan(to_float(h))) {
+      EXPECT_EQ(from_float<BFloat16>(to_float(h)).bits, h.bits) << b;
+    }
   }
 }
 

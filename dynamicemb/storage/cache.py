@@ -294,9 +294,16 @@ class CachedStorage(TableStorage):
             return
         cuda = self.device.type == "cuda"
         if cuda:
-            # After the forward enqueued so far (it wrote the cache's metadata).
             stream = torch.cuda.current_stream(self.device)
             if forward_stream is not None and forward_stream != stream:
+                # Room in the backing tier for every victim this can write
+                # back, made on the forward stream: the write-backs on this
+                # stream then never reallocate the backing table (whose old
+                # blocks the forward stream's allocator would reuse while this
+                # stream still read them).
+                with torch.cuda.stream(forward_stream):
+                    self.backing.make_room(tids)
+                # After the forward enqueued so far (it wrote the cache's metadata).
                 stream.wait_stream(forward_stream)
         cand = (self.cache.table.find(keys, tids) < 0).nonzero().squeeze(1)
         st = self._staged
