@@ -168,3 +168,19 @@ def test_cache_hits_and_misses_are_counted_per_table():
     assert torch.equal(c[:, StatCol.CACHE_HITS], want)
     assert torch.equal(c[:, StatCol.CACHE_HITS] + c[:, StatCol.CACHE_MISSES], c[:, StatCol.LOOKUPS])
     assert int(want.sum()) > 0 and int(c[:, StatCol.CACHE_MISSES].sum()) > 0
+
+
+@pytest.mark.parametrize("mode", ["cache", "cache_small", "hybrid", "external", "external_cache"])
+def test_eval_reads_every_tier_and_changes_nothing(mode):
+    reference, m = module("device", optimizer="adam"), module(mode, optimizer="adam")
+    data = batches(8, 2)
+    train(reference, data)
+    train(m, data)
+    before = m.storage.sizes()
+    reference.eval()
+    m.eval()
+    with torch.no_grad():
+        # Keys trained (cached or not) and keys never seen (the eval initializer).
+        for indices, offsets in batches(3, 2, vocab=4000, seed=7):
+            assert torch.equal(m(indices, offsets), reference(indices, offsets))
+    assert m.storage.sizes() == before
