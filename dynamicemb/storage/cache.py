@@ -301,8 +301,10 @@ class CachedStorage(TableStorage):
                 # stream then never reallocate the backing table (whose old
                 # blocks the forward stream's allocator would reuse while this
                 # stream still read them).
-                with torch.cuda.stream(forward_stream):
-                    self.backing.make_room(tids)
+                room = self.backing.room_for(tids)  # host counts: no tensor crosses streams
+                if room is not None:
+                    with torch.cuda.stream(forward_stream):
+                        self.backing.reserve(room)
                 # After the forward enqueued so far (it wrote the cache's metadata).
                 stream.wait_stream(forward_stream)
         cand = (self.cache.table.find(keys, tids) < 0).nonzero().squeeze(1)

@@ -230,8 +230,9 @@ class ExternalBacking:
     def reserve_rows(self, table: int, incoming: int) -> None:
         """The storage sizes itself."""
 
-    def make_room(self, tids: torch.Tensor) -> None:
+    def room_for(self, tids: torch.Tensor) -> None:
         """The storage sizes itself."""
+        return None
 
     def snapshot(self) -> None:
         """The storage's own rows are not copied (see TableStorage.snapshot)."""

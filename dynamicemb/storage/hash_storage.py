@@ -518,12 +518,13 @@ class HashTableStorage(TableStorage):
         scores = None if self.no_eviction else self.table.scores[slots.clamp(min=0)]
         return slots >= 0, self.read(slots, tids), scores
 
-    def make_room(self, tids: torch.Tensor) -> None:
-        """Expands the tables (as ``reserve``) for one more key per entry of
-        ``tids`` (its table), when some table can still grow."""
+    def room_for(self, tids: torch.Tensor) -> list[int] | None:
+        """Keys per table to ``reserve`` for one more key per entry of ``tids``
+        (its table), read to the host; None when no table can grow."""
         t = self.table
         if self.no_eviction or any(t.capacity(i) < t.max_capacity(i) for i in range(t.num_tables)):
-            self.reserve(torch.bincount(tids, minlength=t.num_tables).tolist())
+            return torch.bincount(tids, minlength=t.num_tables).tolist()
+        return None
 
     def write_back(self, keys, tids, src, src_offsets, scores) -> None:
         """Stores rows a cache gives back (from the row space ``src``), with
