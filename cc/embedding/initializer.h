@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "cc/common/host_device.h"
+#include "cc/storage/row_space.h"
 
 namespace dyn_emb {
 namespace embedding {
@@ -116,6 +117,49 @@ DEMB_HD float init_value(const InitArgs& a, int64_t key, int64_t table, int64_t 
     }
   }
   return 0.0f;
+}
+
+/// New rows written in place (the op init_rows_at): for each entry i with
+/// offsets[i] >= 0, the row at that byte offset of `space` (cc/storage/row_space.h)
+/// gets the embedding init_value gives (keys[i], table_ids[i]) as T, zero
+/// padding to the state, and `state_dim` floats of optimizer state: zeros,
+/// except entries from `fill_from` on, which are `fill` (FTRL's accumulators).
+struct RowInitArgs {
+  InitArgs init;
+  storage::RowSpace space;
+  const int64_t* offsets = nullptr;    ///< (n) byte offsets, -1: skip
+  const int64_t* keys = nullptr;       ///< (n)
+  const int64_t* table_ids = nullptr;  ///< (n) the generator's table of each key
+  int64_t dim = 0;
+  int64_t state_dim = 0;
+  int64_t fill_from = 0;
+  float fill = 0.f;
+};
+
+/// 4-byte words of a new row: embedding and padding, then the state.
+template <class T>
+DEMB_HD int64_t init_row_words(const RowInitArgs& a) {
+  return storage::state_offset(a.dim, sizeof(T)) / 4 + a.state_dim;
+}
+
+/// Writes 4-byte word w of the new row of entry i (whose offset is >= 0).
+template <class T>
+DEMB_HD void init_row_word(const RowInitArgs& a, int64_t i, int64_t w) {
+  uint8_t* row = a.space.at(a.offsets[i]);
+  const int64_t emb_words = storage::state_offset(a.dim, sizeof(T)) / 4;
+  if (w >= emb_words) {
+    const int64_t s = w - emb_words;
+    reinterpret_cast<float*>(row)[w] = s >= a.fill_from ? a.fill : 0.f;
+    return;
+  }
+  // The elements of T in this word, zeros past dim.
+  constexpr int64_t per = 4 / sizeof(T);
+  T* e = reinterpret_cast<T*>(row + 4 * w);
+  for (int64_t k = 0; k < per; ++k) {
+    const int64_t d = w * per + k;
+    e[k] =
+        storage::from_float<T>(d < a.dim ? init_value(a.init, a.keys[i], a.table_ids[i], d) : 0.f);
+  }
 }
 
 }  // namespace embedding

@@ -16,6 +16,32 @@ void init_rows(const InitArgs& a, const int64_t* keys, const int64_t* table_ids,
   });
 }
 
+namespace {
+
+template <class T>
+void init_rows_at(const RowInitArgs& a, int64_t n) {
+  const int64_t words = init_row_words<T>(a);
+  at::parallel_for(0, n, 256, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) {
+      if (a.offsets[i] < 0) continue;
+      for (int64_t w = 0; w < words; ++w) init_row_word<T>(a, i, w);
+    }
+  });
+}
+
+}  // namespace
+
+void init_rows_at(const RowInitArgs& a, int64_t n, storage::ElementType type) {
+  switch (type) {
+    case storage::ElementType::kFloat16:
+      return init_rows_at<storage::Half>(a, n);
+    case storage::ElementType::kBFloat16:
+      return init_rows_at<storage::BFloat16>(a, n);
+    default:
+      return init_rows_at<float>(a, n);
+  }
+}
+
 }  // namespace cpu
 }  // namespace embedding
 }  // namespace dyn_emb

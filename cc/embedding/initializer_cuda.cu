@@ -17,7 +17,35 @@ __global__ void init_rows_kernel(InitArgs a, const int64_t* keys, const int64_t*
   out[x] = init_value(a, keys[i], table_ids[i], e);
 }
 
+// A warp per entry: the lanes write consecutive words of its row.
+template <class T>
+__global__ void init_rows_at_kernel(RowInitArgs a, int64_t n) {
+  const int64_t i = global_thread() / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (i >= n || a.offsets[i] < 0) return;
+  const int64_t words = init_row_words<T>(a);
+  for (int64_t w = lane; w < words; w += kWarp) init_row_word<T>(a, i, w);
+}
+
+template <class T>
+void launch_init_rows_at(const RowInitArgs& a, int64_t n, cudaStream_t stream) {
+  init_rows_at_kernel<T><<<grid_for(n * kWarp), kBlock, 0, stream>>>(a, n);
+  check_launch("init_rows_at");
+}
+
 }  // namespace
+
+void init_rows_at(const RowInitArgs& a, int64_t n, storage::ElementType type, cudaStream_t stream) {
+  if (n == 0) return;
+  switch (type) {
+    case storage::ElementType::kFloat16:
+      return launch_init_rows_at<storage::Half>(a, n, stream);
+    case storage::ElementType::kBFloat16:
+      return launch_init_rows_at<storage::BFloat16>(a, n, stream);
+    default:
+      return launch_init_rows_at<float>(a, n, stream);
+  }
+}
 
 void init_rows(const InitArgs& a, const int64_t* keys, const int64_t* table_ids, int64_t n,
                int64_t dim, float* out, cudaStream_t stream) {

@@ -17,6 +17,10 @@ namespace cuda {
 void init_rows(const InitArgs& a, const int64_t* keys, const int64_t* table_ids, int64_t n,
                int64_t dim, float* out, cudaStream_t stream);
 
+/// @brief Device-side cpu::init_rows_at: a warp per entry, entries with offset
+/// -1 (most of a batch) leave at once.
+void init_rows_at(const RowInitArgs& a, int64_t n, storage::ElementType type, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace embedding
 }  // namespace dyn_emb

@@ -49,6 +49,41 @@ inline embedding::InitArgs init_args(const at::Tensor& keys, const at::Tensor& t
   return a;
 }
 
+/// Checks init_rows_at's arguments and packs them (the rows' offsets on the
+/// CPU only: a CUDA op does not read them on the host).
+inline embedding::RowInitArgs row_init_args(const at::Tensor& seg0, const at::Tensor& seg1,
+                                            const at::Tensor& offsets, const at::Tensor& keys,
+                                            const at::Tensor& table_ids, int64_t dim,
+                                            storage::ElementType type, int64_t state_dim,
+                                            int64_t fill_from, double fill,
+                                            const embedding::InitArgs& init) {
+  check_1d(offsets, at::kLong, "offsets");
+  TORCH_CHECK_VALUE(offsets.numel() == keys.numel(),
+                    "dynamicemb: offsets and keys lengths differ: ", offsets.numel(), " vs ",
+                    keys.numel());
+  check_same_device(keys, {&seg0, &seg1, &offsets, &table_ids});
+  TORCH_CHECK_VALUE(state_dim >= 0 && fill_from >= 0 && fill_from <= state_dim,
+                    "dynamicemb: state_dim (", state_dim, ") and fill_from (", fill_from,
+                    ") must satisfy 0 <= fill_from <= state_dim");
+  embedding::RowInitArgs a;
+  a.init = init;
+  a.space = row_space(seg0, seg1, "rows");
+  a.offsets = offsets.data_ptr<int64_t>();
+  a.keys = keys.data_ptr<int64_t>();
+  a.table_ids = table_ids.data_ptr<int64_t>();
+  a.dim = dim;
+  a.state_dim = state_dim;
+  a.fill_from = fill_from;
+  a.fill = static_cast<float>(fill);
+  if (offsets.device().is_cpu()) {
+    const int64_t bytes = storage::state_offset(dim, element_size(type)) + 4 * state_dim;
+    for (int64_t i = 0; i < offsets.numel(); ++i) {
+      check_row_offset(a.space, a.offsets[i], bytes, i, "row");
+    }
+  }
+  return a;
+}
+
 /// Checks an optimizer's type and hyper-parameters and packs them.
 inline embedding::OptimArgs optim_params(int64_t type, double lr, double eps, double beta1,
                                          double beta2, double weight_decay, int64_t wd_mode,

@@ -57,6 +57,20 @@ at::Tensor init_rows_cpu(const at::Tensor& keys, const at::Tensor& table_ids, in
   return out;
 }
 
+void init_rows_at_cpu(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor& offsets,
+                      const at::Tensor& keys, const at::Tensor& table_ids, int64_t dim,
+                      int64_t mode, double mean, double std_dev, double lower, double upper,
+                      double value, int64_t seed, int64_t element_type, int64_t state_dim,
+                      int64_t fill_from, double fill) {
+  const embedding::InitArgs init =
+      init_args(keys, table_ids, dim, mode, mean, std_dev, lower, upper, value, seed);
+  check_cpu(keys);
+  const storage::ElementType et = ops::element_type(element_type);
+  embedding::cpu::init_rows_at(row_init_args(seg0, seg1, offsets, keys, table_ids, dim, et,
+                                             state_dim, fill_from, fill, init),
+                               keys.numel(), et);
+}
+
 void optimizer_step_cpu(at::Tensor& values, const at::Tensor& rows, const at::Tensor& grads,
                         int64_t type, double lr, double eps, double beta1, double beta2,
                         double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
@@ -77,6 +91,7 @@ TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
   m.impl("embedding_pool", &embedding_pool_cpu);
   m.impl("embedding_update", &embedding_update_cpu);
   m.impl("init_rows", &init_rows_cpu);
+  m.impl("init_rows_at", &init_rows_at_cpu);
   m.impl("optimizer_step", &optimizer_step_cpu);
 }
 

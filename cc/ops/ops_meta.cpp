@@ -75,6 +75,12 @@ at::Tensor init_rows_meta(const at::Tensor& keys, const at::Tensor& table_ids, i
   return at::empty_symint({keys.sym_numel(), c10::SymInt(dim)}, keys.options().dtype(at::kFloat));
 }
 
+void init_rows_at_meta(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor& offsets,
+                       const at::Tensor& keys, const at::Tensor& table_ids, int64_t dim,
+                       int64_t mode, double mean, double std_dev, double lower, double upper,
+                       double value, int64_t seed, int64_t element_type, int64_t state_dim,
+                       int64_t fill_from, double fill) {}
+
 void optimizer_step_meta(at::Tensor& values, const at::Tensor& rows, const at::Tensor& grads,
                          int64_t type, double lr, double eps, double beta1, double beta2,
                          double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
@@ -137,6 +143,7 @@ TORCH_LIBRARY_IMPL(dynamicemb, Meta, m) {
   m.impl("table_timer", &timer_meta);
   m.impl("gather_rows", &gather_rows_meta);
   m.impl("init_rows", &init_rows_meta);
+  m.impl("init_rows_at", &init_rows_at_meta);
   m.impl("optimizer_step", &optimizer_step_meta);
   m.impl("copy_rows", &copy_rows_meta);
   m.impl("route_keys", &route_keys_meta);

@@ -97,6 +97,20 @@ TORCH_LIBRARY(dynamicemb, m) {
       "init_rows(Tensor keys, Tensor table_ids, int dim, int mode, float mean, float std_dev, "
       "float lower, float upper, float value, int seed) -> Tensor");
 
+  // init_rows written in place into a row space (new rows of a batch).
+  // Args:
+  //   seg0, seg1: the row space (cc/storage/row_space.h), written; offsets:
+  //   (n) int64 byte offset of each entry's row, -1 to skip it; keys,
+  //   table_ids: (n) int64 as init_rows; dim, the initializer's mode and
+  //   parameters, seed: as init_rows; element_type: the embeddings'
+  //   storage::ElementType; state_dim: floats of optimizer state after the
+  //   embedding (padded to 4 bytes), zeros except entries from fill_from on,
+  //   which are fill.
+  m.def(
+      "init_rows_at(Tensor(a!) seg0, Tensor(b!) seg1, Tensor offsets, Tensor keys, "
+      "Tensor table_ids, int dim, int mode, float mean, float std_dev, float lower, float upper, "
+      "float value, int seed, int element_type, int state_dim, int fill_from, float fill) -> ()");
+
   // Fused optimizer update of embedding rows stored with their state
   // (cc/embedding/optimizer.h).
   // Args:

@@ -36,7 +36,7 @@ from dynamicemb.dynamicemb_config import (
     DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
 )
-from dynamicemb.embedding.initializer import init_rows
+from dynamicemb.embedding.initializer import init_rows, init_rows_at, initializer_op_args
 from dynamicemb.embedding.optimizer import RowOptimizer
 from dynamicemb.embedding.score_function import VictimScorer, table_score_columns
 from dynamicemb.embedding.stats import StatCol, TableStats
@@ -341,7 +341,10 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         lengths = offsets[1:] - offsets[:-1]
         bag = self._bags(indices, lengths)
         tids = self._feature_tables[bag // max(batch, 1)]
-        su = segmented_unique(indices, tids, len(self.table_options))
+        # Training on a storage that takes padded batches never reads the
+        # number of distinct keys on the host (dynamicemb.embedding.unique).
+        padded = self.training and self.storage.takes_padded_batches
+        su = segmented_unique(indices, tids, len(self.table_options), padded=padded)
         self.stats.count_lookups(su.table_offsets)
         self._uniq_tids = su.table_ids
         counts = su.counts
@@ -350,7 +353,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 0, su.inverse, frequency_counters.to(self.device).long()
             )
         if self.training:
-            rows = self._lookup_train(su.keys, su.table_ids, counts)
+            rows = self._lookup_train(su, counts, padded)
         else:
             rows = self._lookup_eval(su.keys, su.table_ids)
         space = self.storage.space()
@@ -461,15 +464,20 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if frequency_counters is not None:
             raise ValueError("pass either pooling_weights or frequency_counters, not both")
 
-    def _lookup_train(self, keys, tids, counts) -> torch.Tensor:
+    def _lookup_train(self, su, counts, padded: bool) -> torch.Tensor:
         self.step += 1
         if S.CUSTOMIZED in self.strategies and self._custom_score is None:
             raise RuntimeError("CUSTOMIZED score strategy: call set_score before the forward pass")
         self._eval_rows = None
-        rows = self.storage.train_rows(
-            keys, tids, counts, BatchScore(self.step, self._custom_score), self._row_init
-        )
-        failed = rows < 0
+        score = BatchScore(self.step, self._custom_score)
+        if padded:
+            rows = self.storage.train_rows(
+                su.keys, su.table_ids, counts, score, self._row_init, num_keys=su.num_unique
+            )
+            failed = (rows < 0) & su.valid()
+        else:
+            rows = self.storage.train_rows(su.keys, su.table_ids, counts, score, self._row_init)
+            failed = rows < 0
         mode = self.table_options[0].safe_check_mode
         if mode != DynamicEmbCheckMode.IGNORE:
             n_failed = int(failed.sum())
@@ -481,25 +489,31 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.insert_failures += failed.sum()
         return rows
 
-    def _group_tables(self, eval_mode: bool):
+    def _group_tables(self, eval_mode: bool) -> list["_InitGroup"]:
         """Tables grouped by (dim, initializer arguments), so that one
-        init_rows call serves a group: [(dim, args, tables on the device)]."""
-        groups = {}
+        init_rows call serves a group."""
+        groups: dict[tuple, _InitGroup] = {}
         for t, o in enumerate(self.table_options):
             args = o.eval_initializer_args if eval_mode else o.initializer_args
-            groups.setdefault((self.dims[t], repr(args)), (self.dims[t], args, []))[2].append(t)
-        return [(d, args, torch.tensor(ts, device=self.device)) for d, args, ts in groups.values()]
+            key = (self.dims[t], repr(args))
+            if key not in groups:
+                groups[key] = _InitGroup(self.dims[t], args, initializer_op_args(args), [], None)
+            groups[key].table_list.append(t)
+        for g in groups.values():
+            g.tables = torch.tensor(g.table_list, device=self.device)
+        return list(groups.values())
 
     def _init_values(self, keys, tids, eval_mode: bool):
         """Yields (selection or None for all, dim, initial rows) per group of
         tables sharing dim and initializer arguments."""
         init_ids = self._init_table_ids[tids]
         groups = self._init_groups[eval_mode]
-        for dim, args, tables in groups:
+        for g in groups:
+            dim, args = g.dim, g.args
             if len(groups) == 1:
                 yield None, dim, init_rows(keys, dim, args, init_ids, self.seed)
                 continue
-            sel = torch.isin(tids, tables)
+            sel = torch.isin(tids, g.tables)
             if bool(sel.any()):
                 yield sel, dim, init_rows(keys[sel], dim, args, init_ids[sel], self.seed)
 
@@ -614,12 +628,51 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.step = snapshot["step"]
 
 
+@dataclass
+class _InitGroup:
+    """Tables sharing dim and initializer arguments (one init_rows call):
+    their dim, initializer arguments (and the ops' form of them), the tables
+    (a list, and on the module's device)."""
+
+    dim: int
+    args: Any
+    op_args: tuple
+    table_list: list[int]
+    tables: torch.Tensor | None
+
+
 class _ModuleRowInit(RowInit):
     """A module's new rows: its initializers' embeddings, its optimizer's
     initial state."""
 
     def __init__(self, module: BatchedDynamicEmbeddingTablesV2) -> None:
         self.module = module
+
+    def write_rows(self, space, offsets, keys, tids, layout: RowLayout) -> bool:
+        """One init_rows_at per initializer group, each over every entry
+        (those of other groups at -1): no selection, no synchronization."""
+        m = self.module
+        init_ids = m._init_table_ids[tids]
+        groups = m._init_groups[False]
+        for g in groups:
+            t = g.table_list[0]
+            sdim = layout.state_dims[t]
+            at = offsets
+            if len(groups) > 1:
+                at = torch.where(torch.isin(tids, g.tables), offsets, -1)
+            init_rows_at(
+                space,
+                at,
+                keys,
+                init_ids,
+                g.dim,
+                g.op_args,
+                m.seed,
+                layout.element_type,
+                sdim,
+                m.optimizer.state_fill(sdim),
+            )
+        return True
 
     def embeddings(self, keys: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
         return self.module.initial_embeddings(keys, tids)

@@ -44,11 +44,18 @@ def init_rows(
         rows = init_rows(torch.tensor([7, 8]), 4, DynamicEmbInitializerArgs(
             mode=DynamicEmbInitializerMode.NORMAL, std_dev=0.01))
     """
+    if table_ids is None:
+        table_ids = torch.zeros_like(keys)
+    return ops().init_rows(keys, table_ids, int(dim), *initializer_op_args(args), int(seed))
+
+
+def initializer_op_args(
+    args: DynamicEmbInitializerArgs,
+) -> tuple[int, float, float, float, float, float]:
+    """The ops' ``(mode, mean, std_dev, lower, upper, value)`` of an initializer."""
     if not isinstance(args, DynamicEmbInitializerArgs):
         raise TypeError(f"args must be DynamicEmbInitializerArgs, got {type(args).__name__}")
     args = complete_initializer_args(args)
-    if table_ids is None:
-        table_ids = torch.zeros_like(keys)
     lower, upper = args.lower, args.upper
     if args.mode == DynamicEmbInitializerMode.TRUNCATED_NORMAL:
         lower = args.mean - 2.0 * args.std_dev if lower is None else lower
@@ -56,15 +63,40 @@ def init_rows(
     lower = 0.0 if lower is None else float(lower)
     upper = 1.0 if upper is None else float(upper)
     mode = int(constants()["InitMode"][args.mode.name])
-    return ops().init_rows(
+    return mode, float(args.mean), float(args.std_dev), lower, upper, float(args.value)
+
+
+def init_rows_at(
+    space: tuple[torch.Tensor, torch.Tensor],
+    offsets: torch.Tensor,
+    keys: torch.Tensor,
+    table_ids: torch.Tensor,
+    dim: int,
+    op_args: tuple[int, float, float, float, float, float],
+    seed: int,
+    element_type: int,
+    state_dim: int,
+    state_fill: tuple[int, float] = (0, 0.0),
+) -> None:
+    """Writes ``init_rows``' rows straight into a row space: the row at
+    ``offsets[i]`` (skipped where -1) gets the embedding of ``keys[i]`` in
+    table ``table_ids[i]`` (the initializer's ``initializer_op_args``) at the
+    native ``element_type``, then ``state_dim``
+    float32 of optimizer state, zeros from index 0 and ``state_fill[1]`` from
+    index ``state_fill[0]`` on. One kernel whatever the number of new keys, so
+    a batch's new rows are written without reading that number."""
+    fill_from, fill = state_fill
+    ops().init_rows_at(
+        space[0],
+        space[1],
+        offsets,
         keys,
         table_ids,
         int(dim),
-        mode,
-        float(args.mean),
-        float(args.std_dev),
-        lower,
-        upper,
-        float(args.value),
+        *op_args,
         int(seed),
+        int(element_type),
+        int(state_dim),
+        int(fill_from),
+        float(fill),
     )

@@ -83,13 +83,20 @@ class RowOptimizer:
         """Floats of state after an embedding of ``dim``."""
         return optimizer_state_dim(self.optimizer, dim, torch.float32)
 
+    def state_fill(self, state_dim: int) -> tuple[int, float]:
+        """The initial state of a row with ``state_dim`` floats of state:
+        ``(first, value)``: zeros before index ``first``, ``value`` from it on
+        (FTRL's accumulators start at ``initial_accumulator_value``)."""
+        if isinstance(self.optimizer, DynamicEmbOptimType) and self.initial_accumulator_value:
+            return state_dim // 2, float(self.initial_accumulator_value)
+        return state_dim, 0.0
+
     def init_state(self, state: torch.Tensor) -> None:
         """Writes the initial state into ``state`` ((rows, state_dim) view of
-        new rows): zeros, and FTRL's accumulators at ``initial_accumulator_value``."""
+        new rows), as ``state_fill`` says."""
+        first, value = self.state_fill(state.shape[1])
         state.zero_()
-        if isinstance(self.optimizer, DynamicEmbOptimType) and self.initial_accumulator_value:
-            dim = state.shape[1] // 2
-            state[:, dim:].fill_(self.initial_accumulator_value)
+        state[:, first:].fill_(value)
 
     def step(
         self, values: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor, step: int

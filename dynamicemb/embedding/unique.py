@@ -3,12 +3,26 @@
 The embedding step looks every distinct key up once, reduces the gradients
 of its occurrences into one, and counts how often it occurred (LFU scores,
 admission). This is that step, in torch operations, on any device.
+
+How many distinct keys a batch has is known on the device only. Reading it
+on the host would stall the host until the device has caught up, so the
+training step works with *padded* results (``padded=True``): every output
+has the batch's length (its upper bound), the distinct keys first, then
+padding: the key ``PAD_KEY`` (a reserved key, which the CUDA table kernels
+treat as invalid: slot -1, nothing stored), the last table's id, count 0.
+``num_unique`` holds the number of distinct keys on the device.
 """
 
 import os
 from dataclasses import dataclass
 
 import torch
+
+from dynamicemb.table._native import constants
+
+# The key of padding entries: the table's EMPTY_KEY (cc/table/types.h), a
+# reserved key that no batch may contain.
+PAD_KEY = int(constants()["EMPTY_KEY"])
 
 
 @dataclass
@@ -24,6 +38,9 @@ class SegmentedUnique:
             ``keys[table_offsets[t]:table_offsets[t + 1]]``.
         order (torch.Tensor): (n) int64, the input positions grouped by distinct
             key: those of key u are ``order[sum(counts[:u]) : sum(counts[:u + 1])]``.
+        num_unique (torch.Tensor): (1) int64 on the keys' device, the number
+            of distinct keys: ``u`` itself, or, padded (u = n), the length of
+            the prefix that holds them.
     """
 
     keys: torch.Tensor
@@ -32,10 +49,15 @@ class SegmentedUnique:
     counts: torch.Tensor
     table_offsets: torch.Tensor
     order: torch.Tensor
+    num_unique: torch.Tensor
+
+    def valid(self) -> torch.Tensor:
+        """(u) bool: the entry is a distinct key (not padding)."""
+        return torch.arange(self.keys.numel(), device=self.keys.device) < self.num_unique
 
 
 def segmented_unique(
-    keys: torch.Tensor, table_ids: torch.Tensor, num_tables: int
+    keys: torch.Tensor, table_ids: torch.Tensor, num_tables: int, padded: bool = False
 ) -> SegmentedUnique:
     """Distinct (table, key) pairs of a batch.
 
@@ -43,6 +65,10 @@ def segmented_unique(
         keys (torch.Tensor): (n) int64.
         table_ids (torch.Tensor): (n) int64 in [0, num_tables).
         num_tables (int): tables the batch may address.
+        padded (bool): keep every output at the batch's length, padded (see
+            the module docstring), without reading the number of distinct keys
+            on the host; otherwise the outputs have exactly that length (on
+            CUDA reading it synchronizes).
 
     With the environment variable DYNAMICEMB_DEBUG set, the table offsets are
     checked on the host (0 first, the number of distinct keys last,
@@ -70,21 +96,28 @@ def segmented_unique(
     new = torch.ones(n, dtype=torch.bool, device=dev)
     if n > 1:
         new[1:] = (k_sorted[1:] != k_sorted[:-1]) | (t_sorted[1:] != t_sorted[:-1])
-    group = torch.cumsum(new.to(torch.int64), 0) - 1
-    starts = torch.nonzero(new).squeeze(1)  # the one host synchronization: the count
-    uniq_keys = k_sorted[starts]
-    uniq_tables = t_sorted[starts]
+    # distinct[i]: distinct pairs among the first i sorted entries.
+    distinct = torch.zeros(n + 1, dtype=torch.int64, device=dev)
+    torch.cumsum(new, 0, out=distinct[1:])
+    group = distinct[1:] - 1
+    # starts[u]: the first sorted position of distinct key u (n past the last).
+    starts = torch.searchsorted(group, torch.arange(n + 1, device=dev))
+    first = starts[:n].clamp(max=max(n - 1, 0))
+    valid = starts[:n] < n
+    uniq_keys = torch.where(valid, k_sorted[first], PAD_KEY)
+    uniq_tables = torch.where(valid, t_sorted[first], num_tables - 1)
+    counts = starts[1:] - starts[:n]
     inverse = torch.empty(n, dtype=torch.int64, device=dev)
     inverse[perm] = group
-    ends = torch.empty_like(starts)
-    ends[:-1] = starts[1:]
-    ends[-1:] = n
-    counts = ends - starts
     bounds = torch.arange(num_tables + 1, dtype=torch.int64, device=dev)
-    offsets = torch.searchsorted(uniq_tables, bounds)
+    offsets = distinct[torch.searchsorted(t_sorted, bounds)]
+    su = SegmentedUnique(uniq_keys, uniq_tables, inverse, counts, offsets, perm, distinct[n:])
+    if not padded:
+        u = int(su.num_unique)  # synchronizes on CUDA
+        su.keys, su.table_ids, su.counts = uniq_keys[:u], uniq_tables[:u], counts[:u]
     if os.environ.get("DYNAMICEMB_DEBUG"):
-        _check_offsets(offsets, uniq_keys.numel(), num_tables)
-    return SegmentedUnique(uniq_keys, uniq_tables, inverse, counts, offsets, perm)
+        _check_offsets(offsets, int(su.num_unique), num_tables)
+    return su
 
 
 def _check_offsets(offsets: torch.Tensor, num_keys: int, num_tables: int) -> None:

@@ -206,9 +206,17 @@ class ShardedDynamicEmbeddingCollection(_DynamicTablesMixin, ShardedEmbeddingCol
         sharding_types = list(self._sharding_type_to_sharding.keys())
         deduped: list[KeyedJaggedTensor] = []
         for sharding_type, features in zip(sharding_types, input_feature_splits):
-            dedup_features, reverse = dedup_kjt(
-                features, counts_as_weights=sharding_type == DYNAMICEMB_SHARDING_KEY
-            )
+            dynamic = sharding_type == DYNAMICEMB_SHARDING_KEY
+            if dynamic and self._env.world_size == 1 and sharding_type == sharding_types[-1]:
+                # Nothing to save on an all-to-all with oneself, and the
+                # module looks each distinct key up once anyway: the keys go
+                # as they are, and no reverse index expands the rows after.
+                # (TorchRec reads the reverse indices by sharding position:
+                # leaving out the last sharding's shifts no other's; the
+                # dynamic sharding is the last, _separate_dynamic_tables.)
+                deduped.append(features)
+                continue
+            dedup_features, reverse = dedup_kjt(features, counts_as_weights=dynamic)
             ctx.input_features.append(features)
             ctx.reverse_indices.append(reverse)
             deduped.append(dedup_features)

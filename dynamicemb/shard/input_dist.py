@@ -14,6 +14,7 @@ import torch.distributed as dist
 from torchrec.distributed.sharding.rw_sharding import RwSparseFeaturesDist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from ..embedding.unique import segmented_unique
 from .routing import continuous_block_size, route_codes, route_keys_by_feature
 
 __all__ = [
@@ -59,7 +60,8 @@ def bucketize_by_route(
 
     Returns:
         Tuple[KeyedJaggedTensor, Optional[torch.Tensor]]: the bucketized KJT
-        and the permute (None unless ``output_permute``).
+        and the permute (None unless ``output_permute`` and ``world_size`` >
+        1: with one rank the KJT is returned as it is, in its own order).
 
     Raises:
         NotImplementedError: ``kjt`` has a variable stride per feature.
@@ -68,6 +70,9 @@ def bucketize_by_route(
         raise NotImplementedError(
             "dynamic embedding tables do not support variable batch size per feature"
         )
+    if world_size == 1:
+        # One bucket: the KJT as it is (its values are already in bag order).
+        return kjt, None
     num_features = len(kjt.keys())
     stride = kjt.stride()
     values = kjt.values()
@@ -76,10 +81,14 @@ def bucketize_by_route(
     bags = _bag_ids(kjt)
     features = torch.div(bags, max(stride, 1), rounding_mode="floor")
     ranks = route_keys_by_feature(values.long(), features, dist_types, blocks, world_size)
-    # Bucket-major, then bag, then original position (a stable sort).
-    slot = ranks * num_bags + bags
-    order = torch.sort(slot, stable=True).indices
-    lengths = torch.bincount(slot, minlength=world_size * num_bags).to(kjt.lengths().dtype)
+    # Bucket-major, then bag, then original position: the values are in bag
+    # order already, so a stable sort by rank (16 bits: two radix passes) is enough.
+    narrow = torch.int16 if world_size <= 2**15 else torch.int32
+    order = torch.sort(ranks.to(narrow), stable=True).indices
+    slot = ranks[order] * num_bags + bags[order]  # non-decreasing
+    # Values per (rank, bag), from the sorted slots (no count read on the host).
+    starts = torch.searchsorted(slot, torch.arange(world_size * num_bags + 1, device=slot.device))
+    lengths = (starts[1:] - starts[:-1]).to(kjt.lengths().dtype)
     bucketized = KeyedJaggedTensor(
         keys=list(kjt.keys()) * world_size,
         values=values[order],
@@ -200,33 +209,33 @@ def dedup_kjt(
     n = values.numel()
     device = values.device
     stride = kjt.stride()
+    num_features = len(kjt.keys())
     bags = _bag_ids(kjt)
     features = torch.div(bags, max(stride, 1), rounding_mode="floor")
-    unique, inverse = torch.unique(
-        torch.stack([features, values], dim=1), dim=0, return_inverse=True
-    )
-    num_unique = unique.size(0)
-    positions = torch.arange(n, device=device)
-    first = torch.full((num_unique,), n, dtype=torch.int64, device=device)
-    first = first.scatter_reduce(0, inverse, positions, reduce="amin")
-    keep = torch.zeros(n, dtype=torch.bool, device=device)
-    keep[first] = True
-    new_position = torch.cumsum(keep.long(), 0) - 1
-    reverse = new_position[first[inverse]]
-    lengths = torch.zeros(kjt.lengths().numel(), dtype=torch.int64, device=device)
-    lengths.index_add_(0, bags[keep], torch.ones_like(bags[keep]))
+    # The distinct (feature, key) pairs; their number sizes the KJT the
+    # all-to-all sends (one read on the host, as any dedup before it).
+    su = segmented_unique(values, features, max(num_features, 1))
+    starts = torch.cumsum(su.counts, 0) - su.counts
+    first = su.order[starts]  # each pair's first position (the sort is stable)
+    kept, rank = torch.sort(first)  # kept positions in input order; pair of each
+    new_position = torch.empty(n, dtype=torch.int64, device=device)
+    new_position[kept] = torch.arange(kept.numel(), device=device)
+    reverse = new_position[first[su.inverse]]
+    kept_bags = bags[kept]  # non-decreasing
+    offsets = torch.searchsorted(kept_bags, torch.arange(kjt.lengths().numel() + 1, device=device))
     weights = kjt.weights_or_none()
     kept_weights = None
-    if weights is not None or counts_as_weights:
-        source = weights.float() if weights is not None else torch.ones(n, device=device)
-        summed = torch.zeros(num_unique, dtype=source.dtype, device=device)
-        summed.index_add_(0, inverse, source)
-        kept_weights = summed[inverse[keep]]
+    if weights is not None and n:
+        # Summed per pair over its occurrences (in sorted order: no atomics).
+        summed = torch.segment_reduce(weights.float()[su.order], "sum", lengths=su.counts)
+        kept_weights = summed[rank]
+    elif weights is not None or counts_as_weights:
+        kept_weights = su.counts[rank].float()
     deduped = KeyedJaggedTensor(
         keys=kjt.keys(),
-        values=kjt.values()[keep],
+        values=kjt.values()[kept],
         weights=kept_weights,
-        lengths=lengths.to(kjt.lengths().dtype),
+        lengths=(offsets[1:] - offsets[:-1]).to(kjt.lengths().dtype),
         stride=stride,
     )
     return deduped, reverse

@@ -16,7 +16,10 @@ from typing import Any
 import torch
 from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
-from torchrec.distributed.sharding.rw_sequence_sharding import RwSequenceEmbeddingSharding
+from torchrec.distributed.sharding.rw_sequence_sharding import (
+    RwSequenceEmbeddingDist,
+    RwSequenceEmbeddingSharding,
+)
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
 from torchrec.distributed.types import ShardingEnv, ShardingType
 
@@ -92,6 +95,44 @@ def prepare_dynamic_sharding_infos(
         fused_params[GROUP_KEY] = group
         prepared.append(dataclasses.replace(info, fused_params=fused_params))
     return prepared
+
+
+class _Unbucketize(torch.autograd.Function):
+    """Rows put back in the order of the input values: ``out = x[permute]``,
+    ``permute`` a permutation. Its backward is a gather by the inverse
+    permutation (an ``index_select``'s backward adds with atomics; a
+    permutation has nothing to add)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, permute: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(permute)
+        return x.index_select(0, permute)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        (permute,) = ctx.saved_tensors
+        inverse = torch.empty_like(permute)
+        inverse[permute] = torch.arange(permute.numel(), device=permute.device)
+        return grad.index_select(0, inverse), None
+
+
+class DynamicEmbRwSequenceEmbeddingDist(RwSequenceEmbeddingDist):
+    """TorchRec's row-wise sequence output dist, with the embeddings put back
+    in the order of the input values by ``_Unbucketize``."""
+
+    def forward(self, local_embs: torch.Tensor, sharding_ctx: Any = None):
+        assert sharding_ctx is not None
+        # TorchRec's all-to-all, without its index_select by the permute.
+        permute = sharding_ctx.unbucketize_permute_tensor
+        sharding_ctx.unbucketize_permute_tensor = None
+        try:
+            awaitable = super().forward(local_embs, sharding_ctx)
+        finally:
+            sharding_ctx.unbucketize_permute_tensor = permute
+        if permute is not None:
+            dim = local_embs.shape[1]
+            awaitable.callbacks.append(lambda ret: _Unbucketize.apply(ret.view(-1, dim), permute))
+        return awaitable
 
 
 class _DynamicEmbRwMixin:
@@ -181,6 +222,14 @@ class DynamicEmbRwSequenceEmbeddingSharding(_DynamicEmbRwMixin, RwSequenceEmbedd
     """
 
     _IS_SEQUENCE = True
+
+    def create_output_dist(self, device: torch.device | None = None):
+        return DynamicEmbRwSequenceEmbeddingDist(
+            self._pg,
+            self._get_num_features(),
+            device if device is not None else self._device,
+            qcomm_codecs_registry=self.qcomm_codecs_registry,
+        )
 
     def create_lookup(
         self,

@@ -34,6 +34,21 @@ class RowInit(abc.ABC):
         """Writes the initial optimizer state into ``state`` ((n, state_dim)
         float32 rows of one dim)."""
 
+    def write_rows(
+        self,
+        space: tuple[torch.Tensor, torch.Tensor],
+        offsets: torch.Tensor,
+        keys: torch.Tensor,
+        tids: torch.Tensor,
+        layout: RowLayout,
+    ) -> bool:
+        """Writes the new rows of ``keys`` straight into a row space at
+        ``offsets`` (entries at -1 skipped), as ``embeddings`` and
+        ``init_state`` would make them. Returns False when it cannot; the
+        storage then builds the rows from ``embeddings`` and ``init_state``
+        (which needs the new keys gathered first)."""
+        return False
+
 
 @dataclass
 class ExportedRows:
@@ -79,6 +94,10 @@ class TableStorage(abc.ABC):
     # keys it held.
     has_cache: bool = False
     cache_observer = None
+    # Whether ``train_rows`` takes padded batches (``num_keys``: the keys
+    # past it are padding, see dynamicemb.embedding.unique), so that a
+    # training step never reads the number of distinct keys on the host.
+    takes_padded_batches: bool = False
 
     # ------------------------------------------------------------ lookups --
 
@@ -94,12 +113,16 @@ class TableStorage(abc.ABC):
         counts: torch.Tensor,
         score: BatchScore,
         init: RowInit,
+        num_keys: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Training find-or-insert of distinct keys.
 
         A key already stored anywhere gets its row where the kernels can
         address it; a new key gets a row ``init`` writes. Scores follow the
-        tables' strategy (``counts``: each key's LFU increment).
+        tables' strategy (``counts``: each key's LFU increment). ``num_keys``
+        ((1) int64 on the device), given only to a storage that
+        ``takes_padded_batches``: the keys from that position on are padding
+        (``PAD_KEY``, count 0), which get -1 and change nothing.
 
         Returns:
             torch.Tensor: (n) int64 byte offsets, -1 where a key could not be

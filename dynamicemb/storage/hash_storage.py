@@ -33,6 +33,7 @@ from dynamicemb.storage.base import ExportedRows, Footprint, RowInit, TableStora
 from dynamicemb.storage.layout import RowLayout
 from dynamicemb.storage.scores import BatchScore, batch_policies, table_score_columns
 from dynamicemb.table import ScoredHashTable, enums
+from dynamicemb.table._native import constants
 from dynamicemb.types import MemoryType
 
 S = DynamicEmbScoreStrategy
@@ -205,6 +206,7 @@ class HashTableStorage(TableStorage):
                 validate=False,
             )
         self._scorer = None if scorer_factory is None else scorer_factory()
+        self._first_valid = int(constants()["FIRST_VALID_KEY"])
         # Keys a write-back could not place (their bucket full of its own keys).
         self.dropped = torch.zeros((), dtype=torch.int64, device=device)
         self._place(self._rows())
@@ -379,7 +381,8 @@ class HashTableStorage(TableStorage):
             t.capacity(i) >= t.max_capacity(i) for i in range(t.num_tables)
         ):
             return
-        new = t.find(keys, tids) < 0
+        # Reserved keys (a padded batch's padding) are never stored.
+        new = (t.find(keys, tids) < 0) & (keys >= self._first_valid)
         self.reserve(torch.bincount(tids[new], minlength=t.num_tables).tolist())
 
     # ------------------------------------------------------------ inserts --
@@ -445,17 +448,30 @@ class HashTableStorage(TableStorage):
     def write_new_rows(
         self, offsets: torch.Tensor, keys: torch.Tensor, tids: torch.Tensor, init: RowInit
     ) -> None:
-        """Writes the initial rows of new keys at ``offsets`` of this storage."""
+        """Writes the initial rows of new keys at ``offsets`` of this storage
+        (entries at -1 skipped)."""
         write_initial_rows(self.space(), offsets, keys, tids, init, self.layout)
 
-    def train_rows(self, keys, tids, counts, score: BatchScore, init: RowInit) -> torch.Tensor:
+    takes_padded_batches = True
+
+    def train_rows(
+        self, keys, tids, counts, score: BatchScore, init: RowInit, num_keys=None
+    ) -> torch.Tensor:
+        if num_keys is not None and self.device.type == "cpu":
+            # The CPU kernels refuse PAD_KEY: they get the distinct keys only
+            # (reading their number costs nothing on the host).
+            rows = self._train_rows(*_prefix(num_keys, keys, tids, counts), score, init)
+            return torch.cat([rows, rows.new_full((keys.numel() - rows.numel(),), -1)])
+        return self._train_rows(keys, tids, counts, score, init)
+
+    def _train_rows(self, keys, tids, counts, score: BatchScore, init: RowInit) -> torch.Tensor:
         policies, vals = batch_policies(self.strategies, score, counts)
         slots, status, _ = self.insert(keys, tids, policies, vals)
         offsets = self.offsets(slots, tids)
         new = (status == enums.InsertStatus.INSERTED) | (status == enums.InsertStatus.EVICTED)
-        idx = new.nonzero().squeeze(1)
-        if idx.numel():
-            self.write_new_rows(offsets[idx], keys[idx], tids[idx], init)
+        # Every entry goes to the writer, the others at -1: no selection of
+        # the new keys, whose number only the device knows.
+        self.write_new_rows(torch.where(new, offsets, -1), keys, tids, init)
         return offsets
 
     def eval_rows(self, keys, tids) -> torch.Tensor:
@@ -676,9 +692,21 @@ class HashTableStorage(TableStorage):
         return [torch.unique(keys[tids == t]) for t in range(self.table.num_tables)]
 
 
+def _prefix(num_keys: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The first ``num_keys`` entries of each tensor (CPU tensors: the count
+    is read on the host)."""
+    u = int(num_keys)
+    return tuple(t[:u] for t in tensors)
+
+
 def write_initial_rows(dst, offsets, keys, tids, init: RowInit, layout: RowLayout) -> None:
     """Writes the initial rows (``init``'s embeddings, the optimizer's
-    initial state) of keys at ``offsets`` of the row space ``dst``."""
+    initial state) of keys at ``offsets`` of the row space ``dst`` (entries
+    at -1 skipped)."""
+    if init.write_rows(dst, offsets, keys, tids, layout):
+        return
+    keep = (offsets >= 0).nonzero().squeeze(1)
+    offsets, keys, tids = offsets[keep], keys[keep], tids[keep]
     buf = rows_buffer(keys, tids, None, None, None, init, layout)
     sp.copy_rows(
         dst,

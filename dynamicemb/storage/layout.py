@@ -67,6 +67,9 @@ class RowLayout:
         ]
         self.max_row_bytes = max(self.row_bytes)
         self.element_type = int(constants()["ElementType"][_ELEMENT_TYPES[dtype]])
+        # row_bytes as a tensor, per device: made once (a list copied to a
+        # device every call would synchronize).
+        self._row_bytes_on: dict[torch.device, torch.Tensor] = {}
 
     @property
     def num_tables(self) -> int:
@@ -74,7 +77,11 @@ class RowLayout:
 
     def row_bytes_of(self, tids: torch.Tensor) -> torch.Tensor:
         """(n) int64 row bytes of each entry's table, on ``tids``' device."""
-        return torch.tensor(self.row_bytes, dtype=torch.int64, device=tids.device)[tids]
+        table = self._row_bytes_on.get(tids.device)
+        if table is None:
+            table = torch.tensor(self.row_bytes, dtype=torch.int64, device=tids.device)
+            self._row_bytes_on[tids.device] = table
+        return table[tids]
 
     def dim_groups(self, tids: torch.Tensor):
         """Yields (dim, state_dim, state_offset, index of the entries) for each
