@@ -10,6 +10,7 @@ return each step's local outputs. ``reference_outputs`` computes the same
 outputs with a dense float64 model in one process.
 """
 
+import contextlib
 import dataclasses
 import datetime
 import io
@@ -434,9 +435,12 @@ def run_scenario(
     world_size: int,
     scenario: Scenario,
     before_backward: Callable | None = None,
+    step_context: Callable | None = None,
 ) -> dict[str, Any]:
     """Shards the scenario's model, trains ``steps`` steps; returns the local
     outputs of every step (float64 on the CPU) and of a final eval step.
+    ``step_context(step)``, when given, is a context manager each training
+    step's forward and backward run in.
 
     Runs on ``worker_device()``. The unsharded collection is built on the
     CPU either way, so static tables start from the reference's weights
@@ -467,12 +471,16 @@ def run_scenario(
     steps = []
     for step in range(scenario.steps):
         kjt = to_kjt(scenario, batch_for(scenario, step, rank)).to(device)
-        outs = local_outputs(scenario, model(kjt))
-        if before_backward is not None:
-            before_backward(model, step)
-        targets = targets_for(scenario, step, rank, {k: tuple(v.shape) for k, v in outs.items()})
-        loss = sum(0.5 * ((v.double() - targets[k].to(device)) ** 2).sum() for k, v in outs.items())
-        loss.backward()
+        with step_context(step) if step_context is not None else contextlib.nullcontext():
+            outs = local_outputs(scenario, model(kjt))
+            if before_backward is not None:
+                before_backward(model, step)
+            shapes = {k: tuple(v.shape) for k, v in outs.items()}
+            targets = targets_for(scenario, step, rank, shapes)
+            loss = sum(
+                0.5 * ((v.double() - targets[k].to(device)) ** 2).sum() for k, v in outs.items()
+            )
+            loss.backward()
         steps.append({k: v.detach().double().cpu().clone() for k, v in outs.items()})
     result = {"steps": steps, "plan_kernels": {}}
     for name, ps in plan.plan["coll"].items():

@@ -1,0 +1,252 @@
+"""A training step of BatchedDynamicEmbeddingTablesV2 never reads the device
+on the host: the padded segmented unique, the new rows written in place
+(init_rows_at), and the step itself, on the CPU through the proxy of
+sync_guard.py and on a GPU under ``torch.cuda.set_sync_debug_mode("error")``."""
+
+import os
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dynamicemb import (
+    DynamicEmbInitializerArgs,
+    DynamicEmbOptimType,
+    DynamicEmbPoolingMode,
+    DynamicEmbTableOptions,
+)
+from dynamicemb import DynamicEmbInitializerMode as Mode
+from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2, segmented_unique
+from dynamicemb.embedding.initializer import init_rows_at, initializer_op_args
+from dynamicemb.embedding.optimizer import RowOptimizer
+from dynamicemb.embedding.unique import PAD_KEY
+from dynamicemb.storage import RowLayout
+from dynamicemb.storage import space as sp
+from dynamicemb.storage.hash_storage import rows_buffer
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from sync_guard import HostSync, forbid_host_syncs
+
+EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
+
+# The one read a CPU step makes, by design: the CPU table kernels refuse the
+# padding's reserved key, so the storage hands them the distinct keys only
+# (their number is on the host already; on a GPU the padding goes to the
+# kernels, which skip it).
+CPU_ONLY_READ = "storage/hash_storage.py:_prefix"
+
+OPTIMIZERS = {
+    "sgd": (EmbOptimType.EXACT_SGD, {}),
+    "adam": (EmbOptimType.ADAM, {}),
+    "rowwise_adagrad": (EmbOptimType.EXACT_ROWWISE_ADAGRAD, {}),
+    "ftrl": (DynamicEmbOptimType.FTRL, {"initial_accumulator_value": 0.25}),
+}
+
+
+# ------------------------------------------------------------------ unique --
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    pairs=st.lists(st.tuples(st.integers(-5, 40), st.integers(0, 2)), max_size=50),
+)
+def test_padded_unique_is_the_exact_unique_then_padding(pairs):
+    keys = torch.tensor([k for k, _ in pairs], dtype=torch.int64)
+    tables = torch.tensor([t for _, t in pairs], dtype=torch.int64)
+    exact = segmented_unique(keys, tables, 3)
+    padded = segmented_unique(keys, tables, 3, padded=True)
+    u, n = exact.keys.numel(), keys.numel()
+    assert int(padded.num_unique) == int(exact.num_unique) == u
+    assert padded.keys.numel() == padded.table_ids.numel() == padded.counts.numel() == n
+    assert torch.equal(padded.keys[:u], exact.keys)
+    assert torch.equal(padded.table_ids[:u], exact.table_ids)
+    assert torch.equal(padded.counts[:u], exact.counts)
+    assert (padded.keys[u:] == PAD_KEY).all() and (padded.table_ids[u:] == 2).all()
+    assert (padded.counts[u:] == 0).all()
+    assert torch.equal(padded.valid(), torch.arange(n) < u)
+    for name in ("inverse", "order", "table_offsets"):
+        assert torch.equal(getattr(padded, name), getattr(exact, name)), name
+
+
+# ------------------------------------------------------------ init_rows_at --
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
+@pytest.mark.parametrize("dim", [5, 8])
+def test_init_rows_at_writes_the_rows_staging_writes(dtype, optimizer, dim):
+    """Bytes for bytes what the staged path (initializer rows and the
+    optimizer's initial state packed into a buffer, then copied) writes, at
+    the given offsets only."""
+    opt, kw = OPTIMIZERS[optimizer]
+    row_opt = RowOptimizer(opt, **kw)
+    layout = RowLayout([dim], dtype, opt, True)
+    args = DynamicEmbInitializerArgs(mode=Mode.NORMAL, mean=0.1, std_dev=0.5)
+    n = 9
+    keys = torch.arange(100, 100 + n) * 7919
+    init_ids = torch.full((n,), 3)  # the generator's table id (the layout's is 0)
+    rb = layout.row_bytes[0]
+    rows = torch.tensor([0, -1, 2, 3, -1, 5, 6, -1, 8])
+    offsets = torch.where(rows >= 0, rows * rb, -1)
+    got = torch.full((n * rb,), 0xAB, dtype=torch.uint8)
+    sdim = layout.state_dims[0]
+    init_rows_at(
+        (got, got.new_empty(0)),
+        offsets,
+        keys,
+        init_ids,
+        dim,
+        initializer_op_args(args),
+        11,
+        layout.element_type,
+        sdim,
+        row_opt.state_fill(sdim),
+    )
+
+    class Init:
+        def embeddings(self, k, t):
+            from dynamicemb.embedding import init_rows
+
+            return init_rows(k, dim, args, torch.full_like(k, 3), 11)
+
+        def init_state(self, state):
+            row_opt.init_state(state)
+
+    want = torch.full((n * rb,), 0xAB, dtype=torch.uint8)
+    keep = offsets >= 0
+    tids = torch.zeros(int(keep.sum()), dtype=torch.int64)
+    buf = rows_buffer(keys[keep], tids, None, None, None, Init(), layout)
+    sp.copy_rows(
+        (want, want.new_empty(0)),
+        offsets[keep],
+        sp.as_space(buf),
+        sp.staging_offsets(tids.numel(), layout, keys.device),
+        layout.row_bytes_of(tids),
+    )
+    assert torch.equal(got, want)
+
+
+def test_init_rows_at_refuses_rows_outside_the_space():
+    layout = RowLayout([4], torch.float32, EmbOptimType.EXACT_SGD, True)
+    seg = torch.zeros(32, dtype=torch.uint8)
+    with pytest.raises(ValueError, match="row offset 24 at index 1"):
+        init_rows_at(
+            (seg, seg.new_empty(0)),
+            torch.tensor([0, 24]),
+            torch.tensor([1, 2]),
+            torch.tensor([0, 0]),
+            4,
+            initializer_op_args(DynamicEmbInitializerArgs()),
+            0,
+            layout.element_type,
+            0,
+        )
+
+
+# ------------------------------------------------------ the training step --
+
+
+def _module(device, optimizer, pooling, dims=(16, 16), mixed_init=False):
+    opt, kw = OPTIMIZERS[optimizer]
+    opts = []
+    for t, d in enumerate(dims):
+        mode = Mode.UNIFORM if (mixed_init and t) else Mode.NORMAL
+        opts.append(
+            DynamicEmbTableOptions(
+                dim=d,
+                max_capacity=4096,
+                bucket_capacity=128,
+                local_hbm_for_values=1 << 24,
+                initializer_args=DynamicEmbInitializerArgs(mode=mode, std_dev=0.05),
+            )
+        )
+    return BatchedDynamicEmbeddingTablesV2(
+        opts,
+        [0, 1, 1],
+        pooling_mode=DynamicEmbPoolingMode[pooling],
+        optimizer=opt,
+        device=device,
+        learning_rate=0.1,
+        **kw,
+    )
+
+
+def _batches(device, steps, batch=64, vocab=3000):
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for _ in range(steps):
+        lengths = torch.randint(0, 4, (3 * batch,), generator=g)
+        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
+        torch.cumsum(lengths, 0, out=offsets[1:])
+        keys = torch.randint(0, vocab, (int(offsets[-1]),), generator=g)
+        weights = torch.rand(keys.numel(), generator=g)
+        out.append((keys.to(device), offsets.to(device), weights.to(device)))
+    return out
+
+
+def _step(module, batch, extra):
+    keys, offsets, weights = batch
+    kw = {}
+    if extra == "pooling_weights":
+        kw["pooling_weights"] = weights
+    elif extra == "frequency_counters":
+        kw["frequency_counters"] = (weights * 4).long()
+    out = module(keys, offsets, **kw)
+    (out * out).sum().backward()
+
+
+CASES = [
+    ("sgd", "SUM", (16, 16), False, None),
+    ("adam", "NONE", (16, 16), False, "frequency_counters"),
+    ("rowwise_adagrad", "MEAN", (16, 16), False, None),
+    ("ftrl", "SUM", (16, 16), False, "pooling_weights"),
+    ("adam", "SUM", (8, 24), True, None),  # two dims and initializers: two init groups
+]
+
+
+@pytest.mark.parametrize("optimizer,pooling,dims,mixed_init,extra", CASES)
+def test_training_step_reads_nothing_from_the_device(optimizer, pooling, dims, mixed_init, extra):
+    module = _module("cpu", optimizer, pooling, dims, mixed_init)
+    for batch in _batches("cpu", 4):
+        with forbid_host_syncs(allow={CPU_ONLY_READ}):
+            _step(module, batch, extra)
+    assert int(module.insert_failures) == 0
+    assert int(module.table.size().sum()) > 0
+
+
+def test_the_proxy_catches_a_read(monkeypatch):
+    """The guard is live: the step with the exact unique (which reads the
+    number of distinct keys) fails."""
+    import dynamicemb.embedding.batched_tables as bt
+
+    module = _module("cpu", "sgd", "SUM")
+    batch = _batches("cpu", 1)[0]
+    monkeypatch.setattr(bt, "segmented_unique", lambda k, t, n, padded: segmented_unique(k, t, n))
+    with pytest.raises(HostSync, match="__int__"):
+        with forbid_host_syncs(allow={CPU_ONLY_READ}):
+            _step(module, batch, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("optimizer,pooling,dims,mixed_init,extra", CASES)
+def test_cuda_training_step_never_synchronizes(optimizer, pooling, dims, mixed_init, extra):
+    module = _module("cuda", optimizer, pooling, dims, mixed_init)
+    twin = _module("cpu", optimizer, pooling, dims, mixed_init)
+    batches = _batches("cuda", 4)
+    for i, batch in enumerate(batches):
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            _step(module, batch, extra)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        _step(twin, tuple(t.cpu() for t in batch), extra)
+        keys, offsets, _ = batch
+        module.eval(), twin.eval()
+        with torch.no_grad():
+            got = module(keys, offsets).cpu()
+            want = twin(keys.cpu(), offsets.cpu())
+        module.train(), twin.train()
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5, msg=f"step {i}")
