@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.profiler import record_function
 
 from dynamicemb.dynamicemb_config import (
     OPTIMIZER_STATE_DTYPE,
@@ -344,7 +345,8 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         # Training on a storage that takes padded batches never reads the
         # number of distinct keys on the host (dynamicemb.embedding.unique).
         padded = self.training and self.storage.takes_padded_batches
-        su = segmented_unique(indices, tids, len(self.table_options), padded=padded)
+        with record_function("dynamicemb:unique"):
+            su = segmented_unique(indices, tids, len(self.table_options), padded=padded)
         self.stats.count_lookups(su.table_offsets)
         self._uniq_tids = su.table_ids
         counts = su.counts
@@ -352,10 +354,11 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             counts = torch.zeros_like(su.counts).index_add_(
                 0, su.inverse, frequency_counters.to(self.device).long()
             )
-        if self.training:
-            rows = self._lookup_train(su, counts, padded)
-        else:
-            rows = self._lookup_eval(su.keys, su.table_ids)
+        with record_function("dynamicemb:find_or_insert"):
+            if self.training:
+                rows = self._lookup_train(su, counts, padded)
+            else:
+                rows = self._lookup_eval(su.keys, su.table_ids)
         space = self.storage.space()
         weights = None if pooling_weights is None else pooling_weights.to(self.device)
         if self.pooling_mode == DynamicEmbPoolingMode.MEAN:
@@ -540,29 +543,31 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         return rows
 
     def _pool(self, b: "_Batch") -> torch.Tensor:
-        return ops().embedding_pool(
-            b.space[0],
-            b.space[1],
-            b.rows,
-            b.inverse,
-            b.bag_offsets,
-            b.weights,
-            b.cols,
-            b.dims,
-            b.batch,
-            b.out_width,
-            self.layout.element_type,
-        )
+        with record_function("dynamicemb:pool"):
+            return ops().embedding_pool(
+                b.space[0],
+                b.space[1],
+                b.rows,
+                b.inverse,
+                b.bag_offsets,
+                b.weights,
+                b.cols,
+                b.dims,
+                b.batch,
+                b.out_width,
+                self.layout.element_type,
+            )
 
     # ----------------------------------------------------------- backward --
 
     def _apply_gradients(self, grad_out: torch.Tensor, b: "_Batch") -> None:
         """grad_out: the gradient of the forward's output, in its layout."""
-        if self.training_state:
-            self.optimizer.fused_update(
-                b.space, grad_out.contiguous(), b, self.step, self.layout.element_type
-            )
-        self.storage.after_update()
+        with record_function("dynamicemb:update"):
+            if self.training_state:
+                self.optimizer.fused_update(
+                    b.space, grad_out.contiguous(), b, self.step, self.layout.element_type
+                )
+            self.storage.after_update()
 
     # -------------------------------------------------------- checkpoints --
     # Row access for checkpoints, one table at a time and in the user's

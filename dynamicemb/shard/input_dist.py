@@ -11,6 +11,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
+from torch.profiler import record_function
 from torchrec.distributed.sharding.rw_sharding import RwSparseFeaturesDist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -70,6 +71,11 @@ def bucketize_by_route(
         raise NotImplementedError(
             "dynamic embedding tables do not support variable batch size per feature"
         )
+    with record_function("dynamicemb:routing"):
+        return _bucketize(kjt, world_size, dist_types, blocks, output_permute)
+
+
+def _bucketize(kjt, world_size, dist_types, blocks, output_permute):
     if world_size == 1:
         # One bucket: the KJT as it is (its values are already in bag order).
         return kjt, None
@@ -205,6 +211,11 @@ def dedup_kjt(
             "index dedup of dynamic embedding tables does not support variable batch "
             "size per feature"
         )
+    with record_function("dynamicemb:dedup"):
+        return _dedup(kjt, counts_as_weights)
+
+
+def _dedup(kjt: KeyedJaggedTensor, counts_as_weights: bool):
     values = kjt.values().long()
     n = values.numel()
     device = values.device
