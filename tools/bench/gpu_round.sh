@@ -2,7 +2,7 @@
 # One device round: build and run the GPU tests, then the embedding and table
 # benchmarks, writing each output to $OUT (default: .gpu_round/) as well.
 #
-#   bash tools/bench/gpu_round.sh [tests|embedding|table|variants|multigpu|checkpoint|metrics|storage]...
+#   bash tools/bench/gpu_round.sh [tests|embedding|table|variants|multigpu|checkpoint|metrics|storage|sharded]...
 #   (default: the first three)
 #
 # storage: tools/bench/storage_bench.py (the device cache at ratios 1.0, 0.5 and 0.1
@@ -24,6 +24,18 @@
 # Timeouts in seconds: MG_BENCH_TIMEOUT (90), MG_TESTS_TIMEOUT (180),
 # MG_TRAIN_TIMEOUT (60), MG_BUILD_TIMEOUT (300); MG_BENCH_ARGS replaces the
 # benchmark's step counts.
+#
+# sharded: the training step of the issue's shape through DistributedModelParallel
+# (tools/bench/sharded_ec_bench.py: 10 tables of dim 128, one feature each,
+# 104,857 ids per feature per step and GPU, power law over 1,677,721 rows, SGD
+# and Adam, TorchRec's tables against dynamic tables with every row in HBM,
+# with the per-stage profile and the HBM floor) on one GPU, then on every
+# visible GPU when there are several, SGD with index dedup on one GPU; before
+# it the GPU tests of the training step without synchronization and of
+# torch.compile (tests/embedding/test_sync_free.py, test_compile.py,
+# tests/shard/test_sharded_sync_free.py). Writes $OUT/sharded.txt (the
+# summary), sharded_tests.txt, sharded_{1,N}gpu.txt and .json. Timeouts:
+# SHARDED_TESTS_TIMEOUT (240), SHARDED_BENCH_TIMEOUT (150 per run).
 #
 # metrics: the metrics' GPU tests (`pytest -m gpu tests/metrics`: no more
 # synchronizations in a training step with metrics than without) and the train
@@ -133,6 +145,43 @@ PYEOF
   return 0
 }
 
+sharded_part() {
+  local sum="$OUT/sharded.txt" rc t0 world tag gpus
+  : > "$sum"
+  "$PY" -c "import torch; n = torch.cuda.device_count(); print(f'torch {torch.__version__}, {n} GPU(s):', ', '.join(sorted({torch.cuda.get_device_name(i) for i in range(n)})))" 2>&1 | tee -a "$sum"
+  build_cuda "$sum" || return
+  t0=$(date +%s)
+  timeout -k 10 "${SHARDED_TESTS_TIMEOUT:-240}" "$PY" -m pytest -m "gpu or multigpu" -q -rs --tb=short \
+    -p no:cacheprovider tests/embedding/test_sync_free.py tests/embedding/test_compile.py \
+    tests/shard/test_sharded_sync_free.py > "$OUT/sharded_tests.txt" 2>&1
+  rc=$?
+  echo "tests: $(status_word $rc "${SHARDED_TESTS_TIMEOUT:-240}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/sharded_tests.txt" | tail -12 | tee -a "$sum"
+  local shape=(--tables 10 --features 10 --hotness 1 --dim 128 --rows 1677721)
+  gpus=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+  local worlds=(1)
+  [ "$gpus" -gt 1 ] && worlds+=("$gpus")
+  for world in "${worlds[@]}"; do
+    tag="${world}gpu"
+    t0=$(date +%s)
+    timeout -k 10 "${SHARDED_BENCH_TIMEOUT:-150}" "$PY" tools/bench/sharded_ec_bench.py --device cuda \
+      --world-size "$world" --batch $((104857 * world)) "${shape[@]}" --optimizer sgd adam \
+      --warmup 5 --steps 20 --profile-steps 3 --json "$OUT/sharded_$tag.json" > "$OUT/sharded_$tag.txt" 2>&1
+    rc=$?
+    echo "benchmark ($world GPU): $(status_word $rc "${SHARDED_BENCH_TIMEOUT:-150}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+    grep -E '^(torchrec|dynamicemb):|^\||^`|^\*|^Per step|^Host' "$OUT/sharded_$tag.txt" | tee -a "$sum"
+    [ $rc -ne 0 ] && grep -v "registered at\|backend fallback" "$OUT/sharded_$tag.txt" | tail -15
+  done
+  t0=$(date +%s)
+  timeout -k 10 "${SHARDED_BENCH_TIMEOUT:-150}" "$PY" tools/bench/sharded_ec_bench.py --device cuda \
+    --world-size 1 --batch 104857 "${shape[@]}" --optimizer sgd --dedup --warmup 3 --steps 10 \
+    > "$OUT/sharded_1gpu_dedup.txt" 2>&1
+  rc=$?
+  echo "benchmark (1 GPU, index dedup): $(status_word $rc "${SHARDED_BENCH_TIMEOUT:-150}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+  grep -E '^(torchrec|dynamicemb):|^\|' "$OUT/sharded_1gpu_dedup.txt" | tee -a "$sum"
+  return 0
+}
+
 parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(tests embedding table)
 for part in "${parts[@]}"; do
@@ -168,6 +217,9 @@ for part in "${parts[@]}"; do
       ;;
     metrics)
       metrics_part
+      ;;
+    sharded)
+      sharded_part
       ;;
     storage)
       : > "$OUT/storage.txt"

@@ -1,18 +1,20 @@
 """Train-step time of a sharded EmbeddingCollection: dynamicemb against TorchRec.
 
     python tools/bench/sharded_ec_bench.py [--device cuda|cpu] [--world-size W]
-        [--batch 65536] [--features 26] [--hotness 10] [--dim 128]
-        [--rows 10000000] [--optimizer adam|sgd|rowwise_adagrad] [--dedup]
-        [--warmup 5] [--steps 20]
+        [--batch 65536] [--tables 1] [--features 26] [--hotness 10] [--dim 128]
+        [--rows 10000000] [--optimizer adam [sgd ...]] [--dedup]
+        [--warmup 5] [--steps 20] [--profile-steps 0] [--json FILE]
 
-One EmbeddingCollection with one table looked up by every feature, sharded
-over every rank by DistributedModelParallel (one process per GPU with NCCL, or
-CPU processes with gloo), in two versions in the same run:
+An EmbeddingCollection of ``--tables`` tables (``--features`` features in
+all, split evenly, each table looked up by its own), sharded over every rank
+by DistributedModelParallel (one process per GPU with NCCL, or CPU processes
+with gloo), in two versions in the same run, on the same batches:
 
-* dynamicemb: the table is a dynamic table, planned by
-  DynamicEmbeddingShardingPlanner (row-wise, dist_type roundrobin) and sharded
-  by DynamicEmbeddingCollectionSharder;
-* TorchRec: the same table as a TorchRec table of ``rows`` rows, planned by
+* dynamicemb: dynamic tables planned by DynamicEmbeddingShardingPlanner
+  (row-wise, dist_type roundrobin) with every row in device memory
+  (``global_hbm_for_values`` = the tables' value bytes), sharded by
+  DynamicEmbeddingCollectionSharder;
+* TorchRec: the same tables as TorchRec tables of ``rows`` rows, planned by
   TorchRec's EmbeddingShardingPlanner constrained to row-wise and the FUSED
   kernel (FBGEMM's TBE) and sharded by EmbeddingCollectionSharder.
 
@@ -21,30 +23,84 @@ CPU processes with gloo), in two versions in the same run:
 over ``[0, rows)`` and scattered by a fixed bijection (hot ids are not the
 small ones). A train step is forward, backward of the sum of the outputs, and
 the fused optimizer update (in the backward); each step gets fresh ids (made
-before the step's clock starts). Prints the median step time after warm-up
-(the slowest rank's median) of both versions as a markdown table row.
+before the step's clock starts). For each optimizer, prints both versions'
+median step time after warm-up (the slowest rank's median) as a markdown
+row, with the HBM floor: the bytes a step must move on a rank (its keys in,
+its outputs out and their gradients in, each distinct row and its optimizer
+state read and written once) over the device's copy bandwidth measured in
+the run.
+
+``--profile-steps N`` (CUDA) profiles N more steps of each version with
+torch.profiler and prints, per step, the device time of each stage (input
+distribution, routing, de-duplication, unique, find-or-insert, pooling,
+output distribution, backward, update; kernels attributed by the range their
+launch falls in: dynamicemb's ``dynamicemb:*`` ranges, and the benchmark's
+own around the sharded module's input dist, lookups, output dists, the
+output wait and the backward; TorchRec's TBE kernels by name), the host time
+(until the step is issued, without waiting for the device), kernel launches,
+host-device copies and synchronizations (also counted with
+``torch.cuda.set_sync_debug_mode("warn")``).
 """
 
 import argparse
+import collections
 import gc
+import json
 import os
 import statistics
 import sys
+import tempfile
 import time
+import warnings
 from typing import Any
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from torch.profiler import record_function
 
 # tools/dist_launch.py
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import dist_launch
 
-TABLE = "t0"
 # An odd prime: id = rank * MULT mod rows is a bijection of [0, rows) unless
 # MULT divides rows.
 MULT = 2654435761
+
+# The stages of a step, in the order they are printed.
+STAGES = [
+    "input_dist",
+    "routing",
+    "dedup",
+    "unique",
+    "find_or_insert",
+    "pooling",
+    "lookup_other",
+    "output_dist",
+    "backward",
+    "update",
+    "other",
+]
+# dynamicemb's ranges (dynamicemb/shard/input_dist.py, embedding/batched_tables.py).
+OUR_RANGES = {
+    "dynamicemb:routing": "routing",
+    "dynamicemb:dedup": "dedup",
+    "dynamicemb:unique": "unique",
+    "dynamicemb:find_or_insert": "find_or_insert",
+    "dynamicemb:pool": "pooling",
+    "dynamicemb:update": "update",
+    "## dedup_ec_indices ##": "dedup",  # TorchRec's own dedup
+}
+SYNC_CALLS = (
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",
+)
+
+
+def table_names(n: int) -> list[str]:
+    return [f"t{i}" for i in range(n)]
 
 
 def feature_names(n: int) -> list[str]:
@@ -74,24 +130,20 @@ def make_batch(args, step: int, rank: int, local_batch: int, device: torch.devic
     return KeyedJaggedTensor(keys=feature_names(args.features), values=values, lengths=lengths)
 
 
-def fused_params(args) -> dict[str, Any]:
+def fused_params(optimizer: str, lr: float) -> dict[str, Any]:
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
-    if args.optimizer == "adam":
+    if optimizer == "adam":
         return {
             "optimizer": EmbOptimType.ADAM,
-            "learning_rate": args.lr,
+            "learning_rate": lr,
             "eps": 1e-8,
             "beta1": 0.9,
             "beta2": 0.999,
         }
-    if args.optimizer == "rowwise_adagrad":
-        return {
-            "optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
-            "learning_rate": args.lr,
-            "eps": 1e-8,
-        }
-    return {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": args.lr}
+    if optimizer == "rowwise_adagrad":
+        return {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": lr, "eps": 1e-8}
+    return {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": lr}
 
 
 class Model(torch.nn.Module):
@@ -100,13 +152,18 @@ class Model(torch.nn.Module):
         from torchrec.modules.embedding_configs import EmbeddingConfig
         from torchrec.modules.embedding_modules import EmbeddingCollection
 
-        self.config = EmbeddingConfig(
-            name=TABLE,
-            num_embeddings=args.rows,
-            embedding_dim=args.dim,
-            feature_names=feature_names(args.features),
-        )
-        self.ec = EmbeddingCollection(tables=[self.config], device=torch.device("meta"))
+        per = args.features // args.tables
+        features = feature_names(args.features)
+        self.configs = [
+            EmbeddingConfig(
+                name=name,
+                num_embeddings=args.rows,
+                embedding_dim=args.dim,
+                feature_names=features[t * per : (t + 1) * per],
+            )
+            for t, name in enumerate(table_names(args.tables))
+        ]
+        self.ec = EmbeddingCollection(tables=self.configs, device=torch.device("meta"))
 
     def forward(self, kjt):
         return self.ec(kjt)
@@ -118,7 +175,7 @@ def topology(world_size: int, device: torch.device):
     return Topology(world_size=world_size, compute_device=device.type, local_world_size=world_size)
 
 
-def build_dynamicemb(args, world_size: int, device: torch.device, local_batch: int):
+def build_dynamicemb(args, optimizer: str, world_size: int, device, local_batch: int):
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv
 
@@ -126,41 +183,36 @@ def build_dynamicemb(args, world_size: int, device: torch.device, local_batch: i
     from dynamicemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
     from dynamicemb.shard import DynamicEmbeddingCollectionSharder
 
-    params = fused_params(args)
+    params = fused_params(optimizer, args.lr)
     model = Model(args)
-    # The whole table's values on the devices (they are there in any case;
-    # this keeps the planner's memory estimate honest).
-    hbm = get_table_value_bytes(model.config, params["optimizer"], world_size, 128)
-    constraints = {
-        TABLE: DynamicEmbParameterConstraints(
+    constraints = {}
+    for config in model.configs:
+        # Every row in device memory: the budget of the table's value bytes
+        # (a budget of 0 would keep the rows in host memory).
+        hbm = get_table_value_bytes(config, params["optimizer"], world_size, 128)
+        constraints[config.name] = DynamicEmbParameterConstraints(
             sharding_types=["row_wise"],
             use_dynamicemb=True,
             dynamicemb_options=DynamicEmbTableOptions(
-                bucket_capacity=128,
-                dist_type="roundrobin",
-                global_hbm_for_values=hbm,
+                bucket_capacity=128, dist_type="roundrobin", global_hbm_for_values=hbm
             ),
         )
-    }
     sharder = DynamicEmbeddingCollectionSharder(fused_params=params, use_index_dedup=args.dedup)
     planner = DynamicEmbeddingShardingPlanner(
-        eb_configs=[model.config],
+        eb_configs=model.configs,
         topology=topology(world_size, device),
         constraints=constraints,
         batch_size=local_batch,
         debug=False,
     )
     plan = planner.collective_plan(model, [sharder], dist.group.WORLD)
+    env = ShardingEnv.from_process_group(dist.group.WORLD)
     return DistributedModelParallel(
-        model,
-        env=ShardingEnv.from_process_group(dist.group.WORLD),
-        device=device,
-        plan=plan,
-        sharders=[sharder],
+        model, env=env, device=device, plan=plan, sharders=[sharder]
     ), plan
 
 
-def build_torchrec(args, world_size: int, device: torch.device, local_batch: int):
+def build_torchrec(args, optimizer: str, world_size: int, device, local_batch: int):
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner
@@ -170,22 +222,22 @@ def build_torchrec(args, world_size: int, device: torch.device, local_batch: int
     model = Model(args)
     # TorchRec's index dedup is a CUDA op (fbgemm::jagged_unique_indices).
     dedup = args.dedup and device.type == "cuda"
-    sharder = EmbeddingCollectionSharder(fused_params=fused_params(args), use_index_dedup=dedup)
+    sharder = EmbeddingCollectionSharder(
+        fused_params=fused_params(optimizer, args.lr), use_index_dedup=dedup
+    )
     planner = EmbeddingShardingPlanner(
         topology=topology(world_size, device),
         batch_size=local_batch,
         constraints={
-            TABLE: ParameterConstraints(sharding_types=["row_wise"], compute_kernels=["fused"])
+            c.name: ParameterConstraints(sharding_types=["row_wise"], compute_kernels=["fused"])
+            for c in model.configs
         },
         debug=False,
     )
     plan = planner.collective_plan(model, [sharder], dist.group.WORLD)
+    env = ShardingEnv.from_process_group(dist.group.WORLD)
     return DistributedModelParallel(
-        model,
-        env=ShardingEnv.from_process_group(dist.group.WORLD),
-        device=device,
-        plan=plan,
-        sharders=[sharder],
+        model, env=env, device=device, plan=plan, sharders=[sharder]
     ), plan
 
 
@@ -194,22 +246,210 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_steps(model, args, rank: int, local_batch: int, device: torch.device) -> float:
-    """This rank's median train-step time in seconds."""
-    times = []
+def train_step(model, kjt, features: int) -> None:
+    """Forward, the loss (which waits for the output dist), backward."""
+    out = model(kjt)
+    with record_function("bench:output_wait"):
+        loss = torch.stack([out[f].values().sum() for f in feature_names(features)]).sum()
+    with record_function("bench:backward"):
+        loss.backward()
+
+
+def time_steps(model, args, rank: int, local_batch: int, device) -> tuple[float, float]:
+    """This rank's median train-step time and median host time (until the
+    step is issued), in seconds."""
+    times, issued = [], []
     for step in range(args.warmup + args.steps):
         kjt = make_batch(args, step, rank, local_batch, device)
         _sync(device)
         dist.barrier()  # every rank starts the step together
         t0 = time.perf_counter()
-        out = model(kjt)
-        loss = torch.stack([out[f].values().sum() for f in feature_names(args.features)]).sum()
-        loss.backward()
+        train_step(model, kjt, args.features)
+        t1 = time.perf_counter()
         _sync(device)
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
-        del out, loss
-    return statistics.median(times)
+            issued.append(t1 - t0)
+    return statistics.median(times), statistics.median(issued)
+
+
+# ------------------------------------------------------------- profiling --
+
+
+def _ranged(fn, name: str):
+    def run(*a, **kw):
+        with record_function(name):
+            return fn(*a, **kw)
+
+    return run
+
+
+def instrument(model) -> None:
+    """Ranges around the sharded collections' input dist (with its waits),
+    lookups and output dists (the same for both versions)."""
+    from torchrec.distributed.model_parallel import get_unwrapped_module
+    from torchrec.distributed.types import ShardedModule
+
+    for m in get_unwrapped_module(model).modules():
+        if not isinstance(m, ShardedModule):
+            continue
+
+        def forward(*inputs, _m=m, **kwargs):
+            # ShardedModule.forward, with ranges.
+            ctx = _m.create_context()
+            with record_function("bench:input_dist"):
+                dist_input = _m.input_dist(ctx, *inputs, **kwargs).wait().wait()
+            return _m.compute_and_output_dist(ctx, dist_input)
+
+        m.forward = forward
+        for lookup in getattr(m, "_lookups", []):
+            lookup.forward = _ranged(lookup.forward, "bench:lookup")
+        for odist in getattr(m, "_output_dists", []):
+            odist.forward = _ranged(odist.forward, "bench:output_dist")
+
+
+def _stage_of(kernel: str, ranges: list[str]) -> str:
+    """The stage of a device event launched inside ``ranges`` (innermost
+    first)."""
+    for r in ranges:
+        if r in OUR_RANGES:
+            return OUR_RANGES[r]
+    outer = [r for r in ranges if r.startswith("bench:")]
+    where = outer[0] if outer else ""
+    name = kernel.lower()
+    if where == "bench:input_dist":
+        return "routing" if "bucketize" in name else "input_dist"
+    if where == "bench:lookup":
+        # TBE's forward (the fused kernel: find and pool in one).
+        return "pooling" if "embedding" in name and "forward" in name else "lookup_other"
+    if where in ("bench:output_dist", "bench:output_wait"):
+        return "output_dist"
+    if where == "bench:backward":
+        return "update" if "embedding" in name and "backward" in name else "backward"
+    return "other"
+
+
+def analyze_trace(path: str, steps: int) -> dict[str, Any]:
+    """Per step: device time of each stage (ms), kernels, copies by kind,
+    synchronizing calls; from a chrome trace of ``steps`` steps."""
+    with open(path) as f:
+        events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+    ranges = sorted(
+        (e["ts"], e["ts"] + e["dur"], e["name"])
+        for e in events
+        if e.get("cat") == "user_annotation"
+    )
+    launches = {}
+    syncs = 0
+    for e in events:
+        if e.get("cat") in ("cuda_runtime", "cuda_driver"):
+            corr = e.get("args", {}).get("correlation")
+            if corr is not None:
+                launches[corr] = e["ts"]
+            if e["name"] in SYNC_CALLS:
+                syncs += 1
+    stage_us: dict[str, float] = collections.defaultdict(float)
+    counts: dict[str, int] = collections.Counter()
+    busy = 0.0
+    for e in events:
+        cat = e.get("cat")
+        if cat not in ("kernel", "gpu_memcpy", "gpu_memset"):
+            continue
+        busy += e["dur"]
+        if cat == "kernel":
+            counts["kernels"] += 1
+        elif cat == "gpu_memcpy":
+            kind = "HtoD" if "HtoD" in e["name"] else "DtoH" if "DtoH" in e["name"] else "DtoD"
+            counts[f"copies {kind}"] += 1
+        else:
+            counts["memsets"] += 1
+        t = launches.get(e.get("args", {}).get("correlation"))
+        inside = [] if t is None else [r for r in ranges if r[0] <= t <= r[1]]
+        inside.sort(key=lambda r: r[1] - r[0])  # innermost first
+        stage_us[_stage_of(e["name"], [r[2] for r in inside])] += e["dur"]
+    # Host time in each range (the profiler's own cost included).
+    host_us: dict[str, float] = collections.defaultdict(float)
+    for start, end, name in ranges:
+        if name in OUR_RANGES or name.startswith("bench:"):
+            host_us[name] += end - start
+    return {
+        "stages_ms": {s: stage_us.get(s, 0.0) / 1e3 / steps for s in STAGES},
+        "host_ranges_ms": {k: v / 1e3 / steps for k, v in sorted(host_us.items())},
+        "device_busy_ms": busy / 1e3 / steps,
+        "counts": {k: v / steps for k, v in sorted(counts.items())},
+        "sync_calls": syncs / steps,
+    }
+
+
+def profile_steps(model, args, rank: int, local_batch: int, device) -> dict[str, Any]:
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    n = args.profile_steps
+    batches = [make_batch(args, 10_000 + s, rank, local_batch, device) for s in range(n + 1)]
+    train_step(model, batches[0], args.features)  # after the instrumenting, once unprofiled
+    _sync(device)
+    with profile(activities=activities) as prof:
+        for kjt in batches[1:]:
+            train_step(model, kjt, args.features)
+        _sync(device)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        result = analyze_trace(path, n)
+    if device.type != "cuda":
+        return result
+    # Synchronizations of one step as torch counts them.
+    kjt = make_batch(args, 20_000, rank, local_batch, device)
+    _sync(device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            train_step(model, kjt, args.features)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    result["sync_debug_warnings"] = sum("synchroniz" in str(w.message) for w in caught)
+    return result
+
+
+# ------------------------------------------------------------- the floor --
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes per second of a device-to-device copy (read + write)."""
+    x = torch.empty(1 << 28, dtype=torch.float32, device=device)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    _sync(device)
+    t0 = time.perf_counter()
+    for _ in range(5):
+        y.copy_(x)
+    _sync(device)
+    return 5 * 2 * x.numel() * 4 / (time.perf_counter() - t0)
+
+
+def floor_bytes(args, optimizer: str, rank: int, local_batch: int, device) -> float:
+    """Bytes a step must move on this rank: its keys in, outputs out and
+    their gradients in, each distinct (table, key) of its batch read and
+    written with its optimizer state (the keys a rank owns are about its
+    batch's share of the global batch)."""
+    from dynamicemb.dynamicemb_config import value_row_bytes
+
+    params = fused_params(optimizer, args.lr)
+    row = value_row_bytes(params["optimizer"], args.dim, torch.float32)
+    distinct = []
+    for step in range(args.warmup, args.warmup + min(args.steps, 3)):
+        kjt = make_batch(args, step, rank, local_batch, device)
+        values = kjt.values().view(args.tables, -1)  # features of a table are adjacent
+        distinct.append(sum(int(torch.unique(v).numel()) for v in values))
+    n = local_batch * args.features * args.hotness
+    return n * 8 + 2 * n * args.dim * 4 + statistics.mean(distinct) * row * 2
+
+
+# ------------------------------------------------------------------- run --
 
 
 def dynamic_table_stats(model) -> torch.Tensor:
@@ -231,77 +471,156 @@ def _max_over_ranks(x: float, device: torch.device) -> float:
     return float(t)
 
 
+def run_one(args, optimizer: str, which: str, rank: int, world_size: int, device) -> dict:
+    local_batch = args.batch // world_size
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    start = time.perf_counter()
+    build = build_dynamicemb if which == "dynamicemb" else build_torchrec
+    model, plan = build(args, optimizer, world_size, device, local_batch)
+    ps = plan.plan["ec"][table_names(1)[0]]
+    built = time.perf_counter() - start
+    median, issued = time_steps(model, args, rank, local_batch, device)
+    res: dict[str, Any] = {
+        "which": which,
+        "optimizer": optimizer,
+        "plan": f"{type(ps).__name__} {ps.sharding_type}/{ps.compute_kernel}",
+        "built_s": built,
+        "step_ms": 1e3 * _max_over_ranks(median, device),
+        "host_ms": 1e3 * _max_over_ranks(issued, device),
+    }
+    if which == "dynamicemb":
+        stats = dynamic_table_stats(model).to(device)
+        dist.all_reduce(stats)
+        res["rows_held"], res["evictions"], res["insert_failures"] = stats.tolist()
+    if device.type == "cuda":
+        res["peak_gib"] = _max_over_ranks(torch.cuda.max_memory_allocated(device) / 2**30, device)
+    if args.profile_steps:
+        instrument(model)
+        res["profile"] = profile_steps(model, args, rank, local_batch, device)
+    del model, plan
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    dist.barrier()
+    return res
+
+
+def _line(r: dict) -> str:
+    extra = ""
+    if r["which"] == "dynamicemb":
+        extra = (
+            f", rows held {r['rows_held']:,}, evictions {r['evictions']:,}, "
+            f"insert failures {r['insert_failures']:,} (all ranks)"
+        )
+    if "peak_gib" in r:
+        extra += f", peak memory {r['peak_gib']:.1f} GiB"
+    return (
+        f"{r['which']}: {r['optimizer']}, {r['plan']}, built in {r['built_s']:.1f} s, "
+        f"median step {r['step_ms']:.2f} ms (host {r['host_ms']:.2f} ms){extra}"
+    )
+
+
+def _profile_table(results: list[dict]) -> list[str]:
+    rows = [r for r in results if "profile" in r]
+    if not rows:
+        return []
+    head = ["version", "optimizer"] + STAGES + ["device busy", "host", "step"]
+    out = [
+        "Per step (ms; kernels attributed by the range their launch falls in):",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---|" * len(head),
+    ]
+    for r in rows:
+        p = r["profile"]
+        cells = [r["which"], r["optimizer"]] + [f"{p['stages_ms'][s]:.3f}" for s in STAGES]
+        cells += [f"{p['device_busy_ms']:.3f}", f"{r['host_ms']:.2f}", f"{r['step_ms']:.2f}"]
+        out.append("| " + " | ".join(cells) + " |")
+    out += ["", "Host time per range (ms per step, under the profiler):", ""]
+    for r in rows:
+        ranges = ", ".join(f"{k} {v:.3f}" for k, v in r["profile"]["host_ranges_ms"].items())
+        out.append(f"* {r['which']} {r['optimizer']}: {ranges}")
+    out += [
+        "",
+        "| version | optimizer | kernels | copies and memsets | sync calls | sync debug warnings |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        p = r["profile"]
+        copies = ", ".join(f"{k} {v:g}" for k, v in p["counts"].items() if k != "kernels")
+        out.append(
+            f"| {r['which']} | {r['optimizer']} | {p['counts'].get('kernels', 0):g} | "
+            f"{copies or '-'} | {p['sync_calls']:g} | {p.get('sync_debug_warnings', '-')} |"
+        )
+    return out
+
+
 def run(rank: int, world_size: int, args) -> None:
     device = torch.device("cuda", rank) if args.device == "cuda" else torch.device("cpu")
     local_batch = args.batch // world_size
     lead = rank == 0
-    results: dict[str, float] = {}
-    notes: list[str] = []
-    for which in args.which:
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-        start = time.perf_counter()
-        build = build_dynamicemb if which == "dynamicemb" else build_torchrec
-        model, plan = build(args, world_size, device, local_batch)
-        ps = plan.plan["ec"][TABLE]
-        built = time.perf_counter() - start
-        median = time_steps(model, args, rank, local_batch, device)
-        results[which] = _max_over_ranks(median, device)
-        extra = ""
-        if which == "dynamicemb":
-            stats = dynamic_table_stats(model).to(device)
-            dist.all_reduce(stats)
-            held, evictions, failures = stats.tolist()
-            extra = (
-                f", rows held {held:,}, evictions {evictions:,}, "
-                f"insert failures {failures:,} (all ranks)"
-            )
-        if device.type == "cuda":
-            peak = _max_over_ranks(torch.cuda.max_memory_allocated(device) / 2**30, device)
-            extra += f", peak memory {peak:.1f} GiB"
-        line = (
-            f"{which}: {type(ps).__name__} {ps.sharding_type}/{ps.compute_kernel}, built in "
-            f"{built:.1f} s, "
-            f"median step {1e3 * results[which]:.2f} ms{extra}"
-        )
-        notes.append(line)
-        if lead:
-            print(line, flush=True)
-        del model, plan
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
-        dist.barrier()
+    results: list[dict] = []
+    floors: dict[str, float] = {}
+    bw = copy_bandwidth(device) if device.type == "cuda" else None
+    for optimizer in args.optimizer:
+        if bw is not None:
+            floors[optimizer] = floor_bytes(args, optimizer, rank, local_batch, device) / bw
+        for which in args.which:
+            r = run_one(args, optimizer, which, rank, world_size, device)
+            results.append(r)
+            if lead:
+                print(_line(r), flush=True)
     if not lead:
         return
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    ours = results.get("dynamicemb")
-    theirs = results.get("torchrec")
-
-    def ms(x: float | None) -> str:
-        return "-" if x is None else f"{1e3 * x:.2f}"
-
-    ratio = f"{ours / theirs:.2f}" if ours and theirs else "-"
     dedup = ("on" if device.type == "cuda" else "dynamicemb only") if args.dedup else "off"
     print()
     print("`" + " ".join(["python", "tools/bench/sharded_ec_bench.py"] + sys.argv[1:]) + "`")
     print()
     print(
-        "| world | device | global batch | features | hotness | dim | rows | optimizer | dedup "
-        "| dynamicemb ms/step | TorchRec ms/step | dynamicemb / TorchRec |"
+        "| world | device | global batch | tables | features | hotness | dim | rows | optimizer "
+        "| dedup | dynamicemb ms/step | TorchRec ms/step | dynamicemb / TorchRec | HBM floor ms |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    print(
-        f"| {world_size} | {name} | {args.batch:,} | {args.features} | {args.hotness} | {args.dim} "
-        f"| {args.rows:,} | {args.optimizer} | {dedup} "
-        f"| {ms(ours)} | {ms(theirs)} | {ratio} |",
-        flush=True,
-    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+
+    def ms(x: float | None) -> str:
+        return "-" if x is None else f"{x:.2f}"
+
+    summary = []
+    for optimizer in args.optimizer:
+        got = {r["which"]: r["step_ms"] for r in results if r["optimizer"] == optimizer}
+        ours, theirs = got.get("dynamicemb"), got.get("torchrec")
+        ratio = f"{ours / theirs:.2f}" if ours and theirs else "-"
+        fl = floors.get(optimizer)
+        fl_ms = None if fl is None else 1e3 * fl
+        print(
+            f"| {world_size} | {name} | {args.batch:,} | {args.tables} | {args.features} "
+            f"| {args.hotness} | {args.dim} | {args.rows:,} | {optimizer} | {dedup} "
+            f"| {ms(ours)} | {ms(theirs)} | {ratio} | {ms(fl_ms)} |",
+            flush=True,
+        )
+        summary.append({"optimizer": optimizer, "ratio": ratio, "floor_ms": fl_ms})
+    for line in _profile_table(results):
+        print(line)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "world_size": world_size,
+                    "device": name,
+                    "args": vars(args),
+                    "results": results,
+                    "floors_ms": {k: 1e3 * v for k, v in floors.items()},
+                    "summary": summary,
+                },
+                f,
+                indent=1,
+            )
 
 
 def _quiet() -> None:
     import logging
-    import warnings
 
     for name in (
         "torchrec.sparse.jagged_tensor_validator",
@@ -331,18 +650,21 @@ def parse_args(argv: list[str] | None = None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     dist_launch.add_device_args(ap, has_gpu)
     ap.add_argument("--batch", type=int, default=65536, help="global batch, split over the ranks")
-    ap.add_argument("--features", type=int, default=26)
+    ap.add_argument("--tables", type=int, default=1, help="tables; --features are split evenly")
+    ap.add_argument("--features", type=int, default=26, help="features of all tables")
     ap.add_argument("--hotness", type=int, default=10, help="ids per feature and sample")
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument(
-        "--rows", type=int, default=10_000_000, help="id space and TorchRec's table rows"
+        "--rows", type=int, default=10_000_000, help="id space and TorchRec's rows, per table"
     )
     ap.add_argument("--alpha", type=float, default=1.05, help="power-law exponent of the ids")
     ap.add_argument(
         "--optimizer",
+        nargs="+",
         choices=["adam", "sgd", "rowwise_adagrad"],
-        default="adam",
-        help="fused optimizer (FBGEMM's CPU kernel has no adam: use sgd on cpu)",
+        default=["adam"],
+        help="fused optimizers, each timed in turn (FBGEMM's CPU kernel has no adam: use sgd "
+        "on cpu)",
     )
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument(
@@ -352,6 +674,13 @@ def parse_args(argv: list[str] | None = None):
     )
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--steps", type=int, default=20, help="timed steps")
+    ap.add_argument(
+        "--profile-steps",
+        type=int,
+        default=0,
+        help="profiled steps after the timed ones (on the CPU: the ranges only, no kernels)",
+    )
+    ap.add_argument("--json", default=None, help="also write the results to this file")
     ap.add_argument(
         "--which",
         nargs="+",
@@ -366,9 +695,12 @@ def parse_args(argv: list[str] | None = None):
         ap.error(f"--batch {args.batch} is not a multiple of the world size {args.world_size}")
     if args.rows % MULT == 0:
         ap.error(f"--rows must not be a multiple of {MULT}")
+    if args.tables < 1 or args.features % args.tables:
+        ap.error(f"--features {args.features} must split evenly over --tables {args.tables}")
     if (
         min(args.batch, args.features, args.hotness, args.dim, args.rows, args.steps) < 1
         or args.warmup < 0
+        or args.profile_steps < 0
     ):
         ap.error("sizes and --steps must be positive")
     return args
@@ -378,12 +710,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     print(
         f"sharded EmbeddingCollection, {args.world_size} {args.device} rank(s): global batch "
-        f"{args.batch:,}, "
-        f"{args.features} features x hotness {args.hotness} on one table of dim {args.dim}, ids "
-        "power law "
-        f"alpha {args.alpha} over {args.rows:,}, {args.optimizer}, "
+        f"{args.batch:,}, {args.tables} table(s) x {args.features // args.tables} feature(s) x "
+        f"hotness {args.hotness}, dim {args.dim}, ids power law alpha {args.alpha} over "
+        f"{args.rows:,} per table, {', '.join(args.optimizer)}, "
         f"dedup {'on' if args.dedup else 'off'}, "
-        f"{args.warmup} warm-up + {args.steps} timed steps",
+        f"{args.warmup} warm-up + {args.steps} timed steps"
+        + (f" + {args.profile_steps} profiled" if args.profile_steps else ""),
         flush=True,
     )
     mp.spawn(
