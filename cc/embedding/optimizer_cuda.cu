@@ -19,8 +19,9 @@ __global__ void optimizer_kernel(OptimArgs a, float* values, int64_t num_rows, i
   if (r < 0 || r >= num_rows) return;
   const float* g = grads + i * dim;
   float* row = values + r * width;
-  warp_update_row(a, row, row + dim, dim, lane,
-                  [&](int64_t base, float (&c)[kPer]) { load_chunk(g, base, dim, lane, c); });
+  warp_update_row(a, row, row + dim, dim, lane, [&](int64_t base, float (&c)[kPer]) {
+    load_chunk<false>(g, base, dim, lane, c);
+  });
 }
 
 }  // namespace

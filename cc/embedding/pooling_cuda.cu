@@ -11,9 +11,51 @@ namespace {
 
 // Bags and keys are walked once per chunk of kChunk coordinates
 // (warp_update.cuh; once for dims up to 128), kPer partial sums per lane in
-// registers.
+// registers; float32 rows and outputs 16-byte aligned are read and written
+// with one 16-byte access per lane (Vec, lane_coord).
 
-// A warp per bag.
+/// Adds w * the lane's coordinates of the chunk at `base` of row v to acc.
+template <class T, bool Vec>
+__device__ __forceinline__ void add_row(const T* v, float w, int64_t base, int64_t dim, int lane,
+                                        float (&acc)[kPer]) {
+  if constexpr (Vec) {
+    float x[kPer];
+    load_chunk<true>(v, base, dim, lane, x);  // Vec implies T = float
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) acc[k] += w * x[k];
+  } else {
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int64_t d = lane_coord<false>(base, lane, k);
+      if (d < dim) acc[k] += w * storage::to_float(v[d]);
+    }
+  }
+}
+
+template <class T, bool Vec>
+__device__ void pool_bag(const PoolArgs& a, const BagSlot& s, int64_t j0, int64_t j1, int lane) {
+  float* out = a.out + s.offset;
+  for (int64_t base = 0; base < s.dim; base += kChunk) {
+    float acc[kPer] = {};
+    for (int64_t j = j0; j < j1; ++j) {
+      const T* v = occ_row<T>(a, j);
+      if (v != nullptr) add_row<T, Vec>(v, occ_weight(a.weights, j), base, s.dim, lane, acc);
+    }
+    const int64_t d0 = base + 4 * lane;
+    if (Vec && d0 < s.dim) {
+      *reinterpret_cast<float4*>(out + d0) = make_float4(acc[0], acc[1], acc[2], acc[3]);
+    } else if (!Vec) {
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        const int64_t d = lane_coord<false>(base, lane, k);
+        if (d < s.dim) out[d] = acc[k];
+      }
+    }
+  }
+}
+
+// A warp per bag; vectorized when the rows are float32 and the bag's output
+// slice is 16-byte aligned (a row that is not aligned is read element-wise).
 template <class T>
 __global__ void pool_kernel(PoolArgs a, int64_t num_bags) {
   const int64_t b = global_thread() / kWarp;
@@ -21,27 +63,17 @@ __global__ void pool_kernel(PoolArgs a, int64_t num_bags) {
   if (b >= num_bags) return;
   const BagSlot s = bag_slot(a.layout, b);
   const int64_t j0 = a.bag_offsets[b], j1 = a.bag_offsets[b + 1];
-  for (int64_t base = 0; base < s.dim; base += kChunk) {
-    float acc[kPer] = {};
-    for (int64_t j = j0; j < j1; ++j) {
-      const T* v = occ_row<T>(a, j);
-      if (v == nullptr) continue;
-      const float w = occ_weight(a.weights, j);
-#pragma unroll
-      for (int k = 0; k < kPer; ++k) {
-        const int64_t d = base + lane + k * kWarp;
-        if (d < s.dim) acc[k] += w * storage::to_float(v[d]);
-      }
-    }
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int64_t d = base + lane + k * kWarp;
-      if (d < s.dim) a.out[s.offset + d] = acc[k];
-    }
+  constexpr bool kFloat = std::is_same_v<T, float>;
+  if (kFloat && s.dim % 4 == 0 && aligned16(a.out + s.offset)) {
+    pool_bag<T, kFloat>(a, s, j0, j1, lane);
+  } else {
+    pool_bag<T, false>(a, s, j0, j1, lane);
   }
 }
 
-// The chunk at `base` of the gradient summed over grouped positions [i0, i1).
+// The chunk at `base` of the gradient summed over grouped positions [i0, i1),
+// in the lanes' coordinates lane_coord<Vec>.
+template <bool Vec>
 __device__ void grad_chunk(const UpdateArgs& a, int64_t i0, int64_t i1, int64_t base, int64_t dim,
                            int lane, float (&g)[kPer]) {
 #pragma unroll
@@ -49,23 +81,28 @@ __device__ void grad_chunk(const UpdateArgs& a, int64_t i0, int64_t i1, int64_t 
   for (int64_t i = i0; i < i1; ++i) {
     float w;
     const float* go = occ_grad_row(a, i, &w);
+    float x[kPer];
+    load_chunk<Vec>(go, base, dim, lane, x);
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int64_t d = base + lane + k * kWarp;
-      if (d < dim) g[k] += w * go[d];
-    }
+    for (int k = 0; k < kPer; ++k) g[k] += w * x[k];
   }
 }
 
+/// Whether key u's row (at byte offset r) is updated vectorized.
+template <class T>
+__device__ __forceinline__ bool key_vectorized(const UpdateArgs& a, int64_t r, int64_t dim) {
+  return vectorized(storage::embedding_at<T>(a.space, r), dim);
+}
+
 // Updates key u's row (one warp, warp_update_row); fill(base, g) writes the
-// gradient's chunk at `base` into g.
-template <class T, class Fill>
+// gradient's chunk at `base` into g, in the lanes' coordinates lane_coord<Vec>.
+template <class T, bool Vec, class Fill>
 __device__ void update_key(const UpdateArgs& a, int64_t u, int lane, const Fill& fill) {
   const int64_t r = a.rows[u];
   if (r < 0) return;  // uniform across the warp
   const int64_t dim = key_dim(a, u);
-  warp_update_row(a.optim, storage::embedding_at<T>(a.space, r),
-                  storage::state_at<T>(a.space, r, dim), dim, lane, fill);
+  warp_update_row<T, Vec>(a.optim, storage::embedding_at<T>(a.space, r),
+                          storage::state_at<T>(a.space, r, dim), dim, lane, fill);
 }
 
 __device__ __forceinline__ bool hot(const UpdateArgs& a, int64_t u) {
@@ -85,19 +122,44 @@ __device__ int64_t upper_bound(const int64_t* v, int64_t n, int64_t x) {
   return lo;
 }
 
+template <class T, bool Vec>
+__device__ void update_plain_key(const UpdateArgs& a, int64_t u, int64_t dim, int lane) {
+  update_key<T, Vec>(a, u, lane, [&](int64_t base, float (&g)[kPer]) {
+    grad_chunk<Vec>(a, a.occ_offsets[u], a.occ_offsets[u + 1], base, dim, lane, g);
+  });
+}
+
 // A warp per distinct key that is not hot: reduce and update in one pass.
 template <class T>
 __global__ void update_kernel(UpdateArgs a, int64_t num_keys) {
   const int64_t u = global_thread() / kWarp;
   const int lane = threadIdx.x % kWarp;
-  if (u >= num_keys || hot(a, u)) return;
+  if (u >= num_keys || hot(a, u) || a.rows[u] < 0) return;
   const int64_t dim = key_dim(a, u);
-  update_key<T>(a, u, lane, [&](int64_t base, float (&g)[kPer]) {
-    grad_chunk(a, a.occ_offsets[u], a.occ_offsets[u + 1], base, dim, lane, g);
-  });
+  if (key_vectorized<T>(a, a.rows[u], dim)) {
+    update_plain_key<T, std::is_same_v<T, float>>(a, u, dim, lane);
+  } else {
+    update_plain_key<T, false>(a, u, dim, lane);
+  }
+}
+
+template <bool Vec>
+__device__ void add_hot_chunk(const UpdateArgs& a, const HotKeys& h, int64_t u, int64_t i0,
+                              int64_t i1, int64_t dim, int lane) {
+  float* row = h.buf + (h.hot_incl[u] - 1) * h.buf_width;
+  for (int64_t base = 0; base < dim; base += kChunk) {
+    float g[kPer];
+    grad_chunk<Vec>(a, i0, i1, base, dim, lane, g);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int64_t d = lane_coord<Vec>(base, lane, k);
+      if (d < dim) atomicAdd(row + d, g[k]);
+    }
+  }
 }
 
 // A warp per chunk of a hot key's occurrences: partial sums into its buffer row.
+template <class T>
 __global__ void hot_chunk_kernel(UpdateArgs a, HotKeys h, int64_t num_keys) {
   const int64_t c = global_thread() / kWarp;
   const int lane = threadIdx.x % kWarp;
@@ -106,16 +168,20 @@ __global__ void hot_chunk_kernel(UpdateArgs a, HotKeys h, int64_t num_keys) {
   const int64_t i0 = a.occ_offsets[u] + (c - h.chunk_offsets[u]) * kHotChunk;
   const int64_t i1 = i0 + kHotChunk < a.occ_offsets[u + 1] ? i0 + kHotChunk : a.occ_offsets[u + 1];
   const int64_t dim = key_dim(a, u);
-  float* row = h.buf + (h.hot_incl[u] - 1) * h.buf_width;
-  for (int64_t base = 0; base < dim; base += kChunk) {
-    float g[kPer];
-    grad_chunk(a, i0, i1, base, dim, lane, g);
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int64_t d = base + lane + k * kWarp;
-      if (d < dim) atomicAdd(row + d, g[k]);
-    }
+  // The buffer is indexed by coordinate: either lane mapping sums into it.
+  if (a.rows[u] >= 0 && key_vectorized<T>(a, a.rows[u], dim)) {
+    add_hot_chunk<true>(a, h, u, i0, i1, dim, lane);
+  } else {
+    add_hot_chunk<false>(a, h, u, i0, i1, dim, lane);
   }
+}
+
+template <class T, bool Vec>
+__device__ void update_hot_key(const UpdateArgs& a, int64_t u, const float* row, int64_t dim,
+                               int lane) {
+  update_key<T, Vec>(a, u, lane, [&](int64_t base, float (&g)[kPer]) {
+    load_chunk<Vec>(row, base, dim, lane, g);
+  });
 }
 
 // A warp per hot key: apply the summed gradient.
@@ -125,10 +191,14 @@ __global__ void hot_update_kernel(UpdateArgs a, HotKeys h, int64_t num_keys) {
   const int lane = threadIdx.x % kWarp;
   if (num_keys == 0 || k >= h.max_hot || k >= h.hot_incl[num_keys - 1]) return;
   const int64_t u = upper_bound(h.hot_incl, num_keys, k);
+  if (a.rows[u] < 0) return;
   const float* row = h.buf + k * h.buf_width;
   const int64_t dim = key_dim(a, u);
-  update_key<T>(a, u, lane,
-                [&](int64_t base, float (&g)[kPer]) { load_chunk(row, base, dim, lane, g); });
+  if (key_vectorized<T>(a, a.rows[u], dim)) {
+    update_hot_key<T, std::is_same_v<T, float>>(a, u, row, dim, lane);
+  } else {
+    update_hot_key<T, false>(a, u, row, dim, lane);
+  }
 }
 
 /// Blocks of a launch with one warp per item.
@@ -145,7 +215,7 @@ void update_backward(const UpdateArgs& a, const HotKeys& h, int64_t num_keys, cu
   update_kernel<T><<<grid(num_keys), kBlock, 0, stream>>>(a, num_keys);
   check_launch("embedding_update");
   if (h.max_hot == 0) return;
-  hot_chunk_kernel<<<grid(h.max_chunks), kBlock, 0, stream>>>(a, h, num_keys);
+  hot_chunk_kernel<T><<<grid(h.max_chunks), kBlock, 0, stream>>>(a, h, num_keys);
   check_launch("embedding_update (hot chunks)");
   hot_update_kernel<T><<<grid(h.max_hot), kBlock, 0, stream>>>(a, h, num_keys);
   check_launch("embedding_update (hot keys)");

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cc/common/cuda_launch.cuh"
 #include "cc/embedding/optimizer.h"
@@ -14,28 +15,62 @@ namespace dyn_emb {
 namespace embedding {
 namespace cuda {
 
-// Rows are handled in chunks of kChunk coordinates: lane l owns coordinates
-// base + l + 32 k (k < kPer) of a chunk, so a warp reads a row's chunk in
-// coalesced 128-byte pieces and keeps kPer values in registers.
+// Rows are handled in chunks of kChunk coordinates, kPer of them per lane:
+// lane l owns coordinates base + l + 32 k (k < kPer) of a chunk, so a warp
+// reads a chunk in coalesced 128-byte pieces of any element type; or, for
+// float32 rows whose coordinates start 16-byte aligned ("vectorized"),
+// base + 4 l + k, so each lane reads its coordinates with one 16-byte load.
 constexpr int kPer = 4;
 constexpr int64_t kChunk = kWarp * kPer;
 
+/// The lane's coordinate k of the chunk at `base`.
+template <bool Vec>
+__device__ __forceinline__ int64_t lane_coord(int64_t base, int lane, int k) {
+  return Vec ? base + 4 * lane + k : base + lane + k * kWarp;
+}
+
+__device__ __forceinline__ bool aligned16(const void* p) {
+  return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+
+/// Whether a row of `dim` T's at `w` is updated vectorized: float32, dim a
+/// multiple of 4, 16-byte aligned.
+template <class T>
+__device__ __forceinline__ bool vectorized(const T* w, int64_t dim) {
+  if constexpr (std::is_same_v<T, float>) {
+    return dim % 4 == 0 && aligned16(w);
+  } else {
+    return false;
+  }
+}
+
 /// The lane's coordinates of the chunk at `base` of a dense row of `dim`
-/// floats (zeros past the end).
+/// floats (zeros past the end); with Vec, one 16-byte load when the lane's
+/// four coordinates are inside the row and aligned.
+template <bool Vec>
 __device__ __forceinline__ void load_chunk(const float* row, int64_t base, int64_t dim, int lane,
                                            float (&g)[kPer]) {
+  if constexpr (Vec) {
+    const int64_t d0 = base + 4 * lane;
+    if (d0 + 3 < dim && aligned16(row + d0)) {
+      const float4 v = *reinterpret_cast<const float4*>(row + d0);
+      g[0] = v.x, g[1] = v.y, g[2] = v.z, g[3] = v.w;
+      return;
+    }
+  }
 #pragma unroll
   for (int k = 0; k < kPer; ++k) {
-    const int64_t d = base + lane + k * kWarp;
+    const int64_t d = lane_coord<Vec>(base, lane, k);
     g[k] = d < dim ? row[d] : 0.f;
   }
 }
 
 /// Updates a row (its dim weights `w` of T, its state `s`) with one warp;
-/// fill(base, g) writes the lane's coordinates of the gradient's chunk at
-/// `base` into g. Row-wise Adagrad first sums the row's squared gradient
-/// across the warp, before any coordinate changes. All lanes must call it.
-template <class T, class Fill>
+/// fill(base, g) writes the lane's coordinates (lane_coord<Vec>) of the
+/// gradient's chunk at `base` into g. Vec needs vectorized(w, dim).
+/// Row-wise Adagrad first sums the row's squared gradient across the warp,
+/// before any coordinate changes. All lanes must call it.
+template <class T, bool Vec = false, class Fill>
 __device__ void warp_update_row(const OptimArgs& optim, T* w, float* s, int64_t dim, int lane,
                                 const Fill& fill) {
   using storage::from_float;
@@ -48,7 +83,7 @@ __device__ void warp_update_row(const OptimArgs& optim, T* w, float* s, int64_t 
       fill(base, g);
 #pragma unroll
       for (int k = 0; k < kPer; ++k) {
-        const int64_t d = base + lane + k * kWarp;
+        const int64_t d = lane_coord<Vec>(base, lane, k);
         if (d < dim) sq += rowwise_sq(optim, to_float(w[d]), g[k]);
       }
     }
@@ -60,13 +95,26 @@ __device__ void warp_update_row(const OptimArgs& optim, T* w, float* s, int64_t 
   }
   for (int64_t base = 0; base < dim; base += kChunk) {
     fill(base, g);
+    if constexpr (Vec) {
+      // float32, dim % 4 == 0, w aligned: the lane's 4 weights in one load.
+      const int64_t d0 = base + 4 * lane;
+      if (d0 < dim) {
+        float4 v = *reinterpret_cast<const float4*>(w + d0);
+        float x[kPer] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int64_t d = base + lane + k * kWarp;
-      if (d < dim) {
-        float wd = to_float(w[d]);
-        update_coord(optim, wd, s, g[k], d, dim, rf);
-        w[d] = from_float<T>(wd);
+        for (int k = 0; k < kPer; ++k) update_coord(optim, x[k], s, g[k], d0 + k, dim, rf);
+        v.x = x[0], v.y = x[1], v.z = x[2], v.w = x[3];
+        *reinterpret_cast<float4*>(w + d0) = v;
+      }
+    } else {
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        const int64_t d = lane_coord<false>(base, lane, k);
+        if (d < dim) {
+          float wd = to_float(w[d]);
+          update_coord(optim, wd, s, g[k], d, dim, rf);
+          w[d] = from_float<T>(wd);
+        }
       }
     }
   }
