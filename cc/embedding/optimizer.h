@@ -64,7 +64,20 @@ struct OptimArgs {
   int32_t wd_mode = 0;
   int64_t step = 1;  ///< 1-based iteration (Adam's bias correction)
   float lr_power = -0.5f, ftrl_beta = 0.0f, l1 = 0.0f, l2 = 0.0f;
+  /// Adam's bias corrections 1 - beta1^step and 1 - beta2^step, computed once
+  /// per call (with_step), not per coordinate; or read from `bias` ((2), in
+  /// the memory of the backend) when set.
+  float bias1 = 1.0f, bias2 = 1.0f;
+  const float* bias = nullptr;
 };
+
+/// `a` at iteration `step` (1-based), its bias corrections computed.
+DEMB_HD OptimArgs with_step(OptimArgs a, int64_t step) {
+  a.step = step;
+  a.bias1 = 1.f - powf(a.beta1, static_cast<float>(step));
+  a.bias2 = 1.f - powf(a.beta2, static_cast<float>(step));
+  return a;
+}
 
 /// n^(-p) for FTRL; p = -0.5 takes the square root.
 DEMB_HD float ftrl_pow(float n, float p) { return p == -0.5f ? sqrtf(n) : powf(n, -p); }
@@ -109,8 +122,8 @@ DEMB_HD void update_coord(const OptimArgs& a, float& w, float* s, float gd, int6
       w -= a.lr * (gd + (l2 ? a.weight_decay * w : 0.f));
       break;
     case OptimType::kAdam: {
-      const float c1 = 1.f - powf(a.beta1, static_cast<float>(a.step));
-      const float c2 = 1.f - powf(a.beta2, static_cast<float>(a.step));
+      const float c1 = a.bias ? a.bias[0] : a.bias1;
+      const float c2 = a.bias ? a.bias[1] : a.bias2;
       float& m = s[d];
       float& v = s[dim + d];
       m = a.beta1 * m + (1.f - a.beta1) * gd;

@@ -107,12 +107,11 @@ inline embedding::OptimArgs optim_params(int64_t type, double lr, double eps, do
   a.beta2 = static_cast<float>(beta2);
   a.weight_decay = static_cast<float>(weight_decay);
   a.wd_mode = static_cast<int32_t>(wd_mode);
-  a.step = step;
   a.lr_power = static_cast<float>(lr_power);
   a.ftrl_beta = static_cast<float>(ftrl_beta);
   a.l1 = static_cast<float>(l1);
   a.l2 = static_cast<float>(l2);
-  return a;
+  return embedding::with_step(a, step);
 }
 
 /// Checks optimizer_step's arguments and packs its hyper-parameters.
@@ -234,7 +233,8 @@ inline embedding::UpdateArgs update_args(
     at::Tensor& seg0, at::Tensor& seg1, const at::Tensor& grad_out, const at::Tensor& rows,
     const at::Tensor& occ_offsets, const at::Tensor& occ_order, const at::Tensor& occ_bag,
     const c10::optional<at::Tensor>& weights, const at::Tensor& cols, const at::Tensor& dims,
-    int64_t batch, storage::ElementType type, const embedding::OptimArgs& optim) {
+    int64_t batch, storage::ElementType type, const embedding::OptimArgs& optim,
+    const c10::optional<at::Tensor>& adam_bias) {
   TORCH_CHECK_TYPE(grad_out.scalar_type() == at::kFloat,
                    "dynamicemb: grad_out must be float32, got ", grad_out.scalar_type());
   TORCH_CHECK_VALUE(grad_out.dim() == 2 && grad_out.is_contiguous() && grad_out.size(0) == batch,
@@ -256,6 +256,14 @@ inline embedding::UpdateArgs update_args(
   check_index_range(occ_order, 0, n, "occurrence");
   check_index_range(occ_bag, 0, cols.numel() * batch, "bag");
   a.optim = optim;
+  if (adam_bias.has_value()) {
+    TORCH_CHECK_TYPE(adam_bias->scalar_type() == at::kFloat,
+                     "dynamicemb: adam_bias must be float32, got ", adam_bias->scalar_type());
+    TORCH_CHECK_VALUE(adam_bias->numel() == 2 && adam_bias->is_contiguous(),
+                      "dynamicemb: adam_bias must hold 2 contiguous floats, got shape ",
+                      adam_bias->sizes());
+    a.optim.bias = adam_bias->data_ptr<float>();
+  }
   a.space = row_space(seg0, seg1, "values");
   a.grad_out = grad_out.data_ptr<float>();
   a.rows = rows.data_ptr<int64_t>();
@@ -299,13 +307,15 @@ void update_with(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor& grad_out,
                  const at::Tensor& rows, const at::Tensor& occ_offsets, const at::Tensor& occ_order,
                  const at::Tensor& occ_bag, const c10::optional<at::Tensor>& weights,
                  const at::Tensor& cols, const at::Tensor& dims, int64_t batch, int64_t type,
-                 const embedding::OptimArgs& optim, const Run& run) {
+                 const embedding::OptimArgs& optim, const c10::optional<at::Tensor>& adam_bias,
+                 const Run& run) {
   check_same_device(rows,
                     {&seg0, &seg1, &grad_out, &occ_offsets, &occ_order, &occ_bag, &cols, &dims});
   if (weights.has_value()) check_same_device(rows, {&*weights});
+  if (adam_bias.has_value()) check_same_device(rows, {&*adam_bias});
   const storage::ElementType et = element_type(type);
   run(update_args(seg0, seg1, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols, dims,
-                  batch, et, optim),
+                  batch, et, optim, adam_bias),
       et);
 }
 

@@ -61,13 +61,14 @@ void embedding_update_cuda(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor&
                            const at::Tensor& dims, int64_t batch, int64_t element_type,
                            int64_t type, double lr, double eps, double beta1, double beta2,
                            double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
-                           double ftrl_beta, double l1, double l2) {
+                           double ftrl_beta, double l1, double l2,
+                           const c10::optional<at::Tensor>& adam_bias) {
   const c10::cuda::CUDAGuard guard(rows.device());
   update_with(seg0, seg1, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols, dims,
               batch, element_type,
               optim_params(type, lr, eps, beta1, beta2, weight_decay, wd_mode, step, lr_power,
                            ftrl_beta, l1, l2),
-              [&](const embedding::UpdateArgs& a, storage::ElementType et) {
+              adam_bias, [&](const embedding::UpdateArgs& a, storage::ElementType et) {
                 std::vector<at::Tensor> keep;
                 const embedding::cuda::HotKeys h =
                     hot_keys(grad_out, occ_offsets, rows.numel(), occ_order.numel(), keep);

@@ -113,19 +113,20 @@ at::Tensor embedding_pool_meta(const at::Tensor& seg0, const at::Tensor& seg1,
                                const at::Tensor& rows, const at::Tensor& inverse,
                                const at::Tensor& bag_offsets,
                                const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
-                               const at::Tensor& dims, int64_t batch, int64_t out_width,
+                               const at::Tensor& dims, c10::SymInt batch, int64_t out_width,
                                int64_t element_type) {
-  return at::empty({batch, out_width}, rows.options().dtype(at::kFloat));
+  return at::empty_symint({batch, out_width}, rows.options().dtype(at::kFloat));
 }
 
 void embedding_update_meta(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor& grad_out,
                            const at::Tensor& rows, const at::Tensor& occ_offsets,
                            const at::Tensor& occ_order, const at::Tensor& occ_bag,
                            const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
-                           const at::Tensor& dims, int64_t batch, int64_t element_type,
+                           const at::Tensor& dims, c10::SymInt batch, int64_t element_type,
                            int64_t type, double lr, double eps, double beta1, double beta2,
                            double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
-                           double ftrl_beta, double l1, double l2) {}
+                           double ftrl_beta, double l1, double l2,
+                           const c10::optional<at::Tensor>& adam_bias) {}
 
 void copy_rows_meta(at::Tensor& dst0, at::Tensor& dst1, const at::Tensor& dst_offsets,
                     const at::Tensor& src0, const at::Tensor& src1, const at::Tensor& src_offsets,

@@ -101,15 +101,17 @@ TORCH_LIBRARY(dynamicemb, m) {
   // Args:
   //   seg0, seg1: the row space (cc/storage/row_space.h), written; offsets:
   //   (n) int64 byte offset of each entry's row, -1 to skip it; keys,
-  //   table_ids: (n) int64 as init_rows; dim, the initializer's mode and
-  //   parameters, seed: as init_rows; element_type: the embeddings'
-  //   storage::ElementType; state_dim: floats of optimizer state after the
-  //   embedding (padded to 4 bytes), zeros except entries from fill_from on,
-  //   which are fill.
+  //   table_ids: (n) int64 as init_rows; dim, the initializer's mode
+  //   (init_mode: an argument named `mode` would clash with torch.compile's
+  //   functionalization of mutating ops) and parameters, seed: as init_rows;
+  //   element_type: the embeddings' storage::ElementType; state_dim: floats of optimizer state
+  //   after the embedding (padded to 4 bytes), zeros except entries from fill_from on, which are
+  //   fill.
   m.def(
       "init_rows_at(Tensor(a!) seg0, Tensor(b!) seg1, Tensor offsets, Tensor keys, "
-      "Tensor table_ids, int dim, int mode, float mean, float std_dev, float lower, float upper, "
-      "float value, int seed, int element_type, int state_dim, int fill_from, float fill) -> ()");
+      "Tensor table_ids, int dim, int init_mode, float mean, float std_dev, float lower, "
+      "float upper, float value, int seed, int element_type, int state_dim, int fill_from, "
+      "float fill) -> ()");
 
   // Fused optimizer update of embedding rows stored with their state
   // (cc/embedding/optimizer.h).
@@ -152,8 +154,8 @@ TORCH_LIBRARY(dynamicemb, m) {
   //   (batch, out_width) float32.
   m.def(
       "embedding_pool(Tensor seg0, Tensor seg1, Tensor rows, Tensor inverse, Tensor bag_offsets, "
-      "Tensor? weights, Tensor cols, Tensor dims, int batch, int out_width, int element_type) -> "
-      "Tensor");
+      "Tensor? weights, Tensor cols, Tensor dims, SymInt batch, int out_width, "
+      "int element_type) -> Tensor");
 
   // embedding_pool's backward: reduces each distinct key's gradient from
   // grad_out and updates its row in place with the optimizer, in float32
@@ -163,13 +165,16 @@ TORCH_LIBRARY(dynamicemb, m) {
   //   out_width); rows: (U) byte offsets; occ_offsets (U + 1), occ_order (n):
   //   each key's occurrences; occ_bag (n): the bag of each occurrence;
   //   weights, cols, dims, element_type as embedding_pool; the optimizer's
-  //   type and hyper-parameters as optimizer_step.
+  //   type and hyper-parameters as optimizer_step; adam_bias: optional (2)
+  //   float32 on the op's device, Adam's bias corrections 1 - beta1^t and
+  //   1 - beta2^t, used instead of computing them from `step` (so that a
+  //   traced backward takes the iteration as data, not as a constant).
   m.def(
       "embedding_update(Tensor(a!) seg0, Tensor(b!) seg1, Tensor grad_out, Tensor rows, "
       "Tensor occ_offsets, Tensor occ_order, Tensor occ_bag, Tensor? weights, Tensor cols, "
-      "Tensor dims, int batch, int element_type, int type, float lr, float eps, float beta1, "
+      "Tensor dims, SymInt batch, int element_type, int type, float lr, float eps, float beta1, "
       "float beta2, float weight_decay, int wd_mode, int step, float lr_power, float ftrl_beta, "
-      "float l1, float l2) -> ()");
+      "float l1, float l2, Tensor? adam_bias=None) -> ()");
 
   // Row moves of the storage tiers (cc/storage/copy_rows.h): for each i with
   // both offsets >= 0, bytes[i] bytes from the row space (src0, src1) at

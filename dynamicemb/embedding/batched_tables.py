@@ -96,6 +96,10 @@ class _Batch:
     dims: torch.Tensor
     batch: int
     out_width: int
+    # Adam's bias corrections at this step, made in the forward: the iteration
+    # reaches the backward as data (an int would be a constant of a backward
+    # traced by torch.compile). None for the other optimizers.
+    adam_bias: torch.Tensor | None = None
 
 
 class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
@@ -244,6 +248,12 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self._none_cols = torch.zeros(1, dtype=torch.int64, device=self.device)
         self._feature_tables = torch.tensor(
             self.feature_table_map, dtype=torch.int64, device=self.device
+        )
+        opt = self.optimizer
+        self._adam_betas = (
+            torch.tensor([opt.beta1, opt.beta2], dtype=torch.float32, device=self.device)
+            if opt.is_adam
+            else None
         )
         # Autograd needs one input that requires grad to call backward.
         self._placeholder = torch.nn.Parameter(torch.zeros(1, device=self.device))
@@ -398,6 +408,8 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 batch,
                 self._out_width,
             )
+        if self.training and self._adam_betas is not None:
+            b.adam_bias = 1.0 - torch.pow(self._adam_betas, self.step)
         extra = None
         if not self.training and self._eval_rows is not None:
             # Keys stored nowhere: their eval initializer's float32 rows, pooled

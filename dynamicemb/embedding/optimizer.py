@@ -79,6 +79,10 @@ class RowOptimizer:
         if int(self.weight_decay_mode) not in (0, 1, 2):
             raise ValueError(f"weight_decay_mode must be 0, 1 or 2, got {self.weight_decay_mode}")
 
+    @property
+    def is_adam(self) -> bool:
+        return _NATIVE[self.optimizer.name] == "ADAM"
+
     def state_dim(self, dim: int) -> int:
         """Floats of state after an embedding of ``dim``."""
         return optimizer_state_dim(self.optimizer, dim, torch.float32)
@@ -134,8 +138,13 @@ class RowOptimizer:
         space's two segments, ``batch`` the lookup's structure
         (cc/embedding/pooling.h: rows are byte offsets into the space),
         ``element_type`` the embeddings' native ElementType. ``step`` is
-        1-based."""
+        1-based; Adam takes its bias corrections from ``batch.adam_bias``
+        when set."""
         b = batch
+        bias = getattr(b, "adam_bias", None)
+        # Only Adam reads the step (its bias corrections), and from the batch
+        # when it has them.
+        step = step if self.is_adam and bias is None else 1
         ops().embedding_update(
             space[0],
             space[1],
@@ -156,9 +165,10 @@ class RowOptimizer:
             float(self.beta2),
             float(self.weight_decay),
             int(self.weight_decay_mode),
-            int(step),
+            step,
             float(self.learning_rate_power),
             float(self.ftrl_beta),
             float(self.l1_reg),
             float(self.l2_reg),
+            bias,
         )

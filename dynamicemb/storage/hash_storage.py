@@ -207,6 +207,9 @@ class HashTableStorage(TableStorage):
             )
         self._scorer = None if scorer_factory is None else scorer_factory()
         self._first_valid = int(constants()["FIRST_VALID_KEY"])
+        # Plain ints: torch.compile compares tensors with ints, not enum members.
+        self._inserted = int(enums.InsertStatus.INSERTED)
+        self._evicted_status = int(enums.InsertStatus.EVICTED)
         # Keys a write-back could not place (their bucket full of its own keys).
         self.dropped = torch.zeros((), dtype=torch.int64, device=device)
         self._place(self._rows())
@@ -405,7 +408,7 @@ class HashTableStorage(TableStorage):
             evicted). Keys evicted from a table that retains them are
             recorded for ``pop_evicted_keys``.
         """
-        if expand and keys.numel():
+        if expand:
             self._expand_for(keys, tids)
         if self.no_eviction:
             return (*self._insert_no_eviction(keys, tids), None)
@@ -468,7 +471,7 @@ class HashTableStorage(TableStorage):
         policies, vals = batch_policies(self.strategies, score, counts)
         slots, status, _ = self.insert(keys, tids, policies, vals)
         offsets = self.offsets(slots, tids)
-        new = (status == enums.InsertStatus.INSERTED) | (status == enums.InsertStatus.EVICTED)
+        new = (status == self._inserted) | (status == self._evicted_status)
         # Every entry goes to the writer, the others at -1: no selection of
         # the new keys, whose number only the device knows.
         self.write_new_rows(torch.where(new, offsets, -1), keys, tids, init)
@@ -696,6 +699,9 @@ def _prefix(num_keys: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tenso
     """The first ``num_keys`` entries of each tensor (CPU tensors: the count
     is read on the host)."""
     u = int(num_keys)
+    # Under torch.compile (capture_scalar_outputs) u is a symbolic size.
+    torch._check(u >= 0)
+    torch._check(u <= tensors[0].numel())
     return tuple(t[:u] for t in tensors)
 
 

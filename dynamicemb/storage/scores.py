@@ -58,7 +58,9 @@ def batch_policies(strategies: tuple, score: BatchScore, counts: torch.Tensor):
     if s == S.TIMESTAMP:
         return [P.TIMER], None
     if s == S.STEP:
-        return [P.ASSIGN], score.step
+        # A tensor: under torch.compile the step is a symbolic int, which the
+        # table's int path would specialize.
+        return [P.ASSIGN], torch.full((1, 1), score.step, dtype=torch.int64, device=counts.device)
     if s == S.CUSTOMIZED:
         return [P.ASSIGN], score.custom
     if s == S.LFU:
