@@ -62,6 +62,7 @@ __all__ = [
     "complete_initializer_args",
     "get_sharded_table_capacity",
     "get_table_value_bytes",
+    "hash_slot_bytes",
     "optimizer_state_dim",
 ]
 
@@ -77,6 +78,13 @@ DEFAULT_INDEX_TYPE = torch.int64
 # Row-wise key -> rank routing of a sharded table.
 DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")
 DEFAULT_DIST_TYPE = "roundrobin"
+
+# Bytes of one hash-table slot besides its score words: the int64 key and the
+# one-byte digest (ScoredHashTable's ``keys`` and ``digests``), and of one
+# int64 score word.
+_SLOT_KEY_BYTES = 8
+_SLOT_DIGEST_BYTES = 1
+_SCORE_WORD_BYTES = 8
 
 # Bytes the fused row layout reserves for row-wise Adagrad's state (one
 # scalar is used; the rest keeps rows aligned).
@@ -282,7 +290,10 @@ class DynamicEmbTableOptions:
             enter the table; rejected keys are initialized and used in the
             forward but not stored. Defaults to None (admit all).
         admission_counter (Optional[Counter]): deprecated; warns when set. Give
-            the counter to the admission strategy instead.
+            the counter to the admission strategy instead. A
+            ``FrequencyAdmissionStrategy`` without a counter of its own is
+            replaced by a copy counting into this one (the field is then
+            None); a strategy whose own counter differs raises ValueError.
         evicted_item_mode (EvictedItemMode): what the last storage tier does
             with the keys it evicts: DISCARD them, or RETAIN_KEY for
             ``pop_evicted_keys``. Defaults to DISCARD.
@@ -413,18 +424,37 @@ class DynamicEmbTableOptions:
                 f"or None, got {self.admit_strategy!r}"
             )
         if self.admission_counter is not None:
-            warnings.warn(
-                "DynamicEmbTableOptions.admission_counter is deprecated; pass the "
-                "counter to the admission strategy that uses it instead "
-                "(e.g. FrequencyAdmissionStrategy(threshold=..., counter=KVCounter(...))).",
-                DeprecationWarning,
-                stacklevel=3,
-            )
+            self._carry_admission_counter()
         if self.dist_type not in DIST_TYPES:
             raise ValueError(
                 f"DynamicEmbTableOptions.dist_type must be one of {DIST_TYPES}, "
                 f"got {self.dist_type!r}"
             )
+
+    def _carry_admission_counter(self) -> None:
+        """The deprecated ``admission_counter``: warns, and hands the counter to
+        the admission strategy that counts (a copy of it: one strategy object
+        may serve several tables), which then holds it alone."""
+        counter = self.admission_counter
+        carried = None
+        if self.admit_strategy is not None:
+            carried = self.admit_strategy._with_deprecated_counter(counter)
+        where = (
+            "it was carried to the admission strategy"
+            if carried is not None
+            else "it has no effect: no admission strategy that counts was given"
+        )
+        warnings.warn(
+            "DynamicEmbTableOptions.admission_counter is deprecated; pass the "
+            "counter to the admission strategy that uses it instead "
+            "(e.g. FrequencyAdmissionStrategy(threshold=..., counter=KVCounter(...))); "
+            f"{where}.",
+            DeprecationWarning,
+            stacklevel=4,
+        )
+        if carried is not None:
+            self.admit_strategy = carried
+            self.admission_counter = None
 
     def score_strategies(self) -> tuple[DynamicEmbScoreStrategy, ...]:
         """The score strategy as a tuple, one element per score word.
@@ -546,6 +576,21 @@ def align_to_table_size(size: int, bucket_capacity: int) -> int:
             f"align_to_table_size: bucket_capacity must be an int > 0, got {bucket_capacity!r}"
         )
     return max(1, _ceil_div(size, bucket_capacity)) * bucket_capacity
+
+
+def hash_slot_bytes(num_scores: int) -> int:
+    """Bytes of one slot of a scored hash table: the int64 key, its one-byte
+    digest and ``num_scores`` int64 score words (the layout ``ScoredHashTable``
+    allocates, for embedding tables and admission counters alike).
+
+    Args:
+        num_scores (int): score words per slot (1, or 2 for the compound
+            ``(TIMESTAMP, LFU)``).
+
+    Returns:
+        int: bytes per slot.
+    """
+    return _SLOT_KEY_BYTES + _SLOT_DIGEST_BYTES + _SCORE_WORD_BYTES * num_scores
 
 
 def _sharded_table_bucket_layout(

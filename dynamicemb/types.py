@@ -12,7 +12,8 @@ What lives here:
 * ``KVCounter``: the configuration of dynamicemb's own counter (it is not a
   ``Counter``; a module turns it into one).
 * ``AdmissionStrategy`` / ``MultiTableAdmitter``: admission configuration and
-  the object that decides.
+  the object that decides; ``AdmissionCount``: the columns of the per-table
+  admission counts a module keeps on its device.
 * ``Storage``: the interface an external storage (parameter server, key-value
   store) implements to hold a table's rows.
 
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
+    "AdmissionCount",
     "AdmissionStrategy",
     "Counter",
     "EvictedItemMode",
@@ -154,9 +156,12 @@ class KVCounter:
     in an admission strategy's grouped key.
 
     Attributes:
-        capacity (int): counter slots for this table. Must be positive.
+        capacity (int): counter slots for this table. Must be positive; the
+            counter rounds it up to whole buckets.
         bucket_capacity (int): slots per bucket. Must be positive and not
-            larger than ``capacity``. Defaults to 1024.
+            larger than ``capacity``; the counter also needs a multiple of
+            ``BUCKET_ALIGNMENT`` (16), which ``FrequencyAdmissionStrategy``
+            checks. Defaults to 1024.
         key_type (torch.dtype): dtype of the counted keys; an integer dtype.
             Defaults to ``torch.int64``.
     """
@@ -186,6 +191,29 @@ class KVCounter:
             raise ValueError(
                 f"KVCounter.key_type must be an integer torch.dtype, got {self.key_type!r}"
             )
+
+
+@enum.unique
+class AdmissionCount(enum.IntEnum):
+    """Columns of a module's per-table admission counts.
+
+    A module with an admission strategy keeps an int64 tensor of shape
+    ``(num_tables, len(AdmissionCount))`` on its device
+    (``BatchedDynamicEmbeddingTablesV2.admission_counts``), row ``t`` for its
+    table ``t``. Every training batch adds, per table, the distinct keys that
+    were missing from the table and that its admitter admitted or rejected;
+    keys already stored, eval batches and tables without a strategy add
+    nothing. The counts only grow, and the kernels add to them without
+    synchronizing the host: read them when a dashboard asks.
+
+    Attributes:
+        ADMITTED (int): missing keys let into the table.
+        REJECTED (int): missing keys kept out (looked up with the rejected-row
+            initializer, not stored).
+    """
+
+    ADMITTED = 0
+    REJECTED = 1
 
 
 class MultiTableAdmitter(abc.ABC):
@@ -299,6 +327,24 @@ class AdmissionStrategy(abc.ABC):
         The result must be hashable.
         """
         return self
+
+    def state_bytes(self) -> int:
+        """Bytes of admission state the admitter keeps for one table.
+
+        What the planner adds to a table's memory estimate, on the table's
+        device: a counter's slots for a strategy that counts, 0 (the default)
+        for one that keeps no state across steps.
+        """
+        return 0
+
+    def _with_deprecated_counter(self, counter) -> "AdmissionStrategy | None":
+        """This strategy counting into ``counter``, or None if it counts nothing.
+
+        How ``DynamicEmbTableOptions.admission_counter`` (deprecated) is
+        carried to the strategy that uses it. The default: nothing counts, so
+        the field has no effect.
+        """
+        return None
 
 
 class Storage(abc.ABC):

@@ -8,8 +8,12 @@ GPU alike and is the reference for fused kernels to come.
 The step, per batch:
   1. the distinct (table, key) pairs and their counts (segmented_unique);
   2. training: find-or-insert them with the table's score policy; new keys
-     get their initializer's row and a fresh optimizer state. Eval: find only;
-     absent keys read the eval initializer and nothing is inserted.
+     get their initializer's row and a fresh optimizer state. With an
+     admission strategy, the keys the table misses are first put to the
+     tables' admitter: a rejected key is not inserted (it evicts nothing),
+     reads the rejected-row initializer's row in this forward and its
+     gradient updates nothing. Eval: find only; absent keys read the eval
+     initializer and nothing is inserted (nor admitted).
      NO_EVICTION tables never evict: before the insert, a table the batch
      could fill (more keys than value rows, or a key map above load 0.5)
      doubles its key map and its value rows; a key whose bucket is full
@@ -37,12 +41,13 @@ from dynamicemb.dynamicemb_config import (
     DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
 )
-from dynamicemb.embedding.initializer import init_rows
+from dynamicemb.embedding.initializer import MultiTableInitializer
 from dynamicemb.embedding.optimizer import RowOptimizer
 from dynamicemb.embedding.score_function import VictimScorer
 from dynamicemb.embedding.unique import segmented_unique
 from dynamicemb.table import ScoredHashTable, enums
 from dynamicemb.table._native import ops
+from dynamicemb.types import AdmissionCount, MemoryType, MultiTableAdmitter
 
 S = DynamicEmbScoreStrategy
 
@@ -93,7 +98,7 @@ class _Lookup(torch.autograd.Function):
     def forward(ctx, placeholder, module, batch_args, extra):
         ctx.module, ctx.batch_args = module, batch_args
         out = module._pool(batch_args)
-        if extra is not None:  # eval: initializer rows of keys the table misses
+        if extra is not None:  # initializer rows of keys not in the table (row -1)
             out = out + extra
         return out
 
@@ -136,6 +141,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             shared by the fused tables) ranks the victims of full buckets:
             it is compiled with numba when the module is built and evaluated
             over the buckets of each training batch (score_function.py).
+            ``admit_strategy``: all tables or none have one, and theirs agree
+            on ``get_grouped_key``; the module builds one admitter for them
+            (``create_admitter``), ``admitter``.
         feature_table_map (List[int], optional): table of each feature
             (default: feature t uses table t).
         pooling_mode (DynamicEmbPoolingMode): SUM, MEAN or NONE.
@@ -154,6 +162,13 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
     Input (TorchRec's TBE convention): ``indices`` (n) int64 and ``offsets``
     (num_features * batch_size + 1), the bags of feature f being
     ``offsets[f * B : (f + 1) * B + 1]``.
+
+    Attributes:
+        admitter (Optional[MultiTableAdmitter]): decides which missing keys of
+            a training batch enter the tables; None admits every key.
+        admission_counts (torch.Tensor): (num_tables, len(AdmissionCount))
+            int64 on the module's device: the missing keys admitted and
+            rejected so far, per table (layout: ``AdmissionCount``).
     """
 
     def __init__(
@@ -262,11 +277,25 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.step = 0
         self._custom_score: int | None = None
         self.insert_failures = torch.zeros((), dtype=torch.int64, device=self.device)
-        self._eval_rows = None
+        # Rows of the batch's keys that are not in the table: (mask over the
+        # distinct keys, (distinct keys, max_dim) rows), pooled on top.
+        self._fill_rows = None
         self._init_table_ids = torch.tensor(
             self.initializer_table_ids, dtype=torch.int64, device=self.device
         )
-        self._init_groups = {mode: self._group_tables(mode) for mode in (False, True)}
+        self._initializers = {
+            False: MultiTableInitializer([o.initializer_args for o in self.table_options]),
+            True: MultiTableInitializer([o.eval_initializer_args for o in self.table_options]),
+        }
+        self.admitter = self._create_admitter()
+        self._rejected_initializer = None
+        if self.admitter is not None:
+            self._rejected_initializer = (
+                self.admitter.non_admitted_initializer or self._initializers[False]
+            )
+        self.admission_counts = torch.zeros(
+            (n, len(AdmissionCount)), dtype=torch.int64, device=self.device
+        )
         # Output layout of pooled lookups: feature f's dims[f] columns start at
         # cols[f], the features side by side (TorchRec's KeyedTensor order).
         fdims = [self.dims[t] for t in self.feature_table_map]
@@ -281,6 +310,65 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         )
         # Autograd needs one input that requires grad to call backward.
         self._placeholder = torch.nn.Parameter(torch.zeros(1, device=self.device))
+
+    # ---------------------------------------------------------- admission --
+
+    def _create_admitter(self) -> MultiTableAdmitter | None:
+        """The admitter of the tables' admission strategies, or None."""
+        strategies = [o.admit_strategy for o in self.table_options]
+        if all(s is None for s in strategies):
+            return None
+        if any(s is None for s in strategies):
+            raise ValueError(
+                "fused tables must all have an admit_strategy or none, got "
+                f"{[type(s).__name__ if s is not None else None for s in strategies]}"
+            )
+        keys = {(type(s), s.get_grouped_key()) for s in strategies}
+        if len(keys) != 1:
+            raise ValueError(
+                "fused tables must share one admission configuration (their admit_strategy "
+                f"get_grouped_key), got {sorted(repr(k) for k in keys)}"
+            )
+        admitter = type(strategies[0]).create_admitter(strategies, self.device)
+        if not isinstance(admitter, MultiTableAdmitter):
+            raise TypeError(
+                f"{type(strategies[0]).__name__}.create_admitter must return a "
+                f"MultiTableAdmitter, got {admitter!r}"
+            )
+        return admitter
+
+    def _admit(self, keys, tids, counts):
+        """Puts the batch's keys that the tables miss to the admitter.
+
+        Returns the indices of the keys to find or insert (those stored, and
+        the missing ones admitted), and the mask of the rejected ones."""
+        missing = self.table.find(keys, tids) < 0
+        idx = missing.nonzero().squeeze(1)
+        m_tids = tids[idx]
+        admitted = self.admitter.admit(keys[idx], m_tids, counts[idx])
+        if (
+            not isinstance(admitted, torch.Tensor)
+            or admitted.dtype != torch.bool
+            or admitted.shape != idx.shape
+        ):
+            got = (
+                f"{admitted.dtype} {tuple(admitted.shape)}"
+                if isinstance(admitted, torch.Tensor)
+                else repr(admitted)
+            )
+            raise TypeError(
+                f"{type(self.admitter).__name__}.admit must return a bool tensor of shape "
+                f"({idx.numel()},), got {got}"
+            )
+        admitted = admitted.to(self.device)
+        rejected = torch.zeros_like(missing)
+        rejected[idx] = ~admitted
+        # One count per missing key: column ADMITTED or REJECTED of its table.
+        cell = m_tids * len(AdmissionCount) + torch.where(
+            admitted, int(AdmissionCount.ADMITTED), int(AdmissionCount.REJECTED)
+        )
+        self.admission_counts.view(-1).index_add_(0, cell, torch.ones_like(cell))
+        return (~rejected).nonzero().squeeze(1), rejected
 
     # ------------------------------------------------------------ storage --
 
@@ -382,6 +470,38 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         fresh[new_slots[kept]] = self.values[old_slots[kept]]
         self.values = fresh
 
+    def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
+        """Bytes of one kind of memory the tables hold: the hash table's state,
+        the value rows, the admission counts and the admitter's state (a
+        frequency counter), all on the module's device (host memory for a CPU
+        module).
+
+        Raises:
+            ValueError: ``mem_type`` is not a MemoryType.
+        """
+        if not isinstance(mem_type, MemoryType):
+            raise ValueError(f"mem_type must be a MemoryType, got {mem_type!r}")
+        t = self.table
+        own = sum(
+            x.numel() * x.element_size()
+            for x in (
+                t.keys,
+                t.digests,
+                t.scores,
+                t.info,
+                t.counters,
+                t.free_rows,
+                self.values,
+                self.admission_counts,
+            )
+        )
+        on_host = self.device.type == "cpu"
+        total = own if (mem_type == MemoryType.HOST) == on_host else 0
+        state = None if self.admitter is None else self.admitter.state()
+        if state is not None:
+            total += state.memory_usage(mem_type)
+        return total
+
     def set_score(self, score: int) -> None:
         """CUSTOMIZED: the score of the next forward passes."""
         if (
@@ -428,7 +548,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 0, su.inverse, frequency_counters.to(self.device).long()
             )
         if self.training:
-            rows = self._lookup_train(su.keys, su.table_ids, counts)
+            rows = self._lookup_train(su.keys, su.table_ids, counts, su.counts)
         else:
             rows = self._lookup_eval(su.keys, su.table_ids)
         weights = None if pooling_weights is None else pooling_weights.to(self.device)
@@ -468,8 +588,8 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 self._out_width,
             )
         extra = None
-        if not self.training and self._eval_rows is not None:
-            missing, fill = self._eval_rows
+        if self._fill_rows is not None:
+            missing, fill = self._fill_rows
             fill_rows = torch.where(missing, torch.arange(missing.numel(), device=self.device), -1)
             extra = ops().embedding_pool(
                 fill,
@@ -504,10 +624,24 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if frequency_counters is not None:
             raise ValueError("pass either pooling_weights or frequency_counters, not both")
 
-    def _lookup_train(self, keys, tids, counts) -> torch.Tensor:
+    def _lookup_train(self, keys, tids, counts, occurrences) -> torch.Tensor:
+        """Rows of the distinct keys (-1: not stored); ``counts`` are the LFU
+        increments, ``occurrences`` how often each key occurred."""
         self.step += 1
         if S.CUSTOMIZED in self.strategies and self._custom_score is None:
             raise RuntimeError("CUSTOMIZED score strategy: call set_score before the forward pass")
+        self._fill_rows = None
+        if self.admitter is None:
+            return self._find_or_insert(keys, tids, counts)
+        keep, rejected = self._admit(keys, tids, occurrences)
+        rows = torch.full_like(keys, -1)
+        rows[keep] = self._find_or_insert(keys[keep], tids[keep], counts[keep])
+        self._fill_rows = self._initial_fill(rejected, keys, tids, self._rejected_initializer)
+        return rows
+
+    def _find_or_insert(self, keys, tids, counts) -> torch.Tensor:
+        """Training find-or-insert of distinct keys: their rows (-1 where an
+        insert failed); new rows are initialized."""
         if self.no_eviction:
             slots, status = self._insert_no_eviction(keys, tids)
         else:
@@ -547,30 +681,11 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         )
         return res.slots, res.status
 
-    def _group_tables(self, eval_mode: bool):
-        """Tables grouped by (dim, initializer arguments), so that one
-        init_rows call serves a group: [(dim, args, tables on the device)]."""
-        groups = {}
-        for t, o in enumerate(self.table_options):
-            args = o.eval_initializer_args if eval_mode else o.initializer_args
-            groups.setdefault((self.dims[t], repr(args)), (self.dims[t], args, []))[2].append(t)
-        return [(d, args, torch.tensor(ts, device=self.device)) for d, args, ts in groups.values()]
-
-    def _init_values(self, keys, tids, eval_mode: bool):
-        """Yields (selection or None for all, dim, initial rows) per group of
-        tables sharing dim and initializer arguments."""
-        init_ids = self._init_table_ids[tids]
-        groups = self._init_groups[eval_mode]
-        for dim, args, tables in groups:
-            if len(groups) == 1:
-                yield None, dim, init_rows(keys, dim, args, init_ids, self.seed)
-                continue
-            sel = torch.isin(tids, tables)
-            if bool(sel.any()):
-                yield sel, dim, init_rows(keys[sel], dim, args, init_ids[sel], self.seed)
-
     def _initialize(self, keys, tids, rows) -> None:
-        for sel, d, init in self._init_values(keys, tids, eval_mode=False):
+        groups = self._initializers[False].rows_by_group(
+            keys, tids, self.dims, self._init_table_ids, self.seed
+        )
+        for sel, d, init in groups:
             r = rows if sel is None else rows[sel]
             self.values[r, :d] = init
             if self.training_state:
@@ -582,15 +697,19 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
 
     def _lookup_eval(self, keys, tids) -> torch.Tensor:
         rows = self._rows_of(self.table.find(keys, tids), tids)
-        missing = rows < 0
-        self._eval_rows = None
-        if bool(missing.any()):
-            fill = torch.zeros(keys.numel(), self.max_dim, device=self.device)
-            idx = missing.nonzero().squeeze(1)
-            for sel, d, init in self._init_values(keys[idx], tids[idx], eval_mode=True):
-                fill[idx if sel is None else idx[sel], :d] = init
-            self._eval_rows = (missing, fill)
+        self._fill_rows = self._initial_fill(rows < 0, keys, tids, self._initializers[True])
         return rows
+
+    def _initial_fill(self, mask, keys, tids, initializer: MultiTableInitializer):
+        """(mask, rows) for the distinct keys in ``mask``, which are not in the
+        table: ``initializer``'s rows at their positions, zeros elsewhere;
+        None when the mask is empty."""
+        idx = mask.nonzero().squeeze(1)
+        if idx.numel() == 0:
+            return None
+        fill = torch.zeros(keys.numel(), self.max_dim, device=self.device)
+        fill[idx] = initializer(keys[idx], tids[idx], self.dims, self._init_table_ids, self.seed)
+        return mask, fill
 
     def _pool(self, b: "_Batch") -> torch.Tensor:
         return ops().embedding_pool(

@@ -17,6 +17,7 @@ from ..dynamicemb_config import (
     _sharded_table_bucket_layout,
     align_to_table_size,
     complete_initializer_args,
+    hash_slot_bytes,
     optimizer_state_dim,
 )
 
@@ -28,11 +29,6 @@ __all__ = [
     "table_metadata_bytes",
 ]
 
-# Bytes of one slot of the hash table besides its score words: the int64 key
-# and the one-byte digest (ScoredHashTable's ``keys`` and ``digests``).
-_KEY_BYTES = 8
-_DIGEST_BYTES = 1
-_SCORE_WORD_BYTES = 8
 # NO_EVICTION tables also keep an int64 free-row list, one entry per row.
 _FREE_ROW_BYTES = 8
 
@@ -113,7 +109,7 @@ def slot_metadata_bytes(options: DynamicEmbTableOptions) -> int:
     Returns:
         int: bytes per slot.
     """
-    return _KEY_BYTES + _DIGEST_BYTES + _SCORE_WORD_BYTES * options.num_scores()
+    return hash_slot_bytes(options.num_scores())
 
 
 def table_metadata_bytes(options: DynamicEmbTableOptions, rows: int) -> int:
@@ -170,8 +166,10 @@ def dynamic_shard_storage(
       rows, with its own slot metadata, in front of a host table holding
       ``init_capacity`` rows.
 
-    Slot metadata (``table_metadata_bytes``) is always on the device. On a compute device
-    without HBM (``"cpu"``) everything is host memory.
+    Slot metadata (``table_metadata_bytes``) is always on the device, and so
+    is the admission strategy's state (``AdmissionStrategy.state_bytes``: a
+    frequency counter's slots). On a compute device without HBM (``"cpu"``)
+    everything is host memory.
 
     Args:
         options (DynamicEmbTableOptions): prepared options (``dim`` and
@@ -202,6 +200,8 @@ def dynamic_shard_storage(
     meta = table_metadata_bytes(options, rows)
     values = rows * row_bytes
     budget = options.local_hbm_for_values
+    if options.admit_strategy is not None:
+        meta += options.admit_strategy.state_bytes()
     if options.caching:
         cache_rows = budget // row_bytes
         hbm = cache_rows * row_bytes + table_metadata_bytes(options, cache_rows) + meta
