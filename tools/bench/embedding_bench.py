@@ -2,6 +2,7 @@
 
     python tools/bench/embedding_bench.py [--device cpu] [--tables 4] [--lookups 16384]
         [--dim 64] [--rows 200000] [--optimizer sgd|adam] [--pooling sum|none]
+        [--admission THRESHOLD]
 
 One step = forward + backward + optimizer update, keys drawn from a power law
 (exponent 1.05) over `rows` ids per table, hotness 1. Baselines in the same
@@ -9,6 +10,13 @@ run: FBGEMM's SplitTableBatchedEmbeddingBagsCodegen (TorchRec's own static
 tables; on the CPU it supports SGD only) and an nn.EmbeddingBag per table
 (dense weights of `rows` rows, sparse gradients) with torch.optim.SGD /
 SparseAdam. Prints the median of the timed steps after warm-up.
+
+``--admission T`` also times, in the same run, the same module with a
+``FrequencyAdmissionStrategy(T)`` on every table (a counter share of ``rows``
+slots per table), pre-filled and stepped through the same batches, and
+prints its overhead over the module without: the keys of the power law's
+tail, seen fewer than T times, stay missing, so every step puts them to the
+admitter and pools their initial rows.
 """
 
 import argparse
@@ -17,7 +25,13 @@ import time
 
 import torch
 
-from dynamicemb import DynamicEmbPoolingMode, DynamicEmbTableOptions
+from dynamicemb import (
+    AdmissionCount,
+    DynamicEmbPoolingMode,
+    DynamicEmbTableOptions,
+    FrequencyAdmissionStrategy,
+    KVCounter,
+)
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
 
 
@@ -53,6 +67,12 @@ def main():
     ap.add_argument("--pooling", choices=["sum", "none"], default="sum")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument(
+        "--admission",
+        type=int,
+        metavar="THRESHOLD",
+        help="also time the step with a FrequencyAdmissionStrategy of this threshold",
+    )
+    ap.add_argument(
         "--profile", action="store_true", help="print our step's kernels by device time"
     )
     args = ap.parse_args()
@@ -69,19 +89,39 @@ def main():
     pooling = DynamicEmbPoolingMode.SUM if args.pooling == "sum" else DynamicEmbPoolingMode.NONE
     opt = EmbOptimType.EXACT_SGD if args.optimizer == "sgd" else EmbOptimType.ADAM
     cap = 1 << (2 * args.rows - 1).bit_length()
-    opts = [DynamicEmbTableOptions(dim=D, max_capacity=cap, bucket_capacity=128) for _ in range(T)]
-    ours = BatchedDynamicEmbeddingTablesV2(opts, None, pooling, opt, device=dev, learning_rate=0.1)
-    it = iter(batches * 2)
 
-    def ours_step():
-        out = ours(next(it), offsets)
-        out.sum().backward()
+    def module(admit_strategy=None):
+        opts = [
+            DynamicEmbTableOptions(
+                dim=D, max_capacity=cap, bucket_capacity=128, admit_strategy=admit_strategy
+            )
+            for _ in range(T)
+        ]
+        m = BatchedDynamicEmbeddingTablesV2(opts, None, pooling, opt, device=dev, learning_rate=0.1)
+        for b in batches:  # pre-fill: every row the timed steps touch exists (or was counted)
+            m(b, offsets)
+        it = iter(batches * 2)
 
-    for b in batches:  # pre-fill: every row the timed steps touch exists
-        ours(b, offsets)
+        def step():
+            m(next(it), offsets).sum().backward()
+
+        return m, step
+
+    ours, ours_step = module()
     t_ours = timed(ours_step, dev, args.reps)
     if args.profile:
         profile_step(ours_step, dev)
+    t_adm = None
+    if args.admission is not None:
+        strategy = FrequencyAdmissionStrategy(
+            args.admission, KVCounter(capacity=args.rows, bucket_capacity=1024)
+        )
+        adm, adm_step = module(strategy)
+        before = adm.admission_counts.sum(0).cpu()
+        t_adm = timed(adm_step, dev, args.reps)
+        per_step = (adm.admission_counts.sum(0).cpu() - before) / (args.reps + 3)
+        if args.profile:
+            profile_step(adm_step, dev)
 
     bags = [torch.nn.EmbeddingBag(args.rows, D, mode="sum", sparse=True).to(dev) for _ in range(T)]
     params = [p for b in bags for p in b.parameters()]
@@ -112,11 +152,22 @@ def main():
     print(f"| implementation | train step (ms) | ratio to {name} |")
     print("|---|---|---|")
     print(f"| BatchedDynamicEmbeddingTablesV2 | {t_ours * 1e3:.2f} | {t_ours / ref:.2f} |")
+    if t_adm is not None:
+        print(
+            f"| BatchedDynamicEmbeddingTablesV2, FrequencyAdmissionStrategy({args.admission}) "
+            f"| {t_adm * 1e3:.2f} | {t_adm / ref:.2f} |"
+        )
     if t_tbe:
         print(f"| FBGEMM SplitTableBatchedEmbeddingBagsCodegen | {t_tbe * 1e3:.2f} | 1.00 |")
     else:
         print("| FBGEMM SplitTableBatchedEmbeddingBagsCodegen | n/a (not supported here) | |")
     print(f"| torch.nn.EmbeddingBag (sparse) | {t_base * 1e3:.2f} | {t_base / ref:.2f} |")
+    if t_adm is not None:
+        print(
+            f"admission overhead: {100 * (t_adm / t_ours - 1):+.1f} % "
+            f"(per step {per_step[AdmissionCount.ADMITTED]:.0f} keys admitted, "
+            f"{per_step[AdmissionCount.REJECTED]:.0f} rejected)"
+        )
     if dev.type == "cuda":
         uniq = statistics.mean(
             sum(int(torch.unique(b[t * N : (t + 1) * N]).numel()) for t in range(T))

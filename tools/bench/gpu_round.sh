@@ -2,18 +2,23 @@
 # One device round: build and run the GPU tests, then the embedding and table
 # benchmarks, writing each output to $OUT (default: .gpu_round/) as well.
 #
-#   bash tools/bench/gpu_round.sh [tests|embedding|table|variants|multigpu]...   (default: the first three)
+#   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|multigpu]...
+#   (default: tests, embedding, table, admission)
 #
 # Needs a CUDA machine; the torchrec/fbgemm bundle in .gpupkg/ for the FBGEMM
 # baselines (see docs/testing.md).
+#
+# admission: the embedding train step with a FrequencyAdmissionStrategy(2)
+# against the same step without, in one run (SUM and NONE pooling), into
+# $OUT/admission.txt; the target is under 10 % extra.
 #
 # multigpu: NCCL over every visible GPU (one process per GPU). Builds
 # dynamicemb._C with CUDA if it is not built yet, then, each under a timeout:
 # the sharded EmbeddingCollection benchmark against TorchRec
 # (tools/bench/sharded_ec_bench.py), the `multigpu` tests (tests/shard,
-# tests/twin), the main job (tools/train_dlrm.py --device cuda --steps 500).
+# tests/twin, tests/admission), the main job (tools/train_dlrm.py --device cuda --steps 500).
 # Writes multigpu_*.txt to $OUT and prints a summary (also $OUT/multigpu.txt).
-# Timeouts in seconds: MG_BENCH_TIMEOUT (90), MG_TESTS_TIMEOUT (90),
+# Timeouts in seconds: MG_BENCH_TIMEOUT (90), MG_TESTS_TIMEOUT (120),
 # MG_TRAIN_TIMEOUT (60), MG_BUILD_TIMEOUT (300); MG_BENCH_ARGS replaces the
 # benchmark's step counts.
 set -uo pipefail
@@ -66,11 +71,11 @@ multigpu_part() {
   t0=$(date +%s)
   local report="$OUT/multigpu_tests.xml" par=()
   rm -f "$report"
-  "$PY" -c "import xdist" > /dev/null 2>&1 && par=(-n 2 --dist loadfile)
-  timeout -k 10 "${MG_TESTS_TIMEOUT:-90}" "$PY" -m pytest -m multigpu tests/shard tests/twin -q --tb=short \
+  "$PY" -c "import xdist" > /dev/null 2>&1 && par=(-n 3 --dist loadfile)
+  timeout -k 10 "${MG_TESTS_TIMEOUT:-120}" "$PY" -m pytest -m multigpu tests/shard tests/twin tests/admission -q --tb=short \
     -p no:cacheprovider ${par[@]+"${par[@]}"} --junitxml="$report" > "$OUT/multigpu_tests_full.txt" 2>&1
   rc=$?
-  echo "tests: $(status_word $rc "${MG_TESTS_TIMEOUT:-90}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+  echo "tests: $(status_word $rc "${MG_TESTS_TIMEOUT:-120}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
   if [ -f "$report" ]; then
     "$PY" - "$report" <<'PYEOF' | tee -a "$sum"
 import sys, xml.etree.ElementTree as ET
@@ -87,7 +92,7 @@ print(f"{tests - failed - skipped} passed, {failed} failed, {skipped} skipped")
 PYEOF
   else
     tail -20 "$OUT/multigpu_tests_full.txt"
-    echo "0 passed, 1 failed (no report: the run $(status_word $rc "${MG_TESTS_TIMEOUT:-90}"))" | tee -a "$sum"
+    echo "0 passed, 1 failed (no report: the run $(status_word $rc "${MG_TESTS_TIMEOUT:-120}"))" | tee -a "$sum"
   fi
   # 3. The main job on every GPU.
   t0=$(date +%s)
@@ -101,7 +106,7 @@ PYEOF
 }
 
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(tests embedding table)
+[ ${#parts[@]} -eq 0 ] && parts=(tests embedding table admission)
 for part in "${parts[@]}"; do
   case $part in
     tests)
@@ -116,6 +121,14 @@ for part in "${parts[@]}"; do
             --lookups 104857 --dim 128 --rows 1677721 --optimizer "$opt" --pooling "$pool" 2>&1 \
             | tail -${TAIL:-12} | tee -a "$OUT/embedding.txt"
         done
+      done
+      ;;
+    admission)
+      : > "$OUT/admission.txt"
+      for pool in sum none; do
+        timeout 180 "$PY" tools/bench/embedding_bench.py --device cuda $PROFILE --tables 10 \
+          --lookups 104857 --dim 128 --rows 1677721 --optimizer sgd --pooling "$pool" \
+          --admission 2 2>&1 | tail -${TAIL:-12} | tee -a "$OUT/admission.txt"
       done
       ;;
     table)
