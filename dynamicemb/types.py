@@ -156,7 +156,8 @@ class KVCounter:
     in an admission strategy's grouped key.
 
     Attributes:
-        capacity (int): counter slots for this table. Must be positive; the
+        capacity (int): counter slots for this table (on each rank of a
+            sharded table, like ``max_capacity``). Must be positive; the
             counter rounds it up to whole buckets.
         bucket_capacity (int): slots per bucket. Must be positive and not
             larger than ``capacity``; the counter also needs a multiple of
