@@ -5,13 +5,13 @@ of a dense tensor: raw 64-bit ids, rows created on first sight, evicted by
 score when full, admitted by frequency, spread over device and host memory.
 
 This package imports with torch alone. TorchRec is needed by
-``dynamicemb.planner`` and ``dynamicemb.shard``; the C++ extension
+``dynamicemb.planner``, ``dynamicemb.shard`` and ``dynamicemb.checkpoint``
+(whose ``DynamicEmbDump`` / ``DynamicEmbLoad`` are exported here and
+imported on first use); the C++ extension
 (``dynamicemb._C``) is loaded by the table layer when a table is built. The
-provided admission strategies are imported from ``dynamicemb.admission`` when
-first named (``from dynamicemb import FrequencyAdmissionStrategy``).
+provided admission strategies (``dynamicemb.admission``, which needs the
+table layer) are exported here and imported on first use too.
 """
-
-import importlib
 
 from .dynamicemb_config import (
     BUCKET_ALIGNMENT,
@@ -38,9 +38,26 @@ from .types import (
     MultiTableAdmitter,
 )
 
-# Names of dynamicemb.admission, imported on first use (it needs the table
-# layer, which the configuration modules do not).
-_ADMISSION = ("FrequencyAdmissionStrategy", "ProbabilisticAdmissionStrategy")
+# Names exported here but defined in subpackages that need TorchRec or the
+# extension: imported when first used, so that `import dynamicemb` needs torch
+# alone.
+_LAZY = {
+    "DynamicEmbDump": "dynamicemb.checkpoint",
+    "DynamicEmbLoad": "dynamicemb.checkpoint",
+    "FrequencyAdmissionStrategy": "dynamicemb.admission",
+    "ProbabilisticAdmissionStrategy": "dynamicemb.admission",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'dynamicemb' has no attribute {name!r}")
+
 
 __all__ = [
     "AdmissionCount",
@@ -49,9 +66,11 @@ __all__ = [
     "MAX_BUCKET_CAPACITY",
     "Counter",
     "DynamicEmbCheckMode",
+    "DynamicEmbDump",
     "DynamicEmbEvictStrategy",
     "DynamicEmbInitializerArgs",
     "DynamicEmbInitializerMode",
+    "DynamicEmbLoad",
     "DynamicEmbOptimType",
     "DynamicEmbPoolingMode",
     "DynamicEmbScoreStrategy",
@@ -67,8 +86,3 @@ __all__ = [
     "get_table_value_bytes",
 ]
 
-
-def __getattr__(name: str):
-    if name in _ADMISSION:
-        return getattr(importlib.import_module(".admission", __name__), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

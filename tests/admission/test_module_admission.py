@@ -245,3 +245,38 @@ def test_probabilistic_admission_repeats_after_manual_seed():
     first = run()
     assert first == run()
     assert 0 < sum(first) < 199
+
+
+@pytest.mark.gpu
+def test_cuda_module_admits_as_the_cpu_module():
+    """Frequency admission is deterministic: the same batches give the same
+    outputs, admission counts and counter on both devices."""
+    modules = {
+        dev: _module(
+            [
+                FrequencyAdmissionStrategy(3, KVCounter(512, 32)),
+                FrequencyAdmissionStrategy(3, KVCounter(256, 16)),
+            ],
+            dev,
+            dim=4,
+            pooling=DynamicEmbPoolingMode.SUM,
+            capacity=1024,
+        )
+        for dev in ("cpu", "cuda")
+    }
+    g = torch.Generator().manual_seed(11)
+    for _ in range(8):
+        lengths = torch.randint(0, 5, (2 * 64,), generator=g)
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)])
+        indices = torch.randint(0, 3000, (int(lengths.sum()),), generator=g)
+        outs = {}
+        for dev, m in modules.items():
+            out = m(indices.to(dev), offsets.to(dev))
+            out.backward(torch.ones_like(out))
+            outs[dev] = out.detach().cpu()
+        torch.testing.assert_close(outs["cuda"], outs["cpu"], rtol=1e-5, atol=1e-5)
+    cpu, gpu = modules["cpu"], modules["cuda"]
+    assert torch.equal(cpu.admission_counts, gpu.admission_counts.cpu())
+    a, b = cpu.admitter.state().table, gpu.admitter.state().table
+    for x, y in ((a.keys, b.keys), (a.scores, b.scores), (a.counters, b.counters)):
+        assert torch.equal(x, y.cpu())
