@@ -85,4 +85,3 @@ __all__ = [
     "get_sharded_table_capacity",
     "get_table_value_bytes",
 ]
-

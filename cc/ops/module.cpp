@@ -35,6 +35,7 @@ py::dict table_constants() {
   status["EVICTED"] = static_cast<int>(tb::InsertStatus::kEvicted);
   status["FAILED"] = static_cast<int>(tb::InsertStatus::kFailed);
   status["INVALID"] = static_cast<int>(tb::InsertStatus::kInvalid);
+  status["RELEASED"] = static_cast<int>(tb::InsertStatus::kReleased);
   mode["EVICTING"] = static_cast<int>(tb::TableMode::kEvicting);
   mode["NO_EVICTION"] = static_cast<int>(tb::TableMode::kNoEviction);
   info["SLOT_OFFSET"] = static_cast<int>(tb::kInfoSlotOffset);

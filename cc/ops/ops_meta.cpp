@@ -118,11 +118,22 @@ void embedding_update_meta(at::Tensor& values, const at::Tensor& grad_out, const
                            double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
                            double ftrl_beta, double l1, double l2) {}
 
+at::Tensor counter_add_meta(const at::Tensor& keys, const at::Tensor& table_ids,
+                            at::Tensor& table_keys, at::Tensor& digests, at::Tensor& scores,
+                            const at::Tensor& info, at::Tensor& counters,
+                            const at::Tensor& frequencies, int64_t release_at,
+                            int64_t total_buckets) {
+  TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
+                   keys.scalar_type());
+  return at::empty_symint({keys.sym_numel()}, keys.options());
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(dynamicemb, Meta, m) {
   m.impl("table_find", &find_meta);
   m.impl("table_run", &run_meta);
+  m.impl("counter_add", &counter_add_meta);
   m.impl("table_find_gather", &find_gather_meta);
   m.impl("table_export", &export_meta);
   m.impl("table_count", &count_meta);

@@ -56,6 +56,22 @@ TORCH_LIBRARY(dynamicemb, m) {
       "Tensor score_values, int op, bool assign_rows, int total_buckets, bool has_rows, "
       "Tensor? victim_scores=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 
+  // The admission counter's add (cc/admission/counter.h): insert_and_evict of
+  // the keys into a counter table (one score word, the count) adding
+  // `frequencies` to their counts; a key whose count reaches `release_at`
+  // leaves (a stored key is erased, an absent one is not stored).
+  // Args:
+  //   keys, table_ids, frequencies: (n) int64 (frequencies >= 0).
+  //   table_keys, digests, scores, info, counters: the counter's table.
+  //   release_at: the count at which a key leaves; INT64_MAX: none does.
+  //   total_buckets: buckets of all the counter's tables.
+  // Result:
+  //   (n) int64, the count each key reached (0 for an invalid entry on CUDA).
+  m.def(
+      "counter_add(Tensor keys, Tensor table_ids, Tensor(a!) table_keys, Tensor(b!) digests, "
+      "Tensor(c!) scores, Tensor info, Tensor(d!) counters, Tensor frequencies, int release_at, "
+      "int total_buckets) -> Tensor");
+
   // First slot of each entry's home bucket (its bucket spans the table's
   // bucket capacity from there), -1 for a reserved key or a table id out of
   // range: the slots an insert of these keys may evict from.

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "cc/ops/tensor_checks.h"
+#include "cc/table/hash.h"
 #include "cc/table/layout.h"
 #include "cc/table/table_ref.h"
 #include "cc/table/types.h"
@@ -229,6 +230,20 @@ inline std::pair<int64_t, bool> check_layout_cpu(const table::TableRef& t, int64
                         t.num_slots, " slots of table_keys");
   }
   return {0, false};
+}
+
+/// CPU tensors: refuses reserved keys and table ids out of range, naming the
+/// first one.
+inline void check_key_values(const at::Tensor& keys, const at::Tensor& table_ids,
+                             int64_t num_tables) {
+  const int64_t* k = keys.data_ptr<int64_t>();
+  const int64_t* t = table_ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < keys.numel(); ++i) {
+    TORCH_CHECK_VALUE(!table::is_reserved_key(k[i]), "dynamicemb: key ", k[i], " at index ", i,
+                      " is reserved (keys below ", table::kFirstValidKey, " mark slot states)");
+    TORCH_CHECK_VALUE(t[i] >= 0 && t[i] < num_tables, "dynamicemb: table id ", t[i], " at index ",
+                      i, " is out of range [0, ", num_tables, ")");
+  }
 }
 
 inline void check_gather(const at::Tensor& values, const at::Tensor& rows) {

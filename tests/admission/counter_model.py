@@ -18,7 +18,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "table"))
 
-from table_model import (  # noqa: E402
+from table_model import (
     EMPTY_KEY,
     EVICTIONS,
     INSERT_FAILURES,

@@ -156,7 +156,10 @@ def test_frequency_admitter_fuses_the_tables_counter_shares():
 
 def test_admitter_initializer_keeps_each_tables_parameters():
     other = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.CONSTANT, value=-1.0)
-    strategies = [ProbabilisticAdmissionStrategy(0.5, CONST), ProbabilisticAdmissionStrategy(0.5, other)]
+    strategies = [
+        ProbabilisticAdmissionStrategy(0.5, CONST),
+        ProbabilisticAdmissionStrategy(0.5, other),
+    ]
     admitter = ProbabilisticAdmissionStrategy.create_admitter(strategies, torch.device("cpu"))
     assert isinstance(admitter, MultiTableProbabilisticAdmitter)
     assert admitter.state() is None
@@ -169,8 +172,16 @@ def test_admitter_initializer_keeps_each_tables_parameters():
     "strategies, error, named",
     [
         ([], ValueError, r"\[\]"),
-        ([FrequencyAdmissionStrategy(2), ProbabilisticAdmissionStrategy(0.5)], TypeError, "table 1"),
-        ([FrequencyAdmissionStrategy(2), FrequencyAdmissionStrategy(3)], ValueError, "tables 0 and 1"),
+        (
+            [FrequencyAdmissionStrategy(2), ProbabilisticAdmissionStrategy(0.5)],
+            TypeError,
+            "table 1",
+        ),
+        (
+            [FrequencyAdmissionStrategy(2), FrequencyAdmissionStrategy(3)],
+            ValueError,
+            "tables 0 and 1",
+        ),
     ],
 )
 def test_create_admitter_refuses_tables_that_cannot_share_it(strategies, error, named):
@@ -222,7 +233,9 @@ def test_admission_counter_that_is_not_a_kv_counter_raises_naming_it():
 @pytest.mark.parametrize("strategy", [None, ProbabilisticAdmissionStrategy(0.5)])
 def test_admission_counter_without_a_counting_strategy_only_warns(strategy):
     with pytest.warns(DeprecationWarning, match="no effect"):
-        options = DynamicEmbTableOptions(admit_strategy=strategy, admission_counter=KVCounter(64, 16))
+        options = DynamicEmbTableOptions(
+            admit_strategy=strategy, admission_counter=KVCounter(64, 16)
+        )
     assert options.admit_strategy is strategy
     assert options.admission_counter == KVCounter(64, 16)
 
