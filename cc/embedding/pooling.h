@@ -21,7 +21,10 @@
 // Rows. rows[u] is the value row of distinct key u, or -1 when it has none
 // (an insert that failed): its embedding reads as zeros and it is not updated.
 // Only the first dims[f] floats of a row are the embedding; its optimizer
-// state follows (optimizer.h).
+// state follows (optimizer.h). The forward may also be given a fill buffer of
+// rows that are not in the table (keys the eval misses, keys admission
+// rejected): rows[u] = fill_row_ref(i) (-2 - i) reads fill row i. Such a key
+// is not updated either: the backward skips every negative row.
 #pragma once
 
 #include <cstdint>
@@ -60,12 +63,21 @@ struct PoolArgs {
   const int64_t* bag_offsets = nullptr;  ///< (F * B + 1) bag b = occurrences [o[b], o[b+1])
   const float* weights = nullptr;        ///< (n) or null (all 1)
   float* out = nullptr;                  ///< (B, out_width)
+  const float* fill = nullptr;           ///< (num_fill, fill_width) or null: see "Rows"
+  int64_t fill_width = 0;
 };
 
-/// The value row occurrence j reads, or nullptr when its key has none.
+/// rows[u] of a key that reads fill row i ("Rows"), and back.
+DEMB_HD int64_t fill_row_ref(int64_t i) { return -2 - i; }
+DEMB_HD int64_t fill_index(int64_t row_ref) { return -2 - row_ref; }
+
+/// The value row occurrence j reads: a row of `values`, of `fill`, or
+/// nullptr when its key has none.
 DEMB_HD const float* occ_row(const PoolArgs& a, int64_t j) {
   const int64_t r = a.rows[a.inverse[j]];
-  return r < 0 ? nullptr : a.values + r * a.width;
+  if (r >= 0) return a.values + r * a.width;
+  if (r == -1 || a.fill == nullptr) return nullptr;
+  return a.fill + fill_index(r) * a.fill_width;
 }
 
 DEMB_HD float occ_weight(const float* weights, int64_t j) { return weights ? weights[j] : 1.f; }

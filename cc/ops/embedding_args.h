@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <optional>
 
 #include "cc/embedding/initializer.h"
@@ -171,7 +172,8 @@ inline embedding::PoolArgs pool_args(const at::Tensor& values, const at::Tensor&
                                      const at::Tensor& inverse, const at::Tensor& bag_offsets,
                                      const c10::optional<at::Tensor>& weights,
                                      const at::Tensor& cols, const at::Tensor& dims, int64_t batch,
-                                     int64_t out_width, at::Tensor& out) {
+                                     int64_t out_width, const c10::optional<at::Tensor>& fill,
+                                     at::Tensor& out) {
   check_values(values);
   check_1d(rows, at::kLong, "rows");
   check_1d(inverse, at::kLong, "inverse");
@@ -179,11 +181,19 @@ inline embedding::PoolArgs pool_args(const at::Tensor& values, const at::Tensor&
   TORCH_CHECK_VALUE(bag_offsets.numel() >= 1, "dynamicemb: bag_offsets must not be empty");
   const int64_t n = inverse.numel();
   embedding::PoolArgs a;
-  a.layout = bag_layout(cols, dims, batch, out_width, bag_offsets.numel() - 1, values.size(1));
+  int64_t num_fill = 0, width = values.size(1);
+  if (fill.has_value()) {
+    check_values(*fill);
+    num_fill = fill->size(0);
+    width = std::min(width, fill->size(1));  // every feature's dim fits both kinds of row
+    a.fill = fill->data_ptr<float>();
+    a.fill_width = fill->size(1);
+  }
+  a.layout = bag_layout(cols, dims, batch, out_width, bag_offsets.numel() - 1, width);
   a.weights = opt_weights(weights, n);
   check_offsets(bag_offsets, n, "bag_offsets");
   check_index_range(inverse, 0, rows.numel(), "inverse entry");
-  check_index_range(rows, -1, values.size(0), "row");
+  check_index_range(rows, embedding::fill_row_ref(num_fill - 1), values.size(0), "row");
   a.values = values.data_ptr<float>();
   a.width = values.size(1);
   a.rows = rows.data_ptr<int64_t>();
@@ -229,7 +239,8 @@ inline embedding::UpdateArgs update_args(at::Tensor& values, const at::Tensor& g
   check_offsets(occ_offsets, n, "occ_offsets");
   check_index_range(occ_order, 0, n, "occurrence");
   check_index_range(occ_bag, 0, cols.numel() * batch, "bag");
-  check_index_range(rows, -1, values.size(0), "row");
+  // A negative row (none, or a fill row of the forward) is not updated.
+  check_index_range(rows, INT64_MIN, values.size(0), "row");
   a.optim = optim;
   a.values = values.data_ptr<float>();
   a.width = values.size(1);
@@ -247,12 +258,14 @@ template <class Run>
 at::Tensor pool_with(const at::Tensor& values, const at::Tensor& rows, const at::Tensor& inverse,
                      const at::Tensor& bag_offsets, const c10::optional<at::Tensor>& weights,
                      const at::Tensor& cols, const at::Tensor& dims, int64_t batch,
-                     int64_t out_width, const Run& run) {
+                     int64_t out_width, const c10::optional<at::Tensor>& fill, const Run& run) {
   TORCH_CHECK_VALUE(out_width >= 0, "dynamicemb: out_width must not be negative, got ", out_width);
   check_same_device(values, {&rows, &inverse, &bag_offsets, &cols, &dims});
   if (weights.has_value()) check_same_device(values, {&*weights});
+  if (fill.has_value()) check_same_device(values, {&*fill});
   at::Tensor out = at::empty({batch, out_width}, values.options());
-  run(pool_args(values, rows, inverse, bag_offsets, weights, cols, dims, batch, out_width, out),
+  run(pool_args(values, rows, inverse, bag_offsets, weights, cols, dims, batch, out_width, fill,
+                out),
       bag_offsets.numel() - 1);
   return out;
 }

@@ -18,8 +18,9 @@ namespace {
 at::Tensor embedding_pool_cpu(const at::Tensor& values, const at::Tensor& rows,
                               const at::Tensor& inverse, const at::Tensor& bag_offsets,
                               const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
-                              const at::Tensor& dims, int64_t batch, int64_t out_width) {
-  return pool_with(values, rows, inverse, bag_offsets, weights, cols, dims, batch, out_width,
+                              const at::Tensor& dims, int64_t batch, int64_t out_width,
+                              const c10::optional<at::Tensor>& fill) {
+  return pool_with(values, rows, inverse, bag_offsets, weights, cols, dims, batch, out_width, fill,
                    [](const embedding::PoolArgs& a, int64_t num_bags) {
                      embedding::cpu::pool_forward(a, num_bags);
                    });

@@ -106,7 +106,8 @@ at::Tensor route_keys_meta(const at::Tensor& keys, const at::Tensor& feature_ids
 at::Tensor embedding_pool_meta(const at::Tensor& values, const at::Tensor& rows,
                                const at::Tensor& inverse, const at::Tensor& bag_offsets,
                                const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
-                               const at::Tensor& dims, int64_t batch, int64_t out_width) {
+                               const at::Tensor& dims, int64_t batch, int64_t out_width,
+                               const c10::optional<at::Tensor>& fill) {
   return at::empty({batch, out_width}, values.options());
 }
 

@@ -146,18 +146,22 @@ TORCH_LIBRARY(dynamicemb, m) {
   //   values: (num_rows, width) float32; rows: (U) int64 row of each distinct
   //   key, -1 for none; inverse: (n) distinct key of each occurrence;
   //   bag_offsets: (F * batch + 1); weights: (n) float32 or None; cols, dims:
-  //   (F) first output column and dim of each feature.
+  //   (F) first output column and dim of each feature; fill: (m, width)
+  //   float32 or None, rows of keys not in the table: rows[u] = -2 - i reads
+  //   fill row i.
   // Result:
   //   (batch, out_width) float32.
   m.def(
       "embedding_pool(Tensor values, Tensor rows, Tensor inverse, Tensor bag_offsets, "
-      "Tensor? weights, Tensor cols, Tensor dims, int batch, int out_width) -> Tensor");
+      "Tensor? weights, Tensor cols, Tensor dims, int batch, int out_width, "
+      "Tensor? fill=None) -> Tensor");
 
   // embedding_pool's backward: reduces each distinct key's gradient from
   // grad_out and updates its row in place with the optimizer
   // (cc/embedding/pooling.h, optimizer.h).
   // Args:
-  //   values: updated in place; grad_out: (batch, out_width); rows: (U);
+  //   values: updated in place; grad_out: (batch, out_width); rows: (U), a
+  //   negative row (none, or a fill row of embedding_pool) is not updated;
   //   occ_offsets (U + 1), occ_order (n): each key's occurrences; occ_bag
   //   (n): the bag of each occurrence; weights, cols, dims as embedding_pool;
   //   the optimizer's type and hyper-parameters as optimizer_step.

@@ -89,29 +89,34 @@ def _policies(strategies, step: int, custom: int | None, counts: torch.Tensor):
     return [P.NONE], None  # NO_EVICTION: the score word holds the row
 
 
+def _fill_refs(n: int, device: torch.device) -> torch.Tensor:
+    """The rows values that read fill rows 0 .. n-1 (-2 - i: fill_row_ref of
+    cc/embedding/pooling.h)."""
+    return -2 - torch.arange(n, device=device)
+
+
 class _Lookup(torch.autograd.Function):
     """The fused lookup: pooling forward (embedding_pool), and a backward that
     reduces each distinct key's gradient and updates its row in place
     (embedding_update) -- the optimizer is fused, nothing flows further."""
 
     @staticmethod
-    def forward(ctx, placeholder, module, batch_args, extra):
+    def forward(ctx, placeholder, module, batch_args):
         ctx.module, ctx.batch_args = module, batch_args
-        out = module._pool(batch_args)
-        if extra is not None:  # initializer rows of keys not in the table (row -1)
-            out = out + extra
-        return out
+        return module._pool(batch_args)
 
     @staticmethod
     def backward(ctx, grad_out):
         ctx.module._apply_gradients(grad_out, ctx.batch_args)
-        return (None,) * 4
+        return (None,) * 3
 
 
 @dataclass
 class _Batch:
     """One batch's lookup structure (cc/embedding/pooling.h): distinct keys'
-    rows, occurrences grouped by distinct key, bags and output layout."""
+    rows, occurrences grouped by distinct key, bags and output layout, and the
+    fill rows of keys not in the table (``rows[u] = _fill_refs(..)[i]`` reads
+    ``fill[i]``)."""
 
     rows: torch.Tensor
     inverse: torch.Tensor
@@ -124,6 +129,7 @@ class _Batch:
     dims: torch.Tensor
     batch: int
     out_width: int
+    fill: torch.Tensor | None
 
 
 @dataclass
@@ -296,9 +302,6 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.step = 0
         self._custom_score: int | None = None
         self.insert_failures = torch.zeros((), dtype=torch.int64, device=self.device)
-        # Rows of the batch's keys that are not in the table: (mask over the
-        # distinct keys, (distinct keys, max_dim) rows), pooled on top.
-        self._fill_rows = None
         self._init_table_ids = torch.tensor(
             self.initializer_table_ids, dtype=torch.int64, device=self.device
         )
@@ -359,10 +362,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
     def _admit(self, keys, tids, counts):
         """Puts the batch's keys that the tables miss to the admitter.
 
-        Returns the indices of the keys to find or insert (those stored, and
-        the missing ones admitted), and the mask of the rejected ones."""
-        missing = self.table.find(keys, tids) < 0
-        idx = missing.nonzero().squeeze(1)
+        Returns the indices of the missing keys and the admitter's answer for
+        each (bool)."""
+        idx = (self.table.find(keys, tids) < 0).nonzero().squeeze(1)
         m_tids = tids[idx]
         admitted = self.admitter.admit(keys[idx], m_tids, counts[idx])
         if (
@@ -380,14 +382,12 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 f"({idx.numel()},), got {got}"
             )
         admitted = admitted.to(self.device)
-        rejected = torch.zeros_like(missing)
-        rejected[idx] = ~admitted
         # One count per missing key: column ADMITTED or REJECTED of its table.
         cell = m_tids * len(AdmissionCount) + torch.where(
             admitted, int(AdmissionCount.ADMITTED), int(AdmissionCount.REJECTED)
         )
         self.admission_counts.view(-1).index_add_(0, cell, torch.ones_like(cell))
-        return (~rejected).nonzero().squeeze(1), rejected
+        return idx, admitted
 
     # ------------------------------------------------------------ storage --
 
@@ -567,9 +567,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 0, su.inverse, frequency_counters.to(self.device).long()
             )
         if self.training:
-            rows = self._lookup_train(su.keys, su.table_ids, counts, su.counts)
+            rows, fill = self._lookup_train(su.keys, su.table_ids, counts, su.counts)
         else:
-            rows = self._lookup_eval(su.keys, su.table_ids)
+            rows, fill = self._lookup_eval(su.keys, su.table_ids)
         weights = None if pooling_weights is None else pooling_weights.to(self.device)
         if self.pooling_mode == DynamicEmbPoolingMode.MEAN:
             inv_len = 1.0 / lengths.clamp(min=1).to(torch.float32)
@@ -591,6 +591,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 self._none_dims,
                 n,
                 self.dims[0],
+                fill,
             )
         else:
             b = _Batch(
@@ -605,23 +606,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 self._feature_dims,
                 batch,
                 self._out_width,
-            )
-        extra = None
-        if self._fill_rows is not None:
-            missing, fill = self._fill_rows
-            fill_rows = torch.where(missing, torch.arange(missing.numel(), device=self.device), -1)
-            extra = ops().embedding_pool(
                 fill,
-                fill_rows,
-                b.inverse,
-                b.bag_offsets,
-                b.weights,
-                b.cols,
-                b.dims,
-                b.batch,
-                b.out_width,
             )
-        return _Lookup.apply(self._placeholder, self, b, extra)
+        return _Lookup.apply(self._placeholder, self, b)
 
     def _check_weights(self, indices, frequency_counters, pooling_weights) -> None:
         if pooling_weights is None:
@@ -643,20 +630,25 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if frequency_counters is not None:
             raise ValueError("pass either pooling_weights or frequency_counters, not both")
 
-    def _lookup_train(self, keys, tids, counts, occurrences) -> torch.Tensor:
-        """Rows of the distinct keys (-1: not stored); ``counts`` are the LFU
+    def _lookup_train(self, keys, tids, counts, occurrences):
+        """(rows, fill) of the distinct keys: rows -1 where not stored, or a
+        fill row (rejected keys, see _Batch); ``counts`` are the LFU
         increments, ``occurrences`` how often each key occurred."""
         self.step += 1
         if S.CUSTOMIZED in self.strategies and self._custom_score is None:
             raise RuntimeError("CUSTOMIZED score strategy: call set_score before the forward pass")
-        self._fill_rows = None
         if self.admitter is None:
-            return self._find_or_insert(keys, tids, counts)
-        keep, rejected = self._admit(keys, tids, occurrences)
+            return self._find_or_insert(keys, tids, counts), None
+        missing, admitted = self._admit(keys, tids, occurrences)
+        rejected = torch.zeros(keys.shape, dtype=torch.bool, device=self.device)
+        rejected[missing] = ~admitted
+        keep = (~rejected).nonzero().squeeze(1)
         rows = torch.full_like(keys, -1)
         rows[keep] = self._find_or_insert(keys[keep], tids[keep], counts[keep])
-        self._fill_rows = self._initial_fill(rejected, keys, tids, self._rejected_initializer)
-        return rows
+        # Every missing key gets a fill row (no mask, no synchronization); the
+        # rejected ones read theirs.
+        rows[missing] = torch.where(admitted, rows[missing], _fill_refs(missing.numel(), self.device))
+        return rows, self._fill(keys[missing], tids[missing], self._rejected_initializer)
 
     def _find_or_insert(self, keys, tids, counts) -> torch.Tensor:
         """Training find-or-insert of distinct keys: their rows (-1 where an
@@ -714,21 +706,18 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 self.optimizer.init_state(state)
                 self.values[r, d : d + sd] = state
 
-    def _lookup_eval(self, keys, tids) -> torch.Tensor:
+    def _lookup_eval(self, keys, tids):
+        """(rows, fill): keys the tables miss read the eval initializer's rows
+        from the fill buffer."""
         rows = self._rows_of(self.table.find(keys, tids), tids)
-        self._fill_rows = self._initial_fill(rows < 0, keys, tids, self._initializers[True])
-        return rows
+        missing = (rows < 0).nonzero().squeeze(1)
+        rows[missing] = _fill_refs(missing.numel(), self.device)
+        return rows, self._fill(keys[missing], tids[missing], self._initializers[True])
 
-    def _initial_fill(self, mask, keys, tids, initializer: MultiTableInitializer):
-        """(mask, rows) for the distinct keys in ``mask``, which are not in the
-        table: ``initializer``'s rows at their positions, zeros elsewhere;
-        None when the mask is empty."""
-        idx = mask.nonzero().squeeze(1)
-        if idx.numel() == 0:
-            return None
-        fill = torch.zeros(keys.numel(), self.max_dim, device=self.device)
-        fill[idx] = initializer(keys[idx], tids[idx], self.dims, self._init_table_ids, self.seed)
-        return mask, fill
+    def _fill(self, keys, tids, initializer: MultiTableInitializer) -> torch.Tensor:
+        """The fill buffer of keys that are not in the tables: their
+        ``initializer`` rows, (n, max_dim), read through ``_fill_refs``."""
+        return initializer(keys, tids, self.dims, self._init_table_ids, self.seed)
 
     def _pool(self, b: "_Batch") -> torch.Tensor:
         return ops().embedding_pool(
@@ -741,6 +730,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             b.dims,
             b.batch,
             b.out_width,
+            b.fill,
         )
 
     # ----------------------------------------------------------- backward --

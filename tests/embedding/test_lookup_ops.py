@@ -255,6 +255,73 @@ def test_cuda_update_matches_the_cpu_kernel(kind, optim):
     torch.testing.assert_close(gpu["values"].cpu(), cpu["values"], rtol=tol, atol=tol)
 
 
+def _with_fill_rows(t, num_fill=3):
+    """Keys 1 and 2 read fill rows 2 and 0 (rows -4 and -2); also returns the
+    same batch with the fill rows appended to the values instead."""
+    g = torch.Generator().manual_seed(11)
+    fill = torch.randn(num_fill, t["width"] - 1, generator=g).to(t["values"].device)
+    t = dict(t, rows=t["rows"].clone())
+    t["rows"][1], t["rows"][2] = -4, -2
+    wide = torch.zeros(fill.shape[0], t["values"].shape[1], device=fill.device)
+    wide[:, : fill.shape[1]] = fill
+    flat = dict(t, values=torch.cat([t["values"], wide]), rows=t["rows"].clone())
+    n = t["values"].shape[0]
+    flat["rows"][1], flat["rows"][2] = n + 2, n + 0
+    return t, fill, flat
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pool_reads_fill_rows_through_negative_rows(device):
+    t, fill, flat = _with_fill_rows(batch(device, seed=12, dims=(4, 8, 4)))
+    out = ops().embedding_pool(
+        t["values"],
+        t["rows"],
+        t["inverse"],
+        t["offsets"],
+        t["weights"],
+        t["cols"],
+        t["dims"],
+        t["B"],
+        t["width"],
+        fill,
+    )
+    torch.testing.assert_close(out.double().cpu(), reference_pool(flat), rtol=1e-5, atol=1e-5)
+    if device == "cpu":  # without a fill buffer there is no fill row to read
+        with pytest.raises(ValueError, match=r"row -4 at index 1 is out of range \[-1, "):
+            pool(t)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_update_leaves_keys_of_fill_rows_alone(device):
+    t, _, _ = _with_fill_rows(batch(device, seed=13))
+    occ, order = occurrences(t)
+    grad = torch.ones(t["B"], t["width"], device=device)
+    before = t["values"].clone()
+    args = (t["cols"], t["dims"], t["B"], SGD, 1.0, 1e-8, 0.9, 0.999, 0.0, 0, 1, -0.5, 0.0, 0.0, 0.0)
+    ops().embedding_update(t["values"], grad, t["rows"], occ, order, t["bag"], None, *args)
+    plain = dict(t, values=before.clone(), rows=t["rows"].clamp(min=-1))
+    ops().embedding_update(plain["values"], grad, plain["rows"], occ, order, t["bag"], None, *args)
+    assert torch.equal(t["values"], plain["values"])
+    assert not torch.equal(t["values"], before)
+
+
+def test_pool_refuses_a_fill_row_out_of_range_naming_it():
+    t, fill, _ = _with_fill_rows(batch("cpu", seed=14), num_fill=2)
+    with pytest.raises(ValueError, match="row -4 at index 1"):
+        ops().embedding_pool(
+            t["values"],
+            t["rows"],
+            t["inverse"],
+            t["offsets"],
+            t["weights"],
+            t["cols"],
+            t["dims"],
+            t["B"],
+            t["width"],
+            fill,
+        )
+
+
 def test_pool_refuses_a_row_out_of_range_naming_it():
     t = batch("cpu", seed=6)
     t["rows"][1] = 1000

@@ -13,10 +13,11 @@ SparseAdam. Prints the median of the timed steps after warm-up.
 
 ``--admission T`` also times, in the same run, the same module with a
 ``FrequencyAdmissionStrategy(T)`` on every table (a counter share of ``rows``
-slots per table), pre-filled and stepped through the same batches, and
-prints its overhead over the module without: the keys of the power law's
-tail, seen fewer than T times, stay missing, so every step puts them to the
-admitter and pools their initial rows.
+slots per table) and prints its overhead over the module without. Both are
+pre-filled with the same batches, then both are timed on new draws of the
+same power law (instead of the pre-fill batches), so each step brings keys
+the tables miss: the module without admission inserts them, the one with it
+counts them and admits those seen T times.
 """
 
 import argparse
@@ -81,10 +82,15 @@ def main():
     dev = torch.device(args.device)
     T, N, D = args.tables, args.lookups, args.dim
     g = torch.Generator().manual_seed(0)
-    batches = []
-    for _ in range(args.reps + 3):
-        idx = torch.cat([power_law(g, N, args.rows, 1.05) for _ in range(T)])
-        batches.append(idx.to(dev))
+    def draw():
+        return [
+            torch.cat([power_law(g, N, args.rows, 1.05) for _ in range(T)]).to(dev)
+            for _ in range(args.reps + 3)
+        ]
+
+    batches = draw()
+    # With --admission: new draws, whose tail keys miss (see the docstring).
+    timed_batches = batches if args.admission is None else draw()
     offsets = torch.arange(T * N + 1, device=dev)  # hotness 1: one index per bag
     pooling = DynamicEmbPoolingMode.SUM if args.pooling == "sum" else DynamicEmbPoolingMode.NONE
     opt = EmbOptimType.EXACT_SGD if args.optimizer == "sgd" else EmbOptimType.ADAM
@@ -100,7 +106,7 @@ def main():
         m = BatchedDynamicEmbeddingTablesV2(opts, None, pooling, opt, device=dev, learning_rate=0.1)
         for b in batches:  # pre-fill: every row the timed steps touch exists (or was counted)
             m(b, offsets)
-        it = iter(batches * 2)
+        it = iter(timed_batches * 2)
 
         def step():
             m(next(it), offsets).sum().backward()
