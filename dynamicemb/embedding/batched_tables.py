@@ -647,7 +647,8 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         rows[keep] = self._find_or_insert(keys[keep], tids[keep], counts[keep])
         # Every missing key gets a fill row (no mask, no synchronization); the
         # rejected ones read theirs.
-        rows[missing] = torch.where(admitted, rows[missing], _fill_refs(missing.numel(), self.device))
+        refs = _fill_refs(missing.numel(), self.device)
+        rows[missing] = torch.where(admitted, rows[missing], refs)
         return rows, self._fill(keys[missing], tids[missing], self._rejected_initializer)
 
     def _find_or_insert(self, keys, tids, counts) -> torch.Tensor:

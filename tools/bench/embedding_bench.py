@@ -82,6 +82,7 @@ def main():
     dev = torch.device(args.device)
     T, N, D = args.tables, args.lookups, args.dim
     g = torch.Generator().manual_seed(0)
+
     def draw():
         return [
             torch.cat([power_law(g, N, args.rows, 1.05) for _ in range(T)]).to(dev)
