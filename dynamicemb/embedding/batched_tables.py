@@ -365,8 +365,8 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         Returns the indices of the missing keys and the admitter's answer for
         each (bool)."""
         idx = (self.table.find(keys, tids) < 0).nonzero().squeeze(1)
-        m_tids = tids[idx]
-        admitted = self.admitter.admit(keys[idx], m_tids, counts[idx])
+        m_keys, m_tids, m_counts = (x.index_select(0, idx) for x in (keys, tids, counts))
+        admitted = self.admitter.admit(m_keys, m_tids, m_counts)
         if (
             not isinstance(admitted, torch.Tensor)
             or admitted.dtype != torch.bool
@@ -640,16 +640,14 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if self.admitter is None:
             return self._find_or_insert(keys, tids, counts), None
         missing, admitted = self._admit(keys, tids, occurrences)
-        rejected = torch.zeros(keys.shape, dtype=torch.bool, device=self.device)
-        rejected[missing] = ~admitted
-        keep = (~rejected).nonzero().squeeze(1)
-        rows = torch.full_like(keys, -1)
-        rows[keep] = self._find_or_insert(keys[keep], tids[keep], counts[keep])
-        # Every missing key gets a fill row (no mask, no synchronization); the
-        # rejected ones read theirs.
-        refs = _fill_refs(missing.numel(), self.device)
-        rows[missing] = torch.where(admitted, rows[missing], refs)
-        return rows, self._fill(keys[missing], tids[missing], self._rejected_initializer)
+        rejected = missing.masked_select(~admitted)
+        keep = torch.ones(keys.shape, dtype=torch.bool, device=self.device)
+        keep = keep.index_fill_(0, rejected, False).nonzero().squeeze(1)
+        kept = [x.index_select(0, keep) for x in (keys, tids, counts)]
+        rows = torch.full_like(keys, -1).index_copy_(0, keep, self._find_or_insert(*kept))
+        rows.index_copy_(0, rejected, _fill_refs(rejected.numel(), self.device))
+        r_keys, r_tids = keys.index_select(0, rejected), tids.index_select(0, rejected)
+        return rows, self._fill(r_keys, r_tids, self._rejected_initializer)
 
     def _find_or_insert(self, keys, tids, counts) -> torch.Tensor:
         """Training find-or-insert of distinct keys: their rows (-1 where an
@@ -712,8 +710,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         from the fill buffer."""
         rows = self._rows_of(self.table.find(keys, tids), tids)
         missing = (rows < 0).nonzero().squeeze(1)
-        rows[missing] = _fill_refs(missing.numel(), self.device)
-        return rows, self._fill(keys[missing], tids[missing], self._initializers[True])
+        rows.index_copy_(0, missing, _fill_refs(missing.numel(), self.device))
+        m_keys, m_tids = keys.index_select(0, missing), tids.index_select(0, missing)
+        return rows, self._fill(m_keys, m_tids, self._initializers[True])
 
     def _fill(self, keys, tids, initializer: MultiTableInitializer) -> torch.Tensor:
         """The fill buffer of keys that are not in the tables: their

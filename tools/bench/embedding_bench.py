@@ -17,7 +17,8 @@ slots per table) and prints its overhead over the module without. Both are
 pre-filled with the same batches, then both are timed on new draws of the
 same power law (instead of the pre-fill batches), so each step brings keys
 the tables miss: the module without admission inserts them, the one with it
-counts them and admits those seen T times.
+counts them and admits those seen T times. The two are timed alternately,
+step by step.
 """
 
 import argparse
@@ -42,19 +43,38 @@ def power_law(g, n, rows, alpha):
     return (((rows**a - 1.0) * u + 1.0) ** (1.0 / a)).long().clamp(max=rows) - 1
 
 
+# What a step is timed with: wall-clock time, or (--cpu-time) the process's
+# CPU time, which on a shared CPU machine leaves out the other processes' load.
+CLOCK = time.perf_counter
+
+
+def timed_once(fn, device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = CLOCK()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return CLOCK() - t0
+
+
 def timed(fn, device, reps, warmup=3):
     for _ in range(warmup):
         fn()
-    times = []
+    return statistics.median(timed_once(fn, device) for _ in range(reps))
+
+
+def timed_pair(step_a, step_b, device, reps, warmup=3):
+    """Median times of two steps run alternately (a, b, a, b, ...), so that a
+    machine whose load drifts slows both alike."""
+    for _ in range(warmup):
+        step_a()
+        step_b()
+    times = ([], [])
     for _ in range(reps):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        times[0].append(timed_once(step_a, device))
+        times[1].append(timed_once(step_b, device))
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def main():
@@ -68,6 +88,12 @@ def main():
     ap.add_argument("--pooling", choices=["sum", "none"], default="sum")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time steps by the process's CPU time (CPU device only)",
+    )
+    ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    ap.add_argument(
         "--admission",
         type=int,
         metavar="THRESHOLD",
@@ -78,6 +104,14 @@ def main():
     )
     args = ap.parse_args()
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    global CLOCK
+    if args.cpu_time:
+        if args.device != "cpu":
+            ap.error("--cpu-time times CPU steps only")
+        CLOCK = time.process_time
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     dev = torch.device(args.device)
     T, N, D = args.tables, args.lookups, args.dim
@@ -115,19 +149,20 @@ def main():
         return m, step
 
     ours, ours_step = module()
-    t_ours = timed(ours_step, dev, args.reps)
-    if args.profile:
-        profile_step(ours_step, dev)
     t_adm = None
-    if args.admission is not None:
+    if args.admission is None:
+        t_ours = timed(ours_step, dev, args.reps)
+    else:
         strategy = FrequencyAdmissionStrategy(
             args.admission, KVCounter(capacity=args.rows, bucket_capacity=1024)
         )
         adm, adm_step = module(strategy)
         before = adm.admission_counts.sum(0).cpu()
-        t_adm = timed(adm_step, dev, args.reps)
+        t_ours, t_adm = timed_pair(ours_step, adm_step, dev, args.reps)
         per_step = (adm.admission_counts.sum(0).cpu() - before) / (args.reps + 3)
-        if args.profile:
+    if args.profile:
+        profile_step(ours_step, dev)
+        if t_adm is not None:
             profile_step(adm_step, dev)
 
     bags = [torch.nn.EmbeddingBag(args.rows, D, mode="sum", sparse=True).to(dev) for _ in range(T)]
@@ -152,7 +187,7 @@ def main():
     print(
         f"device {dev}, {T} tables x {N} lookups, dim {D}, {args.optimizer}, pooling "
         f"{args.pooling}, "
-        f"{torch.get_num_threads()} threads"
+        f"{torch.get_num_threads()} threads" + (", CPU time" if args.cpu_time else "")
     )
     ref = t_tbe if t_tbe else t_base
     name = "FBGEMM TBE" if t_tbe else "EmbeddingBag"
