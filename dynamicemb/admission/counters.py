@@ -210,16 +210,7 @@ class MultiTableKVCounter(Counter):
     def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
         """Bytes of ``mem_type`` memory the counter holds: its table's keys,
         digests, counts and layout, on its device (host memory on the CPU)."""
-        if not isinstance(mem_type, MemoryType):
-            raise ValueError(f"mem_type must be a MemoryType, got {mem_type!r}")
-        t = self.table
-        on_host = self.device.type == "cpu"
-        if (mem_type == MemoryType.HOST) != on_host:
-            return 0
-        return sum(
-            x.numel() * x.element_size()
-            for x in (t.keys, t.digests, t.scores, t.info, t.counters, t.free_rows)
-        )
+        return self.table.memory_usage(mem_type)
 
     # ------------------------------------------------------- dump / load --
 

@@ -45,7 +45,7 @@ from dynamicemb.embedding.initializer import MultiTableInitializer
 from dynamicemb.embedding.optimizer import RowOptimizer
 from dynamicemb.embedding.score_function import VictimScorer, table_score_columns
 from dynamicemb.embedding.unique import segmented_unique
-from dynamicemb.table import ScoredHashTable, enums
+from dynamicemb.table import ScoredHashTable, enums, memory_bytes
 from dynamicemb.table._native import ops
 from dynamicemb.types import AdmissionCount, MemoryType, MultiTableAdmitter
 
@@ -498,24 +498,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         Raises:
             ValueError: ``mem_type`` is not a MemoryType.
         """
-        if not isinstance(mem_type, MemoryType):
-            raise ValueError(f"mem_type must be a MemoryType, got {mem_type!r}")
-        t = self.table
-        own = sum(
-            x.numel() * x.element_size()
-            for x in (
-                t.keys,
-                t.digests,
-                t.scores,
-                t.info,
-                t.counters,
-                t.free_rows,
-                self.values,
-                self.admission_counts,
-            )
+        total = self.table.memory_usage(mem_type) + memory_bytes(
+            mem_type, self.device, (self.values, self.admission_counts)
         )
-        on_host = self.device.type == "cpu"
-        total = own if (mem_type == MemoryType.HOST) == on_host else 0
         state = None if self.admitter is None else self.admitter.state()
         if state is not None:
             total += state.memory_usage(mem_type)

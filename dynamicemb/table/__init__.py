@@ -7,6 +7,7 @@ from dynamicemb.table.scored_hash_table import (
     InsertResult,
     ScoredHashTable,
     gather_rows,
+    memory_bytes,
 )
 
 __all__ = [
@@ -17,4 +18,5 @@ __all__ = [
     "constants",
     "gather_rows",
     "enums",
+    "memory_bytes",
 ]

@@ -62,7 +62,7 @@ def reference_pool(t):
     return out
 
 
-def pool(t):
+def pool(t, fill=None):
     return ops().embedding_pool(
         t["values"],
         t["rows"],
@@ -73,6 +73,7 @@ def pool(t):
         t["dims"],
         t["B"],
         t["width"],
+        fill,
     )
 
 
@@ -273,18 +274,7 @@ def _with_fill_rows(t, num_fill=3):
 @pytest.mark.parametrize("device", DEVICES)
 def test_pool_reads_fill_rows_through_negative_rows(device):
     t, fill, flat = _with_fill_rows(batch(device, seed=12, dims=(4, 8, 4)))
-    out = ops().embedding_pool(
-        t["values"],
-        t["rows"],
-        t["inverse"],
-        t["offsets"],
-        t["weights"],
-        t["cols"],
-        t["dims"],
-        t["B"],
-        t["width"],
-        fill,
-    )
+    out = pool(t, fill)
     torch.testing.assert_close(out.double().cpu(), reference_pool(flat), rtol=1e-5, atol=1e-5)
     if device == "cpu":  # without a fill buffer there is no fill row to read
         with pytest.raises(ValueError, match=r"row -4 at index 1 is out of range \[-1, "):
@@ -309,18 +299,7 @@ def test_update_leaves_keys_of_fill_rows_alone(device):
 def test_pool_refuses_a_fill_row_out_of_range_naming_it():
     t, fill, _ = _with_fill_rows(batch("cpu", seed=14), num_fill=2)
     with pytest.raises(ValueError, match="row -4 at index 1"):
-        ops().embedding_pool(
-            t["values"],
-            t["rows"],
-            t["inverse"],
-            t["offsets"],
-            t["weights"],
-            t["cols"],
-            t["dims"],
-            t["B"],
-            t["width"],
-            fill,
-        )
+        pool(t, fill)
 
 
 def test_pool_refuses_a_row_out_of_range_naming_it():
