@@ -30,7 +30,6 @@ from .dynamicemb_config import (
     get_table_value_bytes,
 )
 from .types import (
-    AdmissionCount,
     AdmissionStrategy,
     Counter,
     KVCounter,
@@ -60,7 +59,6 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "AdmissionCount",
     "AdmissionStrategy",
     "BUCKET_ALIGNMENT",
     "MAX_BUCKET_CAPACITY",

@@ -12,8 +12,7 @@ What lives here:
 * ``KVCounter``: the configuration of dynamicemb's own counter (it is not a
   ``Counter``; a module turns it into one).
 * ``AdmissionStrategy`` / ``MultiTableAdmitter``: admission configuration and
-  the object that decides; ``AdmissionCount``: the columns of the per-table
-  admission counts a module keeps on its device.
+  the object that decides.
 * ``Storage``: the interface an external storage (parameter server, key-value
   store) implements to hold a table's rows.
 
@@ -28,7 +27,6 @@ from dataclasses import dataclass
 import torch
 
 __all__ = [
-    "AdmissionCount",
     "AdmissionStrategy",
     "Counter",
     "EvictedItemMode",
@@ -192,29 +190,6 @@ class KVCounter:
             raise ValueError(
                 f"KVCounter.key_type must be an integer torch.dtype, got {self.key_type!r}"
             )
-
-
-@enum.unique
-class AdmissionCount(enum.IntEnum):
-    """Columns of a module's per-table admission counts.
-
-    A module with an admission strategy keeps an int64 tensor of shape
-    ``(num_tables, len(AdmissionCount))`` on its device
-    (``BatchedDynamicEmbeddingTablesV2.admission_counts``), row ``t`` for its
-    table ``t``. Every training batch adds, per table, the distinct keys that
-    were missing from the table and that its admitter admitted or rejected;
-    keys already stored, eval batches and tables without a strategy add
-    nothing. The counts only grow, and the kernels add to them without
-    synchronizing the host: read them when a dashboard asks.
-
-    Attributes:
-        ADMITTED (int): missing keys let into the table.
-        REJECTED (int): missing keys kept out (looked up with the rejected-row
-            initializer, not stored).
-    """
-
-    ADMITTED = 0
-    REJECTED = 1
 
 
 class MultiTableAdmitter(abc.ABC):

@@ -12,8 +12,10 @@ decides for the keys a batch misses. dynamicemb provides two pairs:
   coin toss per occurrence, no state.
 
 The interfaces (``Counter``, ``KVCounter``, ``AdmissionStrategy``,
-``MultiTableAdmitter``, ``AdmissionCount``) live in ``dynamicemb.types``; all
-of them are importable from ``dynamicemb`` too.
+``MultiTableAdmitter``) live in ``dynamicemb.types``; all of them are
+importable from ``dynamicemb`` too. A module counts the keys its admitter
+admits and rejects, per table, in its ``stats``
+(``dynamicemb.embedding.stats.StatCol.ADMISSIONS`` / ``REJECTIONS``).
 """
 
 from dynamicemb.admission.admitters import (
@@ -27,7 +29,6 @@ from dynamicemb.admission.strategies import (
     ProbabilisticAdmissionStrategy,
 )
 from dynamicemb.types import (
-    AdmissionCount,
     AdmissionStrategy,
     Counter,
     KVCounter,
@@ -36,7 +37,6 @@ from dynamicemb.types import (
 
 __all__ = [
     "DEFAULT_KV_COUNTER",
-    "AdmissionCount",
     "AdmissionStrategy",
     "Counter",
     "FrequencyAdmissionStrategy",

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from dynamicemb.dynamicemb_config import BUCKET_ALIGNMENT, align_to_table_size
-from dynamicemb.table import ScoredHashTable, enums
+from dynamicemb.table import ScoredHashTable, enums, holds_memory
 from dynamicemb.table._native import constants, ops
 from dynamicemb.types import Counter, KVCounter, MemoryType
 
@@ -211,6 +211,12 @@ class MultiTableKVCounter(Counter):
         """Bytes of ``mem_type`` memory the counter holds: its table's keys,
         digests, counts and layout, on its device (host memory on the CPU)."""
         return self.table.memory_usage(mem_type)
+
+    def memory_per_table(self, mem_type: MemoryType = MemoryType.DEVICE) -> list[int]:
+        """Bytes of ``mem_type`` memory each table's share of the counter takes."""
+        if not holds_memory(mem_type, self.device):
+            return [0] * self.num_tables
+        return self.table.memory_per_table()
 
     # ------------------------------------------------------- dump / load --
 

@@ -44,10 +44,11 @@ from dynamicemb.dynamicemb_config import (
 from dynamicemb.embedding.initializer import MultiTableInitializer
 from dynamicemb.embedding.optimizer import RowOptimizer
 from dynamicemb.embedding.score_function import VictimScorer, table_score_columns
+from dynamicemb.embedding.stats import StatCol, TableStats
 from dynamicemb.embedding.unique import segmented_unique
-from dynamicemb.table import ScoredHashTable, enums, memory_bytes
+from dynamicemb.table import ScoredHashTable, enums, holds_memory, memory_bytes
 from dynamicemb.table._native import ops
-from dynamicemb.types import AdmissionCount, MemoryType, MultiTableAdmitter
+from dynamicemb.types import MemoryType, MultiTableAdmitter
 
 S = DynamicEmbScoreStrategy
 
@@ -191,9 +192,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
     Attributes:
         admitter (Optional[MultiTableAdmitter]): decides which missing keys of
             a training batch enter the tables; None admits every key.
-        admission_counts (torch.Tensor): (num_tables, len(AdmissionCount))
-            int64 on the module's device: the missing keys admitted and
-            rejected so far, per table (layout: ``AdmissionCount``).
+        stats (TableStats): per-table counters on the module's device; with an
+            admitter the module feeds ADMISSIONS and REJECTIONS (the missing
+            keys of training batches admitted and rejected).
     """
 
     def __init__(
@@ -302,6 +303,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.step = 0
         self._custom_score: int | None = None
         self.insert_failures = torch.zeros((), dtype=torch.int64, device=self.device)
+        # What the module counts per table (lookups; admission and cache tiers
+        # feed their columns), read by dynamicemb.metrics when it collects.
+        self.stats = TableStats(n, self.device)
         self._init_table_ids = torch.tensor(
             self.initializer_table_ids, dtype=torch.int64, device=self.device
         )
@@ -315,9 +319,8 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             self._rejected_initializer = (
                 self.admitter.non_admitted_initializer or self._initializers[False]
             )
-        self.admission_counts = torch.zeros(
-            (n, len(AdmissionCount)), dtype=torch.int64, device=self.device
-        )
+        if self.admitter is not None:
+            self.stats.feed(StatCol.ADMISSIONS, StatCol.REJECTIONS)
         # Output layout of pooled lookups: feature f's dims[f] columns start at
         # cols[f], the features side by side (TorchRec's KeyedTensor order).
         fdims = [self.dims[t] for t in self.feature_table_map]
@@ -382,11 +385,12 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 f"({idx.numel()},), got {got}"
             )
         admitted = admitted.to(self.device)
-        # One count per missing key: column ADMITTED or REJECTED of its table.
-        cell = m_tids * len(AdmissionCount) + torch.where(
-            admitted, int(AdmissionCount.ADMITTED), int(AdmissionCount.REJECTED)
-        )
-        self.admission_counts.view(-1).index_add_(0, cell, torch.ones_like(cell))
+        # Per table: the missing keys admitted, and those rejected.
+        per_table = torch.zeros(self.table.num_tables, dtype=torch.int64, device=self.device)
+        missing = per_table.index_add(0, m_tids, torch.ones_like(m_tids))
+        admits = per_table.index_add(0, m_tids, admitted.to(torch.int64))
+        self.stats.add(StatCol.ADMISSIONS, admits)
+        self.stats.add(StatCol.REJECTIONS, missing - admits)
         return idx, admitted
 
     # ------------------------------------------------------------ storage --
@@ -490,21 +494,39 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.values = fresh
 
     def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
-        """Bytes of one kind of memory the tables hold: the hash table's state,
-        the value rows, the admission counts and the admitter's state (a
-        frequency counter), all on the module's device (host memory for a CPU
-        module).
+        """Bytes of one kind of memory the module holds: its tables'
+        (``memory_per_table``), its per-table counters and the admitter's state
+        (a frequency counter), all on the module's device (host memory for a
+        CPU module).
 
         Raises:
             ValueError: ``mem_type`` is not a MemoryType.
         """
         total = self.table.memory_usage(mem_type) + memory_bytes(
-            mem_type, self.device, (self.values, self.admission_counts)
+            mem_type, self.device, (self.values, self.stats.counts)
         )
         state = None if self.admitter is None else self.admitter.state()
         if state is not None:
             total += state.memory_usage(mem_type)
         return total
+
+    def memory_per_table(self, mem_type: MemoryType) -> list[int]:
+        """Bytes of ``mem_type`` memory each table holds: its slots in the hash
+        table, its value rows (embedding and optimizer state) and its share of
+        the admitter's counter."""
+        if not holds_memory(mem_type, self.device):
+            return [0] * self.table.num_tables
+        row = self.width * self.values.element_size()
+        rows = [
+            self.table.row_capacity(t) if self.no_eviction else self.table.capacity(t)
+            for t in range(self.table.num_tables)
+        ]
+        out = [s + r * row for s, r in zip(self.table.memory_per_table(), rows)]
+        state = None if self.admitter is None else self.admitter.state()
+        per_table = getattr(state, "memory_per_table", None)
+        if per_table is not None:
+            out = [a + b for a, b in zip(out, per_table(mem_type))]
+        return out
 
     def set_score(self, score: int) -> None:
         """CUSTOMIZED: the score of the next forward passes."""
@@ -545,6 +567,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         feature = bag // max(batch, 1)
         tids = self._feature_tables[feature]
         su = segmented_unique(indices, tids, self.table.num_tables)
+        self.stats.count_lookups(su.table_offsets)
         self._uniq_tids = su.table_ids
         counts = su.counts
         if frequency_counters is not None:

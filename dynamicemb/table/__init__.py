@@ -7,6 +7,7 @@ from dynamicemb.table.scored_hash_table import (
     InsertResult,
     ScoredHashTable,
     gather_rows,
+    holds_memory,
     memory_bytes,
 )
 
@@ -18,5 +19,6 @@ __all__ = [
     "constants",
     "gather_rows",
     "enums",
+    "holds_memory",
     "memory_bytes",
 ]

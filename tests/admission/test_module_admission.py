@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from dynamicemb import (
-    AdmissionCount,
     AdmissionStrategy,
     DynamicEmbInitializerArgs,
     DynamicEmbInitializerMode,
@@ -23,11 +22,12 @@ from dynamicemb import (
     ProbabilisticAdmissionStrategy,
 )
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
+from dynamicemb.embedding.stats import StatCol
 
 EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 DEBUG = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG)
-ADMITTED, REJECTED = int(AdmissionCount.ADMITTED), int(AdmissionCount.REJECTED)
+ADMITTED, REJECTED = int(StatCol.ADMISSIONS), int(StatCol.REJECTIONS)
 
 
 def _module(
@@ -66,6 +66,11 @@ def _step(m, *features, train=True):
     return out[:, 0].tolist()
 
 
+def _admission(m):
+    """(num_tables, 2): the missing keys admitted and rejected, per table."""
+    return m.stats.counts[:, [ADMITTED, REJECTED]]
+
+
 def _stored(m, keys, table=0):
     k = torch.tensor(keys, dtype=torch.int64, device=m.device)
     return (m.table.find(k, torch.full_like(k, table)) >= 0).tolist()
@@ -84,7 +89,7 @@ def test_a_key_once_per_step_enters_at_the_threshold(device):
     assert counter.get(torch.tensor([7]), torch.tensor([0])).tolist() == [0]
     assert int(counter.size()[0]) == 0
     assert _step(m, [7]) == [6.0]
-    assert m.admission_counts[0].tolist() == [1, 2]
+    assert _admission(m)[0].tolist() == [1, 2]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -97,7 +102,7 @@ def test_occurrences_in_one_batch_count_together(device):
     assert _step(m, [9, 5]) == [6.0, 5.0]
     assert _stored(m, [5]) == [True]
     assert _step(m, [5]) == [4.0]
-    assert m.admission_counts[0].tolist() == [2, 1]
+    assert _admission(m)[0].tolist() == [2, 1]
 
 
 @pytest.mark.parametrize("threshold", [0, 1])
@@ -107,7 +112,7 @@ def test_thresholds_zero_and_one_admit_every_key_at_once(threshold):
     assert _stored(m, [3, 4]) == [True, True]
     assert _step(m, [3, 4]) == [2.0, 3.0]
     assert int(m.admitter.state().size()[0]) == 0  # nothing waits in the counter
-    assert m.admission_counts[0].tolist() == [2, 0]
+    assert _admission(m)[0].tolist() == [2, 0]
 
 
 def test_rejected_rows_come_from_the_strategys_initializer_else_the_tables():
@@ -142,7 +147,7 @@ def test_eval_never_admits_nor_counts():
         assert _step(m, [41, 40], train=False) == [0.0, 0.0]  # the eval initializer
     assert _stored(m, [40, 41]) == [False, False]
     assert counter.get(torch.tensor([40, 41]), torch.tensor([0, 0])).tolist() == [1, 0]
-    assert m.admission_counts[0].tolist() == [0, 1]
+    assert _admission(m)[0].tolist() == [0, 1]
 
 
 def test_fused_tables_count_their_keys_apart():
@@ -158,7 +163,7 @@ def test_fused_tables_count_their_keys_apart():
     assert _step(m, [5], [6]) == [5.0, 6.0]
     assert _stored(m, [5], 0) == [True] and _stored(m, [5, 6], 1) == [False, True]
     assert counter.get(torch.tensor([5, 5]), torch.tensor([0, 1])).tolist() == [0, 1]
-    assert m.admission_counts.tolist() == [[1, 1], [1, 2]]
+    assert _admission(m).tolist() == [[1, 1], [1, 2]]
 
 
 def test_tables_that_cannot_share_an_admitter_are_not_fused():
@@ -202,7 +207,7 @@ def test_a_custom_admitter_is_asked_about_missing_keys_only_with_their_occurrenc
     assert _step(m, [1, 2, 2, 3]) == [1.0, 2.0, 2.0, 3.0]
     assert _step(m, [1, 2, 3, 4]) == [0.0, 2.0, 2.0, 4.0]
     assert _OddKeys.calls == [([1, 2, 3], [1, 2, 1]), ([2, 4], [1, 1])]
-    assert m.admission_counts[0].tolist() == [2, 3]
+    assert _admission(m)[0].tolist() == [2, 3]
 
 
 class _Broken(AdmissionStrategy):
@@ -228,8 +233,8 @@ def test_probabilistic_admission_rate_within_bounds(device):
     m = _module([ProbabilisticAdmissionStrategy(p)], device, dim=1, capacity=1 << 16)
     keys = torch.arange(1, n + 1, device=device)
     m(keys, torch.arange(n + 1, device=device)).sum().backward()
-    admitted = m.admission_counts[0, ADMITTED].item()
-    assert admitted + m.admission_counts[0, REJECTED].item() == n
+    admitted = m.stats.counts[0, ADMITTED].item()
+    assert admitted + m.stats.counts[0, REJECTED].item() == n
     # Binomial(n, p): 5 standard deviations.
     assert abs(admitted - p * n) < 5 * (n * p * (1 - p)) ** 0.5
     assert int(m.table.size()[0]) == admitted
@@ -276,7 +281,41 @@ def test_cuda_module_admits_as_the_cpu_module():
             outs[dev] = out.detach().cpu()
         torch.testing.assert_close(outs["cuda"], outs["cpu"], rtol=1e-5, atol=1e-5)
     cpu, gpu = modules["cpu"], modules["cuda"]
-    assert torch.equal(cpu.admission_counts, gpu.admission_counts.cpu())
+    assert torch.equal(cpu.stats.counts, gpu.stats.counts.cpu())
     a, b = cpu.admitter.state().table, gpu.admitter.state().table
     for x, y in ((a.keys, b.keys), (a.scores, b.scores), (a.counters, b.counters)):
         assert torch.equal(x, y.cpu())
+
+
+def test_metrics_report_the_admissions_and_the_counter_memory():
+    """dynamicemb.metrics reads what the module counts: the keys admitted and
+    rejected per table, and each table's memory with its counter share."""
+    pytest.importorskip("opentelemetry.sdk", reason="opentelemetry-sdk is not installed")
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from dynamicemb.metrics import TABLE, instrument
+
+    reader = InMemoryMetricReader()
+    provider = MeterProvider(metric_readers=[reader])
+    try:
+        m = _module([FrequencyAdmissionStrategy(2, KVCounter(256, 16))] * 2)
+        instrument(m, collection="c", table_names=["a", "b"], meter_provider=provider)
+        _step(m, [1, 2, 3], [4])
+        _step(m, [1, 5], [4])  # 1 and 4 are admitted
+        got = {}
+        for rm in reader.get_metrics_data().resource_metrics:
+            for sm in rm.scope_metrics:
+                for metric in sm.metrics:
+                    for p in metric.data.data_points:
+                        got.setdefault(metric.name, {})[p.attributes[TABLE]] = p.value
+    finally:
+        provider.shutdown()
+    assert got["dynamicemb.table.admissions"] == {"a": 1, "b": 1}
+    assert got["dynamicemb.table.rejections"] == {"a": 4, "b": 1}
+    host = m.memory_per_table(MemoryType.HOST)
+    share = m.admitter.state().memory_per_table(MemoryType.HOST)
+    assert all(s > 0 for s in share)
+    assert [h - s for h, s in zip(host, share)] == [
+        c + r for c, r in zip(m.table.memory_per_table(), [256 * m.width * 4] * 2)
+    ]

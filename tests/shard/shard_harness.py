@@ -488,7 +488,8 @@ def run_scenario(rank: int, world_size: int, scenario: Scenario) -> dict[str, An
 
 def _admission_counts(model) -> dict[str, Any]:
     """This rank's admission counts of each dynamic table with an admitter
-    (rows of ``AdmissionCount``), and the thresholds of its modules."""
+    ([admitted, rejected]), and the thresholds of its modules."""
+    from dynamicemb.embedding.stats import StatCol
     from dynamicemb.shard import dynamic_embedding_kernels
 
     counts, modules = {}, []
@@ -498,7 +499,7 @@ def _admission_counts(model) -> dict[str, Any]:
             continue
         modules.append((tuple(kernel.table_names), m.admitter.threshold))
         for t, name in enumerate(kernel.table_names):
-            counts[name] = m.admission_counts[t].cpu().clone()
+            counts[name] = m.stats.counts[t, [StatCol.ADMISSIONS, StatCol.REJECTIONS]].cpu()
     return {"counts": counts, "modules": sorted(modules)}
 
 
@@ -521,7 +522,7 @@ class _DenseTable:
         # Admission: the counts of keys waiting, and per step the keys kept out.
         self.waiting: dict[int, int] = {}
         self.rejected: set[int] = set()
-        self.admission = [0, 0]  # admitted, rejected (AdmissionCount order)
+        self.admission = [0, 0]  # admitted, rejected
 
     def initial_row(self, key: int) -> torch.Tensor:
         from dynamicemb.embedding import init_rows

@@ -28,13 +28,13 @@ import time
 import torch
 
 from dynamicemb import (
-    AdmissionCount,
     DynamicEmbPoolingMode,
     DynamicEmbTableOptions,
     FrequencyAdmissionStrategy,
     KVCounter,
 )
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
+from dynamicemb.embedding.stats import StatCol
 
 
 def power_law(g, n, rows, alpha):
@@ -157,9 +157,9 @@ def main():
             args.admission, KVCounter(capacity=args.rows, bucket_capacity=1024)
         )
         adm, adm_step = module(strategy)
-        before = adm.admission_counts.sum(0).cpu()
+        before = adm.stats.counts.sum(0).cpu()
         t_ours, t_adm = timed_pair(ours_step, adm_step, dev, args.reps)
-        per_step = (adm.admission_counts.sum(0).cpu() - before) / (args.reps + 3)
+        per_step = (adm.stats.counts.sum(0).cpu() - before) / (args.reps + 3)
     if args.profile:
         profile_step(ours_step, dev)
         if t_adm is not None:
@@ -207,8 +207,8 @@ def main():
     if t_adm is not None:
         print(
             f"admission overhead: {100 * (t_adm / t_ours - 1):+.1f} % "
-            f"(per step {per_step[AdmissionCount.ADMITTED]:.0f} keys admitted, "
-            f"{per_step[AdmissionCount.REJECTED]:.0f} rejected)"
+            f"(per step {per_step[StatCol.ADMISSIONS]:.0f} keys admitted, "
+            f"{per_step[StatCol.REJECTIONS]:.0f} rejected)"
         )
     if dev.type == "cuda":
         uniq = statistics.mean(

@@ -2,7 +2,7 @@
 # One device round: build and run the GPU tests, then the embedding and table
 # benchmarks, writing each output to $OUT (default: .gpu_round/) as well.
 #
-#   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|multigpu|checkpoint]...
+#   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|multigpu|checkpoint|metrics]...
 #   (default: tests, embedding, table, admission)
 #
 # Needs a CUDA machine; the torchrec/fbgemm bundle in .gpupkg/ for the FBGEMM
@@ -21,6 +21,12 @@
 # Timeouts in seconds: MG_BENCH_TIMEOUT (90), MG_TESTS_TIMEOUT (240),
 # MG_TRAIN_TIMEOUT (60), MG_BUILD_TIMEOUT (300); MG_BENCH_ARGS replaces the
 # benchmark's step counts.
+#
+# metrics: the metrics' GPU tests (`pytest -m gpu tests/metrics`: no more
+# synchronizations in a training step with metrics than without) and the train
+# step with /metrics scraped every second against none
+# (tools/bench/metrics_bench.py). Writes $OUT/metrics.txt. Needs the
+# OpenTelemetry wheels in .gpupkg/wheels (docs/testing.md).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu_round}
@@ -41,22 +47,41 @@ status_word() {
   esac
 }
 
+# Builds dynamicemb._C with CUDA kernels (run_gpu_tests.sh's build) unless it
+# is there; appends the outcome to the summary file $1. Fails when the build does.
+build_cuda() {
+  local sum=$1 rc t0
+  if "$PY" -c "from dynamicemb.table._native import extension; import sys; sys.exit(0 if extension().cuda_built() else 1)" > /dev/null 2>&1; then
+    return 0
+  fi
+  t0=$(date +%s)
+  DEMB_CUDA_ARCHS=${DEMB_CUDA_ARCHS:-90} DEMB_BUILD_CUDA=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} \
+    timeout -k 10 "${MG_BUILD_TIMEOUT:-300}" "$PY" setup.py -q build_ext --inplace > "$OUT/build.txt" 2>&1
+  rc=$?
+  echo "build: $(status_word $rc "${MG_BUILD_TIMEOUT:-300}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+  [ $rc -ne 0 ] && tail -30 "$OUT/build.txt"
+  return $rc
+}
+
+metrics_part() {
+  local sum="$OUT/metrics.txt"
+  : > "$sum"
+  build_cuda "$sum" || return
+  if ! "$PY" -c "import opentelemetry.sdk, opentelemetry.exporter.prometheus" > /dev/null 2>&1; then
+    echo "metrics: opentelemetry-sdk / opentelemetry-exporter-prometheus missing (add their wheels to .gpupkg/wheels, docs/testing.md)" | tee -a "$sum"
+    return
+  fi
+  timeout -k 10 300 "$PY" -m pytest -m gpu tests/metrics -q -s -p no:cacheprovider > "$OUT/metrics_tests_full.txt" 2>&1
+  grep -E "^synchronizations|passed|failed|skipped|Error" "$OUT/metrics_tests_full.txt" | tail -5 | tee -a "$sum"
+  timeout -k 10 300 "$PY" tools/bench/metrics_bench.py --device cuda --tables 10 --lookups 104857 \
+    --dim 128 --rows 1677721 --seconds 5 --rounds 6 2>&1 | tail -4 | tee -a "$sum"
+}
+
 multigpu_part() {
   local sum="$OUT/multigpu.txt" rc t0
   : > "$sum"
   "$PY" -c "import torch; n = torch.cuda.device_count(); print(f'torch {torch.__version__}, {n} GPU(s):', ', '.join(sorted({torch.cuda.get_device_name(i) for i in range(n)})))" 2>&1 | tee -a "$sum"
-  # The extension, with CUDA kernels (run_gpu_tests.sh's build) unless already there.
-  if ! "$PY" -c "from dynamicemb.table._native import extension; import sys; sys.exit(0 if extension().cuda_built() else 1)" > /dev/null 2>&1; then
-    t0=$(date +%s)
-    DEMB_CUDA_ARCHS=${DEMB_CUDA_ARCHS:-90} DEMB_BUILD_CUDA=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} \
-      timeout -k 10 "${MG_BUILD_TIMEOUT:-300}" "$PY" setup.py -q build_ext --inplace > "$OUT/multigpu_build.txt" 2>&1
-    rc=$?
-    echo "build: $(status_word $rc "${MG_BUILD_TIMEOUT:-300}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
-    if [ $rc -ne 0 ]; then
-      tail -30 "$OUT/multigpu_build.txt"
-      return
-    fi
-  fi
+  build_cuda "$sum" || return
   # 1. Benchmark: sharded EmbeddingCollection, dynamicemb against TorchRec.
   t0=$(date +%s)
   # shellcheck disable=SC2086
@@ -145,6 +170,9 @@ for part in "${parts[@]}"; do
       timeout -k 10 "${CKPT_BENCH_TIMEOUT:-600}" "$PY" tools/bench/checkpoint_bench.py --device cuda \
         ${CKPT_BENCH_ARGS:---tables 10 --rows 1600000 --dim 128} 2>&1 \
         | grep -v "registered at\|backend fallback\|Warning\|warn(" | tee "$OUT/checkpoint.txt"
+      ;;
+    metrics)
+      metrics_part
       ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
