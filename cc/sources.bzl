@@ -70,6 +70,21 @@ ADMISSION_CPU_SRCS = ["counter_cpu.cpp"]
 
 ADMISSION_CUDA_SRCS = ["counter_cuda.cu"]
 
+# //cc/storage: the row space (row layout, element types, two segments) shared by
+# the embedding kernels and the row moves (storage_core, header-only, no torch),
+# and the copy_rows kernels.
+STORAGE_CORE_HDRS = ["row_space.h", "copy_rows.h"]
+
+STORAGE_CPU_HDRS = ["copy_rows_cpu.h"]
+
+STORAGE_CUDA_HDRS = ["copy_rows_cuda.h"]
+
+STORAGE_HDRS = STORAGE_CORE_HDRS + STORAGE_CPU_HDRS + STORAGE_CUDA_HDRS
+
+STORAGE_CPU_SRCS = ["copy_rows_cpu.cpp"]
+
+STORAGE_CUDA_SRCS = ["copy_rows_cuda.cu"]
+
 # //cc/routing:routing_core (row-wise key -> rank routing, host/device inline,
 # no torch) and //cc/routing:routing_cuda (its torch-free CUDA kernel).
 ROUTING_HDRS = ["routing.h"]
@@ -84,6 +99,7 @@ OPS_HDRS = [
     "cuda_scratch.h",
     "embedding_args.h",
     "routing_args.h",
+    "storage_args.h",
     "table_args.h",
     "tensor_checks.h",
 ]
@@ -95,6 +111,7 @@ OPS_SRCS = [
     "counter_ops_cpu.cpp",
     "embedding_ops_cpu.cpp",
     "routing_ops_cpu.cpp",
+    "storage_ops_cpu.cpp",
     "ops_meta.cpp",
     "module.cpp",
 ]
@@ -105,6 +122,7 @@ OPS_CUDA_SRCS = [
     "counter_ops_cuda.cpp",
     "embedding_ops_cuda.cpp",
     "routing_ops_cuda.cpp",
+    "storage_ops_cuda.cpp",
 ]
 
 PACKAGES = {
@@ -119,6 +137,11 @@ PACKAGES = {
         "hdrs": EMBEDDING_HDRS,
         "cpu_srcs": EMBEDDING_CPU_SRCS,
         "cuda_srcs": EMBEDDING_CUDA_SRCS,
+    },
+    "cc/storage": {
+        "hdrs": STORAGE_HDRS,
+        "cpu_srcs": STORAGE_CPU_SRCS,
+        "cuda_srcs": STORAGE_CUDA_SRCS,
     },
     "cc/routing": {
         "hdrs": ROUTING_HDRS + ROUTING_CUDA_HDRS,

@@ -17,11 +17,7 @@ from dynamicemb.admission.admitters import (
     MultiTableProbabilisticAdmitter,
 )
 from dynamicemb.admission.counters import MultiTableKVCounter, check_kv_counter
-from dynamicemb.dynamicemb_config import (
-    DynamicEmbInitializerArgs,
-    align_to_table_size,
-    hash_slot_bytes,
-)
+from dynamicemb.dynamicemb_config import DynamicEmbInitializerArgs, align_to_table_size
 from dynamicemb.embedding.initializer import MultiTableInitializer
 from dynamicemb.types import AdmissionStrategy, KVCounter
 
@@ -168,9 +164,13 @@ class FrequencyAdmissionStrategy(AdmissionStrategy):
         )
 
     def state_bytes(self) -> int:
-        """Bytes of the table's counter share: its slots, in whole buckets."""
+        """Bytes of the table's counter share: a counter table of its slots,
+        in whole buckets, with one score word (what ``MultiTableKVCounter``
+        allocates per table)."""
+        from dynamicemb.storage import table_metadata_bytes
+
         c = self.kv_counter
-        return align_to_table_size(c.capacity, c.bucket_capacity) * hash_slot_bytes(1)
+        return table_metadata_bytes([align_to_table_size(c.capacity, c.bucket_capacity)], 1, [0])
 
     def _with_deprecated_counter(self, counter) -> "FrequencyAdmissionStrategy":
         if self.counter is None:

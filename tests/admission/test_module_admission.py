@@ -315,7 +315,26 @@ def test_metrics_report_the_admissions_and_the_counter_memory():
     assert got["dynamicemb.table.rejections"] == {"a": 4, "b": 1}
     host = m.memory_per_table(MemoryType.HOST)
     share = m.admitter.state().memory_per_table(MemoryType.HOST)
-    assert all(s > 0 for s in share)
-    assert [h - s for h, s in zip(host, share)] == [
-        c + r for c, r in zip(m.table.memory_per_table(), [256 * m.width * 4] * 2)
-    ]
+    assert share == [256 * (8 + 1 + 8)] * 2  # its slots: key, digest, count
+    plain = _module([None] * 2)
+    assert [h - s for h, s in zip(host, share)] == plain.memory_per_table(MemoryType.HOST)
+
+
+def test_keys_held_by_a_backing_tier_are_not_put_to_the_admitter():
+    """With a device cache over a host table, a key that left the cache is
+    still stored: it is found, not admitted again."""
+    from dynamicemb.dynamicemb_config import value_row_bytes
+
+    row_bytes = value_row_bytes(EmbOptimType.EXACT_SGD, 2, torch.float32)
+    m = _module(
+        [FrequencyAdmissionStrategy(2, KVCounter(256, 16))],
+        caching=True,
+        local_hbm_for_values=16 * row_bytes,  # a cache of 16 rows
+    )
+    keys = list(range(1, 41))
+    assert _step(m, keys) == [float(k) for k in keys]  # all rejected
+    assert _step(m, keys) == [float(k) for k in keys]  # all admitted, 24 beyond the cache
+    assert _admission(m)[0].tolist() == [40, 40]
+    # Every key is found (in the cache or the host table) and trained.
+    assert _step(m, keys) == [float(k) - 1 for k in keys]
+    assert _admission(m)[0].tolist() == [40, 40]

@@ -256,16 +256,15 @@ def test_planner_estimate_counts_the_counter_slots():
     )
     plain = dynamic_shard_storage(base, torch.float32, EmbOptimType.EXACT_SGD, "cuda")
     counted = dynamic_shard_storage(with_counter, torch.float32, EmbOptimType.EXACT_SGD, "cuda")
-    # 1000 slots are 4 buckets of 256: 1024 slots of key, digest and count.
-    assert counted.hbm - plain.hbm == 1024 * (8 + 1 + 8)
-    assert counted.ddr == plain.ddr
-    # The estimate is what the counter allocates.
+    # The estimate is what the counter allocates: 1000 slots are 4 buckets of
+    # 256, 1024 slots of key, digest and count, and the table's layout rows.
     counter = MultiTableKVCounter([KVCounter(1000, bucket_capacity=256)])
-    table_bytes = counter.memory_usage(MemoryType.HOST)
+    assert counted.hbm - plain.hbm == counter.memory_usage(MemoryType.HOST)
     info_bytes = sum(
         x.numel() * x.element_size() for x in (counter.table.info, counter.table.counters)
     )
-    assert table_bytes - info_bytes == 1024 * (8 + 1 + 8)
+    assert counter.memory_usage(MemoryType.HOST) - info_bytes == 1024 * (8 + 1 + 8)
+    assert counted.ddr == plain.ddr
     cpu = dynamic_shard_storage(with_counter, torch.float32, EmbOptimType.EXACT_SGD, "cpu")
     assert cpu.hbm == 0 and cpu.ddr == counted.hbm + counted.ddr
     assert ProbabilisticAdmissionStrategy(0.5).state_bytes() == 0

@@ -33,6 +33,7 @@ from dynamicemb import (
     FrequencyAdmissionStrategy,
     KVCounter,
 )
+from dynamicemb.dynamicemb_config import value_row_bytes
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
 from dynamicemb.embedding.stats import StatCol
 
@@ -130,11 +131,17 @@ def main():
     pooling = DynamicEmbPoolingMode.SUM if args.pooling == "sum" else DynamicEmbPoolingMode.NONE
     opt = EmbOptimType.EXACT_SGD if args.optimizer == "sgd" else EmbOptimType.ADAM
     cap = 1 << (2 * args.rows - 1).bit_length()
+    # Every row in device memory (the all-device table).
+    hbm = cap * value_row_bytes(opt, D, torch.float32)
 
     def module(admit_strategy=None):
         opts = [
             DynamicEmbTableOptions(
-                dim=D, max_capacity=cap, bucket_capacity=128, admit_strategy=admit_strategy
+                dim=D,
+                max_capacity=cap,
+                bucket_capacity=128,
+                local_hbm_for_values=hbm,
+                admit_strategy=admit_strategy,
             )
             for _ in range(T)
         ]
