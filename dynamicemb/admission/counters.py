@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from dynamicemb.dynamicemb_config import BUCKET_ALIGNMENT, align_to_table_size
-from dynamicemb.table import ScoredHashTable, enums, holds_memory
+from dynamicemb.storage import Footprint, by_memory, table_metadata_bytes
+from dynamicemb.table import ScoredHashTable, enums
 from dynamicemb.table._native import constants, ops
 from dynamicemb.types import Counter, KVCounter, MemoryType
 
@@ -210,13 +211,15 @@ class MultiTableKVCounter(Counter):
     def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
         """Bytes of ``mem_type`` memory the counter holds: its table's keys,
         digests, counts and layout, on its device (host memory on the CPU)."""
-        return self.table.memory_usage(mem_type)
+        return sum(self.memory_per_table(mem_type))
 
     def memory_per_table(self, mem_type: MemoryType = MemoryType.DEVICE) -> list[int]:
-        """Bytes of ``mem_type`` memory each table's share of the counter takes."""
-        if not holds_memory(mem_type, self.device):
-            return [0] * self.num_tables
-        return self.table.memory_per_table()
+        """Bytes of ``mem_type`` memory each table's share of the counter takes
+        (``table_metadata_bytes`` of a counter table: one score word)."""
+        return [
+            by_memory(Footprint(device=table_metadata_bytes([c], 1, [0]), host=0), mem_type, d)
+            for c, d in ((self.table.capacity(t), self.device) for t in range(self.num_tables))
+        ]
 
     # ------------------------------------------------------- dump / load --
 

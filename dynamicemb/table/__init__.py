@@ -7,8 +7,6 @@ from dynamicemb.table.scored_hash_table import (
     InsertResult,
     ScoredHashTable,
     gather_rows,
-    holds_memory,
-    memory_bytes,
 )
 
 __all__ = [
@@ -19,6 +17,4 @@ __all__ = [
     "constants",
     "gather_rows",
     "enums",
-    "holds_memory",
-    "memory_bytes",
 ]

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 import torch
 
 from dynamicemb.table._native import constants, enums, ops
-from dynamicemb.types import MemoryType
 
 IntOrSeq = int | Sequence[int]
 
@@ -91,26 +90,6 @@ def gather_rows(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         torch.Tensor: (n, dim) of values' dtype.
     """
     return ops().gather_rows(values, rows)
-
-
-def holds_memory(mem_type: MemoryType, device: torch.device) -> bool:
-    """Whether tensors on ``device`` take ``mem_type`` memory: device memory
-    on an accelerator, host memory on the CPU.
-
-    Raises:
-        ValueError: ``mem_type`` is not a MemoryType.
-    """
-    if not isinstance(mem_type, MemoryType):
-        raise ValueError(f"mem_type must be a MemoryType, got {mem_type!r}")
-    return (mem_type == MemoryType.HOST) == (torch.device(device).type == "cpu")
-
-
-def memory_bytes(mem_type: MemoryType, device: torch.device, tensors) -> int:
-    """Bytes of ``mem_type`` memory that ``tensors``, all on ``device``, take
-    (see ``holds_memory``)."""
-    if not holds_memory(mem_type, device):
-        return 0
-    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _per_table(value: IntOrSeq, n: int, name: str) -> list:
@@ -581,12 +560,6 @@ class ScoredHashTable:
         """NO_EVICTION: the value row of each slot (-1 stays -1)."""
         r = self.scores[slots.clamp(min=0), 0]
         return torch.where(slots >= 0, r, slots)
-
-    def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
-        """Bytes of ``mem_type`` memory the table's state tensors hold (see
-        ``memory_bytes``)."""
-        state = (self.keys, self.digests, self.scores, self.info, self.counters, self.free_rows)
-        return memory_bytes(mem_type, self.device, state)
 
     def load_factor(self) -> torch.Tensor:
         caps = torch.tensor(self._capacities, dtype=torch.float64, device=self.device)

@@ -315,7 +315,7 @@ def test_metrics_report_the_admissions_and_the_counter_memory():
     assert got["dynamicemb.table.rejections"] == {"a": 4, "b": 1}
     host = m.memory_per_table(MemoryType.HOST)
     share = m.admitter.state().memory_per_table(MemoryType.HOST)
-    assert share == [256 * (8 + 1 + 8)] * 2  # its slots: key, digest, count
+    assert share == [256 * (8 + 1 + 8) + 2 * 8 * 8] * 2  # slots; info and counters rows
     plain = _module([None] * 2)
     assert [h - s for h, s in zip(host, share)] == plain.memory_per_table(MemoryType.HOST)
 
