@@ -108,7 +108,7 @@ at::Tensor embedding_pool_meta(const at::Tensor& seg0, const at::Tensor& seg1,
                                const at::Tensor& bag_offsets,
                                const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
                                const at::Tensor& dims, int64_t batch, int64_t out_width,
-                               int64_t element_type) {
+                               int64_t element_type, const c10::optional<at::Tensor>& fill) {
   return at::empty({batch, out_width}, rows.options().dtype(at::kFloat));
 }
 

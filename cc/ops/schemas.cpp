@@ -149,20 +149,22 @@ TORCH_LIBRARY(dynamicemb, m) {
   //   occurrence; bag_offsets: (F * batch + 1); weights: (n) float32 or None;
   //   cols, dims: (F) first output column and dim of each feature;
   //   element_type: the embeddings' storage::ElementType (0 float32, 1
-  //   float16, 2 bfloat16).
+  //   float16, 2 bfloat16); fill: (m, width) rows of that type, or None, of
+  //   keys stored nowhere: rows[u] = -2 - i reads fill row i.
   // Result:
   //   (batch, out_width) float32.
   m.def(
       "embedding_pool(Tensor seg0, Tensor seg1, Tensor rows, Tensor inverse, Tensor bag_offsets, "
-      "Tensor? weights, Tensor cols, Tensor dims, int batch, int out_width, int element_type) -> "
-      "Tensor");
+      "Tensor? weights, Tensor cols, Tensor dims, int batch, int out_width, int element_type, "
+      "Tensor? fill=None) -> Tensor");
 
   // embedding_pool's backward: reduces each distinct key's gradient from
   // grad_out and updates its row in place with the optimizer, in float32
   // (cc/embedding/pooling.h, optimizer.h).
   // Args:
   //   seg0, seg1: the row space, updated in place; grad_out: (batch,
-  //   out_width); rows: (U) byte offsets; occ_offsets (U + 1), occ_order (n):
+  //   out_width); rows: (U) byte offsets, a negative one (no row, or a fill
+  //   row of embedding_pool) not updated; occ_offsets (U + 1), occ_order (n):
   //   each key's occurrences; occ_bag (n): the bag of each occurrence;
   //   weights, cols, dims, element_type as embedding_pool; the optimizer's
   //   type and hyper-parameters as optimizer_step.

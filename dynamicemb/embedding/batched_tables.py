@@ -52,7 +52,7 @@ from dynamicemb.storage import (
     TableStorage,
     create_storage,
 )
-from dynamicemb.table._native import constants, ops
+from dynamicemb.table._native import ops
 from dynamicemb.types import MemoryType, MultiTableAdmitter
 
 S = DynamicEmbScoreStrategy
@@ -61,30 +61,34 @@ S = DynamicEmbScoreStrategy
 _SHARED_STORAGE_OPTIONS = ("caching", "external_storage", "evicted_item_mode", "training")
 
 
+def _fill_refs(n: int, device: torch.device) -> torch.Tensor:
+    """The rows values that read fill rows 0 .. n-1 (-2 - i: fill_row_ref of
+    cc/embedding/pooling.h)."""
+    return -2 - torch.arange(n, device=device)
+
+
 class _Lookup(torch.autograd.Function):
     """The fused lookup: pooling forward (embedding_pool), and a backward that
     reduces each distinct key's gradient and updates its row in place
     (embedding_update) -- the optimizer is fused, nothing flows further."""
 
     @staticmethod
-    def forward(ctx, placeholder, module, batch_args, extra):
+    def forward(ctx, placeholder, module, batch_args):
         ctx.module, ctx.batch_args = module, batch_args
-        out = module._pool(batch_args)
-        if extra is not None:  # initializer rows of keys stored nowhere (eval, rejected)
-            out = out + extra
-        return out
+        return module._pool(batch_args)
 
     @staticmethod
     def backward(ctx, grad_out):
         ctx.module._apply_gradients(grad_out, ctx.batch_args)
-        return (None,) * 4
+        return (None,) * 3
 
 
 @dataclass
 class _Batch:
     """One batch's lookup structure (cc/embedding/pooling.h): the row space
     and the distinct keys' rows (byte offsets into it), occurrences grouped by
-    distinct key, bags and output layout."""
+    distinct key, bags and output layout, and the fill rows of keys stored
+    nowhere (a row ``_fill_refs(..)[i]`` reads ``fill[i]``)."""
 
     space: tuple[torch.Tensor, torch.Tensor]
     rows: torch.Tensor
@@ -98,6 +102,7 @@ class _Batch:
     dims: torch.Tensor
     batch: int
     out_width: int
+    fill: torch.Tensor | None
 
 
 class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
@@ -233,9 +238,6 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if self.storage.has_cache:
             self.stats.feed(StatCol.CACHE_HITS, StatCol.CACHE_MISSES)
             self.storage.cache_observer = self._count_cache_lookups
-        # Initializer rows of the batch's keys stored nowhere (eval misses,
-        # rejected keys): (byte offsets into fill, fill), pooled on top.
-        self._fill_rows = None
         self._init_table_ids = torch.tensor(
             self.initializer_table_ids, dtype=torch.int64, device=self.device
         )
@@ -436,9 +438,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 0, su.inverse, frequency_counters.to(self.device).long()
             )
         if self.training:
-            rows = self._lookup_train(su.keys, su.table_ids, counts, su.counts)
+            rows, fill = self._lookup_train(su.keys, su.table_ids, counts, su.counts)
         else:
-            rows = self._lookup_eval(su.keys, su.table_ids)
+            rows, fill = self._lookup_eval(su.keys, su.table_ids)
         space = self.storage.space()
         weights = None if pooling_weights is None else pooling_weights.to(self.device)
         if self.pooling_mode == DynamicEmbPoolingMode.MEAN:
@@ -462,6 +464,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 self._none_dims,
                 n,
                 self.dims[0],
+                fill,
             )
         else:
             b = _Batch(
@@ -477,26 +480,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 self._feature_dims,
                 batch,
                 self._out_width,
-            )
-        extra = None
-        if self._fill_rows is not None:
-            # Keys stored nowhere (eval misses, rejected keys): their
-            # initializer's float32 rows, pooled from a buffer of their own.
-            fill_rows, fill = self._fill_rows
-            extra = ops().embedding_pool(
                 fill,
-                fill.new_empty(0),
-                fill_rows,
-                b.inverse,
-                b.bag_offsets,
-                b.weights,
-                b.cols,
-                b.dims,
-                b.batch,
-                b.out_width,
-                int(constants()["ElementType"]["FLOAT32"]),
             )
-        return _Lookup.apply(self._placeholder, self, b, extra)
+        return _Lookup.apply(self._placeholder, self, b)
 
     def _batch_input(self, indices: torch.Tensor, offsets: torch.Tensor):
         """A batch in TBE layout on the module's device, its offsets checked
@@ -543,23 +529,22 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if frequency_counters is not None:
             raise ValueError("pass either pooling_weights or frequency_counters, not both")
 
-    def _lookup_train(self, keys, tids, counts, occurrences) -> torch.Tensor:
-        """Rows of the distinct keys (-1: not stored); ``counts`` are the LFU
-        increments, ``occurrences`` how often each key occurred."""
+    def _lookup_train(self, keys, tids, counts, occurrences):
+        """(rows, fill) of the distinct keys: rows -1 where not stored, fill
+        rows for the keys admission rejects (see _Batch); ``counts`` are the
+        LFU increments, ``occurrences`` how often each key occurred."""
         self.step += 1
         if S.CUSTOMIZED in self.strategies and self._custom_score is None:
             raise RuntimeError("CUSTOMIZED score strategy: call set_score before the forward pass")
-        self._fill_rows = None
         if self.admitter is None:
-            return self._find_or_insert(keys, tids, counts)
+            return self._find_or_insert(keys, tids, counts), None
         missing, admitted = self._admit(keys, tids, occurrences)
         rejected = missing.masked_select(~admitted)
         keep = torch.ones(keys.shape, dtype=torch.bool, device=self.device)
         keep = keep.index_fill_(0, rejected, False).nonzero().squeeze(1)
         kept = [x.index_select(0, keep) for x in (keys, tids, counts)]
         rows = torch.full_like(keys, -1).index_copy_(0, keep, self._find_or_insert(*kept))
-        self._fill_rows = self._fill(rejected, keys, tids, self._rejected_initializer)
-        return rows
+        return self._with_fill(rows, rejected, keys, tids, self._rejected_initializer)
 
     def _find_or_insert(self, keys, tids, counts) -> torch.Tensor:
         """Training find-or-insert of distinct keys: their rows (-1 where an
@@ -584,30 +569,27 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         row of each key, zeros past its table's dim."""
         return self._initializers[eval_mode](keys, tids, self.dims, self._init_table_ids, self.seed)
 
-    def _lookup_eval(self, keys, tids) -> torch.Tensor:
+    def _lookup_eval(self, keys, tids):
+        """(rows, fill): keys stored nowhere read the eval initializer's rows
+        from the fill buffer."""
         rows = self.storage.eval_rows(keys, tids)
         missing = (rows < 0).nonzero().squeeze(1)
-        self._fill_rows = self._fill(missing, keys, tids, self._initializers[True])
-        return rows
+        return self._with_fill(rows, missing, keys, tids, self._initializers[True])
 
-    def _fill(self, idx, keys, tids, initializer: MultiTableInitializer):
-        """(fill_rows, fill) for the distinct keys at ``idx``, stored nowhere:
-        ``initializer``'s float32 rows in ``fill``, and the byte offset of
-        each distinct key's row in it (-1 for the others); None when ``idx``
-        is empty."""
+    def _with_fill(self, rows, idx, keys, tids, initializer: MultiTableInitializer):
+        """(rows, fill): the distinct keys at ``idx``, stored nowhere, read
+        ``initializer``'s rows (at the embedding dtype, as a stored row would
+        read them) from a fill buffer; None when there are none."""
         if idx.numel() == 0:
-            return None
+            return rows, None
         fill = initializer(
             keys.index_select(0, idx),
             tids.index_select(0, idx),
             self.dims,
             self._init_table_ids,
             self.seed,
-        )
-        row_bytes = fill.shape[1] * fill.element_size()
-        fill_rows = torch.full_like(keys, -1)
-        fill_rows.index_copy_(0, idx, torch.arange(idx.numel(), device=self.device) * row_bytes)
-        return fill_rows, fill
+        ).to(self.embedding_dtype)
+        return rows.index_copy(0, idx, _fill_refs(idx.numel(), self.device)), fill
 
     def _pool(self, b: "_Batch") -> torch.Tensor:
         return ops().embedding_pool(
@@ -622,6 +604,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             b.batch,
             b.out_width,
             self.layout.element_type,
+            b.fill,
         )
 
     # ----------------------------------------------------------- backward --
