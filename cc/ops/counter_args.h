@@ -22,15 +22,11 @@ inline void check_count_args(const at::Tensor& keys, const at::Tensor& table_ids
   check_batch(keys, table_ids, table_keys);
   TORCH_CHECK_VALUE(scores.size(1) == 1, "dynamicemb: a counter keeps one score word, got ",
                     scores.size(1));
-  TORCH_CHECK(counters.scalar_type() == at::kLong && counters.dim() == 2 &&
-                  counters.size(0) == info.size(0) && counters.size(1) == kCounterCols &&
-                  counters.is_contiguous(),
-              "dynamicemb: counters must be a contiguous int64 (", info.size(0), ", ", kCounterCols,
-              ") tensor, got ", counters.scalar_type(), " ", counters.sizes());
+  check_counter_cols(counters, info, table_keys);
   check_1d(frequencies, at::kLong, "frequencies");
   TORCH_CHECK_VALUE(frequencies.numel() == keys.numel(), "dynamicemb: ", keys.numel(), " keys but ",
                     frequencies.numel(), " frequencies");
-  check_same_device(table_keys, {&counters, &frequencies});
+  check_same_device(table_keys, {&frequencies});
   TORCH_CHECK_VALUE(total_buckets >= 1, "dynamicemb: total_buckets must be positive, got ",
                     total_buckets);
 }

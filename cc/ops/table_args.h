@@ -128,16 +128,24 @@ inline table::TableRef keys_ref(const at::Tensor& keys, const at::Tensor& info,
   return t;
 }
 
-inline void check_counters(const at::Tensor& counters, const at::Tensor& free_rows,
-                           const at::Tensor& info, const at::Tensor& table_keys) {
+/// The table's counters: (num_tables, kCounterCols) int64 on its device.
+inline void check_counter_cols(const at::Tensor& counters, const at::Tensor& info,
+                               const at::Tensor& table_keys) {
   TORCH_CHECK(counters.scalar_type() == at::kLong && counters.dim() == 2 &&
                   counters.size(0) == info.size(0) && counters.size(1) == kCounterCols &&
                   counters.is_contiguous(),
               "dynamicemb: counters must be a contiguous int64 (", info.size(0), ", ", kCounterCols,
               ") tensor, got ", counters.scalar_type(), " ", counters.sizes());
+  TORCH_CHECK(counters.device() == table_keys.device(),
+              "dynamicemb: counters must be on the table's device");
+}
+
+inline void check_counters(const at::Tensor& counters, const at::Tensor& free_rows,
+                           const at::Tensor& info, const at::Tensor& table_keys) {
+  check_counter_cols(counters, info, table_keys);
   check_1d(free_rows, at::kLong, "free_rows");
-  TORCH_CHECK(counters.device() == table_keys.device() && free_rows.device() == table_keys.device(),
-              "dynamicemb: counters and free_rows must be on the table's device");
+  TORCH_CHECK(free_rows.device() == table_keys.device(),
+              "dynamicemb: free_rows must be on the table's device");
 }
 
 /// Checks run's optional victim scores: (num_slots) float64 on the table's device.

@@ -80,7 +80,7 @@ def reference_pool(t):
     return out
 
 
-def pool(t, seg=None):
+def pool(t, seg=None, fill=None):
     seg0, seg1, rows = space(t) if seg is None else seg[:3]
     return ops().embedding_pool(
         seg0,
@@ -94,6 +94,7 @@ def pool(t, seg=None):
         t["B"],
         t["width"],
         F32 if seg is None else seg[3],
+        fill,
     )
 
 
@@ -304,21 +305,7 @@ def _seg_with_fill_refs(t):
 
 
 def _pool_with_fill(t, fill):
-    seg0, seg1, rows = _seg_with_fill_refs(t)
-    return ops().embedding_pool(
-        seg0,
-        seg1,
-        rows,
-        t["inverse"],
-        t["offsets"],
-        t["weights"],
-        t["cols"],
-        t["dims"],
-        t["B"],
-        t["width"],
-        F32,
-        fill,
-    )
+    return pool(t, (*_seg_with_fill_refs(t), F32), fill)
 
 
 @pytest.mark.parametrize("device", DEVICES)
