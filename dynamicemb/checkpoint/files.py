@@ -210,9 +210,11 @@ def make_tmp(path: str) -> str:
     return tmp
 
 
-def write_manifest(tmp: str, body: dict[str, Any]) -> None:
+def write_manifest(tmp: str, body: dict[str, Any], manifest: str = MANIFEST) -> None:
+    """Writes the manifest (``manifest``, a checkpoint's by default) into
+    ``tmp`` and fsyncs it and the folder: the last write before publishing."""
     body = dict(body, created_unix_ns=time.time_ns())
-    name = os.path.join(tmp, MANIFEST)
+    name = os.path.join(tmp, manifest)
     with open(name, "wb") as f:
         f.write(encode_manifest(body))
         f.flush()

@@ -43,6 +43,8 @@ from dynamicemb.embedding.score_function import VictimScorer, table_score_column
 from dynamicemb.embedding.unique import segmented_unique
 from dynamicemb.table import ScoredHashTable, enums
 from dynamicemb.table._native import ops
+from dynamicemb.table.scored_hash_table import INT64_MIN, InsertResult
+from dynamicemb.types import EvictedItemMode
 
 S = DynamicEmbScoreStrategy
 
@@ -65,9 +67,10 @@ def _out_of_memory(e: BaseException) -> bool:
     )
 
 
-def _policies(strategies, step: int, custom: int | None, counts: torch.Tensor):
+def _policies(strategies, step: int, custom: torch.Tensor | None, counts: torch.Tensor):
     """Score policies and values of a batch, in the table's internal column
-    order: (LFU count, timestamp) for the compound strategy."""
+    order: (LFU count, timestamp) for the compound strategy. ``custom``:
+    CUSTOMIZED, (n, 1) the score of each key."""
     P = enums.ScorePolicy
     if len(strategies) == 2:  # (TIMESTAMP, LFU) in either order
         vals = torch.stack([counts, torch.zeros_like(counts)], dim=1)
@@ -132,12 +135,19 @@ class ExportedRows:
         embeddings (torch.Tensor): (n, dim) at the table's value dtype.
         optimizer_state (torch.Tensor, optional): (n, state_dim); None when
             the rows carry no optimizer state.
+        slots (torch.Tensor, optional): (n) int64, the slot of each key in
+            its table (0 .. capacity - 1), the place a replay writes it to.
+        words (torch.Tensor, optional): (n, num_scores) int64, the table's
+            score words in its internal order (under NO_EVICTION word 0 is
+            the key's row in the table's rows).
     """
 
     keys: torch.Tensor
     scores: torch.Tensor | None
     embeddings: torch.Tensor
     optimizer_state: torch.Tensor | None
+    slots: torch.Tensor | None = None
+    words: torch.Tensor | None = None
 
 
 class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
@@ -279,7 +289,18 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 f"{self.initializer_table_ids}"
             )
         self.step = 0
-        self._custom_score: int | None = None
+        # CUSTOMIZED: the score each table's keys get in the next forward passes.
+        self._custom_scores: list[int | None] = [None] * n
+        self._custom_score_t = torch.zeros(n, dtype=torch.int64, device=self.device)
+        # Replication (dynamicemb.replication): the sequence number of the
+        # last delta each table's contents reflect (dumped or replayed), and
+        # the keys evicted with evicted_item_mode=RETAIN_KEY, kept as the
+        # table reported them (keys, table ids, count) until popped.
+        self.delta_sequence: list[int | None] = [0] * n
+        self.retain_evicted = any(
+            o.evicted_item_mode == EvictedItemMode.RETAIN_KEY for o in self.table_options
+        )
+        self._evicted: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
         self.insert_failures = torch.zeros((), dtype=torch.int64, device=self.device)
         self._eval_rows = None
         self._init_table_ids = torch.tensor(
@@ -401,18 +422,33 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         fresh[new_slots[kept]] = self.values[old_slots[kept]]
         self.values = fresh
 
-    def set_score(self, score: int) -> None:
-        """CUSTOMIZED: the score of the next forward passes."""
-        if (
-            self._custom_score is not None
-            and score < self._custom_score
-            and os.environ.get("DYNAMICEMB_CSTM_SCORE_CHECK", "1") != "0"
-        ):
-            warnings.warn(
-                f"set_score: new score {score} is less than the previous {self._custom_score}",
-                stacklevel=2,
-            )
-        self._custom_score = int(score)
+    def set_score(self, score: int, tables: Sequence[int] | None = None) -> None:
+        """CUSTOMIZED: the score the keys of ``tables`` (None: all) get in the
+        next forward passes. Warns when it is below a table's previous score
+        (unless ``DYNAMICEMB_CSTM_SCORE_CHECK=0``)."""
+        tables = range(len(self._custom_scores)) if tables is None else tables
+        for t in tables:
+            old = self._custom_scores[t]
+            if (
+                old is not None
+                and score < old
+                and os.environ.get("DYNAMICEMB_CSTM_SCORE_CHECK", "1") != "0"
+            ):
+                warnings.warn(
+                    f"set_score: new score {score} of table {t} is less than the previous {old}",
+                    stacklevel=2,
+                )
+            self._custom_scores[t] = int(score)
+            # On the device with a fill: a host copy would synchronize.
+            self._custom_score_t[t].fill_(int(score))
+
+    def get_custom_score(self, table: int) -> int | None:
+        """CUSTOMIZED: the score set for ``table`` (None: never set)."""
+        return self._custom_scores[table]
+
+    def _custom_values(self, tids: torch.Tensor) -> torch.Tensor:
+        """(n, 1) the CUSTOMIZED score of each key's table."""
+        return self._custom_score_t[tids].reshape(-1, 1)
 
     # ------------------------------------------------------------ forward --
 
@@ -525,8 +561,12 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
 
     def _lookup_train(self, keys, tids, counts) -> torch.Tensor:
         self.step += 1
-        if S.CUSTOMIZED in self.strategies and self._custom_score is None:
-            raise RuntimeError("CUSTOMIZED score strategy: call set_score before the forward pass")
+        if S.CUSTOMIZED in self.strategies and None in self._custom_scores:
+            unset = [t for t, c in enumerate(self._custom_scores) if c is None]
+            raise RuntimeError(
+                f"CUSTOMIZED score strategy: call set_score before the forward pass (tables "
+                f"{unset} have no score)"
+            )
         if self.no_eviction:
             slots, status = self._insert_no_eviction(keys, tids)
         else:
@@ -557,13 +597,16 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             moved = self.table.reserve(incoming)
             if moved is not None:
                 self._move_values(*moved)
-        policies, vals = _policies(self.strategies, self.step, self._custom_score, counts)
+        custom = self._custom_values(tids) if S.CUSTOMIZED in self.strategies else None
+        policies, vals = _policies(self.strategies, self.step, custom, counts)
         victim = (
             None if self._victim_scorer is None else self._victim_scorer(self.table, keys, tids)
         )
         res = self.table.insert_and_evict(
             keys, tids, policies=policies, scores=vals, victim_scores=victim
         )
+        if self.retain_evicted:
+            self._retain(res.evicted)
         return res.slots, res.status
 
     def _group_tables(self, eval_mode: bool):
@@ -655,14 +698,23 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             return None
         return table_score_columns(self.strategies)
 
-    def export_rows(self, table: int, chunk: int) -> "Iterator[ExportedRows]":
+    def export_rows(
+        self, table: int, chunk: int, threshold: int | None = None
+    ) -> "Iterator[ExportedRows]":
         """The stored keys of ``table`` and their rows, ``chunk`` slots at a
-        time, in slot order. Reads each chunk's count (synchronizes)."""
+        time, in slot order. Reads each chunk's count (synchronizes).
+
+        Args:
+            threshold (int, optional): only keys whose ``delta_score_column``
+                word is at least this (an incremental dump); None: all keys.
+        """
         lo, hi = self.table.slot_range(table)
         cols = self.checkpoint_score_columns()
         dim, sd = self.dims[table], self.state_dim(table)
+        col = 0 if threshold is None else self.delta_score_column()
+        floor = INT64_MIN if threshold is None else int(threshold)
         for begin in range(lo, hi, chunk):
-            ex = self.table.export_batch(begin, min(begin + chunk, hi)).compact()
+            ex = self.table.export_batch(begin, min(begin + chunk, hi), col, floor).compact()
             rows = self._rows_of(ex.slots, ex.table_ids)  # all valid: the keys are stored
             yield ExportedRows(
                 keys=ex.keys,
@@ -671,6 +723,8 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 optimizer_state=(
                     self.values[:, dim : dim + sd].index_select(0, rows) if sd else None
                 ),
+                slots=ex.slots - lo,
+                words=ex.scores,
             )
 
     def clear_tables(self, tables: Sequence[int]) -> None:
@@ -748,6 +802,250 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             self.values[:, dim : dim + sd].index_copy_(0, r, state)
         return stored
 
+    # -------------------------------------------------------- replication --
+    # Row access for replication (dynamicemb.replication): incremental dumps
+    # read ``export_rows`` with a threshold, replays write through
+    # ``place_rows`` (at the source's slots) or ``upsert_rows`` (by key, in
+    # this module's own layout), removals go through ``erase_rows``. Score
+    # words are passed in the table's internal column order here (the
+    # replication code maps the user's order with ``checkpoint_score_columns``).
+
+    def layout(self, table: int) -> dict[str, Any]:
+        """What decides where ``table``'s keys sit: ``current_capacity``
+        (key-map slots, the modulus of the home bucket), ``row_capacity``
+        (value rows per storage tier: one tier here, the slots, or the rows
+        under NO_EVICTION), ``bucket_capacity`` and ``num_scores``."""
+        rows = self.table.row_capacity(table) if self.no_eviction else self.table.capacity(table)
+        return {
+            "current_capacity": self.table.capacity(table),
+            "row_capacity": (rows,),
+            "bucket_capacity": self.table.bucket_capacity(table),
+            "num_scores": self.table.num_scores,
+        }
+
+    def delta_score_column(self) -> int:
+        """The internal score word an incremental dump thresholds: the
+        timestamp under a strategy with one, else word 0 (a STEP, CUSTOMIZED
+        or LFU score; the row under NO_EVICTION)."""
+        if S.TIMESTAMP in self.strategies:
+            return table_score_columns(self.strategies)[self.strategies.index(S.TIMESTAMP)]
+        return 0
+
+    def current_score(self, table: int) -> int:
+        """The score ``table``'s keys get in the next forward pass, the
+        reference point of the next incremental dump: the clock under
+        TIMESTAMP (one reading; synchronizes), the next step under STEP, the
+        score set by ``set_score`` under CUSTOMIZED (0 before any), 0 under
+        LFU (a frequency has no clock), the next fresh row under NO_EVICTION."""
+        if S.TIMESTAMP in self.strategies:
+            return int(self.table.timer().item())
+        s = self.strategies[0]
+        if s == S.STEP:
+            return self.step + 1
+        if s == S.CUSTOMIZED:
+            return self._custom_scores[table] or 0
+        if s == S.NO_EVICTION:
+            return int(self.table.counters[table, enums.CounterCol.NEXT_ROW])
+        return 0
+
+    def fresh_scores(self, table: int, n: int) -> torch.Tensor:
+        """(n, num_scores) internal score words the next forward pass would
+        give new keys of ``table``: the clock, the next step, the CUSTOMIZED
+        score, one occurrence for LFU."""
+        out = torch.zeros(n, self.table.num_scores, dtype=torch.int64, device=self.device)
+        for user_col, word in enumerate(table_score_columns(self.strategies)):
+            s = self.strategies[user_col]
+            if s == S.TIMESTAMP:
+                out[:, word] = self.table.timer()
+            elif s == S.LFU:
+                out[:, word] = 1
+            else:
+                out[:, word] = self.current_score(table)
+        return out
+
+    def _write_rows(
+        self,
+        table: int,
+        rows: torch.Tensor,
+        status: torch.Tensor,
+        embeddings: torch.Tensor,
+        optimizer_state: torch.Tensor | None,
+    ) -> None:
+        """Embeddings (and optimizer state) of placed or upserted keys;
+        without ``optimizer_state``, a key that kept its row (FOUND) keeps its
+        state and a row taken over or new gets the initial state."""
+        ok = rows >= 0
+        every = bool(ok.all())
+        r = rows if every else rows[ok]
+        dim, sd = self.dims[table], self.state_dim(table)
+        emb = embeddings.to(self.device, self.values.dtype)
+        self.values[:, :dim].index_copy_(0, r, emb if every else emb[ok])
+        if not sd:
+            return
+        if optimizer_state is not None:
+            state = optimizer_state.to(self.device, self.values.dtype)
+            self.values[:, dim : dim + sd].index_copy_(0, r, state if every else state[ok])
+            return
+        fresh = ok & (status != enums.InsertStatus.FOUND)
+        if bool(fresh.any()):
+            fr = rows[fresh]
+            state = torch.empty(fr.numel(), sd, device=self.device, dtype=self.values.dtype)
+            self.optimizer.init_state(state)
+            self.values[:, dim : dim + sd].index_copy_(0, fr, state)
+
+    def place_rows(
+        self,
+        table: int,
+        keys: torch.Tensor,
+        slots: torch.Tensor,
+        scores: torch.Tensor,
+        embeddings: torch.Tensor,
+        optimizer_state: torch.Tensor | None,
+    ):
+        """Writes keys with their rows at given slots of ``table`` (a replay
+        from a table of the same layout). The key that held a slot before is
+        displaced (``evicted`` of the result).
+
+        Args:
+            keys (torch.Tensor): (n) int64.
+            slots (torch.Tensor): (n) int64 slots in the table (0 ..
+                capacity - 1), each in its key's home bucket.
+            scores (torch.Tensor): (n, num_scores) internal score words (under
+                NO_EVICTION word 0 is the key's row in the table's rows).
+            embeddings (torch.Tensor): (n, dim).
+            optimizer_state (torch.Tensor, optional): (n, state_dim(table));
+                None: see ``_write_rows``.
+
+        Returns:
+            InsertResult: the table's result (slots are the fused table's).
+
+        Raises:
+            ValueError: a slot outside its key's home bucket (nothing changes).
+        """
+        keys = keys.to(self.device)
+        tids = torch.full_like(keys, table)
+        lo, _ = self.table.slot_range(table)
+        assign = [enums.ScorePolicy.ASSIGN] * self.table.num_scores
+        res = self.table.place(
+            keys,
+            slots.to(self.device) + lo,
+            tids,
+            policies=assign,
+            scores=scores.to(self.device),
+            assign_rows=self.no_eviction,
+        )
+        self._write_rows(
+            table, self._rows_of(res.slots, tids), res.status, embeddings, optimizer_state
+        )
+        return res
+
+    def check_place_rows(self, table: int, keys: torch.Tensor, slots: torch.Tensor) -> None:
+        """Raises what ``place_rows`` would for these keys and slots (ValueError
+        naming the first bad key or slot), changing nothing."""
+        lo, _ = self.table.slot_range(table)
+        keys = keys.to(self.device)
+        self.table.check_place(keys, slots.to(self.device) + lo, torch.full_like(keys, table))
+
+    def upsert_rows(
+        self,
+        table: int,
+        keys: torch.Tensor,
+        scores: torch.Tensor | None,
+        embeddings: torch.Tensor,
+        optimizer_state: torch.Tensor | None,
+    ):
+        """Writes keys with their rows into ``table`` by this module's own
+        layout: a key held is updated in place, a new one is inserted (growing
+        a table that can grow, evicting the minimum of a full bucket as a
+        training insert would).
+
+        Args:
+            scores (torch.Tensor, optional): (n, num_scores) internal score
+                words (None under NO_EVICTION).
+
+        Returns:
+            InsertResult: the table's result (FAILED: not stored; ``evicted``:
+            keys pushed out).
+        """
+        keys = keys.to(self.device)
+        tids = torch.full_like(keys, table)
+        self.reserve_rows(table, keys.numel())
+        if self.no_eviction:
+            slots, status = self._insert_no_eviction(keys, tids)
+            res = InsertResult(slots, status, None)
+        else:
+            assign = [enums.ScorePolicy.ASSIGN] * self.table.num_scores
+            victim = (
+                None if self._victim_scorer is None else self._victim_scorer(self.table, keys, tids)
+            )
+            res = self.table.insert_and_evict(
+                keys, tids, policies=assign, scores=scores.to(self.device), victim_scores=victim
+            )
+            if self.retain_evicted:
+                self._retain(res.evicted)
+        self._write_rows(
+            table, self._rows_of(res.slots, tids), res.status, embeddings, optimizer_state
+        )
+        return res
+
+    def erase_rows(self, table: int, keys: torch.Tensor, record: bool = False) -> torch.Tensor:
+        """Removes keys from ``table``; with ``record`` the keys removed are
+        kept for ``pop_erased``. Returns the (n) bool mask of keys that were
+        held."""
+        keys = keys.to(self.device)
+        if not keys.numel():
+            return torch.zeros(0, dtype=torch.bool, device=self.device)
+        return self.table.erase(keys, torch.full_like(keys, table), record=record)
+
+    def holds(self, table: int, keys: torch.Tensor) -> torch.Tensor:
+        """(n) bool: which keys ``table`` holds (scores untouched)."""
+        keys = keys.to(self.device)
+        return self.table.find(keys, torch.full_like(keys, table)) >= 0
+
+    # Evictions kept uncompacted before they are compacted (one sync).
+    _EVICTED_PENDING = 64
+
+    def _retain(self, evicted) -> None:
+        """RETAIN_KEY: keeps the keys an insert evicted (their count is read
+        only when ``_EVICTED_PENDING`` records are waiting)."""
+        self._evicted.append((evicted.keys, evicted.table_ids, evicted.count))
+        if len(self._evicted) > self._EVICTED_PENDING:
+            self._evicted = [self._compact_evicted()]
+
+    def _compact_evicted(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        keys, tids = [], []
+        for k, t, c in self._evicted:
+            n = int(c.reshape(-1)[0]) if c is not None else k.numel()
+            keys.append(k[:n])
+            tids.append(t[:n])
+        if not keys:
+            empty = torch.empty(0, dtype=torch.int64, device=self.device)
+            return empty, empty, None
+        return torch.cat(keys), torch.cat(tids), None
+
+    def pop_evicted(self, tables: Sequence[int] | None = None) -> list[torch.Tensor | None]:
+        """The keys evicted since the last call, per table, each once (None
+        for a table whose ``evicted_item_mode`` is DISCARD); clears them.
+        With ``tables``, only those are popped (the others keep theirs and
+        read None here)."""
+        chosen = set(range(len(self.table_options)) if tables is None else tables)
+        keys, tids, _ = self._compact_evicted()
+        popped = torch.tensor(sorted(chosen), dtype=torch.int64, device=self.device)
+        kept = ~torch.isin(tids, popped)
+        self._evicted = [(keys[kept], tids[kept], None)] if bool(kept.any()) else []
+        out: list[torch.Tensor | None] = []
+        for t, o in enumerate(self.table_options):
+            if t not in chosen or o.evicted_item_mode != EvictedItemMode.RETAIN_KEY:
+                out.append(None)
+            else:
+                out.append(torch.unique(keys[tids == t]))
+        return out
+
+    def pop_erased(self, tables: Sequence[int] | None = None) -> list[torch.Tensor]:
+        """The keys removed by ``erase_rows(record=True)`` since the last
+        call, per table, each once; clears them (only ``tables``, if given)."""
+        return [torch.unique(k) for k in self.table.pop_erased_keys(tables)]
+
     def checkpoint_snapshot(self) -> dict[str, Any]:
         """A copy of everything a load may change, for ``restore_snapshot``.
 
@@ -764,6 +1062,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             "max_caps": list(self.table._max_caps),
             "values": self.values.to("cpu", copy=True) if holds_keys else self.values,
             "step": self.step,
+            "delta_sequence": list(self.delta_sequence),
             "row_bases": (
                 (list(self._row_base_host), self._row_base.clone()) if self.no_eviction else None
             ),
@@ -775,5 +1074,6 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.table._max_caps = snapshot["max_caps"]
         self.values = snapshot["values"].to(self.device)
         self.step = snapshot["step"]
+        self.delta_sequence = list(snapshot["delta_sequence"])
         if snapshot["row_bases"] is not None:
             self._row_base_host, self._row_base = snapshot["row_bases"]
