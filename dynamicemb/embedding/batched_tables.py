@@ -108,7 +108,7 @@ class _Lookup(torch.autograd.Function):
 
 @dataclass
 class _Batch:
-    """One batch's lookup structure (cc/embedding/lookup.h): distinct keys'
+    """One batch's lookup structure (cc/embedding/pooling.h): distinct keys'
     rows, occurrences grouped by distinct key, bags and output layout."""
 
     rows: torch.Tensor

@@ -11,7 +11,7 @@ for every slot of the home buckets of the batch's keys, ``scores`` being the
 slot's two words in the user's tuple order and ``cur_timestamp`` one reading
 of the clock the TIMESTAMP words come from. The table then evicts, from a
 full bucket, the untouched slot with the lowest value (NaN lowest of all);
-see cc/table/table_common.h, "Scores". Only the untouched slots of a full
+see cc/table/scores.h. Only the untouched slots of a full
 bucket are ever compared, and the batch changes none of them before it does,
 so values evaluated before the call are those of eviction time.
 
