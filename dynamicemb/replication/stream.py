@@ -367,6 +367,9 @@ class DeltaFollower:
     """
 
     MODES = ("auto", "slot", "key")
+    # Consecutive polls that may fail to read a delta or checkpoint (one being
+    # replaced or pruned meanwhile) before the error is raised.
+    MAX_MISSES = 3
 
     def __init__(
         self,
@@ -385,6 +388,7 @@ class DeltaFollower:
         self.group = Group(pg)
         self.loaded_checkpoint = False
         self.stats: dict[str, dict[str, ReplayStats]] = {}
+        self._misses = 0
 
     @property
     def sequence(self) -> int | None:
@@ -400,15 +404,25 @@ class DeltaFollower:
         return None if manifest is None else (folder, manifest)
 
     def load_checkpoint(self) -> bool:
-        """Loads ``<folder>/checkpoint`` if there is one; returns whether."""
+        """Loads ``<folder>/checkpoint`` if there is one (with its optimizer
+        state when it has some and the replica's tables keep state); returns
+        whether."""
         from dynamicemb.checkpoint import load
 
-        there = self.group.broadcast_object(self._checkpoint() is not None)
+        found = self._checkpoint()
+        optim = found is not None and bool(found[1].get("optim"))
+        there, optim = self.group.broadcast_object((found is not None, optim))
         if not there:
             return False
+        optim = optim and all(
+            ref.module.training_state
+            for refs in model_tables(self.model).values()
+            for ref in refs.values()
+        )
         load(
             os.path.join(self.folder, CHECKPOINT_DIR),
             self.model,
+            optim=optim,
             pg=self.group.pg,
             show_progress=False,
         )
@@ -465,10 +479,19 @@ class DeltaFollower:
         plan = self.group.broadcast_object(plan)
         applied = []
         for item in plan:
-            if item == "checkpoint":
-                self.load_checkpoint()
-                continue
-            seq, deltas = read_delta(delta_path(self.folder, item))
+            try:
+                if item == "checkpoint":
+                    self.load_checkpoint()
+                    continue
+                seq, deltas = read_delta(delta_path(self.folder, item))
+            except CheckpointError:
+                # Replaced or pruned while being read (a newer checkpoint was
+                # published): the next poll starts from what is there then.
+                self._misses += 1
+                if self._misses > self.MAX_MISSES:
+                    raise
+                break
+            self._misses = 0
             replay = replay_by_key if self._by_key(deltas) else replay_increment
             self.stats = replay(self.model, deltas, self.content)
             applied.append(seq)
