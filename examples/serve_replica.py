@@ -12,8 +12,9 @@ Three commands:
           deltas as they appear (DeltaFollower, in a thread) while it answers
           lookups (eval forward): lines "<table> <key> <key> ..." on stdin get
           the rows back, and --probe prints a lookup summary every second.
-          With --until it stops once it reflects that delta and, when the
-          job's final checkpoint is there, compares its rows with it.
+          With --until it stops once it reflects that delta; with --compare
+          it then waits for the job's final checkpoint and compares every
+          row with it.
   demo    train and serve side by side: the job in the background, the
           replica following it, and the comparison at the end.
 
@@ -44,12 +45,13 @@ ROWS_PER_RANK = 4096  # of the job's tables: far fewer than the ids they see
 FOLLOWER_ROWS = 65_536  # of the replica's tables: room for all the job holds
 
 
-def _quiet() -> None:
-    import warnings
+class Model(torch.nn.Module):
+    def __init__(self, ec) -> None:
+        super().__init__()
+        self.ec = ec
 
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-    warnings.filterwarnings("ignore", message=".*is_fx_tracing.*")
+    def forward(self, kjt):
+        return self.ec(kjt)
 
 
 def build(world: int, device: torch.device, rows: int, training: bool):
@@ -104,8 +106,7 @@ def build(world: int, device: torch.device, rows: int, training: bool):
         batch_size=256,
         debug=False,
     )
-    model = torch.nn.Module()
-    model.ec = collection
+    model = Model(collection)
     plan = planner.collective_plan(model, [sharder], dist.group.WORLD)
     return DistributedModelParallel(
         model,
@@ -149,7 +150,7 @@ def lookup(model, table: str, keys: torch.Tensor, device: torch.device) -> torch
 
 
 def _train_rank(rank: int, world: int, port: int, args) -> None:
-    _quiet()
+    dist_launch.quiet()
     dist_launch.init_process_group(rank, world, port, args.device, 1)
     try:
         from dynamicemb.checkpoint import dump
@@ -218,7 +219,7 @@ def _compare_with_final(model, folder: str, device: torch.device) -> int:
 
 
 def serve(args) -> int:
-    _quiet()
+    dist_launch.quiet()
     dist_launch.init_process_group(0, 1, dist_launch.free_port(), args.device, args.threads)
     try:
         from dynamicemb.replication import DeltaFollower
@@ -289,7 +290,15 @@ def serve(args) -> int:
             f"{list_deltas(args.folder)[-3:]}",
             flush=True,
         )
-        if args.until and os.path.isdir(os.path.join(args.folder, "final")):
+        if args.compare:
+            from dynamicemb.checkpoint.layout import MANIFEST
+
+            final = os.path.join(args.folder, "final", MANIFEST)
+            while not os.path.isfile(final):
+                if time.monotonic() > deadline:
+                    print("serve: the job's final checkpoint did not appear", file=sys.stderr)
+                    return 1
+                time.sleep(0.2)
             return _compare_with_final(model, args.folder, device)
         return 0
     finally:
@@ -309,7 +318,14 @@ def demo(args) -> int:
     )
     rc = serve(
         argparse.Namespace(
-            **{**vars(args), "folder": folder, "until": last, "probe": False, "poll": 0.1}
+            **{
+                **vars(args),
+                "folder": folder,
+                "until": last,
+                "probe": False,
+                "poll": 0.1,
+                "compare": True,
+            }
         )
     )
     return rc or job.wait()
@@ -340,6 +356,11 @@ def main(argv=None) -> int:
         p = cmds[name]
         p.add_argument("--probe", action="store_true", help="print a lookup every second")
         p.add_argument("--until", type=int, default=0, help="stop after this delta")
+        p.add_argument(
+            "--compare",
+            action="store_true",
+            help="then wait for the job's final checkpoint and compare every row with it",
+        )
         p.add_argument("--poll", type=float, default=0.2, help="seconds between folder polls")
     args = ap.parse_args(argv)
     if args.command in ("train", "demo"):

@@ -419,13 +419,22 @@ class DeltaFollower:
             for refs in model_tables(self.model).values()
             for ref in refs.values()
         )
-        load(
-            os.path.join(self.folder, CHECKPOINT_DIR),
-            self.model,
-            optim=optim,
-            pg=self.group.pg,
-            show_progress=False,
-        )
+        for attempt in range(self.MAX_MISSES + 1):
+            try:
+                load(
+                    os.path.join(self.folder, CHECKPOINT_DIR),
+                    self.model,
+                    optim=optim,
+                    pg=self.group.pg,
+                    show_progress=False,
+                )
+                break
+            except CheckpointError:
+                # Replaced while being read (a load that fails changes
+                # nothing): read the newer one.
+                if attempt == self.MAX_MISSES:
+                    raise
+                time.sleep(0.1)
         self.loaded_checkpoint = True
         return True
 
