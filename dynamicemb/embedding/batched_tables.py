@@ -901,6 +901,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         scores: torch.Tensor,
         embeddings: torch.Tensor,
         optimizer_state: torch.Tensor | None,
+        checked: bool = False,
     ):
         """Writes keys with their rows at given slots of ``table`` (a replay
         from a table of the same layout). The key that held a slot before is
@@ -915,6 +916,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             embeddings (torch.Tensor): (n, dim).
             optimizer_state (torch.Tensor, optional): (n, state_dim(table));
                 None: see ``_write_rows``.
+            checked (bool): ``check_place_rows`` passed for these already.
 
         Returns:
             InsertResult: the table's result (slots are the fused table's).
@@ -933,6 +935,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             policies=assign,
             scores=scores.to(self.device),
             assign_rows=self.no_eviction,
+            checked=checked,
         )
         self._write_rows(
             table, self._rows_of(res.slots, tids), res.status, embeddings, optimizer_state

@@ -18,6 +18,10 @@ from dynamicemb.types import EvictedItemMode
 __all__ = ["erase_keys", "incremental_dump", "pop_erased_keys", "pop_evicted_keys"]
 
 
+# Slots an incremental dump scans per chunk, at least.
+DUMP_SCAN_SLOTS = 1 << 21
+
+
 def _gather_keys(keys: torch.Tensor, group: Group | None) -> torch.Tensor:
     """The union over the group of 1-D key tensors (host), each key once."""
     if group is None or not group.distributed:
@@ -32,7 +36,10 @@ def _local_entry(ref: TableRef, threshold: int) -> dict[str, Any]:
     current = m.current_score(t)
     sd = m.state_dim(t)
     row_bytes = 8 * (2 + m.table.num_scores) + (m.dims[t] + sd) * m.value_dtype.itemsize
-    parts = list(m.export_rows(t, chunk_rows(row_bytes), threshold=threshold))
+    # Chunks bound the rows gathered at once; a threshold selects few of a
+    # chunk's slots, so it scans larger ones (one count read per chunk).
+    chunk = max(chunk_rows(row_bytes), DUMP_SCAN_SLOTS)
+    parts = list(m.export_rows(t, chunk, threshold=threshold))
     keys = torch.cat([p.keys for p in parts]).cpu()
     words = torch.cat([p.words for p in parts])
     evicted = m.pop_evicted([t])[t]

@@ -278,7 +278,8 @@ def _apply(job: _Job, content: ReplayContent, by_key: bool) -> ReplayStats:
             stats.displaced = int(failed.sum()) + evicted
             stats.upserted = int((~failed).sum())
         else:
-            m.place_rows(t, k, entry["meta"]["slot_index"][mine], scores, values, state)
+            slots = entry["meta"]["slot_index"][mine]
+            m.place_rows(t, k, slots, scores, values, state, checked=True)
             stats.upserted = k.numel()
     m.delta_sequence[t] = job.sequence
     return stats

@@ -493,6 +493,7 @@ class ScoredHashTable:
         policies: Sequence[int] | None = None,
         scores: int | Sequence[int] | torch.Tensor | None = None,
         assign_rows: bool = False,
+        checked: bool = False,
     ) -> InsertResult:
         """Writes each key at a given slot of its home bucket (replay of a
         table of the same layout); see "Place" in cc/table/operations.h.
@@ -506,13 +507,19 @@ class ScoredHashTable:
 
         Args:
             slots (torch.Tensor): (n) int64, the slot of each key.
+            checked (bool): the batch passed ``check_place`` already (the
+                CPU kernel still refuses a slot outside its key's bucket).
 
         Raises:
             ValueError: a slot outside its key's home bucket (checked before
                 anything changes; see ``home_starts``), keys and slots of
                 different lengths, or repeated keys or slots.
         """
-        keys, table_ids, slots = self.check_place(keys, slots, table_ids)
+        if checked:
+            keys, table_ids = self._batch(keys, table_ids)
+            slots = slots.to(self.device).contiguous()
+        else:
+            keys, table_ids, slots = self.check_place(keys, slots, table_ids)
         res = self._run(
             enums.RunOp.PLACE,
             keys,
@@ -555,10 +562,14 @@ class ScoredHashTable:
                     f"in its home bucket, slots {int(starts[i])}..{int(starts[i] + widths[i]) - 1}"
                     f" of table {int(table_ids[i])}"
                 )
-            pairs = torch.stack([keys, table_ids], dim=1)
-            if torch.unique(pairs, dim=0).shape[0] != keys.numel():
+            # Sorted by (key, table): a repeated pair is a repeated neighbour.
+            order = torch.argsort(table_ids, stable=True)
+            order = order[torch.argsort(keys[order], stable=True)]
+            k, t = keys[order], table_ids[order]
+            if bool(((k[1:] == k[:-1]) & (t[1:] == t[:-1])).any()):
                 raise ValueError("dynamicemb: place got a key twice")
-            if torch.unique(slots).numel() != slots.numel():
+            s = torch.sort(slots).values
+            if bool((s[1:] == s[:-1]).any()):
                 raise ValueError("dynamicemb: place got a slot twice")
         return keys, table_ids, slots
 
