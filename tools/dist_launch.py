@@ -62,6 +62,16 @@ def init_process_group(rank: int, world_size: int, port: int, device: str, threa
         )
 
 
+def run_alone(fn, args) -> None:
+    """Runs ``fn(args)`` as the one rank of a world of one: NCCL on GPU 0 for
+    ``args.device`` cuda, else gloo with ``args.threads`` torch threads."""
+    init_process_group(0, 1, free_port(), args.device, args.threads)
+    try:
+        fn(args)
+    finally:
+        dist.destroy_process_group()
+
+
 def quiet() -> None:
     """Silences notices that would bury a script's own output: TorchRec's KJT
     validator (raw ids are outside [0, num_embeddings) by design), the

@@ -135,14 +135,17 @@ def _siblings(path: str, tag: str) -> list[str]:
     return [os.path.join(parent, n) for n in sorted(os.listdir(parent)) if n.startswith(base + tag)]
 
 
-def read_manifest(folder: str) -> dict[str, Any]:
-    where = os.path.join(folder, MANIFEST)
+def read_manifest(folder: str, manifest: str = MANIFEST, **fmt) -> dict[str, Any]:
+    """The checked body of ``folder``'s manifest (a checkpoint's, unless
+    ``manifest`` and ``fmt``, ``decode_manifest``'s format and version, say
+    otherwise)."""
+    where = os.path.join(folder, manifest)
     try:
         with open(where, "rb") as f:
             data = f.read()
     except FileNotFoundError:
         raise CheckpointError(f"{where} does not exist") from None
-    return decode_manifest(data, where)
+    return decode_manifest(data, where, **fmt)
 
 
 def _complete(folder: str) -> dict[str, Any] | None:

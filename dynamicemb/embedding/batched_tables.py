@@ -786,21 +786,8 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             res = self.table.insert(keys, tids, policies=assign, scores=internal.to(self.device))
             slots = res.slots
         rows = self._rows_of(slots, tids)
-        stored = rows >= 0
-        every = bool(stored.all())
-        r = rows if every else rows[stored]
-        dim, sd = self.dims[table], self.state_dim(table)
-        emb = embeddings.to(self.device, self.values.dtype)
-        self.values[:, :dim].index_copy_(0, r, emb if every else emb[stored])
-        if sd:
-            if optimizer_state is None:
-                state = torch.empty(r.numel(), sd, device=self.device, dtype=self.values.dtype)
-                self.optimizer.init_state(state)
-            else:
-                state = optimizer_state.to(self.device, self.values.dtype)
-                state = state if every else state[stored]
-            self.values[:, dim : dim + sd].index_copy_(0, r, state)
-        return stored
+        self._write_rows(table, rows, None, embeddings, optimizer_state)
+        return rows >= 0
 
     # -------------------------------------------------------- replication --
     # Row access for replication (dynamicemb.replication): incremental dumps
@@ -867,13 +854,14 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self,
         table: int,
         rows: torch.Tensor,
-        status: torch.Tensor,
+        status: torch.Tensor | None,
         embeddings: torch.Tensor,
         optimizer_state: torch.Tensor | None,
     ) -> None:
-        """Embeddings (and optimizer state) of placed or upserted keys;
-        without ``optimizer_state``, a key that kept its row (FOUND) keeps its
-        state and a row taken over or new gets the initial state."""
+        """Embeddings (and optimizer state) of the keys stored at ``rows``
+        (-1: not stored). Without ``optimizer_state`` a row gets the
+        optimizer's initial state, except a key that kept its row (status
+        FOUND; ``status`` None: every row is new)."""
         ok = rows >= 0
         every = bool(ok.all())
         r = rows if every else rows[ok]
@@ -886,7 +874,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             state = optimizer_state.to(self.device, self.values.dtype)
             self.values[:, dim : dim + sd].index_copy_(0, r, state if every else state[ok])
             return
-        fresh = ok & (status != enums.InsertStatus.FOUND)
+        fresh = ok if status is None else ok & (status != enums.InsertStatus.FOUND)
         if bool(fresh.any()):
             fr = rows[fresh]
             state = torch.empty(fr.numel(), sd, device=self.device, dtype=self.values.dtype)

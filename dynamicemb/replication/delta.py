@@ -21,12 +21,27 @@ from typing import Any
 
 import torch
 
+from dynamicemb.checkpoint.layout import dtype_name
+
 __all__ = [
+    "TENSOR_COLUMNS",
     "DeltaDumpResult",
     "DeltaError",
     "delta_checksum",
     "meta_description",
+    "options_description",
 ]
+
+
+# The per-table tensor columns of a delta (besides meta's slot_index).
+TENSOR_COLUMNS = (
+    "keys",
+    "values",
+    "optimizer_states",
+    "scores",
+    "erased_keys",
+    "evicted_keys",
+)
 
 
 class DeltaError(ValueError):
@@ -89,16 +104,7 @@ class DeltaDumpResult:
     evicted_keys: list[torch.Tensor | None] = field(default_factory=list)
     meta: list[dict[str, Any]] = field(default_factory=list)
 
-    COLUMNS = (
-        "table_names",
-        "keys",
-        "values",
-        "optimizer_states",
-        "scores",
-        "erased_keys",
-        "evicted_keys",
-        "meta",
-    )
+    COLUMNS = ("table_names",) + TENSOR_COLUMNS + ("meta",)
 
     def __len__(self) -> int:
         return len(self.table_names)
@@ -112,11 +118,25 @@ class DeltaDumpResult:
             getattr(self, c).append(entry[c])
 
 
+def options_description(o) -> dict[str, Any]:
+    """The fields of a table's ``DynamicEmbTableOptions`` a delta records, as
+    plain JSON values (``stream.options_from`` builds options back)."""
+    return {
+        "dim": o.dim,
+        "score_strategy": [s.name for s in o.score_strategies()],
+        "dist_type": o.dist_type,
+        "bucket_capacity": o.bucket_capacity,
+        "max_capacity": o.max_capacity,
+        "evicted_item_mode": o.evicted_item_mode.name,
+        "training": o.training,
+        "embedding_dtype": None if o.embedding_dtype is None else dtype_name(o.embedding_dtype),
+    }
+
+
 def meta_description(meta: dict[str, Any]) -> dict[str, Any]:
     """The meta entries a replay reads, as plain JSON values (no tensors, the
-    table options reduced to the fields replays compare)."""
+    table options as ``options_description``)."""
     opts = meta.get("table_options")
-    strategy = None if opts is None else [s.name for s in opts.score_strategies()]
     return {
         "current_score": meta.get("current_score"),
         "current_capacity": meta.get("current_capacity"),
@@ -125,10 +145,7 @@ def meta_description(meta: dict[str, Any]) -> dict[str, Any]:
         "num_scores": meta.get("num_scores"),
         "world_size": meta.get("world_size"),
         "sequence": meta.get("sequence"),
-        "score_strategy": strategy,
-        "dim": None if opts is None else opts.dim,
-        "dist_type": None if opts is None else opts.dist_type,
-        "evicted_item_mode": None if opts is None else int(opts.evicted_item_mode),
+        "table_options": None if opts is None else options_description(opts),
     }
 
 
@@ -148,6 +165,6 @@ def delta_checksum(entry: dict[str, Any]) -> int:
     meta = entry["meta"]
     desc = json.dumps(meta_description(meta), sort_keys=True, separators=(",", ":"))
     crc = zlib.crc32(f"{entry['table_names']}\0{desc}".encode())
-    for c in ("keys", "values", "optimizer_states", "scores", "erased_keys", "evicted_keys"):
+    for c in TENSOR_COLUMNS:
         crc = _crc_tensor(crc, entry[c])
     return _crc_tensor(crc, meta.get("slot_index"))

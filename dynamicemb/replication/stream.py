@@ -35,7 +35,6 @@ from dynamicemb.checkpoint.layout import (
     FileInfo,
     TableMeta,
     check_name,
-    decode_manifest,
     dtype_name,
     dtype_of,
     meta_file,
@@ -45,7 +44,12 @@ from dynamicemb.dynamicemb_config import (
     DynamicEmbTableOptions,
     ReplayContent,
 )
-from dynamicemb.replication.delta import DeltaDumpResult, DeltaError, meta_description
+from dynamicemb.replication.delta import (
+    TENSOR_COLUMNS,
+    DeltaDumpResult,
+    DeltaError,
+    meta_description,
+)
 from dynamicemb.replication.dump import incremental_dump
 from dynamicemb.replication.replay import layout_mismatch, replay_by_key, replay_increment
 from dynamicemb.replication.scores import get_score
@@ -59,6 +63,7 @@ __all__ = [
     "DeltaPublisher",
     "delta_path",
     "list_deltas",
+    "options_from",
     "read_delta",
     "write_delta",
 ]
@@ -69,16 +74,8 @@ DELTA_MANIFEST = "dynamicemb_delta.json"
 CHECKPOINT_DIR = "checkpoint"
 _DELTA_DIR = re.compile(r"^delta-(\d{12})$")
 
-# Tensor columns of a table's delta, and the file of each (slot_index is meta's).
-_COLUMNS = (
-    "keys",
-    "values",
-    "optimizer_states",
-    "scores",
-    "erased_keys",
-    "evicted_keys",
-    "slot_index",
-)
+# The columns written as files, one per table (slot_index is meta's).
+_COLUMNS = TENSOR_COLUMNS + ("slot_index",)
 
 
 def delta_path(folder: str, sequence: int) -> str:
@@ -101,20 +98,8 @@ def _column(entry: dict[str, Any], c: str) -> torch.Tensor | None:
     return entry["meta"]["slot_index"] if c == "slot_index" else entry[c]
 
 
-def _options_json(o: DynamicEmbTableOptions) -> dict[str, Any]:
-    return {
-        "dim": o.dim,
-        "score_strategy": [s.name for s in o.score_strategies()],
-        "dist_type": o.dist_type,
-        "bucket_capacity": o.bucket_capacity,
-        "max_capacity": o.max_capacity,
-        "evicted_item_mode": o.evicted_item_mode.name,
-        "training": o.training,
-        "embedding_dtype": None if o.embedding_dtype is None else dtype_name(o.embedding_dtype),
-    }
-
-
-def _options_from(d: dict[str, Any]) -> DynamicEmbTableOptions:
+def options_from(d: dict[str, Any]) -> DynamicEmbTableOptions:
+    """Table options from their ``options_description``."""
     strategy = tuple(DynamicEmbScoreStrategy[s] for s in d["score_strategy"])
     return DynamicEmbTableOptions(
         dim=d["dim"],
@@ -172,7 +157,6 @@ def write_delta(folder: str, sequence: int, deltas: dict[str, DeltaDumpResult]) 
                         "table": name,
                         "meta": meta_description(meta),
                         "checksum": meta["checksum"],
-                        "table_options": _options_json(meta["table_options"]),
                         "columns": stored,
                     }
                 )
@@ -203,12 +187,7 @@ def read_delta(path: str) -> tuple[int, dict[str, DeltaDumpResult]]:
         CheckpointError: a missing, truncated or corrupted file (named).
     """
     where = os.path.join(path, DELTA_MANIFEST)
-    try:
-        with open(where, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise CheckpointError(f"{where} does not exist") from None
-    body = decode_manifest(data, where, DELTA_FORMAT, DELTA_VERSION)
+    body = files.read_manifest(path, DELTA_MANIFEST, fmt=DELTA_FORMAT, version=DELTA_VERSION)
     block = int(body["checksum_block_bytes"])
     out: dict[str, DeltaDumpResult] = {}
     for coll, tables in body["collections"].items():
@@ -235,7 +214,7 @@ def read_delta(path: str) -> tuple[int, dict[str, DeltaDumpResult]]:
                 "bucket_capacity": desc["bucket_capacity"],
                 "num_scores": desc["num_scores"],
                 "world_size": desc["world_size"],
-                "table_options": _options_from(t["table_options"]),
+                "table_options": options_from(desc["table_options"]),
                 "sequence": desc["sequence"],
                 "checksum": t["checksum"],
             }

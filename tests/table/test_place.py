@@ -156,49 +156,37 @@ def test_refused_places_change_nothing(device):
     assert_same_snapshot(before, snapshot(table))
 
 
-def test_cpu_kernel_refuses_a_slot_outside_the_home_bucket():
-    """The op itself checks, not only the Python layer."""
+def _raw_place(table, keys, targets):
+    """table_run with op PLACE, without the Python layer's checks."""
     from dynamicemb.table._native import ops
 
+    return ops().table_run(
+        keys,
+        torch.zeros_like(keys),
+        table.keys,
+        table.digests,
+        table.scores,
+        table.info,
+        table.counters,
+        table.free_rows,
+        [0],
+        torch.zeros(1, 1, dtype=torch.int64),
+        int(enums.RunOp.PLACE),
+        False,
+        table.total_buckets,
+        False,
+        None,
+        targets,
+    )
+
+
+def test_cpu_kernel_refuses_a_slot_outside_the_home_bucket():
+    """The op itself checks, not only the Python layer."""
     table = ScoredHashTable([64], bucket_capacities=16)
     start = int(table.home_starts(i64([100]))[0])
     before = snapshot(table)
     with pytest.raises(ValueError, match="home bucket"):
-        ops().table_run(
-            i64([100]),
-            i64([0]),
-            table.keys,
-            table.digests,
-            table.scores,
-            table.info,
-            table.counters,
-            table.free_rows,
-            [0],
-            torch.zeros(1, 1, dtype=torch.int64),
-            int(enums.RunOp.PLACE),
-            False,
-            table.total_buckets,
-            False,
-            None,
-            i64([(start + 16) % 64]),
-        )
+        _raw_place(table, i64([100]), i64([(start + 16) % 64]))
     with pytest.raises(ValueError, match="target_slots"):
-        ops().table_run(
-            i64([100]),
-            i64([0]),
-            table.keys,
-            table.digests,
-            table.scores,
-            table.info,
-            table.counters,
-            table.free_rows,
-            [0],
-            torch.zeros(1, 1, dtype=torch.int64),
-            int(enums.RunOp.PLACE),
-            False,
-            table.total_buckets,
-            False,
-            None,
-            None,
-        )
+        _raw_place(table, i64([100]), None)
     assert_same_snapshot(before, snapshot(table))

@@ -275,11 +275,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.device == "cuda" and not has_gpu:
         ap.error("--device cuda: no GPU is visible")
-    dist_launch.init_process_group(0, 1, dist_launch.free_port(), args.device, args.threads)
-    try:
-        run(args)
-    finally:
-        dist.destroy_process_group()
+    dist_launch.run_alone(run, args)
     return 0
 
 
