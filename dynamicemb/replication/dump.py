@@ -29,20 +29,31 @@ def _gather_keys(keys: torch.Tensor, group: Group | None) -> torch.Tensor:
     return torch.unique(torch.cat(group.all_gather_object(keys.cpu())))
 
 
+def _pop_evicted(m, tables: list[int]) -> list[torch.Tensor | None]:
+    """The module's evicted keys of ``tables`` (popped), None for a table
+    whose ``evicted_item_mode`` is DISCARD (and those not in ``tables``)."""
+    popped = m.pop_evicted_keys(tables)
+    return [
+        popped[t] if t in tables and o.evicted_item_mode == EvictedItemMode.RETAIN_KEY else None
+        for t, o in enumerate(m.table_options)
+    ]
+
+
 def _local_entry(ref: TableRef, threshold: int) -> dict[str, Any]:
     """One table's rows past ``threshold`` on this rank, on the host, and
     the removed keys it recorded (drained)."""
     m, t = ref.module, ref.index
     current = m.current_score(t)
+    layout = m.layout_of(t)
     sd = m.state_dim(t)
-    row_bytes = 8 * (2 + m.table.num_scores) + (m.dims[t] + sd) * m.value_dtype.itemsize
+    row_bytes = 8 * (2 + layout["num_scores"]) + m.dims[t] * m.value_dtype.itemsize + 4 * sd
     # Chunks bound the rows gathered at once; a threshold selects few of a
     # chunk's slots, so it scans larger ones (one count read per chunk).
     chunk = max(chunk_rows(row_bytes), DUMP_SCAN_SLOTS)
-    parts = list(m.export_rows(t, chunk, threshold=threshold))
+    parts = list(m.export_changed(t, chunk, threshold))
     keys = torch.cat([p.keys for p in parts]).cpu()
     words = torch.cat([p.words for p in parts])
-    evicted = m.pop_evicted([t])[t]
+    evicted = _pop_evicted(m, [t])[t]
     erased = m.pop_erased([t])[t]
     # Keys back in the table by now are not removals.
     if evicted is not None:
@@ -57,7 +68,7 @@ def _local_entry(ref: TableRef, threshold: int) -> dict[str, Any]:
         "erased_keys": erased,
         "evicted_keys": evicted,
         "meta": dict(
-            m.layout(t),
+            layout,
             current_score=current,
             slot_index=torch.cat([p.slots for p in parts]).cpu(),
             world_size=ref.sharding_world_size or 1,
@@ -189,7 +200,7 @@ def _pop(model, table_names, pg, what: str, evicted: bool) -> dict[str, dict[str
     for chosen in by_module.values():
         m = chosen[0].module
         idx = [r.index for r in chosen]
-        popped = m.pop_evicted(idx) if evicted else m.pop_erased(idx)
+        popped = _pop_evicted(m, idx) if evicted else m.pop_erased(idx)
         for ref in chosen:
             keys = popped[ref.index]
             if keys is None:

@@ -59,7 +59,7 @@ def layout_mismatch(ref: TableRef, meta: dict[str, Any]) -> str | None:
     """The first layout field in which a delta's table (its ``meta``) and
     ``ref`` differ, as ``"field: delta X, table Y"``; None if they match (a
     replay by slot is possible)."""
-    ours = dict(ref.module.layout(ref.index), world_size=ref.sharding_world_size or 1)
+    ours = dict(ref.module.layout_of(ref.index), world_size=ref.sharding_world_size or 1)
     for field in (
         "current_capacity",
         "row_capacity",
@@ -158,10 +158,10 @@ def _check_entry(ref: TableRef, entry: dict[str, Any], content: ReplayContent, b
             f"{m.dims[t]}) floating point",
         )
     scores = _tensor(ref, entry, "scores", 2, torch.int64, rows=n)
-    if scores.shape[1] != m.table.num_scores or meta["num_scores"] != m.table.num_scores:
+    num_scores = m.layout_of(t)["num_scores"]
+    if scores.shape[1] != num_scores or meta["num_scores"] != num_scores:
         raise _fail(
-            ref,
-            f"the delta's scores have {scores.shape[1]} columns, the table {m.table.num_scores}",
+            ref, f"the delta's scores have {scores.shape[1]} columns, the table {num_scores}"
         )
     sd = m.state_dim(t)
     if ReplayContent.OPTIMIZER_STATE in content and sd:
@@ -190,7 +190,7 @@ def _check_entry(ref: TableRef, entry: dict[str, Any], content: ReplayContent, b
         m.check_place_rows(t, keys[mine_keys], slots[mine_keys])
         if m.no_eviction:
             rows = scores[mine_keys, 0]
-            cap = m.layout(t)["row_capacity"][0]
+            cap = m.layout_of(t)["row_capacity"][0]
             if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= cap):
                 raise _fail(ref, f"the delta's rows are not all in [0, {cap})")
     else:
@@ -272,9 +272,9 @@ def _apply(job: _Job, content: ReplayContent, by_key: bool) -> ReplayStats:
         scores = table_scores(m, t, entry["scores"][mine], ReplayContent.SCORE in content)
         values = entry["values"][mine]
         if by_key:
-            res = m.upsert_rows(t, k, scores, values, state)
-            failed = res.status == enums.InsertStatus.FAILED
-            evicted = 0 if res.evicted is None else int(res.evicted.count.reshape(-1)[0])
+            _, status, evicted = m.upsert_rows(t, k, scores, values, state)
+            failed = status == enums.InsertStatus.FAILED
+            evicted = 0 if evicted is None else int(evicted.count.reshape(-1)[0])
             stats.displaced = int(failed.sum()) + evicted
             stats.upserted = int((~failed).sum())
         else:

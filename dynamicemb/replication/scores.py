@@ -43,11 +43,12 @@ def table_scores(
     if not with_scores:
         return module.fresh_scores(table, n)
     user = user.to(module.device)
-    out = torch.empty(n, module.table.num_scores, dtype=torch.int64, device=module.device)
+    num_scores = module.layout_of(table)["num_scores"]
+    out = torch.empty(n, num_scores, dtype=torch.int64, device=module.device)
     now = None
     for j, (s, word) in enumerate(zip(module.strategies, module.checkpoint_score_columns())):
         if s == S.TIMESTAMP:
-            now = module.table.timer() if now is None else now
+            now = module.timer() if now is None else now
             out[:, word] = now - user[:, j]
         else:
             out[:, word] = user[:, j]
