@@ -152,6 +152,7 @@ def incremental_dump(
                 )
     for ref, _ in chosen:
         check_routable(ref, "incremental_dump")
+        ref.module.storage.hash_tier(writing=False)  # raises for an external storage
     group = Group(pg) if pg is not None else None
     entries = []
     for ref, threshold in chosen:

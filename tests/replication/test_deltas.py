@@ -197,3 +197,45 @@ def _content(rank, world, device_type):
 @pytest.mark.parametrize("device", DEVICES)
 def test_replay_content(device):
     h.run_world(_content, 1, device, device_type=device)
+
+
+def _storage_modes(rank, world, mode):
+    """A job whose tables live in a storage mode (a device cache over a host
+    table, a hybrid table) replicated by slot (same mode) and by key (host
+    rows); an external storage is refused."""
+    import dataclasses
+
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    from dynamicemb.dynamicemb_config import value_row_bytes
+    from dynamicemb.incremental_dump import get_score, incremental_dump, replay_increment
+    from dynamicemb.replication import replay_by_key
+
+    rb = value_row_bytes(EmbOptimType.ADAM, 4, torch.float32)
+    storage = {
+        "cache": dict(caching=True, local_hbm_for_values=32 * rb),
+        "hybrid": dict(local_hbm_for_values=64 * rb),
+    }[mode]
+    base = r.case("modes", S.TIMESTAMP, "adam")
+    cs = dataclasses.replace(base, options=dict(base.options, **storage))
+    source = c.build(cs, world)
+    by_slot = c.build(cs, world)
+    by_key = c.build(r.replica_case(base), world)
+    threshold = get_score(source)
+    for step in range(6):
+        c.train(source, cs, rank, steps=1, first=step)
+        d = incremental_dump(source, threshold)
+        threshold = {r.COLL: {"t0": d[r.COLL].meta[0]["current_score"]}}
+        replay_increment(by_slot, d)
+        replay_by_key(by_key, d)
+    for k in c.kernels(source) + c.kernels(by_slot):
+        k.emb_module.flush()  # contents reads the backing table's keys
+    want = c.contents(source)
+    r.assert_replica_equals(c.contents(by_slot), want, S.TIMESTAMP, f"{mode} by slot")
+    r.assert_replica_equals(c.contents(by_key), want, S.TIMESTAMP, f"{mode} by key")
+    return True
+
+
+@pytest.mark.parametrize("mode", ["cache", "hybrid"])
+def test_storage_modes_replicate(mode):
+    h.run_world(_storage_modes, 1, mode)

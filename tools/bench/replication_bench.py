@@ -3,8 +3,9 @@ dump of the same table, in one run.
 
 One process (a world of one: NCCL on the GPU, gloo on the CPU) holds one
 dynamic table of ``--rows`` random keys, dim ``--dim``, Adam state and
-TIMESTAMP scores (filled directly, as tools/bench/checkpoint_bench.py fills
-its tables), and two replicas of the same layout. Then, each timed alone:
+TIMESTAMP scores, its rows in device memory (filled directly, as
+tools/bench/checkpoint_bench.py fills its tables), and two replicas of the
+same layout. Then, each timed alone:
 
 * full dump: ``DynamicEmbDump`` (optim=True) of the table to files, and an
   incremental dump from the oldest score (every row, in memory), which both
@@ -23,6 +24,7 @@ state, scores, slots), seconds, rows/s and GB/s (10^9 bytes per second).
 """
 
 import argparse
+import math
 import os
 import shutil
 import sys
@@ -90,7 +92,10 @@ def same_rows(a, b) -> bool:
 
 
 def run(args) -> None:
-    from dynamicemb import EvictedItemMode
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.modules.embedding_configs import EmbeddingConfig
+
+    from dynamicemb import EvictedItemMode, get_table_value_bytes
     from dynamicemb.checkpoint import dump
     from dynamicemb.incremental_dump import get_score, incremental_dump, replay_increment
     from dynamicemb.replication import replay_by_key, write_delta
@@ -98,11 +103,16 @@ def run(args) -> None:
     device = torch.device(args.device)
     timed = checkpoint_bench.timed
     shape = argparse.Namespace(tables=1, rows=args.rows, dim=args.dim, load_factor=args.load_factor)
-    # Evictions retained: what a replay by key needs (this run evicts nothing).
-    model, by_slot, by_key = (
-        checkpoint_bench.build(shape, device, evicted_item_mode=EvictedItemMode.RETAIN_KEY)
-        for _ in range(3)
+    # Rows in device memory (the whole table's bytes as its budget); evictions
+    # retained: what a replay by key needs (this run evicts nothing).
+    config = EmbeddingConfig(
+        name="t0", num_embeddings=math.ceil(args.rows / args.load_factor), embedding_dim=args.dim
     )
+    options = dict(
+        evicted_item_mode=EvictedItemMode.RETAIN_KEY,
+        global_hbm_for_values=get_table_value_bytes(config, EmbOptimType.ADAM, 1, 128),
+    )
+    model, by_slot, by_key = (checkpoint_bench.build(shape, device, **options) for _ in range(3))
     stored = checkpoint_bench.fill(model, shape, device)
     root = tempfile.mkdtemp(prefix="replication_bench_", dir=args.dir)
     rows = []
