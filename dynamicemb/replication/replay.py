@@ -266,12 +266,17 @@ def _apply(job: _Job, content: ReplayContent, by_key: bool) -> ReplayStats:
         gone = gone[~torch.isin(gone, keys)]
         gone = gone[owned(ref, gone)]
         stats.erased = int(m.erase_rows(t, gone).sum())
-    k = keys[mine]
+    every = bool(mine.all())
+
+    def column(c):
+        return c if every else c[mine]
+
+    k = column(keys)
     if k.numel():
         with_state = ReplayContent.OPTIMIZER_STATE in content and m.state_dim(t) > 0
-        state = entry["optimizer_states"][mine] if with_state else None
-        scores = table_scores(m, t, entry["scores"][mine], ReplayContent.SCORE in content)
-        values = entry["values"][mine]
+        state = column(entry["optimizer_states"]) if with_state else None
+        scores = table_scores(m, t, column(entry["scores"]), ReplayContent.SCORE in content)
+        values = column(entry["values"])
         if by_key:
             _, status, evicted = m.upsert_rows(t, k, scores, values, state)
             failed = status == enums.InsertStatus.FAILED
@@ -279,7 +284,7 @@ def _apply(job: _Job, content: ReplayContent, by_key: bool) -> ReplayStats:
             stats.displaced = int(failed.sum()) + evicted
             stats.upserted = int((~failed).sum())
         else:
-            slots = entry["meta"]["slot_index"][mine]
+            slots = column(entry["meta"]["slot_index"])
             m.place_rows(t, k, slots, scores, values, state, checked=True)
             stats.upserted = k.numel()
     m.delta_sequence[t] = job.sequence

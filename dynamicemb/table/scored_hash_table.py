@@ -92,6 +92,18 @@ def gather_rows(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return ops().gather_rows(values, rows)
 
 
+def _repeats(values: torch.Tensor, groups: torch.Tensor | None = None) -> bool:
+    """Whether a value repeats (within its group, when ``groups`` is given):
+    sorted, a repeat is a neighbour."""
+    if groups is not None and bool((groups != groups[0]).any()):
+        order = torch.argsort(groups, stable=True)
+        order = order[torch.argsort(values[order], stable=True)]
+        v, g = values[order], groups[order]
+        return bool(((v[1:] == v[:-1]) & (g[1:] == g[:-1])).any())
+    v = torch.sort(values).values
+    return bool((v[1:] == v[:-1]).any())
+
+
 def _per_table(value: IntOrSeq, n: int, name: str) -> list:
     if isinstance(value, (list, tuple)):
         if len(value) != n:
@@ -563,14 +575,9 @@ class ScoredHashTable:
                     f"in its home bucket, slots {int(starts[i])}..{int(starts[i] + widths[i]) - 1}"
                     f" of table {int(table_ids[i])}"
                 )
-            # Sorted by (key, table): a repeated pair is a repeated neighbour.
-            order = torch.argsort(table_ids, stable=True)
-            order = order[torch.argsort(keys[order], stable=True)]
-            k, t = keys[order], table_ids[order]
-            if bool(((k[1:] == k[:-1]) & (t[1:] == t[:-1])).any()):
+            if _repeats(keys, table_ids):
                 raise ValueError("dynamicemb: place got a key twice")
-            s = torch.sort(slots).values
-            if bool((s[1:] == s[:-1]).any()):
+            if _repeats(slots):
                 raise ValueError("dynamicemb: place got a slot twice")
         return keys, table_ids, slots
 
