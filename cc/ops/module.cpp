@@ -56,6 +56,7 @@ py::dict table_constants() {
   op["INSERT"] = static_cast<int>(tb::RunOp::kInsert);
   op["INSERT_EVICT"] = static_cast<int>(tb::RunOp::kInsertEvict);
   op["ERASE"] = static_cast<int>(tb::RunOp::kErase);
+  op["PLACE"] = static_cast<int>(tb::RunOp::kPlace);
   py::dict init;
   init["NORMAL"] = static_cast<int>(dyn_emb::embedding::InitMode::kNormal);
   init["TRUNCATED_NORMAL"] = static_cast<int>(dyn_emb::embedding::InitMode::kTruncatedNormal);

@@ -163,8 +163,26 @@ inline void check_victim_scores(const std::optional<at::Tensor>& v, const at::Te
 
 inline void check_op(int64_t op) {
   TORCH_CHECK_VALUE(
-      op >= 0 && op <= static_cast<int64_t>(table::RunOp::kErase),
-      "dynamicemb: run op must be 0 (insert), 1 (insert_and_evict) or 2 (erase), got ", op);
+      op >= 0 && op <= static_cast<int64_t>(table::RunOp::kPlace),
+      "dynamicemb: run op must be 0 (insert), 1 (insert_and_evict), 2 (erase) or 3 (place), got ",
+      op);
+}
+
+/// Checks run's optional target slots: required by place (and only read by
+/// it), (n) int64 on the keys' device.
+inline void check_targets(const std::optional<at::Tensor>& targets, int64_t op,
+                          const at::Tensor& keys) {
+  if (op != static_cast<int64_t>(table::RunOp::kPlace)) return;
+  TORCH_CHECK_VALUE(targets.has_value(), "dynamicemb: place (op 3) needs target_slots");
+  TORCH_CHECK_TYPE(targets->scalar_type() == at::kLong,
+                   "dynamicemb: target_slots must be int64, got ", targets->scalar_type());
+  TORCH_CHECK_VALUE(
+      targets->dim() == 1 && targets->numel() == keys.numel() && targets->is_contiguous(),
+      "dynamicemb: target_slots must be a contiguous (", keys.numel(),
+      ") tensor, one per key, got shape ", targets->sizes());
+  TORCH_CHECK(targets->device() == keys.device(),
+              "dynamicemb: target_slots must be on the keys' device ", keys.device(), ", got ",
+              targets->device());
 }
 
 /// Outputs of table_run, allocated like `keys`.

@@ -64,12 +64,14 @@ run_cuda(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
          at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::Tensor& counters,
          at::Tensor& free_rows, at::IntArrayRef policies, const at::Tensor& score_values,
          int64_t op, bool assign_rows, int64_t total_buckets, bool has_rows,
-         const std::optional<at::Tensor>& victim_scores) {
+         const std::optional<at::Tensor>& victim_scores,
+         const std::optional<at::Tensor>& target_slots) {
   check_state(table_keys, digests, scores, info);
   check_batch(keys, table_ids, table_keys);
   check_counters(counters, free_rows, info, table_keys);
   check_op(op);
   check_victim_scores(victim_scores, table_keys);
+  check_targets(target_slots, op, keys);
   const int64_t n = keys.numel();
   check_scores(policies, score_values, n, scores.size(1), table_keys);
   TORCH_CHECK(total_buckets >= 1, "dynamicemb: total_buckets must be positive, got ",
@@ -93,6 +95,8 @@ run_cuda(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
   r.ev_slots = out.ev_slots.data_ptr<int64_t>();
   r.ev_tables = out.ev_tables.data_ptr<int64_t>();
   r.victim_scores = victim_scores.has_value() ? victim_scores->data_ptr<double>() : nullptr;
+  r.targets = op == static_cast<int64_t>(table::RunOp::kPlace) ? target_slots->data_ptr<int64_t>()
+                                                               : nullptr;
   table::cuda::run_op(t, r, n, total_buckets, has_rows, out.num_evicted.data_ptr<int64_t>(),
                       scratch, c10::cuda::getCurrentCUDAStream().stream());
   return out.tuple();
