@@ -36,10 +36,13 @@ run_meta(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
          at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::Tensor& counters,
          at::Tensor& free_rows, at::IntArrayRef policies, const at::Tensor& score_values,
          int64_t op, bool assign_rows, int64_t total_buckets, bool has_rows,
-         const std::optional<at::Tensor>& victim_scores) {
+         const std::optional<at::Tensor>& victim_scores,
+         const std::optional<at::Tensor>& target_slots) {
   TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
                    keys.scalar_type());
   check_op(op);
+  TORCH_CHECK_VALUE(op != static_cast<int64_t>(table::RunOp::kPlace) || target_slots.has_value(),
+                    "dynamicemb: place (op 3) needs target_slots");
   const c10::SymInt n = keys.sym_numel();
   const c10::SymInt ns = scores.sym_size(1);
   auto l = keys.options().dtype(at::kLong);
@@ -114,7 +117,7 @@ at::Tensor embedding_pool_meta(const at::Tensor& seg0, const at::Tensor& seg1,
                                const at::Tensor& bag_offsets,
                                const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
                                const at::Tensor& dims, c10::SymInt batch, int64_t out_width,
-                               int64_t element_type) {
+                               int64_t element_type, const c10::optional<at::Tensor>& fill) {
   return at::empty_symint({batch, out_width}, rows.options().dtype(at::kFloat));
 }
 
@@ -128,6 +131,16 @@ void embedding_update_meta(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor&
                            double ftrl_beta, double l1, double l2,
                            const c10::optional<at::Tensor>& adam_bias) {}
 
+at::Tensor counter_add_meta(const at::Tensor& keys, const at::Tensor& table_ids,
+                            at::Tensor& table_keys, at::Tensor& digests, at::Tensor& scores,
+                            const at::Tensor& info, at::Tensor& counters,
+                            const at::Tensor& frequencies, int64_t release_at,
+                            int64_t total_buckets) {
+  TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
+                   keys.scalar_type());
+  return at::empty_symint({keys.sym_numel()}, keys.options());
+}
+
 void copy_rows_meta(at::Tensor& dst0, at::Tensor& dst1, const at::Tensor& dst_offsets,
                     const at::Tensor& src0, const at::Tensor& src1, const at::Tensor& src_offsets,
                     const at::Tensor& bytes) {}
@@ -137,6 +150,7 @@ void copy_rows_meta(at::Tensor& dst0, at::Tensor& dst1, const at::Tensor& dst_of
 TORCH_LIBRARY_IMPL(dynamicemb, Meta, m) {
   m.impl("table_find", &find_meta);
   m.impl("table_run", &run_meta);
+  m.impl("counter_add", &counter_add_meta);
   m.impl("table_find_gather", &find_gather_meta);
   m.impl("table_export", &export_meta);
   m.impl("table_count", &count_meta);

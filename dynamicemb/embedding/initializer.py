@@ -2,8 +2,12 @@
 
 A row depends only on (seed, table id, key, element index): the same key gets
 the same initial row on the CPU and the GPU, whatever batch it arrives in and
-in whatever order.
+in whatever order. ``MultiTableInitializer`` applies each table's own
+arguments to the keys of several fused tables.
 """
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -100,3 +104,134 @@ def init_rows_at(
         int(fill_from),
         float(fill),
     )
+
+
+@dataclass
+class InitGroup:
+    """Tables sharing dim and initializer arguments (one init_rows or
+    init_rows_at call): their dim, initializer arguments (and the ops' form of
+    them, initializer_op_args), the tables (a list, and on the device)."""
+
+    dim: int
+    args: DynamicEmbInitializerArgs
+    op_args: tuple
+    table_list: list[int]
+    tables: torch.Tensor
+
+
+class MultiTableInitializer:
+    """Initial rows for the keys of several fused tables, each table by its own
+    arguments.
+
+    What a module calls to write new rows (training), the rows of keys it
+    misses (eval) and the rows of keys its admitter rejects
+    (``MultiTableAdmitter.non_admitted_initializer``). Tables that share a
+    width and arguments are served by one ``init_rows`` call.
+
+    Args:
+        table_args (Sequence[DynamicEmbInitializerArgs]): one per table, in
+            the module's table order.
+
+    Raises:
+        TypeError: an entry is not a DynamicEmbInitializerArgs (named with its
+            index).
+        ValueError: ``table_args`` is empty.
+
+    Example::
+
+        init = MultiTableInitializer([DynamicEmbInitializerArgs(), const_args])
+        rows = init(keys, table_ids, dims=[8, 4])   # (n, 8); table 1 rows use 4 columns
+    """
+
+    def __init__(self, table_args: Sequence[DynamicEmbInitializerArgs]) -> None:
+        table_args = list(table_args)
+        if not table_args:
+            raise ValueError("MultiTableInitializer needs the arguments of at least one table")
+        for t, args in enumerate(table_args):
+            if not isinstance(args, DynamicEmbInitializerArgs):
+                raise TypeError(
+                    f"MultiTableInitializer: table {t}'s arguments must be a "
+                    f"DynamicEmbInitializerArgs, got {args!r}"
+                )
+        self.table_args = table_args
+        self._groups: dict = {}
+
+    @property
+    def num_tables(self) -> int:
+        return len(self.table_args)
+
+    def groups(self, dims: Sequence[int], device: torch.device) -> list["InitGroup"]:
+        """The tables sharing (dim, arguments), one InitGroup each (built once
+        per dims and device)."""
+        key = (tuple(int(d) for d in dims), device)
+        if key not in self._groups:
+            if len(key[0]) != self.num_tables:
+                raise ValueError(
+                    f"MultiTableInitializer has {self.num_tables} tables, got {len(key[0])} dims"
+                )
+            groups: dict = {}
+            for t, (d, args) in enumerate(zip(key[0], self.table_args)):
+                groups.setdefault((d, repr(args)), (d, args, []))[2].append(t)
+            self._groups[key] = [
+                InitGroup(
+                    d,
+                    args,
+                    initializer_op_args(args),
+                    ts,
+                    torch.tensor(ts, dtype=torch.int64, device=device),
+                )
+                for d, args, ts in groups.values()
+            ]
+        return self._groups[key]
+
+    def rows_by_group(
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        dims: Sequence[int],
+        generator_table_ids: torch.Tensor | None = None,
+        seed: int = 0,
+    ) -> Iterator[tuple[torch.Tensor | None, int, torch.Tensor]]:
+        """Initial rows group by group.
+
+        Args:
+            keys (torch.Tensor): (n) int64.
+            table_ids (torch.Tensor): (n) int64, each key's table.
+            dims (Sequence[int]): the width of each table.
+            generator_table_ids (Optional[torch.Tensor]): (num_tables) int64,
+                the table id each table's rows are generated with (see
+                ``init_rows``); default: its own.
+            seed (int): the generator's seed.
+
+        Yields:
+            (selection, dim, rows): the keys of one group (a bool mask over
+            ``keys``, or None for all of them), the group's width and their
+            (m, dim) float32 rows.
+        """
+        init_ids = table_ids if generator_table_ids is None else generator_table_ids[table_ids]
+        groups = self.groups(dims, keys.device)
+        for g in groups:
+            if len(groups) == 1:
+                yield None, g.dim, init_rows(keys, g.dim, g.args, init_ids, seed)
+                continue
+            sel = torch.isin(table_ids, g.tables)
+            yield sel, g.dim, init_rows(keys[sel], g.dim, g.args, init_ids[sel], seed)
+
+    def __call__(
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        dims: Sequence[int],
+        generator_table_ids: torch.Tensor | None = None,
+        seed: int = 0,
+    ) -> torch.Tensor:
+        """Initial rows of ``keys``, as (n, max(dims)) float32: row i has its
+        table's width of values, zeros after them. Arguments as for
+        ``rows_by_group``."""
+        out = torch.zeros(keys.numel(), max(int(d) for d in dims), device=keys.device)
+        for sel, dim, rows in self.rows_by_group(keys, table_ids, dims, generator_table_ids, seed):
+            if sel is None:
+                out[:, :dim] = rows
+            else:
+                out[sel, :dim] = rows
+        return out
