@@ -38,8 +38,11 @@ from dynamicemb.table import enums
 
 def _select(values, idx: torch.Tensor):
     """The score values (``batch_policies``) of a subset of a batch's keys:
-    a per-key tensor is indexed, a scalar or None stands for every key."""
-    return values[idx] if isinstance(values, torch.Tensor) else values
+    a per-key tensor is indexed; a scalar, one row (the STEP score) or None
+    stands for every key."""
+    if isinstance(values, torch.Tensor) and values.shape[0] != 1:
+        return values[idx]
+    return values
 
 
 class _Staged:
