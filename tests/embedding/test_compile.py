@@ -11,6 +11,9 @@ it every step would compile anew), and on the CPU ``capture_scalar_outputs``
 reads nothing).
 """
 
+import os
+import sys
+
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
@@ -24,6 +27,9 @@ from dynamicemb import (
 )
 from dynamicemb import DynamicEmbInitializerMode as Mode
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from tbe_batches import random_batches
 
 EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
 
@@ -58,16 +64,8 @@ def _module(device, optimizer, pooling, strategy):
     )
 
 
-def _batches(device, steps, batch=32, vocab=500):
-    g = torch.Generator().manual_seed(3)
-    out = []
-    for _ in range(steps):
-        lengths = torch.randint(0, 4, (3 * batch,), generator=g)
-        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
-        torch.cumsum(lengths, 0, out=offsets[1:])
-        keys = torch.randint(0, vocab, (int(offsets[-1]),), generator=g)
-        out.append((keys.to(device), offsets.to(device)))
-    return out
+def _batches(device, steps):
+    return random_batches(device, steps, batch=32, vocab=500, seed=3)
 
 
 def _train(module, step_fn, batches, after_first=None):

@@ -28,6 +28,7 @@ from dynamicemb.storage.hash_storage import rows_buffer
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from sync_guard import HostSync, forbid_host_syncs
+from tbe_batches import random_batches
 
 EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
 
@@ -173,17 +174,8 @@ def _module(device, optimizer, pooling, dims=(16, 16), mixed_init=False):
     )
 
 
-def _batches(device, steps, batch=64, vocab=3000):
-    g = torch.Generator().manual_seed(0)
-    out = []
-    for _ in range(steps):
-        lengths = torch.randint(0, 4, (3 * batch,), generator=g)
-        offsets = torch.zeros(lengths.numel() + 1, dtype=torch.int64)
-        torch.cumsum(lengths, 0, out=offsets[1:])
-        keys = torch.randint(0, vocab, (int(offsets[-1]),), generator=g)
-        weights = torch.rand(keys.numel(), generator=g)
-        out.append((keys.to(device), offsets.to(device), weights.to(device)))
-    return out
+def _batches(device, steps):
+    return random_batches(device, steps, batch=64, vocab=3000, seed=0, weights=True)
 
 
 def _step(module, batch, extra):
