@@ -76,9 +76,7 @@ at::Tensor init_rows_meta(const at::Tensor& keys, const at::Tensor& table_ids, i
 }
 
 void optimizer_step_meta(at::Tensor& values, const at::Tensor& rows, const at::Tensor& grads,
-                         int64_t type, double lr, double eps, double beta1, double beta2,
-                         double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
-                         double ftrl_beta, double l1, double l2) {
+                         at::ArrayRef<double> optim) {
   TORCH_CHECK_TYPE(values.scalar_type() == at::kFloat, "dynamicemb: values must be float32");
 }
 
@@ -114,9 +112,7 @@ void embedding_update_meta(at::Tensor& values, const at::Tensor& grad_out, const
                            const at::Tensor& occ_offsets, const at::Tensor& occ_order,
                            const at::Tensor& occ_bag, const c10::optional<at::Tensor>& weights,
                            const at::Tensor& cols, const at::Tensor& dims, int64_t batch,
-                           int64_t type, double lr, double eps, double beta1, double beta2,
-                           double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
-                           double ftrl_beta, double l1, double l2) {}
+                           at::ArrayRef<double> optim) {}
 
 }  // namespace
 

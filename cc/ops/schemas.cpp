@@ -101,12 +101,10 @@ TORCH_LIBRARY(dynamicemb, m) {
   // (cc/embedding/optimizer.h).
   // Args:
   //   values: (num_rows, width) float32, updated in place; rows: (n) int64,
-  //   distinct, -1 to skip; grads: (n, dim) float32 reduced gradients; type:
-  //   OptimType; the hyper-parameters; step: 1-based iteration (Adam).
-  m.def(
-      "optimizer_step(Tensor(a!) values, Tensor rows, Tensor grads, int type, float lr, float eps, "
-      "float beta1, float beta2, float weight_decay, int wd_mode, int step, float lr_power, "
-      "float ftrl_beta, float l1, float l2) -> ()");
+  //   distinct, -1 to skip; grads: (n, dim) float32 reduced gradients;
+  //   optim: the optimizer (OptimArgs's fields at their OptimField positions:
+  //   type, hyper-parameters, the 1-based step).
+  m.def("optimizer_step(Tensor(a!) values, Tensor rows, Tensor grads, float[] optim) -> ()");
 
   // Occupied slots of each table, counted from the keys: (num_tables) int64.
   m.def("table_count(Tensor table_keys, Tensor info) -> Tensor");
@@ -144,10 +142,9 @@ TORCH_LIBRARY(dynamicemb, m) {
   //   values: updated in place; grad_out: (batch, out_width); rows: (U);
   //   occ_offsets (U + 1), occ_order (n): each key's occurrences; occ_bag
   //   (n): the bag of each occurrence; weights, cols, dims as embedding_pool;
-  //   the optimizer's type and hyper-parameters as optimizer_step.
+  //   optim as optimizer_step.
   m.def(
       "embedding_update(Tensor(a!) values, Tensor grad_out, Tensor rows, Tensor occ_offsets, "
       "Tensor occ_order, Tensor occ_bag, Tensor? weights, Tensor cols, Tensor dims, int batch, "
-      "int type, float lr, float eps, float beta1, float beta2, float weight_decay, int wd_mode, "
-      "int step, float lr_power, float ftrl_beta, float l1, float l2) -> ()");
+      "float[] optim) -> ()");
 }

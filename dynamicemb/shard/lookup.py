@@ -8,6 +8,7 @@ are TorchRec's own (``GroupedEmbeddingsLookup``,
 compute kernel is ``CUSTOMIZED_KERNEL``.
 """
 
+import dataclasses
 import enum
 from collections.abc import Iterator
 from typing import Any
@@ -31,7 +32,7 @@ from ..dynamicemb_config import (
     complete_initializer_args,
     get_sharded_table_capacity,
 )
-from ..embedding import BatchedDynamicEmbeddingTablesV2
+from ..embedding import BatchedDynamicEmbeddingTablesV2, RowOptimizer
 
 __all__ = [
     "DynamicEmbGroupedEmbeddingsLookup",
@@ -41,22 +42,10 @@ __all__ = [
     "resolve_table_options",
 ]
 
-# fused_params entries that configure the fused row optimizer; every other
-# entry (TBE cache, precision, bounds-check settings, ...) concerns TorchRec's
-# own kernels and is not read here.
-_OPTIMIZER_ARGS = (
-    "learning_rate",
-    "eps",
-    "beta1",
-    "beta2",
-    "weight_decay",
-    "weight_decay_mode",
-    "learning_rate_power",
-    "ftrl_beta",
-    "l1_reg",
-    "l2_reg",
-    "initial_accumulator_value",
-)
+# fused_params entries that configure the fused row optimizer: RowOptimizer's
+# fields; every other entry (TBE cache, precision, bounds-check settings, ...)
+# concerns TorchRec's own kernels and is not read here.
+_OPTIMIZER_ARGS = tuple(f.name for f in dataclasses.fields(RowOptimizer) if f.name != "optimizer")
 
 # Seed of the tables' initializers: the same on every rank, so a key's first
 # row does not depend on the rank that owns it.

@@ -147,22 +147,6 @@ def test_replay_content_flags_compose():
     assert not ReplayContent.EMBEDDING_ONLY
 
 
-def test_enums_are_unique():
-    for enum_type in (
-        DynamicEmbCheckMode,
-        DynamicEmbInitializerMode,
-        DynamicEmbScoreStrategy,
-        DynamicEmbPoolingMode,
-        DynamicEmbEvictStrategy,
-        EvictedItemMode,
-        DynamicEmbOptimType,
-        ReplayContent,
-        MemoryType,
-    ):
-        values = [member.value for member in enum_type.__members__.values()]
-        assert len(set(values)) == len(values), enum_type
-
-
 # ---------------------------------------------------------------- constants, exports
 
 

@@ -7,7 +7,7 @@ import torch
 
 from dynamicemb import DynamicEmbOptimType
 from dynamicemb.embedding import RowOptimizer
-from dynamicemb.table._native import ops
+from dynamicemb.table._native import constants, ops
 
 EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
 
@@ -171,21 +171,27 @@ def test_bad_arguments_raise_naming_the_value():
 
 def test_optimizer_step_opcheck():
     values = torch.randn(4, 3 * DIM)
-    args = (
-        values,
-        torch.tensor([2, 0]),
-        torch.randn(2, DIM),
-        1,
-        0.1,
-        1e-8,
-        0.9,
-        0.999,
-        0.0,
-        0,
-        3,
-        -0.5,
-        0.0,
-        0.0,
-        0.0,
-    )
+    optim = RowOptimizer(EmbOptimType.ADAM, learning_rate=0.1).packed(3)
+    args = (values, torch.tensor([2, 0]), torch.randn(2, DIM), optim)
     torch.library.opcheck(ops().optimizer_step.default, args)
+
+
+def test_optimizer_step_refuses_a_malformed_optim_list_and_changes_nothing():
+    values = torch.randn(4, 3 * DIM)
+    before = values.clone()
+    rows, grads = torch.tensor([0]), torch.randn(1, DIM)
+    good = RowOptimizer(EmbOptimType.ADAM).packed(1)
+    fields = constants()["OptimField"]
+    with pytest.raises(ValueError, match=f"optim must hold {len(fields)} values"):
+        ops().optimizer_step(values, rows, grads, good[:-1])
+    for name, value, message in (
+        ("STEP", 1.5, "step must be an integer, got 1.5"),
+        ("TYPE", 9, "optimizer type 9 is not one of"),
+        ("WEIGHT_DECAY_MODE", 3, "weight decay mode 3 is not"),
+        ("STEP", 0, "step must be at least 1, got 0"),
+    ):
+        bad = list(good)
+        bad[fields[name]] = value
+        with pytest.raises(ValueError, match=message):
+            ops().optimizer_step(values, rows, grads, bad)
+    assert torch.equal(values, before)

@@ -1,4 +1,4 @@
-"""The fused lookup ops (embedding_pool, embedding_update) against plain torch.
+"""The pooling ops (embedding_pool, embedding_update) against plain torch.
 
 The references are written out with index_add_ and the optimizer's equations;
 CUDA cases compare the CUDA kernels with the CPU ones on the same inputs.
@@ -7,10 +7,20 @@ CUDA cases compare the CUDA kernels with the CPU ones on the same inputs.
 import pytest
 import torch
 
+from dynamicemb import DynamicEmbOptimType
+from dynamicemb.embedding import RowOptimizer
 from dynamicemb.table._native import ops
 
+EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
+
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
-SGD, ADAM, ROWWISE = 0, 1, 3
+SGD, ADAM, ADAGRAD, ROWWISE = (
+    EmbOptimType.EXACT_SGD,
+    EmbOptimType.ADAM,
+    EmbOptimType.EXACT_ADAGRAD,
+    EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+)
+FTRL = DynamicEmbOptimType.FTRL
 
 
 def batch(device, seed=0, dims=(4, 8, 4), B=5, num_rows=40, width=24, weighted=True):
@@ -84,8 +94,9 @@ def occurrences(t):
     return occ, order
 
 
-def update(t, grad_out, optim, lr=0.1, step=1, wd=0.0, wd_mode=0):
+def update(t, grad_out, optimizer, lr=0.1, step=1, wd=0.0, wd_mode=0):
     occ, order = occurrences(t)
+    opt = RowOptimizer(optimizer, learning_rate=lr, weight_decay=wd, weight_decay_mode=wd_mode)
     ops().embedding_update(
         t["values"],
         grad_out,
@@ -97,18 +108,7 @@ def update(t, grad_out, optim, lr=0.1, step=1, wd=0.0, wd_mode=0):
         t["cols"],
         t["dims"],
         t["B"],
-        optim,
-        lr,
-        1e-8,
-        0.9,
-        0.999,
-        wd,
-        wd_mode,
-        step,
-        -0.5,
-        0.0,
-        0.0,
-        0.0,
+        opt.packed(step),
     )
 
 
@@ -242,7 +242,7 @@ BATCHES = {
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", sorted(BATCHES))
-@pytest.mark.parametrize("optim", [SGD, ADAM, 2, ROWWISE, 4])
+@pytest.mark.parametrize("optim", [SGD, ADAM, ADAGRAD, ROWWISE, FTRL], ids=lambda o: o.name)
 def test_cuda_update_matches_the_cpu_kernel(kind, optim):
     make, tol = BATCHES[kind]
     cpu, gpu = make("cpu"), make("cuda")
@@ -280,18 +280,7 @@ def test_update_refuses_bad_occurrences_and_changes_nothing():
             t["cols"],
             t["dims"],
             t["B"],
-            SGD,
-            0.1,
-            1e-8,
-            0.9,
-            0.999,
-            0.0,
-            0,
-            1,
-            -0.5,
-            0.0,
-            0.0,
-            0.0,
+            RowOptimizer(SGD, learning_rate=0.1).packed(1),
         )
     assert torch.equal(t["values"], before)
 
@@ -321,7 +310,7 @@ OPCHECK_UTILS = (
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_lookup_ops_opcheck(device):
+def test_pooling_ops_opcheck(device):
     t = batch(device, seed=9)
     torch.library.opcheck(
         ops().embedding_pool.default,
@@ -353,18 +342,7 @@ def test_lookup_ops_opcheck(device):
             t["cols"],
             t["dims"],
             t["B"],
-            SGD,
-            0.1,
-            1e-8,
-            0.9,
-            0.999,
-            0.0,
-            0,
-            1,
-            -0.5,
-            0.0,
-            0.0,
-            0.0,
+            RowOptimizer(SGD, learning_rate=0.1).packed(1),
         ),
         test_utils=("test_schema", "test_faketensor"),
     )
