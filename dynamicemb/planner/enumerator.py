@@ -18,7 +18,7 @@ from torchrec.distributed.planner.utils import sharder_name
 from ..dynamicemb_config import DynamicEmbTableOptions
 from .constraints import DynamicEmbParameterConstraints
 from .parameter_sharding import DYNAMICEMB_COMPUTE_KERNEL, DYNAMICEMB_SHARDING_TYPE
-from .prepare import _prepare_dynemb_table_options, _requested_options, dynamic_shard_storage
+from .prepare import _requested_options, dynamic_shard_storage, prepare_table_options
 
 __all__ = ["DynamicEmbeddingEnumerator", "is_dynamic_table"]
 
@@ -57,7 +57,7 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
       ``2**40`` rows plans when its ``init_capacity`` fits.
 
     The options used are the table's ``dynamicemb_options`` prepared for the
-    topology's world size (``_prepare_dynemb_table_options``), whether or not
+    topology's world size (``prepare_table_options``), whether or not
     the planner prepared them already.
 
     Args:
@@ -180,9 +180,7 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
         options = _requested_options(self._constraints[sharding_option.name].dynamicemb_options)
         rows, dim = sharding_option.tensor.shape
         shape_config = types.SimpleNamespace(num_embeddings=int(rows), embedding_dim=int(dim))
-        return _prepare_dynemb_table_options(
-            options, shape_config, self._dynamicemb_topology.world_size
-        )
+        return prepare_table_options(options, shape_config, self._dynamicemb_topology.world_size)
 
     def _shard_storage(self, sharding_option: ShardingOption):
         options = self.prepared_options(sharding_option)

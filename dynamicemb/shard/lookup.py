@@ -26,20 +26,15 @@ from torchrec.distributed.embedding_types import (
 )
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from ..dynamicemb_config import (
-    DynamicEmbPoolingMode,
-    DynamicEmbTableOptions,
-    complete_initializer_args,
-    get_sharded_table_capacity,
-)
+from ..dynamicemb_config import DynamicEmbPoolingMode, DynamicEmbTableOptions
 from ..embedding import BatchedDynamicEmbeddingTablesV2, RowOptimizer
+from ..planner.prepare import prepare_table_options
 
 __all__ = [
     "DynamicEmbGroupedEmbeddingsLookup",
     "DynamicEmbGroupedPooledEmbeddingsLookup",
     "DynamicEmbeddingKernel",
     "optimizer_from_fused_params",
-    "resolve_table_options",
 ]
 
 # fused_params entries that configure the fused row optimizer: RowOptimizer's
@@ -79,58 +74,6 @@ def optimizer_from_fused_params(
             value = params[name]
             args[name] = value.value if isinstance(value, enum.Enum) else value
     return params.get("optimizer"), args
-
-
-def resolve_table_options(
-    options: DynamicEmbTableOptions,
-    table: Any,
-    world_size: int,
-) -> DynamicEmbTableOptions:
-    """One rank's options of a table, checked against its TorchRec config.
-
-    ``dim`` and ``max_capacity`` the planner left unset are filled (from
-    ``embedding_dim`` and ``get_sharded_table_capacity``), as are UNIFORM
-    bounds (``complete_initializer_args``). The argument is not modified.
-
-    Args:
-        options (DynamicEmbTableOptions): from the plan's
-            ``DynamicEmbParameterSharding``.
-        table: the TorchRec table config (``name``, ``embedding_dim``,
-            ``num_embeddings``).
-        world_size (int): ranks of the sharding.
-
-    Returns:
-        DynamicEmbTableOptions: a completed copy.
-
-    Raises:
-        TypeError: ``options`` is not a DynamicEmbTableOptions.
-        ValueError: ``dim`` differs from the table's ``embedding_dim``.
-    """
-    import dataclasses
-
-    if not isinstance(options, DynamicEmbTableOptions):
-        raise TypeError(
-            f"table {table.name!r}: dynamicemb_options must be a DynamicEmbTableOptions, "
-            f"got {type(options).__name__}"
-        )
-    if options.dim is not None and options.dim != table.embedding_dim:
-        raise ValueError(
-            f"table {table.name!r}: dynamicemb_options.dim ({options.dim}) differs from "
-            f"embedding_dim ({table.embedding_dim})"
-        )
-    max_capacity = options.max_capacity
-    if max_capacity is None:
-        max_capacity = get_sharded_table_capacity(table, world_size, options.bucket_capacity)
-    init_capacity = options.init_capacity
-    if init_capacity is not None and init_capacity > max_capacity:
-        init_capacity = max_capacity
-    return dataclasses.replace(
-        options,
-        dim=table.embedding_dim,
-        max_capacity=max_capacity,
-        init_capacity=init_capacity,
-        initializer_args=complete_initializer_args(options.initializer_args, table),
-    )
 
 
 class DynamicEmbeddingKernel(BaseEmbedding):
@@ -173,7 +116,7 @@ class DynamicEmbeddingKernel(BaseEmbedding):
                 raise ValueError(f"table {table.name!r} has no dynamicemb_options")
             if table.name not in table_ids:
                 raise ValueError(f"table {table.name!r} has no initializer table id")
-            options.append(resolve_table_options(table_options[table.name], table, world_size))
+            options.append(prepare_table_options(table_options[table.name], table, world_size))
             feature_table_map.extend([t] * table.num_features())
         self._table_names: list[str] = [table.name for table in config.embedding_tables]
         self._initializer_table_ids: list[int] = [table_ids[name] for name in self._table_names]

@@ -34,9 +34,9 @@ from dynamicemb.planner import (
     DynamicEmbeddingEnumerator,
     DynamicEmbeddingShardingPlanner,
     DynamicEmbParameterConstraints,
+    prepare_table_options,
 )
 from dynamicemb.planner.parameter_sharding import DynamicEmbParameterSharding
-from dynamicemb.planner.planner import _prepare_dynemb_table_options
 
 RW = ShardingType.ROW_WISE.value
 CUSTOM = EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value
@@ -155,7 +155,7 @@ def _cfg(num_embeddings, dim=16):
 )
 def test_prepare_bucket_layout(num_embeddings, world_size, bucket, want_width, want_capacity):
     options = DynamicEmbTableOptions(bucket_capacity=bucket)
-    prepared = _prepare_dynemb_table_options(options, _cfg(num_embeddings), world_size)
+    prepared = prepare_table_options(options, _cfg(num_embeddings), world_size)
     assert prepared.bucket_capacity == want_width
     assert prepared.max_capacity == want_capacity
     assert prepared.init_capacity == want_capacity
@@ -170,13 +170,13 @@ def test_prepare_bucket_layout(num_embeddings, world_size, bucket, want_width, w
 def test_prepare_init_capacity_aligned_then_clamped(init, want):
     # 1000 rows over 3 ranks with buckets of 128: max_capacity 384.
     options = DynamicEmbTableOptions(bucket_capacity=128, init_capacity=init)
-    assert _prepare_dynemb_table_options(options, _cfg(1000), 3).init_capacity == want
+    assert prepare_table_options(options, _cfg(1000), 3).init_capacity == want
 
 
 def test_prepare_init_capacity_with_sentinel_width():
     # One bucket of 336 per rank: 100 rounds up to the bucket, i.e. 336.
     options = DynamicEmbTableOptions(bucket_capacity=MAX_BUCKET_CAPACITY, init_capacity=100)
-    prepared = _prepare_dynemb_table_options(options, _cfg(1000), 3)
+    prepared = prepare_table_options(options, _cfg(1000), 3)
     assert (prepared.bucket_capacity, prepared.max_capacity, prepared.init_capacity) == (
         336,
         336,
@@ -190,27 +190,25 @@ def test_prepare_init_capacity_with_sentinel_width():
 )
 def test_prepare_local_hbm_split(global_bytes, world_size, want):
     options = DynamicEmbTableOptions(global_hbm_for_values=global_bytes)
-    prepared = _prepare_dynemb_table_options(options, _cfg(1000), world_size)
+    prepared = prepare_table_options(options, _cfg(1000), world_size)
     assert prepared.local_hbm_for_values == want
     assert prepared.global_hbm_for_values == global_bytes
 
 
 def test_prepare_completes_uniform_bounds_from_the_config():
-    prepared = _prepare_dynemb_table_options(DynamicEmbTableOptions(), _cfg(400), 2)
+    prepared = prepare_table_options(DynamicEmbTableOptions(), _cfg(400), 2)
     assert prepared.initializer_args.mode == DynamicEmbInitializerMode.UNIFORM
     assert prepared.initializer_args.lower == pytest.approx(-0.05)
     assert prepared.initializer_args.upper == pytest.approx(0.05)
     partial = DynamicEmbTableOptions(initializer_args=DynamicEmbInitializerArgs(lower=-0.01))
-    prepared = _prepare_dynemb_table_options(partial, _cfg(400), 2)
+    prepared = prepare_table_options(partial, _cfg(400), 2)
     assert (prepared.initializer_args.lower, prepared.initializer_args.upper) == (
         -0.01,
         pytest.approx(0.05),
     )
     assert partial.initializer_args.upper is None
     normal = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.NORMAL, std_dev=0.1)
-    prepared = _prepare_dynemb_table_options(
-        DynamicEmbTableOptions(initializer_args=normal), _cfg(400), 2
-    )
+    prepared = prepare_table_options(DynamicEmbTableOptions(initializer_args=normal), _cfg(400), 2)
     assert prepared.initializer_args == normal
 
 
@@ -219,8 +217,8 @@ def test_prepare_is_idempotent_for_one_world_size():
         options = DynamicEmbTableOptions(
             bucket_capacity=bucket, init_capacity=50, global_hbm_for_values=999
         )
-        once = _prepare_dynemb_table_options(options, _cfg(1000), 3)
-        assert _prepare_dynemb_table_options(once, _cfg(1000), 3) == once
+        once = prepare_table_options(options, _cfg(1000), 3)
+        assert prepare_table_options(once, _cfg(1000), 3) == once
 
 
 def test_prepare_rejects_a_bucket_width_that_is_not_a_multiple_of_16():
@@ -229,7 +227,7 @@ def test_prepare_rejects_a_bucket_width_that_is_not_a_multiple_of_16():
     options = DynamicEmbTableOptions()
     options.bucket_capacity = 100  # set after construction: the planner catches it
     with pytest.raises(ValueError, match="bucket_capacity.*100"):
-        _prepare_dynemb_table_options(options, _cfg(1000), 2)
+        prepare_table_options(options, _cfg(1000), 2)
 
 
 # ------------------------------------------------------------------ planner
@@ -584,7 +582,7 @@ def test_table_metadata_matches_the_embedding_module():
         DynamicEmbScoreStrategy.NO_EVICTION,
     ]
     for strategy in strategies:
-        options = _prepare_dynemb_table_options(
+        options = prepare_table_options(
             DynamicEmbTableOptions(score_strategy=strategy, init_capacity=200), _cfg(1000, dim=4), 1
         )
         module = BatchedDynamicEmbeddingTablesV2(
@@ -611,3 +609,16 @@ def test_enumerator_prepares_for_its_own_world_size():
     space = _options_by(enumerator.enumerate(_Model(_ec_configs(), _ebc_configs()), _sharders()))
     prepared = enumerator.prepared_options(space["dyn_ec"][0])
     assert (prepared.bucket_capacity, prepared.max_capacity) == (256, 256)
+
+
+def test_prepare_refuses_a_dim_that_differs_from_the_config_naming_the_table():
+    options = DynamicEmbTableOptions(dim=8)
+    with pytest.raises(ValueError, match=r"table 't'.*dim \(8\) differs from embedding_dim \(16\)"):
+        prepare_table_options(options, _cfg(1000), 2)
+    assert options.dim == 8 and options.max_capacity is None
+
+
+def test_the_planner_spells_the_preparation_by_the_specs_name_too():
+    from dynamicemb.planner.planner import _prepare_dynemb_table_options
+
+    assert _prepare_dynemb_table_options is prepare_table_options
