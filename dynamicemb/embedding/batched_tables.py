@@ -11,7 +11,8 @@ The step, per batch:
      get their initializer's row and a fresh optimizer state. Eval: find only;
      absent keys read the eval initializer and nothing is inserted.
      NO_EVICTION tables never evict: before the insert, a table the batch
-     could fill (more keys than value rows, or a key map above load 0.5)
+     could fill (more keys than value rows, or a key map above
+     ``NO_EVICTION_LOAD_FACTOR``)
      doubles its key map and its value rows; a key whose bucket is full
      doubles its table again and is placed after. Out of memory, a warning
      is given and the keys that do not fit read zeros;
@@ -41,7 +42,7 @@ from dynamicemb.embedding.initializer import init_rows
 from dynamicemb.embedding.optimizer import RowOptimizer
 from dynamicemb.embedding.score_function import VictimScorer
 from dynamicemb.embedding.unique import segmented_unique
-from dynamicemb.table import ScoredHashTable, enums
+from dynamicemb.table import ScoredHashTable, enums, no_eviction_key_slots
 from dynamicemb.table._native import ops
 
 S = DynamicEmbScoreStrategy
@@ -215,10 +216,10 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         ]
         init = [int(o.init_capacity or o.max_capacity) for o in self.table_options]
         if self.no_eviction:
-            # The key map holds at most half its slots (a fixed load factor of
-            # 0.5); the value buffer holds init_capacity rows. Both double
-            # together, without limit, as keys arrive (see _grow).
-            caps = [_align(2 * r, w) for r, w in zip(init, widths)]
+            # The key map holds at most NO_EVICTION_LOAD_FACTOR of its slots;
+            # the value buffer holds init_capacity rows. Both double together,
+            # without limit, as keys arrive (see _grow).
+            caps = [_align(no_eviction_key_slots(r), w) for r, w in zip(init, widths)]
             self.table = ScoredHashTable(
                 caps,
                 bucket_capacities=widths,
@@ -303,7 +304,8 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
 
     def _grow(self, tables: Sequence[int], needed: Sequence[int] | None = None) -> bool:
         """NO_EVICTION: doubles the key map and the value rows of ``tables``
-        (repeatedly, until ``needed[t]`` keys fit at load 0.5; at least once).
+        (repeatedly, until ``needed[t]`` keys fit at ``NO_EVICTION_LOAD_FACTOR``; at
+        least once).
         A key map that cannot place every key at its new capacity is doubled
         again. Out of memory: warns, changes nothing and returns False."""
         caps = [self.table.capacity(t) for t in range(self.table.num_tables)]
@@ -311,7 +313,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         old_rows, old_bases = list(rows), list(self._row_base_host)
         for t in tables:
             want = rows[t] + 1 if needed is None else int(needed[t])
-            while want > rows[t] or 2 * want > caps[t]:
+            while want > rows[t] or no_eviction_key_slots(want) > caps[t]:
                 caps[t], rows[t] = caps[t] * 2, rows[t] * 2
         for _ in range(_MAX_REHASH):
             try:
@@ -355,7 +357,8 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         grow = [
             t
             for t in range(n)
-            if needed[t] > self.table.row_capacity(t) or 2 * needed[t] > self.table.capacity(t)
+            if needed[t] > self.table.row_capacity(t)
+            or no_eviction_key_slots(needed[t]) > self.table.capacity(t)
         ]
         if grow:
             self._grow(grow, needed)
@@ -365,7 +368,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             failed = status == enums.InsertStatus.FAILED
             if not bool(failed.any()):
                 break
-            # A full bucket below load 0.5: double the tables it happened in
+            # A full bucket below NO_EVICTION_LOAD_FACTOR: double the tables it happened in
             # and place the keys again.
             if not self._grow(torch.unique(tids[failed]).tolist()):
                 break

@@ -21,6 +21,7 @@ from ..dynamicemb_config import (
     complete_initializer_args,
     optimizer_state_dim,
 )
+from ..table.scored_hash_table import FREE_ROW_DTYPE, no_eviction_key_slots, slot_bytes
 
 __all__ = [
     "DynamicShardStorage",
@@ -30,14 +31,6 @@ __all__ = [
     "slot_metadata_bytes",
     "table_metadata_bytes",
 ]
-
-# Bytes of one slot of the hash table besides its score words: the int64 key
-# and the one-byte digest (ScoredHashTable's ``keys`` and ``digests``).
-_KEY_BYTES = 8
-_DIGEST_BYTES = 1
-_SCORE_WORD_BYTES = 8
-# NO_EVICTION tables also keep an int64 free-row list, one entry per row.
-_FREE_ROW_BYTES = 8
 
 
 def prepare_table_options(
@@ -127,9 +120,9 @@ _prepare_dynemb_table_options = prepare_table_options
 def slot_metadata_bytes(options: DynamicEmbTableOptions) -> int:
     """Device bytes of one hash-table slot besides its value row.
 
-    The key (int64), its digest (one byte) and one int64 score word per score
-    (two for the compound ``(TIMESTAMP, LFU)``): the layout ``ScoredHashTable``
-    allocates.
+    The key, its digest and one score word per score (two for the compound
+    ``(TIMESTAMP, LFU)``): the layout ``ScoredHashTable`` allocates
+    (``dynamicemb.table.slot_bytes``).
 
     Args:
         options (DynamicEmbTableOptions): the table's options.
@@ -137,14 +130,14 @@ def slot_metadata_bytes(options: DynamicEmbTableOptions) -> int:
     Returns:
         int: bytes per slot.
     """
-    return _KEY_BYTES + _DIGEST_BYTES + _SCORE_WORD_BYTES * options.num_scores()
+    return slot_bytes(options.num_scores())
 
 
 def table_metadata_bytes(options: DynamicEmbTableOptions, rows: int) -> int:
     """Device bytes of the hash table (keys, digests, scores) for ``rows`` rows.
 
     A table that evicts has one slot per row. A NO_EVICTION table keeps its
-    key map at most half full (twice the rows, in whole buckets) and an int64
+    key map at most ``NO_EVICTION_LOAD_FACTOR`` full (in whole buckets) and a
     free-row entry per row.
 
     Args:
@@ -156,8 +149,8 @@ def table_metadata_bytes(options: DynamicEmbTableOptions, rows: int) -> int:
         int: bytes.
     """
     if DynamicEmbScoreStrategy.NO_EVICTION in options.score_strategies():
-        slots = align_to_table_size(2 * rows, options.bucket_capacity)
-        return slots * slot_metadata_bytes(options) + rows * _FREE_ROW_BYTES
+        slots = align_to_table_size(no_eviction_key_slots(rows), options.bucket_capacity)
+        return slots * slot_metadata_bytes(options) + rows * FREE_ROW_DTYPE.itemsize
     return rows * slot_metadata_bytes(options)
 
 

@@ -2,14 +2,20 @@
 
 from dynamicemb.table._native import constants, enums
 from dynamicemb.table.scored_hash_table import (
+    FREE_ROW_DTYPE,
+    NO_EVICTION_LOAD_FACTOR,
     EvictedKeys,
     ExportedBatch,
     InsertResult,
     ScoredHashTable,
     gather_rows,
+    no_eviction_key_slots,
+    slot_bytes,
 )
 
 __all__ = [
+    "FREE_ROW_DTYPE",
+    "NO_EVICTION_LOAD_FACTOR",
     "EvictedKeys",
     "ExportedBatch",
     "InsertResult",
@@ -17,4 +23,6 @@ __all__ = [
     "constants",
     "gather_rows",
     "enums",
+    "no_eviction_key_slots",
+    "slot_bytes",
 ]

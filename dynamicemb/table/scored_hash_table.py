@@ -8,6 +8,7 @@ The semantics are documented once, in ``cc/table/`` (``layout.h``, ``hash.h``,
 ``scores.h``, ``operations.h``, ``rows.h``).
 """
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -18,6 +19,30 @@ from dynamicemb.table._native import constants, enums, ops
 IntOrSeq = int | Sequence[int]
 
 INT64_MIN = -(2**63)
+
+# The dtypes of a table's state tensors (see _allocate): what one slot and one
+# NO_EVICTION free-row entry occupy.
+KEY_DTYPE, DIGEST_DTYPE, SCORE_DTYPE, FREE_ROW_DTYPE = (
+    torch.int64,
+    torch.uint8,
+    torch.int64,
+    torch.int64,
+)
+
+# A NO_EVICTION key map is kept at most this full, whatever max_load_factor
+# says: it doubles (with its rows) before a batch could fill it further.
+NO_EVICTION_LOAD_FACTOR = 0.5
+
+
+def slot_bytes(num_scores: int) -> int:
+    """Bytes of one slot: its key, digest and ``num_scores`` score words."""
+    return KEY_DTYPE.itemsize + DIGEST_DTYPE.itemsize + num_scores * SCORE_DTYPE.itemsize
+
+
+def no_eviction_key_slots(keys: int) -> int:
+    """Slots a NO_EVICTION key map needs to hold ``keys`` keys
+    (``NO_EVICTION_LOAD_FACTOR``), before bucket alignment."""
+    return math.ceil(keys / NO_EVICTION_LOAD_FACTOR)
 
 
 @dataclass
@@ -219,12 +244,12 @@ class ScoredHashTable:
         self.info = self.info_host.to(self.device)
         total = sum(caps)
         self.total_buckets = sum(cap // w for cap, w in zip(caps, widths))
-        self.keys = torch.full((total,), int(c["EMPTY_KEY"]), dtype=torch.int64, device=self.device)
+        self.keys = torch.full((total,), int(c["EMPTY_KEY"]), dtype=KEY_DTYPE, device=self.device)
         self.digests = torch.full(
-            (total,), int(c["EMPTY_DIGEST"]), dtype=torch.uint8, device=self.device
+            (total,), int(c["EMPTY_DIGEST"]), dtype=DIGEST_DTYPE, device=self.device
         )
-        self.scores = torch.zeros((total, self.num_scores), dtype=torch.int64, device=self.device)
-        self.free_rows = torch.zeros((sum(rows),), dtype=torch.int64, device=self.device)
+        self.scores = torch.zeros((total, self.num_scores), dtype=SCORE_DTYPE, device=self.device)
+        self.free_rows = torch.zeros((sum(rows),), dtype=FREE_ROW_DTYPE, device=self.device)
         self._capacities, self._widths, self._row_caps = list(caps), list(widths), list(rows)
 
     @property
@@ -561,8 +586,9 @@ class ScoredHashTable:
 
     def reserve(self, incoming: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Doubles the tables that could exceed max_load_factor (NO_EVICTION:
-        0.5) after ``incoming[t]`` new keys, up to their max capacity, and grows
-        NO_EVICTION row capacity to fit. Reads the size counters (synchronizes).
+        ``NO_EVICTION_LOAD_FACTOR``) after ``incoming[t]`` new keys, up to their
+        max capacity, and grows NO_EVICTION row capacity to fit. Reads the size
+        counters (synchronizes).
 
         Returns:
             (old_slots, new_slots) of every moved key when the layout changed,
@@ -573,7 +599,7 @@ class ScoredHashTable:
         caps = list(self._capacities)
         rows = list(self._row_caps)
         for t in range(self.num_tables):
-            lf = 0.5 if self._no_eviction[t] else self.max_load_factor
+            lf = NO_EVICTION_LOAD_FACTOR if self._no_eviction[t] else self.max_load_factor
             need = sizes[t] + int(incoming[t])
             while need > lf * caps[t] and caps[t] < self._max_caps[t]:
                 caps[t] = min(caps[t] * 2, self._max_caps[t])
