@@ -93,7 +93,7 @@ def _wrap(x: int) -> int:
     return x - (1 << 64) if x >> 63 else x
 
 
-def mix64(x: torch.Tensor) -> torch.Tensor:
+def splitmix64(x: torch.Tensor) -> torch.Tensor:
     """SplitMix64's finalizer on int64 (wrapping arithmetic)."""
     x = (x ^ _shr(x, 30)) * _MIX1
     x = (x ^ _shr(x, 27)) * _MIX2
@@ -103,13 +103,13 @@ def mix64(x: torch.Tensor) -> torch.Tensor:
 def raw_ids(ranks: torch.Tensor, salt: int) -> torch.Tensor:
     """The raw 64-bit id of each power-law rank: spread over all of int64,
     the reserved smallest values excluded."""
-    ids = mix64(ranks * _GOLDEN + _wrap(salt))
+    ids = splitmix64(ranks * _GOLDEN + _wrap(salt))
     return torch.where(ids < _INT64_MIN + _RESERVED_KEYS, ids + _RESERVED_KEYS, ids)
 
 
 def hidden_weight(ids: torch.Tensor, salt: int) -> torch.Tensor:
     """The hidden model's weight of each id: uniform in [-1, 1), from the id."""
-    h = _shr(mix64(ids ^ _wrap(salt * _MIX2)), 11)  # 53 random bits
+    h = _shr(splitmix64(ids ^ _wrap(salt * _MIX2)), 11)  # 53 random bits
     return h.to(torch.float64) * (2.0 / (1 << 53)) - 1.0
 
 

@@ -1,25 +1,11 @@
 """BatchedDynamicEmbeddingTablesV2: many dynamic tables fused, keys in,
 pooled (or per-key) embeddings out, fused optimizer updates in backward.
 
-This version composes the table ops (find-or-insert, initializers, row
-gathers, fused optimizers) with torch operations; it runs on the CPU and the
-GPU alike and is the reference for fused kernels to come.
-
-The step, per batch:
-  1. the distinct (table, key) pairs and their counts (segmented_unique);
-  2. training: find-or-insert them with the table's score policy; new keys
-     get their initializer's row and a fresh optimizer state. Eval: find only;
-     absent keys read the eval initializer and nothing is inserted.
-     NO_EVICTION tables never evict: before the insert, a table the batch
-     could fill (more keys than value rows, or a key map above
-     ``NO_EVICTION_LOAD_FACTOR``)
-     doubles its key map and its value rows; a key whose bucket is full
-     doubles its table again and is placed after. Out of memory, a warning
-     is given and the keys that do not fit read zeros;
-  3. rows of the distinct keys are gathered and pooled (SUM, MEAN, NONE,
-     weighted SUM), empty bags give zeros;
-  4. backward: per-occurrence gradients are summed per distinct key and the
-     optimizer updates the rows in place.
+It composes the table ops (find-or-insert, initializers) with the two
+pooling ops (embedding_pool forward; embedding_update backward: gradient
+reduction and the optimizer's update in one pass); it runs on the CPU and the
+GPU alike. What it does in a training step, stage by stage, is written once,
+in docs/training_step.md.
 """
 
 import os
@@ -85,8 +71,8 @@ def _policies(strategies, step: int, custom: int | None, counts: torch.Tensor):
     return [P.NONE], None  # NO_EVICTION: the score word holds the row
 
 
-class _Lookup(torch.autograd.Function):
-    """The fused lookup: pooling forward (embedding_pool), and a backward that
+class _Pool(torch.autograd.Function):
+    """Pooling forward (embedding_pool), and a backward that
     reduces each distinct key's gradient and updates its row in place
     (embedding_update) -- the optimizer is fused, nothing flows further."""
 
@@ -106,7 +92,7 @@ class _Lookup(torch.autograd.Function):
 
 @dataclass
 class _Batch:
-    """One batch's lookup structure (cc/embedding/pooling.h): distinct keys'
+    """One batch's bag structure (cc/embedding/pooling.h): distinct keys'
     rows, occurrences grouped by distinct key, bags and output layout."""
 
     rows: torch.Tensor
@@ -268,7 +254,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             self.initializer_table_ids, dtype=torch.int64, device=self.device
         )
         self._init_groups = {mode: self._group_tables(mode) for mode in (False, True)}
-        # Output layout of pooled lookups: feature f's dims[f] columns start at
+        # Output layout of pooled batches: feature f's dims[f] columns start at
         # cols[f], the features side by side (TorchRec's KeyedTensor order).
         fdims = [self.dims[t] for t in self.feature_table_map]
         fcols = [sum(fdims[:f]) for f in range(len(fdims))]
@@ -431,9 +417,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 0, su.inverse, frequency_counters.to(self.device).long()
             )
         if self.training:
-            rows = self._lookup_train(su.keys, su.table_ids, counts)
+            rows = self._rows_train(su.keys, su.table_ids, counts)
         else:
-            rows = self._lookup_eval(su.keys, su.table_ids)
+            rows = self._rows_eval(su.keys, su.table_ids)
         weights = None if pooling_weights is None else pooling_weights.to(self.device)
         if self.pooling_mode == DynamicEmbPoolingMode.MEAN:
             inv_len = 1.0 / lengths.clamp(min=1).to(torch.float32)
@@ -442,7 +428,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         occ_offsets = torch.zeros(su.counts.numel() + 1, dtype=torch.int64, device=self.device)
         torch.cumsum(su.counts, 0, out=occ_offsets[1:])
         if self.pooling_mode == DynamicEmbPoolingMode.NONE:
-            # Sequence lookups: every occurrence is a bag of its own.
+            # Sequence batches (pooling NONE): every occurrence is a bag of its own.
             b = _Batch(
                 rows,
                 su.inverse,
@@ -485,7 +471,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 b.batch,
                 b.out_width,
             )
-        return _Lookup.apply(self._placeholder, self, b, extra)
+        return _Pool.apply(self._placeholder, self, b, extra)
 
     def _check_weights(self, indices, frequency_counters, pooling_weights) -> None:
         if pooling_weights is None:
@@ -507,7 +493,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if frequency_counters is not None:
             raise ValueError("pass either pooling_weights or frequency_counters, not both")
 
-    def _lookup_train(self, keys, tids, counts) -> torch.Tensor:
+    def _rows_train(self, keys, tids, counts) -> torch.Tensor:
         self.step += 1
         if S.CUSTOMIZED in self.strategies and self._custom_score is None:
             raise RuntimeError("CUSTOMIZED score strategy: call set_score before the forward pass")
@@ -583,7 +569,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 self.optimizer.init_state(state)
                 self.values[r, d : d + sd] = state
 
-    def _lookup_eval(self, keys, tids) -> torch.Tensor:
+    def _rows_eval(self, keys, tids) -> torch.Tensor:
         rows = self._rows_of(self.table.find(keys, tids), tids)
         missing = rows < 0
         self._eval_rows = None

@@ -399,7 +399,7 @@ class ScoredHashTable:
             update,
         )
 
-    def find_values(
+    def find_gather(
         self,
         keys: torch.Tensor,
         values: torch.Tensor,

@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from test_optimizer import reference_step
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "table"))
-from table_model import mix64
+from table_model import bucket_hash
 
 EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
@@ -414,7 +414,7 @@ def test_no_eviction_grows_only_the_table_that_needs_it():
 
 def _home_bucket(key, capacity, width):
     """The table's addressing (cc/table/hash.h): the bucket hash, then the bucket."""
-    return (mix64(key) % capacity) // width
+    return (bucket_hash(key) % capacity) // width
 
 
 def test_no_eviction_full_bucket_below_half_load_grows_instead_of_failing():

@@ -124,7 +124,7 @@ def keys_in_bucket(table_capacity: int, width: int, bucket: int, count: int, sta
     """The first `count` keys >= start whose home bucket is `bucket` (model hash)."""
     out, k = [], start
     while len(out) < count:
-        if (M.mix64(k) % table_capacity) // width == bucket:
+        if (M.bucket_hash(k) % table_capacity) // width == bucket:
             out.append(k)
         k += 1
     return out
