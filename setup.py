@@ -110,14 +110,18 @@ def extension_modules():
     depends.append("cc/sources.bzl")
 
     std = cxx_std(torch)
-    cxx_flags = ["-O3", std]
+    # -Wall -Wextra speak of our code only: torch's headers are searched as
+    # system headers (GCC treats a directory given by -I and -isystem as the latter).
+    cxx_flags = ["-O3", std, "-Wall", "-Wextra"]
+    cxx_flags += ["-isystem" + p for p in cpp_extension.include_paths()]
     macros = []
     kwargs = {}
     if with_cuda:
         sources += [os.path.join(d, f) for d, p in packages.items() for f in p["cuda_srcs"]]
         macros.append(("DEMB_WITH_CUDA", "1"))
         archs = os.environ.get("DEMB_CUDA_ARCHS") or DEFAULT_CUDA_ARCHS
-        nvcc_flags = ["-O3", std, "--expt-relaxed-constexpr"] + gencode_flags(archs)
+        nvcc_flags = ["-O3", std, "--expt-relaxed-constexpr", "-Xcompiler=-Wall,-Wextra"]
+        nvcc_flags += gencode_flags(archs)
         kwargs["extra_compile_args"] = {"cxx": cxx_flags, "nvcc": nvcc_flags}
         ext_class = cpp_extension.CUDAExtension
         print(

@@ -54,9 +54,8 @@ DEMB_HD int64_t sort_key_of(const TableRef& t, int64_t key, int64_t table) {
 
 /// NO_EVICTION with assign_rows: the row given for entry `index` lies in the
 /// table's value buffer (else the entry is invalid and nothing is stored).
-DEMB_HD bool assigned_row_valid(const ScoreArgs& a, int64_t index, int32_t num_scores,
-                                const int64_t* inf) {
-  const int64_t row = score_input(a, index, num_scores, 0);
+DEMB_HD bool assigned_row_valid(const ScoreArgs& a, int64_t index, const int64_t* inf) {
+  const int64_t row = score_input(a, index, 0);
   return row >= 0 && row < inf[kInfoRowCapacity];
 }
 
@@ -177,7 +176,7 @@ DEMB_HD RunDeltas run_keys(const TableRef& t, const RunArgs& r, int64_t begin, i
       continue;
     }
 
-    if (no_evict && r.assign_rows && !assigned_row_valid(r.score, i, ns, inf)) {
+    if (no_evict && r.assign_rows && !assigned_row_valid(r.score, i, inf)) {
       result(i, -1, InsertStatus::kInvalid);
       pr.sync();
       continue;
@@ -213,14 +212,14 @@ DEMB_HD RunDeltas run_keys(const TableRef& t, const RunArgs& r, int64_t begin, i
       t.digests[slot] = digest;
       if (no_evict) {
         if (r.assign_rows) {
-          t.scores[slot * ns] = score_input(r.score, i, ns, 0);
+          t.scores[slot * ns] = score_input(r.score, i, 0);
         } else {
           t.scores[slot * ns] = -1;  // handed out by the row pass
           if (r.row_work) r.row_work[i] = 1;
         }
         for (int32_t c = 1; c < ns; ++c) t.scores[slot * ns + c] = 0;
       } else {
-        for (int32_t c = 0; c < ns; ++c) t.scores[slot * ns + c] = initial_score(r.score, i, ns, c);
+        for (int32_t c = 0; c < ns; ++c) t.scores[slot * ns + c] = initial_score(r.score, i, c);
       }
     }
     result(i, slot, st);
