@@ -309,9 +309,14 @@ class DynamicEmbGroupedPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):
         return _dynamic_kernel(self, config, DynamicEmbPoolingMode.SUM, device)
 
 
-def dynamic_embedding_kernels(model: torch.nn.Module) -> list["DynamicEmbeddingKernel"]:
+def named_dynamic_embedding_kernels(
+    model: torch.nn.Module,
+) -> list[tuple[str, "DynamicEmbeddingKernel"]]:
     """This rank's ``DynamicEmbeddingKernel`` of every group of dynamic tables
-    in a sharded model, in module order.
+    in a sharded model, in module order, each with the name of its sharded
+    collection: the collection's path in the model unwrapped from
+    DistributedModelParallel, DistributedDataParallel and FSDP (e.g.
+    ``"sparse_arch"``; ``""`` when the model is the collection).
 
     TorchRec's sharded collections keep their lookups (one per sharding) in a
     plain list, not as submodules, so ``model.modules()`` alone does not reach
@@ -320,9 +325,18 @@ def dynamic_embedding_kernels(model: torch.nn.Module) -> list["DynamicEmbeddingK
     ``BatchedDynamicEmbeddingTablesV2``, whose ``table`` has the counters)
     are what metrics, dumps and tests read.
     """
-    kernels: list[DynamicEmbeddingKernel] = []
-    for module in model.modules():
+    from torchrec.distributed.model_parallel import get_unwrapped_module
+
+    kernels: list[tuple[str, DynamicEmbeddingKernel]] = []
+    for name, module in get_unwrapped_module(model).named_modules():
         for lookup in getattr(module, "_lookups", None) or []:
             lookup = getattr(lookup, "module", lookup)
-            kernels += [m for m in lookup.modules() if isinstance(m, DynamicEmbeddingKernel)]
+            kernels += [
+                (name, m) for m in lookup.modules() if isinstance(m, DynamicEmbeddingKernel)
+            ]
     return kernels
+
+
+def dynamic_embedding_kernels(model: torch.nn.Module) -> list["DynamicEmbeddingKernel"]:
+    """The kernels of ``named_dynamic_embedding_kernels``, without the names."""
+    return [kernel for _, kernel in named_dynamic_embedding_kernels(model)]

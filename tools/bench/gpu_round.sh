@@ -2,7 +2,8 @@
 # One device round: build and run the GPU tests, then the embedding and table
 # benchmarks, writing each output to $OUT (default: .gpu_round/) as well.
 #
-#   bash tools/bench/gpu_round.sh [tests|embedding|table|variants|multigpu]...   (default: the first three)
+#   bash tools/bench/gpu_round.sh [tests|embedding|table|variants|multigpu|checkpoint|metrics]...
+#   (default: the first three)
 #
 # Needs a CUDA machine; the torchrec/fbgemm bundle in .gpupkg/ for the FBGEMM
 # baselines (see docs/testing.md).
@@ -11,11 +12,17 @@
 # dynamicemb._C with CUDA if it is not built yet, then, each under a timeout:
 # the sharded EmbeddingCollection benchmark against TorchRec
 # (tools/bench/sharded_ec_bench.py), the `multigpu` tests (tests/shard,
-# tests/twin), the main job (tools/train_dlrm.py --device cuda --steps 500).
+# tests/twin, tests/checkpoint), the main job (tools/train_dlrm.py --device cuda --steps 500).
 # Writes multigpu_*.txt to $OUT and prints a summary (also $OUT/multigpu.txt).
-# Timeouts in seconds: MG_BENCH_TIMEOUT (90), MG_TESTS_TIMEOUT (90),
+# Timeouts in seconds: MG_BENCH_TIMEOUT (90), MG_TESTS_TIMEOUT (180),
 # MG_TRAIN_TIMEOUT (60), MG_BUILD_TIMEOUT (300); MG_BENCH_ARGS replaces the
 # benchmark's step counts.
+#
+# metrics: the metrics' GPU tests (`pytest -m gpu tests/metrics`: no more
+# synchronizations in a training step with metrics than without) and the train
+# step with /metrics scraped every second against none
+# (tools/bench/metrics_bench.py). Writes $OUT/metrics.txt. Needs the
+# OpenTelemetry wheels in .gpupkg/wheels (docs/testing.md).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu_round}
@@ -36,22 +43,41 @@ status_word() {
   esac
 }
 
+# Builds dynamicemb._C with CUDA kernels (run_gpu_tests.sh's build) unless it
+# is there; appends the outcome to the summary file $1. Fails when the build does.
+build_cuda() {
+  local sum=$1 rc t0
+  if "$PY" -c "from dynamicemb.table._native import extension; import sys; sys.exit(0 if extension().cuda_built() else 1)" > /dev/null 2>&1; then
+    return 0
+  fi
+  t0=$(date +%s)
+  DEMB_CUDA_ARCHS=${DEMB_CUDA_ARCHS:-90} DEMB_BUILD_CUDA=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} \
+    timeout -k 10 "${MG_BUILD_TIMEOUT:-300}" "$PY" setup.py -q build_ext --inplace > "$OUT/build.txt" 2>&1
+  rc=$?
+  echo "build: $(status_word $rc "${MG_BUILD_TIMEOUT:-300}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+  [ $rc -ne 0 ] && tail -30 "$OUT/build.txt"
+  return $rc
+}
+
+metrics_part() {
+  local sum="$OUT/metrics.txt"
+  : > "$sum"
+  build_cuda "$sum" || return
+  if ! "$PY" -c "import opentelemetry.sdk, opentelemetry.exporter.prometheus" > /dev/null 2>&1; then
+    echo "metrics: opentelemetry-sdk / opentelemetry-exporter-prometheus missing (add their wheels to .gpupkg/wheels, docs/testing.md)" | tee -a "$sum"
+    return
+  fi
+  timeout -k 10 300 "$PY" -m pytest -m gpu tests/metrics -q -s -p no:cacheprovider > "$OUT/metrics_tests_full.txt" 2>&1
+  grep -E "^synchronizations|passed|failed|skipped|Error" "$OUT/metrics_tests_full.txt" | tail -5 | tee -a "$sum"
+  timeout -k 10 300 "$PY" tools/bench/metrics_bench.py --device cuda --tables 10 --lookups 104857 \
+    --dim 128 --rows 1677721 --seconds 5 --rounds 6 2>&1 | tail -4 | tee -a "$sum"
+}
+
 multigpu_part() {
   local sum="$OUT/multigpu.txt" rc t0
   : > "$sum"
   "$PY" -c "import torch; n = torch.cuda.device_count(); print(f'torch {torch.__version__}, {n} GPU(s):', ', '.join(sorted({torch.cuda.get_device_name(i) for i in range(n)})))" 2>&1 | tee -a "$sum"
-  # The extension, with CUDA kernels (run_gpu_tests.sh's build) unless already there.
-  if ! "$PY" -c "from dynamicemb.table._native import extension; import sys; sys.exit(0 if extension().cuda_built() else 1)" > /dev/null 2>&1; then
-    t0=$(date +%s)
-    DEMB_CUDA_ARCHS=${DEMB_CUDA_ARCHS:-90} DEMB_BUILD_CUDA=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} \
-      timeout -k 10 "${MG_BUILD_TIMEOUT:-300}" "$PY" setup.py -q build_ext --inplace > "$OUT/multigpu_build.txt" 2>&1
-    rc=$?
-    echo "build: $(status_word $rc "${MG_BUILD_TIMEOUT:-300}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
-    if [ $rc -ne 0 ]; then
-      tail -30 "$OUT/multigpu_build.txt"
-      return
-    fi
-  fi
+  build_cuda "$sum" || return
   # 1. Benchmark: sharded EmbeddingCollection, dynamicemb against TorchRec.
   t0=$(date +%s)
   # shellcheck disable=SC2086
@@ -67,10 +93,10 @@ multigpu_part() {
   local report="$OUT/multigpu_tests.xml" par=()
   rm -f "$report"
   "$PY" -c "import xdist" > /dev/null 2>&1 && par=(-n 2 --dist loadfile)
-  timeout -k 10 "${MG_TESTS_TIMEOUT:-90}" "$PY" -m pytest -m multigpu tests/shard tests/twin -q --tb=short \
+  timeout -k 10 "${MG_TESTS_TIMEOUT:-180}" "$PY" -m pytest -m multigpu tests/shard tests/twin tests/checkpoint -q --tb=short \
     -p no:cacheprovider ${par[@]+"${par[@]}"} --junitxml="$report" > "$OUT/multigpu_tests_full.txt" 2>&1
   rc=$?
-  echo "tests: $(status_word $rc "${MG_TESTS_TIMEOUT:-90}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+  echo "tests: $(status_word $rc "${MG_TESTS_TIMEOUT:-180}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
   if [ -f "$report" ]; then
     "$PY" - "$report" <<'PYEOF' | tee -a "$sum"
 import sys, xml.etree.ElementTree as ET
@@ -87,7 +113,7 @@ print(f"{tests - failed - skipped} passed, {failed} failed, {skipped} skipped")
 PYEOF
   else
     tail -20 "$OUT/multigpu_tests_full.txt"
-    echo "0 passed, 1 failed (no report: the run $(status_word $rc "${MG_TESTS_TIMEOUT:-90}"))" | tee -a "$sum"
+    echo "0 passed, 1 failed (no report: the run $(status_word $rc "${MG_TESTS_TIMEOUT:-180}"))" | tee -a "$sum"
   fi
   # 3. The main job on every GPU.
   t0=$(date +%s)
@@ -126,6 +152,15 @@ for part in "${parts[@]}"; do
       ;;
     multigpu)
       multigpu_part
+      ;;
+    checkpoint)
+      # shellcheck disable=SC2086
+      timeout -k 10 "${CKPT_BENCH_TIMEOUT:-600}" "$PY" tools/bench/checkpoint_bench.py --device cuda \
+        ${CKPT_BENCH_ARGS:---tables 10 --rows 1600000 --dim 128} 2>&1 \
+        | grep -v "registered at\|backend fallback\|Warning\|warn(" | tee "$OUT/checkpoint.txt"
+      ;;
+    metrics)
+      metrics_part
       ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
