@@ -10,10 +10,10 @@ import torch
 from dynamicemb import DynamicEmbOptimType
 from dynamicemb.embedding import RowOptimizer
 from dynamicemb.table._native import ops
+from tests.devices import DEVICES
 
 EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 SGD, ADAM, ADAGRAD, ROWWISE = (
     EmbOptimType.EXACT_SGD,
     EmbOptimType.ADAM,

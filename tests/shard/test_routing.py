@@ -1,18 +1,13 @@
 """Key -> rank routing (the route_keys op), the bucketization of the input
 dist, index dedup, and the sharders' checks of plan entries."""
 
-import os
-import sys
-
 import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dynamicemb.shard import DIST_TYPE_CODES, bucketize_by_route, dedup_kjt, route_keys
 from dynamicemb.shard.routing import route_keys_by_feature
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "table"))
-from table_model import bucket_hash
+from tests.table.table_model import bucket_hash
 
 MASK64 = (1 << 64) - 1
 

@@ -1,15 +1,10 @@
-"""Helpers shared by the table tests: devices, state snapshots, comparisons
+"""Helpers shared by the table tests: state snapshots, comparisons
 of a ScoredHashTable with the pure-Python model."""
 
-import pytest
-import table_model as M
 import torch
 
 from dynamicemb.table import ScoredHashTable, enums
-
-# "cpu", plus "cuda" (marked gpu) where a CUDA device exists.
-devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-DEVICES = [pytest.param(d, id=d, marks=[pytest.mark.gpu] if d == "cuda" else []) for d in devices]
+from tests.table import table_model as M
 
 STATE_TENSORS = ("keys", "digests", "scores", "counters", "free_rows", "info")
 

@@ -5,8 +5,7 @@ import torch
 
 from dynamicemb.table import gather_rows
 from dynamicemb.table._native import ops
-
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+from tests.devices import DEVICES
 
 
 def reference(values, rows):

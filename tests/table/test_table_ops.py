@@ -9,10 +9,13 @@ position and its slot is predictable by hand.
 import time
 
 import pytest
-import table_model as M
 import torch
-from table_testlib import (
-    DEVICES,
+
+from dynamicemb.table import ScoredHashTable, constants
+from dynamicemb.table._native import extension
+from tests.devices import DEVICES
+from tests.table import table_model as M
+from tests.table.table_testlib import (
     assert_matches_model,
     assert_rows_consistent,
     assert_same_snapshot,
@@ -23,9 +26,6 @@ from table_testlib import (
     snapshot,
     status_names,
 )
-
-from dynamicemb.table import ScoredHashTable, constants
-from dynamicemb.table._native import extension
 
 OPS = torch.ops.dynamicemb
 ASSIGN, ACCUMULATE, NONE, TIMER = M.ASSIGN, M.ACCUMULATE, M.NONE, M.TIMER
