@@ -44,8 +44,9 @@ TORCH_LIBRARY(dynamicemb, m) {
   //   has_rows: some table is NO_EVICTION.
   //   victim_scores: optional (num_slots) float64 on the table's device: a
   //     custom eviction score per slot ranking insert_and_evict's victims
-  //     before the score words (lowest first, NaN first). Only the slots of
-  //     the buckets the batch touches are read (see table_home_starts).
+  //     before the score words (the victim order of cc/table/scores.h). Only
+  //     the slots of the buckets the batch touches are read (see
+  //     table_home_starts).
   // Result:
   //   slots (n) int64, status (n) int8 InsertStatus (erase: 0 removed, 3 absent),
   //   evicted keys (n), scores (n, num_scores), slots (n), table ids (n), the

@@ -68,8 +68,8 @@ DEMB_HD bool touched_by_run(const RunArgs& r, int64_t begin, int64_t cur, int64_
   return false;
 }
 
-/// Position of the smallest (victim score, scores, position) not touched by
-/// this run, or -1.
+/// Position of the first slot in the victim order (scores.h) that this run has
+/// not touched, or -1.
 /// (The best candidate's order key and score words stay in registers: each
 /// slot's are read once. Score words are at most two.)
 DEMB_HD int64_t pick_victim(const TableRef& t, const Home& h, const RunArgs& r, int64_t begin,

@@ -138,10 +138,11 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             it). The tables share ``score_strategy`` and ``bucket_capacity``
             layout rules of one fused allocation, so NO_EVICTION tables are
             fused only with NO_EVICTION tables. A NO_EVICTION table starts
-            with ``init_capacity`` value rows and a key map of twice that and
-            grows without bound (``max_capacity`` and ``max_load_factor`` do
-            not apply). A ``score_function`` (compound (TIMESTAMP, LFU) only,
-            shared by the fused tables) ranks the victims of full buckets:
+            with ``init_capacity`` value rows and a key map of
+            ``no_eviction_key_slots(init_capacity)`` slots and grows without
+            bound (``max_capacity`` and ``max_load_factor`` do not apply). A
+            ``score_function`` (compound (TIMESTAMP, LFU) only, shared by the
+            fused tables) ranks the victims of full buckets:
             it is compiled with numba when the module is built and evaluated
             over the buckets of each training batch (score_function.py).
         feature_table_map (List[int], optional): table of each feature

@@ -500,10 +500,9 @@ class ScoredHashTable:
 
         Args:
             victim_scores (torch.Tensor, optional): (num_slots) float64, a
-                custom eviction score per slot: the victim is the untouched
-                slot with the lowest one (NaN lowest of all), ties by the score
-                words, then position. Only the buckets of ``home_starts(keys)``
-                are read.
+                custom eviction score per slot, ranking victims before the
+                score words (the victim order: cc/table/scores.h). Only the
+                buckets of ``home_starts(keys)`` are read.
         """
         return self._run(
             enums.RunOp.INSERT_EVICT, keys, table_ids, policies, scores, assign_rows, victim_scores
