@@ -37,8 +37,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-# tools/dist_launch.py
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+# examples/dist_launch.py
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
 import dist_launch
 
 TABLE = "t0"

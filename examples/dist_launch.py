@@ -1,5 +1,5 @@
-"""What the multi-process scripts (tools/train_dlrm.py,
-tools/bench/sharded_ec_bench.py) share: the --device and --world-size
+"""What the multi-process scripts (examples/train_dlrm.py, the benchmarks
+tools/bench/sharded_ec_bench.py and checkpoint_bench.py) share: the --device and --world-size
 arguments, free ports, and one process per rank (NCCL on GPU ``rank``, or
 gloo on the CPU).
 """

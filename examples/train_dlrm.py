@@ -19,9 +19,9 @@ fused optimizer (rowwise Adagrad or Adam), the dense part by torch's Adam.
 One process per GPU (NCCL) when there is a GPU, else processes on the CPU
 (gloo).
 
-    python tools/train_dlrm.py [--steps N] [--batch-size B] [--world-size W]
-                               [--device cpu|cuda] [--summary-json PATH]
-                               [--metrics-port PORT [--metrics-wait SECONDS]]
+    python examples/train_dlrm.py [--steps N] [--batch-size B] [--world-size W]
+                                  [--device cpu|cuda] [--summary-json PATH]
+                                  [--metrics-port PORT [--metrics-wait SECONDS]]
 
 With --metrics-port, rank r serves the tables' OpenTelemetry figures for
 Prometheus at http://<host>:PORT+r/metrics (dynamicemb.metrics).
@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import dist_launch  # tools/dist_launch.py, next to this script
+import dist_launch  # examples/dist_launch.py, next to this script
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
