@@ -428,9 +428,7 @@ def evaluate(
 
 def train(rank: int, world_size: int, args) -> dict[str, Any] | None:
     """One rank's training; rank 0 returns the run's summary."""
-    from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import Topology
-    from torchrec.distributed.types import ShardingEnv
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     from dynamicemb.planner import DynamicEmbeddingShardingPlanner
@@ -453,14 +451,7 @@ def train(rank: int, world_size: int, args) -> dict[str, Any] | None:
         batch_size=args.batch_size,
         debug=False,
     )
-    plan = planner.collective_plan(model, [sharder], pg)
-    model = DistributedModelParallel(
-        model,
-        env=ShardingEnv.from_process_group(pg),
-        device=device,
-        plan=plan,
-        sharders=[sharder],
-    )
+    model, plan = dist_launch.plan_and_shard(model, planner, sharder, device, pg)
     # Embedding rows (dynamic and static) are updated by the fused optimizer
     # in the backward pass; the rest is dense and data parallel.
     dense_params = [

@@ -81,7 +81,7 @@ class _Pool(torch.autograd.Function):
     @staticmethod
     def forward(ctx, placeholder, module, batch_args, extra):
         ctx.module, ctx.batch_args = module, batch_args
-        out = module._pool(batch_args)
+        out = batch_args.pool(module.values)
         if extra is not None:  # eval: initializer rows of keys the table misses
             out = out + extra
         return out
@@ -108,6 +108,21 @@ class _Batch:
     dims: torch.Tensor
     batch: int
     out_width: int
+
+    def pool(self, values: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Every bag's (weighted) sum of ``values[rows]`` (default: the
+        distinct keys' rows) in the output layout: the embedding_pool op."""
+        return ops().embedding_pool(
+            values,
+            self.rows if rows is None else rows,
+            self.inverse,
+            self.bag_offsets,
+            self.weights,
+            self.cols,
+            self.dims,
+            self.batch,
+            self.out_width,
+        )
 
 
 @dataclass
@@ -499,17 +514,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if not self.training and self._eval_rows is not None:
             missing, fill = self._eval_rows
             fill_rows = torch.where(missing, torch.arange(missing.numel(), device=self.device), -1)
-            extra = ops().embedding_pool(
-                fill,
-                fill_rows,
-                b.inverse,
-                b.bag_offsets,
-                b.weights,
-                b.cols,
-                b.dims,
-                b.batch,
-                b.out_width,
-            )
+            extra = b.pool(fill, fill_rows)
         return _Pool.apply(self._placeholder, self, b, extra)
 
     def _check_weights(self, indices, frequency_counters, pooling_weights) -> None:
@@ -619,19 +624,6 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 fill[idx if sel is None else idx[sel], :d] = init
             self._eval_rows = (missing, fill)
         return rows
-
-    def _pool(self, b: "_Batch") -> torch.Tensor:
-        return ops().embedding_pool(
-            self.values,
-            b.rows,
-            b.inverse,
-            b.bag_offsets,
-            b.weights,
-            b.cols,
-            b.dims,
-            b.batch,
-            b.out_width,
-        )
 
     # ----------------------------------------------------------- backward --
 

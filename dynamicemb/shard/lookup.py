@@ -272,13 +272,9 @@ class DynamicEmbGroupedEmbeddingsLookup(GroupedEmbeddingsLookup):
 class DynamicEmbGroupedPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):
     """TorchRec's pooled lookup with ``DynamicEmbeddingKernel`` groups.
 
-    Args:
-        grouped_configs (List[GroupedEmbeddingConfig]): the rank's groups.
-        table_options (Dict[str, DynamicEmbTableOptions]): options by table.
-        table_ids (Dict[str, int]): initializer table ids by table.
-        world_size (int): ranks of the sharding.
-        device, pg, feature_processor, sharding_type, env: as for
-            ``GroupedPooledEmbeddingsLookup``.
+    Arguments as ``DynamicEmbGroupedEmbeddingsLookup``'s, and
+    ``feature_processor`` and ``sharding_type`` as for
+    ``GroupedPooledEmbeddingsLookup``.
     """
 
     def __init__(

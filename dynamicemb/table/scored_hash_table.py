@@ -8,6 +8,7 @@ The semantics are documented once, in ``cc/table/`` (``layout.h``, ``hash.h``,
 ``scores.h``, ``operations.h``, ``rows.h``).
 """
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -45,8 +46,18 @@ def no_eviction_key_slots(keys: int) -> int:
     return math.ceil(keys / NO_EVICTION_LOAD_FACTOR)
 
 
+class _CountedBatch:
+    """A dataclass of tensors whose first ``count[0]`` entries are valid."""
+
+    def compact(self):
+        """The valid prefix of every tensor (reads the count: synchronizes on CUDA)."""
+        n = int(self.count.item())
+        names = [f.name for f in dataclasses.fields(self) if f.name != "count"]
+        return dataclasses.replace(self, **{name: getattr(self, name)[:n] for name in names})
+
+
 @dataclass
-class EvictedKeys:
+class EvictedKeys(_CountedBatch):
     """Keys an insert_and_evict pushed out, in (bucket, batch index) order.
 
     Attributes:
@@ -62,13 +73,6 @@ class EvictedKeys:
     slots: torch.Tensor
     table_ids: torch.Tensor
     count: torch.Tensor
-
-    def compact(self) -> "EvictedKeys":
-        """The valid prefix (reads the count: synchronizes on CUDA)."""
-        n = int(self.count.item())
-        return EvictedKeys(
-            self.keys[:n], self.scores[:n], self.slots[:n], self.table_ids[:n], self.count
-        )
 
 
 @dataclass
@@ -87,7 +91,7 @@ class InsertResult:
 
 
 @dataclass
-class ExportedBatch:
+class ExportedBatch(_CountedBatch):
     """Occupied slots selected by export_batch, in slot order (first ``count``)."""
 
     keys: torch.Tensor
@@ -95,12 +99,6 @@ class ExportedBatch:
     table_ids: torch.Tensor
     scores: torch.Tensor
     count: torch.Tensor
-
-    def compact(self) -> "ExportedBatch":
-        n = int(self.count.item())
-        return ExportedBatch(
-            self.keys[:n], self.slots[:n], self.table_ids[:n], self.scores[:n], self.count
-        )
 
 
 def gather_rows(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:

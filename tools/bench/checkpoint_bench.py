@@ -48,9 +48,7 @@ class Model(torch.nn.Module):
 
 def build(args, device: torch.device):
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
-    from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import Topology
-    from torchrec.distributed.types import ShardingEnv
     from torchrec.modules.embedding_configs import EmbeddingConfig
     from torchrec.modules.embedding_modules import EmbeddingCollection
 
@@ -86,14 +84,7 @@ def build(args, device: torch.device):
         batch_size=512,
         debug=False,
     )
-    plan = planner.collective_plan(model, [sharder], dist.group.WORLD)
-    return DistributedModelParallel(
-        model,
-        env=ShardingEnv.from_process_group(dist.group.WORLD),
-        device=device,
-        plan=plan,
-        sharders=[sharder],
-    )
+    return dist_launch.plan_and_shard(model, planner, sharder, device)[0]
 
 
 def fill(model, args, device: torch.device) -> int:
