@@ -2,7 +2,7 @@
 //
 // The Python module `dynamicemb._C`: importing it loads the op library;
 // constants() hands the C++ enumerations and layout constants to Python (table,
-// embedding and routing), so each is defined once, in C++.
+// embedding, storage and routing), so each is defined once, in C++.
 #include <torch/extension.h>
 
 #include <initializer_list>
@@ -10,7 +10,9 @@
 
 #include "cc/embedding/initializer.h"
 #include "cc/embedding/optimizer.h"
+#include "cc/ops/storage_args.h"
 #include "cc/routing/routing.h"
+#include "cc/storage/row_space.h"
 #include "cc/table/hash.h"
 #include "cc/table/table_ref.h"
 #include "cc/table/types.h"
@@ -96,6 +98,10 @@ py::dict constants() {
                                                {"FTRL_BETA", em::kFieldFtrlBeta},
                                                {"L1_REG", em::kFieldL1Reg},
                                                {"L2_REG", em::kFieldL2Reg}});
+  d["ElementType"] = enum_dict<dyn_emb::storage::ElementType>(
+      {{"FLOAT32", dyn_emb::storage::ElementType::kFloat32},
+       {"FLOAT16", dyn_emb::storage::ElementType::kFloat16},
+       {"BFLOAT16", dyn_emb::storage::ElementType::kBFloat16}});
   // Lower case: the names of DynamicEmbTableOptions.dist_type.
   d["DistType"] = enum_dict<dyn_emb::routing::DistType>(
       {{"continuous", dyn_emb::routing::DistType::kContinuous},
@@ -127,6 +133,11 @@ PYBIND11_MODULE(_C, m) {
         "Enumerations and constants defined in C++ (cc/table, cc/embedding, cc/routing).");
   m.def("hash_keys", &hash_keys,
         "bucket_hash(key) (murmur3 fmix64) of each key, as int64 bit patterns.");
+#ifdef DEMB_WITH_CUDA
+  m.def("host_mapped_empty", &dyn_emb::ops::host_mapped_empty,
+        "(host, device) uint8 views of nbytes of pinned host memory mapped into a CUDA "
+        "device's address space.");
+#endif
   m.def(
       "state_dim",
       [](int64_t type, int64_t dim) {
