@@ -11,6 +11,7 @@ from dynamicemb.table.scored_hash_table import (
     gather_rows,
     no_eviction_key_slots,
     slot_bytes,
+    state_bytes,
 )
 
 __all__ = [
@@ -25,4 +26,5 @@ __all__ = [
     "enums",
     "no_eviction_key_slots",
     "slot_bytes",
+    "state_bytes",
 ]

@@ -21,11 +21,12 @@ IntOrSeq = int | Sequence[int]
 
 INT64_MIN = -(2**63)
 
-# The dtypes of a table's state tensors (see _allocate): what one slot and one
-# NO_EVICTION free-row entry occupy.
-KEY_DTYPE, DIGEST_DTYPE, SCORE_DTYPE, FREE_ROW_DTYPE = (
+# The dtypes of a table's state tensors (see _allocate): what one slot, one
+# NO_EVICTION free-row entry and one cell of `info` and `counters` occupy.
+KEY_DTYPE, DIGEST_DTYPE, SCORE_DTYPE, FREE_ROW_DTYPE, TABLE_CELL_DTYPE = (
     torch.int64,
     torch.uint8,
+    torch.int64,
     torch.int64,
     torch.int64,
 )
@@ -38,6 +39,19 @@ NO_EVICTION_LOAD_FACTOR = 0.5
 def slot_bytes(num_scores: int) -> int:
     """Bytes of one slot: its key, digest and ``num_scores`` score words."""
     return KEY_DTYPE.itemsize + DIGEST_DTYPE.itemsize + num_scores * SCORE_DTYPE.itemsize
+
+
+def state_bytes(slots: Sequence[int], num_scores: int, free_rows: int) -> int:
+    """Bytes of a table's state tensors: ``slots[t]`` slots of table t, their
+    ``num_scores`` score words, one row of ``info`` and of ``counters`` per
+    table, and ``free_rows`` NO_EVICTION free-row entries."""
+    c = constants()
+    per_table = (int(c["INFO_COLS"]) + int(c["COUNTER_COLS"])) * TABLE_CELL_DTYPE.itemsize
+    return (
+        sum(slots) * slot_bytes(num_scores)
+        + len(slots) * per_table
+        + free_rows * FREE_ROW_DTYPE.itemsize
+    )
 
 
 def no_eviction_key_slots(keys: int) -> int:
@@ -197,7 +211,7 @@ class ScoredHashTable:
         self._widths = widths
         self._row_caps = rows
         self.counters = torch.zeros(
-            (n, int(c["COUNTER_COLS"])), dtype=torch.int64, device=self.device
+            (n, int(c["COUNTER_COLS"])), dtype=TABLE_CELL_DTYPE, device=self.device
         )
         self._erased: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._allocate(capacities, widths, rows)
@@ -219,7 +233,7 @@ class ScoredHashTable:
     def _info_rows(self, caps: list[int], widths: list[int], rows: list[int]) -> torch.Tensor:
         c = constants()
         col = enums.InfoCol
-        info = torch.zeros((len(caps), int(c["INFO_COLS"])), dtype=torch.int64)
+        info = torch.zeros((len(caps), int(c["INFO_COLS"])), dtype=TABLE_CELL_DTYPE)
         slot = bucket = row = 0
         for t, (cap, w, r) in enumerate(zip(caps, widths, rows)):
             info[t, col.SLOT_OFFSET] = slot
