@@ -397,19 +397,7 @@ class ScoredHashTable:
     ) -> torch.Tensor:
         """Slots of the keys (-1 where absent); with ``update``, applies the
         score policies to the keys found."""
-        keys, table_ids = self._batch(keys, table_ids)
-        policies, values = self._scores(keys.numel(), policies, scores)
-        return ops().table_find(
-            keys,
-            table_ids,
-            self.keys,
-            self.digests,
-            self.scores,
-            self.info,
-            policies,
-            values,
-            update,
-        )
+        return ops().table_find(*self._find_args(keys, table_ids, policies, scores), update)
 
     def find_gather(
         self,
@@ -430,9 +418,15 @@ class ScoredHashTable:
             (slots, rows): (n) int64 slots (-1 where absent) and (n, dim) rows,
             zeros where absent.
         """
+        args = self._find_args(keys, table_ids, policies, scores)
+        return ops().table_find_gather(*args, update, values)
+
+    def _find_args(self, keys, table_ids, policies, scores) -> tuple:
+        """The arguments table_find and table_find_gather share: the batch,
+        the table's state and the score policies with their values."""
         keys, table_ids = self._batch(keys, table_ids)
-        policies, vals = self._scores(keys.numel(), policies, scores)
-        return ops().table_find_gather(
+        policies, values = self._scores(keys.numel(), policies, scores)
+        return (
             keys,
             table_ids,
             self.keys,
@@ -440,8 +434,6 @@ class ScoredHashTable:
             self.scores,
             self.info,
             policies,
-            vals,
-            update,
             values,
         )
 
