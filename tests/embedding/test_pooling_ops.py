@@ -115,14 +115,14 @@ def occurrences(t):
     return occ, order
 
 
-def update(t, grad_out, optimizer, lr=0.1, step=1, wd=0.0, wd_mode=0, seg=None):
-    occ, order = occurrences(t)
+def update_args(t, grad, occ, order, optimizer=SGD, lr=0.1, step=1, wd=0.0, wd_mode=0, seg=None):
+    """The arguments of embedding_update for batch ``t``."""
     opt = RowOptimizer(optimizer, learning_rate=lr, weight_decay=wd, weight_decay_mode=wd_mode)
     seg0, seg1, rows = space(t) if seg is None else seg[:3]
-    ops().embedding_update(
+    return (
         seg0,
         seg1,
-        grad_out,
+        grad,
         rows,
         occ,
         order,
@@ -133,6 +133,13 @@ def update(t, grad_out, optimizer, lr=0.1, step=1, wd=0.0, wd_mode=0, seg=None):
         t["B"],
         F32 if seg is None else seg[3],
         opt.packed(step),
+    )
+
+
+def update(t, grad_out, optimizer, lr=0.1, step=1, wd=0.0, wd_mode=0, seg=None):
+    occ, order = occurrences(t)
+    ops().embedding_update(
+        *update_args(t, grad_out, occ, order, optimizer, lr, step, wd, wd_mode, seg)
     )
 
 
@@ -299,23 +306,8 @@ def test_update_refuses_bad_occurrences_and_changes_nothing():
     occ, order = occurrences(t)
     occ[-1] += 1
     grad = torch.randn(t["B"], t["width"])
-    seg0, seg1, offsets = space(t)
     with pytest.raises(ValueError, match="occ_offsets must run from 0 to"):
-        ops().embedding_update(
-            seg0,
-            seg1,
-            grad,
-            offsets,
-            occ,
-            order,
-            t["bag"],
-            t["weights"],
-            t["cols"],
-            t["dims"],
-            t["B"],
-            F32,
-            RowOptimizer(SGD, learning_rate=0.1).packed(1),
-        )
+        ops().embedding_update(*update_args(t, grad, occ, order))
     assert torch.equal(t["values"], before)
 
 
@@ -371,21 +363,7 @@ def test_pooling_ops_opcheck(device):
     grad = torch.randn(t["B"], t["width"], device=device)
     torch.library.opcheck(
         ops().embedding_update.default,
-        (
-            seg0,
-            seg1,
-            grad,
-            offsets,
-            occ,
-            order,
-            t["bag"],
-            t["weights"],
-            t["cols"],
-            t["dims"],
-            t["B"],
-            F32,
-            RowOptimizer(SGD, learning_rate=0.1).packed(1),
-        ),
+        update_args(t, grad, occ, order),
         test_utils=("test_schema", "test_faketensor"),
     )
 
