@@ -90,9 +90,10 @@ def reference_pool(t):
     return out
 
 
-def pool(t, seg=None):
+def pool_args(t, seg=None, out_width=None):
+    """The arguments of embedding_pool for batch ``t``."""
     seg0, seg1, rows = space(t) if seg is None else seg[:3]
-    return ops().embedding_pool(
+    return (
         seg0,
         seg1,
         rows,
@@ -102,9 +103,13 @@ def pool(t, seg=None):
         t["cols"],
         t["dims"],
         t["B"],
-        t["width"],
+        t["width"] if out_width is None else out_width,
         F32 if seg is None else seg[3],
     )
+
+
+def pool(t, seg=None):
+    return ops().embedding_pool(*pool_args(t, seg))
 
 
 def occurrences(t):
@@ -313,21 +318,8 @@ def test_update_refuses_bad_occurrences_and_changes_nothing():
 
 def test_pool_refuses_a_feature_that_does_not_fit_the_output():
     t = batch("cpu", seed=8)
-    seg0, seg1, offsets = space(t)
     with pytest.raises(ValueError, match="feature 2"):
-        ops().embedding_pool(
-            seg0,
-            seg1,
-            offsets,
-            t["inverse"],
-            t["offsets"],
-            t["weights"],
-            t["cols"],
-            t["dims"],
-            t["B"],
-            t["width"] - 1,
-            F32,
-        )
+        ops().embedding_pool(*pool_args(t, out_width=t["width"] - 1))
 
 
 OPCHECK_UTILS = (
@@ -341,22 +333,9 @@ OPCHECK_UTILS = (
 @pytest.mark.parametrize("device", DEVICES)
 def test_pooling_ops_opcheck(device):
     t = batch(device, seed=9)
-    seg0, seg1, offsets = space(t)
     torch.library.opcheck(
         ops().embedding_pool.default,
-        (
-            seg0,
-            seg1,
-            offsets,
-            t["inverse"],
-            t["offsets"],
-            t["weights"],
-            t["cols"],
-            t["dims"],
-            t["B"],
-            t["width"],
-            F32,
-        ),
+        pool_args(t),
         test_utils=OPCHECK_UTILS,
     )
     occ, order = occurrences(t)
