@@ -5,9 +5,10 @@ of a dense tensor: raw 64-bit ids, rows created on first sight, evicted by
 score when full, admitted by frequency, spread over device and host memory.
 
 This package imports with torch alone. TorchRec is needed by
-``dynamicemb.planner``, ``dynamicemb.shard`` and ``dynamicemb.checkpoint``
+``dynamicemb.planner``, ``dynamicemb.shard``, ``dynamicemb.checkpoint``
 (whose ``DynamicEmbDump`` / ``DynamicEmbLoad`` are exported here and
-imported on first use); the C++ extension
+imported on first use) and ``dynamicemb.replication`` (``replay_increment``,
+``pop_evicted_keys``, ``pop_erased_keys``, likewise); the C++ extension
 (``dynamicemb._C``) is loaded by the table layer when a table is built.
 """
 
@@ -27,12 +28,17 @@ from .dynamicemb_config import (
     get_sharded_table_capacity,
     get_table_value_bytes,
 )
+from .types import ReplayStats
 
 # Names exported here but defined in subpackages that need TorchRec: imported
 # when first used, so that `import dynamicemb` needs torch alone.
 _LAZY = {
     "DynamicEmbDump": "dynamicemb.checkpoint",
     "DynamicEmbLoad": "dynamicemb.checkpoint",
+    "DeltaDumpResult": "dynamicemb.replication",
+    "pop_erased_keys": "dynamicemb.replication",
+    "pop_evicted_keys": "dynamicemb.replication",
+    "replay_increment": "dynamicemb.replication",
 }
 
 
@@ -60,7 +66,12 @@ __all__ = [
     "DynamicEmbScoreStrategy",
     "DynamicEmbTableOptions",
     "EvictedItemMode",
+    "DeltaDumpResult",
     "ReplayContent",
+    "ReplayStats",
     "get_sharded_table_capacity",
     "get_table_value_bytes",
+    "pop_erased_keys",
+    "pop_evicted_keys",
+    "replay_increment",
 ]

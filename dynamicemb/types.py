@@ -16,6 +16,7 @@ What lives here:
 * ``Storage``: the interface an external storage (parameter server, key-value
   store) implements to hold a table's rows, and ``StorageTable``, what it is
   told about each table it serves.
+* ``ReplayStats``: what ``replay_increment`` did to one table.
 
 Implementations live in plural-named modules elsewhere in the package.
 """
@@ -34,6 +35,7 @@ __all__ = [
     "KVCounter",
     "MemoryType",
     "MultiTableAdmitter",
+    "ReplayStats",
     "Storage",
     "StorageTable",
 ]
@@ -72,6 +74,28 @@ class EvictedItemMode(enum.IntEnum):
 
     DISCARD = 0
     RETAIN_KEY = 1
+
+
+@dataclass
+class ReplayStats:
+    """What a replay (``replay_increment``) did to one table on this rank.
+
+    Attributes:
+        upserted (int): delta keys written (at their source slot, or by key in
+            this table's own layout).
+        erased (int): keys actually removed before the writes (a delta can
+            name keys this replica never held).
+        skipped (int): delta keys this rank does not own.
+        displaced (int): replay by key only: keys this table could not keep
+            for lack of room (keys it held and evicted, delta keys it could
+            not place). Non-zero means the replica is too small to follow its
+            source exactly.
+    """
+
+    upserted: int = 0
+    erased: int = 0
+    skipped: int = 0
+    displaced: int = 0
 
 
 class Counter(abc.ABC):

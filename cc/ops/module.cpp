@@ -69,7 +69,8 @@ py::dict constants() {
                                            {"INSERTS", tb::kCounterInserts}});
   d["RunOp"] = enum_dict<tb::RunOp>({{"INSERT", tb::RunOp::kInsert},
                                      {"INSERT_EVICT", tb::RunOp::kInsertEvict},
-                                     {"ERASE", tb::RunOp::kErase}});
+                                     {"ERASE", tb::RunOp::kErase},
+                                     {"PLACE", tb::RunOp::kPlace}});
   d["InitMode"] = enum_dict<em::InitMode>({{"NORMAL", em::InitMode::kNormal},
                                            {"TRUNCATED_NORMAL", em::InitMode::kTruncatedNormal},
                                            {"UNIFORM", em::InitMode::kUniform},

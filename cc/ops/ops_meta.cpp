@@ -39,10 +39,13 @@ run_meta(const at::Tensor& keys, const at::Tensor& /*table_ids*/, at::Tensor& /*
          at::Tensor& /*counters*/, at::Tensor& /*free_rows*/, at::IntArrayRef /*policies*/,
          const at::Tensor& /*score_values*/, int64_t op, bool /*assign_rows*/,
          int64_t /*total_buckets*/, bool /*has_rows*/,
-         const std::optional<at::Tensor>& /*victim_scores*/) {
+         const std::optional<at::Tensor>& /*victim_scores*/,
+         const std::optional<at::Tensor>& target_slots) {
   TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
                    keys.scalar_type());
   check_op(op);
+  TORCH_CHECK_VALUE(op != static_cast<int64_t>(table::RunOp::kPlace) || target_slots.has_value(),
+                    "dynamicemb: place (op 3) needs target_slots");
   const c10::SymInt n = keys.sym_numel();
   const c10::SymInt ns = scores.sym_size(1);
   auto l = keys.options().dtype(at::kLong);

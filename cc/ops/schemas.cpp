@@ -34,8 +34,9 @@ TORCH_LIBRARY(dynamicemb, m) {
       "Tensor(a!) scores, Tensor info, int[] policies, Tensor score_values, bool update, "
       "Tensor values) -> (Tensor, Tensor)");
 
-  // insert (op 0), insert_and_evict (op 1) or erase (op 2), processed as if one
-  // key after another in batch order (see cc/table/operations.h).
+  // insert (op 0), insert_and_evict (op 1), erase (op 2) or place (op 3),
+  // processed as if one key after another in batch order (see
+  // cc/table/operations.h).
   // Args:
   //   counters: (num_tables, kCounterCols) int64, updated on the device.
   //   free_rows: NO_EVICTION free-row stacks (may be empty when no table is).
@@ -47,15 +48,20 @@ TORCH_LIBRARY(dynamicemb, m) {
   //     before the score words (the victim order of cc/table/scores.h). Only
   //     the slots of the buckets the batch touches are read (see
   //     table_home_starts).
+  //   target_slots: place only, (n) int64: the slot each key is to occupy, in
+  //     its home bucket (the CPU kernel refuses any other; CUDA marks the entry
+  //     INVALID).
   // Result:
   //   slots (n) int64, status (n) int8 InsertStatus (erase: 0 removed, 3 absent),
   //   evicted keys (n), scores (n, num_scores), slots (n), table ids (n), the
-  //   first num_evicted[0] entries valid, in (bucket, index) order.
+  //   first num_evicted[0] entries valid, in (bucket, index) order (place:
+  //   the keys it displaced).
   m.def(
       "table_run(Tensor keys, Tensor table_ids, Tensor(a!) table_keys, Tensor(b!) digests, "
       "Tensor(c!) scores, Tensor info, Tensor(d!) counters, Tensor(e!) free_rows, int[] policies, "
       "Tensor score_values, int op, bool assign_rows, int total_buckets, bool has_rows, "
-      "Tensor? victim_scores=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? victim_scores=None, Tensor? target_slots=None) -> (Tensor, Tensor, Tensor, Tensor, "
+      "Tensor, Tensor, Tensor)");
 
   // First slot of each entry's home bucket (its bucket spans the table's
   // bucket capacity from there), -1 for a reserved key or a table id out of

@@ -154,8 +154,26 @@ inline void check_victim_scores(const std::optional<at::Tensor>& v, const at::Te
 
 inline void check_op(int64_t op) {
   TORCH_CHECK_VALUE(
-      op >= 0 && op <= static_cast<int64_t>(table::RunOp::kErase),
-      "dynamicemb: run op must be 0 (insert), 1 (insert_and_evict) or 2 (erase), got ", op);
+      op >= 0 && op <= static_cast<int64_t>(table::RunOp::kPlace),
+      "dynamicemb: run op must be 0 (insert), 1 (insert_and_evict), 2 (erase) or 3 (place), got ",
+      op);
+}
+
+/// Checks run's optional target slots: required by place (and only read by
+/// it), (n) int64 on the keys' device.
+inline void check_targets(const std::optional<at::Tensor>& targets, int64_t op,
+                          const at::Tensor& keys) {
+  if (op != static_cast<int64_t>(table::RunOp::kPlace)) return;
+  TORCH_CHECK_VALUE(targets.has_value(), "dynamicemb: place (op 3) needs target_slots");
+  TORCH_CHECK_TYPE(targets->scalar_type() == at::kLong,
+                   "dynamicemb: target_slots must be int64, got ", targets->scalar_type());
+  TORCH_CHECK_VALUE(
+      targets->dim() == 1 && targets->numel() == keys.numel() && targets->is_contiguous(),
+      "dynamicemb: target_slots must be a contiguous (", keys.numel(),
+      ") tensor, one per key, got shape ", targets->sizes());
+  TORCH_CHECK(targets->device() == keys.device(),
+              "dynamicemb: target_slots must be on the keys' device ", keys.device(), ", got ",
+              targets->device());
 }
 
 /// The checks table_find and table_find_gather make on every backend.
@@ -174,11 +192,13 @@ inline void check_run(const at::Tensor& keys, const at::Tensor& table_ids,
                       const at::Tensor& scores, const at::Tensor& info, const at::Tensor& counters,
                       const at::Tensor& free_rows, at::IntArrayRef policies,
                       const at::Tensor& score_values, int64_t op,
-                      const std::optional<at::Tensor>& victim_scores) {
+                      const std::optional<at::Tensor>& victim_scores,
+                      const std::optional<at::Tensor>& target_slots) {
   check_find(keys, table_ids, table_keys, digests, scores, info, policies, score_values);
   check_counters(counters, free_rows, info, table_keys);
   check_op(op);
   check_victim_scores(victim_scores, table_keys);
+  check_targets(target_slots, op, keys);
 }
 
 /// The checks of the ops that read the keys and info only (table_count,
@@ -214,7 +234,8 @@ inline RunOutputs alloc_run_outputs(const at::Tensor& keys, int64_t num_scores) 
 inline table::RunArgs run_args(const at::Tensor& keys, const at::Tensor& table_ids,
                                at::Tensor& order, at::IntArrayRef policies,
                                const at::Tensor& score_values, int64_t op, bool assign_rows,
-                               RunOutputs& out, const std::optional<at::Tensor>& victim_scores) {
+                               RunOutputs& out, const std::optional<at::Tensor>& victim_scores,
+                               const std::optional<at::Tensor>& target_slots) {
   table::RunArgs r;
   r.keys = keys.data_ptr<int64_t>();
   r.table_ids = table_ids.data_ptr<int64_t>();
@@ -229,6 +250,8 @@ inline table::RunArgs run_args(const at::Tensor& keys, const at::Tensor& table_i
   r.ev_slots = out.ev_slots.data_ptr<int64_t>();
   r.ev_tables = out.ev_tables.data_ptr<int64_t>();
   r.victim_scores = victim_scores.has_value() ? victim_scores->data_ptr<double>() : nullptr;
+  r.targets = op == static_cast<int64_t>(table::RunOp::kPlace) ? target_slots->data_ptr<int64_t>()
+                                                               : nullptr;
   return r;
 }
 

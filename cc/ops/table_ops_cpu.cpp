@@ -8,6 +8,7 @@
 #include "cc/ops/table_args.h"
 #include "cc/ops/tensor_checks.h"
 #include "cc/table/hash.h"
+#include "cc/table/layout.h"
 #include "cc/table/table_cpu.h"
 
 namespace dyn_emb {
@@ -84,9 +85,10 @@ run_cpu(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_k
         at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::Tensor& counters,
         at::Tensor& free_rows, at::IntArrayRef policies, const at::Tensor& score_values, int64_t op,
         bool assign_rows, int64_t total_buckets, bool has_rows,
-        const std::optional<at::Tensor>& victim_scores) {
+        const std::optional<at::Tensor>& victim_scores,
+        const std::optional<at::Tensor>& target_slots) {
   check_run(keys, table_ids, table_keys, digests, scores, info, counters, free_rows, policies,
-            score_values, op, victim_scores);
+            score_values, op, victim_scores, target_slots);
   check_cpu(keys);
   const int64_t n = keys.numel();
   {
@@ -111,6 +113,24 @@ run_cpu(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_k
                         ti[table::kInfoRowCapacity], ") of table ", tid[i]);
     }
   }
+  const bool place = op == static_cast<int64_t>(table::RunOp::kPlace);
+  if (place) {
+    const table::TableRef lt = table_ref(table_keys, digests, scores, info, &counters, &free_rows);
+    const int64_t* k = keys.data_ptr<int64_t>();
+    const int64_t* tid = table_ids.data_ptr<int64_t>();
+    const int64_t* target = target_slots->data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      const table::Home h = table::home_of(lt, tid[i], k[i]);
+      TORCH_CHECK_VALUE(target[i] >= h.start && target[i] < h.start + h.width,
+                        "dynamicemb: place: slot ", target[i], " of key ", k[i], " at index ", i,
+                        " is not in its home bucket (slots ", h.start, "..", h.start + h.width - 1,
+                        " of table ", tid[i], ")");
+      const bool no_evict = info.data_ptr<int64_t>()[tid[i] * kInfoCols + table::kInfoMode] ==
+                            static_cast<int64_t>(TableMode::kNoEviction);
+      TORCH_CHECK_VALUE(!no_evict || assign_rows, "dynamicemb: place into NO_EVICTION table ",
+                        tid[i], " needs assign_rows (the row of each key)");
+    }
+  }
   RunOutputs out = alloc_run_outputs(keys, scores.size(1));
   at::Tensor order = at::empty({n}, keys.options().dtype(at::kInt));
   at::Tensor scratch = at::empty({n}, keys.options());
@@ -118,8 +138,8 @@ run_cpu(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_k
   at::Tensor flags = at::empty({n}, keys.options().dtype(at::kByte));
 
   const table::TableRef t = table_ref(table_keys, digests, scores, info, &counters, &free_rows);
-  table::RunArgs r =
-      run_args(keys, table_ids, order, policies, score_values, op, assign_rows, out, victim_scores);
+  table::RunArgs r = run_args(keys, table_ids, order, policies, score_values, op, assign_rows, out,
+                              victim_scores, target_slots);
   r.ev_flags = flags.data_ptr<uint8_t>();
   r.row_work = has_rows ? row_work.data_ptr<int64_t>() : nullptr;
   const int64_t evicted = table::cpu::run_op(t, r, n, total_buckets, scratch.data_ptr<int64_t>());

@@ -2,11 +2,11 @@
 //
 // The scored hash table, one semantic definition for the CPU and CUDA backends
 // (host-device inline code, no torch): find for one key, and
-// insert, insert_and_evict and erase for a run of keys sharing a bucket.
+// insert, insert_and_evict, erase and place for a run of keys sharing a bucket.
 //
 // # Bulk operations are sequential per bucket
 //
-// insert, insert_and_evict and erase sort the batch by (global bucket, index)
+// insert, insert_and_evict, erase and place sort the batch by (global bucket, index)
 // and process each run of keys sharing a bucket in batch order, one run at a
 // time per thread. Buckets are independent, so the result is exactly that of
 // processing the whole batch one key after another, whatever the thread count
@@ -16,6 +16,17 @@
 //   - a slot the batch has already found or filled is never a victim, so every
 //     slot handed back stays valid for the rest of the step; a key whose bucket
 //     holds only such slots is reported kFailed and counted, never dropped.
+//
+// # Place (replay)
+//
+// place writes each key at a slot the caller names (where the key sits in
+// another table of the same layout): the slot must lie in the key's home
+// bucket, else the entry is kInvalid and changes nothing. A copy of the key
+// elsewhere in the bucket is removed; a different key in the slot is
+// displaced and reported like an evicted one (kEvicted); an empty slot gives
+// kInserted, the key already there kFound. The score words are set by the
+// policies as for a new key (kAssign: the given values); under NO_EVICTION
+// place needs assign_rows, and the row allocator is not consulted.
 #pragma once
 
 #include <cstdint>
@@ -118,6 +129,57 @@ struct SequentialProbe {
   DEMB_HD void sync() const {}                  ///< orders writes before the next key
 };
 
+/// place for the key at batch index i (sorted position p), whose home bucket
+/// is h and which sits at position `pos` of it (-1: absent): see "Place"
+/// above. Returns `d` with the key's counter changes added. Run by the
+/// writing thread only.
+DEMB_HD RunDeltas place_key(const TableRef& t, const RunArgs& r, const Home& h, int32_t i,
+                            int64_t p, int64_t key, uint8_t digest, int64_t pos, bool no_evict,
+                            RunDeltas d) {
+  const int32_t ns = t.num_scores;
+  const int64_t slot = r.targets[i];
+  const int64_t table = r.table_ids[i];
+  const int64_t* inf = t.info + table * kInfoCols;
+  if (slot < h.start || slot >= h.start + h.width ||
+      (no_evict && (!r.assign_rows || !assigned_row_valid(r.score, i, inf)))) {
+    r.slots[i] = -1;
+    r.status[i] = static_cast<int8_t>(InsertStatus::kInvalid);
+    return d;
+  }
+  if (pos >= 0 && h.start + pos != slot) {  // the key moves within its bucket
+    const int64_t old = h.start + pos;
+    t.keys[old] = kEmptyKey;
+    t.digests[old] = empty_digest();
+    for (int32_t c = 0; c < ns; ++c) t.scores[old * ns + c] = 0;
+    --d.size;
+  }
+  const int64_t occupant = t.keys[slot];
+  InsertStatus st = InsertStatus::kFound;
+  if (occupant == kEmptyKey) {
+    st = InsertStatus::kInserted;
+    ++d.size;
+    ++d.inserts;
+  } else if (occupant != key) {
+    st = InsertStatus::kEvicted;
+    r.ev_keys[p] = occupant;
+    for (int32_t c = 0; c < ns; ++c) r.ev_scores[p * ns + c] = t.scores[slot * ns + c];
+    r.ev_slots[p] = slot;
+    r.ev_tables[p] = table;
+    r.ev_flags[p] = 1;
+    ++d.evictions;
+    ++d.inserts;
+  }
+  t.keys[slot] = key;
+  t.digests[slot] = digest;
+  for (int32_t c = 0; c < ns; ++c) {
+    t.scores[slot * ns + c] =
+        no_evict ? (c == 0 ? score_input(r.score, i, 0) : 0) : initial_score(r.score, i, c);
+  }
+  r.slots[i] = slot;
+  r.status[i] = static_cast<int8_t>(st);
+  return d;
+}
+
 /// Processes the keys at sorted positions [begin, end), which share one
 /// bucket, in order, updating the table and the per-key outputs; returns the
 /// run's counter changes. `P` probes (see SequentialProbe); only its leader
@@ -164,6 +226,12 @@ DEMB_HD RunDeltas run_keys(const TableRef& t, const RunArgs& r, int64_t begin, i
         result(i, slot, InsertStatus::kFound);
         --d.size;
       }
+      pr.sync();
+      continue;
+    }
+
+    if (r.op == RunOp::kPlace) {
+      if (lead) d = place_key(t, r, h, i, p, key, digest, pos, no_evict, d);
       pr.sync();
       continue;
     }

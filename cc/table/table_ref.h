@@ -41,7 +41,7 @@ struct ScoreArgs {
 };
 
 /// Inputs and outputs of the run-wise operations (insert, insert_and_evict,
-/// erase). Arrays marked "by index" follow the caller's batch order; arrays
+/// erase, place). Arrays marked "by index" follow the caller's batch order; arrays
 /// marked "by position" follow the sorted order `order`.
 struct RunArgs {
   const int64_t* keys = nullptr;       ///< (n) by index
@@ -50,6 +50,7 @@ struct RunArgs {
   ScoreArgs score;
   RunOp op = RunOp::kInsert;
   bool assign_rows = false;  ///< NO_EVICTION: score column 0 gives the row, not the allocator
+  const int64_t* targets = nullptr;  ///< (n) by index: kPlace's slot of each key
 
   int64_t* slots = nullptr;      ///< (n) by index: slot or -1
   int8_t* status = nullptr;      ///< (n) by index: InsertStatus

@@ -81,6 +81,7 @@ enum class RunOp : int32_t {
   kInsert = 0,       ///< find or insert; a full bucket fails
   kInsertEvict = 1,  ///< find or insert; a full bucket evicts its minimum
   kErase = 2,        ///< remove
+  kPlace = 3,        ///< put each key at a given slot of its home bucket (replay)
 };
 
 }  // namespace table

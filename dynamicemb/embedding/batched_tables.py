@@ -37,6 +37,7 @@ from dynamicemb.storage import (
     TableStorage,
     create_storage,
 )
+from dynamicemb.table import enums
 from dynamicemb.table._native import constants, ops
 from dynamicemb.types import MemoryType
 
@@ -226,7 +227,13 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 f"{self.initializer_table_ids}"
             )
         self.step = 0
-        self._custom_score: int | None = None
+        # CUSTOMIZED: the score each table's keys get in the next forward passes.
+        self._custom_scores: list[int | None] = [None] * n
+        self._custom_score_t = torch.zeros(n, dtype=torch.int64, device=self.device)
+        # Replication (dynamicemb.replication): the sequence number of the
+        # last delta each table's contents reflect (dumped or replayed; None:
+        # unknown, loaded from a checkpoint that does not record it).
+        self.delta_sequence: list[int | None] = [0] * n
         self.insert_failures = torch.zeros((), dtype=torch.int64, device=self.device)
         # What the module counts per table (lookups; admission and cache tiers
         # feed their columns), read by dynamicemb.metrics when it collects.
@@ -300,10 +307,11 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         """Writes the device cache back and empties it (nothing is lost)."""
         self.storage.purge()
 
-    def pop_evicted_keys(self) -> list[torch.Tensor]:
+    def pop_evicted_keys(self, tables: Sequence[int] | None = None) -> list[torch.Tensor]:
         """Per table, the keys the storage's last tier evicted since the last
-        call (``evicted_item_mode=RETAIN_KEY``; empty otherwise)."""
-        return self.storage.pop_evicted_keys()
+        call (``evicted_item_mode=RETAIN_KEY``; empty otherwise). With
+        ``tables``, only those are popped."""
+        return self.storage.pop_evicted_keys(tables)
 
     def memory_per_table(self, mem_type: MemoryType) -> list[int]:
         """Bytes of ``mem_type`` memory each table holds in its storage's tiers:
@@ -320,18 +328,29 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.stats.add(StatCol.CACHE_HITS, hits)
         self.stats.add(StatCol.CACHE_MISSES, looked - hits)
 
-    def set_score(self, score: int) -> None:
-        """CUSTOMIZED: the score of the next forward passes."""
-        if (
-            self._custom_score is not None
-            and score < self._custom_score
-            and os.environ.get("DYNAMICEMB_CSTM_SCORE_CHECK", "1") != "0"
-        ):
-            warnings.warn(
-                f"set_score: new score {score} is less than the previous {self._custom_score}",
-                stacklevel=2,
-            )
-        self._custom_score = int(score)
+    def set_score(self, score: int, tables: Sequence[int] | None = None) -> None:
+        """CUSTOMIZED: the score the keys of ``tables`` (None: all) get in the
+        next forward passes. Warns when it is below a table's previous score
+        (unless ``DYNAMICEMB_CSTM_SCORE_CHECK=0``)."""
+        tables = range(len(self._custom_scores)) if tables is None else tables
+        for t in tables:
+            old = self._custom_scores[t]
+            if (
+                old is not None
+                and score < old
+                and os.environ.get("DYNAMICEMB_CSTM_SCORE_CHECK", "1") != "0"
+            ):
+                warnings.warn(
+                    f"set_score: new score {score} of table {t} is less than the previous {old}",
+                    stacklevel=2,
+                )
+            self._custom_scores[t] = int(score)
+            # On the device with a fill: a host copy would synchronize.
+            self._custom_score_t[t].fill_(int(score))
+
+    def get_custom_score(self, table: int) -> int | None:
+        """CUSTOMIZED: the score set for ``table`` (None: never set)."""
+        return self._custom_scores[table]
 
     # ------------------------------------------------------------ forward --
 
@@ -460,11 +479,18 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
 
     def _rows_train(self, keys, tids, counts) -> torch.Tensor:
         self.step += 1
-        if S.CUSTOMIZED in self.strategies and self._custom_score is None:
-            raise RuntimeError("CUSTOMIZED score strategy: call set_score before the forward pass")
+        custom = None
+        if S.CUSTOMIZED in self.strategies:
+            unset = [t for t, c in enumerate(self._custom_scores) if c is None]
+            if unset:
+                raise RuntimeError(
+                    f"CUSTOMIZED score strategy: call set_score before the forward pass (tables "
+                    f"{unset} have no score)"
+                )
+            custom = self._custom_score_t[tids].reshape(-1, 1)  # each key its table's
         self._eval_rows = None
         rows = self.storage.train_rows(
-            keys, tids, counts, BatchScore(self.step, self._custom_score), self._row_init
+            keys, tids, counts, BatchScore(self.step, custom), self._row_init
         )
         failed = rows < 0
         mode = self.table_options[0].safe_check_mode
@@ -587,13 +613,195 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
 
     def checkpoint_snapshot(self) -> dict[str, Any]:
         """A copy of everything a load may change, for ``restore_snapshot``
-        (the storage's tables and rows, rows in host memory; the step)."""
-        return {"storage": self.storage.snapshot(), "step": self.step}
+        (the storage's tables and rows, rows in host memory; the step and
+        the delta sequences)."""
+        return {
+            "storage": self.storage.snapshot(),
+            "step": self.step,
+            "delta_sequence": list(self.delta_sequence),
+        }
 
     def restore_snapshot(self, snapshot: dict[str, Any]) -> None:
         """Puts back the state ``checkpoint_snapshot`` copied."""
         self.storage.restore(snapshot["storage"])
         self.step = snapshot["step"]
+        self.delta_sequence = list(snapshot["delta_sequence"])
+
+    # -------------------------------------------------------- replication --
+    # Row access for replication (dynamicemb.replication), in the storage's
+    # hash tier (``TableStorage.hash_tier``: the table holding every key,
+    # other tiers written back first, emptied before a write): rows past a
+    # score threshold with their slots (``export_changed``), writes at given
+    # slots (``place_rows``, a replay by slot) or by key (``upsert_rows``),
+    # removals (``erase_rows``). Score words are in the table's internal
+    # column order here (``checkpoint_score_columns`` maps the user's).
+
+    def layout_of(self, table: int) -> dict[str, Any]:
+        """What decides where ``table``'s keys sit: ``current_capacity``
+        (key-map slots, the modulus of the home bucket), ``row_capacity``
+        (value rows of the hash tier, as a one-tier tuple: the slots, or the
+        rows under NO_EVICTION), ``bucket_capacity`` and ``num_scores``."""
+        t = self.storage.hash_tier(writing=False).table
+        rows = t.row_capacity(table) if self.no_eviction else t.capacity(table)
+        return {
+            "current_capacity": t.capacity(table),
+            "row_capacity": (rows,),
+            "bucket_capacity": t.bucket_capacity(table),
+            "num_scores": t.num_scores,
+        }
+
+    def delta_score_column(self) -> int:
+        """The internal score word an incremental dump thresholds: the
+        timestamp under a strategy with one, else word 0 (a STEP, CUSTOMIZED
+        or LFU score; the row under NO_EVICTION)."""
+        if S.TIMESTAMP in self.strategies:
+            return table_score_columns(self.strategies)[self.strategies.index(S.TIMESTAMP)]
+        return 0
+
+    def current_score(self, table: int) -> int:
+        """The score ``table``'s keys get in the next forward pass, the
+        reference point of the next incremental dump: the clock under
+        TIMESTAMP (one reading; synchronizes), the next step under STEP, the
+        score ``set_score`` set under CUSTOMIZED (0 before any), 0 under LFU
+        (a frequency has no clock), the next fresh row under NO_EVICTION."""
+        t = self.storage.hash_tier(writing=False).table
+        if S.TIMESTAMP in self.strategies:
+            return int(t.timer().item())
+        s = self.strategies[0]
+        if s == S.STEP:
+            return self.step + 1
+        if s == S.CUSTOMIZED:
+            return self._custom_scores[table] or 0
+        if s == S.NO_EVICTION:
+            return int(t.counters[table, enums.CounterCol.NEXT_ROW])
+        return 0
+
+    def fresh_scores(self, table: int, n: int) -> torch.Tensor:
+        """(n, num_scores) internal score words the next forward pass would
+        give new keys of ``table``: the clock, the next step, the CUSTOMIZED
+        score, one occurrence for LFU."""
+        t = self.storage.hash_tier(writing=False).table
+        out = torch.zeros(n, t.num_scores, dtype=torch.int64, device=self.device)
+        for user_col, word in enumerate(table_score_columns(self.strategies)):
+            s = self.strategies[user_col]
+            if s == S.TIMESTAMP:
+                out[:, word] = t.timer()
+            elif s == S.LFU:
+                out[:, word] = 1
+            else:
+                out[:, word] = self.current_score(table)
+        return out
+
+    def timer(self) -> torch.Tensor:
+        """(1) int64: a reading of the clock the tables' TIMESTAMP scores use."""
+        return self.storage.hash_tier(writing=False).table.timer()
+
+    def export_changed(self, table: int, chunk: int, threshold: int) -> Iterator[ExportedRows]:
+        """The keys of ``table`` whose ``delta_score_column`` word is at least
+        ``threshold``, with their rows, slots and score words, ``chunk`` slots
+        scanned at a time (each reads its count: synchronizes)."""
+        hs = self.storage.hash_tier(writing=False)
+        return hs.export_changed(table, chunk, self.delta_score_column(), int(threshold))
+
+    def check_place_rows(self, table: int, keys: torch.Tensor, slots: torch.Tensor) -> None:
+        """Raises what ``place_rows`` would for these keys and slots
+        (ValueError naming the first bad key or slot), changing nothing."""
+        t = self.storage.hash_tier(writing=False).table
+        lo, _ = t.slot_range(table)
+        keys = keys.to(self.device)
+        t.check_place(keys, slots.to(self.device) + lo, torch.full_like(keys, table))
+
+    def place_rows(
+        self,
+        table: int,
+        keys: torch.Tensor,
+        slots: torch.Tensor,
+        words: torch.Tensor,
+        embeddings: torch.Tensor,
+        optimizer_state: torch.Tensor | None,
+        checked: bool = False,
+    ):
+        """Writes keys with their rows at given slots of ``table`` (a replay
+        from a table of the same layout); the key that held a slot before is
+        displaced (``evicted`` of the result).
+
+        Args:
+            keys (torch.Tensor): (n) int64.
+            slots (torch.Tensor): (n) int64 slots in the table (0 ..
+                capacity - 1), each in its key's home bucket.
+            words (torch.Tensor): (n, num_scores) internal score words (under
+                NO_EVICTION word 0 is the key's row).
+            embeddings (torch.Tensor): (n, dim).
+            optimizer_state (torch.Tensor, optional): (n, state_dim(table));
+                None: a key that already held its slot keeps its state, the
+                others get the initial state.
+            checked (bool): ``check_place_rows`` passed for these already.
+
+        Returns:
+            InsertResult: the table's result.
+
+        Raises:
+            ValueError: a slot outside its key's home bucket (nothing changes).
+        """
+        hs = self.storage.hash_tier(writing=True)
+        return hs.place(
+            table,
+            keys.to(self.device),
+            slots.to(self.device),
+            words.to(self.device),
+            embeddings,
+            optimizer_state,
+            self._row_init,
+            checked,
+        )
+
+    def upsert_rows(
+        self,
+        table: int,
+        keys: torch.Tensor,
+        words: torch.Tensor | None,
+        embeddings: torch.Tensor,
+        optimizer_state: torch.Tensor | None,
+    ):
+        """Writes keys with their rows into ``table`` by this module's own
+        layout: a key held is updated in place, a new one is inserted
+        (growing a table that can grow, evicting the minimum of a full bucket
+        as a training insert would). ``words``: internal score words (None
+        under NO_EVICTION); ``optimizer_state`` as in ``place_rows``.
+
+        Returns:
+            (slots, status, evicted): as ``HashTableStorage.insert``.
+        """
+        hs = self.storage.hash_tier(writing=True)
+        return hs.upsert(
+            table,
+            keys.to(self.device),
+            None if words is None else words.to(self.device),
+            embeddings,
+            optimizer_state,
+            self._row_init,
+        )
+
+    def erase_rows(self, table: int, keys: torch.Tensor, record: bool = False) -> torch.Tensor:
+        """Removes keys from ``table`` (every tier); with ``record`` the keys
+        removed are kept for ``pop_erased``. Returns the (n) bool mask of the
+        keys that were held."""
+        keys = keys.to(self.device)
+        if not keys.numel():
+            return torch.zeros(0, dtype=torch.bool, device=self.device)
+        t = self.storage.hash_tier(writing=True).table
+        return t.erase(keys, torch.full_like(keys, table), record=record)
+
+    def holds(self, table: int, keys: torch.Tensor) -> torch.Tensor:
+        """(n) bool: which keys ``table`` holds (in any tier)."""
+        keys = keys.to(self.device)
+        return self.storage.contains(keys, torch.full_like(keys, table))
+
+    def pop_erased(self, tables: Sequence[int] | None = None) -> list[torch.Tensor]:
+        """The keys ``erase_rows(record=True)`` removed since the last call,
+        per table, each once; clears them (only ``tables``, if given)."""
+        t = self.storage.hash_tier(writing=False).table
+        return [torch.unique(k) for k in t.pop_erased_keys(tables)]
 
 
 class _ModuleRowInit(RowInit):
