@@ -180,9 +180,13 @@ class KVCounter:
     in an admission strategy's grouped key.
 
     Attributes:
-        capacity (int): counter slots for this table. Must be positive.
+        capacity (int): counter slots for this table (on each rank of a
+            sharded table, like ``max_capacity``). Must be positive; the
+            counter rounds it up to whole buckets.
         bucket_capacity (int): slots per bucket. Must be positive and not
-            larger than ``capacity``. Defaults to 1024.
+            larger than ``capacity``; the counter also needs a multiple of
+            ``BUCKET_ALIGNMENT`` (16), which ``FrequencyAdmissionStrategy``
+            checks. Defaults to 1024.
         key_type (torch.dtype): dtype of the counted keys; an integer dtype.
             Defaults to ``torch.int64``.
     """
@@ -325,6 +329,24 @@ class AdmissionStrategy(abc.ABC):
         The result must be hashable.
         """
         return self
+
+    def state_bytes(self) -> int:
+        """Bytes of admission state the admitter keeps for one table.
+
+        What the planner adds to a table's memory estimate, on the table's
+        device: a counter's slots for a strategy that counts, 0 (the default)
+        for one that keeps no state across steps.
+        """
+        return 0
+
+    def _with_deprecated_counter(self, counter) -> "AdmissionStrategy | None":
+        """This strategy counting into ``counter``, or None if it counts nothing.
+
+        How ``DynamicEmbTableOptions.admission_counter`` (deprecated) is
+        carried to the strategy that uses it. The default: nothing counts, so
+        the field has no effect.
+        """
+        return None
 
 
 @dataclass(frozen=True)

@@ -175,7 +175,7 @@ inline embedding::PoolArgs pool_args(const at::Tensor& seg0, const at::Tensor& s
                                      const c10::optional<at::Tensor>& weights,
                                      const at::Tensor& cols, const at::Tensor& dims, int64_t batch,
                                      int64_t out_width, storage::ElementType type,
-                                     at::Tensor& out) {
+                                     const c10::optional<at::Tensor>& fill, at::Tensor& out) {
   check_1d(rows, at::kLong, "rows");
   check_1d(inverse, at::kLong, "inverse");
   check_1d(bag_offsets, at::kLong, "bag_offsets");
@@ -188,14 +188,31 @@ inline embedding::PoolArgs pool_args(const at::Tensor& seg0, const at::Tensor& s
   check_index_range(inverse, 0, rows.numel(), "inverse entry");
   a.space = row_space(seg0, seg1, "values");
   a.rows = rows.data_ptr<int64_t>();
+  int64_t num_fill = 0;
+  if (fill.has_value()) {
+    TORCH_CHECK_VALUE(fill->dim() == 2 && fill->is_contiguous(),
+                      "dynamicemb: fill must be a contiguous 2-D tensor, got shape ",
+                      fill->sizes());
+    num_fill = fill->size(0);
+    a.fill = static_cast<const uint8_t*>(fill->data_ptr());
+    a.fill_row_bytes = fill->size(1) * fill->element_size();
+  }
   if (rows.device().is_cpu()) {
-    // Each occurrence's row holds its feature's embedding.
+    // Each occurrence's row (or fill row) holds its feature's embedding.
     const int64_t* bo = bag_offsets.data_ptr<int64_t>();
     const int64_t* inv = inverse.data_ptr<int64_t>();
     for (int64_t b = 0; b + 1 < bag_offsets.numel(); ++b) {
-      const int64_t dim = embedding::bag_slot(a.layout, b).dim;
+      const int64_t bytes = embedding::bag_slot(a.layout, b).dim * element_size(type);
       for (int64_t j = bo[b]; j < bo[b + 1]; ++j) {
-        check_row_offset(a.space, a.rows[inv[j]], dim * element_size(type), inv[j], "row");
+        const int64_t r = a.rows[inv[j]];
+        if (r >= -1) {
+          check_row_offset(a.space, r, bytes, inv[j], "row");
+          continue;
+        }
+        TORCH_CHECK_VALUE(embedding::fill_index(r) < num_fill && bytes <= a.fill_row_bytes,
+                          "dynamicemb: row ", r, " at index ", inv[j], " reads fill row ",
+                          embedding::fill_index(r), " of ", bytes, " bytes, but fill has ",
+                          num_fill, " rows of ", a.fill_row_bytes, " bytes");
       }
     }
   }
@@ -243,6 +260,7 @@ inline embedding::UpdateArgs update_args(
       const int64_t dim = embedding::key_dim(a, u);
       const int64_t bytes = storage::state_offset(dim, element_size(type)) +
                             4 * embedding::state_dim(optim.type, dim);
+      if (a.rows[u] < 0) continue;  // no row, or a fill row of the forward: not updated
       check_row_offset(a.space, a.rows[u], bytes, u, "row");
     }
   }
@@ -256,14 +274,15 @@ at::Tensor pool_with(const at::Tensor& seg0, const at::Tensor& seg1, const at::T
                      const at::Tensor& inverse, const at::Tensor& bag_offsets,
                      const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
                      const at::Tensor& dims, int64_t batch, int64_t out_width, int64_t type,
-                     const Run& run) {
+                     const c10::optional<at::Tensor>& fill, const Run& run) {
   TORCH_CHECK_VALUE(out_width >= 0, "dynamicemb: out_width must not be negative, got ", out_width);
   check_same_device(rows, {&seg0, &seg1, &inverse, &bag_offsets, &cols, &dims});
   if (weights.has_value()) check_same_device(rows, {&*weights});
+  if (fill.has_value()) check_same_device(rows, {&*fill});
   const storage::ElementType et = element_type(type);
   at::Tensor out = at::empty({batch, out_width}, rows.options().dtype(at::kFloat));
   run(pool_args(seg0, seg1, rows, inverse, bag_offsets, weights, cols, dims, batch, out_width, et,
-                out),
+                fill, out),
       bag_offsets.numel() - 1, et);
   return out;
 }

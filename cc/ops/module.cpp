@@ -51,7 +51,8 @@ py::dict constants() {
                                                    {"INSERTED", tb::InsertStatus::kInserted},
                                                    {"EVICTED", tb::InsertStatus::kEvicted},
                                                    {"FAILED", tb::InsertStatus::kFailed},
-                                                   {"INVALID", tb::InsertStatus::kInvalid}});
+                                                   {"INVALID", tb::InsertStatus::kInvalid},
+                                                   {"RELEASED", tb::InsertStatus::kReleased}});
   d["TableMode"] = enum_dict<tb::TableMode>(
       {{"EVICTING", tb::TableMode::kEvicting}, {"NO_EVICTION", tb::TableMode::kNoEviction}});
   d["InfoCol"] = enum_dict<InfoCol>({{"SLOT_OFFSET", tb::kInfoSlotOffset},

@@ -112,7 +112,8 @@ at::Tensor embedding_pool_meta(const at::Tensor& /*seg0*/, const at::Tensor& /*s
                                const at::Tensor& /*bag_offsets*/,
                                const c10::optional<at::Tensor>& /*weights*/,
                                const at::Tensor& /*cols*/, const at::Tensor& /*dims*/,
-                               int64_t batch, int64_t out_width, int64_t /*element_type*/) {
+                               int64_t batch, int64_t out_width, int64_t /*element_type*/,
+                               const c10::optional<at::Tensor>& /*fill*/) {
   return at::empty({batch, out_width}, rows.options().dtype(at::kFloat));
 }
 
@@ -124,6 +125,16 @@ void embedding_update_meta(at::Tensor& /*seg0*/, at::Tensor& /*seg1*/,
                            const at::Tensor& /*dims*/, int64_t /*batch*/, int64_t /*element_type*/,
                            at::ArrayRef<double> /*optim*/) {}
 
+at::Tensor counter_add_meta(const at::Tensor& keys, const at::Tensor& /*table_ids*/,
+                            at::Tensor& /*table_keys*/, at::Tensor& /*digests*/,
+                            at::Tensor& /*scores*/, const at::Tensor& /*info*/,
+                            at::Tensor& /*counters*/, const at::Tensor& /*frequencies*/,
+                            int64_t /*release_at*/, int64_t /*total_buckets*/) {
+  TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
+                   keys.scalar_type());
+  return at::empty_symint({keys.sym_numel()}, keys.options());
+}
+
 void copy_rows_meta(at::Tensor& /*dst0*/, at::Tensor& /*dst1*/, const at::Tensor& /*dst_offsets*/,
                     const at::Tensor& /*src0*/, const at::Tensor& /*src1*/,
                     const at::Tensor& /*src_offsets*/, const at::Tensor& /*bytes*/) {}
@@ -133,6 +144,7 @@ void copy_rows_meta(at::Tensor& /*dst0*/, at::Tensor& /*dst1*/, const at::Tensor
 TORCH_LIBRARY_IMPL(dynamicemb, Meta, m) {
   m.impl("table_find", &find_meta);
   m.impl("table_run", &run_meta);
+  m.impl("counter_add", &counter_add_meta);
   m.impl("table_find_gather", &find_gather_meta);
   m.impl("table_export", &export_meta);
   m.impl("table_count", &count_meta);

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "cc/ops/tensor_checks.h"
+#include "cc/table/hash.h"
 #include "cc/table/layout.h"
 #include "cc/table/table_ref.h"
 #include "cc/table/types.h"
@@ -127,16 +128,24 @@ inline table::TableRef keys_ref(const at::Tensor& keys, const at::Tensor& info,
   return t;
 }
 
-inline void check_counters(const at::Tensor& counters, const at::Tensor& free_rows,
-                           const at::Tensor& info, const at::Tensor& table_keys) {
+/// The table's counters: (num_tables, kCounterCols) int64 on its device.
+inline void check_counter_cols(const at::Tensor& counters, const at::Tensor& info,
+                               const at::Tensor& table_keys) {
   TORCH_CHECK(counters.scalar_type() == at::kLong && counters.dim() == 2 &&
                   counters.size(0) == info.size(0) && counters.size(1) == kCounterCols &&
                   counters.is_contiguous(),
               "dynamicemb: counters must be a contiguous int64 (", info.size(0), ", ", kCounterCols,
               ") tensor, got ", counters.scalar_type(), " ", counters.sizes());
+  TORCH_CHECK(counters.device() == table_keys.device(),
+              "dynamicemb: counters must be on the table's device");
+}
+
+inline void check_counters(const at::Tensor& counters, const at::Tensor& free_rows,
+                           const at::Tensor& info, const at::Tensor& table_keys) {
+  check_counter_cols(counters, info, table_keys);
   check_1d(free_rows, at::kLong, "free_rows");
-  TORCH_CHECK(counters.device() == table_keys.device() && free_rows.device() == table_keys.device(),
-              "dynamicemb: counters and free_rows must be on the table's device");
+  TORCH_CHECK(free_rows.device() == table_keys.device(),
+              "dynamicemb: free_rows must be on the table's device");
 }
 
 /// Checks run's optional victim scores: (num_slots) float64 on the table's device.
@@ -318,6 +327,20 @@ inline std::pair<int64_t, bool> check_layout_cpu(const table::TableRef& t, int64
                         t.num_slots, " slots of table_keys");
   }
   return {0, false};
+}
+
+/// CPU tensors: refuses reserved keys and table ids out of range, naming the
+/// first one.
+inline void check_key_values(const at::Tensor& keys, const at::Tensor& table_ids,
+                             int64_t num_tables) {
+  const int64_t* k = keys.data_ptr<int64_t>();
+  const int64_t* t = table_ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < keys.numel(); ++i) {
+    TORCH_CHECK_VALUE(!table::is_reserved_key(k[i]), "dynamicemb: key ", k[i], " at index ", i,
+                      " is reserved (keys below ", table::kFirstValidKey, " mark slot states)");
+    TORCH_CHECK_VALUE(t[i] >= 0 && t[i] < num_tables, "dynamicemb: table id ", t[i], " at index ",
+                      i, " is out of range [0, ", num_tables, ")");
+  }
 }
 
 inline void check_gather(const at::Tensor& values, const at::Tensor& rows) {

@@ -9,8 +9,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include <vector>
-
+#include "cc/ops/cuda_scratch.h"
 #include "cc/ops/table_args.h"
 #include "cc/ops/tensor_checks.h"
 #include "cc/table/table_cuda.h"
@@ -18,21 +17,6 @@
 namespace dyn_emb {
 namespace ops {
 namespace {
-
-/// Scratch from the caching allocator, kept alive until the op returns
-/// (stream-ordered reuse makes that safe).
-class TorchScratch : public table::cuda::ScratchAllocator {
- public:
-  explicit TorchScratch(const at::Tensor& like) : opts_(like.options().dtype(at::kByte)) {}
-  void* allocate(size_t bytes) override {
-    buffers_.push_back(at::empty({static_cast<int64_t>(bytes < 1 ? 1 : bytes)}, opts_));
-    return buffers_.back().data_ptr();
-  }
-
- private:
-  at::TensorOptions opts_;
-  std::vector<at::Tensor> buffers_;
-};
 
 at::Tensor find_cuda(const at::Tensor& keys, const at::Tensor& table_ids,
                      const at::Tensor& table_keys, const at::Tensor& digests, at::Tensor& scores,

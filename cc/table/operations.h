@@ -17,6 +17,17 @@
 //     slot handed back stays valid for the rest of the step; a key whose bucket
 //     holds only such slots is reported kFailed and counted, never dropped.
 //
+// # Release
+//
+// insert and insert_and_evict may be given `release_at` (RunArgs): a key of an
+// evicting table whose score word 0, once the policies are applied, reaches
+// it leaves the table instead of staying. A stored key is erased (its slot is
+// free for the keys after it in the run); a new key is not stored and evicts
+// nothing. Either is reported kReleased with slot -1; `scores_out` receives
+// the word each key reached. This is the admission counter's rule
+// (cc/admission/counter.h): counts accumulate (kAccumulate) and a key leaves
+// the moment its count reaches the admission threshold.
+//
 // # Place (replay)
 //
 // place writes each key at a slot the caller names (where the key sits in
@@ -109,6 +120,41 @@ DEMB_HD int64_t home_start_of(const TableRef& t, int64_t key, int64_t table) {
   return home_of(t, table, key).start;
 }
 
+/// Frees a slot: no key, the empty digest, zero score words.
+DEMB_HD void clear_slot(const TableRef& t, int64_t slot) {
+  t.keys[slot] = kEmptyKey;
+  t.digests[slot] = empty_digest();
+  for (int32_t c = 0; c < t.num_scores; ++c) t.scores[slot * t.num_scores + c] = 0;
+}
+
+/// Whether score word 0 `word` makes a key leave the table ("Release").
+DEMB_HD bool released(const RunArgs& r, int64_t word) {
+  return r.release_at != kNoRelease && word >= r.release_at;
+}
+
+/// A resident key of an evicting table, entry `i` of a run: applies the
+/// policies to its score words and records word 0 in scores_out; frees the
+/// slot instead when word 0 reaches release_at. Only the leader writes.
+/// Returns whether the key was released.
+DEMB_HD bool update_or_release(const TableRef& t, const RunArgs& r, int32_t i, int64_t slot,
+                               bool lead) {
+  const int32_t ns = t.num_scores;
+  int64_t* s = t.scores + slot * ns;
+  int64_t next[kMaxScores] = {};
+  for (int32_t c = 0; c < ns; ++c) next[c] = s[c];
+  update_score(r.score, i, ns, next, /*atomic=*/false);
+  const bool release = released(r, next[0]);
+  if (lead) {
+    if (r.scores_out) r.scores_out[i] = next[0];
+    if (release) {
+      clear_slot(t, slot);
+    } else {
+      for (int32_t c = 0; c < ns; ++c) s[c] = next[c];
+    }
+  }
+  return release;
+}
+
 /// Counter changes of one run, added to the table's counters by the caller.
 struct RunDeltas {
   int64_t size = 0, failures = 0, evictions = 0, inserts = 0;
@@ -147,10 +193,7 @@ DEMB_HD RunDeltas place_key(const TableRef& t, const RunArgs& r, const Home& h, 
     return d;
   }
   if (pos >= 0 && h.start + pos != slot) {  // the key moves within its bucket
-    const int64_t old = h.start + pos;
-    t.keys[old] = kEmptyKey;
-    t.digests[old] = empty_digest();
-    for (int32_t c = 0; c < ns; ++c) t.scores[old * ns + c] = 0;
+    clear_slot(t, h.start + pos);
     --d.size;
   }
   const int64_t occupant = t.keys[slot];
@@ -219,9 +262,7 @@ DEMB_HD RunDeltas run_keys(const TableRef& t, const RunArgs& r, int64_t begin, i
         const int64_t slot = h.start + pos;
         if (lead) {
           if (no_evict && r.row_work) r.row_work[i] = t.scores[slot * ns];
-          t.keys[slot] = kEmptyKey;
-          t.digests[slot] = empty_dg;
-          for (int32_t c = 0; c < ns; ++c) t.scores[slot * ns + c] = 0;
+          clear_slot(t, slot);
         }
         result(i, slot, InsertStatus::kFound);
         --d.size;
@@ -236,10 +277,14 @@ DEMB_HD RunDeltas run_keys(const TableRef& t, const RunArgs& r, int64_t begin, i
       continue;
     }
 
-    if (pos >= 0) {  // resident: update the score
+    if (pos >= 0) {  // resident: update the score (or release the key)
       const int64_t slot = h.start + pos;
-      if (lead && !no_evict) update_score(r.score, i, ns, t.scores + slot * ns, /*atomic=*/false);
-      result(i, slot, InsertStatus::kFound);
+      if (!no_evict && update_or_release(t, r, i, slot, lead)) {
+        result(i, -1, InsertStatus::kReleased);
+        --d.size;
+      } else {
+        result(i, slot, InsertStatus::kFound);
+      }
       pr.sync();
       continue;
     }
@@ -248,6 +293,15 @@ DEMB_HD RunDeltas run_keys(const TableRef& t, const RunArgs& r, int64_t begin, i
       result(i, -1, InsertStatus::kInvalid);
       pr.sync();
       continue;
+    }
+    if (!no_evict) {  // a new key whose first score word reaches release_at stays out
+      const int64_t word = initial_score(r.score, i, 0);
+      if (lead && r.scores_out) r.scores_out[i] = word;
+      if (released(r, word)) {
+        result(i, -1, InsertStatus::kReleased);
+        pr.sync();
+        continue;
+      }
     }
     int64_t target = pr.find(t, h, kEmptyKey, empty_dg);
     InsertStatus st = InsertStatus::kInserted;

@@ -64,6 +64,13 @@ struct RunArgs {
   /// victims before the score words (see scores.h). Read only
   /// for the untouched slots of full buckets.
   const double* victim_scores = nullptr;
+  /// insert / insert_and_evict of evicting tables: a key whose score word 0
+  /// reaches this leaves the table (see operations.h, "Release").
+  int64_t release_at = kNoRelease;
+  /// (n) by index, or null: the score word 0 each key of an evicting table
+  /// reached (also where it was released or not stored); other entries are
+  /// left as they are.
+  int64_t* scores_out = nullptr;
 };
 
 }  // namespace table

@@ -43,7 +43,11 @@ enum class InsertStatus : int8_t {
   kEvicted = 2,   ///< new key, placed in the slot of an evicted key
   kFailed = 3,    ///< not placed: bucket full and nothing may be evicted
   kInvalid = 4,   ///< reserved key or table id out of range (unchecked calls)
+  kReleased = 5,  ///< score word 0 reached RunArgs::release_at: not stored (see operations.h)
 };
+
+/// RunArgs::release_at of a call that releases nothing.
+constexpr int64_t kNoRelease = INT64_MAX;
 
 /// Per-table storage mode.
 enum class TableMode : int64_t {

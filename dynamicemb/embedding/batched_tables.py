@@ -24,7 +24,7 @@ from dynamicemb.dynamicemb_config import (
     DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
 )
-from dynamicemb.embedding.initializer import init_rows
+from dynamicemb.embedding.initializer import MultiTableInitializer
 from dynamicemb.embedding.optimizer import RowOptimizer
 from dynamicemb.embedding.score_function import VictimScorer, table_score_columns
 from dynamicemb.embedding.stats import StatCol, TableStats
@@ -38,13 +38,19 @@ from dynamicemb.storage import (
     create_storage,
 )
 from dynamicemb.table import enums
-from dynamicemb.table._native import constants, ops
-from dynamicemb.types import MemoryType
+from dynamicemb.table._native import ops
+from dynamicemb.types import MemoryType, MultiTableAdmitter
 
 S = DynamicEmbScoreStrategy
 
 # Options every fused table must agree on: one storage serves them all.
 _SHARED_STORAGE_OPTIONS = ("caching", "external_storage", "evicted_item_mode", "training")
+
+
+def _fill_refs(n: int, device: torch.device) -> torch.Tensor:
+    """The rows values that read fill rows 0 .. n-1 (-2 - i: fill_row_ref of
+    cc/embedding/pooling.h)."""
+    return -2 - torch.arange(n, device=device)
 
 
 class _Pool(torch.autograd.Function):
@@ -53,24 +59,22 @@ class _Pool(torch.autograd.Function):
     (embedding_update) -- the optimizer is fused, nothing flows further."""
 
     @staticmethod
-    def forward(ctx, placeholder, module, batch_args, extra):
+    def forward(ctx, placeholder, module, batch_args):
         ctx.module, ctx.batch_args = module, batch_args
-        out = batch_args.pool(module.layout.element_type)
-        if extra is not None:  # eval: initializer rows of keys the table misses
-            out = out + extra
-        return out
+        return batch_args.pool(module.layout.element_type)
 
     @staticmethod
     def backward(ctx, grad_out):
         ctx.module._apply_gradients(grad_out, ctx.batch_args)
-        return (None,) * 4
+        return (None,) * 3
 
 
 @dataclass
 class _Batch:
     """One batch's bag structure (cc/embedding/pooling.h): the row space
     and the distinct keys' rows (byte offsets into it), occurrences grouped by
-    distinct key, bags and output layout."""
+    distinct key, bags and output layout, and the fill rows of keys stored
+    nowhere (a row ``_fill_refs(..)[i]`` reads ``fill[i]``)."""
 
     space: tuple[torch.Tensor, torch.Tensor]
     rows: torch.Tensor
@@ -84,16 +88,16 @@ class _Batch:
     dims: torch.Tensor
     batch: int
     out_width: int
+    fill: torch.Tensor | None
 
-    def pool(self, element_type: int, space=None, rows: torch.Tensor | None = None) -> torch.Tensor:
+    def pool(self, element_type: int) -> torch.Tensor:
         """Every bag's (weighted) sum of its rows in the output layout (the
-        embedding_pool op): by default the distinct keys' rows of the batch's
-        row space, else ``rows`` (byte offsets) of ``space``."""
-        space = self.space if space is None else space
+        embedding_pool op), reading the fill rows where ``rows`` refers to
+        them."""
         return ops().embedding_pool(
-            space[0],
-            space[1],
-            self.rows if rows is None else rows,
+            self.space[0],
+            self.space[1],
+            self.rows,
             self.inverse,
             self.bag_offsets,
             self.weights,
@@ -102,6 +106,7 @@ class _Batch:
             self.batch,
             self.out_width,
             int(element_type),
+            self.fill,
         )
 
 
@@ -121,6 +126,10 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             shared by the fused tables) ranks the victims of full buckets:
             it is compiled with numba when the module is built and evaluated
             over the buckets of each training batch (score_function.py).
+            ``admit_strategy``: all tables or none have one, and theirs agree
+            on ``get_grouped_key``; the module builds one admitter for them
+            (``create_admitter``), ``admitter``, and feeds the ADMISSIONS and
+            REJECTIONS columns of its ``stats``.
         feature_table_map (List[int], optional): table of each feature
             (default: feature t uses table t).
         pooling_mode (DynamicEmbPoolingMode): SUM, MEAN or NONE.
@@ -241,11 +250,20 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if self.storage.has_cache:
             self.stats.feed(StatCol.CACHE_HITS, StatCol.CACHE_MISSES)
             self.storage.cache_observer = self._count_cache_lookups
-        self._eval_rows = None
         self._init_table_ids = torch.tensor(
             self.initializer_table_ids, dtype=torch.int64, device=self.device
         )
-        self._init_groups = {mode: self._group_tables(mode) for mode in (False, True)}
+        self._initializers = {
+            False: MultiTableInitializer([o.initializer_args for o in self.table_options]),
+            True: MultiTableInitializer([o.eval_initializer_args for o in self.table_options]),
+        }
+        self.admitter = self._create_admitter()
+        self._rejected_initializer = None
+        if self.admitter is not None:
+            self.stats.feed(StatCol.ADMISSIONS, StatCol.REJECTIONS)
+            self._rejected_initializer = (
+                self.admitter.non_admitted_initializer or self._initializers[False]
+            )
         self._row_init = _ModuleRowInit(self)
         # Output layout of pooled batches: feature f's dims[f] columns start at
         # cols[f], the features side by side (TorchRec's KeyedTensor order).
@@ -274,12 +292,17 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
 
     def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
         """Bytes of ``mem_type`` memory the tables' storage holds (every tier;
-        a CPU module holds host memory only).
+        a CPU module holds host memory only) and the admitter's state (a
+        frequency counter).
 
         Raises:
             ValueError: ``mem_type`` is not a MemoryType.
         """
-        return self.storage.memory_usage(mem_type)
+        total = self.storage.memory_usage(mem_type)
+        state = None if self.admitter is None else self.admitter.state()
+        if state is not None:
+            total += state.memory_usage(mem_type)
+        return total
 
     def prefetch(
         self,
@@ -314,10 +337,72 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         return self.storage.pop_evicted_keys(tables)
 
     def memory_per_table(self, mem_type: MemoryType) -> list[int]:
-        """Bytes of ``mem_type`` memory each table holds in its storage's tiers:
-        its slots in the hash tables and its value rows (embedding and
-        optimizer state)."""
-        return self.storage.memory_per_table(mem_type)
+        """Bytes of ``mem_type`` memory each table holds in its storage's tiers
+        (its slots in the hash tables and its value rows: embedding and
+        optimizer state) and its share of the admitter's counter."""
+        out = self.storage.memory_per_table(mem_type)
+        state = None if self.admitter is None else self.admitter.state()
+        per_table = getattr(state, "memory_per_table", None)
+        if per_table is not None:
+            out = [a + b for a, b in zip(out, per_table(mem_type))]
+        return out
+
+    # ---------------------------------------------------------- admission --
+
+    def _create_admitter(self) -> MultiTableAdmitter | None:
+        """The admitter of the tables' admission strategies, or None."""
+        strategies = [o.admit_strategy for o in self.table_options]
+        if all(s is None for s in strategies):
+            return None
+        if any(s is None for s in strategies):
+            raise ValueError(
+                "fused tables must all have an admit_strategy or none, got "
+                f"{[type(s).__name__ if s is not None else None for s in strategies]}"
+            )
+        keys = {(type(s), s.get_grouped_key()) for s in strategies}
+        if len(keys) != 1:
+            raise ValueError(
+                "fused tables must share one admission configuration (their admit_strategy "
+                f"get_grouped_key), got {sorted(repr(k) for k in keys)}"
+            )
+        admitter = type(strategies[0]).create_admitter(strategies, self.device)
+        if not isinstance(admitter, MultiTableAdmitter):
+            raise TypeError(
+                f"{type(strategies[0]).__name__}.create_admitter must return a "
+                f"MultiTableAdmitter, got {admitter!r}"
+            )
+        return admitter
+
+    def _admit(self, keys, tids, counts):
+        """Puts the batch's keys that are stored nowhere to the admitter.
+
+        Returns the indices of the missing keys and the admitter's answer for
+        each (bool)."""
+        idx = (~self.storage.contains(keys, tids)).nonzero().squeeze(1)
+        m_keys, m_tids, m_counts = (x.index_select(0, idx) for x in (keys, tids, counts))
+        admitted = self.admitter.admit(m_keys, m_tids, m_counts)
+        if (
+            not isinstance(admitted, torch.Tensor)
+            or admitted.dtype != torch.bool
+            or admitted.shape != idx.shape
+        ):
+            got = (
+                f"{admitted.dtype} {tuple(admitted.shape)}"
+                if isinstance(admitted, torch.Tensor)
+                else repr(admitted)
+            )
+            raise TypeError(
+                f"{type(self.admitter).__name__}.admit must return a bool tensor of shape "
+                f"({idx.numel()},), got {got}"
+            )
+        admitted = admitted.to(self.device)
+        # Per table: the missing keys admitted, and those rejected.
+        per_table = torch.zeros(len(self.table_options), dtype=torch.int64, device=self.device)
+        missing = per_table.index_add(0, m_tids, torch.ones_like(m_tids))
+        admits = per_table.index_add(0, m_tids, admitted.to(torch.int64))
+        self.stats.add(StatCol.ADMISSIONS, admits)
+        self.stats.add(StatCol.REJECTIONS, missing - admits)
+        return idx, admitted
 
     def _count_cache_lookups(self, hit: torch.Tensor, tids: torch.Tensor) -> None:
         """CACHE_HITS / CACHE_MISSES += a batch's distinct keys the cache held
@@ -377,9 +462,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 0, su.inverse, frequency_counters.to(self.device).long()
             )
         if self.training:
-            rows = self._rows_train(su.keys, su.table_ids, counts)
+            rows, fill = self._rows_train(su.keys, su.table_ids, counts, su.counts)
         else:
-            rows = self._rows_eval(su.keys, su.table_ids)
+            rows, fill = self._rows_eval(su.keys, su.table_ids)
         space = self.storage.space()
         weights = None if pooling_weights is None else pooling_weights.to(self.device)
         if self.pooling_mode == DynamicEmbPoolingMode.MEAN:
@@ -403,6 +488,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 self._none_dims,
                 n,
                 self.dims[0],
+                fill,
             )
         else:
             b = _Batch(
@@ -418,19 +504,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 self._feature_dims,
                 batch,
                 self._out_width,
+                fill,
             )
-        extra = None
-        if not self.training and self._eval_rows is not None:
-            # Keys stored nowhere: their eval initializer's float32 rows, pooled
-            # from a buffer of one row per distinct key.
-            missing, fill = self._eval_rows
-            row_bytes = fill.shape[1] * fill.element_size()
-            fill_rows = torch.where(
-                missing, torch.arange(missing.numel(), device=self.device) * row_bytes, -1
-            )
-            float32 = constants()["ElementType"]["FLOAT32"]
-            extra = b.pool(float32, (fill, fill.new_empty(0)), fill_rows)
-        return _Pool.apply(self._placeholder, self, b, extra)
+        return _Pool.apply(self._placeholder, self, b)
 
     def _batch_input(self, indices: torch.Tensor, offsets: torch.Tensor):
         """A batch in TBE layout on the module's device, its offsets checked
@@ -477,9 +553,11 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if frequency_counters is not None:
             raise ValueError("pass either pooling_weights or frequency_counters, not both")
 
-    def _rows_train(self, keys, tids, counts) -> torch.Tensor:
+    def _rows_train(self, keys, tids, counts, occurrences):
+        """(rows, fill) of the distinct keys: rows -1 where not stored, fill
+        rows for the keys admission rejects (see _Batch); ``counts`` are the
+        LFU increments, ``occurrences`` how often each key occurred."""
         self.step += 1
-        custom = None
         if S.CUSTOMIZED in self.strategies:
             unset = [t for t, c in enumerate(self._custom_scores) if c is None]
             if unset:
@@ -487,8 +565,22 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                     f"CUSTOMIZED score strategy: call set_score before the forward pass (tables "
                     f"{unset} have no score)"
                 )
+        if self.admitter is None:
+            return self._find_or_insert(keys, tids, counts), None
+        missing, admitted = self._admit(keys, tids, occurrences)
+        rejected = missing.masked_select(~admitted)
+        keep = torch.ones(keys.shape, dtype=torch.bool, device=self.device)
+        keep = keep.index_fill_(0, rejected, False).nonzero().squeeze(1)
+        kept = [x.index_select(0, keep) for x in (keys, tids, counts)]
+        rows = torch.full_like(keys, -1).index_copy_(0, keep, self._find_or_insert(*kept))
+        return self._with_fill(rows, rejected, keys, tids, self._rejected_initializer)
+
+    def _find_or_insert(self, keys, tids, counts) -> torch.Tensor:
+        """Training find-or-insert of distinct keys: their rows (-1 where an
+        insert failed); new rows are initialized."""
+        custom = None
+        if S.CUSTOMIZED in self.strategies:
             custom = self._custom_score_t[tids].reshape(-1, 1)  # each key its table's
-        self._eval_rows = None
         rows = self.storage.train_rows(
             keys, tids, counts, BatchScore(self.step, custom), self._row_init
         )
@@ -504,49 +596,32 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.insert_failures += failed.sum()
         return rows
 
-    def _group_tables(self, eval_mode: bool):
-        """Tables grouped by (dim, initializer arguments), so that one
-        init_rows call serves a group: [(dim, args, tables on the device)]."""
-        groups = {}
-        for t, o in enumerate(self.table_options):
-            args = o.eval_initializer_args if eval_mode else o.initializer_args
-            groups.setdefault((self.dims[t], repr(args)), (self.dims[t], args, []))[2].append(t)
-        return [(d, args, torch.tensor(ts, device=self.device)) for d, args, ts in groups.values()]
-
-    def _init_values(self, keys, tids, eval_mode: bool):
-        """Yields (selection or None for all, dim, initial rows) per group of
-        tables sharing dim and initializer arguments."""
-        init_ids = self._init_table_ids[tids]
-        groups = self._init_groups[eval_mode]
-        for dim, args, tables in groups:
-            if len(groups) == 1:
-                yield None, dim, init_rows(keys, dim, args, init_ids, self.seed)
-                continue
-            sel = torch.isin(tids, tables)
-            if bool(sel.any()):
-                yield sel, dim, init_rows(keys[sel], dim, args, init_ids[sel], self.seed)
-
     def initial_embeddings(self, keys, tids, eval_mode: bool = False) -> torch.Tensor:
         """(n, max dim) float32: the initializer's (or the eval initializer's)
         row of each key, zeros past its table's dim."""
-        out = torch.zeros(keys.numel(), self.max_dim, device=self.device)
-        for sel, d, init in self._init_values(keys, tids, eval_mode):
-            if sel is None:
-                out[:, :d] = init
-            else:
-                out[sel, :d] = init
-        return out
+        return self._initializers[eval_mode](keys, tids, self.dims, self._init_table_ids, self.seed)
 
-    def _rows_eval(self, keys, tids) -> torch.Tensor:
+    def _rows_eval(self, keys, tids):
+        """(rows, fill): keys stored nowhere read the eval initializer's rows
+        from the fill buffer."""
         rows = self.storage.eval_rows(keys, tids)
-        missing = rows < 0
-        self._eval_rows = None
-        if bool(missing.any()):
-            fill = torch.zeros(keys.numel(), self.max_dim, device=self.device)
-            idx = missing.nonzero().squeeze(1)
-            fill[idx] = self.initial_embeddings(keys[idx], tids[idx], eval_mode=True)
-            self._eval_rows = (missing, fill)
-        return rows
+        missing = (rows < 0).nonzero().squeeze(1)
+        return self._with_fill(rows, missing, keys, tids, self._initializers[True])
+
+    def _with_fill(self, rows, idx, keys, tids, initializer: MultiTableInitializer):
+        """(rows, fill): the distinct keys at ``idx``, stored nowhere, read
+        ``initializer``'s rows (at the embedding dtype, as a stored row would
+        read them) from a fill buffer; None when there are none."""
+        if idx.numel() == 0:
+            return rows, None
+        fill = initializer(
+            keys.index_select(0, idx),
+            tids.index_select(0, idx),
+            self.dims,
+            self._init_table_ids,
+            self.seed,
+        ).to(self.embedding_dtype)
+        return rows.index_copy(0, idx, _fill_refs(idx.numel(), self.device)), fill
 
     # ----------------------------------------------------------- backward --
 

@@ -219,11 +219,11 @@ class TableStorage(abc.ABC):
     def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
         """Bytes of ``mem_type`` memory held (a CPU storage holds host memory
         only)."""
-        return _by_memory(self.footprint(), mem_type, self.device)
+        return by_memory(self.footprint(), mem_type, self.device)
 
     def memory_per_table(self, mem_type: MemoryType = MemoryType.DEVICE) -> list[int]:
         """``memory_usage`` of each table."""
-        return [_by_memory(f, mem_type, self.device) for f in self.footprint_per_table()]
+        return [by_memory(f, mem_type, self.device) for f in self.footprint_per_table()]
 
     @abc.abstractmethod
     def sizes(self) -> list[int]:
@@ -254,8 +254,9 @@ class TableStorage(abc.ABC):
         )
 
 
-def _by_memory(f: Footprint, mem_type: MemoryType, device: torch.device) -> int:
-    """The bytes of a footprint in ``mem_type`` memory on ``device``."""
+def by_memory(f: Footprint, mem_type: MemoryType, device: torch.device) -> int:
+    """The bytes of a footprint in ``mem_type`` memory on ``device`` (a CPU
+    device's tiers are all host memory)."""
     if not isinstance(mem_type, MemoryType):
         raise ValueError(f"mem_type must be a MemoryType, got {mem_type!r}")
     if device.type == "cpu":
