@@ -38,8 +38,8 @@ std::tuple<at::Tensor, at::Tensor> host_mapped_empty(int64_t nbytes, int64_t dev
   // No allocation for no bytes: from_blob cannot place a null pointer on a device.
   if (nbytes == 0) return {at::empty({0}, bytes), at::empty({0}, on_device)};
   void* host = nullptr;
-  const cudaError_t e =
-      cudaHostAlloc(&host, static_cast<size_t>(nbytes), cudaHostAllocMapped | cudaHostAllocPortable);
+  const cudaError_t e = cudaHostAlloc(&host, static_cast<size_t>(nbytes),
+                                      cudaHostAllocMapped | cudaHostAllocPortable);
   if (e != cudaSuccess) {
     (void)cudaGetLastError();  // clear the error for later calls
     TORCH_CHECK(false, "dynamicemb: cannot allocate ", nbytes,
