@@ -64,6 +64,9 @@ class RowOptimizer:
         ):
             raise ValueError(f"optimizer {self.optimizer!r} has no fused row update")
         self._type = int(constants()["OptimType"][_NATIVE[name]])
+        # OptimField's positions, read here: packed runs inside a training step
+        # torch.compile traces, where the extension's constants() cannot be called.
+        self._fields = dict(constants()["OptimField"])
         if isinstance(self.optimizer, DynamicEmbOptimType):
             if not self.learning_rate > 0:
                 raise ValueError(f"FTRL learning_rate must be positive, got {self.learning_rate}")
@@ -76,8 +79,11 @@ class RowOptimizer:
                     "FTRL initial_accumulator_value must be >= 0, got "
                     f"{self.initial_accumulator_value}"
                 )
-        if int(self.weight_decay_mode) not in (0, 1, 2):
-            raise ValueError(f"weight_decay_mode must be 0, 1 or 2, got {self.weight_decay_mode}")
+        modes = constants()["WeightDecayMode"]
+        if int(self.weight_decay_mode) not in modes.values():
+            raise ValueError(
+                f"weight_decay_mode must be one of {dict(modes)}, got {self.weight_decay_mode}"
+            )
 
     @property
     def is_adam(self) -> bool:
@@ -102,28 +108,26 @@ class RowOptimizer:
         state.zero_()
         state[:, first:].fill_(value)
 
+    def packed(self, step: int) -> list[float]:
+        """The ops' ``optim`` argument: the optimizer type, every
+        hyper-parameter and the 1-based ``step``, each at its position in the
+        C++ ``OptimField`` (named after this class's fields)."""
+        out = [0.0] * len(self._fields)
+        for name, pos in self._fields.items():
+            if name == "TYPE":
+                out[pos] = float(self._type)
+            elif name == "STEP":
+                out[pos] = float(step)
+            else:
+                out[pos] = float(getattr(self, name.lower()))
+        return out
+
     def step(
         self, values: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor, step: int
     ) -> None:
         """Updates ``values[rows]`` in place with ``grads`` (one reduced gradient
         per distinct row; -1 skips an entry). ``step`` is 1-based."""
-        ops().optimizer_step(
-            values,
-            rows,
-            grads,
-            self._type,
-            float(self.learning_rate),
-            float(self.eps),
-            float(self.beta1),
-            float(self.beta2),
-            float(self.weight_decay),
-            int(self.weight_decay_mode),
-            int(step),
-            float(self.learning_rate_power),
-            float(self.ftrl_beta),
-            float(self.l1_reg),
-            float(self.l2_reg),
-        )
+        ops().optimizer_step(values, rows, grads, self.packed(step))
 
     def fused_update(
         self,
@@ -133,9 +137,9 @@ class RowOptimizer:
         step: int,
         element_type: int,
     ) -> None:
-        """Reduces each distinct key's gradient from ``grad_out`` (the lookup's
-        output gradient) and updates its row in place; ``space`` is the row
-        space's two segments, ``batch`` the lookup's structure
+        """Reduces each distinct key's gradient from ``grad_out`` (the pooled
+        output's gradient) and updates its row in place; ``space`` is the row
+        space's two segments, ``batch`` the batch's bag structure
         (cc/embedding/pooling.h: rows are byte offsets into the space),
         ``element_type`` the embeddings' native ElementType. ``step`` is
         1-based; Adam takes its bias corrections from ``batch.adam_bias``
@@ -158,17 +162,6 @@ class RowOptimizer:
             b.dims,
             b.batch,
             int(element_type),
-            self._type,
-            float(self.learning_rate),
-            float(self.eps),
-            float(self.beta1),
-            float(self.beta2),
-            float(self.weight_decay),
-            int(self.weight_decay_mode),
-            step,
-            float(self.learning_rate_power),
-            float(self.ftrl_beta),
-            float(self.l1_reg),
-            float(self.l2_reg),
+            self.packed(step),
             bias,
         )

@@ -1,8 +1,10 @@
 """Loads the native extension and exposes the table's constants.
 
-The numbers (reserved keys, score policies, statuses, tensor columns) are
-defined once, in ``cc/table/types.h``; this module only reads them from the
-extension, so Python never restates them.
+The numbers (reserved keys, score policies, statuses, tensor columns,
+initializer modes, optimizer types and fields, dist types) are defined once, in
+C++ (``cc/table/types.h``, ``cc/embedding``, ``cc/routing``); this module only
+reads them from the extension (``dynamicemb._C.constants()``), so Python never
+restates them.
 """
 
 import enum
@@ -28,7 +30,7 @@ def extension():
 
 @functools.cache
 def constants() -> dict[str, Any]:
-    return dict(extension().table_constants())
+    return dict(extension().constants())
 
 
 def _int_enum(name: str) -> type:

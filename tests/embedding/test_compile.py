@@ -11,9 +11,6 @@ it every step would compile anew), and on the CPU ``capture_scalar_outputs``
 reads nothing).
 """
 
-import os
-import sys
-
 import pytest
 import torch
 from torch._dynamo.testing import CompileCounterWithBackend
@@ -27,9 +24,7 @@ from dynamicemb import (
 )
 from dynamicemb import DynamicEmbInitializerMode as Mode
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from tbe_batches import random_batches
+from tests.embedding.tbe_batches import random_batches
 
 EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
 

@@ -3,9 +3,6 @@ on the host: the padded segmented unique, the new rows written in place
 (init_rows_at), and the step itself, on the CPU through the proxy of
 sync_guard.py and on a GPU under ``torch.cuda.set_sync_debug_mode("error")``."""
 
-import os
-import sys
-
 import pytest
 import torch
 from hypothesis import given, settings
@@ -25,10 +22,8 @@ from dynamicemb.embedding.unique import PAD_KEY
 from dynamicemb.storage import RowLayout
 from dynamicemb.storage import space as sp
 from dynamicemb.storage.hash_storage import rows_buffer
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sync_guard import HostSync, forbid_host_syncs
-from tbe_batches import random_batches
+from tests.embedding.sync_guard import HostSync, forbid_host_syncs
+from tests.embedding.tbe_batches import random_batches
 
 EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
 

@@ -12,16 +12,13 @@ same); with one rank it is not done (the module's own dedup is the one).
 """
 
 import contextlib
-import os
-import sys
 import warnings
 
 import pytest
-import shard_harness as h
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "embedding"))
-from sync_guard import forbid_host_syncs
+from tests.embedding.sync_guard import forbid_host_syncs
+from tests.shard import shard_harness as h
 
 # The CPU storage reads the number of distinct keys to hand the CPU table
 # kernels the keys without their padding (tests/embedding/test_sync_free.py).
@@ -96,13 +93,13 @@ def dynamicemb_code_raises_on_sync():
     """dynamicemb's parts of a sharded step (routing, the lookup, the
     unbucketize, the fused update) run with set_sync_debug_mode("error");
     TorchRec's parts (the all-to-alls with their split exchanges) as they are."""
-    from dynamicemb.embedding.batched_tables import _Lookup
+    from dynamicemb.embedding.batched_tables import _Pool
     from dynamicemb.shard import input_dist, lookup, sharding
 
     targets = [
         (input_dist, "bucketize_by_route"),
         (lookup.DynamicEmbeddingKernel, "forward"),
-        (_Lookup, "backward"),
+        (_Pool, "backward"),
         (sharding._Unbucketize, "forward"),
         (sharding._Unbucketize, "backward"),
     ]

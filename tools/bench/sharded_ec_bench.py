@@ -59,8 +59,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.profiler import record_function
 
-# tools/dist_launch.py
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+# examples/dist_launch.py
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
 import dist_launch
 
 # An odd prime: id = rank * MULT mod rows is a bijection of [0, rows) unless
@@ -175,10 +175,7 @@ def topology(world_size: int, device: torch.device):
     return Topology(world_size=world_size, compute_device=device.type, local_world_size=world_size)
 
 
-def build_dynamicemb(args, optimizer: str, world_size: int, device, local_batch: int):
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.types import ShardingEnv
-
+def build_dynamicemb(args, optimizer: str, world_size: int, device: torch.device, local_batch: int):
     from dynamicemb import DynamicEmbTableOptions, get_table_value_bytes
     from dynamicemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
     from dynamicemb.shard import DynamicEmbeddingCollectionSharder
@@ -205,19 +202,13 @@ def build_dynamicemb(args, optimizer: str, world_size: int, device, local_batch:
         batch_size=local_batch,
         debug=False,
     )
-    plan = planner.collective_plan(model, [sharder], dist.group.WORLD)
-    env = ShardingEnv.from_process_group(dist.group.WORLD)
-    return DistributedModelParallel(
-        model, env=env, device=device, plan=plan, sharders=[sharder]
-    ), plan
+    return dist_launch.plan_and_shard(model, planner, sharder, device)
 
 
-def build_torchrec(args, optimizer: str, world_size: int, device, local_batch: int):
+def build_torchrec(args, optimizer: str, world_size: int, device: torch.device, local_batch: int):
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
-    from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.types import ParameterConstraints
-    from torchrec.distributed.types import ShardingEnv
 
     model = Model(args)
     # TorchRec's index dedup is a CUDA op (fbgemm::jagged_unique_indices).
@@ -234,11 +225,7 @@ def build_torchrec(args, optimizer: str, world_size: int, device, local_batch: i
         },
         debug=False,
     )
-    plan = planner.collective_plan(model, [sharder], dist.group.WORLD)
-    env = ShardingEnv.from_process_group(dist.group.WORLD)
-    return DistributedModelParallel(
-        model, env=env, device=device, plan=plan, sharders=[sharder]
-    ), plan
+    return dist_launch.plan_and_shard(model, planner, sharder, device)
 
 
 def _sync(device: torch.device) -> None:
