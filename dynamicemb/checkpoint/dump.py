@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from dynamicemb.admission.counters import counter_key_type
 from dynamicemb.checkpoint import files
 from dynamicemb.checkpoint.comm import Group
 from dynamicemb.checkpoint.layout import (
@@ -27,7 +28,6 @@ from dynamicemb.checkpoint.layout import (
     meta_file,
     shard_file,
 )
-from dynamicemb.admission.counters import counter_key_type
 from dynamicemb.checkpoint.model import TableRef, dynamic_tables, optimizer_name, select
 
 log = logging.getLogger("dynamicemb.checkpoint")
@@ -127,9 +127,7 @@ def table_meta(
     counter = None
     if counters and ref.counter is not None:
         item = counter_key_type(ref.counter).itemsize
-        counter = ref.counter_description(
-            sum(s.files[COUNTER_KEYS].nbytes // item for s in shards)
-        )
+        counter = ref.counter_description(sum(s.files[COUNTER_KEYS].nbytes // item for s in shards))
     sd = module.state_dim(t) if optim else 0
     cols = module.checkpoint_score_columns()
     return TableMeta(

@@ -40,15 +40,15 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from dynamicemb.checkpoint import files
-from dynamicemb.checkpoint.comm import Group
-from dynamicemb.checkpoint.dump import IO_THREADS, check_world, chunk_rows
 from dynamicemb.admission.counters import (
     COUNT_DTYPE,
     check_counter_entries,
     counter_entries,
     replace_counter_entries,
 )
+from dynamicemb.checkpoint import files
+from dynamicemb.checkpoint.comm import Group
+from dynamicemb.checkpoint.dump import IO_THREADS, check_world, chunk_rows
 from dynamicemb.checkpoint.layout import (
     CHECKSUM_BLOCK_BYTES,
     COUNTER_KEYS,

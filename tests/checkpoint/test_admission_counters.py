@@ -150,9 +150,7 @@ def test_training_after_a_load_admits_as_without_the_interruption(two_ranks):
     _, per_rank = two_ranks
     differs = 0
     for r in per_rank:
-        for step, (a, b, f) in enumerate(
-            zip(r["straight"], r["resumed"], r["without_counters"])
-        ):
+        for step, (a, b, f) in enumerate(zip(r["straight"], r["resumed"], r["without_counters"])):
             what = f"step {CASE.steps + step}"
             c.assert_same_tables(b["tables"], a["tables"], what=what)
             c.assert_same_counters(b["counters"], a["counters"], what=what)
