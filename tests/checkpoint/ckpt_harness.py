@@ -9,9 +9,11 @@ tensors and the value buffer (not through the checkpoint code): per table,
 the keys with their embedding, optimizer state and score words.
 """
 
+import contextlib
 import dataclasses
 import os
 import sys
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -267,3 +269,50 @@ def assert_same_counters(got, want, what: str = "") -> None:
     for name in want:
         for f in ("keys", "counts"):
             assert torch.equal(got[name][f], want[name][f]), f"{what} {name}: counter {f} differ"
+
+
+class Checks:
+    """Named checks run one after another in one worker: ``@checks(name)``
+    runs the function at once and records "ok" or its traceback in
+    ``results`` (a failing check does not stop the others)."""
+
+    def __init__(self) -> None:
+        self.results: dict[str, str] = {}
+
+    def __call__(self, name: str):
+        def wrap(fn):
+            try:
+                fn()
+                self.results[name] = "ok"
+            except BaseException:
+                self.results[name] = traceback.format_exc()
+            return fn
+
+        return wrap
+
+
+def run_checks(fn, root: str, names: list[str]) -> dict[str, str]:
+    """The results of ``fn(rank, world, root)`` (a ``Checks.results``) at one
+    gloo rank, which must have run exactly ``names``."""
+    (out,) = h.run_world(fn, 1, root)
+    assert sorted(out) == sorted(names)
+    return out
+
+
+@contextlib.contextmanager
+def failing_call(cls, method: str, n: int, message: str):
+    """Within the block, the ``n``-th call of ``cls.method`` raises
+    RuntimeError(message); yields the list of calls made (one entry each)."""
+    real, calls = getattr(cls, method), []
+
+    def failing(self, *a, **kw):
+        calls.append(1)
+        if len(calls) == n:
+            raise RuntimeError(message)
+        return real(self, *a, **kw)
+
+    setattr(cls, method, failing)
+    try:
+        yield calls
+    finally:
+        setattr(cls, method, real)

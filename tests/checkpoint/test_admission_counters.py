@@ -13,7 +13,6 @@ counter's hash table, not through the checkpoint code.
 
 import os
 import shutil
-import traceback
 import warnings
 
 import ckpt_harness as c
@@ -225,7 +224,6 @@ def _checks_world(rank, world, root):
     from dynamicemb.admission import MultiTableKVCounter
     from dynamicemb.checkpoint import CheckpointError
 
-    results = {}
     model = c.build(CASE, world)
     c.train(model, CASE, rank)
     good = os.path.join(root, "good")
@@ -236,15 +234,7 @@ def _checks_world(rank, world, root):
     before_t, before_c = c.contents(target), c.counters(target)
     assert any(before_c[n]["keys"].numel() for n in before_c)
 
-    def check(name):
-        def wrap(fn):
-            try:
-                fn()
-                results[name] = "ok"
-            except BaseException:
-                results[name] = traceback.format_exc()
-
-        return wrap
+    check = c.Checks()
 
     def refused(path, exc, match):
         try:
@@ -287,19 +277,10 @@ def _checks_world(rank, world, root):
 
     @check("failure_loading_a_counter_restores_everything")
     def _():
-        real, calls = MultiTableKVCounter.load, []
-
-        def failing(self, *a, **kw):
-            calls.append(1)
-            if len(calls) == 2:
-                raise RuntimeError("injected counter failure")
-            return real(self, *a, **kw)
-
-        MultiTableKVCounter.load = failing
-        try:
+        # The second table's counter fails after the first table's loaded.
+        with c.failing_call(MultiTableKVCounter, "load", 2, "injected counter failure") as calls:
             refused(good, RuntimeError, "injected counter failure")
-        finally:
-            MultiTableKVCounter.load = real
+        assert len(calls) > 2  # the rollback loaded the snapshots back
 
     @check("good_checkpoint_loads_after_the_refusals")
     def _():
@@ -333,7 +314,7 @@ def _checks_world(rank, world, root):
         assert sum("ignoring the counter" in m for m in messages) == 3, messages
         c.assert_same_tables(c.contents(plain), want_t)
 
-    return results
+    return check.results
 
 
 CHECKS = [
@@ -350,9 +331,7 @@ CHECKS = [
 
 @pytest.fixture(scope="module")
 def checks(tmp_path_factory):
-    (out,) = h.run_world(_checks_world, 1, str(tmp_path_factory.mktemp("adm_bad")))
-    assert sorted(out) == sorted(CHECKS)
-    return out
+    return c.run_checks(_checks_world, str(tmp_path_factory.mktemp("adm_bad")), CHECKS)
 
 
 @pytest.mark.parametrize("name", CHECKS)

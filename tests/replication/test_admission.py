@@ -17,7 +17,6 @@ import os
 import pytest
 import repl_harness as r
 import shard_harness as h
-import torch
 
 from dynamicemb import DynamicEmbScoreStrategy as S
 
@@ -110,10 +109,4 @@ def test_a_replica_of_the_same_layout_follows_by_slot(published):
     folder, trainer = published
     replicas = h.run_world(r.follow, TRAIN_WORLD, CASES, folder, "slot")
     _check_replicas(trainer, replicas, CASES, TRAIN_WORLD)
-    for cs in CASES:
-        for rank in range(TRAIN_WORLD):
-            for step in range(r.STEPS):
-                want = trainer[rank][cs.name]["slots"][step]
-                got = replicas[rank][cs.name]["slots"][step]
-                for name in want:
-                    assert torch.equal(got[name], want[name]), (cs.name, step, name)
+    r.assert_same_slots(trainer, replicas, CASES, TRAIN_WORLD)
