@@ -146,7 +146,10 @@ def test_load_restores_counters_on_their_ranks(two_ranks):
 
 
 def test_training_after_a_load_admits_as_without_the_interruption(two_ranks):
-    _, per_rank = two_ranks
+    _check_continuation(two_ranks[1])
+
+
+def _check_continuation(per_rank):
     differs = 0
     for r in per_rank:
         for step, (a, b, f) in enumerate(zip(r["straight"], r["resumed"], r["without_counters"])):
@@ -159,6 +162,15 @@ def test_training_after_a_load_admits_as_without_the_interruption(two_ranks):
             differs += not same
     # Forgetting the counters changes which keys get in.
     assert differs > 0
+
+
+@pytest.mark.multigpu
+def test_nccl_continuation_at_two_gpus(tmp_path):
+    """The same on two GPUs (NCCL): the CUDA counter and lookup kernels."""
+    per_rank = h.run_world(_continuation_world, 2, str(tmp_path), device_type="cuda")
+    for r in per_rank:
+        c.assert_same_counters(r["loaded"]["counters"], r["dumped"]["counters"], what="loaded")
+    _check_continuation(per_rank)
 
 
 def _reshard_world(rank, world, root, source):
