@@ -11,8 +11,6 @@ the keys with their embedding, optimizer state and score words.
 
 import contextlib
 import dataclasses
-import os
-import sys
 import traceback
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,9 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "shard"))
-
-import shard_harness as h
+from tests.shard import shard_harness as h
 
 T = h.TableSpec
 DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")

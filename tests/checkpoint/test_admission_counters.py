@@ -15,12 +15,12 @@ import os
 import shutil
 import warnings
 
-import ckpt_harness as c
 import pytest
-import shard_harness as h
 import torch
 
 from dynamicemb import DynamicEmbScoreStrategy as S
+from tests.checkpoint import ckpt_harness as c
+from tests.shard import shard_harness as h
 
 T = h.TableSpec
 THRESHOLD = 3

@@ -15,10 +15,10 @@ import dataclasses
 import os
 
 import pytest
-import repl_harness as r
-import shard_harness as h
 
 from dynamicemb import DynamicEmbScoreStrategy as S
+from tests.replication import repl_harness as r
+from tests.shard import shard_harness as h
 
 THRESHOLD = 3
 TRAIN_WORLD = 2
