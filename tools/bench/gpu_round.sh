@@ -30,7 +30,7 @@
 # MG_TRAIN_TIMEOUT (60), MG_BUILD_TIMEOUT (300); MG_BENCH_ARGS replaces the
 # benchmark's step counts.
 #
-# sharded: the training step of the shape through DistributedModelParallel
+# sharded: a full-size training step through DistributedModelParallel
 # (tools/bench/sharded_ec_bench.py: 10 tables of dim 128, one feature each,
 # 104,857 ids per feature per step and GPU, power law over 1,677,721 rows, SGD
 # and Adam, TorchRec's tables against dynamic tables with every row in HBM,
