@@ -227,11 +227,10 @@ def run(args) -> None:
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
-    name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     print(
         f"{args.tables} tables x {stored // args.tables} keys x dim {args.dim}, Adam state; "
-        f"{nbytes / 1e9:.2f} GB in dynamicemb's files ({plain / 1e9:.2f} GB plain); {name}, "
-        f"torch {torch.__version__}"
+        f"{nbytes / 1e9:.2f} GB in dynamicemb's files ({plain / 1e9:.2f} GB plain); "
+        f"{machine(device)}"
     )
     print("| method | write s | write GB/s | read s | read GB/s |")
     print("|---|---|---|---|---|")
@@ -264,6 +263,12 @@ def run_parsed(ap: argparse.ArgumentParser, argv, fn) -> int:
         ap.error("--device cuda: no GPU is visible")
     dist_launch.run_alone(fn, args)
     return 0
+
+
+def machine(device: torch.device) -> str:
+    """What a result line names the run's machine by: the GPU (or CPU) and torch."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    return f"{name}, torch {torch.__version__}"
 
 
 def _has_gpu() -> bool:

@@ -152,10 +152,9 @@ def run(args) -> None:
         assert same_rows(model, by_slot) and same_rows(model, by_key), "replicas differ"
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     print(
-        f"1 table x {stored} keys x dim {args.dim}, Adam state, TIMESTAMP scores; {name}, "
-        f"torch {torch.__version__}"
+        f"1 table x {stored} keys x dim {args.dim}, Adam state, TIMESTAMP scores; "
+        f"{checkpoint_bench.machine(device)}"
     )
     print("| operation | rows | GB | s | rows/s | GB/s |")
     print("|---|---|---|---|---|---|")
