@@ -147,7 +147,7 @@ def extension_modules():
         print("setup.py: building dynamicemb._C for CPU only")
 
     if os.environ.get("DEMB_STRIP", "1") != "0":
-        # No symbol table or debug info in the installed extension (~19 MB less);
+        # No symbol table or debug info in the installed extension;
         # the dynamic symbols Python and torch resolve are kept.
         kwargs["extra_link_args"] = ["-Wl,--strip-all"]
     if sys.platform.startswith("linux"):
