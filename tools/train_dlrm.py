@@ -255,7 +255,7 @@ def fused_params(args) -> dict[str, Any]:
     }
 
 
-def constraints(args) -> dict[str, Any]:
+def constraints(args, world_size: int) -> dict[str, Any]:
     from torchrec.distributed.planner.types import ParameterConstraints
 
     from dynamicemb import (
@@ -263,10 +263,13 @@ def constraints(args) -> dict[str, Any]:
         DynamicEmbInitializerMode,
         DynamicEmbScoreStrategy,
         DynamicEmbTableOptions,
+        get_table_value_bytes,
     )
     from dynamicemb.planner import DynamicEmbParameterConstraints
 
     out: dict[str, Any] = {}
+    configs = {c.name: c for c in embedding_configs(args.dim)}
+    optimizer = fused_params(args)["optimizer"]
     for f in FEATURES:
         if f.dynamic:
             out[f.table] = DynamicEmbParameterConstraints(
@@ -278,6 +281,10 @@ def constraints(args) -> dict[str, Any]:
                     dist_type="hash_roundrobin",
                     initializer_args=DynamicEmbInitializerArgs(
                         mode=DynamicEmbInitializerMode.UNIFORM, lower=-0.05, upper=0.05
+                    ),
+                    # Every row in device memory (the ranks share the budget).
+                    global_hbm_for_values=get_table_value_bytes(
+                        configs[f.table], optimizer, world_size, 128
                     ),
                 ),
             )
@@ -449,7 +456,7 @@ def train(rank: int, world_size: int, args) -> dict[str, Any] | None:
         topology=Topology(
             world_size=world_size, compute_device=device.type, local_world_size=world_size
         ),
-        constraints=constraints(args),
+        constraints=constraints(args, world_size),
         batch_size=args.batch_size,
         debug=False,
     )

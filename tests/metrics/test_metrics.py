@@ -119,12 +119,23 @@ def test_figures_equal_the_tables(reader):
     }
     counters = module.table.counters
     lookups = [sum(x) for x in zip(*[_distinct_per_table(k, o) for k, o in batches])]
+    # Every tensor the module's storage holds (the hash table's state and the
+    # rows; all host memory on the CPU).
+    rows = module.storage.rows_space
     host_bytes = (
-        module.table.keys.nbytes
-        + module.table.digests.nbytes
-        + module.table.scores.nbytes
-        + module.table.free_rows.nbytes
-        + module.values.nbytes
+        sum(
+            x.nbytes
+            for x in (
+                module.table.keys,
+                module.table.digests,
+                module.table.scores,
+                module.table.info,
+                module.table.counters,
+                module.table.free_rows,
+            )
+        )
+        + rows.seg0.nbytes
+        + rows.seg1.nbytes
     )
     memory = 0
     for t, name in enumerate(names):

@@ -2,8 +2,15 @@
 # One device round: build and run the GPU tests, then the embedding and table
 # benchmarks, writing each output to $OUT (default: .gpu_round/) as well.
 #
-#   bash tools/bench/gpu_round.sh [tests|embedding|table|variants|multigpu|checkpoint|metrics]...
+#   bash tools/bench/gpu_round.sh [tests|embedding|table|variants|multigpu|checkpoint|metrics|storage]...
 #   (default: the first three)
+#
+# storage: tools/bench/storage_bench.py (the device cache at ratios 1.0, 0.5 and 0.1
+# with and without prefetch, the hybrid table at 50 %, the all-device table, FBGEMM's
+# managed cache on the same batches) and the `gpu` tests of tests/storage; output in
+# $OUT/storage.txt. STORAGE_BENCH_ARGS replaces the benchmark's size flags
+# (default: 4 tables x 4,000,000 rows, dim 128, Adam: 23 GiB of rows, 46 GiB with
+# FBGEMM's copy, for a machine of 128 GiB of host memory).
 #
 # Needs a CUDA machine; the torchrec/fbgemm bundle in .gpupkg/ for the FBGEMM
 # baselines (see docs/testing.md).
@@ -12,7 +19,7 @@
 # dynamicemb._C with CUDA if it is not built yet, then, each under a timeout:
 # the sharded EmbeddingCollection benchmark against TorchRec
 # (tools/bench/sharded_ec_bench.py), the `multigpu` tests (tests/shard,
-# tests/twin, tests/checkpoint), the main job (tools/train_dlrm.py --device cuda --steps 500).
+# tests/twin, tests/checkpoint, tests/storage), the main job (tools/train_dlrm.py --device cuda --steps 500).
 # Writes multigpu_*.txt to $OUT and prints a summary (also $OUT/multigpu.txt).
 # Timeouts in seconds: MG_BENCH_TIMEOUT (90), MG_TESTS_TIMEOUT (180),
 # MG_TRAIN_TIMEOUT (60), MG_BUILD_TIMEOUT (300); MG_BENCH_ARGS replaces the
@@ -93,7 +100,7 @@ multigpu_part() {
   local report="$OUT/multigpu_tests.xml" par=()
   rm -f "$report"
   "$PY" -c "import xdist" > /dev/null 2>&1 && par=(-n 2 --dist loadfile)
-  timeout -k 10 "${MG_TESTS_TIMEOUT:-180}" "$PY" -m pytest -m multigpu tests/shard tests/twin tests/checkpoint -q --tb=short \
+  timeout -k 10 "${MG_TESTS_TIMEOUT:-180}" "$PY" -m pytest -m multigpu tests/shard tests/twin tests/checkpoint tests/storage -q --tb=short \
     -p no:cacheprovider ${par[@]+"${par[@]}"} --junitxml="$report" > "$OUT/multigpu_tests_full.txt" 2>&1
   rc=$?
   echo "tests: $(status_word $rc "${MG_TESTS_TIMEOUT:-180}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
@@ -161,6 +168,16 @@ for part in "${parts[@]}"; do
       ;;
     metrics)
       metrics_part
+      ;;
+    storage)
+      : > "$OUT/storage.txt"
+      build_cuda "$OUT/storage.txt" || continue
+      # shellcheck disable=SC2086
+      timeout -k 10 "${STORAGE_BENCH_TIMEOUT:-1200}" "$PY" tools/bench/storage_bench.py --device cuda \
+        ${STORAGE_BENCH_ARGS:---tables 4 --rows 4000000 --dim 128 --optimizer adam} 2>&1 \
+        | grep -v "registered at\|backend fallback\|Warning\|warn(" | tee -a "$OUT/storage.txt"
+      timeout -k 10 "${STORAGE_TESTS_TIMEOUT:-600}" "$PY" -m pytest -m gpu tests/storage -q --tb=short \
+        -p no:cacheprovider 2>&1 | tail -15 | tee -a "$OUT/storage.txt"
       ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
