@@ -13,48 +13,27 @@ namespace {
 
 using dyn_emb::table::HostTable;
 using dyn_emb::table::InsertStatus;
-using dyn_emb::table::RunArgs;
 using dyn_emb::table::RunOp;
+using dyn_emb::table::RunOutputs;
 using dyn_emb::table::ScoreArgs;
 using dyn_emb::table::ScorePolicy;
 namespace cpu = dyn_emb::table::cpu;
 
-struct Result {
-  std::vector<int64_t> slots, evicted_keys;
-  std::vector<int8_t> status;
-};
-
 // One insert (or insert_and_evict) of `keys` into table 0, LFU scores: each
-// key's score grows by its value in `scores`.
-Result insert(HostTable& t, RunOp op, const std::vector<int64_t>& keys,
-              const std::vector<int64_t>& scores) {
+// key's score grows by its value in `scores`. Returns the keys it evicted.
+std::vector<int64_t> insert(HostTable& t, RunOp op, const std::vector<int64_t>& keys,
+                            const std::vector<int64_t>& scores, RunOutputs& out) {
   const int64_t n = static_cast<int64_t>(keys.size());
-  std::vector<int64_t> tables(n, 0), ev_keys(n), ev_scores(n), ev_slots(n), ev_tables(n),
-      row_work(n), scratch(n);
-  std::vector<uint8_t> ev_flags(n);
-  std::vector<int32_t> order(n);
-  Result out;
-  out.slots.assign(n, -1);
-  out.status.assign(n, -1);
-  RunArgs r;
-  r.keys = keys.data();
-  r.table_ids = tables.data();
-  r.order = order.data();
-  r.score.policy[0] = static_cast<int32_t>(ScorePolicy::kAccumulate);
-  r.score.values = scores.data();
-  r.score.value_row_stride = 1;
-  r.op = op;
-  r.slots = out.slots.data();
-  r.status = out.status.data();
-  r.ev_keys = ev_keys.data();
-  r.ev_scores = ev_scores.data();
-  r.ev_slots = ev_slots.data();
-  r.ev_tables = ev_tables.data();
-  r.ev_flags = ev_flags.data();
-  r.row_work = row_work.data();
-  const int64_t evicted = cpu::run_op(t.ref(), r, n, t.total_buckets(), scratch.data());
-  out.evicted_keys.assign(ev_keys.begin(), ev_keys.begin() + evicted);
-  return out;
+  const std::vector<int64_t> tables(n, 0);
+  std::vector<int64_t> scratch(n);
+  ScoreArgs score;
+  score.policy[0] = static_cast<int32_t>(ScorePolicy::kAccumulate);
+  score.values = scores.data();
+  score.value_row_stride = 1;
+  out.reset(n, t.num_scores);
+  const int64_t evicted = cpu::run_op(t.ref(), out.args(op, keys.data(), tables.data(), score), n,
+                                      t.total_buckets(), scratch.data());
+  return {out.ev_keys.begin(), out.ev_keys.begin() + evicted};
 }
 
 std::vector<int64_t> find(HostTable& t, const std::vector<int64_t>& keys) {
@@ -68,7 +47,9 @@ TEST(ConsumerTable, InsertedKeysAreFoundInTheirSlots) {
   HostTable t({{256, 32}}, /*num_scores=*/1);
   std::vector<int64_t> keys;
   for (int64_t k = 0; k < 40; ++k) keys.push_back(1000003 * k + 17);
-  const Result ins = insert(t, RunOp::kInsert, keys, std::vector<int64_t>(keys.size(), 1));
+  const std::vector<int64_t> ones(keys.size(), 1);
+  RunOutputs ins;
+  insert(t, RunOp::kInsert, keys, ones, ins);
   for (size_t i = 0; i < keys.size(); ++i) {
     EXPECT_EQ(ins.status[i], static_cast<int8_t>(InsertStatus::kInserted)) << keys[i];
     ASSERT_GE(ins.slots[i], 0) << keys[i];
@@ -81,7 +62,8 @@ TEST(ConsumerTable, InsertedKeysAreFoundInTheirSlots) {
   EXPECT_EQ(find(t, {5, 6}), (std::vector<int64_t>{-1, -1}));
 
   // The same keys again are found where they are, and nothing is added.
-  const Result again = insert(t, RunOp::kInsert, keys, std::vector<int64_t>(keys.size(), 1));
+  RunOutputs again;
+  insert(t, RunOp::kInsert, keys, ones, again);
   EXPECT_EQ(again.slots, ins.slots);
   for (int8_t s : again.status) EXPECT_EQ(s, static_cast<int8_t>(InsertStatus::kFound));
   cpu::count(t.ref(), size.data());
@@ -95,13 +77,13 @@ TEST(ConsumerTable, AFullBucketEvictsItsLeastFrequentKey) {
     keys.push_back(100 + k);
     scores.push_back(k == 9 ? 1 : 5 + k);  // key 109 is the least frequent
   }
-  insert(t, RunOp::kInsert, keys, scores);
-  const Result full = insert(t, RunOp::kInsert, {500}, {50});
-  EXPECT_EQ(full.status[0], static_cast<int8_t>(InsertStatus::kFailed));
-  const Result ev = insert(t, RunOp::kInsertEvict, {500}, {50});
-  EXPECT_EQ(ev.status[0], static_cast<int8_t>(InsertStatus::kEvicted));
-  EXPECT_EQ(ev.evicted_keys, (std::vector<int64_t>{109}));
-  EXPECT_EQ(find(t, {109, 500}), (std::vector<int64_t>{-1, ev.slots[0]}));
+  RunOutputs out;
+  insert(t, RunOp::kInsert, keys, scores, out);
+  EXPECT_TRUE(insert(t, RunOp::kInsert, {500}, {50}, out).empty());
+  EXPECT_EQ(out.status[0], static_cast<int8_t>(InsertStatus::kFailed));
+  EXPECT_EQ(insert(t, RunOp::kInsertEvict, {500}, {50}, out), (std::vector<int64_t>{109}));
+  EXPECT_EQ(out.status[0], static_cast<int8_t>(InsertStatus::kEvicted));
+  EXPECT_EQ(find(t, {109, 500}), (std::vector<int64_t>{-1, out.slots[0]}));
 }
 
 }  // namespace
