@@ -1,6 +1,7 @@
-"""Checks what `python -m build` would ship, without compiling anything.
+"""Checks what `python -m build` would ship, without compiling anything; and a built wheel.
 
-    python tools/check_dist.py
+    python tools/check_dist.py                       # the sdist and the wheel's metadata
+    python tools/check_dist.py --wheel dist/X.whl    # a wheel built on this machine
 
 Builds the sdist (`python -m build --sdist --no-isolation`) from a copy of the
 checkout's files (tracked and new, not ignored: no stale build state) and checks
@@ -13,15 +14,23 @@ then prepares the wheel's metadata from that sdist, as pip does before it
 compiles, and checks that the wheel requires exactly this interpreter's torch
 release and offers the extras torchrec, numba, numba-cuda, opentelemetry and
 prometheus. Exits non-zero and says what is wrong otherwise. tools/test.sh runs it.
+
+With --wheel, checks a wheel built against this interpreter's torch instead: the
+same metadata, an extension without symbol table (stripped), and that it imports
+from the unpacked wheel (with CUDA kernels when this torch has CUDA).
+tools/bench/gpu_round.sh's `wheel` part runs it on the GPU machine.
 """
 
+import argparse
 import email.parser
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import tarfile
 import tempfile
+import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXTRAS = ["torchrec", "numba", "numba-cuda", "opentelemetry", "prometheus"]
@@ -53,6 +62,79 @@ def copy_checkout(dest):
 def metadata(text):
     msg = email.parser.Parser().parsestr(text)
     return {k.lower(): msg.get_all(k) for k in set(msg.keys())}
+
+
+def pin(torch):
+    """What a wheel built against this torch requires (setup.py's torch_requirement)."""
+    return "torch==" + torch.__version__.split("+")[0]
+
+
+def wheel_metadata_errors(wheel, torch):
+    """What is wrong with a wheel's metadata (Requires-Dist, Provides-Extra)."""
+    errors = []
+    requires = wheel.get_all("Requires-Dist") or []
+    if pin(torch) not in requires:
+        errors.append(f"wheel requires {requires}, not {pin(torch)}")
+    extras = wheel.get_all("Provides-Extra") or []
+    if sorted(set(EXTRAS) - set(extras)):
+        errors.append(f"wheel extras are {extras}, want {EXTRAS}")
+    return errors
+
+
+def elf_section_names(path):
+    """Section names of an ELF64 little-endian file."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise ValueError(f"{path} is not a 64-bit little-endian ELF file")
+    shoff = struct.unpack_from("<Q", data, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    headers = [struct.unpack_from("<IIQQQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    strtab = headers[shstrndx][4]  # sh_offset of the section names
+    return {data[strtab + h[0] : data.index(b"\0", strtab + h[0])].decode() for h in headers}
+
+
+def check_wheel(path):
+    import torch
+
+    errors = []
+    with zipfile.ZipFile(path) as whl, tempfile.TemporaryDirectory() as tmp:
+        (meta_name,) = [n for n in whl.namelist() if n.endswith(".dist-info/METADATA")]
+        meta = email.parser.Parser().parsestr(whl.read(meta_name).decode())
+        errors += wheel_metadata_errors(meta, torch)
+        whl.extractall(tmp)
+        (ext,) = [n for n in whl.namelist() if n.startswith("dynamicemb/_C") and n.endswith(".so")]
+        sections = elf_section_names(os.path.join(tmp, ext))
+        if ".symtab" in sections or any(s.startswith(".debug") for s in sections):
+            errors.append(f"{ext} is not stripped (sections {sorted(sections)})")
+        probe = (
+            "import torch, dynamicemb.table as t\n"
+            "from dynamicemb.table._native import extension\n"
+            "t.ScoredHashTable([1024])\n"
+            "print(extension().__file__, int(extension().cuda_built()))\n"
+        )
+        env = dict(os.environ, PYTHONPATH=tmp)
+        ran = subprocess.run(
+            [sys.executable, "-c", probe], cwd=tmp, env=env, capture_output=True, text=True
+        )
+        if ran.returncode:
+            errors.append(f"importing the unpacked wheel failed:\n{ran.stderr}")
+        else:
+            loaded, cuda_built = ran.stdout.split()[-2:]
+            if not os.path.realpath(loaded).startswith(os.path.realpath(tmp)):
+                errors.append(f"the extension came from {loaded}, not from the wheel")
+            if torch.version.cuda and cuda_built != "1":
+                errors.append("the wheel's extension has no CUDA kernels, though torch has CUDA")
+        size = whl.getinfo(ext).file_size
+    for e in errors:
+        print("check_dist:", e, file=sys.stderr)
+    if not errors:
+        kernels = "CUDA and CPU" if torch.version.cuda else "CPU"
+        print(
+            f"check_dist: {os.path.basename(path)} requires {pin(torch)}; {ext} stripped "
+            f"({size} bytes), imports with its {kernels} kernels"
+        )
+    return 1 if errors else 0
 
 
 def main():
@@ -95,20 +177,17 @@ def main():
             errors.append("sdist does not leave Requires-Dist to the wheel build (Dynamic)")
 
         wheel = build.util.project_wheel_metadata(os.path.join(tmp, top), isolated=False)
-        requires = wheel.get_all("Requires-Dist") or []
-        want = "torch==" + torch.__version__.split("+")[0]
-        if want not in requires:
-            errors.append(f"wheel requires {requires}, not {want}")
-        extras = wheel.get_all("Provides-Extra") or []
-        if sorted(set(EXTRAS) - set(extras)):
-            errors.append(f"wheel extras are {extras}, want {EXTRAS}")
+        errors += wheel_metadata_errors(wheel, torch)
 
     for e in errors:
         print("check_dist:", e, file=sys.stderr)
     if not errors:
-        print(f"check_dist: sdist carries all {len(wanted)} sources; wheel requires {want}")
+        print(f"check_dist: sdist carries all {len(wanted)} sources; wheel requires {pin(torch)}")
     return 1 if errors else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--wheel", help="check this built wheel instead of the sdist")
+    args = parser.parse_args()
+    sys.exit(check_wheel(args.wheel) if args.wheel else main())
