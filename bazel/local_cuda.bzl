@@ -49,8 +49,8 @@ def _lib_dir(rctx, root):
             return p
     return None
 
-# What both BUILD files start with: {note} says what was found.
-_PREAMBLE = """\
+# The start of both BUILD files: {note} says what was found.
+_BUILD_HEAD = """\
 load("@rules_cc//cc:defs.bzl", "cc_library")
 
 package(default_visibility = ["//visibility:public"])
@@ -63,7 +63,7 @@ filegroup(
 )
 """
 
-_BUILD = _PREAMBLE + """
+_BUILD = _BUILD_HEAD + """
 filegroup(
     name = "compiler_deps",
     srcs = glob(["bin/**", "nvvm/**", "include/**", "targets/*/include/**"]),
@@ -90,7 +90,7 @@ cc_library(
 )
 """
 
-_BUILD_MISSING = _PREAMBLE + """
+_BUILD_MISSING = _BUILD_HEAD + """
 filegroup(
     name = "compiler_deps",
     srcs = [],

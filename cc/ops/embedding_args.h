@@ -9,6 +9,7 @@
 
 #include <ATen/ATen.h>
 
+#include <cmath>
 #include <optional>
 
 #include "cc/embedding/initializer.h"
@@ -49,14 +50,27 @@ inline embedding::InitArgs init_args(const at::Tensor& keys, const at::Tensor& t
   return a;
 }
 
-/// Checks an optimizer's type and hyper-parameters and packs them.
-inline embedding::OptimArgs optim_params(int64_t type, double lr, double eps, double beta1,
-                                         double beta2, double weight_decay, int64_t wd_mode,
-                                         int64_t step, double lr_power, double ftrl_beta, double l1,
-                                         double l2) {
+/// Checks the ops' `optim` list (OptimArgs's fields at their OptimField
+/// positions) and unpacks it.
+inline embedding::OptimArgs optim_params(at::ArrayRef<double> optim) {
+  using embedding::OptimField;
+  TORCH_CHECK_VALUE(optim.size() == embedding::kNumOptimFields, "dynamicemb: optim must hold ",
+                    embedding::kNumOptimFields, " values (OptimField), got ", optim.size());
+  const auto integer = [&](OptimField f, const char* name) {
+    const double v = optim[f];
+    TORCH_CHECK_VALUE(v == std::floor(v) && std::fabs(v) < 9007199254740992.0,
+                      "dynamicemb: optimizer ", name, " must be an integer, got ", v);
+    return static_cast<int64_t>(v);
+  };
+  const int64_t type = integer(embedding::kFieldType, "type");
+  const int64_t wd_mode = integer(embedding::kFieldWeightDecayMode, "weight_decay_mode");
+  const int64_t step = integer(embedding::kFieldStep, "step");
+  const double lr = optim[embedding::kFieldLearningRate];
+  const double lr_power = optim[embedding::kFieldLearningRatePower];
   TORCH_CHECK_VALUE(type >= 0 && type < embedding::kNumOptimTypes, "dynamicemb: optimizer type ",
                     type, " is not one of 0..", embedding::kNumOptimTypes - 1);
-  TORCH_CHECK_VALUE(wd_mode >= 0 && wd_mode <= 2, "dynamicemb: weight decay mode ", wd_mode,
+  TORCH_CHECK_VALUE(wd_mode >= 0 && wd_mode < embedding::kNumWeightDecayModes,
+                    "dynamicemb: weight decay mode ", wd_mode,
                     " is not 0 (none), 1 (L2) or 2 (decoupled)");
   TORCH_CHECK_VALUE(step >= 1, "dynamicemb: step must be at least 1, got ", step);
   if (type == static_cast<int64_t>(embedding::OptimType::kFTRL)) {
@@ -67,25 +81,22 @@ inline embedding::OptimArgs optim_params(int64_t type, double lr, double eps, do
   embedding::OptimArgs a;
   a.type = static_cast<int32_t>(type);
   a.lr = static_cast<float>(lr);
-  a.eps = static_cast<float>(eps);
-  a.beta1 = static_cast<float>(beta1);
-  a.beta2 = static_cast<float>(beta2);
-  a.weight_decay = static_cast<float>(weight_decay);
+  a.eps = static_cast<float>(optim[embedding::kFieldEps]);
+  a.beta1 = static_cast<float>(optim[embedding::kFieldBeta1]);
+  a.beta2 = static_cast<float>(optim[embedding::kFieldBeta2]);
+  a.weight_decay = static_cast<float>(optim[embedding::kFieldWeightDecay]);
   a.wd_mode = static_cast<int32_t>(wd_mode);
   a.step = step;
   a.lr_power = static_cast<float>(lr_power);
-  a.ftrl_beta = static_cast<float>(ftrl_beta);
-  a.l1 = static_cast<float>(l1);
-  a.l2 = static_cast<float>(l2);
+  a.ftrl_beta = static_cast<float>(optim[embedding::kFieldFtrlBeta]);
+  a.l1 = static_cast<float>(optim[embedding::kFieldL1Reg]);
+  a.l2 = static_cast<float>(optim[embedding::kFieldL2Reg]);
   return a;
 }
 
 /// Checks optimizer_step's arguments and packs its hyper-parameters.
 inline embedding::OptimArgs optim_args(const at::Tensor& values, const at::Tensor& rows,
-                                       const at::Tensor& grads, int64_t type, double lr, double eps,
-                                       double beta1, double beta2, double weight_decay,
-                                       int64_t wd_mode, int64_t step, double lr_power,
-                                       double ftrl_beta, double l1, double l2) {
+                                       const at::Tensor& grads, at::ArrayRef<double> optim) {
   TORCH_CHECK_TYPE(values.scalar_type() == at::kFloat && grads.scalar_type() == at::kFloat,
                    "dynamicemb: values and grads must be float32, got ", values.scalar_type(),
                    " and ", grads.scalar_type());
@@ -98,10 +109,9 @@ inline embedding::OptimArgs optim_args(const at::Tensor& values, const at::Tenso
                     grads.size(0), " gradients");
   TORCH_CHECK(values.device() == rows.device() && values.device() == grads.device(),
               "dynamicemb: values, rows and grads must share a device");
-  embedding::OptimArgs a = optim_params(type, lr, eps, beta1, beta2, weight_decay, wd_mode, step,
-                                        lr_power, ftrl_beta, l1, l2);
+  embedding::OptimArgs a = optim_params(optim);
   const int64_t dim = grads.size(1);
-  const int64_t need = dim + embedding::state_dim(static_cast<int32_t>(type), dim);
+  const int64_t need = dim + embedding::state_dim(a.type, dim);
   TORCH_CHECK_VALUE(values.size(1) >= need, "dynamicemb: rows of ", values.size(1),
                     " floats cannot hold dim ", dim, " plus the optimizer state (", need,
                     " floats)");
@@ -165,7 +175,7 @@ inline embedding::PoolArgs pool_args(const at::Tensor& seg0, const at::Tensor& s
                                      const c10::optional<at::Tensor>& weights,
                                      const at::Tensor& cols, const at::Tensor& dims, int64_t batch,
                                      int64_t out_width, storage::ElementType type,
-                                     at::Tensor& out) {
+                                     const c10::optional<at::Tensor>& fill, at::Tensor& out) {
   check_1d(rows, at::kLong, "rows");
   check_1d(inverse, at::kLong, "inverse");
   check_1d(bag_offsets, at::kLong, "bag_offsets");
@@ -178,14 +188,31 @@ inline embedding::PoolArgs pool_args(const at::Tensor& seg0, const at::Tensor& s
   check_index_range(inverse, 0, rows.numel(), "inverse entry");
   a.space = row_space(seg0, seg1, "values");
   a.rows = rows.data_ptr<int64_t>();
+  int64_t num_fill = 0;
+  if (fill.has_value()) {
+    TORCH_CHECK_VALUE(fill->dim() == 2 && fill->is_contiguous(),
+                      "dynamicemb: fill must be a contiguous 2-D tensor, got shape ",
+                      fill->sizes());
+    num_fill = fill->size(0);
+    a.fill = static_cast<const uint8_t*>(fill->data_ptr());
+    a.fill_row_bytes = fill->size(1) * fill->element_size();
+  }
   if (rows.device().is_cpu()) {
-    // Each occurrence's row holds its feature's embedding.
+    // Each occurrence's row (or fill row) holds its feature's embedding.
     const int64_t* bo = bag_offsets.data_ptr<int64_t>();
     const int64_t* inv = inverse.data_ptr<int64_t>();
     for (int64_t b = 0; b + 1 < bag_offsets.numel(); ++b) {
-      const int64_t dim = embedding::bag_slot(a.layout, b).dim;
+      const int64_t bytes = embedding::bag_slot(a.layout, b).dim * element_size(type);
       for (int64_t j = bo[b]; j < bo[b + 1]; ++j) {
-        check_row_offset(a.space, a.rows[inv[j]], dim * element_size(type), inv[j], "row");
+        const int64_t r = a.rows[inv[j]];
+        if (r >= -1) {
+          check_row_offset(a.space, r, bytes, inv[j], "row");
+          continue;
+        }
+        TORCH_CHECK_VALUE(embedding::fill_index(r) < num_fill && bytes <= a.fill_row_bytes,
+                          "dynamicemb: row ", r, " at index ", inv[j], " reads fill row ",
+                          embedding::fill_index(r), " of ", bytes, " bytes, but fill has ",
+                          num_fill, " rows of ", a.fill_row_bytes, " bytes");
       }
     }
   }
@@ -233,6 +260,7 @@ inline embedding::UpdateArgs update_args(
       const int64_t dim = embedding::key_dim(a, u);
       const int64_t bytes = storage::state_offset(dim, element_size(type)) +
                             4 * embedding::state_dim(optim.type, dim);
+      if (a.rows[u] < 0) continue;  // no row, or a fill row of the forward: not updated
       check_row_offset(a.space, a.rows[u], bytes, u, "row");
     }
   }
@@ -246,14 +274,15 @@ at::Tensor pool_with(const at::Tensor& seg0, const at::Tensor& seg1, const at::T
                      const at::Tensor& inverse, const at::Tensor& bag_offsets,
                      const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
                      const at::Tensor& dims, int64_t batch, int64_t out_width, int64_t type,
-                     const Run& run) {
+                     const c10::optional<at::Tensor>& fill, const Run& run) {
   TORCH_CHECK_VALUE(out_width >= 0, "dynamicemb: out_width must not be negative, got ", out_width);
   check_same_device(rows, {&seg0, &seg1, &inverse, &bag_offsets, &cols, &dims});
   if (weights.has_value()) check_same_device(rows, {&*weights});
+  if (fill.has_value()) check_same_device(rows, {&*fill});
   const storage::ElementType et = element_type(type);
   at::Tensor out = at::empty({batch, out_width}, rows.options().dtype(at::kFloat));
   run(pool_args(seg0, seg1, rows, inverse, bag_offsets, weights, cols, dims, batch, out_width, et,
-                out),
+                fill, out),
       bag_offsets.numel() - 1, et);
   return out;
 }

@@ -13,33 +13,39 @@ namespace dyn_emb {
 namespace ops {
 namespace {
 
-at::Tensor find_meta(const at::Tensor& keys, const at::Tensor& table_ids,
-                     const at::Tensor& table_keys, const at::Tensor& digests, at::Tensor& scores,
-                     const at::Tensor& info, at::IntArrayRef policies,
-                     const at::Tensor& score_values, bool update) {
+at::Tensor find_meta(const at::Tensor& keys, const at::Tensor& /*table_ids*/,
+                     const at::Tensor& /*table_keys*/, const at::Tensor& /*digests*/,
+                     at::Tensor& /*scores*/, const at::Tensor& /*info*/,
+                     at::IntArrayRef /*policies*/, const at::Tensor& /*score_values*/,
+                     bool /*update*/) {
   TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
                    keys.scalar_type());
   return at::empty_symint({keys.sym_numel()}, keys.options());
 }
 
 std::tuple<at::Tensor, at::Tensor> find_gather_meta(
-    const at::Tensor& keys, const at::Tensor& table_ids, const at::Tensor& table_keys,
-    const at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::IntArrayRef policies,
-    const at::Tensor& score_values, bool update, const at::Tensor& values) {
+    const at::Tensor& keys, const at::Tensor& /*table_ids*/, const at::Tensor& /*table_keys*/,
+    const at::Tensor& /*digests*/, at::Tensor& /*scores*/, const at::Tensor& /*info*/,
+    at::IntArrayRef /*policies*/, const at::Tensor& /*score_values*/, bool /*update*/,
+    const at::Tensor& values) {
   TORCH_CHECK_VALUE(values.dim() == 2, "dynamicemb: values must be 2-D");
   return {at::empty_symint({keys.sym_numel()}, keys.options()),
           at::empty_symint({keys.sym_numel(), values.sym_size(1)}, values.options())};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-run_meta(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_keys,
-         at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::Tensor& counters,
-         at::Tensor& free_rows, at::IntArrayRef policies, const at::Tensor& score_values,
-         int64_t op, bool assign_rows, int64_t total_buckets, bool has_rows,
-         const std::optional<at::Tensor>& victim_scores) {
+run_meta(const at::Tensor& keys, const at::Tensor& /*table_ids*/, at::Tensor& /*table_keys*/,
+         at::Tensor& /*digests*/, at::Tensor& scores, const at::Tensor& /*info*/,
+         at::Tensor& /*counters*/, at::Tensor& /*free_rows*/, at::IntArrayRef /*policies*/,
+         const at::Tensor& /*score_values*/, int64_t op, bool /*assign_rows*/,
+         int64_t /*total_buckets*/, bool /*has_rows*/,
+         const std::optional<at::Tensor>& /*victim_scores*/,
+         const std::optional<at::Tensor>& target_slots) {
   TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
                    keys.scalar_type());
   check_op(op);
+  TORCH_CHECK_VALUE(op != static_cast<int64_t>(table::RunOp::kPlace) || target_slots.has_value(),
+                    "dynamicemb: place (op 3) needs target_slots");
   const c10::SymInt n = keys.sym_numel();
   const c10::SymInt ns = scores.sym_size(1);
   auto l = keys.options().dtype(at::kLong);
@@ -50,8 +56,8 @@ run_meta(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
 }
 
 ExportResult export_meta(const at::Tensor& table_keys, const at::Tensor& scores,
-                         const at::Tensor& info, int64_t slot_begin, int64_t slot_end,
-                         int64_t column, int64_t threshold) {
+                         const at::Tensor& /*info*/, int64_t slot_begin, int64_t slot_end,
+                         int64_t /*column*/, int64_t /*threshold*/) {
   TORCH_CHECK_VALUE(slot_begin >= 0 && slot_begin <= slot_end, "dynamicemb: slot range [",
                     slot_begin, ", ", slot_end, ") is empty or negative");
   const int64_t range = slot_end - slot_begin;
@@ -67,23 +73,21 @@ at::Tensor gather_rows_meta(const at::Tensor& values, const at::Tensor& rows) {
   return at::empty_symint({rows.sym_numel(), values.sym_size(1)}, values.options());
 }
 
-at::Tensor init_rows_meta(const at::Tensor& keys, const at::Tensor& table_ids, int64_t dim,
-                          int64_t mode, double mean, double std_dev, double lower, double upper,
-                          double value, int64_t seed) {
+at::Tensor init_rows_meta(const at::Tensor& keys, const at::Tensor& /*table_ids*/, int64_t dim,
+                          int64_t /*mode*/, double /*mean*/, double /*std_dev*/, double /*lower*/,
+                          double /*upper*/, double /*value*/, int64_t /*seed*/) {
   TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
                    keys.scalar_type());
   return at::empty_symint({keys.sym_numel(), c10::SymInt(dim)}, keys.options().dtype(at::kFloat));
 }
 
-void optimizer_step_meta(at::Tensor& values, const at::Tensor& rows, const at::Tensor& grads,
-                         int64_t type, double lr, double eps, double beta1, double beta2,
-                         double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
-                         double ftrl_beta, double l1, double l2) {
+void optimizer_step_meta(at::Tensor& values, const at::Tensor& /*rows*/,
+                         const at::Tensor& /*grads*/, at::ArrayRef<double> /*optim*/) {
   TORCH_CHECK_TYPE(values.scalar_type() == at::kFloat, "dynamicemb: values must be float32");
 }
 
-at::Tensor home_starts_meta(const at::Tensor& keys, const at::Tensor& table_ids,
-                            const at::Tensor& table_keys, const at::Tensor& info) {
+at::Tensor home_starts_meta(const at::Tensor& keys, const at::Tensor& /*table_ids*/,
+                            const at::Tensor& /*table_keys*/, const at::Tensor& /*info*/) {
   return at::empty_symint({keys.sym_numel()}, keys.options().dtype(at::kLong));
 }
 
@@ -95,41 +99,52 @@ at::Tensor count_meta(const at::Tensor& table_keys, const at::Tensor& info) {
   return at::empty_symint({info.sym_size(0)}, table_keys.options());
 }
 
-at::Tensor route_keys_meta(const at::Tensor& keys, const at::Tensor& feature_ids,
-                           const at::Tensor& dist_types, const at::Tensor& blocks,
-                           int64_t world_size) {
+at::Tensor route_keys_meta(const at::Tensor& keys, const at::Tensor& /*feature_ids*/,
+                           const at::Tensor& /*dist_types*/, const at::Tensor& /*blocks*/,
+                           int64_t /*world_size*/) {
   TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
                    keys.scalar_type());
   return at::empty_symint({keys.sym_numel()}, keys.options());
 }
 
-at::Tensor embedding_pool_meta(const at::Tensor& seg0, const at::Tensor& seg1,
-                               const at::Tensor& rows, const at::Tensor& inverse,
-                               const at::Tensor& bag_offsets,
-                               const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
-                               const at::Tensor& dims, int64_t batch, int64_t out_width,
-                               int64_t element_type) {
+at::Tensor embedding_pool_meta(const at::Tensor& /*seg0*/, const at::Tensor& /*seg1*/,
+                               const at::Tensor& rows, const at::Tensor& /*inverse*/,
+                               const at::Tensor& /*bag_offsets*/,
+                               const c10::optional<at::Tensor>& /*weights*/,
+                               const at::Tensor& /*cols*/, const at::Tensor& /*dims*/,
+                               int64_t batch, int64_t out_width, int64_t /*element_type*/,
+                               const c10::optional<at::Tensor>& /*fill*/) {
   return at::empty({batch, out_width}, rows.options().dtype(at::kFloat));
 }
 
-void embedding_update_meta(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor& grad_out,
-                           const at::Tensor& rows, const at::Tensor& occ_offsets,
-                           const at::Tensor& occ_order, const at::Tensor& occ_bag,
-                           const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
-                           const at::Tensor& dims, int64_t batch, int64_t element_type,
-                           int64_t type, double lr, double eps, double beta1, double beta2,
-                           double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
-                           double ftrl_beta, double l1, double l2) {}
+void embedding_update_meta(at::Tensor& /*seg0*/, at::Tensor& /*seg1*/,
+                           const at::Tensor& /*grad_out*/, const at::Tensor& /*rows*/,
+                           const at::Tensor& /*occ_offsets*/, const at::Tensor& /*occ_order*/,
+                           const at::Tensor& /*occ_bag*/,
+                           const c10::optional<at::Tensor>& /*weights*/, const at::Tensor& /*cols*/,
+                           const at::Tensor& /*dims*/, int64_t /*batch*/, int64_t /*element_type*/,
+                           at::ArrayRef<double> /*optim*/) {}
 
-void copy_rows_meta(at::Tensor& dst0, at::Tensor& dst1, const at::Tensor& dst_offsets,
-                    const at::Tensor& src0, const at::Tensor& src1, const at::Tensor& src_offsets,
-                    const at::Tensor& bytes) {}
+at::Tensor counter_add_meta(const at::Tensor& keys, const at::Tensor& /*table_ids*/,
+                            at::Tensor& /*table_keys*/, at::Tensor& /*digests*/,
+                            at::Tensor& /*scores*/, const at::Tensor& /*info*/,
+                            at::Tensor& /*counters*/, const at::Tensor& /*frequencies*/,
+                            int64_t /*release_at*/, int64_t /*total_buckets*/) {
+  TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
+                   keys.scalar_type());
+  return at::empty_symint({keys.sym_numel()}, keys.options());
+}
+
+void copy_rows_meta(at::Tensor& /*dst0*/, at::Tensor& /*dst1*/, const at::Tensor& /*dst_offsets*/,
+                    const at::Tensor& /*src0*/, const at::Tensor& /*src1*/,
+                    const at::Tensor& /*src_offsets*/, const at::Tensor& /*bytes*/) {}
 
 }  // namespace
 
 TORCH_LIBRARY_IMPL(dynamicemb, Meta, m) {
   m.impl("table_find", &find_meta);
   m.impl("table_run", &run_meta);
+  m.impl("counter_add", &counter_add_meta);
   m.impl("table_find_gather", &find_gather_meta);
   m.impl("table_export", &export_meta);
   m.impl("table_count", &count_meta);

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "cc/ops/tensor_checks.h"
+#include "cc/table/hash.h"
 #include "cc/table/layout.h"
 #include "cc/table/table_ref.h"
 #include "cc/table/types.h"
@@ -127,16 +128,24 @@ inline table::TableRef keys_ref(const at::Tensor& keys, const at::Tensor& info,
   return t;
 }
 
-inline void check_counters(const at::Tensor& counters, const at::Tensor& free_rows,
-                           const at::Tensor& info, const at::Tensor& table_keys) {
+/// The table's counters: (num_tables, kCounterCols) int64 on its device.
+inline void check_counter_cols(const at::Tensor& counters, const at::Tensor& info,
+                               const at::Tensor& table_keys) {
   TORCH_CHECK(counters.scalar_type() == at::kLong && counters.dim() == 2 &&
                   counters.size(0) == info.size(0) && counters.size(1) == kCounterCols &&
                   counters.is_contiguous(),
               "dynamicemb: counters must be a contiguous int64 (", info.size(0), ", ", kCounterCols,
               ") tensor, got ", counters.scalar_type(), " ", counters.sizes());
+  TORCH_CHECK(counters.device() == table_keys.device(),
+              "dynamicemb: counters must be on the table's device");
+}
+
+inline void check_counters(const at::Tensor& counters, const at::Tensor& free_rows,
+                           const at::Tensor& info, const at::Tensor& table_keys) {
+  check_counter_cols(counters, info, table_keys);
   check_1d(free_rows, at::kLong, "free_rows");
-  TORCH_CHECK(counters.device() == table_keys.device() && free_rows.device() == table_keys.device(),
-              "dynamicemb: counters and free_rows must be on the table's device");
+  TORCH_CHECK(free_rows.device() == table_keys.device(),
+              "dynamicemb: free_rows must be on the table's device");
 }
 
 /// Checks run's optional victim scores: (num_slots) float64 on the table's device.
@@ -154,8 +163,61 @@ inline void check_victim_scores(const std::optional<at::Tensor>& v, const at::Te
 
 inline void check_op(int64_t op) {
   TORCH_CHECK_VALUE(
-      op >= 0 && op <= static_cast<int64_t>(table::RunOp::kErase),
-      "dynamicemb: run op must be 0 (insert), 1 (insert_and_evict) or 2 (erase), got ", op);
+      op >= 0 && op <= static_cast<int64_t>(table::RunOp::kPlace),
+      "dynamicemb: run op must be 0 (insert), 1 (insert_and_evict), 2 (erase) or 3 (place), got ",
+      op);
+}
+
+/// Checks run's optional target slots: required by place (and only read by
+/// it), (n) int64 on the keys' device.
+inline void check_targets(const std::optional<at::Tensor>& targets, int64_t op,
+                          const at::Tensor& keys) {
+  if (op != static_cast<int64_t>(table::RunOp::kPlace)) return;
+  TORCH_CHECK_VALUE(targets.has_value(), "dynamicemb: place (op 3) needs target_slots");
+  TORCH_CHECK_TYPE(targets->scalar_type() == at::kLong,
+                   "dynamicemb: target_slots must be int64, got ", targets->scalar_type());
+  TORCH_CHECK_VALUE(
+      targets->dim() == 1 && targets->numel() == keys.numel() && targets->is_contiguous(),
+      "dynamicemb: target_slots must be a contiguous (", keys.numel(),
+      ") tensor, one per key, got shape ", targets->sizes());
+  TORCH_CHECK(targets->device() == keys.device(),
+              "dynamicemb: target_slots must be on the keys' device ", keys.device(), ", got ",
+              targets->device());
+}
+
+/// The checks table_find and table_find_gather make on every backend.
+inline void check_find(const at::Tensor& keys, const at::Tensor& table_ids,
+                       const at::Tensor& table_keys, const at::Tensor& digests,
+                       const at::Tensor& scores, const at::Tensor& info, at::IntArrayRef policies,
+                       const at::Tensor& score_values) {
+  check_state(table_keys, digests, scores, info);
+  check_batch(keys, table_ids, table_keys);
+  check_scores(policies, score_values, keys.numel(), scores.size(1), table_keys);
+}
+
+/// The checks table_run makes on every backend.
+inline void check_run(const at::Tensor& keys, const at::Tensor& table_ids,
+                      const at::Tensor& table_keys, const at::Tensor& digests,
+                      const at::Tensor& scores, const at::Tensor& info, const at::Tensor& counters,
+                      const at::Tensor& free_rows, at::IntArrayRef policies,
+                      const at::Tensor& score_values, int64_t op,
+                      const std::optional<at::Tensor>& victim_scores,
+                      const std::optional<at::Tensor>& target_slots) {
+  check_find(keys, table_ids, table_keys, digests, scores, info, policies, score_values);
+  check_counters(counters, free_rows, info, table_keys);
+  check_op(op);
+  check_victim_scores(victim_scores, table_keys);
+  check_targets(target_slots, op, keys);
+}
+
+/// The checks of the ops that read the keys and info only (table_count,
+/// table_home_starts; table_export also scores).
+inline void check_keys_view(const at::Tensor& table_keys, const at::Tensor& info) {
+  check_1d(table_keys, at::kLong, "table_keys");
+  check_info(info);
+  TORCH_CHECK(info.device() == table_keys.device(),
+              "dynamicemb: info must be on the table's device ", table_keys.device(), ", got ",
+              info.device());
 }
 
 /// Outputs of table_run, allocated like `keys`.
@@ -176,6 +238,32 @@ inline RunOutputs alloc_run_outputs(const at::Tensor& keys, int64_t num_scores) 
                     at::zeros({1}, l)};
 }
 
+/// table_run's arguments and outputs as the backends take them; the
+/// backend-specific work arrays (ev_flags, row_work) are left to the caller.
+inline table::RunArgs run_args(const at::Tensor& keys, const at::Tensor& table_ids,
+                               at::Tensor& order, at::IntArrayRef policies,
+                               const at::Tensor& score_values, int64_t op, bool assign_rows,
+                               RunOutputs& out, const std::optional<at::Tensor>& victim_scores,
+                               const std::optional<at::Tensor>& target_slots) {
+  table::RunArgs r;
+  r.keys = keys.data_ptr<int64_t>();
+  r.table_ids = table_ids.data_ptr<int64_t>();
+  r.order = order.data_ptr<int32_t>();
+  r.score = score_args(policies, score_values, keys.numel());
+  r.op = static_cast<table::RunOp>(op);
+  r.assign_rows = assign_rows;
+  r.slots = out.slots.data_ptr<int64_t>();
+  r.status = out.status.data_ptr<int8_t>();
+  r.ev_keys = out.ev_keys.data_ptr<int64_t>();
+  r.ev_scores = out.ev_scores.data_ptr<int64_t>();
+  r.ev_slots = out.ev_slots.data_ptr<int64_t>();
+  r.ev_tables = out.ev_tables.data_ptr<int64_t>();
+  r.victim_scores = victim_scores.has_value() ? victim_scores->data_ptr<double>() : nullptr;
+  r.targets = op == static_cast<int64_t>(table::RunOp::kPlace) ? target_slots->data_ptr<int64_t>()
+                                                               : nullptr;
+  return r;
+}
+
 using ExportResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 inline void check_export(const at::Tensor& keys, const at::Tensor& scores, int64_t slot_begin,
@@ -185,6 +273,16 @@ inline void check_export(const at::Tensor& keys, const at::Tensor& scores, int64
                     keys.numel(), "]");
   TORCH_CHECK_VALUE(column >= 0 && column < scores.size(1), "dynamicemb: score column ", column,
                     " is not one of 0..", scores.size(1) - 1);
+}
+
+/// table_export's checks on every backend.
+inline void check_export_args(const at::Tensor& table_keys, const at::Tensor& scores,
+                              const at::Tensor& info, int64_t slot_begin, int64_t slot_end,
+                              int64_t column) {
+  check_keys_view(table_keys, info);
+  TORCH_CHECK_VALUE(scores.dim() == 2 && table_keys.numel() == scores.size(0),
+                    "dynamicemb: table_keys and scores disagree on the slot count");
+  check_export(table_keys, scores, slot_begin, slot_end, column);
 }
 
 inline ExportResult alloc_export(const at::Tensor& keys, const at::Tensor& scores, int64_t range) {
@@ -229,6 +327,20 @@ inline std::pair<int64_t, bool> check_layout_cpu(const table::TableRef& t, int64
                         t.num_slots, " slots of table_keys");
   }
   return {0, false};
+}
+
+/// CPU tensors: refuses reserved keys and table ids out of range, naming the
+/// first one.
+inline void check_key_values(const at::Tensor& keys, const at::Tensor& table_ids,
+                             int64_t num_tables) {
+  const int64_t* k = keys.data_ptr<int64_t>();
+  const int64_t* t = table_ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < keys.numel(); ++i) {
+    TORCH_CHECK_VALUE(!table::is_reserved_key(k[i]), "dynamicemb: key ", k[i], " at index ", i,
+                      " is reserved (keys below ", table::kFirstValidKey, " mark slot states)");
+    TORCH_CHECK_VALUE(t[i] >= 0 && t[i] < num_tables, "dynamicemb: table id ", t[i], " at index ",
+                      i, " is out of range [0, ", num_tables, ")");
+  }
 }
 
 inline void check_gather(const at::Tensor& values, const at::Tensor& rows) {

@@ -8,6 +8,7 @@
 #include "cc/ops/table_args.h"
 #include "cc/ops/tensor_checks.h"
 #include "cc/table/hash.h"
+#include "cc/table/layout.h"
 #include "cc/table/table_cpu.h"
 
 namespace dyn_emb {
@@ -16,27 +17,13 @@ namespace {
 
 using table::TableMode;
 
-/// Refuses reserved keys and table ids out of range, naming the first one.
-void check_key_values(const at::Tensor& keys, const at::Tensor& table_ids, int64_t num_tables) {
-  const int64_t* k = keys.data_ptr<int64_t>();
-  const int64_t* t = table_ids.data_ptr<int64_t>();
-  for (int64_t i = 0; i < keys.numel(); ++i) {
-    TORCH_CHECK_VALUE(!table::is_reserved_key(k[i]), "dynamicemb: key ", k[i], " at index ", i,
-                      " is reserved (keys below ", table::kFirstValidKey, " mark slot states)");
-    TORCH_CHECK_VALUE(t[i] >= 0 && t[i] < num_tables, "dynamicemb: table id ", t[i], " at index ",
-                      i, " is out of range [0, ", num_tables, ")");
-  }
-}
-
 at::Tensor find_cpu(const at::Tensor& keys, const at::Tensor& table_ids,
                     const at::Tensor& table_keys, const at::Tensor& digests, at::Tensor& scores,
                     const at::Tensor& info, at::IntArrayRef policies,
                     const at::Tensor& score_values, bool update) {
-  check_state(table_keys, digests, scores, info);
-  check_batch(keys, table_ids, table_keys);
+  check_find(keys, table_ids, table_keys, digests, scores, info, policies, score_values);
   check_cpu(keys);
   const int64_t n = keys.numel();
-  check_scores(policies, score_values, n, scores.size(1), table_keys);
   const table::TableRef t = table_ref(table_keys, digests, scores, info, nullptr, nullptr);
   check_layout_cpu(t, INT64_MAX);
   check_key_values(keys, table_ids, info.size(0));
@@ -86,15 +73,12 @@ run_cpu(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_k
         at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::Tensor& counters,
         at::Tensor& free_rows, at::IntArrayRef policies, const at::Tensor& score_values, int64_t op,
         bool assign_rows, int64_t total_buckets, bool has_rows,
-        const std::optional<at::Tensor>& victim_scores) {
-  check_state(table_keys, digests, scores, info);
-  check_batch(keys, table_ids, table_keys);
-  check_counters(counters, free_rows, info, table_keys);
-  check_op(op);
-  check_victim_scores(victim_scores, table_keys);
+        const std::optional<at::Tensor>& victim_scores,
+        const std::optional<at::Tensor>& target_slots) {
+  check_run(keys, table_ids, table_keys, digests, scores, info, counters, free_rows, policies,
+            score_values, op, victim_scores, target_slots);
   check_cpu(keys);
   const int64_t n = keys.numel();
-  check_scores(policies, score_values, n, scores.size(1), table_keys);
   {
     const table::TableRef lt = table_ref(table_keys, digests, scores, info, &counters, &free_rows);
     const auto [buckets, rows] = check_layout_cpu(lt, free_rows.numel());
@@ -117,6 +101,24 @@ run_cpu(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_k
                         ti[table::kInfoRowCapacity], ") of table ", tid[i]);
     }
   }
+  const bool place = op == static_cast<int64_t>(table::RunOp::kPlace);
+  if (place) {
+    const table::TableRef lt = table_ref(table_keys, digests, scores, info, &counters, &free_rows);
+    const int64_t* k = keys.data_ptr<int64_t>();
+    const int64_t* tid = table_ids.data_ptr<int64_t>();
+    const int64_t* target = target_slots->data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      const table::Home h = table::home_of(lt, tid[i], k[i]);
+      TORCH_CHECK_VALUE(target[i] >= h.start && target[i] < h.start + h.width,
+                        "dynamicemb: place: slot ", target[i], " of key ", k[i], " at index ", i,
+                        " is not in its home bucket (slots ", h.start, "..", h.start + h.width - 1,
+                        " of table ", tid[i], ")");
+      const bool no_evict = info.data_ptr<int64_t>()[tid[i] * kInfoCols + table::kInfoMode] ==
+                            static_cast<int64_t>(TableMode::kNoEviction);
+      TORCH_CHECK_VALUE(!no_evict || assign_rows, "dynamicemb: place into NO_EVICTION table ",
+                        tid[i], " needs assign_rows (the row of each key)");
+    }
+  }
   RunOutputs out = alloc_run_outputs(keys, scores.size(1));
   at::Tensor order = at::empty({n}, keys.options().dtype(at::kInt));
   at::Tensor scratch = at::empty({n}, keys.options());
@@ -124,22 +126,10 @@ run_cpu(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_k
   at::Tensor flags = at::empty({n}, keys.options().dtype(at::kByte));
 
   const table::TableRef t = table_ref(table_keys, digests, scores, info, &counters, &free_rows);
-  table::RunArgs r;
-  r.keys = keys.data_ptr<int64_t>();
-  r.table_ids = table_ids.data_ptr<int64_t>();
-  r.order = order.data_ptr<int32_t>();
-  r.score = score_args(policies, score_values, n);
-  r.op = static_cast<table::RunOp>(op);
-  r.assign_rows = assign_rows;
-  r.slots = out.slots.data_ptr<int64_t>();
-  r.status = out.status.data_ptr<int8_t>();
-  r.ev_keys = out.ev_keys.data_ptr<int64_t>();
-  r.ev_scores = out.ev_scores.data_ptr<int64_t>();
-  r.ev_slots = out.ev_slots.data_ptr<int64_t>();
-  r.ev_tables = out.ev_tables.data_ptr<int64_t>();
+  table::RunArgs r = run_args(keys, table_ids, order, policies, score_values, op, assign_rows, out,
+                              victim_scores, target_slots);
   r.ev_flags = flags.data_ptr<uint8_t>();
   r.row_work = has_rows ? row_work.data_ptr<int64_t>() : nullptr;
-  r.victim_scores = victim_scores.has_value() ? victim_scores->data_ptr<double>() : nullptr;
   const int64_t evicted = table::cpu::run_op(t, r, n, total_buckets, scratch.data_ptr<int64_t>());
   out.num_evicted.fill_(evicted);
   return out.tuple();
@@ -148,11 +138,7 @@ run_cpu(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_k
 ExportResult export_cpu(const at::Tensor& table_keys, const at::Tensor& scores,
                         const at::Tensor& info, int64_t slot_begin, int64_t slot_end,
                         int64_t column, int64_t threshold) {
-  check_1d(table_keys, at::kLong, "table_keys");
-  check_info(info);
-  TORCH_CHECK_VALUE(scores.dim() == 2 && table_keys.numel() == scores.size(0),
-                    "dynamicemb: table_keys and scores disagree on the slot count");
-  check_export(table_keys, scores, slot_begin, slot_end, column);
+  check_export_args(table_keys, scores, info, slot_begin, slot_end, column);
   check_cpu(table_keys);
   ExportResult res = alloc_export(table_keys, scores, slot_end - slot_begin);
   std::get<0>(res).fill_(table::kEmptyKey);
@@ -183,12 +169,9 @@ at::Tensor gather_rows_cpu(const at::Tensor& values, const at::Tensor& rows) {
 
 at::Tensor home_starts_cpu(const at::Tensor& keys, const at::Tensor& table_ids,
                            const at::Tensor& table_keys, const at::Tensor& info) {
-  check_1d(table_keys, at::kLong, "table_keys");
-  check_info(info);
+  check_keys_view(table_keys, info);
   check_batch(keys, table_ids, table_keys);
   check_cpu(keys);
-  TORCH_CHECK(info.device() == keys.device(), "dynamicemb: info must be on the table's device ",
-              keys.device(), ", got ", info.device());
   const table::TableRef t = keys_ref(table_keys, info, nullptr);
   check_layout_cpu(t, INT64_MAX);
   check_key_values(keys, table_ids, info.size(0));
@@ -203,8 +186,7 @@ at::Tensor timer_cpu(const at::Tensor& like) {
 }
 
 at::Tensor count_cpu(const at::Tensor& table_keys, const at::Tensor& info) {
-  check_1d(table_keys, at::kLong, "table_keys");
-  check_info(info);
+  check_keys_view(table_keys, info);
   check_cpu(table_keys);
   at::Tensor out = at::zeros({info.size(0)}, table_keys.options());
   const table::TableRef t = keys_ref(table_keys, info, nullptr);

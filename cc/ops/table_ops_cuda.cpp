@@ -9,8 +9,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include <vector>
-
+#include "cc/ops/cuda_scratch.h"
 #include "cc/ops/table_args.h"
 #include "cc/ops/tensor_checks.h"
 #include "cc/table/table_cuda.h"
@@ -19,29 +18,12 @@ namespace dyn_emb {
 namespace ops {
 namespace {
 
-/// Scratch from the caching allocator, kept alive until the op returns
-/// (stream-ordered reuse makes that safe).
-class TorchScratch : public table::cuda::ScratchAllocator {
- public:
-  explicit TorchScratch(const at::Tensor& like) : opts_(like.options().dtype(at::kByte)) {}
-  void* allocate(size_t bytes) override {
-    buffers_.push_back(at::empty({static_cast<int64_t>(bytes < 1 ? 1 : bytes)}, opts_));
-    return buffers_.back().data_ptr();
-  }
-
- private:
-  at::TensorOptions opts_;
-  std::vector<at::Tensor> buffers_;
-};
-
 at::Tensor find_cuda(const at::Tensor& keys, const at::Tensor& table_ids,
                      const at::Tensor& table_keys, const at::Tensor& digests, at::Tensor& scores,
                      const at::Tensor& info, at::IntArrayRef policies,
                      const at::Tensor& score_values, bool update) {
-  check_state(table_keys, digests, scores, info);
-  check_batch(keys, table_ids, table_keys);
+  check_find(keys, table_ids, table_keys, digests, scores, info, policies, score_values);
   const int64_t n = keys.numel();
-  check_scores(policies, score_values, n, scores.size(1), table_keys);
   c10::cuda::CUDAGuard guard(keys.device());
   at::Tensor slots = at::empty({n}, keys.options());
   const table::TableRef t = table_ref(table_keys, digests, scores, info, nullptr, nullptr);
@@ -56,10 +38,8 @@ std::tuple<at::Tensor, at::Tensor> find_gather_cuda(
     const at::Tensor& keys, const at::Tensor& table_ids, const at::Tensor& table_keys,
     const at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::IntArrayRef policies,
     const at::Tensor& score_values, bool update, const at::Tensor& values) {
-  check_state(table_keys, digests, scores, info);
-  check_batch(keys, table_ids, table_keys);
+  check_find(keys, table_ids, table_keys, digests, scores, info, policies, score_values);
   const int64_t n = keys.numel();
-  check_scores(policies, score_values, n, scores.size(1), table_keys);
   check_gather(values, keys);
   c10::cuda::CUDAGuard guard(keys.device());
   at::Tensor slots = at::empty({n}, keys.options());
@@ -80,14 +60,11 @@ run_cuda(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
          at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::Tensor& counters,
          at::Tensor& free_rows, at::IntArrayRef policies, const at::Tensor& score_values,
          int64_t op, bool assign_rows, int64_t total_buckets, bool has_rows,
-         const std::optional<at::Tensor>& victim_scores) {
-  check_state(table_keys, digests, scores, info);
-  check_batch(keys, table_ids, table_keys);
-  check_counters(counters, free_rows, info, table_keys);
-  check_op(op);
-  check_victim_scores(victim_scores, table_keys);
+         const std::optional<at::Tensor>& victim_scores,
+         const std::optional<at::Tensor>& target_slots) {
+  check_run(keys, table_ids, table_keys, digests, scores, info, counters, free_rows, policies,
+            score_values, op, victim_scores, target_slots);
   const int64_t n = keys.numel();
-  check_scores(policies, score_values, n, scores.size(1), table_keys);
   TORCH_CHECK(total_buckets >= 1, "dynamicemb: total_buckets must be positive, got ",
               total_buckets);
   c10::cuda::CUDAGuard guard(keys.device());
@@ -95,20 +72,8 @@ run_cuda(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
   at::Tensor order = at::empty({n}, keys.options().dtype(at::kInt));
   TorchScratch scratch(keys);
   const table::TableRef t = table_ref(table_keys, digests, scores, info, &counters, &free_rows);
-  table::RunArgs r;
-  r.keys = keys.data_ptr<int64_t>();
-  r.table_ids = table_ids.data_ptr<int64_t>();
-  r.order = order.data_ptr<int32_t>();
-  r.score = score_args(policies, score_values, n);
-  r.op = static_cast<table::RunOp>(op);
-  r.assign_rows = assign_rows;
-  r.slots = out.slots.data_ptr<int64_t>();
-  r.status = out.status.data_ptr<int8_t>();
-  r.ev_keys = out.ev_keys.data_ptr<int64_t>();
-  r.ev_scores = out.ev_scores.data_ptr<int64_t>();
-  r.ev_slots = out.ev_slots.data_ptr<int64_t>();
-  r.ev_tables = out.ev_tables.data_ptr<int64_t>();
-  r.victim_scores = victim_scores.has_value() ? victim_scores->data_ptr<double>() : nullptr;
+  table::RunArgs r = run_args(keys, table_ids, order, policies, score_values, op, assign_rows, out,
+                              victim_scores, target_slots);
   table::cuda::run_op(t, r, n, total_buckets, has_rows, out.num_evicted.data_ptr<int64_t>(),
                       scratch, c10::cuda::getCurrentCUDAStream().stream());
   return out.tuple();
@@ -117,11 +82,7 @@ run_cuda(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
 ExportResult export_cuda(const at::Tensor& table_keys, const at::Tensor& scores,
                          const at::Tensor& info, int64_t slot_begin, int64_t slot_end,
                          int64_t column, int64_t threshold) {
-  check_1d(table_keys, at::kLong, "table_keys");
-  check_info(info);
-  TORCH_CHECK_VALUE(scores.dim() == 2 && table_keys.numel() == scores.size(0),
-                    "dynamicemb: table_keys and scores disagree on the slot count");
-  check_export(table_keys, scores, slot_begin, slot_end, column);
+  check_export_args(table_keys, scores, info, slot_begin, slot_end, column);
   c10::cuda::CUDAGuard guard(table_keys.device());
   ExportResult res = alloc_export(table_keys, scores, slot_end - slot_begin);
   const table::TableRef t = keys_ref(table_keys, info, &scores);
@@ -147,11 +108,8 @@ at::Tensor gather_rows_cuda(const at::Tensor& values, const at::Tensor& rows) {
 
 at::Tensor home_starts_cuda(const at::Tensor& keys, const at::Tensor& table_ids,
                             const at::Tensor& table_keys, const at::Tensor& info) {
-  check_1d(table_keys, at::kLong, "table_keys");
-  check_info(info);
+  check_keys_view(table_keys, info);
   check_batch(keys, table_ids, table_keys);
-  TORCH_CHECK(info.device() == keys.device(), "dynamicemb: info must be on the table's device ",
-              keys.device(), ", got ", info.device());
   c10::cuda::CUDAGuard guard(keys.device());
   at::Tensor out = at::empty({keys.numel()}, keys.options());
   const table::TableRef t = keys_ref(table_keys, info, nullptr);
@@ -170,8 +128,7 @@ at::Tensor timer_cuda(const at::Tensor& like) {
 }
 
 at::Tensor count_cuda(const at::Tensor& table_keys, const at::Tensor& info) {
-  check_1d(table_keys, at::kLong, "table_keys");
-  check_info(info);
+  check_keys_view(table_keys, info);
   c10::cuda::CUDAGuard guard(table_keys.device());
   at::Tensor out = at::empty({info.size(0)}, table_keys.options());
   const table::TableRef t = keys_ref(table_keys, info, nullptr);

@@ -2,11 +2,11 @@
 //
 // The scored hash table, one semantic definition for the CPU and CUDA backends
 // (host-device inline code, no torch): find for one key, and
-// insert, insert_and_evict and erase for a run of keys sharing a bucket.
+// insert, insert_and_evict, erase and place for a run of keys sharing a bucket.
 //
 // # Bulk operations are sequential per bucket
 //
-// insert, insert_and_evict and erase sort the batch by (global bucket, index)
+// insert, insert_and_evict, erase and place sort the batch by (global bucket, index)
 // and process each run of keys sharing a bucket in batch order, one run at a
 // time per thread. Buckets are independent, so the result is exactly that of
 // processing the whole batch one key after another, whatever the thread count
@@ -16,6 +16,28 @@
 //   - a slot the batch has already found or filled is never a victim, so every
 //     slot handed back stays valid for the rest of the step; a key whose bucket
 //     holds only such slots is reported kFailed and counted, never dropped.
+//
+// # Release
+//
+// insert and insert_and_evict may be given `release_at` (RunArgs): a key of an
+// evicting table whose score word 0, once the policies are applied, reaches
+// it leaves the table instead of staying. A stored key is erased (its slot is
+// free for the keys after it in the run); a new key is not stored and evicts
+// nothing. Either is reported kReleased with slot -1; `scores_out` receives
+// the word each key reached. This is the admission counter's rule
+// (cc/admission/counter.h): counts accumulate (kAccumulate) and a key leaves
+// the moment its count reaches the admission threshold.
+//
+// # Place (replay)
+//
+// place writes each key at a slot the caller names (where the key sits in
+// another table of the same layout): the slot must lie in the key's home
+// bucket, else the entry is kInvalid and changes nothing. A copy of the key
+// elsewhere in the bucket is removed; a different key in the slot is
+// displaced and reported like an evicted one (kEvicted); an empty slot gives
+// kInserted, the key already there kFound. The score words are set by the
+// policies as for a new key (kAssign: the given values); under NO_EVICTION
+// place needs assign_rows, and the row allocator is not consulted.
 #pragma once
 
 #include <cstdint>
@@ -54,9 +76,8 @@ DEMB_HD int64_t sort_key_of(const TableRef& t, int64_t key, int64_t table) {
 
 /// NO_EVICTION with assign_rows: the row given for entry `index` lies in the
 /// table's value buffer (else the entry is invalid and nothing is stored).
-DEMB_HD bool assigned_row_valid(const ScoreArgs& a, int64_t index, int32_t num_scores,
-                                const int64_t* inf) {
-  const int64_t row = score_input(a, index, num_scores, 0);
+DEMB_HD bool assigned_row_valid(const ScoreArgs& a, int64_t index, const int64_t* inf) {
+  const int64_t row = score_input(a, index, 0);
   return row >= 0 && row < inf[kInfoRowCapacity];
 }
 
@@ -69,8 +90,8 @@ DEMB_HD bool touched_by_run(const RunArgs& r, int64_t begin, int64_t cur, int64_
   return false;
 }
 
-/// Position of the smallest (victim score, scores, position) not touched by
-/// this run, or -1.
+/// Position of the first slot in the victim order (scores.h) that this run has
+/// not touched, or -1.
 /// (The best candidate's order key and score words stay in registers: each
 /// slot's are read once. Score words are at most two.)
 DEMB_HD int64_t pick_victim(const TableRef& t, const Home& h, const RunArgs& r, int64_t begin,
@@ -99,6 +120,41 @@ DEMB_HD int64_t home_start_of(const TableRef& t, int64_t key, int64_t table) {
   return home_of(t, table, key).start;
 }
 
+/// Frees a slot: no key, the empty digest, zero score words.
+DEMB_HD void clear_slot(const TableRef& t, int64_t slot) {
+  t.keys[slot] = kEmptyKey;
+  t.digests[slot] = empty_digest();
+  for (int32_t c = 0; c < t.num_scores; ++c) t.scores[slot * t.num_scores + c] = 0;
+}
+
+/// Whether score word 0 `word` makes a key leave the table ("Release").
+DEMB_HD bool released(const RunArgs& r, int64_t word) {
+  return r.release_at != kNoRelease && word >= r.release_at;
+}
+
+/// A resident key of an evicting table, entry `i` of a run: applies the
+/// policies to its score words and records word 0 in scores_out; frees the
+/// slot instead when word 0 reaches release_at. Only the leader writes.
+/// Returns whether the key was released.
+DEMB_HD bool update_or_release(const TableRef& t, const RunArgs& r, int32_t i, int64_t slot,
+                               bool lead) {
+  const int32_t ns = t.num_scores;
+  int64_t* s = t.scores + slot * ns;
+  int64_t next[kMaxScores] = {};
+  for (int32_t c = 0; c < ns; ++c) next[c] = s[c];
+  update_score(r.score, i, ns, next, /*atomic=*/false);
+  const bool release = released(r, next[0]);
+  if (lead) {
+    if (r.scores_out) r.scores_out[i] = next[0];
+    if (release) {
+      clear_slot(t, slot);
+    } else {
+      for (int32_t c = 0; c < ns; ++c) s[c] = next[c];
+    }
+  }
+  return release;
+}
+
 /// Counter changes of one run, added to the table's counters by the caller.
 struct RunDeltas {
   int64_t size = 0, failures = 0, evictions = 0, inserts = 0;
@@ -118,6 +174,54 @@ struct SequentialProbe {
   DEMB_HD bool leader() const { return true; }  ///< whether this thread writes
   DEMB_HD void sync() const {}                  ///< orders writes before the next key
 };
+
+/// place for the key at batch index i (sorted position p), whose home bucket
+/// is h and which sits at position `pos` of it (-1: absent): see "Place"
+/// above. Returns `d` with the key's counter changes added. Run by the
+/// writing thread only.
+DEMB_HD RunDeltas place_key(const TableRef& t, const RunArgs& r, const Home& h, int32_t i,
+                            int64_t p, int64_t key, uint8_t digest, int64_t pos, bool no_evict,
+                            RunDeltas d) {
+  const int32_t ns = t.num_scores;
+  const int64_t slot = r.targets[i];
+  const int64_t table = r.table_ids[i];
+  const int64_t* inf = t.info + table * kInfoCols;
+  if (slot < h.start || slot >= h.start + h.width ||
+      (no_evict && (!r.assign_rows || !assigned_row_valid(r.score, i, inf)))) {
+    r.slots[i] = -1;
+    r.status[i] = static_cast<int8_t>(InsertStatus::kInvalid);
+    return d;
+  }
+  if (pos >= 0 && h.start + pos != slot) {  // the key moves within its bucket
+    clear_slot(t, h.start + pos);
+    --d.size;
+  }
+  const int64_t occupant = t.keys[slot];
+  InsertStatus st = InsertStatus::kFound;
+  if (occupant == kEmptyKey) {
+    st = InsertStatus::kInserted;
+    ++d.size;
+    ++d.inserts;
+  } else if (occupant != key) {
+    st = InsertStatus::kEvicted;
+    r.ev_keys[p] = occupant;
+    for (int32_t c = 0; c < ns; ++c) r.ev_scores[p * ns + c] = t.scores[slot * ns + c];
+    r.ev_slots[p] = slot;
+    r.ev_tables[p] = table;
+    r.ev_flags[p] = 1;
+    ++d.evictions;
+    ++d.inserts;
+  }
+  t.keys[slot] = key;
+  t.digests[slot] = digest;
+  for (int32_t c = 0; c < ns; ++c) {
+    t.scores[slot * ns + c] =
+        no_evict ? (c == 0 ? score_input(r.score, i, 0) : 0) : initial_score(r.score, i, c);
+  }
+  r.slots[i] = slot;
+  r.status[i] = static_cast<int8_t>(st);
+  return d;
+}
 
 /// Processes the keys at sorted positions [begin, end), which share one
 /// bucket, in order, updating the table and the per-key outputs; returns the
@@ -158,9 +262,7 @@ DEMB_HD RunDeltas run_keys(const TableRef& t, const RunArgs& r, int64_t begin, i
         const int64_t slot = h.start + pos;
         if (lead) {
           if (no_evict && r.row_work) r.row_work[i] = t.scores[slot * ns];
-          t.keys[slot] = kEmptyKey;
-          t.digests[slot] = empty_dg;
-          for (int32_t c = 0; c < ns; ++c) t.scores[slot * ns + c] = 0;
+          clear_slot(t, slot);
         }
         result(i, slot, InsertStatus::kFound);
         --d.size;
@@ -169,18 +271,37 @@ DEMB_HD RunDeltas run_keys(const TableRef& t, const RunArgs& r, int64_t begin, i
       continue;
     }
 
-    if (pos >= 0) {  // resident: update the score
-      const int64_t slot = h.start + pos;
-      if (lead && !no_evict) update_score(r.score, i, ns, t.scores + slot * ns, /*atomic=*/false);
-      result(i, slot, InsertStatus::kFound);
+    if (r.op == RunOp::kPlace) {
+      if (lead) d = place_key(t, r, h, i, p, key, digest, pos, no_evict, d);
       pr.sync();
       continue;
     }
 
-    if (no_evict && r.assign_rows && !assigned_row_valid(r.score, i, ns, inf)) {
+    if (pos >= 0) {  // resident: update the score (or release the key)
+      const int64_t slot = h.start + pos;
+      if (!no_evict && update_or_release(t, r, i, slot, lead)) {
+        result(i, -1, InsertStatus::kReleased);
+        --d.size;
+      } else {
+        result(i, slot, InsertStatus::kFound);
+      }
+      pr.sync();
+      continue;
+    }
+
+    if (no_evict && r.assign_rows && !assigned_row_valid(r.score, i, inf)) {
       result(i, -1, InsertStatus::kInvalid);
       pr.sync();
       continue;
+    }
+    if (!no_evict) {  // a new key whose first score word reaches release_at stays out
+      const int64_t word = initial_score(r.score, i, 0);
+      if (lead && r.scores_out) r.scores_out[i] = word;
+      if (released(r, word)) {
+        result(i, -1, InsertStatus::kReleased);
+        pr.sync();
+        continue;
+      }
     }
     int64_t target = pr.find(t, h, kEmptyKey, empty_dg);
     InsertStatus st = InsertStatus::kInserted;
@@ -213,14 +334,14 @@ DEMB_HD RunDeltas run_keys(const TableRef& t, const RunArgs& r, int64_t begin, i
       t.digests[slot] = digest;
       if (no_evict) {
         if (r.assign_rows) {
-          t.scores[slot * ns] = score_input(r.score, i, ns, 0);
+          t.scores[slot * ns] = score_input(r.score, i, 0);
         } else {
           t.scores[slot * ns] = -1;  // handed out by the row pass
           if (r.row_work) r.row_work[i] = 1;
         }
         for (int32_t c = 1; c < ns; ++c) t.scores[slot * ns + c] = 0;
       } else {
-        for (int32_t c = 0; c < ns; ++c) t.scores[slot * ns + c] = initial_score(r.score, i, ns, c);
+        for (int32_t c = 0; c < ns; ++c) t.scores[slot * ns + c] = initial_score(r.score, i, c);
       }
     }
     result(i, slot, st);

@@ -8,6 +8,8 @@ The semantics are documented once, in ``cc/table/`` (``layout.h``, ``hash.h``,
 ``scores.h``, ``operations.h``, ``rows.h``).
 """
 
+import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,9 +21,57 @@ IntOrSeq = int | Sequence[int]
 
 INT64_MIN = -(2**63)
 
+# The dtypes of a table's state tensors (see _allocate): what one slot, one
+# NO_EVICTION free-row entry and one cell of `info` and `counters` occupy.
+KEY_DTYPE, DIGEST_DTYPE, SCORE_DTYPE, FREE_ROW_DTYPE, TABLE_CELL_DTYPE = (
+    torch.int64,
+    torch.uint8,
+    torch.int64,
+    torch.int64,
+    torch.int64,
+)
+
+# A NO_EVICTION key map is kept at most this full, whatever max_load_factor
+# says: it doubles (with its rows) before a batch could fill it further.
+NO_EVICTION_LOAD_FACTOR = 0.5
+
+
+def slot_bytes(num_scores: int) -> int:
+    """Bytes of one slot: its key, digest and ``num_scores`` score words."""
+    return KEY_DTYPE.itemsize + DIGEST_DTYPE.itemsize + num_scores * SCORE_DTYPE.itemsize
+
+
+def state_bytes(slots: Sequence[int], num_scores: int, free_rows: int) -> int:
+    """Bytes of a table's state tensors: ``slots[t]`` slots of table t, their
+    ``num_scores`` score words, one row of ``info`` and of ``counters`` per
+    table, and ``free_rows`` NO_EVICTION free-row entries."""
+    c = constants()
+    per_table = (int(c["INFO_COLS"]) + int(c["COUNTER_COLS"])) * TABLE_CELL_DTYPE.itemsize
+    return (
+        sum(slots) * slot_bytes(num_scores)
+        + len(slots) * per_table
+        + free_rows * FREE_ROW_DTYPE.itemsize
+    )
+
+
+def no_eviction_key_slots(keys: int) -> int:
+    """Slots a NO_EVICTION key map needs to hold ``keys`` keys
+    (``NO_EVICTION_LOAD_FACTOR``), before bucket alignment."""
+    return math.ceil(keys / NO_EVICTION_LOAD_FACTOR)
+
+
+class _CountedBatch:
+    """A dataclass of tensors whose first ``count[0]`` entries are valid."""
+
+    def compact(self):
+        """The valid prefix of every tensor (reads the count: synchronizes on CUDA)."""
+        n = int(self.count.item())
+        names = [f.name for f in dataclasses.fields(self) if f.name != "count"]
+        return dataclasses.replace(self, **{name: getattr(self, name)[:n] for name in names})
+
 
 @dataclass
-class EvictedKeys:
+class EvictedKeys(_CountedBatch):
     """Keys an insert_and_evict pushed out, in (bucket, batch index) order.
 
     Attributes:
@@ -37,13 +87,6 @@ class EvictedKeys:
     slots: torch.Tensor
     table_ids: torch.Tensor
     count: torch.Tensor
-
-    def compact(self) -> "EvictedKeys":
-        """The valid prefix (reads the count: synchronizes on CUDA)."""
-        n = int(self.count.item())
-        return EvictedKeys(
-            self.keys[:n], self.scores[:n], self.slots[:n], self.table_ids[:n], self.count
-        )
 
 
 @dataclass
@@ -62,7 +105,7 @@ class InsertResult:
 
 
 @dataclass
-class ExportedBatch:
+class ExportedBatch(_CountedBatch):
     """Occupied slots selected by export_batch, in slot order (first ``count``)."""
 
     keys: torch.Tensor
@@ -70,12 +113,6 @@ class ExportedBatch:
     table_ids: torch.Tensor
     scores: torch.Tensor
     count: torch.Tensor
-
-    def compact(self) -> "ExportedBatch":
-        n = int(self.count.item())
-        return ExportedBatch(
-            self.keys[:n], self.slots[:n], self.table_ids[:n], self.scores[:n], self.count
-        )
 
 
 def gather_rows(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -90,6 +127,18 @@ def gather_rows(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         torch.Tensor: (n, dim) of values' dtype.
     """
     return ops().gather_rows(values, rows)
+
+
+def _repeats(values: torch.Tensor, groups: torch.Tensor | None = None) -> bool:
+    """Whether a value repeats (within its group, when ``groups`` is given):
+    sorted, a repeat is a neighbour."""
+    if groups is not None and bool((groups != groups[0]).any()):
+        order = torch.argsort(groups, stable=True)
+        order = order[torch.argsort(values[order], stable=True)]
+        v, g = values[order], groups[order]
+        return bool(((v[1:] == v[:-1]) & (g[1:] == g[:-1])).any())
+    v = torch.sort(values).values
+    return bool((v[1:] == v[:-1]).any())
 
 
 def _per_table(value: IntOrSeq, n: int, name: str) -> list:
@@ -174,7 +223,7 @@ class ScoredHashTable:
         self._widths = widths
         self._row_caps = rows
         self.counters = torch.zeros(
-            (n, int(c["COUNTER_COLS"])), dtype=torch.int64, device=self.device
+            (n, int(c["COUNTER_COLS"])), dtype=TABLE_CELL_DTYPE, device=self.device
         )
         self._erased: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._allocate(capacities, widths, rows)
@@ -196,7 +245,7 @@ class ScoredHashTable:
     def _info_rows(self, caps: list[int], widths: list[int], rows: list[int]) -> torch.Tensor:
         c = constants()
         col = enums.InfoCol
-        info = torch.zeros((len(caps), int(c["INFO_COLS"])), dtype=torch.int64)
+        info = torch.zeros((len(caps), int(c["INFO_COLS"])), dtype=TABLE_CELL_DTYPE)
         slot = bucket = row = 0
         for t, (cap, w, r) in enumerate(zip(caps, widths, rows)):
             info[t, col.SLOT_OFFSET] = slot
@@ -219,12 +268,12 @@ class ScoredHashTable:
         self.info = self.info_host.to(self.device)
         total = sum(caps)
         self.total_buckets = sum(cap // w for cap, w in zip(caps, widths))
-        self.keys = torch.full((total,), int(c["EMPTY_KEY"]), dtype=torch.int64, device=self.device)
+        self.keys = torch.full((total,), int(c["EMPTY_KEY"]), dtype=KEY_DTYPE, device=self.device)
         self.digests = torch.full(
-            (total,), int(c["EMPTY_DIGEST"]), dtype=torch.uint8, device=self.device
+            (total,), int(c["EMPTY_DIGEST"]), dtype=DIGEST_DTYPE, device=self.device
         )
-        self.scores = torch.zeros((total, self.num_scores), dtype=torch.int64, device=self.device)
-        self.free_rows = torch.zeros((sum(rows),), dtype=torch.int64, device=self.device)
+        self.scores = torch.zeros((total, self.num_scores), dtype=SCORE_DTYPE, device=self.device)
+        self.free_rows = torch.zeros((sum(rows),), dtype=FREE_ROW_DTYPE, device=self.device)
         self._capacities, self._widths, self._row_caps = list(caps), list(widths), list(rows)
 
     @property
@@ -360,21 +409,9 @@ class ScoredHashTable:
     ) -> torch.Tensor:
         """Slots of the keys (-1 where absent); with ``update``, applies the
         score policies to the keys found."""
-        keys, table_ids = self._batch(keys, table_ids)
-        policies, values = self._scores(keys.numel(), policies, scores)
-        return ops().table_find(
-            keys,
-            table_ids,
-            self.keys,
-            self.digests,
-            self.scores,
-            self.info,
-            policies,
-            values,
-            update,
-        )
+        return ops().table_find(*self._find_args(keys, table_ids, policies, scores), update)
 
-    def find_values(
+    def find_gather(
         self,
         keys: torch.Tensor,
         values: torch.Tensor,
@@ -393,9 +430,15 @@ class ScoredHashTable:
             (slots, rows): (n) int64 slots (-1 where absent) and (n, dim) rows,
             zeros where absent.
         """
+        args = self._find_args(keys, table_ids, policies, scores)
+        return ops().table_find_gather(*args, update, values)
+
+    def _find_args(self, keys, table_ids, policies, scores) -> tuple:
+        """The arguments table_find and table_find_gather share: the batch,
+        the table's state and the score policies with their values."""
         keys, table_ids = self._batch(keys, table_ids)
-        policies, vals = self._scores(keys.numel(), policies, scores)
-        return ops().table_find_gather(
+        policies, values = self._scores(keys.numel(), policies, scores)
+        return (
             keys,
             table_ids,
             self.keys,
@@ -403,8 +446,6 @@ class ScoredHashTable:
             self.scores,
             self.info,
             policies,
-            vals,
-            update,
             values,
         )
 
@@ -417,6 +458,7 @@ class ScoredHashTable:
         scores,
         assign_rows=False,
         victim_scores=None,
+        target_slots=None,
         counters=None,
     ) -> InsertResult:
         keys, table_ids = self._batch(keys, table_ids)
@@ -453,6 +495,7 @@ class ScoredHashTable:
             self.total_buckets,
             self.has_rows,
             victim_scores,
+            target_slots,
         )
         return InsertResult(out[0], out[1], EvictedKeys(out[2], out[3], out[4], out[5], out[6]))
 
@@ -475,14 +518,119 @@ class ScoredHashTable:
 
         Args:
             victim_scores (torch.Tensor, optional): (num_slots) float64, a
-                custom eviction score per slot: the victim is the untouched
-                slot with the lowest one (NaN lowest of all), ties by the score
-                words, then position. Only the buckets of ``home_starts(keys)``
-                are read.
+                custom eviction score per slot, ranking victims before the
+                score words (the victim order: cc/table/scores.h). Only the
+                buckets of ``home_starts(keys)`` are read.
         """
         return self._run(
             enums.RunOp.INSERT_EVICT, keys, table_ids, policies, scores, assign_rows, victim_scores
         )
+
+    def place(
+        self,
+        keys: torch.Tensor,
+        slots: torch.Tensor,
+        table_ids: torch.Tensor | None = None,
+        policies: Sequence[int] | None = None,
+        scores: int | Sequence[int] | torch.Tensor | None = None,
+        assign_rows: bool = False,
+        checked: bool = False,
+    ) -> InsertResult:
+        """Writes each key at a given slot of its home bucket (replay of a
+        table of the same layout); see "Place" in cc/table/operations.h.
+
+        A copy of the key elsewhere in its bucket is removed; a different key
+        in the slot is displaced and reported in ``evicted`` (status EVICTED).
+        Score words follow the policies as for a new key (ASSIGN: ``scores``).
+        A NO_EVICTION table needs ``assign_rows`` (score column 0 is the row);
+        its row allocator then gives out none of the rows placed
+        (``_claim_rows``).
+
+        Args:
+            slots (torch.Tensor): (n) int64, the slot of each key.
+            checked (bool): the batch passed ``check_place`` already (the
+                CPU kernel still refuses a slot outside its key's bucket).
+
+        Raises:
+            ValueError: a slot outside its key's home bucket (checked before
+                anything changes; see ``home_starts``), keys and slots of
+                different lengths, or repeated keys or slots.
+        """
+        if checked:
+            keys, table_ids = self._batch(keys, table_ids)
+            slots = slots.to(self.device).contiguous()
+        else:
+            keys, table_ids, slots = self.check_place(keys, slots, table_ids)
+        res = self._run(
+            enums.RunOp.PLACE,
+            keys,
+            table_ids,
+            policies,
+            scores,
+            assign_rows=assign_rows,
+            target_slots=slots,
+        )
+        if self.has_rows and assign_rows and keys.numel():
+            self._claim_rows(table_ids, res)
+        return res
+
+    def check_place(
+        self, keys: torch.Tensor, slots: torch.Tensor, table_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Checks a ``place`` batch without changing anything: valid keys,
+        one slot per key, each in its key's home bucket, no key or slot twice.
+        Returns (keys, table_ids, slots) on the table's device.
+
+        Raises:
+            ValueError, TypeError: the first problem found, naming it.
+        """
+        keys, table_ids = self._batch(keys, table_ids)
+        if keys.numel() and self.device.type == "cpu":
+            self._check_values(keys, table_ids)
+        if not isinstance(slots, torch.Tensor) or slots.dtype != torch.int64:
+            raise TypeError(f"slots must be an int64 tensor, got {getattr(slots, 'dtype', slots)}")
+        if slots.shape != keys.shape:
+            raise ValueError(f"keys and slots lengths differ: {keys.numel()} vs {slots.numel()}")
+        slots = slots.to(self.device).contiguous()
+        if keys.numel():
+            starts = ops().table_home_starts(keys, table_ids, self.keys, self.info)
+            widths = self.info[table_ids, enums.InfoCol.BUCKET_CAPACITY]
+            bad = (slots < starts) | (slots >= starts + widths)
+            if bool(bad.any()):
+                i = int(bad.nonzero()[0])
+                raise ValueError(
+                    f"dynamicemb: slot {int(slots[i])} of key {int(keys[i])} (index {i}) is not "
+                    f"in its home bucket, slots {int(starts[i])}..{int(starts[i] + widths[i]) - 1}"
+                    f" of table {int(table_ids[i])}"
+                )
+            if _repeats(keys, table_ids):
+                raise ValueError("dynamicemb: place got a key twice")
+            if _repeats(slots):
+                raise ValueError("dynamicemb: place got a slot twice")
+        return keys, table_ids, slots
+
+    def _claim_rows(self, table_ids: torch.Tensor, res: InsertResult) -> None:
+        """NO_EVICTION after a place: the rows now held leave the allocator.
+        The free stack loses them; NEXT_ROW moves past the largest, and the
+        rows it skips that nobody holds go on the stack (ascending), so that
+        rows held + rows on the stack = rows handed out, as before."""
+        col, cnt = enums.InfoCol, enums.CounterCol
+        placed = res.slots >= 0
+        for t in torch.unique(table_ids[placed]).tolist():
+            if not self._no_eviction[t]:
+                continue
+            rows = self.scores[res.slots[placed & (table_ids == t)], 0]
+            nxt = int(self.counters[t, cnt.NEXT_ROW])
+            top = int(self.counters[t, cnt.FREE_TOP])
+            off = int(self.info_host[t, col.ROW_OFFSET])
+            stack = self.free_rows[off : off + top]
+            stack = stack[~torch.isin(stack, rows)]
+            new_next = max(nxt, int(rows.max()) + 1)
+            skipped = torch.arange(nxt, new_next, dtype=torch.int64, device=self.device)
+            stack = torch.cat([stack, skipped[~torch.isin(skipped, rows)]])
+            self.free_rows[off : off + stack.numel()] = stack
+            self.counters[t, cnt.FREE_TOP] = stack.numel()
+            self.counters[t, cnt.NEXT_ROW] = new_next
 
     def home_starts(
         self, keys: torch.Tensor, table_ids: torch.Tensor | None = None
@@ -518,16 +666,25 @@ class ScoredHashTable:
             self._erased.append((keys_d[removed], tids_d[removed]))
         return removed
 
-    def pop_erased_keys(self) -> list[torch.Tensor]:
+    def pop_erased_keys(self, tables: Sequence[int] | None = None) -> list[torch.Tensor]:
         """The keys recorded by ``erase(record=True)`` since the last call, one
-        int64 tensor per table (in erase order), and clears the record."""
+        int64 tensor per table (in erase order), and clears the record.
+
+        Args:
+            tables (Sequence[int], optional): pop only these tables (the
+                others keep theirs; their entries of the result are empty).
+        """
         if self._erased:
             keys = torch.cat([k for k, _ in self._erased])
             tids = torch.cat([t for _, t in self._erased])
         else:
             keys = tids = torch.empty(0, dtype=torch.int64, device=self.device)
-        self._erased = []
-        return [keys[tids == t] for t in range(self.num_tables)]
+        chosen = set(range(self.num_tables) if tables is None else tables)
+        popped = torch.tensor(sorted(chosen), dtype=torch.int64, device=self.device)
+        kept = ~torch.isin(tids, popped)
+        self._erased = [(keys[kept], tids[kept])] if bool(kept.any()) else []
+        empty = keys[:0]
+        return [keys[tids == t] if t in chosen else empty for t in range(self.num_tables)]
 
     def export_batch(
         self,
@@ -577,8 +734,9 @@ class ScoredHashTable:
 
     def reserve(self, incoming: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Doubles the tables that could exceed max_load_factor (NO_EVICTION:
-        0.5) after ``incoming[t]`` new keys, up to their max capacity, and grows
-        NO_EVICTION row capacity to fit. Reads the size counters (synchronizes).
+        ``NO_EVICTION_LOAD_FACTOR``) after ``incoming[t]`` new keys, up to their
+        max capacity, and grows NO_EVICTION row capacity to fit. Reads the size
+        counters (synchronizes).
 
         Returns:
             (old_slots, new_slots) of every moved key when the layout changed,
@@ -589,7 +747,7 @@ class ScoredHashTable:
         caps = list(self._capacities)
         rows = list(self._row_caps)
         for t in range(self.num_tables):
-            lf = 0.5 if self._no_eviction[t] else self.max_load_factor
+            lf = NO_EVICTION_LOAD_FACTOR if self._no_eviction[t] else self.max_load_factor
             need = sizes[t] + int(incoming[t])
             while need > lf * caps[t] and caps[t] < self._max_caps[t]:
                 caps[t] = min(caps[t] * 2, self._max_caps[t])

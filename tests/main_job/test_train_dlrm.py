@@ -1,27 +1,12 @@
-"""Smoke test of the main job (tools/train_dlrm.py): a short run on the CPU
+"""Smoke test of the main job (examples/train_dlrm.py): a short run on the CPU
 with two gloo processes, checked through the summary it writes."""
 
-import sys
-from pathlib import Path
-
 import pytest
+import train_dlrm  # examples/train_dlrm.py (pyproject: pytest pythonpath)
 
 WORLD_SIZE = 2
 STEPS = 150
 BATCH = 128
-
-
-def _script() -> Path:
-    # Bazel: the runfiles root is the working directory; by hand: the checkout.
-    for root in (Path.cwd(), Path(__file__).parents[2]):
-        path = root / "tools" / "train_dlrm.py"
-        if path.is_file():
-            return path
-    raise FileNotFoundError("tools/train_dlrm.py")
-
-
-sys.path.insert(0, str(_script().parent))
-import train_dlrm  # noqa: E402
 
 
 @pytest.fixture(scope="module")

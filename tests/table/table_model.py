@@ -10,7 +10,7 @@ Semantics modelled:
   * layout: tables are laid out one after another; table t owns the slots
     [slot_offset, slot_offset + capacity); bucket b is the slots
     slot_offset + b * W .. + W - 1.
-  * hashing: h = mix64(key) (murmur3's 64-bit finalizer, on the key's two's
+  * hashing: h = bucket_hash(key) (murmur3's 64-bit finalizer, on the key's two's
     complement bit pattern); home bucket = (h % capacity) // W; digest =
     (h >> 32) & 0xff.
   * insert / insert_and_evict / erase: the batch is processed in (global home
@@ -41,9 +41,9 @@ BUCKET_ALIGNMENT = 16
 # ScorePolicy
 NONE, ASSIGN, ACCUMULATE, TIMER = 0, 1, 2, 3
 # InsertStatus
-FOUND, INSERTED, EVICTED, FAILED, INVALID = 0, 1, 2, 3, 4
+FOUND, INSERTED, EVICTED, FAILED, INVALID, RELEASED = 0, 1, 2, 3, 4, 5
 # RunOp
-OP_INSERT, OP_INSERT_EVICT, OP_ERASE = 0, 1, 2
+OP_INSERT, OP_INSERT_EVICT, OP_ERASE, OP_PLACE = 0, 1, 2, 3
 # CounterCol
 SIZE, INSERT_FAILURES, EVICTIONS, NEXT_ROW, FREE_TOP, INSERTS = 0, 1, 2, 3, 4, 5
 # The model's state that a relayout replaces.
@@ -61,7 +61,7 @@ _LAYOUT_FIELDS = (
 NUM_COUNTERS = 6
 
 
-def mix64(key: int) -> int:
+def bucket_hash(key: int) -> int:
     """murmur3's fmix64 of the key's 64-bit pattern, as an unsigned int."""
     k = key & MASK64
     k ^= k >> 33
@@ -73,7 +73,7 @@ def mix64(key: int) -> int:
 
 
 def digest_of(key: int) -> int:
-    return (mix64(key) >> 32) & 0xFF
+    return (bucket_hash(key) >> 32) & 0xFF
 
 
 EMPTY_DIGEST = digest_of(EMPTY_KEY)
@@ -156,7 +156,7 @@ class TableModel:
     def home(self, table: int, key: int) -> tuple[int, int, int]:
         """(first slot of the home bucket, bucket width, global bucket index)."""
         cap, w = self.caps[table], self.widths[table]
-        local = (mix64(key) % cap) // w
+        local = (bucket_hash(key) % cap) // w
         return self.slot_offsets[table] + local * w, w, self.bucket_offsets[table] + local
 
     def table_of_slot(self, slot: int) -> int:
@@ -329,6 +329,63 @@ class TableModel:
                 if res.status[i] == FOUND and (table_ids[i], keys[i]) in rowless:
                     res.slots[i], res.status[i] = -1, FAILED
                     self.counters[table_ids[i]][INSERT_FAILURES] += 1
+        return res
+
+    def place(
+        self, keys, table_ids, slots, policies=None, values=None, assign_rows=False, now=None
+    ):
+        """place: each key into the given slot of its home bucket, batch in
+        (bucket, index) order; a copy elsewhere in the bucket is removed, an
+        occupant displaced (reported as evicted). NO_EVICTION rows given by
+        values[.][0] leave the allocator: off the free stack, NEXT_ROW past
+        the largest, skipped free rows pushed ascending."""
+        self.now = now
+        keys, table_ids, slots = list(keys), list(table_ids), list(slots)
+        n = len(keys)
+        policies = policies or [NONE] * self.num_scores
+        values = values or [[0] * self.num_scores]
+        res = RunResult(n)
+        order = sorted(range(n), key=lambda i: (self.home(table_ids[i], keys[i])[2], i))
+        for i in order:
+            key, t, slot = keys[i], table_ids[i], slots[i]
+            start, w, _ = self.home(t, key)
+            if not start <= slot < start + w:
+                raise ValueError(f"slot {slot} of key {key} is not in its home bucket")
+            cnt = self.counters[t]
+            old = self._locate(t, key)
+            if old >= 0 and old != slot:
+                self.keys[old] = EMPTY_KEY
+                self.scores[old] = [0] * self.num_scores
+                cnt[SIZE] -= 1
+            occupant = self.keys[slot]
+            status = FOUND
+            if occupant == EMPTY_KEY:
+                status = INSERTED
+                cnt[SIZE] += 1
+                cnt[INSERTS] += 1
+            elif occupant != key:
+                status = EVICTED
+                res.evicted.append((occupant, tuple(self.scores[slot]), slot, t))
+                cnt[EVICTIONS] += 1
+                cnt[INSERTS] += 1
+            self.keys[slot] = key
+            if self.no_eviction[t]:
+                self.scores[slot] = [self._value(values, i, 0)] + [0] * (self.num_scores - 1)
+            else:
+                self.scores[slot] = self._initial(policies, values, i)
+            res.slots[i], res.status[i] = slot, status
+        if self.has_rows and assign_rows:
+            for t in sorted({table_ids[i] for i in range(n)}):
+                if not self.no_eviction[t]:
+                    continue
+                rows = {self.scores[slots[i]][0] for i in range(n) if table_ids[i] == t}
+                cnt = self.counters[t]
+                stack = [r for r in self.free_stack[t] if r not in rows]
+                new_next = max(cnt[NEXT_ROW], max(rows) + 1)
+                stack += [r for r in range(cnt[NEXT_ROW], new_next) if r not in rows]
+                self.free_stack[t] = stack
+                cnt[FREE_TOP] = len(stack)
+                cnt[NEXT_ROW] = new_next
         return res
 
     def insert(self, keys, table_ids, policies=None, values=None, assign_rows=False, now=None):

@@ -10,11 +10,12 @@ import sys
 import textwrap
 
 import pytest
-import table_model as M
 import torch
-from table_testlib import DEVICES, assert_same_snapshot, i64, snapshot
 
 from dynamicemb.table import ScoredHashTable
+from tests.devices import DEVICES
+from tests.table import table_model as M
+from tests.table.table_testlib import assert_same_snapshot, i64, snapshot
 
 OPS = torch.ops.dynamicemb
 RESERVED = [M.EMPTY_KEY, M.EMPTY_KEY + 1, M.EMPTY_KEY + 2, M.EMPTY_KEY + 3]

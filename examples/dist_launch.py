@@ -1,7 +1,7 @@
-"""What the multi-process scripts (tools/train_dlrm.py,
-tools/bench/sharded_ec_bench.py) share: the --device and --world-size
-arguments, free ports, and one process per rank (NCCL on GPU ``rank``, or
-gloo on the CPU).
+"""What the multi-process scripts (examples/train_dlrm.py, the benchmarks
+tools/bench/sharded_ec_bench.py and checkpoint_bench.py) share: the --device
+and --world-size arguments, free ports, one process per rank (NCCL on GPU
+``rank``, or gloo on the CPU), and a model planned and sharded over them.
 """
 
 import argparse
@@ -78,3 +78,51 @@ def init_process_group(rank: int, world_size: int, port: int, device: str, threa
         dist.init_process_group(
             "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=300)
         )
+
+
+def plan_and_shard(model: torch.nn.Module, planner, sharder, device: torch.device, pg=None):
+    """Plans ``model`` with ``planner`` over every rank of ``pg`` (default: the
+    world) and shards it with ``DistributedModelParallel`` and ``sharder``.
+
+    Returns:
+        (the sharded model, the plan).
+    """
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv
+
+    pg = pg or dist.group.WORLD
+    plan = planner.collective_plan(model, [sharder], pg)
+    sharded = DistributedModelParallel(
+        model,
+        env=ShardingEnv.from_process_group(pg),
+        device=device,
+        plan=plan,
+        sharders=[sharder],
+    )
+    return sharded, plan
+
+
+def run_alone(fn, args) -> None:
+    """Runs ``fn(args)`` as the one rank of a world of one: NCCL on GPU 0 for
+    ``args.device`` cuda, else gloo with ``args.threads`` torch threads."""
+    init_process_group(0, 1, free_port(), args.device, args.threads)
+    try:
+        fn(args)
+    finally:
+        dist.destroy_process_group()
+
+
+def quiet() -> None:
+    """Silences notices that would bury a script's own output: TorchRec's KJT
+    validator (raw ids are outside [0, num_embeddings) by design), the
+    planner's notes about how a CPU topology was built and dry-run
+    estimates, and deprecation notes of the libraries."""
+    import logging
+    import warnings
+
+    logging.getLogger("torchrec.sparse.jagged_tensor_validator").setLevel(logging.ERROR)
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    logging.getLogger("torchrec.distributed.planner.types").setLevel(logging.ERROR)
+    logging.getLogger("torchrec.distributed.planner.storage_reservations").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)

@@ -1,4 +1,4 @@
-"""The fused lookup ops (embedding_pool, embedding_update) against plain torch.
+"""The pooling ops (embedding_pool, embedding_update) against plain torch.
 
 The references are written out with index_add_ and the optimizer's equations;
 CUDA cases compare the CUDA kernels with the CPU ones on the same inputs. Most
@@ -9,10 +9,20 @@ split them over two segments and store float16 / bfloat16 embeddings.
 import pytest
 import torch
 
+from dynamicemb import DynamicEmbOptimType
+from dynamicemb.embedding import RowOptimizer
 from dynamicemb.table._native import constants, ops
+from tests.devices import DEVICES
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
-SGD, ADAM, ROWWISE = 0, 1, 3
+EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
+
+SGD, ADAM, ADAGRAD, ROWWISE = (
+    EmbOptimType.EXACT_SGD,
+    EmbOptimType.ADAM,
+    EmbOptimType.EXACT_ADAGRAD,
+    EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+)
+FTRL = DynamicEmbOptimType.FTRL
 
 
 def element_type(dtype) -> int:
@@ -80,9 +90,10 @@ def reference_pool(t):
     return out
 
 
-def pool(t, seg=None):
+def pool_args(t, seg=None, out_width=None, fill=None):
+    """The arguments of embedding_pool for batch ``t`` (``fill``: its fill rows)."""
     seg0, seg1, rows = space(t) if seg is None else seg[:3]
-    return ops().embedding_pool(
+    return (
         seg0,
         seg1,
         rows,
@@ -92,9 +103,14 @@ def pool(t, seg=None):
         t["cols"],
         t["dims"],
         t["B"],
-        t["width"],
+        t["width"] if out_width is None else out_width,
         F32 if seg is None else seg[3],
+        fill,
     )
+
+
+def pool(t, seg=None, fill=None):
+    return ops().embedding_pool(*pool_args(t, seg, fill=fill))
 
 
 def occurrences(t):
@@ -105,13 +121,14 @@ def occurrences(t):
     return occ, order
 
 
-def update(t, grad_out, optim, lr=0.1, step=1, wd=0.0, wd_mode=0, seg=None):
-    occ, order = occurrences(t)
+def update_args(t, grad, occ, order, optimizer=SGD, lr=0.1, step=1, wd=0.0, wd_mode=0, seg=None):
+    """The arguments of embedding_update for batch ``t``."""
+    opt = RowOptimizer(optimizer, learning_rate=lr, weight_decay=wd, weight_decay_mode=wd_mode)
     seg0, seg1, rows = space(t) if seg is None else seg[:3]
-    ops().embedding_update(
+    return (
         seg0,
         seg1,
-        grad_out,
+        grad,
         rows,
         occ,
         order,
@@ -121,18 +138,14 @@ def update(t, grad_out, optim, lr=0.1, step=1, wd=0.0, wd_mode=0, seg=None):
         t["dims"],
         t["B"],
         F32 if seg is None else seg[3],
-        optim,
-        lr,
-        1e-8,
-        0.9,
-        0.999,
-        wd,
-        wd_mode,
-        step,
-        -0.5,
-        0.0,
-        0.0,
-        0.0,
+        opt.packed(step),
+    )
+
+
+def update(t, grad_out, optimizer, lr=0.1, step=1, wd=0.0, wd_mode=0, seg=None):
+    occ, order = occurrences(t)
+    ops().embedding_update(
+        *update_args(t, grad_out, occ, order, optimizer, lr, step, wd, wd_mode, seg)
     )
 
 
@@ -269,7 +282,7 @@ BATCHES = {
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", sorted(BATCHES))
-@pytest.mark.parametrize("optim", [SGD, ADAM, 2, ROWWISE, 4])
+@pytest.mark.parametrize("optim", [SGD, ADAM, ADAGRAD, ROWWISE, FTRL], ids=lambda o: o.name)
 def test_cuda_update_matches_the_cpu_kernel(kind, optim):
     make, tol = BATCHES[kind]
     cpu, gpu = make("cpu"), make("cuda")
@@ -280,6 +293,58 @@ def test_cuda_update_matches_the_cpu_kernel(kind, optim):
         update(cpu, grad, optim, step=step)
         update(gpu, grad.cuda(), optim, step=step)
     torch.testing.assert_close(gpu["values"].cpu(), cpu["values"], rtol=tol, atol=tol)
+
+
+def _with_fill_rows(t, num_fill=3):
+    """Keys 1 and 2 read fill rows 2 and 0 (rows -4 and -2); also returns the
+    same batch with the fill rows appended to the values instead."""
+    g = torch.Generator().manual_seed(11)
+    fill = torch.randn(num_fill, t["width"] - 1, generator=g).to(t["values"].device)
+    t = dict(t, rows=t["rows"].clone())
+    t["rows"][1], t["rows"][2] = -4, -2
+    wide = torch.zeros(fill.shape[0], t["values"].shape[1], device=fill.device)
+    wide[:, : fill.shape[1]] = fill
+    flat = dict(t, values=torch.cat([t["values"], wide]), rows=t["rows"].clone())
+    n = t["values"].shape[0]
+    flat["rows"][1], flat["rows"][2] = n + 2, n + 0
+    return t, fill, flat
+
+
+def _seg_with_fill_refs(t):
+    """space(t), keeping the fill rows' negative refs."""
+    seg0, seg1, offsets = space(t)
+    return seg0, seg1, torch.where(t["rows"] < -1, t["rows"], offsets)
+
+
+def _pool_with_fill(t, fill):
+    return pool(t, (*_seg_with_fill_refs(t), F32), fill)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pool_reads_fill_rows_through_negative_rows(device):
+    t, fill, flat = _with_fill_rows(batch(device, seed=12, dims=(4, 8, 4)))
+    out = _pool_with_fill(t, fill)
+    torch.testing.assert_close(out.double().cpu(), reference_pool(flat), rtol=1e-5, atol=1e-5)
+
+
+def test_pool_refuses_fill_rows_it_does_not_have_naming_them():
+    t, fill, _ = _with_fill_rows(batch("cpu", seed=14), num_fill=2)
+    with pytest.raises(ValueError, match="row -4 at index 1 reads fill row 2 .* fill has 2 rows"):
+        _pool_with_fill(t, fill)
+    with pytest.raises(ValueError, match="fill has 0 rows"):
+        _pool_with_fill(t, None)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_update_leaves_keys_of_fill_rows_alone(device):
+    t, _, _ = _with_fill_rows(batch(device, seed=13))
+    grad = torch.ones(t["B"], t["width"], device=device)
+    plain = dict(t, values=t["values"].clone(), rows=t["rows"].clamp(min=-1))
+    before = t["values"].clone()
+    update(t, grad, SGD, lr=1.0, seg=(*_seg_with_fill_refs(t), F32))
+    update(plain, grad, SGD, lr=1.0)
+    assert torch.equal(t["values"], plain["values"])
+    assert not torch.equal(t["values"], before)
 
 
 def test_pool_refuses_a_row_out_of_range_naming_it():
@@ -299,54 +364,15 @@ def test_update_refuses_bad_occurrences_and_changes_nothing():
     occ, order = occurrences(t)
     occ[-1] += 1
     grad = torch.randn(t["B"], t["width"])
-    seg0, seg1, offsets = space(t)
     with pytest.raises(ValueError, match="occ_offsets must run from 0 to"):
-        ops().embedding_update(
-            seg0,
-            seg1,
-            grad,
-            offsets,
-            occ,
-            order,
-            t["bag"],
-            t["weights"],
-            t["cols"],
-            t["dims"],
-            t["B"],
-            F32,
-            SGD,
-            0.1,
-            1e-8,
-            0.9,
-            0.999,
-            0.0,
-            0,
-            1,
-            -0.5,
-            0.0,
-            0.0,
-            0.0,
-        )
+        ops().embedding_update(*update_args(t, grad, occ, order))
     assert torch.equal(t["values"], before)
 
 
 def test_pool_refuses_a_feature_that_does_not_fit_the_output():
     t = batch("cpu", seed=8)
-    seg0, seg1, offsets = space(t)
     with pytest.raises(ValueError, match="feature 2"):
-        ops().embedding_pool(
-            seg0,
-            seg1,
-            offsets,
-            t["inverse"],
-            t["offsets"],
-            t["weights"],
-            t["cols"],
-            t["dims"],
-            t["B"],
-            t["width"] - 1,
-            F32,
-        )
+        ops().embedding_pool(*pool_args(t, out_width=t["width"] - 1))
 
 
 OPCHECK_UTILS = (
@@ -358,56 +384,18 @@ OPCHECK_UTILS = (
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_lookup_ops_opcheck(device):
+def test_pooling_ops_opcheck(device):
     t = batch(device, seed=9)
-    seg0, seg1, offsets = space(t)
     torch.library.opcheck(
         ops().embedding_pool.default,
-        (
-            seg0,
-            seg1,
-            offsets,
-            t["inverse"],
-            t["offsets"],
-            t["weights"],
-            t["cols"],
-            t["dims"],
-            t["B"],
-            t["width"],
-            F32,
-        ),
+        pool_args(t),
         test_utils=OPCHECK_UTILS,
     )
     occ, order = occurrences(t)
     grad = torch.randn(t["B"], t["width"], device=device)
     torch.library.opcheck(
         ops().embedding_update.default,
-        (
-            seg0,
-            seg1,
-            grad,
-            offsets,
-            occ,
-            order,
-            t["bag"],
-            t["weights"],
-            t["cols"],
-            t["dims"],
-            t["B"],
-            F32,
-            SGD,
-            0.1,
-            1e-8,
-            0.9,
-            0.999,
-            0.0,
-            0,
-            1,
-            -0.5,
-            0.0,
-            0.0,
-            0.0,
-        ),
+        update_args(t, grad, occ, order),
         test_utils=("test_schema", "test_faketensor"),
     )
 
