@@ -8,12 +8,13 @@ checkout's files (tracked and new, not ignored: no stale build state) and checks
 that
   * it carries every file setup.py may compile (cc/sources.bzl: the CPU and the
     CUDA sources and headers of every package), whatever this machine builds;
-  * its metadata requires torch >= setup.py's MIN_TORCH and leaves the
+  * its metadata requires torch >= setup.py's MIN_TORCH and REQUIRES, and leaves the
     dependencies to the wheel build (Dynamic: Requires-Dist);
 then prepares the wheel's metadata from that sdist, as pip does before it
 compiles, and checks that the wheel requires exactly this interpreter's torch
-release and offers the extras torchrec, numba, numba-cuda, opentelemetry and
-prometheus. Exits non-zero and says what is wrong otherwise. tools/test.sh runs it.
+release and REQUIRES, and offers the extras torchrec, numba, numba-cuda,
+opentelemetry and prometheus. Exits non-zero and says what is wrong otherwise.
+tools/test.sh runs it.
 
 With --wheel, checks a wheel built against this interpreter's torch instead: the
 same metadata, an extension without symbol table (stripped), and that it imports
@@ -37,7 +38,7 @@ EXTRAS = ["torchrec", "numba", "numba-cuda", "opentelemetry", "prometheus"]
 
 
 def setup_py_names():
-    """MIN_TORCH, torch_requirement and read_sources of setup.py, without running setup()."""
+    """MIN_TORCH, REQUIRES and read_sources of setup.py, without running setup()."""
     names = {"__name__": "setup_py", "__file__": os.path.join(ROOT, "setup.py")}
     with open(names["__file__"]) as f:
         exec(compile(f.read(), names["__file__"], "exec"), names)
@@ -73,8 +74,9 @@ def wheel_metadata_errors(wheel, torch):
     """What is wrong with a wheel's metadata (Requires-Dist, Provides-Extra)."""
     errors = []
     requires = wheel.get_all("Requires-Dist") or []
-    if pin(torch) not in requires:
-        errors.append(f"wheel requires {requires}, not {pin(torch)}")
+    for want in [pin(torch)] + setup_py_names()["REQUIRES"]:
+        if want not in requires:
+            errors.append(f"wheel requires {requires}, not {want}")
     extras = wheel.get_all("Provides-Extra") or []
     if sorted(set(EXTRAS) - set(extras)):
         errors.append(f"wheel extras are {extras}, want {EXTRAS}")
@@ -108,7 +110,7 @@ def check_wheel(path):
         if ".symtab" in sections or any(s.startswith(".debug") for s in sections):
             errors.append(f"{ext} is not stripped (sections {sorted(sections)})")
         probe = (
-            "import torch, dynamicemb.table as t\n"
+            "import torch, dynamicemb.table as t, dynamicemb.storage, dynamicemb.admission\n"
             "from dynamicemb.table._native import extension\n"
             "t.ScoredHashTable([1024])\n"
             "print(extension().__file__, int(extension().cuda_built()))\n"
@@ -170,9 +172,9 @@ def main():
         missing = sorted(wanted - members)
         if missing:
             errors.append(f"sdist lacks {len(missing)} source files: {missing}")
-        want = "torch>=" + setup_py["MIN_TORCH"]
-        if want not in (pkg_info.get("requires-dist") or []):
-            errors.append(f"sdist requires {pkg_info.get('requires-dist')}, not {want}")
+        for want in ["torch>=" + setup_py["MIN_TORCH"]] + setup_py["REQUIRES"]:
+            if want not in (pkg_info.get("requires-dist") or []):
+                errors.append(f"sdist requires {pkg_info.get('requires-dist')}, not {want}")
         if "requires-dist" not in [d.lower() for d in pkg_info.get("dynamic") or []]:
             errors.append("sdist does not leave Requires-Dist to the wheel build (Dynamic)")
 
