@@ -59,9 +59,12 @@ def free_ports(n: int, attempts: int = 100) -> int:
     raise RuntimeError(f"no {n} consecutive free ports found in {attempts} attempts")
 
 
-def init_process_group(rank: int, world_size: int, port: int, device: str, threads: int) -> None:
+def init_process_group(
+    rank: int, world_size: int, port: int, device: str, threads: int, timeout_s: float = 300
+) -> None:
     """Joins the process group of a rank: NCCL on GPU ``rank`` for device
-    cuda, else gloo with ``threads`` torch threads."""
+    cuda, else gloo with ``threads`` torch threads; collectives give up after
+    ``timeout_s`` seconds."""
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     if device == "cuda":
@@ -70,13 +73,13 @@ def init_process_group(rank: int, world_size: int, port: int, device: str, threa
             "nccl",
             rank=rank,
             world_size=world_size,
-            timeout=datetime.timedelta(seconds=300),
+            timeout=datetime.timedelta(seconds=timeout_s),
             device_id=torch.device("cuda", rank),
         )
     else:
         torch.set_num_threads(threads)
         dist.init_process_group(
-            "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=300)
+            "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s)
         )
 
 

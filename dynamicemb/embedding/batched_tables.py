@@ -6,7 +6,7 @@ rows live is its ``TableStorage``'s business (``dynamicemb.storage``: device,
 host and hybrid tables, a device cache over a host table or an external
 ``Storage``), reached only through that interface. It runs on the CPU and the
 GPU alike. What it does in a training step, stage by stage, is written once,
-in docs/training_step.md.
+in docs/architecture.md ("A training step, top to bottom").
 """
 
 import os
