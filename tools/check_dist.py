@@ -184,7 +184,10 @@ def main():
     for e in errors:
         print("check_dist:", e, file=sys.stderr)
     if not errors:
-        print(f"check_dist: sdist carries all {len(wanted)} sources; wheel requires {pin(torch)}")
+        print(
+            f"check_dist: sdist carries all {len(wanted)} sources; wheel requires "
+            + ", ".join([pin(torch)] + setup_py["REQUIRES"])
+        )
     return 1 if errors else 0
 
 
