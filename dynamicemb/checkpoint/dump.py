@@ -158,6 +158,23 @@ def check_world(refs: list[TableRef], group: Group) -> None:
             )
 
 
+def tables_of(
+    model: torch.nn.Module,
+    table_names: dict[str, list[str]] | list[str] | None,
+    group: Group,
+    api: str,
+) -> list[TableRef] | None:
+    """The dynamic tables ``api`` (``DynamicEmbDump`` or ``DynamicEmbLoad``) is
+    asked for, checked against ``group``; None, with a warning, where the model
+    has none."""
+    refs = select(dynamic_tables(model), table_names)
+    if not refs:
+        warnings.warn(f"{api}: the model has no dynamic embedding tables", stacklevel=4)
+        return None
+    check_world(refs, group)
+    return refs
+
+
 def dump(
     path: str,
     model: torch.nn.Module,
@@ -168,11 +185,9 @@ def dump(
 ) -> DumpReport | None:
     """``DynamicEmbDump``, returning what was written (None: no dynamic table)."""
     group = Group(pg)
-    refs = select(dynamic_tables(model), table_names)
-    if not refs:
-        warnings.warn("DynamicEmbDump: the model has no dynamic embedding tables", stacklevel=3)
+    refs = tables_of(model, table_names, group, "DynamicEmbDump")
+    if refs is None:
         return None
-    check_world(refs, group)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     error, tmp = None, None

@@ -48,7 +48,7 @@ from dynamicemb.admission.counters import (
 )
 from dynamicemb.checkpoint import files
 from dynamicemb.checkpoint.comm import Group
-from dynamicemb.checkpoint.dump import IO_THREADS, check_world, chunk_rows
+from dynamicemb.checkpoint.dump import IO_THREADS, chunk_rows, tables_of
 from dynamicemb.checkpoint.layout import (
     CHECKSUM_BLOCK_BYTES,
     COUNTER_KEYS,
@@ -64,7 +64,7 @@ from dynamicemb.checkpoint.layout import (
     legacy_file,
     meta_file,
 )
-from dynamicemb.checkpoint.model import TableRef, dynamic_tables, optimizer_name, select
+from dynamicemb.checkpoint.model import TableRef, optimizer_name
 from dynamicemb.dynamicemb_config import DynamicEmbScoreStrategy
 from dynamicemb.embedding.score_function import evaluate_scores
 from dynamicemb.shard.routing import route_keys
@@ -555,11 +555,9 @@ def load(
 ) -> LoadReport | None:
     """``DynamicEmbLoad``, returning what was loaded (None: no dynamic table)."""
     group = Group(pg)
-    refs = select(dynamic_tables(model), table_names)
-    if not refs:
-        warnings.warn("DynamicEmbLoad: the model has no dynamic embedding tables", stacklevel=3)
+    refs = tables_of(model, table_names, group, "DynamicEmbLoad")
+    if refs is None:
         return None
-    check_world(refs, group)
     # 1. plan
     plans: list[_Plan] = []
     error = None

@@ -2,7 +2,7 @@
 # One device round: build and run the GPU tests, then the embedding and table
 # benchmarks, writing each output to $OUT (default: .gpu_round/) as well.
 #
-#   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|multigpu|checkpoint|metrics|storage|replication|sharded]...
+#   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|multigpu|checkpoint|metrics|storage|replication|sharded|wheel]...
 #   (default: tests, embedding, table, admission)
 #
 # storage: tools/bench/storage_bench.py (the device cache at ratios 1.0, 0.5 and 0.1
@@ -11,6 +11,12 @@
 # $OUT/storage.txt. STORAGE_BENCH_ARGS replaces the benchmark's size flags
 # (default: 4 tables x 4,000,000 rows, dim 128, Adam: 23 GiB of rows, 46 GiB with
 # FBGEMM's copy, for a machine of 128 GiB of host memory).
+#
+# wheel: the wheel as pip builds it here (`pip wheel --no-build-isolation --no-deps`,
+# CUDA, the archs of cc/sources.bzl), then `tools/check_dist.py --wheel`: it requires
+# exactly this torch release and the extras, its extension is stripped and imports
+# from the unpacked wheel with its CUDA kernels. Writes $OUT/wheel.txt (the build's
+# log in $OUT/wheel_build.txt); WHEEL_BUILD_TIMEOUT (900) in seconds.
 #
 # Needs a CUDA machine; the torchrec/fbgemm bundle in .gpupkg/ for the FBGEMM
 # baselines (see docs/testing.md).
@@ -243,6 +249,19 @@ for part in "${parts[@]}"; do
         | grep -v "registered at\|backend fallback\|Warning\|warn(" | tee -a "$OUT/storage.txt"
       timeout -k 10 "${STORAGE_TESTS_TIMEOUT:-600}" "$PY" -m pytest -m gpu tests/storage -q --tb=short \
         -p no:cacheprovider 2>&1 | tail -15 | tee -a "$OUT/storage.txt"
+      ;;
+    wheel)
+      rm -rf "$OUT/dist"
+      DEMB_BUILD_CUDA=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} timeout -k 10 "${WHEEL_BUILD_TIMEOUT:-900}" \
+        "$PY" -m pip wheel -q --no-build-isolation --no-deps -w "$OUT/dist" . \
+        > "$OUT/wheel_build.txt" 2>&1
+      rc=$?
+      echo "wheel build: $(status_word $rc "${WHEEL_BUILD_TIMEOUT:-900}")" | tee "$OUT/wheel.txt"
+      if [ $rc -eq 0 ]; then
+        "$PY" tools/check_dist.py --wheel "$OUT"/dist/dynamicemb-*.whl 2>&1 | tee -a "$OUT/wheel.txt"
+      else
+        tail -30 "$OUT/wheel_build.txt"
+      fi
       ;;
     replication)
       # Delta dump and replay throughput against a full dump (docs/benchmarks/replication.md),
