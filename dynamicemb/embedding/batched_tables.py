@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from dynamicemb._checks import as_int, as_tensor
 from dynamicemb.dynamicemb_config import (
     BUCKET_ALIGNMENT,
     MAX_BUCKET_CAPACITY,
@@ -42,7 +43,7 @@ from dynamicemb.embedding.optimizer import RowOptimizer
 from dynamicemb.embedding.score_function import VictimScorer
 from dynamicemb.embedding.unique import segmented_unique
 from dynamicemb.table import ScoredHashTable, enums
-from dynamicemb.table._native import ops
+from dynamicemb.table._native import constants, ops
 
 S = DynamicEmbScoreStrategy
 
@@ -383,7 +384,10 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.values = fresh
 
     def set_score(self, score: int) -> None:
-        """CUSTOMIZED: the score of the next forward passes."""
+        """CUSTOMIZED: the score of the next forward passes (an int64)."""
+        score = as_int(score, "score")
+        if not -(2**63) <= score < 2**63:
+            raise ValueError(f"score {score} does not fit int64")
         if (
             self._custom_score is not None
             and score < self._custom_score
@@ -393,7 +397,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 f"set_score: new score {score} is less than the previous {self._custom_score}",
                 stacklevel=2,
             )
-        self._custom_score = int(score)
+        self._custom_score = score
 
     # ------------------------------------------------------------ forward --
 
@@ -404,15 +408,14 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         frequency_counters: torch.Tensor | None = None,
         pooling_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        self._check_weights(indices, frequency_counters, pooling_weights)
-        indices = indices.to(self.device).long()
-        offsets = offsets.to(self.device).long()
+        # Every argument is checked before anything changes (table, values,
+        # step counter): a refused call leaves the module as it was.
+        indices, offsets, frequency_counters, pooling_weights = self._check_inputs(
+            indices, offsets, frequency_counters, pooling_weights
+        )
+        if self.training and S.CUSTOMIZED in self.strategies and self._custom_score is None:
+            raise RuntimeError("CUSTOMIZED score strategy: call set_score before the forward pass")
         num_features = len(self.feature_table_map)
-        if (offsets.numel() - 1) % num_features:
-            raise ValueError(
-                f"offsets has {offsets.numel()} entries, not num_features ({num_features}) * "
-                "batch_size + 1"
-            )
         batch = (offsets.numel() - 1) // num_features
         lengths = offsets[1:] - offsets[:-1]
         bag = torch.repeat_interleave(
@@ -424,14 +427,12 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self._uniq_tids = su.table_ids
         counts = su.counts
         if frequency_counters is not None:
-            counts = torch.zeros_like(su.counts).index_add_(
-                0, su.inverse, frequency_counters.to(self.device).long()
-            )
+            counts = torch.zeros_like(su.counts).index_add_(0, su.inverse, frequency_counters)
         if self.training:
             rows = self._lookup_train(su.keys, su.table_ids, counts)
         else:
             rows = self._lookup_eval(su.keys, su.table_ids)
-        weights = None if pooling_weights is None else pooling_weights.to(self.device)
+        weights = pooling_weights
         if self.pooling_mode == DynamicEmbPoolingMode.MEAN:
             inv_len = 1.0 / lengths.clamp(min=1).to(torch.float32)
             weights = inv_len[bag]
@@ -484,30 +485,110 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             )
         return _Lookup.apply(self._placeholder, self, b, extra)
 
-    def _check_weights(self, indices, frequency_counters, pooling_weights) -> None:
-        if pooling_weights is None:
-            return
-        if self.pooling_mode != DynamicEmbPoolingMode.SUM:
-            raise ValueError(f"pooling_weights need pooling mode SUM, got {self.pooling_mode.name}")
-        if pooling_weights.dtype != torch.float32:
-            raise ValueError(f"pooling_weights must be float32, got {pooling_weights.dtype}")
-        if pooling_weights.numel() != indices.numel():
+    def _check_inputs(self, indices, offsets, frequency_counters, pooling_weights):
+        """Checks forward's arguments (types, shapes, devices, then values, with
+        one host synchronization) and returns them on the module's device:
+        indices and offsets as int64, frequency counters as int64, weights as
+        given. Raises naming the argument; nothing has changed yet."""
+        ints = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+        as_tensor(indices, "indices", dtypes=ints, dim=1)
+        as_tensor(offsets, "offsets", dtypes=ints, dim=1)
+        num_features = len(self.feature_table_map)
+        if offsets.numel() < 1 or (offsets.numel() - 1) % num_features:
             raise ValueError(
-                f"pooling_weights has {pooling_weights.numel()} entries for {indices.numel()} "
-                "indices"
+                f"offsets has {offsets.numel()} entries, not num_features ({num_features}) * "
+                "batch_size + 1"
             )
-        if pooling_weights.requires_grad and torch.is_grad_enabled():
-            raise ValueError(
-                "pooling_weights must not require grad while grad mode is enabled: no gradient is "
-                "computed for them"
-            )
+        n = indices.numel()
+        if pooling_weights is not None:
+            as_tensor(pooling_weights, "pooling_weights", dim=1)
+            if self.pooling_mode != DynamicEmbPoolingMode.SUM:
+                raise ValueError(
+                    f"pooling_weights need pooling mode SUM, got {self.pooling_mode.name}"
+                )
+            if pooling_weights.dtype != torch.float32:
+                raise ValueError(f"pooling_weights must be float32, got {pooling_weights.dtype}")
+            if pooling_weights.numel() != n:
+                raise ValueError(
+                    f"pooling_weights has {pooling_weights.numel()} entries for {n} indices"
+                )
+            if pooling_weights.requires_grad and torch.is_grad_enabled():
+                raise ValueError(
+                    "pooling_weights must not require grad while grad mode is enabled: no "
+                    "gradient is computed for them"
+                )
+            if frequency_counters is not None:
+                raise ValueError("pass either pooling_weights or frequency_counters, not both")
         if frequency_counters is not None:
-            raise ValueError("pass either pooling_weights or frequency_counters, not both")
+            as_tensor(
+                frequency_counters,
+                "frequency_counters",
+                dtypes=ints + (torch.float32, torch.float64, torch.float16, torch.bfloat16),
+                dim=1,
+            )
+            if frequency_counters.numel() != n:
+                raise ValueError(
+                    f"frequency_counters has {frequency_counters.numel()} entries for {n} indices"
+                )
+        dev = self.device
+        indices = indices.to(dev).long()
+        offsets = offsets.to(dev).long()
+        weights = None if pooling_weights is None else pooling_weights.to(dev)
+        freq = None if frequency_counters is None else frequency_counters.to(dev)
+        # The value checks, each a count of bad entries, read in one synchronization.
+        first_valid = int(constants()["FIRST_VALID_KEY"])
+        steps = offsets[1:] - offsets[:-1]
+        checks = {
+            "offsets_start": offsets[:1] != 0,
+            "offsets_end": offsets[-1:] != n,
+            "offsets_step": steps < 0,
+            "indices": indices < first_valid,
+        }
+        if freq is not None:
+            f64 = freq.double()
+            checks["frequency_counters"] = ~torch.isfinite(f64) | (f64 < 0) | (f64 != f64.round())
+        if weights is not None:
+            checks["pooling_weights"] = ~torch.isfinite(weights)
+        bad = torch.stack([c.sum() for c in checks.values()]).tolist()
+        if any(bad):
+            self._raise_bad_input(dict(zip(checks, bad)), checks, indices, offsets, freq, weights)
+        if freq is not None:
+            freq = freq.long() if freq.is_floating_point() else freq.to(torch.int64)
+        return indices, offsets, freq, weights
+
+    @staticmethod
+    def _raise_bad_input(bad, checks, indices, offsets, freq, weights) -> None:
+        """The error of forward's first failed value check, naming the
+        argument, the first bad entry and its position."""
+        n = indices.numel()
+        if bad["offsets_start"] or bad["offsets_end"]:
+            raise ValueError(
+                f"offsets must run from 0 to the number of indices ({n}), got "
+                f"{int(offsets[0])} to {int(offsets[-1])}"
+            )
+        if bad["offsets_step"]:
+            i = int(checks["offsets_step"].nonzero()[0, 0]) + 1
+            raise ValueError(
+                f"offsets must not decrease, got {int(offsets[i - 1])} then {int(offsets[i])} at "
+                f"index {i}"
+            )
+        if bad["indices"]:
+            i = int(checks["indices"].nonzero()[0, 0])
+            raise ValueError(
+                f"indices: key {int(indices[i])} at index {i} is reserved (keys below "
+                f"{constants()['FIRST_VALID_KEY']} mark slot states)"
+            )
+        if bad.get("frequency_counters"):
+            i = int(checks["frequency_counters"].nonzero()[0, 0])
+            raise ValueError(
+                "frequency_counters must be finite whole numbers >= 0, got "
+                f"{freq[i].item()} at index {i}"
+            )
+        i = int(checks["pooling_weights"].nonzero()[0, 0])
+        raise ValueError(f"pooling_weights must be finite, got {weights[i].item()} at index {i}")
 
     def _lookup_train(self, keys, tids, counts) -> torch.Tensor:
         self.step += 1
-        if S.CUSTOMIZED in self.strategies and self._custom_score is None:
-            raise RuntimeError("CUSTOMIZED score strategy: call set_score before the forward pass")
         if self.no_eviction:
             slots, status = self._insert_no_eviction(keys, tids)
         else:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dynamicemb._checks import as_int, as_real, as_tensor, device_of, is_int
 from dynamicemb.table._native import constants, enums, ops
 
 IntOrSeq = int | Sequence[int]
@@ -99,6 +100,30 @@ def _per_table(value: IntOrSeq, n: int, name: str) -> list:
     return [value] * n
 
 
+def _ints(values, name: str, n: int | None = None, min: int | None = None) -> list[int]:
+    """A sequence of ints (exactly ``n`` when given), each at least ``min``."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise TypeError(f"{name} must be a sequence of ints, got {values!r}")
+    if n is not None and len(values) != n:
+        raise ValueError(f"{name} has {len(values)} entries for {n} tables")
+    return [as_int(v, f"{name}[{i}]", min=min) for i, v in enumerate(values)]
+
+
+def _flag(value, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
+def _optional_ints(value, n: int, name: str, min: int) -> list[int | None]:
+    """A per-table option: None, one int for every table, or one per table."""
+    out = _per_table(value, n, name)
+    return [
+        None if v is None else as_int(v, f"{name}[{t}]" if n > 1 else name, min=min)
+        for t, v in enumerate(out)
+    ]
+
+
 class ScoredHashTable:
     """Fused scored hash tables, on CPU or CUDA.
 
@@ -140,34 +165,50 @@ class ScoredHashTable:
     ) -> None:
         c = constants()
         self._align = int(c["BUCKET_ALIGNMENT"])
-        capacities = [int(x) for x in capacities]
+        capacities = _ints(capacities, "capacities")
         n = len(capacities)
         if n == 0:
             raise ValueError("ScoredHashTable needs at least one table")
+        num_scores = as_int(num_scores, "num_scores")
         if not 1 <= num_scores <= int(c["MAX_SCORES"]):
             raise ValueError(f"num_scores must be 1..{c['MAX_SCORES']}, got {num_scores}")
+        max_load_factor = as_real(max_load_factor, "max_load_factor")
         if not 0.0 < max_load_factor <= 1.0:
             raise ValueError(f"max_load_factor must be in (0, 1], got {max_load_factor}")
-        widths = _per_table(bucket_capacities, n, "bucket_capacities")
+        widths = _optional_ints(bucket_capacities, n, "bucket_capacities", min=1)
         self._one_bucket = [w is None for w in widths]
         for t, (cap, w) in enumerate(zip(capacities, widths)):
-            self._check_layout(t, cap, cap if w is None else int(w))
-        widths = [cap if w is None else int(w) for cap, w in zip(capacities, widths)]
-        self._no_eviction = [bool(x) for x in _per_table(no_eviction, n, "no_eviction")]
-        max_caps = _per_table(max_capacities, n, "max_capacities")
-        self._max_caps = [cap if m is None else int(m) for cap, m in zip(capacities, max_caps)]
-        for t, (cap, m) in enumerate(zip(capacities, self._max_caps)):
+            self._check_layout(t, cap, cap if w is None else w)
+        widths = [cap if w is None else w for cap, w in zip(capacities, widths)]
+        flags = _per_table(no_eviction, n, "no_eviction")
+        for x in flags:
+            if not isinstance(x, bool):
+                raise TypeError(f"no_eviction must be a bool or one bool per table, got {x!r}")
+        self._no_eviction = list(flags)
+        max_caps = _optional_ints(max_capacities, n, "max_capacities", min=1)
+        self._max_caps = [cap if m is None else m for cap, m in zip(capacities, max_caps)]
+        for t, (cap, m, w) in enumerate(zip(capacities, self._max_caps, widths)):
             if m < cap:
                 raise ValueError(f"table {t}: max_capacity {m} is below its capacity {cap}")
-        rows = _per_table(row_capacities, n, "row_capacities")
+            # Growth doubles up to the max capacity, which must be a layout too:
+            # whole buckets, or one bucket of a multiple of 16.
+            unit = self._align if self._one_bucket[t] else w
+            if m % unit:
+                what = f"{unit} (one bucket)" if self._one_bucket[t] else f"the bucket capacity {w}"
+                raise ValueError(f"table {t}: max_capacity {m} is not a multiple of {what}")
+        rows = _optional_ints(row_capacities, n, "row_capacities", min=0)
         rows = [
-            (cap if r is None else int(r)) if ne else 0
+            (cap if r is None else r) if ne else 0
             for cap, r, ne in zip(capacities, rows, self._no_eviction)
         ]
+        if not isinstance(validate, bool):
+            raise TypeError(f"validate must be a bool, got {validate!r}")
         self.num_scores = num_scores
         self.max_load_factor = max_load_factor
         self.validate = validate
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.device = device_of(device if device is not None else "cpu")
+        if self.device.type == "meta":
+            raise ValueError("device must hold data: a table cannot live on the meta device")
         self.has_rows = any(self._no_eviction)
         self._capacities = capacities
         self._widths = widths
@@ -258,21 +299,16 @@ class ScoredHashTable:
     def _batch(
         self, keys: torch.Tensor, table_ids: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if not isinstance(keys, torch.Tensor):
-            raise TypeError(f"keys must be a torch.Tensor, got {type(keys).__name__}")
-        if keys.dtype != torch.int64:
-            raise TypeError(f"keys must be int64, got {keys.dtype}")
-        if keys.dim() != 1:
-            raise ValueError(f"keys must be 1-D, got shape {tuple(keys.shape)}")
+        # Keys may come from another device (they are copied to the table's);
+        # the meta device holds no keys.
+        as_tensor(keys, "keys", dtypes=(torch.int64,), dim=1)
         if table_ids is None:
             if self.num_tables != 1:
                 raise ValueError(
                     f"table_ids is required for a table of {self.num_tables} fused tables"
                 )
             table_ids = torch.zeros_like(keys)
-        elif not isinstance(table_ids, torch.Tensor) or table_ids.dtype != torch.int64:
-            got = table_ids.dtype if isinstance(table_ids, torch.Tensor) else type(table_ids)
-            raise TypeError(f"table_ids must be an int64 tensor, got {got}")
+        as_tensor(table_ids, "table_ids", dtypes=(torch.int64,), dim=1)
         if table_ids.shape != keys.shape:
             raise ValueError(
                 f"keys and table_ids lengths differ: {keys.numel()} vs {table_ids.numel()}"
@@ -325,20 +361,28 @@ class ScoredHashTable:
             policies = [
                 enums.ScorePolicy.ASSIGN if scores is not None else enums.ScorePolicy.NONE
             ] * w
-        policies = [int(p) for p in policies]
+        policies = _ints(policies, "policies")
+        for c, p in enumerate(policies):
+            if p not in set(enums.ScorePolicy):
+                names = ", ".join(f"{m.value} ({m.name})" for m in enums.ScorePolicy)
+                raise ValueError(f"policies[{c}] is {p}, not a score policy: {names}")
         if isinstance(scores, torch.Tensor):
-            if scores.dtype != torch.int64:
-                raise TypeError(f"scores must be int64, got {scores.dtype}")
+            as_tensor(scores, "scores", dtypes=(torch.int64,))
+            if scores.dim() > 2:
+                raise ValueError(f"scores must be 1-D or 2-D, got shape {tuple(scores.shape)}")
             values = scores.reshape(-1, w) if scores.dim() < 2 else scores
             return policies, values.to(self.device).contiguous()
         if scores is None:
             vals = [0] * w
-        elif isinstance(scores, int):
+        elif is_int(scores):
             vals = [int(scores)] * w
         else:
-            vals = [int(v) for v in scores]
+            vals = _ints(scores, "scores")
             if len(vals) != w:
                 raise ValueError(f"expected {w} score values, got {len(vals)}")
+        for v in vals:
+            if not INT64_MIN <= v < 2**63:
+                raise ValueError(f"score {v} does not fit int64")
         # Built on the device with fills: a host tensor copied to the GPU would
         # synchronize the stream on every call.
         values = torch.full((1, w), vals[0], dtype=torch.int64, device=self.device)
@@ -359,6 +403,7 @@ class ScoredHashTable:
     ) -> torch.Tensor:
         """Slots of the keys (-1 where absent); with ``update``, applies the
         score policies to the keys found."""
+        _flag(update, "update")
         keys, table_ids = self._batch(keys, table_ids)
         policies, values = self._scores(keys.numel(), policies, scores)
         return ops().table_find(
@@ -392,6 +437,8 @@ class ScoredHashTable:
             (slots, rows): (n) int64 slots (-1 where absent) and (n, dim) rows,
             zeros where absent.
         """
+        as_tensor(values, "values", device=self.device, dim=2)
+        _flag(update, "update")
         keys, table_ids = self._batch(keys, table_ids)
         policies, vals = self._scores(keys.numel(), policies, scores)
         return ops().table_find_gather(
@@ -410,18 +457,13 @@ class ScoredHashTable:
     def _run(
         self, op, keys, table_ids, policies, scores, assign_rows=False, victim_scores=None
     ) -> InsertResult:
+        _flag(assign_rows, "assign_rows")
         keys, table_ids = self._batch(keys, table_ids)
         policies, values = self._scores(keys.numel(), policies, scores)
         if assign_rows and self.validate and self.device.type != "cpu" and keys.numel():
             self._check_rows(table_ids, values)
         if victim_scores is not None:
-            if not isinstance(victim_scores, torch.Tensor) or victim_scores.dtype != torch.float64:
-                got = (
-                    victim_scores.dtype
-                    if isinstance(victim_scores, torch.Tensor)
-                    else type(victim_scores)
-                )
-                raise TypeError(f"victim_scores must be a float64 tensor, got {got}")
+            as_tensor(victim_scores, "victim_scores", dtypes=(torch.float64,))
             if victim_scores.shape != (self.num_slots,):
                 raise ValueError(
                     f"victim_scores must have one entry per slot ({self.num_slots}), got shape "
@@ -502,6 +544,7 @@ class ScoredHashTable:
                 table) until ``pop_erased_keys`` reads them. Recording selects
                 the removed keys, which synchronizes on CUDA.
         """
+        _flag(record, "record")
         keys_d, tids_d = self._batch(keys, table_ids)
         res = self._run(enums.RunOp.ERASE, keys_d, tids_d, None, None)
         removed = res.status == enums.InsertStatus.FOUND
@@ -529,7 +572,12 @@ class ScoredHashTable:
     ) -> ExportedBatch:
         """Occupied slots in [slot_begin, slot_end) whose score word
         ``score_column`` is at least ``threshold``, in slot order."""
-        slot_end = self.num_slots if slot_end is None else slot_end
+        slot_begin = as_int(slot_begin, "slot_begin")
+        slot_end = self.num_slots if slot_end is None else as_int(slot_end, "slot_end")
+        score_column = as_int(score_column, "score_column")
+        threshold = as_int(threshold, "threshold")
+        if not INT64_MIN <= threshold < 2**63:
+            raise ValueError(f"threshold {threshold} does not fit int64")
         out = ops().table_export(
             self.keys, self.scores, self.info, slot_begin, slot_end, score_column, threshold
         )
@@ -545,10 +593,21 @@ class ScoredHashTable:
 
     def counter(self, name: str) -> torch.Tensor:
         """(num_tables) one counter column, e.g. ``"EVICTIONS"``."""
+        names = [m.name for m in enums.CounterCol]
+        if name not in names:
+            raise ValueError(f"counter {name!r} is not one of {names}")
         return self.counters[:, enums.CounterCol[name]]
 
     def rows(self, slots: torch.Tensor) -> torch.Tensor:
-        """NO_EVICTION: the value row of each slot (-1 stays -1)."""
+        """NO_EVICTION: the value row of each slot (-1 stays -1), within its
+        table's block of rows (``row_capacity(table)`` of them)."""
+        as_tensor(slots, "slots", device=self.device, dtypes=(torch.int64,))
+        if self.validate and slots.numel():
+            bad = (slots < -1) | (slots >= self.num_slots)
+            if bool(bad.any()):
+                i = int(bad.nonzero()[0, 0]) if slots.dim() else 0
+                v = int(slots.flatten()[i])
+                raise ValueError(f"slot {v} at index {i} is out of range [-1, {self.num_slots})")
         r = self.scores[slots.clamp(min=0), 0]
         return torch.where(slots >= 0, r, slots)
 
@@ -568,6 +627,7 @@ class ScoredHashTable:
             else None. Values indexed by slot must move accordingly; NO_EVICTION
             rows do not move.
         """
+        incoming = _ints(incoming, "incoming", n=self.num_tables, min=0)
         sizes = self.size().cpu().tolist()
         caps = list(self._capacities)
         rows = list(self._row_caps)
@@ -594,8 +654,12 @@ class ScoredHashTable:
         Returns:
             (old_slots, new_slots) of every key.
         """
-        caps = [int(x) for x in capacities]
-        rows = list(self._row_caps if row_capacities is None else [int(r) for r in row_capacities])
+        caps = _ints(capacities, "capacities", n=self.num_tables, min=1)
+        rows = (
+            list(self._row_caps)
+            if row_capacities is None
+            else _ints(row_capacities, "row_capacities", n=self.num_tables, min=0)
+        )
         widths = [cap if one else w for cap, w, one in zip(caps, self._widths, self._one_bucket)]
         for t, (cap, w) in enumerate(zip(caps, widths)):
             self._check_layout(t, cap, w)
