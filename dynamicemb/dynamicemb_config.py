@@ -375,6 +375,11 @@ class DynamicEmbTableOptions:
                 "DynamicEmbTableOptions.max_load_factor must be in (0, 1], "
                 f"got {self.max_load_factor!r}"
             )
+        for name in ("training", "caching"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(
+                    f"DynamicEmbTableOptions.{name} must be a bool, got {getattr(self, name)!r}"
+                )
         for name in ("dim", "max_capacity", "init_capacity"):
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value <= 0):

@@ -249,7 +249,19 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         # Values are indexed by slot; under NO_EVICTION by row: table t's rows
         # are the block [row_base[t], row_base[t] + row_capacity(t)).
         num_rows = self._set_row_bases() if self.no_eviction else self.table.num_slots
-        self.values = torch.zeros(num_rows, self.width, device=self.device)
+        if num_rows * self.width * 4 >= 2**63:
+            raise ValueError(
+                f"dynamicemb: value rows of {num_rows} rows (init_capacity / max_capacity) x "
+                f"{self.width} floats (dim {self.dims} plus optimizer state) exceed what a tensor "
+                "can address"
+            )
+        try:
+            self.values = torch.zeros(num_rows, self.width, device=self.device)
+        except RuntimeError as e:  # out of memory: the same error, saying what it was for
+            raise type(e)(
+                f"dynamicemb: cannot allocate {num_rows} value rows (init_capacity / "
+                f"max_capacity) of {self.width} floats (dim {self.dims}): {e}"
+            ) from e
         self.seed = seed
         if initializer_table_ids is None:
             initializer_table_ids = range(n)
@@ -531,10 +543,10 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                     f"frequency_counters has {frequency_counters.numel()} entries for {n} indices"
                 )
         dev = self.device
-        indices = indices.to(dev).long()
-        offsets = offsets.to(dev).long()
-        weights = None if pooling_weights is None else pooling_weights.to(dev)
-        freq = None if frequency_counters is None else frequency_counters.to(dev)
+        indices = indices.to(dev).long().contiguous()
+        offsets = offsets.to(dev).long().contiguous()
+        weights = None if pooling_weights is None else pooling_weights.to(dev).contiguous()
+        freq = None if frequency_counters is None else frequency_counters.to(dev).contiguous()
         # The value checks, each a count of bad entries, read in one synchronization.
         first_valid = int(constants()["FIRST_VALID_KEY"])
         steps = offsets[1:] - offsets[:-1]

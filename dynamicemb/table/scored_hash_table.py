@@ -255,16 +255,29 @@ class ScoredHashTable:
 
     def _allocate(self, caps: list[int], widths: list[int], rows: list[int]) -> None:
         c = constants()
+        total = sum(caps)
+        nbytes = total * (9 + 8 * self.num_scores) + 8 * sum(rows)
+        if nbytes >= 2**63:
+            raise ValueError(
+                f"dynamicemb: capacities {caps} and row_capacities {rows} need {nbytes} bytes, "
+                "more than a tensor can address"
+            )
         self.info_host = self._info_rows(caps, widths, rows)
         self.info = self.info_host.to(self.device)
-        total = sum(caps)
+        try:
+            keys = torch.full((total,), int(c["EMPTY_KEY"]), dtype=torch.int64, device=self.device)
+            digests = torch.full(
+                (total,), int(c["EMPTY_DIGEST"]), dtype=torch.uint8, device=self.device
+            )
+            scores = torch.zeros((total, self.num_scores), dtype=torch.int64, device=self.device)
+            free_rows = torch.zeros((sum(rows),), dtype=torch.int64, device=self.device)
+        except RuntimeError as e:  # out of memory: the same error, saying what it was for
+            raise type(e)(
+                f"dynamicemb: cannot allocate the table state for capacities {caps} and "
+                f"row_capacities {rows} ({nbytes} bytes): {e}"
+            ) from e
         self.total_buckets = sum(cap // w for cap, w in zip(caps, widths))
-        self.keys = torch.full((total,), int(c["EMPTY_KEY"]), dtype=torch.int64, device=self.device)
-        self.digests = torch.full(
-            (total,), int(c["EMPTY_DIGEST"]), dtype=torch.uint8, device=self.device
-        )
-        self.scores = torch.zeros((total, self.num_scores), dtype=torch.int64, device=self.device)
-        self.free_rows = torch.zeros((sum(rows),), dtype=torch.int64, device=self.device)
+        self.keys, self.digests, self.scores, self.free_rows = keys, digests, scores, free_rows
         self._capacities, self._widths, self._row_caps = list(caps), list(widths), list(rows)
 
     @property
@@ -371,6 +384,10 @@ class ScoredHashTable:
             if scores.dim() > 2:
                 raise ValueError(f"scores must be 1-D or 2-D, got shape {tuple(scores.shape)}")
             values = scores.reshape(-1, w) if scores.dim() < 2 else scores
+            if values.shape[1] != w or values.shape[0] not in (1, n):
+                raise ValueError(
+                    f"scores must have 1 or {n} rows of {w} values, got shape {tuple(scores.shape)}"
+                )
             return policies, values.to(self.device).contiguous()
         if scores is None:
             vals = [0] * w
@@ -674,7 +691,13 @@ class ScoredHashTable:
             # An allocation that fails (out of memory) leaves the table as it was.
             self._allocate(caps, widths, rows)
             self.counters = torch.zeros_like(saved)
-            # Free-row stacks keep their entries at the new offsets.
+            assign = [enums.ScorePolicy.ASSIGN] * self.num_scores
+            res = self._run(
+                enums.RunOp.INSERT, old.keys, old.table_ids, assign, old.scores, assign_rows=True
+            )
+            # The insert rebuilt the row allocators from the rows held; the
+            # free-row stacks are put back as they were, at the new offsets
+            # (with the counters, below), so the same rows go out next.
             col = enums.InfoCol
             for t in range(self.num_tables):
                 top = int(saved[t, enums.CounterCol.FREE_TOP])
@@ -682,10 +705,6 @@ class ScoredHashTable:
                     o = int(old_info[t, col.ROW_OFFSET])
                     nw = int(self.info_host[t, col.ROW_OFFSET])
                     self.free_rows[nw : nw + top] = old_free[o : o + top]
-            assign = [enums.ScorePolicy.ASSIGN] * self.num_scores
-            res = self._run(
-                enums.RunOp.INSERT, old.keys, old.table_ids, assign, old.scores, assign_rows=True
-            )
         except BaseException:
             self._restore(state)
             raise
