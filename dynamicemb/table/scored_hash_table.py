@@ -384,10 +384,12 @@ class ScoredHashTable:
             if scores.dim() > 2:
                 raise ValueError(f"scores must be 1-D or 2-D, got shape {tuple(scores.shape)}")
             values = scores.reshape(-1, w) if scores.dim() < 2 else scores
-            if values.shape[1] != w or values.shape[0] not in (1, n):
+            if values.shape[1] != w:
                 raise ValueError(
-                    f"scores must have 1 or {n} rows of {w} values, got shape {tuple(scores.shape)}"
+                    f"scores must have {w} values per row, got shape {tuple(scores.shape)}"
                 )
+            if values.shape[0] not in (1, n):
+                raise ValueError(f"scores must have 1 or {n} rows, got {values.shape[0]}")
             return policies, values.to(self.device).contiguous()
         if scores is None:
             vals = [0] * w

@@ -184,15 +184,16 @@ def test_insert_into_full_bucket_fails_and_counts_without_evicting(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_evicted_key_repeated_later_in_the_batch_is_reinserted(device):
+def test_resident_key_later_in_the_batch_is_found_not_evicted_by_it(device):
     t = one_bucket(device)
     fill(t, list(range(16)), list(range(1, 17)), device)  # key 0 is the minimum
     res = t.insert_and_evict(i64([90, 0], device), scores=i64([[50]], device))
-    # 90 evicts 0 (slot 0); 0 comes back and evicts the next minimum, key 1.
-    assert status_names(res.status) == ["EVICTED", "EVICTED"]
-    assert res.slots.tolist() == [0, 1]
-    assert evicted_records(res) == [(0, (1,), 0, 0), (1, (2,), 1, 0)]
-    assert t.find(i64([0, 1, 90], device)).tolist() == [1, -1, 0]
+    # 0 is in the table when the call starts: it is found first (its slot and
+    # row kept), so 90 evicts the next minimum, key 1.
+    assert status_names(res.status) == ["EVICTED", "FOUND"]
+    assert res.slots.tolist() == [1, 0]
+    assert evicted_records(res) == [(1, (2,), 1, 0)]
+    assert t.find(i64([0, 1, 90], device)).tolist() == [0, -1, 1]
 
 
 @pytest.mark.parametrize("device", DEVICES)
