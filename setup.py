@@ -4,7 +4,7 @@
     python setup.py build_ext --inplace          # puts dynamicemb/_C*.so in the tree
 
 The C++/CUDA sources are the ones Bazel compiles, read from cc/sources.bzl.
-The CUDA backend (cc/table/table_cuda.cu, cc/ops/ops_cuda.cpp) is built when torch has
+The CUDA sources (`cuda_srcs` of cc/sources.bzl) are built when torch has
 CUDA (torch.version.cuda) and nvcc is found; otherwise a CPU-only extension is built.
 
 Environment:

@@ -6,11 +6,23 @@ it as Python.
 """
 
 # Paths are relative to each package directory.
-# //cc/table:table_core (header-only, no torch, no CUDA).
+
+# //cc/common: the host-device marker (no torch, no CUDA) and the CUDA launch
+# and error-check helpers (CUDA runtime only).
+COMMON_HDRS = ["host_device.h"]
+
+COMMON_CUDA_HDRS = ["cuda_launch.cuh"]
+
+# //cc/table:table_core (header-only, no torch, no CUDA): the table's
+# semantics, one definition for both backends.
 TABLE_CORE_HDRS = [
     "types.h",
-    "table_common.h",
     "table_ref.h",
+    "hash.h",
+    "layout.h",
+    "scores.h",
+    "operations.h",
+    "rows.h",
 ]
 
 # //cc/table:table_cpu and //cc/table:table_cuda.
@@ -18,58 +30,74 @@ TABLE_CPU_HDRS = ["table_cpu.h"]
 
 TABLE_CUDA_HDRS = ["table_cuda.h"]
 
-TABLE_HDRS = TABLE_CORE_HDRS + TABLE_CPU_HDRS + TABLE_CUDA_HDRS
+# Private to //cc/table:table_cuda.
+TABLE_CUDA_PRIVATE_HDRS = ["table_cuda_shared.cuh", "tile_probe.cuh"]
+
+TABLE_HDRS = TABLE_CORE_HDRS + TABLE_CPU_HDRS + TABLE_CUDA_HDRS + TABLE_CUDA_PRIVATE_HDRS
 
 TABLE_CPU_SRCS = ["table_cpu.cpp"]
 
-TABLE_CUDA_SRCS = ["table_cuda.cu"]
+TABLE_CUDA_SRCS = [
+    "table_cuda_export.cu",
+    "table_cuda_find.cu",
+    "table_cuda_run.cu",
+    "table_cuda_shared.cu",
+]
 
-# //cc/embedding: initializers (counter-based random rows), fused optimizers, the
-# fused lookup (pooling forward, gradient reduction + update backward).
-EMBEDDING_CORE_HDRS = ["initializer.h", "lookup.h", "optimizer.h"]
+# //cc/embedding: initializers (counter-based random rows), fused optimizers,
+# pooling (the forward into TorchRec's layout, gradient reduction + update backward).
+EMBEDDING_CORE_HDRS = ["initializer.h", "optimizer.h", "pooling.h"]
 
-EMBEDDING_CPU_HDRS = ["initializer_cpu.h", "lookup_cpu.h", "optimizer_cpu.h"]
+EMBEDDING_CPU_HDRS = ["initializer_cpu.h", "optimizer_cpu.h", "pooling_cpu.h"]
 
-EMBEDDING_CUDA_HDRS = ["initializer_cuda.h", "lookup_cuda.h", "optimizer_cuda.h", "warp_update.cuh"]
+EMBEDDING_CUDA_HDRS = ["initializer_cuda.h", "optimizer_cuda.h", "pooling_cuda.h", "warp_update.cuh"]
 
 EMBEDDING_HDRS = EMBEDDING_CORE_HDRS + EMBEDDING_CPU_HDRS + EMBEDDING_CUDA_HDRS
 
-EMBEDDING_CPU_SRCS = ["initializer_cpu.cpp", "lookup_cpu.cpp", "optimizer_cpu.cpp"]
+EMBEDDING_CPU_SRCS = ["initializer_cpu.cpp", "optimizer_cpu.cpp", "pooling_cpu.cpp"]
 
-EMBEDDING_CUDA_SRCS = ["initializer_cuda.cu", "lookup_cuda.cu", "optimizer_cuda.cu"]
+EMBEDDING_CUDA_SRCS = ["initializer_cuda.cu", "optimizer_cuda.cu", "pooling_cuda.cu"]
 
-OPS_HDRS = ["lookup_ops.h", "ops_common.h"]
-
-# //cc/ops:routing_core (row-wise key -> rank routing, host/device inline, no
-# torch) and //cc/ops:routing_cuda (its torch-free CUDA kernel).
+# //cc/routing:routing_core (row-wise key -> rank routing, host/device inline,
+# no torch) and //cc/routing:routing_cuda (its torch-free CUDA kernel).
 ROUTING_HDRS = ["routing.h"]
 
 ROUTING_CUDA_HDRS = ["routing_cuda.h"]
 
 ROUTING_CUDA_SRCS = ["routing_cuda.cu"]
 
-# Torch op schemas, CPU and Meta kernels, and the Python module entry point.
+# //cc/ops: the torch op layer. Argument checks shared by an op's kernels.
+OPS_HDRS = ["embedding_args.h", "routing_args.h", "table_args.h", "tensor_checks.h"]
+
+# Op schemas, CPU and Meta kernels, and the Python module entry point.
 OPS_SRCS = [
-    "lookup_ops.cpp",
-    "ops.cpp",
-    "ops_cpu.cpp",
+    "schemas.cpp",
+    "table_ops_cpu.cpp",
+    "embedding_ops_cpu.cpp",
+    "routing_ops_cpu.cpp",
     "ops_meta.cpp",
     "module.cpp",
 ]
 
-# CUDA dispatch registrations: built only against a CUDA-enabled torch.
-OPS_CUDA_SRCS = ["lookup_ops_cuda.cpp", "ops_cuda.cpp"]
+# CUDA kernels of the ops: built only against a CUDA-enabled torch.
+OPS_CUDA_SRCS = ["table_ops_cuda.cpp", "embedding_ops_cuda.cpp", "routing_ops_cuda.cpp"]
 
 PACKAGES = {
+    "cc/common": {"hdrs": COMMON_HDRS + COMMON_CUDA_HDRS, "cpu_srcs": [], "cuda_srcs": []},
     "cc/table": {"hdrs": TABLE_HDRS, "cpu_srcs": TABLE_CPU_SRCS, "cuda_srcs": TABLE_CUDA_SRCS},
     "cc/embedding": {
         "hdrs": EMBEDDING_HDRS,
         "cpu_srcs": EMBEDDING_CPU_SRCS,
         "cuda_srcs": EMBEDDING_CUDA_SRCS,
     },
+    "cc/routing": {
+        "hdrs": ROUTING_HDRS + ROUTING_CUDA_HDRS,
+        "cpu_srcs": [],
+        "cuda_srcs": ROUTING_CUDA_SRCS,
+    },
     "cc/ops": {
-        "hdrs": OPS_HDRS + ROUTING_HDRS + ROUTING_CUDA_HDRS,
+        "hdrs": OPS_HDRS,
         "cpu_srcs": OPS_SRCS,
-        "cuda_srcs": OPS_CUDA_SRCS + ROUTING_CUDA_SRCS,
+        "cuda_srcs": OPS_CUDA_SRCS,
     },
 }

@@ -5,7 +5,9 @@ of a dense tensor: raw 64-bit ids, rows created on first sight, evicted by
 score when full, admitted by frequency, spread over device and host memory.
 
 This package imports with torch alone. TorchRec is needed by
-``dynamicemb.planner`` and ``dynamicemb.shard``; the C++ extension
+``dynamicemb.planner``, ``dynamicemb.shard`` and ``dynamicemb.checkpoint``
+(whose ``DynamicEmbDump`` / ``DynamicEmbLoad`` are exported here and
+imported on first use); the C++ extension
 (``dynamicemb._C``) is loaded by the table layer when a table is built.
 """
 
@@ -26,13 +28,33 @@ from .dynamicemb_config import (
     get_table_value_bytes,
 )
 
+# Names exported here but defined in subpackages that need TorchRec: imported
+# when first used, so that `import dynamicemb` needs torch alone.
+_LAZY = {
+    "DynamicEmbDump": "dynamicemb.checkpoint",
+    "DynamicEmbLoad": "dynamicemb.checkpoint",
+}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'dynamicemb' has no attribute {name!r}")
+
+
 __all__ = [
     "BUCKET_ALIGNMENT",
     "MAX_BUCKET_CAPACITY",
     "DynamicEmbCheckMode",
+    "DynamicEmbDump",
     "DynamicEmbEvictStrategy",
     "DynamicEmbInitializerArgs",
     "DynamicEmbInitializerMode",
+    "DynamicEmbLoad",
     "DynamicEmbOptimType",
     "DynamicEmbPoolingMode",
     "DynamicEmbScoreStrategy",

@@ -13,11 +13,7 @@
 #include <cmath>
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define DEMB_EMB_HD __host__ __device__ __forceinline__
-#else
-#define DEMB_EMB_HD inline
-#endif
+#include "cc/common/host_device.h"
 
 namespace dyn_emb {
 namespace embedding {
@@ -47,8 +43,8 @@ struct Philox4 {
 
 /// Philox4x32-10 (Salmon et al., SC'11): 10 rounds of the multiply-xor round
 /// function with a Weyl-sequence key schedule.
-DEMB_EMB_HD Philox4 philox(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
-                           uint32_t k1) {
+DEMB_HD Philox4 philox(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
+                       uint32_t k1) {
   for (int round = 0; round < 10; ++round) {
     const uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0;
     const uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2;
@@ -64,8 +60,8 @@ DEMB_EMB_HD Philox4 philox(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, u
   return Philox4{{c0, c1, c2, c3}};
 }
 
-DEMB_EMB_HD Philox4 draw(const InitArgs& a, int64_t key, int64_t table, uint32_t block,
-                         uint32_t attempt) {
+DEMB_HD Philox4 draw(const InitArgs& a, int64_t key, int64_t table, uint32_t block,
+                     uint32_t attempt) {
   const uint64_t k = static_cast<uint64_t>(key);
   return philox(block, attempt, static_cast<uint32_t>(k), static_cast<uint32_t>(k >> 32),
                 static_cast<uint32_t>(a.seed),
@@ -73,13 +69,13 @@ DEMB_EMB_HD Philox4 draw(const InitArgs& a, int64_t key, int64_t table, uint32_t
 }
 
 /// A double in (0, 1) from two 32-bit words (53 random bits, never 0 or 1).
-DEMB_EMB_HD double unit_open(uint32_t hi, uint32_t lo) {
+DEMB_HD double unit_open(uint32_t hi, uint32_t lo) {
   const uint64_t bits = (static_cast<uint64_t>(hi >> 5) << 26) | (lo >> 6);
   return (static_cast<double>(bits) + 0.5) * (1.0 / 9007199254740992.0);
 }
 
 /// Standard normal number `which` (0 or 1) of a Box-Muller pair.
-DEMB_EMB_HD double normal_of(const Philox4& r, int which) {
+DEMB_HD double normal_of(const Philox4& r, int which) {
   const double u1 = unit_open(r.v[0], r.v[1]);
   const double u2 = unit_open(r.v[2], r.v[3]);
   const double radius = sqrt(-2.0 * log(u1));
@@ -88,7 +84,7 @@ DEMB_EMB_HD double normal_of(const Philox4& r, int which) {
 }
 
 /// Element `e` of the initial row of `key` in `table`.
-DEMB_EMB_HD float init_value(const InitArgs& a, int64_t key, int64_t table, int64_t e) {
+DEMB_HD float init_value(const InitArgs& a, int64_t key, int64_t table, int64_t e) {
   switch (static_cast<InitMode>(a.mode)) {
     case InitMode::kNormal:
       return static_cast<float>(

@@ -1,7 +1,5 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
-#include <stdexcept>
-#include <string>
-
+#include "cc/common/cuda_launch.cuh"
 #include "cc/embedding/initializer_cuda.h"
 
 namespace dyn_emb {
@@ -13,7 +11,7 @@ namespace {
 // One thread per element; consecutive threads write consecutive elements.
 __global__ void init_rows_kernel(InitArgs a, const int64_t* keys, const int64_t* table_ids,
                                  int64_t n, int64_t dim, float* out) {
-  const int64_t x = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t x = global_thread();
   if (x >= n * dim) return;
   const int64_t i = x / dim, e = x - i * dim;
   out[x] = init_value(a, keys[i], table_ids[i], e);
@@ -25,13 +23,8 @@ void init_rows(const InitArgs& a, const int64_t* keys, const int64_t* table_ids,
                int64_t dim, float* out, cudaStream_t stream) {
   const int64_t total = n * dim;
   if (total == 0) return;
-  constexpr int kBlock = 256;
-  init_rows_kernel<<<static_cast<unsigned>((total + kBlock - 1) / kBlock), kBlock, 0, stream>>>(
-      a, keys, table_ids, n, dim, out);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) {
-    throw std::runtime_error(std::string("dynamicemb init_rows (CUDA): ") + cudaGetErrorString(e));
-  }
+  init_rows_kernel<<<grid_for(total), kBlock, 0, stream>>>(a, keys, table_ids, n, dim, out);
+  check_launch("init_rows");
 }
 
 }  // namespace cuda

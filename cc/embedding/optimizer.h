@@ -23,7 +23,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "cc/embedding/initializer.h"  // DEMB_EMB_HD
+#include "cc/common/host_device.h"
 
 namespace dyn_emb {
 namespace embedding {
@@ -40,7 +40,7 @@ constexpr int32_t kNumOptimTypes = 5;
 enum class WeightDecayMode : int32_t { kNone = 0, kL2 = 1, kDecoupled = 2 };
 
 /// Floats of state after a row's embedding.
-DEMB_EMB_HD int64_t state_dim(int32_t type, int64_t dim) {
+DEMB_HD int64_t state_dim(int32_t type, int64_t dim) {
   switch (static_cast<OptimType>(type)) {
     case OptimType::kAdam:
     case OptimType::kFTRL:
@@ -63,7 +63,7 @@ struct OptimArgs {
 };
 
 /// n^(-p) for FTRL; p = -0.5 takes the square root.
-DEMB_EMB_HD float ftrl_pow(float n, float p) { return p == -0.5f ? sqrtf(n) : powf(n, -p); }
+DEMB_HD float ftrl_pow(float n, float p) { return p == -0.5f ? sqrtf(n) : powf(n, -p); }
 
 /// Row-wise Adagrad's per-row factors, from the row's new accumulator s0.
 struct RowFactors {
@@ -74,13 +74,13 @@ struct RowFactors {
 /// The squared gradient one coordinate adds to row-wise Adagrad's row sum
 /// (L2 weight decay folded into the gradient). Summed over the row, divided by
 /// dim and added to the accumulator before any coordinate is updated.
-DEMB_EMB_HD float rowwise_sq(const OptimArgs& a, float w, float g) {
+DEMB_HD float rowwise_sq(const OptimArgs& a, float w, float g) {
   const bool l2 = a.wd_mode == static_cast<int32_t>(WeightDecayMode::kL2);
   const float gd = g + (l2 ? a.weight_decay * w : 0.f);
   return gd * gd;
 }
 
-DEMB_EMB_HD RowFactors rowwise_factors(const OptimArgs& a, float s0) {
+DEMB_HD RowFactors rowwise_factors(const OptimArgs& a, float s0) {
   RowFactors f;
   f.k = a.lr / (sqrtf(s0) + a.eps);
   if (a.wd_mode == static_cast<int32_t>(WeightDecayMode::kL2)) {
@@ -96,8 +96,8 @@ DEMB_EMB_HD RowFactors rowwise_factors(const OptimArgs& a, float s0) {
 /// per coordinate; row-wise Adagrad takes its per-row factors `rf`, computed
 /// from the whole row first (rowwise_sq, rowwise_factors). The CPU runs the
 /// coordinates of a row in a loop, the GPU gives them to the lanes of a warp.
-DEMB_EMB_HD void update_coord(const OptimArgs& a, float* w, float* s, float gd, int64_t d,
-                              int64_t dim, const RowFactors& rf) {
+DEMB_HD void update_coord(const OptimArgs& a, float* w, float* s, float gd, int64_t d, int64_t dim,
+                          const RowFactors& rf) {
   const bool l2 = a.wd_mode == static_cast<int32_t>(WeightDecayMode::kL2);
   switch (static_cast<OptimType>(a.type)) {
     case OptimType::kSGD:
@@ -137,7 +137,7 @@ DEMB_EMB_HD void update_coord(const OptimArgs& a, float* w, float* s, float gd, 
 }
 
 /// Updates one row in place with its (reduced) gradient `g` (dim).
-DEMB_EMB_HD void update_row(const OptimArgs& a, float* row, const float* g, int64_t dim) {
+DEMB_HD void update_row(const OptimArgs& a, float* row, const float* g, int64_t dim) {
   float* w = row;
   float* s = row + dim;
   RowFactors rf;

@@ -1,7 +1,5 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
-#include <stdexcept>
-#include <string>
-
+#include "cc/common/cuda_launch.cuh"
 #include "cc/embedding/optimizer_cuda.h"
 #include "cc/embedding/warp_update.cuh"
 
@@ -14,7 +12,7 @@ namespace {
 // One warp per row (warp_update_row), the row's gradient read in chunks.
 __global__ void optimizer_kernel(OptimArgs a, float* values, int64_t num_rows, int64_t width,
                                  const int64_t* rows, const float* grads, int64_t n, int64_t dim) {
-  const int64_t i = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kWarp;
+  const int64_t i = global_thread() / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (i >= n) return;  // whole warps leave together: i is uniform in a warp
   const int64_t r = rows[i];
@@ -30,15 +28,9 @@ void optimizer_step(const OptimArgs& a, float* values, int64_t num_rows, int64_t
                     const int64_t* rows, const float* grads, int64_t n, int64_t dim,
                     cudaStream_t stream) {
   if (n == 0) return;
-  constexpr int kBlock = 256;
-  const int64_t threads = n * kWarp;
-  optimizer_kernel<<<static_cast<unsigned>((threads + kBlock - 1) / kBlock), kBlock, 0, stream>>>(
-      a, values, num_rows, width, rows, grads, n, dim);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) {
-    throw std::runtime_error(std::string("dynamicemb optimizer_step (CUDA): ") +
-                             cudaGetErrorString(e));
-  }
+  optimizer_kernel<<<grid_for(n * kWarp), kBlock, 0, stream>>>(a, values, num_rows, width, rows,
+                                                               grads, n, dim);
+  check_launch("optimizer_step");
 }
 
 }  // namespace cuda

@@ -1,19 +1,19 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 //
 // One warp updates one row: the optimizer's per-coordinate rule (optimizer.h)
-// spread over the lanes, shared by the plain optimizer step and the fused
-// lookup's backward (CUDA only).
+// spread over the lanes, shared by the plain optimizer step and
+// embedding_update (CUDA only).
 #pragma once
 
 #include <cstdint>
 
+#include "cc/common/cuda_launch.cuh"
 #include "cc/embedding/optimizer.h"
 
 namespace dyn_emb {
 namespace embedding {
 namespace cuda {
 
-constexpr int kWarp = 32;
 // Rows are handled in chunks of kChunk coordinates: lane l owns coordinates
 // base + l + 32 k (k < kPer) of a chunk, so a warp reads a row's chunk in
 // coalesced 128-byte pieces and keeps kPer values in registers.

@@ -7,7 +7,8 @@
 
 #include "cc/embedding/initializer.h"
 #include "cc/embedding/optimizer.h"
-#include "cc/table/table_common.h"
+#include "cc/table/hash.h"
+#include "cc/table/table_ref.h"
 #include "cc/table/types.h"
 
 namespace {
@@ -87,7 +88,7 @@ at::Tensor hash_keys(const at::Tensor& keys) {
   const int64_t* src = k.data_ptr<int64_t>();
   int64_t* dst = out.data_ptr<int64_t>();
   for (int64_t i = 0; i < k.numel(); ++i) {
-    dst[i] = static_cast<int64_t>(tb::mix64(static_cast<uint64_t>(src[i])));
+    dst[i] = static_cast<int64_t>(tb::bucket_hash(static_cast<uint64_t>(src[i])));
   }
   return out;
 }
@@ -98,7 +99,8 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "dynamicemb native extension: scored hash table ops (torch.ops.dynamicemb.*)";
   m.def("table_constants", &table_constants,
         "Enumerations and layout constants of the scored hash table (cc/table/types.h).");
-  m.def("hash_keys", &hash_keys, "mix64(key) for each key, as int64 bit patterns.");
+  m.def("hash_keys", &hash_keys,
+        "bucket_hash(key) (murmur3 fmix64) of each key, as int64 bit patterns.");
   m.def("cuda_built", []() {
 #ifdef DEMB_WITH_CUDA
     return true;

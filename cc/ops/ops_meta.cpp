@@ -7,7 +7,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include "cc/ops/ops_common.h"
+#include "cc/ops/table_args.h"
 
 namespace dyn_emb {
 namespace ops {
@@ -103,6 +103,21 @@ at::Tensor route_keys_meta(const at::Tensor& keys, const at::Tensor& feature_ids
   return at::empty_symint({keys.sym_numel()}, keys.options());
 }
 
+at::Tensor embedding_pool_meta(const at::Tensor& values, const at::Tensor& rows,
+                               const at::Tensor& inverse, const at::Tensor& bag_offsets,
+                               const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
+                               const at::Tensor& dims, int64_t batch, int64_t out_width) {
+  return at::empty({batch, out_width}, values.options());
+}
+
+void embedding_update_meta(at::Tensor& values, const at::Tensor& grad_out, const at::Tensor& rows,
+                           const at::Tensor& occ_offsets, const at::Tensor& occ_order,
+                           const at::Tensor& occ_bag, const c10::optional<at::Tensor>& weights,
+                           const at::Tensor& cols, const at::Tensor& dims, int64_t batch,
+                           int64_t type, double lr, double eps, double beta1, double beta2,
+                           double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
+                           double ftrl_beta, double l1, double l2) {}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(dynamicemb, Meta, m) {
@@ -117,6 +132,8 @@ TORCH_LIBRARY_IMPL(dynamicemb, Meta, m) {
   m.impl("init_rows", &init_rows_meta);
   m.impl("optimizer_step", &optimizer_step_meta);
   m.impl("route_keys", &route_keys_meta);
+  m.impl("embedding_pool", &embedding_pool_meta);
+  m.impl("embedding_update", &embedding_update_meta);
 }
 
 }  // namespace ops

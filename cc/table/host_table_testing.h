@@ -9,7 +9,10 @@
 #include <utility>
 #include <vector>
 
-#include "cc/table/table_common.h"
+#include "cc/table/hash.h"
+#include "cc/table/layout.h"
+#include "cc/table/operations.h"
+#include "cc/table/rows.h"
 
 namespace dyn_emb {
 namespace table {

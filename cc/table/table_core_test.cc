@@ -1,7 +1,8 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 //
-// Tests of the shared per-key semantics (table_common.h), run on the host with
-// plain arrays: hashing, digest probing, victim selection and run processing.
+// Tests of the shared per-key semantics (hash.h, layout.h, scores.h,
+// operations.h, rows.h), run on the host with plain arrays: hashing, digest probing, victim
+// selection and run processing.
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -11,8 +12,11 @@
 #include <set>
 #include <vector>
 
+#include "cc/table/hash.h"
 #include "cc/table/host_table_testing.h"
-#include "cc/table/table_common.h"
+#include "cc/table/layout.h"
+#include "cc/table/operations.h"
+#include "cc/table/rows.h"
 
 namespace dyn_emb {
 namespace table {
@@ -89,9 +93,9 @@ std::vector<int64_t> iota_keys(int64_t n, int64_t first = 1) {
 
 TEST(Hashing, Mix64IsABijectionOnASample) {
   std::set<uint64_t> seen;
-  for (uint64_t k = 0; k < 100000; ++k) seen.insert(mix64(k * 0x9E3779B97F4A7C15ULL));
+  for (uint64_t k = 0; k < 100000; ++k) seen.insert(bucket_hash(k * 0x9E3779B97F4A7C15ULL));
   EXPECT_EQ(seen.size(), 100000u);
-  EXPECT_EQ(mix64(0), 0u);  // the finalizer fixes zero
+  EXPECT_EQ(bucket_hash(0), 0u);  // the finalizer fixes zero
 }
 
 TEST(Hashing, ReservedKeysAreTheFourSmallest) {
@@ -114,7 +118,7 @@ TEST(Probing, HomeBucketIsHashModCapacityOverWidth) {
   HostTable h({{64, 16}, {128, 32}}, 1);
   TableRef t = h.ref();
   for (int64_t key : {1, 99, -5, 123456789}) {
-    const uint64_t hh = mix64(static_cast<uint64_t>(key));
+    const uint64_t hh = bucket_hash(static_cast<uint64_t>(key));
     const Home a = home_of(t, 0, key);
     EXPECT_EQ(a.start, static_cast<int64_t>(hh % 64) / 16 * 16);
     const Home b = home_of(t, 1, key);

@@ -12,8 +12,11 @@
 #include <random>
 #include <vector>
 
+#include "cc/table/hash.h"
 #include "cc/table/host_table_testing.h"
-#include "cc/table/table_common.h"
+#include "cc/table/layout.h"
+#include "cc/table/operations.h"
+#include "cc/table/rows.h"
 
 namespace dyn_emb {
 namespace table {

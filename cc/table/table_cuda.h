@@ -1,7 +1,8 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 //
-// CUDA backend of the scored hash table. The per-key logic is table_common.h,
-// shared with the CPU backend; this file adds the kernels and their launches.
+// CUDA backend of the scored hash table. The per-key logic is that of
+// operations.h, rows.h, layout.h and scores.h, shared with the CPU backend; the
+// kernels and their launches are in table_cuda_{find,run,export,shared}.cu.
 // Nothing here synchronizes the host with the device: counts stay on the
 // device until someone reads them. Every operation first checks the layout
 // `info` describes on the device (check_layout); if it is inconsistent, every

@@ -12,7 +12,9 @@
 #include <stdexcept>
 #include <vector>
 
-#include "cc/table/table_common.h"
+#include "cc/table/layout.h"
+#include "cc/table/operations.h"
+#include "cc/table/rows.h"
 
 namespace dyn_emb {
 namespace table {

@@ -2,7 +2,7 @@
 //
 // Non-owning views of a fused scored hash table and of one bulk operation.
 // Trivially copyable: kernels take them by value. The layout they describe is
-// documented once, at the top of table_common.h.
+// documented once, in layout.h.
 #pragma once
 
 #include <cstdint>
@@ -58,9 +58,9 @@ struct RunArgs {
   int64_t* ev_slots = nullptr;   ///< (n) by position
   int64_t* ev_tables = nullptr;  ///< (n) by position
   uint8_t* ev_flags = nullptr;   ///< (n) by position: 1 where a key was evicted
-  int64_t* row_work = nullptr;   ///< (n) by index: see table_common.h, "Rows"
+  int64_t* row_work = nullptr;   ///< (n) by index: see rows.h
   /// (num_slots) by slot, or null: a custom eviction score per slot that ranks
-  /// victims before the score words (see table_common.h, "Scores"). Read only
+  /// victims before the score words (see scores.h). Read only
   /// for the untouched slots of full buckets.
   const double* victim_scores = nullptr;
 };

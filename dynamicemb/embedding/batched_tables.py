@@ -23,7 +23,7 @@ The step, per batch:
 
 import os
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,7 @@ from dynamicemb.dynamicemb_config import (
 )
 from dynamicemb.embedding.initializer import init_rows
 from dynamicemb.embedding.optimizer import RowOptimizer
-from dynamicemb.embedding.score_function import VictimScorer
+from dynamicemb.embedding.score_function import VictimScorer, table_score_columns
 from dynamicemb.embedding.unique import segmented_unique
 from dynamicemb.table import ScoredHashTable, enums
 from dynamicemb.table._native import constants, ops
@@ -106,7 +106,7 @@ class _Lookup(torch.autograd.Function):
 
 @dataclass
 class _Batch:
-    """One batch's lookup structure (cc/embedding/lookup.h): distinct keys'
+    """One batch's lookup structure (cc/embedding/pooling.h): distinct keys'
     rows, occurrences grouped by distinct key, bags and output layout."""
 
     rows: torch.Tensor
@@ -120,6 +120,25 @@ class _Batch:
     dims: torch.Tensor
     batch: int
     out_width: int
+
+
+@dataclass
+class ExportedRows:
+    """Keys of one table with their rows (``export_rows``).
+
+    Attributes:
+        keys (torch.Tensor): (n) int64.
+        scores (torch.Tensor, optional): (n, num_scores) int64 in
+            ``score_strategy`` tuple order; None under NO_EVICTION.
+        embeddings (torch.Tensor): (n, dim) at the table's value dtype.
+        optimizer_state (torch.Tensor, optional): (n, state_dim); None when
+            the rows carry no optimizer state.
+    """
+
+    keys: torch.Tensor
+    scores: torch.Tensor | None
+    embeddings: torch.Tensor
+    optimizer_state: torch.Tensor | None
 
 
 class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
@@ -705,3 +724,149 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if not self.training_state:
             return
         self.optimizer.fused_update(self.values, grad_out.contiguous(), b, self.step)
+
+    # -------------------------------------------------------- checkpoints --
+    # Row access for checkpoints (dynamicemb.checkpoint), one table at a time
+    # and in the user's terms: keys, score columns in score_strategy tuple
+    # order, embedding and optimizer state of each key. Checkpoints go
+    # through these methods only, so where rows live (today one value buffer)
+    # can change without the checkpoint code knowing.
+
+    @property
+    def value_dtype(self) -> torch.dtype:
+        """dtype the rows (embedding and optimizer state) are stored at."""
+        return self.values.dtype
+
+    def state_dim(self, table: int) -> int:
+        """Optimizer-state elements of one row of ``table`` (0 in eval mode)."""
+        return self.optimizer.state_dim(self.dims[table]) if self.training_state else 0
+
+    def checkpoint_score_columns(self) -> list[int] | None:
+        """For each score column in ``score_strategy`` tuple order, the table
+        score word holding it; None under NO_EVICTION (whose word is a row)."""
+        if self.no_eviction:
+            return None
+        return table_score_columns(self.strategies)
+
+    def export_rows(self, table: int, chunk: int) -> "Iterator[ExportedRows]":
+        """The stored keys of ``table`` and their rows, ``chunk`` slots at a
+        time, in slot order. Reads each chunk's count (synchronizes)."""
+        lo, hi = self.table.slot_range(table)
+        cols = self.checkpoint_score_columns()
+        dim, sd = self.dims[table], self.state_dim(table)
+        for begin in range(lo, hi, chunk):
+            ex = self.table.export_batch(begin, min(begin + chunk, hi)).compact()
+            rows = self._rows_of(ex.slots, ex.table_ids)  # all valid: the keys are stored
+            yield ExportedRows(
+                keys=ex.keys,
+                scores=None if cols is None else ex.scores[:, cols],
+                embeddings=self.values[:, :dim].index_select(0, rows),
+                optimizer_state=(
+                    self.values[:, dim : dim + sd].index_select(0, rows) if sd else None
+                ),
+            )
+
+    def clear_tables(self, tables: Sequence[int]) -> None:
+        """Erases every key of ``tables`` (their rows become free)."""
+        for t in tables:
+            lo, hi = self.table.slot_range(t)
+            ex = self.table.export_batch(lo, hi).compact()
+            if ex.keys.numel():
+                self.table.erase(ex.keys, ex.table_ids)
+
+    def reserve_rows(self, table: int, incoming: int) -> None:
+        """Grows ``table`` (within its max capacity; NO_EVICTION without
+        limit) for ``incoming`` more keys, as a training insert would."""
+        n = self.table.num_tables
+        if self.no_eviction:
+            needed = [int(s) for s in self.table.size().tolist()]
+            needed[table] += int(incoming)
+            if needed[table] > self.table.row_capacity(table) or 2 * needed[
+                table
+            ] > self.table.capacity(table):
+                self._grow([table], needed)
+            return
+        counts = [0] * n
+        counts[table] = int(incoming)
+        moved = self.table.reserve(counts)
+        if moved is not None:
+            self._move_values(*moved)
+
+    def import_rows(
+        self,
+        table: int,
+        keys: torch.Tensor,
+        scores: torch.Tensor | None,
+        embeddings: torch.Tensor,
+        optimizer_state: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Stores keys with their rows in ``table``; a key whose home bucket is
+        full fails (nothing is evicted: loaders insert the best keys first).
+
+        Args:
+            keys (torch.Tensor): (n) int64.
+            scores (torch.Tensor, optional): (n, num_scores) int64 in
+                ``score_strategy`` tuple order; None under NO_EVICTION.
+            embeddings (torch.Tensor): (n, dim), converted to ``value_dtype``.
+            optimizer_state (torch.Tensor, optional): (n, state_dim(table));
+                None gives the optimizer's initial state.
+
+        Returns:
+            torch.Tensor: (n) bool, the keys stored.
+        """
+        keys = keys.to(self.device)
+        tids = torch.full_like(keys, table)
+        if self.no_eviction:
+            slots, _ = self._insert_no_eviction(keys, tids)
+        else:
+            internal = torch.empty_like(scores)
+            internal[:, self.checkpoint_score_columns()] = scores
+            assign = [enums.ScorePolicy.ASSIGN] * self.table.num_scores
+            res = self.table.insert(keys, tids, policies=assign, scores=internal.to(self.device))
+            slots = res.slots
+        rows = self._rows_of(slots, tids)
+        stored = rows >= 0
+        every = bool(stored.all())
+        r = rows if every else rows[stored]
+        dim, sd = self.dims[table], self.state_dim(table)
+        emb = embeddings.to(self.device, self.values.dtype)
+        self.values[:, :dim].index_copy_(0, r, emb if every else emb[stored])
+        if sd:
+            if optimizer_state is None:
+                state = torch.empty(r.numel(), sd, device=self.device, dtype=self.values.dtype)
+                self.optimizer.init_state(state)
+            else:
+                state = optimizer_state.to(self.device, self.values.dtype)
+                state = state if every else state[stored]
+            self.values[:, dim : dim + sd].index_copy_(0, r, state)
+        return stored
+
+    def checkpoint_snapshot(self) -> dict[str, Any]:
+        """A copy of everything a load may change, for ``restore_snapshot``.
+
+        Table state is cloned on its device (a small fraction of the rows);
+        the value rows are copied to host memory, and only when some table
+        holds keys (rows of an empty module mean nothing)."""
+        state = {
+            k: v.clone() if isinstance(v, torch.Tensor) else list(v) if isinstance(v, list) else v
+            for k, v in self.table._state().items()
+        }
+        holds_keys = bool((self.table.size() > 0).any())
+        return {
+            "table": state,
+            "max_caps": list(self.table._max_caps),
+            "values": self.values.to("cpu", copy=True) if holds_keys else self.values,
+            "step": self.step,
+            "row_bases": (
+                (list(self._row_base_host), self._row_base.clone()) if self.no_eviction else None
+            ),
+        }
+
+    def restore_snapshot(self, snapshot: dict[str, Any]) -> None:
+        """Puts back the state ``checkpoint_snapshot`` copied."""
+        self.table._restore(snapshot["table"])
+        self.table._max_caps = snapshot["max_caps"]
+        self.values = snapshot["values"].to(self.device)
+        self.step = snapshot["step"]
+        if snapshot["row_bases"] is not None:
+            self._row_base_host, self._row_base = snapshot["row_bases"]

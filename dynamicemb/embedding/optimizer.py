@@ -127,7 +127,7 @@ class RowOptimizer:
     ) -> None:
         """Reduces each distinct key's gradient from ``grad_out`` (the lookup's
         output gradient) and updates its row of ``values`` in place; ``batch``
-        is the lookup's structure (cc/embedding/lookup.h). ``step`` is 1-based."""
+        is the lookup's structure (cc/embedding/pooling.h). ``step`` is 1-based."""
         b = batch
         ops().embedding_update(
             values,

@@ -11,7 +11,7 @@ for every slot of the home buckets of the batch's keys, ``scores`` being the
 slot's two words in the user's tuple order and ``cur_timestamp`` one reading
 of the clock the TIMESTAMP words come from. The table then evicts, from a
 full bucket, the untouched slot with the lowest value (NaN lowest of all);
-see cc/table/table_common.h, "Scores". Only the untouched slots of a full
+see cc/table/scores.h. Only the untouched slots of a full
 bucket are ever compared, and the batch changes none of them before it does,
 so values evaluated before the call are those of eviction time.
 
@@ -32,6 +32,35 @@ S = DynamicEmbScoreStrategy
 
 # Threads per bucket in the CUDA kernel.
 _CUDA_BLOCK = 128
+
+
+def table_score_columns(strategies: Sequence[DynamicEmbScoreStrategy]) -> list[int]:
+    """For each score column in the user's tuple order, the table's score
+    word holding it: the compound (TIMESTAMP, LFU) is stored as (frequency,
+    timestamp) whatever the order the user wrote."""
+    strategies = tuple(strategies)
+    if len(strategies) == 2:
+        return [1, 0] if strategies[0] == S.TIMESTAMP else [0, 1]
+    return [0]
+
+
+def evaluate_scores(fn: Callable, scores: torch.Tensor, cur_timestamp: int) -> torch.Tensor:
+    """``fn(scores[i], cur_timestamp)`` for every row of ``scores`` ((n, 2)
+    int64 CPU tensor in the user's tuple order), as float64, compiled with
+    numba.njit."""
+    import numba
+    import numpy as np
+
+    f = numba.njit(_python_function(fn))
+
+    @numba.njit
+    def evaluate(s, cur, out):
+        for i in range(s.shape[0]):
+            out[i] = f((s[i, 0], s[i, 1]), cur)
+
+    out = np.empty(scores.shape[0], dtype=np.float64)
+    evaluate(scores.contiguous().numpy(), np.int64(cur_timestamp), out)
+    return torch.from_numpy(out)
 
 
 def _python_function(fn: Callable) -> Callable:

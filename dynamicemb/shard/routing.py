@@ -14,7 +14,7 @@ the key, the table's ``dist_type`` and the world size:
   is not the table's bucket hash, so the keys one rank owns still spread over
   all of its buckets.
 
-The rule is defined once, in ``cc/ops/routing.h``, and runs as the
+The rule is defined once, in ``cc/routing/routing.h``, and runs as the
 ``torch.ops.dynamicemb.route_keys`` op on CPU and CUDA tensors.
 """
 
@@ -34,7 +34,7 @@ __all__ = [
     "route_keys_by_feature",
 ]
 
-# dist_type -> the op's DistType value (cc/ops/routing.h), in DIST_TYPES order.
+# dist_type -> the op's DistType value (cc/routing/routing.h), in DIST_TYPES order.
 DIST_TYPE_CODES = {name: code for code, name in enumerate(DIST_TYPES)}
 
 

@@ -4,7 +4,8 @@ This class owns the table's tensors and calls the ``torch.ops.dynamicemb``
 kernels (CPU or CUDA, by the table's device). It maps keys to slots and keeps
 per-slot scores; values (embeddings, optimizer state) live in the layer above,
 indexed by slot, or, under NO_EVICTION, by the row held in score word 0.
-The semantics are documented once, in ``cc/table/table_common.h``.
+The semantics are documented once, in ``cc/table/`` (``layout.h``, ``hash.h``,
+``scores.h``, ``operations.h``, ``rows.h``).
 """
 
 from collections.abc import Sequence

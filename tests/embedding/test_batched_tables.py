@@ -413,7 +413,7 @@ def test_no_eviction_grows_only_the_table_that_needs_it():
 
 
 def _home_bucket(key, capacity, width):
-    """The table's addressing (table_common.h): the bucket hash, then the bucket."""
+    """The table's addressing (cc/table/hash.h): the bucket hash, then the bucket."""
     return (mix64(key) % capacity) // width
 
 

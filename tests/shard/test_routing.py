@@ -18,7 +18,7 @@ MASK64 = (1 << 64) - 1
 
 
 def _splitmix_route_hash(key: int) -> int:
-    """The documented routing hash (cc/ops/routing.h) in plain Python."""
+    """The documented routing hash (cc/routing/routing.h) in plain Python."""
     x = (key + 0x9E3779B97F4A7C15) & MASK64
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & MASK64

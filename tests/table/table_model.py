@@ -1,6 +1,6 @@
 """A pure-Python model of the scored hash table, written from the semantic
-definition at the top of cc/table/table_common.h (and the layout constants of
-cc/table/types.h), without calling the extension.
+definition in cc/table/ (layout.h, hash.h, scores.h, operations.h, rows.h and
+the layout constants of types.h), without calling the extension.
 
 It is deliberately slow and literal: plain lists, one key at a time. The tests
 drive it side by side with ``ScoredHashTable`` and compare every output and the

@@ -3,7 +3,7 @@
 Every operation runs on a CPU table and a CUDA table side by side; after each
 step both hold identical keys, digests, scores, counters and free rows, and the
 calls returned identical slots, statuses and eviction records. The batch
-semantics (table_common.h) are deterministic, so slots agree too, with or
+semantics (cc/table/operations.h) are deterministic, so slots agree too, with or
 without DEMB_DETERMINISM_MODE.
 """
 

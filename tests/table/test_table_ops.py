@@ -1,6 +1,6 @@
 """Targeted tests of the scored hash table with hand-computed expectations.
 
-Slots are predicted from the hash definition in table_common.h (reimplemented
+Slots are predicted from the hash definition in cc/table/hash.h (reimplemented
 in table_model.mix64), never read back from the code under test. In a table of
 one bucket every key shares the bucket, so a new key takes the first empty
 position and its slot is predictable by hand.

@@ -2,7 +2,8 @@
 # One device round: build and run the GPU tests, then the embedding and table
 # benchmarks, writing each output to $OUT (default: .gpu_round/) as well.
 #
-#   bash tools/bench/gpu_round.sh [tests|embedding|table|variants|multigpu]...   (default: the first three)
+#   bash tools/bench/gpu_round.sh [tests|embedding|table|variants|multigpu|checkpoint]...
+#   (default: the first three)
 #
 # Needs a CUDA machine; the torchrec/fbgemm bundle in .gpupkg/ for the FBGEMM
 # baselines (see docs/testing.md).
@@ -11,9 +12,9 @@
 # dynamicemb._C with CUDA if it is not built yet, then, each under a timeout:
 # the sharded EmbeddingCollection benchmark against TorchRec
 # (tools/bench/sharded_ec_bench.py), the `multigpu` tests (tests/shard,
-# tests/twin), the main job (tools/train_dlrm.py --device cuda --steps 500).
+# tests/twin, tests/checkpoint), the main job (tools/train_dlrm.py --device cuda --steps 500).
 # Writes multigpu_*.txt to $OUT and prints a summary (also $OUT/multigpu.txt).
-# Timeouts in seconds: MG_BENCH_TIMEOUT (90), MG_TESTS_TIMEOUT (90),
+# Timeouts in seconds: MG_BENCH_TIMEOUT (90), MG_TESTS_TIMEOUT (180),
 # MG_TRAIN_TIMEOUT (60), MG_BUILD_TIMEOUT (300); MG_BENCH_ARGS replaces the
 # benchmark's step counts.
 set -uo pipefail
@@ -67,10 +68,10 @@ multigpu_part() {
   local report="$OUT/multigpu_tests.xml" par=()
   rm -f "$report"
   "$PY" -c "import xdist" > /dev/null 2>&1 && par=(-n 2 --dist loadfile)
-  timeout -k 10 "${MG_TESTS_TIMEOUT:-90}" "$PY" -m pytest -m multigpu tests/shard tests/twin -q --tb=short \
+  timeout -k 10 "${MG_TESTS_TIMEOUT:-180}" "$PY" -m pytest -m multigpu tests/shard tests/twin tests/checkpoint -q --tb=short \
     -p no:cacheprovider ${par[@]+"${par[@]}"} --junitxml="$report" > "$OUT/multigpu_tests_full.txt" 2>&1
   rc=$?
-  echo "tests: $(status_word $rc "${MG_TESTS_TIMEOUT:-90}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+  echo "tests: $(status_word $rc "${MG_TESTS_TIMEOUT:-180}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
   if [ -f "$report" ]; then
     "$PY" - "$report" <<'PYEOF' | tee -a "$sum"
 import sys, xml.etree.ElementTree as ET
@@ -87,7 +88,7 @@ print(f"{tests - failed - skipped} passed, {failed} failed, {skipped} skipped")
 PYEOF
   else
     tail -20 "$OUT/multigpu_tests_full.txt"
-    echo "0 passed, 1 failed (no report: the run $(status_word $rc "${MG_TESTS_TIMEOUT:-90}"))" | tee -a "$sum"
+    echo "0 passed, 1 failed (no report: the run $(status_word $rc "${MG_TESTS_TIMEOUT:-180}"))" | tee -a "$sum"
   fi
   # 3. The main job on every GPU.
   t0=$(date +%s)
@@ -126,6 +127,12 @@ for part in "${parts[@]}"; do
       ;;
     multigpu)
       multigpu_part
+      ;;
+    checkpoint)
+      # shellcheck disable=SC2086
+      timeout -k 10 "${CKPT_BENCH_TIMEOUT:-600}" "$PY" tools/bench/checkpoint_bench.py --device cuda \
+        ${CKPT_BENCH_ARGS:---tables 10 --rows 1600000 --dim 128} 2>&1 \
+        | grep -v "registered at\|backend fallback\|Warning\|warn(" | tee "$OUT/checkpoint.txt"
       ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac

@@ -3,14 +3,11 @@
 // CPU kernels of the table ops. Every argument, and every key and table id,
 // is checked before the table is touched, so a rejected call changes nothing.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include "cc/embedding/initializer_cpu.h"
-#include "cc/embedding/optimizer_cpu.h"
-#include "cc/ops/ops_common.h"
-#include "cc/ops/routing.h"
-#include "cc/table/table_common.h"
+#include "cc/ops/table_args.h"
+#include "cc/ops/tensor_checks.h"
+#include "cc/table/hash.h"
 #include "cc/table/table_cpu.h"
 
 namespace dyn_emb {
@@ -18,11 +15,6 @@ namespace ops {
 namespace {
 
 using table::TableMode;
-
-void check_cpu(const at::Tensor& t) {
-  TORCH_INTERNAL_ASSERT(t.device().is_cpu(), "dynamicemb: CPU kernel got a ", t.device(),
-                        " tensor");
-}
 
 /// Refuses reserved keys and table ids out of range, naming the first one.
 void check_key_values(const at::Tensor& keys, const at::Tensor& table_ids, int64_t num_tables) {
@@ -189,32 +181,6 @@ at::Tensor gather_rows_cpu(const at::Tensor& values, const at::Tensor& rows) {
   return out;
 }
 
-at::Tensor init_rows_cpu(const at::Tensor& keys, const at::Tensor& table_ids, int64_t dim,
-                         int64_t mode, double mean, double std_dev, double lower, double upper,
-                         double value, int64_t seed) {
-  const embedding::InitArgs a =
-      init_args(keys, table_ids, dim, mode, mean, std_dev, lower, upper, value, seed);
-  check_cpu(keys);
-  at::Tensor out = at::empty({keys.numel(), dim}, keys.options().dtype(at::kFloat));
-  embedding::cpu::init_rows(a, keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(),
-                            keys.numel(), dim, out.data_ptr<float>());
-  return out;
-}
-
-void optimizer_step_cpu(at::Tensor& values, const at::Tensor& rows, const at::Tensor& grads,
-                        int64_t type, double lr, double eps, double beta1, double beta2,
-                        double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
-                        double ftrl_beta, double l1, double l2) {
-  const embedding::OptimArgs a =
-      optim_args(values, rows, grads, type, lr, eps, beta1, beta2, weight_decay, wd_mode, step,
-                 lr_power, ftrl_beta, l1, l2);
-  check_cpu(values);
-  check_index_range(rows, -1, values.size(0), "row");
-  const int64_t* r = rows.data_ptr<int64_t>();
-  embedding::cpu::optimizer_step(a, values.data_ptr<float>(), values.size(1), r,
-                                 grads.data_ptr<float>(), rows.numel(), grads.size(1));
-}
-
 at::Tensor home_starts_cpu(const at::Tensor& keys, const at::Tensor& table_ids,
                            const at::Tensor& table_keys, const at::Tensor& info) {
   check_1d(table_keys, at::kLong, "table_keys");
@@ -247,35 +213,6 @@ at::Tensor count_cpu(const at::Tensor& table_keys, const at::Tensor& info) {
   return out;
 }
 
-at::Tensor route_keys_cpu(const at::Tensor& keys, const at::Tensor& feature_ids,
-                          const at::Tensor& dist_types, const at::Tensor& blocks,
-                          int64_t world_size) {
-  check_route_args(keys, feature_ids, dist_types, blocks, world_size);
-  check_cpu(keys);
-  const int64_t nf = dist_types.numel();
-  const int64_t* d = dist_types.data_ptr<int64_t>();
-  const int64_t* b = blocks.data_ptr<int64_t>();
-  for (int64_t f = 0; f < nf; ++f) {
-    TORCH_CHECK_VALUE(d[f] >= 0 && d[f] <= 2, "dynamicemb: route_keys dist type ", d[f],
-                      " of feature ", f,
-                      " is not 0 (continuous), 1 (roundrobin) or 2 (hash_roundrobin)");
-    TORCH_CHECK_VALUE(d[f] != 0 || b[f] > 0, "dynamicemb: route_keys continuous block of feature ",
-                      f, " must be positive, got ", b[f]);
-  }
-  const int64_t n = keys.numel();
-  const int64_t* k = keys.data_ptr<int64_t>();
-  const int64_t* fid = feature_ids.data_ptr<int64_t>();
-  check_index_range(feature_ids, 0, nf, "route_keys feature id");
-  at::Tensor ranks = at::empty({n}, keys.options());
-  int64_t* r = ranks.data_ptr<int64_t>();
-  at::parallel_for(0, n, 1 << 14, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      r[i] = routing::route_key(k[i], d[fid[i]], b[fid[i]], world_size);
-    }
-  });
-  return ranks;
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
@@ -287,9 +224,6 @@ TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
   m.impl("table_home_starts", &home_starts_cpu);
   m.impl("table_timer", &timer_cpu);
   m.impl("gather_rows", &gather_rows_cpu);
-  m.impl("init_rows", &init_rows_cpu);
-  m.impl("optimizer_step", &optimizer_step_cpu);
-  m.impl("route_keys", &route_keys_cpu);
 }
 
 }  // namespace ops

@@ -11,10 +11,8 @@
 
 #include <vector>
 
-#include "cc/embedding/initializer_cuda.h"
-#include "cc/embedding/optimizer_cuda.h"
-#include "cc/ops/ops_common.h"
-#include "cc/ops/routing_cuda.h"
+#include "cc/ops/table_args.h"
+#include "cc/ops/tensor_checks.h"
 #include "cc/table/table_cuda.h"
 
 namespace dyn_emb {
@@ -147,32 +145,6 @@ at::Tensor gather_rows_cuda(const at::Tensor& values, const at::Tensor& rows) {
   return out;
 }
 
-at::Tensor init_rows_cuda(const at::Tensor& keys, const at::Tensor& table_ids, int64_t dim,
-                          int64_t mode, double mean, double std_dev, double lower, double upper,
-                          double value, int64_t seed) {
-  const embedding::InitArgs a =
-      init_args(keys, table_ids, dim, mode, mean, std_dev, lower, upper, value, seed);
-  c10::cuda::CUDAGuard guard(keys.device());
-  at::Tensor out = at::empty({keys.numel(), dim}, keys.options().dtype(at::kFloat));
-  embedding::cuda::init_rows(a, keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(),
-                             keys.numel(), dim, out.data_ptr<float>(),
-                             c10::cuda::getCurrentCUDAStream().stream());
-  return out;
-}
-
-void optimizer_step_cuda(at::Tensor& values, const at::Tensor& rows, const at::Tensor& grads,
-                         int64_t type, double lr, double eps, double beta1, double beta2,
-                         double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
-                         double ftrl_beta, double l1, double l2) {
-  const embedding::OptimArgs a =
-      optim_args(values, rows, grads, type, lr, eps, beta1, beta2, weight_decay, wd_mode, step,
-                 lr_power, ftrl_beta, l1, l2);
-  c10::cuda::CUDAGuard guard(values.device());
-  embedding::cuda::optimizer_step(a, values.data_ptr<float>(), values.size(0), values.size(1),
-                                  rows.data_ptr<int64_t>(), grads.data_ptr<float>(), rows.numel(),
-                                  grads.size(1), c10::cuda::getCurrentCUDAStream().stream());
-}
-
 at::Tensor home_starts_cuda(const at::Tensor& keys, const at::Tensor& table_ids,
                             const at::Tensor& table_keys, const at::Tensor& info) {
   check_1d(table_keys, at::kLong, "table_keys");
@@ -209,19 +181,6 @@ at::Tensor count_cuda(const at::Tensor& table_keys, const at::Tensor& info) {
   return out;
 }
 
-at::Tensor route_keys_cuda(const at::Tensor& keys, const at::Tensor& feature_ids,
-                           const at::Tensor& dist_types, const at::Tensor& blocks,
-                           int64_t world_size) {
-  check_route_args(keys, feature_ids, dist_types, blocks, world_size);
-  c10::cuda::CUDAGuard guard(keys.device());
-  at::Tensor ranks = at::empty({keys.numel()}, keys.options());
-  routing::cuda::route_keys(keys.data_ptr<int64_t>(), feature_ids.data_ptr<int64_t>(), keys.numel(),
-                            dist_types.data_ptr<int64_t>(), blocks.data_ptr<int64_t>(),
-                            dist_types.numel(), world_size, ranks.data_ptr<int64_t>(),
-                            c10::cuda::getCurrentCUDAStream().stream());
-  return ranks;
-}
-
 }  // namespace
 
 TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
@@ -233,9 +192,6 @@ TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
   m.impl("table_home_starts", &home_starts_cuda);
   m.impl("table_timer", &timer_cuda);
   m.impl("gather_rows", &gather_rows_cuda);
-  m.impl("init_rows", &init_rows_cuda);
-  m.impl("optimizer_step", &optimizer_step_cuda);
-  m.impl("route_keys", &route_keys_cuda);
 }
 
 }  // namespace ops

@@ -1,9 +1,7 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
-#include <stdexcept>
-#include <string>
-
-#include "cc/ops/routing.h"
-#include "cc/ops/routing_cuda.h"
+#include "cc/common/cuda_launch.cuh"
+#include "cc/routing/routing.h"
+#include "cc/routing/routing_cuda.h"
 
 namespace dyn_emb {
 namespace routing {
@@ -15,7 +13,7 @@ namespace {
 __global__ void route_keys_kernel(const int64_t* keys, const int64_t* feature_ids, int64_t n,
                                   const int64_t* dist_types, const int64_t* blocks,
                                   int64_t num_features, int64_t world_size, int64_t* ranks) {
-  const int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t i = global_thread();
   if (i >= n) return;
   const int64_t f = feature_ids[i];
   ranks[i] =
@@ -28,13 +26,9 @@ void route_keys(const int64_t* keys, const int64_t* feature_ids, int64_t n,
                 const int64_t* dist_types, const int64_t* blocks, int64_t num_features,
                 int64_t world_size, int64_t* ranks, cudaStream_t stream) {
   if (n == 0) return;
-  constexpr int kBlock = 256;
-  route_keys_kernel<<<static_cast<unsigned>((n + kBlock - 1) / kBlock), kBlock, 0, stream>>>(
-      keys, feature_ids, n, dist_types, blocks, num_features, world_size, ranks);
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) {
-    throw std::runtime_error(std::string("dynamicemb route_keys (CUDA): ") + cudaGetErrorString(e));
-  }
+  route_keys_kernel<<<grid_for(n), kBlock, 0, stream>>>(keys, feature_ids, n, dist_types, blocks,
+                                                        num_features, world_size, ranks);
+  check_launch("route_keys");
 }
 
 }  // namespace cuda

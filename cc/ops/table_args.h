@@ -1,18 +1,18 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 //
-// Shared by the CPU, CUDA and Meta registrations: argument checks (caller
-// errors, named with the bad value) and the tensor -> TableRef plumbing.
+// Argument checks of the table ops (caller errors, named with the bad value)
+// and the tensor -> TableRef plumbing, shared by their CPU, CUDA and Meta
+// kernels.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <optional>
-#include <string>
-#include <vector>
+#include <tuple>
+#include <utility>
 
-#include "cc/embedding/initializer.h"
-#include "cc/embedding/optimizer.h"
-#include "cc/table/table_common.h"
+#include "cc/ops/tensor_checks.h"
+#include "cc/table/layout.h"
 #include "cc/table/table_ref.h"
 #include "cc/table/types.h"
 
@@ -22,25 +22,6 @@ namespace ops {
 using table::kCounterCols;
 using table::kInfoCols;
 using table::kMaxScores;
-
-inline void check_1d(const at::Tensor& t, at::ScalarType dtype, const char* name) {
-  TORCH_CHECK_TYPE(t.scalar_type() == dtype, "dynamicemb: ", name, " must be ", dtype, ", got ",
-                   t.scalar_type());
-  TORCH_CHECK(t.dim() == 1, "dynamicemb: ", name, " must be 1-D, got shape ", t.sizes());
-  TORCH_CHECK(t.is_contiguous(), "dynamicemb: ", name, " must be contiguous");
-}
-
-/// Every entry of the int64 tensor `idx` in [lo, hi), else a ValueError naming
-/// the first bad one ("<what> v at index i is out of range [lo, hi)"). Only CPU
-/// tensors are read: their values are on the host.
-inline void check_index_range(const at::Tensor& idx, int64_t lo, int64_t hi, const char* what) {
-  if (!idx.device().is_cpu()) return;
-  const int64_t* p = idx.data_ptr<int64_t>();
-  for (int64_t i = 0; i < idx.numel(); ++i) {
-    TORCH_CHECK_VALUE(p[i] >= lo && p[i] < hi, "dynamicemb: ", what, " ", p[i], " at index ", i,
-                      " is out of range [", lo, ", ", hi, ")");
-  }
-}
 
 inline void check_info(const at::Tensor& info) {
   TORCH_CHECK(info.scalar_type() == at::kLong && info.dim() == 2 && info.size(1) == kInfoCols &&
@@ -129,94 +110,6 @@ inline table::TableRef table_ref(const at::Tensor& keys, const at::Tensor& diges
   t.num_slots = keys.numel();
   t.num_free_rows = free_rows ? free_rows->numel() : 0;
   return t;
-}
-
-/// Checks init_rows' arguments and packs its parameters.
-inline embedding::InitArgs init_args(const at::Tensor& keys, const at::Tensor& table_ids,
-                                     int64_t dim, int64_t mode, double mean, double std_dev,
-                                     double lower, double upper, double value, int64_t seed) {
-  check_1d(keys, at::kLong, "keys");
-  check_1d(table_ids, at::kLong, "table_ids");
-  TORCH_CHECK_VALUE(keys.numel() == table_ids.numel(),
-                    "dynamicemb: keys and table_ids lengths differ: ", keys.numel(), " vs ",
-                    table_ids.numel());
-  TORCH_CHECK(keys.device() == table_ids.device(),
-              "dynamicemb: keys and table_ids must share a device, got ", keys.device(), " and ",
-              table_ids.device());
-  TORCH_CHECK_VALUE(dim >= 0, "dynamicemb: dim must be non-negative, got ", dim);
-  TORCH_CHECK_VALUE(mode >= 0 && mode < embedding::kNumInitModes, "dynamicemb: initializer mode ",
-                    mode, " is not one of 0..", embedding::kNumInitModes - 1);
-  TORCH_CHECK_VALUE(std_dev >= 0, "dynamicemb: std_dev must be non-negative, got ", std_dev);
-  TORCH_CHECK_VALUE(lower <= upper, "dynamicemb: lower bound ", lower, " is above upper bound ",
-                    upper);
-  embedding::InitArgs a;
-  a.mode = static_cast<int32_t>(mode);
-  a.mean = mean;
-  a.std_dev = std_dev;
-  a.lower = lower;
-  a.upper = upper;
-  a.value = value;
-  a.seed = static_cast<uint64_t>(seed);
-  return a;
-}
-
-/// Checks an optimizer's type and hyper-parameters and packs them.
-inline embedding::OptimArgs optim_params(int64_t type, double lr, double eps, double beta1,
-                                         double beta2, double weight_decay, int64_t wd_mode,
-                                         int64_t step, double lr_power, double ftrl_beta, double l1,
-                                         double l2) {
-  TORCH_CHECK_VALUE(type >= 0 && type < embedding::kNumOptimTypes, "dynamicemb: optimizer type ",
-                    type, " is not one of 0..", embedding::kNumOptimTypes - 1);
-  TORCH_CHECK_VALUE(wd_mode >= 0 && wd_mode <= 2, "dynamicemb: weight decay mode ", wd_mode,
-                    " is not 0 (none), 1 (L2) or 2 (decoupled)");
-  TORCH_CHECK_VALUE(step >= 1, "dynamicemb: step must be at least 1, got ", step);
-  if (type == static_cast<int64_t>(embedding::OptimType::kFTRL)) {
-    TORCH_CHECK_VALUE(lr > 0, "dynamicemb: FTRL learning_rate must be positive, got ", lr);
-    TORCH_CHECK_VALUE(lr_power <= 0, "dynamicemb: FTRL learning_rate_power must be <= 0, got ",
-                      lr_power);
-  }
-  embedding::OptimArgs a;
-  a.type = static_cast<int32_t>(type);
-  a.lr = static_cast<float>(lr);
-  a.eps = static_cast<float>(eps);
-  a.beta1 = static_cast<float>(beta1);
-  a.beta2 = static_cast<float>(beta2);
-  a.weight_decay = static_cast<float>(weight_decay);
-  a.wd_mode = static_cast<int32_t>(wd_mode);
-  a.step = step;
-  a.lr_power = static_cast<float>(lr_power);
-  a.ftrl_beta = static_cast<float>(ftrl_beta);
-  a.l1 = static_cast<float>(l1);
-  a.l2 = static_cast<float>(l2);
-  return a;
-}
-
-/// Checks optimizer_step's arguments and packs its hyper-parameters.
-inline embedding::OptimArgs optim_args(const at::Tensor& values, const at::Tensor& rows,
-                                       const at::Tensor& grads, int64_t type, double lr, double eps,
-                                       double beta1, double beta2, double weight_decay,
-                                       int64_t wd_mode, int64_t step, double lr_power,
-                                       double ftrl_beta, double l1, double l2) {
-  TORCH_CHECK_TYPE(values.scalar_type() == at::kFloat && grads.scalar_type() == at::kFloat,
-                   "dynamicemb: values and grads must be float32, got ", values.scalar_type(),
-                   " and ", grads.scalar_type());
-  TORCH_CHECK_VALUE(
-      values.dim() == 2 && values.is_contiguous() && grads.dim() == 2 && grads.is_contiguous(),
-      "dynamicemb: values and grads must be contiguous 2-D tensors, got shapes ", values.sizes(),
-      " and ", grads.sizes());
-  check_1d(rows, at::kLong, "rows");
-  TORCH_CHECK_VALUE(rows.numel() == grads.size(0), "dynamicemb: ", rows.numel(), " rows but ",
-                    grads.size(0), " gradients");
-  TORCH_CHECK(values.device() == rows.device() && values.device() == grads.device(),
-              "dynamicemb: values, rows and grads must share a device");
-  embedding::OptimArgs a = optim_params(type, lr, eps, beta1, beta2, weight_decay, wd_mode, step,
-                                        lr_power, ftrl_beta, l1, l2);
-  const int64_t dim = grads.size(1);
-  const int64_t need = dim + embedding::state_dim(static_cast<int32_t>(type), dim);
-  TORCH_CHECK_VALUE(values.size(1) >= need, "dynamicemb: rows of ", values.size(1),
-                    " floats cannot hold dim ", dim, " plus the optimizer state (", need,
-                    " floats)");
-  return a;
 }
 
 /// A read-only view for export and count: keys, info and (optionally) scores.
@@ -345,31 +238,6 @@ inline void check_gather(const at::Tensor& values, const at::Tensor& rows) {
   check_1d(rows, at::kLong, "rows");
   TORCH_CHECK(rows.device() == values.device(), "dynamicemb: rows must be on the values' device ",
               values.device(), ", got ", rows.device());
-}
-
-/// Checks the arguments of route_keys that need no data: dtypes, shapes,
-/// devices and the world size. Values (dist types, blocks, feature ids) are
-/// checked by the CPU kernel; on CUDA that would synchronize, and the Python
-/// wrapper checks the per-feature tables once, when it builds them.
-inline void check_route_args(const at::Tensor& keys, const at::Tensor& feature_ids,
-                             const at::Tensor& dist_types, const at::Tensor& blocks,
-                             int64_t world_size) {
-  check_1d(keys, at::kLong, "keys");
-  check_1d(feature_ids, at::kLong, "feature_ids");
-  check_1d(dist_types, at::kLong, "dist_types");
-  check_1d(blocks, at::kLong, "blocks");
-  TORCH_CHECK_VALUE(feature_ids.numel() == keys.numel(), "dynamicemb: route_keys got ",
-                    keys.numel(), " keys and ", feature_ids.numel(), " feature ids");
-  TORCH_CHECK_VALUE(dist_types.numel() == blocks.numel() && dist_types.numel() >= 1,
-                    "dynamicemb: route_keys needs one dist type and one block per feature, got ",
-                    dist_types.numel(), " and ", blocks.numel());
-  TORCH_CHECK_VALUE(world_size > 0, "dynamicemb: route_keys world_size must be positive, got ",
-                    world_size);
-  for (const at::Tensor* t : {&feature_ids, &dist_types, &blocks}) {
-    TORCH_CHECK(t->device() == keys.device(),
-                "dynamicemb: route_keys tensors must share a device, got ", keys.device(), " and ",
-                t->device());
-  }
 }
 
 }  // namespace ops

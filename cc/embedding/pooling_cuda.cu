@@ -1,8 +1,6 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
-#include <stdexcept>
-#include <string>
-
-#include "cc/embedding/lookup_cuda.h"
+#include "cc/common/cuda_launch.cuh"
+#include "cc/embedding/pooling_cuda.h"
 #include "cc/embedding/warp_update.cuh"
 
 namespace dyn_emb {
@@ -11,15 +9,13 @@ namespace cuda {
 
 namespace {
 
-constexpr int kBlock = 256;
-
 // Bags and keys are walked once per chunk of kChunk coordinates
 // (warp_update.cuh; once for dims up to 128), kPer partial sums per lane in
 // registers.
 
 // A warp per bag.
 __global__ void pool_kernel(PoolArgs a, int64_t num_bags) {
-  const int64_t b = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kWarp;
+  const int64_t b = global_thread() / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (b >= num_bags) return;
   const BagSlot s = bag_slot(a.layout, b);
@@ -88,7 +84,7 @@ __device__ int64_t upper_bound(const int64_t* v, int64_t n, int64_t x) {
 
 // A warp per distinct key that is not hot: reduce and update in one pass.
 __global__ void update_kernel(UpdateArgs a, int64_t num_keys) {
-  const int64_t u = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kWarp;
+  const int64_t u = global_thread() / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (u >= num_keys || hot(a, u)) return;
   const int64_t dim = key_dim(a, u);
@@ -99,7 +95,7 @@ __global__ void update_kernel(UpdateArgs a, int64_t num_keys) {
 
 // A warp per chunk of a hot key's occurrences: partial sums into its buffer row.
 __global__ void hot_chunk_kernel(UpdateArgs a, HotKeys h, int64_t num_keys) {
-  const int64_t c = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kWarp;
+  const int64_t c = global_thread() / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (c >= h.max_chunks || c >= h.chunk_offsets[num_keys]) return;
   const int64_t u = upper_bound(h.chunk_offsets, num_keys + 1, c) - 1;
@@ -120,7 +116,7 @@ __global__ void hot_chunk_kernel(UpdateArgs a, HotKeys h, int64_t num_keys) {
 
 // A warp per hot key: apply the summed gradient.
 __global__ void hot_update_kernel(UpdateArgs a, HotKeys h, int64_t num_keys) {
-  const int64_t k = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / kWarp;
+  const int64_t k = global_thread() / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (num_keys == 0 || k >= h.max_hot || k >= h.hot_incl[num_keys - 1]) return;
   const int64_t u = upper_bound(h.hot_incl, num_keys, k);
@@ -130,35 +126,26 @@ __global__ void hot_update_kernel(UpdateArgs a, HotKeys h, int64_t num_keys) {
              [&](int64_t base, float (&g)[kPer]) { load_chunk(row, base, dim, lane, g); });
 }
 
-unsigned grid(int64_t warps) {
-  return static_cast<unsigned>((warps * kWarp + kBlock - 1) / kBlock);
-}
-
-void check(const char* what) {
-  const cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) {
-    throw std::runtime_error(std::string("dynamicemb ") + what +
-                             " (CUDA): " + cudaGetErrorString(e));
-  }
-}
+/// Blocks of a launch with one warp per item.
+unsigned grid(int64_t warps) { return grid_for(warps * kWarp); }
 
 }  // namespace
 
 void pool_forward(const PoolArgs& a, int64_t num_bags, cudaStream_t stream) {
   if (num_bags == 0) return;
   pool_kernel<<<grid(num_bags), kBlock, 0, stream>>>(a, num_bags);
-  check("embedding_pool");
+  check_launch("embedding_pool");
 }
 
 void update_backward(const UpdateArgs& a, const HotKeys& h, int64_t num_keys, cudaStream_t stream) {
   if (num_keys == 0) return;
   update_kernel<<<grid(num_keys), kBlock, 0, stream>>>(a, num_keys);
-  check("embedding_update");
+  check_launch("embedding_update");
   if (h.max_hot == 0) return;
   hot_chunk_kernel<<<grid(h.max_chunks), kBlock, 0, stream>>>(a, h, num_keys);
-  check("embedding_update (hot chunks)");
+  check_launch("embedding_update (hot chunks)");
   hot_update_kernel<<<grid(h.max_hot), kBlock, 0, stream>>>(a, h, num_keys);
-  check("embedding_update (hot keys)");
+  check_launch("embedding_update (hot keys)");
 }
 
 }  // namespace cuda

@@ -1,5 +1,5 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
-#include "cc/embedding/lookup_cpu.h"
+#include "cc/embedding/pooling_cpu.h"
 
 #include <ATen/Parallel.h>
 

@@ -1,7 +1,7 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 //
-// The embedding lookup's two fused passes, defined once for the CPU backend
-// and the CUDA kernels:
+// The two fused passes of an embedding bag step, the ops embedding_pool and
+// embedding_update, defined once for the CPU backend and the CUDA kernels:
 //
 //   forward   out[bag] = sum over the bag's occurrences j of w_j * values[rows[inverse[j]]]
 //             (occ_row, occ_weight)
@@ -26,6 +26,7 @@
 
 #include <cstdint>
 
+#include "cc/common/host_device.h"
 #include "cc/embedding/optimizer.h"
 
 namespace dyn_emb {
@@ -45,7 +46,7 @@ struct BagSlot {
   int64_t dim;
 };
 
-DEMB_EMB_HD BagSlot bag_slot(const BagLayout& l, int64_t b) {
+DEMB_HD BagSlot bag_slot(const BagLayout& l, int64_t b) {
   const int64_t f = b / l.batch;
   return {(b % l.batch) * l.out_width + l.cols[f], l.dims[f]};
 }
@@ -62,12 +63,12 @@ struct PoolArgs {
 };
 
 /// The value row occurrence j reads, or nullptr when its key has none.
-DEMB_EMB_HD const float* occ_row(const PoolArgs& a, int64_t j) {
+DEMB_HD const float* occ_row(const PoolArgs& a, int64_t j) {
   const int64_t r = a.rows[a.inverse[j]];
   return r < 0 ? nullptr : a.values + r * a.width;
 }
 
-DEMB_EMB_HD float occ_weight(const float* weights, int64_t j) { return weights ? weights[j] : 1.f; }
+DEMB_HD float occ_weight(const float* weights, int64_t j) { return weights ? weights[j] : 1.f; }
 
 struct UpdateArgs {
   BagLayout layout;
@@ -86,7 +87,7 @@ struct UpdateArgs {
 /// occurrences are positions occ_offsets[u] .. occ_offsets[u + 1]), and its
 /// weight in *w. A key's gradient is the weighted sum of these slices over its
 /// occurrences, in this order.
-DEMB_EMB_HD const float* occ_grad_row(const UpdateArgs& a, int64_t i, float* w) {
+DEMB_HD const float* occ_grad_row(const UpdateArgs& a, int64_t i, float* w) {
   const int64_t j = a.occ_order[i];
   *w = occ_weight(a.weights, j);
   return a.grad_out + bag_slot(a.layout, a.occ_bag[j]).offset;
@@ -94,7 +95,7 @@ DEMB_EMB_HD const float* occ_grad_row(const UpdateArgs& a, int64_t i, float* w) 
 
 /// The dim of distinct key u: that of the bag of its first occurrence (all
 /// occurrences of a key belong to features of its table, of one dim).
-DEMB_EMB_HD int64_t key_dim(const UpdateArgs& a, int64_t u) {
+DEMB_HD int64_t key_dim(const UpdateArgs& a, int64_t u) {
   const int64_t i = a.occ_offsets[u];
   if (i == a.occ_offsets[u + 1]) return 0;
   return bag_slot(a.layout, a.occ_bag[a.occ_order[i]]).dim;

@@ -1,6 +1,7 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 //
-// CUDA kernels of the fused lookup ops (schemas in lookup_ops.cpp).
+// CUDA kernels of the embedding ops: init_rows, optimizer_step, embedding_pool
+// and embedding_update (schemas in schemas.cpp).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -8,15 +9,17 @@
 
 #include <vector>
 
-#include "cc/embedding/lookup_cuda.h"
-#include "cc/ops/lookup_ops.h"
+#include "cc/embedding/initializer_cuda.h"
+#include "cc/embedding/optimizer_cuda.h"
+#include "cc/embedding/pooling_cuda.h"
+#include "cc/ops/embedding_args.h"
 
 namespace dyn_emb {
 namespace ops {
 namespace {
 
 /// Work space of the update's hot keys (more than kHotChunk occurrences),
-/// summed chunk by chunk: see lookup_cuda.h. The tensors in `keep` hold it.
+/// summed chunk by chunk: see pooling_cuda.h. The tensors in `keep` hold it.
 embedding::cuda::HotKeys hot_keys(const at::Tensor& values, const at::Tensor& occ_offsets,
                                   int64_t num_keys, int64_t n, std::vector<at::Tensor>& keep) {
   constexpr int64_t K = embedding::cuda::kHotChunk;
@@ -69,11 +72,39 @@ void embedding_update_cuda(at::Tensor& values, const at::Tensor& grad_out, const
               });
 }
 
+at::Tensor init_rows_cuda(const at::Tensor& keys, const at::Tensor& table_ids, int64_t dim,
+                          int64_t mode, double mean, double std_dev, double lower, double upper,
+                          double value, int64_t seed) {
+  const embedding::InitArgs a =
+      init_args(keys, table_ids, dim, mode, mean, std_dev, lower, upper, value, seed);
+  c10::cuda::CUDAGuard guard(keys.device());
+  at::Tensor out = at::empty({keys.numel(), dim}, keys.options().dtype(at::kFloat));
+  embedding::cuda::init_rows(a, keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(),
+                             keys.numel(), dim, out.data_ptr<float>(),
+                             c10::cuda::getCurrentCUDAStream().stream());
+  return out;
+}
+
+void optimizer_step_cuda(at::Tensor& values, const at::Tensor& rows, const at::Tensor& grads,
+                         int64_t type, double lr, double eps, double beta1, double beta2,
+                         double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
+                         double ftrl_beta, double l1, double l2) {
+  const embedding::OptimArgs a =
+      optim_args(values, rows, grads, type, lr, eps, beta1, beta2, weight_decay, wd_mode, step,
+                 lr_power, ftrl_beta, l1, l2);
+  c10::cuda::CUDAGuard guard(values.device());
+  embedding::cuda::optimizer_step(a, values.data_ptr<float>(), values.size(0), values.size(1),
+                                  rows.data_ptr<int64_t>(), grads.data_ptr<float>(), rows.numel(),
+                                  grads.size(1), c10::cuda::getCurrentCUDAStream().stream());
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
   m.impl("embedding_pool", &embedding_pool_cuda);
   m.impl("embedding_update", &embedding_update_cuda);
+  m.impl("init_rows", &init_rows_cuda);
+  m.impl("optimizer_step", &optimizer_step_cuda);
 }
 
 }  // namespace ops

@@ -1,18 +1,111 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 //
-// Argument checks and packing of the fused lookup ops (embedding_pool,
-// embedding_update), shared by their CPU and CUDA kernels. Shapes, dtypes and
-// devices are checked on every backend; index values only on the CPU, whose
-// kernels would otherwise read out of bounds (the module builds them).
+// Argument checks and packing of the embedding ops (init_rows,
+// optimizer_step, embedding_pool, embedding_update), shared by their CPU and
+// CUDA kernels. Shapes, dtypes and devices are checked on every backend;
+// index values only on the CPU, whose kernels would otherwise read out of
+// bounds (the module builds them).
 #pragma once
 
 #include <ATen/ATen.h>
 
-#include "cc/embedding/lookup.h"
-#include "cc/ops/ops_common.h"
+#include <optional>
+
+#include "cc/embedding/initializer.h"
+#include "cc/embedding/optimizer.h"
+#include "cc/embedding/pooling.h"
+#include "cc/ops/tensor_checks.h"
 
 namespace dyn_emb {
 namespace ops {
+
+/// Checks init_rows' arguments and packs its parameters.
+inline embedding::InitArgs init_args(const at::Tensor& keys, const at::Tensor& table_ids,
+                                     int64_t dim, int64_t mode, double mean, double std_dev,
+                                     double lower, double upper, double value, int64_t seed) {
+  check_1d(keys, at::kLong, "keys");
+  check_1d(table_ids, at::kLong, "table_ids");
+  TORCH_CHECK_VALUE(keys.numel() == table_ids.numel(),
+                    "dynamicemb: keys and table_ids lengths differ: ", keys.numel(), " vs ",
+                    table_ids.numel());
+  TORCH_CHECK(keys.device() == table_ids.device(),
+              "dynamicemb: keys and table_ids must share a device, got ", keys.device(), " and ",
+              table_ids.device());
+  TORCH_CHECK_VALUE(dim >= 0, "dynamicemb: dim must be non-negative, got ", dim);
+  TORCH_CHECK_VALUE(mode >= 0 && mode < embedding::kNumInitModes, "dynamicemb: initializer mode ",
+                    mode, " is not one of 0..", embedding::kNumInitModes - 1);
+  TORCH_CHECK_VALUE(std_dev >= 0, "dynamicemb: std_dev must be non-negative, got ", std_dev);
+  TORCH_CHECK_VALUE(lower <= upper, "dynamicemb: lower bound ", lower, " is above upper bound ",
+                    upper);
+  embedding::InitArgs a;
+  a.mode = static_cast<int32_t>(mode);
+  a.mean = mean;
+  a.std_dev = std_dev;
+  a.lower = lower;
+  a.upper = upper;
+  a.value = value;
+  a.seed = static_cast<uint64_t>(seed);
+  return a;
+}
+
+/// Checks an optimizer's type and hyper-parameters and packs them.
+inline embedding::OptimArgs optim_params(int64_t type, double lr, double eps, double beta1,
+                                         double beta2, double weight_decay, int64_t wd_mode,
+                                         int64_t step, double lr_power, double ftrl_beta, double l1,
+                                         double l2) {
+  TORCH_CHECK_VALUE(type >= 0 && type < embedding::kNumOptimTypes, "dynamicemb: optimizer type ",
+                    type, " is not one of 0..", embedding::kNumOptimTypes - 1);
+  TORCH_CHECK_VALUE(wd_mode >= 0 && wd_mode <= 2, "dynamicemb: weight decay mode ", wd_mode,
+                    " is not 0 (none), 1 (L2) or 2 (decoupled)");
+  TORCH_CHECK_VALUE(step >= 1, "dynamicemb: step must be at least 1, got ", step);
+  if (type == static_cast<int64_t>(embedding::OptimType::kFTRL)) {
+    TORCH_CHECK_VALUE(lr > 0, "dynamicemb: FTRL learning_rate must be positive, got ", lr);
+    TORCH_CHECK_VALUE(lr_power <= 0, "dynamicemb: FTRL learning_rate_power must be <= 0, got ",
+                      lr_power);
+  }
+  embedding::OptimArgs a;
+  a.type = static_cast<int32_t>(type);
+  a.lr = static_cast<float>(lr);
+  a.eps = static_cast<float>(eps);
+  a.beta1 = static_cast<float>(beta1);
+  a.beta2 = static_cast<float>(beta2);
+  a.weight_decay = static_cast<float>(weight_decay);
+  a.wd_mode = static_cast<int32_t>(wd_mode);
+  a.step = step;
+  a.lr_power = static_cast<float>(lr_power);
+  a.ftrl_beta = static_cast<float>(ftrl_beta);
+  a.l1 = static_cast<float>(l1);
+  a.l2 = static_cast<float>(l2);
+  return a;
+}
+
+/// Checks optimizer_step's arguments and packs its hyper-parameters.
+inline embedding::OptimArgs optim_args(const at::Tensor& values, const at::Tensor& rows,
+                                       const at::Tensor& grads, int64_t type, double lr, double eps,
+                                       double beta1, double beta2, double weight_decay,
+                                       int64_t wd_mode, int64_t step, double lr_power,
+                                       double ftrl_beta, double l1, double l2) {
+  TORCH_CHECK_TYPE(values.scalar_type() == at::kFloat && grads.scalar_type() == at::kFloat,
+                   "dynamicemb: values and grads must be float32, got ", values.scalar_type(),
+                   " and ", grads.scalar_type());
+  TORCH_CHECK_VALUE(
+      values.dim() == 2 && values.is_contiguous() && grads.dim() == 2 && grads.is_contiguous(),
+      "dynamicemb: values and grads must be contiguous 2-D tensors, got shapes ", values.sizes(),
+      " and ", grads.sizes());
+  check_1d(rows, at::kLong, "rows");
+  TORCH_CHECK_VALUE(rows.numel() == grads.size(0), "dynamicemb: ", rows.numel(), " rows but ",
+                    grads.size(0), " gradients");
+  TORCH_CHECK(values.device() == rows.device() && values.device() == grads.device(),
+              "dynamicemb: values, rows and grads must share a device");
+  embedding::OptimArgs a = optim_params(type, lr, eps, beta1, beta2, weight_decay, wd_mode, step,
+                                        lr_power, ftrl_beta, l1, l2);
+  const int64_t dim = grads.size(1);
+  const int64_t need = dim + embedding::state_dim(static_cast<int32_t>(type), dim);
+  TORCH_CHECK_VALUE(values.size(1) >= need, "dynamicemb: rows of ", values.size(1),
+                    " floats cannot hold dim ", dim, " plus the optimizer state (", need,
+                    " floats)");
+  return a;
+}
 
 /// Checks the layout tensors and returns it; num_bags = F * batch.
 inline embedding::BagLayout bag_layout(const at::Tensor& cols, const at::Tensor& dims,
@@ -146,14 +239,6 @@ inline embedding::UpdateArgs update_args(at::Tensor& values, const at::Tensor& g
   a.occ_order = occ_order.data_ptr<int64_t>();
   a.occ_bag = occ_bag.data_ptr<int64_t>();
   return a;
-}
-
-inline void check_same_device(const at::Tensor& a,
-                              std::initializer_list<const at::Tensor*> others) {
-  for (const at::Tensor* t : others) {
-    TORCH_CHECK(t->device() == a.device(), "dynamicemb: every tensor must be on ", a.device(),
-                ", got one on ", t->device());
-  }
 }
 
 /// embedding_pool on one backend: checks, allocates the output, then

@@ -1,9 +1,11 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 //
-// Schemas of the scored hash table ops, defined once. Backends register their
-// kernels in ops_cpu.cpp, ops_cuda.cpp and ops_meta.cpp. The table layout and
-// the meaning of `info`, `counters`, policies and statuses are documented in
-// cc/table/table_common.h and cc/table/types.h.
+// Schemas of every dynamicemb op, defined once. Backends register their kernels
+// per component: table_ops_{cpu,cuda}.cpp, embedding_ops_{cpu,cuda}.cpp,
+// routing_ops_{cpu,cuda}.cpp, and ops_meta.cpp for the Meta (fake) kernels.
+// The table layout and the meaning of `info`, `counters`, policies and
+// statuses are documented in cc/table/ (layout.h, scores.h, operations.h,
+// rows.h) and cc/table/types.h.
 #include <torch/library.h>
 
 TORCH_LIBRARY(dynamicemb, m) {
@@ -33,7 +35,7 @@ TORCH_LIBRARY(dynamicemb, m) {
       "Tensor values) -> (Tensor, Tensor)");
 
   // insert (op 0), insert_and_evict (op 1) or erase (op 2), processed as if one
-  // key after another in batch order (see table_common.h).
+  // key after another in batch order (see cc/table/operations.h).
   // Args:
   //   counters: (num_tables, kCounterCols) int64, updated on the device.
   //   free_rows: NO_EVICTION free-row stacks (may be empty when no table is).
@@ -110,7 +112,7 @@ TORCH_LIBRARY(dynamicemb, m) {
   m.def("table_count(Tensor table_keys, Tensor info) -> Tensor");
 
   // Row-wise routing of raw keys to the ranks of a sharded table
-  // (cc/ops/routing.h): ranks[i] = route_key(keys[i], dist_types[f],
+  // (cc/routing/routing.h): ranks[i] = route_key(keys[i], dist_types[f],
   // blocks[f], world_size) with f = feature_ids[i].
   // Args:
   //   keys, feature_ids: (n) int64; dist_types, blocks: (num_features) int64
@@ -121,4 +123,31 @@ TORCH_LIBRARY(dynamicemb, m) {
   m.def(
       "route_keys(Tensor keys, Tensor feature_ids, Tensor dist_types, Tensor blocks, "
       "int world_size) -> Tensor");
+
+  // Every bag's (weighted) sum of its rows, written into TorchRec's output
+  // layout (cc/embedding/pooling.h).
+  // Args:
+  //   values: (num_rows, width) float32; rows: (U) int64 row of each distinct
+  //   key, -1 for none; inverse: (n) distinct key of each occurrence;
+  //   bag_offsets: (F * batch + 1); weights: (n) float32 or None; cols, dims:
+  //   (F) first output column and dim of each feature.
+  // Result:
+  //   (batch, out_width) float32.
+  m.def(
+      "embedding_pool(Tensor values, Tensor rows, Tensor inverse, Tensor bag_offsets, "
+      "Tensor? weights, Tensor cols, Tensor dims, int batch, int out_width) -> Tensor");
+
+  // embedding_pool's backward: reduces each distinct key's gradient from
+  // grad_out and updates its row in place with the optimizer
+  // (cc/embedding/pooling.h, optimizer.h).
+  // Args:
+  //   values: updated in place; grad_out: (batch, out_width); rows: (U);
+  //   occ_offsets (U + 1), occ_order (n): each key's occurrences; occ_bag
+  //   (n): the bag of each occurrence; weights, cols, dims as embedding_pool;
+  //   the optimizer's type and hyper-parameters as optimizer_step.
+  m.def(
+      "embedding_update(Tensor(a!) values, Tensor grad_out, Tensor rows, Tensor occ_offsets, "
+      "Tensor occ_order, Tensor occ_bag, Tensor? weights, Tensor cols, Tensor dims, int batch, "
+      "int type, float lr, float eps, float beta1, float beta2, float weight_decay, int wd_mode, "
+      "int step, float lr_power, float ftrl_beta, float l1, float l2) -> ()");
 }

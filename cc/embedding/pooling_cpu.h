@@ -3,13 +3,13 @@
 
 #include <cstdint>
 
-#include "cc/embedding/lookup.h"
+#include "cc/embedding/pooling.h"
 
 namespace dyn_emb {
 namespace embedding {
 namespace cpu {
 
-/// @brief Writes every bag's pooled embedding into a.out (lookup.h).
+/// @brief Writes every bag's pooled embedding into a.out (pooling.h).
 void pool_forward(const PoolArgs& a, int64_t num_bags);
 
 /// @brief Reduces each distinct key's gradient and updates its row in place.

@@ -5,13 +5,13 @@
 
 #include <cstdint>
 
-#include "cc/embedding/lookup.h"
+#include "cc/embedding/pooling.h"
 
 namespace dyn_emb {
 namespace embedding {
 namespace cuda {
 
-/// @brief Writes every bag's pooled embedding into a.out (lookup.h); one warp per bag.
+/// @brief Writes every bag's pooled embedding into a.out (pooling.h); one warp per bag.
 void pool_forward(const PoolArgs& a, int64_t num_bags, cudaStream_t stream);
 
 /// Occurrences per chunk of a hot key (one with more than this many).

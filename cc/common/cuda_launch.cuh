@@ -1,0 +1,47 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+//
+// Launch geometry and error checks of the project's CUDA kernels, written once:
+// one-dimensional grids of kBlock threads, and errors turned into exceptions
+// ("dynamicemb <what> (CUDA): <CUDA's message>") that the torch ops pass on to
+// Python. Torch-free.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace dyn_emb {
+
+/// Threads per block of every one-dimensional launch.
+constexpr int kBlock = 256;
+
+/// Lanes of a warp.
+constexpr int kWarp = 32;
+
+/// Blocks of kBlock threads covering `threads` threads; at least one.
+inline unsigned grid_for(int64_t threads) {
+  const int64_t g = (threads + kBlock - 1) / kBlock;
+  return static_cast<unsigned>(g < 1 ? 1 : g);
+}
+
+/// Throws std::runtime_error naming `what` unless `e` is cudaSuccess.
+inline void check_cuda(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    throw std::runtime_error(std::string("dynamicemb ") + what +
+                             " (CUDA): " + cudaGetErrorString(e));
+  }
+}
+
+/// After a kernel launch: throws if the launch failed.
+inline void check_launch(const char* what) { check_cuda(cudaGetLastError(), what); }
+
+#if defined(__CUDACC__)
+/// This thread's index in a one-dimensional launch.
+__device__ __forceinline__ int64_t global_thread() {
+  return blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+}
+#endif
+
+}  // namespace dyn_emb

@@ -1,0 +1,78 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+//
+// CPU kernels of the embedding ops: init_rows, optimizer_step, embedding_pool
+// and embedding_update (schemas in schemas.cpp).
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include "cc/embedding/initializer_cpu.h"
+#include "cc/embedding/optimizer_cpu.h"
+#include "cc/embedding/pooling_cpu.h"
+#include "cc/ops/embedding_args.h"
+#include "cc/ops/tensor_checks.h"
+
+namespace dyn_emb {
+namespace ops {
+namespace {
+
+at::Tensor embedding_pool_cpu(const at::Tensor& values, const at::Tensor& rows,
+                              const at::Tensor& inverse, const at::Tensor& bag_offsets,
+                              const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
+                              const at::Tensor& dims, int64_t batch, int64_t out_width) {
+  return pool_with(values, rows, inverse, bag_offsets, weights, cols, dims, batch, out_width,
+                   [](const embedding::PoolArgs& a, int64_t num_bags) {
+                     embedding::cpu::pool_forward(a, num_bags);
+                   });
+}
+
+void embedding_update_cpu(at::Tensor& values, const at::Tensor& grad_out, const at::Tensor& rows,
+                          const at::Tensor& occ_offsets, const at::Tensor& occ_order,
+                          const at::Tensor& occ_bag, const c10::optional<at::Tensor>& weights,
+                          const at::Tensor& cols, const at::Tensor& dims, int64_t batch,
+                          int64_t type, double lr, double eps, double beta1, double beta2,
+                          double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
+                          double ftrl_beta, double l1, double l2) {
+  update_with(
+      values, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols, dims, batch,
+      optim_params(type, lr, eps, beta1, beta2, weight_decay, wd_mode, step, lr_power, ftrl_beta,
+                   l1, l2),
+      [&](const embedding::UpdateArgs& a) { embedding::cpu::update_backward(a, rows.numel()); });
+}
+
+at::Tensor init_rows_cpu(const at::Tensor& keys, const at::Tensor& table_ids, int64_t dim,
+                         int64_t mode, double mean, double std_dev, double lower, double upper,
+                         double value, int64_t seed) {
+  const embedding::InitArgs a =
+      init_args(keys, table_ids, dim, mode, mean, std_dev, lower, upper, value, seed);
+  check_cpu(keys);
+  at::Tensor out = at::empty({keys.numel(), dim}, keys.options().dtype(at::kFloat));
+  embedding::cpu::init_rows(a, keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(),
+                            keys.numel(), dim, out.data_ptr<float>());
+  return out;
+}
+
+void optimizer_step_cpu(at::Tensor& values, const at::Tensor& rows, const at::Tensor& grads,
+                        int64_t type, double lr, double eps, double beta1, double beta2,
+                        double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
+                        double ftrl_beta, double l1, double l2) {
+  const embedding::OptimArgs a =
+      optim_args(values, rows, grads, type, lr, eps, beta1, beta2, weight_decay, wd_mode, step,
+                 lr_power, ftrl_beta, l1, l2);
+  check_cpu(values);
+  check_index_range(rows, -1, values.size(0), "row");
+  const int64_t* r = rows.data_ptr<int64_t>();
+  embedding::cpu::optimizer_step(a, values.data_ptr<float>(), values.size(1), r,
+                                 grads.data_ptr<float>(), rows.numel(), grads.size(1));
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
+  m.impl("embedding_pool", &embedding_pool_cpu);
+  m.impl("embedding_update", &embedding_update_cpu);
+  m.impl("init_rows", &init_rows_cpu);
+  m.impl("optimizer_step", &optimizer_step_cpu);
+}
+
+}  // namespace ops
+}  // namespace dyn_emb

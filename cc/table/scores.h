@@ -1,0 +1,116 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+//
+// The scored hash table, one semantic definition for the CPU and CUDA backends
+// (host-device inline code, no torch): score words, their policies
+// and the victim order.
+//
+// # Scores
+//
+// Each slot has num_scores int64 words compared lexicographically, word 0
+// first, then the position in the bucket. The victim of a full bucket is the
+// smallest (scores..., position). The compound TIMESTAMP+LFU strategy stores
+// (frequency, timestamp), so it evicts the least frequent key, the older one on
+// a tie, whatever order the user wrote the tuple in. Under NO_EVICTION word 0
+// is the key's row in the value buffer, not a score.
+//
+// insert_and_evict may be given a float64 victim score per slot (a user's
+// score_function evaluated by the layer above over the buckets the batch
+// touches). The victim is then the smallest (victim score, scores...,
+// position), NaN below every number (evicted first), -0.0 equal to 0.0. Only
+// untouched slots of a full bucket are ever compared, and the batch changes
+// none of them before it compares them, so scores evaluated before the call
+// are those of eviction time.
+#pragma once
+
+#include <cstdint>
+
+#include "cc/common/host_device.h"
+#include "cc/table/table_ref.h"
+#include "cc/table/types.h"
+
+namespace dyn_emb {
+namespace table {
+
+/// The kTimer score of a call: one clock reading shared by every key, so a
+/// batch's keys tie and evict in the same order on both backends.
+DEMB_HD int64_t timer_now(const ScoreArgs& a) {
+#if defined(__CUDA_ARCH__)
+  return *a.device_now;
+#else
+  return a.host_now;
+#endif
+}
+
+/// Lexicographic a < b over n words.
+DEMB_HD bool score_less(const int64_t* a, const int64_t* b, int32_t n) {
+  for (int32_t c = 0; c < n; ++c) {
+    if (a[c] != b[c]) return a[c] < b[c];
+  }
+  return false;
+}
+
+DEMB_HD int64_t score_input(const ScoreArgs& a, int64_t index, int32_t num_scores, int32_t c) {
+  return a.values ? a.values[index * a.value_row_stride + c] : 0;
+}
+
+/// Score word c of a key entering the table.
+DEMB_HD int64_t initial_score(const ScoreArgs& a, int64_t index, int32_t num_scores, int32_t c) {
+  switch (static_cast<ScorePolicy>(a.policy[c])) {
+    case ScorePolicy::kAssign:
+    case ScorePolicy::kAccumulate:
+      return score_input(a, index, num_scores, c);
+    case ScorePolicy::kTimer:
+      return timer_now(a);
+    default:
+      return 0;
+  }
+}
+
+/// Applies the policies to a resident key's score words. `atomic` is set where
+/// several threads may update one slot (find); run-wise operations own theirs.
+DEMB_HD void update_score(const ScoreArgs& a, int64_t index, int32_t num_scores, int64_t* s,
+                          bool atomic) {
+  for (int32_t c = 0; c < num_scores; ++c) {
+    switch (static_cast<ScorePolicy>(a.policy[c])) {
+      case ScorePolicy::kAssign:
+        s[c] = score_input(a, index, num_scores, c);
+        break;
+      case ScorePolicy::kAccumulate:
+        if (atomic) {
+          atomic_add_i64(&s[c], score_input(a, index, num_scores, c));
+        } else {
+          s[c] += score_input(a, index, num_scores, c);
+        }
+        break;
+      case ScorePolicy::kTimer:
+        s[c] = timer_now(a);
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+/// Order key of a victim score: ascending with the number, NaN first (it
+/// maps to INT64_MIN, below -inf), -0.0 and 0.0 equal.
+DEMB_HD int64_t victim_rank_key(double v) {
+  if (v != v) return INT64_MIN;
+  v += 0.0;  // -0.0 -> 0.0
+#if defined(__CUDA_ARCH__)
+  const int64_t b = __double_as_longlong(v);
+#else
+  int64_t b;
+  __builtin_memcpy(&b, &v, sizeof(b));
+#endif
+  // Negative doubles order backwards as integers: flip their magnitude bits.
+  return b >= 0 ? b : (b ^ INT64_MAX);
+}
+
+/// The victim order's first component of `slot`: its victim score's order
+/// key, or 0 (all equal) when the call has none.
+DEMB_HD int64_t victim_key(const RunArgs& r, int64_t slot) {
+  return r.victim_scores ? victim_rank_key(r.victim_scores[slot]) : 0;
+}
+
+}  // namespace table
+}  // namespace dyn_emb

@@ -1,0 +1,162 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+//
+// The CUDA backend's read paths: find, find fused with the row copy,
+// gather_rows and home_starts.
+#include <cooperative_groups.h>
+
+#include "cc/common/cuda_launch.cuh"
+#include "cc/table/layout.h"
+#include "cc/table/operations.h"
+#include "cc/table/scores.h"
+#include "cc/table/table_cuda.h"
+#include "cc/table/table_cuda_shared.cuh"
+#include "cc/table/tile_probe.cuh"
+
+namespace dyn_emb {
+namespace table {
+namespace cuda {
+
+namespace {
+
+template <int L>
+__global__ void find_kernel(TableRef t, ScoreArgs a, const int64_t* keys, const int64_t* table_ids,
+                            int64_t n, bool update, int64_t* slots, const int32_t* ok) {
+  const auto g = cg::tiled_partition<L>(cg::this_thread_block());
+  const int64_t i = tile_index<L>();
+  if (i >= n) return;
+  const int64_t key = keys[i], table = table_ids[i];
+  if (!*ok || !valid_input(t, key, table)) {
+    if (g.thread_rank() == 0) slots[i] = -1;
+    return;
+  }
+  const Home h = home_of(t, table, key);
+  const int64_t pos = tile_probe<L>(g, t, h, key, h.digest);
+  if (g.thread_rank() != 0) return;
+  const int64_t slot = pos < 0 ? -1 : h.start + pos;
+  slots[i] = slot;
+  if (slot >= 0 && update &&
+      t.info[table * kInfoCols + kInfoMode] != static_cast<int64_t>(TableMode::kNoEviction)) {
+    update_score(a, i, t.num_scores, t.scores + slot * t.num_scores, /*atomic=*/true);
+  }
+}
+
+template <typename V, int L>
+__global__ void find_gather_kernel(TableRef t, ScoreArgs a, const int64_t* keys,
+                                   const int64_t* table_ids, int64_t n, bool update, int64_t* slots,
+                                   const V* values, int64_t num_rows, int64_t vecs, V* out,
+                                   const int32_t* ok) {
+  const auto g = cg::tiled_partition<L>(cg::this_thread_block());
+  const int64_t i = tile_index<L>();
+  if (i >= n) return;
+  const int64_t key = keys[i], table = table_ids[i];
+  int64_t slot = -1, row = -1;
+  if (*ok && valid_input(t, key, table)) {
+    const Home h = home_of(t, table, key);
+    const int64_t pos = tile_probe<L>(g, t, h, key, h.digest);
+    if (pos >= 0) {
+      slot = h.start + pos;
+      const bool no_evict =
+          t.info[table * kInfoCols + kInfoMode] == static_cast<int64_t>(TableMode::kNoEviction);
+      row = no_evict ? t.scores[slot * t.num_scores] : slot;
+      if (row >= num_rows) row = -1;
+      if (g.thread_rank() == 0 && update && !no_evict) {
+        update_score(a, i, t.num_scores, t.scores + slot * t.num_scores, /*atomic=*/true);
+      }
+    }
+  }
+  if (g.thread_rank() == 0) slots[i] = slot;
+  V* dst = out + i * vecs;
+  if (row >= 0) {
+    const V* src = values + row * vecs;
+    for (int64_t v = g.thread_rank(); v < vecs; v += L) dst[v] = src[v];
+  } else {
+    V zero;
+    memset(&zero, 0, sizeof(V));
+    for (int64_t v = g.thread_rank(); v < vecs; v += L) dst[v] = zero;
+  }
+}
+
+__global__ void home_start_kernel(TableRef t, const int64_t* keys, const int64_t* table_ids,
+                                  int64_t n, int64_t* starts, const int32_t* ok) {
+  const int64_t i = global_thread();
+  if (i >= n) return;
+  starts[i] = *ok ? home_start_of(t, keys[i], table_ids[i]) : -1;
+}
+
+// One thread per (row, vector) element: consecutive threads copy consecutive
+// vectors of a row, then of the next row, so loads and stores coalesce.
+template <typename V>
+__global__ void gather_rows_kernel(const V* values, int64_t num_rows, int64_t vecs,
+                                   const int64_t* rows, int64_t n, V* out) {
+  const int64_t e = global_thread();
+  if (e >= n * vecs) return;
+  const int64_t i = e / vecs, v = e - i * vecs;
+  const int64_t row = rows[i];
+  V x;
+  if (row >= 0 && row < num_rows) {
+    x = values[row * vecs + v];
+  } else {
+    memset(&x, 0, sizeof(V));
+  }
+  out[e] = x;
+}
+
+}  // namespace
+
+void find(const TableRef& t, const ScoreArgs& a, const int64_t* keys, const int64_t* table_ids,
+          int64_t n, bool update, int64_t* slots, ScratchAllocator& scratch, cudaStream_t stream) {
+  if (n == 0) return;
+  const int32_t* ok = layout_ok(t, INT64_MAX, -1, true, scratch, stream);
+  const ScoreArgs at = update ? with_timer(a, t.num_scores, scratch, stream) : a;
+  with_lanes<8, 16, 32>(find_lanes(), [&](auto lanes) {
+    constexpr int L = decltype(lanes)::value;
+    find_kernel<L>
+        <<<tile_grid_for<L>(n), kBlock, 0, stream>>>(t, at, keys, table_ids, n, update, slots, ok);
+  });
+  check_launch("find");
+}
+
+void find_gather(const TableRef& t, const ScoreArgs& a, const int64_t* keys,
+                 const int64_t* table_ids, int64_t n, bool update, int64_t* slots,
+                 const uint8_t* values, int64_t num_rows, int64_t row_bytes, uint8_t* out,
+                 ScratchAllocator& scratch, cudaStream_t stream) {
+  if (n == 0) return;
+  const int32_t* ok = layout_ok(t, INT64_MAX, -1, true, scratch, stream);
+  const ScoreArgs at = update ? with_timer(a, t.num_scores, scratch, stream) : a;
+  with_vector_type(row_bytes, values, out, [&](auto tag) {
+    using V = decltype(tag);
+    const int64_t vecs = row_bytes / static_cast<int64_t>(sizeof(V));
+    const auto* src = reinterpret_cast<const V*>(values);
+    auto* dst = reinterpret_cast<V*>(out);
+    with_lanes<8, 16, 32>(find_lanes(), [&](auto lanes) {
+      constexpr int L = decltype(lanes)::value;
+      find_gather_kernel<V, L><<<tile_grid_for<L>(n), kBlock, 0, stream>>>(
+          t, at, keys, table_ids, n, update, slots, src, num_rows, vecs, dst, ok);
+    });
+  });
+  check_launch("find_gather");
+}
+
+void gather_rows(const uint8_t* values, int64_t num_rows, int64_t row_bytes, const int64_t* rows,
+                 int64_t n, uint8_t* out, cudaStream_t stream) {
+  if (n == 0 || row_bytes == 0) return;
+  with_vector_type(row_bytes, values, out, [&](auto tag) {
+    using V = decltype(tag);
+    const int64_t vecs = row_bytes / static_cast<int64_t>(sizeof(V));
+    gather_rows_kernel<V><<<grid_for(n * vecs), kBlock, 0, stream>>>(
+        reinterpret_cast<const V*>(values), num_rows, vecs, rows, n, reinterpret_cast<V*>(out));
+  });
+  check_launch("gather_rows");
+}
+
+void home_starts(const TableRef& t, const int64_t* keys, const int64_t* table_ids, int64_t n,
+                 int64_t* starts, ScratchAllocator& scratch, cudaStream_t stream) {
+  if (n == 0) return;
+  const int32_t* ok = layout_ok(t, INT64_MAX, -1, true, scratch, stream);
+  home_start_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, keys, table_ids, n, starts, ok);
+  check_launch("home_starts");
+}
+
+}  // namespace cuda
+}  // namespace table
+}  // namespace dyn_emb

@@ -1,0 +1,286 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+//
+// The CUDA backend's run-wise operations (insert, insert_and_evict, erase):
+// sort by home bucket, one tile per run (operations.h), the NO_EVICTION row
+// pass (rows.h), then the eviction records compacted.
+#include <cooperative_groups.h>
+
+#include <cub/cub.cuh>
+#include <cuda/std/functional>
+
+#include "cc/common/cuda_launch.cuh"
+#include "cc/common/host_device.h"
+#include "cc/table/layout.h"
+#include "cc/table/operations.h"
+#include "cc/table/rows.h"
+#include "cc/table/table_cuda.h"
+#include "cc/table/table_cuda_shared.cuh"
+#include "cc/table/tile_probe.cuh"
+
+namespace dyn_emb {
+namespace table {
+namespace cuda {
+
+namespace {
+
+__global__ void sort_key_kernel(TableRef t, const int64_t* keys, const int64_t* table_ids,
+                                int64_t n, int64_t total_buckets, int64_t* out, int32_t* iota,
+                                const int32_t* ok) {
+  const int64_t i = global_thread();
+  if (i >= n) return;
+  const int64_t k = *ok ? sort_key_of(t, keys[i], table_ids[i]) : INT64_MAX;
+  out[i] = k == INT64_MAX ? total_buckets : k;
+  iota[i] = static_cast<int32_t>(i);
+}
+
+constexpr int kCounterDeltas = 4;
+__device__ __forceinline__ int delta_column(int c) {
+  return c == 0   ? kCounterSize
+         : c == 1 ? kCounterInsertFailures
+         : c == 2 ? kCounterEvictions
+                  : kCounterInserts;
+}
+
+// One tile per sorted position; the tile at the first position of a run
+// processes the run. Batches are sorted by table, so a block's runs nearly
+// always share one table: their counter changes are summed in shared memory
+// and added with one atomic per counter per block (one global atomic per run
+// on a single address would serialize the whole batch).
+// Processes the run starting at p (if p starts one) with L lanes: one thread
+// and the sequential probe when L == 1, else a tile.
+template <int L, class Tile>
+__device__ RunDeltas run_at(const Tile& g, const TableRef& t, const RunArgs& r, int64_t p,
+                            int64_t end) {
+  if constexpr (L == 1) {
+    return run_keys(t, r, p, end, SequentialProbe{});
+  } else {
+    return run_keys(t, r, p, end, TileProbe<L, Tile>{g});
+  }
+}
+
+template <int L>
+__global__ void run_kernel(TableRef t, RunArgs r, const int64_t* sorted_keys, int64_t n,
+                           int64_t total_buckets) {
+  __shared__ unsigned long long block_sum[kCounterDeltas];
+  __shared__ int64_t block_table;
+  const auto g = cg::tiled_partition<L == 1 ? 32 : L>(cg::this_thread_block());
+  const bool leader = L == 1 || g.thread_rank() == 0;
+  const int64_t p = tile_index<L>();
+  if (threadIdx.x == 0) {
+    const int64_t p0 = (blockIdx.x * static_cast<int64_t>(blockDim.x)) / L;
+    block_table = p0 < n && sorted_keys[p0] != total_buckets ? r.table_ids[r.order[p0]] : -1;
+    for (int c = 0; c < kCounterDeltas; ++c) block_sum[c] = 0;
+  }
+  __syncthreads();
+  if (p < n) {
+    const int64_t k = sorted_keys[p];
+    if (k == total_buckets) {
+      if (leader) {
+        const int32_t i = r.order[p];
+        r.slots[i] = -1;
+        r.status[i] = static_cast<int8_t>(InsertStatus::kInvalid);
+        if (r.row_work) r.row_work[i] = -1;
+      }
+    } else if (p == 0 || sorted_keys[p - 1] != k) {
+      int64_t end = p + 1;
+      while (end < n && sorted_keys[end] == k) ++end;
+      const RunDeltas d = run_at<L>(g, t, r, p, end);
+      const int64_t delta[kCounterDeltas] = {d.size, d.failures, d.evictions, d.inserts};
+      if (leader) {
+        const int64_t table = r.table_ids[r.order[p]];
+        for (int c = 0; c < kCounterDeltas; ++c) {
+          if (!delta[c]) continue;
+          if (table == block_table) {
+            atomicAdd(&block_sum[c], static_cast<unsigned long long>(delta[c]));
+          } else {
+            atomic_add_i64(t.counters + table * kCounterCols + delta_column(c), delta[c]);
+          }
+        }
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < kCounterDeltas && block_table >= 0 && block_sum[threadIdx.x]) {
+    atomic_add_i64(t.counters + block_table * kCounterCols + delta_column(threadIdx.x),
+                   static_cast<int64_t>(block_sum[threadIdx.x]));
+  }
+}
+
+// Segment key of a batch index for the row pass: its table, or num_tables for
+// entries that take no part (invalid input).
+__global__ void row_keys_kernel(TableRef t, RunArgs r, int64_t n, int64_t* seg, int32_t* iota) {
+  const int64_t i = global_thread();
+  if (i >= n) return;
+  seg[i] =
+      r.status[i] == static_cast<int8_t>(InsertStatus::kInvalid) ? t.num_tables : r.table_ids[i];
+  iota[i] = static_cast<int32_t>(i);
+}
+
+// flags[q] for the q-th entry of the (table, index) order.
+__global__ void row_flags_kernel(RunArgs r, int64_t n, const int32_t* idx, int64_t* flags) {
+  const int64_t q = global_thread();
+  if (q < n) flags[q] = r.row_work[idx[q]] >= 0 ? 1 : 0;
+}
+
+// Entries are in (table, index) order; the last entry of a table's segment
+// records how many of its entries take part (no atomics on one address).
+__global__ void row_assign_kernel(TableRef t, RunArgs r, int64_t n, const int32_t* idx,
+                                  const int64_t* seg_sorted, const int64_t* flags,
+                                  const int64_t* rank, int64_t* per_table) {
+  const int64_t q = global_thread();
+  if (q >= n) return;
+  const int64_t seg = seg_sorted[q];
+  if (seg < t.num_tables && (q + 1 == n || seg_sorted[q + 1] != seg)) {
+    per_table[seg] = rank[q] + flags[q];
+  }
+  const int32_t i = idx[q];
+  const int64_t w = r.row_work[i];
+  if (w < 0) return;
+  const int64_t table = r.table_ids[i];
+  if (r.op == RunOp::kErase) {
+    push_free_row(t, table, rank[q], w);
+    return;
+  }
+  const int64_t row = row_for_rank(t, table, rank[q]);
+  if (row < 0) {
+    undo_rowless_insert(t, table, r.slots[i]);
+    r.slots[i] = -1;
+    r.status[i] = static_cast<int8_t>(InsertStatus::kFailed);
+  } else {
+    t.scores[r.slots[i] * t.num_scores] = row;
+  }
+}
+
+__global__ void rowless_repeat_kernel(TableRef t, RunArgs r, int64_t n) {
+  const int64_t i = global_thread();
+  if (i < n) fail_rowless_repeat(t, r, i);
+}
+
+__global__ void row_finish_kernel(TableRef t, RunOp op, const int64_t* per_table) {
+  const int64_t table = global_thread();
+  if (table >= t.num_tables || per_table[table] == 0) return;
+  if (op == RunOp::kErase) {
+    finish_row_release(t, table, per_table[table]);
+  } else {
+    finish_row_allocation(t, table, per_table[table]);
+  }
+}
+
+// Moves the selected eviction records to the front of the outputs.
+__global__ void evict_gather_kernel(const int64_t* sel, const int64_t* count, int64_t n, int32_t ns,
+                                    const int64_t* keys, const int64_t* scores,
+                                    const int64_t* slots, const int64_t* tables, int64_t* o_keys,
+                                    int64_t* o_scores, int64_t* o_slots, int64_t* o_tables) {
+  const int64_t j = global_thread();
+  if (j >= n) return;
+  if (j < *count) {
+    const int64_t p = sel[j];
+    o_keys[j] = keys[p];
+    o_slots[j] = slots[p];
+    o_tables[j] = tables[p];
+    for (int32_t c = 0; c < ns; ++c) o_scores[j * ns + c] = scores[p * ns + c];
+  } else {
+    o_keys[j] = kEmptyKey;
+    o_slots[j] = -1;
+    o_tables[j] = -1;
+    for (int32_t c = 0; c < ns; ++c) o_scores[j * ns + c] = 0;
+  }
+}
+
+}  // namespace
+
+void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_buckets, bool has_rows,
+            int64_t* num_evicted, ScratchAllocator& scratch, cudaStream_t stream) {
+  check_cuda(cudaMemsetAsync(num_evicted, 0, sizeof(int64_t), stream), "memset");
+  if (n == 0) return;
+  const int32_t ns = t.num_scores;
+  int64_t* keys_in = alloc<int64_t>(scratch, n);
+  int64_t* keys_sorted = alloc<int64_t>(scratch, n);
+  int32_t* iota = alloc<int32_t>(scratch, n);
+  int32_t* order = const_cast<int32_t*>(r.order);
+
+  const int32_t* ok = layout_ok(t, has_rows ? t.num_free_rows : INT64_MAX, total_buckets, has_rows,
+                                scratch, stream);
+  sort_key_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, r.keys, r.table_ids, n, total_buckets,
+                                                      keys_in, iota, ok);
+  check_launch("sort keys");
+  int end_bit = 1;
+  while ((int64_t{1} << end_bit) <= total_buckets) ++end_bit;
+  auto* kin = reinterpret_cast<unsigned long long*>(keys_in);
+  auto* kout = reinterpret_cast<unsigned long long*>(keys_sorted);
+  size_t bytes = 0;
+  check_cuda(cub::DeviceRadixSort::SortPairs(nullptr, bytes, kin, kout, iota, order, n, 0, end_bit,
+                                             stream),
+             "sort (size)");
+  void* tmp = scratch.allocate(bytes);
+  check_cuda(
+      cub::DeviceRadixSort::SortPairs(tmp, bytes, kin, kout, iota, order, n, 0, end_bit, stream),
+      "sort");
+
+  // The runs write eviction records by position into scratch.
+  RunArgs w = r;
+  w.score = with_timer(r.score, ns, scratch, stream);
+  w.ev_keys = alloc<int64_t>(scratch, n);
+  w.ev_scores = alloc<int64_t>(scratch, n * ns);
+  w.ev_slots = alloc<int64_t>(scratch, n);
+  w.ev_tables = alloc<int64_t>(scratch, n);
+  w.ev_flags = alloc<uint8_t>(scratch, n);
+  check_cuda(cudaMemsetAsync(w.ev_flags, 0, static_cast<size_t>(n), stream), "memset");
+  if (!has_rows)
+    w.row_work = nullptr;
+  else if (!w.row_work)
+    w.row_work = alloc<int64_t>(scratch, n);
+  with_lanes<1, 8, 16, 32>(run_lanes(), [&](auto lanes) {
+    constexpr int L = decltype(lanes)::value;
+    run_kernel<L><<<tile_grid_for<L>(n), kBlock, 0, stream>>>(t, w, keys_sorted, n, total_buckets);
+  });
+  check_launch("runs");
+
+  if (has_rows) {
+    // Rows go out in batch order per table: order the indices by (table, index).
+    int64_t* seg = alloc<int64_t>(scratch, n);
+    int64_t* seg_sorted = alloc<int64_t>(scratch, n);
+    int32_t* idx = alloc<int32_t>(scratch, n);
+    int64_t* flags = alloc<int64_t>(scratch, n);
+    int64_t* rank = alloc<int64_t>(scratch, n);
+    int64_t* per_table = alloc<int64_t>(scratch, t.num_tables);
+    check_cuda(cudaMemsetAsync(per_table, 0, sizeof(int64_t) * t.num_tables, stream), "memset");
+    row_keys_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, w, n, seg, iota);
+    int seg_bits = 1;
+    while ((int64_t{1} << seg_bits) <= t.num_tables) ++seg_bits;
+    auto* sin = reinterpret_cast<unsigned long long*>(seg);
+    auto* sout = reinterpret_cast<unsigned long long*>(seg_sorted);
+    size_t sb = 0;
+    check_cuda(
+        cub::DeviceRadixSort::SortPairs(nullptr, sb, sin, sout, iota, idx, n, 0, seg_bits, stream),
+        "row sort (size)");
+    void* st = scratch.allocate(sb);
+    check_cuda(
+        cub::DeviceRadixSort::SortPairs(st, sb, sin, sout, iota, idx, n, 0, seg_bits, stream),
+        "row sort");
+    row_flags_kernel<<<grid_for(n), kBlock, 0, stream>>>(w, n, idx, flags);
+    size_t cb = 0;
+    check_cuda(cub::DeviceScan::ExclusiveSumByKey(nullptr, cb, seg_sorted, flags, rank, n,
+                                                  ::cuda::std::equal_to<int64_t>(), stream),
+               "scan (size)");
+    void* ct = scratch.allocate(cb);
+    check_cuda(cub::DeviceScan::ExclusiveSumByKey(ct, cb, seg_sorted, flags, rank, n,
+                                                  ::cuda::std::equal_to<int64_t>(), stream),
+               "scan");
+    row_assign_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, w, n, idx, seg_sorted, flags, rank,
+                                                          per_table);
+    if (r.op != RunOp::kErase) rowless_repeat_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, w, n);
+    row_finish_kernel<<<grid_for(t.num_tables), kBlock, 0, stream>>>(t, r.op, per_table);
+    check_launch("rows");
+  }
+
+  const int64_t* sel = select_flagged(w.ev_flags, n, 0, num_evicted, scratch, stream);
+  evict_gather_kernel<<<grid_for(n), kBlock, 0, stream>>>(
+      sel, num_evicted, n, ns, w.ev_keys, w.ev_scores, w.ev_slots, w.ev_tables, r.ev_keys,
+      r.ev_scores, r.ev_slots, r.ev_tables);
+  check_launch("evict gather");
+}
+
+}  // namespace cuda
+}  // namespace table
+}  // namespace dyn_emb

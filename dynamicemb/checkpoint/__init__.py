@@ -1,0 +1,112 @@
+"""Checkpoints of dynamic embedding tables.
+
+``DynamicEmbDump`` and ``DynamicEmbLoad`` (the spec's API, also exported by
+``dynamicemb``) write and read the folder format of ``layout.py``: crash
+safe (a dump publishes a finished folder atomically), checksummed (a
+truncated or corrupted file is refused before anything changes), and
+reshardable (a checkpoint loads at any world size and ``dist_type``; each key
+goes to the rank that owns it now). ``dump`` and ``load`` are the same calls
+returning what they wrote and loaded. ``DynamicEmbStateful`` puts the
+dynamic tables into ``torch.distributed.checkpoint`` (dcp.py).
+
+Importing this package needs TorchRec.
+"""
+
+import torch
+import torch.distributed as dist
+
+from dynamicemb.checkpoint.dcp import DynamicEmbStateful
+from dynamicemb.checkpoint.dump import DumpReport, dump
+from dynamicemb.checkpoint.layout import CheckpointError
+from dynamicemb.checkpoint.load import LoadReport, TableLoad, load
+
+__all__ = [
+    "CheckpointError",
+    "DumpReport",
+    "DynamicEmbDump",
+    "DynamicEmbLoad",
+    "DynamicEmbStateful",
+    "LoadReport",
+    "TableLoad",
+    "dump",
+    "load",
+]
+
+
+def DynamicEmbDump(
+    path: str,
+    model: torch.nn.Module,
+    table_names: dict[str, list[str]] | None = None,
+    optim: bool | None = False,
+    pg: dist.ProcessGroup | None = None,
+) -> None:
+    """Dump the dynamic embedding tables of a sharded model to ``path``.
+
+    Every rank writes the rows it holds: per table a key file, a value file
+    (at the table's storage dtype), an optimizer-state file when ``optim``
+    and a score file (in ``score_strategy`` order), in a folder per
+    collection named by its module path (``model.<path>``), plus a meta JSON
+    per table and a manifest with every file's checksum. The new checkpoint
+    replaces an earlier one at ``path`` atomically: ``path`` always holds the
+    earlier or the new one, whatever happens during the dump.
+
+    Args:
+        path (str): the checkpoint folder; new, empty, or an earlier
+            dynamicemb checkpoint.
+        model (torch.nn.Module): a model sharded with the dynamicemb sharders
+            (``DistributedModelParallel`` or a module holding the sharded
+            collections).
+        table_names (Optional[Dict[str, List[str]]]): collection (its name,
+            module path or folder) -> dynamic tables to dump. None: all.
+        optim (Optional[bool]): also dump the optimizer state. Defaults to False.
+        pg (Optional[dist.ProcessGroup]): the sharding's process group.
+            Defaults to the default group (none: a single process).
+
+    Raises:
+        ValueError: an unknown collection or table in ``table_names``, or
+            ``path`` holds something other than a dynamicemb checkpoint.
+    """
+    dump(path, model, table_names, bool(optim), pg)
+
+
+def DynamicEmbLoad(
+    path: str,
+    model: torch.nn.Module,
+    table_names: dict[str, list[str]] | list[str] | None = None,
+    optim: bool = False,
+    pg: dist.ProcessGroup | None = None,
+) -> None:
+    """Load a checkpoint of DynamicEmbDump into the dynamic tables of a model.
+
+    The checkpoint may have been written at any world size and with any
+    ``dist_type``: each key goes to the rank that owns it now. Each loaded
+    table then holds exactly the checkpoint's keys (its earlier keys are
+    removed), with their scores and, with ``optim``, their optimizer state
+    (else the optimizer's initial state). A table with less room than the
+    checkpoint needs keeps, per bucket, the highest-scored keys, as its
+    eviction would; a warning says how many did not fit. Values are read
+    at the precision the meta JSON records and converted (with a warning)
+    when the table stores another; a differing dim is an error. A
+    checkpoint of the legacy layout (no meta JSON) is read as float32 rows
+    whose width follows from the file size.
+
+    A load that fails (missing folder or table, wrong dim, truncated or
+    corrupted file, ...) raises and leaves the model as it was.
+
+    Args:
+        path (str): the checkpoint folder.
+        model (torch.nn.Module): the sharded model.
+        table_names (Optional[Union[Dict[str, List[str]], List[str]]]):
+            collection -> tables, or table names of any collection. None: all
+            dynamic tables of the model (each must be in the checkpoint).
+        optim (bool): also load the optimizer state (and the step of Adam's
+            bias correction). Defaults to False.
+        pg (Optional[dist.ProcessGroup]): the sharding's process group.
+
+    Raises:
+        CheckpointError: the checkpoint is missing, incomplete or corrupted,
+            or lacks a table.
+        ValueError: a table's dim, optimizer or score columns differ from
+            the checkpoint's.
+    """
+    load(path, model, table_names, optim, pg)

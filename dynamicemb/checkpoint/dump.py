@@ -1,0 +1,232 @@
+"""DynamicEmbDump: every rank writes the rows it holds, rank 0 publishes."""
+
+import logging
+import os
+import sys
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from dynamicemb.checkpoint import files
+from dynamicemb.checkpoint.comm import Group
+from dynamicemb.checkpoint.layout import (
+    CHECKSUM_BLOCK_BYTES,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    KEYS,
+    OPT_VALUES,
+    SCORES,
+    VALUES,
+    Shard,
+    TableMeta,
+    meta_file,
+    shard_file,
+)
+from dynamicemb.checkpoint.model import TableRef, dynamic_tables, optimizer_name, select
+
+log = logging.getLogger("dynamicemb.checkpoint")
+
+# Rows of one chunk are sized to about this many bytes.
+CHUNK_BYTES = 32 << 20
+# Threads writing (and checksumming) files; both release the GIL.
+IO_THREADS = min(8, os.cpu_count() or 1)
+
+
+@dataclass
+class DumpReport:
+    """What a dump wrote: tables, rows and bytes over all ranks, seconds."""
+
+    path: str
+    tables: int
+    rows: int
+    nbytes: int
+    seconds: float
+
+
+def chunk_rows(row_bytes: int) -> int:
+    return max(1024, CHUNK_BYTES // max(row_bytes, 1))
+
+
+def _host_bytes(t: torch.Tensor) -> memoryview:
+    """A CPU copy of ``t`` as raw little-endian bytes, row-major."""
+    t = t.detach().contiguous().cpu()
+    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+
+
+def _write_table(
+    folder: str, ref: TableRef, optim: bool, rank: int, world: int, pool, progress
+) -> Shard:
+    module, t = ref.module, ref.index
+    sd = module.state_dim(t) if optim else 0
+    has_scores = module.checkpoint_score_columns() is not None
+    kinds = [KEYS, VALUES] + ([OPT_VALUES] if sd else []) + ([SCORES] if has_scores else [])
+    writers = {
+        k: files.CheckedWriter(
+            os.path.join(folder, shard_file(ref.name, k, rank, world)), CHECKSUM_BLOCK_BYTES
+        )
+        for k in kinds
+    }
+    isz = module.value_dtype.itemsize
+    row_bytes = 8 + (ref.dim + sd) * isz + 8 * module.table.num_scores
+    rows, pending = 0, []
+    try:
+        for chunk in module.export_rows(t, chunk_rows(row_bytes)):
+            n = chunk.keys.numel()
+            if n == 0:
+                continue
+            parts = {KEYS: chunk.keys, VALUES: chunk.embeddings}
+            if sd:
+                parts[OPT_VALUES] = chunk.optimizer_state
+            if has_scores:
+                parts[SCORES] = chunk.scores
+            data = {k: _host_bytes(v) for k, v in parts.items()}
+            for fut in pending:  # the previous chunk's writes
+                fut.result()
+            pending = [
+                pool.submit(lambda k=k, d=d: (writers[k].write(d), progress.update(len(d))))
+                for k, d in data.items()
+            ]
+            rows += n
+        for fut in pending:
+            fut.result()
+        infos = {k: w.close() for k, w in writers.items()}
+    except BaseException:
+        for fut in pending:
+            fut.exception()
+        for w in writers.values():
+            w.abort()
+        raise
+    return Shard(rank=rank, rows=rows, files=infos)
+
+
+def table_meta(ref: TableRef, optim: bool, world: int, shards: list[Shard]) -> TableMeta:
+    """A table's meta JSON (``world`` 0 and no shards: DCP's, see dcp.py)."""
+    module, t = ref.module, ref.index
+    sd = module.state_dim(t) if optim else 0
+    cols = module.checkpoint_score_columns()
+    return TableMeta(
+        table_name=ref.name,
+        embedding_dtype=module.value_dtype,
+        embedding_dim=ref.dim,
+        optim_state_dtype=module.value_dtype if sd else None,
+        optim_state_dim=sd,
+        optimizer=optimizer_name(module) if module.training_state else None,
+        score_strategy=[] if cols is None else [s.name for s in module.strategies],
+        step=int(module.step),
+        dist_type=ref.dist_type,
+        num_embeddings=ref.num_embeddings,
+        world_size=world,
+        shards=sorted(shards, key=lambda s: s.rank),
+    )
+
+
+def check_world(refs: list[TableRef], group: Group) -> None:
+    for ref in refs:
+        w = ref.sharding_world_size
+        if w is not None and w != group.world_size:
+            raise ValueError(
+                f"{ref.label} is sharded over {w} ranks, but the process group has "
+                f"{group.world_size}: pass the sharding's process group as pg"
+            )
+
+
+def dump(
+    path: str,
+    model: torch.nn.Module,
+    table_names: dict[str, list[str]] | None = None,
+    optim: bool = False,
+    pg: dist.ProcessGroup | None = None,
+    show_progress: bool = True,
+) -> DumpReport | None:
+    """``DynamicEmbDump``, returning what was written (None: no dynamic table)."""
+    group = Group(pg)
+    refs = select(dynamic_tables(model), table_names)
+    if not refs:
+        warnings.warn("DynamicEmbDump: the model has no dynamic embedding tables", stacklevel=3)
+        return None
+    check_world(refs, group)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    error, tmp = None, None
+    if group.rank == 0:
+        try:
+            files.prepare_target(path)
+            tmp = files.make_tmp(path)
+            for folder in sorted({ref.collection for ref in refs}):
+                os.mkdir(os.path.join(tmp, folder))
+        except BaseException as e:
+            error = e
+    group.agree(error)
+    tmp = group.broadcast_object(tmp)
+    try:
+        est = sum(
+            int(ref.module.table.size()[ref.index])
+            * (
+                8
+                + (ref.dim + (ref.module.state_dim(ref.index) if optim else 0))
+                * ref.module.value_dtype.itemsize
+            )
+            for ref in refs
+        )
+        progress = files.Progress("DynamicEmbDump", est, show_progress and group.rank == 0)
+        shards, error = {}, None
+        try:
+            with ThreadPoolExecutor(IO_THREADS) as pool:
+                for ref in refs:
+                    folder = os.path.join(tmp, ref.collection)
+                    shards[(ref.collection, ref.name)] = _write_table(
+                        folder, ref, optim, group.rank, group.world_size, pool, progress
+                    )
+            for folder in {ref.collection for ref in refs}:
+                files.fsync_path(os.path.join(tmp, folder))
+        except BaseException as e:
+            error = e
+        group.agree(error)
+        gathered = group.all_gather_object(shards)
+        if group.rank == 0:
+            try:
+                collections: dict[str, dict[str, dict]] = {}
+                for ref in refs:
+                    key = (ref.collection, ref.name)
+                    meta = table_meta(ref, optim, group.world_size, [g[key] for g in gathered])
+                    info = files.write_small(
+                        os.path.join(tmp, ref.collection), meta_file(ref.name), meta.encode()
+                    )
+                    collections.setdefault(ref.collection, {})[ref.name] = info.to_json()
+                for folder in collections:
+                    files.fsync_path(os.path.join(tmp, folder))
+                body = {
+                    "format": FORMAT_NAME,
+                    "version": FORMAT_VERSION,
+                    "world_size": group.world_size,
+                    "optim": bool(optim),
+                    "collections": collections,
+                }
+                files.write_manifest(tmp, body)
+                files.publish(tmp, path)
+                tmp = None
+            except BaseException as e:
+                error = e
+        group.agree(error)
+    except BaseException:
+        if group.rank == 0 and tmp is not None:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    seconds = progress.close()
+    rows = sum(s.rows for g in gathered for s in g.values())
+    nbytes = sum(s.nbytes for g in gathered for s in g.values())
+    report = DumpReport(os.path.abspath(path), len(refs), rows, nbytes, seconds)
+    if group.rank == 0:
+        line = (
+            f"DynamicEmbDump: {report.tables} tables, {rows} rows, {nbytes / 2**20:.1f} MiB "
+            f"(all ranks) in {seconds:.2f} s to {report.path}"
+        )
+        log.info(line)
+        if progress.bar is not None:
+            print(line, file=sys.stderr)
+    return report

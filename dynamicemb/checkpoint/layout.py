@@ -1,0 +1,302 @@
+"""The checkpoint format: file names, the manifest, the per-table meta JSON.
+
+A checkpoint is a folder::
+
+    <path>/
+      dynamicemb_checkpoint.json                  the manifest, written last
+      <collection>/                               e.g. model.sparse.ebc
+        <table>_meta.json                         per-table meta (below)
+        <table>_keys.rank_<r>.world_size_<W>      int64 keys
+        <table>_values.rank_<r>.world_size_<W>    (n, embedding_dim) at embedding_dtype
+        <table>_opt_values.rank_<r>.world_size_<W>  (n, optim_state_dim) at optim_state_dtype
+        <table>_scores.rank_<r>.world_size_<W>    (n, num_scores) int64, score_strategy order
+
+``<collection>`` is the collection's module path in the model, the model
+itself being ``model`` (``model.sparse.ebc``). Every rank ``r`` of the
+dumping world writes the rows it holds; rows are little-endian, row-major,
+without headers. The meta JSON of a table records what the files hold
+(``embedding_dtype``, ``embedding_dim``, ``optim_state_dtype``,
+``optim_state_dim``, the score strategy, the optimizer, its step, the
+routing) and, for every rank's shard, its row count and for every file its
+size and CRC-32 checksums (one per ``checksum_block_bytes`` block, zlib's
+CRC-32). The manifest lists the collections and tables with the size and
+checksum of each meta JSON, and carries a checksum of its own body.
+
+The format has room for what is not there yet: a file kind is any name in a
+shard's ``files`` (admission counters will add ``counter_keys`` and
+``counter_values``), and the meta JSON's ``admission_counter`` entry is
+reserved for the counter's description.
+
+The legacy layout (written before the meta JSON existed) is one file per kind
+and table, ``<table>_keys`` / ``<table>_values`` / ``<table>_scores``
+(uint64), float32 values whose row width follows from the file size, and no
+checksums; it is read, never written.
+"""
+
+import json
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+FORMAT_NAME = "dynamicemb-checkpoint"
+FORMAT_VERSION = 1
+MANIFEST = "dynamicemb_checkpoint.json"
+ROOT_MODULE = "model"
+
+# CRC-32 block size of new checkpoints (readers use the meta's value).
+CHECKSUM_BLOCK_BYTES = 64 << 20
+CHECKSUM_ALGORITHM = "crc32"
+
+# File kinds: (element dtype or None for the table's, columns key in meta).
+KEYS, VALUES, OPT_VALUES, SCORES = "keys", "values", "opt_values", "scores"
+
+_DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "float64": torch.float64,
+}
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be loaded: missing, incomplete, corrupted, or
+    not matching the model. Loading it changed nothing."""
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    for name, d in _DTYPES.items():
+        if d == dtype:
+            return name
+    raise ValueError(f"dtype {dtype} cannot be stored in a checkpoint")
+
+
+def dtype_of(name: str, what: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise CheckpointError(f"{what}: unknown dtype {name!r} (known: {sorted(_DTYPES)})")
+    return _DTYPES[name]
+
+
+def shard_file(table: str, kind: str, rank: int, world_size: int) -> str:
+    return f"{table}_{kind}.rank_{rank}.world_size_{world_size}"
+
+
+def meta_file(table: str) -> str:
+    return f"{table}_meta.json"
+
+
+def legacy_file(table: str, kind: str) -> str:
+    return f"{table}_{kind}"
+
+
+def legacy_args_file(table: str) -> str:
+    return f"{table}_opt_args.json"
+
+
+def collection_dir(fqn: str) -> str:
+    """Folder of a collection at module path ``fqn`` ('' for the model)."""
+    return ROOT_MODULE if not fqn else f"{ROOT_MODULE}.{fqn}"
+
+
+def check_name(name: str, what: str) -> None:
+    if not name or "/" in name or name in (".", "..") or "\0" in name:
+        raise ValueError(f"{what} {name!r} cannot name a checkpoint file")
+
+
+def crc32_blocks(data: memoryview | bytes, block: int, start: int = 0) -> list[int]:
+    """CRC-32 of every ``block`` bytes of ``data``."""
+    mv = memoryview(data)
+    return [zlib.crc32(mv[i : i + block]) for i in range(start, len(mv), block)]
+
+
+def _canonical(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def encode_manifest(body: dict[str, Any]) -> bytes:
+    """The manifest's bytes: ``body`` plus the CRC-32 of its canonical form."""
+    out = dict(body, checksum=zlib.crc32(_canonical(body)))
+    return json.dumps(out, indent=1, sort_keys=True).encode()
+
+
+def decode_manifest(data: bytes, where: str) -> dict[str, Any]:
+    try:
+        body = json.loads(data)
+        checksum = body.pop("checksum")
+    except (ValueError, KeyError, AttributeError, TypeError) as e:
+        raise CheckpointError(f"{where}: manifest is not valid ({e})") from None
+    if zlib.crc32(_canonical(body)) != checksum:
+        raise CheckpointError(f"{where}: manifest checksum mismatch (the file is corrupted)")
+    if body.get("format") != FORMAT_NAME or body.get("version") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{where}: format {body.get('format')!r} version {body.get('version')!r} is not "
+            f"{FORMAT_NAME!r} version {FORMAT_VERSION}"
+        )
+    return body
+
+
+@dataclass
+class FileInfo:
+    """One shard file: its name, size and block checksums (None: legacy)."""
+
+    name: str
+    nbytes: int
+    crc32: list[int] | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.name, "bytes": self.nbytes, "crc32": self.crc32}
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> "FileInfo":
+        return FileInfo(str(d["file"]), int(d["bytes"]), [int(c) for c in d["crc32"]])
+
+
+@dataclass
+class Shard:
+    """The rows one rank of the dumping world wrote for one table."""
+
+    rank: int
+    rows: int
+    files: dict[str, FileInfo]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rank": self.rank,
+            "rows": self.rows,
+            "files": {k: f.to_json() for k, f in sorted(self.files.items())},
+        }
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> "Shard":
+        return Shard(
+            int(d["rank"]),
+            int(d["rows"]),
+            {k: FileInfo.from_json(f) for k, f in d["files"].items()},
+        )
+
+    @property
+    def nbytes(self) -> int:
+        return sum(f.nbytes for f in self.files.values())
+
+
+@dataclass
+class TableMeta:
+    """The per-table meta JSON.
+
+    ``optim_state_dim`` is 0 (and ``optim_state_dtype`` None) when the
+    checkpoint holds no optimizer state; ``score_strategy`` lists the score
+    columns of the scores file (empty: no scores file, NO_EVICTION).
+    ``legacy`` marks a table read from the legacy layout (never written).
+    """
+
+    table_name: str
+    embedding_dtype: torch.dtype
+    embedding_dim: int
+    optim_state_dtype: torch.dtype | None
+    optim_state_dim: int
+    optimizer: str | None
+    score_strategy: list[str]
+    step: int
+    dist_type: str
+    num_embeddings: int
+    world_size: int
+    shards: list[Shard]
+    checksum_block_bytes: int = CHECKSUM_BLOCK_BYTES
+    admission_counter: dict[str, Any] | None = None
+    legacy: bool = False
+
+    @property
+    def num_scores(self) -> int:
+        return len(self.score_strategy)
+
+    @property
+    def rows(self) -> int:
+        return sum(s.rows for s in self.shards)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.nbytes for s in self.shards)
+
+    def columns(self, kind: str) -> tuple[torch.dtype, int]:
+        """(dtype, columns) of a file kind."""
+        if kind == KEYS:
+            return torch.int64, 1
+        if kind == VALUES:
+            return self.embedding_dtype, self.embedding_dim
+        if kind == OPT_VALUES:
+            assert self.optim_state_dtype is not None
+            return self.optim_state_dtype, self.optim_state_dim
+        if kind == SCORES:
+            return torch.int64, self.num_scores
+        raise CheckpointError(f"table {self.table_name!r}: unknown file kind {kind!r}")
+
+    def kinds(self) -> list[str]:
+        kinds = [KEYS, VALUES]
+        if self.optim_state_dim:
+            kinds.append(OPT_VALUES)
+        if self.num_scores:
+            kinds.append(SCORES)
+        return kinds
+
+    def encode(self) -> bytes:
+        body = {
+            "format": FORMAT_NAME,
+            "version": FORMAT_VERSION,
+            "table_name": self.table_name,
+            "embedding_dtype": dtype_name(self.embedding_dtype),
+            "embedding_dim": self.embedding_dim,
+            "optim_state_dtype": (
+                None if self.optim_state_dtype is None else dtype_name(self.optim_state_dtype)
+            ),
+            "optim_state_dim": self.optim_state_dim,
+            "optimizer": self.optimizer,
+            "score_strategy": self.score_strategy,
+            "step": self.step,
+            "dist_type": self.dist_type,
+            "num_embeddings": self.num_embeddings,
+            "world_size": self.world_size,
+            "checksum_algorithm": CHECKSUM_ALGORITHM,
+            "checksum_block_bytes": self.checksum_block_bytes,
+            "admission_counter": self.admission_counter,
+            "shards": [s.to_json() for s in self.shards],
+        }
+        return json.dumps(body, indent=1, sort_keys=True).encode()
+
+    @staticmethod
+    def decode(data: bytes, where: str) -> "TableMeta":
+        try:
+            d = json.loads(data)
+            if d.get("checksum_algorithm") != CHECKSUM_ALGORITHM:
+                raise CheckpointError(
+                    f"{where}: checksum algorithm {d.get('checksum_algorithm')!r} is not "
+                    f"{CHECKSUM_ALGORITHM!r}"
+                )
+            osd = d["optim_state_dtype"]
+            meta = TableMeta(
+                table_name=str(d["table_name"]),
+                embedding_dtype=dtype_of(d["embedding_dtype"], f"{where} embedding_dtype"),
+                embedding_dim=int(d["embedding_dim"]),
+                optim_state_dtype=None if osd is None else dtype_of(osd, f"{where} optim"),
+                optim_state_dim=int(d["optim_state_dim"]),
+                optimizer=d["optimizer"],
+                score_strategy=[str(s) for s in d["score_strategy"]],
+                step=int(d["step"]),
+                dist_type=str(d["dist_type"]),
+                num_embeddings=int(d["num_embeddings"]),
+                world_size=int(d["world_size"]),
+                shards=[Shard.from_json(s) for s in d["shards"]],
+                checksum_block_bytes=int(d["checksum_block_bytes"]),
+                admission_counter=d.get("admission_counter"),
+            )
+        except CheckpointError:
+            raise
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise CheckpointError(f"{where}: table meta is not valid ({e!r})") from None
+        for s in meta.shards:
+            missing = set(meta.kinds()) - set(s.files)
+            if missing:
+                raise CheckpointError(
+                    f"{where}: shard of rank {s.rank} lists no {sorted(missing)} file"
+                )
+        return meta

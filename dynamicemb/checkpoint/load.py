@@ -1,0 +1,503 @@
+"""DynamicEmbLoad: read, verify, reshard, then replace the tables' contents.
+
+A load runs in three steps, each agreed on by all ranks before the next:
+
+1. Plan: read the manifest and the meta JSON of every selected table, and
+   check them against the model (collection and table present, dim,
+   optimizer, score columns) and the files against their recorded sizes.
+2. Read: the shards (one dumping rank's files of a table) are divided among
+   the loading ranks by size; each rank reads its shards in chunks,
+   verifying every block's CRC-32 before using it, sends each row to the
+   rank that owns its key now (``route_keys`` with the table's current
+   ``dist_type`` and world size) and keeps the rows it receives.
+3. Apply: each rank snapshots the modules it changes, empties the loaded
+   tables and inserts the rows, highest score first and without eviction, so
+   that a table that is now smaller keeps, per bucket, the keys its eviction
+   would keep; the others are reported as dropped. If any rank fails, every
+   rank restores its snapshot.
+
+Nothing is changed before step 3, and step 3 undoes itself on failure: a
+load that fails leaves the model as it was.
+"""
+
+import logging
+import os
+import sys
+import warnings
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from dynamicemb.checkpoint import files
+from dynamicemb.checkpoint.comm import Group
+from dynamicemb.checkpoint.dump import IO_THREADS, check_world, chunk_rows
+from dynamicemb.checkpoint.layout import (
+    CHECKSUM_BLOCK_BYTES,
+    KEYS,
+    OPT_VALUES,
+    SCORES,
+    VALUES,
+    CheckpointError,
+    FileInfo,
+    Shard,
+    TableMeta,
+    legacy_file,
+    meta_file,
+)
+from dynamicemb.checkpoint.model import TableRef, dynamic_tables, optimizer_name, select
+from dynamicemb.dynamicemb_config import DynamicEmbScoreStrategy
+from dynamicemb.embedding.score_function import evaluate_scores
+from dynamicemb.shard.routing import route_keys
+from dynamicemb.table import enums
+
+log = logging.getLogger("dynamicemb.checkpoint")
+
+
+@dataclass
+class TableLoad:
+    """One table's load over all ranks: rows in the checkpoint, rows the
+    table holds now, rows that did not fit."""
+
+    collection: str
+    table: str
+    checkpoint_rows: int
+    loaded: int
+    dropped: int
+
+
+@dataclass
+class LoadReport:
+    path: str
+    tables: list[TableLoad] = field(default_factory=list)
+    nbytes: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class _Plan:
+    ref: TableRef
+    meta: TableMeta
+    folder: str
+    with_state: bool  # the optimizer state is loaded
+    optim: bool
+
+    @property
+    def what(self) -> str:
+        return self.ref.label
+
+
+# ---------------------------------------------------------------- plan --
+
+
+def _legacy_meta(folder: str, ref: TableRef) -> TableMeta:
+    """A table of the legacy layout: float32 rows whose width (embedding, or
+    embedding and optimizer state) follows from the file sizes."""
+    what = f"{ref.label} (legacy layout)"
+    paths = {k: os.path.join(folder, legacy_file(ref.name, k)) for k in (KEYS, VALUES, SCORES)}
+    for k in (KEYS, VALUES):
+        if not os.path.isfile(paths[k]):
+            raise CheckpointError(f"{what}: {paths[k]} does not exist")
+    key_bytes = os.path.getsize(paths[KEYS])
+    value_bytes = os.path.getsize(paths[VALUES])
+    if key_bytes % 8:
+        raise CheckpointError(f"{what}: {paths[KEYS]} has {key_bytes} bytes, not whole int64 keys")
+    n = key_bytes // 8
+    dim = ref.dim
+    sd = ref.module.state_dim(ref.index)
+    width = dim if n == 0 else value_bytes // (4 * n)
+    if n and value_bytes != 4 * n * width or width not in (dim, dim + sd):
+        raise CheckpointError(
+            f"{what}: {paths[VALUES]} holds {value_bytes} bytes for {n} keys, not float32 rows of "
+            f"the table's dim {dim}" + (f" or dim + optimizer state {dim + sd}" if sd else "")
+        )
+    files_ = {
+        KEYS: FileInfo(legacy_file(ref.name, KEYS), key_bytes, None),
+        VALUES: FileInfo(legacy_file(ref.name, VALUES), value_bytes, None),
+    }
+    strategy: list[str] = []
+    if os.path.isfile(paths[SCORES]) and ref.module.table.num_scores == 1:
+        cols = ref.module.checkpoint_score_columns()
+        if cols is not None and os.path.getsize(paths[SCORES]) == 8 * n:
+            files_[SCORES] = FileInfo(legacy_file(ref.name, SCORES), 8 * n, None)
+            strategy = [ref.module.strategies[0].name]
+    return TableMeta(
+        table_name=ref.name,
+        embedding_dtype=torch.float32,
+        embedding_dim=dim,
+        optim_state_dtype=torch.float32 if width > dim else None,
+        optim_state_dim=width - dim,
+        optimizer=None,
+        score_strategy=strategy,
+        step=0,
+        dist_type=ref.dist_type,
+        num_embeddings=ref.num_embeddings,
+        world_size=1,
+        shards=[Shard(0, n, files_)],
+        checksum_block_bytes=CHECKSUM_BLOCK_BYTES,
+        legacy=True,
+    )
+
+
+def check_meta(meta: TableMeta, ref: TableRef, optim: bool) -> bool:
+    """Checks a table's meta against the table; returns whether its
+    optimizer state is to be loaded.
+
+    Raises:
+        ValueError: dim, score columns or optimizer differ.
+    """
+    module, t = ref.module, ref.index
+    if meta.embedding_dim != ref.dim:
+        raise ValueError(
+            f"{ref.label}: the checkpoint's embedding_dim {meta.embedding_dim} differs from the "
+            f"table's dim {ref.dim}"
+        )
+    cols = module.checkpoint_score_columns()
+    names = [s.name for s in module.strategies]
+    if cols is not None and meta.num_scores and meta.score_strategy != names:
+        raise ValueError(
+            f"{ref.label}: the checkpoint's score columns {meta.score_strategy} differ from the "
+            f"table's score_strategy {names}"
+        )
+    with_state = optim and module.state_dim(t) > 0
+    if optim and not module.training_state:
+        raise ValueError(f"{ref.label}: optim=True, but the table keeps no optimizer state")
+    if with_state:
+        if not meta.optim_state_dim:
+            raise ValueError(
+                f"{ref.label}: optim=True, but the checkpoint holds no optimizer state (it was "
+                "dumped with optim=False)"
+            )
+        if meta.optimizer is not None and meta.optimizer != optimizer_name(module):
+            raise ValueError(
+                f"{ref.label}: the checkpoint's optimizer state is {meta.optimizer}'s, the table "
+                f"uses {optimizer_name(module)}"
+            )
+        if meta.optim_state_dim != module.state_dim(t):
+            raise ValueError(
+                f"{ref.label}: the checkpoint's optim_state_dim {meta.optim_state_dim} differs "
+                f"from the table's {module.state_dim(t)}"
+            )
+    return with_state
+
+
+def _plan(root: str, manifest: dict | None, ref: TableRef, optim: bool) -> _Plan:
+    folder = os.path.join(root, ref.collection)
+    if manifest is None:
+        if not os.path.isdir(folder):
+            raise CheckpointError(
+                f"{ref.label}: {root} is not a dynamicemb checkpoint (no manifest) and has no "
+                f"folder {ref.collection!r}"
+            )
+        meta = _legacy_meta(folder, ref)
+    else:
+        colls = manifest["collections"]
+        if ref.collection not in colls:
+            raise CheckpointError(
+                f"{ref.label}: the checkpoint at {root} has no collection {ref.collection!r} "
+                f"(it has {sorted(colls)})"
+            )
+        if ref.name not in colls[ref.collection]:
+            raise CheckpointError(
+                f"{ref.label}: the checkpoint at {root} has no table {ref.name!r} in "
+                f"{ref.collection!r} (it has {sorted(colls[ref.collection])})"
+            )
+        info = FileInfo.from_json(colls[ref.collection][ref.name])
+        data = files.read_small(folder, info, meta_file(ref.name), ref.label)
+        meta = TableMeta.decode(data, os.path.join(folder, meta_file(ref.name)))
+    with_state = check_meta(meta, ref, optim)
+    for shard in meta.shards:
+        for kind in _kinds(meta):
+            dtype, ncols = _columns(meta, kind)
+            want = shard.rows * ncols * dtype.itemsize
+            if shard.files[kind].nbytes != want:
+                raise CheckpointError(
+                    f"{ref.label}: the meta JSON records {shard.files[kind].nbytes} bytes for "
+                    f"{shard.files[kind].name}, {shard.rows} rows need {want}"
+                )
+        files.check_sizes(folder, list(shard.files.values()), ref.label)
+    return _Plan(ref, meta, folder, with_state, optim)
+
+
+def _columns(meta: TableMeta, kind: str) -> tuple[torch.dtype, int]:
+    if meta.legacy and kind == VALUES:  # embedding and state in one file
+        return torch.float32, meta.embedding_dim + meta.optim_state_dim
+    return meta.columns(kind)
+
+
+def _kinds(meta: TableMeta) -> list[str]:
+    if meta.legacy:
+        return [k for k in meta.kinds() if k != OPT_VALUES]
+    return meta.kinds()
+
+
+# ---------------------------------------------------------------- read --
+
+
+def _assign(shards: list[Shard], world: int) -> list[list[Shard]]:
+    """Shards per loading rank, balanced by bytes (the same on every rank)."""
+    loads = [0] * world
+    out: list[list[Shard]] = [[] for _ in range(world)]
+    for s in sorted(shards, key=lambda s: (-s.nbytes, s.rank)):
+        r = loads.index(min(loads))
+        out[r].append(s)
+        loads[r] += s.nbytes
+    return out
+
+
+def _read_shard(plan: _Plan, shard: Shard, pool, progress) -> dict[str, torch.Tensor]:
+    """One dumping rank's rows of a table, every file read whole and its
+    blocks verified (the files in parallel)."""
+    meta = plan.meta
+    out = {}
+    tasks = []
+    for k in _kinds(meta):
+        dtype, ncols = _columns(meta, k)
+        out[k] = torch.empty(shard.rows, ncols, dtype=dtype)
+        info = shard.files[k]
+
+        def task(info=info, t=out[k]):
+            files.read_verified(plan.folder, info, meta.checksum_block_bytes, plan.what, t)
+            progress.update(info.nbytes)
+
+        tasks.append(task)
+    files.run_tasks(tasks, pool)
+    return out
+
+
+def _chunks(plan: _Plan, shards: list[Shard], rows: int, pool, progress):
+    for shard in shards:
+        parts = _read_shard(plan, shard, pool, progress)
+        for lo in range(0, shard.rows, rows):
+            yield {k: v[lo : lo + rows] for k, v in parts.items()}
+
+
+def _pack(parts: dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([parts[k].contiguous().view(torch.uint8) for k in sorted(parts)], dim=1)
+
+
+def _unpack(meta: TableMeta, data: torch.Tensor) -> dict[str, torch.Tensor]:
+    out, col = {}, 0
+    for k in sorted(_kinds(meta)):
+        dtype, ncols = _columns(meta, k)
+        width = ncols * dtype.itemsize
+        out[k] = data[:, col : col + width].contiguous().view(dtype)
+        col += width
+    return out
+
+
+def _read(plan: _Plan, group: Group, pool, progress) -> dict[str, torch.Tensor]:
+    """This rank's rows of a table after the exchange, as column blocks."""
+    meta = plan.meta
+    mine = _assign(meta.shards, group.world_size)[group.rank]
+    row_bytes = sum(c * d.itemsize for d, c in (_columns(meta, k) for k in _kinds(meta)))
+    rows = chunk_rows(row_bytes)
+    if not group.distributed:  # no exchange: whole shards
+        rows = max([s.rows for s in mine] + [1])
+    local = sum(-(-s.rows // rows) for s in mine)
+    (rounds,) = group.all_reduce([local], op="max")
+    chunks = _chunks(plan, mine, rows, pool, progress)
+    kept: list[dict[str, torch.Tensor]] = []
+    for _ in range(rounds):
+        error, parts, dest = None, None, None
+        try:
+            parts = next(chunks, None)
+            if group.distributed:
+                if parts is None:
+                    parts = {
+                        k: torch.empty(0, c, dtype=d)
+                        for k, (d, c) in ((k, _columns(meta, k)) for k in _kinds(meta))
+                    }
+                dest = route_keys(
+                    parts[KEYS].reshape(-1),
+                    group.world_size,
+                    plan.ref.dist_type,
+                    plan.ref.num_embeddings,
+                )
+        except BaseException as e:
+            error = e
+        group.agree(error)
+        if group.distributed:
+            parts = _unpack(meta, group.exchange(_pack(parts), dest))
+        if parts is not None:
+            kept.append(parts)
+    if next(chunks, None) is not None:  # pragma: no cover - rounds count every chunk
+        raise CheckpointError(f"{plan.what}: rows left unread")
+    if len(kept) == 1:
+        return kept[0]
+    return {
+        k: torch.cat([p[k] for p in kept]) if kept else torch.empty(0, c, dtype=d)
+        for k, (d, c) in ((k, _columns(meta, k)) for k in _kinds(meta))
+    }
+
+
+# --------------------------------------------------------------- apply --
+
+
+def _order(plan: _Plan, scores: torch.Tensor | None) -> torch.Tensor | None:
+    """Rows best first (the keys eviction would keep), None: as they are."""
+    module = plan.ref.module
+    cols = module.checkpoint_score_columns()
+    if cols is None or scores is None or scores.shape[0] < 2:
+        return None
+    if module.score_function is not None:
+        now = int(module.table.timer().item())
+        rank = evaluate_scores(module.score_function, scores, now)
+        return torch.argsort(rank, descending=True, stable=True)
+    internal = torch.empty_like(scores)
+    internal[:, cols] = scores
+    order = torch.arange(scores.shape[0])
+    for c in reversed(range(internal.shape[1])):  # lexicographic: last column first
+        order = order[torch.argsort(internal[order, c], descending=True, stable=True)]
+    return order
+
+
+def _apply(plan: _Plan, rows: dict[str, torch.Tensor], chunk: int) -> tuple[int, int]:
+    """Replaces the table's keys with ``rows``; returns (stored, dropped)."""
+    module, t, meta = plan.ref.module, plan.ref.index, plan.meta
+    keys = rows[KEYS].reshape(-1)
+    emb = rows[VALUES]
+    state = rows.get(OPT_VALUES)
+    if meta.legacy:
+        emb, state = emb[:, : meta.embedding_dim], emb[:, meta.embedding_dim :]
+        if not state.shape[1]:
+            state = None
+    if not plan.with_state:
+        state = None
+    scores = rows.get(SCORES)
+    if module.checkpoint_score_columns() is not None and scores is None:
+        scores = torch.zeros(keys.numel(), module.table.num_scores, dtype=torch.int64)
+    evicting = module.checkpoint_score_columns() is not None
+
+    def insert(order):
+        module.clear_tables([t])
+        module.reserve_rows(t, keys.numel())
+        stored = 0
+        for lo in range(0, keys.numel(), chunk):
+            idx = slice(lo, lo + chunk) if order is None else order[lo : lo + chunk]
+            ok = module.import_rows(
+                t,
+                keys[idx],
+                scores[idx] if evicting else None,
+                emb[idx],
+                None if state is None else state[idx],
+            )
+            stored += int(ok.sum())
+        return stored
+
+    # In file order first; a table too small for all keys (some bucket
+    # overflowed) is filled again best first, so that it keeps what its
+    # eviction would keep.
+    stored = insert(None)
+    if stored < keys.numel() and evicting:
+        stored = insert(_order(plan, scores))
+    return stored, keys.numel() - stored
+
+
+def _sets_step(plan: _Plan) -> bool:
+    module = plan.ref.module
+    return plan.optim or DynamicEmbScoreStrategy.STEP in module.strategies
+
+
+def apply_all(plans: list[_Plan], received: list[dict[str, torch.Tensor]], group: Group):
+    """Step 3: every plan's rows into its table, on every rank or on none.
+    Returns (stored, dropped) per plan."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    modules = {id(p.ref.module): p.ref.module for p in plans}
+    snapshots, results, error = {}, [], None
+    try:
+        for key, module in modules.items():
+            snapshots[key] = module.checkpoint_snapshot()
+        failures_col = int(enums.CounterCol.INSERT_FAILURES)
+        failures = {k: m.table.counters[:, failures_col].clone() for k, m in modules.items()}
+        for p, rows in zip(plans, received):
+            row_bytes = 8 + (p.ref.dim + p.meta.optim_state_dim) * 4
+            results.append(_apply(p, rows, chunk_rows(row_bytes)))
+        steps = defaultdict(list)
+        for p in plans:
+            if _sets_step(p):
+                steps[id(p.ref.module)].append(p.meta.step)
+        for key, module in modules.items():
+            module.table.counters[:, failures_col] = failures[key]
+            if steps[key]:
+                module.step = max(steps[key])
+    except BaseException as e:
+        error = e
+    try:
+        group.agree(error)
+    except BaseException:
+        for key, module in modules.items():
+            if key in snapshots:
+                module.restore_snapshot(snapshots[key])
+        raise
+    return results
+
+
+def load(
+    path: str,
+    model: torch.nn.Module,
+    table_names: dict[str, list[str]] | list[str] | None = None,
+    optim: bool = False,
+    pg: dist.ProcessGroup | None = None,
+    show_progress: bool = True,
+) -> LoadReport | None:
+    """``DynamicEmbLoad``, returning what was loaded (None: no dynamic table)."""
+    group = Group(pg)
+    refs = select(dynamic_tables(model), table_names)
+    if not refs:
+        warnings.warn("DynamicEmbLoad: the model has no dynamic embedding tables", stacklevel=3)
+        return None
+    check_world(refs, group)
+    # 1. plan
+    plans: list[_Plan] = []
+    error = None
+    try:
+        root, manifest = files.resolve(path)
+        plans = [_plan(root, manifest, ref, optim) for ref in refs]
+    except BaseException as e:
+        error = e
+    group.agree(error)
+    for p in plans:
+        if p.meta.embedding_dtype != p.ref.module.value_dtype:
+            warnings.warn(
+                f"DynamicEmbLoad: {p.what}: the checkpoint's values are "
+                f"{p.meta.embedding_dtype}, the table stores {p.ref.module.value_dtype}; "
+                "converting",
+                stacklevel=3,
+            )
+    # 2. read, verify, reshard
+    mine = sum(
+        s.nbytes for p in plans for s in _assign(p.meta.shards, group.world_size)[group.rank]
+    )
+    progress = files.Progress("DynamicEmbLoad", mine, show_progress and group.rank == 0)
+    with ThreadPoolExecutor(IO_THREADS) as pool:
+        received = [_read(p, group, pool, progress) for p in plans]
+    # 3. apply, all or nothing
+    results = apply_all(plans, received, group)
+    seconds = progress.close()
+    totals = group.all_reduce([v for r in results for v in r] + [mine])
+    report = LoadReport(os.path.abspath(path), nbytes=totals[-1], seconds=seconds)
+    for i, p in enumerate(plans):
+        report.tables.append(
+            TableLoad(p.ref.collection, p.ref.name, p.meta.rows, totals[2 * i], totals[2 * i + 1])
+        )
+    if group.rank == 0:
+        for tl in report.tables:
+            if tl.dropped:
+                warnings.warn(
+                    f"DynamicEmbLoad: table {tl.table!r} of {tl.collection!r}: {tl.dropped} of "
+                    f"{tl.checkpoint_rows} keys did not fit (its buckets kept their "
+                    "highest-scored keys)",
+                    stacklevel=3,
+                )
+        line = (
+            f"DynamicEmbLoad: {len(plans)} tables, {sum(t.loaded for t in report.tables)} rows, "
+            f"{report.nbytes / 2**20:.1f} MiB (all ranks) in {seconds:.2f} s from {report.path}"
+        )
+        log.info(line)
+        if progress.bar is not None:
+            print(line, file=sys.stderr)
+    return report

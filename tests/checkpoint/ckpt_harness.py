@@ -1,0 +1,233 @@
+"""Models, training and an independent reading of dynamic tables for the
+checkpoint tests.
+
+A ``Case`` is a sharded collection (EC or EBC, dynamic tables beside static
+ones) with an optimizer and score strategy; ``build`` shards it at any world
+size with the dynamicemb sharders, ``train`` runs a few steps on it, and
+``contents`` reads every dynamic table straight from the hash table's state
+tensors and the value buffer (not through the checkpoint code): per table,
+the keys with their embedding, optimizer state and score words.
+"""
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "shard"))
+
+import shard_harness as h
+
+T = h.TableSpec
+DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")
+LR = 0.05
+
+
+@dataclass
+class Case:
+    name: str
+    kind: str  # "ec" or "ebc"
+    tables: list[h.TableSpec]
+    optimizer: str = "adam"
+    score_strategy: Any = None  # None: the default (TIMESTAMP)
+    steps: int = 3
+    key_range: tuple[int, int] = (-6, 30)
+    batch_size: int = 3
+    max_length: int = 4
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def scenario(self) -> h.Scenario:
+        return h.Scenario(
+            name=self.name,
+            kind=self.kind,
+            tables=self.tables,
+            steps=self.steps,
+            key_range=self.key_range,
+            batch_size=self.batch_size,
+            max_length=self.max_length,
+        )
+
+    @property
+    def dynamic(self) -> list[str]:
+        return [t.name for t in self.tables if t.dynamic]
+
+
+def fused_params(optimizer: str) -> dict[str, Any]:
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    from dynamicemb import DynamicEmbOptimType
+
+    base = {"learning_rate": LR, "eps": 1e-8}
+    if optimizer == "sgd":
+        return {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": LR}
+    if optimizer == "adam":
+        return dict(base, optimizer=EmbOptimType.ADAM, beta1=0.9, beta2=0.999)
+    if optimizer == "adagrad":
+        return dict(base, optimizer=EmbOptimType.EXACT_ADAGRAD)
+    if optimizer == "rowwise_adagrad":
+        return dict(base, optimizer=EmbOptimType.EXACT_ROWWISE_ADAGRAD)
+    if optimizer == "ftrl":
+        return {
+            "optimizer": DynamicEmbOptimType.FTRL,
+            "learning_rate": LR,
+            "learning_rate_power": -0.5,
+            "l1_reg": 0.001,
+            "l2_reg": 0.001,
+            "initial_accumulator_value": 0.1,
+        }
+    raise ValueError(f"unknown optimizer {optimizer!r}")
+
+
+class Model(torch.nn.Module):
+    def __init__(self, collection) -> None:
+        super().__init__()
+        self.sparse = torch.nn.Module()
+        self.sparse.coll = collection
+
+    def forward(self, kjt):
+        return self.sparse.coll(kjt)
+
+
+COLLECTION = "model.sparse.coll"
+
+
+def build(case: Case, world_size: int, device: torch.device | None = None):
+    """The case's model sharded over the default group."""
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv, ShardingPlan
+
+    from dynamicemb.shard import (
+        DynamicEmbeddingBagCollectionSharder,
+        DynamicEmbeddingCollectionSharder,
+    )
+
+    device = device or h.worker_device()
+    sc = case.scenario()
+    collection = h.build_collection(sc, torch.device("cpu"))
+    if case.kind == "ec":
+        sharder = DynamicEmbeddingCollectionSharder(fused_params=fused_params(case.optimizer))
+    else:
+        sharder = DynamicEmbeddingBagCollectionSharder(fused_params=fused_params(case.optimizer))
+    plan = h.hand_plan(sc, collection, sharder, world_size, device.type)
+    for t in case.tables:
+        if t.dynamic:
+            ps = plan[t.name]
+            extra = dict(case.options)
+            if case.score_strategy is not None:
+                extra["score_strategy"] = case.score_strategy
+            ps.dynamicemb_options = dataclasses.replace(ps.dynamicemb_options, **extra)
+    return DistributedModelParallel(
+        Model(collection),
+        env=ShardingEnv.from_process_group(dist.group.WORLD),
+        device=device,
+        plan=ShardingPlan({"sparse.coll": plan}),
+        sharders=[sharder],
+    )
+
+
+def kernels(model):
+    from dynamicemb.shard import dynamic_embedding_kernels
+
+    return dynamic_embedding_kernels(model)
+
+
+def set_custom_score(model, score: int) -> None:
+    for k in kernels(model):
+        if "CUSTOMIZED" in [s.name for s in k.emb_module.strategies]:
+            k.emb_module.set_score(score)
+
+
+def train(model, case: Case, rank: int, steps: int | None = None, first: int = 0) -> None:
+    sc = case.scenario()
+    device = h.worker_device()
+    model.train()
+    for step in range(first, first + (case.steps if steps is None else steps)):
+        set_custom_score(model, 100 + step)
+        kjt = h.to_kjt(sc, h.batch_for(sc, step, rank)).to(device)
+        outs = h.local_outputs(sc, model(kjt))
+        targets = h.targets_for(sc, step, rank, {k: tuple(v.shape) for k, v in outs.items()})
+        loss = sum(0.5 * ((v.double() - targets[k].to(device)) ** 2).sum() for k, v in outs.items())
+        loss.backward()
+
+
+def contents(model) -> dict[str, dict[str, torch.Tensor]]:
+    """Every dynamic table on this rank, read from the raw state: table name
+    -> keys (sorted), emb, opt (the row after the embedding), scores (the
+    table's score words, its own column order), step."""
+    from dynamicemb.dynamicemb_config import optimizer_state_dim
+
+    out = {}
+    for k in kernels(model):
+        emb = k.emb_module
+        table = emb.table
+        for t, name in enumerate(k.table_names):
+            lo, hi = table.slot_range(t)
+            ex = table.export_batch(lo, hi).compact()
+            slots = ex.slots
+            if emb.no_eviction:
+                rows = table.scores[slots, 0] + emb._row_base_host[t]
+            else:
+                rows = slots
+            dim = emb.dims[t]
+            sd = optimizer_state_dim(emb.optimizer.optimizer, dim, torch.float32)
+            order = torch.argsort(ex.keys)
+            vals = emb.values[rows][order].float().cpu()
+            out[name] = {
+                "keys": ex.keys[order].cpu(),
+                "emb": vals[:, :dim].clone(),
+                "opt": vals[:, dim : dim + sd].clone(),
+                "scores": (
+                    torch.zeros(len(order), 0, dtype=torch.int64)
+                    if emb.no_eviction
+                    else ex.scores[order].cpu()
+                ),
+                "step": torch.tensor(emb.step),
+            }
+    return out
+
+
+def merge(per_rank: list[dict[str, dict[str, torch.Tensor]]]) -> dict[str, dict[str, torch.Tensor]]:
+    """The tables of all ranks in one (keys sorted), plus each key's rank."""
+    out = {}
+    for name in per_rank[0]:
+        parts = [r[name] for r in per_rank]
+        keys = torch.cat([p["keys"] for p in parts])
+        order = torch.argsort(keys)
+        merged = {
+            f: torch.cat([p[f] for p in parts])[order] for f in ("keys", "emb", "opt", "scores")
+        }
+        merged["rank"] = torch.cat(
+            [torch.full((p["keys"].numel(),), r, dtype=torch.int64) for r, p in enumerate(parts)]
+        )[order]
+        merged["step"] = max(int(p["step"]) for p in parts)
+        out[name] = merged
+    return out
+
+
+def static_weights(model) -> dict[str, torch.Tensor]:
+    """This rank's shards of the static tables (TorchRec's state dict)."""
+    out = {}
+    for key, value in model.state_dict().items():
+        local = value.local_shards() if hasattr(value, "local_shards") else None
+        if local is not None:
+            out[key] = torch.cat(
+                [torch.zeros(0)] + [s.tensor.detach().cpu().reshape(-1) for s in local]
+            )
+        elif isinstance(value, torch.Tensor):
+            out[key] = value.detach().cpu().clone()
+    return out
+
+
+def assert_same_tables(got, want, with_opt: bool = True, what: str = "") -> None:
+    assert sorted(got) == sorted(want), (what, sorted(got), sorted(want))
+    for name in want:
+        g, w = got[name], want[name]
+        assert torch.equal(g["keys"], w["keys"]), f"{what} {name}: keys differ"
+        assert torch.equal(g["emb"], w["emb"]), f"{what} {name}: embeddings differ"
+        if with_opt:
+            assert torch.equal(g["opt"], w["opt"]), f"{what} {name}: optimizer state differs"
+        assert torch.equal(g["scores"], w["scores"]), f"{what} {name}: scores differ"

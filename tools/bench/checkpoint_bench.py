@@ -1,0 +1,285 @@
+"""Checkpoint throughput: DynamicEmbDump / DynamicEmbLoad against writing and
+reading the same bytes plainly, in one run.
+
+One process (a world of one: NCCL on the GPU, gloo on the CPU) holds an
+EmbeddingCollection of ``--tables`` dynamic tables of ``--rows`` keys each,
+dim ``--dim``, with Adam state (the rows are filled directly, random keys
+and values, at ``--load-factor`` of each table's capacity). Then, each timed
+on its own and its files removed after:
+
+* dynamicemb: ``dump`` (checksums, fsync, atomic publish) into a folder and
+  ``load`` into a fresh model of the same shape (reading, verifying,
+  routing, inserting);
+* torch.save / torch.load of the same tensors (keys, embeddings, optimizer
+  state, scores per table, on the device), with and without an fsync;
+* raw: the same tensors' bytes with ``file.write`` (+ fsync) and
+  ``file.readinto`` back to the device.
+
+Prints a markdown table (GB/s = 10^9 bytes per second of the checkpoint's
+bytes) and the ratios of dynamicemb to the plain baselines.
+
+    python tools/bench/checkpoint_bench.py --device cuda --tables 10 --rows 1600000 --dim 128
+"""
+
+import argparse
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import dist_launch
+
+
+class Model(torch.nn.Module):
+    def __init__(self, ec) -> None:
+        super().__init__()
+        self.ec = ec
+
+    def forward(self, kjt):
+        return self.ec(kjt)
+
+
+def build(args, device: torch.device):
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import Topology
+    from torchrec.distributed.types import ShardingEnv
+    from torchrec.modules.embedding_configs import EmbeddingConfig
+    from torchrec.modules.embedding_modules import EmbeddingCollection
+
+    from dynamicemb import DynamicEmbTableOptions
+    from dynamicemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
+    from dynamicemb.shard import DynamicEmbeddingCollectionSharder
+
+    capacity = math.ceil(args.rows / args.load_factor)
+    configs = [
+        EmbeddingConfig(
+            name=f"t{i}",
+            num_embeddings=capacity,
+            embedding_dim=args.dim,
+            feature_names=[f"f{i}"],
+        )
+        for i in range(args.tables)
+    ]
+    model = Model(EmbeddingCollection(tables=configs, device=torch.device("meta")))
+    constraints = {
+        c.name: DynamicEmbParameterConstraints(
+            sharding_types=["row_wise"],
+            use_dynamicemb=True,
+            dynamicemb_options=DynamicEmbTableOptions(bucket_capacity=128),
+        )
+        for c in configs
+    }
+    params = {"optimizer": EmbOptimType.ADAM, "learning_rate": 0.01}
+    sharder = DynamicEmbeddingCollectionSharder(fused_params=params)
+    planner = DynamicEmbeddingShardingPlanner(
+        eb_configs=configs,
+        topology=Topology(world_size=1, compute_device=device.type, local_world_size=1),
+        constraints=constraints,
+        batch_size=512,
+        debug=False,
+    )
+    plan = planner.collective_plan(model, [sharder], dist.group.WORLD)
+    return DistributedModelParallel(
+        model,
+        env=ShardingEnv.from_process_group(dist.group.WORLD),
+        device=device,
+        plan=plan,
+        sharders=[sharder],
+    )
+
+
+def fill(model, args, device: torch.device) -> int:
+    """Random keys with random rows and states in every table; returns the
+    keys stored."""
+    from dynamicemb.shard import dynamic_embedding_kernels
+
+    g = torch.Generator(device=device).manual_seed(0)
+    stored = 0
+    for kernel in dynamic_embedding_kernels(model):
+        emb = kernel.emb_module
+        for t in range(len(kernel.table_names)):
+            keys = torch.randint(0, 2**62, (args.rows,), generator=g, device=device).unique()
+            emb.reserve_rows(t, keys.numel())
+            sd = emb.state_dim(t)
+            now = int(emb.table.timer().item())
+            for lo in range(0, keys.numel(), 1 << 20):
+                k = keys[lo : lo + (1 << 20)]
+                n = k.numel()
+                ok = emb.import_rows(
+                    t,
+                    k,
+                    torch.full((n, 1), now, dtype=torch.int64, device=device),
+                    torch.randn(n, args.dim, generator=g, device=device),
+                    torch.rand(n, sd, generator=g, device=device),
+                )
+                stored += int(ok.sum())
+    return stored
+
+
+def plain_tensors(model) -> list[dict[str, torch.Tensor]]:
+    """The checkpoint's content as plain tensors on the device, per table."""
+    from dynamicemb.shard import dynamic_embedding_kernels
+
+    out = []
+    for kernel in dynamic_embedding_kernels(model):
+        emb = kernel.emb_module
+        for t in range(len(kernel.table_names)):
+            parts = list(emb.export_rows(t, 1 << 22))
+            out.append(
+                {
+                    "keys": torch.cat([p.keys for p in parts]),
+                    "values": torch.cat([p.embeddings for p in parts]),
+                    "opt_values": torch.cat([p.optimizer_state for p in parts]),
+                    "scores": torch.cat([p.scores for p in parts]),
+                }
+            )
+    return out
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(fn, device) -> float:
+    sync(device)
+    start = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - start
+
+
+def torch_save(tables, folder, fsync: bool) -> None:
+    from dynamicemb.checkpoint.files import fsync_path
+
+    for i, t in enumerate(tables):
+        name = os.path.join(folder, f"t{i}.pt")
+        torch.save(t, name)
+        if fsync:
+            fsync_path(name)
+
+
+def torch_load(folder, n, device) -> list:
+    return [
+        torch.load(os.path.join(folder, f"t{i}.pt"), map_location=device, weights_only=True)
+        for i in range(n)
+    ]
+
+
+def raw_write(tables, folder, fsync: bool) -> None:
+    for i, t in enumerate(tables):
+        for kind, tensor in t.items():
+            name = os.path.join(folder, f"t{i}_{kind}")
+            with open(name, "wb") as f:
+                f.write(tensor.contiguous().cpu().reshape(-1).view(torch.uint8).numpy())
+                if fsync:
+                    f.flush()
+                    os.fsync(f.fileno())
+
+
+def raw_read(tables, folder, device) -> list:
+    out = []
+    for i, t in enumerate(tables):
+        got = {}
+        for kind, tensor in t.items():
+            host = torch.empty(tensor.shape, dtype=tensor.dtype)
+            with open(os.path.join(folder, f"t{i}_{kind}"), "rb") as f:
+                f.readinto(host.reshape(-1).view(torch.uint8).numpy())
+            got[kind] = host.to(device)
+        out.append(got)
+    return out
+
+
+def load_into_fresh(args, device: torch.device, ckpt: str, stored: int) -> float:
+    """Seconds of a load into a new model of the same shape (checked full)."""
+    from dynamicemb.checkpoint import load
+    from dynamicemb.shard import dynamic_embedding_kernels
+
+    fresh = build(args, device)
+    seconds = timed(lambda: load(ckpt, fresh, optim=True, show_progress=args.progress), device)
+    loaded = sum(int(k.emb_module.table.size().sum()) for k in dynamic_embedding_kernels(fresh))
+    assert loaded == stored, (loaded, stored)
+    return seconds
+
+
+def run(args) -> None:
+    from dynamicemb.checkpoint import dump
+
+    device = torch.device(args.device)
+    root = tempfile.mkdtemp(prefix="checkpoint_bench_", dir=args.dir)
+    try:
+        model = build(args, device)
+        stored = fill(model, args, device)
+        ckpt = os.path.join(root, "ckpt")
+        rows = []
+
+        report = dump(ckpt, model, optim=True, show_progress=args.progress)
+        nbytes = report.nbytes
+        t_load = load_into_fresh(args, device, ckpt, stored)
+        shutil.rmtree(ckpt)
+        rows.append(("dynamicemb dump / load (checksums, fsync)", report.seconds, t_load))
+
+        tables = plain_tensors(model)
+        plain = sum(v.numel() * v.element_size() for t in tables for v in t.values())
+        for fsync in (False, True):
+            folder = tempfile.mkdtemp(dir=root)
+            t_w = timed(lambda: torch_save(tables, folder, fsync), device)
+            t_r = timed(lambda: torch_load(folder, len(tables), device), device)
+            shutil.rmtree(folder)
+            rows.append((f"torch.save / torch.load{' (fsync)' if fsync else ''}", t_w, t_r))
+        for fsync in (False, True):
+            folder = tempfile.mkdtemp(dir=root)
+            t_w = timed(lambda: raw_write(tables, folder, fsync), device)
+            t_r = timed(lambda: raw_read(tables, folder, device), device)
+            shutil.rmtree(folder)
+            rows.append((f"raw write / readinto{' (fsync)' if fsync else ''}", t_w, t_r))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
+    print(
+        f"{args.tables} tables x {stored // args.tables} keys x dim {args.dim}, Adam state; "
+        f"{nbytes / 1e9:.2f} GB in dynamicemb's files ({plain / 1e9:.2f} GB plain); {name}, "
+        f"torch {torch.__version__}"
+    )
+    print("| method | write s | write GB/s | read s | read GB/s |")
+    print("|---|---|---|---|---|")
+    for label, w, r in rows:
+        print(f"| {label} | {w:.2f} | {nbytes / w / 1e9:.2f} | {r:.2f} | {nbytes / r / 1e9:.2f} |")
+    ours_w, ours_r = rows[0][1], rows[0][2]
+    for label, w, r in rows[1:]:
+        print(f"dynamicemb vs {label}: write {w / ours_w:.2f}x, read {r / ours_r:.2f}x")
+
+
+def main(argv=None) -> int:
+    has_gpu = torch.cuda.is_available() and torch.cuda.device_count() > 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if has_gpu else "cpu")
+    ap.add_argument("--tables", type=int, default=10)
+    ap.add_argument("--rows", type=int, default=1_600_000, help="keys per table")
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--load-factor", type=float, default=0.8)
+    ap.add_argument("--dir", default=None, help="where the files go (default: the temp dir)")
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    ap.add_argument("--progress", action="store_true", help="show the progress bars")
+    args = ap.parse_args(argv)
+    if args.device == "cuda" and not has_gpu:
+        ap.error("--device cuda: no GPU is visible")
+    dist_launch.init_process_group(0, 1, dist_launch.free_port(), args.device, args.threads)
+    try:
+        run(args)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
