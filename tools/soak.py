@@ -28,7 +28,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import train_dlrm  # noqa: E402
+import train_dlrm
 
 
 def judge(summary: dict, warmup: float, rss_slack: float, dev_slack: float) -> tuple[list, dict]:
