@@ -9,7 +9,11 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <cmath>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "cc/embedding/initializer.h"
 #include "cc/embedding/optimizer.h"
@@ -19,19 +23,28 @@
 namespace dyn_emb {
 namespace ops {
 
+/// A float argument must be a finite number (NaN and infinity would spread
+/// into every row the op writes).
+inline void check_finite(double v, const char* name) {
+  TORCH_CHECK_VALUE(std::isfinite(v), "dynamicemb: ", name, " must be finite, got ", v);
+}
+
 /// Checks init_rows' arguments and packs its parameters.
 inline embedding::InitArgs init_args(const at::Tensor& keys, const at::Tensor& table_ids,
                                      int64_t dim, int64_t mode, double mean, double std_dev,
                                      double lower, double upper, double value, int64_t seed) {
+  check_devices("init_rows", {{"keys", &keys}, {"table_ids", &table_ids}});
   check_1d(keys, at::kLong, "keys");
   check_1d(table_ids, at::kLong, "table_ids");
   TORCH_CHECK_VALUE(keys.numel() == table_ids.numel(),
                     "dynamicemb: keys and table_ids lengths differ: ", keys.numel(), " vs ",
                     table_ids.numel());
-  TORCH_CHECK(keys.device() == table_ids.device(),
-              "dynamicemb: keys and table_ids must share a device, got ", keys.device(), " and ",
-              table_ids.device());
   TORCH_CHECK_VALUE(dim >= 0, "dynamicemb: dim must be non-negative, got ", dim);
+  check_finite(mean, "mean");
+  check_finite(std_dev, "std_dev");
+  check_finite(lower, "lower bound");
+  check_finite(upper, "upper bound");
+  check_finite(value, "value");
   TORCH_CHECK_VALUE(mode >= 0 && mode < embedding::kNumInitModes, "dynamicemb: initializer mode ",
                     mode, " is not one of 0..", embedding::kNumInitModes - 1);
   TORCH_CHECK_VALUE(std_dev >= 0, "dynamicemb: std_dev must be non-negative, got ", std_dev);
@@ -58,6 +71,15 @@ inline embedding::OptimArgs optim_params(int64_t type, double lr, double eps, do
   TORCH_CHECK_VALUE(wd_mode >= 0 && wd_mode <= 2, "dynamicemb: weight decay mode ", wd_mode,
                     " is not 0 (none), 1 (L2) or 2 (decoupled)");
   TORCH_CHECK_VALUE(step >= 1, "dynamicemb: step must be at least 1, got ", step);
+  check_finite(lr, "lr");
+  check_finite(eps, "eps");
+  check_finite(beta1, "beta1");
+  check_finite(beta2, "beta2");
+  check_finite(weight_decay, "weight_decay");
+  check_finite(lr_power, "lr_power");
+  check_finite(ftrl_beta, "ftrl_beta");
+  check_finite(l1, "l1");
+  check_finite(l2, "l2");
   if (type == static_cast<int64_t>(embedding::OptimType::kFTRL)) {
     TORCH_CHECK_VALUE(lr > 0, "dynamicemb: FTRL learning_rate must be positive, got ", lr);
     TORCH_CHECK_VALUE(lr_power <= 0, "dynamicemb: FTRL learning_rate_power must be <= 0, got ",
@@ -85,6 +107,7 @@ inline embedding::OptimArgs optim_args(const at::Tensor& values, const at::Tenso
                                        double beta1, double beta2, double weight_decay,
                                        int64_t wd_mode, int64_t step, double lr_power,
                                        double ftrl_beta, double l1, double l2) {
+  check_devices("optimizer_step", {{"values", &values}, {"rows", &rows}, {"grads", &grads}});
   TORCH_CHECK_TYPE(values.scalar_type() == at::kFloat && grads.scalar_type() == at::kFloat,
                    "dynamicemb: values and grads must be float32, got ", values.scalar_type(),
                    " and ", grads.scalar_type());
@@ -95,8 +118,6 @@ inline embedding::OptimArgs optim_args(const at::Tensor& values, const at::Tenso
   check_1d(rows, at::kLong, "rows");
   TORCH_CHECK_VALUE(rows.numel() == grads.size(0), "dynamicemb: ", rows.numel(), " rows but ",
                     grads.size(0), " gradients");
-  TORCH_CHECK(values.device() == rows.device() && values.device() == grads.device(),
-              "dynamicemb: values, rows and grads must share a device");
   embedding::OptimArgs a = optim_params(type, lr, eps, beta1, beta2, weight_decay, wd_mode, step,
                                         lr_power, ftrl_beta, l1, l2);
   const int64_t dim = grads.size(1);
@@ -122,10 +143,20 @@ inline embedding::BagLayout bag_layout(const at::Tensor& cols, const at::Tensor&
   if (cols.device().is_cpu()) {
     const int64_t* c = cols.data_ptr<int64_t>();
     const int64_t* d = dims.data_ptr<int64_t>();
+    std::vector<std::pair<int64_t, int64_t>> spans;  // (first column, feature)
     for (int64_t f = 0; f < cols.numel(); ++f) {
       TORCH_CHECK_VALUE(d[f] >= 0 && d[f] <= width && c[f] >= 0 && c[f] + d[f] <= out_width,
                         "dynamicemb: feature ", f, " (columns ", c[f], " + dim ", d[f],
                         ") does not fit rows of ", width, " and outputs of ", out_width);
+      if (d[f] > 0) spans.emplace_back(c[f], f);
+    }
+    // Two features writing the same output columns have no defined result.
+    std::sort(spans.begin(), spans.end());
+    for (size_t j = 1; j < spans.size(); ++j) {
+      const int64_t f = spans[j - 1].second, g = spans[j].second;
+      TORCH_CHECK_VALUE(c[f] + d[f] <= c[g], "dynamicemb: features ", f, " and ", g,
+                        " overlap in the output: cols ", c[f], " + dims ", d[f], " and cols ",
+                        c[g]);
     }
   }
   embedding::BagLayout l;
@@ -199,6 +230,7 @@ inline embedding::UpdateArgs update_args(at::Tensor& values, const at::Tensor& g
                                          const c10::optional<at::Tensor>& weights,
                                          const at::Tensor& cols, const at::Tensor& dims,
                                          int64_t batch, const embedding::OptimArgs& optim) {
+  TORCH_CHECK_VALUE(batch >= 0, "dynamicemb: batch must not be negative, got ", batch);
   check_values(values);
   TORCH_CHECK_TYPE(grad_out.scalar_type() == at::kFloat,
                    "dynamicemb: grad_out must be float32, got ", grad_out.scalar_type());
@@ -241,6 +273,41 @@ inline embedding::UpdateArgs update_args(at::Tensor& values, const at::Tensor& g
   return a;
 }
 
+/// The tensor arguments of embedding_pool, for check_devices (CPU, CUDA, Meta).
+inline void check_pool_devices(const at::Tensor& values, const at::Tensor& rows,
+                               const at::Tensor& inverse, const at::Tensor& bag_offsets,
+                               const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
+                               const at::Tensor& dims) {
+  check_devices("embedding_pool", {{"values", &values},
+                                   {"rows", &rows},
+                                   {"inverse", &inverse},
+                                   {"bag_offsets", &bag_offsets},
+                                   {"cols", &cols},
+                                   {"dims", &dims}});
+  if (weights.has_value()) {
+    check_devices("embedding_pool", {{"values", &values}, {"weights", &*weights}});
+  }
+}
+
+/// The tensor arguments of embedding_update, for check_devices (CPU, CUDA, Meta).
+inline void check_update_devices(const at::Tensor& values, const at::Tensor& grad_out,
+                                 const at::Tensor& rows, const at::Tensor& occ_offsets,
+                                 const at::Tensor& occ_order, const at::Tensor& occ_bag,
+                                 const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
+                                 const at::Tensor& dims) {
+  check_devices("embedding_update", {{"values", &values},
+                                     {"grad_out", &grad_out},
+                                     {"rows", &rows},
+                                     {"occ_offsets", &occ_offsets},
+                                     {"occ_order", &occ_order},
+                                     {"occ_bag", &occ_bag},
+                                     {"cols", &cols},
+                                     {"dims", &dims}});
+  if (weights.has_value()) {
+    check_devices("embedding_update", {{"values", &values}, {"weights", &*weights}});
+  }
+}
+
 /// embedding_pool on one backend: checks, allocates the output, then
 /// run(args, num_bags) computes it.
 template <class Run>
@@ -248,10 +315,11 @@ at::Tensor pool_with(const at::Tensor& values, const at::Tensor& rows, const at:
                      const at::Tensor& bag_offsets, const c10::optional<at::Tensor>& weights,
                      const at::Tensor& cols, const at::Tensor& dims, int64_t batch,
                      int64_t out_width, const Run& run) {
+  check_pool_devices(values, rows, inverse, bag_offsets, weights, cols, dims);
   TORCH_CHECK_VALUE(out_width >= 0, "dynamicemb: out_width must not be negative, got ", out_width);
-  check_same_device(values, {&rows, &inverse, &bag_offsets, &cols, &dims});
-  if (weights.has_value()) check_same_device(values, {&*weights});
-  at::Tensor out = at::empty({batch, out_width}, values.options());
+  TORCH_CHECK_VALUE(batch >= 0, "dynamicemb: batch must not be negative, got ", batch);
+  // Zeros: columns of no feature are zeros too, not whatever memory held.
+  at::Tensor out = at::zeros({batch, out_width}, values.options());
   run(pool_args(values, rows, inverse, bag_offsets, weights, cols, dims, batch, out_width, out),
       bag_offsets.numel() - 1);
   return out;
@@ -264,8 +332,8 @@ void update_with(at::Tensor& values, const at::Tensor& grad_out, const at::Tenso
                  const at::Tensor& occ_bag, const c10::optional<at::Tensor>& weights,
                  const at::Tensor& cols, const at::Tensor& dims, int64_t batch,
                  const embedding::OptimArgs& optim, const Run& run) {
-  check_same_device(values, {&grad_out, &rows, &occ_offsets, &occ_order, &occ_bag, &cols, &dims});
-  if (weights.has_value()) check_same_device(values, {&*weights});
+  check_update_devices(values, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols,
+                       dims);
   run(update_args(values, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols, dims,
                   batch, optim));
 }

@@ -3,10 +3,14 @@
 // Meta (fake) kernels: output shapes only, so the ops trace under
 // torch.compile / torch.export. Every output is sized by its inputs, not by
 // the data (counts travel in separate tensors). Sizes are symbolic here
-// (SymInt): the value checks of the real kernels are not repeated.
+// (SymInt): the value checks of the real kernels are not repeated. Like every
+// kernel, each first checks that its tensors share one device (check_devices):
+// a meta tensor among real ones dispatches here.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "cc/ops/embedding_args.h"
+#include "cc/ops/routing_args.h"
 #include "cc/ops/table_args.h"
 
 namespace dyn_emb {
@@ -17,6 +21,8 @@ at::Tensor find_meta(const at::Tensor& keys, const at::Tensor& table_ids,
                      const at::Tensor& table_keys, const at::Tensor& digests, at::Tensor& scores,
                      const at::Tensor& info, at::IntArrayRef policies,
                      const at::Tensor& score_values, bool update) {
+  check_find_devices("table_find", keys, table_ids, table_keys, digests, scores, info,
+                     score_values);
   TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
                    keys.scalar_type());
   return at::empty_symint({keys.sym_numel()}, keys.options());
@@ -26,6 +32,8 @@ std::tuple<at::Tensor, at::Tensor> find_gather_meta(
     const at::Tensor& keys, const at::Tensor& table_ids, const at::Tensor& table_keys,
     const at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::IntArrayRef policies,
     const at::Tensor& score_values, bool update, const at::Tensor& values) {
+  check_find_devices("table_find_gather", keys, table_ids, table_keys, digests, scores, info,
+                     score_values, &values);
   TORCH_CHECK_VALUE(values.dim() == 2, "dynamicemb: values must be 2-D");
   return {at::empty_symint({keys.sym_numel()}, keys.options()),
           at::empty_symint({keys.sym_numel(), values.sym_size(1)}, values.options())};
@@ -37,6 +45,8 @@ run_meta(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
          at::Tensor& free_rows, at::IntArrayRef policies, const at::Tensor& score_values,
          int64_t op, bool assign_rows, int64_t total_buckets, bool has_rows,
          const std::optional<at::Tensor>& victim_scores) {
+  check_run_devices(keys, table_ids, table_keys, digests, scores, info, counters, free_rows,
+                    score_values, victim_scores);
   TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
                    keys.scalar_type());
   check_op(op);
@@ -52,6 +62,8 @@ run_meta(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
 ExportResult export_meta(const at::Tensor& table_keys, const at::Tensor& scores,
                          const at::Tensor& info, int64_t slot_begin, int64_t slot_end,
                          int64_t column, int64_t threshold) {
+  check_devices("table_export",
+                {{"table_keys", &table_keys}, {"scores", &scores}, {"info", &info}});
   TORCH_CHECK_VALUE(slot_begin >= 0 && slot_begin <= slot_end, "dynamicemb: slot range [",
                     slot_begin, ", ", slot_end, ") is empty or negative");
   const int64_t range = slot_end - slot_begin;
@@ -61,6 +73,7 @@ ExportResult export_meta(const at::Tensor& table_keys, const at::Tensor& scores,
 }
 
 at::Tensor gather_rows_meta(const at::Tensor& values, const at::Tensor& rows) {
+  check_devices("gather_rows", {{"values", &values}, {"rows", &rows}});
   TORCH_CHECK_TYPE(rows.scalar_type() == at::kLong, "dynamicemb: rows must be int64, got ",
                    rows.scalar_type());
   TORCH_CHECK_VALUE(values.dim() == 2, "dynamicemb: values must be 2-D");
@@ -70,6 +83,8 @@ at::Tensor gather_rows_meta(const at::Tensor& values, const at::Tensor& rows) {
 at::Tensor init_rows_meta(const at::Tensor& keys, const at::Tensor& table_ids, int64_t dim,
                           int64_t mode, double mean, double std_dev, double lower, double upper,
                           double value, int64_t seed) {
+  check_devices("init_rows", {{"keys", &keys}, {"table_ids", &table_ids}});
+  TORCH_CHECK_VALUE(dim >= 0, "dynamicemb: dim must be non-negative, got ", dim);
   TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
                    keys.scalar_type());
   return at::empty_symint({keys.sym_numel(), c10::SymInt(dim)}, keys.options().dtype(at::kFloat));
@@ -79,11 +94,15 @@ void optimizer_step_meta(at::Tensor& values, const at::Tensor& rows, const at::T
                          int64_t type, double lr, double eps, double beta1, double beta2,
                          double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
                          double ftrl_beta, double l1, double l2) {
+  check_devices("optimizer_step", {{"values", &values}, {"rows", &rows}, {"grads", &grads}});
   TORCH_CHECK_TYPE(values.scalar_type() == at::kFloat, "dynamicemb: values must be float32");
 }
 
 at::Tensor home_starts_meta(const at::Tensor& keys, const at::Tensor& table_ids,
                             const at::Tensor& table_keys, const at::Tensor& info) {
+  check_devices(
+      "table_home_starts",
+      {{"keys", &keys}, {"table_ids", &table_ids}, {"table_keys", &table_keys}, {"info", &info}});
   return at::empty_symint({keys.sym_numel()}, keys.options().dtype(at::kLong));
 }
 
@@ -92,12 +111,14 @@ at::Tensor timer_meta(const at::Tensor& like) {
 }
 
 at::Tensor count_meta(const at::Tensor& table_keys, const at::Tensor& info) {
+  check_devices("table_count", {{"table_keys", &table_keys}, {"info", &info}});
   return at::empty_symint({info.sym_size(0)}, table_keys.options());
 }
 
 at::Tensor route_keys_meta(const at::Tensor& keys, const at::Tensor& feature_ids,
                            const at::Tensor& dist_types, const at::Tensor& blocks,
                            int64_t world_size) {
+  check_route_devices(keys, feature_ids, dist_types, blocks);
   TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
                    keys.scalar_type());
   return at::empty_symint({keys.sym_numel()}, keys.options());
@@ -107,6 +128,10 @@ at::Tensor embedding_pool_meta(const at::Tensor& values, const at::Tensor& rows,
                                const at::Tensor& inverse, const at::Tensor& bag_offsets,
                                const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
                                const at::Tensor& dims, int64_t batch, int64_t out_width) {
+  check_pool_devices(values, rows, inverse, bag_offsets, weights, cols, dims);
+  TORCH_CHECK_VALUE(batch >= 0 && out_width >= 0,
+                    "dynamicemb: batch and out_width must not be negative, got ", batch, " and ",
+                    out_width);
   return at::empty({batch, out_width}, values.options());
 }
 
@@ -116,7 +141,10 @@ void embedding_update_meta(at::Tensor& values, const at::Tensor& grad_out, const
                            const at::Tensor& cols, const at::Tensor& dims, int64_t batch,
                            int64_t type, double lr, double eps, double beta1, double beta2,
                            double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
-                           double ftrl_beta, double l1, double l2) {}
+                           double ftrl_beta, double l1, double l2) {
+  check_update_devices(values, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols,
+                       dims);
+}
 
 }  // namespace
 

@@ -13,6 +13,7 @@
 
 #include "cc/ops/tensor_checks.h"
 #include "cc/table/layout.h"
+#include "cc/table/rows.h"
 #include "cc/table/table_ref.h"
 #include "cc/table/types.h"
 
@@ -22,6 +23,36 @@ namespace ops {
 using table::kCounterCols;
 using table::kInfoCols;
 using table::kMaxScores;
+
+// The tensor arguments of each table op, for check_devices (one list per op,
+// run by its CPU, CUDA and Meta kernels).
+
+inline void check_find_devices(const char* op, const at::Tensor& keys, const at::Tensor& table_ids,
+                               const at::Tensor& table_keys, const at::Tensor& digests,
+                               const at::Tensor& scores, const at::Tensor& info,
+                               const at::Tensor& score_values, const at::Tensor* values = nullptr) {
+  check_devices(op, {{"keys", &keys},
+                     {"table_ids", &table_ids},
+                     {"table_keys", &table_keys},
+                     {"digests", &digests},
+                     {"scores", &scores},
+                     {"info", &info},
+                     {"score_values", &score_values}});
+  if (values) check_devices(op, {{"keys", &keys}, {"values", values}});
+}
+
+inline void check_run_devices(const at::Tensor& keys, const at::Tensor& table_ids,
+                              const at::Tensor& table_keys, const at::Tensor& digests,
+                              const at::Tensor& scores, const at::Tensor& info,
+                              const at::Tensor& counters, const at::Tensor& free_rows,
+                              const at::Tensor& score_values,
+                              const std::optional<at::Tensor>& victim_scores) {
+  check_find_devices("table_run", keys, table_ids, table_keys, digests, scores, info, score_values);
+  check_devices("table_run", {{"keys", &keys}, {"counters", &counters}, {"free_rows", &free_rows}});
+  if (victim_scores.has_value()) {
+    check_devices("table_run", {{"keys", &keys}, {"victim_scores", &*victim_scores}});
+  }
+}
 
 inline void check_info(const at::Tensor& info) {
   TORCH_CHECK(info.scalar_type() == at::kLong && info.dim() == 2 && info.size(1) == kInfoCols &&
@@ -180,6 +211,12 @@ using ExportResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, 
 
 inline void check_export(const at::Tensor& keys, const at::Tensor& scores, int64_t slot_begin,
                          int64_t slot_end, int64_t column) {
+  TORCH_CHECK_TYPE(scores.scalar_type() == at::kLong, "dynamicemb: scores must be int64, got ",
+                   scores.scalar_type());
+  TORCH_CHECK_VALUE(scores.dim() == 2 && scores.is_contiguous() && keys.numel() == scores.size(0),
+                    "dynamicemb: scores must be a contiguous (", keys.numel(),
+                    ", num_scores) tensor, one row per slot of table_keys, got shape ",
+                    scores.sizes());
   TORCH_CHECK_VALUE(slot_begin >= 0 && slot_begin <= slot_end && slot_end <= keys.numel(),
                     "dynamicemb: slot range [", slot_begin, ", ", slot_end, ") is not within [0, ",
                     keys.numel(), "]");
@@ -229,6 +266,32 @@ inline std::pair<int64_t, bool> check_layout_cpu(const table::TableRef& t, int64
                         t.num_slots, " slots of table_keys");
   }
   return {0, false};
+}
+
+/// Checks the counters of every table (CPU tensors): sizes within the
+/// capacities, the row allocators' invariant (rows.h), naming what is wrong.
+inline void check_counter_values_cpu(const table::TableRef& t) {
+  int64_t bad = -1;
+  const int32_t e = table::check_counters(t, &bad);
+  if (e == table::kCountersOk) return;
+  const int64_t* inf = t.info + bad * kInfoCols;
+  const int64_t* cnt = t.counters + bad * kCounterCols;
+  switch (e) {
+    case table::kCounterSizeRange:
+      TORCH_CHECK_VALUE(false, "dynamicemb: counters: size ", cnt[table::kCounterSize],
+                        " of table ", bad, " is not within [0, ", inf[table::kInfoCapacity], "]");
+    case table::kCounterNextRowRange:
+      TORCH_CHECK_VALUE(false, "dynamicemb: counters: next row ", cnt[table::kCounterNextRow],
+                        " of table ", bad, " is not within [0, ", inf[table::kInfoRowCapacity],
+                        "]");
+    case table::kCounterFreeTopRange:
+      TORCH_CHECK_VALUE(false, "dynamicemb: counters: free-row top ", cnt[table::kCounterFreeTop],
+                        " of table ", bad, " is not within [0, ", cnt[table::kCounterNextRow],
+                        "] (the next row)");
+    default:
+      TORCH_CHECK_VALUE(false, "dynamicemb: counters: a cumulative counter of table ", bad,
+                        " is negative");
+  }
 }
 
 inline void check_gather(const at::Tensor& values, const at::Tensor& rows) {

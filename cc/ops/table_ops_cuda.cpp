@@ -38,6 +38,8 @@ at::Tensor find_cuda(const at::Tensor& keys, const at::Tensor& table_ids,
                      const at::Tensor& table_keys, const at::Tensor& digests, at::Tensor& scores,
                      const at::Tensor& info, at::IntArrayRef policies,
                      const at::Tensor& score_values, bool update) {
+  check_find_devices("table_find", keys, table_ids, table_keys, digests, scores, info,
+                     score_values);
   check_state(table_keys, digests, scores, info);
   check_batch(keys, table_ids, table_keys);
   const int64_t n = keys.numel();
@@ -56,6 +58,8 @@ std::tuple<at::Tensor, at::Tensor> find_gather_cuda(
     const at::Tensor& keys, const at::Tensor& table_ids, const at::Tensor& table_keys,
     const at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::IntArrayRef policies,
     const at::Tensor& score_values, bool update, const at::Tensor& values) {
+  check_find_devices("table_find_gather", keys, table_ids, table_keys, digests, scores, info,
+                     score_values, &values);
   check_state(table_keys, digests, scores, info);
   check_batch(keys, table_ids, table_keys);
   const int64_t n = keys.numel();
@@ -81,6 +85,8 @@ run_cuda(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
          at::Tensor& free_rows, at::IntArrayRef policies, const at::Tensor& score_values,
          int64_t op, bool assign_rows, int64_t total_buckets, bool has_rows,
          const std::optional<at::Tensor>& victim_scores) {
+  check_run_devices(keys, table_ids, table_keys, digests, scores, info, counters, free_rows,
+                    score_values, victim_scores);
   check_state(table_keys, digests, scores, info);
   check_batch(keys, table_ids, table_keys);
   check_counters(counters, free_rows, info, table_keys);
@@ -117,10 +123,10 @@ run_cuda(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
 ExportResult export_cuda(const at::Tensor& table_keys, const at::Tensor& scores,
                          const at::Tensor& info, int64_t slot_begin, int64_t slot_end,
                          int64_t column, int64_t threshold) {
+  check_devices("table_export",
+                {{"table_keys", &table_keys}, {"scores", &scores}, {"info", &info}});
   check_1d(table_keys, at::kLong, "table_keys");
   check_info(info);
-  TORCH_CHECK_VALUE(scores.dim() == 2 && table_keys.numel() == scores.size(0),
-                    "dynamicemb: table_keys and scores disagree on the slot count");
   check_export(table_keys, scores, slot_begin, slot_end, column);
   c10::cuda::CUDAGuard guard(table_keys.device());
   ExportResult res = alloc_export(table_keys, scores, slot_end - slot_begin);
@@ -135,6 +141,7 @@ ExportResult export_cuda(const at::Tensor& table_keys, const at::Tensor& scores,
 }
 
 at::Tensor gather_rows_cuda(const at::Tensor& values, const at::Tensor& rows) {
+  check_devices("gather_rows", {{"values", &values}, {"rows", &rows}});
   check_gather(values, rows);
   c10::cuda::CUDAGuard guard(values.device());
   at::Tensor out = at::empty({rows.numel(), values.size(1)}, values.options());
@@ -147,11 +154,12 @@ at::Tensor gather_rows_cuda(const at::Tensor& values, const at::Tensor& rows) {
 
 at::Tensor home_starts_cuda(const at::Tensor& keys, const at::Tensor& table_ids,
                             const at::Tensor& table_keys, const at::Tensor& info) {
+  check_devices(
+      "table_home_starts",
+      {{"keys", &keys}, {"table_ids", &table_ids}, {"table_keys", &table_keys}, {"info", &info}});
   check_1d(table_keys, at::kLong, "table_keys");
   check_info(info);
   check_batch(keys, table_ids, table_keys);
-  TORCH_CHECK(info.device() == keys.device(), "dynamicemb: info must be on the table's device ",
-              keys.device(), ", got ", info.device());
   c10::cuda::CUDAGuard guard(keys.device());
   at::Tensor out = at::empty({keys.numel()}, keys.options());
   const table::TableRef t = keys_ref(table_keys, info, nullptr);
@@ -170,6 +178,7 @@ at::Tensor timer_cuda(const at::Tensor& like) {
 }
 
 at::Tensor count_cuda(const at::Tensor& table_keys, const at::Tensor& info) {
+  check_devices("table_count", {{"table_keys", &table_keys}, {"info", &info}});
   check_1d(table_keys, at::kLong, "table_keys");
   check_info(info);
   c10::cuda::CUDAGuard guard(table_keys.device());

@@ -103,10 +103,12 @@ DEMB_HD bool valid_input(const TableRef& t, int64_t key, int64_t table) {
   return !is_reserved_key(key) && table >= 0 && table < t.num_tables;
 }
 
-/// Position of `key` in the bucket, or -1. Reads the digests 8 at a time.
-DEMB_HD int64_t probe(const TableRef& t, const Home& h, int64_t key, uint8_t digest) {
+/// Position of `key` in the bucket at or after position `from` (a multiple
+/// of 8), or -1. Reads the digests 8 at a time.
+DEMB_HD int64_t probe(const TableRef& t, const Home& h, int64_t key, uint8_t digest,
+                      int64_t from = 0) {
   const uint64_t* d = reinterpret_cast<const uint64_t*>(t.digests + h.start);
-  for (int64_t w = 0; w < h.width / 8; ++w) {
+  for (int64_t w = from / 8; w < h.width / 8; ++w) {
     uint64_t m = match_bytes(d[w], digest);
     while (m) {
       const int64_t pos = w * 8 + (ctz64(m) >> 3);

@@ -349,11 +349,16 @@ class ScoredHashTable:
                 f"[0, {self.num_tables})"
             )
 
-    def _check_rows(self, table_ids: torch.Tensor, values: torch.Tensor) -> None:
-        """assign_rows: each NO_EVICTION entry's row (score column 0) must lie in
-        its table's value buffer (the CPU kernels check this themselves)."""
+    def _check_rows(
+        self, keys: torch.Tensor, table_ids: torch.Tensor, values: torch.Tensor
+    ) -> None:
+        """assign_rows: the row (score column 0) of every new key of a
+        NO_EVICTION table (the first occurrence of a key not in the table) lies
+        in its table's rows, is held by no key and is given to no other new key
+        (the rule of the CPU kernels, which check it themselves; rows.h)."""
         col = enums.InfoCol
-        rows = values[:, 0].expand(table_ids.numel())
+        n = table_ids.numel()
+        rows = values[:, 0].expand(n)
         cap = self.info[table_ids, col.ROW_CAPACITY]
         ne = self.info[table_ids, col.MODE] == enums.TableMode.NO_EVICTION
         bad = ne & ((rows < 0) | (rows >= cap))
@@ -363,6 +368,59 @@ class ScoredHashTable:
                 f"dynamicemb: row {int(rows[i])} at index {i} is out of range "
                 f"[0, {int(cap[i])}) of table {int(table_ids[i])}"
             )
+        new = ne & (self.find(keys, table_ids) < 0)
+        idx = new.nonzero().squeeze(1)
+        if idx.numel() == 0:
+            return
+        # The first occurrence of each new (table, key).
+        _, inv = torch.unique(
+            torch.stack([table_ids[idx], keys[idx]], 1), dim=0, return_inverse=True
+        )
+        first = torch.full((int(inv.max()) + 1,), n, dtype=torch.int64, device=self.device)
+        first = first.scatter_reduce(0, inv, idx, "amin").sort().values
+        entry = self.info[table_ids[first], col.ROW_OFFSET] + rows[first]
+        # Given twice: the later of two new keys on one entry.
+        order = torch.argsort(entry * n + first)
+        e_sorted, i_sorted = entry[order], first[order]
+        twice = torch.zeros_like(e_sorted, dtype=torch.bool)
+        twice[1:] = e_sorted[1:] == e_sorted[:-1]
+        # Held: entries of the rows the stored keys of NO_EVICTION tables hold.
+        slot_table = (
+            torch.bucketize(
+                torch.arange(self.num_slots, device=self.device),
+                self.info[:, col.SLOT_OFFSET],
+                right=True,
+            )
+            - 1
+        )
+        occupied = (self.keys != int(constants()["EMPTY_KEY"])) & (
+            self.info[slot_table, col.MODE] == enums.TableMode.NO_EVICTION
+        )
+        held_slots = occupied.nonzero().squeeze(1)
+        held = self.info[slot_table[held_slots], col.ROW_OFFSET] + self.scores[held_slots, 0]
+        is_held = torch.isin(entry, held)
+        cands = []  # (batch index, 0: given twice / 1: held, the entry)
+        if bool(twice.any()):
+            dup = twice.nonzero().squeeze(1)
+            pos = dup[i_sorted[dup].argmin()]
+            cands.append((int(i_sorted[pos]), 0, int(e_sorted[pos])))
+        if bool(is_held.any()):
+            j = is_held.nonzero()[0, 0]
+            cands.append((int(first[j]), 1, int(entry[j])))
+        if not cands:
+            return
+        i, kind, e = min(cands)
+        row, tid = int(rows[i]), int(table_ids[i])
+        if kind == 0:
+            k = int(i_sorted[e_sorted == e].min())  # the first new key given the row
+            raise ValueError(
+                f"dynamicemb: row {row} at index {i} is given to key {int(keys[k])} at index {k} "
+                "too: a row holds one key"
+            )
+        holder = int(self.keys[held_slots[held == e][0]])
+        raise ValueError(
+            f"dynamicemb: row {row} at index {i} is held by key {holder} of table {tid}"
+        )
 
     def _scores(
         self,
@@ -481,7 +539,7 @@ class ScoredHashTable:
         keys, table_ids = self._batch(keys, table_ids)
         policies, values = self._scores(keys.numel(), policies, scores)
         if assign_rows and self.validate and self.device.type != "cpu" and keys.numel():
-            self._check_rows(table_ids, values)
+            self._check_rows(keys, table_ids, values)
         if victim_scores is not None:
             as_tensor(victim_scores, "victim_scores", dtypes=(torch.float64,))
             if victim_scores.shape != (self.num_slots,):

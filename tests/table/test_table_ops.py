@@ -402,7 +402,11 @@ def test_no_eviction_assign_rows_takes_rows_from_score_column_zero(device):
     t = one_bucket(device, capacity=32, no_eviction=True, row_capacities=40)
     res = t.insert(i64([5, 6], device), scores=i64([[30], [2]], device), assign_rows=True)
     assert t.rows(res.slots).tolist() == [30, 2]
-    assert t.counter("NEXT_ROW").tolist() == [0]
+    # The allocator is rebuilt from the rows held: rows 0..29 but 2 are free.
+    assert t.counter("NEXT_ROW").tolist() == [31]
+    assert t.counter("FREE_TOP").tolist() == [29]
+    assert t.rows(t.insert(i64([7, 8], device)).slots).tolist() == [0, 1]
+    assert_rows_consistent(t)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -833,7 +837,7 @@ def _opcheck_cases(device):
         "insert_evict": (OPS.table_run.default, run(M.OP_INSERT_EVICT)),
         "insert_assign_rows": (
             OPS.table_run.default,
-            run(M.OP_INSERT, True, i64([[5, 0]] * 20, device)),
+            run(M.OP_INSERT, True, i64([[20 + i, 0] for i in range(20)], device)),
         ),
         "erase": (OPS.table_run.default, run(M.OP_ERASE)),
         "export": (OPS.table_export.default, (t.keys, t.scores, t.info, 0, 96, 0, 0)),
