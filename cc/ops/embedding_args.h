@@ -40,6 +40,9 @@ inline embedding::InitArgs init_args(const at::Tensor& keys, const at::Tensor& t
                     "dynamicemb: keys and table_ids lengths differ: ", keys.numel(), " vs ",
                     table_ids.numel());
   TORCH_CHECK_VALUE(dim >= 0, "dynamicemb: dim must be non-negative, got ", dim);
+  TORCH_CHECK_VALUE(dim <= (INT64_MAX / 8) / std::max<int64_t>(keys.numel(), 1),
+                    "dynamicemb: ", keys.numel(), " rows of dim ", dim,
+                    " are more than a tensor can address");
   check_finite(mean, "mean");
   check_finite(std_dev, "std_dev");
   check_finite(lower, "lower bound");
@@ -213,7 +216,7 @@ inline embedding::PoolArgs pool_args(const at::Tensor& values, const at::Tensor&
   a.layout = bag_layout(cols, dims, batch, out_width, bag_offsets.numel() - 1, values.size(1));
   a.weights = opt_weights(weights, n);
   check_offsets(bag_offsets, n, "bag_offsets");
-  check_index_range(inverse, 0, rows.numel(), "inverse entry");
+  check_index_range(inverse, 0, rows.numel(), "inverse entry (an index into rows)");
   check_index_range(rows, -1, values.size(0), "row");
   a.values = values.data_ptr<float>();
   a.width = values.size(1);
@@ -235,8 +238,8 @@ inline embedding::UpdateArgs update_args(at::Tensor& values, const at::Tensor& g
   TORCH_CHECK_TYPE(grad_out.scalar_type() == at::kFloat,
                    "dynamicemb: grad_out must be float32, got ", grad_out.scalar_type());
   TORCH_CHECK_VALUE(grad_out.dim() == 2 && grad_out.is_contiguous() && grad_out.size(0) == batch,
-                    "dynamicemb: grad_out must be a contiguous (", batch, ", width) tensor, got ",
-                    grad_out.sizes());
+                    "dynamicemb: grad_out must be a contiguous (batch = ", batch,
+                    ", width) tensor, got ", grad_out.sizes());
   check_1d(rows, at::kLong, "rows");
   check_1d(occ_offsets, at::kLong, "occ_offsets");
   check_1d(occ_order, at::kLong, "occ_order");
@@ -318,6 +321,14 @@ at::Tensor pool_with(const at::Tensor& values, const at::Tensor& rows, const at:
   check_pool_devices(values, rows, inverse, bag_offsets, weights, cols, dims);
   TORCH_CHECK_VALUE(out_width >= 0, "dynamicemb: out_width must not be negative, got ", out_width);
   TORCH_CHECK_VALUE(batch >= 0, "dynamicemb: batch must not be negative, got ", batch);
+  check_1d(cols, at::kLong, "cols");
+  check_1d(bag_offsets, at::kLong, "bag_offsets");
+  TORCH_CHECK_VALUE(bag_offsets.numel() == cols.numel() * batch + 1, "dynamicemb: bag_offsets has ",
+                    bag_offsets.numel(), " entries, not features (", cols.numel(),
+                    " in cols) x batch (", batch, ") + 1");
+  TORCH_CHECK_VALUE(out_width <= (INT64_MAX / 8) / std::max<int64_t>(batch, 1),
+                    "dynamicemb: an output of batch (", batch, ") x out_width (", out_width,
+                    ") floats is more than a tensor can address");
   // Zeros: columns of no feature are zeros too, not whatever memory held.
   at::Tensor out = at::zeros({batch, out_width}, values.options());
   run(pool_args(values, rows, inverse, bag_offsets, weights, cols, dims, batch, out_width, out),

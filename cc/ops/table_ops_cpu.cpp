@@ -106,8 +106,9 @@ std::tuple<at::Tensor, at::Tensor> find_gather_cpu(
                     "dynamicemb: values must be a contiguous 2-D tensor, got shape ",
                     values.sizes());
   check_cpu(values);
+  // The scores are updated only once every row is known to lie in values.
   at::Tensor slots =
-      find_cpu(keys, table_ids, table_keys, digests, scores, info, policies, score_values, update);
+      find_cpu(keys, table_ids, table_keys, digests, scores, info, policies, score_values, false);
   // Row of each found key: its slot, or under NO_EVICTION the table's row
   // offset plus score word 0 (the tables' row blocks lie back to back).
   at::Tensor rows = slots.clone();
@@ -128,6 +129,9 @@ std::tuple<at::Tensor, at::Tensor> find_gather_cpu(
     }
     TORCH_CHECK_VALUE(r[i] < values.size(0), "dynamicemb: key at index ", i, " has row ", r[i],
                       ", past the ", values.size(0), " rows of values");
+  }
+  if (update) {
+    find_cpu(keys, table_ids, table_keys, digests, scores, info, policies, score_values, true);
   }
   at::Tensor out = at::empty({rows.numel(), values.size(1)}, values.options());
   table::cpu::gather_rows(static_cast<const uint8_t*>(values.data_ptr()),

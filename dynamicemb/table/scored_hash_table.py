@@ -260,8 +260,8 @@ class ScoredHashTable:
         nbytes = total * (9 + 8 * self.num_scores) + 8 * sum(rows)
         if nbytes >= 2**63:
             raise ValueError(
-                f"dynamicemb: capacities {caps} and row_capacities {rows} need {nbytes} bytes, "
-                "more than a tensor can address"
+                f"dynamicemb: capacities {caps} (bucket capacities {widths}) and row_capacities "
+                f"{rows} need {nbytes} bytes, more than a tensor can address"
             )
         self.info_host = self._info_rows(caps, widths, rows)
         self.info = self.info_host.to(self.device)
