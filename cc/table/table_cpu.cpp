@@ -73,7 +73,7 @@ void rebuild_row_allocators(const TableRef& t) {
   at::parallel_for(0, t.num_slots, kGrain * 8, [&](int64_t b, int64_t e) {
     for (int64_t slot = b; slot < e; ++slot) {
       const int64_t entry = held_row_entry(t, slot);
-      if (entry >= 0) held[entry] = 1;
+      if (entry >= 0 && entry < t.num_free_rows) held[entry] = 1;
     }
   });
   for (int64_t table = 0; table < t.num_tables; ++table) {

@@ -62,7 +62,7 @@ __global__ void mark_held_kernel(TableRef t, uint8_t* held, const int32_t* ok) {
   const int64_t slot = global_thread();
   if (slot >= t.num_slots || !*ok) return;
   const int64_t e = held_row_entry(t, slot);
-  if (e >= 0) held[e] = 1;
+  if (e >= 0 && e < t.num_free_rows) held[e] = 1;
 }
 
 __global__ void next_row_kernel(TableRef t, const uint8_t* held, long long* next,

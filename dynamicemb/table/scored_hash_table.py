@@ -508,8 +508,11 @@ class ScoredHashTable:
         """``find`` fused with the copy of each found key's value row.
 
         Args:
-            values (torch.Tensor): (num_rows, dim) value buffer indexed by slot
-                (by the row in score word 0 under NO_EVICTION).
+            values (torch.Tensor): (num_rows, dim) value buffer on the
+                table's device, indexed by slot; under NO_EVICTION by the
+                tables' row blocks back to back: table t's key of row r (score
+                word 0) reads ``values[row_offset(t) + r]``, row_offset(t) the
+                row capacities of the tables before t.
 
         Returns:
             (slots, rows): (n) int64 slots (-1 where absent) and (n, dim) rows,
@@ -569,7 +572,16 @@ class ScoredHashTable:
 
     def insert(self, keys, table_ids=None, policies=None, scores=None, assign_rows=False):
         """Find-or-insert without eviction: a key whose bucket is full fails
-        (status FAILED, counted in the INSERT_FAILURES counter)."""
+        (status FAILED, counted in the INSERT_FAILURES counter). Keys already
+        in the table are found first, then the new ones placed, each in batch
+        order (cc/table/operations.h).
+
+        Args:
+            assign_rows (bool): NO_EVICTION tables: each new key brings its
+                row in score column 0, a row no key holds and no other new key
+                brings (else ValueError, nothing changes); the row allocators
+                are rebuilt from the rows held afterwards (cc/table/rows.h).
+        """
         return self._run(enums.RunOp.INSERT, keys, table_ids, policies, scores, assign_rows)
 
     def insert_and_evict(
@@ -582,7 +594,8 @@ class ScoredHashTable:
         victim_scores=None,
     ):
         """Find-or-insert; a full bucket evicts its minimum-score key that this
-        batch has not touched. NO_EVICTION tables behave as in ``insert``.
+        batch has not touched, so a key of the batch is never evicted by it.
+        NO_EVICTION tables behave as in ``insert``.
 
         Args:
             victim_scores (torch.Tensor, optional): (num_slots) float64, a

@@ -2,7 +2,7 @@
 # One device round: build and run the GPU tests, then the embedding and table
 # benchmarks, writing each output to $OUT (default: .gpu_round/) as well.
 #
-#   bash tools/bench/gpu_round.sh [tests|embedding|table|variants|multigpu|checkpoint]...
+#   bash tools/bench/gpu_round.sh [tests|embedding|table|variants|multigpu|checkpoint|soak]...
 #   (default: the first three)
 #
 # Needs a CUDA machine; the torchrec/fbgemm bundle in .gpupkg/ for the FBGEMM
@@ -133,6 +133,13 @@ for part in "${parts[@]}"; do
       timeout -k 10 "${CKPT_BENCH_TIMEOUT:-600}" "$PY" tools/bench/checkpoint_bench.py --device cuda \
         ${CKPT_BENCH_ARGS:---tables 10 --rows 1600000 --dim 128} 2>&1 \
         | grep -v "registered at\|backend fallback\|Warning\|warn(" | tee "$OUT/checkpoint.txt"
+      ;;
+    soak)
+      # The main job for SOAK_STEPS steps on one GPU, memory and counters
+      # checked every SOAK_EVERY steps (tools/soak.py, docs/benchmarks/soak.md).
+      timeout -k 10 "${SOAK_TIMEOUT:-1500}" "$PY" tools/soak.py --steps "${SOAK_STEPS:-100000}" \
+        --every "${SOAK_EVERY:-2000}" --summary-json "$OUT/soak.json" -- --device cuda \
+        --world-size 1 2>&1 | grep -v "registered at\|backend fallback" | tail -30 | tee "$OUT/soak.txt"
       ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
