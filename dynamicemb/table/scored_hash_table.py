@@ -388,7 +388,7 @@ class ScoredHashTable:
         slot_table = (
             torch.bucketize(
                 torch.arange(self.num_slots, device=self.device),
-                self.info[:, col.SLOT_OFFSET],
+                self.info[:, col.SLOT_OFFSET].contiguous(),
                 right=True,
             )
             - 1

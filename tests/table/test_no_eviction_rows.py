@@ -194,3 +194,35 @@ def test_find_values_of_fused_no_eviction_tables_reads_each_tables_rows(device):
         values,
     )
     assert rows.flatten().tolist() == [0.0, 4.0]
+
+
+@pytest.mark.parametrize(
+    "existing, keys, tables, rows",
+    [
+        ([], list(range(1, 41)), [0] * 40, [0] * 40),
+        ([(100, 0, 0)], [200], [0], [0]),
+        ([(100, 0, 0)], [100, 300, 301], [0, 1, 1], [3, 2, 2]),
+        ([(7, 1, 3)], [8, 9, 8], [1, 1, 1], [2, 3, 2]),
+        ([], [5, 6], [0, 1], [0, 9]),
+    ],
+    ids=["forty_on_one_row", "held", "resident_ignored_then_twice", "repeat_is_one_key", "range"],
+)
+def test_the_checked_python_path_gives_the_cpu_kernels_verdict(existing, keys, tables, rows):
+    """CUDA tables check assigned rows in Python (validate=True); the CPU
+    kernel checks them itself. Both refuse the same calls, in the same words."""
+    t = _two_small_tables("cpu")
+    for k, tid, row in existing:
+        t.insert(i64([k]), i64([tid]), scores=i64([[row]]), assign_rows=True)
+    k, tt, r = i64(keys), i64(tables), i64([[x] for x in rows])
+    python_verdict = cpp_verdict = None
+    try:
+        t._check_rows(k, tt, r)
+    except ValueError as e:
+        python_verdict = str(e)
+    before = snapshot(t)
+    try:
+        t.insert(k, tt, scores=r, assign_rows=True)
+    except ValueError as e:
+        cpp_verdict = str(e)
+        assert_same_snapshot(before, snapshot(t))
+    assert python_verdict == cpp_verdict
