@@ -178,13 +178,16 @@ inline void check_values(const at::Tensor& values) {
                     values.sizes());
 }
 
-inline const float* opt_weights(const c10::optional<at::Tensor>& weights, int64_t n) {
+/// Optional per-occurrence weights: one per entry of `occurrences` (named
+/// in the error), n of them.
+inline const float* opt_weights(const c10::optional<at::Tensor>& weights, int64_t n,
+                                const char* occurrences) {
   if (!weights.has_value()) return nullptr;
   TORCH_CHECK_TYPE(weights->scalar_type() == at::kFloat,
                    "dynamicemb: weights must be float32, got ", weights->scalar_type());
   TORCH_CHECK_VALUE(weights->dim() == 1 && weights->numel() == n && weights->is_contiguous(),
-                    "dynamicemb: weights must be 1-D with one entry per occurrence (", n,
-                    "), got shape ", weights->sizes());
+                    "dynamicemb: weights must be 1-D with one entry per occurrence (", n, " in ",
+                    occurrences, "), got shape ", weights->sizes());
   return weights->data_ptr<float>();
 }
 
@@ -214,7 +217,7 @@ inline embedding::PoolArgs pool_args(const at::Tensor& values, const at::Tensor&
   const int64_t n = inverse.numel();
   embedding::PoolArgs a;
   a.layout = bag_layout(cols, dims, batch, out_width, bag_offsets.numel() - 1, values.size(1));
-  a.weights = opt_weights(weights, n);
+  a.weights = opt_weights(weights, n, "inverse");
   check_offsets(bag_offsets, n, "bag_offsets");
   check_index_range(inverse, 0, rows.numel(), "inverse entry (an index into rows)");
   check_index_range(rows, -1, values.size(0), "row");
@@ -251,7 +254,7 @@ inline embedding::UpdateArgs update_args(at::Tensor& values, const at::Tensor& g
                     ") one per occurrence (", n, ")");
   embedding::UpdateArgs a;
   a.layout = bag_layout(cols, dims, batch, grad_out.size(1), cols.numel() * batch, values.size(1));
-  a.weights = opt_weights(weights, n);
+  a.weights = opt_weights(weights, n, "occ_order");
   if (values.device().is_cpu()) {
     const int64_t* d = dims.data_ptr<int64_t>();
     for (int64_t f = 0; f < dims.numel(); ++f) {

@@ -163,8 +163,8 @@ inline void check_counters(const at::Tensor& counters, const at::Tensor& free_ro
   TORCH_CHECK(counters.scalar_type() == at::kLong && counters.dim() == 2 &&
                   counters.size(0) == info.size(0) && counters.size(1) == kCounterCols &&
                   counters.is_contiguous(),
-              "dynamicemb: counters must be a contiguous int64 (", info.size(0), ", ", kCounterCols,
-              ") tensor, got ", counters.scalar_type(), " ", counters.sizes());
+              "dynamicemb: counters must be a contiguous int64 (tables of info = ", info.size(0),
+              ", ", kCounterCols, ") tensor, got ", counters.scalar_type(), " ", counters.sizes());
   check_1d(free_rows, at::kLong, "free_rows");
   TORCH_CHECK(counters.device() == table_keys.device() && free_rows.device() == table_keys.device(),
               "dynamicemb: counters and free_rows must be on the table's device");

@@ -127,18 +127,24 @@ DEMB_HD int64_t find_slot(const TableRef& t, int64_t table, int64_t key) {
 
 // ---------------------------------------------------------------- export --
 
-/// Table owning `slot`; tables are laid out in ascending slot order.
-DEMB_HD int64_t table_of_slot(const TableRef& t, int64_t slot) {
+/// The last table whose `info` column `col` (an offset: the tables lay out
+/// their slots, and their rows, in ascending order) is at most x.
+DEMB_HD int64_t last_table_at(const TableRef& t, int32_t col, int64_t x) {
   int64_t lo = 0, hi = t.num_tables - 1;
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
-    if (t.info[mid * kInfoCols + kInfoSlotOffset] <= slot) {
+    if (t.info[mid * kInfoCols + col] <= x) {
       lo = mid;
     } else {
       hi = mid - 1;
     }
   }
   return lo;
+}
+
+/// Table owning `slot`.
+DEMB_HD int64_t table_of_slot(const TableRef& t, int64_t slot) {
+  return last_table_at(t, kInfoSlotOffset, slot);
 }
 
 /// export_batch's predicate: the slot holds a key whose score word `column`

@@ -113,19 +113,10 @@ DEMB_HD int64_t held_row_entry(const TableRef& t, int64_t slot) {
   return row >= 0 && row < inf[kInfoRowCapacity] ? inf[kInfoRowOffset] + row : -1;
 }
 
-/// Table owning entry e of free_rows (tables lay their rows out in order; a
-/// table without rows owns none).
+/// Table owning entry e of free_rows (a table without rows owns none: the
+/// last table at an offset is the one whose rows start there).
 DEMB_HD int64_t table_of_row_entry(const TableRef& t, int64_t e) {
-  int64_t lo = 0, hi = t.num_tables - 1;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi + 1) / 2;
-    if (t.info[mid * kInfoCols + kInfoRowOffset] <= e) {
-      lo = mid;
-    } else {
-      hi = mid - 1;
-    }
-  }
-  return lo;
+  return last_table_at(t, kInfoRowOffset, e);
 }
 
 /// Stack position (0 = bottom) of a free row of a rebuilt allocator: the

@@ -365,6 +365,32 @@ def _model_scores(m, n, policies, scores):
     raise Refused("scores")
 
 
+def _export_args(draw, m) -> dict:
+    """Valid export_batch / table_export arguments (slot range, column, threshold)."""
+    lo = draw(st.integers(0, m.num_slots))
+    return dict(
+        slot_begin=lo,
+        slot_end=draw(st.integers(lo, m.num_slots)),
+        score_column=draw(st.integers(0, m.num_scores - 1)),
+        threshold=draw(st.sampled_from([M.INT64_MIN, 0, 4])),
+    )
+
+
+def _model_export(m, a) -> list:
+    """The model's export of the arguments `a` (slot_end None: every slot)."""
+    if a["slot_end"] is None:
+        a = dict(a, slot_end=m.num_slots)
+    for nm in ("slot_begin", "slot_end", "score_column", "threshold"):
+        _need_int(a[nm], nm)
+    if not 0 <= a["slot_begin"] <= a["slot_end"] <= m.num_slots:
+        raise Refused("slot range")
+    if not 0 <= a["score_column"] < m.num_scores:
+        raise Refused("column")
+    if not M.INT64_MIN <= a["threshold"] < 2**63:
+        raise Refused("threshold")
+    return m.export_batch(a["slot_begin"], a["slot_end"], a["score_column"], a["threshold"])
+
+
 def _state_of(table, model):
     """The table's whole state must equal the model's."""
     from table_testlib import assert_matches_model
@@ -529,13 +555,7 @@ def fuzz_table_methods(draw):
         args["record"] = draw(st.booleans())
         kinds["record"] = "bool"
     if method == "export_batch":
-        lo = draw(st.integers(0, m.num_slots))
-        args.update(
-            slot_begin=lo,
-            slot_end=draw(st.integers(lo, m.num_slots)),
-            score_column=draw(st.integers(0, m.num_scores - 1)),
-            threshold=draw(st.sampled_from([M.INT64_MIN, 0, 4])),
-        )
+        args.update(_export_args(draw, m))
         kinds.update(slot_begin="int", slot_end="int", score_column="int", threshold="int")
     if method == "reserve":
         args["incoming"] = [draw(st.integers(0, 40)) for _ in range(m.num_tables)]
@@ -595,19 +615,7 @@ def fuzz_table_methods(draw):
         if method == "home_starts":
             return [[m.home(tid, key)[0] for key, tid in zip(k, ti)]]
         if method == "export_batch":
-            if a["slot_end"] is None:
-                a = dict(a, slot_end=m.num_slots)
-            for nm in ("slot_begin", "slot_end", "score_column", "threshold"):
-                _need_int(a[nm], nm)
-            if not 0 <= a["slot_begin"] <= a["slot_end"] <= m.num_slots:
-                raise Refused("slot range")
-            if not 0 <= a["score_column"] < m.num_scores:
-                raise Refused("column")
-            if not M.INT64_MIN <= a["threshold"] < 2**63:
-                raise Refused("threshold")
-            return [
-                m.export_batch(a["slot_begin"], a["slot_end"], a["score_column"], a["threshold"])
-            ]
+            return [_model_export(m, a)]
         if method == "reserve":
             inc = a["incoming"]
             if not isinstance(inc, list) or len(inc) != m.num_tables:
@@ -757,13 +765,7 @@ def fuzz_table_ops(draw):
         args["values"] = torch.randn(m.num_slots + sum(m.row_caps), 3, device=DEVICE)
         kinds["values"] = "float"
     if op == "table_export":
-        lo = draw(st.integers(0, m.num_slots))
-        args.update(
-            slot_begin=lo,
-            slot_end=draw(st.integers(lo, m.num_slots)),
-            score_column=draw(st.integers(0, m.num_scores - 1)),
-            threshold=draw(st.sampled_from([M.INT64_MIN, 0, 4])),
-        )
+        args.update(_export_args(draw, m))
         kinds.update(slot_begin="int", slot_end="int", score_column="int")
     args2, desc, names, how = mutate(draw, args, kinds, RAW_ALIASES, valid_share=0.25)
     desc = f"{op}({desc}) on {cfg}"
@@ -840,13 +842,9 @@ def fuzz_table_ops(draw):
         if op == "table_home_starts":
             return [m.home(tid, key)[0] for key, tid in zip(k, ti)]
         if op == "table_export":
-            for nm in ("slot_begin", "slot_end", "score_column"):
-                _need_int(a[nm], nm)
-            if not 0 <= a["slot_begin"] <= a["slot_end"] <= m.num_slots:
-                raise Refused("range")
-            if not 0 <= a["score_column"] < m.num_scores:
-                raise Refused("column")
-            return m.export_batch(a["slot_begin"], a["slot_end"], a["score_column"], a["threshold"])
+            if a["slot_end"] is None:  # (the raw op takes no None; torch refuses it by name)
+                raise Refused("slot_end")
+            return _model_export(m, a)
         if op == "table_count":
             return m.count()
         raise AssertionError(op)
