@@ -58,6 +58,21 @@ EMBEDDING_CPU_SRCS = ["initializer_cpu.cpp", "optimizer_cpu.cpp", "pooling_cpu.c
 
 EMBEDDING_CUDA_SRCS = ["initializer_cuda.cu", "optimizer_cuda.cu", "pooling_cuda.cu"]
 
+# //cc/storage: the row space (row layout, element types, two segments) shared by
+# the embedding kernels and the row moves (storage_core, header-only, no torch),
+# and the copy_rows kernels.
+STORAGE_CORE_HDRS = ["row_space.h", "copy_rows.h"]
+
+STORAGE_CPU_HDRS = ["copy_rows_cpu.h"]
+
+STORAGE_CUDA_HDRS = ["copy_rows_cuda.h"]
+
+STORAGE_HDRS = STORAGE_CORE_HDRS + STORAGE_CPU_HDRS + STORAGE_CUDA_HDRS
+
+STORAGE_CPU_SRCS = ["copy_rows_cpu.cpp"]
+
+STORAGE_CUDA_SRCS = ["copy_rows_cuda.cu"]
+
 # //cc/routing:routing_core (row-wise key -> rank routing, host/device inline,
 # no torch) and //cc/routing:routing_cuda (its torch-free CUDA kernel).
 ROUTING_HDRS = ["routing.h"]
@@ -67,7 +82,13 @@ ROUTING_CUDA_HDRS = ["routing_cuda.h"]
 ROUTING_CUDA_SRCS = ["routing_cuda.cu"]
 
 # //cc/ops: the torch op layer. Argument checks shared by an op's kernels.
-OPS_HDRS = ["embedding_args.h", "routing_args.h", "table_args.h", "tensor_checks.h"]
+OPS_HDRS = [
+    "embedding_args.h",
+    "routing_args.h",
+    "storage_args.h",
+    "table_args.h",
+    "tensor_checks.h",
+]
 
 # Op schemas, CPU and Meta kernels, and the Python module entry point.
 OPS_SRCS = [
@@ -75,12 +96,18 @@ OPS_SRCS = [
     "table_ops_cpu.cpp",
     "embedding_ops_cpu.cpp",
     "routing_ops_cpu.cpp",
+    "storage_ops_cpu.cpp",
     "ops_meta.cpp",
     "module.cpp",
 ]
 
 # CUDA kernels of the ops: built only against a CUDA-enabled torch.
-OPS_CUDA_SRCS = ["table_ops_cuda.cpp", "embedding_ops_cuda.cpp", "routing_ops_cuda.cpp"]
+OPS_CUDA_SRCS = [
+    "table_ops_cuda.cpp",
+    "embedding_ops_cuda.cpp",
+    "routing_ops_cuda.cpp",
+    "storage_ops_cuda.cpp",
+]
 
 PACKAGES = {
     "cc/common": {"hdrs": COMMON_HDRS + COMMON_CUDA_HDRS, "cpu_srcs": [], "cuda_srcs": []},
@@ -89,6 +116,11 @@ PACKAGES = {
         "hdrs": EMBEDDING_HDRS,
         "cpu_srcs": EMBEDDING_CPU_SRCS,
         "cuda_srcs": EMBEDDING_CUDA_SRCS,
+    },
+    "cc/storage": {
+        "hdrs": STORAGE_HDRS,
+        "cpu_srcs": STORAGE_CPU_SRCS,
+        "cuda_srcs": STORAGE_CUDA_SRCS,
     },
     "cc/routing": {
         "hdrs": ROUTING_HDRS + ROUTING_CUDA_HDRS,

@@ -9,7 +9,8 @@ the public enums, and the sizing rules the sharding planner applies to them:
 * ``get_table_value_bytes``: bytes of all ranks' value rows (embedding and
   optimizer state), to size ``global_hbm_for_values``.
 * ``optimizer_state_dim``: the one rule for the optimizer-state width of a
-  row.
+  row; ``value_row_bytes``: the one rule for the bytes of a row (embedding at
+  its dtype, padded to 4 bytes, then the optimizer state in float32).
 
 This module needs only torch. TorchRec / FBGEMM objects (embedding configs,
 ``EmbOptimType``) are accepted where the API takes them, and their modules are
@@ -63,8 +64,12 @@ __all__ = [
     "align_to_table_size",
     "complete_initializer_args",
     "get_sharded_table_capacity",
+    "EMBEDDING_DTYPES",
+    "OPTIMIZER_STATE_DTYPE",
+    "embedding_config_dtype",
     "get_table_value_bytes",
     "optimizer_state_dim",
+    "value_row_bytes",
 ]
 
 # Bucket width meaning "one bucket spanning the whole per-rank shard".
@@ -83,6 +88,17 @@ DEFAULT_DIST_TYPE = "roundrobin"
 # Bytes the fused row layout reserves for row-wise Adagrad's state (one
 # scalar is used; the rest keeps rows aligned).
 _ROWWISE_ADAGRAD_STATE_BYTES = 16
+
+# The dtypes a table's embeddings may be stored at.
+EMBEDDING_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+# The dtype of the optimizer state in a row, whatever the embedding's: the
+# arithmetic is float32 (as FBGEMM keeps float32 state next to float16 weights).
+OPTIMIZER_STATE_DTYPE = torch.float32
+
+# A row's embedding is padded to a multiple of this many bytes, so that the
+# float32 state after it is aligned (cc/storage/row_space.h, state_offset).
+_ROW_ALIGNMENT = 4
 
 # The only compound score strategy: a timestamp column and an LFU column.
 _COMPOUND_SCORE_STRATEGY = frozenset(
@@ -227,9 +243,11 @@ class DynamicEmbTableOptions:
     fused into one module.
 
     Attributes:
-        embedding_dtype (Optional[torch.dtype]): dtype of the rows (embedding
-            and optimizer state); also the precision a checkpoint stores.
-            A floating dtype or None.
+        embedding_dtype (Optional[torch.dtype]): dtype the embeddings are
+            stored at: float32, float16 or bfloat16 (None: float32, or in a
+            sharded model the table config's ``data_type``). The optimizer
+            state and the arithmetic stay float32 (``value_row_bytes``). Also
+            the precision a checkpoint stores.
         dim (Optional[int]): embedding width; the planner sets it from
             ``BaseEmbeddingConfig.embedding_dim``.
         max_capacity (Optional[int]): most rows of this table on one rank; the
@@ -393,12 +411,10 @@ class DynamicEmbTableOptions:
                     f"DynamicEmbTableOptions.{name} must be a non-negative int (bytes), "
                     f"got {value!r}"
                 )
-        if self.embedding_dtype is not None and not (
-            isinstance(self.embedding_dtype, torch.dtype) and self.embedding_dtype.is_floating_point
-        ):
+        if self.embedding_dtype is not None and self.embedding_dtype not in EMBEDDING_DTYPES:
             raise ValueError(
-                "DynamicEmbTableOptions.embedding_dtype must be a floating torch.dtype "
-                f"or None, got {self.embedding_dtype!r}"
+                "DynamicEmbTableOptions.embedding_dtype must be one of "
+                f"{EMBEDDING_DTYPES} or None, got {self.embedding_dtype!r}"
             )
         if self.index_type is not None and not _is_integer_dtype(self.index_type):
             raise ValueError(
@@ -636,7 +652,8 @@ def optimizer_state_dim(optimizer_type: Any, dim: int, dtype: torch.dtype) -> in
     """Optimizer-state elements stored after the embedding in one row.
 
     The single rule for the row layout's state width, in elements of
-    ``dtype`` (the optimizer state shares the embedding's dtype):
+    ``dtype`` (rows keep it in ``OPTIMIZER_STATE_DTYPE``, float32; see
+    ``value_row_bytes``):
 
     ========================================  =============================
     optimizer                                 state width
@@ -682,6 +699,49 @@ def optimizer_state_dim(optimizer_type: Any, dim: int, dtype: torch.dtype) -> in
     raise ValueError(f"optimizer {optimizer_type!r} is not supported by dynamicemb tables")
 
 
+def value_row_bytes(
+    optimizer_type: Any,
+    dim: int,
+    embedding_dtype: torch.dtype,
+    training: bool = True,
+) -> int:
+    """Bytes of one value row of a table.
+
+    The single rule for the row layout: ``dim`` elements of
+    ``embedding_dtype``, padded to a multiple of 4 bytes, then (in training)
+    ``optimizer_state_dim(optimizer_type, dim, OPTIMIZER_STATE_DTYPE)``
+    float32 elements of optimizer state. For dim 3 in float16 with Adam:
+    6 bytes padded to 8, plus 6 floats, 32 bytes.
+
+    Args:
+        optimizer_type (Optional[Union[EmbOptimType, DynamicEmbOptimType]]):
+            the optimizer whose state the rows carry; None means no state (plain
+            SGD).
+        dim (int): embedding width.
+        embedding_dtype (torch.dtype): one of ``EMBEDDING_DTYPES``.
+        training (bool): False: rows carry no optimizer state.
+
+    Returns:
+        int: bytes per row, a multiple of 4.
+
+    Raises:
+        ValueError: a bad ``dim`` or ``embedding_dtype``, or an optimizer
+            without a dynamicemb row layout.
+    """
+    if not _is_int(dim) or dim <= 0:
+        raise ValueError(f"value_row_bytes: dim must be a positive int, got {dim!r}")
+    if embedding_dtype not in EMBEDDING_DTYPES:
+        raise ValueError(
+            f"value_row_bytes: embedding_dtype must be one of {EMBEDDING_DTYPES}, "
+            f"got {embedding_dtype!r}"
+        )
+    embedding = _ceil_div(dim * embedding_dtype.itemsize, _ROW_ALIGNMENT) * _ROW_ALIGNMENT
+    if not training or optimizer_type is None:
+        return embedding
+    state = optimizer_state_dim(optimizer_type, dim, OPTIMIZER_STATE_DTYPE)
+    return embedding + state * OPTIMIZER_STATE_DTYPE.itemsize
+
+
 def get_table_value_bytes(
     embedding_config: Any,
     optimizer_type: Any,
@@ -690,9 +750,10 @@ def get_table_value_bytes(
 ) -> int:
     """Bytes of the value rows of a sharded dynamic table over all ranks.
 
-    ``get_sharded_table_capacity(...) * (dim + optimizer_state_dim(...)) *
-    itemsize * world_size``, with ``dim`` and the dtype taken from
-    ``embedding_config`` (``embedding_dim``, ``data_type``). Use it to size
+    ``get_sharded_table_capacity(...) * value_row_bytes(...) * world_size``,
+    with ``dim`` and the embedding dtype taken from ``embedding_config``
+    (``embedding_dim``, ``data_type``): exactly what the ranks allocate for the
+    rows of a table that dtype at ``max_capacity``. Use it to size
     ``global_hbm_for_values``, scaled by a cache ratio as you see fit.
 
     Args:
@@ -707,13 +768,13 @@ def get_table_value_bytes(
 
     Raises:
         ValueError: as ``get_sharded_table_capacity`` and
-            ``optimizer_state_dim``, or a non-floating ``data_type``.
+            ``value_row_bytes``, or a ``data_type`` that is not float32,
+            float16 or bfloat16.
     """
     rows = get_sharded_table_capacity(embedding_config, world_size, bucket_capacity)
     dim = getattr(embedding_config, "embedding_dim", None)
-    dtype = _embedding_config_dtype(embedding_config)
-    row_width = dim + optimizer_state_dim(optimizer_type, dim, dtype)
-    return rows * row_width * dtype.itemsize * world_size
+    dtype = embedding_config_dtype(embedding_config)
+    return rows * value_row_bytes(optimizer_type, dim, dtype) * world_size
 
 
 def _normalize_score_strategy(value: Any) -> ScoreStrategy:
@@ -757,7 +818,7 @@ def _num_embeddings(embedding_config: Any) -> int:
     return num_embeddings
 
 
-def _embedding_config_dtype(embedding_config: Any) -> torch.dtype:
+def embedding_config_dtype(embedding_config: Any) -> torch.dtype:
     """The value dtype of a TorchRec embedding config (its ``data_type``)."""
     data_type = getattr(embedding_config, "data_type", None)
     if isinstance(data_type, torch.dtype):
@@ -768,8 +829,10 @@ def _embedding_config_dtype(embedding_config: Any) -> torch.dtype:
         from torchrec.modules.embedding_configs import data_type_to_dtype
 
         dtype = data_type_to_dtype(data_type)
-    if not dtype.is_floating_point:
-        raise ValueError(f"embedding_config.data_type must be a floating type, got {data_type!r}")
+    if dtype not in EMBEDDING_DTYPES:
+        raise ValueError(
+            f"embedding_config.data_type must be one of {EMBEDDING_DTYPES}, got {data_type!r}"
+        )
     return dtype
 
 

@@ -14,7 +14,8 @@ What lives here:
 * ``AdmissionStrategy`` / ``MultiTableAdmitter``: admission configuration and
   the object that decides.
 * ``Storage``: the interface an external storage (parameter server, key-value
-  store) implements to hold a table's rows.
+  store) implements to hold a table's rows, and ``StorageTable``, what it is
+  told about each table it serves.
 
 Implementations live in plural-named modules elsewhere in the package.
 """
@@ -34,6 +35,7 @@ __all__ = [
     "MemoryType",
     "MultiTableAdmitter",
     "Storage",
+    "StorageTable",
 ]
 
 
@@ -301,6 +303,27 @@ class AdmissionStrategy(abc.ABC):
         return self
 
 
+@dataclass(frozen=True)
+class StorageTable:
+    """What an external ``Storage`` is told about one logical table it serves.
+
+    Attributes:
+        embedding_dim (int): embedding width, in elements.
+        value_dim (int): row width: the embedding, then the optimizer state
+            (float32 elements, 0 without an optimizer).
+        embedding_dtype (torch.dtype): the precision the table stores its
+            embeddings at (float32, float16 or bfloat16).
+        capacity (int): rows of the table on this rank (its ``max_capacity``).
+        num_scores (int): score words per key.
+    """
+
+    embedding_dim: int
+    value_dim: int
+    embedding_dtype: torch.dtype
+    capacity: int
+    num_scores: int
+
+
 class Storage(abc.ABC):
     """Interface of an external storage holding the rows of dynamic tables.
 
@@ -308,17 +331,26 @@ class Storage(abc.ABC):
     ``DynamicEmbTableOptions.external_storage`` to a subclass of this class
     makes the table keep them in that storage instead (a parameter server, a
     key-value store, a Python dict in a test). The option takes the class, not
-    an instance: the module that materializes the tables constructs it, and
-    that module fixes the constructor's arguments.
+    an instance: the module that materializes the tables constructs it as
+    ``cls(tables, device)``, ``tables`` a list of ``StorageTable`` (one per
+    logical table, in table-id order) and ``device`` the module's device, and
+    checks it against this contract (the row format it reports, the types and
+    shapes it returns), refusing a subclass that breaks it with an error
+    naming the class and the method. With ``caching=True`` a device cache
+    sits in front of it; otherwise each batch's rows are read from it and
+    written back after the update.
 
     One instance may serve several logical tables fused in one module, so
-    every operation takes the logical table of each key (``table_ids``). A
-    row is the embedding followed by the optimizer state,
-    ``value_dim(table_id)`` elements of ``embedding_dtype(table_id)``.
-    Scores are ``num_scores`` int64 words per key, in the table's configured
-    score order.
+    every operation takes the logical table of each key (``table_ids``). Rows
+    cross the interface as float32 ``(n, value_dim(table_id))`` tensors: the
+    embedding (exact in float32 whatever ``embedding_dtype``), then the
+    optimizer state; the storage may keep them at any precision that gives
+    back the embedding at ``embedding_dtype``. Scores are ``num_scores`` int64
+    words per key, in the table's configured score order; rows given back by
+    the cache come without scores (the storage scores them).
 
-    Operations on keys receive keys that are unique per table within one call.
+    Operations on keys receive keys that are unique per table within one call,
+    all of one table.
     """
 
     @abc.abstractmethod
@@ -333,8 +365,9 @@ class Storage(abc.ABC):
         Args:
             keys (torch.Tensor): ``(n,)`` keys.
             table_ids (torch.Tensor): ``(n,)`` logical table of each key.
-            values (torch.Tensor): ``(n, value_dim)`` output; row ``i`` is
-                written only where key ``i`` is found.
+            values (torch.Tensor): ``(n, value_dim)`` float32 output on the
+                module's device; row ``i`` is written only where key ``i`` is
+                found.
 
         Returns:
             torch.Tensor: ``(n,)`` bool, True where the key was found.
@@ -353,7 +386,7 @@ class Storage(abc.ABC):
         Args:
             keys (torch.Tensor): ``(n,)`` keys.
             table_ids (torch.Tensor): ``(n,)`` logical table of each key.
-            values (torch.Tensor): ``(n, value_dim)`` rows to store.
+            values (torch.Tensor): ``(n, value_dim)`` float32 rows to store.
             scores (Optional[torch.Tensor]): ``(n, num_scores)`` scores to
                 store with the rows; None lets the storage score them as it
                 scores a fresh insert.
@@ -403,7 +436,7 @@ class Storage(abc.ABC):
 
     @abc.abstractmethod
     def embedding_dtype(self, table_id: int) -> torch.dtype:
-        """Element dtype of a logical table's rows."""
+        """Precision a logical table keeps its embeddings at."""
 
     @abc.abstractmethod
     def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:

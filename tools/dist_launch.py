@@ -1,6 +1,7 @@
 """What the multi-process scripts (tools/train_dlrm.py,
 tools/bench/sharded_ec_bench.py) share: the --device and --world-size
-arguments, and one process per rank (NCCL on GPU ``rank``, or gloo on the CPU).
+arguments, free ports, and one process per rank (NCCL on GPU ``rank``, or
+gloo on the CPU).
 """
 
 import argparse
@@ -36,9 +37,26 @@ def check_device_args(ap: argparse.ArgumentParser, args: argparse.Namespace, has
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)
+
+
+def free_ports(n: int, attempts: int = 100) -> int:
+    """The first of ``n`` consecutive TCP ports free on 127.0.0.1 (free when
+    asked: another process may take one before the caller binds it)."""
+    for _ in range(attempts):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n > 65536:
+            continue
+        try:
+            for port in range(base, base + n):
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise RuntimeError(f"no {n} consecutive free ports found in {attempts} attempts")
 
 
 def init_process_group(rank: int, world_size: int, port: int, device: str, threads: int) -> None:

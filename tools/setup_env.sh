@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what a fresh Debian 12 machine lacks to build and test dynamicemb:
-#   * apt: Debian's Bazel 4 (bazel-bootstrap), GoogleTest/GMock;
+#   * apt: Debian's Bazel 4 (bazel-bootstrap), GoogleTest/GMock, Prometheus (the metrics
+#     test starts a server of its own);
 #   * ./.venv: torch (CPU), fbgemm-gpu-cpu, torchrec, the test tools and the lint tools
 #     (ruff and clang-format from PyPI; buildifier from the npm registry into .venv/lint).
 # Idempotent and fast when everything is there already (a few seconds).
@@ -22,19 +23,27 @@ log() { echo "setup_env: $*" >&2; }
 APT_PACKAGES=(bazel-bootstrap libgtest-dev libgmock-dev)
 # npm fetches buildifier; Debian's npm only where the machine has none of its own.
 command -v npm >/dev/null || APT_PACKAGES+=(npm)
+# Installed without their recommends: prometheus's would add the node exporter, a
+# service of its own.
+APT_BARE=(prometheus)
 
 missing=()
-for p in "${APT_PACKAGES[@]}"; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-    missing+=("$p")
-  fi
-done
-if ((${#missing[@]})); then
+missing_bare=()
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+for p in "${APT_PACKAGES[@]}"; do installed "$p" || missing+=("$p"); done
+for p in "${APT_BARE[@]}"; do installed "$p" || missing_bare+=("$p"); done
+if ((${#missing[@]} + ${#missing_bare[@]})); then
   SUDO=""
   if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
-  log "apt-get install ${missing[*]}"
+  log "apt-get install ${missing[*]} ${missing_bare[*]}"
   $SUDO apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+  if ((${#missing[@]})); then
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${missing[@]}"
+  fi
+  if ((${#missing_bare[@]})); then
+    DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends \
+      "${missing_bare[@]}"
+  fi
 else
   log "apt packages present"
 fi
@@ -48,8 +57,8 @@ TORCH=torch==2.13.0
 FBGEMM=fbgemm-gpu-cpu==1.8.0
 TORCHREC=torchrec==1.8.0
 TORCHREC_REQS=(tensordict==0.15.3 torchmetrics==1.0.3 tqdm==4.70.1 pyre-extensions==0.0.32)
-TOOLS=(numpy pybind11 pytest hypothesis numba opentelemetry-api opentelemetry-sdk ninja
-  ruff==0.17.6 clang-format==23.1.5)
+TOOLS=(numpy pybind11 pytest hypothesis numba opentelemetry-api opentelemetry-sdk
+  opentelemetry-exporter-prometheus ninja ruff==0.17.6 clang-format==23.1.5)
 BUILDIFIER=@bazel/buildifier@8.2.1
 
 # The stamp records what was installed; when it matches and the imports work, skip pip.
@@ -57,7 +66,8 @@ STAMP_CONTENT="$TORCH $FBGEMM $TORCHREC ${TORCHREC_REQS[*]} ${TOOLS[*]} $BUILDIF
 STAMP=$VENV/.dynamicemb-setup
 CHECK='
 import sys
-import torch, fbgemm_gpu, torchrec, numpy, pybind11, pytest, hypothesis, numba, opentelemetry.sdk, ninja
+import torch, fbgemm_gpu, torchrec, numpy, pybind11, pytest, hypothesis, numba, ninja
+import opentelemetry.sdk, opentelemetry.exporter.prometheus
 print("setup_env: torch %s, fbgemm_gpu %s, torchrec %s" % (
     torch.__version__, fbgemm_gpu.__version__, torchrec.__version__), file=sys.stderr)
 '

@@ -21,13 +21,19 @@ One process per GPU (NCCL) when there is a GPU, else processes on the CPU
 
     python tools/train_dlrm.py [--steps N] [--batch-size B] [--world-size W]
                                [--device cpu|cuda] [--summary-json PATH]
+                               [--metrics-port PORT [--metrics-wait SECONDS]]
+
+With --metrics-port, rank r serves the tables' OpenTelemetry figures for
+Prometheus at http://<host>:PORT+r/metrics (dynamicemb.metrics).
 """
 
 import argparse
 import json
 import math
 import os
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -249,7 +255,7 @@ def fused_params(args) -> dict[str, Any]:
     }
 
 
-def constraints(args) -> dict[str, Any]:
+def constraints(args, world_size: int) -> dict[str, Any]:
     from torchrec.distributed.planner.types import ParameterConstraints
 
     from dynamicemb import (
@@ -257,10 +263,13 @@ def constraints(args) -> dict[str, Any]:
         DynamicEmbInitializerMode,
         DynamicEmbScoreStrategy,
         DynamicEmbTableOptions,
+        get_table_value_bytes,
     )
     from dynamicemb.planner import DynamicEmbParameterConstraints
 
     out: dict[str, Any] = {}
+    configs = {c.name: c for c in embedding_configs(args.dim)}
+    optimizer = fused_params(args)["optimizer"]
     for f in FEATURES:
         if f.dynamic:
             out[f.table] = DynamicEmbParameterConstraints(
@@ -272,6 +281,10 @@ def constraints(args) -> dict[str, Any]:
                     dist_type="hash_roundrobin",
                     initializer_args=DynamicEmbInitializerArgs(
                         mode=DynamicEmbInitializerMode.UNIFORM, lower=-0.05, upper=0.05
+                    ),
+                    # Every row in device memory (the ranks share the budget).
+                    global_hbm_for_values=get_table_value_bytes(
+                        configs[f.table], optimizer, world_size, 128
                     ),
                 ),
             )
@@ -492,7 +505,7 @@ def train(rank: int, world_size: int, args) -> dict[str, Any] | None:
         topology=Topology(
             world_size=world_size, compute_device=device.type, local_world_size=world_size
         ),
-        constraints=constraints(args),
+        constraints=constraints(args, world_size),
         batch_size=args.batch_size,
         debug=False,
     )
@@ -512,6 +525,16 @@ def train(rank: int, world_size: int, args) -> dict[str, Any] | None:
     dense_opt = torch.optim.Adam(dense_params, lr=args.dense_lr)
 
     lead = rank == 0
+    endpoint = registry = None
+    if args.metrics_port is not None:
+        from dynamicemb.metrics import instrument, serve_prometheus
+
+        endpoint = serve_prometheus(args.metrics_port + rank, args.metrics_address)
+        registry = instrument(model)
+        if lead:
+            last = args.metrics_port + world_size - 1
+            ports = str(args.metrics_port) + (f"..{last}" if world_size > 1 else "")
+            print(f"metrics: /metrics on port {ports} (rank r on {args.metrics_port} + r)")
     data = ClickData(args.alpha, args.seed)
     if lead:
         print(f"plan ({world_size} ranks, {device.type}):")
@@ -581,6 +604,17 @@ def train(rank: int, world_size: int, args) -> dict[str, Any] | None:
         local = local.to(device)
         dist.all_reduce(local)
         local = local.cpu()
+    if registry is not None:
+        # The figures are final now: wait until a scrape has read them and
+        # the next one has begun (so the first one's answer went out).
+        reads = registry.reads
+        if args.metrics_wait > 0 and not registry.wait_for_reads(
+            reads, count=2, timeout=args.metrics_wait
+        ):
+            print(
+                f"rank {rank}: /metrics was not scraped within --metrics-wait {args.metrics_wait} s"
+            )
+        endpoint.shutdown()
     distinct: dict[str, int] = {}
     if args.count_distinct:
         for f in FEATURES:
@@ -741,6 +775,20 @@ def parse_args(argv: list[str] | None = None):
         help="every N steps, check every rank's table counters and record rank 0's host and "
         "device memory in the summary (tools/soak.py); 0: never (default)",
     )
+    ap.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve the tables' metrics for Prometheus: rank r at this port + r, path /metrics",
+    )
+    ap.add_argument("--metrics-address", default="0.0.0.0", help="address of the metrics endpoints")
+    ap.add_argument(
+        "--metrics-wait",
+        type=float,
+        default=0.0,
+        help="after training, keep serving until the final figures were scraped (at most this "
+        "many seconds; default 0: do not wait)",
+    )
     args = ap.parse_args(argv)
     dist_launch.check_device_args(ap, args, has_gpu)
     if args.emb_optimizer == "adam" and args.device == "cpu":
@@ -752,9 +800,40 @@ def parse_args(argv: list[str] | None = None):
         )
     if args.steps < 1 or args.batch_size < 1 or args.world_size < 1:
         ap.error("--steps, --batch-size and --world-size must be positive")
+    if args.metrics_port is not None and not 0 < args.metrics_port <= 65536 - args.world_size:
+        ap.error(
+            f"--metrics-port {args.metrics_port}: ports {args.metrics_port}.."
+            f"{args.metrics_port + args.world_size - 1} (one per rank) must lie in 1..65535"
+        )
+    if args.metrics_wait < 0:
+        ap.error(f"--metrics-wait must not be negative, got {args.metrics_wait}")
     if args.soak_every < 0:
         ap.error("--soak-every must not be negative")
     return args
+
+
+def launch(argv: list[str], timeout: float | None = None) -> tuple[dict[str, Any] | None, str]:
+    """Runs this job in a new process with ``argv`` (and this process's
+    sys.path); returns (rank 0's summary, or None when the job failed, and
+    the job's output)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "summary.json")
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(
+            [p for p in sys.path if p] + [env.get("PYTHONPATH", "")]
+        )
+        proc = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), *argv, "--summary-json", path],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=timeout,
+        )
+        if proc.returncode != 0:
+            return None, proc.stdout
+        with open(path) as f:
+            return json.load(f), proc.stdout
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -766,8 +845,6 @@ def main(argv: list[str] | None = None) -> int:
         f"{static}; "
         f"{NUM_DENSE} dense features; ids power law alpha {args.alpha}"
     )
-    import tempfile
-
     with tempfile.TemporaryDirectory() as tmp:
         result_path = args.summary_json or os.path.join(tmp, "summary.json")
         mp.spawn(

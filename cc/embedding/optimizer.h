@@ -2,7 +2,10 @@
 //
 // Fused optimizer updates of embedding rows stored with their state:
 //
-//   row = [embedding (dim) | optimizer state]     float32
+//   row = [embedding (dim) of T | padding to 4 bytes | optimizer state]   state float32
+//
+// T is the table's element type (float32, float16, bfloat16: cc/storage/row_space.h);
+// a weight is read into float32, updated with the float32 state and rounded back.
 //
 //   SGD                    no state            w -= lr * (g + wd * w)            (L2 if wd_mode 1)
 //   ADAM                   m (dim), v (dim)    m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2
@@ -24,6 +27,7 @@
 #include <cstdint>
 
 #include "cc/common/host_device.h"
+#include "cc/storage/row_space.h"
 
 namespace dyn_emb {
 namespace embedding {
@@ -91,17 +95,18 @@ DEMB_HD RowFactors rowwise_factors(const OptimArgs& a, float s0) {
   return f;
 }
 
-/// Updates coordinate `d` of a row: weight w[d], its state in s (after the
-/// row's `dim` weights), gradient gd. Every optimizer but row-wise Adagrad is
-/// per coordinate; row-wise Adagrad takes its per-row factors `rf`, computed
-/// from the whole row first (rowwise_sq, rowwise_factors). The CPU runs the
-/// coordinates of a row in a loop, the GPU gives them to the lanes of a warp.
-DEMB_HD void update_coord(const OptimArgs& a, float* w, float* s, float gd, int64_t d, int64_t dim,
+/// Updates coordinate `d` of a row: its weight w (read into float32), its
+/// state in s (the row's state, see state_dim), gradient gd. Every optimizer
+/// but row-wise Adagrad is per coordinate; row-wise Adagrad takes its per-row
+/// factors `rf`, computed from the whole row first (rowwise_sq,
+/// rowwise_factors). The CPU runs the coordinates of a row in a loop, the GPU
+/// gives them to the lanes of a warp.
+DEMB_HD void update_coord(const OptimArgs& a, float& w, float* s, float gd, int64_t d, int64_t dim,
                           const RowFactors& rf) {
   const bool l2 = a.wd_mode == static_cast<int32_t>(WeightDecayMode::kL2);
   switch (static_cast<OptimType>(a.type)) {
     case OptimType::kSGD:
-      w[d] -= a.lr * (gd + (l2 ? a.weight_decay * w[d] : 0.f));
+      w -= a.lr * (gd + (l2 ? a.weight_decay * w : 0.f));
       break;
     case OptimType::kAdam: {
       const float c1 = 1.f - powf(a.beta1, static_cast<float>(a.step));
@@ -110,44 +115,50 @@ DEMB_HD void update_coord(const OptimArgs& a, float* w, float* s, float gd, int6
       float& v = s[dim + d];
       m = a.beta1 * m + (1.f - a.beta1) * gd;
       v = a.beta2 * v + (1.f - a.beta2) * gd * gd;
-      w[d] -= a.lr * ((m / c1) / (sqrtf(v / c2) + a.eps) + a.weight_decay * w[d]);
+      w -= a.lr * ((m / c1) / (sqrtf(v / c2) + a.eps) + a.weight_decay * w);
       break;
     }
     case OptimType::kExactAdagrad: {
-      const float g2 = gd + (l2 ? a.weight_decay * w[d] : 0.f);
+      const float g2 = gd + (l2 ? a.weight_decay * w : 0.f);
       s[d] += g2 * g2;
-      w[d] -= a.lr * g2 / (sqrtf(s[d]) + a.eps);
+      w -= a.lr * g2 / (sqrtf(s[d]) + a.eps);
       break;
     }
     case OptimType::kExactRowwiseAdagrad:
-      w[d] = rf.c * w[d] - rf.k * gd;
+      w = rf.c * w - rf.k * gd;
       break;
     case OptimType::kFTRL: {
       float& linear = s[d];
       float& accum = s[dim + d];
       const float n1 = accum + gd * gd;
-      linear += gd - (ftrl_pow(n1, a.lr_power) - ftrl_pow(accum, a.lr_power)) / a.lr * w[d];
-      w[d] = fabsf(linear) <= a.l1 ? 0.f
-                                   : (copysignf(a.l1, linear) - linear) /
-                                         ((a.ftrl_beta + ftrl_pow(n1, a.lr_power)) / a.lr + a.l2);
+      linear += gd - (ftrl_pow(n1, a.lr_power) - ftrl_pow(accum, a.lr_power)) / a.lr * w;
+      w = fabsf(linear) <= a.l1 ? 0.f
+                                : (copysignf(a.l1, linear) - linear) /
+                                      ((a.ftrl_beta + ftrl_pow(n1, a.lr_power)) / a.lr + a.l2);
       accum = n1;
       break;
     }
   }
 }
 
-/// Updates one row in place with its (reduced) gradient `g` (dim).
-DEMB_HD void update_row(const OptimArgs& a, float* row, const float* g, int64_t dim) {
-  float* w = row;
-  float* s = row + dim;
+/// Updates one row in place with its (reduced) gradient `g` (dim): weights w
+/// (dim T's), state s.
+template <class T>
+DEMB_HD void update_row(const OptimArgs& a, T* w, float* s, const float* g, int64_t dim) {
+  using storage::from_float;
+  using storage::to_float;
   RowFactors rf;
   if (static_cast<OptimType>(a.type) == OptimType::kExactRowwiseAdagrad) {
     float sq = 0.f;
-    for (int64_t d = 0; d < dim; ++d) sq += rowwise_sq(a, w[d], g[d]);
+    for (int64_t d = 0; d < dim; ++d) sq += rowwise_sq(a, to_float(w[d]), g[d]);
     s[0] += dim > 0 ? sq / static_cast<float>(dim) : 0.f;
     rf = rowwise_factors(a, s[0]);
   }
-  for (int64_t d = 0; d < dim; ++d) update_coord(a, w, s, g[d], d, dim, rf);
+  for (int64_t d = 0; d < dim; ++d) {
+    float wd = to_float(w[d]);
+    update_coord(a, wd, s, g[d], d, dim, rf);
+    w[d] = from_float<T>(wd);
+  }
 }
 
 }  // namespace embedding

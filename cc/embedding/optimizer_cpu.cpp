@@ -11,7 +11,9 @@ void optimizer_step(const OptimArgs& a, float* values, int64_t width, const int6
                     const float* grads, int64_t n, int64_t dim) {
   at::parallel_for(0, n, 64, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      if (rows[i] >= 0) update_row(a, values + rows[i] * width, grads + i * dim, dim);
+      if (rows[i] < 0) continue;
+      float* row = values + rows[i] * width;
+      update_row(a, row, row + dim, grads + i * dim, dim);
     }
   });
 }

@@ -18,7 +18,8 @@ __global__ void optimizer_kernel(OptimArgs a, float* values, int64_t num_rows, i
   const int64_t r = rows[i];
   if (r < 0 || r >= num_rows) return;
   const float* g = grads + i * dim;
-  warp_update_row(a, values + r * width, dim, lane,
+  float* row = values + r * width;
+  warp_update_row(a, row, row + dim, dim, lane,
                   [&](int64_t base, float (&c)[kPer]) { load_chunk(g, base, dim, lane, c); });
 }
 

@@ -3,7 +3,7 @@
 // The two fused passes of an embedding bag step, the ops embedding_pool and
 // embedding_update, defined once for the CPU backend and the CUDA kernels:
 //
-//   forward   out[bag] = sum over the bag's occurrences j of w_j * values[rows[inverse[j]]]
+//   forward   out[bag] = sum over the bag's occurrences j of w_j * row(rows[inverse[j]])
 //             (occ_row, occ_weight)
 //             written straight into TorchRec's output layout;
 //   backward  g_u = sum over the occurrences j of distinct key u of w_j * grad_out[bag(j)]
@@ -18,16 +18,19 @@
 // lookups (pooling NONE) are the case F = 1, B = number of occurrences, one
 // occurrence per bag. MEAN pooling is SUM with w_j = 1 / bag length.
 //
-// Rows. rows[u] is the value row of distinct key u, or -1 when it has none
-// (an insert that failed): its embedding reads as zeros and it is not updated.
-// Only the first dims[f] floats of a row are the embedding; its optimizer
-// state follows (optimizer.h).
+// Rows. rows[u] is the byte offset of distinct key u's row in the row space
+// (cc/storage/row_space.h: two segments, e.g. device and host memory), or -1
+// when it has none (an insert that failed): its embedding reads as zeros and
+// it is not updated. A row is dims[f] elements of T (the table's element
+// type), then the optimizer state in float32 (optimizer.h). Both passes are
+// templates over T; pooled outputs and gradients are float32.
 #pragma once
 
 #include <cstdint>
 
 #include "cc/common/host_device.h"
 #include "cc/embedding/optimizer.h"
+#include "cc/storage/row_space.h"
 
 namespace dyn_emb {
 namespace embedding {
@@ -53,19 +56,19 @@ DEMB_HD BagSlot bag_slot(const BagLayout& l, int64_t b) {
 
 struct PoolArgs {
   BagLayout layout;
-  const float* values = nullptr;  ///< (num_rows, width)
-  int64_t width = 0;
-  const int64_t* rows = nullptr;         ///< (U)
+  storage::RowSpace space;
+  const int64_t* rows = nullptr;         ///< (U) byte offsets, -1: none
   const int64_t* inverse = nullptr;      ///< (n) distinct key of each occurrence
   const int64_t* bag_offsets = nullptr;  ///< (F * B + 1) bag b = occurrences [o[b], o[b+1])
   const float* weights = nullptr;        ///< (n) or null (all 1)
   float* out = nullptr;                  ///< (B, out_width)
 };
 
-/// The value row occurrence j reads, or nullptr when its key has none.
-DEMB_HD const float* occ_row(const PoolArgs& a, int64_t j) {
+/// The embedding occurrence j reads, or nullptr when its key has none.
+template <class T>
+DEMB_HD const T* occ_row(const PoolArgs& a, int64_t j) {
   const int64_t r = a.rows[a.inverse[j]];
-  return r < 0 ? nullptr : a.values + r * a.width;
+  return r < 0 ? nullptr : storage::embedding_at<T>(a.space, r);
 }
 
 DEMB_HD float occ_weight(const float* weights, int64_t j) { return weights ? weights[j] : 1.f; }
@@ -73,10 +76,9 @@ DEMB_HD float occ_weight(const float* weights, int64_t j) { return weights ? wei
 struct UpdateArgs {
   BagLayout layout;
   OptimArgs optim;
-  float* values = nullptr;  ///< (num_rows, width), updated in place
-  int64_t width = 0;
+  storage::RowSpace space;               ///< rows updated in place
   const float* grad_out = nullptr;       ///< (B, out_width)
-  const int64_t* rows = nullptr;         ///< (U)
+  const int64_t* rows = nullptr;         ///< (U) byte offsets, -1: none
   const int64_t* occ_offsets = nullptr;  ///< (U + 1) key u's occurrences are
   const int64_t* occ_order = nullptr;    ///< occ_order[occ_offsets[u] .. occ_offsets[u+1])
   const int64_t* occ_bag = nullptr;      ///< (n) bag of each occurrence

@@ -11,6 +11,7 @@ namespace cpu {
 
 // The CPU walks a bag's (a key's) occurrences once and streams whole rows.
 
+template <class T>
 void pool_forward(const PoolArgs& a, int64_t num_bags) {
   at::parallel_for(0, num_bags, 256, [&](int64_t begin, int64_t end) {
     for (int64_t b = begin; b < end; ++b) {
@@ -18,15 +19,16 @@ void pool_forward(const PoolArgs& a, int64_t num_bags) {
       float* o = a.out + s.offset;
       for (int64_t d = 0; d < s.dim; ++d) o[d] = 0.f;
       for (int64_t j = a.bag_offsets[b]; j < a.bag_offsets[b + 1]; ++j) {
-        const float* v = occ_row(a, j);
+        const T* v = occ_row<T>(a, j);
         if (v == nullptr) continue;
         const float w = occ_weight(a.weights, j);
-        for (int64_t d = 0; d < s.dim; ++d) o[d] += w * v[d];
+        for (int64_t d = 0; d < s.dim; ++d) o[d] += w * storage::to_float(v[d]);
       }
     }
   });
 }
 
+template <class T>
 void update_backward(const UpdateArgs& a, int64_t num_keys) {
   at::parallel_for(0, num_keys, 64, [&](int64_t begin, int64_t end) {
     std::vector<float> g;
@@ -40,9 +42,32 @@ void update_backward(const UpdateArgs& a, int64_t num_keys) {
         const float* go = occ_grad_row(a, i, &w);
         for (int64_t d = 0; d < dim; ++d) g[d] += w * go[d];
       }
-      update_row(a.optim, a.values + r * a.width, g.data(), dim);
+      update_row(a.optim, storage::embedding_at<T>(a.space, r),
+                 storage::state_at<T>(a.space, r, dim), g.data(), dim);
     }
   });
+}
+
+void pool_forward(const PoolArgs& a, int64_t num_bags, storage::ElementType type) {
+  switch (type) {
+    case storage::ElementType::kFloat16:
+      return pool_forward<storage::Half>(a, num_bags);
+    case storage::ElementType::kBFloat16:
+      return pool_forward<storage::BFloat16>(a, num_bags);
+    default:
+      return pool_forward<float>(a, num_bags);
+  }
+}
+
+void update_backward(const UpdateArgs& a, int64_t num_keys, storage::ElementType type) {
+  switch (type) {
+    case storage::ElementType::kFloat16:
+      return update_backward<storage::Half>(a, num_keys);
+    case storage::ElementType::kBFloat16:
+      return update_backward<storage::BFloat16>(a, num_keys);
+    default:
+      return update_backward<float>(a, num_keys);
+  }
 }
 
 }  // namespace cpu

@@ -9,11 +9,12 @@ namespace dyn_emb {
 namespace embedding {
 namespace cpu {
 
-/// @brief Writes every bag's pooled embedding into a.out (pooling.h).
-void pool_forward(const PoolArgs& a, int64_t num_bags);
+/// @brief Writes every bag's pooled embedding into a.out (pooling.h); rows of
+/// element type `type`.
+void pool_forward(const PoolArgs& a, int64_t num_bags, storage::ElementType type);
 
 /// @brief Reduces each distinct key's gradient and updates its row in place.
-void update_backward(const UpdateArgs& a, int64_t num_keys);
+void update_backward(const UpdateArgs& a, int64_t num_keys, storage::ElementType type);
 
 }  // namespace cpu
 }  // namespace embedding

@@ -11,8 +11,10 @@ namespace dyn_emb {
 namespace embedding {
 namespace cuda {
 
-/// @brief Writes every bag's pooled embedding into a.out (pooling.h); one warp per bag.
-void pool_forward(const PoolArgs& a, int64_t num_bags, cudaStream_t stream);
+/// @brief Writes every bag's pooled embedding into a.out (pooling.h); one warp per bag;
+/// rows of element type `type`.
+void pool_forward(const PoolArgs& a, int64_t num_bags, storage::ElementType type,
+                  cudaStream_t stream);
 
 /// Occurrences per chunk of a hot key (one with more than this many).
 constexpr int64_t kHotChunk = 64;
@@ -32,7 +34,8 @@ struct HotKeys {
 
 /// @brief Reduces each distinct key's gradient and updates its row in place;
 /// one warp per key, hot keys split into chunks (HotKeys).
-void update_backward(const UpdateArgs& a, const HotKeys& h, int64_t num_keys, cudaStream_t stream);
+void update_backward(const UpdateArgs& a, const HotKeys& h, int64_t num_keys,
+                     storage::ElementType type, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace embedding

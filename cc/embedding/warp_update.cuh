@@ -31,14 +31,15 @@ __device__ __forceinline__ void load_chunk(const float* row, int64_t base, int64
   }
 }
 
-/// Updates a row (its dim weights `w`, then its state) with one warp;
+/// Updates a row (its dim weights `w` of T, its state `s`) with one warp;
 /// fill(base, g) writes the lane's coordinates of the gradient's chunk at
 /// `base` into g. Row-wise Adagrad first sums the row's squared gradient
 /// across the warp, before any coordinate changes. All lanes must call it.
-template <class Fill>
-__device__ void warp_update_row(const OptimArgs& optim, float* w, int64_t dim, int lane,
+template <class T, class Fill>
+__device__ void warp_update_row(const OptimArgs& optim, T* w, float* s, int64_t dim, int lane,
                                 const Fill& fill) {
-  float* s = w + dim;
+  using storage::from_float;
+  using storage::to_float;
   RowFactors rf;
   float g[kPer];
   if (static_cast<OptimType>(optim.type) == OptimType::kExactRowwiseAdagrad) {
@@ -48,7 +49,7 @@ __device__ void warp_update_row(const OptimArgs& optim, float* w, int64_t dim, i
 #pragma unroll
       for (int k = 0; k < kPer; ++k) {
         const int64_t d = base + lane + k * kWarp;
-        if (d < dim) sq += rowwise_sq(optim, w[d], g[k]);
+        if (d < dim) sq += rowwise_sq(optim, to_float(w[d]), g[k]);
       }
     }
     for (int off = kWarp / 2; off > 0; off /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, off);
@@ -62,7 +63,11 @@ __device__ void warp_update_row(const OptimArgs& optim, float* w, int64_t dim, i
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
       const int64_t d = base + lane + k * kWarp;
-      if (d < dim) update_coord(optim, w, s, g[k], d, dim, rf);
+      if (d < dim) {
+        float wd = to_float(w[d]);
+        update_coord(optim, wd, s, g[k], d, dim, rf);
+        w[d] = from_float<T>(wd);
+      }
     }
   }
 }

@@ -18,6 +18,7 @@
 #include "cc/embedding/initializer.h"
 #include "cc/embedding/optimizer.h"
 #include "cc/embedding/pooling.h"
+#include "cc/ops/storage_args.h"
 #include "cc/ops/tensor_checks.h"
 
 namespace dyn_emb {
@@ -133,8 +134,7 @@ inline embedding::OptimArgs optim_args(const at::Tensor& values, const at::Tenso
 
 /// Checks the layout tensors and returns it; num_bags = F * batch.
 inline embedding::BagLayout bag_layout(const at::Tensor& cols, const at::Tensor& dims,
-                                       int64_t batch, int64_t out_width, int64_t num_bags,
-                                       int64_t width) {
+                                       int64_t batch, int64_t out_width, int64_t num_bags) {
   check_1d(cols, at::kLong, "cols");
   check_1d(dims, at::kLong, "dims");
   TORCH_CHECK_VALUE(cols.numel() == dims.numel() && cols.numel() > 0,
@@ -148,9 +148,9 @@ inline embedding::BagLayout bag_layout(const at::Tensor& cols, const at::Tensor&
     const int64_t* d = dims.data_ptr<int64_t>();
     std::vector<std::pair<int64_t, int64_t>> spans;  // (first column, feature)
     for (int64_t f = 0; f < cols.numel(); ++f) {
-      TORCH_CHECK_VALUE(d[f] >= 0 && d[f] <= width && c[f] >= 0 && c[f] + d[f] <= out_width,
-                        "dynamicemb: feature ", f, " (columns ", c[f], " + dim ", d[f],
-                        ") does not fit rows of ", width, " and outputs of ", out_width);
+      TORCH_CHECK_VALUE(d[f] >= 0 && c[f] >= 0 && c[f] + d[f] <= out_width, "dynamicemb: feature ",
+                        f, " (columns ", c[f], " + dim ", d[f], ") does not fit outputs of ",
+                        out_width);
       if (d[f] > 0) spans.emplace_back(c[f], f);
     }
     // Two features writing the same output columns have no defined result.
@@ -168,14 +168,6 @@ inline embedding::BagLayout bag_layout(const at::Tensor& cols, const at::Tensor&
   l.batch = batch;
   l.out_width = out_width;
   return l;
-}
-
-inline void check_values(const at::Tensor& values) {
-  TORCH_CHECK_TYPE(values.scalar_type() == at::kFloat, "dynamicemb: values must be float32, got ",
-                   values.scalar_type());
-  TORCH_CHECK_VALUE(values.dim() == 2 && values.is_contiguous(),
-                    "dynamicemb: values must be a contiguous 2-D tensor, got shape ",
-                    values.sizes());
 }
 
 /// Optional per-occurrence weights: one per entry of `occurrences` (named
@@ -204,40 +196,48 @@ inline void check_offsets(const at::Tensor& off, int64_t n, const char* name) {
   }
 }
 
-inline embedding::PoolArgs pool_args(const at::Tensor& values, const at::Tensor& rows,
-                                     const at::Tensor& inverse, const at::Tensor& bag_offsets,
+inline embedding::PoolArgs pool_args(const at::Tensor& seg0, const at::Tensor& seg1,
+                                     const at::Tensor& rows, const at::Tensor& inverse,
+                                     const at::Tensor& bag_offsets,
                                      const c10::optional<at::Tensor>& weights,
                                      const at::Tensor& cols, const at::Tensor& dims, int64_t batch,
-                                     int64_t out_width, at::Tensor& out) {
-  check_values(values);
+                                     int64_t out_width, storage::ElementType type,
+                                     at::Tensor& out) {
   check_1d(rows, at::kLong, "rows");
   check_1d(inverse, at::kLong, "inverse");
   check_1d(bag_offsets, at::kLong, "bag_offsets");
   TORCH_CHECK_VALUE(bag_offsets.numel() >= 1, "dynamicemb: bag_offsets must not be empty");
   const int64_t n = inverse.numel();
   embedding::PoolArgs a;
-  a.layout = bag_layout(cols, dims, batch, out_width, bag_offsets.numel() - 1, values.size(1));
+  a.layout = bag_layout(cols, dims, batch, out_width, bag_offsets.numel() - 1);
   a.weights = opt_weights(weights, n, "inverse");
   check_offsets(bag_offsets, n, "bag_offsets");
   check_index_range(inverse, 0, rows.numel(), "inverse entry (an index into rows)");
-  check_index_range(rows, -1, values.size(0), "row");
-  a.values = values.data_ptr<float>();
-  a.width = values.size(1);
+  a.space = row_space(seg0, seg1, "values");
   a.rows = rows.data_ptr<int64_t>();
+  if (rows.device().is_cpu()) {
+    // Each occurrence's row holds its feature's embedding.
+    const int64_t* bo = bag_offsets.data_ptr<int64_t>();
+    const int64_t* inv = inverse.data_ptr<int64_t>();
+    for (int64_t b = 0; b + 1 < bag_offsets.numel(); ++b) {
+      const int64_t dim = embedding::bag_slot(a.layout, b).dim;
+      for (int64_t j = bo[b]; j < bo[b + 1]; ++j) {
+        check_row_offset(a.space, a.rows[inv[j]], dim * element_size(type), inv[j], "row");
+      }
+    }
+  }
   a.inverse = inverse.data_ptr<int64_t>();
   a.bag_offsets = bag_offsets.data_ptr<int64_t>();
   a.out = out.data_ptr<float>();
   return a;
 }
 
-inline embedding::UpdateArgs update_args(at::Tensor& values, const at::Tensor& grad_out,
-                                         const at::Tensor& rows, const at::Tensor& occ_offsets,
-                                         const at::Tensor& occ_order, const at::Tensor& occ_bag,
-                                         const c10::optional<at::Tensor>& weights,
-                                         const at::Tensor& cols, const at::Tensor& dims,
-                                         int64_t batch, const embedding::OptimArgs& optim) {
+inline embedding::UpdateArgs update_args(
+    at::Tensor& seg0, at::Tensor& seg1, const at::Tensor& grad_out, const at::Tensor& rows,
+    const at::Tensor& occ_offsets, const at::Tensor& occ_order, const at::Tensor& occ_bag,
+    const c10::optional<at::Tensor>& weights, const at::Tensor& cols, const at::Tensor& dims,
+    int64_t batch, storage::ElementType type, const embedding::OptimArgs& optim) {
   TORCH_CHECK_VALUE(batch >= 0, "dynamicemb: batch must not be negative, got ", batch);
-  check_values(values);
   TORCH_CHECK_TYPE(grad_out.scalar_type() == at::kFloat,
                    "dynamicemb: grad_out must be float32, got ", grad_out.scalar_type());
   TORCH_CHECK_VALUE(grad_out.dim() == 2 && grad_out.is_contiguous() && grad_out.size(0) == batch,
@@ -253,75 +253,78 @@ inline embedding::UpdateArgs update_args(at::Tensor& values, const at::Tensor& g
                     rows.numel() + 1, ") entries and occ_bag (", occ_bag.numel(),
                     ") one per occurrence (", n, ")");
   embedding::UpdateArgs a;
-  a.layout = bag_layout(cols, dims, batch, grad_out.size(1), cols.numel() * batch, values.size(1));
+  a.layout = bag_layout(cols, dims, batch, grad_out.size(1), cols.numel() * batch);
   a.weights = opt_weights(weights, n, "occ_order");
-  if (values.device().is_cpu()) {
-    const int64_t* d = dims.data_ptr<int64_t>();
-    for (int64_t f = 0; f < dims.numel(); ++f) {
-      const int64_t need = d[f] + embedding::state_dim(optim.type, d[f]);
-      TORCH_CHECK_VALUE(values.size(1) >= need, "dynamicemb: rows of ", values.size(1),
-                        " floats cannot hold dim ", d[f], " plus the optimizer state (", need,
-                        " floats)");
-    }
-  }
   check_offsets(occ_offsets, n, "occ_offsets");
   check_index_range(occ_order, 0, n, "occurrence");
   check_index_range(occ_bag, 0, cols.numel() * batch, "bag");
-  check_index_range(rows, -1, values.size(0), "row");
   a.optim = optim;
-  a.values = values.data_ptr<float>();
-  a.width = values.size(1);
+  a.space = row_space(seg0, seg1, "values");
   a.grad_out = grad_out.data_ptr<float>();
   a.rows = rows.data_ptr<int64_t>();
   a.occ_offsets = occ_offsets.data_ptr<int64_t>();
   a.occ_order = occ_order.data_ptr<int64_t>();
   a.occ_bag = occ_bag.data_ptr<int64_t>();
+  if (rows.device().is_cpu()) {
+    // Each key's row holds its embedding and the optimizer state.
+    for (int64_t u = 0; u < rows.numel(); ++u) {
+      const int64_t dim = embedding::key_dim(a, u);
+      const int64_t bytes = storage::state_offset(dim, element_size(type)) +
+                            4 * embedding::state_dim(optim.type, dim);
+      check_row_offset(a.space, a.rows[u], bytes, u, "row");
+    }
+  }
   return a;
 }
 
 /// The tensor arguments of embedding_pool, for check_devices (CPU, CUDA, Meta).
-inline void check_pool_devices(const at::Tensor& values, const at::Tensor& rows,
-                               const at::Tensor& inverse, const at::Tensor& bag_offsets,
+inline void check_pool_devices(const at::Tensor& seg0, const at::Tensor& seg1,
+                               const at::Tensor& rows, const at::Tensor& inverse,
+                               const at::Tensor& bag_offsets,
                                const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
                                const at::Tensor& dims) {
-  check_devices("embedding_pool", {{"values", &values},
-                                   {"rows", &rows},
+  check_devices("embedding_pool", {{"rows", &rows},
+                                   {"seg0", &seg0},
+                                   {"seg1", &seg1},
                                    {"inverse", &inverse},
                                    {"bag_offsets", &bag_offsets},
                                    {"cols", &cols},
                                    {"dims", &dims}});
   if (weights.has_value()) {
-    check_devices("embedding_pool", {{"values", &values}, {"weights", &*weights}});
+    check_devices("embedding_pool", {{"rows", &rows}, {"weights", &*weights}});
   }
 }
 
 /// The tensor arguments of embedding_update, for check_devices (CPU, CUDA, Meta).
-inline void check_update_devices(const at::Tensor& values, const at::Tensor& grad_out,
-                                 const at::Tensor& rows, const at::Tensor& occ_offsets,
-                                 const at::Tensor& occ_order, const at::Tensor& occ_bag,
+inline void check_update_devices(const at::Tensor& seg0, const at::Tensor& seg1,
+                                 const at::Tensor& grad_out, const at::Tensor& rows,
+                                 const at::Tensor& occ_offsets, const at::Tensor& occ_order,
+                                 const at::Tensor& occ_bag,
                                  const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
                                  const at::Tensor& dims) {
-  check_devices("embedding_update", {{"values", &values},
+  check_devices("embedding_update", {{"rows", &rows},
+                                     {"seg0", &seg0},
+                                     {"seg1", &seg1},
                                      {"grad_out", &grad_out},
-                                     {"rows", &rows},
                                      {"occ_offsets", &occ_offsets},
                                      {"occ_order", &occ_order},
                                      {"occ_bag", &occ_bag},
                                      {"cols", &cols},
                                      {"dims", &dims}});
   if (weights.has_value()) {
-    check_devices("embedding_update", {{"values", &values}, {"weights", &*weights}});
+    check_devices("embedding_update", {{"rows", &rows}, {"weights", &*weights}});
   }
 }
 
 /// embedding_pool on one backend: checks, allocates the output, then
 /// run(args, num_bags) computes it.
 template <class Run>
-at::Tensor pool_with(const at::Tensor& values, const at::Tensor& rows, const at::Tensor& inverse,
-                     const at::Tensor& bag_offsets, const c10::optional<at::Tensor>& weights,
-                     const at::Tensor& cols, const at::Tensor& dims, int64_t batch,
-                     int64_t out_width, const Run& run) {
-  check_pool_devices(values, rows, inverse, bag_offsets, weights, cols, dims);
+at::Tensor pool_with(const at::Tensor& seg0, const at::Tensor& seg1, const at::Tensor& rows,
+                     const at::Tensor& inverse, const at::Tensor& bag_offsets,
+                     const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
+                     const at::Tensor& dims, int64_t batch, int64_t out_width, int64_t type,
+                     const Run& run) {
+  check_pool_devices(seg0, seg1, rows, inverse, bag_offsets, weights, cols, dims);
   TORCH_CHECK_VALUE(out_width >= 0, "dynamicemb: out_width must not be negative, got ", out_width);
   TORCH_CHECK_VALUE(batch >= 0, "dynamicemb: batch must not be negative, got ", batch);
   check_1d(cols, at::kLong, "cols");
@@ -332,24 +335,28 @@ at::Tensor pool_with(const at::Tensor& values, const at::Tensor& rows, const at:
   TORCH_CHECK_VALUE(out_width <= (INT64_MAX / 8) / std::max<int64_t>(batch, 1),
                     "dynamicemb: an output of batch (", batch, ") x out_width (", out_width,
                     ") floats is more than a tensor can address");
+  const storage::ElementType et = element_type(type);
   // Zeros: columns of no feature are zeros too, not whatever memory held.
-  at::Tensor out = at::zeros({batch, out_width}, values.options());
-  run(pool_args(values, rows, inverse, bag_offsets, weights, cols, dims, batch, out_width, out),
-      bag_offsets.numel() - 1);
+  at::Tensor out = at::zeros({batch, out_width}, rows.options().dtype(at::kFloat));
+  run(pool_args(seg0, seg1, rows, inverse, bag_offsets, weights, cols, dims, batch, out_width, et,
+                out),
+      bag_offsets.numel() - 1, et);
   return out;
 }
 
 /// embedding_update on one backend: checks and packs, then run(args) updates.
 template <class Run>
-void update_with(at::Tensor& values, const at::Tensor& grad_out, const at::Tensor& rows,
-                 const at::Tensor& occ_offsets, const at::Tensor& occ_order,
+void update_with(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor& grad_out,
+                 const at::Tensor& rows, const at::Tensor& occ_offsets, const at::Tensor& occ_order,
                  const at::Tensor& occ_bag, const c10::optional<at::Tensor>& weights,
-                 const at::Tensor& cols, const at::Tensor& dims, int64_t batch,
+                 const at::Tensor& cols, const at::Tensor& dims, int64_t batch, int64_t type,
                  const embedding::OptimArgs& optim, const Run& run) {
-  check_update_devices(values, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols,
+  check_update_devices(seg0, seg1, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols,
                        dims);
-  run(update_args(values, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols, dims,
-                  batch, optim));
+  const storage::ElementType et = element_type(type);
+  run(update_args(seg0, seg1, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols, dims,
+                  batch, et, optim),
+      et);
 }
 
 }  // namespace ops

@@ -15,28 +15,34 @@ namespace dyn_emb {
 namespace ops {
 namespace {
 
-at::Tensor embedding_pool_cpu(const at::Tensor& values, const at::Tensor& rows,
-                              const at::Tensor& inverse, const at::Tensor& bag_offsets,
+at::Tensor embedding_pool_cpu(const at::Tensor& seg0, const at::Tensor& seg1,
+                              const at::Tensor& rows, const at::Tensor& inverse,
+                              const at::Tensor& bag_offsets,
                               const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
-                              const at::Tensor& dims, int64_t batch, int64_t out_width) {
-  return pool_with(values, rows, inverse, bag_offsets, weights, cols, dims, batch, out_width,
-                   [](const embedding::PoolArgs& a, int64_t num_bags) {
-                     embedding::cpu::pool_forward(a, num_bags);
+                              const at::Tensor& dims, int64_t batch, int64_t out_width,
+                              int64_t element_type) {
+  return pool_with(seg0, seg1, rows, inverse, bag_offsets, weights, cols, dims, batch, out_width,
+                   element_type,
+                   [](const embedding::PoolArgs& a, int64_t num_bags, storage::ElementType et) {
+                     embedding::cpu::pool_forward(a, num_bags, et);
                    });
 }
 
-void embedding_update_cpu(at::Tensor& values, const at::Tensor& grad_out, const at::Tensor& rows,
-                          const at::Tensor& occ_offsets, const at::Tensor& occ_order,
-                          const at::Tensor& occ_bag, const c10::optional<at::Tensor>& weights,
-                          const at::Tensor& cols, const at::Tensor& dims, int64_t batch,
-                          int64_t type, double lr, double eps, double beta1, double beta2,
-                          double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
-                          double ftrl_beta, double l1, double l2) {
-  update_with(
-      values, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols, dims, batch,
-      optim_params(type, lr, eps, beta1, beta2, weight_decay, wd_mode, step, lr_power, ftrl_beta,
-                   l1, l2),
-      [&](const embedding::UpdateArgs& a) { embedding::cpu::update_backward(a, rows.numel()); });
+void embedding_update_cpu(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor& grad_out,
+                          const at::Tensor& rows, const at::Tensor& occ_offsets,
+                          const at::Tensor& occ_order, const at::Tensor& occ_bag,
+                          const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
+                          const at::Tensor& dims, int64_t batch, int64_t element_type, int64_t type,
+                          double lr, double eps, double beta1, double beta2, double weight_decay,
+                          int64_t wd_mode, int64_t step, double lr_power, double ftrl_beta,
+                          double l1, double l2) {
+  update_with(seg0, seg1, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols, dims,
+              batch, element_type,
+              optim_params(type, lr, eps, beta1, beta2, weight_decay, wd_mode, step, lr_power,
+                           ftrl_beta, l1, l2),
+              [&](const embedding::UpdateArgs& a, storage::ElementType et) {
+                embedding::cpu::update_backward(a, rows.numel(), et);
+              });
 }
 
 at::Tensor init_rows_cpu(const at::Tensor& keys, const at::Tensor& table_ids, int64_t dim,

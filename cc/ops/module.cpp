@@ -7,6 +7,8 @@
 
 #include "cc/embedding/initializer.h"
 #include "cc/embedding/optimizer.h"
+#include "cc/ops/storage_args.h"
+#include "cc/storage/row_space.h"
 #include "cc/table/hash.h"
 #include "cc/table/table_ref.h"
 #include "cc/table/types.h"
@@ -68,6 +70,11 @@ py::dict table_constants() {
       static_cast<int>(dyn_emb::embedding::OptimType::kExactRowwiseAdagrad);
   optim["FTRL"] = static_cast<int>(dyn_emb::embedding::OptimType::kFTRL);
   d["OptimType"] = optim;
+  py::dict element;
+  element["FLOAT32"] = static_cast<int>(dyn_emb::storage::ElementType::kFloat32);
+  element["FLOAT16"] = static_cast<int>(dyn_emb::storage::ElementType::kFloat16);
+  element["BFLOAT16"] = static_cast<int>(dyn_emb::storage::ElementType::kBFloat16);
+  d["ElementType"] = element;
   d["DEBUG_MODULUS"] = dyn_emb::embedding::kDebugModulus;
   d["ScorePolicy"] = policy;
   d["InsertStatus"] = status;
@@ -101,6 +108,11 @@ PYBIND11_MODULE(_C, m) {
         "Enumerations and layout constants of the scored hash table (cc/table/types.h).");
   m.def("hash_keys", &hash_keys,
         "bucket_hash(key) (murmur3 fmix64) of each key, as int64 bit patterns.");
+#ifdef DEMB_WITH_CUDA
+  m.def("host_mapped_empty", &dyn_emb::ops::host_mapped_empty,
+        "(host, device) uint8 views of nbytes of pinned host memory mapped into a CUDA "
+        "device's address space.");
+#endif
   m.def("cuda_built", []() {
 #ifdef DEMB_WITH_CUDA
     return true;

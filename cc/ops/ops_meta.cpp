@@ -124,26 +124,35 @@ at::Tensor route_keys_meta(const at::Tensor& keys, const at::Tensor& feature_ids
   return at::empty_symint({keys.sym_numel()}, keys.options());
 }
 
-at::Tensor embedding_pool_meta(const at::Tensor& values, const at::Tensor& rows,
-                               const at::Tensor& inverse, const at::Tensor& bag_offsets,
+at::Tensor embedding_pool_meta(const at::Tensor& seg0, const at::Tensor& seg1,
+                               const at::Tensor& rows, const at::Tensor& inverse,
+                               const at::Tensor& bag_offsets,
                                const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
-                               const at::Tensor& dims, int64_t batch, int64_t out_width) {
-  check_pool_devices(values, rows, inverse, bag_offsets, weights, cols, dims);
+                               const at::Tensor& dims, int64_t batch, int64_t out_width,
+                               int64_t element_type) {
+  check_pool_devices(seg0, seg1, rows, inverse, bag_offsets, weights, cols, dims);
   TORCH_CHECK_VALUE(batch >= 0 && out_width >= 0,
                     "dynamicemb: batch and out_width must not be negative, got ", batch, " and ",
                     out_width);
-  return at::empty({batch, out_width}, values.options());
+  return at::empty({batch, out_width}, rows.options().dtype(at::kFloat));
 }
 
-void embedding_update_meta(at::Tensor& values, const at::Tensor& grad_out, const at::Tensor& rows,
-                           const at::Tensor& occ_offsets, const at::Tensor& occ_order,
-                           const at::Tensor& occ_bag, const c10::optional<at::Tensor>& weights,
-                           const at::Tensor& cols, const at::Tensor& dims, int64_t batch,
+void embedding_update_meta(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor& grad_out,
+                           const at::Tensor& rows, const at::Tensor& occ_offsets,
+                           const at::Tensor& occ_order, const at::Tensor& occ_bag,
+                           const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
+                           const at::Tensor& dims, int64_t batch, int64_t element_type,
                            int64_t type, double lr, double eps, double beta1, double beta2,
                            double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
                            double ftrl_beta, double l1, double l2) {
-  check_update_devices(values, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols,
+  check_update_devices(seg0, seg1, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols,
                        dims);
+}
+
+void copy_rows_meta(at::Tensor& dst0, at::Tensor& dst1, const at::Tensor& dst_offsets,
+                    const at::Tensor& src0, const at::Tensor& src1, const at::Tensor& src_offsets,
+                    const at::Tensor& bytes) {
+  check_copy_rows_devices(dst0, dst1, dst_offsets, src0, src1, src_offsets, bytes);
 }
 
 }  // namespace
@@ -159,6 +168,7 @@ TORCH_LIBRARY_IMPL(dynamicemb, Meta, m) {
   m.impl("gather_rows", &gather_rows_meta);
   m.impl("init_rows", &init_rows_meta);
   m.impl("optimizer_step", &optimizer_step_meta);
+  m.impl("copy_rows", &copy_rows_meta);
   m.impl("route_keys", &route_keys_meta);
   m.impl("embedding_pool", &embedding_pool_meta);
   m.impl("embedding_update", &embedding_update_meta);

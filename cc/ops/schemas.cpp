@@ -131,27 +131,45 @@ TORCH_LIBRARY(dynamicemb, m) {
   // Every bag's (weighted) sum of its rows, written into TorchRec's output
   // layout (cc/embedding/pooling.h).
   // Args:
-  //   values: (num_rows, width) float32; rows: (U) int64 row of each distinct
-  //   key, -1 for none; inverse: (n) distinct key of each occurrence;
-  //   bag_offsets: (F * batch + 1); weights: (n) float32 or None; cols, dims:
-  //   (F) first output column and dim of each feature.
+  //   seg0, seg1: the row space's two segments (cc/storage/row_space.h; any
+  //   contiguous tensors, read as bytes); rows: (U) int64 byte offset of each
+  //   distinct key's row, -1 for none; inverse: (n) distinct key of each
+  //   occurrence; bag_offsets: (F * batch + 1); weights: (n) float32 or None;
+  //   cols, dims: (F) first output column and dim of each feature;
+  //   element_type: the embeddings' storage::ElementType (0 float32, 1
+  //   float16, 2 bfloat16).
   // Result:
   //   (batch, out_width) float32.
   m.def(
-      "embedding_pool(Tensor values, Tensor rows, Tensor inverse, Tensor bag_offsets, "
-      "Tensor? weights, Tensor cols, Tensor dims, int batch, int out_width) -> Tensor");
+      "embedding_pool(Tensor seg0, Tensor seg1, Tensor rows, Tensor inverse, Tensor bag_offsets, "
+      "Tensor? weights, Tensor cols, Tensor dims, int batch, int out_width, int element_type) -> "
+      "Tensor");
 
   // embedding_pool's backward: reduces each distinct key's gradient from
-  // grad_out and updates its row in place with the optimizer
+  // grad_out and updates its row in place with the optimizer, in float32
   // (cc/embedding/pooling.h, optimizer.h).
   // Args:
-  //   values: updated in place; grad_out: (batch, out_width); rows: (U);
-  //   occ_offsets (U + 1), occ_order (n): each key's occurrences; occ_bag
-  //   (n): the bag of each occurrence; weights, cols, dims as embedding_pool;
-  //   the optimizer's type and hyper-parameters as optimizer_step.
+  //   seg0, seg1: the row space, updated in place; grad_out: (batch,
+  //   out_width); rows: (U) byte offsets; occ_offsets (U + 1), occ_order (n):
+  //   each key's occurrences; occ_bag (n): the bag of each occurrence;
+  //   weights, cols, dims, element_type as embedding_pool; the optimizer's
+  //   type and hyper-parameters as optimizer_step.
   m.def(
-      "embedding_update(Tensor(a!) values, Tensor grad_out, Tensor rows, Tensor occ_offsets, "
-      "Tensor occ_order, Tensor occ_bag, Tensor? weights, Tensor cols, Tensor dims, int batch, "
-      "int type, float lr, float eps, float beta1, float beta2, float weight_decay, int wd_mode, "
-      "int step, float lr_power, float ftrl_beta, float l1, float l2) -> ()");
+      "embedding_update(Tensor(a!) seg0, Tensor(b!) seg1, Tensor grad_out, Tensor rows, "
+      "Tensor occ_offsets, Tensor occ_order, Tensor occ_bag, Tensor? weights, Tensor cols, "
+      "Tensor dims, int batch, int element_type, int type, float lr, float eps, float beta1, "
+      "float beta2, float weight_decay, int wd_mode, int step, float lr_power, float ftrl_beta, "
+      "float l1, float l2) -> ()");
+
+  // Row moves of the storage tiers (cc/storage/copy_rows.h): for each i with
+  // both offsets >= 0, bytes[i] bytes from the row space (src0, src1) at
+  // src_offsets[i] to the row space (dst0, dst1) at dst_offsets[i].
+  // Args:
+  //   segments: contiguous tensors read as bytes, on one device (a segment
+  //   may be host memory mapped into a CUDA device's address space);
+  //   offsets and byte counts: (n) int64, multiples of 4; source and
+  //   destination rows must not overlap.
+  m.def(
+      "copy_rows(Tensor(a!) dst0, Tensor(b!) dst1, Tensor dst_offsets, Tensor src0, Tensor src1, "
+      "Tensor src_offsets, Tensor bytes) -> ()");
 }

@@ -69,8 +69,12 @@ def _write_table(
         )
         for k in kinds
     }
-    isz = module.value_dtype.itemsize
-    row_bytes = 8 + (ref.dim + sd) * isz + 8 * module.table.num_scores
+    row_bytes = (
+        8
+        + ref.dim * module.value_dtype.itemsize
+        + sd * module.optim_state_dtype.itemsize
+        + 8 * module.table.num_scores
+    )
     rows, pending = 0, []
     try:
         for chunk in module.export_rows(t, chunk_rows(row_bytes)):
@@ -111,7 +115,7 @@ def table_meta(ref: TableRef, optim: bool, world: int, shards: list[Shard]) -> T
         table_name=ref.name,
         embedding_dtype=module.value_dtype,
         embedding_dim=ref.dim,
-        optim_state_dtype=module.value_dtype if sd else None,
+        optim_state_dtype=module.optim_state_dtype if sd else None,
         optim_state_dim=sd,
         optimizer=optimizer_name(module) if module.training_state else None,
         score_strategy=[] if cols is None else [s.name for s in module.strategies],
@@ -166,8 +170,9 @@ def dump(
             int(ref.module.table.size()[ref.index])
             * (
                 8
-                + (ref.dim + (ref.module.state_dim(ref.index) if optim else 0))
-                * ref.module.value_dtype.itemsize
+                + ref.dim * ref.module.value_dtype.itemsize
+                + (ref.module.state_dim(ref.index) if optim else 0)
+                * ref.module.optim_state_dtype.itemsize
             )
             for ref in refs
         )

@@ -1,24 +1,24 @@
 """BatchedDynamicEmbeddingTablesV2: many dynamic tables fused, keys in,
 pooled (or per-key) embeddings out, fused optimizer updates in backward.
 
-This version composes the table ops (find-or-insert, initializers, row
-gathers, fused optimizers) with torch operations; it runs on the CPU and the
-GPU alike and is the reference for fused kernels to come.
+The module owns what a row means (initializers, optimizer, pooling); where
+rows live is its ``TableStorage``'s business (``dynamicemb.storage``: device,
+host and hybrid tables, a device cache over a host table or an external
+``Storage``), reached only through that interface. It runs on the CPU and the
+GPU alike.
 
 The step, per batch:
   1. the distinct (table, key) pairs and their counts (segmented_unique);
-  2. training: find-or-insert them with the table's score policy; new keys
-     get their initializer's row and a fresh optimizer state. Eval: find only;
-     absent keys read the eval initializer and nothing is inserted.
-     NO_EVICTION tables never evict: before the insert, a table the batch
-     could fill (more keys than value rows, or a key map above load 0.5)
-     doubles its key map and its value rows; a key whose bucket is full
-     doubles its table again and is placed after. Out of memory, a warning
-     is given and the keys that do not fit read zeros;
-  3. rows of the distinct keys are gathered and pooled (SUM, MEAN, NONE,
-     weighted SUM), empty bags give zeros;
+  2. training: the storage finds or inserts them with the tables' score
+     policy (expanding, fetching from and writing back to its tiers as it
+     needs), new keys get their initializer's row and a fresh optimizer
+     state. Eval: find only; absent keys read the eval initializer and
+     nothing is inserted;
+  3. the rows of the distinct keys (byte offsets into the storage's row
+     space) are pooled (SUM, MEAN, NONE, weighted SUM), empty bags give zeros;
   4. backward: per-occurrence gradients are summed per distinct key and the
-     optimizer updates the rows in place.
+     optimizer updates the rows in place; the storage then writes back the
+     rows it kept outside its tiers for the batch.
 """
 
 import os
@@ -31,8 +31,7 @@ import torch
 
 from dynamicemb._checks import as_int, as_tensor
 from dynamicemb.dynamicemb_config import (
-    BUCKET_ALIGNMENT,
-    MAX_BUCKET_CAPACITY,
+    OPTIMIZER_STATE_DTYPE,
     DynamicEmbCheckMode,
     DynamicEmbPoolingMode,
     DynamicEmbScoreStrategy,
@@ -41,48 +40,23 @@ from dynamicemb.dynamicemb_config import (
 from dynamicemb.embedding.initializer import init_rows
 from dynamicemb.embedding.optimizer import RowOptimizer
 from dynamicemb.embedding.score_function import VictimScorer, table_score_columns
+from dynamicemb.embedding.stats import StatCol, TableStats
 from dynamicemb.embedding.unique import segmented_unique
-from dynamicemb.table import ScoredHashTable, enums
+from dynamicemb.storage import (
+    BatchScore,
+    ExportedRows,
+    RowInit,
+    RowLayout,
+    TableStorage,
+    create_storage,
+)
 from dynamicemb.table._native import constants, ops
+from dynamicemb.types import MemoryType
 
 S = DynamicEmbScoreStrategy
 
-# Rehash attempts of one growth (each doubles the key map once more).
-_MAX_REHASH = 16
-
-
-def _align(n: int, width: int | None) -> int:
-    """n rounded up to a multiple of the bucket width (16 for one bucket)."""
-    a = width or BUCKET_ALIGNMENT
-    return -(-n // a) * a
-
-
-def _out_of_memory(e: BaseException) -> bool:
-    msg = str(e)
-    return (
-        isinstance(e, torch.OutOfMemoryError)
-        or "can't allocate memory" in msg
-        or "out of memory" in msg
-    )
-
-
-def _policies(strategies, step: int, custom: int | None, counts: torch.Tensor):
-    """Score policies and values of a batch, in the table's internal column
-    order: (LFU count, timestamp) for the compound strategy."""
-    P = enums.ScorePolicy
-    if len(strategies) == 2:  # (TIMESTAMP, LFU) in either order
-        vals = torch.stack([counts, torch.zeros_like(counts)], dim=1)
-        return [P.ACCUMULATE, P.TIMER], vals
-    s = strategies[0]
-    if s == S.TIMESTAMP:
-        return [P.TIMER], None
-    if s == S.STEP:
-        return [P.ASSIGN], step
-    if s == S.CUSTOMIZED:
-        return [P.ASSIGN], custom
-    if s == S.LFU:
-        return [P.ACCUMULATE], counts.reshape(-1, 1)
-    return [P.NONE], None  # NO_EVICTION: the score word holds the row
+# Options every fused table must agree on: one storage serves them all.
+_SHARED_STORAGE_OPTIONS = ("caching", "external_storage", "evicted_item_mode", "training")
 
 
 class _Lookup(torch.autograd.Function):
@@ -106,9 +80,11 @@ class _Lookup(torch.autograd.Function):
 
 @dataclass
 class _Batch:
-    """One batch's lookup structure (cc/embedding/pooling.h): distinct keys'
-    rows, occurrences grouped by distinct key, bags and output layout."""
+    """One batch's lookup structure (cc/embedding/pooling.h): the row space
+    and the distinct keys' rows (byte offsets into it), occurrences grouped by
+    distinct key, bags and output layout."""
 
+    space: tuple[torch.Tensor, torch.Tensor]
     rows: torch.Tensor
     inverse: torch.Tensor
     bag_offsets: torch.Tensor
@@ -120,25 +96,6 @@ class _Batch:
     dims: torch.Tensor
     batch: int
     out_width: int
-
-
-@dataclass
-class ExportedRows:
-    """Keys of one table with their rows (``export_rows``).
-
-    Attributes:
-        keys (torch.Tensor): (n) int64.
-        scores (torch.Tensor, optional): (n, num_scores) int64 in
-            ``score_strategy`` tuple order; None under NO_EVICTION.
-        embeddings (torch.Tensor): (n, dim) at the table's value dtype.
-        optimizer_state (torch.Tensor, optional): (n, state_dim); None when
-            the rows carry no optimizer state.
-    """
-
-    keys: torch.Tensor
-    scores: torch.Tensor | None
-    embeddings: torch.Tensor
-    optimizer_state: torch.Tensor | None
 
 
 class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
@@ -222,65 +179,35 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.optimizer = RowOptimizer(optimizer, **optimizer_args)
         self.max_dim = max(self.dims)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
-        # Compound (TIMESTAMP, LFU) with a score_function: victims ranked by it.
-        self._victim_scorer = (
-            None
-            if self.score_function is None
-            else VictimScorer(self.score_function, self.strategies, self.device)
-        )
+        for name in _SHARED_STORAGE_OPTIONS:
+            values = {getattr(o, name) for o in self.table_options}
+            if len(values) != 1:
+                raise ValueError(f"fused tables must share one {name}, got {values}")
+        dtypes = {o.embedding_dtype or torch.float32 for o in self.table_options}
+        if len(dtypes) != 1:
+            raise ValueError(f"fused tables must share one embedding_dtype, got {dtypes}")
+        self.embedding_dtype = next(iter(dtypes))
         self.no_eviction = S.NO_EVICTION in self.strategies
-        widths = [
-            o.bucket_capacity if o.bucket_capacity != MAX_BUCKET_CAPACITY else None
-            for o in self.table_options
-        ]
-        init = [int(o.init_capacity or o.max_capacity) for o in self.table_options]
-        if self.no_eviction:
-            # The key map holds at most half its slots (a fixed load factor of
-            # 0.5); the value buffer holds init_capacity rows. Both double
-            # together, without limit, as keys arrive (see _grow).
-            caps = [_align(2 * r, w) for r, w in zip(init, widths)]
-            self.table = ScoredHashTable(
-                caps,
-                bucket_capacities=widths,
-                num_scores=1,
-                no_eviction=True,
-                max_capacities=caps,
-                row_capacities=init,
-                device=self.device,
-                validate=False,
-            )
-        else:
-            self.table = ScoredHashTable(
-                init,
-                bucket_capacities=widths,
-                num_scores=self.table_options[0].num_scores(),
-                no_eviction=False,
-                max_capacities=[int(o.max_capacity) for o in self.table_options],
-                max_load_factor=self.table_options[0].max_load_factor,
-                device=self.device,
-                validate=False,
-            )
-        self.training_state = all(o.training for o in self.table_options)
-        self.width = max(
-            d + (self.optimizer.state_dim(d) if self.training_state else 0)
-            for d in [self.max_dim] + self.dims
+        self.training_state = self.table_options[0].training
+        self.layout = RowLayout(
+            self.dims,
+            self.embedding_dtype,
+            self.optimizer.optimizer if self.training_state else None,
+            self.training_state,
         )
-        # Values are indexed by slot; under NO_EVICTION by row: table t's rows
-        # are the block [row_base[t], row_base[t] + row_capacity(t)).
-        num_rows = self._set_row_bases() if self.no_eviction else self.table.num_slots
-        if num_rows * self.width * 4 >= 2**63:
-            raise ValueError(
-                f"dynamicemb: value rows of {num_rows} rows (init_capacity / max_capacity) x "
-                f"{self.width} floats (dim {self.dims} plus optimizer state) exceed what a tensor "
-                "can address"
-            )
-        try:
-            self.values = torch.zeros(num_rows, self.width, device=self.device)
-        except RuntimeError as e:  # out of memory: the same error, saying what it was for
-            raise type(e)(
-                f"dynamicemb: cannot allocate {num_rows} value rows (init_capacity / "
-                f"max_capacity) of {self.width} floats (dim {self.dims}): {e}"
-            ) from e
+        # Compound (TIMESTAMP, LFU) with a score_function: victims ranked by it,
+        # a scorer per hash table of the storage.
+        scorer_factory = None
+        if self.score_function is not None:
+            fn, strategies, dev = self.score_function, self.strategies, self.device
+            VictimScorer(fn, strategies, dev)  # compiled now: a bad function fails here
+
+            def scorer_factory():
+                return VictimScorer(fn, strategies, dev)
+
+        self.storage: TableStorage = create_storage(
+            self.table_options, self.layout, self.device, scorer_factory
+        )
         self.seed = seed
         if initializer_table_ids is None:
             initializer_table_ids = range(n)
@@ -294,11 +221,18 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.step = 0
         self._custom_score: int | None = None
         self.insert_failures = torch.zeros((), dtype=torch.int64, device=self.device)
+        # What the module counts per table (lookups; admission and cache tiers
+        # feed their columns), read by dynamicemb.metrics when it collects.
+        self.stats = TableStats(n, self.device)
+        if self.storage.has_cache:
+            self.stats.feed(StatCol.CACHE_HITS, StatCol.CACHE_MISSES)
+            self.storage.cache_observer = self._count_cache_lookups
         self._eval_rows = None
         self._init_table_ids = torch.tensor(
             self.initializer_table_ids, dtype=torch.int64, device=self.device
         )
         self._init_groups = {mode: self._group_tables(mode) for mode in (False, True)}
+        self._row_init = _ModuleRowInit(self)
         # Output layout of pooled lookups: feature f's dims[f] columns start at
         # cols[f], the features side by side (TorchRec's KeyedTensor order).
         fdims = [self.dims[t] for t in self.feature_table_map]
@@ -316,103 +250,68 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
 
     # ------------------------------------------------------------ storage --
 
-    def _set_row_bases(self) -> int:
-        """NO_EVICTION: first value row of each table; returns the row total."""
-        caps = [self.table.row_capacity(t) for t in range(self.table.num_tables)]
-        bases = [0]
-        for c in caps:
-            bases.append(bases[-1] + c)
-        self._row_base_host = bases
-        self._row_base = torch.tensor(bases[:-1], dtype=torch.int64, device=self.device)
-        return bases[-1]
+    @property
+    def table(self):
+        """The hash table of the storage's last tier (its counters: size,
+        inserts, evictions, insert failures); None for an external storage."""
+        s = self.storage
+        backing = getattr(s, "backing", s)
+        return getattr(backing, "table", None)
 
-    def _rows_of(self, slots: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
-        """Value rows of table slots (-1 stays -1)."""
-        if not self.no_eviction:
-            return slots
-        rows = self._row_base[tids] + self.table.rows(slots)
-        return torch.where(slots >= 0, rows, slots)
+    def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
+        """Bytes of ``mem_type`` memory the tables' storage holds (every tier;
+        a CPU module holds host memory only).
 
-    def _grow(self, tables: Sequence[int], needed: Sequence[int] | None = None) -> bool:
-        """NO_EVICTION: doubles the key map and the value rows of ``tables``
-        (repeatedly, until ``needed[t]`` keys fit at load 0.5; at least once).
-        A key map that cannot place every key at its new capacity is doubled
-        again. Out of memory: warns, changes nothing and returns False."""
-        caps = [self.table.capacity(t) for t in range(self.table.num_tables)]
-        rows = [self.table.row_capacity(t) for t in range(self.table.num_tables)]
-        old_rows, old_bases = list(rows), list(self._row_base_host)
-        for t in tables:
-            want = rows[t] + 1 if needed is None else int(needed[t])
-            while want > rows[t] or 2 * want > caps[t]:
-                caps[t], rows[t] = caps[t] * 2, rows[t] * 2
-        for _ in range(_MAX_REHASH):
-            try:
-                values = torch.zeros(sum(rows), self.width, device=self.device)
-                self.table.relayout(caps, rows)
-                break
-            except RuntimeError as e:
-                if _out_of_memory(e):
-                    warnings.warn(
-                        f"dynamicemb: NO_EVICTION tables {list(tables)} cannot grow to key map "
-                        f"capacities {[caps[t] for t in tables]} and {[rows[t] for t in tables]} "
-                        f"rows: out of memory ({e}). Training continues; keys that do not fit "
-                        "are not stored and read zeros.",
-                        stacklevel=2,
-                    )
-                    return False
-                if "relayout could not place" not in str(e):
-                    raise
-                # A bucket overflowed at the new capacity: double the key map again.
-                for t in tables:
-                    caps[t] *= 2
-        else:
-            raise RuntimeError(
-                f"dynamicemb: NO_EVICTION tables {list(tables)} could not be rehashed"
-            )
-        self._set_row_bases()
-        for t in range(self.table.num_tables):
-            lo, new_lo = old_bases[t], self._row_base_host[t]
-            values[new_lo : new_lo + old_rows[t]] = self.values[lo : lo + old_rows[t]]
-        self.values = values
-        return True
+        Raises:
+            ValueError: ``mem_type`` is not a MemoryType.
+        """
+        return self.storage.memory_usage(mem_type)
 
-    def _insert_no_eviction(self, keys, tids):
-        """NO_EVICTION find-or-insert: grows the tables the batch could fill
-        before inserting, and again for any key whose bucket was full, so that
-        every key is stored while memory lasts."""
-        n = self.table.num_tables
-        incoming = torch.bincount(tids, minlength=n).tolist()
-        sizes = self.table.size().tolist()
-        needed = [s + i for s, i in zip(sizes, incoming)]
-        grow = [
-            t
-            for t in range(n)
-            if needed[t] > self.table.row_capacity(t) or 2 * needed[t] > self.table.capacity(t)
-        ]
-        if grow:
-            self._grow(grow, needed)
-        res = self.table.insert(keys, tids)
-        slots, status = res.slots, res.status
-        for _ in range(_MAX_REHASH):
-            failed = status == enums.InsertStatus.FAILED
-            if not bool(failed.any()):
-                break
-            # A full bucket below load 0.5: double the tables it happened in
-            # and place the keys again.
-            if not self._grow(torch.unique(tids[failed]).tolist()):
-                break
-            idx = failed.nonzero().squeeze(1)
-            again = self.table.insert(keys[idx], tids[idx])
-            slots = slots.index_copy(0, idx, again.slots)
-            status = status.index_copy(0, idx, again.status)
-        return slots, status
+    def prefetch(
+        self,
+        indices: torch.Tensor,
+        offsets: torch.Tensor,
+        forward_stream: Any = None,
+    ) -> None:
+        """Brings the keys of a coming batch that the storage's backing tier
+        holds into its device cache (TorchRec's prefetch pipeline calls it
+        for batch i + 1 between the forward and the backward of batch i); a
+        no-op without a cache. It changes no result: the forward of that
+        batch finds or inserts every key itself."""
+        indices, offsets = self._batch_input(indices, offsets)
+        su = segmented_unique(
+            indices, self._occurrence_tables(indices, offsets), len(self.table_options)
+        )
+        self.storage.prefetch(su.keys, su.table_ids, forward_stream)
 
-    def _move_values(self, old_slots: torch.Tensor, new_slots: torch.Tensor) -> None:
-        """After the table's relayout: each key's row follows it to its new slot."""
-        fresh = torch.zeros(self.table.num_slots, self.width, device=self.device)
-        kept = new_slots >= 0
-        fresh[new_slots[kept]] = self.values[old_slots[kept]]
-        self.values = fresh
+    def flush(self) -> None:
+        """Writes the device cache's rows back to the backing tier (the cache
+        keeps them)."""
+        self.storage.flush()
+
+    def purge(self) -> None:
+        """Writes the device cache back and empties it (nothing is lost)."""
+        self.storage.purge()
+
+    def pop_evicted_keys(self) -> list[torch.Tensor]:
+        """Per table, the keys the storage's last tier evicted since the last
+        call (``evicted_item_mode=RETAIN_KEY``; empty otherwise)."""
+        return self.storage.pop_evicted_keys()
+
+    def memory_per_table(self, mem_type: MemoryType) -> list[int]:
+        """Bytes of ``mem_type`` memory each table holds in its storage's tiers:
+        its slots in the hash tables and its value rows (embedding and
+        optimizer state)."""
+        return self.storage.memory_per_table(mem_type)
+
+    def _count_cache_lookups(self, hit: torch.Tensor, tids: torch.Tensor) -> None:
+        """CACHE_HITS / CACHE_MISSES += a batch's distinct keys the cache held
+        or not, per table (no synchronization)."""
+        hits = torch.zeros(len(self.table_options), dtype=torch.int64, device=self.device)
+        hits.index_add_(0, tids, hit.to(torch.int64))
+        looked = torch.zeros_like(hits).index_add_(0, tids, torch.ones_like(tids))
+        self.stats.add(StatCol.CACHE_HITS, hits)
+        self.stats.add(StatCol.CACHE_MISSES, looked - hits)
 
     def set_score(self, score: int) -> None:
         """CUSTOMIZED: the score of the next forward passes (an int64)."""
@@ -439,8 +338,8 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         frequency_counters: torch.Tensor | None = None,
         pooling_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        # Every argument is checked before anything changes (table, values,
-        # step counter): a refused call leaves the module as it was.
+        # Every argument is checked before anything changes (tables, rows,
+        # step counter, statistics): a refused call leaves the module as it was.
         indices, offsets, frequency_counters, pooling_weights = self._check_inputs(
             indices, offsets, frequency_counters, pooling_weights
         )
@@ -449,12 +348,10 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         num_features = len(self.feature_table_map)
         batch = (offsets.numel() - 1) // num_features
         lengths = offsets[1:] - offsets[:-1]
-        bag = torch.repeat_interleave(
-            torch.arange(lengths.numel(), device=self.device), lengths, output_size=indices.numel()
-        )
-        feature = bag // max(batch, 1)
-        tids = self._feature_tables[feature]
-        su = segmented_unique(indices, tids, self.table.num_tables)
+        bag = self._bags(indices, lengths)
+        tids = self._feature_tables[bag // max(batch, 1)]
+        su = segmented_unique(indices, tids, len(self.table_options))
+        self.stats.count_lookups(su.table_offsets)
         self._uniq_tids = su.table_ids
         counts = su.counts
         if frequency_counters is not None:
@@ -463,6 +360,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             rows = self._lookup_train(su.keys, su.table_ids, counts)
         else:
             rows = self._lookup_eval(su.keys, su.table_ids)
+        space = self.storage.space()
         weights = pooling_weights
         if self.pooling_mode == DynamicEmbPoolingMode.MEAN:
             inv_len = 1.0 / lengths.clamp(min=1).to(torch.float32)
@@ -473,6 +371,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if self.pooling_mode == DynamicEmbPoolingMode.NONE:
             # Sequence lookups: every occurrence is a bag of its own.
             b = _Batch(
+                space,
                 rows,
                 su.inverse,
                 torch.arange(n + 1, device=self.device),
@@ -487,6 +386,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             )
         else:
             b = _Batch(
+                space,
                 rows,
                 su.inverse,
                 offsets,
@@ -501,10 +401,16 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             )
         extra = None
         if not self.training and self._eval_rows is not None:
+            # Keys stored nowhere: their eval initializer's float32 rows, pooled
+            # from a buffer of one row per distinct key.
             missing, fill = self._eval_rows
-            fill_rows = torch.where(missing, torch.arange(missing.numel(), device=self.device), -1)
+            row_bytes = fill.shape[1] * fill.element_size()
+            fill_rows = torch.where(
+                missing, torch.arange(missing.numel(), device=self.device) * row_bytes, -1
+            )
             extra = ops().embedding_pool(
                 fill,
+                fill.new_empty(0),
                 fill_rows,
                 b.inverse,
                 b.bag_offsets,
@@ -513,8 +419,27 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 b.dims,
                 b.batch,
                 b.out_width,
+                int(constants()["ElementType"]["FLOAT32"]),
             )
         return _Lookup.apply(self._placeholder, self, b, extra)
+
+    def _batch_input(self, indices: torch.Tensor, offsets: torch.Tensor):
+        """A batch in TBE layout on the module's device (int64, contiguous),
+        checked as forward checks it (_check_inputs)."""
+        indices, offsets, _, _ = self._check_inputs(indices, offsets, None, None)
+        return indices, offsets
+
+    def _bags(self, indices: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """The bag of each occurrence."""
+        return torch.repeat_interleave(
+            torch.arange(lengths.numel(), device=self.device), lengths, output_size=indices.numel()
+        )
+
+    def _occurrence_tables(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        """The table of each occurrence of a batch in TBE layout."""
+        batch = (offsets.numel() - 1) // len(self.feature_table_map)
+        bag = self._bags(indices, offsets[1:] - offsets[:-1])
+        return self._feature_tables[bag // max(batch, 1)]
 
     def _check_inputs(self, indices, offsets, frequency_counters, pooling_weights):
         """Checks forward's arguments (types, shapes, devices, then values, with
@@ -620,15 +545,11 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
 
     def _lookup_train(self, keys, tids, counts) -> torch.Tensor:
         self.step += 1
-        if self.no_eviction:
-            slots, status = self._insert_no_eviction(keys, tids)
-        else:
-            slots, status = self._insert_evicting(keys, tids, counts)
-        new = (status == enums.InsertStatus.INSERTED) | (status == enums.InsertStatus.EVICTED)
-        rows = self._rows_of(slots, tids)
-        if bool(new.any()):
-            self._initialize(keys[new], tids[new], rows[new])
-        failed = status == enums.InsertStatus.FAILED
+        self._eval_rows = None
+        rows = self.storage.train_rows(
+            keys, tids, counts, BatchScore(self.step, self._custom_score), self._row_init
+        )
+        failed = rows < 0
         mode = self.table_options[0].safe_check_mode
         if mode != DynamicEmbCheckMode.IGNORE:
             n_failed = int(failed.sum())
@@ -639,25 +560,6 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 warnings.warn(msg + "; their embeddings are zeros", stacklevel=2)
         self.insert_failures += failed.sum()
         return rows
-
-    def _insert_evicting(self, keys, tids, counts):
-        if any(
-            self.table.capacity(t) < self.table.max_capacity(t)
-            for t in range(self.table.num_tables)
-        ):
-            # Only tables that can still grow pay for reading the batch's size per table.
-            incoming = torch.bincount(tids, minlength=self.table.num_tables).tolist()
-            moved = self.table.reserve(incoming)
-            if moved is not None:
-                self._move_values(*moved)
-        policies, vals = _policies(self.strategies, self.step, self._custom_score, counts)
-        victim = (
-            None if self._victim_scorer is None else self._victim_scorer(self.table, keys, tids)
-        )
-        res = self.table.insert_and_evict(
-            keys, tids, policies=policies, scores=vals, victim_scores=victim
-        )
-        return res.slots, res.status
 
     def _group_tables(self, eval_mode: bool):
         """Tables grouped by (dim, initializer arguments), so that one
@@ -681,32 +583,32 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             if bool(sel.any()):
                 yield sel, dim, init_rows(keys[sel], dim, args, init_ids[sel], self.seed)
 
-    def _initialize(self, keys, tids, rows) -> None:
-        for sel, d, init in self._init_values(keys, tids, eval_mode=False):
-            r = rows if sel is None else rows[sel]
-            self.values[r, :d] = init
-            if self.training_state:
-                # The optimizer state sits right after the table's own dim.
-                sd = self.optimizer.state_dim(d)
-                state = torch.empty(r.numel(), sd, device=self.device)
-                self.optimizer.init_state(state)
-                self.values[r, d : d + sd] = state
+    def initial_embeddings(self, keys, tids, eval_mode: bool = False) -> torch.Tensor:
+        """(n, max dim) float32: the initializer's (or the eval initializer's)
+        row of each key, zeros past its table's dim."""
+        out = torch.zeros(keys.numel(), self.max_dim, device=self.device)
+        for sel, d, init in self._init_values(keys, tids, eval_mode):
+            if sel is None:
+                out[:, :d] = init
+            else:
+                out[sel, :d] = init
+        return out
 
     def _lookup_eval(self, keys, tids) -> torch.Tensor:
-        rows = self._rows_of(self.table.find(keys, tids), tids)
+        rows = self.storage.eval_rows(keys, tids)
         missing = rows < 0
         self._eval_rows = None
         if bool(missing.any()):
             fill = torch.zeros(keys.numel(), self.max_dim, device=self.device)
             idx = missing.nonzero().squeeze(1)
-            for sel, d, init in self._init_values(keys[idx], tids[idx], eval_mode=True):
-                fill[idx if sel is None else idx[sel], :d] = init
+            fill[idx] = self.initial_embeddings(keys[idx], tids[idx], eval_mode=True)
             self._eval_rows = (missing, fill)
         return rows
 
     def _pool(self, b: "_Batch") -> torch.Tensor:
         return ops().embedding_pool(
-            self.values,
+            b.space[0],
+            b.space[1],
             b.rows,
             b.inverse,
             b.bag_offsets,
@@ -715,82 +617,48 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             b.dims,
             b.batch,
             b.out_width,
+            self.layout.element_type,
         )
 
     # ----------------------------------------------------------- backward --
 
     def _apply_gradients(self, grad_out: torch.Tensor, b: "_Batch") -> None:
         """grad_out: the gradient of the forward's output, in its layout."""
-        if not self.training_state:
-            return
-        self.optimizer.fused_update(self.values, grad_out.contiguous(), b, self.step)
+        if self.training_state:
+            self.optimizer.fused_update(
+                b.space, grad_out.contiguous(), b, self.step, self.layout.element_type
+            )
+        self.storage.after_update()
 
     # -------------------------------------------------------- checkpoints --
-    # Row access for checkpoints (dynamicemb.checkpoint), one table at a time
-    # and in the user's terms: keys, score columns in score_strategy tuple
-    # order, embedding and optimizer state of each key. Checkpoints go
-    # through these methods only, so where rows live (today one value buffer)
-    # can change without the checkpoint code knowing.
+    # Row access for checkpoints, one table at a time and in the user's
+    # terms: keys, score columns in score_strategy tuple order, embedding (at
+    # embedding_dtype) and optimizer state (float32) of each key, over every
+    # tier of the storage.
 
     @property
     def value_dtype(self) -> torch.dtype:
-        """dtype the rows (embedding and optimizer state) are stored at."""
-        return self.values.dtype
+        """dtype the embeddings are stored at (the optimizer state is float32)."""
+        return self.embedding_dtype
+
+    @property
+    def optim_state_dtype(self) -> torch.dtype:
+        """dtype the optimizer state is stored (and checkpointed) at: float32."""
+        return OPTIMIZER_STATE_DTYPE
 
     def state_dim(self, table: int) -> int:
         """Optimizer-state elements of one row of ``table`` (0 in eval mode)."""
-        return self.optimizer.state_dim(self.dims[table]) if self.training_state else 0
+        return self.layout.state_dims[table]
 
     def checkpoint_score_columns(self) -> list[int] | None:
         """For each score column in ``score_strategy`` tuple order, the table
         score word holding it; None under NO_EVICTION (whose word is a row)."""
-        if self.no_eviction:
-            return None
-        return table_score_columns(self.strategies)
+        return None if self.no_eviction else table_score_columns(self.strategies)
 
-    def export_rows(self, table: int, chunk: int) -> "Iterator[ExportedRows]":
-        """The stored keys of ``table`` and their rows, ``chunk`` slots at a
-        time, in slot order. Reads each chunk's count (synchronizes)."""
-        lo, hi = self.table.slot_range(table)
-        cols = self.checkpoint_score_columns()
-        dim, sd = self.dims[table], self.state_dim(table)
-        for begin in range(lo, hi, chunk):
-            ex = self.table.export_batch(begin, min(begin + chunk, hi)).compact()
-            rows = self._rows_of(ex.slots, ex.table_ids)  # all valid: the keys are stored
-            yield ExportedRows(
-                keys=ex.keys,
-                scores=None if cols is None else ex.scores[:, cols],
-                embeddings=self.values[:, :dim].index_select(0, rows),
-                optimizer_state=(
-                    self.values[:, dim : dim + sd].index_select(0, rows) if sd else None
-                ),
-            )
-
-    def clear_tables(self, tables: Sequence[int]) -> None:
-        """Erases every key of ``tables`` (their rows become free)."""
-        for t in tables:
-            lo, hi = self.table.slot_range(t)
-            ex = self.table.export_batch(lo, hi).compact()
-            if ex.keys.numel():
-                self.table.erase(ex.keys, ex.table_ids)
-
-    def reserve_rows(self, table: int, incoming: int) -> None:
-        """Grows ``table`` (within its max capacity; NO_EVICTION without
-        limit) for ``incoming`` more keys, as a training insert would."""
-        n = self.table.num_tables
-        if self.no_eviction:
-            needed = [int(s) for s in self.table.size().tolist()]
-            needed[table] += int(incoming)
-            if needed[table] > self.table.row_capacity(table) or 2 * needed[
-                table
-            ] > self.table.capacity(table):
-                self._grow([table], needed)
-            return
-        counts = [0] * n
-        counts[table] = int(incoming)
-        moved = self.table.reserve(counts)
-        if moved is not None:
-            self._move_values(*moved)
+    def export_rows(self, table: int, chunk: int) -> Iterator[ExportedRows]:
+        """The stored keys of ``table`` and their rows, ``chunk`` keys or fewer
+        at a time. Reads each chunk's count (synchronizes)."""
+        return self.storage.export_rows(table, chunk)
 
     def import_rows(
         self,
@@ -800,73 +668,41 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         embeddings: torch.Tensor,
         optimizer_state: torch.Tensor | None,
     ) -> torch.Tensor:
-        """Stores keys with their rows in ``table``; a key whose home bucket is
-        full fails (nothing is evicted: loaders insert the best keys first).
+        """Stores keys with their rows in ``table`` (``optimizer_state`` None
+        gives the optimizer's initial state); a key whose home bucket is full
+        fails. Returns (n) bool, the keys stored."""
+        return self.storage.import_rows(
+            table, keys, scores, embeddings, optimizer_state, self._row_init
+        )
 
-        Args:
-            keys (torch.Tensor): (n) int64.
-            scores (torch.Tensor, optional): (n, num_scores) int64 in
-                ``score_strategy`` tuple order; None under NO_EVICTION.
-            embeddings (torch.Tensor): (n, dim), converted to ``value_dtype``.
-            optimizer_state (torch.Tensor, optional): (n, state_dim(table));
-                None gives the optimizer's initial state.
+    def clear_tables(self, tables: Sequence[int]) -> None:
+        """Erases every key of ``tables`` from every tier."""
+        self.storage.clear_tables(tables)
 
-        Returns:
-            torch.Tensor: (n) bool, the keys stored.
-        """
-        keys = keys.to(self.device)
-        tids = torch.full_like(keys, table)
-        if self.no_eviction:
-            slots, _ = self._insert_no_eviction(keys, tids)
-        else:
-            internal = torch.empty_like(scores)
-            internal[:, self.checkpoint_score_columns()] = scores
-            assign = [enums.ScorePolicy.ASSIGN] * self.table.num_scores
-            res = self.table.insert(keys, tids, policies=assign, scores=internal.to(self.device))
-            slots = res.slots
-        rows = self._rows_of(slots, tids)
-        stored = rows >= 0
-        every = bool(stored.all())
-        r = rows if every else rows[stored]
-        dim, sd = self.dims[table], self.state_dim(table)
-        emb = embeddings.to(self.device, self.values.dtype)
-        self.values[:, :dim].index_copy_(0, r, emb if every else emb[stored])
-        if sd:
-            if optimizer_state is None:
-                state = torch.empty(r.numel(), sd, device=self.device, dtype=self.values.dtype)
-                self.optimizer.init_state(state)
-            else:
-                state = optimizer_state.to(self.device, self.values.dtype)
-                state = state if every else state[stored]
-            self.values[:, dim : dim + sd].index_copy_(0, r, state)
-        return stored
+    def reserve_rows(self, table: int, incoming: int) -> None:
+        """Expands ``table`` for ``incoming`` more keys, as a training insert would."""
+        self.storage.reserve_rows(table, incoming)
 
     def checkpoint_snapshot(self) -> dict[str, Any]:
-        """A copy of everything a load may change, for ``restore_snapshot``.
-
-        Table state is cloned on its device (a small fraction of the rows);
-        the value rows are copied to host memory, and only when some table
-        holds keys (rows of an empty module mean nothing)."""
-        state = {
-            k: v.clone() if isinstance(v, torch.Tensor) else list(v) if isinstance(v, list) else v
-            for k, v in self.table._state().items()
-        }
-        holds_keys = bool((self.table.size() > 0).any())
-        return {
-            "table": state,
-            "max_caps": list(self.table._max_caps),
-            "values": self.values.to("cpu", copy=True) if holds_keys else self.values,
-            "step": self.step,
-            "row_bases": (
-                (list(self._row_base_host), self._row_base.clone()) if self.no_eviction else None
-            ),
-        }
+        """A copy of everything a load may change, for ``restore_snapshot``
+        (the storage's tables and rows, rows in host memory; the step)."""
+        return {"storage": self.storage.snapshot(), "step": self.step}
 
     def restore_snapshot(self, snapshot: dict[str, Any]) -> None:
         """Puts back the state ``checkpoint_snapshot`` copied."""
-        self.table._restore(snapshot["table"])
-        self.table._max_caps = snapshot["max_caps"]
-        self.values = snapshot["values"].to(self.device)
+        self.storage.restore(snapshot["storage"])
         self.step = snapshot["step"]
-        if snapshot["row_bases"] is not None:
-            self._row_base_host, self._row_base = snapshot["row_bases"]
+
+
+class _ModuleRowInit(RowInit):
+    """A module's new rows: its initializers' embeddings, its optimizer's
+    initial state."""
+
+    def __init__(self, module: BatchedDynamicEmbeddingTablesV2) -> None:
+        self.module = module
+
+    def embeddings(self, keys: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
+        return self.module.initial_embeddings(keys, tids)
+
+    def init_state(self, state: torch.Tensor) -> None:
+        self.module.optimizer.init_state(state)

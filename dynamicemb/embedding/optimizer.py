@@ -1,8 +1,10 @@
 """Fused optimizer updates of embedding rows stored with their state.
 
-A row of the value buffer is ``[embedding (dim) | optimizer state]`` in
-float32; the state's width is ``dynamicemb_config.optimizer_state_dim``. The
-update rules are written once, in ``cc/embedding/optimizer.h``.
+A row is ``[embedding (dim) | optimizer state]``: the embedding at the
+table's dtype (float32, float16 or bfloat16), the state in float32
+(``dynamicemb_config.value_row_bytes``; the state's width is
+``optimizer_state_dim``). The arithmetic is float32. The update rules are
+written once, in ``cc/embedding/optimizer.h``.
 """
 
 import dataclasses
@@ -123,14 +125,23 @@ class RowOptimizer:
         )
 
     def fused_update(
-        self, values: torch.Tensor, grad_out: torch.Tensor, batch: Any, step: int
+        self,
+        space: tuple[torch.Tensor, torch.Tensor],
+        grad_out: torch.Tensor,
+        batch: Any,
+        step: int,
+        element_type: int,
     ) -> None:
         """Reduces each distinct key's gradient from ``grad_out`` (the lookup's
-        output gradient) and updates its row of ``values`` in place; ``batch``
-        is the lookup's structure (cc/embedding/pooling.h). ``step`` is 1-based."""
+        output gradient) and updates its row in place; ``space`` is the row
+        space's two segments, ``batch`` the lookup's structure
+        (cc/embedding/pooling.h: rows are byte offsets into the space),
+        ``element_type`` the embeddings' native ElementType. ``step`` is
+        1-based."""
         b = batch
         ops().embedding_update(
-            values,
+            space[0],
+            space[1],
             grad_out,
             b.rows,
             b.occ_offsets,
@@ -140,6 +151,7 @@ class RowOptimizer:
             b.cols,
             b.dims,
             b.batch,
+            int(element_type),
             self._type,
             float(self.learning_rate),
             float(self.eps),

@@ -26,22 +26,15 @@ from collections.abc import Callable, Sequence
 import torch
 
 from dynamicemb.dynamicemb_config import DynamicEmbScoreStrategy
+from dynamicemb.storage.scores import table_score_columns
 from dynamicemb.table import ScoredHashTable, enums
+
+__all__ = ["VictimScorer", "evaluate_scores", "table_score_columns"]
 
 S = DynamicEmbScoreStrategy
 
 # Threads per bucket in the CUDA kernel.
 _CUDA_BLOCK = 128
-
-
-def table_score_columns(strategies: Sequence[DynamicEmbScoreStrategy]) -> list[int]:
-    """For each score column in the user's tuple order, the table's score
-    word holding it: the compound (TIMESTAMP, LFU) is stored as (frequency,
-    timestamp) whatever the order the user wrote."""
-    strategies = tuple(strategies)
-    if len(strategies) == 2:
-        return [1, 0] if strategies[0] == S.TIMESTAMP else [0, 1]
-    return [0]
 
 
 def evaluate_scores(fn: Callable, scores: torch.Tensor, cur_timestamp: int) -> torch.Tensor:

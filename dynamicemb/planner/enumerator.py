@@ -48,11 +48,12 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
 
     * perf: TorchRec's estimators rate the same sharding with the ``FUSED``
       kernel (the same lookups and communication).
-    * storage: what one rank of the table allocates when it is built
-      (``dynamic_shard_storage``: ``local_hbm_for_values`` of values plus the
-      hash table's slot metadata on the device, the rest of the values in
-      host memory, for ``init_capacity`` slots), plus the input/output
-      buffers TorchRec's estimators count for the same sharding. It does not
+    * storage: what one rank of the table's storage allocates when it is
+      built (``dynamic_shard_storage``: device rows within
+      ``local_hbm_for_values``, or a device cache of that size, plus the hash
+      tables' metadata on the device; the other rows in host memory; for
+      ``init_capacity`` rows), plus the input/output buffers TorchRec's
+      estimators count for the same sharding. It does not
       depend on ``num_embeddings`` beyond the per-rank capacity, so a table of
       ``2**40`` rows plans when its ``init_capacity`` fits.
 

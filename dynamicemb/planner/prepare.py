@@ -12,29 +12,17 @@ from typing import Any
 import torch
 
 from ..dynamicemb_config import (
-    DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
     _sharded_table_bucket_layout,
     align_to_table_size,
     complete_initializer_args,
-    optimizer_state_dim,
 )
 
 __all__ = [
     "DynamicShardStorage",
     "_prepare_dynemb_table_options",
     "dynamic_shard_storage",
-    "slot_metadata_bytes",
-    "table_metadata_bytes",
 ]
-
-# Bytes of one slot of the hash table besides its score words: the int64 key
-# and the one-byte digest (ScoredHashTable's ``keys`` and ``digests``).
-_KEY_BYTES = 8
-_DIGEST_BYTES = 1
-_SCORE_WORD_BYTES = 8
-# NO_EVICTION tables also keep an int64 free-row list, one entry per row.
-_FREE_ROW_BYTES = 8
 
 
 def _prepare_dynemb_table_options(
@@ -100,50 +88,14 @@ def _prepare_dynemb_table_options(
     )
 
 
-def slot_metadata_bytes(options: DynamicEmbTableOptions) -> int:
-    """Device bytes of one hash-table slot besides its value row.
-
-    The key (int64), its digest (one byte) and one int64 score word per score
-    (two for the compound ``(TIMESTAMP, LFU)``): the layout ``ScoredHashTable``
-    allocates.
-
-    Args:
-        options (DynamicEmbTableOptions): the table's options.
-
-    Returns:
-        int: bytes per slot.
-    """
-    return _KEY_BYTES + _DIGEST_BYTES + _SCORE_WORD_BYTES * options.num_scores()
-
-
-def table_metadata_bytes(options: DynamicEmbTableOptions, rows: int) -> int:
-    """Device bytes of the hash table (keys, digests, scores) for ``rows`` rows.
-
-    A table that evicts has one slot per row. A NO_EVICTION table keeps its
-    key map at most half full (twice the rows, in whole buckets) and an int64
-    free-row entry per row.
-
-    Args:
-        options (DynamicEmbTableOptions): prepared options (``bucket_capacity``
-            is the effective bucket width).
-        rows (int): value rows of the table.
-
-    Returns:
-        int: bytes.
-    """
-    if DynamicEmbScoreStrategy.NO_EVICTION in options.score_strategies():
-        slots = align_to_table_size(2 * rows, options.bucket_capacity)
-        return slots * slot_metadata_bytes(options) + rows * _FREE_ROW_BYTES
-    return rows * slot_metadata_bytes(options)
-
-
 @dataclasses.dataclass(frozen=True)
 class DynamicShardStorage:
     """Bytes one rank of a dynamic table allocates when it is built.
 
     Attributes:
-        hbm (int): device memory: the values kept on the device plus the
-            metadata (keys, digests, scores) of every slot.
+        hbm (int): device memory: the values kept on the device plus every
+            hash table's metadata (keys, digests, scores, table info,
+            counters, free rows).
         ddr (int): host memory: the values not kept on the device.
     """
 
@@ -157,21 +109,23 @@ def dynamic_shard_storage(
     optimizer: Any | None,
     compute_device: str,
 ) -> DynamicShardStorage:
-    """Memory of one rank of a dynamic table, from its prepared options.
+    """Memory of one rank of a dynamic table, from its prepared options: what
+    its storage allocates when it is built (``dynamicemb.storage.plan_footprint``,
+    the rules ``create_storage`` allocates by).
 
     The table is built with ``init_capacity`` rows (and grows toward
     ``max_capacity`` as keys arrive, which is not reserved here). A row is
-    ``dim`` elements plus, in training, the optimizer state
-    (``optimizer_state_dim``), of ``embedding_dtype`` (or ``dtype``).
+    ``value_row_bytes`` of ``embedding_dtype`` (or ``dtype``) with the
+    optimizer's state in training.
 
-    * ``caching=False`` (hybrid table): the first ``local_hbm_for_values``
-      bytes of the values are on the device, the rest on the host.
-    * ``caching=True``: a device cache of ``local_hbm_for_values`` bytes of
-      rows, with its own slot metadata, in front of a host table holding
-      ``init_capacity`` rows.
+    * ``caching=False`` (hybrid table): ``local_hbm_for_values // row_bytes``
+      rows (at most all) on the device, the rest on the host;
+    * ``caching=True``: a device cache of ``local_hbm_for_values // row_bytes``
+      slots (in buckets of 1024), with its own metadata, in front of a host
+      table of ``init_capacity`` rows whose metadata is on the device;
+    * an external storage: its own memory is not counted.
 
-    Slot metadata (``table_metadata_bytes``) is always on the device. On a compute device
-    without HBM (``"cpu"``) everything is host memory.
+    On a compute device without HBM (``"cpu"``) everything is host memory.
 
     Args:
         options (DynamicEmbTableOptions): prepared options (``dim`` and
@@ -185,34 +139,20 @@ def dynamic_shard_storage(
         DynamicShardStorage: bytes on the device and on the host.
 
     Raises:
-        ValueError: the options are not prepared, or the optimizer has no
-            dynamicemb row layout.
+        ValueError: the options are not prepared, the optimizer has no
+            dynamicemb row layout, or a cache budget holds fewer than 16 rows.
     """
+    from dynamicemb.storage import plan_footprint
+
     if options.dim is None or options.init_capacity is None:
         raise ValueError(
             "dynamic_shard_storage needs prepared options (dim and init_capacity set), "
             f"got dim={options.dim!r}, init_capacity={options.init_capacity!r}"
         )
-    dtype = options.embedding_dtype or dtype
-    state = 0
-    if options.training and optimizer is not None:
-        state = optimizer_state_dim(optimizer, options.dim, dtype)
-    row_bytes = (options.dim + state) * dtype.itemsize
-    rows = options.init_capacity
-    meta = table_metadata_bytes(options, rows)
-    values = rows * row_bytes
-    budget = options.local_hbm_for_values
-    if options.caching:
-        cache_rows = budget // row_bytes
-        hbm = cache_rows * row_bytes + table_metadata_bytes(options, cache_rows) + meta
-        ddr = values
-    else:
-        on_device = min(budget, values)
-        hbm = on_device + meta
-        ddr = values - on_device
+    f = plan_footprint(options, dtype, optimizer)
     if compute_device not in ("cuda", "mtia"):
-        return DynamicShardStorage(hbm=0, ddr=hbm + ddr)
-    return DynamicShardStorage(hbm=hbm, ddr=ddr)
+        return DynamicShardStorage(hbm=0, ddr=f.device + f.host)
+    return DynamicShardStorage(hbm=f.device, ddr=f.host)
 
 
 # Attribute names under which prepared options remember what they were

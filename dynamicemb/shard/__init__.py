@@ -19,7 +19,11 @@ from .embedding import (
     ShardedDynamicEmbeddingCollection,
 )
 from .input_dist import DynamicEmbRwSparseFeaturesDist, bucketize_by_route, dedup_kjt
-from .lookup import DynamicEmbeddingKernel, dynamic_embedding_kernels
+from .lookup import (
+    DynamicEmbeddingKernel,
+    dynamic_embedding_kernels,
+    named_dynamic_embedding_kernels,
+)
 from .routing import DIST_TYPE_CODES, continuous_block_size, route_keys
 
 __all__ = [
@@ -35,5 +39,6 @@ __all__ = [
     "continuous_block_size",
     "dedup_kjt",
     "dynamic_embedding_kernels",
+    "named_dynamic_embedding_kernels",
     "route_keys",
 ]

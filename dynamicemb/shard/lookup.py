@@ -29,6 +29,7 @@ from ..dynamicemb_config import (
     DynamicEmbPoolingMode,
     DynamicEmbTableOptions,
     complete_initializer_args,
+    embedding_config_dtype,
     get_sharded_table_capacity,
 )
 from ..embedding import BatchedDynamicEmbeddingTablesV2
@@ -101,7 +102,8 @@ def resolve_table_options(
 
     ``dim`` and ``max_capacity`` the planner left unset are filled (from
     ``embedding_dim`` and ``get_sharded_table_capacity``), as are UNIFORM
-    bounds (``complete_initializer_args``). The argument is not modified.
+    bounds (``complete_initializer_args``) and ``embedding_dtype`` (from the
+    config's ``data_type``). The argument is not modified.
 
     Args:
         options (DynamicEmbTableOptions): from the plan's
@@ -141,6 +143,7 @@ def resolve_table_options(
         max_capacity=max_capacity,
         init_capacity=init_capacity,
         initializer_args=complete_initializer_args(options.initializer_args, table),
+        embedding_dtype=options.embedding_dtype or embedding_config_dtype(table),
     )
 
 
@@ -264,11 +267,28 @@ class DynamicEmbeddingKernel(BaseEmbedding):
     def named_split_embedding_weights(self, *args: Any, **kwargs: Any) -> Iterator[Any]:
         return iter(())
 
+    def prefetch(self, features: KeyedJaggedTensor, forward_stream: Any = None) -> None:
+        """Brings the routed features' keys that the group's backing tier
+        holds into its device cache (a no-op without a cache)."""
+        self._emb_module.prefetch(features.values(), features.offsets(), forward_stream)
+
     def flush(self) -> None:
-        pass
+        """Writes the device cache back to the backing tier."""
+        self._emb_module.flush()
 
     def purge(self) -> None:
-        pass
+        """Writes the device cache back and empties it."""
+        self._emb_module.purge()
+
+
+def _prefetch(lookup: Any, sparse_features: KeyedJaggedTensor, forward_stream: Any) -> None:
+    """A lookup's prefetch: each group's share of the features to its kernel
+    (TorchRec's sharded module calls it from its prefetch hook, which
+    ``TrainPipelinePrefetch`` runs for the next batch)."""
+    if not lookup._emb_modules:
+        return
+    for kernel, features in zip(lookup._emb_modules, sparse_features.split(lookup._feature_splits)):
+        kernel.prefetch(features, forward_stream)
 
 
 def _set_dynamic_kernel_args(
@@ -336,6 +356,9 @@ class DynamicEmbGroupedEmbeddingsLookup(GroupedEmbeddingsLookup):
     ) -> BaseEmbedding:
         return _dynamic_kernel(self, config, DynamicEmbPoolingMode.NONE, device)
 
+    def prefetch(self, sparse_features: KeyedJaggedTensor, forward_stream: Any = None) -> None:
+        _prefetch(self, sparse_features, forward_stream)
+
 
 class DynamicEmbGroupedPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):
     """TorchRec's pooled lookup with ``DynamicEmbeddingKernel`` groups.
@@ -376,10 +399,18 @@ class DynamicEmbGroupedPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):
     ) -> BaseEmbedding:
         return _dynamic_kernel(self, config, DynamicEmbPoolingMode.SUM, device)
 
+    def prefetch(self, sparse_features: KeyedJaggedTensor, forward_stream: Any = None) -> None:
+        _prefetch(self, sparse_features, forward_stream)
 
-def dynamic_embedding_kernels(model: torch.nn.Module) -> list["DynamicEmbeddingKernel"]:
+
+def named_dynamic_embedding_kernels(
+    model: torch.nn.Module,
+) -> list[tuple[str, "DynamicEmbeddingKernel"]]:
     """This rank's ``DynamicEmbeddingKernel`` of every group of dynamic tables
-    in a sharded model, in module order.
+    in a sharded model, in module order, each with the name of its sharded
+    collection: the collection's path in the model unwrapped from
+    DistributedModelParallel, DistributedDataParallel and FSDP (e.g.
+    ``"sparse_arch"``; ``""`` when the model is the collection).
 
     TorchRec's sharded collections keep their lookups (one per sharding) in a
     plain list, not as submodules, so ``model.modules()`` alone does not reach
@@ -388,9 +419,18 @@ def dynamic_embedding_kernels(model: torch.nn.Module) -> list["DynamicEmbeddingK
     ``BatchedDynamicEmbeddingTablesV2``, whose ``table`` has the counters)
     are what metrics, dumps and tests read.
     """
-    kernels: list[DynamicEmbeddingKernel] = []
-    for module in model.modules():
+    from torchrec.distributed.model_parallel import get_unwrapped_module
+
+    kernels: list[tuple[str, DynamicEmbeddingKernel]] = []
+    for name, module in get_unwrapped_module(model).named_modules():
         for lookup in getattr(module, "_lookups", None) or []:
             lookup = getattr(lookup, "module", lookup)
-            kernels += [m for m in lookup.modules() if isinstance(m, DynamicEmbeddingKernel)]
+            kernels += [
+                (name, m) for m in lookup.modules() if isinstance(m, DynamicEmbeddingKernel)
+            ]
     return kernels
+
+
+def dynamic_embedding_kernels(model: torch.nn.Module) -> list["DynamicEmbeddingKernel"]:
+    """The kernels of ``named_dynamic_embedding_kernels``, without the names."""
+    return [kernel for _, kernel in named_dynamic_embedding_kernels(model)]

@@ -536,7 +536,15 @@ class ScoredHashTable:
         )
 
     def _run(
-        self, op, keys, table_ids, policies, scores, assign_rows=False, victim_scores=None
+        self,
+        op,
+        keys,
+        table_ids,
+        policies,
+        scores,
+        assign_rows=False,
+        victim_scores=None,
+        counters=None,
     ) -> InsertResult:
         _flag(assign_rows, "assign_rows")
         keys, table_ids = self._batch(keys, table_ids)
@@ -558,7 +566,7 @@ class ScoredHashTable:
             self.digests,
             self.scores,
             self.info,
-            self.counters,
+            self.counters if counters is None else counters,
             self.free_rows,
             policies,
             values,
@@ -706,6 +714,14 @@ class ScoredHashTable:
         caps = torch.tensor(self._capacities, dtype=torch.float64, device=self.device)
         return self.size().to(torch.float64) / caps
 
+    def memory_per_table(self) -> list[int]:
+        """Bytes each table's slots (key, digest, score words) and NO_EVICTION
+        free-row entries take on the table's device."""
+        slot = self.keys.element_size() + self.digests.element_size()
+        slot += self.num_scores * self.scores.element_size()
+        row = self.free_rows.element_size()
+        return [cap * slot + r * row for cap, r in zip(self._capacities, self._row_caps)]
+
     # --------------------------------------------------------- expansion --
 
     def reserve(self, incoming: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -759,15 +775,24 @@ class ScoredHashTable:
         old = self.export_batch().compact()
         old_info = self.info_host
         old_free = self.free_rows
-        saved = self.counters.clone()
+        saved = self.counters
+        # The re-insert counts into a fresh tensor; `counters` is replaced only
+        # once complete, so a reader on another thread (a metrics collection)
+        # sees the old counters or the new ones, never a half-built state.
+        counters = torch.zeros_like(saved)
         state = self._state()
         try:
             # An allocation that fails (out of memory) leaves the table as it was.
             self._allocate(caps, widths, rows)
-            self.counters = torch.zeros_like(saved)
             assign = [enums.ScorePolicy.ASSIGN] * self.num_scores
             res = self._run(
-                enums.RunOp.INSERT, old.keys, old.table_ids, assign, old.scores, assign_rows=True
+                enums.RunOp.INSERT,
+                old.keys,
+                old.table_ids,
+                assign,
+                old.scores,
+                assign_rows=True,
+                counters=counters,
             )
             # The insert rebuilt the row allocators from the rows held; the
             # free-row stacks are put back as they were, at the new offsets
@@ -792,7 +817,8 @@ class ScoredHashTable:
             )
         size_col = int(enums.CounterCol.SIZE)
         keep = [c for c in range(saved.shape[1]) if c != size_col]
-        self.counters[:, keep] = saved[:, keep]
+        counters[:, keep] = saved[:, keep]
+        self.counters = counters
         self._max_caps = [max(m, c) for m, c in zip(self._max_caps, caps)]
         return old.slots, res.slots
 

@@ -167,19 +167,14 @@ def contents(model) -> dict[str, dict[str, torch.Tensor]]:
         for t, name in enumerate(k.table_names):
             lo, hi = table.slot_range(t)
             ex = table.export_batch(lo, hi).compact()
-            slots = ex.slots
-            if emb.no_eviction:
-                rows = table.scores[slots, 0] + emb._row_base_host[t]
-            else:
-                rows = slots
             dim = emb.dims[t]
             sd = optimizer_state_dim(emb.optimizer.optimizer, dim, torch.float32)
             order = torch.argsort(ex.keys)
-            vals = emb.values[rows][order].float().cpu()
+            _, rows, state = emb.storage.read_rows(ex.keys, ex.table_ids)
             out[name] = {
                 "keys": ex.keys[order].cpu(),
-                "emb": vals[:, :dim].clone(),
-                "opt": vals[:, dim : dim + sd].clone(),
+                "emb": rows[order, :dim].cpu().clone(),
+                "opt": state[order, :sd].cpu().clone(),
                 "scores": (
                     torch.zeros(len(order), 0, dtype=torch.int64)
                     if emb.no_eviction

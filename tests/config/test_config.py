@@ -197,7 +197,7 @@ def test_top_level_reexports_the_spec_names():
 def test_config_module_exports_the_same_objects_as_the_package():
     import dynamicemb.dynamicemb_config as config
 
-    for name in dynamicemb.__all__:
+    for name in set(dynamicemb.__all__) & set(config.__all__):
         assert getattr(config, name) is getattr(dynamicemb, name)
 
 
@@ -774,7 +774,22 @@ def test_value_bytes_with_a_real_torchrec_config():
         feature_names=["f"],
         data_type=configs.DataType.BF16,
     )
-    assert get_table_value_bytes(config, EmbOptimType.ADAM, 2, 128) == 512 * (32 + 64) * 2 * 2
+    # bfloat16 embeddings (32 x 2 bytes), Adam's state in float32 (64 x 4 bytes).
+    assert get_table_value_bytes(config, EmbOptimType.ADAM, 2, 128) == 512 * (32 * 2 + 64 * 4) * 2
+
+
+def test_value_row_bytes_pads_the_embedding_and_keeps_the_state_float32():
+    EmbOptimType = _emb_optim_type()
+    from dynamicemb.dynamicemb_config import value_row_bytes
+
+    assert value_row_bytes(EmbOptimType.EXACT_SGD, 7, torch.float32) == 28
+    assert value_row_bytes(EmbOptimType.EXACT_SGD, 7, torch.float16) == 16  # 14 -> 16
+    assert value_row_bytes(EmbOptimType.ADAM, 7, torch.bfloat16) == 16 + 14 * 4
+    assert value_row_bytes(EmbOptimType.EXACT_ROWWISE_ADAGRAD, 3, torch.float16) == 8 + 16
+    assert value_row_bytes(EmbOptimType.ADAM, 7, torch.float16, training=False) == 16
+    assert value_row_bytes(None, 5, torch.float32) == 20
+    with pytest.raises(ValueError, match="float64"):
+        value_row_bytes(EmbOptimType.ADAM, 7, torch.float64)
 
 
 # ---------------------------------------------------------------- planner constraints

@@ -1,16 +1,34 @@
 """The fused lookup ops (embedding_pool, embedding_update) against plain torch.
 
 The references are written out with index_add_ and the optimizer's equations;
-CUDA cases compare the CUDA kernels with the CPU ones on the same inputs.
+CUDA cases compare the CUDA kernels with the CPU ones on the same inputs. Most
+batches keep float32 rows of one width in one segment; the row-space cases
+split them over two segments and store float16 / bfloat16 embeddings.
 """
 
 import pytest
 import torch
 
-from dynamicemb.table._native import ops
+from dynamicemb.table._native import constants, ops
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 SGD, ADAM, ROWWISE = 0, 1, 3
+
+
+def element_type(dtype) -> int:
+    names = {torch.float32: "FLOAT32", torch.float16: "FLOAT16", torch.bfloat16: "BFLOAT16"}
+    return int(constants()["ElementType"][names[dtype]])
+
+
+F32 = element_type(torch.float32)
+
+
+def space(t):
+    """The batch's (num_rows, width) float32 values as a one-segment row
+    space, and its rows as byte offsets into it (-1 stays -1)."""
+    v = t["values"]
+    offsets = torch.where(t["rows"] >= 0, t["rows"] * (v.shape[1] * 4), -1)
+    return v, v.new_empty(0), offsets
 
 
 def batch(device, seed=0, dims=(4, 8, 4), B=5, num_rows=40, width=24, weighted=True):
@@ -62,10 +80,12 @@ def reference_pool(t):
     return out
 
 
-def pool(t):
+def pool(t, seg=None):
+    seg0, seg1, rows = space(t) if seg is None else seg[:3]
     return ops().embedding_pool(
-        t["values"],
-        t["rows"],
+        seg0,
+        seg1,
+        rows,
         t["inverse"],
         t["offsets"],
         t["weights"],
@@ -73,6 +93,7 @@ def pool(t):
         t["dims"],
         t["B"],
         t["width"],
+        F32 if seg is None else seg[3],
     )
 
 
@@ -84,12 +105,14 @@ def occurrences(t):
     return occ, order
 
 
-def update(t, grad_out, optim, lr=0.1, step=1, wd=0.0, wd_mode=0):
+def update(t, grad_out, optim, lr=0.1, step=1, wd=0.0, wd_mode=0, seg=None):
     occ, order = occurrences(t)
+    seg0, seg1, rows = space(t) if seg is None else seg[:3]
     ops().embedding_update(
-        t["values"],
+        seg0,
+        seg1,
         grad_out,
-        t["rows"],
+        rows,
         occ,
         order,
         t["bag"],
@@ -97,6 +120,7 @@ def update(t, grad_out, optim, lr=0.1, step=1, wd=0.0, wd_mode=0):
         t["cols"],
         t["dims"],
         t["B"],
+        F32 if seg is None else seg[3],
         optim,
         lr,
         1e-8,
@@ -148,9 +172,11 @@ def test_pool_of_a_sequence_batch_is_a_gather(device):
     """Pooling NONE: every occurrence its own bag, one feature of one dim."""
     t = batch(device, seed=2, dims=(8,), weighted=False)
     n = t["inverse"].numel()
+    seg0, seg1, offsets = space(t)
     out = ops().embedding_pool(
-        t["values"],
-        t["rows"],
+        seg0,
+        seg1,
+        offsets,
         t["inverse"],
         torch.arange(n + 1, device=device),
         None,
@@ -158,6 +184,7 @@ def test_pool_of_a_sequence_batch_is_a_gather(device):
         t["dims"],
         n,
         8,
+        F32,
     )
     rows = t["rows"][t["inverse"]]
     want = t["values"][rows.clamp(min=0), :8] * (rows >= 0).unsqueeze(1)
@@ -258,8 +285,12 @@ def test_cuda_update_matches_the_cpu_kernel(kind, optim):
 def test_pool_refuses_a_row_out_of_range_naming_it():
     t = batch("cpu", seed=6)
     t["rows"][1] = 1000
-    with pytest.raises(ValueError, match="row 1000 at index 1"):
+    with pytest.raises(ValueError, match=r"row offset 96000 at index 1 does not hold"):
         pool(t)
+    seg0, seg1, offsets = space(t)
+    offsets[1] = 6  # not a multiple of 4
+    with pytest.raises(ValueError, match="row offset 6 at index 1"):
+        pool(t, (seg0, seg1, offsets, F32))
 
 
 def test_update_refuses_bad_occurrences_and_changes_nothing():
@@ -268,11 +299,13 @@ def test_update_refuses_bad_occurrences_and_changes_nothing():
     occ, order = occurrences(t)
     occ[-1] += 1
     grad = torch.randn(t["B"], t["width"])
+    seg0, seg1, offsets = space(t)
     with pytest.raises(ValueError, match="occ_offsets must run from 0 to"):
         ops().embedding_update(
-            t["values"],
+            seg0,
+            seg1,
             grad,
-            t["rows"],
+            offsets,
             occ,
             order,
             t["bag"],
@@ -280,6 +313,7 @@ def test_update_refuses_bad_occurrences_and_changes_nothing():
             t["cols"],
             t["dims"],
             t["B"],
+            F32,
             SGD,
             0.1,
             1e-8,
@@ -298,10 +332,12 @@ def test_update_refuses_bad_occurrences_and_changes_nothing():
 
 def test_pool_refuses_a_feature_that_does_not_fit_the_output():
     t = batch("cpu", seed=8)
+    seg0, seg1, offsets = space(t)
     with pytest.raises(ValueError, match="feature 2"):
         ops().embedding_pool(
-            t["values"],
-            t["rows"],
+            seg0,
+            seg1,
+            offsets,
             t["inverse"],
             t["offsets"],
             t["weights"],
@@ -309,6 +345,7 @@ def test_pool_refuses_a_feature_that_does_not_fit_the_output():
             t["dims"],
             t["B"],
             t["width"] - 1,
+            F32,
         )
 
 
@@ -323,11 +360,13 @@ OPCHECK_UTILS = (
 @pytest.mark.parametrize("device", DEVICES)
 def test_lookup_ops_opcheck(device):
     t = batch(device, seed=9)
+    seg0, seg1, offsets = space(t)
     torch.library.opcheck(
         ops().embedding_pool.default,
         (
-            t["values"],
-            t["rows"],
+            seg0,
+            seg1,
+            offsets,
             t["inverse"],
             t["offsets"],
             t["weights"],
@@ -335,6 +374,7 @@ def test_lookup_ops_opcheck(device):
             t["dims"],
             t["B"],
             t["width"],
+            F32,
         ),
         test_utils=OPCHECK_UTILS,
     )
@@ -343,9 +383,10 @@ def test_lookup_ops_opcheck(device):
     torch.library.opcheck(
         ops().embedding_update.default,
         (
-            t["values"],
+            seg0,
+            seg1,
             grad,
-            t["rows"],
+            offsets,
             occ,
             order,
             t["bag"],
@@ -353,6 +394,7 @@ def test_lookup_ops_opcheck(device):
             t["cols"],
             t["dims"],
             t["B"],
+            F32,
             SGD,
             0.1,
             1e-8,
@@ -368,3 +410,79 @@ def test_lookup_ops_opcheck(device):
         ),
         test_utils=("test_schema", "test_faketensor"),
     )
+
+
+# -------------------------------------------------------------- row spaces --
+
+
+def typed_rows(values: torch.Tensor, dtype, state_dim: int) -> torch.Tensor:
+    """Rows of (num_rows, width) float32 values in the storage layout: the
+    first ``width - state_dim`` columns as ``dtype`` (padded to 4 bytes), the
+    last ``state_dim`` as float32 state. (num_rows, row_bytes) uint8."""
+    dim = values.shape[1] - state_dim
+    emb = values[:, :dim].to(dtype).contiguous().view(torch.uint8)
+    pad = (-emb.shape[1]) % 4
+    parts = [emb, torch.zeros(values.shape[0], pad, dtype=torch.uint8, device=values.device)]
+    parts.append(values[:, dim:].contiguous().view(torch.uint8))
+    return torch.cat(parts, dim=1).contiguous()
+
+
+def split_space(rows_bytes: torch.Tensor, rows: torch.Tensor, cut: int, etype: int):
+    """The rows split after row ``cut`` into two segments, and the byte
+    offsets of ``rows`` in that space."""
+    rb = rows_bytes.shape[1]
+    seg0, seg1 = rows_bytes[:cut].reshape(-1), rows_bytes[cut:].reshape(-1)
+    return seg0, seg1, torch.where(rows >= 0, rows * rb, -1), etype
+
+
+def from_typed(rows_bytes: torch.Tensor, dim: int, dtype, state_dim: int) -> torch.Tensor:
+    """typed_rows back to float32 (num_rows, dim + state_dim)."""
+    esize = torch.tensor([], dtype=dtype).element_size()
+    emb = rows_bytes[:, : dim * esize].contiguous().view(dtype).float()
+    off = -(-dim * esize // 4) * 4
+    state = rows_bytes[:, off : off + 4 * state_dim].contiguous().view(torch.float32)
+    return torch.cat([emb, state], dim=1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_pool_reads_typed_rows_across_two_segments(device, dtype):
+    t = batch(device, seed=12, dims=(6, 6, 6), width=6, num_rows=40)
+    rows = typed_rows(t["values"], dtype, 0)
+    out = pool(t, split_space(rows, t["rows"], 17, element_type(dtype)))
+    # The reference pools the stored (rounded) embeddings.
+    t["values"] = t["values"].to(dtype).float()
+    torch.testing.assert_close(out.double().cpu(), reference_pool(t), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_adam_update_of_typed_rows_keeps_float32_state_and_rounds_the_weight(device, dtype):
+    dim = 5  # 10 or 5 * 2 bytes: the state starts after padding to 4 bytes
+    t = batch(device, seed=13, dims=(dim, dim), width=3 * dim, num_rows=30)
+    t["values"][:, dim:].abs_()  # second moments are never negative
+    rows = typed_rows(t["values"], dtype, 2 * dim)
+    ref = dict(t, values=from_typed(rows, dim, dtype, 2 * dim))  # what is stored
+    seg = split_space(rows, t["rows"], 11, element_type(dtype))
+    grad = torch.randn(t["B"], 2 * dim, device=device)
+    update(t, grad, ADAM, lr=0.05, seg=seg)
+    update(ref, grad, ADAM, lr=0.05)  # float32 rows, the same arithmetic
+    got = from_typed(torch.cat([seg[0], seg[1]]).view(30, -1), dim, dtype, 2 * dim)
+    # The state is float32 and exact; the weight is the float32 result rounded.
+    torch.testing.assert_close(got[:, dim:], ref["values"][:, dim:], rtol=0, atol=0)
+    want_w = ref["values"][:, :dim].to(dtype).float()
+    torch.testing.assert_close(got[:, :dim], want_w, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_update_across_two_segments_equals_one_segment(device):
+    t = batch(device, seed=14, dims=(4, 8, 4), width=24)
+    t["values"].abs_()  # row-wise Adagrad's accumulator is never negative
+    one = dict(t, values=t["values"].clone())
+    rows = typed_rows(t["values"], torch.float32, 0)
+    seg = split_space(rows, t["rows"], 23, F32)
+    grad = torch.randn(t["B"], t["width"], device=device)
+    update(one, grad, ROWWISE, lr=0.2)
+    update(t, grad, ROWWISE, lr=0.2, seg=seg)
+    got = torch.cat([seg[0], seg[1]]).view(rows.shape).view(torch.float32)
+    assert torch.equal(got, one["values"])

@@ -45,7 +45,8 @@ def _module(device, strategy=Score.STEP, pooling=Pool.SUM, tables=1):
 
 def _state(m):
     s = {k: getattr(m.table, k).clone().cpu() for k in MODULE_STATE}
-    s["values"] = m.values.clone().cpu()
+    for i, seg in enumerate(m.storage.space()):  # the value rows
+        s[f"values{i}"] = seg.clone().cpu()
     s["step"] = m.step
     return s
 

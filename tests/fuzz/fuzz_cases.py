@@ -1169,10 +1169,37 @@ def fuzz_row_ops(draw):
     case("row and routing ops", desc, call, model, state, names, check)
 
 
-def _lookup_model(op: str, a: dict, pre: torch.Tensor | None):
-    """embedding_pool / embedding_update (cc/embedding/lookup.h) in float64,
+def _segments(a: dict) -> list[torch.Tensor]:
+    """The two segments of a row space as bytes (contiguous tensors of any
+    dtype, 4-byte aligned); Refused where the contract refuses them."""
+    out = []
+    for name in ("seg0", "seg1"):
+        t = _need_tensor(a[name], name, None, None, contiguous=True)
+        if t.data_ptr() % 4:
+            raise Refused(f"{name} unaligned")
+        out.append(t.detach().cpu().reshape(-1).view(torch.uint8).clone())
+    return out
+
+
+def _row(segs: list[torch.Tensor], offset: int, nbytes: int) -> torch.Tensor | None:
+    """float32 view of the `nbytes` at byte `offset` of a row space (None for
+    -1); Refused unless they lie in one segment at a multiple of 4."""
+    if offset == -1:
+        return None
+    if offset % 4:
+        raise Refused("offset not a multiple of 4")
+    for seg in segs:
+        if 0 <= offset and offset + nbytes <= seg.numel():
+            return seg[offset : offset + nbytes].view(torch.float32)
+        offset -= seg.numel()
+    raise Refused("row outside the segments")
+
+
+def _lookup_model(op: str, a: dict, pre: list[torch.Tensor] | None):
+    """embedding_pool / embedding_update (cc/embedding/pooling.h) in float64
+    over float32 rows addressed by byte offset (cc/storage/row_space.h),
     from the arguments as given; Refused where the contract refuses them."""
-    v = _need_tensor(a["values"], "values", torch.float32, 2, True)
+    segs = _segments(a)
     t = {}
     for k in (
         "rows",
@@ -1186,15 +1213,16 @@ def _lookup_model(op: str, a: dict, pre: torch.Tensor | None):
     ):
         if k in a:
             t[k] = _need_tensor(a[k], k, torch.int64, 1, True).cpu().tolist()
-    for k in ("batch", "out_width", "step", "type", "wd_mode"):
+    for k in ("batch", "out_width", "step", "type", "wd_mode", "element_type"):
         if k in a:
             _need_int(a[k], k)
+    if a["element_type"] != int(constants()["ElementType"]["FLOAT32"]):
+        raise Refused("element_type")  # (the generator writes float32 rows only)
     for k in ("lr", "eps", "beta1", "beta2", "weight_decay", "lr_power", "ftrl_beta", "l1", "l2"):
         if k in a and (not isinstance(a[k], float) or not math.isfinite(a[k])):
             raise Refused(k)
     batch = a["batch"]
     rows, cols, dims = t["rows"], t["cols"], t["dims"]
-    R, W = v.shape
     F = len(cols)
     if F == 0 or len(dims) != F or batch < 0:
         raise Refused("layout")
@@ -1213,7 +1241,7 @@ def _lookup_model(op: str, a: dict, pre: torch.Tensor | None):
         raise Refused("out_width")
     covered = set()
     for c, d in zip(cols, dims):
-        if not (0 <= d <= W and c >= 0 and c + d <= width):
+        if not (0 <= d and c >= 0 and c + d <= width):
             raise Refused("feature does not fit")
         span = set(range(c, c + d))
         if span & covered:
@@ -1225,8 +1253,6 @@ def _lookup_model(op: str, a: dict, pre: torch.Tensor | None):
         if wt.numel() != n or not torch.isfinite(wt).all():
             raise Refused("weights")
         w = wt.cpu().tolist()
-    if any(not -1 <= r < R for r in rows):
-        raise Refused("row")
     if op == "embedding_pool":
         off = t["bag_offsets"]
         if (
@@ -1239,15 +1265,12 @@ def _lookup_model(op: str, a: dict, pre: torch.Tensor | None):
         if any(not 0 <= i < len(rows) for i in t["inverse"]):
             raise Refused("inverse")
         out = torch.zeros(batch, width, dtype=torch.float64)
-        vals = v.cpu().double()
         for b in range(F * batch):
             f, i = divmod(b, batch)
             for j in range(off[b], off[b + 1]):
-                r = rows[t["inverse"][j]]
-                if r >= 0:
-                    out[i, cols[f] : cols[f] + dims[f]] += (1.0 if w is None else w[j]) * vals[
-                        r, : dims[f]
-                    ]
+                r = _row(segs, rows[t["inverse"][j]], 4 * dims[f])
+                if r is not None:
+                    out[i, cols[f] : cols[f] + dims[f]] += (1.0 if w is None else w[j]) * r.double()
         return out
     occ, order, obag = t["occ_offsets"], t["occ_order"], t["occ_bag"]
     if len(occ) != len(rows) + 1 or len(obag) != n:
@@ -1260,20 +1283,23 @@ def _lookup_model(op: str, a: dict, pre: torch.Tensor | None):
         raise Refused("a row twice")
     if not torch.isfinite(go).all():
         raise Refused("grad_out not finite")
-    expect = pre.double().clone()  # values as they were before the call
+    after = [seg.clone() for seg in pre]  # the segments as they were, then updated
     g = go.cpu().double()
     for u, r in enumerate(rows):
-        if r < 0 or occ[u] == occ[u + 1]:
+        if occ[u] == occ[u + 1]:
+            _row(segs, r, 0)  # (an offset is checked even without occurrences)
             continue
-        f0 = obag[order[occ[u]]] // batch
-        d = dims[f0]
+        d = dims[obag[order[occ[u]]] // batch]
+        row = _row(after, r, 4 * d)
+        if row is None:
+            continue
         acc = torch.zeros(d, dtype=torch.float64)
         for i in range(occ[u], occ[u + 1]):
             j = order[i]
-            f, b = divmod(obag[j], batch)
-            acc += (1.0 if w is None else w[j]) * g[b, cols[f] : cols[f] + d]
-        expect[r, :d] -= a["lr"] * acc
-    return ("values", expect, a["values"])
+            f, bb = divmod(obag[j], batch)
+            acc += (1.0 if w is None else w[j]) * g[bb, cols[f] : cols[f] + d]
+        row.copy_((row.double() - a["lr"] * acc).float())
+    return ("segments", after, [a["seg0"], a["seg1"]])
 
 
 @target("lookup ops", 1000)
@@ -1286,19 +1312,25 @@ def fuzz_lookup_ops(draw):
     offsets = torch.zeros(F * B + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(lengths, 0)
     bag = torch.repeat_interleave(torch.arange(F * B), lengths)
-    U = max(n, 1)
     inverse = torch.arange(n)  # each occurrence a key of its own: feature dims stay consistent
     num_rows = 32
-    rows = torch.randint(-1, num_rows, (U,), generator=g)
     width = max(dims) + 4
     values = torch.randn(num_rows, width, generator=g)
+    # The rows in two segments (a table's device and host rows): the first k,
+    # then the others; a row's offset is its byte offset in the space.
+    k = draw(st.integers(0, num_rows))
+    seg0, seg1 = values[:k].clone(), values[k:].clone()
     weights = torch.rand(n, generator=g) if draw(st.booleans()) else None
     cols = torch.cumsum(torch.tensor((0,) + dims[:-1]), 0)
+    f32 = int(constants()["ElementType"]["FLOAT32"])
     op = draw(st.sampled_from(["embedding_pool", "embedding_update"]))
     if op == "embedding_pool":
+        rows = torch.randint(-1, num_rows, (max(n, 1),), generator=g)
+        offs = torch.where(rows >= 0, rows * width * 4, -1)
         args = dict(
-            values=values,
-            rows=rows,
+            seg0=seg0,
+            seg1=seg1,
+            rows=offs,
             inverse=inverse,
             bag_offsets=offsets,
             weights=weights,
@@ -1306,9 +1338,11 @@ def fuzz_lookup_ops(draw):
             dims=torch.tensor(dims),
             batch=B,
             out_width=int(sum(dims)),
+            element_type=f32,
         )
         kinds = dict(
-            values="float",
+            seg0="float",
+            seg1="float",
             rows="index",
             inverse="index",
             bag_offsets="index",
@@ -1316,22 +1350,24 @@ def fuzz_lookup_ops(draw):
             dims="index",
             batch="int",
             out_width="int",
+            element_type="int",
         )
     else:
-        occ = torch.arange(n + 1)
-        # Distinct rows, one per key (each occurrence a key of its own).
-        rows = torch.randperm(num_rows, generator=g)[:n]
+        rows = torch.randperm(num_rows, generator=g)[:n]  # distinct rows, one per key
+        offs = rows * width * 4
         args = dict(
-            values=values,
+            seg0=seg0,
+            seg1=seg1,
             grad_out=torch.randn(B, int(sum(dims)), generator=g),
-            rows=rows,
-            occ_offsets=occ,
+            rows=offs,
+            occ_offsets=torch.arange(n + 1),
             occ_order=torch.arange(n),
             occ_bag=bag,
             weights=weights,
             cols=cols,
             dims=torch.tensor(dims),
             batch=B,
+            element_type=f32,
             type=0,
             lr=0.1,
             eps=1e-8,
@@ -1346,7 +1382,8 @@ def fuzz_lookup_ops(draw):
             l2=0.0,
         )
         kinds = dict(
-            values="float",
+            seg0="float",
+            seg1="float",
             grad_out="float",
             rows="index",
             occ_offsets="index",
@@ -1355,15 +1392,18 @@ def fuzz_lookup_ops(draw):
             cols="index",
             dims="index",
             batch="int",
+            element_type="int",
             lr="real",
             step="int",
         )
     if weights is not None:
         kinds["weights"] = "float"
     args = {k: (v.to(DEVICE) if isinstance(v, torch.Tensor) else v) for k, v in args.items()}
+    segment = [r"\bseg[01]\b", r"\bsegments?\b", r"\brow offset -?\d+ at index"]
     aliases = {
         "rows": [r"\brows?\b"],
-        "values": [r"\bvalues\b", r"\brows? of", r"\brow -?\d+ at index \d+ is out of range"],
+        "seg0": segment,
+        "seg1": segment,
         "inverse": [r"inverse", r"bag_offsets must run from 0 to"],
         "bag_offsets": [r"bag_offsets", r"\bbags?\b"],
         "weights": [r"weights"],
@@ -1371,6 +1411,7 @@ def fuzz_lookup_ops(draw):
         "dims": [r"\bdims?\b", r"feature \d+ \(columns"],
         "batch": [r"\bbatch\b", r"\bbags\b", r"\bbag_offsets has"],
         "out_width": [r"out_width", r"outputs of"],
+        "element_type": [r"element_type"],
         "grad_out": [r"grad_out"],
         "occ_offsets": [r"occ_offsets"],
         "occ_order": [r"occ_order", r"occurrence"],
@@ -1379,19 +1420,35 @@ def fuzz_lookup_ops(draw):
         "step": [r"\bstep\b"],
     }
     args2, desc, names, how = mutate(draw, args, kinds, aliases)
-    desc = f"{op}({desc}) dims={dims} B={B}"
-    state = [args["values"]]
-    pre_values = _snapshot(args2["values"])
+    desc = f"{op}({desc}) dims={dims} B={B} k={k}"
+    state = [args["seg0"], args["seg1"]]
+    pre = None
+    if all(
+        isinstance(args2[x], torch.Tensor) and args2[x].device.type != "meta"
+        for x in ("seg0", "seg1")
+    ):
+        pre = [
+            x.detach().cpu().reshape(-1).view(torch.uint8).clone() if x.is_contiguous() else None
+            for x in (args2["seg0"], args2["seg1"])
+        ]
+        if None in pre:
+            pre = None
 
     def call():
         return getattr(OPS, op)(*args2.values())
 
     def model():
-        return _lookup_model(op, args2, pre_values)
+        return _lookup_model(op, args2, pre)
 
     def check(got, want):
         if isinstance(want, tuple):
-            _equal(want[2], want[1], "updated values")
+            for seg, exp in zip(want[2], want[1]):
+                got_bytes = seg.detach().cpu().reshape(-1).view(torch.uint8)
+                _equal(
+                    got_bytes.view(torch.float32) if got_bytes.numel() % 4 == 0 else got_bytes,
+                    exp.view(torch.float32) if exp.numel() % 4 == 0 else exp,
+                    "updated segments",
+                )
         else:
             _equal(got, want, "pooled")
 

@@ -1,9 +1,6 @@
 """Smoke test of the main job (tools/train_dlrm.py): a short run on the CPU
 with two gloo processes, checked through the summary it writes."""
 
-import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,39 +20,19 @@ def _script() -> Path:
     raise FileNotFoundError("tools/train_dlrm.py")
 
 
+sys.path.insert(0, str(_script().parent))
+import train_dlrm  # noqa: E402
+
+
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("main_job") / "summary.json"
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(_script()),
-            "--device",
-            "cpu",
-            "--world-size",
-            str(WORLD_SIZE),
-            "--steps",
-            str(STEPS),
-            "--batch-size",
-            str(BATCH),
-            "--eval-batches",
-            "4",
-            "--log-window",
-            "25",
-            "--summary-json",
-            str(out),
-        ],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+def run():
+    summary, out = train_dlrm.launch(
+        f"--device cpu --world-size {WORLD_SIZE} --steps {STEPS} --batch-size {BATCH} "
+        "--eval-batches 4 --log-window 25".split(),
         timeout=240,
     )
-    assert proc.returncode == 0, proc.stdout[-6000:]
-    with open(out) as f:
-        return json.load(f), proc.stdout
+    assert summary is not None, out[-6000:]
+    return summary, out
 
 
 def test_loss_falls(run):
@@ -82,11 +59,6 @@ def test_table_counters(run):
 
     from dynamicemb import get_sharded_table_capacity
 
-    sys.path.insert(0, str(_script().parent))
-    try:
-        import train_dlrm
-    finally:
-        sys.path.pop(0)
     s, _ = run
     dynamic = {f.table: f for f in train_dlrm.FEATURES if f.dynamic}
     assert set(s["tables"]) == set(dynamic)

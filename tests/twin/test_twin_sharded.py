@@ -252,11 +252,9 @@ def _dynamic_rows(model) -> dict[str, dict[int, torch.Tensor]]:
     for kernel in dynamic_embedding_kernels(model):
         module = kernel.emb_module
         for t, name in enumerate(kernel.table_names):
-            keys = torch.arange(ALL_TABLES[name][1], device=module.values.device)
-            tids = torch.full_like(keys, t)
-            slots = module.table.find(keys, tids)
-            held = slots >= 0
-            values = module.values[module._rows_of(slots[held], tids[held]), : module.dims[t]].cpu()
+            keys = torch.arange(ALL_TABLES[name][1], device=module.device)
+            held, emb, _ = module.storage.read_rows(keys, torch.full_like(keys, t))
+            values = emb[held, : module.dims[t]].cpu()
             rows[name] = {int(k): v.clone() for k, v in zip(keys[held].tolist(), values)}
     return rows
 

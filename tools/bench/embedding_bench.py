@@ -18,6 +18,7 @@ import time
 import torch
 
 from dynamicemb import DynamicEmbPoolingMode, DynamicEmbTableOptions
+from dynamicemb.dynamicemb_config import value_row_bytes
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
 
 
@@ -69,7 +70,14 @@ def main():
     pooling = DynamicEmbPoolingMode.SUM if args.pooling == "sum" else DynamicEmbPoolingMode.NONE
     opt = EmbOptimType.EXACT_SGD if args.optimizer == "sgd" else EmbOptimType.ADAM
     cap = 1 << (2 * args.rows - 1).bit_length()
-    opts = [DynamicEmbTableOptions(dim=D, max_capacity=cap, bucket_capacity=128) for _ in range(T)]
+    # Every row in device memory (the all-device table).
+    hbm = cap * value_row_bytes(opt, D, torch.float32)
+    opts = [
+        DynamicEmbTableOptions(
+            dim=D, max_capacity=cap, bucket_capacity=128, local_hbm_for_values=hbm
+        )
+        for _ in range(T)
+    ]
     ours = BatchedDynamicEmbeddingTablesV2(opts, None, pooling, opt, device=dev, learning_rate=0.1)
     it = iter(batches * 2)
 

@@ -2,8 +2,15 @@
 # One device round: build and run the GPU tests, then the embedding and table
 # benchmarks, writing each output to $OUT (default: .gpu_round/) as well.
 #
-#   bash tools/bench/gpu_round.sh [tests|embedding|table|variants|multigpu|checkpoint|soak]...
+#   bash tools/bench/gpu_round.sh [tests|embedding|table|variants|multigpu|checkpoint|metrics|storage|soak]...
 #   (default: the first three)
+#
+# storage: tools/bench/storage_bench.py (the device cache at ratios 1.0, 0.5 and 0.1
+# with and without prefetch, the hybrid table at 50 %, the all-device table, FBGEMM's
+# managed cache on the same batches) and the `gpu` tests of tests/storage; output in
+# $OUT/storage.txt. STORAGE_BENCH_ARGS replaces the benchmark's size flags
+# (default: 4 tables x 4,000,000 rows, dim 128, Adam: 23 GiB of rows, 46 GiB with
+# FBGEMM's copy, for a machine of 128 GiB of host memory).
 #
 # Needs a CUDA machine; the torchrec/fbgemm bundle in .gpupkg/ for the FBGEMM
 # baselines (see docs/testing.md).
@@ -12,11 +19,17 @@
 # dynamicemb._C with CUDA if it is not built yet, then, each under a timeout:
 # the sharded EmbeddingCollection benchmark against TorchRec
 # (tools/bench/sharded_ec_bench.py), the `multigpu` tests (tests/shard,
-# tests/twin, tests/checkpoint), the main job (tools/train_dlrm.py --device cuda --steps 500).
+# tests/twin, tests/checkpoint, tests/storage), the main job (tools/train_dlrm.py --device cuda --steps 500).
 # Writes multigpu_*.txt to $OUT and prints a summary (also $OUT/multigpu.txt).
 # Timeouts in seconds: MG_BENCH_TIMEOUT (90), MG_TESTS_TIMEOUT (180),
 # MG_TRAIN_TIMEOUT (60), MG_BUILD_TIMEOUT (300); MG_BENCH_ARGS replaces the
 # benchmark's step counts.
+#
+# metrics: the metrics' GPU tests (`pytest -m gpu tests/metrics`: no more
+# synchronizations in a training step with metrics than without) and the train
+# step with /metrics scraped every second against none
+# (tools/bench/metrics_bench.py). Writes $OUT/metrics.txt. Needs the
+# OpenTelemetry wheels in .gpupkg/wheels (docs/testing.md).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-.gpu_round}
@@ -37,22 +50,41 @@ status_word() {
   esac
 }
 
+# Builds dynamicemb._C with CUDA kernels (run_gpu_tests.sh's build) unless it
+# is there; appends the outcome to the summary file $1. Fails when the build does.
+build_cuda() {
+  local sum=$1 rc t0
+  if "$PY" -c "from dynamicemb.table._native import extension; import sys; sys.exit(0 if extension().cuda_built() else 1)" > /dev/null 2>&1; then
+    return 0
+  fi
+  t0=$(date +%s)
+  DEMB_CUDA_ARCHS=${DEMB_CUDA_ARCHS:-90} DEMB_BUILD_CUDA=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} \
+    timeout -k 10 "${MG_BUILD_TIMEOUT:-300}" "$PY" setup.py -q build_ext --inplace > "$OUT/build.txt" 2>&1
+  rc=$?
+  echo "build: $(status_word $rc "${MG_BUILD_TIMEOUT:-300}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+  [ $rc -ne 0 ] && tail -30 "$OUT/build.txt"
+  return $rc
+}
+
+metrics_part() {
+  local sum="$OUT/metrics.txt"
+  : > "$sum"
+  build_cuda "$sum" || return
+  if ! "$PY" -c "import opentelemetry.sdk, opentelemetry.exporter.prometheus" > /dev/null 2>&1; then
+    echo "metrics: opentelemetry-sdk / opentelemetry-exporter-prometheus missing (add their wheels to .gpupkg/wheels, docs/testing.md)" | tee -a "$sum"
+    return
+  fi
+  timeout -k 10 300 "$PY" -m pytest -m gpu tests/metrics -q -s -p no:cacheprovider > "$OUT/metrics_tests_full.txt" 2>&1
+  grep -E "^synchronizations|passed|failed|skipped|Error" "$OUT/metrics_tests_full.txt" | tail -5 | tee -a "$sum"
+  timeout -k 10 300 "$PY" tools/bench/metrics_bench.py --device cuda --tables 10 --lookups 104857 \
+    --dim 128 --rows 1677721 --seconds 5 --rounds 6 2>&1 | tail -4 | tee -a "$sum"
+}
+
 multigpu_part() {
   local sum="$OUT/multigpu.txt" rc t0
   : > "$sum"
   "$PY" -c "import torch; n = torch.cuda.device_count(); print(f'torch {torch.__version__}, {n} GPU(s):', ', '.join(sorted({torch.cuda.get_device_name(i) for i in range(n)})))" 2>&1 | tee -a "$sum"
-  # The extension, with CUDA kernels (run_gpu_tests.sh's build) unless already there.
-  if ! "$PY" -c "from dynamicemb.table._native import extension; import sys; sys.exit(0 if extension().cuda_built() else 1)" > /dev/null 2>&1; then
-    t0=$(date +%s)
-    DEMB_CUDA_ARCHS=${DEMB_CUDA_ARCHS:-90} DEMB_BUILD_CUDA=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} \
-      timeout -k 10 "${MG_BUILD_TIMEOUT:-300}" "$PY" setup.py -q build_ext --inplace > "$OUT/multigpu_build.txt" 2>&1
-    rc=$?
-    echo "build: $(status_word $rc "${MG_BUILD_TIMEOUT:-300}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
-    if [ $rc -ne 0 ]; then
-      tail -30 "$OUT/multigpu_build.txt"
-      return
-    fi
-  fi
+  build_cuda "$sum" || return
   # 1. Benchmark: sharded EmbeddingCollection, dynamicemb against TorchRec.
   t0=$(date +%s)
   # shellcheck disable=SC2086
@@ -68,7 +100,7 @@ multigpu_part() {
   local report="$OUT/multigpu_tests.xml" par=()
   rm -f "$report"
   "$PY" -c "import xdist" > /dev/null 2>&1 && par=(-n 2 --dist loadfile)
-  timeout -k 10 "${MG_TESTS_TIMEOUT:-180}" "$PY" -m pytest -m multigpu tests/shard tests/twin tests/checkpoint -q --tb=short \
+  timeout -k 10 "${MG_TESTS_TIMEOUT:-180}" "$PY" -m pytest -m multigpu tests/shard tests/twin tests/checkpoint tests/storage -q --tb=short \
     -p no:cacheprovider ${par[@]+"${par[@]}"} --junitxml="$report" > "$OUT/multigpu_tests_full.txt" 2>&1
   rc=$?
   echo "tests: $(status_word $rc "${MG_TESTS_TIMEOUT:-180}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
@@ -133,6 +165,19 @@ for part in "${parts[@]}"; do
       timeout -k 10 "${CKPT_BENCH_TIMEOUT:-600}" "$PY" tools/bench/checkpoint_bench.py --device cuda \
         ${CKPT_BENCH_ARGS:---tables 10 --rows 1600000 --dim 128} 2>&1 \
         | grep -v "registered at\|backend fallback\|Warning\|warn(" | tee "$OUT/checkpoint.txt"
+      ;;
+    metrics)
+      metrics_part
+      ;;
+    storage)
+      : > "$OUT/storage.txt"
+      build_cuda "$OUT/storage.txt" || continue
+      # shellcheck disable=SC2086
+      timeout -k 10 "${STORAGE_BENCH_TIMEOUT:-1200}" "$PY" tools/bench/storage_bench.py --device cuda \
+        ${STORAGE_BENCH_ARGS:---tables 4 --rows 4000000 --dim 128 --optimizer adam} 2>&1 \
+        | grep -v "registered at\|backend fallback\|Warning\|warn(" | tee -a "$OUT/storage.txt"
+      timeout -k 10 "${STORAGE_TESTS_TIMEOUT:-600}" "$PY" -m pytest -m gpu tests/storage -q --tb=short \
+        -p no:cacheprovider 2>&1 | tail -15 | tee -a "$OUT/storage.txt"
       ;;
     soak)
       # The main job for SOAK_STEPS steps on one GPU, memory and counters

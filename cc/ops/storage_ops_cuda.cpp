@@ -1,0 +1,64 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+//
+// CUDA side of the storage tiers: the copy_rows kernel (schema in
+// schemas.cpp) and host memory the device reads and writes directly.
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#include <torch/library.h>
+
+#include <memory>
+#include <tuple>
+
+#include "cc/ops/storage_args.h"
+#include "cc/storage/copy_rows_cuda.h"
+
+namespace dyn_emb {
+namespace ops {
+namespace {
+
+void copy_rows_cuda(at::Tensor& dst0, at::Tensor& dst1, const at::Tensor& dst_offsets,
+                    const at::Tensor& src0, const at::Tensor& src1, const at::Tensor& src_offsets,
+                    const at::Tensor& bytes) {
+  const c10::cuda::CUDAGuard guard(bytes.device());
+  copy_rows_with(dst0, dst1, dst_offsets, src0, src1, src_offsets, bytes,
+                 [](const storage::CopyArgs& a) {
+                   storage::cuda::copy_rows(a, c10::cuda::getCurrentCUDAStream().stream());
+                 });
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> host_mapped_empty(int64_t nbytes, int64_t device) {
+  TORCH_CHECK_VALUE(nbytes >= 0, "dynamicemb: host_mapped_empty needs nbytes >= 0, got ", nbytes);
+  const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  void* host = nullptr;
+  if (nbytes > 0) {
+    const cudaError_t e = cudaHostAlloc(&host, static_cast<size_t>(nbytes),
+                                        cudaHostAllocMapped | cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+      (void)cudaGetLastError();  // clear the error for later calls
+      TORCH_CHECK(false, "dynamicemb: cannot allocate ", nbytes,
+                  " bytes of mapped host memory: out of memory (", cudaGetErrorString(e), ")");
+    }
+  }
+  void* dev = nullptr;
+  if (host != nullptr) C10_CUDA_CHECK(cudaHostGetDevicePointer(&dev, host, 0));
+  // Both views share the allocation; it is freed when the last one is.
+  std::shared_ptr<void> owner(host, [](void* p) {
+    if (p != nullptr) cudaFreeHost(p);
+  });
+  at::Tensor h =
+      at::from_blob(host, {nbytes}, [owner](void*) {}, at::TensorOptions().dtype(at::kByte));
+  at::Tensor d = at::from_blob(
+      dev, {nbytes}, [owner](void*) {},
+      at::TensorOptions().dtype(at::kByte).device(at::kCUDA,
+                                                  static_cast<c10::DeviceIndex>(device)));
+  return {h, d};
+}
+
+TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) { m.impl("copy_rows", &copy_rows_cuda); }
+
+}  // namespace ops
+}  // namespace dyn_emb

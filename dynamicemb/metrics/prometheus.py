@@ -1,0 +1,86 @@
+"""One-call setup: the OpenTelemetry SDK with a Prometheus endpoint.
+
+    from dynamicemb.metrics import instrument, serve_prometheus
+
+    serve_prometheus(9464)      # http://<host>:9464/metrics
+    instrument(model)           # after DistributedModelParallel
+
+Needs ``opentelemetry-sdk`` and ``opentelemetry-exporter-prometheus`` (the
+library itself needs only ``opentelemetry-api``). A program that configures
+OpenTelemetry itself adds a ``PrometheusMetricReader`` (or any reader) to its
+own MeterProvider instead, and calls ``instrument`` alone.
+"""
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class PrometheusEndpoint:
+    """A running ``/metrics`` endpoint.
+
+    Attributes:
+        meter_provider: the SDK MeterProvider whose reader the endpoint serves.
+        address (str): the address it listens on.
+        port (int): its port (the one chosen when 0 was asked).
+    """
+
+    meter_provider: Any
+    address: str
+    port: int
+    _server: Any
+
+    def shutdown(self) -> None:
+        """Stops serving and shuts the MeterProvider down."""
+        self._server.shutdown()
+        self._server.server_close()
+        self.meter_provider.shutdown()
+
+
+def serve_prometheus(
+    port: int, address: str = "0.0.0.0", set_global: bool = True
+) -> PrometheusEndpoint:
+    """Configures an OpenTelemetry SDK MeterProvider with a Prometheus reader
+    and serves its figures over HTTP at ``/metrics``.
+
+    Args:
+        port (int): TCP port; 0 picks a free one (see ``.port``).
+        address (str): address to listen on (default: every interface).
+        set_global (bool): make the provider OpenTelemetry's global one, which
+            ``instrument(model)`` uses by default. With False, pass
+            ``endpoint.meter_provider`` to ``instrument``.
+
+    Returns:
+        PrometheusEndpoint: the endpoint; ``shutdown()`` stops it.
+
+    Raises:
+        RuntimeError: ``set_global`` and a global MeterProvider is already set
+            (OpenTelemetry allows it once per process); nothing is started.
+        OSError: the port cannot be bound.
+    """
+    from opentelemetry import metrics
+    from opentelemetry.exporter.prometheus import PrometheusMetricReader
+    from opentelemetry.sdk.metrics import MeterProvider
+    from prometheus_client import CollectorRegistry, start_http_server
+
+    if not 0 <= int(port) <= 65535:
+        raise ValueError(f"port must be in [0, 65535], got {port}")
+    # A registry of its own: only this provider's figures (and target_info).
+    registry = CollectorRegistry()
+    provider = MeterProvider(metric_readers=[PrometheusMetricReader(registry=registry)])
+    if set_global:
+        metrics.set_meter_provider(provider)
+        if metrics.get_meter_provider() is not provider:
+            provider.shutdown()
+            raise RuntimeError(
+                "serve_prometheus: a global OpenTelemetry MeterProvider is already set "
+                f"({type(metrics.get_meter_provider()).__name__}); add a PrometheusMetricReader "
+                "to it, or call serve_prometheus(..., set_global=False) and pass "
+                "endpoint.meter_provider to instrument()"
+            )
+    try:
+        server, _ = start_http_server(int(port), address, registry=registry)
+    except BaseException:
+        provider.shutdown()
+        raise
+    return PrometheusEndpoint(provider, address, server.server_port, server)

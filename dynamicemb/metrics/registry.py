@@ -1,0 +1,276 @@
+"""The instruments of ``figures.FIGURES`` over the tables of instrumented modules.
+
+Every instrument is observable: nothing is recorded while training runs. When
+a metrics collection asks (a Prometheus scrape, a periodic reader's export),
+the first instrument called reads every table of every instrumented module
+(``MetricsRegistry.read``: one device-to-host copy per device) and the other
+instruments of the same collection observe that reading. A training step
+does nothing more than without metrics: the counters are kept on the device
+by the table kernels and the module anyway.
+
+Modules are held by weak reference: instrumenting a model does not keep it
+alive, and a module that is gone is dropped from the next reading.
+"""
+
+import threading
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from opentelemetry import metrics
+from opentelemetry.metrics import CallbackOptions, Observation
+
+from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
+from dynamicemb.embedding.stats import StatCol
+from dynamicemb.metrics.figures import (
+    COLLECTION,
+    COUNTER,
+    FIGURES,
+    GAUGE,
+    METER_NAME,
+    RANK,
+    TABLE,
+    UP_DOWN_COUNTER,
+    Figure,
+    TableReading,
+    observations,
+)
+from dynamicemb.table import enums
+from dynamicemb.types import MemoryType
+
+
+@dataclass
+class _Source:
+    """One instrumented module and the attributes of its tables."""
+
+    module: "weakref.ref[BatchedDynamicEmbeddingTablesV2]"
+    attributes: list[dict]
+
+
+class MetricsRegistry:
+    """The dynamicemb instruments of one MeterProvider and the tables they read.
+
+    Use ``instrument(model)``, which registers a model's tables with the
+    registry of the global MeterProvider (or of the one given).
+
+    Args:
+        meter_provider (MeterProvider, optional): where the instruments are
+            created; default: OpenTelemetry's global provider (a no-op until
+            an SDK is configured).
+    """
+
+    def __init__(self, meter_provider: metrics.MeterProvider | None = None) -> None:
+        meter = metrics.get_meter(METER_NAME, meter_provider=meter_provider)
+        self._sources: list[_Source] = []
+        self._cond = threading.Condition()
+        self._generation = 0  # readings taken (read() calls)
+        # The instruments' shared reading: its number, and the number each
+        # instrument last observed.
+        self._readings: list[TableReading] = []
+        self._readings_at = -1
+        self._used: dict[str, int] = {}
+        create = {
+            COUNTER: meter.create_observable_counter,
+            UP_DOWN_COUNTER: meter.create_observable_up_down_counter,
+            GAUGE: meter.create_observable_gauge,
+        }
+        self.instruments = [
+            create[f.kind](f.name, [self._callback(f)], unit=f.unit, description=f.description)
+            for f in FIGURES
+        ]
+
+    # ----------------------------------------------------------- sources --
+
+    def add(
+        self,
+        module: BatchedDynamicEmbeddingTablesV2,
+        collection: str,
+        table_names: Sequence[str],
+        rank: int,
+    ) -> None:
+        """Registers the tables of one fused module (again: ignored)."""
+        if not isinstance(module, BatchedDynamicEmbeddingTablesV2):
+            raise TypeError(
+                f"expected a BatchedDynamicEmbeddingTablesV2, got {type(module).__name__}"
+            )
+        names = list(table_names)
+        if len(names) != module.table.num_tables:
+            raise ValueError(
+                f"{len(names)} table names for a module of {module.table.num_tables} tables: "
+                f"{names}"
+            )
+        with self._cond:
+            if any(s.module() is module for s in self._sources):
+                return
+            attrs = [{COLLECTION: collection, TABLE: name, RANK: int(rank)} for name in names]
+            self._sources.append(_Source(weakref.ref(module), attrs))
+
+    def num_tables(self) -> int:
+        """Tables of the live registered modules."""
+        with self._cond:
+            return sum(len(s.attributes) for s in self._sources if s.module() is not None)
+
+    # ----------------------------------------------------------- reading --
+
+    def read(self) -> list[TableReading]:
+        """Reads every registered table now: the collect hook.
+
+        The device counters of all modules on one device are gathered into one
+        tensor and copied to the host once (on CUDA that waits for the work
+        queued before it on the current stream of the calling thread).
+        """
+        with self._cond:
+            live = [(s.module(), s) for s in self._sources]
+            self._sources = [s for m, s in live if m is not None]
+            live = [(m, s) for m, s in live if m is not None]
+        by_device: dict[torch.device, list[torch.Tensor]] = {}
+        parts = []
+        for module, _ in live:
+            # A relayout replaces `counters` whole: this is the old or the new one.
+            tensors = (module.table.counters, module.stats.counts)
+            parts.append(tensors)
+            by_device.setdefault(module.device, []).extend(tensors)
+        host = {
+            dev: torch.cat([t.reshape(-1) for t in ts]).cpu().tolist()
+            for dev, ts in by_device.items()
+        }
+        cols = [c.name for c in enums.CounterCol]
+        readings: list[TableReading] = []
+        for (module, source), tensors in zip(live, parts):
+            # This module's counter rows, in the order they were concatenated.
+            flat = host[module.device]
+            rows = []
+            for t in tensors:
+                n, width = t.shape
+                rows.append([flat[i * width : (i + 1) * width] for i in range(n)])
+                del flat[: n * width]
+            table = module.table
+            memory = {mt: module.memory_per_table(mt) for mt in MemoryType}
+            for t, attrs in enumerate(source.attributes):
+                capacity = table.capacity(t)
+                readings.append(
+                    TableReading(
+                        attributes=attrs,
+                        counters={c: rows[0][t][int(enums.CounterCol[c])] for c in cols},
+                        stats={c: rows[1][t][int(c)] for c in StatCol if c in module.stats.fed},
+                        capacity=capacity,
+                        limit=table.row_capacity(t) if table.is_no_eviction(t) else capacity,
+                        memory={mt: memory[mt][t] for mt in MemoryType},
+                    )
+                )
+        with self._cond:
+            self._generation += 1
+            self._cond.notify_all()
+        return readings
+
+    @property
+    def reads(self) -> int:
+        """How many readings were taken so far."""
+        with self._cond:
+            return self._generation
+
+    def wait_for_reads(self, after: int, count: int = 1, timeout: float | None = None) -> bool:
+        """Waits until ``count`` readings were taken after ``reads`` was
+        ``after``; False on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while self._generation < after + count:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return False
+                self._cond.wait(left)
+            return True
+
+    def _reading_for(self, name: str) -> list[TableReading]:
+        """The reading of the current collection for one instrument: a new one
+        when this instrument has already observed the latest."""
+        with self._cond:
+            stale = self._readings_at < 0 or self._used.get(name) == self._readings_at
+        if stale:
+            readings = self.read()
+            with self._cond:
+                self._readings, self._readings_at = readings, self._generation
+        with self._cond:
+            self._used[name] = self._readings_at
+            return self._readings
+
+    def _callback(self, figure: Figure):
+        def observe(options: CallbackOptions):
+            for value, attrs in observations(figure, self._reading_for(figure.name)):
+                yield Observation(value, attrs)
+
+        return observe
+
+
+_REGISTRIES: "weakref.WeakKeyDictionary[object, MetricsRegistry]" = weakref.WeakKeyDictionary()
+_GLOBAL: list[MetricsRegistry] = []
+_LOCK = threading.Lock()
+
+
+def registry(meter_provider: metrics.MeterProvider | None = None) -> MetricsRegistry:
+    """The registry of a MeterProvider (None: the global one), made on first use."""
+    with _LOCK:
+        if meter_provider is None:
+            if not _GLOBAL:
+                _GLOBAL.append(MetricsRegistry())
+            return _GLOBAL[0]
+        if meter_provider not in _REGISTRIES:
+            _REGISTRIES[meter_provider] = MetricsRegistry(meter_provider)
+        return _REGISTRIES[meter_provider]
+
+
+def _default_rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def instrument(
+    model: torch.nn.Module,
+    collection: str | None = None,
+    table_names: Sequence[str] | None = None,
+    rank: int | None = None,
+    meter_provider: metrics.MeterProvider | None = None,
+) -> MetricsRegistry:
+    """Publishes the figures of a model's dynamic tables on this rank.
+
+    Args:
+        model (torch.nn.Module): a sharded model (DistributedModelParallel or a
+            module holding dynamicemb's sharded collections), or one
+            ``BatchedDynamicEmbeddingTablesV2``.
+        collection (str, optional): the COLLECTION attribute of a
+            ``BatchedDynamicEmbeddingTablesV2``; a sharded model's collections
+            are named by their path in the model.
+        table_names (Sequence[str], optional): TABLE attributes of a
+            ``BatchedDynamicEmbeddingTablesV2`` (default ``table_0``, ...); a
+            sharded model's tables have their config names.
+        rank (int, optional): the RANK attribute; default: the process
+            group's rank, 0 without one.
+        meter_provider (MeterProvider, optional): default: the global one.
+
+    Returns:
+        MetricsRegistry: the registry now reading the tables.
+
+    Raises:
+        ValueError: the model has no dynamic tables.
+    """
+    rank = _default_rank() if rank is None else int(rank)
+    reg = registry(meter_provider)
+    if isinstance(model, BatchedDynamicEmbeddingTablesV2):
+        n = model.table.num_tables
+        names = [f"table_{t}" for t in range(n)] if table_names is None else table_names
+        reg.add(model, collection or "", names, rank)
+        return reg
+    from dynamicemb.shard import named_dynamic_embedding_kernels
+
+    kernels = named_dynamic_embedding_kernels(model)
+    if not kernels:
+        raise ValueError(
+            f"{type(model).__name__} holds no dynamic embedding tables (no "
+            "BatchedDynamicEmbeddingTablesV2 and no sharded dynamicemb collection)"
+        )
+    for name, kernel in kernels:
+        reg.add(kernel.emb_module, name, kernel.table_names, rank)
+    return reg

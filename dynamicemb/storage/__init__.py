@@ -1,0 +1,37 @@
+"""Storage tiers: where the value rows of dynamic tables live.
+
+The embedding module reaches rows only through ``TableStorage``, built by
+``create_storage`` from its tables' options: a hash table whose rows are split
+between device and host memory (``HashTableStorage``), or a device cache over
+a host table or an external ``Storage`` (``CachedStorage``). See
+docs/architecture.md, "Storage tiers".
+"""
+
+from dynamicemb.storage.base import ExportedRows, Footprint, RowInit, TableStorage
+from dynamicemb.storage.cache import CachedStorage
+from dynamicemb.storage.factory import (
+    CACHE_BUCKET_CAPACITY,
+    cache_layout,
+    create_storage,
+    plan_footprint,
+    table_metadata_bytes,
+)
+from dynamicemb.storage.hash_storage import HashTableStorage
+from dynamicemb.storage.layout import RowLayout
+from dynamicemb.storage.scores import BatchScore
+
+__all__ = [
+    "CACHE_BUCKET_CAPACITY",
+    "BatchScore",
+    "CachedStorage",
+    "ExportedRows",
+    "Footprint",
+    "HashTableStorage",
+    "RowInit",
+    "RowLayout",
+    "TableStorage",
+    "cache_layout",
+    "create_storage",
+    "plan_footprint",
+    "table_metadata_bytes",
+]

@@ -1,0 +1,237 @@
+"""The interface the embedding module reaches rows through.
+
+``TableStorage`` is everything ``BatchedDynamicEmbeddingTablesV2`` knows about
+where rows live. Keys given to one call are distinct per table. A row is
+addressed, for the lookup kernels, by a byte offset into the storage's row
+space (``space()``); an offset is valid until the next call that changes the
+storage (``train_rows``, ``eval_rows``, ``prefetch``, ``flush``, ``purge``,
+expansion and the checkpoint calls).
+"""
+
+import abc
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dynamicemb.storage.layout import RowLayout
+from dynamicemb.storage.scores import BatchScore
+from dynamicemb.types import MemoryType
+
+
+class RowInit(abc.ABC):
+    """What a new row contains: the module's side of a row (initializers and
+    the optimizer's initial state), called by the storage when it creates
+    rows."""
+
+    @abc.abstractmethod
+    def embeddings(self, keys: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
+        """(n, >= max dim) float32: the initial embedding of each key (only
+        its table's dim leading columns are used)."""
+
+    @abc.abstractmethod
+    def init_state(self, state: torch.Tensor) -> None:
+        """Writes the initial optimizer state into ``state`` ((n, state_dim)
+        float32 rows of one dim)."""
+
+
+@dataclass
+class ExportedRows:
+    """Keys of one table with their rows (``export_rows``).
+
+    Attributes:
+        keys (torch.Tensor): (n) int64.
+        scores (torch.Tensor, optional): (n, num_scores) int64 in
+            ``score_strategy`` tuple order; None under NO_EVICTION.
+        embeddings (torch.Tensor): (n, dim) at the table's embedding dtype.
+        optimizer_state (torch.Tensor, optional): (n, state_dim) float32;
+            None when the rows carry no optimizer state.
+    """
+
+    keys: torch.Tensor
+    scores: torch.Tensor | None
+    embeddings: torch.Tensor
+    optimizer_state: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Bytes a storage holds, by tier: ``device`` (the device tier's rows and
+    every hash table's metadata, which lives on the storage's device) and
+    ``host`` (the host tier's rows). On a CPU storage both are host memory."""
+
+    device: int
+    host: int
+
+
+class TableStorage(abc.ABC):
+    """Where the rows of a module's tables live (see the module docstring).
+
+    Attributes:
+        layout (RowLayout): the tables' row format.
+        device (torch.device): the device the module computes on.
+    """
+
+    layout: RowLayout
+    device: torch.device
+    # Whether the storage keeps a device cache; a cache tells
+    # ``cache_observer(hit, tids)``, when set, which of each lookup's distinct
+    # keys it held.
+    has_cache: bool = False
+    cache_observer = None
+
+    # ------------------------------------------------------------ lookups --
+
+    @abc.abstractmethod
+    def space(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The row space's two segments, as the lookup kernels take them."""
+
+    @abc.abstractmethod
+    def train_rows(
+        self,
+        keys: torch.Tensor,
+        tids: torch.Tensor,
+        counts: torch.Tensor,
+        score: BatchScore,
+        init: RowInit,
+    ) -> torch.Tensor:
+        """Training find-or-insert of distinct keys.
+
+        A key already stored anywhere gets its row where the kernels can
+        address it; a new key gets a row ``init`` writes. Scores follow the
+        tables' strategy (``counts``: each key's LFU increment).
+
+        Returns:
+            torch.Tensor: (n) int64 byte offsets, -1 where a key could not be
+            stored (it reads zeros and is not updated).
+        """
+
+    @abc.abstractmethod
+    def eval_rows(self, keys: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
+        """Rows of stored keys, changing nothing: (n) offsets, -1 for keys
+        stored nowhere."""
+
+    @abc.abstractmethod
+    def contains(self, keys: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
+        """(n) bool: the key is stored (in any tier)."""
+
+    def read_rows(
+        self, keys: torch.Tensor, tids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The rows of keys wherever they are stored, changing nothing:
+        ``(found (n) bool, embeddings (n, max dim) float32, optimizer state
+        (n, max state_dim) float32)``, zeros for keys stored nowhere."""
+        from dynamicemb.storage import space as sp
+
+        offsets = self.eval_rows(keys, tids)
+        buf = sp.staging(keys.numel(), self.layout, self.device)
+        sp.copy_rows(
+            sp.as_space(buf),
+            sp.staging_offsets(keys.numel(), self.layout, self.device),
+            self.space(),
+            offsets,
+            self.layout.row_bytes_of(tids),
+        )
+        emb, state = sp.unpack_rows(buf, tids, self.layout)
+        return offsets >= 0, emb, state
+
+    @abc.abstractmethod
+    def after_update(self) -> None:
+        """Called when the optimizer has updated the rows of the last
+        ``train_rows``: rows kept outside the storage for that batch are
+        written back."""
+
+    # -------------------------------------------------------------- cache --
+
+    @abc.abstractmethod
+    def prefetch(self, keys: torch.Tensor, tids: torch.Tensor, forward_stream=None) -> None:
+        """Brings stored keys of a coming batch into the device cache (no-op
+        without a cache)."""
+
+    @abc.abstractmethod
+    def flush(self) -> None:
+        """Writes cached rows back to the backing tier (no-op without cache)."""
+
+    @abc.abstractmethod
+    def purge(self) -> None:
+        """Flushes, then empties the cache (no-op without cache)."""
+
+    # -------------------------------------------------------- checkpoints --
+
+    @abc.abstractmethod
+    def export_rows(self, table: int, chunk: int) -> Iterator[ExportedRows]:
+        """Every key ``table`` stores, with its row, ``chunk`` keys or fewer at
+        a time (each key once, the newest row: a cached row over its
+        backing copy)."""
+
+    @abc.abstractmethod
+    def import_rows(
+        self,
+        table: int,
+        keys: torch.Tensor,
+        scores: torch.Tensor | None,
+        embeddings: torch.Tensor,
+        optimizer_state: torch.Tensor | None,
+        init: RowInit,
+    ) -> torch.Tensor:
+        """Stores keys of ``table`` with their rows (scores in ``score_strategy``
+        tuple order, None under NO_EVICTION; ``optimizer_state`` None gives the
+        initial state); nothing is evicted: a key whose home bucket is full
+        fails. Returns (n) bool, the keys stored."""
+
+    @abc.abstractmethod
+    def clear_tables(self, tables: Sequence[int]) -> None:
+        """Removes every key of ``tables`` from every tier."""
+
+    @abc.abstractmethod
+    def reserve_rows(self, table: int, incoming: int) -> None:
+        """Expands ``table``'s last tier for ``incoming`` more keys, as a
+        training insert would."""
+
+    @abc.abstractmethod
+    def snapshot(self):
+        """A copy of everything ``import_rows``, ``clear_tables`` and
+        ``reserve_rows`` may change (rows copied to host memory), for
+        ``restore``; an external storage's own rows are not part of it."""
+
+    @abc.abstractmethod
+    def restore(self, snapshot) -> None:
+        """Puts back the state ``snapshot`` copied."""
+
+    # ---------------------------------------------------------- accounting --
+
+    @abc.abstractmethod
+    def footprint(self) -> Footprint:
+        """Bytes held, by tier."""
+
+    @abc.abstractmethod
+    def footprint_per_table(self) -> list[Footprint]:
+        """Bytes held for each table, by tier (they add up to ``footprint``;
+        an external storage's own memory is not split by table)."""
+
+    def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
+        """Bytes of ``mem_type`` memory held (a CPU storage holds host memory
+        only)."""
+        return _by_memory(self.footprint(), mem_type, self.device)
+
+    def memory_per_table(self, mem_type: MemoryType = MemoryType.DEVICE) -> list[int]:
+        """``memory_usage`` of each table."""
+        return [_by_memory(f, mem_type, self.device) for f in self.footprint_per_table()]
+
+    @abc.abstractmethod
+    def sizes(self) -> list[int]:
+        """Keys stored per table (in any tier; reads the device)."""
+
+    @abc.abstractmethod
+    def pop_evicted_keys(self) -> list[torch.Tensor]:
+        """Per table, the keys the last tier evicted since the last call
+        (``evicted_item_mode=RETAIN_KEY``; empty otherwise), each once."""
+
+
+def _by_memory(f: Footprint, mem_type: MemoryType, device: torch.device) -> int:
+    """The bytes of a footprint in ``mem_type`` memory on ``device``."""
+    if not isinstance(mem_type, MemoryType):
+        raise ValueError(f"mem_type must be a MemoryType, got {mem_type!r}")
+    if device.type == "cpu":
+        return f.device + f.host if mem_type == MemoryType.HOST else 0
+    return f.device if mem_type == MemoryType.DEVICE else f.host

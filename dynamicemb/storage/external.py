@@ -1,0 +1,261 @@
+"""An external ``Storage`` as the backing tier of a cache.
+
+The module constructs the ``external_storage`` class with one
+``StorageTable`` per table it fuses and the device, checks the result
+against the contract of ``dynamicemb.types.Storage`` and talks to it in its
+terms: per logical table, ``(n, value_dim)`` float32 rows (the embedding,
+exact whatever ``embedding_dtype``, then the optimizer state). A subclass that
+breaks the contract (a missing method, a wrong row format, a result of the
+wrong type, shape or dtype) is refused with an error naming the class and the
+method.
+"""
+
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from dynamicemb.storage import space as sp
+from dynamicemb.storage.base import ExportedRows, Footprint, RowInit
+from dynamicemb.storage.hash_storage import rows_buffer
+from dynamicemb.storage.layout import RowLayout
+from dynamicemb.types import MemoryType, Storage, StorageTable
+
+
+def _describe(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a {x.dtype} tensor of shape {tuple(x.shape)}"
+    return repr(x)
+
+
+class ExternalBacking:
+    """The tier below a cache, kept by a user's ``Storage`` subclass.
+
+    Args:
+        cls (type): the ``Storage`` subclass.
+        layout (RowLayout): the tables' row format.
+        capacities (Sequence[int]): each table's ``max_capacity``.
+        num_scores (int): score words per key.
+        device (torch.device): the module's device.
+
+    Raises:
+        TypeError: ``cls`` is not a ``Storage`` subclass, cannot be
+            constructed (an abstract method missing), or returns the wrong
+            kind of value.
+        ValueError: its reported row format disagrees with the tables'.
+    """
+
+    has_scores = False  # Storage.find returns rows only
+    strategies = None
+
+    def __init__(
+        self,
+        cls: type,
+        layout: RowLayout,
+        capacities: Sequence[int],
+        num_scores: int,
+        device: torch.device,
+    ) -> None:
+        self.name = getattr(cls, "__qualname__", repr(cls))
+        if not (isinstance(cls, type) and issubclass(cls, Storage)):
+            raise TypeError(f"external_storage must be a subclass of Storage, got {cls!r}")
+        self.layout = layout
+        self.device = device
+        self.tables = [
+            StorageTable(
+                embedding_dim=d,
+                value_dim=d + s,
+                embedding_dtype=layout.dtype,
+                capacity=int(c),
+                num_scores=int(num_scores),
+            )
+            for d, s, c in zip(layout.dims, layout.state_dims, capacities)
+        ]
+        try:
+            self.storage = cls(self.tables, device)
+        except TypeError as e:
+            missing = sorted(getattr(cls, "__abstractmethods__", ()))
+            if missing:
+                names = ", ".join(f"Storage.{m}" for m in missing)
+                raise TypeError(f"external_storage {self.name} does not implement {names}") from e
+            raise TypeError(
+                f"external_storage {self.name} cannot be constructed as "
+                f"{self.name}(tables, device): {e}"
+            ) from e
+        for t, spec in enumerate(self.tables):
+            for method in ("embedding_dim", "value_dim", "embedding_dtype"):
+                got = getattr(self.storage, method)(t)
+                if got != getattr(spec, method):
+                    raise ValueError(
+                        f"external_storage {self.name}.{method}({t}) returned {got!r}; "
+                        f"the table's is {getattr(spec, method)!r}"
+                    )
+            for method in ("size", "capacity"):
+                self._int(method, getattr(self.storage, method)(t))
+        for mem in MemoryType:
+            self._int("memory_usage", self.storage.memory_usage(mem))
+
+    def _int(self, method: str, value) -> int:
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise TypeError(
+                f"external_storage {self.name}.{method} must return an int >= 0, "
+                f"got {_describe(value)}"
+            )
+        return value
+
+    def _by_table(self, tids: torch.Tensor):
+        """(table, index of its entries) for each table present in ``tids``."""
+        for t in torch.unique(tids).tolist():
+            yield t, (tids == t).nonzero().squeeze(1)
+
+    def _find(self, keys, t: int):
+        """(found (n) bool, (n, value_dim) float32 rows) of one table's keys."""
+        n = keys.numel()
+        values = torch.zeros((n, self.tables[t].value_dim), dtype=torch.float32, device=self.device)
+        found = self.storage.find(keys, torch.full_like(keys, t), values)
+        if (
+            not isinstance(found, torch.Tensor)
+            or found.dtype != torch.bool
+            or tuple(found.shape) != (n,)
+        ):
+            raise TypeError(
+                f"external_storage {self.name}.find must return a bool tensor of shape "
+                f"({n},), got {_describe(found)}"
+            )
+        return found.to(self.device), values
+
+    # ------------------------------------------------------- as a backing --
+
+    def fetch(self, keys: torch.Tensor, tids: torch.Tensor):
+        """``(found, staging rows, None)`` of the keys the storage holds."""
+        n = keys.numel()
+        found = torch.zeros(n, dtype=torch.bool, device=self.device)
+        buf = sp.staging(n, self.layout, self.device)
+        for t, idx in self._by_table(tids):
+            f, values = self._find(keys[idx], t)
+            found[idx] = f
+            dim = self.tables[t].embedding_dim
+            sp.pack_rows(buf, tids[idx], self.layout, values[:, :dim], values[:, dim:], index=idx)
+        return found, buf, None
+
+    def write_back(self, keys, tids, src, src_offsets, scores) -> None:
+        """Hands rows (from the row space ``src``) to the storage; it scores
+        them itself."""
+        if keys.numel() == 0:
+            return
+        buf = sp.staging(keys.numel(), self.layout, self.device)
+        sp.copy_rows(
+            sp.as_space(buf),
+            sp.staging_offsets(keys.numel(), self.layout, self.device),
+            src,
+            src_offsets,
+            self.layout.row_bytes_of(tids),
+        )
+        emb, state = sp.unpack_rows(buf, tids, self.layout)
+        for t, idx in self._by_table(tids):
+            spec = self.tables[t]
+            values = torch.cat(
+                [emb[idx, : spec.embedding_dim], state[idx, : spec.value_dim - spec.embedding_dim]],
+                dim=1,
+            )
+            self.storage.insert(keys[idx], tids[idx], values, None)
+
+    def contains(self, keys, tids) -> torch.Tensor:
+        found = torch.zeros(keys.numel(), dtype=torch.bool, device=self.device)
+        for t, idx in self._by_table(tids):
+            found[idx] = self._find(keys[idx], t)[0]
+        return found
+
+    def timer(self):  # pragma: no cover - never asked: has_scores is False
+        raise NotImplementedError
+
+    def score_columns(self):
+        return None
+
+    # -------------------------------------------------------- checkpoints --
+
+    def export_rows(self, table: int, chunk: int) -> Iterator[ExportedRows]:
+        spec = self.tables[table]
+        for batch in self.storage.export_batches(table, chunk):
+            if not isinstance(batch, tuple) or len(batch) != 3:
+                raise TypeError(
+                    f"external_storage {self.name}.export_batches must yield (keys, values, "
+                    f"scores) tuples, got {_describe(batch)}"
+                )
+            keys, values, scores = batch
+            m = keys.numel() if isinstance(keys, torch.Tensor) else -1
+            ok = (
+                isinstance(keys, torch.Tensor)
+                and keys.dtype == torch.int64
+                and keys.dim() == 1
+                and isinstance(values, torch.Tensor)
+                and tuple(values.shape) == (m, spec.value_dim)
+                and values.is_floating_point()
+                and isinstance(scores, torch.Tensor)
+                and tuple(scores.shape) == (m, spec.num_scores)
+                and scores.dtype == torch.int64
+            )
+            if not ok:
+                raise TypeError(
+                    f"external_storage {self.name}.export_batches must yield int64 keys (m,), "
+                    f"values (m, {spec.value_dim}) and int64 scores (m, {spec.num_scores}); got "
+                    f"{_describe(keys)}, {_describe(values)}, {_describe(scores)}"
+                )
+            values = values.to(self.device, torch.float32)
+            d = spec.embedding_dim
+            yield ExportedRows(
+                keys=keys.to(self.device),
+                scores=scores.to(self.device),
+                embeddings=values[:, :d].to(self.layout.dtype),
+                optimizer_state=values[:, d:] if spec.value_dim > d else None,
+            )
+
+    def import_rows(self, table, keys, scores, embeddings, optimizer_state, init: RowInit):
+        tids = torch.full_like(keys, table)
+        buf = rows_buffer(keys, tids, embeddings, optimizer_state, None, init, self.layout)
+        emb, state = sp.unpack_rows(buf, tids, self.layout)
+        spec = self.tables[table]
+        values = torch.cat(
+            [emb[:, : spec.embedding_dim], state[:, : spec.value_dim - spec.embedding_dim]], dim=1
+        )
+        self.storage.insert(keys, tids, values, None if scores is None else scores.to(self.device))
+        return torch.ones_like(keys, dtype=torch.bool)
+
+    def clear_tables(self, tables: Sequence[int]) -> None:
+        for t in tables:
+            keys = [rows.keys for rows in self.export_rows(t, 1 << 16)]
+            if keys:
+                k = torch.cat(keys)
+                self.storage.erase(k, torch.full_like(k, t))
+
+    def reserve_rows(self, table: int, incoming: int) -> None:
+        """The storage sizes itself."""
+
+    def room_for(self, tids: torch.Tensor) -> None:
+        """The storage sizes itself."""
+        return None
+
+    def snapshot(self) -> None:
+        """The storage's own rows are not copied (see TableStorage.snapshot)."""
+        return None
+
+    def restore(self, snapshot) -> None:
+        """Nothing was copied."""
+
+    # ---------------------------------------------------------- accounting --
+
+    def footprint(self) -> Footprint:
+        return Footprint(
+            device=self._int("memory_usage", self.storage.memory_usage(MemoryType.DEVICE)),
+            host=self._int("memory_usage", self.storage.memory_usage(MemoryType.HOST)),
+        )
+
+    def footprint_per_table(self) -> list[Footprint]:
+        """Not split by table: the storage reports its memory as a whole."""
+        return [Footprint(0, 0) for _ in self.tables]
+
+    def sizes(self) -> list[int]:
+        return [self._int("size", self.storage.size(t)) for t in range(len(self.tables))]
+
+    def pop_evicted_keys(self) -> list[torch.Tensor]:
+        """An external storage keeps its own evictions."""
+        return [torch.empty(0, dtype=torch.int64, device=self.device) for _ in self.tables]

@@ -1,0 +1,723 @@
+"""A scored hash table with its rows: the device, hybrid and host tables.
+
+``HashTableStorage`` keeps the keys and metadata of its tables in one
+``ScoredHashTable`` on the storage's device and their rows in a row space of
+two segments: for each table, its first ``device_rows`` rows (slots, or
+NO_EVICTION rows) in the device segment, the rest in the host segment. With a
+budget of 0 every row is in host memory; with a budget of the table's bytes
+every row is on the device; in between a key's hash decides its tier. It is
+the storage of ``caching=False`` tables, and the backing table of a cache.
+
+Expansion happens before an insert that could need it: an evicting table
+doubles up to ``max_capacity`` when ``max_load_factor`` would be exceeded, a
+NO_EVICTION table doubles its key map and rows without limit (see
+docs/architecture.md). The row space is rebuilt for the new layout and every
+stored key's row moves with it; the device part of a table grows up to its
+budget, the rest is host memory.
+"""
+
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dynamicemb.dynamicemb_config import (
+    BUCKET_ALIGNMENT,
+    MAX_BUCKET_CAPACITY,
+    DynamicEmbScoreStrategy,
+    DynamicEmbTableOptions,
+)
+from dynamicemb.storage import space as sp
+from dynamicemb.storage.base import ExportedRows, Footprint, RowInit, TableStorage
+from dynamicemb.storage.layout import RowLayout
+from dynamicemb.storage.scores import BatchScore, batch_policies, table_score_columns
+from dynamicemb.table import ScoredHashTable, enums
+from dynamicemb.types import MemoryType
+
+S = DynamicEmbScoreStrategy
+
+# Rehash attempts of one NO_EVICTION growth (each doubles the key map once more).
+_MAX_REHASH = 16
+
+
+def align(n: int, width: int | None) -> int:
+    """n rounded up to a multiple of the bucket width (16 for one bucket)."""
+    a = width or BUCKET_ALIGNMENT
+    return -(-n // a) * a
+
+
+def out_of_memory(e: BaseException) -> bool:
+    msg = str(e)
+    return (
+        isinstance(e, torch.OutOfMemoryError)
+        or "can't allocate memory" in msg
+        or "out of memory" in msg
+    )
+
+
+def bucket_widths(options: Sequence[DynamicEmbTableOptions]) -> list[int | None]:
+    """Each table's bucket width, None for one bucket spanning the table."""
+    return [
+        o.bucket_capacity if o.bucket_capacity != MAX_BUCKET_CAPACITY else None for o in options
+    ]
+
+
+def initial_layout(
+    options: Sequence[DynamicEmbTableOptions], no_eviction: bool
+) -> tuple[list[int], list[int]]:
+    """(key map slots, value rows) per table at creation: ``init_capacity``
+    (default ``max_capacity``) rows; a NO_EVICTION key map twice that, in whole
+    buckets (its load stays at most 0.5)."""
+    rows = [int(o.init_capacity or o.max_capacity) for o in options]
+    if not no_eviction:
+        return rows, rows
+    return [align(2 * r, w) for r, w in zip(rows, bucket_widths(options))], rows
+
+
+def device_rows(rows: Sequence[int], row_bytes: Sequence[int], budgets: Sequence[int]) -> list[int]:
+    """Rows of each table kept in device memory: as many as its budget holds."""
+    return [min(r, b // rb) for r, rb, b in zip(rows, row_bytes, budgets)]
+
+
+@dataclass
+class _Placement:
+    """Where each table's rows are: table t's local row r is in the device
+    segment at ``dev_base[t] + r * row_bytes[t]`` when ``r < dev_rows[t]``,
+    else in the host segment at ``host_base[t] + (r - dev_rows[t]) *
+    row_bytes[t]`` (offset ``size0 +`` that in the row space)."""
+
+    rows: list[int]
+    dev_rows: list[int]
+    dev_base: list[int]
+    host_base: list[int]
+    size0: int
+    size1: int
+    params: torch.Tensor  # (tables, 4): row_bytes, dev_rows, dev_base, host_base + size0
+
+    @staticmethod
+    def of(rows: Sequence[int], layout: RowLayout, budgets, device) -> "_Placement":
+        dev = device_rows(rows, layout.row_bytes, budgets)
+        dev_base, host_base = [0], [0]
+        for r, d, rb in zip(rows, dev, layout.row_bytes):
+            dev_base.append(dev_base[-1] + d * rb)
+            host_base.append(host_base[-1] + (r - d) * rb)
+        size0, size1 = dev_base[-1], host_base[-1]
+        t = [
+            layout.row_bytes,
+            dev,
+            dev_base[:-1],
+            [h + size0 for h in host_base[:-1]],
+        ]
+        return _Placement(
+            list(rows),
+            dev,
+            dev_base[:-1],
+            host_base[:-1],
+            size0,
+            size1,
+            torch.tensor(t, dtype=torch.int64, device=device).t().contiguous(),
+        )
+
+    def one_tier(self) -> bool:
+        """Every row of every table in one segment."""
+        return all(d == r for d, r in zip(self.dev_rows, self.rows)) or not any(self.dev_rows)
+
+    def offsets(self, local: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
+        """Byte offsets of tables' local rows (-1 stays -1)."""
+        p = self.params[tids]
+        rb, dev, dev_base, host_base = p.unbind(1)
+        off = torch.where(local < dev, dev_base + local * rb, host_base + (local - dev) * rb)
+        return torch.where(local >= 0, off, local)
+
+
+class HashTableStorage(TableStorage):
+    """The rows of fused tables in one scored hash table, each table's rows
+    split between device and host memory by its budget.
+
+    Args:
+        options (Sequence[DynamicEmbTableOptions]): one per table (``dim``,
+            ``max_capacity`` and the score strategy set; the strategy is
+            shared).
+        layout (RowLayout): the row format.
+        device (torch.device): where keys, metadata and device rows live.
+        budgets (Sequence[int]): bytes of device memory for each table's rows.
+        scorer_factory (Optional[Callable]): makes a victim scorer (the
+            tables' ``score_function``) for this table; None without one.
+        strategies (Optional[tuple]): the strategy to score keys by, when not
+            the options' (a cache of NO_EVICTION tables caches by STEP).
+        capacities (Optional[Sequence[int]]): fixed slots per table (a
+            cache): no expansion, evicting.
+        bucket_capacity (Optional[int]): bucket width for ``capacities``.
+        retain_evicted (bool): record the keys this table evicts
+            (``pop_evicted_keys``).
+    """
+
+    def __init__(
+        self,
+        options: Sequence[DynamicEmbTableOptions],
+        layout: RowLayout,
+        device: torch.device,
+        budgets: Sequence[int],
+        scorer_factory: Callable | None = None,
+        strategies: tuple | None = None,
+        capacities: Sequence[int] | None = None,
+        bucket_capacities: Sequence[int | None] | None = None,
+        retain_evicted: bool = False,
+    ) -> None:
+        self.options = list(options)
+        self.layout = layout
+        self.device = device
+        self.budgets = [int(b) for b in budgets]
+        self.strategies = strategies or self.options[0].score_strategies()
+        self.no_eviction = S.NO_EVICTION in self.strategies
+        self.retain_evicted = retain_evicted
+        self._evicted: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if capacities is not None:  # a fixed-size table (a cache)
+            self.table = ScoredHashTable(
+                list(capacities),
+                bucket_capacities=list(bucket_capacities),
+                num_scores=len(self.strategies),
+                device=device,
+                validate=False,
+            )
+        elif self.no_eviction:
+            caps, rows = initial_layout(self.options, True)
+            self.table = ScoredHashTable(
+                caps,
+                bucket_capacities=bucket_widths(self.options),
+                num_scores=1,
+                no_eviction=True,
+                max_capacities=caps,
+                row_capacities=rows,
+                device=device,
+                validate=False,
+            )
+        else:
+            caps, _ = initial_layout(self.options, False)
+            self.table = ScoredHashTable(
+                caps,
+                bucket_capacities=bucket_widths(self.options),
+                num_scores=len(self.strategies),
+                max_capacities=[int(o.max_capacity) for o in self.options],
+                max_load_factor=self.options[0].max_load_factor,
+                device=device,
+                validate=False,
+            )
+        self._scorer = None if scorer_factory is None else scorer_factory()
+        # Keys a write-back could not place (their bucket full of its own keys).
+        self.dropped = torch.zeros((), dtype=torch.int64, device=device)
+        self._place(self._rows())
+
+    # ------------------------------------------------------------- layout --
+
+    def _rows(self) -> list[int]:
+        t = self.table
+        if self.no_eviction:
+            return [t.row_capacity(i) for i in range(t.num_tables)]
+        return [t.capacity(i) for i in range(t.num_tables)]
+
+    def _place(self, rows: Sequence[int]) -> None:
+        """Allocates the row space for ``rows`` rows per table (raises when
+        out of memory, changing nothing)."""
+        placement = _Placement.of(rows, self.layout, self.budgets, self.device)
+        seg0 = sp.allocate(placement.size0, MemoryType.DEVICE, self.device)
+        seg1 = sp.allocate(placement.size1, MemoryType.HOST, self.device)
+        self._set_placement(placement, sp.RowSpace(seg0, seg1))
+
+    def _set_placement(self, placement: "_Placement", rows_space: sp.RowSpace) -> None:
+        self.placement, self.rows_space = placement, rows_space
+        self._slot_offsets = torch.tensor(
+            [self.table.slot_range(t)[0] for t in range(self.table.num_tables)],
+            dtype=torch.int64,
+            device=self.device,
+        )
+        # Evicting tables of one row width in one segment: a slot's row is at
+        # slot * row_bytes (the tables' slots and rows are both back to back).
+        widths = set(self.layout.row_bytes)
+        self._slot_stride = (
+            self.layout.row_bytes[0]
+            if not self.no_eviction and len(widths) == 1 and placement.one_tier()
+            else None
+        )
+
+    def space(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.rows_space.tensors
+
+    def local_rows(self, slots: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
+        """Each slot's row within its table (-1 stays -1)."""
+        if self.no_eviction:
+            return self.table.rows(slots)
+        return torch.where(slots >= 0, slots - self._slot_offsets[tids], slots)
+
+    def offsets(self, slots: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
+        """Byte offsets in ``space()`` of the rows of table slots (-1 stays -1)."""
+        if self._slot_stride is not None:
+            return torch.where(slots >= 0, slots * self._slot_stride, slots)
+        return self.placement.offsets(self.local_rows(slots, tids), tids)
+
+    def _move_rows(self, old: "_Placement", old_space, old_off: torch.Tensor, tids, new_local):
+        """After a relayout: copies rows from the old row space to the new."""
+        new_off = self.placement.offsets(new_local, tids)
+        sp.copy_rows(
+            self.rows_space.tensors,
+            new_off,
+            old_space.tensors,
+            old_off,
+            self.layout.row_bytes_of(tids),
+        )
+
+    # ---------------------------------------------------------- expansion --
+
+    def _table_state(self):
+        return self.table._state(), list(self.table._max_caps)
+
+    def _restore_table(self, state) -> None:
+        self.table._restore(state[0])
+        self.table._max_caps = state[1]
+
+    def reserve(self, incoming: Sequence[int]) -> None:
+        """Expands the evicting tables that ``incoming[t]`` new keys could take
+        above ``max_load_factor`` (up to ``max_capacity``), moving rows."""
+        if self.no_eviction:
+            sizes = [int(x) for x in self.table.size().tolist()]
+            needed = [s + int(i) for s, i in zip(sizes, incoming)]
+            grow = [
+                t
+                for t in range(self.table.num_tables)
+                if needed[t] > self.table.row_capacity(t) or 2 * needed[t] > self.table.capacity(t)
+            ]
+            if grow:
+                self._grow(grow, needed)
+            return
+        state = self._table_state()
+        old_placement, old_space = self.placement, self.rows_space
+        old_slot_offsets = self._slot_offsets
+        moved = self.table.reserve(list(incoming))
+        if moved is None:
+            return
+        old_slots, new_slots = moved
+        tids = torch.searchsorted(old_slot_offsets, old_slots, right=True) - 1
+        old_off = old_placement.offsets(old_slots - old_slot_offsets[tids], tids)
+        try:
+            self._place(self._rows())
+        except BaseException:
+            self._restore_table(state)
+            self._set_placement(old_placement, old_space)
+            raise
+        self._move_rows(
+            old_placement, old_space, old_off, tids, new_slots - self._slot_offsets[tids]
+        )
+
+    def _grow(self, tables: Sequence[int], needed: Sequence[int] | None = None) -> bool:
+        """NO_EVICTION: doubles the key map and the rows of ``tables``
+        (repeatedly, until ``needed[t]`` keys fit at load 0.5; at least once).
+        A key map that cannot place every key at its new capacity is doubled
+        again. Out of memory: warns, changes nothing and returns False."""
+        n = self.table.num_tables
+        caps = [self.table.capacity(t) for t in range(n)]
+        rows = [self.table.row_capacity(t) for t in range(n)]
+        old_rows = list(rows)
+        for t in tables:
+            want = rows[t] + 1 if needed is None else int(needed[t])
+            while want > rows[t] or 2 * want > caps[t]:
+                caps[t], rows[t] = caps[t] * 2, rows[t] * 2
+        old_placement, old_space = self.placement, self.rows_space
+        try:
+            new_placement = _Placement.of(rows, self.layout, self.budgets, self.device)
+            seg0 = sp.allocate(new_placement.size0, MemoryType.DEVICE, self.device)
+            seg1 = sp.allocate(new_placement.size1, MemoryType.HOST, self.device)
+        except RuntimeError as e:
+            if not out_of_memory(e):
+                raise
+            self._warn_oom(tables, caps, rows, e)
+            return False
+        for _ in range(_MAX_REHASH):
+            try:
+                self.table.relayout(caps, rows)
+                break
+            except RuntimeError as e:
+                if out_of_memory(e):
+                    self._warn_oom(tables, caps, rows, e)
+                    return False
+                if "relayout could not place" not in str(e):
+                    raise
+                # A bucket overflowed at the new capacity: double the key map again.
+                for t in tables:
+                    caps[t] *= 2
+        else:
+            raise RuntimeError(
+                f"dynamicemb: NO_EVICTION tables {list(tables)} could not be rehashed"
+            )
+        self._set_placement(new_placement, sp.RowSpace(seg0, seg1))
+        # Rows keep their numbers: table t's rows [0, old_rows[t]) move as they are.
+        tids = torch.repeat_interleave(
+            torch.arange(n, device=self.device),
+            torch.tensor(old_rows, device=self.device),
+        )
+        starts = torch.tensor([0] + old_rows[:-1], device=self.device).cumsum(0)
+        local = torch.arange(tids.numel(), device=self.device) - starts[tids]
+        old_off = old_placement.offsets(local, tids)
+        self._move_rows(old_placement, old_space, old_off, tids, local)
+        return True
+
+    def _warn_oom(self, tables, caps, rows, e) -> None:
+        warnings.warn(
+            f"dynamicemb: NO_EVICTION tables {list(tables)} cannot grow to key map "
+            f"capacities {[caps[t] for t in tables]} and {[rows[t] for t in tables]} "
+            f"rows: out of memory ({e}). Training continues; keys that do not fit "
+            "are not stored and read zeros.",
+            stacklevel=4,
+        )
+
+    def _expand_for(self, keys: torch.Tensor, tids: torch.Tensor) -> None:
+        """Expands the tables the keys they do not hold yet could overfill
+        (``reserve``). Only a table that can still grow pays for counting them
+        (a find and a read of the counts)."""
+        t = self.table
+        if not self.no_eviction and all(
+            t.capacity(i) >= t.max_capacity(i) for i in range(t.num_tables)
+        ):
+            return
+        new = t.find(keys, tids) < 0
+        self.reserve(torch.bincount(tids[new], minlength=t.num_tables).tolist())
+
+    # ------------------------------------------------------------ inserts --
+
+    def insert(
+        self,
+        keys: torch.Tensor,
+        tids: torch.Tensor,
+        policies=None,
+        values=None,
+        evict: bool = True,
+        expand: bool = True,
+    ):
+        """Find-or-insert (expanding first when ``expand``), evicting from full
+        buckets when ``evict`` (NO_EVICTION tables never evict: they grow).
+
+        Returns:
+            (slots, status, evicted): per key its slot (-1: not stored) and
+            ``InsertStatus``, and the ``EvictedKeys`` (None when nothing can be
+            evicted). Keys evicted from a table that retains them are
+            recorded for ``pop_evicted_keys``.
+        """
+        if expand and keys.numel():
+            self._expand_for(keys, tids)
+        if self.no_eviction:
+            return (*self._insert_no_eviction(keys, tids), None)
+        if not evict:
+            res = self.table.insert(keys, tids, policies=policies, scores=values)
+            return res.slots, res.status, None
+        victim = None if self._scorer is None else self._scorer(self.table, keys, tids)
+        res = self.table.insert_and_evict(
+            keys, tids, policies=policies, scores=values, victim_scores=victim
+        )
+        if self.retain_evicted:
+            self.record_evicted(res.evicted.compact())
+        return res.slots, res.status, res.evicted
+
+    def record_evicted(self, evicted) -> None:
+        """Keeps evicted keys (compacted ``EvictedKeys``) for ``pop_evicted_keys``."""
+        if evicted.keys.numel():
+            self._evicted.append((evicted.keys, evicted.table_ids))
+
+    def _insert_no_eviction(self, keys, tids):
+        """NO_EVICTION find-or-insert: a key whose bucket was full grows its
+        table and is placed again, so that every key is stored while memory
+        lasts."""
+        res = self.table.insert(keys, tids)
+        slots, status = res.slots, res.status
+        for _ in range(_MAX_REHASH):
+            failed = status == enums.InsertStatus.FAILED
+            if not bool(failed.any()):
+                break
+            # A full bucket below load 0.5: double the tables it happened in
+            # and place the keys again.
+            if not self._grow(torch.unique(tids[failed]).tolist()):
+                break
+            idx = failed.nonzero().squeeze(1)
+            again = self.table.insert(keys[idx], tids[idx])
+            slots = slots.index_copy(0, idx, again.slots)
+            status = status.index_copy(0, idx, again.status)
+        return slots, status
+
+    def write_new_rows(
+        self, offsets: torch.Tensor, keys: torch.Tensor, tids: torch.Tensor, init: RowInit
+    ) -> None:
+        """Writes the initial rows of new keys at ``offsets`` of this storage."""
+        write_initial_rows(self.space(), offsets, keys, tids, init, self.layout)
+
+    def train_rows(self, keys, tids, counts, score: BatchScore, init: RowInit) -> torch.Tensor:
+        policies, vals = batch_policies(self.strategies, score, counts)
+        slots, status, _ = self.insert(keys, tids, policies, vals)
+        offsets = self.offsets(slots, tids)
+        new = (status == enums.InsertStatus.INSERTED) | (status == enums.InsertStatus.EVICTED)
+        idx = new.nonzero().squeeze(1)
+        if idx.numel():
+            self.write_new_rows(offsets[idx], keys[idx], tids[idx], init)
+        return offsets
+
+    def eval_rows(self, keys, tids) -> torch.Tensor:
+        return self.offsets(self.table.find(keys, tids), tids)
+
+    def contains(self, keys, tids) -> torch.Tensor:
+        return self.table.find(keys, tids) >= 0
+
+    def after_update(self) -> None:
+        """Nothing to write back: the kernels update the rows where they are."""
+
+    def prefetch(self, keys, tids, forward_stream=None) -> None:
+        """Nothing to prefetch: every row is in this table's row space."""
+
+    def flush(self) -> None:
+        """No cache to flush."""
+
+    def purge(self) -> None:
+        """No cache to empty."""
+
+    # ------------------------------------------------------- row transfers --
+
+    def read(self, slots: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
+        """(n, max_row_bytes) staging rows of table slots (zeros where -1)."""
+        buf = sp.staging(slots.numel(), self.layout, self.device)
+        sp.copy_rows(
+            sp.as_space(buf),
+            sp.staging_offsets(slots.numel(), self.layout, self.device),
+            self.space(),
+            self.offsets(slots, tids),
+            self.layout.row_bytes_of(tids),
+        )
+        return buf
+
+    def write(self, slots: torch.Tensor, tids: torch.Tensor, src, src_offsets) -> None:
+        """Copies rows from ``src`` (a row space) at ``src_offsets`` into table
+        slots (-1 skipped)."""
+        sp.copy_rows(
+            self.space(),
+            self.offsets(slots, tids),
+            src,
+            src_offsets,
+            self.layout.row_bytes_of(tids),
+        )
+
+    # ------------------------------------------------------ backing a cache --
+
+    @property
+    def has_scores(self) -> bool:
+        """Whether keys carry scores between this table and a cache."""
+        return not self.no_eviction
+
+    def timer(self) -> torch.Tensor:
+        return self.table.timer()
+
+    def fetch(self, keys: torch.Tensor, tids: torch.Tensor):
+        """The rows of keys this table holds, for a cache: ``(found (n) bool,
+        staging rows (n, max_row_bytes), scores (n, num_scores) or None)``."""
+        slots = self.table.find(keys, tids)
+        scores = None if self.no_eviction else self.table.scores[slots.clamp(min=0)]
+        return slots >= 0, self.read(slots, tids), scores
+
+    def room_for(self, tids: torch.Tensor) -> list[int] | None:
+        """Keys per table to ``reserve`` for one more key per entry of ``tids``
+        (its table), read to the host; None when no table can grow."""
+        t = self.table
+        if self.no_eviction or any(t.capacity(i) < t.max_capacity(i) for i in range(t.num_tables)):
+            return torch.bincount(tids, minlength=t.num_tables).tolist()
+        return None
+
+    def write_back(self, keys, tids, src, src_offsets, scores) -> None:
+        """Stores rows a cache gives back (from the row space ``src``), with
+        their scores (``ASSIGN``; None under NO_EVICTION). The table expands
+        first for the keys it does not hold; a full bucket evicts (the last
+        tier: recorded under RETAIN_KEY); a key it cannot place at all is
+        dropped and counted in ``dropped``."""
+        if keys.numel() == 0:
+            return
+        self._expand_for(keys, tids)
+        if self.no_eviction:
+            slots, status, _ = self.insert(keys, tids, expand=False)
+        else:
+            assign = [enums.ScorePolicy.ASSIGN] * self.table.num_scores
+            slots, status, _ = self.insert(keys, tids, assign, scores, expand=False)
+        self.dropped += (status == enums.InsertStatus.FAILED).sum()
+        self.write(slots, tids, src, src_offsets)
+
+    # -------------------------------------------------------- checkpoints --
+
+    def score_columns(self) -> list[int] | None:
+        """For each score column in ``score_strategy`` tuple order, the table
+        word holding it; None under NO_EVICTION."""
+        return None if self.no_eviction else table_score_columns(self.strategies)
+
+    def export_rows(self, table: int, chunk: int) -> Iterator[ExportedRows]:
+        lo, hi = self.table.slot_range(table)
+        cols = self.score_columns()
+        for begin in range(lo, hi, chunk):
+            ex = self.table.export_batch(begin, min(begin + chunk, hi)).compact()
+            yield self.rows_of(ex.keys, ex.slots, ex.table_ids, ex.scores, table, cols)
+
+    def rows_of(self, keys, slots, tids, scores, table: int, cols) -> ExportedRows:
+        emb, state = sp.unpack_rows(self.read(slots, tids), tids, self.layout, False)
+        dim, sd = self.layout.dims[table], self.layout.state_dims[table]
+        return ExportedRows(
+            keys=keys,
+            scores=None if cols is None else scores[:, cols],
+            embeddings=emb[:, :dim],
+            optimizer_state=state[:, :sd] if sd else None,
+        )
+
+    def import_rows(self, table, keys, scores, embeddings, optimizer_state, init) -> torch.Tensor:
+        keys = keys.to(self.device)
+        tids = torch.full_like(keys, table)
+        if self.no_eviction:
+            slots, _ = self._insert_no_eviction(keys, tids)
+        else:
+            internal = torch.empty_like(scores)
+            internal[:, self.score_columns()] = scores
+            assign = [enums.ScorePolicy.ASSIGN] * self.table.num_scores
+            slots = self.table.insert(
+                keys, tids, policies=assign, scores=internal.to(self.device)
+            ).slots
+        stored = slots >= 0
+        idx = stored.nonzero().squeeze(1)
+        buf = rows_buffer(keys[idx], tids[idx], embeddings, optimizer_state, idx, init, self.layout)
+        self.write(
+            slots[idx],
+            tids[idx],
+            sp.as_space(buf),
+            sp.staging_offsets(idx.numel(), self.layout, self.device),
+        )
+        return stored
+
+    def clear_tables(self, tables: Sequence[int]) -> None:
+        for t in tables:
+            lo, hi = self.table.slot_range(t)
+            ex = self.table.export_batch(lo, hi).compact()
+            if ex.keys.numel():
+                self.table.erase(ex.keys, ex.table_ids)
+
+    def reserve_rows(self, table: int, incoming: int) -> None:
+        counts = [0] * self.table.num_tables
+        counts[table] = int(incoming)
+        self.reserve(counts)
+
+    def snapshot(self) -> dict:
+        t = self.table
+        holds_keys = bool((t.size() > 0).any())
+        segs = (self.rows_space.seg0, self.rows_space.seg1)
+        return {
+            "table": {
+                k: v.clone()
+                if isinstance(v, torch.Tensor)
+                else list(v)
+                if isinstance(v, list)
+                else v
+                for k, v in t._state().items()
+            },
+            "max_caps": list(t._max_caps),
+            "placement": self.placement,
+            "rows_space": self.rows_space,
+            # Rows mean nothing in an empty table.
+            "rows": [s.data.to("cpu", copy=True) for s in segs] if holds_keys else None,
+            "evicted": list(self._evicted),
+            "dropped": self.dropped.clone(),
+        }
+
+    def restore(self, snapshot: dict) -> None:
+        self.table._restore(snapshot["table"])
+        self.table._max_caps = snapshot["max_caps"]
+        self._set_placement(snapshot["placement"], snapshot["rows_space"])
+        if snapshot["rows"] is not None:
+            for seg, saved in zip((self.rows_space.seg0, self.rows_space.seg1), snapshot["rows"]):
+                seg.data.copy_(saved)
+        self._evicted = snapshot["evicted"]
+        self.dropped = snapshot["dropped"]
+
+    # ---------------------------------------------------------- accounting --
+
+    def metadata_bytes(self) -> int:
+        t = self.table
+        return sum(
+            x.numel() * x.element_size()
+            for x in (t.keys, t.digests, t.scores, t.info, t.counters, t.free_rows)
+        )
+
+    def footprint_per_table(self) -> list[Footprint]:
+        t, p = self.table, self.placement
+        # A table's slots and free rows, and its row of table info and counters.
+        own = (t.info.shape[1] * t.info.element_size()) + (
+            t.counters.shape[1] * t.counters.element_size()
+        )
+        return [
+            Footprint(device=meta + own + d * rb, host=(r - d) * rb)
+            for meta, d, r, rb in zip(
+                t.memory_per_table(), p.dev_rows, p.rows, self.layout.row_bytes
+            )
+        ]
+
+    def footprint(self) -> Footprint:
+        s = self.rows_space
+        return Footprint(
+            device=self.metadata_bytes() + s.seg0.nbytes,
+            host=s.seg1.nbytes,
+        )
+
+    def sizes(self) -> list[int]:
+        return [int(x) for x in self.table.size().tolist()]
+
+    def pop_evicted_keys(self) -> list[torch.Tensor]:
+        if self._evicted:
+            keys = torch.cat([k for k, _ in self._evicted])
+            tids = torch.cat([t for _, t in self._evicted])
+        else:
+            keys = tids = torch.empty(0, dtype=torch.int64, device=self.device)
+        self._evicted = []
+        return [torch.unique(keys[tids == t]) for t in range(self.table.num_tables)]
+
+
+def write_initial_rows(dst, offsets, keys, tids, init: RowInit, layout: RowLayout) -> None:
+    """Writes the initial rows (``init``'s embeddings, the optimizer's
+    initial state) of keys at ``offsets`` of the row space ``dst``."""
+    buf = rows_buffer(keys, tids, None, None, None, init, layout)
+    sp.copy_rows(
+        dst,
+        offsets,
+        sp.as_space(buf),
+        sp.staging_offsets(keys.numel(), layout, keys.device),
+        layout.row_bytes_of(tids),
+    )
+
+
+def rows_buffer(
+    keys, tids, embeddings, state, index, init: RowInit, layout: RowLayout
+) -> torch.Tensor:
+    """A staging buffer of the rows of ``keys``: ``embeddings[index]`` (or the
+    initializer's when None) and ``state[index]`` (or the optimizer's initial
+    state when None)."""
+    n = keys.numel()
+    buf = sp.staging(n, layout, keys.device)
+    if n == 0:
+        return buf
+    if embeddings is None:
+        emb = init.embeddings(keys, tids)
+    else:
+        emb = embeddings.to(keys.device)
+        emb = emb if index is None else emb[index]
+    if state is None and any(layout.state_dims):
+        st = torch.zeros((n, max(layout.state_dims)), dtype=torch.float32, device=keys.device)
+        for _, sdim, _, sel in layout.dim_groups(tids):
+            if sdim:
+                part = torch.empty((n if sel is None else sel.numel(), sdim), device=keys.device)
+                init.init_state(part)
+                if sel is None:
+                    st[:, :sdim] = part
+                else:
+                    st[sel, :sdim] = part
+    elif state is not None:
+        st = state.to(keys.device, torch.float32)
+        st = st if index is None else st[index]
+    else:
+        st = None
+    sp.pack_rows(buf, tids, layout, emb, st)
+    return buf

@@ -1,0 +1,164 @@
+"""Row spaces: the memory rows live in and the one way rows move.
+
+A row space is two segments addressed by byte offset (offsets below the first
+segment's size are in it, the rest in the second): what the lookup kernels
+and ``copy_rows`` read and write (``cc/storage/row_space.h``). A segment is a
+flat uint8 tensor the kernels can address on the storage's device. A host
+segment of a CUDA storage is pinned host memory mapped into the device's
+address space (the kernels read and write it directly); on the CPU every
+segment is host memory.
+
+A *staging* buffer is a one-segment row space of ``n`` rows of a fixed stride
+(the module's widest row), row i at ``i * stride``: how rows travel between a
+storage and anything that is not a row space (initializers, an external
+``Storage``, checkpoints). ``pack_rows`` and ``unpack_rows`` convert between
+staging rows and (embedding, optimizer state) tensors.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from dynamicemb.storage.layout import RowLayout
+from dynamicemb.table._native import extension, ops
+from dynamicemb.types import MemoryType
+
+
+@dataclass
+class Segment:
+    """A flat uint8 buffer of rows.
+
+    Attributes:
+        data (torch.Tensor): (nbytes) uint8, addressable on the storage's
+            device (for mapped host memory: its device view).
+        memory (MemoryType): where the bytes are.
+        host_view (Optional[torch.Tensor]): the CPU view of mapped host memory.
+    """
+
+    data: torch.Tensor
+    memory: MemoryType
+    host_view: torch.Tensor | None = None
+
+    @property
+    def nbytes(self) -> int:
+        return self.data.numel()
+
+
+def allocate(nbytes: int, tier: MemoryType, device: torch.device) -> Segment:
+    """A segment of ``nbytes`` for the device tier or the host tier of a
+    storage on ``device``. Device tier: device memory (zeros). Host tier:
+    pinned host memory mapped into the device's address space on CUDA
+    (uninitialized), host memory on the CPU (zeros). Out of memory raises."""
+    if tier == MemoryType.HOST and device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        host, dev = extension().host_mapped_empty(int(nbytes), int(index))
+        return Segment(dev, MemoryType.HOST, host)
+    memory = MemoryType.HOST if device.type == "cpu" else MemoryType.DEVICE
+    return Segment(torch.zeros(int(nbytes), dtype=torch.uint8, device=device), memory)
+
+
+def empty_segment(device: torch.device) -> Segment:
+    return Segment(
+        torch.empty(0, dtype=torch.uint8, device=device),
+        MemoryType.HOST if device.type == "cpu" else MemoryType.DEVICE,
+    )
+
+
+@dataclass
+class RowSpace:
+    """Two segments addressed by byte offset."""
+
+    seg0: Segment
+    seg1: Segment
+
+    @property
+    def tensors(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The two segments as the kernels take them."""
+        return self.seg0.data, self.seg1.data
+
+    def bytes_in(self, memory: MemoryType) -> int:
+        return sum(s.nbytes for s in (self.seg0, self.seg1) if s.memory == memory)
+
+
+def copy_rows(
+    dst: tuple[torch.Tensor, torch.Tensor],
+    dst_offsets: torch.Tensor,
+    src: tuple[torch.Tensor, torch.Tensor],
+    src_offsets: torch.Tensor,
+    nbytes: torch.Tensor,
+) -> None:
+    """For each i with both offsets >= 0: ``nbytes[i]`` bytes from ``src`` at
+    ``src_offsets[i]`` to ``dst`` at ``dst_offsets[i]`` (one op, a warp per row
+    on the GPU). Rows of the two sides must not overlap."""
+    if nbytes.numel():
+        ops().copy_rows(dst[0], dst[1], dst_offsets, src[0], src[1], src_offsets, nbytes)
+
+
+def staging(n: int, layout: RowLayout, device: torch.device) -> torch.Tensor:
+    """(n, max_row_bytes) uint8 zeros: n rows of any of the layout's tables."""
+    return torch.zeros((n, layout.max_row_bytes), dtype=torch.uint8, device=device)
+
+
+def staging_offsets(n: int, layout: RowLayout, device: torch.device) -> torch.Tensor:
+    """Byte offsets of the n rows of a staging buffer."""
+    return torch.arange(n, dtype=torch.int64, device=device) * layout.max_row_bytes
+
+
+def as_space(buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A staging buffer as a one-segment row space."""
+    return buffer.view(-1), buffer.new_empty(0)
+
+
+def pack_rows(
+    buffer: torch.Tensor,
+    tids: torch.Tensor,
+    layout: RowLayout,
+    embeddings: torch.Tensor | None = None,
+    state: torch.Tensor | None = None,
+    index: torch.Tensor | None = None,
+) -> None:
+    """Writes rows into a staging buffer: for the rows ``index`` (all when
+    None) of tables ``tids`` (one per written row), the embedding
+    (``embeddings``: (m, >= dim) float32 or the layout's dtype, converted
+    with round to nearest even) and the optimizer state (``state``: (m, >=
+    state_dim) float32). A part given as None is left as it is."""
+    rows = torch.arange(buffer.shape[0], device=buffer.device) if index is None else index
+    esize = layout.dtype.itemsize
+    for dim, sdim, soff, sel in layout.dim_groups(tids):
+        r = rows if sel is None else rows[sel]
+        if embeddings is not None:
+            e = embeddings if sel is None else embeddings[sel]
+            e = e[:, :dim].to(layout.dtype).contiguous()
+            buffer[r, : dim * esize] = e.view(torch.uint8).reshape(r.numel(), dim * esize)
+        if state is not None and sdim:
+            s = state if sel is None else state[sel]
+            s = s[:, :sdim].to(torch.float32).contiguous()
+            buffer[r, soff : soff + 4 * sdim] = s.view(torch.uint8).reshape(r.numel(), 4 * sdim)
+
+
+def unpack_rows(
+    buffer: torch.Tensor, tids: torch.Tensor, layout: RowLayout, float_embeddings: bool = True
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows of a staging buffer (row i of table ``tids[i]``) as
+    ``(embeddings (n, max dim), state (n, max state_dim) float32)``, zeros past
+    each table's widths; embeddings in float32 (exact) or, with
+    ``float_embeddings=False``, at the layout's dtype."""
+    n = buffer.shape[0]
+    esize = layout.dtype.itemsize
+    dtype = torch.float32 if float_embeddings else layout.dtype
+    emb = torch.zeros((n, max(layout.dims)), dtype=dtype, device=buffer.device)
+    state = torch.zeros((n, max(layout.state_dims)), dtype=torch.float32, device=buffer.device)
+    for dim, sdim, soff, sel in layout.dim_groups(tids):
+        b = buffer if sel is None else buffer[sel]
+        e = b[:, : dim * esize].contiguous().view(layout.dtype).to(dtype)
+        if sel is None:
+            emb[:, :dim] = e
+        else:
+            emb[sel, :dim] = e
+        if sdim:
+            s = b[:, soff : soff + 4 * sdim].contiguous().view(torch.float32)
+            if sel is None:
+                state[:, :sdim] = s
+            else:
+                state[sel, :sdim] = s
+    return emb, state

@@ -1,0 +1,75 @@
+"""On a GPU the tiers are device memory and pinned host memory the kernels
+address directly, and the device memory a table takes is bounded by its
+budget whatever the table's size."""
+
+import pytest
+import torch
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+from dynamicemb import (
+    DynamicEmbInitializerArgs,
+    DynamicEmbInitializerMode,
+    DynamicEmbPoolingMode,
+    DynamicEmbTableOptions,
+)
+from dynamicemb.dynamicemb_config import value_row_bytes
+from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
+from dynamicemb.storage import CachedStorage
+from dynamicemb.types import MemoryType
+
+pytestmark = pytest.mark.gpu
+
+GIB, MIB = 1 << 30, 1 << 20
+
+
+@pytest.mark.parametrize("caching", [False, True], ids=["hybrid", "cache"])
+def test_a_table_of_several_gib_with_a_1_mib_budget_takes_little_device_memory(caching):
+    dim, opt = 128, EmbOptimType.ADAM
+    rb = value_row_bytes(opt, dim, torch.float32)  # 1536 bytes
+    rows = (4 * GIB // rb) // 128 * 128  # a 4 GiB table
+    options = DynamicEmbTableOptions(
+        dim=dim,
+        max_capacity=rows,
+        bucket_capacity=128,
+        caching=caching,
+        local_hbm_for_values=MIB,
+        initializer_args=DynamicEmbInitializerArgs(
+            mode=DynamicEmbInitializerMode.UNIFORM, lower=-0.1, upper=0.1
+        ),
+    )
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    m = BatchedDynamicEmbeddingTablesV2(
+        [options],
+        pooling_mode=DynamicEmbPoolingMode.SUM,
+        optimizer=opt,
+        device=torch.device("cuda"),
+        learning_rate=0.01,
+    )
+    torch.cuda.synchronize()
+    on_device = torch.cuda.memory_allocated() - before
+    full = rows * rb
+    # Rows on the device within the budget; the rest is the keys' metadata
+    # (17 bytes a slot against 1536 bytes a row).
+    # What the storage reports, up to the allocator's rounding of each tensor.
+    usage = m.memory_usage(MemoryType.DEVICE)
+    assert usage <= on_device <= usage + 64 * 1024
+    assert on_device < full // 50
+    assert m.memory_usage(MemoryType.HOST) >= full - MIB
+    storage = m.storage.backing if isinstance(m.storage, CachedStorage) else m.storage
+    host = storage.rows_space.seg1
+    assert host.memory == MemoryType.HOST and host.host_view.is_pinned()
+    assert host.data.device.type == "cuda"  # the kernels' view of it
+    # It trains: keys far beyond the budget's rows, read back after an update.
+    g = torch.Generator().manual_seed(0)
+    keys = torch.randint(0, 1 << 40, (20_000,), generator=g).cuda()
+    offsets = torch.arange(0, 20_001, 4).cuda()
+    out = m(keys, offsets)
+    out.sum().backward()
+    torch.cuda.synchronize()
+    assert bool(torch.isfinite(out).all())
+    u = torch.unique(keys)
+    found, _, state = m.storage.read_rows(u, torch.zeros_like(u))
+    assert bool(found.all())
+    assert bool((state[:, dim:].abs().sum(1) > 0).all())  # every row was updated (Adam's v)
+    assert torch.cuda.memory_allocated() - before < full // 50
