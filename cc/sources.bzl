@@ -58,6 +58,18 @@ EMBEDDING_CPU_SRCS = ["initializer_cpu.cpp", "optimizer_cpu.cpp", "pooling_cpu.c
 
 EMBEDDING_CUDA_SRCS = ["initializer_cuda.cu", "optimizer_cuda.cu", "pooling_cuda.cu"]
 
+# //cc/admission: the admission counter, a counter table run by the table's
+# backends (counter_core: its run arguments; counter_cpu, counter_cuda).
+ADMISSION_CORE_HDRS = ["counter.h"]
+
+ADMISSION_CPU_HDRS = ["counter_cpu.h"]
+
+ADMISSION_CUDA_HDRS = ["counter_cuda.h"]
+
+ADMISSION_CPU_SRCS = ["counter_cpu.cpp"]
+
+ADMISSION_CUDA_SRCS = ["counter_cuda.cu"]
+
 # //cc/storage: the row space (row layout, element types, two segments) shared by
 # the embedding kernels and the row moves (storage_core, header-only, no torch),
 # and the copy_rows kernels.
@@ -83,6 +95,8 @@ ROUTING_CUDA_SRCS = ["routing_cuda.cu"]
 
 # //cc/ops: the torch op layer. Argument checks shared by an op's kernels.
 OPS_HDRS = [
+    "counter_args.h",
+    "cuda_scratch.h",
     "embedding_args.h",
     "routing_args.h",
     "storage_args.h",
@@ -94,6 +108,7 @@ OPS_HDRS = [
 OPS_SRCS = [
     "schemas.cpp",
     "table_ops_cpu.cpp",
+    "counter_ops_cpu.cpp",
     "embedding_ops_cpu.cpp",
     "routing_ops_cpu.cpp",
     "storage_ops_cpu.cpp",
@@ -104,6 +119,7 @@ OPS_SRCS = [
 # CUDA kernels of the ops: built only against a CUDA-enabled torch.
 OPS_CUDA_SRCS = [
     "table_ops_cuda.cpp",
+    "counter_ops_cuda.cpp",
     "embedding_ops_cuda.cpp",
     "routing_ops_cuda.cpp",
     "storage_ops_cuda.cpp",
@@ -112,6 +128,11 @@ OPS_CUDA_SRCS = [
 PACKAGES = {
     "cc/common": {"hdrs": COMMON_HDRS + COMMON_CUDA_HDRS, "cpu_srcs": [], "cuda_srcs": []},
     "cc/table": {"hdrs": TABLE_HDRS, "cpu_srcs": TABLE_CPU_SRCS, "cuda_srcs": TABLE_CUDA_SRCS},
+    "cc/admission": {
+        "hdrs": ADMISSION_CORE_HDRS + ADMISSION_CPU_HDRS + ADMISSION_CUDA_HDRS,
+        "cpu_srcs": ADMISSION_CPU_SRCS,
+        "cuda_srcs": ADMISSION_CUDA_SRCS,
+    },
     "cc/embedding": {
         "hdrs": EMBEDDING_HDRS,
         "cpu_srcs": EMBEDDING_CPU_SRCS,

@@ -5,10 +5,13 @@ of a dense tensor: raw 64-bit ids, rows created on first sight, evicted by
 score when full, admitted by frequency, spread over device and host memory.
 
 This package imports with torch alone. TorchRec is needed by
-``dynamicemb.planner``, ``dynamicemb.shard`` and ``dynamicemb.checkpoint``
+``dynamicemb.planner``, ``dynamicemb.shard``, ``dynamicemb.checkpoint``
 (whose ``DynamicEmbDump`` / ``DynamicEmbLoad`` are exported here and
-imported on first use); the C++ extension
-(``dynamicemb._C``) is loaded by the table layer when a table is built.
+imported on first use) and ``dynamicemb.replication`` (``replay_increment``,
+``pop_evicted_keys``, ``pop_erased_keys``, likewise); the C++ extension
+(``dynamicemb._C``) is loaded by the table layer when a table is built. The
+provided admission strategies (``dynamicemb.admission``, which needs the
+table layer) are exported here and imported on first use too.
 """
 
 from .dynamicemb_config import (
@@ -27,12 +30,27 @@ from .dynamicemb_config import (
     get_sharded_table_capacity,
     get_table_value_bytes,
 )
+from .types import (
+    AdmissionStrategy,
+    Counter,
+    KVCounter,
+    MemoryType,
+    MultiTableAdmitter,
+    ReplayStats,
+)
 
-# Names exported here but defined in subpackages that need TorchRec: imported
-# when first used, so that `import dynamicemb` needs torch alone.
+# Names exported here but defined in subpackages that need TorchRec or the
+# extension: imported when first used, so that `import dynamicemb` needs torch
+# alone.
 _LAZY = {
     "DynamicEmbDump": "dynamicemb.checkpoint",
     "DynamicEmbLoad": "dynamicemb.checkpoint",
+    "DeltaDumpResult": "dynamicemb.replication",
+    "FrequencyAdmissionStrategy": "dynamicemb.admission",
+    "ProbabilisticAdmissionStrategy": "dynamicemb.admission",
+    "pop_erased_keys": "dynamicemb.replication",
+    "pop_evicted_keys": "dynamicemb.replication",
+    "replay_increment": "dynamicemb.replication",
 }
 
 
@@ -47,8 +65,10 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "AdmissionStrategy",
     "BUCKET_ALIGNMENT",
     "MAX_BUCKET_CAPACITY",
+    "Counter",
     "DynamicEmbCheckMode",
     "DynamicEmbDump",
     "DynamicEmbEvictStrategy",
@@ -60,7 +80,17 @@ __all__ = [
     "DynamicEmbScoreStrategy",
     "DynamicEmbTableOptions",
     "EvictedItemMode",
+    "FrequencyAdmissionStrategy",
+    "KVCounter",
+    "MemoryType",
+    "MultiTableAdmitter",
+    "ProbabilisticAdmissionStrategy",
+    "DeltaDumpResult",
     "ReplayContent",
+    "ReplayStats",
     "get_sharded_table_capacity",
     "get_table_value_bytes",
+    "pop_erased_keys",
+    "pop_evicted_keys",
+    "replay_increment",
 ]

@@ -310,7 +310,10 @@ class DynamicEmbTableOptions:
             enter the table; rejected keys are initialized and used in the
             forward but not stored. Defaults to None (admit all).
         admission_counter (Optional[Counter]): deprecated; warns when set. Give
-            the counter to the admission strategy instead.
+            the counter to the admission strategy instead. A
+            ``FrequencyAdmissionStrategy`` without a counter of its own is
+            replaced by a copy counting into this one (the field is then
+            None); a strategy whose own counter differs raises ValueError.
         evicted_item_mode (EvictedItemMode): what the last storage tier does
             with the keys it evicts: DISCARD them, or RETAIN_KEY for
             ``pop_evicted_keys``. Defaults to DISCARD.
@@ -444,18 +447,37 @@ class DynamicEmbTableOptions:
                 f"or None, got {self.admit_strategy!r}"
             )
         if self.admission_counter is not None:
-            warnings.warn(
-                "DynamicEmbTableOptions.admission_counter is deprecated; pass the "
-                "counter to the admission strategy that uses it instead "
-                "(e.g. FrequencyAdmissionStrategy(threshold=..., counter=KVCounter(...))).",
-                DeprecationWarning,
-                stacklevel=3,
-            )
+            self._carry_admission_counter()
         if self.dist_type not in DIST_TYPES:
             raise ValueError(
                 f"DynamicEmbTableOptions.dist_type must be one of {DIST_TYPES}, "
                 f"got {self.dist_type!r}"
             )
+
+    def _carry_admission_counter(self) -> None:
+        """The deprecated ``admission_counter``: warns, and hands the counter to
+        the admission strategy that counts (a copy of it: one strategy object
+        may serve several tables), which then holds it alone."""
+        counter = self.admission_counter
+        carried = None
+        if self.admit_strategy is not None:
+            carried = self.admit_strategy._with_deprecated_counter(counter)
+        where = (
+            "it was carried to the admission strategy"
+            if carried is not None
+            else "it has no effect: no admission strategy that counts was given"
+        )
+        warnings.warn(
+            "DynamicEmbTableOptions.admission_counter is deprecated; pass the "
+            "counter to the admission strategy that uses it instead "
+            "(e.g. FrequencyAdmissionStrategy(threshold=..., counter=KVCounter(...))); "
+            f"{where}.",
+            DeprecationWarning,
+            stacklevel=4,
+        )
+        if carried is not None:
+            self.admit_strategy = carried
+            self.admission_counter = None
 
     def score_strategies(self) -> tuple[DynamicEmbScoreStrategy, ...]:
         """The score strategy as a tuple, one element per score word.

@@ -16,6 +16,7 @@ What lives here:
 * ``Storage``: the interface an external storage (parameter server, key-value
   store) implements to hold a table's rows, and ``StorageTable``, what it is
   told about each table it serves.
+* ``ReplayStats``: what ``replay_increment`` did to one table.
 
 Implementations live in plural-named modules elsewhere in the package.
 """
@@ -34,6 +35,7 @@ __all__ = [
     "KVCounter",
     "MemoryType",
     "MultiTableAdmitter",
+    "ReplayStats",
     "Storage",
     "StorageTable",
 ]
@@ -72,6 +74,28 @@ class EvictedItemMode(enum.IntEnum):
 
     DISCARD = 0
     RETAIN_KEY = 1
+
+
+@dataclass
+class ReplayStats:
+    """What a replay (``replay_increment``) did to one table on this rank.
+
+    Attributes:
+        upserted (int): delta keys written (at their source slot, or by key in
+            this table's own layout).
+        erased (int): keys actually removed before the writes (a delta can
+            name keys this replica never held).
+        skipped (int): delta keys this rank does not own.
+        displaced (int): replay by key only: keys this table could not keep
+            for lack of room (keys it held and evicted, delta keys it could
+            not place). Non-zero means the replica is too small to follow its
+            source exactly.
+    """
+
+    upserted: int = 0
+    erased: int = 0
+    skipped: int = 0
+    displaced: int = 0
 
 
 class Counter(abc.ABC):
@@ -156,9 +180,13 @@ class KVCounter:
     in an admission strategy's grouped key.
 
     Attributes:
-        capacity (int): counter slots for this table. Must be positive.
+        capacity (int): counter slots for this table (on each rank of a
+            sharded table, like ``max_capacity``). Must be positive; the
+            counter rounds it up to whole buckets.
         bucket_capacity (int): slots per bucket. Must be positive and not
-            larger than ``capacity``. Defaults to 1024.
+            larger than ``capacity``; the counter also needs a multiple of
+            ``BUCKET_ALIGNMENT`` (16), which ``FrequencyAdmissionStrategy``
+            checks. Defaults to 1024.
         key_type (torch.dtype): dtype of the counted keys; an integer dtype.
             Defaults to ``torch.int64``.
     """
@@ -301,6 +329,24 @@ class AdmissionStrategy(abc.ABC):
         The result must be hashable.
         """
         return self
+
+    def state_bytes(self) -> int:
+        """Bytes of admission state the admitter keeps for one table.
+
+        What the planner adds to a table's memory estimate, on the table's
+        device: a counter's slots for a strategy that counts, 0 (the default)
+        for one that keeps no state across steps.
+        """
+        return 0
+
+    def _with_deprecated_counter(self, counter) -> "AdmissionStrategy | None":
+        """This strategy counting into ``counter``, or None if it counts nothing.
+
+        How ``DynamicEmbTableOptions.admission_counter`` (deprecated) is
+        carried to the strategy that uses it. The default: nothing counts, so
+        the field has no effect.
+        """
+        return None
 
 
 @dataclass(frozen=True)

@@ -78,3 +78,29 @@ def init_process_group(rank: int, world_size: int, port: int, device: str, threa
         dist.init_process_group(
             "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=300)
         )
+
+
+def run_alone(fn, args) -> None:
+    """Runs ``fn(args)`` as the one rank of a world of one: NCCL on GPU 0 for
+    ``args.device`` cuda, else gloo with ``args.threads`` torch threads."""
+    init_process_group(0, 1, free_port(), args.device, args.threads)
+    try:
+        fn(args)
+    finally:
+        dist.destroy_process_group()
+
+
+def quiet() -> None:
+    """Silences notices that would bury a script's own output: TorchRec's KJT
+    validator (raw ids are outside [0, num_embeddings) by design), the
+    planner's notes about how a CPU topology was built and dry-run
+    estimates, and deprecation notes of the libraries."""
+    import logging
+    import warnings
+
+    logging.getLogger("torchrec.sparse.jagged_tensor_validator").setLevel(logging.ERROR)
+    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
+    logging.getLogger("torchrec.distributed.planner.types").setLevel(logging.ERROR)
+    logging.getLogger("torchrec.distributed.planner.storage_reservations").setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)

@@ -703,24 +703,8 @@ def print_summary(s: dict[str, Any]) -> None:
 # ------------------------------------------------------------------ launcher --
 
 
-def _quiet() -> None:
-    """Silences notices that would bury the progress output: TorchRec's KJT
-    validator (raw ids are outside [0, num_embeddings) by design) and
-    deprecation notes of the libraries."""
-    import logging
-    import warnings
-
-    logging.getLogger("torchrec.sparse.jagged_tensor_validator").setLevel(logging.ERROR)
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
-    # Planner notes about how a CPU topology was built and dry-run estimates.
-    logging.getLogger("torchrec.distributed.planner.types").setLevel(logging.ERROR)
-    logging.getLogger("torchrec.distributed.planner.storage_reservations").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)
-
-
 def _worker(rank: int, world_size: int, port: int, args, result_path: str | None) -> None:
-    _quiet()
+    dist_launch.quiet()
     dist_launch.init_process_group(rank, world_size, port, args.device, args.threads)
     try:
         summary = train(rank, world_size, args)

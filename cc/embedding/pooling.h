@@ -24,6 +24,11 @@
 // it is not updated. A row is dims[f] elements of T (the table's element
 // type), then the optimizer state in float32 (optimizer.h). Both passes are
 // templates over T; pooled outputs and gradients are float32.
+//
+// The forward may also be given a fill buffer: rows, of T too, of keys that
+// are looked up but stored nowhere (keys the eval misses, keys admission
+// rejects). rows[u] = fill_row_ref(i) (-2 - i) reads fill row i. Such a key
+// is not updated either: the backward skips every negative row.
 #pragma once
 
 #include <cstdint>
@@ -62,13 +67,22 @@ struct PoolArgs {
   const int64_t* bag_offsets = nullptr;  ///< (F * B + 1) bag b = occurrences [o[b], o[b+1])
   const float* weights = nullptr;        ///< (n) or null (all 1)
   float* out = nullptr;                  ///< (B, out_width)
+  const uint8_t* fill = nullptr;         ///< (num_fill, fill_row_bytes) or null: see "Rows"
+  int64_t fill_row_bytes = 0;
 };
 
-/// The embedding occurrence j reads, or nullptr when its key has none.
+/// rows[u] of a key that reads fill row i ("Rows"), and back.
+DEMB_HD int64_t fill_row_ref(int64_t i) { return -2 - i; }
+DEMB_HD int64_t fill_index(int64_t row_ref) { return -2 - row_ref; }
+
+/// The embedding occurrence j reads (in the row space or the fill buffer),
+/// or nullptr when its key has none.
 template <class T>
 DEMB_HD const T* occ_row(const PoolArgs& a, int64_t j) {
   const int64_t r = a.rows[a.inverse[j]];
-  return r < 0 ? nullptr : storage::embedding_at<T>(a.space, r);
+  if (r >= 0) return storage::embedding_at<T>(a.space, r);
+  if (r == -1 || a.fill == nullptr) return nullptr;
+  return reinterpret_cast<const T*>(a.fill + fill_index(r) * a.fill_row_bytes);
 }
 
 DEMB_HD float occ_weight(const float* weights, int64_t j) { return weights ? weights[j] : 1.f; }

@@ -202,7 +202,7 @@ inline embedding::PoolArgs pool_args(const at::Tensor& seg0, const at::Tensor& s
                                      const c10::optional<at::Tensor>& weights,
                                      const at::Tensor& cols, const at::Tensor& dims, int64_t batch,
                                      int64_t out_width, storage::ElementType type,
-                                     at::Tensor& out) {
+                                     const c10::optional<at::Tensor>& fill, at::Tensor& out) {
   check_1d(rows, at::kLong, "rows");
   check_1d(inverse, at::kLong, "inverse");
   check_1d(bag_offsets, at::kLong, "bag_offsets");
@@ -215,14 +215,36 @@ inline embedding::PoolArgs pool_args(const at::Tensor& seg0, const at::Tensor& s
   check_index_range(inverse, 0, rows.numel(), "inverse entry (an index into rows)");
   a.space = row_space(seg0, seg1, "values");
   a.rows = rows.data_ptr<int64_t>();
+  int64_t num_fill = 0;
+  if (fill.has_value()) {
+    const at::ScalarType want = type == storage::ElementType::kFloat16    ? at::kHalf
+                                : type == storage::ElementType::kBFloat16 ? at::kBFloat16
+                                                                          : at::kFloat;
+    TORCH_CHECK_TYPE(fill->scalar_type() == want, "dynamicemb: fill must be ", want,
+                     " (the embedding dtype), got ", fill->scalar_type());
+    TORCH_CHECK_VALUE(fill->dim() == 2 && fill->is_contiguous(),
+                      "dynamicemb: fill must be a contiguous 2-D tensor, got shape ",
+                      fill->sizes());
+    num_fill = fill->size(0);
+    a.fill = static_cast<const uint8_t*>(fill->data_ptr());
+    a.fill_row_bytes = fill->size(1) * fill->element_size();
+  }
   if (rows.device().is_cpu()) {
-    // Each occurrence's row holds its feature's embedding.
+    // Each occurrence's row (or fill row) holds its feature's embedding.
     const int64_t* bo = bag_offsets.data_ptr<int64_t>();
     const int64_t* inv = inverse.data_ptr<int64_t>();
     for (int64_t b = 0; b + 1 < bag_offsets.numel(); ++b) {
-      const int64_t dim = embedding::bag_slot(a.layout, b).dim;
+      const int64_t bytes = embedding::bag_slot(a.layout, b).dim * element_size(type);
       for (int64_t j = bo[b]; j < bo[b + 1]; ++j) {
-        check_row_offset(a.space, a.rows[inv[j]], dim * element_size(type), inv[j], "row");
+        const int64_t r = a.rows[inv[j]];
+        if (r >= -1) {
+          check_row_offset(a.space, r, bytes, inv[j], "row");
+          continue;
+        }
+        TORCH_CHECK_VALUE(embedding::fill_index(r) < num_fill && bytes <= a.fill_row_bytes,
+                          "dynamicemb: row ", r, " at index ", inv[j], " reads fill row ",
+                          embedding::fill_index(r), " of ", bytes, " bytes, but fill has ",
+                          num_fill, " rows of ", a.fill_row_bytes, " bytes");
       }
     }
   }
@@ -271,6 +293,7 @@ inline embedding::UpdateArgs update_args(
       const int64_t dim = embedding::key_dim(a, u);
       const int64_t bytes = storage::state_offset(dim, element_size(type)) +
                             4 * embedding::state_dim(optim.type, dim);
+      if (a.rows[u] < 0) continue;  // no row, or a fill row of the forward: not updated
       check_row_offset(a.space, a.rows[u], bytes, u, "row");
     }
   }
@@ -282,7 +305,7 @@ inline void check_pool_devices(const at::Tensor& seg0, const at::Tensor& seg1,
                                const at::Tensor& rows, const at::Tensor& inverse,
                                const at::Tensor& bag_offsets,
                                const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
-                               const at::Tensor& dims) {
+                               const at::Tensor& dims, const c10::optional<at::Tensor>& fill) {
   check_devices("embedding_pool", {{"rows", &rows},
                                    {"seg0", &seg0},
                                    {"seg1", &seg1},
@@ -293,6 +316,7 @@ inline void check_pool_devices(const at::Tensor& seg0, const at::Tensor& seg1,
   if (weights.has_value()) {
     check_devices("embedding_pool", {{"rows", &rows}, {"weights", &*weights}});
   }
+  if (fill.has_value()) check_devices("embedding_pool", {{"rows", &rows}, {"fill", &*fill}});
 }
 
 /// The tensor arguments of embedding_update, for check_devices (CPU, CUDA, Meta).
@@ -323,8 +347,8 @@ at::Tensor pool_with(const at::Tensor& seg0, const at::Tensor& seg1, const at::T
                      const at::Tensor& inverse, const at::Tensor& bag_offsets,
                      const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
                      const at::Tensor& dims, int64_t batch, int64_t out_width, int64_t type,
-                     const Run& run) {
-  check_pool_devices(seg0, seg1, rows, inverse, bag_offsets, weights, cols, dims);
+                     const c10::optional<at::Tensor>& fill, const Run& run) {
+  check_pool_devices(seg0, seg1, rows, inverse, bag_offsets, weights, cols, dims, fill);
   TORCH_CHECK_VALUE(out_width >= 0, "dynamicemb: out_width must not be negative, got ", out_width);
   TORCH_CHECK_VALUE(batch >= 0, "dynamicemb: batch must not be negative, got ", batch);
   check_1d(cols, at::kLong, "cols");
@@ -339,7 +363,7 @@ at::Tensor pool_with(const at::Tensor& seg0, const at::Tensor& seg1, const at::T
   // Zeros: columns of no feature are zeros too, not whatever memory held.
   at::Tensor out = at::zeros({batch, out_width}, rows.options().dtype(at::kFloat));
   run(pool_args(seg0, seg1, rows, inverse, bag_offsets, weights, cols, dims, batch, out_width, et,
-                out),
+                fill, out),
       bag_offsets.numel() - 1, et);
   return out;
 }

@@ -37,6 +37,7 @@ py::dict table_constants() {
   status["EVICTED"] = static_cast<int>(tb::InsertStatus::kEvicted);
   status["FAILED"] = static_cast<int>(tb::InsertStatus::kFailed);
   status["INVALID"] = static_cast<int>(tb::InsertStatus::kInvalid);
+  status["RELEASED"] = static_cast<int>(tb::InsertStatus::kReleased);
   mode["EVICTING"] = static_cast<int>(tb::TableMode::kEvicting);
   mode["NO_EVICTION"] = static_cast<int>(tb::TableMode::kNoEviction);
   info["SLOT_OFFSET"] = static_cast<int>(tb::kInfoSlotOffset);
@@ -55,6 +56,7 @@ py::dict table_constants() {
   op["INSERT"] = static_cast<int>(tb::RunOp::kInsert);
   op["INSERT_EVICT"] = static_cast<int>(tb::RunOp::kInsertEvict);
   op["ERASE"] = static_cast<int>(tb::RunOp::kErase);
+  op["PLACE"] = static_cast<int>(tb::RunOp::kPlace);
   py::dict init;
   init["NORMAL"] = static_cast<int>(dyn_emb::embedding::InitMode::kNormal);
   init["TRUNCATED_NORMAL"] = static_cast<int>(dyn_emb::embedding::InitMode::kTruncatedNormal);

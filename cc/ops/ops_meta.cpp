@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "cc/ops/counter_args.h"
 #include "cc/ops/embedding_args.h"
 #include "cc/ops/routing_args.h"
 #include "cc/ops/table_args.h"
@@ -44,12 +45,15 @@ run_meta(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
          at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::Tensor& counters,
          at::Tensor& free_rows, at::IntArrayRef policies, const at::Tensor& score_values,
          int64_t op, bool assign_rows, int64_t total_buckets, bool has_rows,
-         const std::optional<at::Tensor>& victim_scores) {
+         const std::optional<at::Tensor>& victim_scores,
+         const std::optional<at::Tensor>& target_slots) {
   check_run_devices(keys, table_ids, table_keys, digests, scores, info, counters, free_rows,
-                    score_values, victim_scores);
+                    score_values, victim_scores, target_slots);
   TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
                    keys.scalar_type());
   check_op(op);
+  TORCH_CHECK_VALUE(op != static_cast<int64_t>(table::RunOp::kPlace) || target_slots.has_value(),
+                    "dynamicemb: place (op 3) needs target_slots");
   const c10::SymInt n = keys.sym_numel();
   const c10::SymInt ns = scores.sym_size(1);
   auto l = keys.options().dtype(at::kLong);
@@ -129,8 +133,8 @@ at::Tensor embedding_pool_meta(const at::Tensor& seg0, const at::Tensor& seg1,
                                const at::Tensor& bag_offsets,
                                const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
                                const at::Tensor& dims, int64_t batch, int64_t out_width,
-                               int64_t element_type) {
-  check_pool_devices(seg0, seg1, rows, inverse, bag_offsets, weights, cols, dims);
+                               int64_t element_type, const c10::optional<at::Tensor>& fill) {
+  check_pool_devices(seg0, seg1, rows, inverse, bag_offsets, weights, cols, dims, fill);
   TORCH_CHECK_VALUE(batch >= 0 && out_width >= 0,
                     "dynamicemb: batch and out_width must not be negative, got ", batch, " and ",
                     out_width);
@@ -149,6 +153,17 @@ void embedding_update_meta(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor&
                        dims);
 }
 
+at::Tensor counter_add_meta(const at::Tensor& keys, const at::Tensor& table_ids,
+                            at::Tensor& table_keys, at::Tensor& digests, at::Tensor& scores,
+                            const at::Tensor& info, at::Tensor& counters,
+                            const at::Tensor& frequencies, int64_t release_at,
+                            int64_t total_buckets) {
+  check_count_devices(keys, table_ids, table_keys, digests, scores, info, counters, frequencies);
+  TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
+                   keys.scalar_type());
+  return at::empty_symint({keys.sym_numel()}, keys.options());
+}
+
 void copy_rows_meta(at::Tensor& dst0, at::Tensor& dst1, const at::Tensor& dst_offsets,
                     const at::Tensor& src0, const at::Tensor& src1, const at::Tensor& src_offsets,
                     const at::Tensor& bytes) {
@@ -160,6 +175,7 @@ void copy_rows_meta(at::Tensor& dst0, at::Tensor& dst1, const at::Tensor& dst_of
 TORCH_LIBRARY_IMPL(dynamicemb, Meta, m) {
   m.impl("table_find", &find_meta);
   m.impl("table_run", &run_meta);
+  m.impl("counter_add", &counter_add_meta);
   m.impl("table_find_gather", &find_gather_meta);
   m.impl("table_export", &export_meta);
   m.impl("table_count", &count_meta);

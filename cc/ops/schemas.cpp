@@ -35,8 +35,9 @@ TORCH_LIBRARY(dynamicemb, m) {
       "Tensor(a!) scores, Tensor info, int[] policies, Tensor score_values, bool update, "
       "Tensor values) -> (Tensor, Tensor)");
 
-  // insert (op 0), insert_and_evict (op 1) or erase (op 2), processed as if one
-  // key after another in batch order (see cc/table/operations.h).
+  // insert (op 0), insert_and_evict (op 1), erase (op 2) or place (op 3),
+  // processed as if one key after another in batch order (see
+  // cc/table/operations.h).
   // Args:
   //   counters: (num_tables, kCounterCols) int64, updated on the device.
   //   free_rows: NO_EVICTION free-row stacks (may be empty when no table is).
@@ -50,15 +51,36 @@ TORCH_LIBRARY(dynamicemb, m) {
   //     custom eviction score per slot ranking insert_and_evict's victims
   //     before the score words (lowest first, NaN first). Only the slots of
   //     the buckets the batch touches are read (see table_home_starts).
+  //   target_slots: place only, (n) int64: the slot each key is to occupy, in
+  //     its home bucket (the CPU kernel refuses any other; CUDA marks the entry
+  //     INVALID).
   // Result:
   //   slots (n) int64, status (n) int8 InsertStatus (erase: 0 removed, 3 absent),
   //   evicted keys (n), scores (n, num_scores), slots (n), table ids (n), the
-  //   first num_evicted[0] entries valid, in (bucket, index) order.
+  //   first num_evicted[0] entries valid, in (bucket, index) order (place:
+  //   the keys it displaced).
   m.def(
       "table_run(Tensor keys, Tensor table_ids, Tensor(a!) table_keys, Tensor(b!) digests, "
       "Tensor(c!) scores, Tensor info, Tensor(d!) counters, Tensor(e!) free_rows, int[] policies, "
       "Tensor score_values, int op, bool assign_rows, int total_buckets, bool has_rows, "
-      "Tensor? victim_scores=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? victim_scores=None, Tensor? target_slots=None) -> (Tensor, Tensor, Tensor, Tensor, "
+      "Tensor, Tensor, Tensor)");
+
+  // The admission counter's add (cc/admission/counter.h): insert_and_evict of
+  // the keys into a counter table (one score word, the count) adding
+  // `frequencies` to their counts; a key whose count reaches `release_at`
+  // leaves (a stored key is erased, an absent one is not stored).
+  // Args:
+  //   keys, table_ids, frequencies: (n) int64 (frequencies >= 0).
+  //   table_keys, digests, scores, info, counters: the counter's table.
+  //   release_at: the count at which a key leaves; INT64_MAX: none does.
+  //   total_buckets: buckets of all the counter's tables.
+  // Result:
+  //   (n) int64, the count each key reached (0 for an invalid entry on CUDA).
+  m.def(
+      "counter_add(Tensor keys, Tensor table_ids, Tensor(a!) table_keys, Tensor(b!) digests, "
+      "Tensor(c!) scores, Tensor info, Tensor(d!) counters, Tensor frequencies, int release_at, "
+      "int total_buckets) -> Tensor");
 
   // First slot of each entry's home bucket (its bucket spans the table's
   // bucket capacity from there), -1 for a reserved key or a table id out of
@@ -137,20 +159,22 @@ TORCH_LIBRARY(dynamicemb, m) {
   //   occurrence; bag_offsets: (F * batch + 1); weights: (n) float32 or None;
   //   cols, dims: (F) first output column and dim of each feature;
   //   element_type: the embeddings' storage::ElementType (0 float32, 1
-  //   float16, 2 bfloat16).
+  //   float16, 2 bfloat16); fill: (m, width) rows of that type, or None, of
+  //   keys stored nowhere: rows[u] = -2 - i reads fill row i.
   // Result:
   //   (batch, out_width) float32.
   m.def(
       "embedding_pool(Tensor seg0, Tensor seg1, Tensor rows, Tensor inverse, Tensor bag_offsets, "
-      "Tensor? weights, Tensor cols, Tensor dims, int batch, int out_width, int element_type) -> "
-      "Tensor");
+      "Tensor? weights, Tensor cols, Tensor dims, int batch, int out_width, int element_type, "
+      "Tensor? fill=None) -> Tensor");
 
   // embedding_pool's backward: reduces each distinct key's gradient from
   // grad_out and updates its row in place with the optimizer, in float32
   // (cc/embedding/pooling.h, optimizer.h).
   // Args:
   //   seg0, seg1: the row space, updated in place; grad_out: (batch,
-  //   out_width); rows: (U) byte offsets; occ_offsets (U + 1), occ_order (n):
+  //   out_width); rows: (U) byte offsets, a negative one (no row, or a fill
+  //   row of embedding_pool) not updated; occ_offsets (U + 1), occ_order (n):
   //   each key's occurrences; occ_bag (n): the bag of each occurrence;
   //   weights, cols, dims, element_type as embedding_pool; the optimizer's
   //   type and hyper-parameters as optimizer_step.

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "cc/ops/tensor_checks.h"
+#include "cc/table/hash.h"
 #include "cc/table/layout.h"
 #include "cc/table/rows.h"
 #include "cc/table/table_ref.h"
@@ -46,11 +47,15 @@ inline void check_run_devices(const at::Tensor& keys, const at::Tensor& table_id
                               const at::Tensor& scores, const at::Tensor& info,
                               const at::Tensor& counters, const at::Tensor& free_rows,
                               const at::Tensor& score_values,
-                              const std::optional<at::Tensor>& victim_scores) {
+                              const std::optional<at::Tensor>& victim_scores,
+                              const std::optional<at::Tensor>& target_slots) {
   check_find_devices("table_run", keys, table_ids, table_keys, digests, scores, info, score_values);
   check_devices("table_run", {{"keys", &keys}, {"counters", &counters}, {"free_rows", &free_rows}});
   if (victim_scores.has_value()) {
     check_devices("table_run", {{"keys", &keys}, {"victim_scores", &*victim_scores}});
+  }
+  if (target_slots.has_value()) {
+    check_devices("table_run", {{"keys", &keys}, {"target_slots", &*target_slots}});
   }
 }
 
@@ -158,16 +163,24 @@ inline table::TableRef keys_ref(const at::Tensor& keys, const at::Tensor& info,
   return t;
 }
 
-inline void check_counters(const at::Tensor& counters, const at::Tensor& free_rows,
-                           const at::Tensor& info, const at::Tensor& table_keys) {
+/// The table's counters: (num_tables, kCounterCols) int64 on its device.
+inline void check_counter_cols(const at::Tensor& counters, const at::Tensor& info,
+                               const at::Tensor& table_keys) {
   TORCH_CHECK(counters.scalar_type() == at::kLong && counters.dim() == 2 &&
                   counters.size(0) == info.size(0) && counters.size(1) == kCounterCols &&
                   counters.is_contiguous(),
               "dynamicemb: counters must be a contiguous int64 (tables of info = ", info.size(0),
               ", ", kCounterCols, ") tensor, got ", counters.scalar_type(), " ", counters.sizes());
+  TORCH_CHECK(counters.device() == table_keys.device(),
+              "dynamicemb: counters must be on the table's device");
+}
+
+inline void check_counters(const at::Tensor& counters, const at::Tensor& free_rows,
+                           const at::Tensor& info, const at::Tensor& table_keys) {
+  check_counter_cols(counters, info, table_keys);
   check_1d(free_rows, at::kLong, "free_rows");
-  TORCH_CHECK(counters.device() == table_keys.device() && free_rows.device() == table_keys.device(),
-              "dynamicemb: counters and free_rows must be on the table's device");
+  TORCH_CHECK(free_rows.device() == table_keys.device(),
+              "dynamicemb: free_rows must be on the table's device");
 }
 
 /// Checks run's optional victim scores: (num_slots) float64 on the table's device.
@@ -185,8 +198,23 @@ inline void check_victim_scores(const std::optional<at::Tensor>& v, const at::Te
 
 inline void check_op(int64_t op) {
   TORCH_CHECK_VALUE(
-      op >= 0 && op <= static_cast<int64_t>(table::RunOp::kErase),
-      "dynamicemb: run op must be 0 (insert), 1 (insert_and_evict) or 2 (erase), got ", op);
+      op >= 0 && op <= static_cast<int64_t>(table::RunOp::kPlace),
+      "dynamicemb: run op must be 0 (insert), 1 (insert_and_evict), 2 (erase) or 3 (place), got ",
+      op);
+}
+
+/// Checks run's optional target slots: required by place (and only read by
+/// it), (n) int64 (the device: check_run_devices).
+inline void check_targets(const std::optional<at::Tensor>& targets, int64_t op,
+                          const at::Tensor& keys) {
+  if (op != static_cast<int64_t>(table::RunOp::kPlace)) return;
+  TORCH_CHECK_VALUE(targets.has_value(), "dynamicemb: place (op 3) needs target_slots");
+  TORCH_CHECK_TYPE(targets->scalar_type() == at::kLong,
+                   "dynamicemb: target_slots must be int64, got ", targets->scalar_type());
+  TORCH_CHECK_VALUE(
+      targets->dim() == 1 && targets->numel() == keys.numel() && targets->is_contiguous(),
+      "dynamicemb: target_slots must be a contiguous (", keys.numel(),
+      ") tensor, one per key, got shape ", targets->sizes());
 }
 
 /// Outputs of table_run, allocated like `keys`.
@@ -291,6 +319,20 @@ inline void check_counter_values_cpu(const table::TableRef& t) {
     default:
       TORCH_CHECK_VALUE(false, "dynamicemb: counters: a cumulative counter of table ", bad,
                         " is negative");
+  }
+}
+
+/// CPU tensors: refuses reserved keys and table ids out of range, naming the
+/// first one.
+inline void check_key_values(const at::Tensor& keys, const at::Tensor& table_ids,
+                             int64_t num_tables) {
+  const int64_t* k = keys.data_ptr<int64_t>();
+  const int64_t* t = table_ids.data_ptr<int64_t>();
+  for (int64_t i = 0; i < keys.numel(); ++i) {
+    TORCH_CHECK_VALUE(!table::is_reserved_key(k[i]), "dynamicemb: key ", k[i], " at index ", i,
+                      " is reserved (keys below ", table::kFirstValidKey, " mark slot states)");
+    TORCH_CHECK_VALUE(t[i] >= 0 && t[i] < num_tables, "dynamicemb: table id ", t[i], " at index ",
+                      i, " is out of range [0, ", num_tables, ")");
   }
 }
 

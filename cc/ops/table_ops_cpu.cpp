@@ -12,6 +12,7 @@
 #include "cc/ops/table_args.h"
 #include "cc/ops/tensor_checks.h"
 #include "cc/table/hash.h"
+#include "cc/table/layout.h"
 #include "cc/table/table_cpu.h"
 
 namespace dyn_emb {
@@ -19,18 +20,6 @@ namespace ops {
 namespace {
 
 using table::TableMode;
-
-/// Refuses reserved keys and table ids out of range, naming the first one.
-void check_key_values(const at::Tensor& keys, const at::Tensor& table_ids, int64_t num_tables) {
-  const int64_t* k = keys.data_ptr<int64_t>();
-  const int64_t* t = table_ids.data_ptr<int64_t>();
-  for (int64_t i = 0; i < keys.numel(); ++i) {
-    TORCH_CHECK_VALUE(!table::is_reserved_key(k[i]), "dynamicemb: key ", k[i], " at index ", i,
-                      " is reserved (keys below ", table::kFirstValidKey, " mark slot states)");
-    TORCH_CHECK_VALUE(t[i] >= 0 && t[i] < num_tables, "dynamicemb: table id ", t[i], " at index ",
-                      i, " is out of range [0, ", num_tables, ")");
-  }
-}
 
 /// assign_rows: the row of every new key of a NO_EVICTION table (the first
 /// occurrence of a key that is not in the table; resident keys keep their
@@ -145,14 +134,16 @@ run_cpu(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_k
         at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::Tensor& counters,
         at::Tensor& free_rows, at::IntArrayRef policies, const at::Tensor& score_values, int64_t op,
         bool assign_rows, int64_t total_buckets, bool has_rows,
-        const std::optional<at::Tensor>& victim_scores) {
+        const std::optional<at::Tensor>& victim_scores,
+        const std::optional<at::Tensor>& target_slots) {
   check_run_devices(keys, table_ids, table_keys, digests, scores, info, counters, free_rows,
-                    score_values, victim_scores);
+                    score_values, victim_scores, target_slots);
   check_state(table_keys, digests, scores, info);
   check_batch(keys, table_ids, table_keys);
   check_counters(counters, free_rows, info, table_keys);
   check_op(op);
   check_victim_scores(victim_scores, table_keys);
+  check_targets(target_slots, op, keys);
   check_cpu(keys);
   const int64_t n = keys.numel();
   check_scores(policies, score_values, n, scores.size(1), table_keys);
@@ -166,9 +157,28 @@ run_cpu(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_k
     check_counter_values_cpu(lt);
   }
   check_key_values(keys, table_ids, info.size(0));
-  if (assign_rows && op != static_cast<int64_t>(table::RunOp::kErase)) {
+  const bool place = op == static_cast<int64_t>(table::RunOp::kPlace);
+  if (assign_rows && (op == static_cast<int64_t>(table::RunOp::kInsert) ||
+                      op == static_cast<int64_t>(table::RunOp::kInsertEvict))) {
     check_assigned_rows(table_ref(table_keys, digests, scores, info, &counters, &free_rows), keys,
                         table_ids, score_values);
+  }
+  if (place) {
+    const table::TableRef lt = table_ref(table_keys, digests, scores, info, &counters, &free_rows);
+    const int64_t* k = keys.data_ptr<int64_t>();
+    const int64_t* tid = table_ids.data_ptr<int64_t>();
+    const int64_t* target = target_slots->data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      const table::Home h = table::home_of(lt, tid[i], k[i]);
+      TORCH_CHECK_VALUE(target[i] >= h.start && target[i] < h.start + h.width,
+                        "dynamicemb: place: slot ", target[i], " of key ", k[i], " at index ", i,
+                        " is not in its home bucket (slots ", h.start, "..", h.start + h.width - 1,
+                        " of table ", tid[i], ")");
+      const bool no_evict = info.data_ptr<int64_t>()[tid[i] * kInfoCols + table::kInfoMode] ==
+                            static_cast<int64_t>(TableMode::kNoEviction);
+      TORCH_CHECK_VALUE(!no_evict || assign_rows, "dynamicemb: place into NO_EVICTION table ",
+                        tid[i], " needs assign_rows (the row of each key)");
+    }
   }
   RunOutputs out = alloc_run_outputs(keys, scores.size(1));
   at::Tensor order = at::empty({n}, keys.options().dtype(at::kInt));
@@ -193,6 +203,7 @@ run_cpu(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_k
   r.ev_flags = flags.data_ptr<uint8_t>();
   r.row_work = has_rows ? row_work.data_ptr<int64_t>() : nullptr;
   r.victim_scores = victim_scores.has_value() ? victim_scores->data_ptr<double>() : nullptr;
+  r.targets = place ? target_slots->data_ptr<int64_t>() : nullptr;
   const int64_t evicted = table::cpu::run_op(t, r, n, total_buckets, scratch.data_ptr<int64_t>());
   out.num_evicted.fill_(evicted);
   return out.tuple();

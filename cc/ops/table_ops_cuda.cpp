@@ -9,8 +9,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include <vector>
-
+#include "cc/ops/cuda_scratch.h"
 #include "cc/ops/table_args.h"
 #include "cc/ops/tensor_checks.h"
 #include "cc/table/table_cuda.h"
@@ -18,21 +17,6 @@
 namespace dyn_emb {
 namespace ops {
 namespace {
-
-/// Scratch from the caching allocator, kept alive until the op returns
-/// (stream-ordered reuse makes that safe).
-class TorchScratch : public table::cuda::ScratchAllocator {
- public:
-  explicit TorchScratch(const at::Tensor& like) : opts_(like.options().dtype(at::kByte)) {}
-  void* allocate(size_t bytes) override {
-    buffers_.push_back(at::empty({static_cast<int64_t>(bytes < 1 ? 1 : bytes)}, opts_));
-    return buffers_.back().data_ptr();
-  }
-
- private:
-  at::TensorOptions opts_;
-  std::vector<at::Tensor> buffers_;
-};
 
 at::Tensor find_cuda(const at::Tensor& keys, const at::Tensor& table_ids,
                      const at::Tensor& table_keys, const at::Tensor& digests, at::Tensor& scores,
@@ -84,14 +68,16 @@ run_cuda(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
          at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::Tensor& counters,
          at::Tensor& free_rows, at::IntArrayRef policies, const at::Tensor& score_values,
          int64_t op, bool assign_rows, int64_t total_buckets, bool has_rows,
-         const std::optional<at::Tensor>& victim_scores) {
+         const std::optional<at::Tensor>& victim_scores,
+         const std::optional<at::Tensor>& target_slots) {
   check_run_devices(keys, table_ids, table_keys, digests, scores, info, counters, free_rows,
-                    score_values, victim_scores);
+                    score_values, victim_scores, target_slots);
   check_state(table_keys, digests, scores, info);
   check_batch(keys, table_ids, table_keys);
   check_counters(counters, free_rows, info, table_keys);
   check_op(op);
   check_victim_scores(victim_scores, table_keys);
+  check_targets(target_slots, op, keys);
   const int64_t n = keys.numel();
   check_scores(policies, score_values, n, scores.size(1), table_keys);
   TORCH_CHECK(total_buckets >= 1, "dynamicemb: total_buckets must be positive, got ",
@@ -115,6 +101,8 @@ run_cuda(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
   r.ev_slots = out.ev_slots.data_ptr<int64_t>();
   r.ev_tables = out.ev_tables.data_ptr<int64_t>();
   r.victim_scores = victim_scores.has_value() ? victim_scores->data_ptr<double>() : nullptr;
+  r.targets = op == static_cast<int64_t>(table::RunOp::kPlace) ? target_slots->data_ptr<int64_t>()
+                                                               : nullptr;
   table::cuda::run_op(t, r, n, total_buckets, has_rows, out.num_evicted.data_ptr<int64_t>(),
                       scratch, c10::cuda::getCurrentCUDAStream().stream());
   return out.tuple();

@@ -2,24 +2,50 @@
 //
 // The scored hash table, one semantic definition for the CPU and CUDA backends
 // (host-device inline code, no torch): find for one key, and
-// insert, insert_and_evict and erase for a run of keys sharing a bucket.
+// insert, insert_and_evict, erase and place for a run of keys sharing a bucket.
 //
 // # Bulk operations are sequential per bucket
 //
-// insert, insert_and_evict and erase sort the batch by (global bucket, index)
-// and process each run of keys sharing a bucket, one run at a time per thread.
-// Buckets are independent, so the result is that of processing the whole
-// batch one key after another in this order, whatever the thread count or
-// device: the CPU and CUDA backends give identical slots, statuses, evictions
-// and rows. The order (insert, insert_and_evict): first every occurrence of a
-// key that is in the table when the call starts, then the other keys, each
-// group in batch order; erase: batch order. Within one batch:
+// insert, insert_and_evict, erase and place sort the batch by (global bucket,
+// index) and process each run of keys sharing a bucket, one run at a time per
+// thread. Buckets are independent, so the result is that of processing the
+// whole batch one key after another in this order, whatever the thread count
+// or device: the CPU and CUDA backends give identical slots, statuses,
+// evictions and rows. The order (insert, insert_and_evict): first every
+// occurrence of a key that is in the table when the call starts, then the
+// other keys, each group in batch order; erase and place: batch order. Within
+// one batch:
 //   - a key of the batch that is in the table is found: it keeps its slot, and
-//     with it its trained row, and is never evicted by a new key of the batch;
+//     with it its trained row, and is never evicted by a new key of the batch
+//     (it may leave by release, below);
 //   - a repeated new key finds the slot its first occurrence took (kFound);
 //   - a slot the batch has found or filled is never a victim, so every slot
 //     handed back stays valid for the rest of the step; a key whose bucket
 //     holds only such slots is reported kFailed and counted, never dropped.
+//
+// # Release
+//
+// insert and insert_and_evict may be given `release_at` (RunArgs): a key of an
+// evicting table whose score word 0, once the policies are applied, reaches
+// it leaves the table instead of staying. A stored key is erased (its slot is
+// free for the keys after it in the run); a new key is not stored and evicts
+// nothing. Either is reported kReleased with slot -1; `scores_out` receives
+// the word each key reached. A later occurrence of a released key in the
+// batch is a new key (taken with the new keys, from its initial score). This
+// is the admission counter's rule (cc/admission/counter.h): counts accumulate
+// (kAccumulate) and a key leaves the moment its count reaches the admission
+// threshold.
+//
+// # Place (replay)
+//
+// place writes each key at a slot the caller names (where the key sits in
+// another table of the same layout): the slot must lie in the key's home
+// bucket, else the entry is kInvalid and changes nothing. A copy of the key
+// elsewhere in the bucket is removed; a different key in the slot is
+// displaced and reported like an evicted one (kEvicted); an empty slot gives
+// kInserted, the key already there kFound. The score words are set by the
+// policies as for a new key (kAssign: the given values); under NO_EVICTION
+// place needs assign_rows, and the row allocator is not consulted.
 #pragma once
 
 #include <cstdint>
@@ -69,6 +95,41 @@ DEMB_HD bool assigned_row_valid(const ScoreArgs& a, int64_t index, int32_t num_s
 DEMB_HD int64_t home_start_of(const TableRef& t, int64_t key, int64_t table) {
   if (!valid_input(t, key, table)) return -1;
   return home_of(t, table, key).start;
+}
+
+/// Frees a slot: no key, the empty digest, zero score words.
+DEMB_HD void clear_slot(const TableRef& t, int64_t slot) {
+  t.keys[slot] = kEmptyKey;
+  t.digests[slot] = empty_digest();
+  for (int32_t c = 0; c < t.num_scores; ++c) t.scores[slot * t.num_scores + c] = 0;
+}
+
+/// Whether score word 0 `word` makes a key leave the table ("Release").
+DEMB_HD bool released(const RunArgs& r, int64_t word) {
+  return r.release_at != kNoRelease && word >= r.release_at;
+}
+
+/// A resident key of an evicting table, entry `i` of a run: applies the
+/// policies to its score words and records word 0 in scores_out; frees the
+/// slot instead when word 0 reaches release_at. Only the leader writes.
+/// Returns whether the key was released.
+DEMB_HD bool update_or_release(const TableRef& t, const RunArgs& r, int32_t i, int64_t slot,
+                               bool lead) {
+  const int32_t ns = t.num_scores;
+  int64_t* s = t.scores + slot * ns;
+  int64_t next[kMaxScores] = {};
+  for (int32_t c = 0; c < ns; ++c) next[c] = s[c];
+  update_score(r.score, i, ns, next, /*atomic=*/false);
+  const bool release = released(r, next[0]);
+  if (lead) {
+    if (r.scores_out) r.scores_out[i] = next[0];
+    if (release) {
+      clear_slot(t, slot);
+    } else {
+      for (int32_t c = 0; c < ns; ++c) s[c] = next[c];
+    }
+  }
+  return release;
 }
 
 /// Counter changes of one run, added to the table's counters by the caller.
@@ -184,6 +245,54 @@ DEMB_HD int64_t resident_slot(const TableRef& t, int64_t key, int64_t table) {
   return valid_input(t, key, table) ? find_slot(t, table, key) : -1;
 }
 
+/// place for the key at batch index i (sorted position p), whose home bucket
+/// is h and which sits at position `pos` of it (-1: absent): see "Place"
+/// above. Returns `d` with the key's counter changes added. Run by the
+/// writing thread only.
+DEMB_HD RunDeltas place_key(const TableRef& t, const RunArgs& r, const Home& h, int32_t i,
+                            int64_t p, int64_t key, uint8_t digest, int64_t pos, bool no_evict,
+                            RunDeltas d) {
+  const int32_t ns = t.num_scores;
+  const int64_t slot = r.targets[i];
+  const int64_t table = r.table_ids[i];
+  const int64_t* inf = t.info + table * kInfoCols;
+  if (slot < h.start || slot >= h.start + h.width ||
+      (no_evict && (!r.assign_rows || !assigned_row_valid(r.score, i, ns, inf)))) {
+    r.slots[i] = -1;
+    r.status[i] = static_cast<int8_t>(InsertStatus::kInvalid);
+    return d;
+  }
+  if (pos >= 0 && h.start + pos != slot) {  // the key moves within its bucket
+    clear_slot(t, h.start + pos);
+    --d.size;
+  }
+  const int64_t occupant = t.keys[slot];
+  InsertStatus st = InsertStatus::kFound;
+  if (occupant == kEmptyKey) {
+    st = InsertStatus::kInserted;
+    ++d.size;
+    ++d.inserts;
+  } else if (occupant != key) {
+    st = InsertStatus::kEvicted;
+    r.ev_keys[p] = occupant;
+    for (int32_t c = 0; c < ns; ++c) r.ev_scores[p * ns + c] = t.scores[slot * ns + c];
+    r.ev_slots[p] = slot;
+    r.ev_tables[p] = table;
+    r.ev_flags[p] = 1;
+    ++d.evictions;
+    ++d.inserts;
+  }
+  t.keys[slot] = key;
+  t.digests[slot] = digest;
+  for (int32_t c = 0; c < ns; ++c) {
+    t.scores[slot * ns + c] =
+        no_evict ? (c == 0 ? score_input(r.score, i, ns, 0) : 0) : initial_score(r.score, i, ns, c);
+  }
+  r.slots[i] = slot;
+  r.status[i] = static_cast<int8_t>(st);
+  return d;
+}
+
 // ------------------------------------------------------------------- runs --
 //
 // run_keys processes the keys at sorted positions [begin, end) of a run (one
@@ -233,34 +342,59 @@ DEMB_HD RunDeltas run_keys(const TableRef& t, const RunArgs& r, int64_t begin, i
     r.status[i] = static_cast<int8_t>(st);
   };
 
-  // 1. Keys in the table when the call starts.
-  int64_t num_new = 0;
+  // Place: each key in batch order, probed when its turn comes.
+  if (r.op == RunOp::kPlace) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int32_t i = r.order[p];
+      const int64_t key = r.keys[i];
+      const uint8_t digest = digest_of_hash(bucket_hash(static_cast<uint64_t>(key)));
+      const int64_t pos = pr.find(t, h, key, digest, 0);
+      if (lead) {
+        if (r.row_work) r.row_work[i] = -1;
+        d = place_key(t, r, h, i, p, key, digest, pos, no_evict, d);
+      }
+      pr.sync();
+    }
+    return d;
+  }
+
+  // 1. Keys in the table when the call starts (the leader decides and
+  // writes; the other lanes learn the outcome from slots and status).
   for (int64_t p = begin; p < end; ++p) {
     const int32_t i = r.order[p];
     const int64_t slot = r.slots[i];
-    if (lead && r.row_work) r.row_work[i] = -1;
-    if (r.op == RunOp::kErase) {
-      // A repeat finds the slot emptied by its first occurrence.
-      if (slot < 0 || t.keys[slot] != r.keys[i]) {
-        result(i, -1, InsertStatus::kFailed);
-      } else {
-        if (lead) {
+    if (lead) {
+      if (r.row_work) r.row_work[i] = -1;
+      if (r.op == RunOp::kErase) {
+        // A repeat finds the slot emptied by its first occurrence.
+        if (slot < 0 || t.keys[slot] != r.keys[i]) {
+          result(i, -1, InsertStatus::kFailed);
+        } else {
           if (no_evict && r.row_work) r.row_work[i] = t.scores[slot * ns];
-          t.keys[slot] = kEmptyKey;
-          t.digests[slot] = empty_dg;
-          for (int32_t c = 0; c < ns; ++c) t.scores[slot * ns + c] = 0;
+          clear_slot(t, slot);
+          result(i, slot, InsertStatus::kFound);
+          --d.size;
         }
-        result(i, slot, InsertStatus::kFound);
-        --d.size;
+      } else if (slot >= 0 && t.keys[slot] == r.keys[i]) {
+        if (!no_evict && update_or_release(t, r, i, slot, lead)) {
+          result(i, -1, InsertStatus::kReleased);
+          --d.size;
+        } else {
+          result(i, slot, InsertStatus::kFound);
+        }
+      } else {  // new, or a repeat of a key released above: taken in 2
+        result(i, -1, InsertStatus::kInserted);
       }
-    } else if (slot >= 0) {
-      if (lead && !no_evict) update_score(r.score, i, ns, t.scores + slot * ns, /*atomic=*/false);
-      result(i, slot, InsertStatus::kFound);
-    } else {
-      ++num_new;
     }
     pr.sync();
   }
+  if (r.op == RunOp::kErase) return d;
+  // An entry is new when 1 left it at slot -1 without releasing it.
+  const auto is_new = [&](int32_t i) {
+    return r.slots[i] < 0 && r.status[i] != static_cast<int8_t>(InsertStatus::kReleased);
+  };
+  int64_t num_new = 0;
+  for (int64_t p = begin; p < end; ++p) num_new += is_new(r.order[p]) ? 1 : 0;
   if (num_new == 0) return d;
 
   // Repeats among the new keys: ev_tables[p] = the previous position of p's
@@ -271,7 +405,7 @@ DEMB_HD RunDeltas run_keys(const TableRef& t, const RunArgs& r, int64_t begin, i
     if (lead) {
       int64_t k = 0;
       for (int64_t p = begin; p < end; ++p) {
-        if (r.slots[r.order[p]] < 0) sorted[k++] = p;
+        if (is_new(r.order[p])) sorted[k++] = p;
       }
       const auto by_key = [&](int64_t a, int64_t b) {
         const int64_t ka = r.keys[r.order[a]], kb = r.keys[r.order[b]];
@@ -294,15 +428,25 @@ DEMB_HD RunDeltas run_keys(const TableRef& t, const RunArgs& r, int64_t begin, i
   int64_t taken = 0;         // victims taken
   for (int64_t p = begin; p < end; ++p) {
     const int32_t i = r.order[p];
-    if (r.slots[i] >= 0) continue;  // found in 1
+    if (!is_new(i)) continue;  // found or released in 1
     if (num_new > 1 && prev[p] >= 0) {
       const int64_t slot = r.slots[r.order[prev[p]]];
       if (slot >= 0) {  // placed by an earlier occurrence
-        if (lead && !no_evict) {
-          update_score(r.score, i, ns, t.scores + slot * ns, /*atomic=*/false);
+        if (lead) {
+          if (!no_evict && update_or_release(t, r, i, slot, lead)) {
+            result(i, -1, InsertStatus::kReleased);
+            --d.size;
+          } else {
+            result(i, slot, InsertStatus::kFound);
+          }
         }
-        result(i, slot, InsertStatus::kFound);
         pr.sync();
+        if (r.status[i] == static_cast<int8_t>(InsertStatus::kReleased)) {
+          // The slot is empty again: the next new key may take it.
+          const int64_t pos = slot - h.start;
+          cursor = pos - pos % 8 < cursor ? pos - pos % 8 : cursor;
+          full = false;
+        }
         continue;
       }
     }
@@ -310,6 +454,15 @@ DEMB_HD RunDeltas run_keys(const TableRef& t, const RunArgs& r, int64_t begin, i
       result(i, -1, InsertStatus::kInvalid);
       pr.sync();
       continue;
+    }
+    if (!no_evict) {  // a new key whose first score word reaches release_at stays out
+      const int64_t word = initial_score(r.score, i, ns, 0);
+      if (lead && r.scores_out) r.scores_out[i] = word;
+      if (released(r, word)) {
+        result(i, -1, InsertStatus::kReleased);
+        pr.sync();
+        continue;
+      }
     }
     const int64_t key = r.keys[i];
     int64_t target = full ? -1 : pr.find(t, h, kEmptyKey, empty_dg, cursor);

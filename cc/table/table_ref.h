@@ -41,7 +41,7 @@ struct ScoreArgs {
 };
 
 /// Inputs and outputs of the run-wise operations (insert, insert_and_evict,
-/// erase). Arrays marked "by index" follow the caller's batch order; arrays
+/// erase, place). Arrays marked "by index" follow the caller's batch order; arrays
 /// marked "by position" follow the sorted order `order`.
 struct RunArgs {
   const int64_t* keys = nullptr;       ///< (n) by index
@@ -50,6 +50,7 @@ struct RunArgs {
   ScoreArgs score;
   RunOp op = RunOp::kInsert;
   bool assign_rows = false;  ///< NO_EVICTION: score column 0 gives the row, not the allocator
+  const int64_t* targets = nullptr;  ///< (n) by index: kPlace's slot of each key
 
   int64_t* slots = nullptr;      ///< (n) by index: slot or -1
   int8_t* status = nullptr;      ///< (n) by index: InsertStatus
@@ -63,6 +64,13 @@ struct RunArgs {
   /// victims before the score words (see scores.h). Read only
   /// for the untouched slots of full buckets.
   const double* victim_scores = nullptr;
+  /// insert / insert_and_evict of evicting tables: a key whose score word 0
+  /// reaches this leaves the table (see operations.h, "Release").
+  int64_t release_at = kNoRelease;
+  /// (n) by index, or null: the score word 0 each key of an evicting table
+  /// reached (also where it was released or not stored); other entries are
+  /// left as they are.
+  int64_t* scores_out = nullptr;
 };
 
 }  // namespace table

@@ -43,7 +43,11 @@ enum class InsertStatus : int8_t {
   kEvicted = 2,   ///< new key, placed in the slot of an evicted key
   kFailed = 3,    ///< not placed: bucket full and nothing may be evicted
   kInvalid = 4,   ///< reserved key or table id out of range (unchecked calls)
+  kReleased = 5,  ///< score word 0 reached RunArgs::release_at: not stored (see operations.h)
 };
+
+/// RunArgs::release_at of a call that releases nothing.
+constexpr int64_t kNoRelease = INT64_MAX;
 
 /// Per-table storage mode.
 enum class TableMode : int64_t {
@@ -81,6 +85,7 @@ enum class RunOp : int32_t {
   kInsert = 0,       ///< find or insert; a full bucket fails
   kInsertEvict = 1,  ///< find or insert; a full bucket evicts its minimum
   kErase = 2,        ///< remove
+  kPlace = 3,        ///< put each key at a given slot of its home bucket (replay)
 };
 
 }  // namespace table

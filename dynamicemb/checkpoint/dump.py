@@ -124,6 +124,7 @@ def table_meta(ref: TableRef, optim: bool, world: int, shards: list[Shard]) -> T
         num_embeddings=ref.num_embeddings,
         world_size=world,
         shards=sorted(shards, key=lambda s: s.rank),
+        delta_sequence=module.delta_sequence[t],
     )
 
 

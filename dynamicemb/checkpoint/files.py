@@ -135,14 +135,17 @@ def _siblings(path: str, tag: str) -> list[str]:
     return [os.path.join(parent, n) for n in sorted(os.listdir(parent)) if n.startswith(base + tag)]
 
 
-def read_manifest(folder: str) -> dict[str, Any]:
-    where = os.path.join(folder, MANIFEST)
+def read_manifest(folder: str, manifest: str = MANIFEST, **fmt) -> dict[str, Any]:
+    """The checked body of ``folder``'s manifest (a checkpoint's, unless
+    ``manifest`` and ``fmt``, ``decode_manifest``'s format and version, say
+    otherwise)."""
+    where = os.path.join(folder, manifest)
     try:
         with open(where, "rb") as f:
             data = f.read()
     except FileNotFoundError:
         raise CheckpointError(f"{where} does not exist") from None
-    return decode_manifest(data, where)
+    return decode_manifest(data, where, **fmt)
 
 
 def _complete(folder: str) -> dict[str, Any] | None:
@@ -210,9 +213,11 @@ def make_tmp(path: str) -> str:
     return tmp
 
 
-def write_manifest(tmp: str, body: dict[str, Any]) -> None:
+def write_manifest(tmp: str, body: dict[str, Any], manifest: str = MANIFEST) -> None:
+    """Writes the manifest (``manifest``, a checkpoint's by default) into
+    ``tmp`` and fsyncs it and the folder: the last write before publishing."""
     body = dict(body, created_unix_ns=time.time_ns())
-    name = os.path.join(tmp, MANIFEST)
+    name = os.path.join(tmp, manifest)
     with open(name, "wb") as f:
         f.write(encode_manifest(body))
         f.flush()

@@ -120,7 +120,11 @@ def encode_manifest(body: dict[str, Any]) -> bytes:
     return json.dumps(out, indent=1, sort_keys=True).encode()
 
 
-def decode_manifest(data: bytes, where: str) -> dict[str, Any]:
+def decode_manifest(
+    data: bytes, where: str, fmt: str = FORMAT_NAME, version: int = FORMAT_VERSION
+) -> dict[str, Any]:
+    """The body of a manifest (``encode_manifest``), checked: its checksum,
+    its ``format`` and ``version`` (those of a checkpoint unless given)."""
     try:
         body = json.loads(data)
         checksum = body.pop("checksum")
@@ -128,10 +132,10 @@ def decode_manifest(data: bytes, where: str) -> dict[str, Any]:
         raise CheckpointError(f"{where}: manifest is not valid ({e})") from None
     if zlib.crc32(_canonical(body)) != checksum:
         raise CheckpointError(f"{where}: manifest checksum mismatch (the file is corrupted)")
-    if body.get("format") != FORMAT_NAME or body.get("version") != FORMAT_VERSION:
+    if body.get("format") != fmt or body.get("version") != version:
         raise CheckpointError(
             f"{where}: format {body.get('format')!r} version {body.get('version')!r} is not "
-            f"{FORMAT_NAME!r} version {FORMAT_VERSION}"
+            f"{fmt!r} version {version}"
         )
     return body
 
@@ -188,6 +192,9 @@ class TableMeta:
     checkpoint holds no optimizer state; ``score_strategy`` lists the score
     columns of the scores file (empty: no scores file, NO_EVICTION).
     ``legacy`` marks a table read from the legacy layout (never written).
+    ``delta_sequence`` is the sequence number of the last incremental dump
+    the table's rows reflect (dynamicemb.replication); None in checkpoints
+    written before it was recorded.
     """
 
     table_name: str
@@ -205,6 +212,7 @@ class TableMeta:
     checksum_block_bytes: int = CHECKSUM_BLOCK_BYTES
     admission_counter: dict[str, Any] | None = None
     legacy: bool = False
+    delta_sequence: int | None = None
 
     @property
     def num_scores(self) -> int:
@@ -259,6 +267,7 @@ class TableMeta:
             "checksum_algorithm": CHECKSUM_ALGORITHM,
             "checksum_block_bytes": self.checksum_block_bytes,
             "admission_counter": self.admission_counter,
+            "delta_sequence": self.delta_sequence,
             "shards": [s.to_json() for s in self.shards],
         }
         return json.dumps(body, indent=1, sort_keys=True).encode()
@@ -288,6 +297,9 @@ class TableMeta:
                 shards=[Shard.from_json(s) for s in d["shards"]],
                 checksum_block_bytes=int(d["checksum_block_bytes"]),
                 admission_counter=d.get("admission_counter"),
+                delta_sequence=(
+                    None if d.get("delta_sequence") is None else int(d["delta_sequence"])
+                ),
             )
         except CheckpointError:
             raise

@@ -420,6 +420,8 @@ def apply_all(plans: list[_Plan], received: list[dict[str, torch.Tensor]], group
         for p in plans:
             if _sets_step(p):
                 steps[id(p.ref.module)].append(p.meta.step)
+            # The deltas that follow this checkpoint continue from its sequence.
+            p.ref.module.delta_sequence[p.ref.index] = p.meta.delta_sequence
         for key, module in modules.items():
             module.table.counters[:, failures_col] = failures[key]
             if steps[key]:

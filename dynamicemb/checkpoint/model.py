@@ -22,6 +22,7 @@ class TableRef:
         num_embeddings (int): its TorchRec config's rows (continuous routing).
         dist_type (str): its key routing.
         sharding_world_size (int or None): ranks it is sharded over.
+        sharding_rank (int or None): this rank's index among them.
     """
 
     collection: str
@@ -31,6 +32,7 @@ class TableRef:
     num_embeddings: int
     dist_type: str
     sharding_world_size: int | None
+    sharding_rank: int | None = None
 
     @property
     def label(self) -> str:
@@ -67,6 +69,7 @@ def dynamic_tables(model: torch.nn.Module) -> dict[str, dict[str, TableRef]]:
         folder = collection_dir(fqn)
         env = getattr(module, "_env", None)
         world = getattr(env, "world_size", None)
+        rank = getattr(env, "rank", None)
         tables: dict[str, TableRef] = {}
         for kernel in dynamic_embedding_kernels(module):
             emb = kernel.emb_module
@@ -80,13 +83,14 @@ def dynamic_tables(model: torch.nn.Module) -> dict[str, dict[str, TableRef]]:
                     num_embeddings=int(config.num_embeddings),
                     dist_type=emb.table_options[t].dist_type,
                     sharding_world_size=world,
+                    sharding_rank=rank,
                 )
         if tables:
             out[folder] = tables
     return out
 
 
-def _collection_key(key: str, folders: Iterable[str]) -> str:
+def collection_key(key: str, folders: Iterable[str]) -> str:
     """The folder a ``table_names`` key names: the folder itself, the module
     path, or the module's own name when only one collection has it."""
     folders = list(folders)
@@ -119,7 +123,7 @@ def select(
     chosen: set[tuple[str, str]] = set()
     if isinstance(table_names, dict):
         for key, names in table_names.items():
-            folder = _collection_key(key, tables)
+            folder = collection_key(key, tables)
             if isinstance(names, str):
                 raise ValueError(f"table_names[{key!r}] must be a list of names, got {names!r}")
             for name in names:

@@ -12,8 +12,11 @@ The step, per batch:
   2. training: the storage finds or inserts them with the tables' score
      policy (expanding, fetching from and writing back to its tiers as it
      needs), new keys get their initializer's row and a fresh optimizer
-     state. Eval: find only; absent keys read the eval initializer and
-     nothing is inserted;
+     state. With an admission strategy, the keys stored nowhere are first put
+     to the tables' admitter: a rejected key is not inserted (it evicts
+     nothing), reads the rejected-row initializer's row in this forward and
+     its gradient updates nothing. Eval: find only; absent keys read the eval
+     initializer and nothing is inserted (nor admitted);
   3. the rows of the distinct keys (byte offsets into the storage's row
      space) are pooled (SUM, MEAN, NONE, weighted SUM), empty bags give zeros;
   4. backward: per-occurrence gradients are summed per distinct key and the
@@ -37,7 +40,7 @@ from dynamicemb.dynamicemb_config import (
     DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
 )
-from dynamicemb.embedding.initializer import init_rows
+from dynamicemb.embedding.initializer import MultiTableInitializer
 from dynamicemb.embedding.optimizer import RowOptimizer
 from dynamicemb.embedding.score_function import VictimScorer, table_score_columns
 from dynamicemb.embedding.stats import StatCol, TableStats
@@ -50,13 +53,20 @@ from dynamicemb.storage import (
     TableStorage,
     create_storage,
 )
+from dynamicemb.table import enums
 from dynamicemb.table._native import constants, ops
-from dynamicemb.types import MemoryType
+from dynamicemb.types import MemoryType, MultiTableAdmitter
 
 S = DynamicEmbScoreStrategy
 
 # Options every fused table must agree on: one storage serves them all.
 _SHARED_STORAGE_OPTIONS = ("caching", "external_storage", "evicted_item_mode", "training")
+
+
+def _fill_refs(n: int, device: torch.device) -> torch.Tensor:
+    """The rows values that read fill rows 0 .. n-1 (-2 - i: fill_row_ref of
+    cc/embedding/pooling.h)."""
+    return -2 - torch.arange(n, device=device)
 
 
 class _Lookup(torch.autograd.Function):
@@ -65,24 +75,22 @@ class _Lookup(torch.autograd.Function):
     (embedding_update) -- the optimizer is fused, nothing flows further."""
 
     @staticmethod
-    def forward(ctx, placeholder, module, batch_args, extra):
+    def forward(ctx, placeholder, module, batch_args):
         ctx.module, ctx.batch_args = module, batch_args
-        out = module._pool(batch_args)
-        if extra is not None:  # eval: initializer rows of keys the table misses
-            out = out + extra
-        return out
+        return module._pool(batch_args)
 
     @staticmethod
     def backward(ctx, grad_out):
         ctx.module._apply_gradients(grad_out, ctx.batch_args)
-        return (None,) * 4
+        return (None,) * 3
 
 
 @dataclass
 class _Batch:
     """One batch's lookup structure (cc/embedding/pooling.h): the row space
     and the distinct keys' rows (byte offsets into it), occurrences grouped by
-    distinct key, bags and output layout."""
+    distinct key, bags and output layout, and the fill rows of keys stored
+    nowhere (a row ``_fill_refs(..)[i]`` reads ``fill[i]``)."""
 
     space: tuple[torch.Tensor, torch.Tensor]
     rows: torch.Tensor
@@ -96,6 +104,7 @@ class _Batch:
     dims: torch.Tensor
     batch: int
     out_width: int
+    fill: torch.Tensor | None
 
 
 class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
@@ -113,6 +122,10 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             shared by the fused tables) ranks the victims of full buckets:
             it is compiled with numba when the module is built and evaluated
             over the buckets of each training batch (score_function.py).
+            ``admit_strategy``: all tables or none have one, and theirs agree
+            on ``get_grouped_key``; the module builds one admitter for them
+            (``create_admitter``), ``admitter``, and feeds the ADMISSIONS and
+            REJECTIONS columns of its ``stats``.
         feature_table_map (List[int], optional): table of each feature
             (default: feature t uses table t).
         pooling_mode (DynamicEmbPoolingMode): SUM, MEAN or NONE.
@@ -219,7 +232,13 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 f"{self.initializer_table_ids}"
             )
         self.step = 0
-        self._custom_score: int | None = None
+        # CUSTOMIZED: the score each table's keys get in the next forward passes.
+        self._custom_scores: list[int | None] = [None] * n
+        self._custom_score_t = torch.zeros(n, dtype=torch.int64, device=self.device)
+        # Replication (dynamicemb.replication): the sequence number of the
+        # last delta each table's contents reflect (dumped or replayed; None:
+        # unknown, loaded from a checkpoint that does not record it).
+        self.delta_sequence: list[int | None] = [0] * n
         self.insert_failures = torch.zeros((), dtype=torch.int64, device=self.device)
         # What the module counts per table (lookups; admission and cache tiers
         # feed their columns), read by dynamicemb.metrics when it collects.
@@ -227,11 +246,20 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if self.storage.has_cache:
             self.stats.feed(StatCol.CACHE_HITS, StatCol.CACHE_MISSES)
             self.storage.cache_observer = self._count_cache_lookups
-        self._eval_rows = None
         self._init_table_ids = torch.tensor(
             self.initializer_table_ids, dtype=torch.int64, device=self.device
         )
-        self._init_groups = {mode: self._group_tables(mode) for mode in (False, True)}
+        self._initializers = {
+            False: MultiTableInitializer([o.initializer_args for o in self.table_options]),
+            True: MultiTableInitializer([o.eval_initializer_args for o in self.table_options]),
+        }
+        self.admitter = self._create_admitter()
+        self._rejected_initializer = None
+        if self.admitter is not None:
+            self.stats.feed(StatCol.ADMISSIONS, StatCol.REJECTIONS)
+            self._rejected_initializer = (
+                self.admitter.non_admitted_initializer or self._initializers[False]
+            )
         self._row_init = _ModuleRowInit(self)
         # Output layout of pooled lookups: feature f's dims[f] columns start at
         # cols[f], the features side by side (TorchRec's KeyedTensor order).
@@ -260,12 +288,17 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
 
     def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
         """Bytes of ``mem_type`` memory the tables' storage holds (every tier;
-        a CPU module holds host memory only).
+        a CPU module holds host memory only) and the admitter's state (a
+        frequency counter).
 
         Raises:
             ValueError: ``mem_type`` is not a MemoryType.
         """
-        return self.storage.memory_usage(mem_type)
+        total = self.storage.memory_usage(mem_type)
+        state = None if self.admitter is None else self.admitter.state()
+        if state is not None:
+            total += state.memory_usage(mem_type)
+        return total
 
     def prefetch(
         self,
@@ -293,16 +326,79 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         """Writes the device cache back and empties it (nothing is lost)."""
         self.storage.purge()
 
-    def pop_evicted_keys(self) -> list[torch.Tensor]:
+    def pop_evicted_keys(self, tables: Sequence[int] | None = None) -> list[torch.Tensor]:
         """Per table, the keys the storage's last tier evicted since the last
-        call (``evicted_item_mode=RETAIN_KEY``; empty otherwise)."""
-        return self.storage.pop_evicted_keys()
+        call (``evicted_item_mode=RETAIN_KEY``; empty otherwise). With
+        ``tables``, only those are popped."""
+        return self.storage.pop_evicted_keys(tables)
 
     def memory_per_table(self, mem_type: MemoryType) -> list[int]:
-        """Bytes of ``mem_type`` memory each table holds in its storage's tiers:
-        its slots in the hash tables and its value rows (embedding and
-        optimizer state)."""
-        return self.storage.memory_per_table(mem_type)
+        """Bytes of ``mem_type`` memory each table holds in its storage's tiers
+        (its slots in the hash tables and its value rows: embedding and
+        optimizer state) and its share of the admitter's counter."""
+        out = self.storage.memory_per_table(mem_type)
+        state = None if self.admitter is None else self.admitter.state()
+        per_table = getattr(state, "memory_per_table", None)
+        if per_table is not None:
+            out = [a + b for a, b in zip(out, per_table(mem_type))]
+        return out
+
+    # ---------------------------------------------------------- admission --
+
+    def _create_admitter(self) -> MultiTableAdmitter | None:
+        """The admitter of the tables' admission strategies, or None."""
+        strategies = [o.admit_strategy for o in self.table_options]
+        if all(s is None for s in strategies):
+            return None
+        if any(s is None for s in strategies):
+            raise ValueError(
+                "fused tables must all have an admit_strategy or none, got "
+                f"{[type(s).__name__ if s is not None else None for s in strategies]}"
+            )
+        keys = {(type(s), s.get_grouped_key()) for s in strategies}
+        if len(keys) != 1:
+            raise ValueError(
+                "fused tables must share one admission configuration (their admit_strategy "
+                f"get_grouped_key), got {sorted(repr(k) for k in keys)}"
+            )
+        admitter = type(strategies[0]).create_admitter(strategies, self.device)
+        if not isinstance(admitter, MultiTableAdmitter):
+            raise TypeError(
+                f"{type(strategies[0]).__name__}.create_admitter must return a "
+                f"MultiTableAdmitter, got {admitter!r}"
+            )
+        return admitter
+
+    def _admit(self, keys, tids, counts):
+        """Puts the batch's keys that are stored nowhere to the admitter.
+
+        Returns the indices of the missing keys and the admitter's answer for
+        each (bool)."""
+        idx = (~self.storage.contains(keys, tids)).nonzero().squeeze(1)
+        m_keys, m_tids, m_counts = (x.index_select(0, idx) for x in (keys, tids, counts))
+        admitted = self.admitter.admit(m_keys, m_tids, m_counts)
+        if (
+            not isinstance(admitted, torch.Tensor)
+            or admitted.dtype != torch.bool
+            or admitted.shape != idx.shape
+        ):
+            got = (
+                f"{admitted.dtype} {tuple(admitted.shape)}"
+                if isinstance(admitted, torch.Tensor)
+                else repr(admitted)
+            )
+            raise TypeError(
+                f"{type(self.admitter).__name__}.admit must return a bool tensor of shape "
+                f"({idx.numel()},), got {got}"
+            )
+        admitted = admitted.to(self.device)
+        # Per table: the missing keys admitted, and those rejected.
+        per_table = torch.zeros(len(self.table_options), dtype=torch.int64, device=self.device)
+        missing = per_table.index_add(0, m_tids, torch.ones_like(m_tids))
+        admits = per_table.index_add(0, m_tids, admitted.to(torch.int64))
+        self.stats.add(StatCol.ADMISSIONS, admits)
+        self.stats.add(StatCol.REJECTIONS, missing - admits)
+        return idx, admitted
 
     def _count_cache_lookups(self, hit: torch.Tensor, tids: torch.Tensor) -> None:
         """CACHE_HITS / CACHE_MISSES += a batch's distinct keys the cache held
@@ -313,21 +409,39 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.stats.add(StatCol.CACHE_HITS, hits)
         self.stats.add(StatCol.CACHE_MISSES, looked - hits)
 
-    def set_score(self, score: int) -> None:
-        """CUSTOMIZED: the score of the next forward passes (an int64)."""
+    def set_score(self, score: int, tables: Sequence[int] | None = None) -> None:
+        """CUSTOMIZED: the score (an int64) the keys of ``tables`` (None: all)
+        get in the next forward passes. Warns when it is below a table's
+        previous score (unless ``DYNAMICEMB_CSTM_SCORE_CHECK=0``)."""
         score = as_int(score, "score")
         if not -(2**63) <= score < 2**63:
             raise ValueError(f"score {score} does not fit int64")
-        if (
-            self._custom_score is not None
-            and score < self._custom_score
-            and os.environ.get("DYNAMICEMB_CSTM_SCORE_CHECK", "1") != "0"
-        ):
-            warnings.warn(
-                f"set_score: new score {score} is less than the previous {self._custom_score}",
-                stacklevel=2,
-            )
-        self._custom_score = score
+        num_tables = len(self._custom_scores)
+        if tables is None:
+            tables = range(num_tables)
+        else:
+            tables = [as_int(t, "tables entry") for t in tables]
+            for t in tables:
+                if not 0 <= t < num_tables:
+                    raise ValueError(f"tables entry {t} is out of range [0, {num_tables})")
+        for t in tables:
+            old = self._custom_scores[t]
+            if (
+                old is not None
+                and score < old
+                and os.environ.get("DYNAMICEMB_CSTM_SCORE_CHECK", "1") != "0"
+            ):
+                warnings.warn(
+                    f"set_score: new score {score} of table {t} is less than the previous {old}",
+                    stacklevel=2,
+                )
+            self._custom_scores[t] = score
+            # On the device with a fill: a host copy would synchronize.
+            self._custom_score_t[t].fill_(score)
+
+    def get_custom_score(self, table: int) -> int | None:
+        """CUSTOMIZED: the score set for ``table`` (None: never set)."""
+        return self._custom_scores[table]
 
     # ------------------------------------------------------------ forward --
 
@@ -343,8 +457,13 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         indices, offsets, frequency_counters, pooling_weights = self._check_inputs(
             indices, offsets, frequency_counters, pooling_weights
         )
-        if self.training and S.CUSTOMIZED in self.strategies and self._custom_score is None:
-            raise RuntimeError("CUSTOMIZED score strategy: call set_score before the forward pass")
+        if self.training and S.CUSTOMIZED in self.strategies:
+            unset = [t for t, c in enumerate(self._custom_scores) if c is None]
+            if unset:
+                raise RuntimeError(
+                    f"CUSTOMIZED score strategy: call set_score before the forward pass (tables "
+                    f"{unset} have no score)"
+                )
         num_features = len(self.feature_table_map)
         batch = (offsets.numel() - 1) // num_features
         lengths = offsets[1:] - offsets[:-1]
@@ -357,9 +476,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if frequency_counters is not None:
             counts = torch.zeros_like(su.counts).index_add_(0, su.inverse, frequency_counters)
         if self.training:
-            rows = self._lookup_train(su.keys, su.table_ids, counts)
+            rows, fill = self._lookup_train(su.keys, su.table_ids, counts, su.counts)
         else:
-            rows = self._lookup_eval(su.keys, su.table_ids)
+            rows, fill = self._lookup_eval(su.keys, su.table_ids)
         space = self.storage.space()
         weights = pooling_weights
         if self.pooling_mode == DynamicEmbPoolingMode.MEAN:
@@ -383,6 +502,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 self._none_dims,
                 n,
                 self.dims[0],
+                fill,
             )
         else:
             b = _Batch(
@@ -398,30 +518,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 self._feature_dims,
                 batch,
                 self._out_width,
-            )
-        extra = None
-        if not self.training and self._eval_rows is not None:
-            # Keys stored nowhere: their eval initializer's float32 rows, pooled
-            # from a buffer of one row per distinct key.
-            missing, fill = self._eval_rows
-            row_bytes = fill.shape[1] * fill.element_size()
-            fill_rows = torch.where(
-                missing, torch.arange(missing.numel(), device=self.device) * row_bytes, -1
-            )
-            extra = ops().embedding_pool(
                 fill,
-                fill.new_empty(0),
-                fill_rows,
-                b.inverse,
-                b.bag_offsets,
-                b.weights,
-                b.cols,
-                b.dims,
-                b.batch,
-                b.out_width,
-                int(constants()["ElementType"]["FLOAT32"]),
             )
-        return _Lookup.apply(self._placeholder, self, b, extra)
+        return _Lookup.apply(self._placeholder, self, b)
 
     def _batch_input(self, indices: torch.Tensor, offsets: torch.Tensor):
         """A batch in TBE layout on the module's device (int64, contiguous),
@@ -543,11 +642,29 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         i = int(checks["pooling_weights"].nonzero()[0, 0])
         raise ValueError(f"pooling_weights must be finite, got {weights[i].item()} at index {i}")
 
-    def _lookup_train(self, keys, tids, counts) -> torch.Tensor:
+    def _lookup_train(self, keys, tids, counts, occurrences):
+        """(rows, fill) of the distinct keys: rows -1 where not stored, fill
+        rows for the keys admission rejects (see _Batch); ``counts`` are the
+        LFU increments, ``occurrences`` how often each key occurred."""
         self.step += 1
-        self._eval_rows = None
+        if self.admitter is None:
+            return self._find_or_insert(keys, tids, counts), None
+        missing, admitted = self._admit(keys, tids, occurrences)
+        rejected = missing.masked_select(~admitted)
+        keep = torch.ones(keys.shape, dtype=torch.bool, device=self.device)
+        keep = keep.index_fill_(0, rejected, False).nonzero().squeeze(1)
+        kept = [x.index_select(0, keep) for x in (keys, tids, counts)]
+        rows = torch.full_like(keys, -1).index_copy_(0, keep, self._find_or_insert(*kept))
+        return self._with_fill(rows, rejected, keys, tids, self._rejected_initializer)
+
+    def _find_or_insert(self, keys, tids, counts) -> torch.Tensor:
+        """Training find-or-insert of distinct keys: their rows (-1 where an
+        insert failed); new rows are initialized."""
+        custom = None
+        if S.CUSTOMIZED in self.strategies:
+            custom = self._custom_score_t[tids].reshape(-1, 1)  # each key its table's
         rows = self.storage.train_rows(
-            keys, tids, counts, BatchScore(self.step, self._custom_score), self._row_init
+            keys, tids, counts, BatchScore(self.step, custom), self._row_init
         )
         failed = rows < 0
         mode = self.table_options[0].safe_check_mode
@@ -561,49 +678,32 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.insert_failures += failed.sum()
         return rows
 
-    def _group_tables(self, eval_mode: bool):
-        """Tables grouped by (dim, initializer arguments), so that one
-        init_rows call serves a group: [(dim, args, tables on the device)]."""
-        groups = {}
-        for t, o in enumerate(self.table_options):
-            args = o.eval_initializer_args if eval_mode else o.initializer_args
-            groups.setdefault((self.dims[t], repr(args)), (self.dims[t], args, []))[2].append(t)
-        return [(d, args, torch.tensor(ts, device=self.device)) for d, args, ts in groups.values()]
-
-    def _init_values(self, keys, tids, eval_mode: bool):
-        """Yields (selection or None for all, dim, initial rows) per group of
-        tables sharing dim and initializer arguments."""
-        init_ids = self._init_table_ids[tids]
-        groups = self._init_groups[eval_mode]
-        for dim, args, tables in groups:
-            if len(groups) == 1:
-                yield None, dim, init_rows(keys, dim, args, init_ids, self.seed)
-                continue
-            sel = torch.isin(tids, tables)
-            if bool(sel.any()):
-                yield sel, dim, init_rows(keys[sel], dim, args, init_ids[sel], self.seed)
-
     def initial_embeddings(self, keys, tids, eval_mode: bool = False) -> torch.Tensor:
         """(n, max dim) float32: the initializer's (or the eval initializer's)
         row of each key, zeros past its table's dim."""
-        out = torch.zeros(keys.numel(), self.max_dim, device=self.device)
-        for sel, d, init in self._init_values(keys, tids, eval_mode):
-            if sel is None:
-                out[:, :d] = init
-            else:
-                out[sel, :d] = init
-        return out
+        return self._initializers[eval_mode](keys, tids, self.dims, self._init_table_ids, self.seed)
 
-    def _lookup_eval(self, keys, tids) -> torch.Tensor:
+    def _lookup_eval(self, keys, tids):
+        """(rows, fill): keys stored nowhere read the eval initializer's rows
+        from the fill buffer."""
         rows = self.storage.eval_rows(keys, tids)
-        missing = rows < 0
-        self._eval_rows = None
-        if bool(missing.any()):
-            fill = torch.zeros(keys.numel(), self.max_dim, device=self.device)
-            idx = missing.nonzero().squeeze(1)
-            fill[idx] = self.initial_embeddings(keys[idx], tids[idx], eval_mode=True)
-            self._eval_rows = (missing, fill)
-        return rows
+        missing = (rows < 0).nonzero().squeeze(1)
+        return self._with_fill(rows, missing, keys, tids, self._initializers[True])
+
+    def _with_fill(self, rows, idx, keys, tids, initializer: MultiTableInitializer):
+        """(rows, fill): the distinct keys at ``idx``, stored nowhere, read
+        ``initializer``'s rows (at the embedding dtype, as a stored row would
+        read them) from a fill buffer; None when there are none."""
+        if idx.numel() == 0:
+            return rows, None
+        fill = initializer(
+            keys.index_select(0, idx),
+            tids.index_select(0, idx),
+            self.dims,
+            self._init_table_ids,
+            self.seed,
+        ).to(self.embedding_dtype)
+        return rows.index_copy(0, idx, _fill_refs(idx.numel(), self.device)), fill
 
     def _pool(self, b: "_Batch") -> torch.Tensor:
         return ops().embedding_pool(
@@ -618,6 +718,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             b.batch,
             b.out_width,
             self.layout.element_type,
+            b.fill,
         )
 
     # ----------------------------------------------------------- backward --
@@ -685,13 +786,233 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
 
     def checkpoint_snapshot(self) -> dict[str, Any]:
         """A copy of everything a load may change, for ``restore_snapshot``
-        (the storage's tables and rows, rows in host memory; the step)."""
-        return {"storage": self.storage.snapshot(), "step": self.step}
+        (the storage's tables and rows, rows in host memory; the step and
+        the delta sequences)."""
+        return {
+            "storage": self.storage.snapshot(),
+            "step": self.step,
+            "delta_sequence": list(self.delta_sequence),
+        }
 
     def restore_snapshot(self, snapshot: dict[str, Any]) -> None:
         """Puts back the state ``checkpoint_snapshot`` copied."""
         self.storage.restore(snapshot["storage"])
         self.step = snapshot["step"]
+        self.delta_sequence = list(snapshot["delta_sequence"])
+
+    # -------------------------------------------------------- replication --
+    # Row access for replication (dynamicemb.replication), in the storage's
+    # hash tier (``TableStorage.hash_tier``: the table holding every key,
+    # other tiers written back first, emptied before a write): rows past a
+    # score threshold with their slots (``export_changed``), writes at given
+    # slots (``place_rows``, a replay by slot) or by key (``upsert_rows``),
+    # removals (``erase_rows``). Score words are in the table's internal
+    # column order here (``checkpoint_score_columns`` maps the user's).
+
+    def _row_access_args(self, table: Any, keys: Any, **tensors: Any) -> int:
+        """Checks the arguments of the row access methods before anything
+        changes: ``table`` a table index, ``keys`` a 1-D int64 tensor, each
+        other tensor (None: absent) with one row per key; none on the meta
+        device. Returns the table index."""
+        table = as_int(table, "table")
+        if not 0 <= table < len(self.table_options):
+            raise ValueError(f"table {table} is out of range [0, {len(self.table_options)})")
+        as_tensor(keys, "keys", dtypes=(torch.int64,), dim=1)
+        for name, x in tensors.items():
+            if x is None:
+                continue
+            as_tensor(x, name)
+            if x.dim() == 0 or x.shape[0] != keys.numel():
+                raise ValueError(
+                    f"{name} must have one row per key ({keys.numel()}), got shape {tuple(x.shape)}"
+                )
+        return table
+
+    def layout_of(self, table: int) -> dict[str, Any]:
+        """What decides where ``table``'s keys sit: ``current_capacity``
+        (key-map slots, the modulus of the home bucket), ``row_capacity``
+        (value rows of the hash tier, as a one-tier tuple: the slots, or the
+        rows under NO_EVICTION), ``bucket_capacity`` and ``num_scores``."""
+        t = self.storage.hash_tier(writing=False).table
+        rows = t.row_capacity(table) if self.no_eviction else t.capacity(table)
+        return {
+            "current_capacity": t.capacity(table),
+            "row_capacity": (rows,),
+            "bucket_capacity": t.bucket_capacity(table),
+            "num_scores": t.num_scores,
+        }
+
+    def delta_score_column(self) -> int:
+        """The internal score word an incremental dump thresholds: the
+        timestamp under a strategy with one, else word 0 (a STEP, CUSTOMIZED
+        or LFU score; the row under NO_EVICTION)."""
+        if S.TIMESTAMP in self.strategies:
+            return table_score_columns(self.strategies)[self.strategies.index(S.TIMESTAMP)]
+        return 0
+
+    def current_score(self, table: int) -> int:
+        """The score ``table``'s keys get in the next forward pass, the
+        reference point of the next incremental dump: the clock under
+        TIMESTAMP (one reading; synchronizes), the next step under STEP, the
+        score ``set_score`` set under CUSTOMIZED (0 before any), 0 under LFU
+        (a frequency has no clock), the next fresh row under NO_EVICTION."""
+        t = self.storage.hash_tier(writing=False).table
+        if S.TIMESTAMP in self.strategies:
+            return int(t.timer().item())
+        s = self.strategies[0]
+        if s == S.STEP:
+            return self.step + 1
+        if s == S.CUSTOMIZED:
+            return self._custom_scores[table] or 0
+        if s == S.NO_EVICTION:
+            return int(t.counters[table, enums.CounterCol.NEXT_ROW])
+        return 0
+
+    def fresh_scores(self, table: int, n: int) -> torch.Tensor:
+        """(n, num_scores) internal score words the next forward pass would
+        give new keys of ``table``: the clock, the next step, the CUSTOMIZED
+        score, one occurrence for LFU."""
+        t = self.storage.hash_tier(writing=False).table
+        out = torch.zeros(n, t.num_scores, dtype=torch.int64, device=self.device)
+        for user_col, word in enumerate(table_score_columns(self.strategies)):
+            s = self.strategies[user_col]
+            if s == S.TIMESTAMP:
+                out[:, word] = t.timer()
+            elif s == S.LFU:
+                out[:, word] = 1
+            else:
+                out[:, word] = self.current_score(table)
+        return out
+
+    def timer(self) -> torch.Tensor:
+        """(1) int64: a reading of the clock the tables' TIMESTAMP scores use."""
+        return self.storage.hash_tier(writing=False).table.timer()
+
+    def export_changed(self, table: int, chunk: int, threshold: int) -> Iterator[ExportedRows]:
+        """The keys of ``table`` whose ``delta_score_column`` word is at least
+        ``threshold``, with their rows, slots and score words, ``chunk`` slots
+        scanned at a time (each reads its count: synchronizes)."""
+        table = as_int(table, "table")
+        if not 0 <= table < len(self.table_options):
+            raise ValueError(f"table {table} is out of range [0, {len(self.table_options)})")
+        chunk = as_int(chunk, "chunk", min=1)
+        threshold = as_int(threshold, "threshold")
+        hs = self.storage.hash_tier(writing=False)
+        return hs.export_changed(table, chunk, self.delta_score_column(), threshold)
+
+    def check_place_rows(self, table: int, keys: torch.Tensor, slots: torch.Tensor) -> None:
+        """Raises what ``place_rows`` would for these keys and slots
+        (ValueError naming the first bad key or slot), changing nothing."""
+        table = self._row_access_args(table, keys, slots=slots)
+        t = self.storage.hash_tier(writing=False).table
+        lo, _ = t.slot_range(table)
+        keys = keys.to(self.device)
+        t.check_place(keys, slots.to(self.device) + lo, torch.full_like(keys, table))
+
+    def place_rows(
+        self,
+        table: int,
+        keys: torch.Tensor,
+        slots: torch.Tensor,
+        words: torch.Tensor,
+        embeddings: torch.Tensor,
+        optimizer_state: torch.Tensor | None,
+        checked: bool = False,
+    ):
+        """Writes keys with their rows at given slots of ``table`` (a replay
+        from a table of the same layout); the key that held a slot before is
+        displaced (``evicted`` of the result).
+
+        Args:
+            keys (torch.Tensor): (n) int64.
+            slots (torch.Tensor): (n) int64 slots in the table (0 ..
+                capacity - 1), each in its key's home bucket.
+            words (torch.Tensor): (n, num_scores) internal score words (under
+                NO_EVICTION word 0 is the key's row).
+            embeddings (torch.Tensor): (n, dim).
+            optimizer_state (torch.Tensor, optional): (n, state_dim(table));
+                None: a key that already held its slot keeps its state, the
+                others get the initial state.
+            checked (bool): ``check_place_rows`` passed for these already.
+
+        Returns:
+            InsertResult: the table's result.
+
+        Raises:
+            ValueError: a slot outside its key's home bucket (nothing changes).
+        """
+        table = self._row_access_args(
+            table,
+            keys,
+            slots=slots,
+            words=words,
+            embeddings=embeddings,
+            optimizer_state=optimizer_state,
+        )
+        hs = self.storage.hash_tier(writing=True)
+        return hs.place(
+            table,
+            keys.to(self.device),
+            slots.to(self.device),
+            words.to(self.device),
+            embeddings,
+            optimizer_state,
+            self._row_init,
+            checked,
+        )
+
+    def upsert_rows(
+        self,
+        table: int,
+        keys: torch.Tensor,
+        words: torch.Tensor | None,
+        embeddings: torch.Tensor,
+        optimizer_state: torch.Tensor | None,
+    ):
+        """Writes keys with their rows into ``table`` by this module's own
+        layout: a key held is updated in place, a new one is inserted
+        (growing a table that can grow, evicting the minimum of a full bucket
+        as a training insert would). ``words``: internal score words (None
+        under NO_EVICTION); ``optimizer_state`` as in ``place_rows``.
+
+        Returns:
+            (slots, status, evicted): as ``HashTableStorage.insert``.
+        """
+        table = self._row_access_args(
+            table, keys, words=words, embeddings=embeddings, optimizer_state=optimizer_state
+        )
+        hs = self.storage.hash_tier(writing=True)
+        return hs.upsert(
+            table,
+            keys.to(self.device),
+            None if words is None else words.to(self.device),
+            embeddings,
+            optimizer_state,
+            self._row_init,
+        )
+
+    def erase_rows(self, table: int, keys: torch.Tensor, record: bool = False) -> torch.Tensor:
+        """Removes keys from ``table`` (every tier); with ``record`` the keys
+        removed are kept for ``pop_erased``. Returns the (n) bool mask of the
+        keys that were held."""
+        table = self._row_access_args(table, keys)
+        keys = keys.to(self.device)
+        if not keys.numel():
+            return torch.zeros(0, dtype=torch.bool, device=self.device)
+        t = self.storage.hash_tier(writing=True).table
+        return t.erase(keys, torch.full_like(keys, table), record=record)
+
+    def holds(self, table: int, keys: torch.Tensor) -> torch.Tensor:
+        """(n) bool: which keys ``table`` holds (in any tier)."""
+        table = self._row_access_args(table, keys)
+        keys = keys.to(self.device)
+        return self.storage.contains(keys, torch.full_like(keys, table))
+
+    def pop_erased(self, tables: Sequence[int] | None = None) -> list[torch.Tensor]:
+        """The keys ``erase_rows(record=True)`` removed since the last call,
+        per table, each once; clears them (only ``tables``, if given)."""
+        t = self.storage.hash_tier(writing=False).table
+        return [torch.unique(k) for k in t.pop_erased_keys(tables)]
 
 
 class _ModuleRowInit(RowInit):

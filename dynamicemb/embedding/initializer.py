@@ -2,8 +2,11 @@
 
 A row depends only on (seed, table id, key, element index): the same key gets
 the same initial row on the CPU and the GPU, whatever batch it arrives in and
-in whatever order.
+in whatever order. ``MultiTableInitializer`` applies each table's own
+arguments to the keys of several fused tables.
 """
+
+from collections.abc import Iterator, Sequence
 
 import torch
 
@@ -68,3 +71,114 @@ def init_rows(
         float(args.value),
         int(seed),
     )
+
+
+class MultiTableInitializer:
+    """Initial rows for the keys of several fused tables, each table by its own
+    arguments.
+
+    What a module calls to write new rows (training), the rows of keys it
+    misses (eval) and the rows of keys its admitter rejects
+    (``MultiTableAdmitter.non_admitted_initializer``). Tables that share a
+    width and arguments are served by one ``init_rows`` call.
+
+    Args:
+        table_args (Sequence[DynamicEmbInitializerArgs]): one per table, in
+            the module's table order.
+
+    Raises:
+        TypeError: an entry is not a DynamicEmbInitializerArgs (named with its
+            index).
+        ValueError: ``table_args`` is empty.
+
+    Example::
+
+        init = MultiTableInitializer([DynamicEmbInitializerArgs(), const_args])
+        rows = init(keys, table_ids, dims=[8, 4])   # (n, 8); table 1 rows use 4 columns
+    """
+
+    def __init__(self, table_args: Sequence[DynamicEmbInitializerArgs]) -> None:
+        table_args = list(table_args)
+        if not table_args:
+            raise ValueError("MultiTableInitializer needs the arguments of at least one table")
+        for t, args in enumerate(table_args):
+            if not isinstance(args, DynamicEmbInitializerArgs):
+                raise TypeError(
+                    f"MultiTableInitializer: table {t}'s arguments must be a "
+                    f"DynamicEmbInitializerArgs, got {args!r}"
+                )
+        self.table_args = table_args
+        self._groups: dict = {}
+
+    @property
+    def num_tables(self) -> int:
+        return len(self.table_args)
+
+    def _grouped(self, dims: Sequence[int], device: torch.device) -> list:
+        """[(dim, args, tables on the device)] for tables sharing (dim, args)."""
+        key = (tuple(int(d) for d in dims), device)
+        if key not in self._groups:
+            if len(key[0]) != self.num_tables:
+                raise ValueError(
+                    f"MultiTableInitializer has {self.num_tables} tables, got {len(key[0])} dims"
+                )
+            groups: dict = {}
+            for t, (d, args) in enumerate(zip(key[0], self.table_args)):
+                groups.setdefault((d, repr(args)), (d, args, []))[2].append(t)
+            self._groups[key] = [
+                (d, args, torch.tensor(ts, dtype=torch.int64, device=device))
+                for d, args, ts in groups.values()
+            ]
+        return self._groups[key]
+
+    def rows_by_group(
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        dims: Sequence[int],
+        generator_table_ids: torch.Tensor | None = None,
+        seed: int = 0,
+    ) -> Iterator[tuple[torch.Tensor | None, int, torch.Tensor]]:
+        """Initial rows group by group.
+
+        Args:
+            keys (torch.Tensor): (n) int64.
+            table_ids (torch.Tensor): (n) int64, each key's table.
+            dims (Sequence[int]): the width of each table.
+            generator_table_ids (Optional[torch.Tensor]): (num_tables) int64,
+                the table id each table's rows are generated with (see
+                ``init_rows``); default: its own.
+            seed (int): the generator's seed.
+
+        Yields:
+            (selection, dim, rows): the keys of one group (a bool mask over
+            ``keys``, or None for all of them), the group's width and their
+            (m, dim) float32 rows.
+        """
+        init_ids = table_ids if generator_table_ids is None else generator_table_ids[table_ids]
+        groups = self._grouped(dims, keys.device)
+        for dim, args, tables in groups:
+            if len(groups) == 1:
+                yield None, dim, init_rows(keys, dim, args, init_ids, seed)
+                continue
+            sel = torch.isin(table_ids, tables)
+            yield sel, dim, init_rows(keys[sel], dim, args, init_ids[sel], seed)
+
+    def __call__(
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        dims: Sequence[int],
+        generator_table_ids: torch.Tensor | None = None,
+        seed: int = 0,
+    ) -> torch.Tensor:
+        """Initial rows of ``keys``, as (n, max(dims)) float32: row i has its
+        table's width of values, zeros after them. Arguments as for
+        ``rows_by_group``."""
+        out = torch.zeros(keys.numel(), max(int(d) for d in dims), device=keys.device)
+        for sel, dim, rows in self.rows_by_group(keys, table_ids, dims, generator_table_ids, seed):
+            if sel is None:
+                out[:, :dim] = rows
+            else:
+                out[sel, :dim] = rows
+        return out

@@ -125,7 +125,9 @@ def dynamic_shard_storage(
       table of ``init_capacity`` rows whose metadata is on the device;
     * an external storage: its own memory is not counted.
 
-    On a compute device without HBM (``"cpu"``) everything is host memory.
+    The admission strategy's state (``AdmissionStrategy.state_bytes``: a
+    frequency counter's share) is device memory too. On a compute device
+    without HBM (``"cpu"``) everything is host memory.
 
     Args:
         options (DynamicEmbTableOptions): prepared options (``dim`` and
@@ -150,9 +152,12 @@ def dynamic_shard_storage(
             f"got dim={options.dim!r}, init_capacity={options.init_capacity!r}"
         )
     f = plan_footprint(options, dtype, optimizer)
+    device = f.device
+    if options.admit_strategy is not None:
+        device += options.admit_strategy.state_bytes()
     if compute_device not in ("cuda", "mtia"):
-        return DynamicShardStorage(hbm=0, ddr=f.device + f.host)
-    return DynamicShardStorage(hbm=f.device, ddr=f.host)
+        return DynamicShardStorage(hbm=0, ddr=device + f.host)
+    return DynamicShardStorage(hbm=device, ddr=f.host)
 
 
 # Attribute names under which prepared options remember what they were

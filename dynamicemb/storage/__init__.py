@@ -7,7 +7,7 @@ a host table or an external ``Storage`` (``CachedStorage``). See
 docs/architecture.md, "Storage tiers".
 """
 
-from dynamicemb.storage.base import ExportedRows, Footprint, RowInit, TableStorage
+from dynamicemb.storage.base import ExportedRows, Footprint, RowInit, TableStorage, by_memory
 from dynamicemb.storage.cache import CachedStorage
 from dynamicemb.storage.factory import (
     CACHE_BUCKET_CAPACITY,
@@ -26,6 +26,7 @@ __all__ = [
     "CachedStorage",
     "ExportedRows",
     "Footprint",
+    "by_memory",
     "HashTableStorage",
     "RowInit",
     "RowLayout",

@@ -46,12 +46,19 @@ class ExportedRows:
         embeddings (torch.Tensor): (n, dim) at the table's embedding dtype.
         optimizer_state (torch.Tensor, optional): (n, state_dim) float32;
             None when the rows carry no optimizer state.
+        slots (torch.Tensor, optional): (n) int64, each key's slot in its
+            table of the hash tier (0 .. capacity - 1), where a replay by
+            slot writes it (``HashTableStorage.export_changed``).
+        words (torch.Tensor, optional): (n, num_scores) int64, the score words
+            in the table's internal order (NO_EVICTION: word 0 is the row).
     """
 
     keys: torch.Tensor
     scores: torch.Tensor | None
     embeddings: torch.Tensor
     optimizer_state: torch.Tensor | None
+    slots: torch.Tensor | None = None
+    words: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -212,24 +219,44 @@ class TableStorage(abc.ABC):
     def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
         """Bytes of ``mem_type`` memory held (a CPU storage holds host memory
         only)."""
-        return _by_memory(self.footprint(), mem_type, self.device)
+        return by_memory(self.footprint(), mem_type, self.device)
 
     def memory_per_table(self, mem_type: MemoryType = MemoryType.DEVICE) -> list[int]:
         """``memory_usage`` of each table."""
-        return [_by_memory(f, mem_type, self.device) for f in self.footprint_per_table()]
+        return [by_memory(f, mem_type, self.device) for f in self.footprint_per_table()]
 
     @abc.abstractmethod
     def sizes(self) -> list[int]:
         """Keys stored per table (in any tier; reads the device)."""
 
     @abc.abstractmethod
-    def pop_evicted_keys(self) -> list[torch.Tensor]:
+    def pop_evicted_keys(self, tables: Sequence[int] | None = None) -> list[torch.Tensor]:
         """Per table, the keys the last tier evicted since the last call
-        (``evicted_item_mode=RETAIN_KEY``; empty otherwise), each once."""
+        (``evicted_item_mode=RETAIN_KEY``; empty otherwise), each once. With
+        ``tables``, only those are popped (the others keep theirs and read
+        empty here)."""
+
+    # --------------------------------------------------------- replication --
+
+    def hash_tier(self, writing: bool):
+        """The ``HashTableStorage`` that holds every stored key of the tables
+        (the last tier), once the other tiers agree with it: incremental
+        dumps read rows, slots and scores there, replays write there.
+        ``writing``: the other tiers are emptied, not only written back.
+
+        Raises:
+            NotImplementedError: the storage has no such table (an external
+                storage).
+        """
+        raise NotImplementedError(
+            f"{type(self).__name__} keeps its rows in no hash table dynamicemb owns: "
+            "incremental dumps and replays are not supported for it"
+        )
 
 
-def _by_memory(f: Footprint, mem_type: MemoryType, device: torch.device) -> int:
-    """The bytes of a footprint in ``mem_type`` memory on ``device``."""
+def by_memory(f: Footprint, mem_type: MemoryType, device: torch.device) -> int:
+    """The bytes of a footprint in ``mem_type`` memory on ``device`` (a CPU
+    device's tiers are all host memory)."""
     if not isinstance(mem_type, MemoryType):
         raise ValueError(f"mem_type must be a MemoryType, got {mem_type!r}")
     if device.type == "cpu":

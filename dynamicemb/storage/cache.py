@@ -457,5 +457,16 @@ class CachedStorage(TableStorage):
         extra = torch.bincount(ex.table_ids[only_cached], minlength=len(sizes)).tolist()
         return [s + int(e) for s, e in zip(sizes, extra)]
 
-    def pop_evicted_keys(self) -> list[torch.Tensor]:
-        return self.backing.pop_evicted_keys()
+    def pop_evicted_keys(self, tables: Sequence[int] | None = None) -> list[torch.Tensor]:
+        return self.backing.pop_evicted_keys(tables)
+
+    def hash_tier(self, writing: bool):
+        """The backing table, once the cache is written back (and, when
+        ``writing``, emptied, so that no cached copy hides what is written)."""
+        if not isinstance(self.backing, HashTableStorage):
+            return super().hash_tier(writing)
+        if writing:
+            self.purge()
+        else:
+            self.flush()
+        return self.backing

@@ -256,6 +256,6 @@ class ExternalBacking:
     def sizes(self) -> list[int]:
         return [self._int("size", self.storage.size(t)) for t in range(len(self.tables))]
 
-    def pop_evicted_keys(self) -> list[torch.Tensor]:
+    def pop_evicted_keys(self, tables=None) -> list[torch.Tensor]:
         """An external storage keeps its own evictions."""
         return [torch.empty(0, dtype=torch.int64, device=self.device) for _ in self.tables]

@@ -673,14 +673,104 @@ class HashTableStorage(TableStorage):
     def sizes(self) -> list[int]:
         return [int(x) for x in self.table.size().tolist()]
 
-    def pop_evicted_keys(self) -> list[torch.Tensor]:
+    def pop_evicted_keys(self, tables: Sequence[int] | None = None) -> list[torch.Tensor]:
         if self._evicted:
             keys = torch.cat([k for k, _ in self._evicted])
             tids = torch.cat([t for _, t in self._evicted])
         else:
             keys = tids = torch.empty(0, dtype=torch.int64, device=self.device)
-        self._evicted = []
-        return [torch.unique(keys[tids == t]) for t in range(self.table.num_tables)]
+        chosen = set(range(self.table.num_tables) if tables is None else tables)
+        popped = torch.tensor(sorted(chosen), dtype=torch.int64, device=self.device)
+        kept = ~torch.isin(tids, popped)
+        self._evicted = [(keys[kept], tids[kept])] if bool(kept.any()) else []
+        return [
+            torch.unique(keys[tids == t]) if t in chosen else keys[:0]
+            for t in range(self.table.num_tables)
+        ]
+
+    # --------------------------------------------------------- replication --
+    # What dynamicemb.replication reaches through the module: rows past a
+    # score threshold with their slots, and writes of keys with their rows
+    # at given slots (a replay by slot) or by key (a replay by key).
+
+    def hash_tier(self, writing: bool) -> "HashTableStorage":
+        """This table holds every key itself."""
+        return self
+
+    def export_changed(
+        self, table: int, chunk: int, column: int, threshold: int
+    ) -> Iterator[ExportedRows]:
+        """The keys of ``table`` whose score word ``column`` is at least
+        ``threshold``, with their rows, slots (in the table) and score words,
+        ``chunk`` slots scanned at a time."""
+        lo, hi = self.table.slot_range(table)
+        cols = self.score_columns()
+        for begin in range(lo, hi, chunk):
+            ex = self.table.export_batch(begin, min(begin + chunk, hi), column, threshold)
+            ex = ex.compact()
+            rows = self.rows_of(ex.keys, ex.slots, ex.table_ids, ex.scores, table, cols)
+            rows.slots = ex.slots - lo
+            rows.words = ex.scores
+            yield rows
+
+    def write_keys(
+        self,
+        keys: torch.Tensor,
+        slots: torch.Tensor,
+        tids: torch.Tensor,
+        status: torch.Tensor,
+        embeddings: torch.Tensor,
+        optimizer_state: torch.Tensor | None,
+        init: RowInit,
+    ) -> None:
+        """The rows of keys just stored at ``slots`` (-1: not stored): their
+        embeddings and optimizer state; without one, a key that kept its row
+        (status FOUND) keeps its state and the others get the initial state."""
+        idx = (slots >= 0).nonzero().squeeze(1)
+        s, t = slots[idx], tids[idx]
+        buf = rows_buffer(keys[idx], t, embeddings, optimizer_state, idx, init, self.layout)
+        if optimizer_state is None and any(self.layout.state_dims):
+            kept = (status[idx] == enums.InsertStatus.FOUND).nonzero().squeeze(1)
+            if kept.numel():
+                _, state = sp.unpack_rows(self.read(s[kept], t[kept]), t[kept], self.layout)
+                sp.pack_rows(buf, t[kept], self.layout, None, state, index=kept)
+        self.write(
+            s, t, sp.as_space(buf), sp.staging_offsets(idx.numel(), self.layout, self.device)
+        )
+
+    def place(self, table: int, keys, slots, words, embeddings, optimizer_state, init, checked):
+        """Keys with their rows at the given slots of ``table`` (0 ..
+        capacity - 1), score words ``words`` (internal order; NO_EVICTION:
+        the rows). Returns the table's ``InsertResult`` (``evicted``: the
+        keys displaced)."""
+        tids = torch.full_like(keys, table)
+        lo, _ = self.table.slot_range(table)
+        assign = [enums.ScorePolicy.ASSIGN] * self.table.num_scores
+        res = self.table.place(
+            keys,
+            slots + lo,
+            tids,
+            policies=assign,
+            scores=words,
+            assign_rows=self.no_eviction,
+            checked=checked,
+        )
+        self.write_keys(keys, res.slots, tids, res.status, embeddings, optimizer_state, init)
+        return res
+
+    def upsert(self, table: int, keys, words, embeddings, optimizer_state, init):
+        """Keys with their rows in ``table`` by key: updated where held,
+        inserted (expanding first, evicting from full buckets, recorded under
+        RETAIN_KEY) where not. ``words``: internal score words (None under
+        NO_EVICTION). Returns (slots, status, evicted) as ``insert``."""
+        tids = torch.full_like(keys, table)
+        if self.no_eviction:
+            slots, status, evicted = self.insert(keys, tids)
+        else:
+            assign = [enums.ScorePolicy.ASSIGN] * self.table.num_scores
+            slots, status, evicted = self.insert(keys, tids, assign, words)
+        self.write_keys(keys, slots, tids, status, embeddings, optimizer_state, init)
+        return slots, status, evicted
 
 
 def write_initial_rows(dst, offsets, keys, tids, init: RowInit, layout: RowLayout) -> None:

@@ -24,11 +24,13 @@ class BatchScore:
 
     Attributes:
         step (int): the module's forward count (STEP's score).
-        custom (Optional[int]): the score ``set_score`` gave (CUSTOMIZED).
+        custom (Optional[Union[int, torch.Tensor]]): the score ``set_score``
+            gave (CUSTOMIZED): one for the batch, or (n, 1) int64, each key
+            its table's.
     """
 
     step: int
-    custom: int | None = None
+    custom: int | torch.Tensor | None = None
 
 
 def table_score_columns(strategies: Sequence[DynamicEmbScoreStrategy]) -> list[int]:

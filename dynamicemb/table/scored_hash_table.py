@@ -93,6 +93,18 @@ def gather_rows(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return ops().gather_rows(values, rows)
 
 
+def _repeats(values: torch.Tensor, groups: torch.Tensor | None = None) -> bool:
+    """Whether a value repeats (within its group, when ``groups`` is given):
+    sorted, a repeat is a neighbour."""
+    if groups is not None and bool((groups != groups[0]).any()):
+        order = torch.argsort(groups, stable=True)
+        order = order[torch.argsort(values[order], stable=True)]
+        v, g = values[order], groups[order]
+        return bool(((v[1:] == v[:-1]) & (g[1:] == g[:-1])).any())
+    v = torch.sort(values).values
+    return bool((v[1:] == v[:-1]).any())
+
+
 def _per_table(value: IntOrSeq, n: int, name: str) -> list:
     if isinstance(value, (list, tuple)):
         if len(value) != n:
@@ -544,12 +556,14 @@ class ScoredHashTable:
         scores,
         assign_rows=False,
         victim_scores=None,
+        target_slots=None,
         counters=None,
     ) -> InsertResult:
         _flag(assign_rows, "assign_rows")
         keys, table_ids = self._batch(keys, table_ids)
         policies, values = self._scores(keys.numel(), policies, scores)
-        if assign_rows and self.validate and self.device.type != "cpu" and keys.numel():
+        inserts = op in (enums.RunOp.INSERT, enums.RunOp.INSERT_EVICT)
+        if assign_rows and inserts and self.validate and self.device.type != "cpu" and keys.numel():
             self._check_rows(keys, table_ids, values)
         if victim_scores is not None:
             as_tensor(victim_scores, "victim_scores", dtypes=(torch.float64,))
@@ -575,6 +589,7 @@ class ScoredHashTable:
             self.total_buckets,
             self.has_rows,
             victim_scores,
+            target_slots,
         )
         return InsertResult(out[0], out[1], EvictedKeys(out[2], out[3], out[4], out[5], out[6]))
 
@@ -616,6 +631,87 @@ class ScoredHashTable:
             enums.RunOp.INSERT_EVICT, keys, table_ids, policies, scores, assign_rows, victim_scores
         )
 
+    def place(
+        self,
+        keys: torch.Tensor,
+        slots: torch.Tensor,
+        table_ids: torch.Tensor | None = None,
+        policies: Sequence[int] | None = None,
+        scores: int | Sequence[int] | torch.Tensor | None = None,
+        assign_rows: bool = False,
+        checked: bool = False,
+    ) -> InsertResult:
+        """Writes each key at a given slot of its home bucket (replay of a
+        table of the same layout); see "Place" in cc/table/operations.h.
+
+        A copy of the key elsewhere in its bucket is removed; a different key
+        in the slot is displaced and reported in ``evicted`` (status EVICTED).
+        Score words follow the policies as for a new key (ASSIGN: ``scores``).
+        A NO_EVICTION table needs ``assign_rows`` (score column 0 is the row);
+        its row allocator is then rebuilt from the rows held, as after an
+        insert with assign_rows, and gives out none of them.
+
+        Args:
+            slots (torch.Tensor): (n) int64, the slot of each key.
+            checked (bool): the batch passed ``check_place`` already (the
+                CPU kernel still refuses a slot outside its key's bucket).
+
+        Raises:
+            ValueError: a slot outside its key's home bucket (checked before
+                anything changes; see ``home_starts``), keys and slots of
+                different lengths, or repeated keys or slots.
+        """
+        if checked:
+            keys, table_ids = self._batch(keys, table_ids)
+            as_tensor(slots, "slots", dtypes=(torch.int64,), dim=1)
+            slots = slots.to(self.device).contiguous()
+        else:
+            keys, table_ids, slots = self.check_place(keys, slots, table_ids)
+        res = self._run(
+            enums.RunOp.PLACE,
+            keys,
+            table_ids,
+            policies,
+            scores,
+            assign_rows=assign_rows,
+            target_slots=slots,
+        )
+        return res
+
+    def check_place(
+        self, keys: torch.Tensor, slots: torch.Tensor, table_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Checks a ``place`` batch without changing anything: valid keys,
+        one slot per key, each in its key's home bucket, no key or slot twice.
+        Returns (keys, table_ids, slots) on the table's device.
+
+        Raises:
+            ValueError, TypeError: the first problem found, naming it.
+        """
+        keys, table_ids = self._batch(keys, table_ids)
+        if keys.numel() and self.device.type == "cpu":
+            self._check_values(keys, table_ids)
+        as_tensor(slots, "slots", dtypes=(torch.int64,), dim=1)
+        if slots.shape != keys.shape:
+            raise ValueError(f"keys and slots lengths differ: {keys.numel()} vs {slots.numel()}")
+        slots = slots.to(self.device).contiguous()
+        if keys.numel():
+            starts = ops().table_home_starts(keys, table_ids, self.keys, self.info)
+            widths = self.info[table_ids, enums.InfoCol.BUCKET_CAPACITY]
+            bad = (slots < starts) | (slots >= starts + widths)
+            if bool(bad.any()):
+                i = int(bad.nonzero()[0])
+                raise ValueError(
+                    f"dynamicemb: slot {int(slots[i])} of key {int(keys[i])} (index {i}) is not "
+                    f"in its home bucket, slots {int(starts[i])}..{int(starts[i] + widths[i]) - 1}"
+                    f" of table {int(table_ids[i])}"
+                )
+            if _repeats(keys, table_ids):
+                raise ValueError("dynamicemb: place got a key twice")
+            if _repeats(slots):
+                raise ValueError("dynamicemb: place got a slot twice")
+        return keys, table_ids, slots
+
     def home_starts(
         self, keys: torch.Tensor, table_ids: torch.Tensor | None = None
     ) -> torch.Tensor:
@@ -651,16 +747,25 @@ class ScoredHashTable:
             self._erased.append((keys_d[removed], tids_d[removed]))
         return removed
 
-    def pop_erased_keys(self) -> list[torch.Tensor]:
+    def pop_erased_keys(self, tables: Sequence[int] | None = None) -> list[torch.Tensor]:
         """The keys recorded by ``erase(record=True)`` since the last call, one
-        int64 tensor per table (in erase order), and clears the record."""
+        int64 tensor per table (in erase order), and clears the record.
+
+        Args:
+            tables (Sequence[int], optional): pop only these tables (the
+                others keep theirs; their entries of the result are empty).
+        """
         if self._erased:
             keys = torch.cat([k for k, _ in self._erased])
             tids = torch.cat([t for _, t in self._erased])
         else:
             keys = tids = torch.empty(0, dtype=torch.int64, device=self.device)
-        self._erased = []
-        return [keys[tids == t] for t in range(self.num_tables)]
+        chosen = set(range(self.num_tables) if tables is None else tables)
+        popped = torch.tensor(sorted(chosen), dtype=torch.int64, device=self.device)
+        kept = ~torch.isin(tids, popped)
+        self._erased = [(keys[kept], tids[kept])] if bool(kept.any()) else []
+        empty = keys[:0]
+        return [keys[tids == t] if t in chosen else empty for t in range(self.num_tables)]
 
     def export_batch(
         self,

@@ -80,7 +80,7 @@ def reference_pool(t):
     return out
 
 
-def pool(t, seg=None):
+def pool(t, seg=None, fill=None):
     seg0, seg1, rows = space(t) if seg is None else seg[:3]
     return ops().embedding_pool(
         seg0,
@@ -94,6 +94,7 @@ def pool(t, seg=None):
         t["B"],
         t["width"],
         F32 if seg is None else seg[3],
+        fill,
     )
 
 
@@ -280,6 +281,58 @@ def test_cuda_update_matches_the_cpu_kernel(kind, optim):
         update(cpu, grad, optim, step=step)
         update(gpu, grad.cuda(), optim, step=step)
     torch.testing.assert_close(gpu["values"].cpu(), cpu["values"], rtol=tol, atol=tol)
+
+
+def _with_fill_rows(t, num_fill=3):
+    """Keys 1 and 2 read fill rows 2 and 0 (rows -4 and -2); also returns the
+    same batch with the fill rows appended to the values instead."""
+    g = torch.Generator().manual_seed(11)
+    fill = torch.randn(num_fill, t["width"] - 1, generator=g).to(t["values"].device)
+    t = dict(t, rows=t["rows"].clone())
+    t["rows"][1], t["rows"][2] = -4, -2
+    wide = torch.zeros(fill.shape[0], t["values"].shape[1], device=fill.device)
+    wide[:, : fill.shape[1]] = fill
+    flat = dict(t, values=torch.cat([t["values"], wide]), rows=t["rows"].clone())
+    n = t["values"].shape[0]
+    flat["rows"][1], flat["rows"][2] = n + 2, n + 0
+    return t, fill, flat
+
+
+def _seg_with_fill_refs(t):
+    """space(t), keeping the fill rows' negative refs."""
+    seg0, seg1, offsets = space(t)
+    return seg0, seg1, torch.where(t["rows"] < -1, t["rows"], offsets)
+
+
+def _pool_with_fill(t, fill):
+    return pool(t, (*_seg_with_fill_refs(t), F32), fill)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pool_reads_fill_rows_through_negative_rows(device):
+    t, fill, flat = _with_fill_rows(batch(device, seed=12, dims=(4, 8, 4)))
+    out = _pool_with_fill(t, fill)
+    torch.testing.assert_close(out.double().cpu(), reference_pool(flat), rtol=1e-5, atol=1e-5)
+
+
+def test_pool_refuses_fill_rows_it_does_not_have_naming_them():
+    t, fill, _ = _with_fill_rows(batch("cpu", seed=14), num_fill=2)
+    with pytest.raises(ValueError, match="row -4 at index 1 reads fill row 2 .* fill has 2 rows"):
+        _pool_with_fill(t, fill)
+    with pytest.raises(ValueError, match="fill has 0 rows"):
+        _pool_with_fill(t, None)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_update_leaves_keys_of_fill_rows_alone(device):
+    t, _, _ = _with_fill_rows(batch(device, seed=13))
+    grad = torch.ones(t["B"], t["width"], device=device)
+    plain = dict(t, values=t["values"].clone(), rows=t["rows"].clamp(min=-1))
+    before = t["values"].clone()
+    update(t, grad, SGD, lr=1.0, seg=(*_seg_with_fill_refs(t), F32))
+    update(plain, grad, SGD, lr=1.0)
+    assert torch.equal(t["values"], plain["values"])
+    assert not torch.equal(t["values"], before)
 
 
 def test_pool_refuses_a_row_out_of_range_naming_it():

@@ -37,6 +37,7 @@ from hypothesis import strategies as st
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "table"))
 sys.path.insert(0, os.path.join(HERE, "..", "embedding"))
+sys.path.insert(0, os.path.join(HERE, "..", "admission"))
 import table_model as M  # noqa: E402
 
 from dynamicemb import (  # noqa: E402
@@ -703,6 +704,7 @@ RAW_ALIASES = {
     "slot_begin": [r"slot range"],
     "slot_end": [r"slot range"],
     "score_column": [r"score column"],
+    "target_slots": [r"target_slots", r"\bslot \S+ of key"],
 }
 
 
@@ -752,7 +754,7 @@ def fuzz_table_ops(draw):
         args["update"] = draw(st.booleans())
     if op == "table_run":
         args.update(
-            op=draw(st.sampled_from([M.OP_INSERT, M.OP_INSERT_EVICT, M.OP_ERASE])),
+            op=draw(st.sampled_from([M.OP_INSERT, M.OP_INSERT_EVICT, M.OP_ERASE, M.OP_PLACE])),
             assign_rows=False,
             total_buckets=t.total_buckets,
             has_rows=t.has_rows,
@@ -761,6 +763,16 @@ def fuzz_table_ops(draw):
         if draw(st.booleans()) and args["op"] == M.OP_INSERT_EVICT:
             args["victim_scores"] = torch.randn(m.num_slots, dtype=torch.float64, device=DEVICE)
             kinds["victim_scores"] = "float"
+        if args["op"] == M.OP_PLACE:
+            # A slot of each key's home bucket (replay), now and then one outside it.
+            rnd = random.Random(draw(st.integers(0, 2**32 - 1)))
+            slots = []
+            for key, tid in zip(keys.tolist(), tids.tolist()):
+                start, w, _ = m.home(tid, key) if key >= M.FIRST_VALID_KEY else (0, 1, 0)
+                slots.append(start + (rnd.randrange(w) if rnd.random() > 0.05 else w))
+            args["victim_scores"] = None
+            args["target_slots"] = torch.tensor(slots, dtype=torch.int64, device=DEVICE)
+            kinds["target_slots"] = "index"
     if op == "table_find_gather":
         args["values"] = torch.randn(m.num_slots + sum(m.row_caps), 3, device=DEVICE)
         kinds["values"] = "float"
@@ -827,10 +839,21 @@ def fuzz_table_ops(draw):
             ]
         if op == "table_run":
             o = _need_int(a["op"], "op")
-            if o not in (0, 1, 2):
+            if o not in (0, 1, 2, 3):
                 raise Refused("op")
             if a["total_buckets"] != t.total_buckets:
                 raise Refused("total_buckets")
+            if o == M.OP_PLACE:
+                ts = _need_tensor(a["target_slots"], "target_slots", torch.int64, 1, True)
+                if ts.numel() != len(k):
+                    raise Refused("target_slots")
+                ts = ts.tolist()
+                for key, tid, slot in zip(k, ti, ts):
+                    start, w, _ = m.home(tid, key)
+                    if not start <= slot < start + w or m.no_eviction[tid]:
+                        raise Refused("slot outside the home bucket, or NO_EVICTION")
+                res = m.place(k, ti, ts, p, v)
+                return [res.slots, res.status, [r[0] for r in res.evicted]]
             if a.get("victim_scores") is not None:
                 vs = _need_tensor(a["victim_scores"], "victim_scores", torch.float64, 1, True)
                 if vs.numel() != m.num_slots:
@@ -886,6 +909,92 @@ def _route_rank(key: int, dist: int, block: int, world: int) -> int:
     if dist == 0 and 0 <= key < block * world:
         return key // block
     return key % world
+
+
+COUNTER_ALIASES = dict(
+    RAW_ALIASES, frequencies=[r"frequenc"], release_at=[r"release_at"], keys=[r"\bkeys?\b"]
+)
+
+
+@target("counter op", 600)
+def fuzz_counter_op(draw):
+    """counter_add (the admission counter's raw op) against the counter model
+    (tests/admission/counter_model.py), after a few counts."""
+    from counter_model import CounterModel
+
+    from dynamicemb import KVCounter
+    from dynamicemb.admission import MultiTableKVCounter
+
+    shares = [
+        (draw(st.sampled_from([16, 32, 48])), draw(st.sampled_from([16, 32])))
+        for _ in range(draw(st.integers(1, 2)))
+    ]
+    c = MultiTableKVCounter([KVCounter(cap, bucket_capacity=w) for cap, w in shares], DEVICE)
+    m = CounterModel(shares)
+    for _ in range(draw(st.integers(0, 2))):  # earlier counts, full buckets often
+        keys, tids = _batch(draw, m, max_size=40)
+        keep = keys >= M.FIRST_VALID_KEY
+        keys, tids = keys[keep], tids[keep]
+        freqs = torch.randint(0, 3, keys.shape, dtype=torch.int64, device=DEVICE)
+        release = draw(st.sampled_from([2**63 - 1, 3]))
+        c.add_and_release(keys, tids, freqs, release)
+        m.add_and_release(keys.tolist(), tids.tolist(), freqs.tolist(), release)
+    keys, tids = _batch(draw, m)
+    t = c.table
+    args = dict(
+        keys=keys,
+        table_ids=tids,
+        table_keys=t.keys,
+        digests=t.digests,
+        scores=t.scores,
+        info=t.info,
+        counters=t.counters,
+        frequencies=torch.randint(0, 4, keys.shape, dtype=torch.int64, device=DEVICE),
+        release_at=draw(st.sampled_from([2**63 - 1, 2, 3, 5])),
+        total_buckets=t.total_buckets,
+    )
+    kinds = dict(
+        keys="keys",
+        table_ids="index",
+        table_keys="state",
+        digests="state",
+        scores="state",
+        info="state",
+        counters="state",
+        frequencies="index",
+        release_at="int",
+        total_buckets="int",
+    )
+    args2, desc, names, _ = mutate(draw, args, kinds, COUNTER_ALIASES, valid_share=0.25)
+    desc = f"counter_add({desc}) on {shares}"
+    state_args = [t.keys, t.digests, t.scores, t.counters]
+
+    def call():
+        return OPS.counter_add(*args2.values())
+
+    def model():
+        a = args2
+        for k in ("table_keys", "digests", "scores", "info", "counters"):
+            if a[k] is not args[k]:
+                raise Refused(f"{k} replaced")
+        _need_tensor(a["keys"], "keys", torch.int64, 1, contiguous=True)
+        _need_tensor(a["table_ids"], "table_ids", torch.int64, 1, contiguous=True)
+        k, ti = _model_batch(m, a["keys"], a["table_ids"])
+        f = _need_tensor(a["frequencies"], "frequencies", torch.int64, 1, contiguous=True)
+        if f.numel() != len(k) or bool((f < 0).any()):
+            raise Refused("frequencies")
+        release = _need_int(a["release_at"], "release_at")
+        if a["total_buckets"] != t.total_buckets:
+            raise Refused("total_buckets")
+        return m.add_and_release(k, ti, f.tolist(), release)
+
+    def check(got, want):
+        _equal(got, want, "counter_add")
+        assert t.keys.tolist() == m.keys and t.scores.tolist() == m.scores, desc
+        for name, col in (("SIZE", 0), ("INSERT_FAILURES", 1), ("EVICTIONS", 2), ("INSERTS", 5)):
+            assert t.counter(name).tolist() == [row[col] for row in m.counters], (name, desc)
+
+    case("counter op", desc, call, model, state_args, names, check)
 
 
 @target("row and routing ops", 1500)

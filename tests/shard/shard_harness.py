@@ -180,6 +180,9 @@ class TableSpec:
     pooling: str = "SUM"  # EmbeddingBagCollection only: SUM or MEAN
     static_sharding: str = "row_wise"  # static tables: row_wise or table_wise
     initializer: str = "debug"  # dynamic tables: debug or uniform
+    # Dynamic tables: FrequencyAdmissionStrategy(admit_threshold) with a counter
+    # share of 1024 slots; None admits every key.
+    admit_threshold: int | None = None
     # dynamic tables: more DynamicEmbTableOptions fields (storage tiers, dtype)
     options: dict = dataclasses.field(default_factory=dict)
 
@@ -316,12 +319,20 @@ def table_options(spec: TableSpec, world_size: int):
     config = EmbeddingConfig(
         name=spec.name, num_embeddings=spec.num_embeddings, embedding_dim=spec.dim
     )
+    admit_strategy = None
+    if spec.admit_threshold is not None:
+        from dynamicemb import FrequencyAdmissionStrategy, KVCounter
+
+        admit_strategy = FrequencyAdmissionStrategy(
+            spec.admit_threshold, KVCounter(1024, bucket_capacity=128)
+        )
     return DynamicEmbTableOptions(
         dim=spec.dim,
         max_capacity=get_sharded_table_capacity(config, world_size, 128),
         bucket_capacity=128,
         initializer_args=initializer_args(spec),
         dist_type=spec.dist_type,
+        admit_strategy=admit_strategy,
         **spec.options,
     )
 
@@ -474,7 +485,7 @@ def run_scenario(
         loss = sum(0.5 * ((v.double() - targets[k].to(device)) ** 2).sum() for k, v in outs.items())
         loss.backward()
         steps.append({k: v.detach().double().cpu().clone() for k, v in outs.items()})
-    result = {"steps": steps, "plan_kernels": {}}
+    result = {"steps": steps, "plan_kernels": {}, "admission": _admission_counts(model)}
     for name, ps in plan.plan["coll"].items():
         result["plan_kernels"][name] = (ps.sharding_type, ps.compute_kernel, type(ps).__name__)
     if scenario.eval_step:
@@ -485,6 +496,23 @@ def run_scenario(
                 k: v.double().cpu().clone() for k, v in local_outputs(scenario, model(kjt)).items()
             }
     return result
+
+
+def _admission_counts(model) -> dict[str, Any]:
+    """This rank's admission counts of each dynamic table with an admitter
+    ([admitted, rejected]), and the thresholds of its modules."""
+    from dynamicemb.embedding.stats import StatCol
+    from dynamicemb.shard import dynamic_embedding_kernels
+
+    counts, modules = {}, []
+    for kernel in dynamic_embedding_kernels(model):
+        m = kernel.emb_module
+        if m.admitter is None:
+            continue
+        modules.append((tuple(kernel.table_names), m.admitter.threshold))
+        for t, name in enumerate(kernel.table_names):
+            counts[name] = m.stats.counts[t, [StatCol.ADMISSIONS, StatCol.REJECTIONS]].cpu()
+    return {"counts": counts, "modules": sorted(modules)}
 
 
 def run_scenarios(rank: int, world_size: int, scenarios: list[Scenario]) -> dict[str, Any]:
@@ -503,23 +531,48 @@ class _DenseTable:
         self.static_weight = static_weight
         self.rows: dict[int, torch.Tensor] = {}
         self.state: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        # Admission: the counts of keys waiting, and per step the keys kept out.
+        self.waiting: dict[int, int] = {}
+        self.rejected: set[int] = set()
+        self.admission = [0, 0]  # admitted, rejected
+
+    def initial_row(self, key: int) -> torch.Tensor:
+        from dynamicemb.embedding import init_rows
+
+        r = init_rows(
+            torch.tensor([key]),
+            self.spec.dim,
+            initializer_args(self.spec),
+            torch.tensor([self.table_id]),
+            0,
+        )
+        return r[0].double()
 
     def row(self, key: int) -> torch.Tensor:
         if key not in self.rows:
             if self.static_weight is not None:
                 self.rows[key] = self.static_weight[key].double().clone()
             else:
-                from dynamicemb.embedding import init_rows
-
-                r = init_rows(
-                    torch.tensor([key]),
-                    self.spec.dim,
-                    initializer_args(self.spec),
-                    torch.tensor([self.table_id]),
-                    0,
-                )
-                self.rows[key] = r[0].double()
+                self.rows[key] = self.initial_row(key)
         return self.rows[key]
+
+    def admit(self, occurrences: dict[int, int]) -> None:
+        """A training step's admission: each missing key's count grows by its
+        occurrences (over all ranks: all of them reach the key's rank); at
+        the threshold the key is admitted, else it is rejected this step."""
+        self.rejected = set()
+        if self.spec.admit_threshold is None:
+            return
+        for key, n in occurrences.items():
+            if key in self.rows:
+                continue
+            count = self.waiting.pop(key, 0) + n
+            if count >= self.spec.admit_threshold:
+                self.admission[0] += 1
+            else:
+                self.waiting[key] = count
+                self.rejected.add(key)
+                self.admission[1] += 1
 
 
 def reference_outputs(scenario: Scenario, world_size: int) -> dict[str, Any]:
@@ -550,6 +603,14 @@ def reference_outputs(scenario: Scenario, world_size: int) -> dict[str, Any]:
     for step in range(scenario.steps + (1 if scenario.eval_step else 0)):
         training = step < scenario.steps
         batches = [batch_for(scenario, step, r) for r in range(world_size)]
+        if training:
+            for t in scenario.tables:
+                occurrences: dict[int, int] = {}
+                for batch in batches:
+                    for keys, _ in batch[t.feature]:
+                        for k in keys.tolist():
+                            occurrences[k] = occurrences.get(k, 0) + 1
+                tables[t.name].admit(occurrences)
         # Leaf tensors of the rows this step touches.
         leaves: dict[tuple[str, int], torch.Tensor] = {}
         for batch in batches:
@@ -557,7 +618,10 @@ def reference_outputs(scenario: Scenario, world_size: int) -> dict[str, Any]:
                 for keys, _ in batch[t.feature]:
                     for k in keys.tolist():
                         if (t.name, k) not in leaves:
-                            if training or k in tables[t.name].rows or not t.dynamic:
+                            if training and k in tables[t.name].rejected:
+                                # Read, not stored, not trained.
+                                base = tables[t.name].initial_row(k)
+                            elif training or k in tables[t.name].rows or not t.dynamic:
                                 base = tables[t.name].row(k)
                             else:  # eval: an unseen key reads the eval initializer (0.0)
                                 base = torch.zeros(t.dim, dtype=torch.float64)
@@ -575,12 +639,15 @@ def reference_outputs(scenario: Scenario, world_size: int) -> dict[str, Any]:
             break
         (total / world_size).backward()
         for (name, k), leaf in leaves.items():
-            if leaf.grad is None:
+            if leaf.grad is None or k in tables[name].rejected:
                 continue
             _apply(scenario, tables[name], k, leaf.grad, step + 1)
+    admission = {
+        t.name: tables[t.name].admission for t in scenario.tables if t.admit_threshold is not None
+    }
     result = []
     for r in range(world_size):
-        entry = {"steps": per_rank_steps[r][: scenario.steps]}
+        entry = {"steps": per_rank_steps[r][: scenario.steps], "admission": admission}
         if scenario.eval_step:
             entry["eval"] = per_rank_steps[r][scenario.steps]
         result.append(entry)

@@ -51,9 +51,9 @@ BUCKET_ALIGNMENT = 16
 # ScorePolicy
 NONE, ASSIGN, ACCUMULATE, TIMER = 0, 1, 2, 3
 # InsertStatus
-FOUND, INSERTED, EVICTED, FAILED, INVALID = 0, 1, 2, 3, 4
+FOUND, INSERTED, EVICTED, FAILED, INVALID, RELEASED = 0, 1, 2, 3, 4, 5
 # RunOp
-OP_INSERT, OP_INSERT_EVICT, OP_ERASE = 0, 1, 2
+OP_INSERT, OP_INSERT_EVICT, OP_ERASE, OP_PLACE = 0, 1, 2, 3
 # CounterCol
 SIZE, INSERT_FAILURES, EVICTIONS, NEXT_ROW, FREE_TOP, INSERTS = 0, 1, 2, 3, 4, 5
 # The model's state that a relayout replaces.
@@ -381,6 +381,53 @@ class TableModel:
             self.free_stack[t] = [r for r in range(nxt - 1, -1, -1) if r not in held]
             self.counters[t][NEXT_ROW] = nxt
             self.counters[t][FREE_TOP] = len(self.free_stack[t])
+
+    def place(
+        self, keys, table_ids, slots, policies=None, values=None, assign_rows=False, now=None
+    ):
+        """place: each key into the given slot of its home bucket, batch in
+        (bucket, index) order; a copy elsewhere in the bucket is removed, an
+        occupant displaced (reported as evicted). NO_EVICTION rows are given by
+        values[.][0]; the allocators are rebuilt from the rows held, as after
+        an insert with assign_rows."""
+        self.now = now
+        keys, table_ids, slots = list(keys), list(table_ids), list(slots)
+        n = len(keys)
+        policies = policies or [NONE] * self.num_scores
+        values = values or [[0] * self.num_scores]
+        res = RunResult(n)
+        order = sorted(range(n), key=lambda i: (self.home(table_ids[i], keys[i])[2], i))
+        for i in order:
+            key, t, slot = keys[i], table_ids[i], slots[i]
+            start, w, _ = self.home(t, key)
+            if not start <= slot < start + w:
+                raise ValueError(f"slot {slot} of key {key} is not in its home bucket")
+            cnt = self.counters[t]
+            old = self._locate(t, key)
+            if old >= 0 and old != slot:
+                self.keys[old] = EMPTY_KEY
+                self.scores[old] = [0] * self.num_scores
+                cnt[SIZE] -= 1
+            occupant = self.keys[slot]
+            status = FOUND
+            if occupant == EMPTY_KEY:
+                status = INSERTED
+                cnt[SIZE] += 1
+                cnt[INSERTS] += 1
+            elif occupant != key:
+                status = EVICTED
+                res.evicted.append((occupant, tuple(self.scores[slot]), slot, t))
+                cnt[EVICTIONS] += 1
+                cnt[INSERTS] += 1
+            self.keys[slot] = key
+            if self.no_eviction[t]:
+                self.scores[slot] = [self._value(values, i, 0)] + [0] * (self.num_scores - 1)
+            else:
+                self.scores[slot] = self._initial(policies, values, i)
+            res.slots[i], res.status[i] = slot, status
+        if self.has_rows and assign_rows:
+            self._rebuild_row_allocators()
+        return res
 
     def insert(self, keys, table_ids, policies=None, values=None, assign_rows=False, now=None):
         return self.run(OP_INSERT, keys, table_ids, policies, values, assign_rows, now)

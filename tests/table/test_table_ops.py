@@ -69,8 +69,9 @@ def test_extension_constants_are_the_values_of_types_h():
         "EVICTED": 2,
         "FAILED": 3,
         "INVALID": 4,
+        "RELEASED": 5,
     }
-    assert dict(c["RunOp"]) == {"INSERT": 0, "INSERT_EVICT": 1, "ERASE": 2}
+    assert dict(c["RunOp"]) == {"INSERT": 0, "INSERT_EVICT": 1, "ERASE": 2, "PLACE": 3}
     assert {k: c["CounterCol"][k] for k in ("SIZE", "INSERT_FAILURES", "EVICTIONS")} == {
         "SIZE": M.SIZE,
         "INSERT_FAILURES": M.INSERT_FAILURES,

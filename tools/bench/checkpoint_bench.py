@@ -46,7 +46,9 @@ class Model(torch.nn.Module):
         return self.ec(kjt)
 
 
-def build(args, device: torch.device):
+def build(args, device: torch.device, **options):
+    """The EmbeddingCollection of ``args.tables`` tables sharded in a world of
+    one (``options``: more ``DynamicEmbTableOptions`` fields)."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import Topology
@@ -73,7 +75,7 @@ def build(args, device: torch.device):
         c.name: DynamicEmbParameterConstraints(
             sharding_types=["row_wise"],
             use_dynamicemb=True,
-            dynamicemb_options=DynamicEmbTableOptions(bucket_capacity=128),
+            dynamicemb_options=DynamicEmbTableOptions(bucket_capacity=128, **options),
         )
         for c in configs
     }
@@ -273,11 +275,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.device == "cuda" and not has_gpu:
         ap.error("--device cuda: no GPU is visible")
-    dist_launch.init_process_group(0, 1, dist_launch.free_port(), args.device, args.threads)
-    try:
-        run(args)
-    finally:
-        dist.destroy_process_group()
+    dist_launch.run_alone(run, args)
     return 0
 
 

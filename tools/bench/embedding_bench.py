@@ -2,6 +2,7 @@
 
     python tools/bench/embedding_bench.py [--device cpu] [--tables 4] [--lookups 16384]
         [--dim 64] [--rows 200000] [--optimizer sgd|adam] [--pooling sum|none]
+        [--admission THRESHOLD]
 
 One step = forward + backward + optimizer update, keys drawn from a power law
 (exponent 1.05) over `rows` ids per table, hotness 1. Baselines in the same
@@ -9,6 +10,15 @@ run: FBGEMM's SplitTableBatchedEmbeddingBagsCodegen (TorchRec's own static
 tables; on the CPU it supports SGD only) and an nn.EmbeddingBag per table
 (dense weights of `rows` rows, sparse gradients) with torch.optim.SGD /
 SparseAdam. Prints the median of the timed steps after warm-up.
+
+``--admission T`` also times, in the same run, the same module with a
+``FrequencyAdmissionStrategy(T)`` on every table (a counter share of ``rows``
+slots per table) and prints its overhead over the module without. Both are
+pre-filled with the same batches, then both are timed on new draws of the
+same power law (instead of the pre-fill batches), so each step brings keys
+the tables miss: the module without admission inserts them, the one with it
+counts them and admits those seen T times. The two are timed alternately,
+step by step.
 """
 
 import argparse
@@ -17,9 +27,15 @@ import time
 
 import torch
 
-from dynamicemb import DynamicEmbPoolingMode, DynamicEmbTableOptions
+from dynamicemb import (
+    DynamicEmbPoolingMode,
+    DynamicEmbTableOptions,
+    FrequencyAdmissionStrategy,
+    KVCounter,
+)
 from dynamicemb.dynamicemb_config import value_row_bytes
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
+from dynamicemb.embedding.stats import StatCol
 
 
 def power_law(g, n, rows, alpha):
@@ -28,19 +44,38 @@ def power_law(g, n, rows, alpha):
     return (((rows**a - 1.0) * u + 1.0) ** (1.0 / a)).long().clamp(max=rows) - 1
 
 
+# What a step is timed with: wall-clock time, or (--cpu-time) the process's
+# CPU time, which on a shared CPU machine leaves out the other processes' load.
+CLOCK = time.perf_counter
+
+
+def timed_once(fn, device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    t0 = CLOCK()
+    fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return CLOCK() - t0
+
+
 def timed(fn, device, reps, warmup=3):
     for _ in range(warmup):
         fn()
-    times = []
+    return statistics.median(timed_once(fn, device) for _ in range(reps))
+
+
+def timed_pair(step_a, step_b, device, reps, warmup=3):
+    """Median times of two steps run alternately (a, b, a, b, ...), so that a
+    machine whose load drifts slows both alike."""
+    for _ in range(warmup):
+        step_a()
+        step_b()
+    times = ([], [])
     for _ in range(reps):
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        times[0].append(timed_once(step_a, device))
+        times[1].append(timed_once(step_b, device))
+    return statistics.median(times[0]), statistics.median(times[1])
 
 
 def main():
@@ -54,42 +89,88 @@ def main():
     ap.add_argument("--pooling", choices=["sum", "none"], default="sum")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time steps by the process's CPU time (CPU device only)",
+    )
+    ap.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    ap.add_argument(
+        "--admission",
+        type=int,
+        metavar="THRESHOLD",
+        help="also time the step with a FrequencyAdmissionStrategy of this threshold",
+    )
+    ap.add_argument(
         "--profile", action="store_true", help="print our step's kernels by device time"
     )
     args = ap.parse_args()
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
+    global CLOCK
+    if args.cpu_time:
+        if args.device != "cpu":
+            ap.error("--cpu-time times CPU steps only")
+        CLOCK = time.process_time
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
     dev = torch.device(args.device)
     T, N, D = args.tables, args.lookups, args.dim
     g = torch.Generator().manual_seed(0)
-    batches = []
-    for _ in range(args.reps + 3):
-        idx = torch.cat([power_law(g, N, args.rows, 1.05) for _ in range(T)])
-        batches.append(idx.to(dev))
+
+    def draw():
+        return [
+            torch.cat([power_law(g, N, args.rows, 1.05) for _ in range(T)]).to(dev)
+            for _ in range(args.reps + 3)
+        ]
+
+    batches = draw()
+    # With --admission: new draws, whose tail keys miss (see the docstring).
+    timed_batches = batches if args.admission is None else draw()
     offsets = torch.arange(T * N + 1, device=dev)  # hotness 1: one index per bag
     pooling = DynamicEmbPoolingMode.SUM if args.pooling == "sum" else DynamicEmbPoolingMode.NONE
     opt = EmbOptimType.EXACT_SGD if args.optimizer == "sgd" else EmbOptimType.ADAM
     cap = 1 << (2 * args.rows - 1).bit_length()
     # Every row in device memory (the all-device table).
     hbm = cap * value_row_bytes(opt, D, torch.float32)
-    opts = [
-        DynamicEmbTableOptions(
-            dim=D, max_capacity=cap, bucket_capacity=128, local_hbm_for_values=hbm
+
+    def module(admit_strategy=None):
+        opts = [
+            DynamicEmbTableOptions(
+                dim=D,
+                max_capacity=cap,
+                bucket_capacity=128,
+                local_hbm_for_values=hbm,
+                admit_strategy=admit_strategy,
+            )
+            for _ in range(T)
+        ]
+        m = BatchedDynamicEmbeddingTablesV2(opts, None, pooling, opt, device=dev, learning_rate=0.1)
+        for b in batches:  # pre-fill: every row the timed steps touch exists (or was counted)
+            m(b, offsets)
+        it = iter(timed_batches * 2)
+
+        def step():
+            m(next(it), offsets).sum().backward()
+
+        return m, step
+
+    ours, ours_step = module()
+    t_adm = None
+    if args.admission is None:
+        t_ours = timed(ours_step, dev, args.reps)
+    else:
+        strategy = FrequencyAdmissionStrategy(
+            args.admission, KVCounter(capacity=args.rows, bucket_capacity=1024)
         )
-        for _ in range(T)
-    ]
-    ours = BatchedDynamicEmbeddingTablesV2(opts, None, pooling, opt, device=dev, learning_rate=0.1)
-    it = iter(batches * 2)
-
-    def ours_step():
-        out = ours(next(it), offsets)
-        out.sum().backward()
-
-    for b in batches:  # pre-fill: every row the timed steps touch exists
-        ours(b, offsets)
-    t_ours = timed(ours_step, dev, args.reps)
+        adm, adm_step = module(strategy)
+        before = adm.stats.counts.sum(0).cpu()
+        t_ours, t_adm = timed_pair(ours_step, adm_step, dev, args.reps)
+        per_step = (adm.stats.counts.sum(0).cpu() - before) / (args.reps + 3)
     if args.profile:
         profile_step(ours_step, dev)
+        if t_adm is not None:
+            profile_step(adm_step, dev)
 
     bags = [torch.nn.EmbeddingBag(args.rows, D, mode="sum", sparse=True).to(dev) for _ in range(T)]
     params = [p for b in bags for p in b.parameters()]
@@ -113,18 +194,29 @@ def main():
     print(
         f"device {dev}, {T} tables x {N} lookups, dim {D}, {args.optimizer}, pooling "
         f"{args.pooling}, "
-        f"{torch.get_num_threads()} threads"
+        f"{torch.get_num_threads()} threads" + (", CPU time" if args.cpu_time else "")
     )
     ref = t_tbe if t_tbe else t_base
     name = "FBGEMM TBE" if t_tbe else "EmbeddingBag"
     print(f"| implementation | train step (ms) | ratio to {name} |")
     print("|---|---|---|")
     print(f"| BatchedDynamicEmbeddingTablesV2 | {t_ours * 1e3:.2f} | {t_ours / ref:.2f} |")
+    if t_adm is not None:
+        print(
+            f"| BatchedDynamicEmbeddingTablesV2, FrequencyAdmissionStrategy({args.admission}) "
+            f"| {t_adm * 1e3:.2f} | {t_adm / ref:.2f} |"
+        )
     if t_tbe:
         print(f"| FBGEMM SplitTableBatchedEmbeddingBagsCodegen | {t_tbe * 1e3:.2f} | 1.00 |")
     else:
         print("| FBGEMM SplitTableBatchedEmbeddingBagsCodegen | n/a (not supported here) | |")
     print(f"| torch.nn.EmbeddingBag (sparse) | {t_base * 1e3:.2f} | {t_base / ref:.2f} |")
+    if t_adm is not None:
+        print(
+            f"admission overhead: {100 * (t_adm / t_ours - 1):+.1f} % "
+            f"(per step {per_step[StatCol.ADMISSIONS]:.0f} keys admitted, "
+            f"{per_step[StatCol.REJECTIONS]:.0f} rejected)"
+        )
     if dev.type == "cuda":
         uniq = statistics.mean(
             sum(int(torch.unique(b[t * N : (t + 1) * N]).numel()) for t in range(T))

@@ -2,8 +2,8 @@
 # One device round: build and run the GPU tests, then the embedding and table
 # benchmarks, writing each output to $OUT (default: .gpu_round/) as well.
 #
-#   bash tools/bench/gpu_round.sh [tests|embedding|table|variants|multigpu|checkpoint|metrics|storage|soak]...
-#   (default: the first three)
+#   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|multigpu|checkpoint|metrics|storage|replication|soak]...
+#   (default: tests, embedding, table, admission)
 #
 # storage: tools/bench/storage_bench.py (the device cache at ratios 1.0, 0.5 and 0.1
 # with and without prefetch, the hybrid table at 50 %, the all-device table, FBGEMM's
@@ -15,13 +15,18 @@
 # Needs a CUDA machine; the torchrec/fbgemm bundle in .gpupkg/ for the FBGEMM
 # baselines (see docs/testing.md).
 #
+# admission: the embedding train step with a FrequencyAdmissionStrategy(2)
+# against the same step without, in one run (SUM and NONE pooling), into
+# $OUT/admission.txt; the target is under 10 % extra.
+#
 # multigpu: NCCL over every visible GPU (one process per GPU). Builds
 # dynamicemb._C with CUDA if it is not built yet, then, each under a timeout:
 # the sharded EmbeddingCollection benchmark against TorchRec
 # (tools/bench/sharded_ec_bench.py), the `multigpu` tests (tests/shard,
-# tests/twin, tests/checkpoint, tests/storage), the main job (tools/train_dlrm.py --device cuda --steps 500).
+# tests/twin, tests/checkpoint, tests/storage, tests/replication, tests/admission), the main
+# job (tools/train_dlrm.py --device cuda --steps 500).
 # Writes multigpu_*.txt to $OUT and prints a summary (also $OUT/multigpu.txt).
-# Timeouts in seconds: MG_BENCH_TIMEOUT (90), MG_TESTS_TIMEOUT (180),
+# Timeouts in seconds: MG_BENCH_TIMEOUT (90), MG_TESTS_TIMEOUT (300),
 # MG_TRAIN_TIMEOUT (60), MG_BUILD_TIMEOUT (300); MG_BENCH_ARGS replaces the
 # benchmark's step counts.
 #
@@ -100,10 +105,10 @@ multigpu_part() {
   local report="$OUT/multigpu_tests.xml" par=()
   rm -f "$report"
   "$PY" -c "import xdist" > /dev/null 2>&1 && par=(-n 2 --dist loadfile)
-  timeout -k 10 "${MG_TESTS_TIMEOUT:-180}" "$PY" -m pytest -m multigpu tests/shard tests/twin tests/checkpoint tests/storage -q --tb=short \
+  timeout -k 10 "${MG_TESTS_TIMEOUT:-300}" "$PY" -m pytest -m multigpu tests/shard tests/twin tests/checkpoint tests/storage tests/replication tests/admission -q --tb=short \
     -p no:cacheprovider ${par[@]+"${par[@]}"} --junitxml="$report" > "$OUT/multigpu_tests_full.txt" 2>&1
   rc=$?
-  echo "tests: $(status_word $rc "${MG_TESTS_TIMEOUT:-180}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+  echo "tests: $(status_word $rc "${MG_TESTS_TIMEOUT:-300}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
   if [ -f "$report" ]; then
     "$PY" - "$report" <<'PYEOF' | tee -a "$sum"
 import sys, xml.etree.ElementTree as ET
@@ -120,7 +125,7 @@ print(f"{tests - failed - skipped} passed, {failed} failed, {skipped} skipped")
 PYEOF
   else
     tail -20 "$OUT/multigpu_tests_full.txt"
-    echo "0 passed, 1 failed (no report: the run $(status_word $rc "${MG_TESTS_TIMEOUT:-180}"))" | tee -a "$sum"
+    echo "0 passed, 1 failed (no report: the run $(status_word $rc "${MG_TESTS_TIMEOUT:-300}"))" | tee -a "$sum"
   fi
   # 3. The main job on every GPU.
   t0=$(date +%s)
@@ -134,7 +139,7 @@ PYEOF
 }
 
 parts=("$@")
-[ ${#parts[@]} -eq 0 ] && parts=(tests embedding table)
+[ ${#parts[@]} -eq 0 ] && parts=(tests embedding table admission)
 for part in "${parts[@]}"; do
   case $part in
     tests)
@@ -149,6 +154,14 @@ for part in "${parts[@]}"; do
             --lookups 104857 --dim 128 --rows 1677721 --optimizer "$opt" --pooling "$pool" 2>&1 \
             | tail -${TAIL:-12} | tee -a "$OUT/embedding.txt"
         done
+      done
+      ;;
+    admission)
+      : > "$OUT/admission.txt"
+      for pool in sum none; do
+        timeout 180 "$PY" tools/bench/embedding_bench.py --device cuda $PROFILE --tables 10 \
+          --lookups 104857 --dim 128 --rows 1677721 --optimizer sgd --pooling "$pool" \
+          --admission 2 2>&1 | tail -${TAIL:-12} | tee -a "$OUT/admission.txt"
       done
       ;;
     table)
@@ -185,6 +198,21 @@ for part in "${parts[@]}"; do
       timeout -k 10 "${SOAK_TIMEOUT:-1500}" "$PY" tools/soak.py --steps "${SOAK_STEPS:-100000}" \
         --every "${SOAK_EVERY:-2000}" --summary-json "$OUT/soak.json" -- --device cuda \
         --world-size 1 2>&1 | grep -v "registered at\|backend fallback" | tail -30 | tee "$OUT/soak.txt"
+      ;;
+    replication)
+      # Delta dump and replay throughput against a full dump (docs/benchmarks/replication.md),
+      # the GPU tests of tests/replication, and the serving replica example on one GPU
+      # following a job on every GPU.
+      : > "$OUT/replication.txt"
+      build_cuda "$OUT/replication.txt" || continue
+      # shellcheck disable=SC2086
+      timeout -k 10 "${REPL_BENCH_TIMEOUT:-900}" "$PY" tools/bench/replication_bench.py --device cuda \
+        ${REPL_BENCH_ARGS:---rows 10000000 --dim 128} 2>&1 \
+        | grep -v "registered at\|backend fallback\|Warning\|warn(" | tee -a "$OUT/replication.txt"
+      timeout -k 10 "${REPL_TESTS_TIMEOUT:-600}" "$PY" -m pytest -m gpu tests/replication tests/table/test_place.py \
+        -q --tb=short -p no:cacheprovider 2>&1 | tail -15 | tee -a "$OUT/replication.txt"
+      timeout -k 10 "${REPL_DEMO_TIMEOUT:-300}" "$PY" examples/serve_replica.py demo --device cuda \
+        --steps 100 2>&1 | grep "^serve\|^train" | tail -8 | tee -a "$OUT/replication.txt"
       ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac

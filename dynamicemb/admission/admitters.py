@@ -1,0 +1,121 @@
+"""The admitters the provided strategies create: what a module runs to decide.
+
+``MultiTableFrequencyAdmitter`` counts into a ``MultiTableKVCounter`` and admits
+a key once its count reaches the threshold; ``MultiTableProbabilisticAdmitter``
+tosses a coin per occurrence and keeps nothing.
+"""
+
+import math
+
+import torch
+
+from dynamicemb.admission.counters import MultiTableKVCounter
+from dynamicemb.embedding.initializer import MultiTableInitializer
+from dynamicemb.types import Counter, MultiTableAdmitter
+
+__all__ = ["MultiTableFrequencyAdmitter", "MultiTableProbabilisticAdmitter"]
+
+
+def _frequencies(keys: torch.Tensor, frequencies: torch.Tensor | None) -> torch.Tensor:
+    """The batch's occurrences of each key: one each when not counted."""
+    if frequencies is None:
+        return torch.ones(keys.shape, dtype=torch.int64, device=keys.device)
+    if frequencies.shape != keys.shape:
+        raise ValueError(
+            f"frequencies must have one entry per key ({keys.numel()}), got shape "
+            f"{tuple(frequencies.shape)}"
+        )
+    return frequencies
+
+
+class MultiTableFrequencyAdmitter(MultiTableAdmitter):
+    """Admits a missing key once its count reaches the threshold.
+
+    A key's count is what the counter accumulated for it plus this batch's
+    occurrences; a key that reaches the threshold is admitted and leaves the
+    counter in the same step (``MultiTableKVCounter.add_and_release``). With
+    threshold 0 or 1 every key is admitted at once and nothing is counted.
+
+    Args:
+        threshold (int): the count that admits, >= 0.
+        counter (MultiTableKVCounter): the tables' fused counter.
+        initializer (Optional[MultiTableInitializer]): writes the rows of
+            rejected keys; None for the tables' own initializers.
+    """
+
+    def __init__(
+        self,
+        threshold: int,
+        counter: MultiTableKVCounter,
+        initializer: MultiTableInitializer | None = None,
+    ) -> None:
+        self.threshold = int(threshold)
+        self.counter = counter
+        self._initializer = initializer
+
+    def admit(
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        frequencies: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        counts = self.counter.add_and_release(
+            keys, table_ids, _frequencies(keys, frequencies), self.threshold
+        )
+        return counts >= self.threshold
+
+    def state(self) -> Counter:
+        return self.counter
+
+    @property
+    def non_admitted_initializer(self) -> MultiTableInitializer | None:
+        return self._initializer
+
+
+class MultiTableProbabilisticAdmitter(MultiTableAdmitter):
+    """Admits each occurrence of a missing key with a fixed probability.
+
+    A key occurring k times in a batch gets k tosses, i.e. one toss against
+    ``1 - (1 - p)**k``, computed as ``-expm1(k * log1p(-p))`` so that a small
+    ``p`` is not lost in ``1 - p``. The tosses come from a generator of the
+    admitter's own on its device (seeded with ``seed``), so admission does not
+    move the global random stream, and a seeded run repeats.
+
+    Args:
+        probability (float): in (0, 1].
+        device (torch.device): where the tosses are drawn.
+        seed (int): the generator's seed.
+        initializer (Optional[MultiTableInitializer]): writes the rows of
+            rejected keys; None for the tables' own initializers.
+    """
+
+    def __init__(
+        self,
+        probability: float,
+        device: torch.device,
+        seed: int,
+        initializer: MultiTableInitializer | None = None,
+    ) -> None:
+        self.probability = float(probability)
+        self._log_reject = math.log1p(-self.probability) if self.probability < 1.0 else None
+        self.generator = torch.Generator(device=torch.device(device))
+        self.generator.manual_seed(int(seed))
+        self._initializer = initializer
+
+    def admit(
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        frequencies: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        if self._log_reject is None:  # p == 1
+            return torch.ones(keys.shape, dtype=torch.bool, device=keys.device)
+        draws = torch.rand(
+            keys.shape, generator=self.generator, dtype=torch.float64, device=keys.device
+        )
+        k = _frequencies(keys, frequencies).to(torch.float64)
+        return draws < -torch.expm1(k * self._log_reject)
+
+    @property
+    def non_admitted_initializer(self) -> MultiTableInitializer | None:
+        return self._initializer

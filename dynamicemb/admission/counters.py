@@ -1,0 +1,325 @@
+"""dynamicemb's counter: the ``KVCounter`` shares of the tables an admission
+strategy serves, fused into one scored hash table.
+
+The counter is the table layer itself (``ScoredHashTable``, one score word per
+slot holding the count, no values), so keys hash, probe and live in their home
+bucket exactly as an embedding table's keys do, and a full bucket evicts its
+smallest count. Counting is one op, ``torch.ops.dynamicemb.counter_add``
+(cc/admission), run bucket by bucket like the table's inserts: the CPU kernel
+is the reference the CUDA one is tested against.
+"""
+
+import contextlib
+import os
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from dynamicemb._checks import as_int, as_tensor
+from dynamicemb.dynamicemb_config import BUCKET_ALIGNMENT, align_to_table_size
+from dynamicemb.storage import Footprint, by_memory, table_metadata_bytes
+from dynamicemb.table import ScoredHashTable, enums
+from dynamicemb.table._native import constants, ops
+from dynamicemb.types import Counter, KVCounter, MemoryType
+
+__all__ = ["MultiTableKVCounter", "check_kv_counter"]
+
+# release_at of a plain add: no count reaches it.
+_NEVER = 2**63 - 1
+
+# Slots exported per step of a dump (bounds the memory a dump takes).
+_DUMP_SLOTS = 1 << 20
+
+# dtype of the counts in a dump's counter file.
+COUNT_DTYPE = torch.int64
+
+
+def check_kv_counter(counter: KVCounter, owner: str) -> None:
+    """Raises ValueError unless the counter's buckets are whole digest groups
+    (a multiple of ``BUCKET_ALIGNMENT``), as the table layer needs."""
+    if counter.bucket_capacity % BUCKET_ALIGNMENT:
+        raise ValueError(
+            f"{owner}: the counter's bucket_capacity must be a multiple of "
+            f"{BUCKET_ALIGNMENT}, got {counter!r}"
+        )
+
+
+class MultiTableKVCounter(Counter):
+    """The fused counter of several tables, built from their ``KVCounter``s.
+
+    Table ``t`` of the counter has ``kv_counters[t].capacity`` slots (rounded
+    up to whole buckets) in buckets of ``kv_counters[t].bucket_capacity``.
+    A key's count lives in its home bucket; a key that enters a full bucket
+    evicts the bucket's smallest count (the first such slot on a tie) that
+    the same call has not found or filled, and is not stored when there is
+    none. Within a call the keys are counted one after another, bucket by
+    bucket in call order (see ``add_and_release``), on the CPU and CUDA alike.
+
+    Args:
+        kv_counters (Sequence[KVCounter]): one per table, in table-id order;
+            they agree on ``key_type`` (the dtype of a dump's key file).
+        device (Optional[torch.device]): where the counter lives.
+
+    Raises:
+        TypeError: an entry is not a KVCounter (named with its index).
+        ValueError: no entry, a bucket capacity that is not a multiple of 16,
+            or the key types differ.
+
+    Example::
+
+        counter = MultiTableKVCounter([KVCounter(1 << 16), KVCounter(1 << 12)])
+        counter.add(keys, table_ids, torch.ones_like(keys))   # counts after the add
+    """
+
+    def __init__(
+        self, kv_counters: Sequence[KVCounter], device: str | torch.device | None = None
+    ) -> None:
+        kv_counters = list(kv_counters)
+        if not kv_counters:
+            raise ValueError("MultiTableKVCounter needs at least one KVCounter")
+        for t, c in enumerate(kv_counters):
+            if not isinstance(c, KVCounter):
+                raise TypeError(f"MultiTableKVCounter: entry {t} must be a KVCounter, got {c!r}")
+            check_kv_counter(c, f"MultiTableKVCounter entry {t}")
+        key_types = {c.key_type for c in kv_counters}
+        if len(key_types) != 1:
+            raise ValueError(
+                f"the KVCounters of one fused counter must share key_type, got {kv_counters!r}"
+            )
+        self.kv_counters = kv_counters
+        self.key_type: torch.dtype = kv_counters[0].key_type
+        self.table = ScoredHashTable(
+            [align_to_table_size(c.capacity, c.bucket_capacity) for c in kv_counters],
+            bucket_capacities=[c.bucket_capacity for c in kv_counters],
+            num_scores=1,
+            device=device,
+            validate=False,
+        )
+        self.device = self.table.device
+
+    @property
+    def num_tables(self) -> int:
+        return self.table.num_tables
+
+    # ------------------------------------------------------------ inputs --
+
+    def _batch(self, keys, table_ids, frequencies=None):
+        for name, x in (("keys", keys), ("table_ids", table_ids), ("frequencies", frequencies)):
+            if x is None and name == "frequencies":
+                continue
+            if not isinstance(x, torch.Tensor) or x.dtype.is_floating_point or x.is_complex():
+                got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
+                raise TypeError(f"MultiTableKVCounter: {name} must be an integer tensor, got {got}")
+            as_tensor(x, f"MultiTableKVCounter: {name}")  # refuses the meta device
+            if x.dim() != 1 or x.shape != keys.shape:
+                raise ValueError(
+                    f"MultiTableKVCounter: {name} must be 1-D with one entry per key "
+                    f"({keys.numel()}), got shape {tuple(x.shape)}"
+                )
+        keys = keys.to(self.device, torch.int64).contiguous()
+        table_ids = table_ids.to(self.device, torch.int64).contiguous()
+        if frequencies is None:
+            return keys, table_ids
+        return keys, table_ids, frequencies.to(self.device, torch.int64).contiguous()
+
+    def _check_table_id(self, table_id: Any) -> int:
+        if (
+            not isinstance(table_id, int)
+            or isinstance(table_id, bool)
+            or not 0 <= table_id < self.num_tables
+        ):
+            raise ValueError(
+                f"MultiTableKVCounter: table_id must be an int in [0, {self.num_tables}), "
+                f"got {table_id!r}"
+            )
+        return table_id
+
+    # -------------------------------------------------------- operations --
+
+    def add_and_release(
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        frequencies: torch.Tensor,
+        threshold: int,
+    ) -> torch.Tensor:
+        """Adds frequencies; keys whose count reaches ``threshold`` leave.
+
+        Keys are taken one after another (bucket by bucket): first every
+        occurrence of a stored key, then the others, each group in call order;
+        an occurrence of a key released earlier in the call counts as new.
+        Each key's count becomes its stored count (0 if absent) plus its
+        frequency. A count at or above ``threshold`` leaves the counter (a
+        stored key is erased, an absent one is not stored); a lower count is
+        stored, an absent key taking a free slot of its bucket, else evicting
+        the bucket's smallest count that this call has not found or filled,
+        else not stored. An admission strategy admits exactly the keys whose
+        returned count reaches its threshold.
+
+        Args:
+            keys (torch.Tensor): (n) integer keys.
+            table_ids (torch.Tensor): (n) integer, each key's table.
+            frequencies (torch.Tensor): (n) integer, non-negative increments.
+            threshold (int): the count at which a key leaves.
+
+        Returns:
+            torch.Tensor: (n) int64 count of each key after its increment, on
+            the counter's device.
+        """
+        threshold = as_int(threshold, "threshold", min=1)
+        keys, table_ids, frequencies = self._batch(keys, table_ids, frequencies)
+        t = self.table
+        return ops().counter_add(
+            keys,
+            table_ids,
+            t.keys,
+            t.digests,
+            t.scores,
+            t.info,
+            t.counters,
+            frequencies,
+            threshold,
+            t.total_buckets,
+        )
+
+    def add(
+        self, keys: torch.Tensor, table_ids: torch.Tensor, frequencies: torch.Tensor
+    ) -> torch.Tensor:
+        """Adds frequencies to these keys and returns their accumulated counts
+        (``add_and_release`` with no threshold: every key stays, space
+        permitting; a key that is not stored returns its frequency)."""
+        return self.add_and_release(keys, table_ids, frequencies, _NEVER)
+
+    def erase(self, keys: torch.Tensor, table_ids: torch.Tensor) -> None:
+        """Erases these keys (keys not counted are ignored)."""
+        keys, table_ids = self._batch(keys, table_ids)
+        self.table.erase(keys, table_ids)
+
+    def get(self, keys: torch.Tensor, table_ids: torch.Tensor) -> torch.Tensor:
+        """(n) int64 stored count of each key, 0 where it is not counted."""
+        keys, table_ids = self._batch(keys, table_ids)
+        slots = self.table.find(keys, table_ids)
+        counts = self.table.scores[slots.clamp(min=0), 0]
+        return torch.where(slots >= 0, counts, torch.zeros_like(counts))
+
+    def size(self) -> torch.Tensor:
+        """(num_tables) keys counted per table, from the device counters."""
+        return self.table.size()
+
+    def evictions(self) -> torch.Tensor:
+        """(num_tables) keys evicted by full buckets so far, per table."""
+        return self.table.counter("EVICTIONS")
+
+    def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
+        """Bytes of ``mem_type`` memory the counter holds: its table's keys,
+        digests, counts and layout, on its device (host memory on the CPU)."""
+        return sum(self.memory_per_table(mem_type))
+
+    def memory_per_table(self, mem_type: MemoryType = MemoryType.DEVICE) -> list[int]:
+        """Bytes of ``mem_type`` memory each table's share of the counter takes
+        (``table_metadata_bytes`` of a counter table: one score word)."""
+        return [
+            by_memory(Footprint(device=table_metadata_bytes([c], 1, [0]), host=0), mem_type, d)
+            for c, d in ((self.table.capacity(t), self.device) for t in range(self.num_tables))
+        ]
+
+    # ------------------------------------------------------- dump / load --
+
+    def dump(self, key_file, counter_file, table_id: int) -> None:
+        """Dumps one table's keys and counts to these files.
+
+        The key file gets the keys as a flat native-endian array of
+        ``key_type``, the counter file their counts as int64, in the same
+        order (slot order). A file is a path or a binary file object open for
+        writing; paths are created or truncated.
+
+        Raises:
+            ValueError: ``table_id`` is not one of the counter's tables.
+        """
+        table_id = self._check_table_id(table_id)
+        lo, hi = self.table.slot_range(table_id)
+        key_np = torch.empty(0, dtype=self.key_type).numpy().dtype
+        with _open(key_file, "wb") as kf, _open(counter_file, "wb") as cf:
+            for begin in range(lo, hi, _DUMP_SLOTS):
+                batch = self.table.export_batch(begin, min(hi, begin + _DUMP_SLOTS)).compact()
+                kf.write(batch.keys.cpu().numpy().astype(key_np).tobytes())
+                cf.write(batch.scores[:, 0].cpu().to(COUNT_DTYPE).numpy().tobytes())
+
+    def load(self, key_file, counter_file, table_id: int) -> None:
+        """Loads one table's keys and counts from these files (the format of
+        ``dump``).
+
+        Each loaded key gets the loaded count (replacing a count it has);
+        keys not in the files keep theirs. A key whose bucket has no room
+        evicts the smallest count not loaded by this call, or is left out
+        (with a warning saying how many were).
+
+        Raises:
+            ValueError: ``table_id`` is not one of the counter's tables, the
+                files' sizes do not hold whole, equally many entries, or a key
+                is reserved or repeated, or a count is negative. Nothing is
+                changed then.
+        """
+        table_id = self._check_table_id(table_id)
+        key_np = torch.empty(0, dtype=self.key_type).numpy().dtype
+        with _open(key_file, "rb") as kf, _open(counter_file, "rb") as cf:
+            key_bytes, count_bytes = kf.read(), cf.read()
+        item = np.dtype(np.int64).itemsize
+        if len(key_bytes) % key_np.itemsize or len(count_bytes) % item:
+            raise ValueError(
+                f"MultiTableKVCounter.load: the key file ({len(key_bytes)} bytes) must hold "
+                f"whole {key_np} keys and the counter file ({len(count_bytes)} bytes) whole "
+                "int64 counts"
+            )
+        keys = torch.from_numpy(np.frombuffer(key_bytes, dtype=key_np).astype(np.int64))
+        counts = torch.from_numpy(np.frombuffer(count_bytes, dtype=np.int64).copy())
+        if keys.numel() != counts.numel():
+            raise ValueError(
+                f"MultiTableKVCounter.load: {keys.numel()} keys but {counts.numel()} counts"
+            )
+        first_valid = int(constants()["FIRST_VALID_KEY"])
+        for bad, what in (
+            (keys < first_valid, "is reserved"),
+            (counts < 0, "has a negative count"),
+        ):
+            if bool(bad.any()):
+                i = int(bad.nonzero()[0])
+                raise ValueError(
+                    f"MultiTableKVCounter.load: key {int(keys[i])} at index {i} {what} "
+                    f"(count {int(counts[i])})"
+                )
+        uniq, inverse, repeats = torch.unique(keys, return_inverse=True, return_counts=True)
+        if uniq.numel() != keys.numel():
+            i = int((repeats[inverse] > 1).nonzero()[0])
+            raise ValueError(
+                f"MultiTableKVCounter.load: key {int(keys[i])} at index {i} appears "
+                f"{int(repeats[inverse[i]])} times"
+            )
+        if keys.numel() == 0:
+            return
+        res = self.table.insert_and_evict(
+            keys.to(self.device),
+            torch.full_like(keys, table_id).to(self.device),
+            policies=[enums.ScorePolicy.ASSIGN],
+            scores=counts.reshape(-1, 1).to(self.device),
+        )
+        left_out = int((res.status == enums.InsertStatus.FAILED).sum())
+        if left_out:
+            warnings.warn(
+                f"MultiTableKVCounter.load: {left_out} of {keys.numel()} keys of table "
+                f"{table_id} found no room in their buckets and were not loaded",
+                stacklevel=2,
+            )
+
+
+@contextlib.contextmanager
+def _open(f, mode: str):
+    """A path opened in ``mode`` (closed after), or a file object as it is."""
+    if isinstance(f, (str, bytes, os.PathLike)):
+        with open(f, mode) as opened:
+            yield opened
+    else:
+        yield f

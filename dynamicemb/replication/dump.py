@@ -1,0 +1,294 @@
+"""The training side of replication: ``incremental_dump`` and the streams of
+removed keys (``pop_evicted_keys``, ``pop_erased_keys``, ``erase_keys``)."""
+
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dynamicemb.checkpoint.comm import Group
+from dynamicemb.checkpoint.dump import chunk_rows
+from dynamicemb.checkpoint.model import select
+from dynamicemb.replication.delta import DeltaDumpResult, DeltaError, delta_checksum
+from dynamicemb.replication.scores import delta_scores
+from dynamicemb.replication.tables import TableRef, check_routable, model_tables, resolve
+from dynamicemb.types import EvictedItemMode
+
+__all__ = ["erase_keys", "incremental_dump", "pop_erased_keys", "pop_evicted_keys"]
+
+
+# Slots an incremental dump scans per chunk, at least.
+DUMP_SCAN_SLOTS = 1 << 21
+
+
+def _gather_keys(keys: torch.Tensor, group: Group | None) -> torch.Tensor:
+    """The union over the group of 1-D key tensors (host), each key once."""
+    if group is None or not group.distributed:
+        return keys.cpu()
+    return torch.unique(torch.cat(group.all_gather_object(keys.cpu())))
+
+
+def _pop_evicted(m, tables: list[int]) -> list[torch.Tensor | None]:
+    """The module's evicted keys of ``tables`` (popped), None for a table
+    whose ``evicted_item_mode`` is DISCARD (and those not in ``tables``)."""
+    popped = m.pop_evicted_keys(tables)
+    return [
+        popped[t] if t in tables and o.evicted_item_mode == EvictedItemMode.RETAIN_KEY else None
+        for t, o in enumerate(m.table_options)
+    ]
+
+
+def _local_entry(ref: TableRef, threshold: int) -> dict[str, Any]:
+    """One table's rows past ``threshold`` on this rank, on the host, and
+    the removed keys it recorded (drained)."""
+    m, t = ref.module, ref.index
+    current = m.current_score(t)
+    layout = m.layout_of(t)
+    sd = m.state_dim(t)
+    row_bytes = 8 * (2 + layout["num_scores"]) + m.dims[t] * m.value_dtype.itemsize + 4 * sd
+    # Chunks bound the rows gathered at once; a threshold selects few of a
+    # chunk's slots, so it scans larger ones (one count read per chunk).
+    chunk = max(chunk_rows(row_bytes), DUMP_SCAN_SLOTS)
+    parts = list(m.export_changed(t, chunk, threshold))
+    keys = torch.cat([p.keys for p in parts]).cpu()
+    words = torch.cat([p.words for p in parts])
+    evicted = _pop_evicted(m, [t])[t]
+    erased = m.pop_erased([t])[t]
+    # Keys back in the table by now are not removals.
+    if evicted is not None:
+        evicted = evicted[~m.holds(t, evicted)].cpu()
+    erased = erased[~m.holds(t, erased)].cpu()
+    return {
+        "table_names": ref.name,
+        "keys": keys,
+        "values": torch.cat([p.embeddings for p in parts]).cpu(),
+        "optimizer_states": (torch.cat([p.optimizer_state for p in parts]).cpu() if sd else None),
+        "scores": delta_scores(m, words, current).cpu(),
+        "erased_keys": erased,
+        "evicted_keys": evicted,
+        "meta": dict(
+            layout,
+            current_score=current,
+            slot_index=torch.cat([p.slots for p in parts]).cpu(),
+            world_size=ref.sharding_world_size or 1,
+            table_options=m.table_options[t],
+        ),
+    }
+
+
+_GATHERED = ("keys", "values", "optimizer_states", "scores")
+
+
+def _gather(entry: dict[str, Any], group: Group) -> dict[str, Any]:
+    """The entry with the rows, slots and removed keys of every rank."""
+    parts = group.all_gather_object(
+        {c: entry[c] for c in _GATHERED + ("erased_keys", "evicted_keys")}
+        | {"slot_index": entry["meta"]["slot_index"]}
+    )
+    out = dict(entry, meta=dict(entry["meta"]))
+    for c in _GATHERED:
+        out[c] = None if entry[c] is None else torch.cat([p[c] for p in parts])
+    out["meta"]["slot_index"] = torch.cat([p["slot_index"] for p in parts])
+    for c in ("erased_keys", "evicted_keys"):
+        if entry[c] is not None:
+            out[c] = torch.unique(torch.cat([p[c] for p in parts]))
+    return out
+
+
+def incremental_dump(
+    model: torch.nn.Module,
+    score_threshold: int | dict[str, dict[str, int]],
+    pg: dist.ProcessGroup | None = None,
+) -> dict[str, DeltaDumpResult]:
+    """Dumps the rows of dynamic tables whose score is not less than a
+    threshold: what changed since the threshold was read with ``get_score``.
+
+    Tables with a timestamp column (TIMESTAMP, or the compound
+    (TIMESTAMP, LFU)) threshold the last-access timestamp, so a dump holds
+    the keys touched since ``get_score`` returned the threshold; the others
+    (STEP, CUSTOMIZED, LFU, NO_EVICTION) threshold the absolute score. Each
+    table's ``meta["current_score"]`` is the threshold of the next dump.
+
+    Besides the rows, a dump drains the keys the table recorded as removed
+    (``evicted_keys`` for ``evicted_item_mode=RETAIN_KEY``, ``erased_keys``
+    for erases recorded by ``erase_keys``), numbers the delta (the table's
+    next ``meta["sequence"]``) and checksums it (``meta["checksum"]``).
+
+    Args:
+        model (torch.nn.Module): the model holding dynamic tables.
+        score_threshold (Union[int, Dict[str, Dict[str, int]]]): one
+            threshold for every table, or collection -> table name ->
+            threshold for the tables named only.
+        pg (Optional[dist.ProcessGroup]): when given, every rank of the group
+            gets the rows of all ranks (all-gather); None: each rank's own.
+
+    Returns:
+        Dict[str, DeltaDumpResult]: collection path -> its delta ({} with a
+        warning when the model has no dynamic tables).
+
+    Raises:
+        ValueError: a bad threshold, an unknown collection or table.
+        NotImplementedError: a table with ``dist_type="continuous"``.
+        Nothing is dumped or drained when one of these is raised.
+    """
+    tables = model_tables(model)
+    if isinstance(score_threshold, bool) or not isinstance(score_threshold, (int, dict)):
+        raise ValueError(
+            "incremental_dump: score_threshold must be an int or a dict of collection -> "
+            f"{{table name: int}}, got {score_threshold!r}"
+        )
+    if not tables:
+        warnings.warn("incremental_dump: the model has no dynamic embedding tables", stacklevel=2)
+        return {}
+    if isinstance(score_threshold, int):
+        chosen = [(ref, score_threshold) for refs in tables.values() for ref in refs.values()]
+    else:
+        chosen = resolve(tables, score_threshold, "incremental_dump")
+        for ref, value in chosen:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(
+                    f"incremental_dump: the threshold of {ref.label} must be an int, got {value!r}"
+                )
+    for ref, _ in chosen:
+        check_routable(ref, "incremental_dump")
+        ref.module.storage.hash_tier(writing=False)  # raises for an external storage
+    group = Group(pg) if pg is not None else None
+    entries = []
+    for ref, threshold in chosen:
+        entry = _local_entry(ref, threshold)
+        if group is not None and group.distributed:
+            entry = _gather(entry, group)
+        entries.append((ref, entry))
+    sequences = [_next_sequence(ref) for ref, _ in entries]
+    if group is not None and group.distributed:
+        everyone = group.all_gather_object(sequences)
+        if any(s != sequences for s in everyone):
+            raise DeltaError(
+                f"incremental_dump: the ranks' tables are at different delta sequences {everyone}: "
+                "every rank of the group must dump the same tables each time"
+            )
+    out: dict[str, DeltaDumpResult] = {}
+    for (ref, entry), seq in zip(entries, sequences):
+        entry["meta"]["sequence"] = seq
+        entry["meta"]["checksum"] = delta_checksum(entry)
+        ref.module.delta_sequence[ref.index] = seq
+        out.setdefault(ref.collection, DeltaDumpResult()).append(entry)
+    return out
+
+
+def _next_sequence(ref: TableRef) -> int:
+    return (ref.module.delta_sequence[ref.index] or 0) + 1
+
+
+def _selected(model, table_names, what: str) -> list[TableRef]:
+    tables = model_tables(model)
+    if table_names is not None and not isinstance(table_names, dict):
+        raise ValueError(
+            f"{what}: table_names must be a dict of collection -> [table name, ...], got "
+            f"{type(table_names).__name__}"
+        )
+    return select(tables, table_names)
+
+
+def _pop(model, table_names, pg, what: str, evicted: bool) -> dict[str, dict[str, torch.Tensor]]:
+    refs = _selected(model, table_names, what)
+    group = Group(pg) if pg is not None else None
+    by_module: dict[int, list[TableRef]] = {}
+    for ref in refs:
+        by_module.setdefault(id(ref.module), []).append(ref)
+    out: dict[str, dict[str, torch.Tensor]] = {}
+    for chosen in by_module.values():
+        m = chosen[0].module
+        idx = [r.index for r in chosen]
+        popped = _pop_evicted(m, idx) if evicted else m.pop_erased(idx)
+        for ref in chosen:
+            keys = popped[ref.index]
+            if keys is None:
+                continue
+            out.setdefault(ref.collection, {})[ref.name] = _gather_keys(keys, group)
+    return out
+
+
+def pop_evicted_keys(
+    model: torch.nn.Module,
+    table_names: dict[str, list[str]] | None = None,
+    pg: dist.ProcessGroup | None = None,
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Returns and clears the keys evicted since the last call (or the last
+    ``incremental_dump``, which drains the same record), per table, each key
+    once. Only tables with ``evicted_item_mode=RETAIN_KEY`` are included.
+
+    Args:
+        model (torch.nn.Module): the model holding dynamic tables.
+        table_names (Optional[Dict[str, List[str]]]): collection -> tables to
+            pop; None: every table.
+        pg (Optional[dist.ProcessGroup]): None: this rank's keys; given: the
+            union over the group. Only this rank's record is cleared.
+
+    Returns:
+        Dict[str, Dict[str, torch.Tensor]]: collection path -> table name ->
+        (n) int64 host tensor of keys.
+    """
+    return _pop(model, table_names, pg, "pop_evicted_keys", evicted=True)
+
+
+def pop_erased_keys(
+    model: torch.nn.Module,
+    table_names: dict[str, list[str]] | None = None,
+    pg: dist.ProcessGroup | None = None,
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Returns and clears the keys erases recorded (``erase_keys`` with
+    ``RETAIN_KEY``) since the last call (or the last ``incremental_dump``),
+    per table, each key once. Every table is included (whether an erase is
+    recorded is each erase's choice, not the table's). Arguments as
+    ``pop_evicted_keys``."""
+    return _pop(model, table_names, pg, "pop_erased_keys", evicted=False)
+
+
+def erase_keys(
+    model: torch.nn.Module,
+    keys: dict[str, dict[str, torch.Tensor]],
+    evicted_item_mode: EvictedItemMode = EvictedItemMode.RETAIN_KEY,
+) -> dict[str, dict[str, int]]:
+    """Removes keys from dynamic tables. Each rank removes the keys it holds
+    (pass the same keys on every rank, or each rank's own).
+
+    Args:
+        model (torch.nn.Module): the model holding dynamic tables.
+        keys (Dict[str, Dict[str, torch.Tensor]]): collection -> table name ->
+            int64 keys.
+        evicted_item_mode (EvictedItemMode): RETAIN_KEY (the default) records
+            the keys removed, for ``pop_erased_keys`` and the next
+            ``incremental_dump`` (whose replays remove them too); DISCARD
+            records nothing.
+
+    Returns:
+        Dict[str, Dict[str, int]]: collection path -> table name -> keys
+        removed on this rank.
+
+    Raises:
+        ValueError: an unknown collection or table, keys that are not a 1-D
+            int64 tensor, or a reserved key value; nothing is removed then.
+    """
+    mode = EvictedItemMode(evicted_item_mode)
+    chosen = resolve(model_tables(model), keys, "erase_keys")
+    for ref, k in chosen:
+        if not isinstance(k, torch.Tensor) or k.dtype != torch.int64 or k.dim() != 1:
+            raise ValueError(
+                f"erase_keys: the keys of {ref.label} must be a 1-D int64 tensor, got "
+                f"{getattr(k, 'dtype', type(k).__name__)} {tuple(getattr(k, 'shape', ()))}"
+            )
+        from dynamicemb.table._native import constants
+
+        first = int(constants()["FIRST_VALID_KEY"])
+        if k.numel() and int(k.min()) < first:
+            raise ValueError(
+                f"erase_keys: key {int(k.min())} of {ref.label} is reserved (keys below {first} "
+                "mark slot states)"
+            )
+    out: dict[str, dict[str, int]] = {}
+    for ref, k in chosen:
+        removed = ref.module.erase_rows(ref.index, k, record=mode == EvictedItemMode.RETAIN_KEY)
+        out.setdefault(ref.collection, {})[ref.name] = int(removed.sum())
+    return out

@@ -1,0 +1,380 @@
+"""The serving side of replication: replaying deltas into a model.
+
+Two ways to write a delta, one validation:
+
+* ``replay_increment`` writes every key at the slot it held in the source
+  (``meta["slot_index"]``), so the replica stays layout-identical to the
+  source: same capacity, bucket width, score columns and world size, or a
+  ``ValueError`` naming the first field that differs. The source's
+  evictions need no record: the key that took an evicted key's slot
+  overwrites it.
+* ``replay_by_key`` writes every key by this replica's own layout (its own
+  routing to ranks, capacity and buckets): any world size, any capacity. It
+  cannot see an eviction happen, so it needs the keys the source evicted
+  (the delta's ``evicted_keys``, recorded with ``evicted_item_mode=RETAIN_KEY``).
+
+Both first remove the delta's erased keys and, where the source retains
+them, its evicted keys (those the delta does not write again). A replay by
+slot needs the latter in one case: a key that evicted another and was
+erased in the same interval leaves its slot empty, and nothing else tells a
+replica that the evicted key is gone.
+
+Everything is checked, for every table of every collection in the deltas,
+before anything is written: the checksum (a corrupted delta), the sequence
+(the delta must be the one after the last the table reflects: a gap or a
+duplicate is refused), the columns' shapes and the layout. A refused replay
+changes nothing.
+"""
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dynamicemb.dynamicemb_config import ReplayContent
+from dynamicemb.replication.delta import DeltaDumpResult, DeltaError, delta_checksum
+from dynamicemb.replication.scores import table_scores
+from dynamicemb.replication.tables import (
+    TableRef,
+    check_routable,
+    collection_key,
+    model_tables,
+    owned,
+)
+from dynamicemb.table import enums
+from dynamicemb.types import ReplayStats
+
+__all__ = ["layout_mismatch", "replay_by_key", "replay_increment"]
+
+
+@dataclass
+class _Job:
+    ref: TableRef
+    entry: dict[str, Any]
+    sequence: int
+
+
+def layout_mismatch(ref: TableRef, meta: dict[str, Any]) -> str | None:
+    """The first layout field in which a delta's table (its ``meta``) and
+    ``ref`` differ, as ``"field: delta X, table Y"``; None if they match (a
+    replay by slot is possible)."""
+    ours = dict(ref.module.layout_of(ref.index), world_size=ref.sharding_world_size or 1)
+    for field in (
+        "current_capacity",
+        "row_capacity",
+        "bucket_capacity",
+        "num_scores",
+        "world_size",
+    ):
+        theirs = meta.get(field)
+        if field == "row_capacity" and theirs is not None:
+            theirs = tuple(theirs)
+        if theirs != ours[field]:
+            return f"{field}: delta {theirs}, table {ours[field]}"
+    opts = meta["table_options"]
+    mine = ref.module.table_options[ref.index]
+    for field in ("score_strategy", "dim", "dist_type"):
+        if getattr(opts, field) != getattr(mine, field):
+            return (
+                f"table_options.{field}: delta {getattr(opts, field)}, table {getattr(mine, field)}"
+            )
+    return None
+
+
+def _fail(ref: TableRef, message: str) -> ValueError:
+    return ValueError(f"replay: {ref.label}: {message}")
+
+
+def _tensor(ref, entry, column, dim, dtype=None, rows=None, optional=False) -> torch.Tensor | None:
+    t = entry[column]
+    if t is None and optional:
+        return None
+    if not isinstance(t, torch.Tensor) or t.dim() != dim:
+        raise _fail(ref, f"the delta's {column} is not a {dim}-D tensor ({type(t).__name__})")
+    if dtype is not None and t.dtype != dtype:
+        raise _fail(ref, f"the delta's {column} are {t.dtype}, not {dtype}")
+    if rows is not None and t.shape[0] != rows:
+        raise _fail(ref, f"the delta's {column} has {t.shape[0]} rows for {rows} keys")
+    return t
+
+
+def _check_entry(ref: TableRef, entry: dict[str, Any], content: ReplayContent, by_key: bool):
+    """Everything a replay of one table needs, checked; returns its sequence."""
+    meta = entry["meta"]
+    if not isinstance(meta, dict):
+        raise _fail(ref, "the delta has no meta dict")
+    for field in ("sequence", "checksum", "num_scores"):
+        if isinstance(meta.get(field), bool) or not isinstance(meta.get(field), int):
+            raise _fail(ref, f"the delta's meta has no int {field!r}")
+    if meta.get("table_options") is None:
+        raise _fail(ref, "the delta's meta has no table_options")
+    if not by_key:
+        check_routable(ref, "replay_increment")
+    ref.module.storage.hash_tier(writing=False)  # raises for an external storage
+    if meta["table_options"].dist_type == "continuous":
+        raise NotImplementedError(
+            f"replay: {ref.label}: the delta comes from a table with dist_type='continuous'"
+        )
+    keys = _tensor(ref, entry, "keys", 1, torch.int64)
+    n = keys.numel()
+    if delta_checksum(entry) != meta["checksum"]:
+        raise DeltaError(
+            f"replay: {ref.label}: delta {meta['sequence']} is corrupted: its checksum "
+            f"{meta['checksum']} does not match its contents ({delta_checksum(entry)})"
+        )
+    m, t = ref.module, ref.index
+    current = m.delta_sequence[t]
+    seq = meta["sequence"]
+    if current is not None and seq <= current:
+        raise DeltaError(
+            f"replay: {ref.label}: delta {seq} is a duplicate: the table already reflects delta "
+            f"{current}"
+        )
+    if current is not None and seq > current + 1:
+        raise DeltaError(
+            f"replay: {ref.label}: delta {seq} does not follow delta {current}: deltas "
+            f"{current + 1}..{seq - 1} are missing"
+        )
+    mismatch = layout_mismatch(ref, meta)
+    if not by_key and mismatch is not None:
+        raise _fail(
+            ref,
+            f"layout mismatch, {mismatch}; a replay by slot needs the source's layout (configure "
+            "the table as the source, reload a checkpoint, or replay by key)",
+        )
+    opts, mine = meta["table_options"], m.table_options[t]
+    for field in ("dim", "score_strategy"):
+        if getattr(opts, field) != getattr(mine, field):
+            raise _fail(
+                ref,
+                f"layout mismatch, table_options.{field}: delta {getattr(opts, field)}, table "
+                f"{getattr(mine, field)}",
+            )
+    values = _tensor(ref, entry, "values", 2, rows=n)
+    if values.shape[1] != m.dims[t] or not values.is_floating_point():
+        raise _fail(
+            ref,
+            f"the delta's values are {values.dtype} {tuple(values.shape)}, not (N, "
+            f"{m.dims[t]}) floating point",
+        )
+    scores = _tensor(ref, entry, "scores", 2, torch.int64, rows=n)
+    num_scores = m.layout_of(t)["num_scores"]
+    if scores.shape[1] != num_scores or meta["num_scores"] != num_scores:
+        raise _fail(
+            ref, f"the delta's scores have {scores.shape[1]} columns, the table {num_scores}"
+        )
+    sd = m.state_dim(t)
+    if ReplayContent.OPTIMIZER_STATE in content and sd:
+        state = _tensor(ref, entry, "optimizer_states", 2, rows=n, optional=True)
+        if state is None or state.shape[1] != sd:
+            got = "none" if state is None else f"width {state.shape[1]}"
+            raise _fail(
+                ref,
+                f"the delta holds {got} optimizer state, the table's is {sd} wide; replay without "
+                "ReplayContent.OPTIMIZER_STATE to reset taken-over rows instead",
+            )
+    for column in ("erased_keys", "evicted_keys"):
+        _tensor(ref, entry, column, 1, torch.int64, optional=True)
+    if by_key and not m.no_eviction and entry["evicted_keys"] is None:
+        raise _fail(
+            ref,
+            "the delta has no evicted_keys: its source does not retain evictions, so a replica "
+            "of another layout cannot remove what it evicted (set evicted_item_mode=RETAIN_KEY "
+            "on the source table)",
+        )
+    mine_keys = owned(ref, keys)
+    if not by_key:
+        slots = meta.get("slot_index")
+        if not isinstance(slots, torch.Tensor) or slots.dtype != torch.int64 or slots.shape != (n,):
+            raise _fail(ref, "the delta has no (N) int64 meta['slot_index']")
+        m.check_place_rows(t, keys[mine_keys], slots[mine_keys])
+        if m.no_eviction:
+            rows = scores[mine_keys, 0]
+            cap = m.layout_of(t)["row_capacity"][0]
+            if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= cap):
+                raise _fail(ref, f"the delta's rows are not all in [0, {cap})")
+    else:
+        from dynamicemb.table._native import constants
+
+        first = int(constants()["FIRST_VALID_KEY"])
+        if n and int(keys.min()) < first:
+            raise _fail(ref, f"the delta holds the reserved key {int(keys.min())}")
+        if torch.unique(keys).numel() != n:
+            raise _fail(ref, "the delta holds a key twice")
+    return seq
+
+
+def _plan(
+    model: torch.nn.Module,
+    deltas: dict[str, DeltaDumpResult],
+    content: ReplayContent,
+    by_key: bool,
+) -> list[_Job]:
+    if not isinstance(deltas, dict):
+        raise ValueError(
+            f"replay: deltas must be a dict of collection path -> DeltaDumpResult, got "
+            f"{type(deltas).__name__}"
+        )
+    tables = model_tables(model)
+    jobs: list[_Job] = []
+    for coll, delta in deltas.items():
+        if not isinstance(delta, DeltaDumpResult):
+            raise ValueError(
+                f"replay: deltas[{coll!r}] is a {type(delta).__name__}, not a DeltaDumpResult"
+            )
+        lengths = {c: len(getattr(delta, c)) for c in DeltaDumpResult.COLUMNS}
+        if len(set(lengths.values())) != 1:
+            raise ValueError(
+                f"replay: the delta of {coll!r} is missing per-table data: column lengths {lengths}"
+            )
+        try:
+            folder = collection_key(coll, tables)
+        except ValueError:
+            warnings.warn(
+                f"replay: the model has no collection {coll!r} with dynamic tables; skipping it",
+                stacklevel=3,
+            )
+            continue
+        seen = set()
+        for i in range(len(delta)):
+            entry = delta.table(i)
+            name = entry["table_names"]
+            if name in seen:
+                raise ValueError(f"replay: the delta of {coll!r} holds table {name!r} twice")
+            seen.add(name)
+            ref = tables[folder].get(name)
+            if ref is None:
+                warnings.warn(
+                    f"replay: collection {folder!r} has no dynamic table {name!r}; skipping it",
+                    stacklevel=3,
+                )
+                continue
+            jobs.append(_Job(ref, entry, _check_entry(ref, entry, content, by_key)))
+    return jobs
+
+
+def _apply(job: _Job, content: ReplayContent, by_key: bool) -> ReplayStats:
+    ref, entry = job.ref, job.entry
+    m, t = ref.module, ref.index
+    keys = entry["keys"]
+    mine = owned(ref, keys)
+    stats = ReplayStats(skipped=int((~mine).sum()))
+    removals = [k for k in (entry["erased_keys"], entry["evicted_keys"]) if k is not None]
+    if removals:
+        gone = torch.unique(torch.cat(removals))
+        gone = gone[~torch.isin(gone, keys)]
+        gone = gone[owned(ref, gone)]
+        stats.erased = int(m.erase_rows(t, gone).sum())
+    every = bool(mine.all())
+
+    def column(c):
+        return c if every else c[mine]
+
+    k = column(keys)
+    if k.numel():
+        with_state = ReplayContent.OPTIMIZER_STATE in content and m.state_dim(t) > 0
+        state = column(entry["optimizer_states"]) if with_state else None
+        scores = table_scores(m, t, column(entry["scores"]), ReplayContent.SCORE in content)
+        values = column(entry["values"])
+        if by_key:
+            _, status, evicted = m.upsert_rows(t, k, scores, values, state)
+            failed = status == enums.InsertStatus.FAILED
+            evicted = 0 if evicted is None else int(evicted.count.reshape(-1)[0])
+            stats.displaced = int(failed.sum()) + evicted
+            stats.upserted = int((~failed).sum())
+        else:
+            slots = column(entry["meta"]["slot_index"])
+            m.place_rows(t, k, slots, scores, values, state, checked=True)
+            stats.upserted = k.numel()
+    m.delta_sequence[t] = job.sequence
+    return stats
+
+
+def _replay(model, deltas, content, by_key: bool) -> dict[str, dict[str, ReplayStats]]:
+    if not isinstance(content, ReplayContent):
+        raise ValueError(f"replay: content must be a ReplayContent, got {content!r}")
+    if not model_tables(model):
+        warnings.warn("replay: the model has no dynamic embedding tables", stacklevel=3)
+        return {}
+    jobs = _plan(model, deltas, content, by_key)
+    out: dict[str, dict[str, ReplayStats]] = {}
+    for job in jobs:
+        out.setdefault(job.ref.collection, {})[job.ref.name] = _apply(job, content, by_key)
+    return out
+
+
+def replay_increment(
+    model: torch.nn.Module,
+    deltas: dict[str, DeltaDumpResult],
+    content: ReplayContent = ReplayContent.ALL,
+) -> dict[str, dict[str, ReplayStats]]:
+    """Writes ``incremental_dump`` deltas into a model's dynamic tables, each
+    key at the slot it held in the source.
+
+    For every table, the keys the delta's ``erased_keys`` names are removed,
+    then every key this rank owns (by the key, the table's ``dist_type`` and
+    world size) is written at its source slot with its embedding and, per
+    ``content``, its score words (ages rebased onto this table's clock) and
+    optimizer state. A key that held its slot already keeps its optimizer
+    state when it is not replayed; a slot taken over from another key gets
+    the initial state. Without SCORE a key is scored as if this table had just
+    inserted it (NO_EVICTION rows are carried either way). An evicted key
+    needs no removal (the key that took its slot overwrites it), but the
+    delta's ``evicted_keys`` are removed when the source retains them: that
+    also covers a key evicted by one erased in the same interval, whose slot
+    nobody overwrites (without them such a key stays in the replica).
+
+    The target must be built only by replays from its source (or be empty):
+    writing at a slot overwrites whatever is there.
+
+    Args:
+        model (torch.nn.Module): the model holding dynamic tables.
+        deltas (Dict[str, DeltaDumpResult]): ``incremental_dump``'s result,
+            by collection path. Collections and tables the model lacks are
+            skipped with a warning.
+        content (ReplayContent): what travels with the embedding: optimizer
+            state, score words, both (the default) or neither
+            (``EMBEDDING_ONLY``).
+
+    Returns:
+        Dict[str, Dict[str, ReplayStats]]: collection path -> table name ->
+        what was written, removed and skipped on this rank.
+
+    Raises:
+        ValueError: a table's layout differs from the source's (capacity,
+            row capacity, bucket capacity, score words, world size, score
+            strategy, dim, dist_type; the first is named) or the delta lacks
+            data the replay needs.
+        DeltaError: a delta out of sequence (a gap or a duplicate) or
+            corrupted (checksum). A ``ValueError``.
+        NotImplementedError: a table with ``dist_type="continuous"``.
+        Every check runs for every table before anything is written: a
+        refused replay changes nothing.
+    """
+    return _replay(model, deltas, content, by_key=False)
+
+
+def replay_by_key(
+    model: torch.nn.Module,
+    deltas: dict[str, DeltaDumpResult],
+    content: ReplayContent = ReplayContent.ALL,
+) -> dict[str, dict[str, ReplayStats]]:
+    """Writes ``incremental_dump`` deltas into a model's dynamic tables by
+    each key, in this model's own layout: any world size, capacity, bucket
+    width or ``dist_type`` (``continuous`` included). Give every rank the
+    whole delta (``incremental_dump(..., pg)``); each keeps the keys its own
+    routing gives it.
+
+    Removes the delta's erased and evicted keys (the source table must
+    retain evictions: ``evicted_item_mode=RETAIN_KEY``; NO_EVICTION tables
+    evict nothing), except keys the delta writes, then inserts or updates
+    every key with its embedding and, per ``content``, score words and
+    optimizer state. A full bucket evicts its lowest-scored key, as training
+    would; ``ReplayStats.displaced`` counts the keys this replica could not
+    keep (zero while it has room for all its source holds).
+
+    Arguments, return value and errors as ``replay_increment``, without the
+    layout comparison (dim and score strategy must still match).
+    """
+    return _replay(model, deltas, content, by_key=True)

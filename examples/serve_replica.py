@@ -1,0 +1,375 @@
+"""A serving replica that follows a training job through a folder of deltas.
+
+Three commands:
+
+  train   a training job (one process per GPU over NCCL, or gloo processes on
+          the CPU) on a two-table EmbeddingCollection that evicts all along;
+          it publishes a checkpoint into the folder now and then and a delta
+          after every step or few (DeltaPublisher), and at the end a last
+          checkpoint of everything (<folder>/final) to check replicas against.
+  serve   a replica (one process, CPU or GPU, larger tables than the job's,
+          built for evaluation): loads the folder's checkpoint, then applies
+          deltas as they appear (DeltaFollower, in a thread) while it answers
+          lookups (eval forward): lines "<table> <key> <key> ..." on stdin get
+          the rows back, and --probe prints a lookup summary every second.
+          With --until it stops once it reflects that delta; with --compare
+          it then waits for the job's final checkpoint and compares every
+          row with it.
+  demo    train and serve side by side: the job in the background, the
+          replica following it, and the comparison at the end.
+
+    python examples/serve_replica.py demo --steps 60
+    python examples/serve_replica.py train --folder /tmp/stream --steps 500 &
+    python examples/serve_replica.py serve --folder /tmp/stream --probe
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
+
+import dist_launch
+
+TABLES = ("user", "item")
+DIM = 16
+KEY_SPACE = 200_000
+ROWS_PER_RANK = 4096  # of the job's tables: far fewer than the ids they see
+FOLLOWER_ROWS = 65_536  # of the replica's tables: room for all the job holds
+
+
+class Model(torch.nn.Module):
+    def __init__(self, ec) -> None:
+        super().__init__()
+        self.ec = ec
+
+    def forward(self, kjt):
+        return self.ec(kjt)
+
+
+def build(world: int, device: torch.device, rows: int, training: bool):
+    """The EmbeddingCollection of both tables, sharded over the default group."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import Topology
+    from torchrec.distributed.types import ShardingEnv
+    from torchrec.modules.embedding_configs import EmbeddingConfig
+    from torchrec.modules.embedding_modules import EmbeddingCollection
+
+    from dynamicemb import (
+        DynamicEmbInitializerArgs,
+        DynamicEmbInitializerMode,
+        DynamicEmbScoreStrategy,
+        DynamicEmbTableOptions,
+        EvictedItemMode,
+    )
+    from dynamicemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
+    from dynamicemb.shard import DynamicEmbeddingCollectionSharder
+
+    configs = [
+        EmbeddingConfig(name=t, num_embeddings=rows * world, embedding_dim=DIM, feature_names=[t])
+        for t in TABLES
+    ]
+    constraints = {
+        t: DynamicEmbParameterConstraints(
+            sharding_types=["row_wise"],
+            use_dynamicemb=True,
+            dynamicemb_options=DynamicEmbTableOptions(
+                bucket_capacity=128,
+                score_strategy=DynamicEmbScoreStrategy.TIMESTAMP,
+                dist_type="hash_roundrobin",
+                training=training,
+                # Replicas of another layout learn evictions from the deltas.
+                evicted_item_mode=EvictedItemMode.RETAIN_KEY,
+                initializer_args=DynamicEmbInitializerArgs(
+                    mode=DynamicEmbInitializerMode.UNIFORM, lower=-0.05, upper=0.05
+                ),
+            ),
+        )
+        for t in TABLES
+    }
+    collection = EmbeddingCollection(tables=configs, device=torch.device("meta"))
+    sharder = DynamicEmbeddingCollectionSharder(
+        fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.05}
+    )
+    planner = DynamicEmbeddingShardingPlanner(
+        eb_configs=configs,
+        topology=Topology(world_size=world, compute_device=device.type, local_world_size=world),
+        constraints=constraints,
+        batch_size=256,
+        debug=False,
+    )
+    model = Model(collection)
+    plan = planner.collective_plan(model, [sharder], dist.group.WORLD)
+    return DistributedModelParallel(
+        model,
+        env=ShardingEnv.from_process_group(dist.group.WORLD),
+        device=device,
+        plan=plan,
+        sharders=[sharder],
+    )
+
+
+def batch(step: int, rank: int, size: int, device: torch.device):
+    """Log-uniform ids (a power law of exponent 1) of both tables."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    g = torch.Generator().manual_seed(7919 * step + rank)
+    u = torch.rand(len(TABLES) * size, generator=g, dtype=torch.float64)
+    keys = torch.pow(float(KEY_SPACE), u).long() - 1
+    return KeyedJaggedTensor(
+        keys=list(TABLES),
+        values=keys,
+        lengths=torch.ones(len(TABLES) * size, dtype=torch.int64),
+    ).to(device)
+
+
+def lookup(model, table: str, keys: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Eval forward of ``keys`` of ``table``: (n, DIM) rows."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    # One bag per key in ``table``, empty bags in the others (one batch size).
+    ones = torch.ones(keys.numel(), dtype=torch.int64)
+    kjt = KeyedJaggedTensor(
+        keys=list(TABLES),
+        values=keys,
+        lengths=torch.cat([ones if t == table else ones * 0 for t in TABLES]),
+    ).to(device)
+    with torch.no_grad():
+        return model(kjt)[table].values().cpu()
+
+
+# ------------------------------------------------------------------- train --
+
+
+def _train_rank(rank: int, world: int, port: int, args) -> None:
+    dist_launch.quiet()
+    dist_launch.init_process_group(rank, world, port, args.device, 1)
+    try:
+        from dynamicemb.checkpoint import dump
+        from dynamicemb.replication import DeltaPublisher
+
+        device = torch.device(args.device, rank) if args.device == "cuda" else torch.device("cpu")
+        model = build(world, device, ROWS_PER_RANK, training=True)
+        publisher = DeltaPublisher(model, args.folder)
+        publisher.checkpoint()
+        for step in range(args.steps):
+            out = model(batch(step, rank, args.batch_size, device))
+            sum(v.values().sum() for v in out.values()).backward()
+            if (step + 1) % args.publish_every == 0:
+                seq = publisher.publish()
+                if rank == 0 and args.verbose:
+                    print(f"train: step {step + 1}, delta {seq}", flush=True)
+            if (step + 1) % args.checkpoint_every == 0:
+                publisher.checkpoint()
+            time.sleep(args.step_delay)
+        if args.steps % args.publish_every:
+            publisher.publish()
+        dump(os.path.join(args.folder, "final"), model, show_progress=False)
+        if rank == 0:
+            print(f"train: done, {args.steps} steps, final checkpoint written", flush=True)
+    finally:
+        dist.destroy_process_group()
+
+
+def train(args) -> int:
+    mp.spawn(
+        _train_rank,
+        args=(args.world_size, dist_launch.free_port(), args),
+        nprocs=args.world_size,
+        join=True,
+    )
+    return 0
+
+
+# ------------------------------------------------------------------- serve --
+
+
+def _compare_with_final(model, folder: str, device: torch.device) -> int:
+    """Loads the job's final checkpoint into a second replica and looks up
+    every key it holds in both."""
+    from dynamicemb.checkpoint import load
+    from dynamicemb.replication.tables import model_tables
+
+    reference = build(1, device, FOLLOWER_ROWS, training=False)
+    load(os.path.join(folder, "final"), reference, show_progress=False)
+    reference.eval()
+    worst, total = 0.0, 0
+    for coll, refs in model_tables(reference).items():
+        for name, ref in refs.items():
+            keys = torch.cat([p.keys for p in ref.module.export_rows(ref.index, 1 << 16)]).cpu()
+            got = lookup(model, name, keys, device)
+            want = lookup(reference, name, keys, device)
+            worst = max(worst, float((got - want).abs().max()) if keys.numel() else 0.0)
+            held = model_tables(model)[coll][name]
+            extra = int(held.module.table.size()[held.index]) - keys.numel()
+            total += keys.numel()
+            print(f"serve: table {name}: {keys.numel()} keys, {extra} keys more than the job")
+            if extra:
+                return 1
+    print(f"serve: the replica holds the job's {total} keys, max |difference| {worst}")
+    return 0 if worst == 0.0 else 1
+
+
+def serve(args) -> int:
+    dist_launch.quiet()
+    dist_launch.init_process_group(0, 1, dist_launch.free_port(), args.device, args.threads)
+    try:
+        from dynamicemb.replication import DeltaFollower
+        from dynamicemb.replication.stream import list_deltas
+
+        device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
+        model = build(1, device, FOLLOWER_ROWS, training=False)
+        model.eval()
+        follower = DeltaFollower(model, args.folder)
+        deadline = time.monotonic() + args.timeout
+        while not follower.load_checkpoint():
+            if time.monotonic() > deadline:
+                print(f"serve: no checkpoint in {args.folder}", file=sys.stderr)
+                return 1
+            time.sleep(0.2)
+        print(f"serve: loaded the checkpoint (delta {follower.sequence})", flush=True)
+        lock = threading.Lock()
+        done = threading.Event()
+
+        def follow():
+            while not done.is_set():
+                with lock:
+                    applied = follower.poll()
+                if applied:
+                    held = {n: s.upserted for c in follower.stats.values() for n, s in c.items()}
+                    print(f"serve: applied deltas {applied} (last: {held} rows)", flush=True)
+                if args.until and (follower.sequence or 0) >= args.until:
+                    done.set()
+                time.sleep(args.poll)
+
+        thread = threading.Thread(target=follow, daemon=True)
+        thread.start()
+        probe_keys = torch.arange(0, 64)
+        while not done.is_set():
+            if time.monotonic() > deadline:
+                print("serve: timed out", file=sys.stderr)
+                done.set()
+                return 1
+            if args.probe:
+                with lock:
+                    rows = lookup(model, TABLES[0], probe_keys, device)
+                found = int((rows.abs().sum(1) > 0).sum())
+                print(
+                    f"serve: delta {follower.sequence}, {found} of {len(probe_keys)} probe keys "
+                    f"held, row norm {float(rows.norm()):.4f}",
+                    flush=True,
+                )
+                time.sleep(1.0)
+            elif args.until:
+                time.sleep(0.2)
+            else:
+                line = sys.stdin.readline()
+                if not line:
+                    break
+                parts = line.split()
+                if not parts or parts[0] not in TABLES:
+                    print(f"serve: expected '<table> <key> ...' with a table of {TABLES}")
+                    continue
+                keys = torch.tensor([int(k) for k in parts[1:]], dtype=torch.int64)
+                with lock:
+                    rows = lookup(model, parts[0], keys, device)
+                for k, row in zip(keys.tolist(), rows):
+                    print(k, " ".join(f"{v:.5f}" for v in row.tolist()), flush=True)
+        done.set()
+        thread.join()
+        print(
+            f"serve: stopped at delta {follower.sequence}; deltas in the folder: "
+            f"{list_deltas(args.folder)[-3:]}",
+            flush=True,
+        )
+        if args.compare:
+            from dynamicemb.checkpoint.layout import MANIFEST
+
+            final = os.path.join(args.folder, "final", MANIFEST)
+            while not os.path.isfile(final):
+                if time.monotonic() > deadline:
+                    print("serve: the job's final checkpoint did not appear", file=sys.stderr)
+                    return 1
+                time.sleep(0.2)
+            return _compare_with_final(model, args.folder, device)
+        return 0
+    finally:
+        dist.destroy_process_group()
+
+
+def demo(args) -> int:
+    import subprocess
+
+    folder = args.folder or tempfile.mkdtemp(prefix="dynamicemb-stream-")
+    common = ["--folder", folder, "--device", args.device]
+    last = -(-args.steps // args.publish_every)
+    job = subprocess.Popen(
+        [sys.executable, __file__, "train", *common, "--steps", str(args.steps)]
+        + ["--world-size", str(args.world_size), "--publish-every", str(args.publish_every)]
+        + ["--checkpoint-every", str(args.checkpoint_every), "--step-delay", "0.05"]
+    )
+    rc = serve(
+        argparse.Namespace(
+            **{
+                **vars(args),
+                "folder": folder,
+                "until": last,
+                "probe": False,
+                "poll": 0.1,
+                "compare": True,
+            }
+        )
+    )
+    return rc or job.wait()
+
+
+def main(argv=None) -> int:
+    has_gpu = torch.cuda.is_available() and torch.cuda.device_count() > 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    cmds = {}
+    for name in ("train", "serve", "demo"):
+        p = sub.add_parser(name)
+        cmds[name] = p
+        p.add_argument("--folder", required=name != "demo", help="the stream folder")
+        p.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if has_gpu else "cpu")
+        p.add_argument("--threads", type=int, default=1, help="torch threads (CPU)")
+        p.add_argument("--timeout", type=float, default=600.0, help="seconds a replica waits")
+    for name in ("train", "demo"):
+        p = cmds[name]
+        p.add_argument("--steps", type=int, default=200)
+        p.add_argument("--world-size", type=int, default=None)
+        p.add_argument("--batch-size", type=int, default=512)
+        p.add_argument("--publish-every", type=int, default=1, help="steps between deltas")
+        p.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints")
+    cmds["train"].add_argument("--step-delay", type=float, default=0.0, help="seconds per step")
+    cmds["train"].add_argument("--verbose", action="store_true")
+    for name in ("serve",):
+        p = cmds[name]
+        p.add_argument("--probe", action="store_true", help="print a lookup every second")
+        p.add_argument("--until", type=int, default=0, help="stop after this delta")
+        p.add_argument(
+            "--compare",
+            action="store_true",
+            help="then wait for the job's final checkpoint and compare every row with it",
+        )
+        p.add_argument("--poll", type=float, default=0.2, help="seconds between folder polls")
+    args = ap.parse_args(argv)
+    if args.command in ("train", "demo"):
+        if args.world_size is None:
+            args.world_size = torch.cuda.device_count() if args.device == "cuda" else 2
+        if args.device == "cuda" and args.world_size > torch.cuda.device_count():
+            ap.error(f"--world-size {args.world_size}: {torch.cuda.device_count()} GPUs visible")
+    return {"train": train, "serve": serve, "demo": demo}[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,146 @@
+"""A replay refuses what it must not apply and then changes nothing: a
+missing delta (a gap), a repeated one (a duplicate), one corrupted in memory
+or on disk, one that lacks data, one for another layout (by slot), a table
+sharded with dist_type="continuous". After each refusal the replica's
+tables (keys in every slot, rows, scores, sequence) are exactly as before,
+and the right deltas still apply afterwards."""
+
+import copy
+import os
+
+import ckpt_harness as c
+import pytest
+import repl_harness as r
+import shard_harness as h
+import torch
+
+from dynamicemb import DynamicEmbScoreStrategy as S
+
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+
+
+def _state(model):
+    """Everything a replay can change: contents, slots, delta sequences."""
+    return {
+        "contents": c.contents(model),
+        "slots": r.slot_keys(model),
+        "sequence": [list(k.emb_module.delta_sequence) for k in c.kernels(model)],
+    }
+
+
+def _assert_same_state(a, b, what):
+    assert a["sequence"] == b["sequence"], what
+    for name in a["slots"]:
+        assert torch.equal(a["slots"][name], b["slots"][name]), f"{what}: {name} slots"
+    c.assert_same_tables(a["contents"], b["contents"], what=what)
+
+
+def _refusals(rank, world, folder, device_type):
+    from dynamicemb.checkpoint import CheckpointError
+    from dynamicemb.incremental_dump import get_score, incremental_dump, replay_increment
+    from dynamicemb.replication import DeltaError, read_delta, replay_by_key, write_delta
+
+    # Two tables fused in one module: a corrupted t1 keeps t0 from being written too.
+    cs = r.case("pair", S.TIMESTAMP, tables=("t0", "t1"))
+    source = c.build(cs, world)
+    threshold = get_score(source)
+    deltas = []
+    for step in range(3):
+        c.train(source, cs, rank, steps=1, first=step)
+        d = incremental_dump(source, threshold)
+        threshold = {
+            r.COLL: {n: m["current_score"] for n, m in zip(d[r.COLL].table_names, d[r.COLL].meta)}
+        }
+        deltas.append(d)
+    final = _state(source)
+
+    replica = c.build(cs, world)
+    replay_increment(replica, deltas[0])
+    base = _state(replica)
+
+    def refused(fn, exc, match, what):
+        with pytest.raises(exc, match=match):
+            fn()
+        _assert_same_state(_state(replica), base, what)
+
+    refused(lambda: replay_increment(replica, deltas[2]), DeltaError, "missing", "gap")
+    refused(lambda: replay_by_key(replica, deltas[2]), DeltaError, "missing", "gap by key")
+    refused(lambda: replay_increment(replica, deltas[0]), DeltaError, "duplicate", "duplicate")
+
+    def corrupt(column, table=1, edit=None):
+        bad = copy.deepcopy(deltas[1][r.COLL])
+        t = bad.meta[table]["slot_index"] if column == "slot_index" else getattr(bad, column)[table]
+        if edit is not None:
+            edit(t)
+        else:
+            t.view(-1)[0] += 1
+        return bad
+
+    for column in ("values", "keys", "scores", "optimizer_states", "slot_index"):
+        bad = {r.COLL: corrupt(column)}
+        refused(lambda: replay_increment(replica, bad), DeltaError, "corrupted", column)
+    bad = copy.deepcopy(deltas[1])
+    bad[r.COLL].meta[0]["current_capacity"] = 1 << 20
+    refused(lambda: replay_increment(replica, bad), DeltaError, "corrupted", "meta")
+    bad = copy.deepcopy(deltas[1])
+    bad[r.COLL].values.pop()
+    refused(lambda: replay_increment(replica, bad), ValueError, "missing per-table", "lengths")
+    bad = copy.deepcopy(deltas[1])
+    del bad[r.COLL].meta[0]["checksum"]
+    refused(lambda: replay_increment(replica, bad), ValueError, "checksum", "no checksum")
+
+    # On disk: a flipped byte or a truncated file is named when read.
+    path = write_delta(folder, 2, deltas[1])
+    values = os.path.join(path, r.COLL, "t1_values")
+    with open(values, "r+b") as f:
+        f.seek(5)
+        byte = f.read(1)
+        f.seek(5)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    with pytest.raises(CheckpointError, match="t1_values is corrupted"):
+        read_delta(path)
+    with open(values, "r+b") as f:
+        f.seek(5)
+        f.write(byte)
+    read_delta(path)
+    with open(values, "r+b") as f:
+        f.truncate(7)
+    with pytest.raises(CheckpointError, match="bytes"):
+        read_delta(path)
+
+    # Another layout: refused by slot (the field named), taken by key.
+    other = c.build(r.replica_case(cs), world)
+    replay_by_key(other, deltas[0])
+    before = _state(other)
+    with pytest.raises(ValueError, match="current_capacity"):
+        replay_increment(other, deltas[1])
+    _assert_same_state(_state(other), before, "layout")
+
+    # Collections and tables the model lacks are skipped with a warning.
+    odd = copy.deepcopy(deltas[1])
+    odd["model.elsewhere"] = odd.pop(r.COLL)
+    with pytest.warns(UserWarning, match="no collection"):
+        assert replay_increment(replica, odd) == {}
+    _assert_same_state(_state(replica), base, "unknown collection")
+
+    # The right deltas still apply, and the replica ends as the source.
+    replay_increment(replica, deltas[1])
+    replay_increment(replica, deltas[2])
+    end = _state(replica)
+    r.assert_replica_equals(end["contents"], final["contents"], S.TIMESTAMP, "end")
+    for name in final["slots"]:
+        assert torch.equal(end["slots"][name], final["slots"][name])
+
+    # continuous: refused by slot.
+    cont = r.case("cont", S.TIMESTAMP, dist_type="continuous")
+    model = c.build(cont, world)
+    forged = copy.deepcopy(deltas[1])
+    forged[r.COLL].table_names[0] = "t0"
+    with pytest.raises(NotImplementedError, match="continuous"):
+        replay_increment(model, {r.COLL: forged[r.COLL]})
+    return True
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_bad_deltas_are_refused_and_change_nothing(tmp_path, device):
+    h.run_world(_refusals, 1, str(tmp_path), device, device_type=device)
