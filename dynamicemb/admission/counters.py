@@ -169,7 +169,7 @@ class MultiTableKVCounter(Counter):
             torch.Tensor: (n) int64 count of each key after its increment, on
             the counter's device.
         """
-        threshold = as_int(threshold, "threshold", min=1)
+        threshold = as_int(threshold, "threshold", min=0)
         keys, table_ids, frequencies = self._batch(keys, table_ids, frequencies)
         t = self.table
         return ops().counter_add(
