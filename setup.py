@@ -110,14 +110,18 @@ def extension_modules():
     depends.append("cc/sources.bzl")
 
     std = cxx_std(torch)
-    cxx_flags = ["-O3", std]
+    # -Wall -Wextra speak of our code only: torch's headers are searched as
+    # system headers (GCC treats a directory given by -I and -isystem as the latter).
+    cxx_flags = ["-O3", std, "-Wall", "-Wextra"]
+    cxx_flags += ["-isystem" + p for p in cpp_extension.include_paths()]
     macros = []
     kwargs = {}
     if with_cuda:
         sources += [os.path.join(d, f) for d, p in packages.items() for f in p["cuda_srcs"]]
         macros.append(("DEMB_WITH_CUDA", "1"))
         archs = os.environ.get("DEMB_CUDA_ARCHS") or DEFAULT_CUDA_ARCHS
-        nvcc_flags = ["-O3", std, "--expt-relaxed-constexpr"] + gencode_flags(archs)
+        nvcc_flags = ["-O3", std, "--expt-relaxed-constexpr", "-Xcompiler=-Wall,-Wextra"]
+        nvcc_flags += gencode_flags(archs)
         kwargs["extra_compile_args"] = {"cxx": cxx_flags, "nvcc": nvcc_flags}
         ext_class = cpp_extension.CUDAExtension
         print(
@@ -130,11 +134,9 @@ def extension_modules():
         print("setup.py: building dynamicemb._C for CPU only")
 
     if sys.platform.startswith("linux"):
-        # The shared libstdc++ by its file name, ahead of torch's libraries. On
-        # a machine whose toolchain finds only the static archive for -lstdc++
-        # (the torch 2.11 CUDA image), the extension otherwise carried a private
-        # copy of the standard library, and formatting a number in an error
-        # message crashed in it.
+        # The shared libstdc++ by its file name, ahead of torch's libraries: a
+        # toolchain that finds only the static archive for -lstdc++ would give
+        # the extension a private copy of the standard library beside torch's.
         kwargs["libraries"] = [":libstdc++.so.6"]
     ext = ext_class(
         name="dynamicemb._C",
@@ -152,9 +154,8 @@ def link_with_cxx():
 
     Some distributions' Pythons link extensions with `gcc -shared
     -Wl,-Bsymbolic-functions` (sysconfig LDSHARED); this keeps their flags but
-    the C++ driver and drops -Bsymbolic-functions. (The crash that was once
-    blamed on it came from a statically linked libstdc++: see the libraries
-    set in extension_modules.) An LDSHARED set by the caller is kept.
+    the C++ driver and drops -Bsymbolic-functions. An LDSHARED set by the
+    caller is kept.
     """
     if "LDSHARED" in os.environ:
         return

@@ -1,11 +1,10 @@
-"""Python enums and constants whose values the C++ side also defines.
+"""The spec's table enums, and the one table constant configuration needs.
 
-The kernels take these as plain integers, so each value here has to equal the
-value the C++ code uses (``cc/table/types.h`` and what the ops report through
-the extension). This module is the single place for them, and so the place
-where they are to be checked against the built extension (``CPP_MIRRORS``
-lists what to check). It must stay importable without the extension, so it
-never imports ``dynamicemb._C`` at module level.
+``BUCKET_ALIGNMENT`` copies ``kBucketAlignment`` of ``cc/table/types.h`` so
+that configuration imports without the extension;
+``tests/config/test_native_parity.py`` proves it equal to the extension's. The
+enums here are Python's own: the kernels never see their values (the table
+maps score strategies to its score policies, ``ScoredHashTable``).
 
 Python-only configuration enums live in ``dynamicemb.dynamicemb_config`` and
 ``dynamicemb.types``; users import all of them from ``dynamicemb`` or
@@ -16,14 +15,13 @@ import enum
 
 __all__ = [
     "BUCKET_ALIGNMENT",
-    "CPP_MIRRORS",
     "DynamicEmbEvictStrategy",
     "DynamicEmbPoolingMode",
     "DynamicEmbScoreStrategy",
 ]
 
 # Slots per digest probe group; every bucket width and table capacity is a
-# multiple of it. Mirrors kBucketAlignment in cc/table/types.h.
+# multiple of it (kBucketAlignment, cc/table/types.h).
 BUCKET_ALIGNMENT = 16
 
 
@@ -99,13 +97,3 @@ class DynamicEmbEvictStrategy(enum.IntEnum):
     EPOCH_LRU = 2
     EPOCH_LFU = 3
     CUSTOMIZED = 4
-
-
-# What mirrors a C++ definition; the parity check against the built extension
-# belongs in this module, next to this list.
-CPP_MIRRORS = (
-    "BUCKET_ALIGNMENT",
-    "DynamicEmbScoreStrategy",
-    "DynamicEmbPoolingMode",
-    "DynamicEmbEvictStrategy",
-)

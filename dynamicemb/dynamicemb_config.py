@@ -277,8 +277,8 @@ class DynamicEmbTableOptions:
             ``max_capacity``; the planner aligns it to ``bucket_capacity`` and
             clamps it to ``max_capacity``.
         max_load_factor (float): load factor in (0, 1] above which the table
-            doubles. Ignored under NO_EVICTION (which uses 0.5 for its key
-            map). Defaults to 0.5.
+            doubles. Ignored under NO_EVICTION (whose key map keeps
+            ``dynamicemb.table.NO_EVICTION_LOAD_FACTOR``). Defaults to 0.5.
         score_strategy (Union[DynamicEmbScoreStrategy,
             Tuple[DynamicEmbScoreStrategy, ...]]): how keys are scored for
             eviction; must be the same on every rank of a table. A tuple is a

@@ -30,13 +30,10 @@ import tempfile
 import threading
 import time
 
+import dist_launch  # examples/dist_launch.py, next to this script
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tools"))
-
-import dist_launch
 
 TABLES = ("user", "item")
 DIM = 16

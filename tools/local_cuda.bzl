@@ -49,18 +49,21 @@ def _lib_dir(rctx, root):
             return p
     return None
 
-_BUILD = """\
+# The start of both BUILD files: {note} says what was found.
+_BUILD_HEAD = """\
 load("@rules_cc//cc:defs.bzl", "cc_library")
 
 package(default_visibility = ["//visibility:public"])
 
-# Toolkit: {root}
+# {note}
 
 filegroup(
     name = "nvcc",
     srcs = ["bin/nvcc"],
 )
+"""
 
+_BUILD = _BUILD_HEAD + """
 filegroup(
     name = "compiler_deps",
     srcs = glob(["bin/**", "nvvm/**", "include/**", "targets/*/include/**"]),
@@ -87,18 +90,7 @@ cc_library(
 )
 """
 
-_BUILD_MISSING = """\
-load("@rules_cc//cc:defs.bzl", "cc_library")
-
-package(default_visibility = ["//visibility:public"])
-
-# No CUDA toolkit found: {why}
-
-filegroup(
-    name = "nvcc",
-    srcs = ["bin/nvcc"],
-)
-
+_BUILD_MISSING = _BUILD_HEAD + """
 filegroup(
     name = "compiler_deps",
     srcs = [],
@@ -124,14 +116,14 @@ def _local_cuda_impl(rctx):
     if not root or not lib:
         why = "no bin/nvcc under $CUDA_PATH, /usr/local/cuda or PATH" if not root else "no libcudart_static.a under " + root
         rctx.file("bin/nvcc", _NVCC_MISSING.format(why = why), executable = True)
-        rctx.file("BUILD.bazel", _BUILD_MISSING.format(why = why))
+        rctx.file("BUILD.bazel", _BUILD_MISSING.format(note = "No CUDA toolkit found: " + why))
         return
     base = rctx.path(root)
     for d in ["bin", "include", "nvvm", "targets"]:
         if base.get_child(d).exists:
             rctx.symlink(base.get_child(d), d)
     rctx.symlink(lib, "lib")
-    rctx.file("BUILD.bazel", _BUILD.format(root = root))
+    rctx.file("BUILD.bazel", _BUILD.format(note = "Toolkit: " + root))
 
 local_cuda = repository_rule(
     implementation = _local_cuda_impl,

@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The project's main job, as given in README.md: installs what is missing,
 # builds the extension into the tree (setup.py, incremental), and trains a
-# small DLRM-style model on dynamic embedding tables (tools/train_dlrm.py):
+# small DLRM-style model on dynamic embedding tables (examples/train_dlrm.py):
 # one process per visible GPU (NCCL) when there is a GPU, else two CPU
 # processes (gloo). Extra arguments go to the job (see
-# `tools/train_dlrm.py --help`: --steps, --batch-size, --world-size, --device).
-# The table layer alone is demonstrated by tools/demo_table.py.
+# `examples/train_dlrm.py --help`: --steps, --batch-size, --world-size, --device).
+# The table layer alone is demonstrated by examples/demo_table.py.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash tools/setup_env.sh
 .venv/bin/python setup.py -q build_ext --inplace > /dev/null
-PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" exec .venv/bin/python tools/train_dlrm.py "$@"
+PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" exec .venv/bin/python examples/train_dlrm.py "$@"

@@ -1,7 +1,7 @@
 """Draws the tables' figures over a training run from Prometheus's answers.
 
     python tools/metrics_picture.py [--out docs/images/metrics_run.png] [--steps 1500]
-        [-- extra tools/train_dlrm.py arguments]
+        [-- extra examples/train_dlrm.py arguments]
     python tools/metrics_picture.py --prometheus http://host:9090 --start T0 --end T1
 
 The first form starts a Prometheus server of its own (tools/prometheus_server.py,
@@ -17,7 +17,10 @@ import os
 import sys
 import time
 
-import dist_launch  # tools/dist_launch.py, next to this script
+# The main job, examples/train_dlrm.py, and its dist_launch.py; the Prometheus
+# harness, tools/prometheus_server.py, is next to this script.
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
+import dist_launch
 import train_dlrm
 from prometheus_server import PrometheusServer
 
@@ -152,7 +155,7 @@ def main() -> int:
     ap.add_argument("--prometheus", default=None, help="plot from this Prometheus (URL)")
     ap.add_argument("--start", type=float, default=None, help="with --prometheus: Unix seconds")
     ap.add_argument("--end", type=float, default=None, help="with --prometheus: Unix seconds")
-    ap.add_argument("job_args", nargs="*", help="more arguments of tools/train_dlrm.py")
+    ap.add_argument("job_args", nargs="*", help="more arguments of examples/train_dlrm.py")
     args = ap.parse_args()
     if args.prometheus:
         if args.start is None or args.end is None:
@@ -173,8 +176,8 @@ def main() -> int:
             start,
             end,
             args.out,
-            f"The main job (tools/train_dlrm.py, {args.steps} steps, {args.world_size} CPU ranks) "
-            f"as Prometheus scraped it every {SCRAPE} s",
+            f"The main job (examples/train_dlrm.py, {args.steps} steps, "
+            f"{args.world_size} CPU ranks) as Prometheus scraped it every {SCRAPE} s",
         )
     return 0
 

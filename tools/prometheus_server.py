@@ -19,7 +19,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-import dist_launch  # tools/dist_launch.py, next to this script
+import dist_launch  # examples/dist_launch.py: its users put examples/ on the path
 
 
 class PrometheusServer:

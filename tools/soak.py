@@ -1,4 +1,4 @@
-"""Soak run of the main job: tools/train_dlrm.py for many steps with the small
+"""Soak run of the main job: examples/train_dlrm.py for many steps with the small
 tables evicting all along, checking every rank's table counters every
 ``--every`` steps (train_dlrm.py --soak-every) and recording rank 0's host
 RSS and device memory. Passes when
@@ -27,7 +27,8 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# The main job, examples/train_dlrm.py (which imports its dist_launch.py by name).
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 import train_dlrm
 
 

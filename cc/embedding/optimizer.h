@@ -42,6 +42,7 @@ enum class OptimType : int32_t {
 constexpr int32_t kNumOptimTypes = 5;
 
 enum class WeightDecayMode : int32_t { kNone = 0, kL2 = 1, kDecoupled = 2 };
+constexpr int32_t kNumWeightDecayModes = 3;
 
 /// Floats of state after a row's embedding.
 DEMB_HD int64_t state_dim(int32_t type, int64_t dim) {
@@ -58,12 +59,33 @@ DEMB_HD int64_t state_dim(int32_t type, int64_t dim) {
   }
 }
 
+/// An optimizer and its hyper-parameters, as the update functions read them.
 struct OptimArgs {
-  int32_t type = 0;
+  int32_t type = 0;  ///< OptimType
   float lr = 0.01f, eps = 1e-8f, beta1 = 0.9f, beta2 = 0.999f, weight_decay = 0.0f;
-  int32_t wd_mode = 0;
-  int64_t step = 1;  ///< 1-based iteration (Adam's bias correction)
+  int32_t wd_mode = 0;  ///< WeightDecayMode
+  int64_t step = 1;     ///< 1-based iteration (Adam's bias correction)
   float lr_power = -0.5f, ftrl_beta = 0.0f, l1 = 0.0f, l2 = 0.0f;
+};
+
+/// Positions of OptimArgs's fields in the one float list (`optim`) the ops
+/// optimizer_step and embedding_update take, op schemas having no structs.
+/// Python packs the list by these positions (dynamicemb._C.constants()["OptimField"],
+/// whose names are RowOptimizer's field names, upper case).
+enum OptimField : int32_t {
+  kFieldType = 0,
+  kFieldLearningRate = 1,
+  kFieldEps = 2,
+  kFieldBeta1 = 3,
+  kFieldBeta2 = 4,
+  kFieldWeightDecay = 5,
+  kFieldWeightDecayMode = 6,
+  kFieldStep = 7,
+  kFieldLearningRatePower = 8,
+  kFieldFtrlBeta = 9,
+  kFieldL1Reg = 10,
+  kFieldL2Reg = 11,
+  kNumOptimFields = 12,
 };
 
 /// n^(-p) for FTRL; p = -0.5 takes the square root.

@@ -65,25 +65,40 @@ inline embedding::InitArgs init_args(const at::Tensor& keys, const at::Tensor& t
   return a;
 }
 
-/// Checks an optimizer's type and hyper-parameters and packs them.
-inline embedding::OptimArgs optim_params(int64_t type, double lr, double eps, double beta1,
-                                         double beta2, double weight_decay, int64_t wd_mode,
-                                         int64_t step, double lr_power, double ftrl_beta, double l1,
-                                         double l2) {
+/// Checks the ops' `optim` list (OptimArgs's fields at their OptimField
+/// positions) and unpacks it.
+inline embedding::OptimArgs optim_params(at::ArrayRef<double> optim) {
+  using embedding::OptimField;
+  TORCH_CHECK_VALUE(optim.size() == embedding::kNumOptimFields, "dynamicemb: optim must hold ",
+                    embedding::kNumOptimFields, " values (OptimField), got ", optim.size());
+  const auto integer = [&](OptimField f, const char* name) {
+    const double v = optim[f];
+    TORCH_CHECK_VALUE(v == std::floor(v) && std::fabs(v) < 9007199254740992.0,
+                      "dynamicemb: optimizer ", name, " must be an integer, got ", v);
+    return static_cast<int64_t>(v);
+  };
+  const int64_t type = integer(embedding::kFieldType, "type");
+  const int64_t wd_mode = integer(embedding::kFieldWeightDecayMode, "weight_decay_mode");
+  const int64_t step = integer(embedding::kFieldStep, "step");
+  const double lr = optim[embedding::kFieldLearningRate];
+  const double lr_power = optim[embedding::kFieldLearningRatePower];
   TORCH_CHECK_VALUE(type >= 0 && type < embedding::kNumOptimTypes, "dynamicemb: optimizer type ",
                     type, " is not one of 0..", embedding::kNumOptimTypes - 1);
-  TORCH_CHECK_VALUE(wd_mode >= 0 && wd_mode <= 2, "dynamicemb: weight decay mode ", wd_mode,
+  TORCH_CHECK_VALUE(wd_mode >= 0 && wd_mode < embedding::kNumWeightDecayModes,
+                    "dynamicemb: weight decay mode ", wd_mode,
                     " is not 0 (none), 1 (L2) or 2 (decoupled)");
   TORCH_CHECK_VALUE(step >= 1, "dynamicemb: step must be at least 1, got ", step);
-  check_finite(lr, "lr");
-  check_finite(eps, "eps");
-  check_finite(beta1, "beta1");
-  check_finite(beta2, "beta2");
-  check_finite(weight_decay, "weight_decay");
-  check_finite(lr_power, "lr_power");
-  check_finite(ftrl_beta, "ftrl_beta");
-  check_finite(l1, "l1");
-  check_finite(l2, "l2");
+  const std::pair<OptimField, const char*> reals[] = {
+      {embedding::kFieldLearningRate, "lr"},
+      {embedding::kFieldEps, "eps"},
+      {embedding::kFieldBeta1, "beta1"},
+      {embedding::kFieldBeta2, "beta2"},
+      {embedding::kFieldWeightDecay, "weight_decay"},
+      {embedding::kFieldLearningRatePower, "lr_power"},
+      {embedding::kFieldFtrlBeta, "ftrl_beta"},
+      {embedding::kFieldL1Reg, "l1"},
+      {embedding::kFieldL2Reg, "l2"}};
+  for (const auto& [field, name] : reals) check_finite(optim[field], name);
   if (type == static_cast<int64_t>(embedding::OptimType::kFTRL)) {
     TORCH_CHECK_VALUE(lr > 0, "dynamicemb: FTRL learning_rate must be positive, got ", lr);
     TORCH_CHECK_VALUE(lr_power <= 0, "dynamicemb: FTRL learning_rate_power must be <= 0, got ",
@@ -92,25 +107,22 @@ inline embedding::OptimArgs optim_params(int64_t type, double lr, double eps, do
   embedding::OptimArgs a;
   a.type = static_cast<int32_t>(type);
   a.lr = static_cast<float>(lr);
-  a.eps = static_cast<float>(eps);
-  a.beta1 = static_cast<float>(beta1);
-  a.beta2 = static_cast<float>(beta2);
-  a.weight_decay = static_cast<float>(weight_decay);
+  a.eps = static_cast<float>(optim[embedding::kFieldEps]);
+  a.beta1 = static_cast<float>(optim[embedding::kFieldBeta1]);
+  a.beta2 = static_cast<float>(optim[embedding::kFieldBeta2]);
+  a.weight_decay = static_cast<float>(optim[embedding::kFieldWeightDecay]);
   a.wd_mode = static_cast<int32_t>(wd_mode);
   a.step = step;
   a.lr_power = static_cast<float>(lr_power);
-  a.ftrl_beta = static_cast<float>(ftrl_beta);
-  a.l1 = static_cast<float>(l1);
-  a.l2 = static_cast<float>(l2);
+  a.ftrl_beta = static_cast<float>(optim[embedding::kFieldFtrlBeta]);
+  a.l1 = static_cast<float>(optim[embedding::kFieldL1Reg]);
+  a.l2 = static_cast<float>(optim[embedding::kFieldL2Reg]);
   return a;
 }
 
 /// Checks optimizer_step's arguments and packs its hyper-parameters.
 inline embedding::OptimArgs optim_args(const at::Tensor& values, const at::Tensor& rows,
-                                       const at::Tensor& grads, int64_t type, double lr, double eps,
-                                       double beta1, double beta2, double weight_decay,
-                                       int64_t wd_mode, int64_t step, double lr_power,
-                                       double ftrl_beta, double l1, double l2) {
+                                       const at::Tensor& grads, at::ArrayRef<double> optim) {
   check_devices("optimizer_step", {{"values", &values}, {"rows", &rows}, {"grads", &grads}});
   TORCH_CHECK_TYPE(values.scalar_type() == at::kFloat && grads.scalar_type() == at::kFloat,
                    "dynamicemb: values and grads must be float32, got ", values.scalar_type(),
@@ -122,10 +134,9 @@ inline embedding::OptimArgs optim_args(const at::Tensor& values, const at::Tenso
   check_1d(rows, at::kLong, "rows");
   TORCH_CHECK_VALUE(rows.numel() == grads.size(0), "dynamicemb: ", rows.numel(), " rows but ",
                     grads.size(0), " gradients");
-  embedding::OptimArgs a = optim_params(type, lr, eps, beta1, beta2, weight_decay, wd_mode, step,
-                                        lr_power, ftrl_beta, l1, l2);
+  embedding::OptimArgs a = optim_params(optim);
   const int64_t dim = grads.size(1);
-  const int64_t need = dim + embedding::state_dim(static_cast<int32_t>(type), dim);
+  const int64_t need = dim + embedding::state_dim(a.type, dim);
   TORCH_CHECK_VALUE(values.size(1) >= need, "dynamicemb: rows of ", values.size(1),
                     " floats cannot hold dim ", dim, " plus the optimizer state (", need,
                     " floats)");

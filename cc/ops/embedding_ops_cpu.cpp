@@ -32,14 +32,10 @@ void embedding_update_cpu(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor& 
                           const at::Tensor& rows, const at::Tensor& occ_offsets,
                           const at::Tensor& occ_order, const at::Tensor& occ_bag,
                           const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
-                          const at::Tensor& dims, int64_t batch, int64_t element_type, int64_t type,
-                          double lr, double eps, double beta1, double beta2, double weight_decay,
-                          int64_t wd_mode, int64_t step, double lr_power, double ftrl_beta,
-                          double l1, double l2) {
+                          const at::Tensor& dims, int64_t batch, int64_t element_type,
+                          at::ArrayRef<double> optim) {
   update_with(seg0, seg1, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols, dims,
-              batch, element_type,
-              optim_params(type, lr, eps, beta1, beta2, weight_decay, wd_mode, step, lr_power,
-                           ftrl_beta, l1, l2),
+              batch, element_type, optim_params(optim),
               [&](const embedding::UpdateArgs& a, storage::ElementType et) {
                 embedding::cpu::update_backward(a, rows.numel(), et);
               });
@@ -58,12 +54,8 @@ at::Tensor init_rows_cpu(const at::Tensor& keys, const at::Tensor& table_ids, in
 }
 
 void optimizer_step_cpu(at::Tensor& values, const at::Tensor& rows, const at::Tensor& grads,
-                        int64_t type, double lr, double eps, double beta1, double beta2,
-                        double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
-                        double ftrl_beta, double l1, double l2) {
-  const embedding::OptimArgs a =
-      optim_args(values, rows, grads, type, lr, eps, beta1, beta2, weight_decay, wd_mode, step,
-                 lr_power, ftrl_beta, l1, l2);
+                        at::ArrayRef<double> optim) {
+  const embedding::OptimArgs a = optim_args(values, rows, grads, optim);
   check_cpu(values);
   check_index_range(rows, -1, values.size(0), "row");
   const int64_t* r = rows.data_ptr<int64_t>();

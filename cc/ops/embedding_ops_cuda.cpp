@@ -59,14 +59,10 @@ void embedding_update_cuda(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor&
                            const at::Tensor& occ_order, const at::Tensor& occ_bag,
                            const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
                            const at::Tensor& dims, int64_t batch, int64_t element_type,
-                           int64_t type, double lr, double eps, double beta1, double beta2,
-                           double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
-                           double ftrl_beta, double l1, double l2) {
+                           at::ArrayRef<double> optim) {
   const c10::cuda::CUDAGuard guard(rows.device());
   update_with(seg0, seg1, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols, dims,
-              batch, element_type,
-              optim_params(type, lr, eps, beta1, beta2, weight_decay, wd_mode, step, lr_power,
-                           ftrl_beta, l1, l2),
+              batch, element_type, optim_params(optim),
               [&](const embedding::UpdateArgs& a, storage::ElementType et) {
                 std::vector<at::Tensor> keep;
                 const embedding::cuda::HotKeys h =
@@ -90,12 +86,8 @@ at::Tensor init_rows_cuda(const at::Tensor& keys, const at::Tensor& table_ids, i
 }
 
 void optimizer_step_cuda(at::Tensor& values, const at::Tensor& rows, const at::Tensor& grads,
-                         int64_t type, double lr, double eps, double beta1, double beta2,
-                         double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
-                         double ftrl_beta, double l1, double l2) {
-  const embedding::OptimArgs a =
-      optim_args(values, rows, grads, type, lr, eps, beta1, beta2, weight_decay, wd_mode, step,
-                 lr_power, ftrl_beta, l1, l2);
+                         at::ArrayRef<double> optim) {
+  const embedding::OptimArgs a = optim_args(values, rows, grads, optim);
   c10::cuda::CUDAGuard guard(values.device());
   embedding::cuda::optimizer_step(a, values.data_ptr<float>(), values.size(0), values.size(1),
                                   rows.data_ptr<int64_t>(), grads.data_ptr<float>(), rows.numel(),

@@ -1,13 +1,17 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 //
-// The Python module `dynamicemb._C`: importing it loads the op library; its
-// one function hands the table's enumerations and layout constants to Python,
-// so they are defined once, in cc/table/types.h.
+// The Python module `dynamicemb._C`: importing it loads the op library;
+// constants() hands the C++ enumerations and layout constants to Python (table,
+// embedding, storage and routing), so each is defined once, in C++.
 #include <torch/extension.h>
+
+#include <initializer_list>
+#include <utility>
 
 #include "cc/embedding/initializer.h"
 #include "cc/embedding/optimizer.h"
 #include "cc/ops/storage_args.h"
+#include "cc/routing/routing.h"
 #include "cc/storage/row_space.h"
 #include "cc/table/hash.h"
 #include "cc/table/table_ref.h"
@@ -16,8 +20,19 @@
 namespace {
 
 namespace tb = dyn_emb::table;
+namespace em = dyn_emb::embedding;
 
-py::dict table_constants() {
+/// {name: value} of an enumeration, as Python ints.
+template <class E>
+py::dict enum_dict(std::initializer_list<std::pair<const char*, E>> members) {
+  py::dict d;
+  for (const auto& [name, value] : members) d[name] = static_cast<int64_t>(value);
+  return d;
+}
+
+py::dict constants() {
+  using tb::CounterCol;
+  using tb::InfoCol;
   py::dict d;
   d["EMPTY_KEY"] = tb::kEmptyKey;
   d["LOCKED_KEY"] = tb::kLockedKey;
@@ -27,63 +42,73 @@ py::dict table_constants() {
   d["MAX_SCORES"] = tb::kMaxScores;
   d["INFO_COLS"] = static_cast<int>(tb::kInfoCols);
   d["COUNTER_COLS"] = static_cast<int>(tb::kCounterCols);
-  py::dict policy, status, mode, info, counter, op;
-  policy["NONE"] = static_cast<int>(tb::ScorePolicy::kNone);
-  policy["ASSIGN"] = static_cast<int>(tb::ScorePolicy::kAssign);
-  policy["ACCUMULATE"] = static_cast<int>(tb::ScorePolicy::kAccumulate);
-  policy["TIMER"] = static_cast<int>(tb::ScorePolicy::kTimer);
-  status["FOUND"] = static_cast<int>(tb::InsertStatus::kFound);
-  status["INSERTED"] = static_cast<int>(tb::InsertStatus::kInserted);
-  status["EVICTED"] = static_cast<int>(tb::InsertStatus::kEvicted);
-  status["FAILED"] = static_cast<int>(tb::InsertStatus::kFailed);
-  status["INVALID"] = static_cast<int>(tb::InsertStatus::kInvalid);
-  status["RELEASED"] = static_cast<int>(tb::InsertStatus::kReleased);
-  mode["EVICTING"] = static_cast<int>(tb::TableMode::kEvicting);
-  mode["NO_EVICTION"] = static_cast<int>(tb::TableMode::kNoEviction);
-  info["SLOT_OFFSET"] = static_cast<int>(tb::kInfoSlotOffset);
-  info["CAPACITY"] = static_cast<int>(tb::kInfoCapacity);
-  info["BUCKET_CAPACITY"] = static_cast<int>(tb::kInfoBucketCapacity);
-  info["BUCKET_OFFSET"] = static_cast<int>(tb::kInfoBucketOffset);
-  info["ROW_OFFSET"] = static_cast<int>(tb::kInfoRowOffset);
-  info["ROW_CAPACITY"] = static_cast<int>(tb::kInfoRowCapacity);
-  info["MODE"] = static_cast<int>(tb::kInfoMode);
-  counter["SIZE"] = static_cast<int>(tb::kCounterSize);
-  counter["INSERT_FAILURES"] = static_cast<int>(tb::kCounterInsertFailures);
-  counter["EVICTIONS"] = static_cast<int>(tb::kCounterEvictions);
-  counter["NEXT_ROW"] = static_cast<int>(tb::kCounterNextRow);
-  counter["FREE_TOP"] = static_cast<int>(tb::kCounterFreeTop);
-  counter["INSERTS"] = static_cast<int>(tb::kCounterInserts);
-  op["INSERT"] = static_cast<int>(tb::RunOp::kInsert);
-  op["INSERT_EVICT"] = static_cast<int>(tb::RunOp::kInsertEvict);
-  op["ERASE"] = static_cast<int>(tb::RunOp::kErase);
-  op["PLACE"] = static_cast<int>(tb::RunOp::kPlace);
-  py::dict init;
-  init["NORMAL"] = static_cast<int>(dyn_emb::embedding::InitMode::kNormal);
-  init["TRUNCATED_NORMAL"] = static_cast<int>(dyn_emb::embedding::InitMode::kTruncatedNormal);
-  init["UNIFORM"] = static_cast<int>(dyn_emb::embedding::InitMode::kUniform);
-  init["CONSTANT"] = static_cast<int>(dyn_emb::embedding::InitMode::kConstant);
-  init["DEBUG"] = static_cast<int>(dyn_emb::embedding::InitMode::kDebug);
-  d["InitMode"] = init;
-  py::dict optim;
-  optim["SGD"] = static_cast<int>(dyn_emb::embedding::OptimType::kSGD);
-  optim["ADAM"] = static_cast<int>(dyn_emb::embedding::OptimType::kAdam);
-  optim["EXACT_ADAGRAD"] = static_cast<int>(dyn_emb::embedding::OptimType::kExactAdagrad);
-  optim["EXACT_ROWWISE_ADAGRAD"] =
-      static_cast<int>(dyn_emb::embedding::OptimType::kExactRowwiseAdagrad);
-  optim["FTRL"] = static_cast<int>(dyn_emb::embedding::OptimType::kFTRL);
-  d["OptimType"] = optim;
-  py::dict element;
-  element["FLOAT32"] = static_cast<int>(dyn_emb::storage::ElementType::kFloat32);
-  element["FLOAT16"] = static_cast<int>(dyn_emb::storage::ElementType::kFloat16);
-  element["BFLOAT16"] = static_cast<int>(dyn_emb::storage::ElementType::kBFloat16);
-  d["ElementType"] = element;
-  d["DEBUG_MODULUS"] = dyn_emb::embedding::kDebugModulus;
-  d["ScorePolicy"] = policy;
-  d["InsertStatus"] = status;
-  d["TableMode"] = mode;
-  d["InfoCol"] = info;
-  d["CounterCol"] = counter;
-  d["RunOp"] = op;
+  d["DEBUG_MODULUS"] = em::kDebugModulus;
+  d["ScorePolicy"] = enum_dict<tb::ScorePolicy>({{"NONE", tb::ScorePolicy::kNone},
+                                                 {"ASSIGN", tb::ScorePolicy::kAssign},
+                                                 {"ACCUMULATE", tb::ScorePolicy::kAccumulate},
+                                                 {"TIMER", tb::ScorePolicy::kTimer}});
+  d["InsertStatus"] = enum_dict<tb::InsertStatus>({{"FOUND", tb::InsertStatus::kFound},
+                                                   {"INSERTED", tb::InsertStatus::kInserted},
+                                                   {"EVICTED", tb::InsertStatus::kEvicted},
+                                                   {"FAILED", tb::InsertStatus::kFailed},
+                                                   {"INVALID", tb::InsertStatus::kInvalid},
+                                                   {"RELEASED", tb::InsertStatus::kReleased}});
+  d["TableMode"] = enum_dict<tb::TableMode>(
+      {{"EVICTING", tb::TableMode::kEvicting}, {"NO_EVICTION", tb::TableMode::kNoEviction}});
+  d["InfoCol"] = enum_dict<InfoCol>({{"SLOT_OFFSET", tb::kInfoSlotOffset},
+                                     {"CAPACITY", tb::kInfoCapacity},
+                                     {"BUCKET_CAPACITY", tb::kInfoBucketCapacity},
+                                     {"BUCKET_OFFSET", tb::kInfoBucketOffset},
+                                     {"ROW_OFFSET", tb::kInfoRowOffset},
+                                     {"ROW_CAPACITY", tb::kInfoRowCapacity},
+                                     {"MODE", tb::kInfoMode}});
+  d["CounterCol"] = enum_dict<CounterCol>({{"SIZE", tb::kCounterSize},
+                                           {"INSERT_FAILURES", tb::kCounterInsertFailures},
+                                           {"EVICTIONS", tb::kCounterEvictions},
+                                           {"NEXT_ROW", tb::kCounterNextRow},
+                                           {"FREE_TOP", tb::kCounterFreeTop},
+                                           {"INSERTS", tb::kCounterInserts}});
+  d["RunOp"] = enum_dict<tb::RunOp>({{"INSERT", tb::RunOp::kInsert},
+                                     {"INSERT_EVICT", tb::RunOp::kInsertEvict},
+                                     {"ERASE", tb::RunOp::kErase},
+                                     {"PLACE", tb::RunOp::kPlace}});
+  d["InitMode"] = enum_dict<em::InitMode>({{"NORMAL", em::InitMode::kNormal},
+                                           {"TRUNCATED_NORMAL", em::InitMode::kTruncatedNormal},
+                                           {"UNIFORM", em::InitMode::kUniform},
+                                           {"CONSTANT", em::InitMode::kConstant},
+                                           {"DEBUG", em::InitMode::kDebug}});
+  d["OptimType"] =
+      enum_dict<em::OptimType>({{"SGD", em::OptimType::kSGD},
+                                {"ADAM", em::OptimType::kAdam},
+                                {"EXACT_ADAGRAD", em::OptimType::kExactAdagrad},
+                                {"EXACT_ROWWISE_ADAGRAD", em::OptimType::kExactRowwiseAdagrad},
+                                {"FTRL", em::OptimType::kFTRL}});
+  d["WeightDecayMode"] =
+      enum_dict<em::WeightDecayMode>({{"NONE", em::WeightDecayMode::kNone},
+                                      {"L2", em::WeightDecayMode::kL2},
+                                      {"DECOUPLE", em::WeightDecayMode::kDecoupled}});
+  // Named after RowOptimizer's fields (upper case), which pack by these positions.
+  d["OptimField"] = enum_dict<em::OptimField>({{"TYPE", em::kFieldType},
+                                               {"LEARNING_RATE", em::kFieldLearningRate},
+                                               {"EPS", em::kFieldEps},
+                                               {"BETA1", em::kFieldBeta1},
+                                               {"BETA2", em::kFieldBeta2},
+                                               {"WEIGHT_DECAY", em::kFieldWeightDecay},
+                                               {"WEIGHT_DECAY_MODE", em::kFieldWeightDecayMode},
+                                               {"STEP", em::kFieldStep},
+                                               {"LEARNING_RATE_POWER", em::kFieldLearningRatePower},
+                                               {"FTRL_BETA", em::kFieldFtrlBeta},
+                                               {"L1_REG", em::kFieldL1Reg},
+                                               {"L2_REG", em::kFieldL2Reg}});
+  d["ElementType"] = enum_dict<dyn_emb::storage::ElementType>(
+      {{"FLOAT32", dyn_emb::storage::ElementType::kFloat32},
+       {"FLOAT16", dyn_emb::storage::ElementType::kFloat16},
+       {"BFLOAT16", dyn_emb::storage::ElementType::kBFloat16}});
+  // Lower case: the names of DynamicEmbTableOptions.dist_type.
+  d["DistType"] = enum_dict<dyn_emb::routing::DistType>(
+      {{"continuous", dyn_emb::routing::DistType::kContinuous},
+       {"roundrobin", dyn_emb::routing::DistType::kRoundRobin},
+       {"hash_roundrobin", dyn_emb::routing::DistType::kHashRoundRobin}});
   return d;
 }
 
@@ -106,8 +131,8 @@ at::Tensor hash_keys(const at::Tensor& keys) {
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "dynamicemb native extension: scored hash table ops (torch.ops.dynamicemb.*)";
-  m.def("table_constants", &table_constants,
-        "Enumerations and layout constants of the scored hash table (cc/table/types.h).");
+  m.def("constants", &constants,
+        "Enumerations and constants defined in C++ (cc/table, cc/embedding, cc/routing).");
   m.def("hash_keys", &hash_keys,
         "bucket_hash(key) (murmur3 fmix64) of each key, as int64 bit patterns.");
 #ifdef DEMB_WITH_CUDA
@@ -115,6 +140,14 @@ PYBIND11_MODULE(_C, m) {
         "(host, device) uint8 views of nbytes of pinned host memory mapped into a CUDA "
         "device's address space.");
 #endif
+  m.def(
+      "state_dim",
+      [](int64_t type, int64_t dim) {
+        TORCH_CHECK_VALUE(type >= 0 && type < em::kNumOptimTypes, "dynamicemb: optimizer type ",
+                          type, " is not one of 0..", em::kNumOptimTypes - 1);
+        return em::state_dim(static_cast<int32_t>(type), dim);
+      },
+      "Floats of optimizer state after a float32 row of `dim` (cc/embedding/optimizer.h).");
   m.def("cuda_built", []() {
 #ifdef DEMB_WITH_CUDA
     return true;

@@ -20,8 +20,8 @@ namespace {
 
 at::Tensor find_meta(const at::Tensor& keys, const at::Tensor& table_ids,
                      const at::Tensor& table_keys, const at::Tensor& digests, at::Tensor& scores,
-                     const at::Tensor& info, at::IntArrayRef policies,
-                     const at::Tensor& score_values, bool update) {
+                     const at::Tensor& info, at::IntArrayRef /*policies*/,
+                     const at::Tensor& score_values, bool /*update*/) {
   check_find_devices("table_find", keys, table_ids, table_keys, digests, scores, info,
                      score_values);
   TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
@@ -31,8 +31,9 @@ at::Tensor find_meta(const at::Tensor& keys, const at::Tensor& table_ids,
 
 std::tuple<at::Tensor, at::Tensor> find_gather_meta(
     const at::Tensor& keys, const at::Tensor& table_ids, const at::Tensor& table_keys,
-    const at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::IntArrayRef policies,
-    const at::Tensor& score_values, bool update, const at::Tensor& values) {
+    const at::Tensor& digests, at::Tensor& scores, const at::Tensor& info,
+    at::IntArrayRef /*policies*/, const at::Tensor& score_values, bool /*update*/,
+    const at::Tensor& values) {
   check_find_devices("table_find_gather", keys, table_ids, table_keys, digests, scores, info,
                      score_values, &values);
   TORCH_CHECK_VALUE(values.dim() == 2, "dynamicemb: values must be 2-D");
@@ -43,8 +44,8 @@ std::tuple<at::Tensor, at::Tensor> find_gather_meta(
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
 run_meta(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_keys,
          at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::Tensor& counters,
-         at::Tensor& free_rows, at::IntArrayRef policies, const at::Tensor& score_values,
-         int64_t op, bool assign_rows, int64_t total_buckets, bool has_rows,
+         at::Tensor& free_rows, at::IntArrayRef /*policies*/, const at::Tensor& score_values,
+         int64_t op, bool /*assign_rows*/, int64_t /*total_buckets*/, bool /*has_rows*/,
          const std::optional<at::Tensor>& victim_scores,
          const std::optional<at::Tensor>& target_slots) {
   check_run_devices(keys, table_ids, table_keys, digests, scores, info, counters, free_rows,
@@ -65,9 +66,8 @@ run_meta(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
 
 ExportResult export_meta(const at::Tensor& table_keys, const at::Tensor& scores,
                          const at::Tensor& info, int64_t slot_begin, int64_t slot_end,
-                         int64_t column, int64_t threshold) {
-  check_devices("table_export",
-                {{"table_keys", &table_keys}, {"scores", &scores}, {"info", &info}});
+                         int64_t /*column*/, int64_t /*threshold*/) {
+  check_export_devices(table_keys, scores, info);
   TORCH_CHECK_VALUE(slot_begin >= 0 && slot_begin <= slot_end, "dynamicemb: slot range [",
                     slot_begin, ", ", slot_end, ") is empty or negative");
   const int64_t range = slot_end - slot_begin;
@@ -85,8 +85,8 @@ at::Tensor gather_rows_meta(const at::Tensor& values, const at::Tensor& rows) {
 }
 
 at::Tensor init_rows_meta(const at::Tensor& keys, const at::Tensor& table_ids, int64_t dim,
-                          int64_t mode, double mean, double std_dev, double lower, double upper,
-                          double value, int64_t seed) {
+                          int64_t /*mode*/, double /*mean*/, double /*std_dev*/, double /*lower*/,
+                          double /*upper*/, double /*value*/, int64_t /*seed*/) {
   check_devices("init_rows", {{"keys", &keys}, {"table_ids", &table_ids}});
   TORCH_CHECK_VALUE(dim >= 0, "dynamicemb: dim must be non-negative, got ", dim);
   TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
@@ -95,18 +95,14 @@ at::Tensor init_rows_meta(const at::Tensor& keys, const at::Tensor& table_ids, i
 }
 
 void optimizer_step_meta(at::Tensor& values, const at::Tensor& rows, const at::Tensor& grads,
-                         int64_t type, double lr, double eps, double beta1, double beta2,
-                         double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
-                         double ftrl_beta, double l1, double l2) {
+                         at::ArrayRef<double> /*optim*/) {
   check_devices("optimizer_step", {{"values", &values}, {"rows", &rows}, {"grads", &grads}});
   TORCH_CHECK_TYPE(values.scalar_type() == at::kFloat, "dynamicemb: values must be float32");
 }
 
 at::Tensor home_starts_meta(const at::Tensor& keys, const at::Tensor& table_ids,
                             const at::Tensor& table_keys, const at::Tensor& info) {
-  check_devices(
-      "table_home_starts",
-      {{"keys", &keys}, {"table_ids", &table_ids}, {"table_keys", &table_keys}, {"info", &info}});
+  check_keys_view_devices("table_home_starts", table_keys, info, &keys, &table_ids);
   return at::empty_symint({keys.sym_numel()}, keys.options().dtype(at::kLong));
 }
 
@@ -115,13 +111,13 @@ at::Tensor timer_meta(const at::Tensor& like) {
 }
 
 at::Tensor count_meta(const at::Tensor& table_keys, const at::Tensor& info) {
-  check_devices("table_count", {{"table_keys", &table_keys}, {"info", &info}});
+  check_keys_view_devices("table_count", table_keys, info);
   return at::empty_symint({info.sym_size(0)}, table_keys.options());
 }
 
 at::Tensor route_keys_meta(const at::Tensor& keys, const at::Tensor& feature_ids,
                            const at::Tensor& dist_types, const at::Tensor& blocks,
-                           int64_t world_size) {
+                           int64_t /*world_size*/) {
   check_route_devices(keys, feature_ids, dist_types, blocks);
   TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
                    keys.scalar_type());
@@ -133,7 +129,7 @@ at::Tensor embedding_pool_meta(const at::Tensor& seg0, const at::Tensor& seg1,
                                const at::Tensor& bag_offsets,
                                const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
                                const at::Tensor& dims, int64_t batch, int64_t out_width,
-                               int64_t element_type, const c10::optional<at::Tensor>& fill) {
+                               int64_t /*element_type*/, const c10::optional<at::Tensor>& fill) {
   check_pool_devices(seg0, seg1, rows, inverse, bag_offsets, weights, cols, dims, fill);
   TORCH_CHECK_VALUE(batch >= 0 && out_width >= 0,
                     "dynamicemb: batch and out_width must not be negative, got ", batch, " and ",
@@ -145,10 +141,8 @@ void embedding_update_meta(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor&
                            const at::Tensor& rows, const at::Tensor& occ_offsets,
                            const at::Tensor& occ_order, const at::Tensor& occ_bag,
                            const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
-                           const at::Tensor& dims, int64_t batch, int64_t element_type,
-                           int64_t type, double lr, double eps, double beta1, double beta2,
-                           double weight_decay, int64_t wd_mode, int64_t step, double lr_power,
-                           double ftrl_beta, double l1, double l2) {
+                           const at::Tensor& dims, int64_t /*batch*/, int64_t /*element_type*/,
+                           at::ArrayRef<double> /*optim*/) {
   check_update_devices(seg0, seg1, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols,
                        dims);
 }
@@ -156,8 +150,8 @@ void embedding_update_meta(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor&
 at::Tensor counter_add_meta(const at::Tensor& keys, const at::Tensor& table_ids,
                             at::Tensor& table_keys, at::Tensor& digests, at::Tensor& scores,
                             const at::Tensor& info, at::Tensor& counters,
-                            const at::Tensor& frequencies, int64_t release_at,
-                            int64_t total_buckets) {
+                            const at::Tensor& frequencies, int64_t /*release_at*/,
+                            int64_t /*total_buckets*/) {
   check_count_devices(keys, table_ids, table_keys, digests, scores, info, counters, frequencies);
   TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
                    keys.scalar_type());

@@ -49,8 +49,9 @@ TORCH_LIBRARY(dynamicemb, m) {
   //   has_rows: some table is NO_EVICTION.
   //   victim_scores: optional (num_slots) float64 on the table's device: a
   //     custom eviction score per slot ranking insert_and_evict's victims
-  //     before the score words (lowest first, NaN first). Only the slots of
-  //     the buckets the batch touches are read (see table_home_starts).
+  //     before the score words (the victim order of cc/table/scores.h). Only
+  //     the slots of the buckets the batch touches are read (see
+  //     table_home_starts).
   //   target_slots: place only, (n) int64: the slot each key is to occupy, in
   //     its home bucket (the CPU kernel refuses any other; CUDA marks the entry
   //     INVALID).
@@ -127,12 +128,10 @@ TORCH_LIBRARY(dynamicemb, m) {
   // (cc/embedding/optimizer.h).
   // Args:
   //   values: (num_rows, width) float32, updated in place; rows: (n) int64,
-  //   distinct, -1 to skip; grads: (n, dim) float32 reduced gradients; type:
-  //   OptimType; the hyper-parameters; step: 1-based iteration (Adam).
-  m.def(
-      "optimizer_step(Tensor(a!) values, Tensor rows, Tensor grads, int type, float lr, float eps, "
-      "float beta1, float beta2, float weight_decay, int wd_mode, int step, float lr_power, "
-      "float ftrl_beta, float l1, float l2) -> ()");
+  //   distinct, -1 to skip; grads: (n, dim) float32 reduced gradients;
+  //   optim: the optimizer (OptimArgs's fields at their OptimField positions:
+  //   type, hyper-parameters, the 1-based step).
+  m.def("optimizer_step(Tensor(a!) values, Tensor rows, Tensor grads, float[] optim) -> ()");
 
   // Occupied slots of each table, counted from the keys: (num_tables) int64.
   m.def("table_count(Tensor table_keys, Tensor info) -> Tensor");
@@ -176,14 +175,12 @@ TORCH_LIBRARY(dynamicemb, m) {
   //   out_width); rows: (U) byte offsets, a negative one (no row, or a fill
   //   row of embedding_pool) not updated; occ_offsets (U + 1), occ_order (n):
   //   each key's occurrences; occ_bag (n): the bag of each occurrence;
-  //   weights, cols, dims, element_type as embedding_pool; the optimizer's
-  //   type and hyper-parameters as optimizer_step.
+  //   weights, cols, dims, element_type as embedding_pool; optim as
+  //   optimizer_step.
   m.def(
       "embedding_update(Tensor(a!) seg0, Tensor(b!) seg1, Tensor grad_out, Tensor rows, "
       "Tensor occ_offsets, Tensor occ_order, Tensor occ_bag, Tensor? weights, Tensor cols, "
-      "Tensor dims, int batch, int element_type, int type, float lr, float eps, float beta1, "
-      "float beta2, float weight_decay, int wd_mode, int step, float lr_power, float ftrl_beta, "
-      "float l1, float l2) -> ()");
+      "Tensor dims, int batch, int element_type, float[] optim) -> ()");
 
   // Row moves of the storage tiers (cc/storage/copy_rows.h): for each i with
   // both offsets >= 0, bytes[i] bytes from the row space (src0, src1) at

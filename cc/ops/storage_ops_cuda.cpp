@@ -33,28 +33,24 @@ void copy_rows_cuda(at::Tensor& dst0, at::Tensor& dst1, const at::Tensor& dst_of
 std::tuple<at::Tensor, at::Tensor> host_mapped_empty(int64_t nbytes, int64_t device) {
   TORCH_CHECK_VALUE(nbytes >= 0, "dynamicemb: host_mapped_empty needs nbytes >= 0, got ", nbytes);
   const c10::cuda::CUDAGuard guard(static_cast<c10::DeviceIndex>(device));
+  const auto bytes = at::TensorOptions().dtype(at::kByte);
+  const auto on_device = bytes.device(at::kCUDA, static_cast<c10::DeviceIndex>(device));
+  // No allocation for no bytes: from_blob cannot place a null pointer on a device.
+  if (nbytes == 0) return {at::empty({0}, bytes), at::empty({0}, on_device)};
   void* host = nullptr;
-  if (nbytes > 0) {
-    const cudaError_t e = cudaHostAlloc(&host, static_cast<size_t>(nbytes),
-                                        cudaHostAllocMapped | cudaHostAllocPortable);
-    if (e != cudaSuccess) {
-      (void)cudaGetLastError();  // clear the error for later calls
-      TORCH_CHECK(false, "dynamicemb: cannot allocate ", nbytes,
-                  " bytes of mapped host memory: out of memory (", cudaGetErrorString(e), ")");
-    }
+  const cudaError_t e = cudaHostAlloc(&host, static_cast<size_t>(nbytes),
+                                      cudaHostAllocMapped | cudaHostAllocPortable);
+  if (e != cudaSuccess) {
+    (void)cudaGetLastError();  // clear the error for later calls
+    TORCH_CHECK(false, "dynamicemb: cannot allocate ", nbytes,
+                " bytes of mapped host memory: out of memory (", cudaGetErrorString(e), ")");
   }
-  void* dev = nullptr;
-  if (host != nullptr) C10_CUDA_CHECK(cudaHostGetDevicePointer(&dev, host, 0));
   // Both views share the allocation; it is freed when the last one is.
-  std::shared_ptr<void> owner(host, [](void* p) {
-    if (p != nullptr) cudaFreeHost(p);
-  });
-  at::Tensor h =
-      at::from_blob(host, {nbytes}, [owner](void*) {}, at::TensorOptions().dtype(at::kByte));
-  at::Tensor d = at::from_blob(
-      dev, {nbytes}, [owner](void*) {},
-      at::TensorOptions().dtype(at::kByte).device(at::kCUDA,
-                                                  static_cast<c10::DeviceIndex>(device)));
+  std::shared_ptr<void> owner(host, [](void* p) { cudaFreeHost(p); });
+  void* dev = nullptr;
+  C10_CUDA_CHECK(cudaHostGetDevicePointer(&dev, host, 0));
+  at::Tensor h = at::from_blob(host, {nbytes}, [owner](void*) {}, bytes);
+  at::Tensor d = at::from_blob(dev, {nbytes}, [owner](void*) {}, on_device);
   return {h, d};
 }
 

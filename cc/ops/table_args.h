@@ -59,6 +59,26 @@ inline void check_run_devices(const at::Tensor& keys, const at::Tensor& table_id
   }
 }
 
+inline void check_export_devices(const at::Tensor& table_keys, const at::Tensor& scores,
+                                 const at::Tensor& info) {
+  check_devices("table_export",
+                {{"table_keys", &table_keys}, {"scores", &scores}, {"info", &info}});
+}
+
+/// The ops that read the keys and info only: table_count, and
+/// table_home_starts with its batch (keys, table_ids).
+inline void check_keys_view_devices(const char* op, const at::Tensor& table_keys,
+                                    const at::Tensor& info, const at::Tensor* keys = nullptr,
+                                    const at::Tensor* table_ids = nullptr) {
+  if (keys) {
+    check_devices(
+        op,
+        {{"keys", keys}, {"table_ids", table_ids}, {"table_keys", &table_keys}, {"info", &info}});
+  } else {
+    check_devices(op, {{"table_keys", &table_keys}, {"info", &info}});
+  }
+}
+
 inline void check_info(const at::Tensor& info) {
   TORCH_CHECK(info.scalar_type() == at::kLong && info.dim() == 2 && info.size(1) == kInfoCols &&
                   info.is_contiguous(),
@@ -217,6 +237,49 @@ inline void check_targets(const std::optional<at::Tensor>& targets, int64_t op,
       ") tensor, one per key, got shape ", targets->sizes());
 }
 
+/// The checks table_find and table_find_gather (`op`, with its `values`)
+/// make on every backend.
+inline void check_find(const char* op, const at::Tensor& keys, const at::Tensor& table_ids,
+                       const at::Tensor& table_keys, const at::Tensor& digests,
+                       const at::Tensor& scores, const at::Tensor& info, at::IntArrayRef policies,
+                       const at::Tensor& score_values, const at::Tensor* values = nullptr) {
+  check_find_devices(op, keys, table_ids, table_keys, digests, scores, info, score_values, values);
+  check_state(table_keys, digests, scores, info);
+  check_batch(keys, table_ids, table_keys);
+  check_scores(policies, score_values, keys.numel(), scores.size(1), table_keys);
+}
+
+/// The checks table_run makes on every backend.
+inline void check_run(const at::Tensor& keys, const at::Tensor& table_ids,
+                      const at::Tensor& table_keys, const at::Tensor& digests,
+                      const at::Tensor& scores, const at::Tensor& info, const at::Tensor& counters,
+                      const at::Tensor& free_rows, at::IntArrayRef policies,
+                      const at::Tensor& score_values, int64_t op,
+                      const std::optional<at::Tensor>& victim_scores,
+                      const std::optional<at::Tensor>& target_slots) {
+  check_run_devices(keys, table_ids, table_keys, digests, scores, info, counters, free_rows,
+                    score_values, victim_scores, target_slots);
+  check_find("table_run", keys, table_ids, table_keys, digests, scores, info, policies,
+             score_values);
+  check_counters(counters, free_rows, info, table_keys);
+  check_op(op);
+  check_victim_scores(victim_scores, table_keys);
+  check_targets(target_slots, op, keys);
+}
+
+/// The checks of the ops that read the keys and info only (table_count,
+/// table_home_starts with its batch; table_export also scores).
+inline void check_keys_view(const char* op, const at::Tensor& table_keys, const at::Tensor& info,
+                            const at::Tensor* keys = nullptr,
+                            const at::Tensor* table_ids = nullptr) {
+  check_keys_view_devices(op, table_keys, info, keys, table_ids);
+  check_1d(table_keys, at::kLong, "table_keys");
+  check_info(info);
+  TORCH_CHECK(info.device() == table_keys.device(),
+              "dynamicemb: info must be on the table's device ", table_keys.device(), ", got ",
+              info.device());
+}
+
 /// Outputs of table_run, allocated like `keys`.
 struct RunOutputs {
   at::Tensor slots, status, ev_keys, ev_scores, ev_slots, ev_tables, num_evicted;
@@ -235,6 +298,32 @@ inline RunOutputs alloc_run_outputs(const at::Tensor& keys, int64_t num_scores) 
                     at::zeros({1}, l)};
 }
 
+/// table_run's arguments and outputs as the backends take them; the
+/// backend-specific work arrays (ev_flags, row_work) are left to the caller.
+inline table::RunArgs run_args(const at::Tensor& keys, const at::Tensor& table_ids,
+                               at::Tensor& order, at::IntArrayRef policies,
+                               const at::Tensor& score_values, int64_t op, bool assign_rows,
+                               RunOutputs& out, const std::optional<at::Tensor>& victim_scores,
+                               const std::optional<at::Tensor>& target_slots) {
+  table::RunArgs r;
+  r.keys = keys.data_ptr<int64_t>();
+  r.table_ids = table_ids.data_ptr<int64_t>();
+  r.order = order.data_ptr<int32_t>();
+  r.score = score_args(policies, score_values, keys.numel());
+  r.op = static_cast<table::RunOp>(op);
+  r.assign_rows = assign_rows;
+  r.slots = out.slots.data_ptr<int64_t>();
+  r.status = out.status.data_ptr<int8_t>();
+  r.ev_keys = out.ev_keys.data_ptr<int64_t>();
+  r.ev_scores = out.ev_scores.data_ptr<int64_t>();
+  r.ev_slots = out.ev_slots.data_ptr<int64_t>();
+  r.ev_tables = out.ev_tables.data_ptr<int64_t>();
+  r.victim_scores = victim_scores.has_value() ? victim_scores->data_ptr<double>() : nullptr;
+  r.targets = op == static_cast<int64_t>(table::RunOp::kPlace) ? target_slots->data_ptr<int64_t>()
+                                                               : nullptr;
+  return r;
+}
+
 using ExportResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 inline void check_export(const at::Tensor& keys, const at::Tensor& scores, int64_t slot_begin,
@@ -250,6 +339,17 @@ inline void check_export(const at::Tensor& keys, const at::Tensor& scores, int64
                     keys.numel(), "]");
   TORCH_CHECK_VALUE(column >= 0 && column < scores.size(1), "dynamicemb: score column ", column,
                     " is not one of 0..", scores.size(1) - 1);
+}
+
+/// table_export's checks on every backend.
+inline void check_export_args(const at::Tensor& table_keys, const at::Tensor& scores,
+                              const at::Tensor& info, int64_t slot_begin, int64_t slot_end,
+                              int64_t column) {
+  check_export_devices(table_keys, scores, info);
+  check_keys_view("table_export", table_keys, info);
+  TORCH_CHECK_VALUE(scores.dim() == 2 && table_keys.numel() == scores.size(0),
+                    "dynamicemb: table_keys and scores disagree on the slot count");
+  check_export(table_keys, scores, slot_begin, slot_end, column);
 }
 
 inline ExportResult alloc_export(const at::Tensor& keys, const at::Tensor& scores, int64_t range) {

@@ -67,13 +67,10 @@ at::Tensor find_cpu(const at::Tensor& keys, const at::Tensor& table_ids,
                     const at::Tensor& table_keys, const at::Tensor& digests, at::Tensor& scores,
                     const at::Tensor& info, at::IntArrayRef policies,
                     const at::Tensor& score_values, bool update) {
-  check_find_devices("table_find", keys, table_ids, table_keys, digests, scores, info,
-                     score_values);
-  check_state(table_keys, digests, scores, info);
-  check_batch(keys, table_ids, table_keys);
+  check_find("table_find", keys, table_ids, table_keys, digests, scores, info, policies,
+             score_values);
   check_cpu(keys);
   const int64_t n = keys.numel();
-  check_scores(policies, score_values, n, scores.size(1), table_keys);
   const table::TableRef t = table_ref(table_keys, digests, scores, info, nullptr, nullptr);
   check_layout_cpu(t, INT64_MAX);
   check_key_values(keys, table_ids, info.size(0));
@@ -136,17 +133,10 @@ run_cpu(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_k
         bool assign_rows, int64_t total_buckets, bool has_rows,
         const std::optional<at::Tensor>& victim_scores,
         const std::optional<at::Tensor>& target_slots) {
-  check_run_devices(keys, table_ids, table_keys, digests, scores, info, counters, free_rows,
-                    score_values, victim_scores, target_slots);
-  check_state(table_keys, digests, scores, info);
-  check_batch(keys, table_ids, table_keys);
-  check_counters(counters, free_rows, info, table_keys);
-  check_op(op);
-  check_victim_scores(victim_scores, table_keys);
-  check_targets(target_slots, op, keys);
+  check_run(keys, table_ids, table_keys, digests, scores, info, counters, free_rows, policies,
+            score_values, op, victim_scores, target_slots);
   check_cpu(keys);
   const int64_t n = keys.numel();
-  check_scores(policies, score_values, n, scores.size(1), table_keys);
   {
     const table::TableRef lt = table_ref(table_keys, digests, scores, info, &counters, &free_rows);
     const auto [buckets, rows] = check_layout_cpu(lt, free_rows.numel());
@@ -187,23 +177,10 @@ run_cpu(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_k
   at::Tensor flags = at::empty({n}, keys.options().dtype(at::kByte));
 
   const table::TableRef t = table_ref(table_keys, digests, scores, info, &counters, &free_rows);
-  table::RunArgs r;
-  r.keys = keys.data_ptr<int64_t>();
-  r.table_ids = table_ids.data_ptr<int64_t>();
-  r.order = order.data_ptr<int32_t>();
-  r.score = score_args(policies, score_values, n);
-  r.op = static_cast<table::RunOp>(op);
-  r.assign_rows = assign_rows;
-  r.slots = out.slots.data_ptr<int64_t>();
-  r.status = out.status.data_ptr<int8_t>();
-  r.ev_keys = out.ev_keys.data_ptr<int64_t>();
-  r.ev_scores = out.ev_scores.data_ptr<int64_t>();
-  r.ev_slots = out.ev_slots.data_ptr<int64_t>();
-  r.ev_tables = out.ev_tables.data_ptr<int64_t>();
+  table::RunArgs r = run_args(keys, table_ids, order, policies, score_values, op, assign_rows, out,
+                              victim_scores, target_slots);
   r.ev_flags = flags.data_ptr<uint8_t>();
   r.row_work = has_rows ? row_work.data_ptr<int64_t>() : nullptr;
-  r.victim_scores = victim_scores.has_value() ? victim_scores->data_ptr<double>() : nullptr;
-  r.targets = place ? target_slots->data_ptr<int64_t>() : nullptr;
   const int64_t evicted = table::cpu::run_op(t, r, n, total_buckets, scratch.data_ptr<int64_t>());
   out.num_evicted.fill_(evicted);
   return out.tuple();
@@ -212,11 +189,7 @@ run_cpu(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_k
 ExportResult export_cpu(const at::Tensor& table_keys, const at::Tensor& scores,
                         const at::Tensor& info, int64_t slot_begin, int64_t slot_end,
                         int64_t column, int64_t threshold) {
-  check_devices("table_export",
-                {{"table_keys", &table_keys}, {"scores", &scores}, {"info", &info}});
-  check_1d(table_keys, at::kLong, "table_keys");
-  check_info(info);
-  check_export(table_keys, scores, slot_begin, slot_end, column);
+  check_export_args(table_keys, scores, info, slot_begin, slot_end, column);
   check_cpu(table_keys);
   ExportResult res = alloc_export(table_keys, scores, slot_end - slot_begin);
   std::get<0>(res).fill_(table::kEmptyKey);
@@ -248,11 +221,7 @@ at::Tensor gather_rows_cpu(const at::Tensor& values, const at::Tensor& rows) {
 
 at::Tensor home_starts_cpu(const at::Tensor& keys, const at::Tensor& table_ids,
                            const at::Tensor& table_keys, const at::Tensor& info) {
-  check_devices(
-      "table_home_starts",
-      {{"keys", &keys}, {"table_ids", &table_ids}, {"table_keys", &table_keys}, {"info", &info}});
-  check_1d(table_keys, at::kLong, "table_keys");
-  check_info(info);
+  check_keys_view("table_home_starts", table_keys, info, &keys, &table_ids);
   check_batch(keys, table_ids, table_keys);
   check_cpu(keys);
   const table::TableRef t = keys_ref(table_keys, info, nullptr);
@@ -269,9 +238,7 @@ at::Tensor timer_cpu(const at::Tensor& like) {
 }
 
 at::Tensor count_cpu(const at::Tensor& table_keys, const at::Tensor& info) {
-  check_devices("table_count", {{"table_keys", &table_keys}, {"info", &info}});
-  check_1d(table_keys, at::kLong, "table_keys");
-  check_info(info);
+  check_keys_view("table_count", table_keys, info);
   check_cpu(table_keys);
   at::Tensor out = at::zeros({info.size(0)}, table_keys.options());
   const table::TableRef t = keys_ref(table_keys, info, nullptr);

@@ -22,12 +22,9 @@ at::Tensor find_cuda(const at::Tensor& keys, const at::Tensor& table_ids,
                      const at::Tensor& table_keys, const at::Tensor& digests, at::Tensor& scores,
                      const at::Tensor& info, at::IntArrayRef policies,
                      const at::Tensor& score_values, bool update) {
-  check_find_devices("table_find", keys, table_ids, table_keys, digests, scores, info,
-                     score_values);
-  check_state(table_keys, digests, scores, info);
-  check_batch(keys, table_ids, table_keys);
+  check_find("table_find", keys, table_ids, table_keys, digests, scores, info, policies,
+             score_values);
   const int64_t n = keys.numel();
-  check_scores(policies, score_values, n, scores.size(1), table_keys);
   c10::cuda::CUDAGuard guard(keys.device());
   at::Tensor slots = at::empty({n}, keys.options());
   const table::TableRef t = table_ref(table_keys, digests, scores, info, nullptr, nullptr);
@@ -42,12 +39,9 @@ std::tuple<at::Tensor, at::Tensor> find_gather_cuda(
     const at::Tensor& keys, const at::Tensor& table_ids, const at::Tensor& table_keys,
     const at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::IntArrayRef policies,
     const at::Tensor& score_values, bool update, const at::Tensor& values) {
-  check_find_devices("table_find_gather", keys, table_ids, table_keys, digests, scores, info,
-                     score_values, &values);
-  check_state(table_keys, digests, scores, info);
-  check_batch(keys, table_ids, table_keys);
+  check_find("table_find_gather", keys, table_ids, table_keys, digests, scores, info, policies,
+             score_values, &values);
   const int64_t n = keys.numel();
-  check_scores(policies, score_values, n, scores.size(1), table_keys);
   check_gather(values, keys);
   c10::cuda::CUDAGuard guard(keys.device());
   at::Tensor slots = at::empty({n}, keys.options());
@@ -70,16 +64,9 @@ run_cuda(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
          int64_t op, bool assign_rows, int64_t total_buckets, bool has_rows,
          const std::optional<at::Tensor>& victim_scores,
          const std::optional<at::Tensor>& target_slots) {
-  check_run_devices(keys, table_ids, table_keys, digests, scores, info, counters, free_rows,
-                    score_values, victim_scores, target_slots);
-  check_state(table_keys, digests, scores, info);
-  check_batch(keys, table_ids, table_keys);
-  check_counters(counters, free_rows, info, table_keys);
-  check_op(op);
-  check_victim_scores(victim_scores, table_keys);
-  check_targets(target_slots, op, keys);
+  check_run(keys, table_ids, table_keys, digests, scores, info, counters, free_rows, policies,
+            score_values, op, victim_scores, target_slots);
   const int64_t n = keys.numel();
-  check_scores(policies, score_values, n, scores.size(1), table_keys);
   TORCH_CHECK(total_buckets >= 1, "dynamicemb: total_buckets must be positive, got ",
               total_buckets);
   c10::cuda::CUDAGuard guard(keys.device());
@@ -87,22 +74,8 @@ run_cuda(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
   at::Tensor order = at::empty({n}, keys.options().dtype(at::kInt));
   TorchScratch scratch(keys);
   const table::TableRef t = table_ref(table_keys, digests, scores, info, &counters, &free_rows);
-  table::RunArgs r;
-  r.keys = keys.data_ptr<int64_t>();
-  r.table_ids = table_ids.data_ptr<int64_t>();
-  r.order = order.data_ptr<int32_t>();
-  r.score = score_args(policies, score_values, n);
-  r.op = static_cast<table::RunOp>(op);
-  r.assign_rows = assign_rows;
-  r.slots = out.slots.data_ptr<int64_t>();
-  r.status = out.status.data_ptr<int8_t>();
-  r.ev_keys = out.ev_keys.data_ptr<int64_t>();
-  r.ev_scores = out.ev_scores.data_ptr<int64_t>();
-  r.ev_slots = out.ev_slots.data_ptr<int64_t>();
-  r.ev_tables = out.ev_tables.data_ptr<int64_t>();
-  r.victim_scores = victim_scores.has_value() ? victim_scores->data_ptr<double>() : nullptr;
-  r.targets = op == static_cast<int64_t>(table::RunOp::kPlace) ? target_slots->data_ptr<int64_t>()
-                                                               : nullptr;
+  table::RunArgs r = run_args(keys, table_ids, order, policies, score_values, op, assign_rows, out,
+                              victim_scores, target_slots);
   table::cuda::run_op(t, r, n, total_buckets, has_rows, out.num_evicted.data_ptr<int64_t>(),
                       scratch, c10::cuda::getCurrentCUDAStream().stream());
   return out.tuple();
@@ -111,11 +84,7 @@ run_cuda(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
 ExportResult export_cuda(const at::Tensor& table_keys, const at::Tensor& scores,
                          const at::Tensor& info, int64_t slot_begin, int64_t slot_end,
                          int64_t column, int64_t threshold) {
-  check_devices("table_export",
-                {{"table_keys", &table_keys}, {"scores", &scores}, {"info", &info}});
-  check_1d(table_keys, at::kLong, "table_keys");
-  check_info(info);
-  check_export(table_keys, scores, slot_begin, slot_end, column);
+  check_export_args(table_keys, scores, info, slot_begin, slot_end, column);
   c10::cuda::CUDAGuard guard(table_keys.device());
   ExportResult res = alloc_export(table_keys, scores, slot_end - slot_begin);
   const table::TableRef t = keys_ref(table_keys, info, &scores);
@@ -142,11 +111,7 @@ at::Tensor gather_rows_cuda(const at::Tensor& values, const at::Tensor& rows) {
 
 at::Tensor home_starts_cuda(const at::Tensor& keys, const at::Tensor& table_ids,
                             const at::Tensor& table_keys, const at::Tensor& info) {
-  check_devices(
-      "table_home_starts",
-      {{"keys", &keys}, {"table_ids", &table_ids}, {"table_keys", &table_keys}, {"info", &info}});
-  check_1d(table_keys, at::kLong, "table_keys");
-  check_info(info);
+  check_keys_view("table_home_starts", table_keys, info, &keys, &table_ids);
   check_batch(keys, table_ids, table_keys);
   c10::cuda::CUDAGuard guard(keys.device());
   at::Tensor out = at::empty({keys.numel()}, keys.options());
@@ -166,9 +131,7 @@ at::Tensor timer_cuda(const at::Tensor& like) {
 }
 
 at::Tensor count_cuda(const at::Tensor& table_keys, const at::Tensor& info) {
-  check_devices("table_count", {{"table_keys", &table_keys}, {"info", &info}});
-  check_1d(table_keys, at::kLong, "table_keys");
-  check_info(info);
+  check_keys_view("table_count", table_keys, info);
   c10::cuda::CUDAGuard guard(table_keys.device());
   at::Tensor out = at::empty({info.size(0)}, table_keys.options());
   const table::TableRef t = keys_ref(table_keys, info, nullptr);

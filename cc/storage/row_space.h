@@ -1,6 +1,6 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 //
-// Where value rows are, as the lookup kernels and the row moves see them: one
+// Where value rows are, as the pooling kernels and the row moves see them: one
 // definition for the CPU loops and the CUDA kernels.
 //
 // # A row

@@ -84,9 +84,8 @@ DEMB_HD int64_t sort_key_of(const TableRef& t, int64_t key, int64_t table) {
 
 /// NO_EVICTION with assign_rows: the row given for entry `index` lies in the
 /// table's value buffer (else the entry is invalid and nothing is stored).
-DEMB_HD bool assigned_row_valid(const ScoreArgs& a, int64_t index, int32_t num_scores,
-                                const int64_t* inf) {
-  const int64_t row = score_input(a, index, num_scores, 0);
+DEMB_HD bool assigned_row_valid(const ScoreArgs& a, int64_t index, const int64_t* inf) {
+  const int64_t row = score_input(a, index, 0);
   return row >= 0 && row < inf[kInfoRowCapacity];
 }
 
@@ -257,7 +256,7 @@ DEMB_HD RunDeltas place_key(const TableRef& t, const RunArgs& r, const Home& h, 
   const int64_t table = r.table_ids[i];
   const int64_t* inf = t.info + table * kInfoCols;
   if (slot < h.start || slot >= h.start + h.width ||
-      (no_evict && (!r.assign_rows || !assigned_row_valid(r.score, i, ns, inf)))) {
+      (no_evict && (!r.assign_rows || !assigned_row_valid(r.score, i, inf)))) {
     r.slots[i] = -1;
     r.status[i] = static_cast<int8_t>(InsertStatus::kInvalid);
     return d;
@@ -286,7 +285,7 @@ DEMB_HD RunDeltas place_key(const TableRef& t, const RunArgs& r, const Home& h, 
   t.digests[slot] = digest;
   for (int32_t c = 0; c < ns; ++c) {
     t.scores[slot * ns + c] =
-        no_evict ? (c == 0 ? score_input(r.score, i, ns, 0) : 0) : initial_score(r.score, i, ns, c);
+        no_evict ? (c == 0 ? score_input(r.score, i, 0) : 0) : initial_score(r.score, i, c);
   }
   r.slots[i] = slot;
   r.status[i] = static_cast<int8_t>(st);
@@ -450,13 +449,13 @@ DEMB_HD RunDeltas run_keys(const TableRef& t, const RunArgs& r, int64_t begin, i
         continue;
       }
     }
-    if (no_evict && r.assign_rows && !assigned_row_valid(r.score, i, ns, inf)) {
+    if (no_evict && r.assign_rows && !assigned_row_valid(r.score, i, inf)) {
       result(i, -1, InsertStatus::kInvalid);
       pr.sync();
       continue;
     }
     if (!no_evict) {  // a new key whose first score word reaches release_at stays out
-      const int64_t word = initial_score(r.score, i, ns, 0);
+      const int64_t word = initial_score(r.score, i, 0);
       if (lead && r.scores_out) r.scores_out[i] = word;
       if (released(r, word)) {
         result(i, -1, InsertStatus::kReleased);
@@ -525,14 +524,14 @@ DEMB_HD RunDeltas run_keys(const TableRef& t, const RunArgs& r, int64_t begin, i
       t.digests[slot] = digest_of_hash(bucket_hash(static_cast<uint64_t>(key)));
       if (no_evict) {
         if (r.assign_rows) {
-          t.scores[slot * ns] = score_input(r.score, i, ns, 0);
+          t.scores[slot * ns] = score_input(r.score, i, 0);
         } else {
           t.scores[slot * ns] = -1;  // handed out by the row pass
           if (r.row_work) r.row_work[i] = 1;
         }
         for (int32_t c = 1; c < ns; ++c) t.scores[slot * ns + c] = 0;
       } else {
-        for (int32_t c = 0; c < ns; ++c) t.scores[slot * ns + c] = initial_score(r.score, i, ns, c);
+        for (int32_t c = 0; c < ns; ++c) t.scores[slot * ns + c] = initial_score(r.score, i, c);
       }
     }
     result(i, slot, st);

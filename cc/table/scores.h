@@ -49,16 +49,17 @@ DEMB_HD bool score_less(const int64_t* a, const int64_t* b, int32_t n) {
   return false;
 }
 
-DEMB_HD int64_t score_input(const ScoreArgs& a, int64_t index, int32_t num_scores, int32_t c) {
+/// The value column c of entry `index` gives (0 when the call has none).
+DEMB_HD int64_t score_input(const ScoreArgs& a, int64_t index, int32_t c) {
   return a.values ? a.values[index * a.value_row_stride + c] : 0;
 }
 
 /// Score word c of a key entering the table.
-DEMB_HD int64_t initial_score(const ScoreArgs& a, int64_t index, int32_t num_scores, int32_t c) {
+DEMB_HD int64_t initial_score(const ScoreArgs& a, int64_t index, int32_t c) {
   switch (static_cast<ScorePolicy>(a.policy[c])) {
     case ScorePolicy::kAssign:
     case ScorePolicy::kAccumulate:
-      return score_input(a, index, num_scores, c);
+      return score_input(a, index, c);
     case ScorePolicy::kTimer:
       return timer_now(a);
     default:
@@ -75,13 +76,13 @@ DEMB_HD void update_score(const ScoreArgs& a, int64_t index, int32_t num_scores,
   for (int32_t c = 0; c < num_scores; ++c) {
     switch (static_cast<ScorePolicy>(a.policy[c])) {
       case ScorePolicy::kAssign:
-        s[c] = score_input(a, index, num_scores, c);
+        s[c] = score_input(a, index, c);
         break;
       case ScorePolicy::kAccumulate:  // saturates at the int64 bounds
         if (atomic) {
-          atomic_add_saturating(&s[c], score_input(a, index, num_scores, c));
+          atomic_add_saturating(&s[c], score_input(a, index, c));
         } else {
-          s[c] = add_saturating(s[c], score_input(a, index, num_scores, c));
+          s[c] = add_saturating(s[c], score_input(a, index, c));
         }
         break;
       case ScorePolicy::kTimer:

@@ -173,7 +173,7 @@ int64_t run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_buc
     r.status[order[p]] = static_cast<int8_t>(InsertStatus::kInvalid);
     if (r.row_work) r.row_work[order[p]] = -1;
   }
-  std::fill(r.ev_flags, r.ev_flags + n, 0);
+  for (int64_t p = 0; p < n; ++p) r.ev_flags[p] = 0;
 
   std::vector<int64_t> heads;
   heads.reserve(static_cast<size_t>(valid) + 1);

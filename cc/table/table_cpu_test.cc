@@ -200,7 +200,9 @@ TEST(CpuBackend, ExportAndCountAgreeWithTheKeys) {
     EXPECT_EQ(s.keys[sl[j]], k[j]);
     EXPECT_GE(sc[j], 40);
     EXPECT_EQ(tb[j], sl[j] < 64 ? 0 : 1);
-    if (j) EXPECT_LT(sl[j - 1], sl[j]);
+    if (j) {
+      EXPECT_LT(sl[j - 1], sl[j]);
+    }
   }
 }
 

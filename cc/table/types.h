@@ -5,8 +5,8 @@
 // This header is the single definition of every number the table shares with
 // the layers above it: reserved key values, score policies, per-key insert
 // status codes, the columns of the per-table `info` and `counters` tensors.
-// The Python side reads them through `torch.ops.dynamicemb.table_constants`
-// (see cc/ops/ops.cpp); it never restates them.
+// The Python side reads them through `dynamicemb._C.constants()` (see
+// cc/ops/module.cpp); it never restates them.
 #pragma once
 
 #include <cstdint>

@@ -5,23 +5,8 @@ The module owns what a row means (initializers, optimizer, pooling); where
 rows live is its ``TableStorage``'s business (``dynamicemb.storage``: device,
 host and hybrid tables, a device cache over a host table or an external
 ``Storage``), reached only through that interface. It runs on the CPU and the
-GPU alike.
-
-The step, per batch:
-  1. the distinct (table, key) pairs and their counts (segmented_unique);
-  2. training: the storage finds or inserts them with the tables' score
-     policy (expanding, fetching from and writing back to its tiers as it
-     needs), new keys get their initializer's row and a fresh optimizer
-     state. With an admission strategy, the keys stored nowhere are first put
-     to the tables' admitter: a rejected key is not inserted (it evicts
-     nothing), reads the rejected-row initializer's row in this forward and
-     its gradient updates nothing. Eval: find only; absent keys read the eval
-     initializer and nothing is inserted (nor admitted);
-  3. the rows of the distinct keys (byte offsets into the storage's row
-     space) are pooled (SUM, MEAN, NONE, weighted SUM), empty bags give zeros;
-  4. backward: per-occurrence gradients are summed per distinct key and the
-     optimizer updates the rows in place; the storage then writes back the
-     rows it kept outside its tiers for the batch.
+GPU alike. What it does in a training step, stage by stage, is written once,
+in docs/architecture.md ("A training step, top to bottom").
 """
 
 import os
@@ -69,15 +54,15 @@ def _fill_refs(n: int, device: torch.device) -> torch.Tensor:
     return -2 - torch.arange(n, device=device)
 
 
-class _Lookup(torch.autograd.Function):
-    """The fused lookup: pooling forward (embedding_pool), and a backward that
+class _Pool(torch.autograd.Function):
+    """Pooling forward (embedding_pool), and a backward that
     reduces each distinct key's gradient and updates its row in place
     (embedding_update) -- the optimizer is fused, nothing flows further."""
 
     @staticmethod
     def forward(ctx, placeholder, module, batch_args):
         ctx.module, ctx.batch_args = module, batch_args
-        return module._pool(batch_args)
+        return batch_args.pool(module.layout.element_type)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -87,7 +72,7 @@ class _Lookup(torch.autograd.Function):
 
 @dataclass
 class _Batch:
-    """One batch's lookup structure (cc/embedding/pooling.h): the row space
+    """One batch's bag structure (cc/embedding/pooling.h): the row space
     and the distinct keys' rows (byte offsets into it), occurrences grouped by
     distinct key, bags and output layout, and the fill rows of keys stored
     nowhere (a row ``_fill_refs(..)[i]`` reads ``fill[i]``)."""
@@ -106,6 +91,25 @@ class _Batch:
     out_width: int
     fill: torch.Tensor | None
 
+    def pool(self, element_type: int) -> torch.Tensor:
+        """Every bag's (weighted) sum of its rows in the output layout (the
+        embedding_pool op), reading the fill rows where ``rows`` refers to
+        them."""
+        return ops().embedding_pool(
+            self.space[0],
+            self.space[1],
+            self.rows,
+            self.inverse,
+            self.bag_offsets,
+            self.weights,
+            self.cols,
+            self.dims,
+            self.batch,
+            self.out_width,
+            int(element_type),
+            self.fill,
+        )
+
 
 class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
     """Fused dynamic embedding tables.
@@ -116,9 +120,10 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             it). The tables share ``score_strategy`` and ``bucket_capacity``
             layout rules of one fused allocation, so NO_EVICTION tables are
             fused only with NO_EVICTION tables. A NO_EVICTION table starts
-            with ``init_capacity`` value rows and a key map of twice that and
-            grows without bound (``max_capacity`` and ``max_load_factor`` do
-            not apply). A ``score_function`` (compound (TIMESTAMP, LFU) only,
+            with ``init_capacity`` value rows and a key map of
+            ``no_eviction_key_slots(init_capacity)`` slots and grows without
+            bound (``max_capacity`` and ``max_load_factor`` do not apply). A
+            ``score_function`` (compound (TIMESTAMP, LFU) only,
             shared by the fused tables) ranks the victims of full buckets:
             it is compiled with numba when the module is built and evaluated
             over the buckets of each training batch (score_function.py).
@@ -261,7 +266,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 self.admitter.non_admitted_initializer or self._initializers[False]
             )
         self._row_init = _ModuleRowInit(self)
-        # Output layout of pooled lookups: feature f's dims[f] columns start at
+        # Output layout of pooled batches: feature f's dims[f] columns start at
         # cols[f], the features side by side (TorchRec's KeyedTensor order).
         fdims = [self.dims[t] for t in self.feature_table_map]
         fcols = [sum(fdims[:f]) for f in range(len(fdims))]
@@ -476,9 +481,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if frequency_counters is not None:
             counts = torch.zeros_like(su.counts).index_add_(0, su.inverse, frequency_counters)
         if self.training:
-            rows, fill = self._lookup_train(su.keys, su.table_ids, counts, su.counts)
+            rows, fill = self._rows_train(su.keys, su.table_ids, counts, su.counts)
         else:
-            rows, fill = self._lookup_eval(su.keys, su.table_ids)
+            rows, fill = self._rows_eval(su.keys, su.table_ids)
         space = self.storage.space()
         weights = pooling_weights
         if self.pooling_mode == DynamicEmbPoolingMode.MEAN:
@@ -488,7 +493,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         occ_offsets = torch.zeros(su.counts.numel() + 1, dtype=torch.int64, device=self.device)
         torch.cumsum(su.counts, 0, out=occ_offsets[1:])
         if self.pooling_mode == DynamicEmbPoolingMode.NONE:
-            # Sequence lookups: every occurrence is a bag of its own.
+            # Sequence batches (pooling NONE): every occurrence is a bag of its own.
             b = _Batch(
                 space,
                 rows,
@@ -520,7 +525,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 self._out_width,
                 fill,
             )
-        return _Lookup.apply(self._placeholder, self, b)
+        return _Pool.apply(self._placeholder, self, b)
 
     def _batch_input(self, indices: torch.Tensor, offsets: torch.Tensor):
         """A batch in TBE layout on the module's device (int64, contiguous),
@@ -642,7 +647,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         i = int(checks["pooling_weights"].nonzero()[0, 0])
         raise ValueError(f"pooling_weights must be finite, got {weights[i].item()} at index {i}")
 
-    def _lookup_train(self, keys, tids, counts, occurrences):
+    def _rows_train(self, keys, tids, counts, occurrences):
         """(rows, fill) of the distinct keys: rows -1 where not stored, fill
         rows for the keys admission rejects (see _Batch); ``counts`` are the
         LFU increments, ``occurrences`` how often each key occurred."""
@@ -683,7 +688,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         row of each key, zeros past its table's dim."""
         return self._initializers[eval_mode](keys, tids, self.dims, self._init_table_ids, self.seed)
 
-    def _lookup_eval(self, keys, tids):
+    def _rows_eval(self, keys, tids):
         """(rows, fill): keys stored nowhere read the eval initializer's rows
         from the fill buffer."""
         rows = self.storage.eval_rows(keys, tids)
@@ -704,22 +709,6 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             self.seed,
         ).to(self.embedding_dtype)
         return rows.index_copy(0, idx, _fill_refs(idx.numel(), self.device)), fill
-
-    def _pool(self, b: "_Batch") -> torch.Tensor:
-        return ops().embedding_pool(
-            b.space[0],
-            b.space[1],
-            b.rows,
-            b.inverse,
-            b.bag_offsets,
-            b.weights,
-            b.cols,
-            b.dims,
-            b.batch,
-            b.out_width,
-            self.layout.element_type,
-            b.fill,
-        )
 
     # ----------------------------------------------------------- backward --
 

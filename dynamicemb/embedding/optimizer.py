@@ -86,8 +86,11 @@ class RowOptimizer:
                     "FTRL initial_accumulator_value must be >= 0, got "
                     f"{self.initial_accumulator_value}"
                 )
-        if int(self.weight_decay_mode) not in (0, 1, 2):
-            raise ValueError(f"weight_decay_mode must be 0, 1 or 2, got {self.weight_decay_mode}")
+        modes = constants()["WeightDecayMode"]
+        if int(self.weight_decay_mode) not in modes.values():
+            raise ValueError(
+                f"weight_decay_mode must be one of {dict(modes)}, got {self.weight_decay_mode}"
+            )
 
     def state_dim(self, dim: int) -> int:
         """Floats of state after an embedding of ``dim``."""
@@ -101,28 +104,27 @@ class RowOptimizer:
             dim = state.shape[1] // 2
             state[:, dim:].fill_(self.initial_accumulator_value)
 
+    def packed(self, step: int) -> list[float]:
+        """The ops' ``optim`` argument: the optimizer type, every
+        hyper-parameter and the 1-based ``step``, each at its position in the
+        C++ ``OptimField`` (named after this class's fields)."""
+        fields = constants()["OptimField"]
+        out = [0.0] * len(fields)
+        for name, pos in fields.items():
+            if name == "TYPE":
+                out[pos] = float(self._type)
+            elif name == "STEP":
+                out[pos] = float(step)
+            else:
+                out[pos] = float(getattr(self, name.lower()))
+        return out
+
     def step(
         self, values: torch.Tensor, rows: torch.Tensor, grads: torch.Tensor, step: int
     ) -> None:
         """Updates ``values[rows]`` in place with ``grads`` (one reduced gradient
         per distinct row; -1 skips an entry). ``step`` is 1-based."""
-        ops().optimizer_step(
-            values,
-            rows,
-            grads,
-            self._type,
-            float(self.learning_rate),
-            float(self.eps),
-            float(self.beta1),
-            float(self.beta2),
-            float(self.weight_decay),
-            int(self.weight_decay_mode),
-            int(step),
-            float(self.learning_rate_power),
-            float(self.ftrl_beta),
-            float(self.l1_reg),
-            float(self.l2_reg),
-        )
+        ops().optimizer_step(values, rows, grads, self.packed(step))
 
     def fused_update(
         self,
@@ -132,9 +134,9 @@ class RowOptimizer:
         step: int,
         element_type: int,
     ) -> None:
-        """Reduces each distinct key's gradient from ``grad_out`` (the lookup's
-        output gradient) and updates its row in place; ``space`` is the row
-        space's two segments, ``batch`` the lookup's structure
+        """Reduces each distinct key's gradient from ``grad_out`` (the pooled
+        output's gradient) and updates its row in place; ``space`` is the row
+        space's two segments, ``batch`` the batch's bag structure
         (cc/embedding/pooling.h: rows are byte offsets into the space),
         ``element_type`` the embeddings' native ElementType. ``step`` is
         1-based."""
@@ -152,16 +154,5 @@ class RowOptimizer:
             b.dims,
             b.batch,
             int(element_type),
-            self._type,
-            float(self.learning_rate),
-            float(self.eps),
-            float(self.beta1),
-            float(self.beta2),
-            float(self.weight_decay),
-            int(self.weight_decay_mode),
-            int(step),
-            float(self.learning_rate_power),
-            float(self.ftrl_beta),
-            float(self.l1_reg),
-            float(self.l2_reg),
+            self.packed(step),
         )

@@ -9,11 +9,9 @@ table stores them as (frequency, timestamp) whatever the tuple order. With a
 
 for every slot of the home buckets of the batch's keys, ``scores`` being the
 slot's two words in the user's tuple order and ``cur_timestamp`` one reading
-of the clock the TIMESTAMP words come from. The table then evicts, from a
-full bucket, the untouched slot with the lowest value (NaN lowest of all);
-see cc/table/scores.h. Only the untouched slots of a full
-bucket are ever compared, and the batch changes none of them before it does,
-so values evaluated before the call are those of eviction time.
+of the clock the TIMESTAMP words come from. The table ranks the victims of a
+full bucket by these values first (the victim order, and why evaluating them
+before the call is exact: cc/table/scores.h, "Scores").
 
 The function is compiled with numba: ``numba.njit`` for tables on the CPU,
 ``numba.cuda.jit(device=True)`` for tables on a GPU, where one block

@@ -6,9 +6,11 @@ Importing this package needs TorchRec (``import dynamicemb`` does not).
 from .constraints import DynamicEmbParameterConstraints
 from .enumerator import DynamicEmbeddingEnumerator
 from .planner import DynamicEmbeddingShardingPlanner
+from .prepare import prepare_table_options
 
 __all__ = [
     "DynamicEmbParameterConstraints",
     "DynamicEmbeddingEnumerator",
     "DynamicEmbeddingShardingPlanner",
+    "prepare_table_options",
 ]

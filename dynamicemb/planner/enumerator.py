@@ -18,7 +18,7 @@ from torchrec.distributed.planner.utils import sharder_name
 from ..dynamicemb_config import DynamicEmbTableOptions
 from .constraints import DynamicEmbParameterConstraints
 from .parameter_sharding import DYNAMICEMB_COMPUTE_KERNEL, DYNAMICEMB_SHARDING_TYPE
-from .prepare import _prepare_dynemb_table_options, _requested_options, dynamic_shard_storage
+from .prepare import _requested_options, dynamic_shard_storage, prepare_table_options
 
 __all__ = ["DynamicEmbeddingEnumerator", "is_dynamic_table"]
 
@@ -58,7 +58,7 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
       ``2**40`` rows plans when its ``init_capacity`` fits.
 
     The options used are the table's ``dynamicemb_options`` prepared for the
-    topology's world size (``_prepare_dynemb_table_options``), whether or not
+    topology's world size (``prepare_table_options``), whether or not
     the planner prepared them already.
 
     Args:
@@ -97,20 +97,13 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
     ) -> list[str]:
         if not self._is_dynamic(name):
             return super()._filter_sharding_types(name, allowed_sharding_types, *args, **kwargs)
-        requested = self._constraints[name].sharding_types
-        if requested and DYNAMICEMB_SHARDING_TYPE not in requested:
-            raise ValueError(
-                f"table {name!r} is a dynamic embedding table, which is sharded "
-                f"{DYNAMICEMB_SHARDING_TYPE!r} only; its constraints allow only "
-                f"sharding_types={requested!r}"
-            )
-        if DYNAMICEMB_SHARDING_TYPE not in allowed_sharding_types:
-            raise ValueError(
-                f"table {name!r} is a dynamic embedding table, but its sharder does not "
-                f"offer {DYNAMICEMB_SHARDING_TYPE!r} sharding (it offers "
-                f"{allowed_sharding_types!r})"
-            )
-        return [DYNAMICEMB_SHARDING_TYPE]
+        return self._only_choice(
+            name,
+            "sharding type",
+            DYNAMICEMB_SHARDING_TYPE,
+            self._constraints[name].sharding_types,
+            allowed_sharding_types,
+        )
 
     def _filter_compute_kernels(
         self, name: str, allowed_compute_kernels: list[str], sharding_type: str, *args, **kwargs
@@ -118,21 +111,38 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
         if not self._is_dynamic(name):
             allowed = [k for k in allowed_compute_kernels if k != DYNAMICEMB_COMPUTE_KERNEL]
             return super()._filter_compute_kernels(name, allowed, sharding_type, *args, **kwargs)
-        requested = self._constraints[name].compute_kernels
-        if requested and DYNAMICEMB_COMPUTE_KERNEL not in requested:
+        return self._only_choice(
+            name,
+            "compute kernel",
+            DYNAMICEMB_COMPUTE_KERNEL,
+            self._constraints[name].compute_kernels,
+            allowed_compute_kernels,
+            f" for {sharding_type!r} sharding",
+        )
+
+    @staticmethod
+    def _only_choice(
+        name: str,
+        what: str,
+        choice: str,
+        requested: list[str] | None,
+        offered: list[str],
+        where: str = "",
+    ) -> list[str]:
+        """[choice], the one ``what`` of a dynamic table; a ValueError naming
+        the table when its constraints or its sharder leave it out."""
+        if requested and choice not in requested:
             raise ValueError(
-                f"table {name!r} is a dynamic embedding table, whose compute kernel is "
-                f"{DYNAMICEMB_COMPUTE_KERNEL!r}; its constraints allow only "
-                f"compute_kernels={requested!r}"
+                f"table {name!r} is a dynamic embedding table, whose {what} is {choice!r} "
+                f"only; its constraints allow only {requested!r}"
             )
-        if DYNAMICEMB_COMPUTE_KERNEL not in allowed_compute_kernels:
+        if choice not in offered:
             raise ValueError(
                 f"table {name!r} is a dynamic embedding table, but its sharder does not "
-                f"offer compute kernel {DYNAMICEMB_COMPUTE_KERNEL!r} for {sharding_type!r} "
-                f"sharding (it offers {allowed_compute_kernels!r}); use the sharders of "
-                "dynamicemb.shard"
+                f"offer {what} {choice!r}{where} (it offers {offered!r}); use the sharders "
+                "of dynamicemb.shard"
             )
-        return [DYNAMICEMB_COMPUTE_KERNEL]
+        return [choice]
 
     # ---------------------------------------------------------- estimates --
 
@@ -181,9 +191,7 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
         options = _requested_options(self._constraints[sharding_option.name].dynamicemb_options)
         rows, dim = sharding_option.tensor.shape
         shape_config = types.SimpleNamespace(num_embeddings=int(rows), embedding_dim=int(dim))
-        return _prepare_dynemb_table_options(
-            options, shape_config, self._dynamicemb_topology.world_size
-        )
+        return prepare_table_options(options, shape_config, self._dynamicemb_topology.world_size)
 
     def _shard_storage(self, sharding_option: ShardingOption):
         options = self.prepared_options(sharding_option)

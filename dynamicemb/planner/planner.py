@@ -29,7 +29,12 @@ from .parameter_sharding import (
     DYNAMICEMB_SHARDING_TYPE,
     DynamicEmbParameterSharding,
 )
-from .prepare import _prepare_dynemb_table_options, _record_request, _requested_options
+from .prepare import (
+    _prepare_dynemb_table_options,
+    _record_request,
+    _requested_options,
+    prepare_table_options,
+)
 
 __all__ = ["DynamicEmbeddingShardingPlanner", "_prepare_dynemb_table_options"]
 
@@ -49,7 +54,7 @@ class DynamicEmbeddingShardingPlanner:
        ``ROW_WISE`` sharding and the ``CUSTOMIZED_KERNEL`` compute kernel;
     2. prepares the options of every table whose constraints are
        ``DynamicEmbParameterConstraints(use_dynamicemb=True)`` with
-       ``_prepare_dynemb_table_options`` for the topology's world size
+       ``prepare_table_options`` for the topology's world size
        (``dim``, completed initializer bounds, ``bucket_capacity``,
        ``max_capacity``, ``init_capacity``, ``local_hbm_for_values``);
     3. builds TorchRec's planner with a ``DynamicEmbeddingEnumerator`` (unless
@@ -128,7 +133,7 @@ class DynamicEmbeddingShardingPlanner:
             if not is_dynamic_table(constraint):
                 continue
             try:
-                prepared[name] = _prepare_dynemb_table_options(
+                prepared[name] = prepare_table_options(
                     _requested_options(constraint.dynamicemb_options),
                     self._eb_configs[name],
                     self._world_size,

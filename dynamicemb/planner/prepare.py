@@ -1,7 +1,9 @@
 """Per-rank options of a dynamic table, and what one rank of it stores.
 
-``_prepare_dynemb_table_options`` is the preparation step of the spec's
-"Sharding planner" section; ``dynamic_shard_storage`` is the per-rank memory
+``prepare_table_options`` is the preparation step of the spec's "Sharding
+planner" section (the spec's internal ``_prepare_dynemb_table_options``), the
+one the planner and the sharders both run; ``dynamic_shard_storage`` is the
+per-rank memory
 the enumerator reports for a dynamic table instead of TorchRec's dense
 ``num_embeddings * dim`` estimate.
 """
@@ -16,26 +18,34 @@ from ..dynamicemb_config import (
     _sharded_table_bucket_layout,
     align_to_table_size,
     complete_initializer_args,
+    embedding_config_dtype,
 )
 
 __all__ = [
     "DynamicShardStorage",
     "_prepare_dynemb_table_options",
     "dynamic_shard_storage",
+    "prepare_table_options",
 ]
 
 
-def _prepare_dynemb_table_options(
+def prepare_table_options(
     options: DynamicEmbTableOptions,
     embedding_config: Any,
     world_size: int,
 ) -> DynamicEmbTableOptions:
     """The options one rank of a row-wise sharded dynamic table uses.
 
+    The planner prepares every dynamic table's options with it, and the
+    sharders prepare each table's options of the plan again when they build
+    its module (preparing is idempotent, so a plan from the planner is left
+    as it is, and a plan written by hand gets the same options).
+
     The spec's preparation, in its order, on a copy (``options`` is not
     modified; objects it refers to, like an admission strategy, are shared):
 
-    0. ``dim`` = ``embedding_config.embedding_dim``;
+    0. ``dim`` = ``embedding_config.embedding_dim`` (a ``dim`` already set
+       must equal it);
     1. ``initializer_args`` = ``complete_initializer_args(initializer_args,
        embedding_config)``;
     2. ``(num_buckets, width) = _sharded_table_bucket_layout(embedding_config,
@@ -43,7 +53,11 @@ def _prepare_dynemb_table_options(
        ``max_capacity`` = ``num_buckets * width``; ``init_capacity``: None
        becomes ``max_capacity``, a value is rounded up to whole buckets and
        then clamped to ``max_capacity``;
-    3. ``local_hbm_for_values`` = ``ceil(global_hbm_for_values / world_size)``.
+    3. ``local_hbm_for_values`` = ``ceil(global_hbm_for_values / world_size)``
+       when a global budget is given; a per-rank budget given alone (global
+       0, as in a plan written by hand) is kept;
+    4. (not a step of the spec's) ``embedding_dtype``: None becomes the
+       config's ``data_type`` (``embedding_config_dtype``).
 
     Preparing prepared options again for the same config and world size
     gives the same options.
@@ -61,13 +75,24 @@ def _prepare_dynemb_table_options(
     Raises:
         TypeError: ``options`` is not a DynamicEmbTableOptions.
         ValueError: a bad ``bucket_capacity``, ``world_size``,
-            ``num_embeddings`` or ``embedding_dim`` (the message names it).
+            ``num_embeddings`` or ``embedding_dim``, or a ``dim`` that differs
+            from ``embedding_dim`` (the message names the table and the value).
     """
+    table = getattr(embedding_config, "name", None)
     if not isinstance(options, DynamicEmbTableOptions):
-        raise TypeError(f"dynamicemb_options must be a DynamicEmbTableOptions, got {options!r}")
+        raise TypeError(
+            f"table {table!r}: dynamicemb_options must be a DynamicEmbTableOptions, got {options!r}"
+        )
     dim = getattr(embedding_config, "embedding_dim", None)
     if not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0:
-        raise ValueError(f"embedding_config.embedding_dim must be a positive int, got {dim!r}")
+        raise ValueError(
+            f"table {table!r}: embedding_config.embedding_dim must be a positive int, got {dim!r}"
+        )
+    if options.dim is not None and options.dim != dim:
+        raise ValueError(
+            f"table {table!r}: dynamicemb_options.dim ({options.dim}) differs from "
+            f"embedding_dim ({dim})"
+        )
     initializer_args = complete_initializer_args(options.initializer_args, embedding_config)
     num_buckets, width = _sharded_table_bucket_layout(
         embedding_config, world_size, options.bucket_capacity
@@ -84,8 +109,17 @@ def _prepare_dynemb_table_options(
         bucket_capacity=width,
         max_capacity=max_capacity,
         init_capacity=init_capacity,
-        local_hbm_for_values=-(-options.global_hbm_for_values // world_size),
+        local_hbm_for_values=(
+            -(-options.global_hbm_for_values // world_size)
+            if options.global_hbm_for_values
+            else options.local_hbm_for_values
+        ),
+        embedding_dtype=options.embedding_dtype or embedding_config_dtype(embedding_config),
     )
+
+
+# The name the spec gives the planner's preparation step.
+_prepare_dynemb_table_options = prepare_table_options
 
 
 @dataclasses.dataclass(frozen=True)

@@ -180,10 +180,7 @@ class ShardedDynamicEmbeddingCollection(_DynamicTablesMixin, ShardedEmbeddingCol
     ):
         if sharding_type == DYNAMICEMB_SHARDING_KEY:
             return DynamicEmbRwSequenceEmbeddingSharding(
-                sharding_infos=sharding_infos,
-                env=env,
-                device=device,
-                qcomm_codecs_registry=qcomm_codecs_registry,
+                sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
             )
         return super().create_embedding_sharding(
             sharding_type=sharding_type,
@@ -240,10 +237,7 @@ class ShardedDynamicEmbeddingBagCollection(_DynamicTablesMixin, ShardedEmbedding
     ):
         if sharding_infos and is_dynamicemb_sharding(sharding_infos[0].param_sharding):
             return DynamicEmbRwPooledEmbeddingSharding(
-                sharding_infos=sharding_infos,
-                env=env,
-                device=device,
-                qcomm_codecs_registry=qcomm_codecs_registry,
+                sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
             )
         return super().create_embedding_bag_sharding(
             sharding_infos=sharding_infos,

@@ -8,6 +8,7 @@ are TorchRec's own (``GroupedEmbeddingsLookup``,
 compute kernel is ``CUSTOMIZED_KERNEL``.
 """
 
+import dataclasses
 import enum
 from collections.abc import Iterator
 from typing import Any
@@ -25,39 +26,21 @@ from torchrec.distributed.embedding_types import (
 )
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from ..dynamicemb_config import (
-    DynamicEmbPoolingMode,
-    DynamicEmbTableOptions,
-    complete_initializer_args,
-    embedding_config_dtype,
-    get_sharded_table_capacity,
-)
-from ..embedding import BatchedDynamicEmbeddingTablesV2
+from ..dynamicemb_config import DynamicEmbPoolingMode, DynamicEmbTableOptions
+from ..embedding import BatchedDynamicEmbeddingTablesV2, RowOptimizer
+from ..planner.prepare import prepare_table_options
 
 __all__ = [
     "DynamicEmbGroupedEmbeddingsLookup",
     "DynamicEmbGroupedPooledEmbeddingsLookup",
     "DynamicEmbeddingKernel",
     "optimizer_from_fused_params",
-    "resolve_table_options",
 ]
 
-# fused_params entries that configure the fused row optimizer; every other
-# entry (TBE cache, precision, bounds-check settings, ...) concerns TorchRec's
-# own kernels and is not read here.
-_OPTIMIZER_ARGS = (
-    "learning_rate",
-    "eps",
-    "beta1",
-    "beta2",
-    "weight_decay",
-    "weight_decay_mode",
-    "learning_rate_power",
-    "ftrl_beta",
-    "l1_reg",
-    "l2_reg",
-    "initial_accumulator_value",
-)
+# fused_params entries that configure the fused row optimizer: RowOptimizer's
+# fields; every other entry (TBE cache, precision, bounds-check settings, ...)
+# concerns TorchRec's own kernels and is not read here.
+_OPTIMIZER_ARGS = tuple(f.name for f in dataclasses.fields(RowOptimizer) if f.name != "optimizer")
 
 # Seed of the tables' initializers: the same on every rank, so a key's first
 # row does not depend on the rank that owns it.
@@ -91,60 +74,6 @@ def optimizer_from_fused_params(
             value = params[name]
             args[name] = value.value if isinstance(value, enum.Enum) else value
     return params.get("optimizer"), args
-
-
-def resolve_table_options(
-    options: DynamicEmbTableOptions,
-    table: Any,
-    world_size: int,
-) -> DynamicEmbTableOptions:
-    """One rank's options of a table, checked against its TorchRec config.
-
-    ``dim`` and ``max_capacity`` the planner left unset are filled (from
-    ``embedding_dim`` and ``get_sharded_table_capacity``), as are UNIFORM
-    bounds (``complete_initializer_args``) and ``embedding_dtype`` (from the
-    config's ``data_type``). The argument is not modified.
-
-    Args:
-        options (DynamicEmbTableOptions): from the plan's
-            ``DynamicEmbParameterSharding``.
-        table: the TorchRec table config (``name``, ``embedding_dim``,
-            ``num_embeddings``).
-        world_size (int): ranks of the sharding.
-
-    Returns:
-        DynamicEmbTableOptions: a completed copy.
-
-    Raises:
-        TypeError: ``options`` is not a DynamicEmbTableOptions.
-        ValueError: ``dim`` differs from the table's ``embedding_dim``.
-    """
-    import dataclasses
-
-    if not isinstance(options, DynamicEmbTableOptions):
-        raise TypeError(
-            f"table {table.name!r}: dynamicemb_options must be a DynamicEmbTableOptions, "
-            f"got {type(options).__name__}"
-        )
-    if options.dim is not None and options.dim != table.embedding_dim:
-        raise ValueError(
-            f"table {table.name!r}: dynamicemb_options.dim ({options.dim}) differs from "
-            f"embedding_dim ({table.embedding_dim})"
-        )
-    max_capacity = options.max_capacity
-    if max_capacity is None:
-        max_capacity = get_sharded_table_capacity(table, world_size, options.bucket_capacity)
-    init_capacity = options.init_capacity
-    if init_capacity is not None and init_capacity > max_capacity:
-        init_capacity = max_capacity
-    return dataclasses.replace(
-        options,
-        dim=table.embedding_dim,
-        max_capacity=max_capacity,
-        init_capacity=init_capacity,
-        initializer_args=complete_initializer_args(options.initializer_args, table),
-        embedding_dtype=options.embedding_dtype or embedding_config_dtype(table),
-    )
 
 
 class DynamicEmbeddingKernel(BaseEmbedding):
@@ -187,7 +116,7 @@ class DynamicEmbeddingKernel(BaseEmbedding):
                 raise ValueError(f"table {table.name!r} has no dynamicemb_options")
             if table.name not in table_ids:
                 raise ValueError(f"table {table.name!r} has no initializer table id")
-            options.append(resolve_table_options(table_options[table.name], table, world_size))
+            options.append(prepare_table_options(table_options[table.name], table, world_size))
             feature_table_map.extend([t] * table.num_features())
         self._table_names: list[str] = [table.name for table in config.embedding_tables]
         self._initializer_table_ids: list[int] = [table_ids[name] for name in self._table_names]
@@ -363,13 +292,9 @@ class DynamicEmbGroupedEmbeddingsLookup(GroupedEmbeddingsLookup):
 class DynamicEmbGroupedPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):
     """TorchRec's pooled lookup with ``DynamicEmbeddingKernel`` groups.
 
-    Args:
-        grouped_configs (List[GroupedEmbeddingConfig]): the rank's groups.
-        table_options (Dict[str, DynamicEmbTableOptions]): options by table.
-        table_ids (Dict[str, int]): initializer table ids by table.
-        world_size (int): ranks of the sharding.
-        device, pg, feature_processor, sharding_type, env: as for
-            ``GroupedPooledEmbeddingsLookup``.
+    Arguments as ``DynamicEmbGroupedEmbeddingsLookup``'s, and
+    ``feature_processor`` and ``sharding_type`` as for
+    ``GroupedPooledEmbeddingsLookup``.
     """
 
     def __init__(

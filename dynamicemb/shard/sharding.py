@@ -99,6 +99,12 @@ class _DynamicEmbRwMixin:
 
     Each class says whether its input dist is a sequence one
     (``_IS_SEQUENCE``).
+
+    Args:
+        sharding_infos (List[EmbeddingShardingInfo]): the dynamic tables.
+        env (ShardingEnv): the sharding environment.
+        device (Optional[torch.device]): the compute device.
+        qcomm_codecs_registry: as for TorchRec's shardings.
     """
 
     _IS_SEQUENCE: bool
@@ -171,14 +177,8 @@ class _DynamicEmbRwMixin:
 
 
 class DynamicEmbRwSequenceEmbeddingSharding(_DynamicEmbRwMixin, RwSequenceEmbeddingSharding):
-    """Row-wise sharding of an EmbeddingCollection's dynamic tables.
-
-    Args:
-        sharding_infos (List[EmbeddingShardingInfo]): the dynamic tables.
-        env (ShardingEnv): the sharding environment.
-        device (Optional[torch.device]): the compute device.
-        qcomm_codecs_registry: as for TorchRec's shardings.
-    """
+    """Row-wise sharding of an EmbeddingCollection's dynamic tables
+    (arguments: ``_DynamicEmbRwMixin``)."""
 
     _IS_SEQUENCE = True
 
@@ -192,14 +192,8 @@ class DynamicEmbRwSequenceEmbeddingSharding(_DynamicEmbRwMixin, RwSequenceEmbedd
 
 
 class DynamicEmbRwPooledEmbeddingSharding(_DynamicEmbRwMixin, RwPooledEmbeddingSharding):
-    """Row-wise sharding of an EmbeddingBagCollection's dynamic tables.
-
-    Args:
-        sharding_infos (List[EmbeddingShardingInfo]): the dynamic tables.
-        env (ShardingEnv): the sharding environment.
-        device (Optional[torch.device]): the compute device.
-        qcomm_codecs_registry: as for TorchRec's shardings.
-    """
+    """Row-wise sharding of an EmbeddingBagCollection's dynamic tables
+    (arguments: ``_DynamicEmbRwMixin``)."""
 
     _IS_SEQUENCE = False
 

@@ -2,7 +2,7 @@
 
 ``TableStorage`` is everything ``BatchedDynamicEmbeddingTablesV2`` knows about
 where rows live. Keys given to one call are distinct per table. A row is
-addressed, for the lookup kernels, by a byte offset into the storage's row
+addressed, for the pooling kernels, by a byte offset into the storage's row
 space (``space()``); an offset is valid until the next call that changes the
 storage (``train_rows``, ``eval_rows``, ``prefetch``, ``flush``, ``purge``,
 expansion and the checkpoint calls).
@@ -91,7 +91,7 @@ class TableStorage(abc.ABC):
 
     @abc.abstractmethod
     def space(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The row space's two segments, as the lookup kernels take them."""
+        """The row space's two segments, as the pooling kernels take them."""
 
     @abc.abstractmethod
     def train_rows(

@@ -29,15 +29,11 @@ from dynamicemb.storage.hash_storage import (
 )
 from dynamicemb.storage.layout import RowLayout
 from dynamicemb.storage.scores import cache_strategies
-from dynamicemb.table._native import constants
+from dynamicemb.table import state_bytes
 
 # Slots per bucket of a device cache (the spec's "1024 when the table serves
 # as cache"); a cache of fewer rows is one bucket.
 CACHE_BUCKET_CAPACITY = 1024
-
-_KEY_BYTES = 8  # int64 key per slot
-_DIGEST_BYTES = 1  # one-byte digest per slot
-_WORD_BYTES = 8  # int64 score words, info and counter cells, free-row entries
 
 
 def cache_layout(budget: int, row_bytes: int, table: str = "") -> tuple[int, int]:
@@ -62,13 +58,10 @@ def cache_layout(budget: int, row_bytes: int, table: str = "") -> tuple[int, int
 
 
 def table_metadata_bytes(slots: Sequence[int], num_scores: int, rows: Sequence[int]) -> int:
-    """Bytes of a ``ScoredHashTable``'s state: per slot the key, digest and
-    score words, per table a row of ``info`` and of ``counters``, per
-    NO_EVICTION row a free-row entry (``rows``: 0 for evicting tables)."""
-    c = constants()
-    per_table = (int(c["INFO_COLS"]) + int(c["COUNTER_COLS"])) * _WORD_BYTES
-    per_slot = _KEY_BYTES + _DIGEST_BYTES + num_scores * _WORD_BYTES
-    return sum(slots) * per_slot + len(slots) * per_table + sum(rows) * _WORD_BYTES
+    """Bytes of a ``ScoredHashTable``'s state (``dynamicemb.table.state_bytes``)
+    for tables of ``slots`` slots and ``rows`` NO_EVICTION rows (0 for evicting
+    tables)."""
+    return state_bytes(slots, num_scores, sum(rows))
 
 
 def create_storage(

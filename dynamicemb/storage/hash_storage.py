@@ -32,7 +32,7 @@ from dynamicemb.storage import space as sp
 from dynamicemb.storage.base import ExportedRows, Footprint, RowInit, TableStorage
 from dynamicemb.storage.layout import RowLayout
 from dynamicemb.storage.scores import BatchScore, batch_policies, table_score_columns
-from dynamicemb.table import ScoredHashTable, enums
+from dynamicemb.table import ScoredHashTable, enums, no_eviction_key_slots
 from dynamicemb.types import MemoryType
 
 S = DynamicEmbScoreStrategy
@@ -67,12 +67,12 @@ def initial_layout(
     options: Sequence[DynamicEmbTableOptions], no_eviction: bool
 ) -> tuple[list[int], list[int]]:
     """(key map slots, value rows) per table at creation: ``init_capacity``
-    (default ``max_capacity``) rows; a NO_EVICTION key map twice that, in whole
-    buckets (its load stays at most 0.5)."""
+    (default ``max_capacity``) rows; a NO_EVICTION key map of
+    ``no_eviction_key_slots`` of them, in whole buckets."""
     rows = [int(o.init_capacity or o.max_capacity) for o in options]
     if not no_eviction:
         return rows, rows
-    return [align(2 * r, w) for r, w in zip(rows, bucket_widths(options))], rows
+    return [align(no_eviction_key_slots(r), w) for r, w in zip(rows, bucket_widths(options))], rows
 
 
 def device_rows(rows: Sequence[int], row_bytes: Sequence[int], budgets: Sequence[int]) -> list[int]:
@@ -292,7 +292,8 @@ class HashTableStorage(TableStorage):
             grow = [
                 t
                 for t in range(self.table.num_tables)
-                if needed[t] > self.table.row_capacity(t) or 2 * needed[t] > self.table.capacity(t)
+                if needed[t] > self.table.row_capacity(t)
+                or no_eviction_key_slots(needed[t]) > self.table.capacity(t)
             ]
             if grow:
                 self._grow(grow, needed)
@@ -318,7 +319,8 @@ class HashTableStorage(TableStorage):
 
     def _grow(self, tables: Sequence[int], needed: Sequence[int] | None = None) -> bool:
         """NO_EVICTION: doubles the key map and the rows of ``tables``
-        (repeatedly, until ``needed[t]`` keys fit at load 0.5; at least once).
+        (repeatedly, until ``needed[t]`` keys fit at ``NO_EVICTION_LOAD_FACTOR``; at
+        least once).
         A key map that cannot place every key at its new capacity is doubled
         again. Out of memory: warns, changes nothing and returns False."""
         n = self.table.num_tables
@@ -327,7 +329,7 @@ class HashTableStorage(TableStorage):
         old_rows = list(rows)
         for t in tables:
             want = rows[t] + 1 if needed is None else int(needed[t])
-            while want > rows[t] or 2 * want > caps[t]:
+            while want > rows[t] or no_eviction_key_slots(want) > caps[t]:
                 caps[t], rows[t] = caps[t] * 2, rows[t] * 2
         old_placement, old_space = self.placement, self.rows_space
         try:
@@ -439,7 +441,7 @@ class HashTableStorage(TableStorage):
             failed = status == enums.InsertStatus.FAILED
             if not bool(failed.any()):
                 break
-            # A full bucket below load 0.5: double the tables it happened in
+            # A full bucket below NO_EVICTION_LOAD_FACTOR: double the tables it happened in
             # and place the keys again.
             if not self._grow(torch.unique(tids[failed]).tolist()):
                 break

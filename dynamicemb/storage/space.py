@@ -1,7 +1,7 @@
 """Row spaces: the memory rows live in and the one way rows move.
 
 A row space is two segments addressed by byte offset (offsets below the first
-segment's size are in it, the rest in the second): what the lookup kernels
+segment's size are in it, the rest in the second): what the pooling kernels
 and ``copy_rows`` read and write (``cc/storage/row_space.h``). A segment is a
 flat uint8 tensor the kernels can address on the storage's device. A host
 segment of a CUDA storage is pinned host memory mapped into the device's

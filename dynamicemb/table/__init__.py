@@ -2,14 +2,21 @@
 
 from dynamicemb.table._native import constants, enums
 from dynamicemb.table.scored_hash_table import (
+    FREE_ROW_DTYPE,
+    NO_EVICTION_LOAD_FACTOR,
     EvictedKeys,
     ExportedBatch,
     InsertResult,
     ScoredHashTable,
     gather_rows,
+    no_eviction_key_slots,
+    slot_bytes,
+    state_bytes,
 )
 
 __all__ = [
+    "FREE_ROW_DTYPE",
+    "NO_EVICTION_LOAD_FACTOR",
     "EvictedKeys",
     "ExportedBatch",
     "InsertResult",
@@ -17,4 +24,7 @@ __all__ = [
     "constants",
     "gather_rows",
     "enums",
+    "no_eviction_key_slots",
+    "slot_bytes",
+    "state_bytes",
 ]

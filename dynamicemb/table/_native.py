@@ -1,8 +1,10 @@
 """Loads the native extension and exposes the table's constants.
 
-The numbers (reserved keys, score policies, statuses, tensor columns) are
-defined once, in ``cc/table/types.h``; this module only reads them from the
-extension, so Python never restates them.
+The numbers (reserved keys, score policies, statuses, tensor columns,
+initializer modes, optimizer types and fields, dist types) are defined once, in
+C++ (``cc/table/types.h``, ``cc/embedding``, ``cc/routing``); this module only
+reads them from the extension (``dynamicemb._C.constants()``), so Python never
+restates them.
 """
 
 import enum
@@ -28,7 +30,7 @@ def extension():
 
 @functools.cache
 def constants() -> dict[str, Any]:
-    return dict(extension().table_constants())
+    return dict(extension().constants())
 
 
 def _int_enum(name: str) -> type:
@@ -37,31 +39,17 @@ def _int_enum(name: str) -> type:
 
 
 class _Enums:
-    """Enumerations built from the C++ definitions on first use."""
+    """The C++ enumerations as ``enum.IntEnum`` classes, built from the
+    extension's constants on first use (``enums.InsertStatus.FOUND``, ...)."""
 
-    @functools.cached_property
-    def ScorePolicy(self):
-        return _int_enum("ScorePolicy")
+    NAMES = ("ScorePolicy", "InsertStatus", "TableMode", "InfoCol", "CounterCol", "RunOp")
 
-    @functools.cached_property
-    def InsertStatus(self):
-        return _int_enum("InsertStatus")
-
-    @functools.cached_property
-    def TableMode(self):
-        return _int_enum("TableMode")
-
-    @functools.cached_property
-    def InfoCol(self):
-        return _int_enum("InfoCol")
-
-    @functools.cached_property
-    def CounterCol(self):
-        return _int_enum("CounterCol")
-
-    @functools.cached_property
-    def RunOp(self):
-        return _int_enum("RunOp")
+    def __getattr__(self, name: str) -> type:
+        if name not in self.NAMES:
+            raise AttributeError(f"dynamicemb has no native enumeration {name!r}")
+        value = _int_enum(name)
+        setattr(self, name, value)
+        return value
 
 
 enums = _Enums()

@@ -8,6 +8,8 @@ The semantics are documented once, in ``cc/table/`` (``layout.h``, ``hash.h``,
 ``scores.h``, ``operations.h``, ``rows.h``).
 """
 
+import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -20,9 +22,57 @@ IntOrSeq = int | Sequence[int]
 
 INT64_MIN = -(2**63)
 
+# The dtypes of a table's state tensors (see _allocate): what one slot, one
+# NO_EVICTION free-row entry and one cell of `info` and `counters` occupy.
+KEY_DTYPE, DIGEST_DTYPE, SCORE_DTYPE, FREE_ROW_DTYPE, TABLE_CELL_DTYPE = (
+    torch.int64,
+    torch.uint8,
+    torch.int64,
+    torch.int64,
+    torch.int64,
+)
+
+# A NO_EVICTION key map is kept at most this full, whatever max_load_factor
+# says: it doubles (with its rows) before a batch could fill it further.
+NO_EVICTION_LOAD_FACTOR = 0.5
+
+
+def slot_bytes(num_scores: int) -> int:
+    """Bytes of one slot: its key, digest and ``num_scores`` score words."""
+    return KEY_DTYPE.itemsize + DIGEST_DTYPE.itemsize + num_scores * SCORE_DTYPE.itemsize
+
+
+def state_bytes(slots: Sequence[int], num_scores: int, free_rows: int) -> int:
+    """Bytes of a table's state tensors: ``slots[t]`` slots of table t, their
+    ``num_scores`` score words, one row of ``info`` and of ``counters`` per
+    table, and ``free_rows`` NO_EVICTION free-row entries."""
+    c = constants()
+    per_table = (int(c["INFO_COLS"]) + int(c["COUNTER_COLS"])) * TABLE_CELL_DTYPE.itemsize
+    return (
+        sum(slots) * slot_bytes(num_scores)
+        + len(slots) * per_table
+        + free_rows * FREE_ROW_DTYPE.itemsize
+    )
+
+
+def no_eviction_key_slots(keys: int) -> int:
+    """Slots a NO_EVICTION key map needs to hold ``keys`` keys
+    (``NO_EVICTION_LOAD_FACTOR``), before bucket alignment."""
+    return math.ceil(keys / NO_EVICTION_LOAD_FACTOR)
+
+
+class _CountedBatch:
+    """A dataclass of tensors whose first ``count[0]`` entries are valid."""
+
+    def compact(self):
+        """The valid prefix of every tensor (reads the count: synchronizes on CUDA)."""
+        n = int(self.count.item())
+        names = [f.name for f in dataclasses.fields(self) if f.name != "count"]
+        return dataclasses.replace(self, **{name: getattr(self, name)[:n] for name in names})
+
 
 @dataclass
-class EvictedKeys:
+class EvictedKeys(_CountedBatch):
     """Keys an insert_and_evict pushed out, in (bucket, batch index) order.
 
     Attributes:
@@ -38,13 +88,6 @@ class EvictedKeys:
     slots: torch.Tensor
     table_ids: torch.Tensor
     count: torch.Tensor
-
-    def compact(self) -> "EvictedKeys":
-        """The valid prefix (reads the count: synchronizes on CUDA)."""
-        n = int(self.count.item())
-        return EvictedKeys(
-            self.keys[:n], self.scores[:n], self.slots[:n], self.table_ids[:n], self.count
-        )
 
 
 @dataclass
@@ -63,7 +106,7 @@ class InsertResult:
 
 
 @dataclass
-class ExportedBatch:
+class ExportedBatch(_CountedBatch):
     """Occupied slots selected by export_batch, in slot order (first ``count``)."""
 
     keys: torch.Tensor
@@ -71,12 +114,6 @@ class ExportedBatch:
     table_ids: torch.Tensor
     scores: torch.Tensor
     count: torch.Tensor
-
-    def compact(self) -> "ExportedBatch":
-        n = int(self.count.item())
-        return ExportedBatch(
-            self.keys[:n], self.slots[:n], self.table_ids[:n], self.scores[:n], self.count
-        )
 
 
 def gather_rows(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
@@ -227,7 +264,7 @@ class ScoredHashTable:
         self._widths = widths
         self._row_caps = rows
         self.counters = torch.zeros(
-            (n, int(c["COUNTER_COLS"])), dtype=torch.int64, device=self.device
+            (n, int(c["COUNTER_COLS"])), dtype=TABLE_CELL_DTYPE, device=self.device
         )
         self._erased: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._allocate(capacities, widths, rows)
@@ -249,7 +286,7 @@ class ScoredHashTable:
     def _info_rows(self, caps: list[int], widths: list[int], rows: list[int]) -> torch.Tensor:
         c = constants()
         col = enums.InfoCol
-        info = torch.zeros((len(caps), int(c["INFO_COLS"])), dtype=torch.int64)
+        info = torch.zeros((len(caps), int(c["INFO_COLS"])), dtype=TABLE_CELL_DTYPE)
         slot = bucket = row = 0
         for t, (cap, w, r) in enumerate(zip(caps, widths, rows)):
             info[t, col.SLOT_OFFSET] = slot
@@ -269,7 +306,7 @@ class ScoredHashTable:
     def _allocate(self, caps: list[int], widths: list[int], rows: list[int]) -> None:
         c = constants()
         total = sum(caps)
-        nbytes = total * (9 + 8 * self.num_scores) + 8 * sum(rows)
+        nbytes = state_bytes(caps, self.num_scores, sum(rows))
         if nbytes >= 2**63:
             raise ValueError(
                 f"dynamicemb: capacities {caps} (bucket capacities {widths}) and row_capacities "
@@ -278,12 +315,12 @@ class ScoredHashTable:
         self.info_host = self._info_rows(caps, widths, rows)
         self.info = self.info_host.to(self.device)
         try:
-            keys = torch.full((total,), int(c["EMPTY_KEY"]), dtype=torch.int64, device=self.device)
+            keys = torch.full((total,), int(c["EMPTY_KEY"]), dtype=KEY_DTYPE, device=self.device)
             digests = torch.full(
-                (total,), int(c["EMPTY_DIGEST"]), dtype=torch.uint8, device=self.device
+                (total,), int(c["EMPTY_DIGEST"]), dtype=DIGEST_DTYPE, device=self.device
             )
-            scores = torch.zeros((total, self.num_scores), dtype=torch.int64, device=self.device)
-            free_rows = torch.zeros((sum(rows),), dtype=torch.int64, device=self.device)
+            scores = torch.zeros((total, self.num_scores), dtype=SCORE_DTYPE, device=self.device)
+            free_rows = torch.zeros((sum(rows),), dtype=FREE_ROW_DTYPE, device=self.device)
         except RuntimeError as e:  # out of memory: the same error, saying what it was for
             raise type(e)(
                 f"dynamicemb: cannot allocate the table state for capacities {caps} and "
@@ -494,21 +531,9 @@ class ScoredHashTable:
         """Slots of the keys (-1 where absent); with ``update``, applies the
         score policies to the keys found."""
         _flag(update, "update")
-        keys, table_ids = self._batch(keys, table_ids)
-        policies, values = self._scores(keys.numel(), policies, scores)
-        return ops().table_find(
-            keys,
-            table_ids,
-            self.keys,
-            self.digests,
-            self.scores,
-            self.info,
-            policies,
-            values,
-            update,
-        )
+        return ops().table_find(*self._find_args(keys, table_ids, policies, scores), update)
 
-    def find_values(
+    def find_gather(
         self,
         keys: torch.Tensor,
         values: torch.Tensor,
@@ -532,9 +557,15 @@ class ScoredHashTable:
         """
         as_tensor(values, "values", device=self.device, dim=2)
         _flag(update, "update")
+        args = self._find_args(keys, table_ids, policies, scores)
+        return ops().table_find_gather(*args, update, values)
+
+    def _find_args(self, keys, table_ids, policies, scores) -> tuple:
+        """The arguments table_find and table_find_gather share: the batch,
+        the table's state and the score policies with their values."""
         keys, table_ids = self._batch(keys, table_ids)
-        policies, vals = self._scores(keys.numel(), policies, scores)
-        return ops().table_find_gather(
+        policies, values = self._scores(keys.numel(), policies, scores)
+        return (
             keys,
             table_ids,
             self.keys,
@@ -542,8 +573,6 @@ class ScoredHashTable:
             self.scores,
             self.info,
             policies,
-            vals,
-            update,
             values,
         )
 
@@ -622,10 +651,9 @@ class ScoredHashTable:
 
         Args:
             victim_scores (torch.Tensor, optional): (num_slots) float64, a
-                custom eviction score per slot: the victim is the untouched
-                slot with the lowest one (NaN lowest of all), ties by the score
-                words, then position. Only the buckets of ``home_starts(keys)``
-                are read.
+                custom eviction score per slot, ranking victims before the
+                score words (the victim order: cc/table/scores.h). Only the
+                buckets of ``home_starts(keys)`` are read.
         """
         return self._run(
             enums.RunOp.INSERT_EVICT, keys, table_ids, policies, scores, assign_rows, victim_scores
@@ -831,8 +859,9 @@ class ScoredHashTable:
 
     def reserve(self, incoming: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Doubles the tables that could exceed max_load_factor (NO_EVICTION:
-        0.5) after ``incoming[t]`` new keys, up to their max capacity, and grows
-        NO_EVICTION row capacity to fit. Reads the size counters (synchronizes).
+        ``NO_EVICTION_LOAD_FACTOR``) after ``incoming[t]`` new keys, up to their
+        max capacity, and grows NO_EVICTION row capacity to fit. Reads the size
+        counters (synchronizes).
 
         Returns:
             (old_slots, new_slots) of every moved key when the layout changed,
@@ -844,7 +873,7 @@ class ScoredHashTable:
         caps = list(self._capacities)
         rows = list(self._row_caps)
         for t in range(self.num_tables):
-            lf = 0.5 if self._no_eviction[t] else self.max_load_factor
+            lf = NO_EVICTION_LOAD_FACTOR if self._no_eviction[t] else self.max_load_factor
             need = sizes[t] + int(incoming[t])
             while need > lf * caps[t] and caps[t] < self._max_caps[t]:
                 caps[t] = min(caps[t] * 2, self._max_caps[t])

@@ -17,12 +17,7 @@ smallest (count, position) of the bucket that no earlier key of the call has
 found or filled, else is not stored (an insert failure).
 """
 
-import os
-import sys
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "table"))
-
-from table_model import (
+from tests.table.table_model import (
     EMPTY_KEY,
     EVICTIONS,
     INSERT_FAILURES,

@@ -6,12 +6,12 @@ import os
 
 import pytest
 import torch
-from counter_model import NEVER, CounterModel
 
 from dynamicemb import KVCounter, MemoryType
 from dynamicemb.admission import MultiTableKVCounter
+from tests.admission.counter_model import NEVER, CounterModel
+from tests.devices import DEVICES
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 COUNTERS = ("SIZE", "INSERT_FAILURES", "EVICTIONS", "INSERTS")
 
 

@@ -23,9 +23,9 @@ from dynamicemb import (
 )
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
 from dynamicemb.embedding.stats import StatCol
+from tests.devices import DEVICES
 
 EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 DEBUG = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.DEBUG)
 ADMITTED, REJECTED = int(StatCol.ADMISSIONS), int(StatCol.REJECTIONS)
 

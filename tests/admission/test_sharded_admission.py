@@ -8,8 +8,9 @@ with another threshold gets a module of its own.
 """
 
 import pytest
-import shard_harness as h
 import torch
+
+from tests.shard import shard_harness as h
 
 T = h.TableSpec
 

@@ -10,17 +10,13 @@ the keys with their embedding, optimizer state and score words.
 """
 
 import dataclasses
-import os
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "shard"))
-
-import shard_harness as h
+from tests.shard import shard_harness as h
 
 T = h.TableSpec
 DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")

@@ -14,11 +14,12 @@ import traceback
 import warnings
 import zlib
 
-import ckpt_harness as c
 import numpy as np
 import pytest
-import shard_harness as h
 import torch
+
+from tests.checkpoint import ckpt_harness as c
+from tests.shard import shard_harness as h
 
 T = h.TableSpec
 CASE = c.Case(

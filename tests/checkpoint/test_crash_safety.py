@@ -14,8 +14,8 @@ import random
 import signal
 import time
 
-import ckpt_harness as c
-import shard_harness as h
+from tests.checkpoint import ckpt_harness as c
+from tests.shard import shard_harness as h
 
 KILLS = 60
 T = h.TableSpec

@@ -4,10 +4,11 @@ and loaded in one dcp.load call at one and three ranks."""
 
 import os
 
-import ckpt_harness as c
-import shard_harness as h
 import test_reshard as r
 import torch
+
+from tests.checkpoint import ckpt_harness as c
+from tests.shard import shard_harness as h
 
 CASES = [r.cases()[0]]  # EC: three dist types, a static table beside
 

@@ -14,12 +14,12 @@ the checkpoint needs keeps the highest-scored keys and reports the others.
 import dataclasses
 import os
 
-import ckpt_harness as c
 import pytest
-import shard_harness as h
 import torch
 
 from dynamicemb import DynamicEmbScoreStrategy as S
+from tests.checkpoint import ckpt_harness as c
+from tests.shard import shard_harness as h
 
 T = h.TableSpec
 

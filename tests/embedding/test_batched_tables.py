@@ -2,9 +2,6 @@
 tables (rows created on first sight by the same initializer), over several
 training steps, for each pooling mode and optimizer."""
 
-import os
-import sys
-
 import pytest
 import torch
 
@@ -25,15 +22,11 @@ from dynamicemb import (
 )
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2, init_rows
 from dynamicemb.table import ScoredHashTable
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from test_optimizer import reference_step
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "table"))
-from table_model import mix64
+from tests.devices import DEVICES
+from tests.embedding.optimizer_reference import reference_step
+from tests.table.table_model import bucket_hash
 
 EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 
 
 def _opts(dims, **kw):
@@ -416,7 +409,7 @@ def test_no_eviction_grows_only_the_table_that_needs_it():
 
 def _home_bucket(key, capacity, width):
     """The table's addressing (cc/table/hash.h): the bucket hash, then the bucket."""
-    return (mix64(key) % capacity) // width
+    return (bucket_hash(key) % capacity) // width
 
 
 def test_no_eviction_full_bucket_below_half_load_grows_instead_of_failing():

@@ -1,57 +1,17 @@
 """Fused row optimizers against the update rules written out in float64."""
 
-import math
-
 import pytest
 import torch
 
 from dynamicemb import DynamicEmbOptimType
 from dynamicemb.embedding import RowOptimizer
-from dynamicemb.table._native import ops
+from dynamicemb.table._native import constants, ops
+from tests.devices import DEVICES
+from tests.embedding.optimizer_reference import reference_step
 
 EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
 
 DIM = 6
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
-
-
-def reference_step(opt, w, s, g, t):
-    """One update of a float64 row (w: dim, s: state) by the rules of
-    cc/embedding/optimizer.h, written independently."""
-    lr, wd, mode = opt.learning_rate, opt.weight_decay, opt.weight_decay_mode
-    dim = w.numel()
-    name = opt.optimizer.name
-    if name in ("SGD", "EXACT_SGD"):
-        return w - lr * (g + (wd * w if mode == 1 else 0)), s
-    if name == "ADAM":
-        m = opt.beta1 * s[:dim] + (1 - opt.beta1) * g
-        v = opt.beta2 * s[dim:] + (1 - opt.beta2) * g * g
-        mh, vh = m / (1 - opt.beta1**t), v / (1 - opt.beta2**t)
-        return w - lr * (mh / (vh.sqrt() + opt.eps) + wd * w), torch.cat([m, v])
-    if name == "EXACT_ADAGRAD":
-        gg = g + (wd * w if mode == 1 else 0)
-        G = s + gg * gg
-        return w - lr * gg / (G.sqrt() + opt.eps), G
-    if name == "EXACT_ROWWISE_ADAGRAD":
-        gg = g + (wd * w if mode == 1 else 0)
-        G = s.clone()
-        G[0] += (gg * gg).mean()
-        k = lr / (math.sqrt(float(G[0])) + opt.eps)
-        c = 1 - k * wd if mode == 1 else (1 - lr * wd if mode == 2 else 1.0)
-        return c * w - k * g, G
-    if name == "FTRL":
-        p = opt.learning_rate_power
-        lin, n0 = s[:dim], s[dim:]
-        n1 = n0 + g * g
-        lin = lin + g - (n1 ** (-p) - n0 ** (-p)) / lr * w
-        denom = (opt.ftrl_beta + n1 ** (-p)) / lr + opt.l2_reg
-        new_w = torch.where(
-            lin.abs() <= opt.l1_reg,
-            torch.zeros_like(w),
-            (torch.sign(lin) * opt.l1_reg - lin) / denom,
-        )
-        return new_w, torch.cat([lin, n1])
-    raise AssertionError(name)
 
 
 CASES = [
@@ -171,21 +131,27 @@ def test_bad_arguments_raise_naming_the_value():
 
 def test_optimizer_step_opcheck():
     values = torch.randn(4, 3 * DIM)
-    args = (
-        values,
-        torch.tensor([2, 0]),
-        torch.randn(2, DIM),
-        1,
-        0.1,
-        1e-8,
-        0.9,
-        0.999,
-        0.0,
-        0,
-        3,
-        -0.5,
-        0.0,
-        0.0,
-        0.0,
-    )
+    optim = RowOptimizer(EmbOptimType.ADAM, learning_rate=0.1).packed(3)
+    args = (values, torch.tensor([2, 0]), torch.randn(2, DIM), optim)
     torch.library.opcheck(ops().optimizer_step.default, args)
+
+
+def test_optimizer_step_refuses_a_malformed_optim_list_and_changes_nothing():
+    values = torch.randn(4, 3 * DIM)
+    before = values.clone()
+    rows, grads = torch.tensor([0]), torch.randn(1, DIM)
+    good = RowOptimizer(EmbOptimType.ADAM).packed(1)
+    fields = constants()["OptimField"]
+    with pytest.raises(ValueError, match=f"optim must hold {len(fields)} values"):
+        ops().optimizer_step(values, rows, grads, good[:-1])
+    for name, value, message in (
+        ("STEP", 1.5, "step must be an integer, got 1.5"),
+        ("TYPE", 9, "optimizer type 9 is not one of"),
+        ("WEIGHT_DECAY_MODE", 3, "weight decay mode 3 is not"),
+        ("STEP", 0, "step must be at least 1, got 0"),
+    ):
+        bad = list(good)
+        bad[fields[name]] = value
+        with pytest.raises(ValueError, match=message):
+            ops().optimizer_step(values, rows, grads, bad)
+    assert torch.equal(values, before)

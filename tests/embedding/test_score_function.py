@@ -21,10 +21,10 @@ from dynamicemb import (
     DynamicEmbScoreStrategy as Score,
 )
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
+from tests.devices import DEVICES
 
 pytest.importorskip("numba")
 EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 TS_LFU = (Score.TIMESTAMP, Score.LFU)
 LFU_TS = (Score.LFU, Score.TIMESTAMP)
 

@@ -8,8 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dynamicemb.embedding import segmented_unique
-
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+from tests.devices import DEVICES
 
 
 def reference(keys, tables):

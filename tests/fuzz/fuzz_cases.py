@@ -14,7 +14,7 @@ An input the model refuses must not be accepted. A crash of the process is
 caught by the caller: this file runs as a script in a child process (see
 test_fuzz.py) and writes the case it is about to run to a progress file.
 
-    python tests/fuzz/fuzz_cases.py --examples 1.0 --progress /path/progress.txt
+    PYTHONPATH=. python tests/fuzz/fuzz_cases.py --examples 1.0 --progress progress.txt
 
 prints one JSON line: the number of cases run per target.
 """
@@ -34,20 +34,15 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "table"))
-sys.path.insert(0, os.path.join(HERE, "..", "embedding"))
-sys.path.insert(0, os.path.join(HERE, "..", "admission"))
-import table_model as M  # noqa: E402
-
-from dynamicemb import (  # noqa: E402
+from dynamicemb import (
     DynamicEmbInitializerArgs,
     DynamicEmbTableOptions,
 )
-from dynamicemb import DynamicEmbInitializerMode as Mode  # noqa: E402
-from dynamicemb import DynamicEmbPoolingMode as Pool  # noqa: E402
-from dynamicemb import DynamicEmbScoreStrategy as Score  # noqa: E402
-from dynamicemb.table import ScoredHashTable, constants  # noqa: E402
+from dynamicemb import DynamicEmbInitializerMode as Mode
+from dynamicemb import DynamicEmbPoolingMode as Pool
+from dynamicemb import DynamicEmbScoreStrategy as Score
+from dynamicemb.table import ScoredHashTable, constants
+from tests.table import table_model as M
 
 OPS = torch.ops.dynamicemb
 DEVICE = torch.device(os.environ.get("DEMB_FUZZ_DEVICE", "cpu"))
@@ -227,6 +222,17 @@ def mutation(draw, kind):
             ("-inf", lambda v: float("-inf")),
             ("string", lambda v: "fast"),
         ],
+        # A field of the ops' `optim` list (a float[]: numbers only).
+        "optim_int": [
+            ("float", lambda v: float(v or 16) + 0.5),
+            ("negative", lambda v: -1 - abs(v or 0)),
+            ("huge", lambda v: 2**62),
+        ],
+        "optim_real": [
+            ("nan", lambda v: float("nan")),
+            ("inf", lambda v: float("inf")),
+            ("-inf", lambda v: float("-inf")),
+        ],
         "bool": [("int", lambda v: int(v)), ("none", lambda v: None), ("string", lambda v: "yes")],
         "policies": [
             ("bad_enum", lambda v: [draw(st.sampled_from([-1, 4, 99]))] + list(v[1:])),
@@ -275,6 +281,42 @@ def _need_int(v, name):
     if isinstance(v, bool) or not isinstance(v, int):
         raise Refused(f"{name} is not an int")
     return v
+
+
+# The optimizer fields of optimizer_step and embedding_update, by their names
+# here and in OptimField: the ops take them as one list (`optim`).
+OPTIM_FIELDS = {
+    "type": "TYPE",
+    "lr": "LEARNING_RATE",
+    "eps": "EPS",
+    "beta1": "BETA1",
+    "beta2": "BETA2",
+    "weight_decay": "WEIGHT_DECAY",
+    "wd_mode": "WEIGHT_DECAY_MODE",
+    "step": "STEP",
+    "lr_power": "LEARNING_RATE_POWER",
+    "ftrl_beta": "FTRL_BETA",
+    "l1": "L1_REG",
+    "l2": "L2_REG",
+}
+
+
+def _optim_op_args(a: dict) -> list:
+    """optimizer_step's or embedding_update's positional arguments: `a` in
+    order, its optimizer fields packed last into one list at their OptimField
+    positions."""
+    pos = constants()["OptimField"]
+    optim = [0.0] * len(pos)
+    for k, field in OPTIM_FIELDS.items():
+        optim[pos[field]] = float(a[k])
+    return [v for k, v in a.items() if k not in OPTIM_FIELDS] + [optim]
+
+
+def _need_optim_int(v, name):
+    """An integer field of the optim list: exactly an integer as a float64."""
+    if not float(v).is_integer() or abs(v) >= 2**53:
+        raise Refused(f"{name} is not an integer")
+    return int(v)
 
 
 # ------------------------------------------------------------- table setup --
@@ -394,7 +436,7 @@ def _model_export(m, a) -> list:
 
 def _state_of(table, model):
     """The table's whole state must equal the model's."""
-    from table_testlib import assert_matches_model
+    from tests.table.table_testlib import assert_matches_model
 
     assert_matches_model(table, model)
 
@@ -515,7 +557,7 @@ def fuzz_table_methods(draw):
         st.sampled_from(
             [
                 "find",
-                "find_values",
+                "find_gather",
                 "insert",
                 "insert_and_evict",
                 "erase",
@@ -535,10 +577,10 @@ def fuzz_table_methods(draw):
     svals = torch.randint(-3, 10, (n if per_key and n else 1, m.num_scores), dtype=torch.int64)
     svals = svals.to(DEVICE)
     args, kinds = {}, {}
-    if method in ("find", "find_values", "insert", "insert_and_evict", "erase", "home_starts"):
+    if method in ("find", "find_gather", "insert", "insert_and_evict", "erase", "home_starts"):
         args.update(keys=keys, table_ids=tids)
         kinds.update(keys="keys", table_ids="index")
-    if method in ("find", "find_values", "insert", "insert_and_evict"):
+    if method in ("find", "find_gather", "insert", "insert_and_evict"):
         if method.startswith("find") and M.ASSIGN in pol:
             svals = svals[:1]  # repeated keys under a per-key ASSIGN have no defined winner
         args.update(policies=pol, scores=svals)
@@ -546,7 +588,7 @@ def fuzz_table_methods(draw):
     if method.startswith("find"):
         args["update"] = draw(st.booleans())
         kinds["update"] = "bool"
-    if method == "find_values":
+    if method == "find_gather":
         args["values"] = torch.randn(m.num_slots + sum(m.row_caps), 3, device=DEVICE)
         kinds["values"] = "float"
     if method == "insert_and_evict" and draw(st.booleans()):
@@ -581,16 +623,16 @@ def fuzz_table_methods(draw):
 
     def model():
         a = args2
-        if method in ("find", "find_values", "insert", "insert_and_evict", "erase", "home_starts"):
+        if method in ("find", "find_gather", "insert", "insert_and_evict", "erase", "home_starts"):
             k, ti = _model_batch(m, a["keys"], a["table_ids"])
-        if method in ("find", "find_values", "insert", "insert_and_evict"):
+        if method in ("find", "find_gather", "insert", "insert_and_evict"):
             p, v = _model_scores(m, len(k), a["policies"], a["scores"])
         for flag in ("update", "record"):
             if flag in a and not isinstance(a[flag], bool):
                 raise Refused(flag)
         if method == "find":
             return [m.find(k, ti, p, v, a["update"])]
-        if method == "find_values":
+        if method == "find_gather":
             vals = _need_tensor(a["values"], "values", None, 2)
             if vals.device != t.keys.device:
                 raise Refused("values device")
@@ -662,7 +704,7 @@ def fuzz_table_methods(draw):
         if want is not None:
             if method == "find":
                 got = [got]
-            elif method == "find_values":
+            elif method == "find_gather":
                 got = list(got)
             elif method in ("insert", "insert_and_evict"):
                 got = [got.slots, got.status]
@@ -671,7 +713,7 @@ def fuzz_table_methods(draw):
             elif method == "home_starts":
                 got = [got]
             elif method == "export_batch":
-                from table_testlib import exported_records
+                from tests.table.table_testlib import exported_records
 
                 got = [exported_records(got)]
             elif method == "rows":
@@ -920,10 +962,9 @@ COUNTER_ALIASES = dict(
 def fuzz_counter_op(draw):
     """counter_add (the admission counter's raw op) against the counter model
     (tests/admission/counter_model.py), after a few counts."""
-    from counter_model import CounterModel
-
     from dynamicemb import KVCounter
     from dynamicemb.admission import MultiTableKVCounter
+    from tests.admission.counter_model import CounterModel
 
     widths = [draw(st.sampled_from([16, 32])) for _ in range(draw(st.integers(1, 2)))]
     shares = [(w * draw(st.integers(1, 3)), w) for w in widths]
@@ -1069,12 +1110,12 @@ def fuzz_row_ops(draw):
             values="float",
             rows="index",
             grads="float",
-            type="int",
-            lr="real",
-            eps="real",
-            beta1="real",
-            step="int",
-            wd_mode="int",
+            type="optim_int",
+            lr="optim_real",
+            eps="optim_real",
+            beta1="optim_real",
+            step="optim_int",
+            wd_mode="optim_int",
         )
     elif op == "route_keys":
         nf = draw(st.integers(1, 3))
@@ -1105,7 +1146,7 @@ def fuzz_row_ops(draw):
         "grads": [r"\bgrads?\b", r"gradients"],
         "type": [r"optimizer type"],
         "lr": [r"\blr\b", r"learning_rate"],
-        "wd_mode": [r"weight decay mode"],
+        "wd_mode": [r"weight decay mode", r"weight_decay_mode"],
         "mode": [r"initializer mode"],
         "std_dev": [r"std_dev"],
         "lower": [r"lower"],
@@ -1125,6 +1166,8 @@ def fuzz_row_ops(draw):
     pre_values = _snapshot(args2.get("values"))
 
     def call():
+        if op == "optimizer_step":
+            return OPS.optimizer_step(*_optim_op_args(args2))
         return getattr(OPS, op)(*args2.values())
 
     def model():
@@ -1164,9 +1207,9 @@ def fuzz_row_ops(draw):
             if g.shape[0] != r.numel():
                 raise Refused("grads")
             for nm in ("type", "wd_mode", "step"):
-                _need_int(a[nm], nm)
+                _need_optim_int(a[nm], nm)
             for nm in ("lr", "eps", "beta1"):
-                if not isinstance(a[nm], float) or not math.isfinite(a[nm]):
+                if not math.isfinite(a[nm]):
                     raise Refused(nm)
             if a["step"] < 1 or a["wd_mode"] not in (0, 1, 2) or a["type"] not in (0, 1, 2, 3):
                 raise Refused("values")
@@ -1235,7 +1278,7 @@ def fuzz_row_ops(draw):
                 _equal(got[-1:], one)
         elif isinstance(want, tuple) and want[0] == "optim":
             _, before, rows, grads, a = want
-            from test_optimizer import reference_step  # the float64 rules (tests/embedding)
+            from tests.embedding.optimizer_reference import reference_step
 
             class Opt:
                 pass
@@ -1320,13 +1363,16 @@ def _lookup_model(op: str, a: dict, pre: list[torch.Tensor] | None):
     ):
         if k in a:
             t[k] = _need_tensor(a[k], k, torch.int64, 1, True).cpu().tolist()
-    for k in ("batch", "out_width", "step", "type", "wd_mode", "element_type"):
+    for k in ("batch", "out_width", "element_type"):
         if k in a:
             _need_int(a[k], k)
+    for k in ("step", "type", "wd_mode"):
+        if k in a:
+            _need_optim_int(a[k], k)
     if a["element_type"] != int(constants()["ElementType"]["FLOAT32"]):
         raise Refused("element_type")  # (the generator writes float32 rows only)
     for k in ("lr", "eps", "beta1", "beta2", "weight_decay", "lr_power", "ftrl_beta", "l1", "l2"):
-        if k in a and (not isinstance(a[k], float) or not math.isfinite(a[k])):
+        if k in a and not math.isfinite(a[k]):
             raise Refused(k)
     batch = a["batch"]
     rows, cols, dims = t["rows"], t["cols"], t["dims"]
@@ -1500,8 +1546,8 @@ def fuzz_lookup_ops(draw):
             dims="index",
             batch="int",
             element_type="int",
-            lr="real",
-            step="int",
+            lr="optim_real",
+            step="optim_int",
         )
     if weights is not None:
         kinds["weights"] = "float"
@@ -1542,6 +1588,8 @@ def fuzz_lookup_ops(draw):
             pre = None
 
     def call():
+        if op == "embedding_update":
+            return OPS.embedding_update(*_optim_op_args(args2))
         return getattr(OPS, op)(*args2.values())
 
     def model():

@@ -77,7 +77,9 @@ def test_training_step_syncs_as_often_with_metrics_as_without():
     for batch in batches[1:]:
         counts.append((_syncs(lambda: _step(plain, batch)), _syncs(lambda: _step(measured, batch))))
     print("synchronizations per step (without, with metrics):", counts)
-    assert all(without == with_ for without, with_ in counts), counts
+    # A module's lazily built caches may synchronize once on a later step, so
+    # a step may sync more without metrics; never more with them.
+    assert all(with_ <= without for without, with_ in counts), counts
     assert reg.reads == 0  # nothing was read while training
 
     # A collection reads every counter with one device-to-host copy.

@@ -1,35 +1,23 @@
 """The main job's metrics, scraped by a real Prometheus and asked with PromQL.
 
 Starts Debian's ``prometheus`` on a free port (tools/prometheus_server.py,
-scrape interval 0.5 s), runs tools/train_dlrm.py on two gloo processes with
+scrape interval 0.5 s), runs examples/train_dlrm.py on two gloo processes with
 ``--metrics-port`` (rank r serves /metrics on port + r), and checks what
 Prometheus stored against the job's own summary.
 """
 
-import sys
 import time
-from pathlib import Path
 
+import dist_launch  # examples/dist_launch.py (pyproject: pytest pythonpath)
 import pytest
+import train_dlrm
+
+from tools.prometheus_server import PrometheusServer
 
 WORLD_SIZE = 2
 STEPS = 300
 BATCH = 128
 SCRAPE_INTERVAL = "500ms"
-
-
-def _tools() -> Path:
-    # Bazel: the runfiles root is the working directory; by hand: the checkout.
-    for root in (Path.cwd(), Path(__file__).parents[2]):
-        if (root / "tools" / "train_dlrm.py").is_file():
-            return root / "tools"
-    raise FileNotFoundError("tools/train_dlrm.py")
-
-
-sys.path.insert(0, str(_tools()))
-import dist_launch  # noqa: E402
-import train_dlrm  # noqa: E402
-from prometheus_server import PrometheusServer  # noqa: E402
 
 
 @pytest.fixture(scope="module")

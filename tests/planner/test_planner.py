@@ -32,9 +32,9 @@ from dynamicemb.planner import (
     DynamicEmbeddingEnumerator,
     DynamicEmbeddingShardingPlanner,
     DynamicEmbParameterConstraints,
+    prepare_table_options,
 )
 from dynamicemb.planner.parameter_sharding import DynamicEmbParameterSharding
-from dynamicemb.planner.planner import _prepare_dynemb_table_options
 from dynamicemb.table import constants
 
 RW = ShardingType.ROW_WISE.value
@@ -154,7 +154,7 @@ def _cfg(num_embeddings, dim=16):
 )
 def test_prepare_bucket_layout(num_embeddings, world_size, bucket, want_width, want_capacity):
     options = DynamicEmbTableOptions(bucket_capacity=bucket)
-    prepared = _prepare_dynemb_table_options(options, _cfg(num_embeddings), world_size)
+    prepared = prepare_table_options(options, _cfg(num_embeddings), world_size)
     assert prepared.bucket_capacity == want_width
     assert prepared.max_capacity == want_capacity
     assert prepared.init_capacity == want_capacity
@@ -169,13 +169,13 @@ def test_prepare_bucket_layout(num_embeddings, world_size, bucket, want_width, w
 def test_prepare_init_capacity_aligned_then_clamped(init, want):
     # 1000 rows over 3 ranks with buckets of 128: max_capacity 384.
     options = DynamicEmbTableOptions(bucket_capacity=128, init_capacity=init)
-    assert _prepare_dynemb_table_options(options, _cfg(1000), 3).init_capacity == want
+    assert prepare_table_options(options, _cfg(1000), 3).init_capacity == want
 
 
 def test_prepare_init_capacity_with_sentinel_width():
     # One bucket of 336 per rank: 100 rounds up to the bucket, i.e. 336.
     options = DynamicEmbTableOptions(bucket_capacity=MAX_BUCKET_CAPACITY, init_capacity=100)
-    prepared = _prepare_dynemb_table_options(options, _cfg(1000), 3)
+    prepared = prepare_table_options(options, _cfg(1000), 3)
     assert (prepared.bucket_capacity, prepared.max_capacity, prepared.init_capacity) == (
         336,
         336,
@@ -189,27 +189,25 @@ def test_prepare_init_capacity_with_sentinel_width():
 )
 def test_prepare_local_hbm_split(global_bytes, world_size, want):
     options = DynamicEmbTableOptions(global_hbm_for_values=global_bytes)
-    prepared = _prepare_dynemb_table_options(options, _cfg(1000), world_size)
+    prepared = prepare_table_options(options, _cfg(1000), world_size)
     assert prepared.local_hbm_for_values == want
     assert prepared.global_hbm_for_values == global_bytes
 
 
 def test_prepare_completes_uniform_bounds_from_the_config():
-    prepared = _prepare_dynemb_table_options(DynamicEmbTableOptions(), _cfg(400), 2)
+    prepared = prepare_table_options(DynamicEmbTableOptions(), _cfg(400), 2)
     assert prepared.initializer_args.mode == DynamicEmbInitializerMode.UNIFORM
     assert prepared.initializer_args.lower == pytest.approx(-0.05)
     assert prepared.initializer_args.upper == pytest.approx(0.05)
     partial = DynamicEmbTableOptions(initializer_args=DynamicEmbInitializerArgs(lower=-0.01))
-    prepared = _prepare_dynemb_table_options(partial, _cfg(400), 2)
+    prepared = prepare_table_options(partial, _cfg(400), 2)
     assert (prepared.initializer_args.lower, prepared.initializer_args.upper) == (
         -0.01,
         pytest.approx(0.05),
     )
     assert partial.initializer_args.upper is None
     normal = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.NORMAL, std_dev=0.1)
-    prepared = _prepare_dynemb_table_options(
-        DynamicEmbTableOptions(initializer_args=normal), _cfg(400), 2
-    )
+    prepared = prepare_table_options(DynamicEmbTableOptions(initializer_args=normal), _cfg(400), 2)
     assert prepared.initializer_args == normal
 
 
@@ -218,8 +216,8 @@ def test_prepare_is_idempotent_for_one_world_size():
         options = DynamicEmbTableOptions(
             bucket_capacity=bucket, init_capacity=50, global_hbm_for_values=999
         )
-        once = _prepare_dynemb_table_options(options, _cfg(1000), 3)
-        assert _prepare_dynemb_table_options(once, _cfg(1000), 3) == once
+        once = prepare_table_options(options, _cfg(1000), 3)
+        assert prepare_table_options(once, _cfg(1000), 3) == once
 
 
 def test_prepare_rejects_a_bucket_width_that_is_not_a_multiple_of_16():
@@ -228,7 +226,7 @@ def test_prepare_rejects_a_bucket_width_that_is_not_a_multiple_of_16():
     options = DynamicEmbTableOptions()
     options.bucket_capacity = 100  # set after construction: the planner catches it
     with pytest.raises(ValueError, match="bucket_capacity.*100"):
-        _prepare_dynemb_table_options(options, _cfg(1000), 2)
+        prepare_table_options(options, _cfg(1000), 2)
 
 
 # ------------------------------------------------------------------ planner
@@ -587,3 +585,25 @@ def test_enumerator_prepares_for_its_own_world_size():
     space = _options_by(enumerator.enumerate(_Model(_ec_configs(), _ebc_configs()), _sharders()))
     prepared = enumerator.prepared_options(space["dyn_ec"][0])
     assert (prepared.bucket_capacity, prepared.max_capacity) == (256, 256)
+
+
+def test_prepare_refuses_a_dim_that_differs_from_the_config_naming_the_table():
+    options = DynamicEmbTableOptions(dim=8)
+    with pytest.raises(ValueError, match=r"table 't'.*dim \(8\) differs from embedding_dim \(16\)"):
+        prepare_table_options(options, _cfg(1000), 2)
+    assert options.dim == 8 and options.max_capacity is None
+
+
+def test_the_planner_spells_the_preparation_by_the_specs_name_too():
+    from dynamicemb.planner.planner import _prepare_dynemb_table_options
+
+    assert _prepare_dynemb_table_options is prepare_table_options
+
+
+def test_prepare_keeps_a_per_rank_budget_given_without_a_global_one():
+    # A plan written by hand names the per-rank budget; the sharders prepare
+    # its options again and must not zero it.
+    options = DynamicEmbTableOptions(local_hbm_for_values=4096)
+    assert prepare_table_options(options, _cfg(1000), 2).local_hbm_for_values == 4096
+    both = DynamicEmbTableOptions(local_hbm_for_values=4096, global_hbm_for_values=1000)
+    assert prepare_table_options(both, _cfg(1000), 2).local_hbm_for_values == 500

@@ -11,13 +11,13 @@ hold every key its source holds in its own layout.
 import dataclasses
 import os
 
-import ckpt_harness as c
-import shard_harness as h
 import torch
 import torch.distributed as dist
 
 from dynamicemb import DynamicEmbScoreStrategy as S
 from dynamicemb import EvictedItemMode
+from tests.checkpoint import ckpt_harness as c
+from tests.shard import shard_harness as h
 
 T = h.TableSpec
 COLL = c.COLLECTION

@@ -8,13 +8,13 @@ and the right deltas still apply afterwards."""
 import copy
 import os
 
-import ckpt_harness as c
 import pytest
-import repl_harness as r
-import shard_harness as h
 import torch
 
 from dynamicemb import DynamicEmbScoreStrategy as S
+from tests.checkpoint import ckpt_harness as c
+from tests.replication import repl_harness as r
+from tests.shard import shard_harness as h
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 

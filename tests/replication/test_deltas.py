@@ -10,14 +10,14 @@ key is scored as just inserted. Runs on a one-rank gloo world (and NCCL on a
 GPU, marked gpu), each check against the table's raw state.
 """
 
-import ckpt_harness as c
 import pytest
-import repl_harness as r
-import shard_harness as h
 import torch
 
 from dynamicemb import DynamicEmbScoreStrategy as S
 from dynamicemb import ReplayContent
+from tests.checkpoint import ckpt_harness as c
+from tests.replication import repl_harness as r
+from tests.shard import shard_harness as h
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 

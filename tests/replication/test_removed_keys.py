@@ -8,15 +8,15 @@ one with DISCARD only removes. incremental_dump drains both records; with a
 process group, pops return the union over its ranks.
 """
 
-import ckpt_harness as c
 import pytest
-import repl_harness as r
-import shard_harness as h
 import torch
 import torch.distributed as dist
 
 from dynamicemb import DynamicEmbScoreStrategy as S
 from dynamicemb import EvictedItemMode
+from tests.checkpoint import ckpt_harness as c
+from tests.replication import repl_harness as r
+from tests.shard import shard_harness as h
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 

@@ -16,11 +16,11 @@ job's rows.
 import os
 
 import pytest
-import repl_harness as r
-import shard_harness as h
 import torch
 
 from dynamicemb import DynamicEmbScoreStrategy as S
+from tests.replication import repl_harness as r
+from tests.shard import shard_harness as h
 
 CASES = [
     r.case("ts_adam", S.TIMESTAMP, "adam", tables=("t0", "t1")),

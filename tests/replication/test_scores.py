@@ -11,14 +11,14 @@ next forward's score: the clock, the next step, the set score.
 import os
 import warnings
 
-import ckpt_harness as c
 import pytest
-import repl_harness as r
-import shard_harness as h
 import torch
 import torch.distributed as dist
 
 from dynamicemb import DynamicEmbScoreStrategy as S
+from tests.checkpoint import ckpt_harness as c
+from tests.replication import repl_harness as r
+from tests.shard import shard_harness as h
 
 
 def _forward(model, cs, rank, step):

@@ -6,11 +6,10 @@ holding what the job holds; polling again finds nothing to do."""
 
 import os
 
-import ckpt_harness as c
-import repl_harness as r
-import shard_harness as h
-
 from dynamicemb import DynamicEmbScoreStrategy as S
+from tests.checkpoint import ckpt_harness as c
+from tests.replication import repl_harness as r
+from tests.shard import shard_harness as h
 
 CASE = r.case("stream", (S.TIMESTAMP, S.LFU), "adam", tables=("t0", "t1"))
 STEPS, CHECKPOINT_AFTER = 8, 3

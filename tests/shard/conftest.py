@@ -1,3 +1,3 @@
 """The `multigpu` marker (multigpu_marker.py, shared with tests/twin)."""
 
-from multigpu_marker import pytest_collection_modifyitems, pytest_configure  # noqa: F401
+from tests.shard.multigpu_marker import pytest_collection_modifyitems, pytest_configure  # noqa: F401

@@ -11,16 +11,14 @@ outputs with a dense float64 model in one process.
 """
 
 import dataclasses
-import datetime
 import io
-import os
 import queue
-import socket
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import dist_launch  # examples/dist_launch.py (pyproject: pytest pythonpath)
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -28,12 +26,6 @@ import torch.multiprocessing as mp
 # --------------------------------------------------------------- processes --
 
 RUN_TIMEOUT_S = 240.0
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def worker_device() -> torch.device:
@@ -63,26 +55,9 @@ def _worker(
     results,
     device_type: str = "cpu",
 ) -> None:
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
     torch.set_num_threads(1)
     try:
-        if device_type == "cuda":
-            torch.cuda.set_device(rank)
-            dist.init_process_group(
-                "nccl",
-                rank=rank,
-                world_size=world_size,
-                timeout=datetime.timedelta(seconds=90),
-                device_id=torch.device("cuda", rank),
-            )
-        else:
-            dist.init_process_group(
-                "gloo",
-                rank=rank,
-                world_size=world_size,
-                timeout=datetime.timedelta(seconds=90),
-            )
+        dist_launch.init_process_group(rank, world_size, port, device_type, 1, timeout_s=90)
         out = to_cpu(fn(rank, world_size, *args))
         # Bytes, not tensors: a tensor in a queue is shared memory that dies
         # with this process.
@@ -122,7 +97,7 @@ def run_world(
         )
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = dist_launch.free_port()
     procs = [
         ctx.Process(
             target=_worker, args=(r, world_size, port, fn, args, results, device_type), daemon=True

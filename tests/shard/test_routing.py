@@ -1,18 +1,13 @@
 """Key -> rank routing (the route_keys op), the bucketization of the input
 dist, index dedup, and the sharders' checks of plan entries."""
 
-import os
-import sys
-
 import pytest
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dynamicemb.shard import DIST_TYPE_CODES, bucketize_by_route, dedup_kjt, route_keys
 from dynamicemb.shard.routing import route_keys_by_feature
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "table"))
-from table_model import mix64
+from tests.table.table_model import bucket_hash
 
 MASK64 = (1 << 64) - 1
 
@@ -97,11 +92,11 @@ def test_hash_roundrobin_keys_of_a_rank_spread_over_its_buckets():
     counts = torch.bincount(ranks, minlength=world_size)
     assert int(counts.min()) > 0.2 * keys.numel()
     mine = keys[ranks == 0].tolist()
-    used = {mix64(k) % buckets for k in mine}
+    used = {bucket_hash(k) % buckets for k in mine}
     assert len(used) == buckets
     # The same rank split by the bucket hash itself: only buckets = 0 mod 4.
-    same_hash = [k for k in keys.tolist() if mix64(k) % world_size == 0]
-    assert len({mix64(k) % buckets for k in same_hash}) == buckets // world_size
+    same_hash = [k for k in keys.tolist() if bucket_hash(k) % world_size == 0]
+    assert len({bucket_hash(k) % buckets for k in same_hash}) == buckets // world_size
 
 
 def test_route_keys_rejects_bad_input():

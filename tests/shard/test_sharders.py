@@ -11,8 +11,9 @@ process per visible GPU, against the same reference at that world size.
 """
 
 import pytest
-import shard_harness as h
 import torch
+
+from tests.shard import shard_harness as h
 
 T = h.TableSpec
 DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")

@@ -8,14 +8,10 @@ collection's input dist and prefetch hook between the forward and the
 backward of batch i, as TorchRec's ``TrainPipelinePrefetch`` calls them.
 """
 
-import os
-import sys
-
 import torch
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import shard_harness as h
-from py_dict_storage import PyDictStorage
+from tests.shard import shard_harness as h
+from tests.storage.py_dict_storage import PyDictStorage
 
 DIM = 8
 NUM_EMBEDDINGS = 8192  # rows of each table over all ranks: it never evicts

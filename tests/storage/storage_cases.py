@@ -8,8 +8,6 @@ a key, whatever tier a row is in and however often it moves.
 """
 
 import dataclasses
-import os
-import sys
 
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
@@ -22,9 +20,7 @@ from dynamicemb import (
 )
 from dynamicemb.dynamicemb_config import value_row_bytes
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from py_dict_storage import PyDictStorage
+from tests.storage.py_dict_storage import PyDictStorage
 
 OPTIMIZERS = {
     "sgd": (EmbOptimType.EXACT_SGD, {"learning_rate": 0.3}),

@@ -8,7 +8,6 @@ side computed from the table's options alone.
 import pytest
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
-from storage_cases import module, table_options
 from torchrec.modules.embedding_configs import DataType, EmbeddingConfig
 
 from dynamicemb import (
@@ -19,11 +18,12 @@ from dynamicemb import (
     get_table_value_bytes,
 )
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
-from dynamicemb.planner.prepare import _prepare_dynemb_table_options, dynamic_shard_storage
+from dynamicemb.planner.prepare import dynamic_shard_storage, prepare_table_options
 from dynamicemb.storage import CachedStorage
 from dynamicemb.types import MemoryType
+from tests.devices import DEVICES
+from tests.storage.storage_cases import module, table_options
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 _DATA_TYPES = {
     torch.float32: DataType.FP32,
     torch.float16: DataType.FP16,
@@ -78,7 +78,7 @@ def test_planner_estimate_is_what_the_storage_allocates(mode, device):
     # dim 8, Adam: 8 + 16 floats, 96 bytes a row; 5000 rows over 2 ranks.
     config = EmbeddingConfig(name="t", embedding_dim=8, num_embeddings=10_000)
     given = DynamicEmbTableOptions(init_capacity=1000, **MODE_OPTIONS[mode])
-    options = _prepare_dynemb_table_options(given, config, world_size=2)
+    options = prepare_table_options(given, config, world_size=2)
     m = BatchedDynamicEmbeddingTablesV2(
         [options],
         pooling_mode=DynamicEmbPoolingMode.SUM,

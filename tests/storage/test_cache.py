@@ -4,14 +4,13 @@ and the keys the last tier evicts."""
 
 import pytest
 import torch
-from storage_cases import batches, module, rows_of, seen_keys, table_options, train
 
 from dynamicemb import DynamicEmbScoreStrategy as Score
 from dynamicemb import EvictedItemMode
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
 from dynamicemb.embedding.unique import segmented_unique
-
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+from tests.devices import DEVICES
+from tests.storage.storage_cases import batches, module, rows_of, seen_keys, table_options, train
 
 
 def _distinct(m, indices, offsets):

@@ -4,11 +4,11 @@ storage dtype (as FBGEMM keeps float16 weights with float32 state)."""
 
 import pytest
 import torch
-from storage_cases import assert_trains_like_device, batches, module, seen_keys, train
 
 from dynamicemb import DynamicEmbPoolingMode as Pool
+from tests.devices import DEVICES
+from tests.storage.storage_cases import assert_trains_like_device, batches, module, seen_keys, train
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 HALF = [torch.float16, torch.bfloat16]
 
 

@@ -3,11 +3,11 @@ refuses one that breaks the contract, naming the class and the method."""
 
 import pytest
 import torch
-from py_dict_storage import PyDictStorage
-from storage_cases import batches, module, table_options, train
 
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
 from dynamicemb.types import MemoryType, Storage, StorageTable
+from tests.storage.py_dict_storage import PyDictStorage
+from tests.storage.storage_cases import batches, module, table_options, train
 
 from fbgemm_gpu.split_embedding_configs import EmbOptimType  # isort: skip
 

@@ -22,6 +22,12 @@ pytestmark = pytest.mark.gpu
 GIB, MIB = 1 << 30, 1 << 20
 
 
+def _requested() -> int:
+    """Device bytes the tensors asked for (the caching allocator rounds
+    large blocks up to 2 MiB, which memory_allocated counts)."""
+    return torch.cuda.memory_stats()["requested_bytes.all.current"]
+
+
 @pytest.mark.parametrize("caching", [False, True], ids=["hybrid", "cache"])
 def test_a_table_of_several_gib_with_a_1_mib_budget_takes_little_device_memory(caching):
     dim, opt = 128, EmbOptimType.ADAM
@@ -38,7 +44,7 @@ def test_a_table_of_several_gib_with_a_1_mib_budget_takes_little_device_memory(c
         ),
     )
     torch.cuda.synchronize()
-    before = torch.cuda.memory_allocated()
+    before = _requested()
     m = BatchedDynamicEmbeddingTablesV2(
         [options],
         pooling_mode=DynamicEmbPoolingMode.SUM,
@@ -47,13 +53,13 @@ def test_a_table_of_several_gib_with_a_1_mib_budget_takes_little_device_memory(c
         learning_rate=0.01,
     )
     torch.cuda.synchronize()
-    on_device = torch.cuda.memory_allocated() - before
+    on_device = _requested() - before
     full = rows * rb
     # Rows on the device within the budget; the rest is the keys' metadata
     # (17 bytes a slot against 1536 bytes a row).
-    # What the storage reports, up to the allocator's rounding of each tensor.
+    # What the storage reports, up to a few bytes of the module's own.
     usage = m.memory_usage(MemoryType.DEVICE)
-    assert usage <= on_device <= usage + 64 * 1024
+    assert usage <= on_device <= usage + 4 * 1024
     assert on_device < full // 50
     assert m.memory_usage(MemoryType.HOST) >= full - MIB
     storage = m.storage.backing if isinstance(m.storage, CachedStorage) else m.storage

@@ -9,13 +9,12 @@ optimizer state) at the end are bitwise those of the all-device module.
 """
 
 import pytest
-from storage_cases import MODES, assert_trains_like_device, module, seen_keys
 
 from dynamicemb import DynamicEmbPoolingMode as Pool
 from dynamicemb import DynamicEmbScoreStrategy as Score
 from dynamicemb.storage import CachedStorage, HashTableStorage
-
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
+from tests.devices import DEVICES
+from tests.storage.storage_cases import MODES, assert_trains_like_device, module, seen_keys
 
 
 @pytest.mark.parametrize("device", DEVICES)

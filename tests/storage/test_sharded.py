@@ -6,8 +6,9 @@ prefetch hook between the forward and the backward."""
 
 import pytest
 import torch
-from shard_harness import run_world
-from sharded_cases import run_modes
+
+from tests.shard.shard_harness import run_world
+from tests.storage.sharded_cases import run_modes
 
 MODES = ["device", "hybrid", "cache", "cache_prefetch", "external_cache"]
 

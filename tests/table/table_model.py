@@ -10,7 +10,7 @@ Semantics modelled:
   * layout: tables are laid out one after another; table t owns the slots
     [slot_offset, slot_offset + capacity); bucket b is the slots
     slot_offset + b * W .. + W - 1.
-  * hashing: h = mix64(key) (murmur3's 64-bit finalizer, on the key's two's
+  * hashing: h = bucket_hash(key) (murmur3's 64-bit finalizer, on the key's two's
     complement bit pattern); home bucket = (h % capacity) // W; digest =
     (h >> 32) & 0xff.
   * insert / insert_and_evict: first every occurrence of a key already in the
@@ -71,7 +71,7 @@ _LAYOUT_FIELDS = (
 NUM_COUNTERS = 6
 
 
-def mix64(key: int) -> int:
+def bucket_hash(key: int) -> int:
     """murmur3's fmix64 of the key's 64-bit pattern, as an unsigned int."""
     k = key & MASK64
     k ^= k >> 33
@@ -83,7 +83,7 @@ def mix64(key: int) -> int:
 
 
 def digest_of(key: int) -> int:
-    return (mix64(key) >> 32) & 0xFF
+    return (bucket_hash(key) >> 32) & 0xFF
 
 
 EMPTY_DIGEST = digest_of(EMPTY_KEY)
@@ -166,7 +166,7 @@ class TableModel:
     def home(self, table: int, key: int) -> tuple[int, int, int]:
         """(first slot of the home bucket, bucket width, global bucket index)."""
         cap, w = self.caps[table], self.widths[table]
-        local = (mix64(key) % cap) // w
+        local = (bucket_hash(key) % cap) // w
         return self.slot_offsets[table] + local * w, w, self.bucket_offsets[table] + local
 
     def table_of_slot(self, slot: int) -> int:

@@ -1,15 +1,10 @@
-"""Helpers shared by the table tests: devices, state snapshots, comparisons
+"""Helpers shared by the table tests: state snapshots, comparisons
 of a ScoredHashTable with the pure-Python model."""
 
-import pytest
-import table_model as M
 import torch
 
 from dynamicemb.table import ScoredHashTable, enums
-
-# "cpu", plus "cuda" (marked gpu) where a CUDA device exists.
-devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-DEVICES = [pytest.param(d, id=d, marks=[pytest.mark.gpu] if d == "cuda" else []) for d in devices]
+from tests.table import table_model as M
 
 STATE_TENSORS = ("keys", "digests", "scores", "counters", "free_rows", "info")
 
@@ -124,7 +119,7 @@ def keys_in_bucket(table_capacity: int, width: int, bucket: int, count: int, sta
     """The first `count` keys >= start whose home bucket is `bucket` (model hash)."""
     out, k = [], start
     while len(out) < count:
-        if (M.mix64(k) % table_capacity) // width == bucket:
+        if (M.bucket_hash(k) % table_capacity) // width == bucket:
             out.append(k)
         k += 1
     return out

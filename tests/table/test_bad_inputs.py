@@ -10,11 +10,12 @@ import sys
 import textwrap
 
 import pytest
-import table_model as M
 import torch
-from table_testlib import DEVICES, assert_same_snapshot, i64, snapshot
 
 from dynamicemb.table import ScoredHashTable
+from tests.devices import DEVICES
+from tests.table import table_model as M
+from tests.table.table_testlib import assert_same_snapshot, i64, snapshot
 
 OPS = torch.ops.dynamicemb
 RESERVED = [M.EMPTY_KEY, M.EMPTY_KEY + 1, M.EMPTY_KEY + 2, M.EMPTY_KEY + 3]
@@ -558,7 +559,7 @@ def test_meta_inputs_are_refused_naming_the_argument(table, arg):
     )
 
 
-def test_find_values_refuses_values_on_the_meta_device(table):
+def test_find_gather_refuses_values_on_the_meta_device(table):
     # Found: a meta `values` on a CPU table returned slots read from freed memory.
     d = table.device
     vals = torch.zeros(table.num_slots, 4, device="meta")
@@ -566,16 +567,16 @@ def test_find_values_refuses_values_on_the_meta_device(table):
         table,
         ValueError,
         r"values is on the meta device",
-        lambda: table.find_values(i64([0, 2], d), vals, i64([0, 0], d)),
+        lambda: table.find_gather(i64([0, 2], d), vals, i64([0, 0], d)),
     )
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("device", DEVICES)
-def test_find_values_refuses_values_on_another_device(device):
+def test_find_gather_refuses_values_on_another_device(device):
     if device == "cpu":
         pytest.skip("needs two devices: a CUDA table and CPU values")
     t = ScoredHashTable([64], bucket_capacities=16, device=device)
     vals = torch.zeros(64, 4)
     with pytest.raises(ValueError, match=r"values must be on cuda:0, got a tensor on cpu"):
-        t.find_values(i64([1], device), vals)
+        t.find_gather(i64([1], device), vals)

@@ -8,11 +8,12 @@ cases that once went wrong:
 """
 
 import pytest
-import table_model as M
 import torch
-from table_testlib import DEVICES, evicted_records, i64, status_names
 
 from dynamicemb.table import ScoredHashTable
+from tests.devices import DEVICES
+from tests.table import table_model as M
+from tests.table.table_testlib import evicted_records, i64, status_names
 
 ASSIGN, ACCUMULATE, TIMER = M.ASSIGN, M.ACCUMULATE, M.TIMER
 INT64_MAX, INT64_MIN = M.INT64_MAX, M.INT64_MIN

@@ -3,9 +3,9 @@ pop_erased_keys reads and clears them."""
 
 import pytest
 import torch
-from table_testlib import DEVICES
 
 from dynamicemb.table import ScoredHashTable
+from tests.devices import DEVICES
 
 
 @pytest.mark.parametrize("device", DEVICES)

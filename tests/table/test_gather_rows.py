@@ -5,8 +5,7 @@ import torch
 
 from dynamicemb.table import gather_rows
 from dynamicemb.table._native import ops
-
-DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+from tests.devices import DEVICES
 
 
 def reference(values, rows):
@@ -64,7 +63,7 @@ def test_gather_rows_opcheck():
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dim,dtype", [(8, torch.float32), (5, torch.float16), (64, torch.float32)])
-def test_find_values_equals_find_then_gather(device, dim, dtype):
+def test_find_gather_equals_find_then_gather(device, dim, dtype):
     from dynamicemb.table import ScoredHashTable
 
     table = ScoredHashTable(
@@ -81,7 +80,7 @@ def test_find_values_equals_find_then_gather(device, dim, dtype):
     values = torch.randn((256, dim), generator=g).to(dtype).to(device)
     probe = torch.randint(0, 700, (400,), generator=g)
     ptids = torch.randint(0, 2, (400,), generator=g)
-    slots, rows = table.find_values(probe, values, ptids)
+    slots, rows = table.find_gather(probe, values, ptids)
     want_slots = table.find(probe, ptids)
     assert torch.equal(slots.cpu(), want_slots.cpu())
     idx = torch.where(ptids.to(device) == 1, table.rows(want_slots), want_slots)

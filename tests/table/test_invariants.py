@@ -20,11 +20,12 @@ import time
 import zlib
 
 import pytest
-import table_model as M
 import torch
-from table_testlib import DEVICES, assert_rows_consistent
 
 from dynamicemb.table import ScoredHashTable
+from tests.devices import DEVICES
+from tests.table import table_model as M
+from tests.table.table_testlib import assert_rows_consistent
 
 NONE, ASSIGN, ACCUMULATE, TIMER = M.NONE, M.ASSIGN, M.ACCUMULATE, M.TIMER
 FOUND, INSERTED, EVICTED = M.FOUND, M.INSERTED, M.EVICTED

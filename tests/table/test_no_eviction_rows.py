@@ -12,18 +12,18 @@ import sys
 import textwrap
 
 import pytest
-import table_model as M
 import torch
-from table_testlib import (
-    DEVICES,
+
+from dynamicemb.table import ScoredHashTable, enums
+from tests.devices import DEVICES
+from tests.table import table_model as M
+from tests.table.table_testlib import (
     assert_rows_consistent,
     assert_same_snapshot,
     i64,
     snapshot,
     status_names,
 )
-
-from dynamicemb.table import ScoredHashTable, enums
 
 OPS = torch.ops.dynamicemb
 NEXT_ROW, FREE_TOP, SIZE = M.NEXT_ROW, M.FREE_TOP, M.SIZE
@@ -171,12 +171,12 @@ def test_free_row_entry_out_of_range_fails_the_key_instead_of_writing_it(device)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_find_values_of_fused_no_eviction_tables_reads_each_tables_rows(device):
+def test_find_gather_of_fused_no_eviction_tables_reads_each_tables_rows(device):
     # Found: the row offset of table 1 was ignored, keys of both tables read row 0.
     t = _two_small_tables(device)
     t.insert(i64([5, 6], device), i64([0, 1], device))
     values = torch.arange(8.0, device=device).reshape(8, 1)  # table 0: rows 0-3, table 1: 4-7
-    slots, rows = t.find_values(i64([5, 6, 7], device), values, i64([0, 1, 1], device))
+    slots, rows = t.find_gather(i64([5, 6, 7], device), values, i64([0, 1, 1], device))
     assert rows.flatten().tolist() == [0.0, 4.0, 0.0]
     assert slots[2].item() == -1
     # The same rows through the raw op.

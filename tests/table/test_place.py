@@ -6,10 +6,12 @@ refused input changing nothing."""
 import random
 
 import pytest
-import table_model as M
 import torch
-from table_testlib import (
-    DEVICES,
+
+from dynamicemb.table import ScoredHashTable, enums
+from tests.devices import DEVICES
+from tests.table import table_model as M
+from tests.table.table_testlib import (
     assert_matches_model,
     assert_rows_consistent,
     assert_same_snapshot,
@@ -18,8 +20,6 @@ from table_testlib import (
     snapshot,
     status_names,
 )
-
-from dynamicemb.table import ScoredHashTable, enums
 
 ASSIGN = [int(enums.ScorePolicy.ASSIGN)]
 

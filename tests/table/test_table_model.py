@@ -10,12 +10,14 @@ exported records) must equal the model's.
 import random
 
 import pytest
-import table_model as M
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
-from table_testlib import (
-    DEVICES,
+
+from dynamicemb.table import ScoredHashTable
+from tests.devices import DEVICES
+from tests.table import table_model as M
+from tests.table.table_testlib import (
     assert_matches_model,
     assert_rows_consistent,
     evicted_records,
@@ -23,8 +25,6 @@ from table_testlib import (
     i64,
     status_names,
 )
-
-from dynamicemb.table import ScoredHashTable
 
 # Small keys collide a lot in 2-4 buckets of 16; the extremes exercise the
 # hash of negative and large keys.

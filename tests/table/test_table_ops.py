@@ -1,7 +1,7 @@
 """Targeted tests of the scored hash table with hand-computed expectations.
 
 Slots are predicted from the hash definition in cc/table/hash.h (reimplemented
-in table_model.mix64), never read back from the code under test. In a table of
+in table_model.bucket_hash), never read back from the code under test. In a table of
 one bucket every key shares the bucket, so a new key takes the first empty
 position and its slot is predictable by hand.
 """
@@ -9,10 +9,13 @@ position and its slot is predictable by hand.
 import time
 
 import pytest
-import table_model as M
 import torch
-from table_testlib import (
-    DEVICES,
+
+from dynamicemb.table import ScoredHashTable, constants
+from dynamicemb.table._native import extension
+from tests.devices import DEVICES
+from tests.table import table_model as M
+from tests.table.table_testlib import (
     assert_matches_model,
     assert_rows_consistent,
     assert_same_snapshot,
@@ -23,9 +26,6 @@ from table_testlib import (
     snapshot,
     status_names,
 )
-
-from dynamicemb.table import ScoredHashTable, constants
-from dynamicemb.table._native import extension
 
 OPS = torch.ops.dynamicemb
 ASSIGN, ACCUMULATE, NONE, TIMER = M.ASSIGN, M.ACCUMULATE, M.NONE, M.TIMER
@@ -91,8 +91,8 @@ def test_extension_constants_are_the_values_of_types_h():
 def test_hash_is_murmur3_fmix64_of_the_key_bits():
     keys = [0, 1, 2, 7, -1, -2, 2**62, 2**63 - 1, M.FIRST_VALID_KEY, M.EMPTY_KEY, 123456789]
     got = extension().hash_keys(i64(keys)).tolist()
-    assert [g & M.MASK64 for g in got] == [M.mix64(k) for k in keys]
-    assert M.mix64(0) == 0  # fmix64 fixes 0
+    assert [g & M.MASK64 for g in got] == [M.bucket_hash(k) for k in keys]
+    assert M.bucket_hash(0) == 0  # fmix64 fixes 0
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -105,7 +105,7 @@ def test_keys_live_in_their_home_bucket_with_their_digest(device):
         for k, s, st in zip(keys, res.slots.tolist(), status_names(res.status)):
             if st == "FAILED":
                 continue
-            bucket = (M.mix64(k) % caps[tid]) // width
+            bucket = (M.bucket_hash(k) % caps[tid]) // width
             assert off + bucket * width <= s < off + (bucket + 1) * width, (k, s)
             assert int(t.digests[s]) == M.digest_of(k)
 
@@ -475,7 +475,7 @@ def test_relayout_keeps_every_key_and_score_and_maps_slots_consistently(device):
         lo, hi = t.slot_range(tid)
         w = t.bucket_capacity(tid)
         for k, s in zip(e.keys[e.table_ids == tid].tolist(), e.slots[e.table_ids == tid].tolist()):
-            b = (M.mix64(k) % t.capacity(tid)) // w
+            b = (M.bucket_hash(k) % t.capacity(tid)) // w
             assert lo + b * w <= s < lo + (b + 1) * w <= hi
 
 
@@ -605,11 +605,11 @@ def _mixed_table(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bfloat16])
-def test_find_values_copies_the_row_of_each_found_key_and_zeros_for_absent(device, dtype):
+def test_find_gather_copies_the_row_of_each_found_key_and_zeros_for_absent(device, dtype):
     t = _mixed_table(device)
     values = (torch.arange(96 * 3).reshape(96, 3) * 10).to(dtype).to(device)
     keys, tids = [1, 2, 99, 1, 8, 9, 7, 3], [0, 0, 0, 1, 1, 1, 1, 0]
-    slots, rows = t.find_values(i64(keys, device), values, i64(tids, device))
+    slots, rows = t.find_gather(i64(keys, device), values, i64(tids, device))
     assert torch.equal(slots, t.find(i64(keys, device), i64(tids, device)))
     # table 1 rows: 1 -> 0, 8 -> 2, 9 -> 1 (7's row, reused); 7 is gone.
     row_of = {(1, 1): 0, (8, 1): 2, (9, 1): 1}
@@ -626,19 +626,19 @@ def test_find_values_copies_the_row_of_each_found_key_and_zeros_for_absent(devic
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_find_values_with_update_applies_the_policies_like_find(device):
+def test_find_gather_with_update_applies_the_policies_like_find(device):
     a, b = _mixed_table(device), _mixed_table(device)
     values = torch.zeros(96, 2, device=device)
     keys, tids = i64([1, 2, 1, 8], device), i64([0, 0, 0, 1], device)
     args = dict(policies=[ACCUMULATE], scores=i64([[1], [2], [4], [8]], device), update=True)
-    a.find_values(keys, values, tids, **args)
+    a.find_gather(keys, values, tids, **args)
     b.find(keys, tids, **args)
     assert torch.equal(a.scores, b.scores)
     assert a.scores[a.find(i64([1], device), i64([0], device)), 0].tolist() == [10]
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_find_values_refuses_a_value_buffer_too_small_for_a_found_key(device):
+def test_find_gather_refuses_a_value_buffer_too_small_for_a_found_key(device):
     """A found key whose row lies past the value buffer must not come back as
     a zero row next to a valid slot (as gather_rows refuses such a row)."""
     t = ScoredHashTable([64], bucket_capacities=None, device=device)
@@ -646,11 +646,11 @@ def test_find_values_refuses_a_value_buffer_too_small_for_a_found_key(device):
     values = torch.ones(10, 4, device=device)
     if device == "cpu":
         with pytest.raises(ValueError, match=r"1[0-9]"):
-            t.find_values(i64([3, 15], device), values)
+            t.find_gather(i64([3, 15], device), values)
         return
     # The CUDA kernel does not synchronize to raise: the row past the buffer
     # reads as zeros (documented in cc/table/table_cuda.h).
-    slots, rows = t.find_values(i64([3, 15], device), values)
+    slots, rows = t.find_gather(i64([3, 15], device), values)
     assert rows[1].abs().sum().item() == 0
 
 

@@ -6,9 +6,10 @@ import math
 
 import pytest
 import torch
-from table_testlib import DEVICES, assert_same_snapshot, i64, keys_in_bucket, snapshot
 
 from dynamicemb.table import ScoredHashTable
+from tests.devices import DEVICES
+from tests.table.table_testlib import assert_same_snapshot, i64, keys_in_bucket, snapshot
 
 ASSIGN = 1
 

@@ -22,8 +22,7 @@ from dynamicemb import (
     DynamicEmbTableOptions,
 )
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2, init_rows
-from dynamicemb.planner import DynamicEmbParameterConstraints
-from dynamicemb.planner.planner import _prepare_dynemb_table_options
+from dynamicemb.planner import DynamicEmbParameterConstraints, prepare_table_options
 from dynamicemb.twin import construct_twin_module, dynamic_table_ids, twin_rows
 
 EBC_CONFIGS = [
@@ -133,7 +132,7 @@ def test_twin_agrees_with_the_dynamic_module_over_sgd_steps(seed):
     )
     configs = {c.name: c for c in EBC_CONFIGS}
     options = [
-        _prepare_dynemb_table_options(cons[name].dynamicemb_options, configs[name], 1)
+        prepare_table_options(cons[name].dynamicemb_options, configs[name], 1)
         for name in ("d0", "d1")
     ]
     dims = [8, 4]

@@ -18,19 +18,14 @@ The `multigpu` cases run the same pair with NCCL, one process per visible
 GPU, with every optimizer (FBGEMM's CUDA TBE has Adam).
 """
 
-import os
-import sys
 from typing import Any
 
 import pytest
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "shard"))
-
-import shard_harness as h
-
 from dynamicemb.shard import dynamic_embedding_kernels
+from tests.shard import shard_harness as h
 
 STEPS = 3
 BATCH = 3

@@ -30,10 +30,9 @@ import tempfile
 import time
 
 import torch
-import torch.distributed as dist
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-
+# examples/dist_launch.py
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
 import dist_launch
 
 
@@ -50,9 +49,7 @@ def build(args, device: torch.device, **options):
     """The EmbeddingCollection of ``args.tables`` tables sharded in a world of
     one (``options``: more ``DynamicEmbTableOptions`` fields)."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
-    from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import Topology
-    from torchrec.distributed.types import ShardingEnv
     from torchrec.modules.embedding_configs import EmbeddingConfig
     from torchrec.modules.embedding_modules import EmbeddingCollection
 
@@ -88,14 +85,7 @@ def build(args, device: torch.device, **options):
         batch_size=512,
         debug=False,
     )
-    plan = planner.collective_plan(model, [sharder], dist.group.WORLD)
-    return DistributedModelParallel(
-        model,
-        env=ShardingEnv.from_process_group(dist.group.WORLD),
-        device=device,
-        plan=plan,
-        sharders=[sharder],
-    )
+    return dist_launch.plan_and_shard(model, planner, sharder, device)[0]
 
 
 def fill(model, args, device: torch.device) -> int:

@@ -24,7 +24,7 @@
 # the sharded EmbeddingCollection benchmark against TorchRec
 # (tools/bench/sharded_ec_bench.py), the `multigpu` tests (tests/shard,
 # tests/twin, tests/checkpoint, tests/storage, tests/replication, tests/admission), the main
-# job (tools/train_dlrm.py --device cuda --steps 500).
+# job (examples/train_dlrm.py --device cuda --steps 500).
 # Writes multigpu_*.txt to $OUT and prints a summary (also $OUT/multigpu.txt).
 # Timeouts in seconds: MG_BENCH_TIMEOUT (90), MG_TESTS_TIMEOUT (300),
 # MG_TRAIN_TIMEOUT (60), MG_BUILD_TIMEOUT (300); MG_BENCH_ARGS replaces the
@@ -129,7 +129,7 @@ PYEOF
   fi
   # 3. The main job on every GPU.
   t0=$(date +%s)
-  timeout -k 10 "${MG_TRAIN_TIMEOUT:-60}" "$PY" tools/train_dlrm.py --device cuda --steps 500 \
+  timeout -k 10 "${MG_TRAIN_TIMEOUT:-60}" "$PY" examples/train_dlrm.py --device cuda --steps 500 \
     --summary-json "$OUT/multigpu_train.json" > "$OUT/multigpu_train.txt" 2>&1
   rc=$?
   echo "main job: $(status_word $rc "${MG_TRAIN_TIMEOUT:-60}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
@@ -193,8 +193,8 @@ for part in "${parts[@]}"; do
         -p no:cacheprovider 2>&1 | tail -15 | tee -a "$OUT/storage.txt"
       ;;
     soak)
-      # The main job for SOAK_STEPS steps on one GPU, memory and counters
-      # checked every SOAK_EVERY steps (tools/soak.py, docs/benchmarks/soak.md).
+      # The main job (examples/train_dlrm.py) for SOAK_STEPS steps on one GPU, memory
+      # and counters checked every SOAK_EVERY steps (tools/soak.py, docs/benchmarks/soak.md).
       timeout -k 10 "${SOAK_TIMEOUT:-1500}" "$PY" tools/soak.py --steps "${SOAK_STEPS:-100000}" \
         --every "${SOAK_EVERY:-2000}" --summary-json "$OUT/soak.json" -- --device cuda \
         --world-size 1 2>&1 | grep -v "registered at\|backend fallback" | tail -30 | tee "$OUT/soak.txt"

@@ -37,8 +37,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-# tools/dist_launch.py
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+# examples/dist_launch.py
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
 import dist_launch
 
 TABLE = "t0"
@@ -119,8 +119,6 @@ def topology(world_size: int, device: torch.device):
 
 
 def build_dynamicemb(args, world_size: int, device: torch.device, local_batch: int):
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.types import ShardingEnv
 
     from dynamicemb import DynamicEmbTableOptions, get_table_value_bytes
     from dynamicemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
@@ -150,22 +148,13 @@ def build_dynamicemb(args, world_size: int, device: torch.device, local_batch: i
         batch_size=local_batch,
         debug=False,
     )
-    plan = planner.collective_plan(model, [sharder], dist.group.WORLD)
-    return DistributedModelParallel(
-        model,
-        env=ShardingEnv.from_process_group(dist.group.WORLD),
-        device=device,
-        plan=plan,
-        sharders=[sharder],
-    ), plan
+    return dist_launch.plan_and_shard(model, planner, sharder, device)
 
 
 def build_torchrec(args, world_size: int, device: torch.device, local_batch: int):
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
-    from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.types import ParameterConstraints
-    from torchrec.distributed.types import ShardingEnv
 
     model = Model(args)
     # TorchRec's index dedup is a CUDA op (fbgemm::jagged_unique_indices).
@@ -179,14 +168,7 @@ def build_torchrec(args, world_size: int, device: torch.device, local_batch: int
         },
         debug=False,
     )
-    plan = planner.collective_plan(model, [sharder], dist.group.WORLD)
-    return DistributedModelParallel(
-        model,
-        env=ShardingEnv.from_process_group(dist.group.WORLD),
-        device=device,
-        plan=plan,
-        sharders=[sharder],
-    ), plan
+    return dist_launch.plan_and_shard(model, planner, sharder, device)
 
 
 def _sync(device: torch.device) -> None:

@@ -84,7 +84,7 @@ def bench_dim(dim, capacity, load_factors, reps, out):
         out_buf = torch.empty((BATCH, dim), dtype=torch.float32, device="cuda")
 
         def find():
-            return table.find_values(probe, values)
+            return table.find_gather(probe, values)
 
         t_find = timed(find, reps)
 

@@ -36,7 +36,7 @@ def main():
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
         for k in new:
-            _, out = t.find_values(last, values)
+            _, out = t.find_gather(last, values)
             gather_rows(values, t.find(last))  # the unfused pair, for comparison
             r = t.insert_and_evict(k, policies=[enums.ScorePolicy.ASSIGN], scores=step)
             values.index_copy_(0, r.slots.clamp(min=0), out)

@@ -19,9 +19,9 @@ fused optimizer (rowwise Adagrad or Adam), the dense part by torch's Adam.
 One process per GPU (NCCL) when there is a GPU, else processes on the CPU
 (gloo).
 
-    python tools/train_dlrm.py [--steps N] [--batch-size B] [--world-size W]
-                               [--device cpu|cuda] [--summary-json PATH]
-                               [--metrics-port PORT [--metrics-wait SECONDS]]
+    python examples/train_dlrm.py [--steps N] [--batch-size B] [--world-size W]
+                                  [--device cpu|cuda] [--summary-json PATH]
+                                  [--metrics-port PORT [--metrics-wait SECONDS]]
 
 With --metrics-port, rank r serves the tables' OpenTelemetry figures for
 Prometheus at http://<host>:PORT+r/metrics (dynamicemb.metrics).
@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import dist_launch  # tools/dist_launch.py, next to this script
+import dist_launch  # examples/dist_launch.py, next to this script
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -99,7 +99,7 @@ def _wrap(x: int) -> int:
     return x - (1 << 64) if x >> 63 else x
 
 
-def mix64(x: torch.Tensor) -> torch.Tensor:
+def splitmix64(x: torch.Tensor) -> torch.Tensor:
     """SplitMix64's finalizer on int64 (wrapping arithmetic)."""
     x = (x ^ _shr(x, 30)) * _MIX1
     x = (x ^ _shr(x, 27)) * _MIX2
@@ -109,13 +109,13 @@ def mix64(x: torch.Tensor) -> torch.Tensor:
 def raw_ids(ranks: torch.Tensor, salt: int) -> torch.Tensor:
     """The raw 64-bit id of each power-law rank: spread over all of int64,
     the reserved smallest values excluded."""
-    ids = mix64(ranks * _GOLDEN + _wrap(salt))
+    ids = splitmix64(ranks * _GOLDEN + _wrap(salt))
     return torch.where(ids < _INT64_MIN + _RESERVED_KEYS, ids + _RESERVED_KEYS, ids)
 
 
 def hidden_weight(ids: torch.Tensor, salt: int) -> torch.Tensor:
     """The hidden model's weight of each id: uniform in [-1, 1), from the id."""
-    h = _shr(mix64(ids ^ _wrap(salt * _MIX2)), 11)  # 53 random bits
+    h = _shr(splitmix64(ids ^ _wrap(salt * _MIX2)), 11)  # 53 random bits
     return h.to(torch.float64) * (2.0 / (1 << 53)) - 1.0
 
 
@@ -484,9 +484,7 @@ def evaluate(
 
 def train(rank: int, world_size: int, args) -> dict[str, Any] | None:
     """One rank's training; rank 0 returns the run's summary."""
-    from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import Topology
-    from torchrec.distributed.types import ShardingEnv
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     from dynamicemb.planner import DynamicEmbeddingShardingPlanner
@@ -509,14 +507,7 @@ def train(rank: int, world_size: int, args) -> dict[str, Any] | None:
         batch_size=args.batch_size,
         debug=False,
     )
-    plan = planner.collective_plan(model, [sharder], pg)
-    model = DistributedModelParallel(
-        model,
-        env=ShardingEnv.from_process_group(pg),
-        device=device,
-        plan=plan,
-        sharders=[sharder],
-    )
+    model, plan = dist_launch.plan_and_shard(model, planner, sharder, device, pg)
     # Embedding rows (dynamic and static) are updated by the fused optimizer
     # in the backward pass; the rest is dense and data parallel.
     dense_params = [

@@ -1,7 +1,7 @@
-"""What the multi-process scripts (tools/train_dlrm.py,
-tools/bench/sharded_ec_bench.py) share: the --device and --world-size
-arguments, free ports, and one process per rank (NCCL on GPU ``rank``, or
-gloo on the CPU).
+"""What the multi-process scripts (examples/train_dlrm.py, the benchmarks
+tools/bench/sharded_ec_bench.py and checkpoint_bench.py) share: the --device
+and --world-size arguments, free ports, one process per rank (NCCL on GPU
+``rank``, or gloo on the CPU), and a model planned and sharded over them.
 """
 
 import argparse
@@ -59,9 +59,12 @@ def free_ports(n: int, attempts: int = 100) -> int:
     raise RuntimeError(f"no {n} consecutive free ports found in {attempts} attempts")
 
 
-def init_process_group(rank: int, world_size: int, port: int, device: str, threads: int) -> None:
+def init_process_group(
+    rank: int, world_size: int, port: int, device: str, threads: int, timeout_s: float = 300
+) -> None:
     """Joins the process group of a rank: NCCL on GPU ``rank`` for device
-    cuda, else gloo with ``threads`` torch threads."""
+    cuda, else gloo with ``threads`` torch threads; collectives give up after
+    ``timeout_s`` seconds."""
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     if device == "cuda":
@@ -70,14 +73,36 @@ def init_process_group(rank: int, world_size: int, port: int, device: str, threa
             "nccl",
             rank=rank,
             world_size=world_size,
-            timeout=datetime.timedelta(seconds=300),
+            timeout=datetime.timedelta(seconds=timeout_s),
             device_id=torch.device("cuda", rank),
         )
     else:
         torch.set_num_threads(threads)
         dist.init_process_group(
-            "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=300)
+            "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s)
         )
+
+
+def plan_and_shard(model: torch.nn.Module, planner, sharder, device: torch.device, pg=None):
+    """Plans ``model`` with ``planner`` over every rank of ``pg`` (default: the
+    world) and shards it with ``DistributedModelParallel`` and ``sharder``.
+
+    Returns:
+        (the sharded model, the plan).
+    """
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv
+
+    pg = pg or dist.group.WORLD
+    plan = planner.collective_plan(model, [sharder], pg)
+    sharded = DistributedModelParallel(
+        model,
+        env=ShardingEnv.from_process_group(pg),
+        device=device,
+        plan=plan,
+        sharders=[sharder],
+    )
+    return sharded, plan
 
 
 def run_alone(fn, args) -> None:

@@ -1,4 +1,4 @@
-"""The fused lookup ops (embedding_pool, embedding_update) against plain torch.
+"""The pooling ops (embedding_pool, embedding_update) against plain torch.
 
 The references are written out with index_add_ and the optimizer's equations;
 CUDA cases compare the CUDA kernels with the CPU ones on the same inputs. Most
@@ -9,10 +9,20 @@ split them over two segments and store float16 / bfloat16 embeddings.
 import pytest
 import torch
 
+from dynamicemb import DynamicEmbOptimType
+from dynamicemb.embedding import RowOptimizer
 from dynamicemb.table._native import constants, ops
+from tests.devices import DEVICES
 
-DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
-SGD, ADAM, ROWWISE = 0, 1, 3
+EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
+
+SGD, ADAM, ADAGRAD, ROWWISE = (
+    EmbOptimType.EXACT_SGD,
+    EmbOptimType.ADAM,
+    EmbOptimType.EXACT_ADAGRAD,
+    EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+)
+FTRL = DynamicEmbOptimType.FTRL
 
 
 def element_type(dtype) -> int:
@@ -80,9 +90,10 @@ def reference_pool(t):
     return out
 
 
-def pool(t, seg=None, fill=None):
+def pool_args(t, seg=None, out_width=None, fill=None):
+    """The arguments of embedding_pool for batch ``t`` (``fill``: its fill rows)."""
     seg0, seg1, rows = space(t) if seg is None else seg[:3]
-    return ops().embedding_pool(
+    return (
         seg0,
         seg1,
         rows,
@@ -92,10 +103,14 @@ def pool(t, seg=None, fill=None):
         t["cols"],
         t["dims"],
         t["B"],
-        t["width"],
+        t["width"] if out_width is None else out_width,
         F32 if seg is None else seg[3],
         fill,
     )
+
+
+def pool(t, seg=None, fill=None):
+    return ops().embedding_pool(*pool_args(t, seg, fill=fill))
 
 
 def occurrences(t):
@@ -106,13 +121,14 @@ def occurrences(t):
     return occ, order
 
 
-def update(t, grad_out, optim, lr=0.1, step=1, wd=0.0, wd_mode=0, seg=None):
-    occ, order = occurrences(t)
+def update_args(t, grad, occ, order, optimizer=SGD, lr=0.1, step=1, wd=0.0, wd_mode=0, seg=None):
+    """The arguments of embedding_update for batch ``t``."""
+    opt = RowOptimizer(optimizer, learning_rate=lr, weight_decay=wd, weight_decay_mode=wd_mode)
     seg0, seg1, rows = space(t) if seg is None else seg[:3]
-    ops().embedding_update(
+    return (
         seg0,
         seg1,
-        grad_out,
+        grad,
         rows,
         occ,
         order,
@@ -122,18 +138,14 @@ def update(t, grad_out, optim, lr=0.1, step=1, wd=0.0, wd_mode=0, seg=None):
         t["dims"],
         t["B"],
         F32 if seg is None else seg[3],
-        optim,
-        lr,
-        1e-8,
-        0.9,
-        0.999,
-        wd,
-        wd_mode,
-        step,
-        -0.5,
-        0.0,
-        0.0,
-        0.0,
+        opt.packed(step),
+    )
+
+
+def update(t, grad_out, optimizer, lr=0.1, step=1, wd=0.0, wd_mode=0, seg=None):
+    occ, order = occurrences(t)
+    ops().embedding_update(
+        *update_args(t, grad_out, occ, order, optimizer, lr, step, wd, wd_mode, seg)
     )
 
 
@@ -270,7 +282,7 @@ BATCHES = {
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", sorted(BATCHES))
-@pytest.mark.parametrize("optim", [SGD, ADAM, 2, ROWWISE, 4])
+@pytest.mark.parametrize("optim", [SGD, ADAM, ADAGRAD, ROWWISE, FTRL], ids=lambda o: o.name)
 def test_cuda_update_matches_the_cpu_kernel(kind, optim):
     make, tol = BATCHES[kind]
     cpu, gpu = make("cpu"), make("cuda")
@@ -352,54 +364,15 @@ def test_update_refuses_bad_occurrences_and_changes_nothing():
     occ, order = occurrences(t)
     occ[-1] += 1
     grad = torch.randn(t["B"], t["width"])
-    seg0, seg1, offsets = space(t)
     with pytest.raises(ValueError, match="occ_offsets must run from 0 to"):
-        ops().embedding_update(
-            seg0,
-            seg1,
-            grad,
-            offsets,
-            occ,
-            order,
-            t["bag"],
-            t["weights"],
-            t["cols"],
-            t["dims"],
-            t["B"],
-            F32,
-            SGD,
-            0.1,
-            1e-8,
-            0.9,
-            0.999,
-            0.0,
-            0,
-            1,
-            -0.5,
-            0.0,
-            0.0,
-            0.0,
-        )
+        ops().embedding_update(*update_args(t, grad, occ, order))
     assert torch.equal(t["values"], before)
 
 
 def test_pool_refuses_a_feature_that_does_not_fit_the_output():
     t = batch("cpu", seed=8)
-    seg0, seg1, offsets = space(t)
     with pytest.raises(ValueError, match="feature 2"):
-        ops().embedding_pool(
-            seg0,
-            seg1,
-            offsets,
-            t["inverse"],
-            t["offsets"],
-            t["weights"],
-            t["cols"],
-            t["dims"],
-            t["B"],
-            t["width"] - 1,
-            F32,
-        )
+        ops().embedding_pool(*pool_args(t, out_width=t["width"] - 1))
 
 
 OPCHECK_UTILS = (
@@ -411,56 +384,18 @@ OPCHECK_UTILS = (
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_lookup_ops_opcheck(device):
+def test_pooling_ops_opcheck(device):
     t = batch(device, seed=9)
-    seg0, seg1, offsets = space(t)
     torch.library.opcheck(
         ops().embedding_pool.default,
-        (
-            seg0,
-            seg1,
-            offsets,
-            t["inverse"],
-            t["offsets"],
-            t["weights"],
-            t["cols"],
-            t["dims"],
-            t["B"],
-            t["width"],
-            F32,
-        ),
+        pool_args(t),
         test_utils=OPCHECK_UTILS,
     )
     occ, order = occurrences(t)
     grad = torch.randn(t["B"], t["width"], device=device)
     torch.library.opcheck(
         ops().embedding_update.default,
-        (
-            seg0,
-            seg1,
-            grad,
-            offsets,
-            occ,
-            order,
-            t["bag"],
-            t["weights"],
-            t["cols"],
-            t["dims"],
-            t["B"],
-            F32,
-            SGD,
-            0.1,
-            1e-8,
-            0.9,
-            0.999,
-            0.0,
-            0,
-            1,
-            -0.5,
-            0.0,
-            0.0,
-            0.0,
-        ),
+        update_args(t, grad, occ, order),
         test_utils=("test_schema", "test_faketensor"),
     )
 

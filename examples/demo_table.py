@@ -1,5 +1,5 @@
 """A short demonstration of the scored hash table alone (the main job,
-tools/train_dlrm.py, trains a model on it).
+examples/train_dlrm.py, trains a model on it).
 
 Streams batches of power-law distributed 64-bit ids through a table that is
 too small for them: every batch is a find-or-insert scored by the step
@@ -7,7 +7,7 @@ too small for them: every batch is a find-or-insert scored by the step
 device counters report size, evictions and insert failures. Runs on the GPU
 when there is one, else on the CPU.
 
-    python tools/demo_table.py [--steps 200] [--batch 65536] [--capacity 262144]
+    python examples/demo_table.py [--steps 200] [--batch 65536] [--capacity 262144]
 """
 
 import argparse
