@@ -2,6 +2,7 @@
 
     pip install --no-build-isolation -e .        # or: pip install --no-build-isolation .
     python setup.py build_ext --inplace          # puts dynamicemb/_C*.so in the tree
+    python -m build --no-isolation               # sdist and wheel into dist/
 
 The C++/CUDA sources are the ones Bazel compiles, read from cc/sources.bzl.
 The CUDA sources (`cuda_srcs` of cc/sources.bzl) are built when torch has
@@ -9,9 +10,14 @@ CUDA (torch.version.cuda) and nvcc is found; otherwise a CPU-only extension is b
 
 Environment:
     DEMB_BUILD_CUDA=0|1   force the CPU-only build, or fail unless CUDA can be built
-    DEMB_CUDA_ARCHS       GPU archs, e.g. "80;90" (default), "90", "8.0 9.0", "sm_90a"
+    DEMB_CUDA_ARCHS       GPU archs, e.g. "90", "8.0 9.0", "sm_90a" (default: CUDA_ARCHS
+                          of cc/sources.bzl)
     CUDA_HOME/CUDA_PATH   the CUDA toolkit (default: /usr/local/cuda, or nvcc on PATH)
     MAX_JOBS              parallel compile jobs (ninja)
+    DEMB_STRIP=0          keep the extension's symbol table (it is stripped by default)
+
+A wheel requires the torch release it was built against (the extension is bound
+to its C++ ABI); an sdist requires torch >= MIN_TORCH, the oldest it builds with.
 """
 
 import os
@@ -26,12 +32,26 @@ ROOT = os.path.dirname(os.path.abspath(__file__))
 
 # torch 2.13's headers need C++20; older torch (2.11 on the GPU machine) is
 # built as C++17, and the extension follows it.
+# The oldest torch the sources build and run with (an sdist's requirement).
+MIN_TORCH = "2.11"
+
+# What the wheel and the sdist require besides torch: dynamicemb.admission reads and
+# writes its counter files through numpy (torch does not require it).
+REQUIRES = ["numpy"]
+
+
+def torch_requirement(torch, for_sdist):
+    """torch pinned to the release being built against (local tag such as
+    +cu130 dropped: pip matches it for any build of that release), or for an
+    sdist, the range it can be built with."""
+    if for_sdist:
+        return "torch>=" + MIN_TORCH
+    return "torch==" + torch.__version__.split("+")[0]
+
+
 def cxx_std(torch):
     major, minor = (int(x) for x in torch.__version__.split(".")[:2])
     return "-std=c++20" if (major, minor) >= (2, 13) else "-std=c++17"
-
-
-DEFAULT_CUDA_ARCHS = "80;90"
 
 
 def read_sources():
@@ -104,7 +124,8 @@ def extension_modules():
     with_cuda = build_cuda_wanted(torch)
     from torch.utils import cpp_extension
 
-    packages = read_sources()["PACKAGES"]
+    sources_bzl = read_sources()
+    packages = sources_bzl["PACKAGES"]
     sources = [os.path.join(d, f) for d, p in packages.items() for f in p["cpu_srcs"]]
     depends = [os.path.join(d, f) for d, p in packages.items() for f in p["hdrs"]]
     depends.append("cc/sources.bzl")
@@ -119,7 +140,7 @@ def extension_modules():
     if with_cuda:
         sources += [os.path.join(d, f) for d, p in packages.items() for f in p["cuda_srcs"]]
         macros.append(("DEMB_WITH_CUDA", "1"))
-        archs = os.environ.get("DEMB_CUDA_ARCHS") or DEFAULT_CUDA_ARCHS
+        archs = os.environ.get("DEMB_CUDA_ARCHS") or ";".join(sources_bzl["CUDA_ARCHS"])
         nvcc_flags = ["-O3", std, "--expt-relaxed-constexpr", "-Xcompiler=-Wall,-Wextra"]
         nvcc_flags += gencode_flags(archs)
         kwargs["extra_compile_args"] = {"cxx": cxx_flags, "nvcc": nvcc_flags}
@@ -133,6 +154,10 @@ def extension_modules():
         ext_class = cpp_extension.CppExtension
         print("setup.py: building dynamicemb._C for CPU only")
 
+    if os.environ.get("DEMB_STRIP", "1") != "0":
+        # No symbol table or debug info in the installed extension;
+        # the dynamic symbols Python and torch resolve are kept.
+        kwargs["extra_link_args"] = ["-Wl,--strip-all"]
     if sys.platform.startswith("linux"):
         # The shared libstdc++ by its file name, ahead of torch's libraries: a
         # toolchain that finds only the static archive for -lstdc++ would give
@@ -146,7 +171,7 @@ def extension_modules():
         define_macros=macros,
         **kwargs,
     )
-    return [ext], cpp_extension.BuildExtension
+    return [ext], cpp_extension.BuildExtension, torch
 
 
 def link_with_cxx():
@@ -172,10 +197,13 @@ def link_with_cxx():
 def main():
     os.chdir(ROOT)  # the source paths are relative to the project root
     link_with_cxx()
-    ext_modules, build_ext = extension_modules()
+    ext_modules, build_ext, torch = extension_modules()
+    for_sdist = "sdist" in sys.argv[1:]
     setup(
         ext_modules=ext_modules,
         cmdclass={"build_ext": build_ext},
+        # pyproject.toml declares the dependencies dynamic; the extras are there.
+        install_requires=[torch_requirement(torch, for_sdist)] + REQUIRES,
     )
 
 

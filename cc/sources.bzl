@@ -1,9 +1,14 @@
-"""The one list of C++/CUDA sources of the extension.
+"""The one list of C++/CUDA sources of the extension, and the GPUs they are built for.
 
 Read by the Bazel BUILD files (load) and by setup.py (exec), so both builds
-compile exactly the same files. Keep it to plain literals: setup.py evaluates
-it as Python.
+compile exactly the same files for the same GPUs. Keep it to plain literals:
+setup.py evaluates it as Python.
 """
+
+# Compute capabilities the device code is compiled for (SASS) unless the build
+# is told otherwise (setup.py: DEMB_CUDA_ARCHS; Bazel: --@rules_cuda//cuda:archs):
+# A100 (8.0) and H100/H200 (9.0).
+CUDA_ARCHS = ["80", "90"]
 
 # Paths are relative to each package directory.
 

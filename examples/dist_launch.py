@@ -1,7 +1,8 @@
-"""What the multi-process scripts (examples/train_dlrm.py, the benchmarks
-tools/bench/sharded_ec_bench.py and checkpoint_bench.py) share: the --device
-and --world-size arguments, free ports, one process per rank (NCCL on GPU
-``rank``, or gloo on the CPU), and a model planned and sharded over them.
+"""What the multi-process scripts (examples/train_dlrm.py and serve_replica.py,
+the benchmarks tools/bench/sharded_ec_bench.py and checkpoint_bench.py) share:
+the --device and --world-size arguments, free ports, one process per rank
+(NCCL on GPU ``rank``, or gloo on the CPU), the model of one embedding
+collection, and a model planned and sharded over them.
 """
 
 import argparse
@@ -11,6 +12,19 @@ import socket
 
 import torch
 import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+class EcModel(torch.nn.Module):
+    """A model of one embedding collection, ``ec``: what the planner shards
+    and the checkpoint API finds the dynamic tables in."""
+
+    def __init__(self, ec) -> None:
+        super().__init__()
+        self.ec = ec
+
+    def forward(self, kjt):
+        return self.ec(kjt)
 
 
 def add_device_args(ap: argparse.ArgumentParser, has_gpu: bool) -> None:
@@ -103,6 +117,14 @@ def plan_and_shard(model: torch.nn.Module, planner, sharder, device: torch.devic
         sharders=[sharder],
     )
     return sharded, plan
+
+
+def spawn(fn, args, *more) -> None:
+    """Runs ``fn(rank, args.world_size, port, args, *more)`` in one process per
+    rank and waits for them all."""
+    mp.spawn(
+        fn, args=(args.world_size, free_port(), args, *more), nprocs=args.world_size, join=True
+    )
 
 
 def run_alone(fn, args) -> None:

@@ -33,22 +33,12 @@ import time
 import dist_launch  # examples/dist_launch.py, next to this script
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 TABLES = ("user", "item")
 DIM = 16
 KEY_SPACE = 200_000
 ROWS_PER_RANK = 4096  # of the job's tables: far fewer than the ids they see
 FOLLOWER_ROWS = 65_536  # of the replica's tables: room for all the job holds
-
-
-class Model(torch.nn.Module):
-    def __init__(self, ec) -> None:
-        super().__init__()
-        self.ec = ec
-
-    def forward(self, kjt):
-        return self.ec(kjt)
 
 
 def build(world: int, device: torch.device, rows: int, training: bool):
@@ -103,7 +93,7 @@ def build(world: int, device: torch.device, rows: int, training: bool):
         batch_size=256,
         debug=False,
     )
-    model = Model(collection)
+    model = dist_launch.EcModel(collection)
     plan = planner.collective_plan(model, [sharder], dist.group.WORLD)
     return DistributedModelParallel(
         model,
@@ -177,12 +167,7 @@ def _train_rank(rank: int, world: int, port: int, args) -> None:
 
 
 def train(args) -> int:
-    mp.spawn(
-        _train_rank,
-        args=(args.world_size, dist_launch.free_port(), args),
-        nprocs=args.world_size,
-        join=True,
-    )
+    dist_launch.spawn(_train_rank, args)
     return 0
 
 

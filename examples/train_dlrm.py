@@ -41,7 +41,6 @@ from typing import Any
 import dist_launch  # examples/dist_launch.py, next to this script
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 # ------------------------------------------------------------------ features --
 
@@ -822,12 +821,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     with tempfile.TemporaryDirectory() as tmp:
         result_path = args.summary_json or os.path.join(tmp, "summary.json")
-        mp.spawn(
-            _worker,
-            args=(args.world_size, dist_launch.free_port(), args, result_path),
-            nprocs=args.world_size,
-            join=True,
-        )
+        dist_launch.spawn(_worker, args, result_path)
         with open(result_path) as f:
             summary = json.load(f)
     fell = summary["train_loss_last"] < summary["train_loss_first"]

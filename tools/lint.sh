@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The lint gate: ruff (lint and format) for Python, clang-format for C++/CUDA,
-# buildifier for BUILD/.bzl files. .ci/run runs it before the tests; alone it takes
-# seconds once tools/setup_env.sh has installed the tools.
+# buildifier for BUILD/.bzl files (and that C++/CUDA rules come from //bazel:defs.bzl).
+# .ci/run runs it before the tests; alone it takes seconds once tools/setup_env.sh has
+# installed the tools.
 #
 #   bash tools/lint.sh          check; exits non-zero on any finding
 #   bash tools/lint.sh --fix    rewrite the files in place (format + safe lint fixes)
@@ -52,6 +53,18 @@ run "$RUFF" format --check -q .
 run "$CLANG_FORMAT" --dry-run -Werror "${cxx[@]}"
 run "$BUILDIFIER" -mode=check -lint=warn "${bzl_ours[@]}"
 run "$BUILDIFIER" -mode=check "${bzl_offline[@]}"
+# dynamicemb's C++ and CUDA targets take their rules from //bazel:defs.bzl, which adds
+# the C++ standard and CUDA archs the code needs wherever it is built (docs/building.md);
+# only //bazel itself and the example of another workspace load the rule sets directly.
+direct_rules() {
+  grep -lE 'load\("@rules_(cc//cc|cuda//cuda):defs\.bzl"' "${bzl_ours[@]}" |
+    grep -vE '^(bazel|examples)/' || true
+}
+mapfile -t direct < <(direct_rules)
+if ((${#direct[@]})); then
+  echo "lint: load cc_* and cuda_library from //bazel:defs.bzl, not @rules_cc or @rules_cuda: ${direct[*]}" >&2
+  status=1
+fi
 if ((status)); then
   echo "lint: FAILED (bash tools/lint.sh --fix rewrites what can be fixed automatically)" >&2
 else

@@ -57,8 +57,8 @@ TORCH=torch==2.13.0
 FBGEMM=fbgemm-gpu-cpu==1.8.0
 TORCHREC=torchrec==1.8.0
 TORCHREC_REQS=(tensordict==0.15.3 torchmetrics==1.0.3 tqdm==4.70.1 pyre-extensions==0.0.32)
-TOOLS=(numpy pybind11 pytest hypothesis numba opentelemetry-api opentelemetry-sdk
-  opentelemetry-exporter-prometheus ninja ruff==0.17.6 clang-format==23.1.5)
+TOOLS=(numpy pytest hypothesis numba opentelemetry-api opentelemetry-sdk
+  opentelemetry-exporter-prometheus ninja build==1.6.1 ruff==0.17.6 clang-format==23.1.5)
 BUILDIFIER=@bazel/buildifier@8.2.1
 
 # The stamp records what was installed; when it matches and the imports work, skip pip.
@@ -66,7 +66,7 @@ STAMP_CONTENT="$TORCH $FBGEMM $TORCHREC ${TORCHREC_REQS[*]} ${TOOLS[*]} $BUILDIF
 STAMP=$VENV/.dynamicemb-setup
 CHECK='
 import sys
-import torch, fbgemm_gpu, torchrec, numpy, pybind11, pytest, hypothesis, numba, ninja
+import torch, fbgemm_gpu, torchrec, numpy, pytest, hypothesis, numba, ninja, build
 import opentelemetry.sdk, opentelemetry.exporter.prometheus
 print("setup_env: torch %s, fbgemm_gpu %s, torchrec %s" % (
     torch.__version__, fbgemm_gpu.__version__, torchrec.__version__), file=sys.stderr)

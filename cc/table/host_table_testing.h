@@ -1,7 +1,8 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 //
-// Test support: a fused table held in host vectors, for the gtests of the
-// shared semantics and of the CPU backend.
+// Test support: a fused table held in host vectors and the outputs of one
+// run-wise operation on it, for the gtests of the shared semantics and of the
+// CPU backend, and for tests of code that uses the table.
 #pragma once
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include "cc/table/layout.h"
 #include "cc/table/operations.h"
 #include "cc/table/rows.h"
+#include "cc/table/table_ref.h"
 
 namespace dyn_emb {
 namespace table {
@@ -74,6 +76,50 @@ struct HostTable {
     t.num_slots = static_cast<int64_t>(keys.size());
     t.num_free_rows = static_cast<int64_t>(free_rows.size());
     return t;
+  }
+};
+
+/// The outputs of one run-wise operation (insert, insert_and_evict, erase) on
+/// n keys, and the RunArgs that write them.
+struct RunOutputs {
+  std::vector<int64_t> slots, ev_keys, ev_scores, ev_slots, ev_tables, row_work;
+  std::vector<int8_t> status;
+  std::vector<uint8_t> ev_flags;
+  std::vector<int32_t> order;
+
+  /// Sizes the buffers for n keys of a table with `num_scores` score words;
+  /// `unwritten` fills the slots, so a test sees one no operation wrote.
+  void reset(int64_t n, int32_t num_scores, int64_t unwritten = -1) {
+    slots.assign(n, unwritten);
+    status.assign(n, -1);
+    ev_keys.assign(n, 0);
+    ev_scores.assign(n * num_scores, 0);
+    ev_slots.assign(n, 0);
+    ev_tables.assign(n, 0);
+    ev_flags.assign(n, 0);
+    row_work.assign(n, -1);
+    order.assign(n, 0);
+  }
+
+  /// `op` on the keys and table ids (by index, as many as reset was given)
+  /// with `score`, writing into these buffers; `order` is the caller's or the
+  /// backend's to fill.
+  RunArgs args(RunOp op, const int64_t* keys, const int64_t* table_ids, const ScoreArgs& score) {
+    RunArgs r;
+    r.keys = keys;
+    r.table_ids = table_ids;
+    r.order = order.data();
+    r.score = score;
+    r.op = op;
+    r.slots = slots.data();
+    r.status = status.data();
+    r.ev_keys = ev_keys.data();
+    r.ev_scores = ev_scores.data();
+    r.ev_slots = ev_slots.data();
+    r.ev_tables = ev_tables.data();
+    r.ev_flags = ev_flags.data();
+    r.row_work = row_work.data();
+    return r;
   }
 };
 

@@ -26,46 +26,22 @@ using ::testing::ElementsAre;
 
 // Runs one batch sequentially: the prefind pass (resident_slot), then
 // process_run per run.
-struct Batch {
-  std::vector<int64_t> keys, tables, slots, ev_keys, ev_scores, ev_slots, ev_tables, row_work;
-  std::vector<int32_t> order;
-  std::vector<int8_t> status;
-  std::vector<uint8_t> ev_flags;
+struct Batch : RunOutputs {
+  std::vector<int64_t> keys, tables;
 
   const double* victim_scores = nullptr;
 
   void run(HostTable& h, RunOp op, ScoreArgs a) {
     const int64_t n = static_cast<int64_t>(keys.size());
     if (tables.empty()) tables.assign(n, 0);
-    slots.assign(n, -7);
-    status.assign(n, -1);
-    ev_keys.assign(n, 0);
-    ev_scores.assign(n * h.num_scores, 0);
-    ev_slots.assign(n, 0);
-    ev_tables.assign(n, 0);
-    ev_flags.assign(n, 0);
-    row_work.assign(n, -1);
+    reset(n, h.num_scores, /*unwritten=*/-7);
     TableRef t = h.ref();
     std::vector<int64_t> sk(n);
     for (int64_t i = 0; i < n; ++i) sk[i] = sort_key_of(t, keys[i], tables[i]);
-    order.resize(n);
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(),
                      [&](int32_t x, int32_t y) { return sk[x] < sk[y]; });
-    RunArgs r;
-    r.keys = keys.data();
-    r.table_ids = tables.data();
-    r.order = order.data();
-    r.score = a;
-    r.op = op;
-    r.slots = slots.data();
-    r.status = status.data();
-    r.ev_keys = ev_keys.data();
-    r.ev_scores = ev_scores.data();
-    r.ev_slots = ev_slots.data();
-    r.ev_tables = ev_tables.data();
-    r.ev_flags = ev_flags.data();
-    r.row_work = row_work.data();
+    RunArgs r = args(op, keys.data(), tables.data(), a);
     r.victim_scores = victim_scores;
     // The prefind pass: the slots of the keys in the table when the call starts.
     for (int64_t i = 0; i < n; ++i) slots[i] = resident_slot(t, keys[i], tables[i]);

@@ -22,11 +22,8 @@ namespace dyn_emb {
 namespace table {
 namespace {
 
-struct Out {
-  std::vector<int64_t> slots, ev_keys, ev_scores, ev_slots, ev_tables, row_work, scratch;
-  std::vector<int8_t> status;
-  std::vector<uint8_t> flags;
-  std::vector<int32_t> order;
+struct Out : RunOutputs {
+  std::vector<int64_t> scratch;
   int64_t evicted = 0;
 };
 
@@ -34,33 +31,14 @@ Out run(HostTable& s, RunOp op, const std::vector<int64_t>& keys,
         const std::vector<int64_t>& tables, const std::vector<int64_t>& score_values) {
   const int64_t n = static_cast<int64_t>(keys.size());
   Out o;
-  o.slots.assign(n, 0);
-  o.status.assign(n, 0);
-  o.ev_keys.assign(n, 0);
-  o.ev_scores.assign(n * s.num_scores, 0);
-  o.ev_slots.assign(n, 0);
-  o.ev_tables.assign(n, 0);
-  o.row_work.assign(n, 0);
+  o.reset(n, s.num_scores);
   o.scratch.assign(n, 0);
-  o.flags.assign(n, 0);
-  o.order.assign(n, 0);
-  RunArgs r;
-  r.keys = keys.data();
-  r.table_ids = tables.data();
-  r.order = o.order.data();
+  ScoreArgs a;
   for (int c = 0; c < s.num_scores; ++c)
-    r.score.policy[c] = static_cast<int32_t>(ScorePolicy::kAccumulate);
-  r.score.values = score_values.data();
-  r.score.value_row_stride = s.num_scores;
-  r.op = op;
-  r.slots = o.slots.data();
-  r.status = o.status.data();
-  r.ev_keys = o.ev_keys.data();
-  r.ev_scores = o.ev_scores.data();
-  r.ev_slots = o.ev_slots.data();
-  r.ev_tables = o.ev_tables.data();
-  r.ev_flags = o.flags.data();
-  r.row_work = o.row_work.data();
+    a.policy[c] = static_cast<int32_t>(ScorePolicy::kAccumulate);
+  a.values = score_values.data();
+  a.value_row_stride = s.num_scores;
+  const RunArgs r = o.args(op, keys.data(), tables.data(), a);
   o.evicted = cpu::run_op(s.ref(), r, n, s.total_buckets(), o.scratch.data());
   return o;
 }

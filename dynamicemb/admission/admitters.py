@@ -28,7 +28,19 @@ def _frequencies(keys: torch.Tensor, frequencies: torch.Tensor | None) -> torch.
     return frequencies
 
 
-class MultiTableFrequencyAdmitter(MultiTableAdmitter):
+class _OwnInitializer(MultiTableAdmitter):
+    """An admitter whose rejected rows the given initializer writes (None: the
+    tables' own initializers)."""
+
+    def __init__(self, initializer: MultiTableInitializer | None) -> None:
+        self._initializer = initializer
+
+    @property
+    def non_admitted_initializer(self) -> MultiTableInitializer | None:
+        return self._initializer
+
+
+class MultiTableFrequencyAdmitter(_OwnInitializer):
     """Admits a missing key once its count reaches the threshold.
 
     A key's count is what the counter accumulated for it plus this batch's
@@ -49,9 +61,9 @@ class MultiTableFrequencyAdmitter(MultiTableAdmitter):
         counter: MultiTableKVCounter,
         initializer: MultiTableInitializer | None = None,
     ) -> None:
+        super().__init__(initializer)
         self.threshold = int(threshold)
         self.counter = counter
-        self._initializer = initializer
 
     def admit(
         self,
@@ -67,12 +79,8 @@ class MultiTableFrequencyAdmitter(MultiTableAdmitter):
     def state(self) -> Counter:
         return self.counter
 
-    @property
-    def non_admitted_initializer(self) -> MultiTableInitializer | None:
-        return self._initializer
 
-
-class MultiTableProbabilisticAdmitter(MultiTableAdmitter):
+class MultiTableProbabilisticAdmitter(_OwnInitializer):
     """Admits each occurrence of a missing key with a fixed probability.
 
     A key occurring k times in a batch gets k tosses, i.e. one toss against
@@ -85,8 +93,8 @@ class MultiTableProbabilisticAdmitter(MultiTableAdmitter):
         probability (float): in (0, 1].
         device (torch.device): where the tosses are drawn.
         seed (int): the generator's seed.
-        initializer (Optional[MultiTableInitializer]): writes the rows of
-            rejected keys; None for the tables' own initializers.
+        initializer (Optional[MultiTableInitializer]): as for
+            ``MultiTableFrequencyAdmitter``.
     """
 
     def __init__(
@@ -96,11 +104,11 @@ class MultiTableProbabilisticAdmitter(MultiTableAdmitter):
         seed: int,
         initializer: MultiTableInitializer | None = None,
     ) -> None:
+        super().__init__(initializer)
         self.probability = float(probability)
         self._log_reject = math.log1p(-self.probability) if self.probability < 1.0 else None
         self.generator = torch.Generator(device=torch.device(device))
         self.generator.manual_seed(int(seed))
-        self._initializer = initializer
 
     def admit(
         self,
@@ -115,7 +123,3 @@ class MultiTableProbabilisticAdmitter(MultiTableAdmitter):
         )
         k = _frequencies(keys, frequencies).to(torch.float64)
         return draws < -torch.expm1(k * self._log_reject)
-
-    @property
-    def non_admitted_initializer(self) -> MultiTableInitializer | None:
-        return self._initializer

@@ -10,6 +10,7 @@ is the reference the CUDA one is tested against.
 """
 
 import contextlib
+import io
 import os
 import warnings
 from collections.abc import Sequence
@@ -25,7 +26,14 @@ from dynamicemb.table import ScoredHashTable, enums
 from dynamicemb.table._native import constants, ops
 from dynamicemb.types import Counter, KVCounter, MemoryType
 
-__all__ = ["MultiTableKVCounter", "check_kv_counter"]
+__all__ = [
+    "MultiTableKVCounter",
+    "check_kv_counter",
+    "counter_entries",
+    "counter_key_type",
+    "parse_counter_files",
+    "replace_counter_entries",
+]
 
 # release_at of a plain add: no count reaches it.
 _NEVER = 2**63 - 1
@@ -264,39 +272,9 @@ class MultiTableKVCounter(Counter):
                 changed then.
         """
         table_id = self._check_table_id(table_id)
-        key_np = torch.empty(0, dtype=self.key_type).numpy().dtype
         with _open(key_file, "rb") as kf, _open(counter_file, "rb") as cf:
-            key_bytes, count_bytes = kf.read(), cf.read()
-        item = np.dtype(np.int64).itemsize
-        if len(key_bytes) % key_np.itemsize or len(count_bytes) % item:
-            raise ValueError(
-                f"MultiTableKVCounter.load: the key file ({len(key_bytes)} bytes) must hold "
-                f"whole {key_np} keys and the counter file ({len(count_bytes)} bytes) whole "
-                "int64 counts"
-            )
-        keys = torch.from_numpy(np.frombuffer(key_bytes, dtype=key_np).astype(np.int64))
-        counts = torch.from_numpy(np.frombuffer(count_bytes, dtype=np.int64).copy())
-        if keys.numel() != counts.numel():
-            raise ValueError(
-                f"MultiTableKVCounter.load: {keys.numel()} keys but {counts.numel()} counts"
-            )
-        first_valid = int(constants()["FIRST_VALID_KEY"])
-        for bad, what in (
-            (keys < first_valid, "is reserved"),
-            (counts < 0, "has a negative count"),
-        ):
-            if bool(bad.any()):
-                i = int(bad.nonzero()[0])
-                raise ValueError(
-                    f"MultiTableKVCounter.load: key {int(keys[i])} at index {i} {what} "
-                    f"(count {int(counts[i])})"
-                )
-        uniq, inverse, repeats = torch.unique(keys, return_inverse=True, return_counts=True)
-        if uniq.numel() != keys.numel():
-            i = int((repeats[inverse] > 1).nonzero()[0])
-            raise ValueError(
-                f"MultiTableKVCounter.load: key {int(keys[i])} at index {i} appears "
-                f"{int(repeats[inverse[i]])} times"
+            keys, counts = parse_counter_files(
+                kf.read(), cf.read(), self.key_type, "MultiTableKVCounter.load"
             )
         if keys.numel() == 0:
             return
@@ -323,3 +301,84 @@ def _open(f, mode: str):
             yield opened
     else:
         yield f
+
+
+# ----------------------------------------------- counters in checkpoints --
+# What the checkpoint and a load's rollback know of a Counter, through the
+# spec's interface only (dump, load, erase): its dump writes a flat array of
+# its keys (at its ``key_type``; int64 for a counter without one) and their
+# counts as int64, in the same order; its load reads the same.
+
+
+def counter_key_type(counter: Counter) -> torch.dtype:
+    """The dtype of the keys ``counter.dump`` writes: its ``key_type``, int64
+    for a counter that has none."""
+    return getattr(counter, "key_type", torch.int64)
+
+
+def parse_counter_files(
+    key_bytes: bytes, count_bytes: bytes, key_type: torch.dtype, where: str = "counter files"
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The (n) int64 keys and (n) int64 counts of a counter's dump.
+
+    Raises:
+        ValueError: the sizes do not hold whole, equally many entries, a key
+            is reserved or repeated, or a count is negative (each named).
+    """
+    key_np = torch.empty(0, dtype=key_type).numpy().dtype
+    item = np.dtype(np.int64).itemsize
+    if len(key_bytes) % key_np.itemsize or len(count_bytes) % item:
+        raise ValueError(
+            f"{where}: the key file ({len(key_bytes)} bytes) must hold whole {key_np} keys and "
+            f"the counter file ({len(count_bytes)} bytes) whole int64 counts"
+        )
+    keys = torch.from_numpy(np.frombuffer(key_bytes, dtype=key_np).astype(np.int64))
+    counts = torch.from_numpy(np.frombuffer(count_bytes, dtype=np.int64).copy())
+    if keys.numel() != counts.numel():
+        raise ValueError(f"{where}: {keys.numel()} keys but {counts.numel()} counts")
+    check_counter_entries(keys, counts, where)
+    return keys, counts
+
+
+def check_counter_entries(keys: torch.Tensor, counts: torch.Tensor, where: str) -> None:
+    """Raises ValueError naming the first reserved or repeated key or
+    negative count."""
+    first_valid = int(constants()["FIRST_VALID_KEY"])
+    for bad, what in (
+        (keys < first_valid, "is reserved"),
+        (counts < 0, "has a negative count"),
+    ):
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            raise ValueError(
+                f"{where}: key {int(keys[i])} at index {i} {what} (count {int(counts[i])})"
+            )
+    uniq, inverse, repeats = torch.unique(keys, return_inverse=True, return_counts=True)
+    if uniq.numel() != keys.numel():
+        i = int((repeats[inverse] > 1).nonzero()[0])
+        raise ValueError(
+            f"{where}: key {int(keys[i])} at index {i} appears {int(repeats[inverse[i]])} times"
+        )
+
+
+def counter_entries(counter: Counter, table_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One table's (n) int64 keys and (n) int64 counts, through ``dump``."""
+    kf, cf = io.BytesIO(), io.BytesIO()
+    counter.dump(kf, cf, table_id)
+    return parse_counter_files(
+        kf.getvalue(), cf.getvalue(), counter_key_type(counter), f"{type(counter).__name__}.dump"
+    )
+
+
+def replace_counter_entries(
+    counter: Counter, table_id: int, keys: torch.Tensor, counts: torch.Tensor
+) -> None:
+    """Makes ``keys`` with ``counts`` one table's only entries: erases the
+    keys it counts (``erase``), then ``load``s these."""
+    old, _ = counter_entries(counter, table_id)
+    if old.numel():
+        counter.erase(old, torch.full_like(old, table_id))
+    key_np = torch.empty(0, dtype=counter_key_type(counter)).numpy().dtype
+    kf = io.BytesIO(keys.cpu().numpy().astype(key_np).tobytes())
+    cf = io.BytesIO(counts.cpu().to(COUNT_DTYPE).numpy().tobytes())
+    counter.load(kf, cf, table_id)

@@ -10,10 +10,13 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from dynamicemb.admission.counters import counter_key_type
 from dynamicemb.checkpoint import files
 from dynamicemb.checkpoint.comm import Group
 from dynamicemb.checkpoint.layout import (
     CHECKSUM_BLOCK_BYTES,
+    COUNTER_KEYS,
+    COUNTER_VALUES,
     FORMAT_NAME,
     FORMAT_VERSION,
     KEYS,
@@ -96,6 +99,15 @@ def _write_table(
             rows += n
         for fut in pending:
             fut.result()
+        counter = ref.counter
+        if counter is not None:  # its keys and counts, through Counter.dump
+            for k in (COUNTER_KEYS, COUNTER_VALUES):
+                writers[k] = files.CheckedWriter(
+                    os.path.join(folder, shard_file(ref.name, k, rank, world)),
+                    CHECKSUM_BLOCK_BYTES,
+                )
+            counter.dump(writers[COUNTER_KEYS], writers[COUNTER_VALUES], t)
+            progress.update(writers[COUNTER_KEYS].nbytes + writers[COUNTER_VALUES].nbytes)
         infos = {k: w.close() for k, w in writers.items()}
     except BaseException:
         for fut in pending:
@@ -106,9 +118,16 @@ def _write_table(
     return Shard(rank=rank, rows=rows, files=infos)
 
 
-def table_meta(ref: TableRef, optim: bool, world: int, shards: list[Shard]) -> TableMeta:
-    """A table's meta JSON (``world`` 0 and no shards: DCP's, see dcp.py)."""
+def table_meta(
+    ref: TableRef, optim: bool, world: int, shards: list[Shard], counters: bool = False
+) -> TableMeta:
+    """A table's meta JSON (``world`` 0 and no shards: DCP's, see dcp.py);
+    ``counters``: the shards hold the table's admission counter files."""
     module, t = ref.module, ref.index
+    counter = None
+    if counters and ref.counter is not None:
+        item = counter_key_type(ref.counter).itemsize
+        counter = ref.counter_description(sum(s.files[COUNTER_KEYS].nbytes // item for s in shards))
     sd = module.state_dim(t) if optim else 0
     cols = module.checkpoint_score_columns()
     return TableMeta(
@@ -124,6 +143,7 @@ def table_meta(ref: TableRef, optim: bool, world: int, shards: list[Shard]) -> T
         num_embeddings=ref.num_embeddings,
         world_size=world,
         shards=sorted(shards, key=lambda s: s.rank),
+        admission_counter=counter,
         delta_sequence=module.delta_sequence[t],
     )
 
@@ -138,6 +158,23 @@ def check_world(refs: list[TableRef], group: Group) -> None:
             )
 
 
+def tables_of(
+    model: torch.nn.Module,
+    table_names: dict[str, list[str]] | list[str] | None,
+    group: Group,
+    api: str,
+) -> list[TableRef] | None:
+    """The dynamic tables ``api`` (``DynamicEmbDump`` or ``DynamicEmbLoad``) is
+    asked for, checked against ``group``; None, with a warning, where the model
+    has none."""
+    refs = select(dynamic_tables(model), table_names)
+    if not refs:
+        warnings.warn(f"{api}: the model has no dynamic embedding tables", stacklevel=4)
+        return None
+    check_world(refs, group)
+    return refs
+
+
 def dump(
     path: str,
     model: torch.nn.Module,
@@ -148,11 +185,9 @@ def dump(
 ) -> DumpReport | None:
     """``DynamicEmbDump``, returning what was written (None: no dynamic table)."""
     group = Group(pg)
-    refs = select(dynamic_tables(model), table_names)
-    if not refs:
-        warnings.warn("DynamicEmbDump: the model has no dynamic embedding tables", stacklevel=3)
+    refs = tables_of(model, table_names, group, "DynamicEmbDump")
+    if refs is None:
         return None
-    check_world(refs, group)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     error, tmp = None, None
@@ -197,7 +232,9 @@ def dump(
                 collections: dict[str, dict[str, dict]] = {}
                 for ref in refs:
                     key = (ref.collection, ref.name)
-                    meta = table_meta(ref, optim, group.world_size, [g[key] for g in gathered])
+                    meta = table_meta(
+                        ref, optim, group.world_size, [g[key] for g in gathered], counters=True
+                    )
                     info = files.write_small(
                         os.path.join(tmp, ref.collection), meta_file(ref.name), meta.encode()
                     )

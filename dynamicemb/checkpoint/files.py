@@ -135,17 +135,22 @@ def _siblings(path: str, tag: str) -> list[str]:
     return [os.path.join(parent, n) for n in sorted(os.listdir(parent)) if n.startswith(base + tag)]
 
 
+def _read_whole(path: str, prefix: str) -> bytes:
+    """All of ``path``; a missing file is a ``CheckpointError`` that starts
+    with ``prefix``."""
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except FileNotFoundError:
+        raise CheckpointError(f"{prefix}{path} does not exist") from None
+
+
 def read_manifest(folder: str, manifest: str = MANIFEST, **fmt) -> dict[str, Any]:
     """The checked body of ``folder``'s manifest (a checkpoint's, unless
     ``manifest`` and ``fmt``, ``decode_manifest``'s format and version, say
     otherwise)."""
     where = os.path.join(folder, manifest)
-    try:
-        with open(where, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise CheckpointError(f"{where} does not exist") from None
-    return decode_manifest(data, where, **fmt)
+    return decode_manifest(_read_whole(where, ""), where, **fmt)
 
 
 def _complete(folder: str) -> dict[str, Any] | None:
@@ -254,11 +259,7 @@ def write_small(folder: str, name: str, data: bytes) -> FileInfo:
 
 def read_small(folder: str, info: FileInfo | None, name: str, what: str) -> bytes:
     full = os.path.join(folder, name)
-    try:
-        with open(full, "rb") as f:
-            data = f.read()
-    except FileNotFoundError:
-        raise CheckpointError(f"{what}: {full} does not exist") from None
+    data = _read_whole(full, f"{what}: ")
     if info is not None and (len(data) != info.nbytes or [zlib.crc32(data)] != info.crc32):
         raise CheckpointError(
             f"{what}: {full} is corrupted or truncated ({len(data)} bytes, checksum mismatch "

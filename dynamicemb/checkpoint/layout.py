@@ -10,6 +10,8 @@ A checkpoint is a folder::
         <table>_values.rank_<r>.world_size_<W>    (n, embedding_dim) at embedding_dtype
         <table>_opt_values.rank_<r>.world_size_<W>  (n, optim_state_dim) at optim_state_dtype
         <table>_scores.rank_<r>.world_size_<W>    (n, num_scores) int64, score_strategy order
+        <table>_counter_keys.rank_<r>.world_size_<W>    (c) admission counter keys
+        <table>_counter_values.rank_<r>.world_size_<W>  (c) int64, their counts
 
 ``<collection>`` is the collection's module path in the model, the model
 itself being ``model`` (``model.sparse.ebc``). Every rank ``r`` of the
@@ -22,10 +24,15 @@ size and CRC-32 checksums (one per ``checksum_block_bytes`` block, zlib's
 CRC-32). The manifest lists the collections and tables with the size and
 checksum of each meta JSON, and carries a checksum of its own body.
 
-The format has room for what is not there yet: a file kind is any name in a
-shard's ``files`` (admission counters will add ``counter_keys`` and
-``counter_values``), and the meta JSON's ``admission_counter`` entry is
-reserved for the counter's description.
+The two counter files are there when the table has a frequency counter
+(its admitter's ``state()``): the keys waiting to be admitted that rank ``r``
+counted, at the counter's key dtype, and their counts, written by the
+counter's ``Counter.dump``. Their number ``c`` is not a shard's ``rows`` but
+follows from the files' sizes. The meta JSON's ``admission_counter``
+describes the counter (None: no counter files): its class, ``key_dtype``,
+``count_dtype`` (int64), the entries over all ranks, and the strategy's
+threshold and the table's counter share (``capacity``, ``bucket_capacity``)
+where the strategy has them.
 
 The legacy layout (written before the meta JSON existed) is one file per kind
 and table, ``<table>_keys`` / ``<table>_values`` / ``<table>_scores``
@@ -51,6 +58,9 @@ CHECKSUM_ALGORITHM = "crc32"
 
 # File kinds: (element dtype or None for the table's, columns key in meta).
 KEYS, VALUES, OPT_VALUES, SCORES = "keys", "values", "opt_values", "scores"
+# Admission counter files: the counted keys, and their counts.
+COUNTER_KEYS, COUNTER_VALUES = "counter_keys", "counter_values"
+COUNTER_KINDS = (COUNTER_KEYS, COUNTER_VALUES)
 
 _DTYPES = {
     "float32": torch.float32,
@@ -70,6 +80,20 @@ def dtype_name(dtype: torch.dtype) -> str:
         if d == dtype:
             return name
     raise ValueError(f"dtype {dtype} cannot be stored in a checkpoint")
+
+
+def key_dtype_name(dtype: torch.dtype) -> str:
+    """The name of an integer key dtype in a meta JSON (``int64``)."""
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        raise ValueError(f"key dtype {dtype} is not an integer dtype")
+    return str(dtype).removeprefix("torch.")
+
+
+def key_dtype_of(name: str, what: str) -> torch.dtype:
+    dtype = getattr(torch, str(name), None)
+    if not isinstance(dtype, torch.dtype) or dtype.is_floating_point or dtype.is_complex:
+        raise CheckpointError(f"{what}: unknown key dtype {name!r}")
+    return dtype
 
 
 def dtype_of(name: str, what: str) -> torch.dtype:
@@ -192,6 +216,8 @@ class TableMeta:
     checkpoint holds no optimizer state; ``score_strategy`` lists the score
     columns of the scores file (empty: no scores file, NO_EVICTION).
     ``legacy`` marks a table read from the legacy layout (never written).
+    ``admission_counter`` describes the table's admission counter, whose
+    keys and counts every shard has in its counter files (None: no counter).
     ``delta_sequence`` is the sequence number of the last incremental dump
     the table's rows reflect (dynamicemb.replication); None in checkpoints
     written before it was recorded.
@@ -238,6 +264,16 @@ class TableMeta:
         if kind == SCORES:
             return torch.int64, self.num_scores
         raise CheckpointError(f"table {self.table_name!r}: unknown file kind {kind!r}")
+
+    def counter_kinds(self) -> list[str]:
+        """The counter file kinds every shard has (none without a counter)."""
+        return list(COUNTER_KINDS) if self.admission_counter is not None else []
+
+    def counter_key_dtype(self) -> torch.dtype:
+        assert self.admission_counter is not None
+        return key_dtype_of(
+            self.admission_counter.get("key_dtype"), f"table {self.table_name!r} counter"
+        )
 
     def kinds(self) -> list[str]:
         kinds = [KEYS, VALUES]
@@ -305,8 +341,12 @@ class TableMeta:
             raise
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise CheckpointError(f"{where}: table meta is not valid ({e!r})") from None
+        if meta.admission_counter is not None:
+            if not isinstance(meta.admission_counter, dict):
+                raise CheckpointError(f"{where}: admission_counter is not an object")
+            meta.counter_key_dtype()
         for s in meta.shards:
-            missing = set(meta.kinds()) - set(s.files)
+            missing = set(meta.kinds() + meta.counter_kinds()) - set(s.files)
             if missing:
                 raise CheckpointError(
                     f"{where}: shard of rank {s.rank} lists no {sorted(missing)} file"

@@ -10,11 +10,20 @@ A load runs in three steps, each agreed on by all ranks before the next:
    verifying every block's CRC-32 before using it, sends each row to the
    rank that owns its key now (``route_keys`` with the table's current
    ``dist_type`` and world size) and keeps the rows it receives.
+   A table's admission counter entries (the counter files) are read the
+   same way and go to the rank that owns their key.
 3. Apply: each rank snapshots the modules it changes, empties the loaded
    tables and inserts the rows, highest score first and without eviction, so
    that a table that is now smaller keeps, per bucket, the keys its eviction
-   would keep; the others are reported as dropped. If any rank fails, every
-   rank restores its snapshot.
+   would keep; the others are reported as dropped. The loaded tables'
+   admission counters are emptied and given the checkpoint's entries
+   (``Counter.erase`` and ``Counter.load``). If any rank fails, every rank
+   restores its snapshot (rows and counters).
+
+Admission counters and checkpoints of other kinds: a checkpoint without
+counter files (dumped without admission, or legacy) loads into a table with
+admission with its counter emptied, and a warning; counter files loaded into
+a table without admission (a serving model, say) are ignored with a warning.
 
 Nothing is changed before step 3, and step 3 undoes itself on failure: a
 load that fails leaves the model as it was.
@@ -31,11 +40,19 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from dynamicemb.admission.counters import (
+    COUNT_DTYPE,
+    check_counter_entries,
+    counter_entries,
+    replace_counter_entries,
+)
 from dynamicemb.checkpoint import files
 from dynamicemb.checkpoint.comm import Group
-from dynamicemb.checkpoint.dump import IO_THREADS, check_world, chunk_rows
+from dynamicemb.checkpoint.dump import IO_THREADS, chunk_rows, tables_of
 from dynamicemb.checkpoint.layout import (
     CHECKSUM_BLOCK_BYTES,
+    COUNTER_KEYS,
+    COUNTER_VALUES,
     KEYS,
     OPT_VALUES,
     SCORES,
@@ -47,7 +64,7 @@ from dynamicemb.checkpoint.layout import (
     legacy_file,
     meta_file,
 )
-from dynamicemb.checkpoint.model import TableRef, dynamic_tables, optimizer_name, select
+from dynamicemb.checkpoint.model import TableRef, optimizer_name
 from dynamicemb.dynamicemb_config import DynamicEmbScoreStrategy
 from dynamicemb.embedding.score_function import evaluate_scores
 from dynamicemb.shard.routing import route_keys
@@ -83,6 +100,10 @@ class _Plan:
     folder: str
     with_state: bool  # the optimizer state is loaded
     optim: bool
+    # The table's admission counter: LOAD_COUNTER (files into a counter),
+    # CLEAR_COUNTER (no files: emptied), IGNORE_COUNTER (files, no counter);
+    # None: neither has one.
+    counter: str | None = None
 
     @property
     def what(self) -> str:
@@ -90,6 +111,8 @@ class _Plan:
 
 
 # ---------------------------------------------------------------- plan --
+
+LOAD_COUNTER, CLEAR_COUNTER, IGNORE_COUNTER = "load", "clear", "ignore"
 
 
 def _legacy_meta(folder: str, ref: TableRef) -> TableMeta:
@@ -218,7 +241,30 @@ def _plan(root: str, manifest: dict | None, ref: TableRef, optim: bool) -> _Plan
                     f"{shard.files[kind].name}, {shard.rows} rows need {want}"
                 )
         files.check_sizes(folder, list(shard.files.values()), ref.label)
-    return _Plan(ref, meta, folder, with_state, optim)
+    has_files = meta.admission_counter is not None
+    counter = {
+        (True, True): LOAD_COUNTER,
+        (False, True): CLEAR_COUNTER,
+        (True, False): IGNORE_COUNTER,
+    }.get((has_files, ref.counter is not None))
+    if counter == LOAD_COUNTER:
+        for shard in meta.shards:
+            _counter_entries(meta, shard, ref.label)
+    return _Plan(ref, meta, folder, with_state, optim, counter)
+
+
+def _counter_entries(meta: TableMeta, shard: Shard, what: str) -> int:
+    """The entries of a shard's counter files, from their sizes."""
+    keys, counts = shard.files[COUNTER_KEYS], shard.files[COUNTER_VALUES]
+    item = meta.counter_key_dtype().itemsize
+    n = keys.nbytes // item
+    if keys.nbytes % item or counts.nbytes != n * COUNT_DTYPE.itemsize:
+        raise CheckpointError(
+            f"{what}: the meta JSON records {keys.nbytes} bytes for {keys.name} and "
+            f"{counts.nbytes} for {counts.name}, not equally many {meta.counter_key_dtype()} "
+            "keys and int64 counts"
+        )
+    return n
 
 
 def _columns(meta: TableMeta, kind: str) -> tuple[torch.dtype, int]:
@@ -333,6 +379,48 @@ def _read(plan: _Plan, group: Group, pool, progress) -> dict[str, torch.Tensor]:
     }
 
 
+def _read_counter(plan: _Plan, group: Group, pool, progress):
+    """This rank's admission counter entries of a table after the exchange:
+    (keys, counts), both (c) int64; None unless the plan loads a counter."""
+    if plan.counter != LOAD_COUNTER:
+        return None
+    meta = plan.meta
+    error, keys, counts, dest = None, [], [], None
+    try:
+        for shard in _assign(meta.shards, group.world_size)[group.rank]:
+            n = _counter_entries(meta, shard, plan.what)
+            k = torch.empty(n, dtype=meta.counter_key_dtype())
+            c = torch.empty(n, dtype=COUNT_DTYPE)
+            tasks = [
+                lambda info=shard.files[kind], out=out: (
+                    files.read_verified(
+                        plan.folder, info, meta.checksum_block_bytes, plan.what, out
+                    ),
+                    progress.update(info.nbytes),
+                )
+                for kind, out in ((COUNTER_KEYS, k), (COUNTER_VALUES, c))
+            ]
+            files.run_tasks(tasks, pool)
+            keys.append(k.to(torch.int64))
+            counts.append(c)
+        keys = torch.cat(keys) if keys else torch.empty(0, dtype=torch.int64)
+        counts = torch.cat(counts) if counts else torch.empty(0, dtype=COUNT_DTYPE)
+        try:
+            check_counter_entries(keys, counts, f"{plan.what}: admission counter")
+        except ValueError as e:
+            raise CheckpointError(str(e)) from None
+        if group.distributed:
+            dest = route_keys(keys, group.world_size, plan.ref.dist_type, plan.ref.num_embeddings)
+    except BaseException as e:
+        error = e
+    group.agree(error)
+    if group.distributed:
+        packed = torch.stack([keys, counts], dim=1).contiguous().view(torch.uint8)
+        got = group.exchange(packed, dest).view(torch.int64)
+        keys, counts = got[:, 0].contiguous(), got[:, 1].contiguous()
+    return keys, counts
+
+
 # --------------------------------------------------------------- apply --
 
 
@@ -401,14 +489,26 @@ def _sets_step(plan: _Plan) -> bool:
     return plan.optim or DynamicEmbScoreStrategy.STEP in module.strategies
 
 
-def apply_all(plans: list[_Plan], received: list[dict[str, torch.Tensor]], group: Group):
-    """Step 3: every plan's rows into its table, on every rank or on none.
-    Returns (stored, dropped) per plan."""
+def apply_all(
+    plans: list[_Plan],
+    received: list[dict[str, torch.Tensor]],
+    group: Group,
+    counters: list | None = None,
+):
+    """Step 3: every plan's rows into its table (and ``counters``, what
+    ``_read_counter`` returned per plan, into its admission counter), on
+    every rank or on none. Returns (stored, dropped) per plan."""
     if torch.cuda.is_available():
         torch.cuda.synchronize()
+    counters = counters or [None] * len(plans)
     modules = {id(p.ref.module): p.ref.module for p in plans}
     snapshots, results, error = {}, [], None
+    counted = [p for p in plans if p.counter in (LOAD_COUNTER, CLEAR_COUNTER)]
+    counter_snapshots: list[tuple] = []
     try:
+        for p in counted:
+            counter = p.ref.counter
+            counter_snapshots.append((counter, p.ref.index, *counter_entries(counter, p.ref.index)))
         for key, module in modules.items():
             snapshots[key] = module.checkpoint_snapshot()
         failures_col = int(enums.CounterCol.INSERT_FAILURES)
@@ -416,6 +516,11 @@ def apply_all(plans: list[_Plan], received: list[dict[str, torch.Tensor]], group
         for p, rows in zip(plans, received):
             row_bytes = 8 + (p.ref.dim + p.meta.optim_state_dim) * 4
             results.append(_apply(p, rows, chunk_rows(row_bytes)))
+        for p, entries in zip(plans, counters):
+            if p.counter in (LOAD_COUNTER, CLEAR_COUNTER):
+                empty = torch.empty(0, dtype=torch.int64)
+                keys, counts = entries if entries is not None else (empty, empty)
+                replace_counter_entries(p.ref.counter, p.ref.index, keys, counts)
         steps = defaultdict(list)
         for p in plans:
             if _sets_step(p):
@@ -434,6 +539,8 @@ def apply_all(plans: list[_Plan], received: list[dict[str, torch.Tensor]], group
         for key, module in modules.items():
             if key in snapshots:
                 module.restore_snapshot(snapshots[key])
+        for counter, t, keys, counts in counter_snapshots:
+            replace_counter_entries(counter, t, keys, counts)
         raise
     return results
 
@@ -448,11 +555,9 @@ def load(
 ) -> LoadReport | None:
     """``DynamicEmbLoad``, returning what was loaded (None: no dynamic table)."""
     group = Group(pg)
-    refs = select(dynamic_tables(model), table_names)
-    if not refs:
-        warnings.warn("DynamicEmbLoad: the model has no dynamic embedding tables", stacklevel=3)
+    refs = tables_of(model, table_names, group, "DynamicEmbLoad")
+    if refs is None:
         return None
-    check_world(refs, group)
     # 1. plan
     plans: list[_Plan] = []
     error = None
@@ -475,10 +580,25 @@ def load(
         s.nbytes for p in plans for s in _assign(p.meta.shards, group.world_size)[group.rank]
     )
     progress = files.Progress("DynamicEmbLoad", mine, show_progress and group.rank == 0)
+    for p in plans:
+        if p.counter == IGNORE_COUNTER:
+            warnings.warn(
+                f"DynamicEmbLoad: {p.what}: the checkpoint holds an admission counter "
+                f"({p.meta.admission_counter.get('entries')} keys waiting to be admitted), the "
+                "table has no admission strategy that counts; ignoring the counter",
+                stacklevel=3,
+            )
+        elif p.counter == CLEAR_COUNTER:
+            warnings.warn(
+                f"DynamicEmbLoad: {p.what}: the checkpoint holds no admission counter; the "
+                "table's counter starts empty",
+                stacklevel=3,
+            )
     with ThreadPoolExecutor(IO_THREADS) as pool:
         received = [_read(p, group, pool, progress) for p in plans]
+        counters = [_read_counter(p, group, pool, progress) for p in plans]
     # 3. apply, all or nothing
-    results = apply_all(plans, received, group)
+    results = apply_all(plans, received, group, counters)
     seconds = progress.close()
     totals = group.all_reduce([v for r in results for v in r] + [mine])
     report = LoadReport(os.path.abspath(path), nbytes=totals[-1], seconds=seconds)

@@ -3,11 +3,14 @@ selection of DynamicEmbDump / DynamicEmbLoad."""
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from dynamicemb.checkpoint.layout import check_name, collection_dir
+from dynamicemb.admission.counters import COUNT_DTYPE, counter_key_type
+from dynamicemb.checkpoint.layout import check_name, collection_dir, key_dtype_name
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
+from dynamicemb.types import Counter
 
 
 @dataclass
@@ -41,6 +44,35 @@ class TableRef:
     @property
     def dim(self) -> int:
         return self.module.dims[self.index]
+
+    @property
+    def counter(self) -> Counter | None:
+        """The admission counter holding the table's counts (its admitter's
+        ``state()``), or None."""
+        admitter = self.module.admitter
+        return None if admitter is None else admitter.state()
+
+    def counter_description(self, entries: int) -> dict[str, Any]:
+        """The meta JSON's ``admission_counter`` of the table: the counter's
+        class and file dtypes, ``entries`` over all ranks, and the threshold
+        and counter share of its strategy where it has them."""
+        counter = self.counter
+        assert counter is not None
+        strategy = self.module.table_options[self.index].admit_strategy
+        out: dict[str, Any] = {
+            "counter": type(counter).__name__,
+            "key_dtype": key_dtype_name(counter_key_type(counter)),
+            "count_dtype": key_dtype_name(COUNT_DTYPE),
+            "entries": int(entries),
+            "strategy": type(strategy).__name__,
+        }
+        if isinstance(getattr(strategy, "threshold", None), int):
+            out["threshold"] = strategy.threshold
+        share = getattr(strategy, "kv_counter", None)
+        if share is not None:
+            out["capacity"] = int(share.capacity)
+            out["bucket_capacity"] = int(share.bucket_capacity)
+        return out
 
 
 def _unwrap(model: torch.nn.Module) -> torch.nn.Module:

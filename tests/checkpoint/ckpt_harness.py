@@ -9,7 +9,9 @@ tensors and the value buffer (not through the checkpoint code): per table,
 the keys with their embedding, optimizer state and score words.
 """
 
+import contextlib
 import dataclasses
+import traceback
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -222,3 +224,91 @@ def assert_same_tables(got, want, with_opt: bool = True, what: str = "") -> None
         if with_opt:
             assert torch.equal(g["opt"], w["opt"]), f"{what} {name}: optimizer state differs"
         assert torch.equal(g["scores"], w["scores"]), f"{what} {name}: scores differ"
+
+
+def counters(model) -> dict[str, dict[str, torch.Tensor]]:
+    """The admission counter of every dynamic table with one on this rank,
+    read from the fused counter's hash table (not through ``Counter.dump``):
+    table name -> keys (sorted) and their counts."""
+    out = {}
+    for k in kernels(model):
+        admitter = k.emb_module.admitter
+        if admitter is None or admitter.state() is None:
+            continue
+        table = admitter.state().table
+        for t, name in enumerate(k.table_names):
+            lo, hi = table.slot_range(t)
+            ex = table.export_batch(lo, hi).compact()
+            order = torch.argsort(ex.keys)
+            out[name] = {"keys": ex.keys[order].cpu(), "counts": ex.scores[order, 0].cpu()}
+    return out
+
+
+def merge_counters(per_rank) -> dict[str, dict[str, torch.Tensor]]:
+    """The counters of all ranks in one (keys sorted), plus each key's rank."""
+    out = {}
+    for name in per_rank[0]:
+        keys = torch.cat([r[name]["keys"] for r in per_rank])
+        order = torch.argsort(keys)
+        out[name] = {
+            "keys": keys[order],
+            "counts": torch.cat([r[name]["counts"] for r in per_rank])[order],
+            "rank": torch.cat(
+                [torch.full((r[name]["keys"].numel(),), i) for i, r in enumerate(per_rank)]
+            )[order],
+        }
+    return out
+
+
+def assert_same_counters(got, want, what: str = "") -> None:
+    assert sorted(got) == sorted(want), (what, sorted(got), sorted(want))
+    for name in want:
+        for f in ("keys", "counts"):
+            assert torch.equal(got[name][f], want[name][f]), f"{what} {name}: counter {f} differ"
+
+
+class Checks:
+    """Named checks run one after another in one worker: ``@checks(name)``
+    runs the function at once and records "ok" or its traceback in
+    ``results`` (a failing check does not stop the others)."""
+
+    def __init__(self) -> None:
+        self.results: dict[str, str] = {}
+
+    def __call__(self, name: str):
+        def wrap(fn):
+            try:
+                fn()
+                self.results[name] = "ok"
+            except BaseException:
+                self.results[name] = traceback.format_exc()
+            return fn
+
+        return wrap
+
+
+def run_checks(fn, root: str, names: list[str]) -> dict[str, str]:
+    """The results of ``fn(rank, world, root)`` (a ``Checks.results``) at one
+    gloo rank, which must have run exactly ``names``."""
+    (out,) = h.run_world(fn, 1, root)
+    assert sorted(out) == sorted(names)
+    return out
+
+
+@contextlib.contextmanager
+def failing_call(cls, method: str, n: int, message: str):
+    """Within the block, the ``n``-th call of ``cls.method`` raises
+    RuntimeError(message); yields the list of calls made (one entry each)."""
+    real, calls = getattr(cls, method), []
+
+    def failing(self, *a, **kw):
+        calls.append(1)
+        if len(calls) == n:
+            raise RuntimeError(message)
+        return real(self, *a, **kw)
+
+    setattr(cls, method, failing)
+    try:
+        yield calls
+    finally:
+        setattr(cls, method, real)

@@ -10,7 +10,6 @@ format (numpy bytes, JSON, zlib's CRC-32), not by the dump code.
 import json
 import os
 import shutil
-import traceback
 import warnings
 import zlib
 
@@ -108,7 +107,6 @@ def _checks_world(rank, world, root):
     from dynamicemb import DynamicEmbDump, DynamicEmbLoad
     from dynamicemb.checkpoint import CheckpointError, load
 
-    results: dict[str, str] = {}
     model = c.build(CASE, world)
     c.train(model, CASE, rank)
     good = os.path.join(root, "good")
@@ -118,16 +116,7 @@ def _checks_world(rank, world, root):
     c.train(target, CASE, rank, first=50)  # other contents than the checkpoint's
     before = c.contents(target)
 
-    def check(name):
-        def wrap(fn):
-            try:
-                fn()
-                results[name] = "ok"
-            except BaseException:
-                results[name] = traceback.format_exc()
-            return fn
-
-        return wrap
+    check = c.Checks()
 
     def refused(path, exc, match, **kw):
         try:
@@ -210,19 +199,8 @@ def _checks_world(rank, world, root):
     def _():
         from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2 as M
 
-        real, calls = M.import_rows, []
-
-        def failing(self, *a, **kw):
-            calls.append(1)
-            if len(calls) == 2:
-                raise RuntimeError("injected failure")
-            return real(self, *a, **kw)
-
-        M.import_rows = failing
-        try:
+        with c.failing_call(M, "import_rows", 2, "injected failure") as calls:
             refused(good, RuntimeError, "injected failure")
-        finally:
-            M.import_rows = real
         assert len(calls) == 2
 
     @check("dump_refuses_a_foreign_folder")
@@ -294,7 +272,7 @@ def _checks_world(rank, world, root):
                 else:
                     assert torch.equal(got[t]["opt"], torch.zeros_like(want[t]["opt"]))
 
-    return results
+    return check.results
 
 
 CHECKS = [
@@ -321,9 +299,7 @@ CHECKS = [
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
-    (out,) = h.run_world(_checks_world, 1, str(tmp_path_factory.mktemp("bad")))
-    assert sorted(out) == sorted(CHECKS)
-    return out
+    return c.run_checks(_checks_world, str(tmp_path_factory.mktemp("bad")), CHECKS)
 
 
 @pytest.mark.parametrize("name", CHECKS)

@@ -5,8 +5,8 @@ One process trains a small model; before each dump it trains a step, so
 every checkpoint differs from the one before. A forked child dumps, and the
 parent kills it after a random delay between zero and 1.2 times a forked
 dump's duration (measured first), then loads the checkpoint into a second model and compares that
-model's tables (read from its raw state) with the tables of the previous
-and of the new checkpoint.
+model's tables and admission counters (read from their raw state) with
+those of the previous and of the new checkpoint.
 """
 
 import os
@@ -21,12 +21,18 @@ KILLS = 60
 T = h.TableSpec
 
 
+def _state(model):
+    """The model's tables and admission counters."""
+    return {"tables": c.contents(model), "counters": c.counters(model)}
+
+
 def _same(a, b) -> bool:
     try:
-        c.assert_same_tables(a, b)
+        c.assert_same_tables(a["tables"], b["tables"])
+        c.assert_same_counters(a["counters"], b["counters"])
     except AssertionError:
         return False
-    return all(a[n]["step"] == b[n]["step"] for n in b)
+    return all(a["tables"][n]["step"] == b["tables"][n]["step"] for n in b["tables"])
 
 
 def _fork_dump(dump, path, model) -> int:
@@ -50,7 +56,10 @@ def _kill_world(rank, world, root, kills, seed):
     case = c.Case(
         "kill",
         "ec",
-        [T("t0", 64, 4, dist_type="roundrobin"), T("t1", 64, 4, dist_type="hash_roundrobin")],
+        [
+            T("t0", 64, 4, dist_type="roundrobin"),
+            T("t1", 64, 4, dist_type="hash_roundrobin", admit_threshold=2),
+        ],
         optimizer="adam",
         key_range=(0, 300),
         batch_size=8,
@@ -67,12 +76,13 @@ def _kill_world(rank, world, root, kills, seed):
         os.waitpid(pid, 0)
         durations.append(time.perf_counter() - start)
     duration = sorted(durations)[1]
-    old = c.contents(model)
+    old = _state(model)
+    assert old["counters"]["t1"]["keys"].numel() > 0  # the counter files hold keys
     rng = random.Random(seed)
     outcomes = {"old": 0, "new": 0, "child_finished": 0}
     for i in range(kills):
         c.train(model, case, rank, steps=1, first=i + 1)
-        new = c.contents(model)
+        new = _state(model)
         pid = _fork_dump(dump, path, model)
         time.sleep(rng.uniform(0.0, 1.2 * duration))
         os.kill(pid, signal.SIGKILL)
@@ -81,7 +91,7 @@ def _kill_world(rank, world, root, kills, seed):
             assert os.WEXITSTATUS(status) == 0, f"kill {i}: the dump failed by itself"
             outcomes["child_finished"] += 1
         load(path, other, optim=True, show_progress=False)  # must not fail
-        got = c.contents(other)
+        got = _state(other)
         if _same(got, new):
             outcomes["new"] += 1
             old = new

@@ -192,3 +192,15 @@ def assert_owned(merged: dict, world: int, dist_type: str) -> None:
         if t["keys"].numel():
             want = route_keys(t["keys"], world, dist_type)
             assert torch.equal(t["rank"], want), f"{name}: a key on the wrong rank"
+
+
+def assert_same_slots(trainer: list[dict], replicas: list[dict], cases, world: int) -> None:
+    """Slot for slot: after every step, the same key in every slot of every
+    table of the job and of a replica of its layout."""
+    for cs in cases:
+        for rank in range(world):
+            for step in range(STEPS):
+                want = trainer[rank][cs.name]["slots"][step]
+                got = replicas[rank][cs.name]["slots"][step]
+                for name in want:
+                    assert torch.equal(got[name], want[name]), (cs.name, step, name)

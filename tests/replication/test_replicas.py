@@ -84,14 +84,7 @@ def test_a_replica_of_the_same_layout_follows_by_slot(published):
     folder, trainer = published
     replicas = h.run_world(r.follow, TRAIN_WORLD, CASES, folder, "slot")
     _check(trainer, replicas, CASES, TRAIN_WORLD, "slot")
-    for cs in CASES:
-        for rank in range(TRAIN_WORLD):
-            # Slot for slot: the same key in every slot of every table.
-            for step in range(r.STEPS):
-                want = trainer[rank][cs.name]["slots"][step]
-                got = replicas[rank][cs.name]["slots"][step]
-                for name in want:
-                    assert torch.equal(got[name], want[name]), (cs.name, step, name)
+    r.assert_same_slots(trainer, replicas, CASES, TRAIN_WORLD)
 
 
 @pytest.mark.multigpu

@@ -36,15 +36,6 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import dist_launch
 
 
-class Model(torch.nn.Module):
-    def __init__(self, ec) -> None:
-        super().__init__()
-        self.ec = ec
-
-    def forward(self, kjt):
-        return self.ec(kjt)
-
-
 def build(args, device: torch.device, **options):
     """The EmbeddingCollection of ``args.tables`` tables sharded in a world of
     one (``options``: more ``DynamicEmbTableOptions`` fields)."""
@@ -67,7 +58,7 @@ def build(args, device: torch.device, **options):
         )
         for i in range(args.tables)
     ]
-    model = Model(EmbeddingCollection(tables=configs, device=torch.device("meta")))
+    model = dist_launch.EcModel(EmbeddingCollection(tables=configs, device=torch.device("meta")))
     constraints = {
         c.name: DynamicEmbParameterConstraints(
             sharding_types=["row_wise"],
@@ -236,11 +227,10 @@ def run(args) -> None:
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
-    name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     print(
         f"{args.tables} tables x {stored // args.tables} keys x dim {args.dim}, Adam state; "
-        f"{nbytes / 1e9:.2f} GB in dynamicemb's files ({plain / 1e9:.2f} GB plain); {name}, "
-        f"torch {torch.__version__}"
+        f"{nbytes / 1e9:.2f} GB in dynamicemb's files ({plain / 1e9:.2f} GB plain); "
+        f"{machine(device)}"
     )
     print("| method | write s | write GB/s | read s | read GB/s |")
     print("|---|---|---|---|---|")
@@ -251,22 +241,45 @@ def run(args) -> None:
         print(f"dynamicemb vs {label}: write {w / ours_w:.2f}x, read {r / ours_r:.2f}x")
 
 
-def main(argv=None) -> int:
-    has_gpu = torch.cuda.is_available() and torch.cuda.device_count() > 0
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if has_gpu else "cpu")
-    ap.add_argument("--tables", type=int, default=10)
-    ap.add_argument("--rows", type=int, default=1_600_000, help="keys per table")
+def table_parser(doc: str, rows: int, rows_help: str) -> argparse.ArgumentParser:
+    """The options of a benchmark of tables in a world of one: --device,
+    --rows (default ``rows``), --dim, --load-factor, --dir and --threads;
+    the caller adds its own and passes the parser to ``run_parsed``."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if _has_gpu() else "cpu")
+    ap.add_argument("--rows", type=int, default=rows, help=rows_help)
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--load-factor", type=float, default=0.8)
     ap.add_argument("--dir", default=None, help="where the files go (default: the temp dir)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--progress", action="store_true", help="show the progress bars")
+    return ap
+
+
+def run_parsed(ap: argparse.ArgumentParser, argv, fn) -> int:
+    """Parses ``argv`` with ``table_parser``'s ``ap`` and runs ``fn(args)`` as
+    the one rank of a world of one."""
     args = ap.parse_args(argv)
-    if args.device == "cuda" and not has_gpu:
+    if args.device == "cuda" and not _has_gpu():
         ap.error("--device cuda: no GPU is visible")
-    dist_launch.run_alone(run, args)
+    dist_launch.run_alone(fn, args)
     return 0
+
+
+def machine(device: torch.device) -> str:
+    """What a result line names the run's machine by: the GPU (or CPU) and torch."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    return f"{name}, torch {torch.__version__}"
+
+
+def _has_gpu() -> bool:
+    return torch.cuda.is_available() and torch.cuda.device_count() > 0
+
+
+def main(argv=None) -> int:
+    ap = table_parser(__doc__, rows=1_600_000, rows_help="keys per table")
+    ap.add_argument("--tables", type=int, default=10)
+    ap.add_argument("--progress", action="store_true", help="show the progress bars")
+    return run_parsed(ap, argv, run)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 # One device round: build and run the GPU tests, then the embedding and table
 # benchmarks, writing each output to $OUT (default: .gpu_round/) as well.
 #
-#   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|multigpu|checkpoint|metrics|storage|replication|soak]...
+#   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|multigpu|checkpoint|metrics|storage|replication|soak|wheel]...
 #   (default: tests, embedding, table, admission)
 #
 # storage: tools/bench/storage_bench.py (the device cache at ratios 1.0, 0.5 and 0.1
@@ -11,6 +11,12 @@
 # $OUT/storage.txt. STORAGE_BENCH_ARGS replaces the benchmark's size flags
 # (default: 4 tables x 4,000,000 rows, dim 128, Adam: 23 GiB of rows, 46 GiB with
 # FBGEMM's copy, for a machine of 128 GiB of host memory).
+#
+# wheel: the wheel as pip builds it here (`pip wheel --no-build-isolation --no-deps`,
+# CUDA, the archs of cc/sources.bzl), then `tools/check_dist.py --wheel`: it requires
+# exactly this torch release and the extras, its extension is stripped and imports
+# from the unpacked wheel with its CUDA kernels. Writes $OUT/wheel.txt (the build's
+# log in $OUT/wheel_build.txt); WHEEL_BUILD_TIMEOUT (900) in seconds.
 #
 # Needs a CUDA machine; the torchrec/fbgemm bundle in .gpupkg/ for the FBGEMM
 # baselines (see docs/testing.md).
@@ -198,6 +204,18 @@ for part in "${parts[@]}"; do
       timeout -k 10 "${SOAK_TIMEOUT:-1500}" "$PY" tools/soak.py --steps "${SOAK_STEPS:-100000}" \
         --every "${SOAK_EVERY:-2000}" --summary-json "$OUT/soak.json" -- --device cuda \
         --world-size 1 2>&1 | grep -v "registered at\|backend fallback" | tail -30 | tee "$OUT/soak.txt"
+    wheel)
+      rm -rf "$OUT/dist"
+      DEMB_BUILD_CUDA=1 MAX_JOBS=${MAX_JOBS:-$(nproc)} timeout -k 10 "${WHEEL_BUILD_TIMEOUT:-900}" \
+        "$PY" -m pip wheel -q --no-build-isolation --no-deps -w "$OUT/dist" . \
+        > "$OUT/wheel_build.txt" 2>&1
+      rc=$?
+      echo "wheel build: $(status_word $rc "${WHEEL_BUILD_TIMEOUT:-900}")" | tee "$OUT/wheel.txt"
+      if [ $rc -eq 0 ]; then
+        "$PY" tools/check_dist.py --wheel "$OUT"/dist/dynamicemb-*.whl 2>&1 | tee -a "$OUT/wheel.txt"
+      else
+        tail -30 "$OUT/wheel_build.txt"
+      fi
       ;;
     replication)
       # Delta dump and replay throughput against a full dump (docs/benchmarks/replication.md),

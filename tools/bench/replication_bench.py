@@ -33,11 +33,8 @@ import tempfile
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-# examples/dist_launch.py
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
 
 import checkpoint_bench
-import dist_launch
 
 INT64_MIN = -(2**63)
 
@@ -155,10 +152,9 @@ def run(args) -> None:
         assert same_rows(model, by_slot) and same_rows(model, by_key), "replicas differ"
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    name = torch.cuda.get_device_name() if device.type == "cuda" else "CPU"
     print(
-        f"1 table x {stored} keys x dim {args.dim}, Adam state, TIMESTAMP scores; {name}, "
-        f"torch {torch.__version__}"
+        f"1 table x {stored} keys x dim {args.dim}, Adam state, TIMESTAMP scores; "
+        f"{checkpoint_bench.machine(device)}"
     )
     print("| operation | rows | GB | s | rows/s | GB/s |")
     print("|---|---|---|---|---|---|")
@@ -173,23 +169,12 @@ def run(args) -> None:
 
 
 def main(argv=None) -> int:
-    has_gpu = torch.cuda.is_available() and torch.cuda.device_count() > 0
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if has_gpu else "cpu")
-    ap.add_argument("--rows", type=int, default=10_000_000, help="keys in the table")
-    ap.add_argument("--dim", type=int, default=128)
-    ap.add_argument("--load-factor", type=float, default=0.8)
+    ap = checkpoint_bench.table_parser(__doc__, rows=10_000_000, rows_help="keys in the table")
     ap.add_argument(
         "--touched", type=float, nargs="+", default=[0.01, 0.1], help="fractions per delta"
     )
     ap.add_argument("--batch", type=int, default=1 << 20, help="keys per training batch")
-    ap.add_argument("--dir", default=None, help="where files go (default: the temp dir)")
-    ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    args = ap.parse_args(argv)
-    if args.device == "cuda" and not has_gpu:
-        ap.error("--device cuda: no GPU is visible")
-    dist_launch.run_alone(run, args)
-    return 0
+    return checkpoint_bench.run_parsed(ap, argv, run)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Offline stand-in for @rules_cuda//cuda:defs.bzl (compile-only, nvcc only).
 
-See private/cuda_library.bzl. The CUDA toolkit repository `@cuda` is created by the
-project's WORKSPACE (//tools:local_cuda.bzl); under Bzlmod the real rules_cuda does it.
+See private/cuda_library.bzl. The CUDA toolkit repository `@dynamicemb_cuda` is
+created by dynamicemb_repositories() (dynamicemb's //bazel:local_cuda.bzl); under
+Bzlmod the real rules_cuda and its toolkit repository are used instead.
 """
 
 load("//cuda/private:cuda_library.bzl", _cuda_library = "cuda_library")

@@ -6,12 +6,16 @@
   * `<name>`: a cc_library over those objects, with `hdrs`, `deps` and the CUDA
     runtime (--@rules_cuda//cuda:runtime), so C++ targets depend on it as usual.
 
+The CUDA toolkit is the repository `@dynamicemb_cuda` (made by dynamicemb's
+//bazel:local_cuda.bzl). As with the real rules_cuda, a target's `archs` replace
+--@rules_cuda//cuda:archs for that target.
+
 Not supported (not needed here): relocatable device code and device linking,
 clang as CUDA compiler, cuda_binary/cuda_test.
 """
 
 load("@bazel_tools//tools/cpp:toolchain_utils.bzl", "find_cpp_toolchain")
-load(":flags.bzl", "CudaArchsInfo", "CudaFlagInfo")
+load(":flags.bzl", "CudaArchsInfo", "CudaFlagInfo", "parse_archs")
 
 _CUDA_SRC_EXTS = [".cu", ".cu.cc"]
 _HDR_EXTS = [".h", ".hh", ".hpp", ".cuh", ".inl", ".inc"]
@@ -57,8 +61,14 @@ def _cuda_objects_impl(ctx):
     mode = ctx.var.get("COMPILATION_MODE", "fastbuild")
     mode_flags = {"opt": ["-O3", "-DNDEBUG"], "dbg": ["-g"]}.get(mode, [])
 
+    if ctx.attr.archs:
+        specs = []
+        for value in ctx.attr.archs:
+            specs += parse_archs(value)
+    else:
+        specs = ctx.attr._archs[CudaArchsInfo].gencode
     gencode = []
-    for virtual, codes in ctx.attr._archs[CudaArchsInfo].gencode:
+    for virtual, codes in specs:
         code = codes[0] if len(codes) == 1 else "[%s]" % ",".join(codes)
         gencode.append("-gencode=arch=%s,code=%s" % (virtual, code))
 
@@ -113,6 +123,7 @@ _cuda_objects = rule(
         "srcs": attr.label_list(allow_files = _CUDA_SRC_EXTS + _HDR_EXTS),
         "hdrs": attr.label_list(allow_files = _HDR_EXTS),
         "deps": attr.label_list(providers = [CcInfo]),
+        "archs": attr.string_list(),
         "copts": attr.string_list(),
         "host_copts": attr.string_list(),
         "defines": attr.string_list(),
@@ -120,8 +131,8 @@ _cuda_objects = rule(
         "_archs": attr.label(default = Label("//cuda:archs")),
         "_copts": attr.label(default = Label("//cuda:copts")),
         "_host_copts": attr.label(default = Label("//cuda:host_copts")),
-        "_nvcc": attr.label(default = Label("@cuda//:nvcc"), allow_single_file = True, cfg = "exec"),
-        "_compiler_deps": attr.label(default = Label("@cuda//:compiler_deps"), cfg = "exec"),
+        "_nvcc": attr.label(default = Label("@dynamicemb_cuda//:nvcc"), allow_single_file = True, cfg = "exec"),
+        "_compiler_deps": attr.label(default = Label("@dynamicemb_cuda//:compiler_deps"), cfg = "exec"),
         "_cc_toolchain": attr.label(default = Label("@bazel_tools//tools/cpp:current_cc_toolchain")),
     },
     toolchains = ["@bazel_tools//tools/cpp:toolchain_type"],
@@ -134,6 +145,7 @@ def cuda_library(
         srcs = [],
         hdrs = [],
         deps = [],
+        archs = [],
         copts = [],
         host_copts = [],
         defines = [],
@@ -150,6 +162,8 @@ def cuda_library(
       srcs: .cu files and private headers.
       hdrs: public headers.
       deps: cc_library or cuda_library targets.
+      archs: arch specs for this target only (the grammar of
+        --@rules_cuda//cuda:archs); when given, the flag is ignored.
       copts: extra nvcc flags.
       host_copts: extra host compiler flags (passed with -Xcompiler).
       defines: propagated preprocessor defines.
@@ -165,6 +179,7 @@ def cuda_library(
         srcs = srcs,
         hdrs = hdrs,
         deps = deps,
+        archs = archs,
         copts = copts,
         host_copts = host_copts,
         defines = defines + local_defines,

@@ -1,12 +1,12 @@
-"""Repository rule `local_cuda`: the installed CUDA toolkit as repository `@cuda`.
+"""Repository rule `local_cuda`: the installed CUDA toolkit, for the rules_cuda stand-in.
 
-Used by WORKSPACE (Bazel 4, offline). It offers the labels the rules_cuda stand-in and
-our BUILD files use, the same as the real rules_cuda toolkit repository:
-  @cuda//:nvcc                  the compiler driver
-  @cuda//:compiler_deps         everything nvcc reads (bin, nvvm, headers incl. CCCL/CUB)
-  @cuda//:cuda_headers          CUDA runtime headers, for host code
-  @cuda//:cuda_runtime          shared cudart
-  @cuda//:cuda_runtime_static   static cudart (what .bazelrc selects)
+dynamicemb_repositories() creates it as `@dynamicemb_cuda` when the workspace has no
+rules_cuda of its own (Bazel 4, offline). It offers the labels of the real rules_cuda
+toolkit repository:
+  :nvcc                  the compiler driver
+  :compiler_deps         everything nvcc reads (bin, nvvm, headers incl. CCCL/CUB)
+  :cuda_runtime          shared cudart
+  :cuda_runtime_static   static cudart (the stand-in's default runtime)
 
 The toolkit is looked up in this order:
   1. $CUDA_PATH (pass it with --repo_env=CUDA_PATH=...),

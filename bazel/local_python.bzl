@@ -1,44 +1,54 @@
-"""Repository rules that find the local Python, torch and pybind11 by running Python.
+"""Repository rules that find the interpreter and its torch by running Python.
 
-  local_python_configure(name = "local_config_python")
-      @local_config_python//:py_toolchain     Python toolchain (register it) running the
-                                              chosen interpreter, also for py_test stubs
-      @local_config_python//:python_headers   Python.h and friends
-  local_torch(name = "local_torch")
-      @local_torch//:torch          headers and libc10/libtorch_cpu/libtorch
-      @local_torch//:torch_cuda     libc10_cuda/libtorch_cuda (only with a CUDA torch)
-      @local_torch//:torch_python   libtorch_python, for extensions that bind to Python
-      @local_torch//:pybind11       the pybind11 bundled with torch (use it for torch
-                                    extensions, never together with @pybind11)
-      @local_torch//:defs.bzl       TORCH_VERSION, TORCH_CUDA_VERSION, TORCH_CUDA
-  local_pybind11(name = "pybind11")
-      @pybind11//:pybind11          pip's pybind11 (for plain pybind11 modules)
+  local_python_configure(name = "dynamicemb_python")
+      @dynamicemb_python//:py_toolchain     Python toolchain running the interpreter,
+                                            also for the py_test/py_binary launcher
+      @dynamicemb_python//:python_headers   Python.h and friends
+  local_torch(name = "dynamicemb_torch")
+      @dynamicemb_torch//:torch          headers and libc10/libtorch_cpu/libtorch
+      @dynamicemb_torch//:torch_cuda     libc10_cuda/libtorch_cuda (only with a CUDA torch)
+      @dynamicemb_torch//:torch_python   libtorch_python, for extensions bound to Python
+      @dynamicemb_torch//:pybind11       the pybind11 bundled with torch (what torch
+                                         extensions must build against)
+      @dynamicemb_torch//:defs.bzl       TORCH_VERSION, TORCH_CUDA_VERSION, TORCH_CUDA
 
-The interpreter is, in this order:
+The interpreter (the same for both, so torch's headers match the torch the tests
+import) is, in this order:
   1. $PYTHON_BIN_PATH (pass it with --repo_env=PYTHON_BIN_PATH=/path/to/python),
-  2. <workspace>/.venv/bin/python (what tools/setup_env.sh creates),
-  3. python3 on PATH.
-The repositories symlink into the interpreter's installation; nothing is copied. They
-are `local`, so they are re-evaluated by every new Bazel server.
+  2. .venv/bin/python in the workspace Bazel runs in (the main workspace, also when
+     dynamicemb is an external repository of it; tools/setup_env.sh creates this one
+     for dynamicemb's own checkout).
+Anything else is an error that says so. The repositories symlink into the
+interpreter's installation; nothing is copied. They are `local`, so every new Bazel
+server probes again.
 """
 
-def _workspace_dir(rctx):
-    # This file is <workspace>/tools/local_python.bzl.
-    return rctx.path(Label("//tools:local_python.bzl")).dirname.dirname
+_PYTHON_ENV = "PYTHON_BIN_PATH"
+
+def _main_workspace_dir(rctx):
+    """The directory of the workspace Bazel was started in, or None."""
+    if hasattr(rctx, "workspace_root"):  # Bazel >= 6
+        return rctx.workspace_root
+
+    # Bazel 4: resolving a main-repository label needs the root package (a BUILD
+    # file at the workspace root), not the file itself.
+    return rctx.path(Label("@//:WORKSPACE")).dirname
 
 def _find_python(rctx):
-    env = rctx.os.environ.get("PYTHON_BIN_PATH", "")
+    """The interpreter's path (see the module docstring); fails with what to do."""
+    env = rctx.os.environ.get(_PYTHON_ENV, "")
     if env:
         if not rctx.path(env).exists:
-            fail("PYTHON_BIN_PATH=%s does not exist" % env)
+            fail("dynamicemb: %s=%s does not exist." % (_PYTHON_ENV, env))
         return env
-    venv_python = _workspace_dir(rctx).get_child(".venv").get_child("bin").get_child("python")
+    workspace = _main_workspace_dir(rctx)
+    venv_python = workspace.get_child(".venv").get_child("bin").get_child("python")
     if venv_python.exists:
         return str(venv_python)
-    python3 = rctx.which("python3")
-    if not python3:
-        fail("No Python found: run tools/setup_env.sh, or pass --repo_env=PYTHON_BIN_PATH=...")
-    return str(python3)
+    fail(("dynamicemb: no Python interpreter. Either create a virtual environment with " +
+          "torch at %s (e.g. python3 -m venv .venv && .venv/bin/pip install torch), or " +
+          "name one with --repo_env=%s=/path/to/bin/python (in .bazelrc or on the " +
+          "command line).") % (venv_python, _PYTHON_ENV))
 
 def _probe(rctx, python, code, what):
     """Runs `code` (which prints one JSON object) with `python`; returns the dict."""
@@ -46,7 +56,7 @@ def _probe(rctx, python, code, what):
     res = rctx.execute([python, "-I", str(rctx.path("_probe.py"))], quiet = True)
     rctx.delete("_probe.py")
     if res.return_code != 0:
-        fail("Probing %s with %s failed:\n%s%s" % (what, python, res.stdout, res.stderr))
+        fail("dynamicemb: probing %s with %s failed:\n%s%s" % (what, python, res.stdout, res.stderr))
     return json.decode(res.stdout.strip().splitlines()[-1])
 
 _PYTHON_PROBE = """\
@@ -99,13 +109,16 @@ def _local_python_configure_impl(rctx):
 
 local_python_configure = repository_rule(
     implementation = _local_python_configure_impl,
-    environ = ["PYTHON_BIN_PATH"],
+    environ = [_PYTHON_ENV],
     local = True,
 )
 
 _TORCH_PROBE = """\
-import json, os
-import torch
+import json, os, sys
+try:
+    import torch
+except ImportError as e:
+    sys.exit("this interpreter has no torch (%s); install it into the same environment" % e)
 print(json.dumps({
     "dir": os.path.dirname(torch.__file__),
     "version": torch.__version__,
@@ -127,7 +140,7 @@ cc_library(
     name = "pybind11",
     hdrs = glob(["include/pybind11/**/*.h"]),
     includes = ["include"],
-    deps = ["@local_config_python//:python_headers"],
+    deps = ["@dynamicemb_python//:python_headers"],
 )
 
 cc_library(
@@ -157,11 +170,14 @@ cc_library(
     deps = [
         ":pybind11",
         ":torch",
-        "@local_config_python//:python_headers",
+        "@dynamicemb_python//:python_headers",
     ],
 )
 {cuda_targets}"""
 
+# The CUDA runtime's headers come with the runtime rules_cuda links
+# (--@rules_cuda//cuda:runtime): the same label with the real rules_cuda and the
+# offline stand-in.
 _TORCH_CUDA_TARGETS = """
 cc_library(
     name = "torch_cuda",
@@ -171,13 +187,13 @@ cc_library(
     ],
     deps = [
         ":torch",
-        "@cuda//:cuda_headers",
+        "@rules_cuda//cuda:runtime",
     ],
 )
 """
 
 _TORCH_DEFS = """\
-\"\"\"Facts about the local torch, generated by //tools:local_python.bzl.\"\"\"
+\"\"\"Facts about the local torch, generated by @dynamicemb//bazel:local_python.bzl.\"\"\"
 
 TORCH_VERSION = "{version}"
 
@@ -212,39 +228,6 @@ def _local_torch_impl(rctx):
 
 local_torch = repository_rule(
     implementation = _local_torch_impl,
-    environ = ["PYTHON_BIN_PATH", "DEMB_TORCH_CUDA"],
-    local = True,
-)
-
-_PYBIND11_PROBE = """\
-import json
-import pybind11
-print(json.dumps({"include": pybind11.get_include(), "version": pybind11.__version__}))
-"""
-
-_PYBIND11_BUILD = """\
-load("@rules_cc//cc:defs.bzl", "cc_library")
-
-package(default_visibility = ["//visibility:public"])
-
-# pybind11 {version}
-
-cc_library(
-    name = "pybind11",
-    hdrs = glob(["include/pybind11/**/*.h"]),
-    includes = ["include"],
-    deps = ["@local_config_python//:python_headers"],
-)
-"""
-
-def _local_pybind11_impl(rctx):
-    python = _find_python(rctx)
-    info = _probe(rctx, python, _PYBIND11_PROBE, "pybind11")
-    rctx.symlink(info["include"], "include")
-    rctx.file("BUILD.bazel", _PYBIND11_BUILD.format(version = info["version"]))
-
-local_pybind11 = repository_rule(
-    implementation = _local_pybind11_impl,
-    environ = ["PYTHON_BIN_PATH"],
+    environ = [_PYTHON_ENV, "DEMB_TORCH_CUDA"],
     local = True,
 )

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Builds and tests this workspace, which depends on the dynamicemb checkout two levels
+# up (WORKSPACE), then checks from here what dynamicemb's targets compile with: C++20,
+# device code for the archs of cc/sources.bzl, the static cudart. The CUDA checks read
+# the planned command lines (bazel aquery/cquery): nothing is compiled for them.
+# tools/test.sh (and so .ci/run) runs it after dynamicemb's own tests.
+#
+# The interpreter is $PYTHON_BIN_PATH, by default the checkout's .venv. Extra arguments
+# go to `bazel test`.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")"
+ROOT=$(cd ../.. && pwd)
+flags=(--repo_env=PYTHON_BIN_PATH="${PYTHON_BIN_PATH:-$ROOT/.venv/bin/python}")
+
+status=0
+bazel test "${flags[@]}" //... "$@" || status=$?
+
+fail() {
+  echo "bazel_consumer: $*" >&2
+  status=1
+}
+archs=$(sed -n 's/^CUDA_ARCHS = \[\(.*\)\]/\1/p' "$ROOT/cc/sources.bzl" | tr -d '", ' | fold -w2)
+[ -n "$archs" ] || fail "no CUDA_ARCHS in cc/sources.bzl"
+
+# Every nvcc command of the table's CUDA library: C++20 and each arch's SASS.
+nvcc=$(bazel aquery "${flags[@]}" --output=text \
+  'mnemonic("NvccCompile", deps(@dynamicemb//cc/table:table_cuda))' 2>/dev/null |
+  grep -v '^ *Inputs:')
+actions=$(grep -c 'Mnemonic: NvccCompile' <<<"$nvcc" || true)
+[ "$actions" -gt 0 ] || fail "no nvcc command for @dynamicemb//cc/table:table_cuda"
+for want in -std=c++20 $(for a in $archs; do echo "-gencode=arch=compute_$a,code=sm_$a"; done); do
+  got=$(grep -cF -- "$want" <<<"$nvcc" || true)
+  [ "$got" -eq "$actions" ] || fail "$want in $got of $actions nvcc commands"
+done
+
+# The C++ compiles: the last -std of each command is C++20.
+stds=$(bazel aquery "${flags[@]}" --output=text \
+  'mnemonic("CppCompile", @dynamicemb//cc/table:table_cpu)' 2>/dev/null |
+  grep -v '^ *Inputs:' | grep -oE "^ *'?-std=[^' ]*|Mnemonic: CppCompile" | tr -d " '" |
+  awk '/^Mnemonic/ { if (last) print last; last = "" } /^-std/ { last = $0 } END { print last }')
+[ -n "$stds" ] && ! grep -qv '^-std=c++20$' <<<"$stds" ||
+  fail "C++ compiles of @dynamicemb//cc/table:table_cpu end with: $(echo $stds)"
+
+# The CUDA runtime linked with the table's CUDA library: the static cudart only.
+runtime=$(bazel cquery "${flags[@]}" 'deps(@dynamicemb//cc/table:table_cuda)' 2>/dev/null |
+  grep -oE 'libcudart[^ ]*' | sort -u)
+[ "$runtime" = "libcudart_static.a" ] || fail "cudart linked: $(echo $runtime)"
+
+if [ "$status" -eq 0 ]; then
+  echo "bazel_consumer: tests passed; C++20, archs $(echo $archs), static cudart"
+fi
+exit "$status"
