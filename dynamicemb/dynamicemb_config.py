@@ -27,6 +27,8 @@ from typing import Any
 
 import torch
 
+from ._checks import as_real
+from ._checks import is_int as _is_int
 from ._enums import (
     BUCKET_ALIGNMENT,
     DynamicEmbEvictStrategy,
@@ -200,7 +202,10 @@ class DynamicEmbInitializerArgs:
 
     Raises:
         ValueError: ``mode`` is not a DynamicEmbInitializerMode (or its
-            value), or both bounds are set and ``lower > upper``.
+            value), a number is NaN or infinite, ``std_dev`` is negative, or
+            both bounds are set and ``lower > upper``.
+        TypeError: ``mean``, ``std_dev``, ``value`` or a bound is not a real
+            number (a string, a bool, None where a number is required).
     """
 
     mode: DynamicEmbInitializerMode = DynamicEmbInitializerMode.UNIFORM
@@ -212,6 +217,11 @@ class DynamicEmbInitializerArgs:
 
     def __post_init__(self) -> None:
         self.mode = _to_enum(DynamicEmbInitializerMode, self.mode, "mode")
+        for name in ("mean", "std_dev", "lower", "upper", "value"):
+            v = getattr(self, name)
+            if v is None and name in ("lower", "upper"):
+                continue
+            as_real(v, f"DynamicEmbInitializerArgs.{name}", min=0.0 if name == "std_dev" else None)
         if self.lower is not None and self.upper is not None and self.lower > self.upper:
             raise ValueError(
                 f"DynamicEmbInitializerArgs: lower ({self.lower!r}) must not exceed "
@@ -386,6 +396,11 @@ class DynamicEmbTableOptions:
                 "DynamicEmbTableOptions.max_load_factor must be in (0, 1], "
                 f"got {self.max_load_factor!r}"
             )
+        for name in ("training", "caching"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(
+                    f"DynamicEmbTableOptions.{name} must be a bool, got {getattr(self, name)!r}"
+                )
         for name in ("dim", "max_capacity", "init_capacity"):
             value = getattr(self, name)
             if value is not None and (not _is_int(value) or value <= 0):
@@ -865,10 +880,6 @@ def _to_enum(enum_type: type[enum.Enum], value: Any, name: str) -> Any:
         return enum_type(value)
     except ValueError:
         raise ValueError(f"{name} must be a {enum_type.__name__}, got {value!r}") from None
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _is_integer_dtype(dtype: Any) -> bool:

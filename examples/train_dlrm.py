@@ -311,6 +311,55 @@ def table_stats(model: torch.nn.Module) -> dict[str, list[int]]:
     return stats
 
 
+# ---------------------------------------------------------------------- soak --
+
+
+def host_rss_mb() -> float:
+    """This process's resident memory now (Linux /proc), in MiB."""
+    with open("/proc/self/statm") as f:
+        pages = int(f.read().split()[1])
+    return pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def soak_sample(model: torch.nn.Module, step: int, device: torch.device, last: dict) -> list:
+    """One soak sample of this rank: [step, host RSS MiB, device MiB allocated,
+    device MiB reserved, {table: [rows held, inserts, evictions, failures]}].
+    Raises if a table's counters are inconsistent: rows held must equal the
+    occupied slots counted from the keys and inserts less evictions, stay
+    within the capacity, and the cumulative counters must not decrease."""
+    from dynamicemb.shard import dynamic_embedding_kernels
+
+    tables = {}
+    for kernel in dynamic_embedding_kernels(model):
+        table = kernel.emb_module.table
+        size = table.size().tolist()
+        counted = table.count().tolist()
+        inserts = table.counter("INSERTS").tolist()
+        evictions = table.counter("EVICTIONS").tolist()
+        failures = table.counter("INSERT_FAILURES").tolist()
+        for t, name in enumerate(kernel.table_names):
+            now = [size[t], inserts[t], evictions[t], failures[t]]
+            problems = []
+            if size[t] != counted[t]:
+                problems.append(f"size counter {size[t]} != {counted[t]} occupied slots")
+            if not 0 <= size[t] <= table.capacity(t):
+                problems.append(f"size {size[t]} outside [0, {table.capacity(t)}]")
+            if size[t] != inserts[t] - evictions[t]:
+                problems.append(
+                    f"size {size[t]} != inserts {inserts[t]} - evictions {evictions[t]}"
+                )
+            if name in last and any(a < b for a, b in zip(now[1:], last[name][1:])):
+                problems.append(f"a cumulative counter decreased: {last[name]} -> {now}")
+            if problems:
+                raise RuntimeError(f"soak: table {name} at step {step}: " + "; ".join(problems))
+            tables[name] = now
+    dev_alloc = dev_reserved = 0.0
+    if device.type == "cuda":
+        dev_alloc = torch.cuda.memory_allocated(device) / 2**20
+        dev_reserved = torch.cuda.memory_reserved(device) / 2**20
+    return [step, round(host_rss_mb(), 1), round(dev_alloc, 1), round(dev_reserved, 1), tables]
+
+
 # ------------------------------------------------------------------- metrics --
 
 
@@ -493,6 +542,7 @@ def train(rank: int, world_size: int, args) -> dict[str, Any] | None:
     progress = Progress(args.steps, lead)
     seen: dict[str, list[torch.Tensor]] = {f.name: [] for f in FEATURES if f.dynamic}
     moving: list[tuple[int, float]] = []
+    soak: list[list] = []
     start = time.perf_counter()
     for step in range(args.steps):
         b = data.batch(0, step, rank, args.batch_size)
@@ -521,6 +571,8 @@ def train(rank: int, world_size: int, args) -> dict[str, Any] | None:
             )
         if lead and ((step + 1) % 10 == 0 or step + 1 == args.steps):
             progress.update(step + 1, float(loss_hist[step]))
+        if args.soak_every and ((step + 1) % args.soak_every == 0 or step + 1 == args.steps):
+            soak.append(soak_sample(model, step + 1, device, soak[-1][4] if soak else {}))
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     elapsed = time.perf_counter() - start
@@ -601,6 +653,8 @@ def train(rank: int, world_size: int, args) -> dict[str, Any] | None:
         "eval_auc_hidden_model": oracle_eval[1],
         "tables": tables,
     }
+    if soak:
+        summary["soak"] = {"every": args.soak_every, "samples": soak}
     print_summary(summary)
     return summary
 
@@ -689,6 +743,13 @@ def parse_args(argv: list[str] | None = None):
     )
     ap.add_argument("--summary-json", default=None, help="write rank 0's summary here")
     ap.add_argument(
+        "--soak-every",
+        type=int,
+        default=0,
+        help="every N steps, check every rank's table counters and record rank 0's host and "
+        "device memory in the summary (tools/soak.py); 0: never (default)",
+    )
+    ap.add_argument(
         "--metrics-port",
         type=int,
         default=None,
@@ -720,6 +781,8 @@ def parse_args(argv: list[str] | None = None):
         )
     if args.metrics_wait < 0:
         ap.error(f"--metrics-wait must not be negative, got {args.metrics_wait}")
+    if args.soak_every < 0:
+        ap.error("--soak-every must not be negative")
     return args
 
 

@@ -35,4 +35,29 @@ DEMB_HD int64_t atomic_add_i64(int64_t* p, int64_t v) {
 #endif
 }
 
+/// a + b clamped to [INT64_MIN, INT64_MAX] instead of wrapping around.
+DEMB_HD int64_t add_saturating(int64_t a, int64_t b) {
+  if (b > 0 && a > INT64_MAX - b) return INT64_MAX;
+  if (b < 0 && a < INT64_MIN - b) return INT64_MIN;
+  return a + b;
+}
+
+/// Atomically *p = add_saturating(*p, v) (relaxed on the host).
+DEMB_HD void atomic_add_saturating(int64_t* p, int64_t v) {
+#if defined(__CUDA_ARCH__)
+  auto* u = reinterpret_cast<unsigned long long*>(p);
+  unsigned long long old = *u, seen;
+  do {
+    seen = old;
+    const int64_t next = add_saturating(static_cast<int64_t>(seen), v);
+    old = atomicCAS(u, seen, static_cast<unsigned long long>(next));
+  } while (old != seen);
+#else
+  int64_t old = __atomic_load_n(p, __ATOMIC_RELAXED);
+  while (!__atomic_compare_exchange_n(p, &old, add_saturating(old, v), /*weak=*/true,
+                                      __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
+  }
+#endif
+}
+
 }  // namespace dyn_emb

@@ -26,6 +26,7 @@ at::Tensor counter_add_cpu(const at::Tensor& keys, const at::Tensor& table_ids,
   const auto [buckets, rows] = check_layout_cpu(t, 0);
   TORCH_CHECK_VALUE(total_buckets == buckets, "dynamicemb: total_buckets ", total_buckets,
                     " disagrees with info, which describes ", buckets, " buckets");
+  check_counter_values_cpu(t);
   check_key_values(keys, table_ids, info.size(0));
   check_index_range(frequencies, 0, INT64_MAX, "frequency");
   at::Tensor counts = at::zeros({keys.numel()}, keys.options());

@@ -9,8 +9,11 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "cc/embedding/initializer.h"
 #include "cc/embedding/optimizer.h"
@@ -21,19 +24,31 @@
 namespace dyn_emb {
 namespace ops {
 
+/// A float argument must be a finite number (NaN and infinity would spread
+/// into every row the op writes).
+inline void check_finite(double v, const char* name) {
+  TORCH_CHECK_VALUE(std::isfinite(v), "dynamicemb: ", name, " must be finite, got ", v);
+}
+
 /// Checks init_rows' arguments and packs its parameters.
 inline embedding::InitArgs init_args(const at::Tensor& keys, const at::Tensor& table_ids,
                                      int64_t dim, int64_t mode, double mean, double std_dev,
                                      double lower, double upper, double value, int64_t seed) {
+  check_devices("init_rows", {{"keys", &keys}, {"table_ids", &table_ids}});
   check_1d(keys, at::kLong, "keys");
   check_1d(table_ids, at::kLong, "table_ids");
   TORCH_CHECK_VALUE(keys.numel() == table_ids.numel(),
                     "dynamicemb: keys and table_ids lengths differ: ", keys.numel(), " vs ",
                     table_ids.numel());
-  TORCH_CHECK(keys.device() == table_ids.device(),
-              "dynamicemb: keys and table_ids must share a device, got ", keys.device(), " and ",
-              table_ids.device());
   TORCH_CHECK_VALUE(dim >= 0, "dynamicemb: dim must be non-negative, got ", dim);
+  TORCH_CHECK_VALUE(dim <= (INT64_MAX / 8) / std::max<int64_t>(keys.numel(), 1),
+                    "dynamicemb: ", keys.numel(), " rows of dim ", dim,
+                    " are more than a tensor can address");
+  check_finite(mean, "mean");
+  check_finite(std_dev, "std_dev");
+  check_finite(lower, "lower bound");
+  check_finite(upper, "upper bound");
+  check_finite(value, "value");
   TORCH_CHECK_VALUE(mode >= 0 && mode < embedding::kNumInitModes, "dynamicemb: initializer mode ",
                     mode, " is not one of 0..", embedding::kNumInitModes - 1);
   TORCH_CHECK_VALUE(std_dev >= 0, "dynamicemb: std_dev must be non-negative, got ", std_dev);
@@ -50,6 +65,17 @@ inline embedding::InitArgs init_args(const at::Tensor& keys, const at::Tensor& t
   return a;
 }
 
+/// init_rows_at's tensors on one device (CPU, CUDA, Meta).
+inline void check_row_init_devices(const at::Tensor& seg0, const at::Tensor& seg1,
+                                   const at::Tensor& offsets, const at::Tensor& keys,
+                                   const at::Tensor& table_ids) {
+  check_devices("init_rows_at", {{"offsets", &offsets},
+                                 {"seg0", &seg0},
+                                 {"seg1", &seg1},
+                                 {"keys", &keys},
+                                 {"table_ids", &table_ids}});
+}
+
 /// Checks init_rows_at's arguments and packs them (the rows' offsets on the
 /// CPU only: a CUDA op does not read them on the host).
 inline embedding::RowInitArgs row_init_args(const at::Tensor& seg0, const at::Tensor& seg1,
@@ -58,11 +84,11 @@ inline embedding::RowInitArgs row_init_args(const at::Tensor& seg0, const at::Te
                                             storage::ElementType type, int64_t state_dim,
                                             int64_t fill_from, double fill,
                                             const embedding::InitArgs& init) {
+  check_row_init_devices(seg0, seg1, offsets, keys, table_ids);
   check_1d(offsets, at::kLong, "offsets");
   TORCH_CHECK_VALUE(offsets.numel() == keys.numel(),
                     "dynamicemb: offsets and keys lengths differ: ", offsets.numel(), " vs ",
                     keys.numel());
-  check_same_device(keys, {&seg0, &seg1, &offsets, &table_ids});
   TORCH_CHECK_VALUE(state_dim >= 0 && fill_from >= 0 && fill_from <= state_dim,
                     "dynamicemb: state_dim (", state_dim, ") and fill_from (", fill_from,
                     ") must satisfy 0 <= fill_from <= state_dim");
@@ -108,6 +134,17 @@ inline embedding::OptimArgs optim_params(at::ArrayRef<double> optim) {
                     "dynamicemb: weight decay mode ", wd_mode,
                     " is not 0 (none), 1 (L2) or 2 (decoupled)");
   TORCH_CHECK_VALUE(step >= 1, "dynamicemb: step must be at least 1, got ", step);
+  const std::pair<OptimField, const char*> reals[] = {
+      {embedding::kFieldLearningRate, "lr"},
+      {embedding::kFieldEps, "eps"},
+      {embedding::kFieldBeta1, "beta1"},
+      {embedding::kFieldBeta2, "beta2"},
+      {embedding::kFieldWeightDecay, "weight_decay"},
+      {embedding::kFieldLearningRatePower, "lr_power"},
+      {embedding::kFieldFtrlBeta, "ftrl_beta"},
+      {embedding::kFieldL1Reg, "l1"},
+      {embedding::kFieldL2Reg, "l2"}};
+  for (const auto& [field, name] : reals) check_finite(optim[field], name);
   if (type == static_cast<int64_t>(embedding::OptimType::kFTRL)) {
     TORCH_CHECK_VALUE(lr > 0, "dynamicemb: FTRL learning_rate must be positive, got ", lr);
     TORCH_CHECK_VALUE(lr_power <= 0, "dynamicemb: FTRL learning_rate_power must be <= 0, got ",
@@ -131,6 +168,7 @@ inline embedding::OptimArgs optim_params(at::ArrayRef<double> optim) {
 /// Checks optimizer_step's arguments and packs its hyper-parameters.
 inline embedding::OptimArgs optim_args(const at::Tensor& values, const at::Tensor& rows,
                                        const at::Tensor& grads, at::ArrayRef<double> optim) {
+  check_devices("optimizer_step", {{"values", &values}, {"rows", &rows}, {"grads", &grads}});
   TORCH_CHECK_TYPE(values.scalar_type() == at::kFloat && grads.scalar_type() == at::kFloat,
                    "dynamicemb: values and grads must be float32, got ", values.scalar_type(),
                    " and ", grads.scalar_type());
@@ -141,8 +179,6 @@ inline embedding::OptimArgs optim_args(const at::Tensor& values, const at::Tenso
   check_1d(rows, at::kLong, "rows");
   TORCH_CHECK_VALUE(rows.numel() == grads.size(0), "dynamicemb: ", rows.numel(), " rows but ",
                     grads.size(0), " gradients");
-  TORCH_CHECK(values.device() == rows.device() && values.device() == grads.device(),
-              "dynamicemb: values, rows and grads must share a device");
   embedding::OptimArgs a = optim_params(optim);
   const int64_t dim = grads.size(1);
   const int64_t need = dim + embedding::state_dim(a.type, dim);
@@ -166,10 +202,20 @@ inline embedding::BagLayout bag_layout(const at::Tensor& cols, const at::Tensor&
   if (cols.device().is_cpu()) {
     const int64_t* c = cols.data_ptr<int64_t>();
     const int64_t* d = dims.data_ptr<int64_t>();
+    std::vector<std::pair<int64_t, int64_t>> spans;  // (first column, feature)
     for (int64_t f = 0; f < cols.numel(); ++f) {
       TORCH_CHECK_VALUE(d[f] >= 0 && c[f] >= 0 && c[f] + d[f] <= out_width, "dynamicemb: feature ",
                         f, " (columns ", c[f], " + dim ", d[f], ") does not fit outputs of ",
                         out_width);
+      if (d[f] > 0) spans.emplace_back(c[f], f);
+    }
+    // Two features writing the same output columns have no defined result.
+    std::sort(spans.begin(), spans.end());
+    for (size_t j = 1; j < spans.size(); ++j) {
+      const int64_t f = spans[j - 1].second, g = spans[j].second;
+      TORCH_CHECK_VALUE(c[f] + d[f] <= c[g], "dynamicemb: features ", f, " and ", g,
+                        " overlap in the output: cols ", c[f], " + dims ", d[f], " and cols ",
+                        c[g]);
     }
   }
   embedding::BagLayout l;
@@ -180,13 +226,16 @@ inline embedding::BagLayout bag_layout(const at::Tensor& cols, const at::Tensor&
   return l;
 }
 
-inline const float* opt_weights(const c10::optional<at::Tensor>& weights, int64_t n) {
+/// Optional per-occurrence weights: one per entry of `occurrences` (named
+/// in the error), n of them.
+inline const float* opt_weights(const c10::optional<at::Tensor>& weights, int64_t n,
+                                const char* occurrences) {
   if (!weights.has_value()) return nullptr;
   TORCH_CHECK_TYPE(weights->scalar_type() == at::kFloat,
                    "dynamicemb: weights must be float32, got ", weights->scalar_type());
   TORCH_CHECK_VALUE(weights->dim() == 1 && weights->numel() == n && weights->is_contiguous(),
-                    "dynamicemb: weights must be 1-D with one entry per occurrence (", n,
-                    "), got shape ", weights->sizes());
+                    "dynamicemb: weights must be 1-D with one entry per occurrence (", n, " in ",
+                    occurrences, "), got shape ", weights->sizes());
   return weights->data_ptr<float>();
 }
 
@@ -217,13 +266,18 @@ inline embedding::PoolArgs pool_args(const at::Tensor& seg0, const at::Tensor& s
   const int64_t n = inverse.numel();
   embedding::PoolArgs a;
   a.layout = bag_layout(cols, dims, batch, out_width, bag_offsets.numel() - 1);
-  a.weights = opt_weights(weights, n);
+  a.weights = opt_weights(weights, n, "inverse");
   check_offsets(bag_offsets, n, "bag_offsets");
-  check_index_range(inverse, 0, rows.numel(), "inverse entry");
+  check_index_range(inverse, 0, rows.numel(), "inverse entry (an index into rows)");
   a.space = row_space(seg0, seg1, "values");
   a.rows = rows.data_ptr<int64_t>();
   int64_t num_fill = 0;
   if (fill.has_value()) {
+    const at::ScalarType want = type == storage::ElementType::kFloat16    ? at::kHalf
+                                : type == storage::ElementType::kBFloat16 ? at::kBFloat16
+                                                                          : at::kFloat;
+    TORCH_CHECK_TYPE(fill->scalar_type() == want, "dynamicemb: fill must be ", want,
+                     " (the embedding dtype), got ", fill->scalar_type());
     TORCH_CHECK_VALUE(fill->dim() == 2 && fill->is_contiguous(),
                       "dynamicemb: fill must be a contiguous 2-D tensor, got shape ",
                       fill->sizes());
@@ -262,11 +316,12 @@ inline embedding::UpdateArgs update_args(
     const c10::optional<at::Tensor>& weights, const at::Tensor& cols, const at::Tensor& dims,
     int64_t batch, storage::ElementType type, const embedding::OptimArgs& optim,
     const c10::optional<at::Tensor>& adam_bias) {
+  TORCH_CHECK_VALUE(batch >= 0, "dynamicemb: batch must not be negative, got ", batch);
   TORCH_CHECK_TYPE(grad_out.scalar_type() == at::kFloat,
                    "dynamicemb: grad_out must be float32, got ", grad_out.scalar_type());
   TORCH_CHECK_VALUE(grad_out.dim() == 2 && grad_out.is_contiguous() && grad_out.size(0) == batch,
-                    "dynamicemb: grad_out must be a contiguous (", batch, ", width) tensor, got ",
-                    grad_out.sizes());
+                    "dynamicemb: grad_out must be a contiguous (batch = ", batch,
+                    ", width) tensor, got ", grad_out.sizes());
   check_1d(rows, at::kLong, "rows");
   check_1d(occ_offsets, at::kLong, "occ_offsets");
   check_1d(occ_order, at::kLong, "occ_order");
@@ -278,7 +333,7 @@ inline embedding::UpdateArgs update_args(
                     ") one per occurrence (", n, ")");
   embedding::UpdateArgs a;
   a.layout = bag_layout(cols, dims, batch, grad_out.size(1), cols.numel() * batch);
-  a.weights = opt_weights(weights, n);
+  a.weights = opt_weights(weights, n, "occ_order");
   check_offsets(occ_offsets, n, "occ_offsets");
   check_index_range(occ_order, 0, n, "occurrence");
   check_index_range(occ_bag, 0, cols.numel() * batch, "bag");
@@ -310,6 +365,50 @@ inline embedding::UpdateArgs update_args(
   return a;
 }
 
+/// The tensor arguments of embedding_pool, for check_devices (CPU, CUDA, Meta).
+inline void check_pool_devices(const at::Tensor& seg0, const at::Tensor& seg1,
+                               const at::Tensor& rows, const at::Tensor& inverse,
+                               const at::Tensor& bag_offsets,
+                               const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
+                               const at::Tensor& dims, const c10::optional<at::Tensor>& fill) {
+  check_devices("embedding_pool", {{"rows", &rows},
+                                   {"seg0", &seg0},
+                                   {"seg1", &seg1},
+                                   {"inverse", &inverse},
+                                   {"bag_offsets", &bag_offsets},
+                                   {"cols", &cols},
+                                   {"dims", &dims}});
+  if (weights.has_value()) {
+    check_devices("embedding_pool", {{"rows", &rows}, {"weights", &*weights}});
+  }
+  if (fill.has_value()) check_devices("embedding_pool", {{"rows", &rows}, {"fill", &*fill}});
+}
+
+/// The tensor arguments of embedding_update, for check_devices (CPU, CUDA, Meta).
+inline void check_update_devices(const at::Tensor& seg0, const at::Tensor& seg1,
+                                 const at::Tensor& grad_out, const at::Tensor& rows,
+                                 const at::Tensor& occ_offsets, const at::Tensor& occ_order,
+                                 const at::Tensor& occ_bag,
+                                 const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
+                                 const at::Tensor& dims,
+                                 const c10::optional<at::Tensor>& adam_bias) {
+  check_devices("embedding_update", {{"rows", &rows},
+                                     {"seg0", &seg0},
+                                     {"seg1", &seg1},
+                                     {"grad_out", &grad_out},
+                                     {"occ_offsets", &occ_offsets},
+                                     {"occ_order", &occ_order},
+                                     {"occ_bag", &occ_bag},
+                                     {"cols", &cols},
+                                     {"dims", &dims}});
+  if (weights.has_value()) {
+    check_devices("embedding_update", {{"rows", &rows}, {"weights", &*weights}});
+  }
+  if (adam_bias.has_value()) {
+    check_devices("embedding_update", {{"rows", &rows}, {"adam_bias", &*adam_bias}});
+  }
+}
+
 /// embedding_pool on one backend: checks, allocates the output, then
 /// run(args, num_bags) computes it.
 template <class Run>
@@ -318,12 +417,20 @@ at::Tensor pool_with(const at::Tensor& seg0, const at::Tensor& seg1, const at::T
                      const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
                      const at::Tensor& dims, int64_t batch, int64_t out_width, int64_t type,
                      const c10::optional<at::Tensor>& fill, const Run& run) {
+  check_pool_devices(seg0, seg1, rows, inverse, bag_offsets, weights, cols, dims, fill);
   TORCH_CHECK_VALUE(out_width >= 0, "dynamicemb: out_width must not be negative, got ", out_width);
-  check_same_device(rows, {&seg0, &seg1, &inverse, &bag_offsets, &cols, &dims});
-  if (weights.has_value()) check_same_device(rows, {&*weights});
-  if (fill.has_value()) check_same_device(rows, {&*fill});
+  TORCH_CHECK_VALUE(batch >= 0, "dynamicemb: batch must not be negative, got ", batch);
+  check_1d(cols, at::kLong, "cols");
+  check_1d(bag_offsets, at::kLong, "bag_offsets");
+  TORCH_CHECK_VALUE(bag_offsets.numel() == cols.numel() * batch + 1, "dynamicemb: bag_offsets has ",
+                    bag_offsets.numel(), " entries, not features (", cols.numel(),
+                    " in cols) x batch (", batch, ") + 1");
+  TORCH_CHECK_VALUE(out_width <= (INT64_MAX / 8) / std::max<int64_t>(batch, 1),
+                    "dynamicemb: an output of batch (", batch, ") x out_width (", out_width,
+                    ") floats is more than a tensor can address");
   const storage::ElementType et = element_type(type);
-  at::Tensor out = at::empty({batch, out_width}, rows.options().dtype(at::kFloat));
+  // Zeros: columns of no feature are zeros too, not whatever memory held.
+  at::Tensor out = at::zeros({batch, out_width}, rows.options().dtype(at::kFloat));
   run(pool_args(seg0, seg1, rows, inverse, bag_offsets, weights, cols, dims, batch, out_width, et,
                 fill, out),
       bag_offsets.numel() - 1, et);
@@ -338,10 +445,8 @@ void update_with(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor& grad_out,
                  const at::Tensor& cols, const at::Tensor& dims, int64_t batch, int64_t type,
                  const embedding::OptimArgs& optim, const c10::optional<at::Tensor>& adam_bias,
                  const Run& run) {
-  check_same_device(rows,
-                    {&seg0, &seg1, &grad_out, &occ_offsets, &occ_order, &occ_bag, &cols, &dims});
-  if (weights.has_value()) check_same_device(rows, {&*weights});
-  if (adam_bias.has_value()) check_same_device(rows, {&*adam_bias});
+  check_update_devices(seg0, seg1, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols,
+                       dims, adam_bias);
   const storage::ElementType et = element_type(type);
   run(update_args(seg0, seg1, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols, dims,
                   batch, et, optim, adam_bias),

@@ -3,44 +3,53 @@
 // Meta (fake) kernels: output shapes only, so the ops trace under
 // torch.compile / torch.export. Every output is sized by its inputs, not by
 // the data (counts travel in separate tensors). Sizes are symbolic here
-// (SymInt): the value checks of the real kernels are not repeated.
+// (SymInt): the value checks of the real kernels are not repeated. Like every
+// kernel, each first checks that its tensors share one device (check_devices):
+// a meta tensor among real ones dispatches here.
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "cc/ops/counter_args.h"
+#include "cc/ops/embedding_args.h"
+#include "cc/ops/routing_args.h"
 #include "cc/ops/table_args.h"
 
 namespace dyn_emb {
 namespace ops {
 namespace {
 
-at::Tensor find_meta(const at::Tensor& keys, const at::Tensor& /*table_ids*/,
-                     const at::Tensor& /*table_keys*/, const at::Tensor& /*digests*/,
-                     at::Tensor& /*scores*/, const at::Tensor& /*info*/,
-                     at::IntArrayRef /*policies*/, const at::Tensor& /*score_values*/,
-                     bool /*update*/) {
+at::Tensor find_meta(const at::Tensor& keys, const at::Tensor& table_ids,
+                     const at::Tensor& table_keys, const at::Tensor& digests, at::Tensor& scores,
+                     const at::Tensor& info, at::IntArrayRef /*policies*/,
+                     const at::Tensor& score_values, bool /*update*/) {
+  check_find_devices("table_find", keys, table_ids, table_keys, digests, scores, info,
+                     score_values);
   TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
                    keys.scalar_type());
   return at::empty_symint({keys.sym_numel()}, keys.options());
 }
 
 std::tuple<at::Tensor, at::Tensor> find_gather_meta(
-    const at::Tensor& keys, const at::Tensor& /*table_ids*/, const at::Tensor& /*table_keys*/,
-    const at::Tensor& /*digests*/, at::Tensor& /*scores*/, const at::Tensor& /*info*/,
-    at::IntArrayRef /*policies*/, const at::Tensor& /*score_values*/, bool /*update*/,
+    const at::Tensor& keys, const at::Tensor& table_ids, const at::Tensor& table_keys,
+    const at::Tensor& digests, at::Tensor& scores, const at::Tensor& info,
+    at::IntArrayRef /*policies*/, const at::Tensor& score_values, bool /*update*/,
     const at::Tensor& values) {
+  check_find_devices("table_find_gather", keys, table_ids, table_keys, digests, scores, info,
+                     score_values, &values);
   TORCH_CHECK_VALUE(values.dim() == 2, "dynamicemb: values must be 2-D");
   return {at::empty_symint({keys.sym_numel()}, keys.options()),
           at::empty_symint({keys.sym_numel(), values.sym_size(1)}, values.options())};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>
-run_meta(const at::Tensor& keys, const at::Tensor& /*table_ids*/, at::Tensor& /*table_keys*/,
-         at::Tensor& /*digests*/, at::Tensor& scores, const at::Tensor& /*info*/,
-         at::Tensor& /*counters*/, at::Tensor& /*free_rows*/, at::IntArrayRef /*policies*/,
-         const at::Tensor& /*score_values*/, int64_t op, bool /*assign_rows*/,
-         int64_t /*total_buckets*/, bool /*has_rows*/,
-         const std::optional<at::Tensor>& /*victim_scores*/,
+run_meta(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_keys,
+         at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::Tensor& counters,
+         at::Tensor& free_rows, at::IntArrayRef /*policies*/, const at::Tensor& score_values,
+         int64_t op, bool /*assign_rows*/, int64_t /*total_buckets*/, bool /*has_rows*/,
+         const std::optional<at::Tensor>& victim_scores,
          const std::optional<at::Tensor>& target_slots) {
+  check_run_devices(keys, table_ids, table_keys, digests, scores, info, counters, free_rows,
+                    score_values, victim_scores, target_slots);
   TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
                    keys.scalar_type());
   check_op(op);
@@ -56,8 +65,9 @@ run_meta(const at::Tensor& keys, const at::Tensor& /*table_ids*/, at::Tensor& /*
 }
 
 ExportResult export_meta(const at::Tensor& table_keys, const at::Tensor& scores,
-                         const at::Tensor& /*info*/, int64_t slot_begin, int64_t slot_end,
+                         const at::Tensor& info, int64_t slot_begin, int64_t slot_end,
                          int64_t /*column*/, int64_t /*threshold*/) {
+  check_export_devices(table_keys, scores, info);
   TORCH_CHECK_VALUE(slot_begin >= 0 && slot_begin <= slot_end, "dynamicemb: slot range [",
                     slot_begin, ", ", slot_end, ") is empty or negative");
   const int64_t range = slot_end - slot_begin;
@@ -67,34 +77,41 @@ ExportResult export_meta(const at::Tensor& table_keys, const at::Tensor& scores,
 }
 
 at::Tensor gather_rows_meta(const at::Tensor& values, const at::Tensor& rows) {
+  check_devices("gather_rows", {{"values", &values}, {"rows", &rows}});
   TORCH_CHECK_TYPE(rows.scalar_type() == at::kLong, "dynamicemb: rows must be int64, got ",
                    rows.scalar_type());
   TORCH_CHECK_VALUE(values.dim() == 2, "dynamicemb: values must be 2-D");
   return at::empty_symint({rows.sym_numel(), values.sym_size(1)}, values.options());
 }
 
-at::Tensor init_rows_meta(const at::Tensor& keys, const at::Tensor& /*table_ids*/, int64_t dim,
+at::Tensor init_rows_meta(const at::Tensor& keys, const at::Tensor& table_ids, int64_t dim,
                           int64_t /*mode*/, double /*mean*/, double /*std_dev*/, double /*lower*/,
                           double /*upper*/, double /*value*/, int64_t /*seed*/) {
+  check_devices("init_rows", {{"keys", &keys}, {"table_ids", &table_ids}});
+  TORCH_CHECK_VALUE(dim >= 0, "dynamicemb: dim must be non-negative, got ", dim);
   TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
                    keys.scalar_type());
   return at::empty_symint({keys.sym_numel(), c10::SymInt(dim)}, keys.options().dtype(at::kFloat));
 }
 
-void init_rows_at_meta(at::Tensor& /*seg0*/, at::Tensor& /*seg1*/, const at::Tensor& /*offsets*/,
-                       const at::Tensor& /*keys*/, const at::Tensor& /*table_ids*/, int64_t /*dim*/,
+void init_rows_at_meta(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor& offsets,
+                       const at::Tensor& keys, const at::Tensor& table_ids, int64_t /*dim*/,
                        int64_t /*mode*/, double /*mean*/, double /*std_dev*/, double /*lower*/,
                        double /*upper*/, double /*value*/, int64_t /*seed*/,
                        int64_t /*element_type*/, int64_t /*state_dim*/, int64_t /*fill_from*/,
-                       double /*fill*/) {}
+                       double /*fill*/) {
+  check_row_init_devices(seg0, seg1, offsets, keys, table_ids);
+}
 
-void optimizer_step_meta(at::Tensor& values, const at::Tensor& /*rows*/,
-                         const at::Tensor& /*grads*/, at::ArrayRef<double> /*optim*/) {
+void optimizer_step_meta(at::Tensor& values, const at::Tensor& rows, const at::Tensor& grads,
+                         at::ArrayRef<double> /*optim*/) {
+  check_devices("optimizer_step", {{"values", &values}, {"rows", &rows}, {"grads", &grads}});
   TORCH_CHECK_TYPE(values.scalar_type() == at::kFloat, "dynamicemb: values must be float32");
 }
 
-at::Tensor home_starts_meta(const at::Tensor& keys, const at::Tensor& /*table_ids*/,
-                            const at::Tensor& /*table_keys*/, const at::Tensor& /*info*/) {
+at::Tensor home_starts_meta(const at::Tensor& keys, const at::Tensor& table_ids,
+                            const at::Tensor& table_keys, const at::Tensor& info) {
+  check_keys_view_devices("table_home_starts", table_keys, info, &keys, &table_ids);
   return at::empty_symint({keys.sym_numel()}, keys.options().dtype(at::kLong));
 }
 
@@ -103,49 +120,57 @@ at::Tensor timer_meta(const at::Tensor& like) {
 }
 
 at::Tensor count_meta(const at::Tensor& table_keys, const at::Tensor& info) {
+  check_keys_view_devices("table_count", table_keys, info);
   return at::empty_symint({info.sym_size(0)}, table_keys.options());
 }
 
-at::Tensor route_keys_meta(const at::Tensor& keys, const at::Tensor& /*feature_ids*/,
-                           const at::Tensor& /*dist_types*/, const at::Tensor& /*blocks*/,
+at::Tensor route_keys_meta(const at::Tensor& keys, const at::Tensor& feature_ids,
+                           const at::Tensor& dist_types, const at::Tensor& blocks,
                            int64_t /*world_size*/) {
+  check_route_devices(keys, feature_ids, dist_types, blocks);
   TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
                    keys.scalar_type());
   return at::empty_symint({keys.sym_numel()}, keys.options());
 }
 
-at::Tensor embedding_pool_meta(const at::Tensor& /*seg0*/, const at::Tensor& /*seg1*/,
-                               const at::Tensor& rows, const at::Tensor& /*inverse*/,
-                               const at::Tensor& /*bag_offsets*/,
-                               const c10::optional<at::Tensor>& /*weights*/,
-                               const at::Tensor& /*cols*/, const at::Tensor& /*dims*/,
-                               c10::SymInt batch, int64_t out_width, int64_t /*element_type*/,
-                               const c10::optional<at::Tensor>& /*fill*/) {
+at::Tensor embedding_pool_meta(const at::Tensor& seg0, const at::Tensor& seg1,
+                               const at::Tensor& rows, const at::Tensor& inverse,
+                               const at::Tensor& bag_offsets,
+                               const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
+                               const at::Tensor& dims, c10::SymInt batch, int64_t out_width,
+                               int64_t /*element_type*/, const c10::optional<at::Tensor>& fill) {
+  check_pool_devices(seg0, seg1, rows, inverse, bag_offsets, weights, cols, dims, fill);
+  TORCH_CHECK_VALUE(out_width >= 0, "dynamicemb: out_width must not be negative, got ", out_width);
   return at::empty_symint({batch, out_width}, rows.options().dtype(at::kFloat));
 }
 
-void embedding_update_meta(at::Tensor& /*seg0*/, at::Tensor& /*seg1*/,
-                           const at::Tensor& /*grad_out*/, const at::Tensor& /*rows*/,
-                           const at::Tensor& /*occ_offsets*/, const at::Tensor& /*occ_order*/,
-                           const at::Tensor& /*occ_bag*/,
-                           const c10::optional<at::Tensor>& /*weights*/, const at::Tensor& /*cols*/,
-                           const at::Tensor& /*dims*/, c10::SymInt /*batch*/,
-                           int64_t /*element_type*/, at::ArrayRef<double> /*optim*/,
-                           const c10::optional<at::Tensor>& /*adam_bias*/) {}
+void embedding_update_meta(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor& grad_out,
+                           const at::Tensor& rows, const at::Tensor& occ_offsets,
+                           const at::Tensor& occ_order, const at::Tensor& occ_bag,
+                           const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
+                           const at::Tensor& dims, c10::SymInt /*batch*/, int64_t /*element_type*/,
+                           at::ArrayRef<double> /*optim*/,
+                           const c10::optional<at::Tensor>& adam_bias) {
+  check_update_devices(seg0, seg1, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols,
+                       dims, adam_bias);
+}
 
-at::Tensor counter_add_meta(const at::Tensor& keys, const at::Tensor& /*table_ids*/,
-                            at::Tensor& /*table_keys*/, at::Tensor& /*digests*/,
-                            at::Tensor& /*scores*/, const at::Tensor& /*info*/,
-                            at::Tensor& /*counters*/, const at::Tensor& /*frequencies*/,
-                            int64_t /*release_at*/, int64_t /*total_buckets*/) {
+at::Tensor counter_add_meta(const at::Tensor& keys, const at::Tensor& table_ids,
+                            at::Tensor& table_keys, at::Tensor& digests, at::Tensor& scores,
+                            const at::Tensor& info, at::Tensor& counters,
+                            const at::Tensor& frequencies, int64_t /*release_at*/,
+                            int64_t /*total_buckets*/) {
+  check_count_devices(keys, table_ids, table_keys, digests, scores, info, counters, frequencies);
   TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
                    keys.scalar_type());
   return at::empty_symint({keys.sym_numel()}, keys.options());
 }
 
-void copy_rows_meta(at::Tensor& /*dst0*/, at::Tensor& /*dst1*/, const at::Tensor& /*dst_offsets*/,
-                    const at::Tensor& /*src0*/, const at::Tensor& /*src1*/,
-                    const at::Tensor& /*src_offsets*/, const at::Tensor& /*bytes*/) {}
+void copy_rows_meta(at::Tensor& dst0, at::Tensor& dst1, const at::Tensor& dst_offsets,
+                    const at::Tensor& src0, const at::Tensor& src1, const at::Tensor& src_offsets,
+                    const at::Tensor& bytes) {
+  check_copy_rows_devices(dst0, dst1, dst_offsets, src0, src1, src_offsets, bytes);
+}
 
 }  // namespace
 

@@ -10,6 +10,15 @@
 namespace dyn_emb {
 namespace ops {
 
+/// The tensor arguments of route_keys, for check_devices (CPU, CUDA, Meta).
+inline void check_route_devices(const at::Tensor& keys, const at::Tensor& feature_ids,
+                                const at::Tensor& dist_types, const at::Tensor& blocks) {
+  check_devices("route_keys", {{"keys", &keys},
+                               {"feature_ids", &feature_ids},
+                               {"dist_types", &dist_types},
+                               {"blocks", &blocks}});
+}
+
 /// Checks the arguments of route_keys that need no data: dtypes, shapes,
 /// devices and the world size. Values (dist types, blocks, feature ids) are
 /// checked by the CPU kernel; on CUDA that would synchronize, and the Python
@@ -17,6 +26,7 @@ namespace ops {
 inline void check_route_args(const at::Tensor& keys, const at::Tensor& feature_ids,
                              const at::Tensor& dist_types, const at::Tensor& blocks,
                              int64_t world_size) {
+  check_route_devices(keys, feature_ids, dist_types, blocks);
   check_1d(keys, at::kLong, "keys");
   check_1d(feature_ids, at::kLong, "feature_ids");
   check_1d(dist_types, at::kLong, "dist_types");
@@ -28,11 +38,6 @@ inline void check_route_args(const at::Tensor& keys, const at::Tensor& feature_i
                     dist_types.numel(), " and ", blocks.numel());
   TORCH_CHECK_VALUE(world_size > 0, "dynamicemb: route_keys world_size must be positive, got ",
                     world_size);
-  for (const at::Tensor* t : {&feature_ids, &dist_types, &blocks}) {
-    TORCH_CHECK(t->device() == keys.device(),
-                "dynamicemb: route_keys tensors must share a device, got ", keys.device(), " and ",
-                t->device());
-  }
 }
 
 }  // namespace ops

@@ -25,7 +25,8 @@ TORCH_LIBRARY(dynamicemb, m) {
 
   // table_find fused with the copy of each found key's value row.
   // Args: as table_find, and values: (num_rows, dim) contiguous, indexed by
-  //   slot (by score word 0 under NO_EVICTION).
+  //   slot; under NO_EVICTION by the table's row offset (info) plus score
+  //   word 0, the tables' row blocks back to back.
   // Result:
   //   slots (n) int64 (-1 where absent), rows (n, dim) of values' dtype, zeros
   //   where absent.
@@ -40,7 +41,10 @@ TORCH_LIBRARY(dynamicemb, m) {
   // Args:
   //   counters: (num_tables, kCounterCols) int64, updated on the device.
   //   free_rows: NO_EVICTION free-row stacks (may be empty when no table is).
-  //   assign_rows: NO_EVICTION tables take score_values column 0 as the row.
+  //   assign_rows: a new key of a NO_EVICTION table takes score_values column
+  //     0 as its row (one held by no key and given to no other new key: the
+  //     CPU kernel refuses others); the row allocators are then rebuilt from
+  //     the rows held (cc/table/rows.h).
   //   total_buckets: buckets of all tables (sort key bound).
   //   has_rows: some table is NO_EVICTION.
   //   victim_scores: optional (num_slots) float64 on the table's device: a

@@ -60,12 +60,27 @@ inline void check_row_offset(const storage::RowSpace& s, int64_t offset, int64_t
                     s.size0, " and ", s.size1, " bytes");
 }
 
+/// The tensor arguments of copy_rows, for check_devices (CPU, CUDA, Meta).
+inline void check_copy_rows_devices(const at::Tensor& dst0, const at::Tensor& dst1,
+                                    const at::Tensor& dst_offsets, const at::Tensor& src0,
+                                    const at::Tensor& src1, const at::Tensor& src_offsets,
+                                    const at::Tensor& bytes) {
+  check_devices("copy_rows", {{"dst0", &dst0},
+                              {"dst1", &dst1},
+                              {"dst_offsets", &dst_offsets},
+                              {"src0", &src0},
+                              {"src1", &src1},
+                              {"src_offsets", &src_offsets},
+                              {"bytes", &bytes}});
+}
+
 /// copy_rows on one backend: checks (offsets and byte counts on the CPU) and
 /// packs the arguments, then run(args) copies.
 template <class Run>
 void copy_rows_with(at::Tensor& dst0, at::Tensor& dst1, const at::Tensor& dst_offsets,
                     const at::Tensor& src0, const at::Tensor& src1, const at::Tensor& src_offsets,
                     const at::Tensor& bytes, const Run& run) {
+  check_copy_rows_devices(dst0, dst1, dst_offsets, src0, src1, src_offsets, bytes);
   check_1d(dst_offsets, at::kLong, "dst_offsets");
   check_1d(src_offsets, at::kLong, "src_offsets");
   check_1d(bytes, at::kLong, "bytes");
@@ -74,9 +89,6 @@ void copy_rows_with(at::Tensor& dst0, at::Tensor& dst1, const at::Tensor& dst_of
                     "dynamicemb: copy_rows takes one destination offset, source offset and byte "
                     "count per row, got ",
                     dst_offsets.numel(), ", ", src_offsets.numel(), " and ", n);
-  TORCH_CHECK_VALUE(dst0.device() == src0.device() && dst_offsets.device() == src0.device() &&
-                        src_offsets.device() == src0.device() && bytes.device() == src0.device(),
-                    "dynamicemb: copy_rows takes tensors on one device");
   storage::CopyArgs a;
   a.dst = row_space(dst0, dst1, "dst");
   a.src = row_space(src0, src1, "src");

@@ -14,6 +14,7 @@
 #include "cc/ops/tensor_checks.h"
 #include "cc/table/hash.h"
 #include "cc/table/layout.h"
+#include "cc/table/rows.h"
 #include "cc/table/table_ref.h"
 #include "cc/table/types.h"
 
@@ -23,6 +24,60 @@ namespace ops {
 using table::kCounterCols;
 using table::kInfoCols;
 using table::kMaxScores;
+
+// The tensor arguments of each table op, for check_devices (one list per op,
+// run by its CPU, CUDA and Meta kernels).
+
+inline void check_find_devices(const char* op, const at::Tensor& keys, const at::Tensor& table_ids,
+                               const at::Tensor& table_keys, const at::Tensor& digests,
+                               const at::Tensor& scores, const at::Tensor& info,
+                               const at::Tensor& score_values, const at::Tensor* values = nullptr) {
+  check_devices(op, {{"keys", &keys},
+                     {"table_ids", &table_ids},
+                     {"table_keys", &table_keys},
+                     {"digests", &digests},
+                     {"scores", &scores},
+                     {"info", &info},
+                     {"score_values", &score_values}});
+  if (values) check_devices(op, {{"keys", &keys}, {"values", values}});
+}
+
+inline void check_run_devices(const at::Tensor& keys, const at::Tensor& table_ids,
+                              const at::Tensor& table_keys, const at::Tensor& digests,
+                              const at::Tensor& scores, const at::Tensor& info,
+                              const at::Tensor& counters, const at::Tensor& free_rows,
+                              const at::Tensor& score_values,
+                              const std::optional<at::Tensor>& victim_scores,
+                              const std::optional<at::Tensor>& target_slots) {
+  check_find_devices("table_run", keys, table_ids, table_keys, digests, scores, info, score_values);
+  check_devices("table_run", {{"keys", &keys}, {"counters", &counters}, {"free_rows", &free_rows}});
+  if (victim_scores.has_value()) {
+    check_devices("table_run", {{"keys", &keys}, {"victim_scores", &*victim_scores}});
+  }
+  if (target_slots.has_value()) {
+    check_devices("table_run", {{"keys", &keys}, {"target_slots", &*target_slots}});
+  }
+}
+
+inline void check_export_devices(const at::Tensor& table_keys, const at::Tensor& scores,
+                                 const at::Tensor& info) {
+  check_devices("table_export",
+                {{"table_keys", &table_keys}, {"scores", &scores}, {"info", &info}});
+}
+
+/// The ops that read the keys and info only: table_count, and
+/// table_home_starts with its batch (keys, table_ids).
+inline void check_keys_view_devices(const char* op, const at::Tensor& table_keys,
+                                    const at::Tensor& info, const at::Tensor* keys = nullptr,
+                                    const at::Tensor* table_ids = nullptr) {
+  if (keys) {
+    check_devices(
+        op,
+        {{"keys", keys}, {"table_ids", table_ids}, {"table_keys", &table_keys}, {"info", &info}});
+  } else {
+    check_devices(op, {{"table_keys", &table_keys}, {"info", &info}});
+  }
+}
 
 inline void check_info(const at::Tensor& info) {
   TORCH_CHECK(info.scalar_type() == at::kLong && info.dim() == 2 && info.size(1) == kInfoCols &&
@@ -134,8 +189,8 @@ inline void check_counter_cols(const at::Tensor& counters, const at::Tensor& inf
   TORCH_CHECK(counters.scalar_type() == at::kLong && counters.dim() == 2 &&
                   counters.size(0) == info.size(0) && counters.size(1) == kCounterCols &&
                   counters.is_contiguous(),
-              "dynamicemb: counters must be a contiguous int64 (", info.size(0), ", ", kCounterCols,
-              ") tensor, got ", counters.scalar_type(), " ", counters.sizes());
+              "dynamicemb: counters must be a contiguous int64 (tables of info = ", info.size(0),
+              ", ", kCounterCols, ") tensor, got ", counters.scalar_type(), " ", counters.sizes());
   TORCH_CHECK(counters.device() == table_keys.device(),
               "dynamicemb: counters must be on the table's device");
 }
@@ -169,7 +224,7 @@ inline void check_op(int64_t op) {
 }
 
 /// Checks run's optional target slots: required by place (and only read by
-/// it), (n) int64 on the keys' device.
+/// it), (n) int64 (the device: check_run_devices).
 inline void check_targets(const std::optional<at::Tensor>& targets, int64_t op,
                           const at::Tensor& keys) {
   if (op != static_cast<int64_t>(table::RunOp::kPlace)) return;
@@ -180,16 +235,15 @@ inline void check_targets(const std::optional<at::Tensor>& targets, int64_t op,
       targets->dim() == 1 && targets->numel() == keys.numel() && targets->is_contiguous(),
       "dynamicemb: target_slots must be a contiguous (", keys.numel(),
       ") tensor, one per key, got shape ", targets->sizes());
-  TORCH_CHECK(targets->device() == keys.device(),
-              "dynamicemb: target_slots must be on the keys' device ", keys.device(), ", got ",
-              targets->device());
 }
 
-/// The checks table_find and table_find_gather make on every backend.
-inline void check_find(const at::Tensor& keys, const at::Tensor& table_ids,
+/// The checks table_find and table_find_gather (`op`, with its `values`)
+/// make on every backend.
+inline void check_find(const char* op, const at::Tensor& keys, const at::Tensor& table_ids,
                        const at::Tensor& table_keys, const at::Tensor& digests,
                        const at::Tensor& scores, const at::Tensor& info, at::IntArrayRef policies,
-                       const at::Tensor& score_values) {
+                       const at::Tensor& score_values, const at::Tensor* values = nullptr) {
+  check_find_devices(op, keys, table_ids, table_keys, digests, scores, info, score_values, values);
   check_state(table_keys, digests, scores, info);
   check_batch(keys, table_ids, table_keys);
   check_scores(policies, score_values, keys.numel(), scores.size(1), table_keys);
@@ -203,7 +257,10 @@ inline void check_run(const at::Tensor& keys, const at::Tensor& table_ids,
                       const at::Tensor& score_values, int64_t op,
                       const std::optional<at::Tensor>& victim_scores,
                       const std::optional<at::Tensor>& target_slots) {
-  check_find(keys, table_ids, table_keys, digests, scores, info, policies, score_values);
+  check_run_devices(keys, table_ids, table_keys, digests, scores, info, counters, free_rows,
+                    score_values, victim_scores, target_slots);
+  check_find("table_run", keys, table_ids, table_keys, digests, scores, info, policies,
+             score_values);
   check_counters(counters, free_rows, info, table_keys);
   check_op(op);
   check_victim_scores(victim_scores, table_keys);
@@ -211,8 +268,11 @@ inline void check_run(const at::Tensor& keys, const at::Tensor& table_ids,
 }
 
 /// The checks of the ops that read the keys and info only (table_count,
-/// table_home_starts; table_export also scores).
-inline void check_keys_view(const at::Tensor& table_keys, const at::Tensor& info) {
+/// table_home_starts with its batch; table_export also scores).
+inline void check_keys_view(const char* op, const at::Tensor& table_keys, const at::Tensor& info,
+                            const at::Tensor* keys = nullptr,
+                            const at::Tensor* table_ids = nullptr) {
+  check_keys_view_devices(op, table_keys, info, keys, table_ids);
   check_1d(table_keys, at::kLong, "table_keys");
   check_info(info);
   TORCH_CHECK(info.device() == table_keys.device(),
@@ -268,6 +328,12 @@ using ExportResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, 
 
 inline void check_export(const at::Tensor& keys, const at::Tensor& scores, int64_t slot_begin,
                          int64_t slot_end, int64_t column) {
+  TORCH_CHECK_TYPE(scores.scalar_type() == at::kLong, "dynamicemb: scores must be int64, got ",
+                   scores.scalar_type());
+  TORCH_CHECK_VALUE(scores.dim() == 2 && scores.is_contiguous() && keys.numel() == scores.size(0),
+                    "dynamicemb: scores must be a contiguous (", keys.numel(),
+                    ", num_scores) tensor, one row per slot of table_keys, got shape ",
+                    scores.sizes());
   TORCH_CHECK_VALUE(slot_begin >= 0 && slot_begin <= slot_end && slot_end <= keys.numel(),
                     "dynamicemb: slot range [", slot_begin, ", ", slot_end, ") is not within [0, ",
                     keys.numel(), "]");
@@ -279,7 +345,8 @@ inline void check_export(const at::Tensor& keys, const at::Tensor& scores, int64
 inline void check_export_args(const at::Tensor& table_keys, const at::Tensor& scores,
                               const at::Tensor& info, int64_t slot_begin, int64_t slot_end,
                               int64_t column) {
-  check_keys_view(table_keys, info);
+  check_export_devices(table_keys, scores, info);
+  check_keys_view("table_export", table_keys, info);
   TORCH_CHECK_VALUE(scores.dim() == 2 && table_keys.numel() == scores.size(0),
                     "dynamicemb: table_keys and scores disagree on the slot count");
   check_export(table_keys, scores, slot_begin, slot_end, column);
@@ -327,6 +394,32 @@ inline std::pair<int64_t, bool> check_layout_cpu(const table::TableRef& t, int64
                         t.num_slots, " slots of table_keys");
   }
   return {0, false};
+}
+
+/// Checks the counters of every table (CPU tensors): sizes within the
+/// capacities, the row allocators' invariant (rows.h), naming what is wrong.
+inline void check_counter_values_cpu(const table::TableRef& t) {
+  int64_t bad = -1;
+  const int32_t e = table::check_counters(t, &bad);
+  if (e == table::kCountersOk) return;
+  const int64_t* inf = t.info + bad * kInfoCols;
+  const int64_t* cnt = t.counters + bad * kCounterCols;
+  switch (e) {
+    case table::kCounterSizeRange:
+      TORCH_CHECK_VALUE(false, "dynamicemb: counters: size ", cnt[table::kCounterSize],
+                        " of table ", bad, " is not within [0, ", inf[table::kInfoCapacity], "]");
+    case table::kCounterNextRowRange:
+      TORCH_CHECK_VALUE(false, "dynamicemb: counters: next row ", cnt[table::kCounterNextRow],
+                        " of table ", bad, " is not within [0, ", inf[table::kInfoRowCapacity],
+                        "]");
+    case table::kCounterFreeTopRange:
+      TORCH_CHECK_VALUE(false, "dynamicemb: counters: free-row top ", cnt[table::kCounterFreeTop],
+                        " of table ", bad, " is not within [0, ", cnt[table::kCounterNextRow],
+                        "] (the next row)");
+    default:
+      TORCH_CHECK_VALUE(false, "dynamicemb: counters: a cumulative counter of table ", bad,
+                        " is negative");
+  }
 }
 
 /// CPU tensors: refuses reserved keys and table ids out of range, naming the

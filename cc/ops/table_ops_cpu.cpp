@@ -5,6 +5,10 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <set>
+#include <utility>
+#include <vector>
+
 #include "cc/ops/table_args.h"
 #include "cc/ops/tensor_checks.h"
 #include "cc/table/hash.h"
@@ -17,11 +21,54 @@ namespace {
 
 using table::TableMode;
 
+/// assign_rows: the row of every new key of a NO_EVICTION table (the first
+/// occurrence of a key that is not in the table; resident keys keep their
+/// rows) lies in the table's rows, is held by no key of the table and is given
+/// to no other new key of the batch. Refuses the call naming the first one.
+void check_assigned_rows(const table::TableRef& t, const at::Tensor& keys,
+                         const at::Tensor& table_ids, const at::Tensor& score_values) {
+  std::vector<int64_t> owner(static_cast<size_t>(t.num_free_rows), table::kEmptyKey);
+  std::vector<int64_t> given(static_cast<size_t>(t.num_free_rows), -1);
+  for (int64_t slot = 0; slot < t.num_slots; ++slot) {
+    const int64_t e = table::held_row_entry(t, slot);
+    if (e >= 0) owner[e] = t.keys[slot];
+  }
+  const int64_t* k = keys.data_ptr<int64_t>();
+  const int64_t* tid = table_ids.data_ptr<int64_t>();
+  const int64_t* v = score_values.data_ptr<int64_t>();
+  const int64_t stride = score_values.size(0) == 1 ? 0 : score_values.size(1);
+  const auto no_eviction = [&](int64_t i) {
+    return t.info[tid[i] * kInfoCols + table::kInfoMode] ==
+           static_cast<int64_t>(TableMode::kNoEviction);
+  };
+  for (int64_t i = 0; i < keys.numel(); ++i) {
+    const int64_t cap = t.info[tid[i] * kInfoCols + table::kInfoRowCapacity];
+    TORCH_CHECK_VALUE(!no_eviction(i) || (v[i * stride] >= 0 && v[i * stride] < cap),
+                      "dynamicemb: row ", v[i * stride], " at index ", i, " is out of range [0, ",
+                      cap, ") of table ", tid[i]);
+  }
+  std::set<std::pair<int64_t, int64_t>> seen;  // (table, key) of the new keys so far
+  for (int64_t i = 0; i < keys.numel(); ++i) {
+    if (!no_eviction(i)) continue;
+    const int64_t* ti = t.info + tid[i] * kInfoCols;
+    const int64_t row = v[i * stride];
+    if (table::find_slot(t, tid[i], k[i]) >= 0 || !seen.insert({tid[i], k[i]}).second) continue;
+    const int64_t e = ti[table::kInfoRowOffset] + row;
+    TORCH_CHECK_VALUE(given[e] < 0, "dynamicemb: row ", row, " at index ", i, " is given to key ",
+                      given[e] < 0 ? 0 : k[given[e]], " at index ", given[e],
+                      " too: a row holds one key");
+    TORCH_CHECK_VALUE(owner[e] == table::kEmptyKey, "dynamicemb: row ", row, " at index ", i,
+                      " is held by key ", owner[e], " of table ", tid[i]);
+    given[e] = i;
+  }
+}
+
 at::Tensor find_cpu(const at::Tensor& keys, const at::Tensor& table_ids,
                     const at::Tensor& table_keys, const at::Tensor& digests, at::Tensor& scores,
                     const at::Tensor& info, at::IntArrayRef policies,
                     const at::Tensor& score_values, bool update) {
-  check_find(keys, table_ids, table_keys, digests, scores, info, policies, score_values);
+  check_find("table_find", keys, table_ids, table_keys, digests, scores, info, policies,
+             score_values);
   check_cpu(keys);
   const int64_t n = keys.numel();
   const table::TableRef t = table_ref(table_keys, digests, scores, info, nullptr, nullptr);
@@ -39,13 +86,17 @@ std::tuple<at::Tensor, at::Tensor> find_gather_cpu(
     const at::Tensor& keys, const at::Tensor& table_ids, const at::Tensor& table_keys,
     const at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::IntArrayRef policies,
     const at::Tensor& score_values, bool update, const at::Tensor& values) {
+  check_find_devices("table_find_gather", keys, table_ids, table_keys, digests, scores, info,
+                     score_values, &values);
   TORCH_CHECK_VALUE(values.dim() == 2 && values.is_contiguous(),
                     "dynamicemb: values must be a contiguous 2-D tensor, got shape ",
                     values.sizes());
   check_cpu(values);
+  // The scores are updated only once every row is known to lie in values.
   at::Tensor slots =
-      find_cpu(keys, table_ids, table_keys, digests, scores, info, policies, score_values, update);
-  // Row of each found key: its slot, or score word 0 under NO_EVICTION.
+      find_cpu(keys, table_ids, table_keys, digests, scores, info, policies, score_values, false);
+  // Row of each found key: its slot, or under NO_EVICTION the table's row
+  // offset plus score word 0 (the tables' row blocks lie back to back).
   at::Tensor rows = slots.clone();
   const int64_t* inf = info.data_ptr<int64_t>();
   const int64_t* tid = table_ids.data_ptr<int64_t>();
@@ -54,12 +105,19 @@ std::tuple<at::Tensor, at::Tensor> find_gather_cpu(
   const int64_t ns = scores.size(1);
   for (int64_t i = 0; i < rows.numel(); ++i) {
     if (r[i] < 0) continue;
-    if (inf[tid[i] * kInfoCols + table::kInfoMode] ==
-        static_cast<int64_t>(TableMode::kNoEviction)) {
-      r[i] = sc[r[i] * ns];
+    const int64_t* ti = inf + tid[i] * kInfoCols;
+    if (ti[table::kInfoMode] == static_cast<int64_t>(TableMode::kNoEviction)) {
+      const int64_t row = sc[r[i] * ns];
+      TORCH_CHECK_VALUE(row >= 0 && row < ti[table::kInfoRowCapacity], "dynamicemb: key at index ",
+                        i, " holds row ", row, ", outside the ", ti[table::kInfoRowCapacity],
+                        " rows of table ", tid[i], " (the table state is corrupt)");
+      r[i] = ti[table::kInfoRowOffset] + row;
     }
     TORCH_CHECK_VALUE(r[i] < values.size(0), "dynamicemb: key at index ", i, " has row ", r[i],
                       ", past the ", values.size(0), " rows of values");
+  }
+  if (update) {
+    find_cpu(keys, table_ids, table_keys, digests, scores, info, policies, score_values, true);
   }
   at::Tensor out = at::empty({rows.numel(), values.size(1)}, values.options());
   table::cpu::gather_rows(static_cast<const uint8_t*>(values.data_ptr()),
@@ -86,22 +144,15 @@ run_cpu(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_k
                       " disagrees with info, which describes ", buckets, " buckets");
     TORCH_CHECK_VALUE(has_rows || !rows,
                       "dynamicemb: has_rows is false but info has a NO_EVICTION table");
+    check_counter_values_cpu(lt);
   }
   check_key_values(keys, table_ids, info.size(0));
-  if (assign_rows && op != static_cast<int64_t>(table::RunOp::kErase)) {
-    const int64_t* inf = info.data_ptr<int64_t>();
-    const int64_t* tid = table_ids.data_ptr<int64_t>();
-    const int64_t* v = score_values.data_ptr<int64_t>();
-    const int64_t stride = score_values.size(0) == 1 ? 0 : score_values.size(1);
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t* ti = inf + tid[i] * kInfoCols;
-      if (ti[table::kInfoMode] != static_cast<int64_t>(TableMode::kNoEviction)) continue;
-      TORCH_CHECK_VALUE(v[i * stride] >= 0 && v[i * stride] < ti[table::kInfoRowCapacity],
-                        "dynamicemb: row ", v[i * stride], " at index ", i, " is out of range [0, ",
-                        ti[table::kInfoRowCapacity], ") of table ", tid[i]);
-    }
-  }
   const bool place = op == static_cast<int64_t>(table::RunOp::kPlace);
+  if (assign_rows && (op == static_cast<int64_t>(table::RunOp::kInsert) ||
+                      op == static_cast<int64_t>(table::RunOp::kInsertEvict))) {
+    check_assigned_rows(table_ref(table_keys, digests, scores, info, &counters, &free_rows), keys,
+                        table_ids, score_values);
+  }
   if (place) {
     const table::TableRef lt = table_ref(table_keys, digests, scores, info, &counters, &free_rows);
     const int64_t* k = keys.data_ptr<int64_t>();
@@ -156,6 +207,7 @@ ExportResult export_cpu(const at::Tensor& table_keys, const at::Tensor& scores,
 }
 
 at::Tensor gather_rows_cpu(const at::Tensor& values, const at::Tensor& rows) {
+  check_devices("gather_rows", {{"values", &values}, {"rows", &rows}});
   check_gather(values, rows);
   check_cpu(values);
   check_index_range(rows, -1, values.size(0), "row");
@@ -169,7 +221,7 @@ at::Tensor gather_rows_cpu(const at::Tensor& values, const at::Tensor& rows) {
 
 at::Tensor home_starts_cpu(const at::Tensor& keys, const at::Tensor& table_ids,
                            const at::Tensor& table_keys, const at::Tensor& info) {
-  check_keys_view(table_keys, info);
+  check_keys_view("table_home_starts", table_keys, info, &keys, &table_ids);
   check_batch(keys, table_ids, table_keys);
   check_cpu(keys);
   const table::TableRef t = keys_ref(table_keys, info, nullptr);
@@ -186,7 +238,7 @@ at::Tensor timer_cpu(const at::Tensor& like) {
 }
 
 at::Tensor count_cpu(const at::Tensor& table_keys, const at::Tensor& info) {
-  check_keys_view(table_keys, info);
+  check_keys_view("table_count", table_keys, info);
   check_cpu(table_keys);
   at::Tensor out = at::zeros({info.size(0)}, table_keys.options());
   const table::TableRef t = keys_ref(table_keys, info, nullptr);

@@ -22,7 +22,8 @@ at::Tensor find_cuda(const at::Tensor& keys, const at::Tensor& table_ids,
                      const at::Tensor& table_keys, const at::Tensor& digests, at::Tensor& scores,
                      const at::Tensor& info, at::IntArrayRef policies,
                      const at::Tensor& score_values, bool update) {
-  check_find(keys, table_ids, table_keys, digests, scores, info, policies, score_values);
+  check_find("table_find", keys, table_ids, table_keys, digests, scores, info, policies,
+             score_values);
   const int64_t n = keys.numel();
   c10::cuda::CUDAGuard guard(keys.device());
   at::Tensor slots = at::empty({n}, keys.options());
@@ -38,7 +39,8 @@ std::tuple<at::Tensor, at::Tensor> find_gather_cuda(
     const at::Tensor& keys, const at::Tensor& table_ids, const at::Tensor& table_keys,
     const at::Tensor& digests, at::Tensor& scores, const at::Tensor& info, at::IntArrayRef policies,
     const at::Tensor& score_values, bool update, const at::Tensor& values) {
-  check_find(keys, table_ids, table_keys, digests, scores, info, policies, score_values);
+  check_find("table_find_gather", keys, table_ids, table_keys, digests, scores, info, policies,
+             score_values, &values);
   const int64_t n = keys.numel();
   check_gather(values, keys);
   c10::cuda::CUDAGuard guard(keys.device());
@@ -96,6 +98,7 @@ ExportResult export_cuda(const at::Tensor& table_keys, const at::Tensor& scores,
 }
 
 at::Tensor gather_rows_cuda(const at::Tensor& values, const at::Tensor& rows) {
+  check_devices("gather_rows", {{"values", &values}, {"rows", &rows}});
   check_gather(values, rows);
   c10::cuda::CUDAGuard guard(values.device());
   at::Tensor out = at::empty({rows.numel(), values.size(1)}, values.options());
@@ -108,7 +111,7 @@ at::Tensor gather_rows_cuda(const at::Tensor& values, const at::Tensor& rows) {
 
 at::Tensor home_starts_cuda(const at::Tensor& keys, const at::Tensor& table_ids,
                             const at::Tensor& table_keys, const at::Tensor& info) {
-  check_keys_view(table_keys, info);
+  check_keys_view("table_home_starts", table_keys, info, &keys, &table_ids);
   check_batch(keys, table_ids, table_keys);
   c10::cuda::CUDAGuard guard(keys.device());
   at::Tensor out = at::empty({keys.numel()}, keys.options());
@@ -128,7 +131,7 @@ at::Tensor timer_cuda(const at::Tensor& like) {
 }
 
 at::Tensor count_cuda(const at::Tensor& table_keys, const at::Tensor& info) {
-  check_keys_view(table_keys, info);
+  check_keys_view("table_count", table_keys, info);
   c10::cuda::CUDAGuard guard(table_keys.device());
   at::Tensor out = at::empty({info.size(0)}, table_keys.options());
   const table::TableRef t = keys_ref(table_keys, info, nullptr);

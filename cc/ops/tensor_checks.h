@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include <initializer_list>
+#include <utility>
 
 namespace dyn_emb {
 namespace ops {
@@ -31,12 +32,27 @@ inline void check_index_range(const at::Tensor& idx, int64_t lo, int64_t hi, con
   }
 }
 
-/// Every tensor of `others` on a's device.
-inline void check_same_device(const at::Tensor& a,
-                              std::initializer_list<const at::Tensor*> others) {
-  for (const at::Tensor* t : others) {
-    TORCH_CHECK(t->device() == a.device(), "dynamicemb: every tensor must be on ", a.device(),
-                ", got one on ", t->device());
+/// A tensor argument and its name, for check_devices.
+using NamedTensor = std::pair<const char*, const at::Tensor*>;
+
+/// Every tensor argument of one call defined (None given for a Tensor arrives
+/// undefined) and on one device, that of the first. Every kernel of an op,
+/// Meta included, runs this before anything else: the dispatcher picks the
+/// kernel of the "highest" device among the arguments (meta above cuda above
+/// cpu), so a kernel can be handed tensors of other devices, whose memory it
+/// must not read.
+inline void check_devices(const char* op, std::initializer_list<NamedTensor> args) {
+  const NamedTensor* first = nullptr;
+  for (const NamedTensor& a : args) {
+    TORCH_CHECK_VALUE(a.second->defined(), "dynamicemb: ", op, ": ", a.first,
+                      " is None, a tensor is required");
+    if (first == nullptr) {
+      first = &a;
+      continue;
+    }
+    TORCH_CHECK_VALUE(a.second->device() == first->second->device(), "dynamicemb: ", op, ": ",
+                      a.first, " is on ", a.second->device(), " but ", first->first, " is on ",
+                      first->second->device(), ": every tensor must be on one device");
   }
 }
 

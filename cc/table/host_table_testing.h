@@ -74,6 +74,7 @@ struct HostTable {
     t.num_scores = num_scores;
     t.num_tables = static_cast<int64_t>(info.size() / kInfoCols);
     t.num_slots = static_cast<int64_t>(keys.size());
+    t.num_free_rows = static_cast<int64_t>(free_rows.size());
     return t;
   }
 };

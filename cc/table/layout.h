@@ -103,10 +103,12 @@ DEMB_HD bool valid_input(const TableRef& t, int64_t key, int64_t table) {
   return !is_reserved_key(key) && table >= 0 && table < t.num_tables;
 }
 
-/// Position of `key` in the bucket, or -1. Reads the digests 8 at a time.
-DEMB_HD int64_t probe(const TableRef& t, const Home& h, int64_t key, uint8_t digest) {
+/// Position of `key` in the bucket at or after position `from` (a multiple
+/// of 8), or -1. Reads the digests 8 at a time.
+DEMB_HD int64_t probe(const TableRef& t, const Home& h, int64_t key, uint8_t digest,
+                      int64_t from = 0) {
   const uint64_t* d = reinterpret_cast<const uint64_t*>(t.digests + h.start);
-  for (int64_t w = 0; w < h.width / 8; ++w) {
+  for (int64_t w = from / 8; w < h.width / 8; ++w) {
     uint64_t m = match_bytes(d[w], digest);
     while (m) {
       const int64_t pos = w * 8 + (ctz64(m) >> 3);
@@ -125,18 +127,24 @@ DEMB_HD int64_t find_slot(const TableRef& t, int64_t table, int64_t key) {
 
 // ---------------------------------------------------------------- export --
 
-/// Table owning `slot`; tables are laid out in ascending slot order.
-DEMB_HD int64_t table_of_slot(const TableRef& t, int64_t slot) {
+/// The last table whose `info` column `col` (an offset: the tables lay out
+/// their slots, and their rows, in ascending order) is at most x.
+DEMB_HD int64_t last_table_at(const TableRef& t, int32_t col, int64_t x) {
   int64_t lo = 0, hi = t.num_tables - 1;
   while (lo < hi) {
     const int64_t mid = (lo + hi + 1) / 2;
-    if (t.info[mid * kInfoCols + kInfoSlotOffset] <= slot) {
+    if (t.info[mid * kInfoCols + col] <= x) {
       lo = mid;
     } else {
       hi = mid - 1;
     }
   }
   return lo;
+}
+
+/// Table owning `slot`.
+DEMB_HD int64_t table_of_slot(const TableRef& t, int64_t slot) {
+  return last_table_at(t, kInfoSlotOffset, slot);
 }
 
 /// export_batch's predicate: the slot holds a key whose score word `column`

@@ -6,15 +6,21 @@
 //
 // # Bulk operations are sequential per bucket
 //
-// insert, insert_and_evict, erase and place sort the batch by (global bucket, index)
-// and process each run of keys sharing a bucket in batch order, one run at a
-// time per thread. Buckets are independent, so the result is exactly that of
-// processing the whole batch one key after another, whatever the thread count
+// insert, insert_and_evict, erase and place sort the batch by (global bucket,
+// index) and process each run of keys sharing a bucket, one run at a time per
+// thread. Buckets are independent, so the result is that of processing the
+// whole batch one key after another in this order, whatever the thread count
 // or device: the CPU and CUDA backends give identical slots, statuses,
-// evictions and rows. Within one batch:
-//   - a repeated key finds the slot its first occurrence took (kFound);
-//   - a slot the batch has already found or filled is never a victim, so every
-//     slot handed back stays valid for the rest of the step; a key whose bucket
+// evictions and rows. The order (insert, insert_and_evict): first every
+// occurrence of a key that is in the table when the call starts, then the
+// other keys, each group in batch order; erase and place: batch order. Within
+// one batch:
+//   - a key of the batch that is in the table is found: it keeps its slot, and
+//     with it its trained row, and is never evicted by a new key of the batch
+//     (it may leave by release, below);
+//   - a repeated new key finds the slot its first occurrence took (kFound);
+//   - a slot the batch has found or filled is never a victim, so every slot
+//     handed back stays valid for the rest of the step; a key whose bucket
 //     holds only such slots is reported kFailed and counted, never dropped.
 //
 // # Release
@@ -24,9 +30,11 @@
 // it leaves the table instead of staying. A stored key is erased (its slot is
 // free for the keys after it in the run); a new key is not stored and evicts
 // nothing. Either is reported kReleased with slot -1; `scores_out` receives
-// the word each key reached. This is the admission counter's rule
-// (cc/admission/counter.h): counts accumulate (kAccumulate) and a key leaves
-// the moment its count reaches the admission threshold.
+// the word each key reached. A later occurrence of a released key in the
+// batch is a new key (taken with the new keys, from its initial score). This
+// is the admission counter's rule (cc/admission/counter.h): counts accumulate
+// (kAccumulate) and a key leaves the moment its count reaches the admission
+// threshold.
 //
 // # Place (replay)
 //
@@ -81,38 +89,6 @@ DEMB_HD bool assigned_row_valid(const ScoreArgs& a, int64_t index, const int64_t
   return row >= 0 && row < inf[kInfoRowCapacity];
 }
 
-/// True if an earlier key of this run holds `slot` (found or placed it).
-DEMB_HD bool touched_by_run(const RunArgs& r, int64_t begin, int64_t cur, int64_t slot) {
-  for (int64_t q = begin; q < cur; ++q) {
-    const int32_t i = r.order[q];
-    if (r.slots[i] == slot) return true;
-  }
-  return false;
-}
-
-/// Position of the first slot in the victim order (scores.h) that this run has
-/// not touched, or -1.
-/// (The best candidate's order key and score words stay in registers: each
-/// slot's are read once. Score words are at most two.)
-DEMB_HD int64_t pick_victim(const TableRef& t, const Home& h, const RunArgs& r, int64_t begin,
-                            int64_t cur) {
-  const int32_t ns = t.num_scores;
-  int64_t best = -1, bk = 0, b0 = 0, b1 = 0;
-  for (int64_t pos = 0; pos < h.width; ++pos) {
-    const int64_t slot = h.start + pos;
-    const int64_t* sc = t.scores + slot * ns;
-    const int64_t k = victim_key(r, slot), s0 = sc[0], s1 = ns > 1 ? sc[1] : 0;
-    if (best >= 0 && !(k != bk ? k < bk : (s0 != b0 ? s0 < b0 : s1 < b1))) continue;
-    if (!touched_by_run(r, begin, cur, slot)) {
-      best = pos;
-      bk = k;
-      b0 = s0;
-      b1 = s1;
-    }
-  }
-  return best;
-}
-
 /// First slot of the home bucket of a batch entry, or -1 for invalid input:
 /// what the layer above evaluates victim scores over.
 DEMB_HD int64_t home_start_of(const TableRef& t, int64_t key, int64_t table) {
@@ -160,20 +136,113 @@ struct RunDeltas {
   int64_t size = 0, failures = 0, evictions = 0, inserts = 0;
 };
 
+// ------------------------------------------------------- in-place sorting --
+
+/// Restores the max-heap a[0, n) below position i (less: strict order).
+template <class Less>
+DEMB_HD void sift_down(int64_t* a, int64_t n, int64_t i, const Less& less) {
+  for (;;) {
+    int64_t c = 2 * i + 1;
+    if (c >= n) return;
+    if (c + 1 < n && less(a[c], a[c + 1])) ++c;
+    if (!less(a[i], a[c])) return;
+    const int64_t x = a[i];
+    a[i] = a[c];
+    a[c] = x;
+    i = c;
+  }
+}
+
+/// Sorts the max-heap a[0, n) ascending.
+template <class Less>
+DEMB_HD void sort_heap(int64_t* a, int64_t n, const Less& less) {
+  for (int64_t e = n - 1; e > 0; --e) {
+    const int64_t x = a[0];
+    a[0] = a[e];
+    a[e] = x;
+    sift_down(a, e, 0, less);
+  }
+}
+
+/// Sorts a[0, n) ascending in place (heapsort: O(n log n), no allocation).
+template <class Less>
+DEMB_HD void heap_sort(int64_t* a, int64_t n, const Less& less) {
+  for (int64_t i = n / 2 - 1; i >= 0; --i) sift_down(a, n, i, less);
+  sort_heap(a, n, less);
+}
+
+// --------------------------------------------------------------- victims --
+
+/// The victim order of the untouched slots of a full bucket: smallest (victim
+/// score, score words, position) first (scores.h).
+struct VictimLess {
+  const TableRef* t;
+  const RunArgs* r;
+  DEMB_HD bool operator()(int64_t a, int64_t b) const {
+    const int64_t ka = victim_key(*r, a), kb = victim_key(*r, b);
+    if (ka != kb) return ka < kb;
+    const int32_t ns = t->num_scores;
+    for (int32_t c = 0; c < ns; ++c) {
+      const int64_t sa = t->scores[a * ns + c], sb = t->scores[b * ns + c];
+      if (sa != sb) return sa < sb;
+    }
+    return a < b;
+  }
+};
+
+/// The `limit` first victims of a full bucket, in victim order: its slots not
+/// in `touched` (ascending slots the run holds, `num_touched` of them),
+/// selected with a max-heap of `limit` entries. Writes them to out[0, count)
+/// and returns count. O(width log limit), whatever the run's length.
+DEMB_HD int64_t select_victims(const TableRef& t, const RunArgs& r, const Home& h,
+                               const int64_t* touched, int64_t num_touched, int64_t limit,
+                               int64_t* out) {
+  const VictimLess less{&t, &r};
+  int64_t size = 0, next_touched = 0;
+  for (int64_t slot = h.start; slot < h.start + h.width; ++slot) {
+    if (next_touched < num_touched && touched[next_touched] == slot) {
+      ++next_touched;
+      continue;
+    }
+    if (size < limit) {  // push: sift the new entry up
+      int64_t i = size++;
+      out[i] = slot;
+      while (i > 0 && less(out[(i - 1) / 2], out[i])) {
+        const int64_t p = (i - 1) / 2, x = out[p];
+        out[p] = out[i];
+        out[i] = x;
+        i = p;
+      }
+    } else if (size > 0 && less(slot, out[0])) {  // replace the largest
+      out[0] = slot;
+      sift_down(out, size, 0, less);
+    }
+  }
+  sort_heap(out, size, less);
+  return size;
+}
+
+// ----------------------------------------------------------------- probes --
+
 /// The sequential way of probing a bucket, used by the CPU backend. The CUDA
-/// backend passes a tile-parallel one with the same answers (table_cuda.cu);
+/// backend passes a tile-parallel one with the same answers (tile_probe.cuh);
 /// both run the one definition of a run below.
 struct SequentialProbe {
-  DEMB_HD int64_t find(const TableRef& t, const Home& h, int64_t key, uint8_t digest) const {
-    return probe(t, h, key, digest);
-  }
-  DEMB_HD int64_t victim(const TableRef& t, const Home& h, const RunArgs& r, int64_t begin,
-                         int64_t cur) const {
-    return pick_victim(t, h, r, begin, cur);
+  /// Position of `key` at or after position `from` (a multiple of 8), or -1.
+  DEMB_HD int64_t find(const TableRef& t, const Home& h, int64_t key, uint8_t digest,
+                       int64_t from) const {
+    return probe(t, h, key, digest, from);
   }
   DEMB_HD bool leader() const { return true; }  ///< whether this thread writes
-  DEMB_HD void sync() const {}                  ///< orders writes before the next key
+  DEMB_HD void sync() const {}                  ///< orders writes before the next read
 };
+
+/// Prefind: the slot of each valid batch entry whose key is in the table when
+/// the call starts, -1 otherwise. Read-only, so every key can be looked up in
+/// parallel before the runs (r.slots[i], the input of run_keys).
+DEMB_HD int64_t resident_slot(const TableRef& t, int64_t key, int64_t table) {
+  return valid_input(t, key, table) ? find_slot(t, table, key) : -1;
+}
 
 /// place for the key at batch index i (sorted position p), whose home bucket
 /// is h and which sits at position `pos` of it (-1: absent): see "Place"
@@ -223,10 +292,34 @@ DEMB_HD RunDeltas place_key(const TableRef& t, const RunArgs& r, const Home& h, 
   return d;
 }
 
-/// Processes the keys at sorted positions [begin, end), which share one
-/// bucket, in order, updating the table and the per-key outputs; returns the
-/// run's counter changes. `P` probes (see SequentialProbe); only its leader
-/// writes.
+// ------------------------------------------------------------------- runs --
+//
+// run_keys processes the keys at sorted positions [begin, end) of a run (one
+// bucket), given r.slots[i] = resident_slot(...) of each of them:
+//
+//  1. Keys already in the table (r.slots[i] >= 0), in batch order: kFound, the
+//     policies applied to their scores (erase: removed, each key once).
+//  2. The other keys, in batch order: a repeat of a key placed earlier in the
+//     run finds it (kFound); a new key takes the bucket's first empty position,
+//     or, in a full bucket (insert_and_evict, evicting table), the next victim:
+//     the untouched slots (neither found in 1 nor filled in 2) in victim order.
+//     Untouched slots do not change during the run, so the victims are selected
+//     once, when the first is needed (select_victims), and taken in order.
+//
+// Cost: O(run log run) for the repeats, O(width log run) for the victims,
+// O(width / 8) for the empty positions: never the run's length times the
+// bucket's width, so one bucket spanning a table scales.
+//
+// Scratch: the run's positions [begin, end) of r.ev_keys, r.ev_slots,
+// r.ev_tables and r.ev_scores (by position, n entries each) hold, until the
+// records overwrite them, the run's new keys sorted by key (ev_keys), the
+// previous occurrence of each new key (ev_tables), the touched slots (ev_keys)
+// and the victims (ev_slots). The j-th eviction of a run writes its record at
+// position begin + j, never past the key being processed, so no scratch entry
+// is overwritten before its last use.
+
+/// Processes the run [begin, end); returns its counter changes. `P` probes
+/// (see SequentialProbe); only its leader writes.
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
@@ -248,47 +341,114 @@ DEMB_HD RunDeltas run_keys(const TableRef& t, const RunArgs& r, int64_t begin, i
     r.status[i] = static_cast<int8_t>(st);
   };
 
+  // Place: each key in batch order, probed when its turn comes.
+  if (r.op == RunOp::kPlace) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int32_t i = r.order[p];
+      const int64_t key = r.keys[i];
+      const uint8_t digest = digest_of_hash(bucket_hash(static_cast<uint64_t>(key)));
+      const int64_t pos = pr.find(t, h, key, digest, 0);
+      if (lead) {
+        if (r.row_work) r.row_work[i] = -1;
+        d = place_key(t, r, h, i, p, key, digest, pos, no_evict, d);
+      }
+      pr.sync();
+    }
+    return d;
+  }
+
+  // 1. Keys in the table when the call starts (the leader decides and
+  // writes; the other lanes learn the outcome from slots and status).
   for (int64_t p = begin; p < end; ++p) {
     const int32_t i = r.order[p];
-    const int64_t key = r.keys[i];
-    const uint8_t digest = digest_of_hash(bucket_hash(static_cast<uint64_t>(key)));
-    const int64_t pos = pr.find(t, h, key, digest);
-    if (lead && r.row_work) r.row_work[i] = -1;
-
-    if (r.op == RunOp::kErase) {
-      if (pos < 0) {
-        result(i, -1, InsertStatus::kFailed);
-      } else {
-        const int64_t slot = h.start + pos;
-        if (lead) {
+    const int64_t slot = r.slots[i];
+    if (lead) {
+      if (r.row_work) r.row_work[i] = -1;
+      if (r.op == RunOp::kErase) {
+        // A repeat finds the slot emptied by its first occurrence.
+        if (slot < 0 || t.keys[slot] != r.keys[i]) {
+          result(i, -1, InsertStatus::kFailed);
+        } else {
           if (no_evict && r.row_work) r.row_work[i] = t.scores[slot * ns];
           clear_slot(t, slot);
+          result(i, slot, InsertStatus::kFound);
+          --d.size;
         }
-        result(i, slot, InsertStatus::kFound);
-        --d.size;
+      } else if (slot >= 0 && t.keys[slot] == r.keys[i]) {
+        if (!no_evict && update_or_release(t, r, i, slot, lead)) {
+          result(i, -1, InsertStatus::kReleased);
+          --d.size;
+        } else {
+          result(i, slot, InsertStatus::kFound);
+        }
+      } else {  // new, or a repeat of a key released above: taken in 2
+        result(i, -1, InsertStatus::kInserted);
       }
-      pr.sync();
-      continue;
     }
+    pr.sync();
+  }
+  if (r.op == RunOp::kErase) return d;
+  // An entry is new when 1 left it at slot -1 without releasing it.
+  const auto is_new = [&](int32_t i) {
+    return r.slots[i] < 0 && r.status[i] != static_cast<int8_t>(InsertStatus::kReleased);
+  };
+  int64_t num_new = 0;
+  for (int64_t p = begin; p < end; ++p) num_new += is_new(r.order[p]) ? 1 : 0;
+  if (num_new == 0) return d;
 
-    if (r.op == RunOp::kPlace) {
-      if (lead) d = place_key(t, r, h, i, p, key, digest, pos, no_evict, d);
-      pr.sync();
-      continue;
-    }
-
-    if (pos >= 0) {  // resident: update the score (or release the key)
-      const int64_t slot = h.start + pos;
-      if (!no_evict && update_or_release(t, r, i, slot, lead)) {
-        result(i, -1, InsertStatus::kReleased);
-        --d.size;
-      } else {
-        result(i, slot, InsertStatus::kFound);
+  // Repeats among the new keys: ev_tables[p] = the previous position of p's
+  // key, or -1, from the new keys' positions sorted by (key, position).
+  int64_t* sorted = r.ev_keys + begin;
+  int64_t* prev = r.ev_tables;
+  if (num_new > 1) {
+    if (lead) {
+      int64_t k = 0;
+      for (int64_t p = begin; p < end; ++p) {
+        if (is_new(r.order[p])) sorted[k++] = p;
       }
-      pr.sync();
-      continue;
+      const auto by_key = [&](int64_t a, int64_t b) {
+        const int64_t ka = r.keys[r.order[a]], kb = r.keys[r.order[b]];
+        return ka != kb ? ka < kb : a < b;
+      };
+      heap_sort(sorted, num_new, by_key);
+      prev[sorted[0]] = -1;
+      for (int64_t q = 1; q < num_new; ++q) {
+        const bool same = r.keys[r.order[sorted[q]]] == r.keys[r.order[sorted[q - 1]]];
+        prev[sorted[q]] = same ? sorted[q - 1] : -1;
+      }
     }
+    pr.sync();
+  }
 
+  // 2. The new keys.
+  int64_t cursor = 0;        // no empty position below it
+  bool full = false;         // no empty position left
+  int64_t num_victims = -1;  // victims selected (-1: not yet)
+  int64_t taken = 0;         // victims taken
+  for (int64_t p = begin; p < end; ++p) {
+    const int32_t i = r.order[p];
+    if (!is_new(i)) continue;  // found or released in 1
+    if (num_new > 1 && prev[p] >= 0) {
+      const int64_t slot = r.slots[r.order[prev[p]]];
+      if (slot >= 0) {  // placed by an earlier occurrence
+        if (lead) {
+          if (!no_evict && update_or_release(t, r, i, slot, lead)) {
+            result(i, -1, InsertStatus::kReleased);
+            --d.size;
+          } else {
+            result(i, slot, InsertStatus::kFound);
+          }
+        }
+        pr.sync();
+        if (r.status[i] == static_cast<int8_t>(InsertStatus::kReleased)) {
+          // The slot is empty again: the next new key may take it.
+          const int64_t pos = slot - h.start;
+          cursor = pos - pos % 8 < cursor ? pos - pos % 8 : cursor;
+          full = false;
+        }
+        continue;
+      }
+    }
     if (no_evict && r.assign_rows && !assigned_row_valid(r.score, i, inf)) {
       result(i, -1, InsertStatus::kInvalid);
       pr.sync();
@@ -303,35 +463,65 @@ DEMB_HD RunDeltas run_keys(const TableRef& t, const RunArgs& r, int64_t begin, i
         continue;
       }
     }
-    int64_t target = pr.find(t, h, kEmptyKey, empty_dg);
+    const int64_t key = r.keys[i];
+    int64_t target = full ? -1 : pr.find(t, h, kEmptyKey, empty_dg, cursor);
+    full = target < 0;
     InsertStatus st = InsertStatus::kInserted;
-    if (target < 0) {
-      if (r.op == RunOp::kInsertEvict && !no_evict) {
-        target = pr.victim(t, h, r, begin, p);
-        st = InsertStatus::kEvicted;
-      }
-      if (target < 0) {
-        result(i, -1, InsertStatus::kFailed);
-        ++d.failures;
-        pr.sync();
-        continue;
-      }
-      const int64_t vslot = h.start + target;
-      if (lead) {
-        r.ev_keys[p] = t.keys[vslot];
-        for (int32_t c = 0; c < ns; ++c) r.ev_scores[p * ns + c] = t.scores[vslot * ns + c];
-        r.ev_slots[p] = vslot;
-        r.ev_tables[p] = table;
-        r.ev_flags[p] = 1;
-      }
-      ++d.evictions;
-    } else {
+    if (target >= 0) {
+      cursor = target - target % 8;
       ++d.size;
+    } else if (r.op == RunOp::kInsertEvict && !no_evict) {
+      if (num_victims < 0) {
+        // The bucket is full. Touched: every slot the run holds (found in 1
+        // or filled in 2); at most the run's remaining keys are evicted.
+        int64_t* touched = r.ev_keys + begin;
+        int64_t* victims = r.ev_slots + begin;
+        if (lead) {
+          int64_t nt = 0, limit = 0;
+          for (int64_t q = begin; q < end; ++q) {
+            const int64_t s = r.slots[r.order[q]];
+            if (s >= 0) {
+              touched[nt++] = s;
+            } else if (q >= p) {
+              ++limit;
+            }
+          }
+          heap_sort(touched, nt, [](int64_t a, int64_t b) { return a < b; });
+          int64_t u = 0;  // a repeat found a slot twice: keep each once
+          for (int64_t q = 0; q < nt; ++q) {
+            if (q == 0 || touched[q] != touched[q - 1]) touched[u++] = touched[q];
+          }
+          r.ev_scores[begin * ns] = select_victims(t, r, h, touched, u, limit, victims);
+        }
+        pr.sync();
+        num_victims = r.ev_scores[begin * ns];
+        pr.sync();  // every lane has read the count before a record overwrites it
+      }
+      if (taken < num_victims) {
+        target = r.ev_slots[begin + taken] - h.start;
+        const int64_t vslot = h.start + target;
+        const int64_t at = begin + taken++;  // the record of the run's taken-th eviction
+        if (lead) {
+          r.ev_keys[at] = t.keys[vslot];
+          for (int32_t c = 0; c < ns; ++c) r.ev_scores[at * ns + c] = t.scores[vslot * ns + c];
+          r.ev_slots[at] = vslot;
+          r.ev_tables[at] = table;
+          r.ev_flags[at] = 1;
+        }
+        st = InsertStatus::kEvicted;
+        ++d.evictions;
+      }
+    }
+    if (target < 0) {
+      result(i, -1, InsertStatus::kFailed);
+      ++d.failures;
+      pr.sync();
+      continue;
     }
     const int64_t slot = h.start + target;
     if (lead) {
       t.keys[slot] = key;
-      t.digests[slot] = digest;
+      t.digests[slot] = digest_of_hash(bucket_hash(static_cast<uint64_t>(key)));
       if (no_evict) {
         if (r.assign_rows) {
           t.scores[slot * ns] = score_input(r.score, i, 0);

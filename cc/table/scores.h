@@ -67,8 +67,10 @@ DEMB_HD int64_t initial_score(const ScoreArgs& a, int64_t index, int32_t c) {
   }
 }
 
-/// Applies the policies to a resident key's score words. `atomic` is set where
-/// several threads may update one slot (find); run-wise operations own theirs.
+/// Applies the policies to a resident key's score words (ACCUMULATE
+/// saturates at INT64_MAX / INT64_MIN instead of wrapping). `atomic` is set
+/// where several threads may update one slot (find); run-wise operations own
+/// theirs.
 DEMB_HD void update_score(const ScoreArgs& a, int64_t index, int32_t num_scores, int64_t* s,
                           bool atomic) {
   for (int32_t c = 0; c < num_scores; ++c) {
@@ -76,11 +78,11 @@ DEMB_HD void update_score(const ScoreArgs& a, int64_t index, int32_t num_scores,
       case ScorePolicy::kAssign:
         s[c] = score_input(a, index, c);
         break;
-      case ScorePolicy::kAccumulate:
+      case ScorePolicy::kAccumulate:  // saturates at the int64 bounds
         if (atomic) {
-          atomic_add_i64(&s[c], score_input(a, index, c));
+          atomic_add_saturating(&s[c], score_input(a, index, c));
         } else {
-          s[c] += score_input(a, index, c);
+          s[c] = add_saturating(s[c], score_input(a, index, c));
         }
         break;
       case ScorePolicy::kTimer:

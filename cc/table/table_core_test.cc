@@ -24,7 +24,8 @@ namespace {
 
 using ::testing::ElementsAre;
 
-// Runs one batch sequentially through process_run (all keys of one table).
+// Runs one batch sequentially: the prefind pass (resident_slot), then
+// process_run per run.
 struct Batch : RunOutputs {
   std::vector<int64_t> keys, tables;
 
@@ -42,6 +43,8 @@ struct Batch : RunOutputs {
                      [&](int32_t x, int32_t y) { return sk[x] < sk[y]; });
     RunArgs r = args(op, keys.data(), tables.data(), a);
     r.victim_scores = victim_scores;
+    // The prefind pass: the slots of the keys in the table when the call starts.
+    for (int64_t i = 0; i < n; ++i) slots[i] = resident_slot(t, keys[i], tables[i]);
     int64_t b = 0;
     while (b < n) {
       int64_t e = b + 1;
@@ -198,6 +201,52 @@ TEST(RunOps, BatchNeverEvictsWhatItTouched) {
   EXPECT_EQ(b.slots[16], -1);
   EXPECT_EQ(h.counters[kCounterInsertFailures], 1);
   for (int i = 0; i < 16; ++i) EXPECT_EQ(b.status[i], static_cast<int8_t>(InsertStatus::kFound));
+}
+
+TEST(RunOps, ResidentKeyOfTheBatchIsFoundBeforeANewKeyEvicts) {
+  HostTable h({{16, 16}}, 1);
+  Batch fill;
+  fill.keys = iota_keys(16);
+  std::vector<int64_t> s(16);
+  std::iota(s.begin(), s.end(), 1);  // key 1 at position 0 has the minimum
+  fill.run(h, RunOp::kInsertEvict, assign_each(s));
+  Batch b;
+  b.keys = {100, 1};  // the new key first: key 1 is still found and kept
+  std::vector<int64_t> s2 = {50, 50};
+  b.run(h, RunOp::kInsertEvict, assign_each(s2));
+  EXPECT_THAT(b.status, ElementsAre(static_cast<int8_t>(InsertStatus::kEvicted),
+                                    static_cast<int8_t>(InsertStatus::kFound)));
+  EXPECT_THAT(b.slots, ElementsAre(1, 0));
+  EXPECT_EQ(b.ev_keys[0], 2);  // the next minimum
+  EXPECT_EQ(h.scores[0], 50);
+}
+
+TEST(Victims, SelectVictimsTakesTheSmallestUntouchedSlotsInVictimOrder) {
+  HostTable h({{32, 32}}, 1);
+  Batch fill;
+  fill.keys = iota_keys(32);
+  std::vector<int64_t> s = {9, 4, 4, 7, 1, 8, 2, 6, 3, 5, 9, 9, 9, 9, 9, 9,
+                            9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 0};
+  fill.run(h, RunOp::kInsertEvict, assign_each(s));
+  TableRef t = h.ref();
+  RunArgs r;
+  const Home home = home_of(t, 0, 1);
+  const std::vector<int64_t> touched = {4, 31};  // the two smallest are held by the run
+  std::vector<int64_t> out(5);
+  EXPECT_EQ(select_victims(t, r, home, touched.data(), 2, 5, out.data()), 5);
+  EXPECT_THAT(out, ElementsAre(6, 8, 1, 2, 9));  // scores 2, 3, 4, 4 (lower slot first), 5
+  std::vector<int64_t> all(40);
+  EXPECT_EQ(select_victims(t, r, home, touched.data(), 2, 40, all.data()), 30);
+  EXPECT_THAT(std::vector<int64_t>(all.begin(), all.begin() + 5), ElementsAre(6, 8, 1, 2, 9));
+}
+
+TEST(Scores, AccumulateSaturatesAtTheInt64Bounds) {
+  EXPECT_EQ(add_saturating(INT64_MAX - 1, 5), INT64_MAX);
+  EXPECT_EQ(add_saturating(INT64_MIN + 1, -5), INT64_MIN);
+  EXPECT_EQ(add_saturating(-3, 5), 2);
+  int64_t x = INT64_MAX - 2;
+  atomic_add_saturating(&x, 7);
+  EXPECT_EQ(x, INT64_MAX);
 }
 
 TEST(RunOps, InsertWithoutEvictionFailsOnFullBucket) {

@@ -18,8 +18,82 @@ namespace table {
 namespace cpu {
 
 namespace {
+
 constexpr int64_t kGrain = 2048;
+
+/// The slots of a run's keys that are in the table when the call starts
+/// (resident_slot of each: the input of run_keys). A long run in a wide
+/// bucket looks its keys up in a hash index of the bucket built for it, in
+/// O(width + run) rather than O(run * width / 8) digest reads: one bucket
+/// spanning a table then costs each batch a pass over the bucket, not one per
+/// key. The answers are resident_slot's.
+void prefind_run(const TableRef& t, const RunArgs& r, int64_t begin, int64_t end,
+                 std::vector<int32_t>& index) {
+  const int32_t first = r.order[begin];
+  const Home h = home_of(t, r.table_ids[first], r.keys[first]);
+  const int64_t m = end - begin;
+  if (m < 32 || h.width < 1024 || h.width >= (int64_t{1} << 30)) {
+    for (int64_t p = begin; p < end; ++p) {
+      const int32_t i = r.order[p];
+      r.slots[i] = resident_slot(t, r.keys[i], r.table_ids[i]);
+    }
+    return;
+  }
+  int64_t size = 1;
+  while (size < 2 * h.width) size <<= 1;
+  const uint64_t mask = static_cast<uint64_t>(size - 1);
+  index.assign(static_cast<size_t>(size), -1);
+  // Low bits of the key's hash: all keys of the bucket share only its high bits.
+  const auto at = [](int64_t key) { return bucket_hash(static_cast<uint64_t>(key)); };
+  for (int64_t pos = 0; pos < h.width; ++pos) {
+    const int64_t key = t.keys[h.start + pos];
+    if (key == kEmptyKey) continue;
+    uint64_t j = at(key) & mask;
+    while (index[j] >= 0) j = (j + 1) & mask;
+    index[j] = static_cast<int32_t>(pos);
+  }
+  for (int64_t p = begin; p < end; ++p) {
+    const int32_t i = r.order[p];
+    const int64_t key = r.keys[i];
+    int64_t slot = -1;
+    for (uint64_t j = at(key) & mask; index[j] >= 0; j = (j + 1) & mask) {
+      if (t.keys[h.start + index[j]] == key) {
+        slot = h.start + index[j];
+        break;
+      }
+    }
+    r.slots[i] = slot;
+  }
+}
+
 }  // namespace
+
+void rebuild_row_allocators(const TableRef& t) {
+  std::vector<uint8_t> held(static_cast<size_t>(t.num_free_rows), 0);
+  at::parallel_for(0, t.num_slots, kGrain * 8, [&](int64_t b, int64_t e) {
+    for (int64_t slot = b; slot < e; ++slot) {
+      const int64_t entry = held_row_entry(t, slot);
+      if (entry >= 0 && entry < t.num_free_rows) held[entry] = 1;
+    }
+  });
+  for (int64_t table = 0; table < t.num_tables; ++table) {
+    const int64_t* inf = t.info + table * kInfoCols;
+    if (inf[kInfoMode] != static_cast<int64_t>(TableMode::kNoEviction)) continue;
+    const int64_t off = inf[kInfoRowOffset];
+    int64_t next = 0, num_free = 0;
+    for (int64_t row = 0; row < inf[kInfoRowCapacity]; ++row) {
+      if (held[off + row]) next = row + 1;
+    }
+    for (int64_t row = 0; row < next; ++row) num_free += !held[off + row];
+    int64_t free_below = 0;
+    for (int64_t row = 0; row < next; ++row) {
+      if (held[off + row]) continue;
+      t.free_rows[off + rebuilt_stack_position(free_below++, num_free)] = row;
+    }
+    t.counters[table * kCounterCols + kCounterNextRow] = next;
+    t.counters[table * kCounterCols + kCounterFreeTop] = num_free;
+  }
+}
 
 int64_t host_timer_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
@@ -109,8 +183,15 @@ int64_t run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_buc
   heads.push_back(valid);
   const int64_t runs = static_cast<int64_t>(heads.size()) - 1;
   at::parallel_for(0, runs, 256, [&](int64_t b, int64_t e) {
-    for (int64_t k = b; k < e; ++k) process_run(t, args, heads[k], heads[k + 1]);
+    std::vector<int32_t> index;
+    for (int64_t k = b; k < e; ++k) {
+      prefind_run(t, args, heads[k], heads[k + 1], index);
+      process_run(t, args, heads[k], heads[k + 1]);
+    }
   });
+
+  // NO_EVICTION rows brought by the keys (assign_rows): rebuild the allocators.
+  if (r.assign_rows && r.op != RunOp::kErase && t.num_free_rows > 0) rebuild_row_allocators(t);
 
   // NO_EVICTION rows, in batch order per table.
   if (r.row_work) {

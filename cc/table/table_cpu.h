@@ -45,6 +45,10 @@ void stable_order(const int64_t* sort_keys, int64_t n, int64_t total_buckets, in
 int64_t run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_buckets,
                int64_t* scratch_keys);
 
+/// @brief Rebuilds every NO_EVICTION table's row allocator from the rows its
+/// keys hold (rows.h): what an insert with assign_rows ends with.
+void rebuild_row_allocators(const TableRef& t);
+
 /// @brief Occupied slots in [slot_begin, slot_end) whose score word
 /// `score_column` is >= `threshold`, in slot order.
 /// @param out_keys (slot_end - slot_begin) out; likewise out_slots, out_tables,

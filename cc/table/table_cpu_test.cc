@@ -135,6 +135,25 @@ TEST(CpuBackend, InvalidEntriesAreReportedAndChangeNothing) {
   EXPECT_EQ(s.counters[kCounterSize], 0);
 }
 
+TEST(CpuBackend, RebuiltRowAllocatorHandsOutTheLowestFreeRowFirst) {
+  HostTable s({{32, 16}, {32, 16}}, 1, /*row_capacities=*/{0, 16});
+  // Keys of table 1 hold rows 5 and 2 (as an insert with assign_rows leaves them).
+  const int64_t slot_a = 32 + 3, slot_b = 32 + 20;
+  s.keys[slot_a] = 100;
+  s.scores[slot_a] = 5;
+  s.keys[slot_b] = 200;
+  s.scores[slot_b] = 2;
+  cpu::rebuild_row_allocators(s.ref());
+  const int64_t* cnt = s.counters.data() + kCounterCols;
+  EXPECT_EQ(cnt[kCounterNextRow], 6);
+  EXPECT_EQ(cnt[kCounterFreeTop], 4);
+  // Free rows 4, 3, 1, 0 from the bottom: 0 is handed out first.
+  EXPECT_EQ(std::vector<int64_t>(s.free_rows.begin(), s.free_rows.begin() + 4),
+            (std::vector<int64_t>{4, 3, 1, 0}));
+  EXPECT_EQ(row_for_rank(s.ref(), 1, 0), 0);
+  EXPECT_EQ(row_for_rank(s.ref(), 1, 4), 6);
+}
+
 TEST(CpuBackend, ExportAndCountAgreeWithTheKeys) {
   HostTable s({{64, 16}, {64, 32}}, 1);
   std::vector<int64_t> keys(80), tables(80), sv(80);

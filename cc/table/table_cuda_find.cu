@@ -55,9 +55,13 @@ __global__ void find_gather_kernel(TableRef t, ScoreArgs a, const int64_t* keys,
     const int64_t pos = tile_probe<L>(g, t, h, key, h.digest);
     if (pos >= 0) {
       slot = h.start + pos;
-      const bool no_evict =
-          t.info[table * kInfoCols + kInfoMode] == static_cast<int64_t>(TableMode::kNoEviction);
-      row = no_evict ? t.scores[slot * t.num_scores] : slot;
+      const int64_t* inf = t.info + table * kInfoCols;
+      const bool no_evict = inf[kInfoMode] == static_cast<int64_t>(TableMode::kNoEviction);
+      row = slot;
+      if (no_evict) {  // the table's block of rows, then its row (the CPU kernel refuses others)
+        const int64_t r = t.scores[slot * t.num_scores];
+        row = r >= 0 && r < inf[kInfoRowCapacity] ? inf[kInfoRowOffset] + r : -1;
+      }
       if (row >= num_rows) row = -1;
       if (g.thread_rank() == 0 && update && !no_evict) {
         update_score(a, i, t.num_scores, t.scores + slot * t.num_scores, /*atomic=*/true);

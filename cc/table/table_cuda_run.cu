@@ -1,8 +1,10 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 //
 // The CUDA backend's run-wise operations (insert, insert_and_evict, erase):
-// sort by home bucket, one tile per run (operations.h), the NO_EVICTION row
-// pass (rows.h), then the eviction records compacted.
+// sort by home bucket, the slots of the keys already in the table (one tile
+// per key), one tile per run (operations.h), the NO_EVICTION row pass or, with
+// assign_rows, the allocators rebuilt (rows.h), then the eviction records
+// compacted.
 #include <cooperative_groups.h>
 
 #include <cub/cub.cuh>
@@ -31,6 +33,101 @@ __global__ void sort_key_kernel(TableRef t, const int64_t* keys, const int64_t* 
   const int64_t k = *ok ? sort_key_of(t, keys[i], table_ids[i]) : INT64_MAX;
   out[i] = k == INT64_MAX ? total_buckets : k;
   iota[i] = static_cast<int32_t>(i);
+}
+
+// The slot of each batch entry whose key is in the table when the call
+// starts, -1 otherwise (resident_slot, operations.h): one tile per entry.
+template <int L>
+__global__ void prefind_kernel(TableRef t, const int64_t* keys, const int64_t* table_ids, int64_t n,
+                               int64_t* slots, const int32_t* ok) {
+  const auto g = cg::tiled_partition<L>(cg::this_thread_block());
+  const int64_t i = tile_index<L>();
+  if (i >= n) return;
+  const int64_t key = keys[i], table = table_ids[i];
+  int64_t slot = -1;
+  if (*ok && valid_input(t, key, table)) {
+    const Home h = home_of(t, table, key);
+    const int64_t pos = tile_probe<L>(g, t, h, key, h.digest);
+    if (pos >= 0) slot = h.start + pos;
+  }
+  if (g.thread_rank() == 0) slots[i] = slot;
+}
+
+// ------------------------------------------------- allocator rebuild --
+// After an insert with assign_rows (rows.h): held[e] for each entry of
+// free_rows held by a key, each NO_EVICTION table's next row (the highest
+// held + 1), its free rows below it placed on the stack, lowest on top.
+
+__global__ void mark_held_kernel(TableRef t, uint8_t* held, const int32_t* ok) {
+  const int64_t slot = global_thread();
+  if (slot >= t.num_slots || !*ok) return;
+  const int64_t e = held_row_entry(t, slot);
+  if (e >= 0 && e < t.num_free_rows) held[e] = 1;
+}
+
+__global__ void next_row_kernel(TableRef t, const uint8_t* held, long long* next,
+                                const int32_t* ok) {
+  const int64_t e = global_thread();
+  if (e >= t.num_free_rows || !*ok || !held[e]) return;
+  const int64_t table = table_of_row_entry(t, e);
+  atomicMax(next + table,
+            static_cast<long long>(e - t.info[table * kInfoCols + kInfoRowOffset] + 1));
+}
+
+__global__ void free_flags_kernel(TableRef t, const uint8_t* held, const long long* next,
+                                  int64_t* flags) {
+  const int64_t e = global_thread();
+  if (e >= t.num_free_rows) return;
+  const int64_t table = table_of_row_entry(t, e);
+  const int64_t* inf = t.info + table * kInfoCols;
+  flags[e] = inf[kInfoMode] == static_cast<int64_t>(TableMode::kNoEviction) && !held[e] &&
+             e - inf[kInfoRowOffset] < next[table];
+}
+
+// free_below[e]: exclusive prefix sum of flags over all entries.
+__global__ void stack_kernel(TableRef t, const int64_t* flags, const int64_t* free_below,
+                             const long long* next, const int32_t* ok) {
+  const int64_t e = global_thread();
+  if (e >= t.num_free_rows || !*ok || !flags[e]) return;
+  const int64_t table = table_of_row_entry(t, e);
+  const int64_t off = t.info[table * kInfoCols + kInfoRowOffset];
+  const int64_t last = off + next[table] - 1;  // next >= 1: a row below it is free
+  const int64_t num_free = free_below[last] + flags[last] - free_below[off];
+  t.free_rows[off + rebuilt_stack_position(free_below[e] - free_below[off], num_free)] = e - off;
+}
+
+__global__ void rebuilt_counters_kernel(TableRef t, const int64_t* flags, const int64_t* free_below,
+                                        const long long* next, const int32_t* ok) {
+  const int64_t table = global_thread();
+  if (table >= t.num_tables || !*ok) return;
+  const int64_t* inf = t.info + table * kInfoCols;
+  if (inf[kInfoMode] != static_cast<int64_t>(TableMode::kNoEviction)) return;
+  const int64_t off = inf[kInfoRowOffset], nx = next[table];
+  int64_t* cnt = t.counters + table * kCounterCols;
+  cnt[kCounterNextRow] = nx;
+  cnt[kCounterFreeTop] =
+      nx == 0 ? 0 : free_below[off + nx - 1] + flags[off + nx - 1] - free_below[off];
+}
+
+void rebuild_row_allocators(const TableRef& t, const int32_t* ok, ScratchAllocator& scratch,
+                            cudaStream_t stream) {
+  const int64_t m = t.num_free_rows;
+  auto* held = alloc<uint8_t>(scratch, m);
+  auto* next = alloc<long long>(scratch, t.num_tables);
+  auto* flags = alloc<int64_t>(scratch, m);
+  auto* below = alloc<int64_t>(scratch, m);
+  check_cuda(cudaMemsetAsync(held, 0, static_cast<size_t>(m), stream), "memset");
+  check_cuda(cudaMemsetAsync(next, 0, sizeof(long long) * t.num_tables, stream), "memset");
+  mark_held_kernel<<<grid_for(t.num_slots), kBlock, 0, stream>>>(t, held, ok);
+  next_row_kernel<<<grid_for(m), kBlock, 0, stream>>>(t, held, next, ok);
+  free_flags_kernel<<<grid_for(m), kBlock, 0, stream>>>(t, held, next, flags);
+  size_t bytes = 0;
+  check_cuda(cub::DeviceScan::ExclusiveSum(nullptr, bytes, flags, below, m, stream), "scan (size)");
+  void* tmp = scratch.allocate(bytes);
+  check_cuda(cub::DeviceScan::ExclusiveSum(tmp, bytes, flags, below, m, stream), "scan");
+  stack_kernel<<<grid_for(m), kBlock, 0, stream>>>(t, flags, below, next, ok);
+  rebuilt_counters_kernel<<<grid_for(t.num_tables), kBlock, 0, stream>>>(t, flags, below, next, ok);
+  check_launch("rebuild row allocators");
 }
 
 constexpr int kCounterDeltas = 4;
@@ -217,7 +314,16 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
       cub::DeviceRadixSort::SortPairs(tmp, bytes, kin, kout, iota, order, n, 0, end_bit, stream),
       "sort");
 
-  // The runs write eviction records by position into scratch.
+  // The slots of the keys in the table when the call starts (read-only: one
+  // tile per key, before the runs).
+  with_lanes<8, 16, 32>(find_lanes(), [&](auto lanes) {
+    constexpr int L = decltype(lanes)::value;
+    prefind_kernel<L>
+        <<<tile_grid_for<L>(n), kBlock, 0, stream>>>(t, r.keys, r.table_ids, n, r.slots, ok);
+  });
+  check_launch("prefind");
+
+  // The runs write eviction records (and keep their scratch) by position.
   RunArgs w = r;
   w.score = with_timer(r.score, ns, scratch, stream);
   w.ev_keys = alloc<int64_t>(scratch, n);
@@ -235,6 +341,10 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
     run_kernel<L><<<tile_grid_for<L>(n), kBlock, 0, stream>>>(t, w, keys_sorted, n, total_buckets);
   });
   check_launch("runs");
+
+  if (has_rows && r.assign_rows && r.op != RunOp::kErase && t.num_free_rows > 0) {
+    rebuild_row_allocators(t, ok, scratch, stream);
+  }
 
   if (has_rows) {
     // Rows go out in batch order per table: order the indices by (table, index).

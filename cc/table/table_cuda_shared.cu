@@ -7,6 +7,7 @@
 
 #include "cc/common/cuda_launch.cuh"
 #include "cc/table/layout.h"
+#include "cc/table/rows.h"
 #include "cc/table/table_cuda_shared.cuh"
 #include "cc/table/tile_probe.cuh"
 
@@ -17,13 +18,15 @@ namespace cuda {
 namespace {
 
 // 1 where info describes a consistent layout (and, when given, the bucket
-// count and NO_EVICTION flag the caller passed agree with it).
+// count and NO_EVICTION flag the caller passed agree with it, and the
+// counters keep their invariants, rows.h).
 __global__ void layout_kernel(TableRef t, int64_t free_rows_len, int64_t total_buckets,
                               bool has_rows, int32_t* ok) {
   int64_t buckets = 0, bad = 0;
   bool rows = false;
   const int32_t e = check_layout(t, free_rows_len, &buckets, &rows, &bad);
-  *ok = e == kLayoutOk && (total_buckets < 0 || buckets == total_buckets) && (has_rows || !rows);
+  *ok = e == kLayoutOk && (total_buckets < 0 || buckets == total_buckets) && (has_rows || !rows) &&
+        (t.counters == nullptr || check_counters(t, &bad) == kCountersOk);
 }
 
 __global__ void timer_kernel(int64_t* now) {

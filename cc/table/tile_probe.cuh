@@ -8,10 +8,11 @@
 // 8, 16 or 32, and 1 for runs, one thread per run, for timing variants). A
 // lane reads 8 digests (one 8-byte word) per step, so with 16 lanes a
 // 128-slot bucket is one coalesced 128-byte read. The answers are those of
-// the sequential functions the CPU backend runs (layout.h, operations.h):
-//   tile_probe  == probe        (the only key match, or the lowest empty slot)
-//   tile_victim == pick_victim  (the victim order of scores.h)
-// Only lane 0 writes; the tile syncs before the next key reads the bucket.
+// the sequential function the CPU backend runs (layout.h):
+//   tile_probe == probe  (the only key match, or the lowest empty slot)
+// The victims of a full bucket are selected once per run by lane 0
+// (select_victims, operations.h). Only lane 0 writes; the tile syncs before
+// the next key reads the bucket.
 #pragma once
 
 #include <cooperative_groups.h>
@@ -32,9 +33,9 @@ namespace cg = cooperative_groups;
 
 template <int L, class Tile>
 __device__ int64_t tile_probe(const Tile& g, const TableRef& t, const Home& h, int64_t key,
-                              uint8_t digest) {
+                              uint8_t digest, int64_t from = 0) {
   const int64_t lane_off = static_cast<int64_t>(g.thread_rank()) * 8;
-  for (int64_t base = 0; base < h.width; base += L * 8) {
+  for (int64_t base = from - from % 8; base < h.width; base += L * 8) {
     const int64_t off = base + lane_off;
     int64_t hit = -1;
     if (off < h.width) {
@@ -55,60 +56,13 @@ __device__ int64_t tile_probe(const Tile& g, const TableRef& t, const Home& h, i
   return -1;
 }
 
-// (victim key, score 0, score 1, position) lexicographically; the victim key
-// is victim_key() of scores.h (0 for every slot without victim scores).
-__device__ __forceinline__ bool lex_less(int64_t ak, int64_t a0, int64_t a1, int64_t ap, int64_t bk,
-                                         int64_t b0, int64_t b1, int64_t bp) {
-  if (ak != bk) return ak < bk;
-  if (a0 != b0) return a0 < b0;
-  if (a1 != b1) return a1 < b1;
-  return ap < bp;
-}
-
-template <int L, class Tile>
-__device__ int64_t tile_victim(const Tile& g, const TableRef& t, const Home& h, const RunArgs& r,
-                               int64_t begin, int64_t cur) {
-  const int32_t ns = t.num_scores;
-  int64_t bk = INT64_MAX, b0 = INT64_MAX, b1 = INT64_MAX, bp = INT64_MAX;
-  const int64_t lane_off = static_cast<int64_t>(g.thread_rank()) * 8;
-  for (int64_t base = 0; base < h.width; base += L * 8) {
-    for (int j = 0; j < 8; ++j) {
-      const int64_t pos = base + lane_off + j;
-      if (pos >= h.width) break;
-      const int64_t* s = t.scores + (h.start + pos) * ns;
-      const int64_t sk = victim_key(r, h.start + pos), s0 = s[0], s1 = ns > 1 ? s[1] : 0;
-      if (lex_less(sk, s0, s1, pos, bk, b0, b1, bp) &&
-          !touched_by_run(r, begin, cur, h.start + pos)) {
-        bk = sk;
-        b0 = s0;
-        b1 = s1;
-        bp = pos;
-      }
-    }
-  }
-  for (int o = L / 2; o > 0; o >>= 1) {
-    const int64_t ok = g.shfl_xor(bk, o), o0 = g.shfl_xor(b0, o), o1 = g.shfl_xor(b1, o),
-                  op = g.shfl_xor(bp, o);
-    if (lex_less(ok, o0, o1, op, bk, b0, b1, bp)) {
-      bk = ok;
-      b0 = o0;
-      b1 = o1;
-      bp = op;
-    }
-  }
-  return bp == INT64_MAX ? -1 : bp;
-}
-
 // The tile-parallel probe run_keys (operations.h) is given on the GPU.
 template <int L, class Tile>
 struct TileProbe {
   const Tile& g;
-  __device__ int64_t find(const TableRef& t, const Home& h, int64_t key, uint8_t digest) const {
-    return tile_probe<L>(g, t, h, key, digest);
-  }
-  __device__ int64_t victim(const TableRef& t, const Home& h, const RunArgs& r, int64_t begin,
-                            int64_t cur) const {
-    return tile_victim<L>(g, t, h, r, begin, cur);
+  __device__ int64_t find(const TableRef& t, const Home& h, int64_t key, uint8_t digest,
+                          int64_t from) const {
+    return tile_probe<L>(g, t, h, key, digest, from);
   }
   __device__ bool leader() const { return g.thread_rank() == 0; }
   __device__ void sync() const { g.sync(); }

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from dynamicemb._checks import as_int, as_tensor
 from dynamicemb.dynamicemb_config import BUCKET_ALIGNMENT, align_to_table_size
 from dynamicemb.storage import Footprint, by_memory, table_metadata_bytes
 from dynamicemb.table import ScoredHashTable, enums
@@ -120,6 +121,7 @@ class MultiTableKVCounter(Counter):
             if not isinstance(x, torch.Tensor) or x.dtype.is_floating_point or x.is_complex():
                 got = x.dtype if isinstance(x, torch.Tensor) else type(x).__name__
                 raise TypeError(f"MultiTableKVCounter: {name} must be an integer tensor, got {got}")
+            as_tensor(x, f"MultiTableKVCounter: {name}")  # refuses the meta device
             if x.dim() != 1 or x.shape != keys.shape:
                 raise ValueError(
                     f"MultiTableKVCounter: {name} must be 1-D with one entry per key "
@@ -154,7 +156,9 @@ class MultiTableKVCounter(Counter):
     ) -> torch.Tensor:
         """Adds frequencies; keys whose count reaches ``threshold`` leave.
 
-        Keys are taken one after another in call order (bucket by bucket).
+        Keys are taken one after another (bucket by bucket): first every
+        occurrence of a stored key, then the others, each group in call order;
+        an occurrence of a key released earlier in the call counts as new.
         Each key's count becomes its stored count (0 if absent) plus its
         frequency. A count at or above ``threshold`` leaves the counter (a
         stored key is erased, an absent one is not stored); a lower count is
@@ -173,6 +177,7 @@ class MultiTableKVCounter(Counter):
             torch.Tensor: (n) int64 count of each key after its increment, on
             the counter's device.
         """
+        threshold = as_int(threshold, "threshold", min=0)
         keys, table_ids, frequencies = self._batch(keys, table_ids, frequencies)
         t = self.table
         return ops().counter_add(
@@ -184,7 +189,7 @@ class MultiTableKVCounter(Counter):
             t.info,
             t.counters,
             frequencies,
-            int(threshold),
+            threshold,
             t.total_buckets,
         )
 

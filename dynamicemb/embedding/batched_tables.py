@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch.profiler import record_function
 
+from dynamicemb._checks import as_int, as_tensor
 from dynamicemb.dynamicemb_config import (
     OPTIMIZER_STATE_DTYPE,
     DynamicEmbCheckMode,
@@ -39,7 +40,7 @@ from dynamicemb.storage import (
     create_storage,
 )
 from dynamicemb.table import enums
-from dynamicemb.table._native import ops
+from dynamicemb.table._native import constants, ops
 from dynamicemb.types import MemoryType, MultiTableAdmitter
 
 S = DynamicEmbScoreStrategy
@@ -242,6 +243,12 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 f"{self.initializer_table_ids}"
             )
         self.step = 0
+        # Whether forward reads its inputs' values (offsets, reserved keys,
+        # counters and weights) to refuse bad ones: one device-to-host
+        # synchronization a step on a GPU. The sharded modules turn it off:
+        # TorchRec's input distribution builds their offsets from lengths, and
+        # their training step reads nothing from the device.
+        self.check_values = True
         # CUSTOMIZED: the score each table's keys get in the next forward passes.
         self._custom_scores: list[int | None] = [None] * n
         self._custom_score_t = torch.zeros(n, dtype=torch.int64, device=self.device)
@@ -429,10 +436,20 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.stats.add(StatCol.CACHE_MISSES, looked - hits)
 
     def set_score(self, score: int, tables: Sequence[int] | None = None) -> None:
-        """CUSTOMIZED: the score the keys of ``tables`` (None: all) get in the
-        next forward passes. Warns when it is below a table's previous score
-        (unless ``DYNAMICEMB_CSTM_SCORE_CHECK=0``)."""
-        tables = range(len(self._custom_scores)) if tables is None else tables
+        """CUSTOMIZED: the score (an int64) the keys of ``tables`` (None: all)
+        get in the next forward passes. Warns when it is below a table's
+        previous score (unless ``DYNAMICEMB_CSTM_SCORE_CHECK=0``)."""
+        score = as_int(score, "score")
+        if not -(2**63) <= score < 2**63:
+            raise ValueError(f"score {score} does not fit int64")
+        num_tables = len(self._custom_scores)
+        if tables is None:
+            tables = range(num_tables)
+        else:
+            tables = [as_int(t, "tables entry") for t in tables]
+            for t in tables:
+                if not 0 <= t < num_tables:
+                    raise ValueError(f"tables entry {t} is out of range [0, {num_tables})")
         for t in tables:
             old = self._custom_scores[t]
             if (
@@ -444,9 +461,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                     f"set_score: new score {score} of table {t} is less than the previous {old}",
                     stacklevel=2,
                 )
-            self._custom_scores[t] = int(score)
+            self._custom_scores[t] = score
             # On the device with a fill: a host copy would synchronize.
-            self._custom_score_t[t].fill_(int(score))
+            self._custom_score_t[t].fill_(score)
 
     def get_custom_score(self, table: int) -> int | None:
         """CUSTOMIZED: the score set for ``table`` (None: never set)."""
@@ -461,8 +478,18 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         frequency_counters: torch.Tensor | None = None,
         pooling_weights: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        self._check_weights(indices, frequency_counters, pooling_weights)
-        indices, offsets = self._batch_input(indices, offsets)
+        # Every argument is checked before anything changes (tables, rows,
+        # step counter, statistics): a refused call leaves the module as it was.
+        indices, offsets, frequency_counters, pooling_weights = self._check_inputs(
+            indices, offsets, frequency_counters, pooling_weights
+        )
+        if self.training and S.CUSTOMIZED in self.strategies:
+            unset = [t for t, c in enumerate(self._custom_scores) if c is None]
+            if unset:
+                raise RuntimeError(
+                    f"CUSTOMIZED score strategy: call set_score before the forward pass (tables "
+                    f"{unset} have no score)"
+                )
         num_features = len(self.feature_table_map)
         batch = (offsets.numel() - 1) // num_features
         lengths = offsets[1:] - offsets[:-1]
@@ -478,16 +505,14 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self._uniq_tids = su.table_ids
         counts = su.counts
         if frequency_counters is not None:
-            counts = torch.zeros_like(su.counts).index_add_(
-                0, su.inverse, frequency_counters.to(self.device).long()
-            )
+            counts = torch.zeros_like(su.counts).index_add_(0, su.inverse, frequency_counters)
         with record_function("dynamicemb:find_or_insert"):
             if self.training:
                 rows, fill = self._rows_train(su, counts, padded)
             else:
                 rows, fill = self._rows_eval(su.keys, su.table_ids)
         space = self.storage.space()
-        weights = None if pooling_weights is None else pooling_weights.to(self.device)
+        weights = pooling_weights
         if self.pooling_mode == DynamicEmbPoolingMode.MEAN:
             inv_len = 1.0 / lengths.clamp(min=1).to(torch.float32)
             weights = inv_len[bag]
@@ -532,16 +557,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         return _Pool.apply(self._placeholder, self, b)
 
     def _batch_input(self, indices: torch.Tensor, offsets: torch.Tensor):
-        """A batch in TBE layout on the module's device, its offsets checked
-        against the number of features."""
-        indices = indices.to(self.device).long()
-        offsets = offsets.to(self.device).long()
-        num_features = len(self.feature_table_map)
-        if (offsets.numel() - 1) % num_features:
-            raise ValueError(
-                f"offsets has {offsets.numel()} entries, not num_features ({num_features}) * "
-                "batch_size + 1"
-            )
+        """A batch in TBE layout on the module's device (int64, contiguous),
+        checked as forward checks it (_check_inputs)."""
+        indices, offsets, _, _ = self._check_inputs(indices, offsets, None, None)
         return indices, offsets
 
     def _bags(self, indices: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
@@ -556,38 +574,120 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         bag = self._bags(indices, offsets[1:] - offsets[:-1])
         return self._feature_tables[bag // max(batch, 1)]
 
-    def _check_weights(self, indices, frequency_counters, pooling_weights) -> None:
-        if pooling_weights is None:
-            return
-        if self.pooling_mode != DynamicEmbPoolingMode.SUM:
-            raise ValueError(f"pooling_weights need pooling mode SUM, got {self.pooling_mode.name}")
-        if pooling_weights.dtype != torch.float32:
-            raise ValueError(f"pooling_weights must be float32, got {pooling_weights.dtype}")
-        if pooling_weights.numel() != indices.numel():
+    def _check_inputs(self, indices, offsets, frequency_counters, pooling_weights):
+        """Checks forward's arguments (types, shapes, devices, then, with
+        ``check_values``, values, in one host synchronization) and returns them
+        on the module's device:
+        indices and offsets as int64, frequency counters as int64, weights as
+        given. Raises naming the argument; nothing has changed yet."""
+        ints = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+        as_tensor(indices, "indices", dtypes=ints, dim=1)
+        as_tensor(offsets, "offsets", dtypes=ints, dim=1)
+        num_features = len(self.feature_table_map)
+        if offsets.numel() < 1 or (offsets.numel() - 1) % num_features:
             raise ValueError(
-                f"pooling_weights has {pooling_weights.numel()} entries for {indices.numel()} "
-                "indices"
+                f"offsets has {offsets.numel()} entries, not num_features ({num_features}) * "
+                "batch_size + 1"
             )
-        if pooling_weights.requires_grad and torch.is_grad_enabled():
-            raise ValueError(
-                "pooling_weights must not require grad while grad mode is enabled: no gradient is "
-                "computed for them"
-            )
+        n = indices.numel()
+        if pooling_weights is not None:
+            as_tensor(pooling_weights, "pooling_weights", dim=1)
+            if self.pooling_mode != DynamicEmbPoolingMode.SUM:
+                raise ValueError(
+                    f"pooling_weights need pooling mode SUM, got {self.pooling_mode.name}"
+                )
+            if pooling_weights.dtype != torch.float32:
+                raise ValueError(f"pooling_weights must be float32, got {pooling_weights.dtype}")
+            if pooling_weights.numel() != n:
+                raise ValueError(
+                    f"pooling_weights has {pooling_weights.numel()} entries for {n} indices"
+                )
+            if pooling_weights.requires_grad and torch.is_grad_enabled():
+                raise ValueError(
+                    "pooling_weights must not require grad while grad mode is enabled: no "
+                    "gradient is computed for them"
+                )
+            if frequency_counters is not None:
+                raise ValueError("pass either pooling_weights or frequency_counters, not both")
         if frequency_counters is not None:
-            raise ValueError("pass either pooling_weights or frequency_counters, not both")
+            as_tensor(
+                frequency_counters,
+                "frequency_counters",
+                dtypes=ints + (torch.float32, torch.float64, torch.float16, torch.bfloat16),
+                dim=1,
+            )
+            if frequency_counters.numel() != n:
+                raise ValueError(
+                    f"frequency_counters has {frequency_counters.numel()} entries for {n} indices"
+                )
+        dev = self.device
+        indices = indices.to(dev).long().contiguous()
+        offsets = offsets.to(dev).long().contiguous()
+        weights = None if pooling_weights is None else pooling_weights.to(dev).contiguous()
+        freq = None if frequency_counters is None else frequency_counters.to(dev).contiguous()
+        if self.check_values:
+            self._check_values(indices, offsets, freq, weights)
+        if freq is not None:
+            freq = freq.long() if freq.is_floating_point() else freq.to(torch.int64)
+        return indices, offsets, freq, weights
+
+    def _check_values(self, indices, offsets, freq, weights) -> None:
+        """The value checks, each a count of bad entries, read in one
+        synchronization; raises naming the first bad argument."""
+        n = indices.numel()
+        first_valid = int(constants()["FIRST_VALID_KEY"])
+        steps = offsets[1:] - offsets[:-1]
+        checks = {
+            "offsets_start": offsets[:1] != 0,
+            "offsets_end": offsets[-1:] != n,
+            "offsets_step": steps < 0,
+            "indices": indices < first_valid,
+        }
+        if freq is not None:
+            f64 = freq.double()
+            checks["frequency_counters"] = ~torch.isfinite(f64) | (f64 < 0) | (f64 != f64.round())
+        if weights is not None:
+            checks["pooling_weights"] = ~torch.isfinite(weights)
+        bad = torch.stack([c.sum() for c in checks.values()]).tolist()
+        if any(bad):
+            self._raise_bad_input(dict(zip(checks, bad)), checks, indices, offsets, freq, weights)
+
+    @staticmethod
+    def _raise_bad_input(bad, checks, indices, offsets, freq, weights) -> None:
+        """The error of forward's first failed value check, naming the
+        argument, the first bad entry and its position."""
+        n = indices.numel()
+        if bad["offsets_start"] or bad["offsets_end"]:
+            raise ValueError(
+                f"offsets must run from 0 to the number of indices ({n}), got "
+                f"{int(offsets[0])} to {int(offsets[-1])}"
+            )
+        if bad["offsets_step"]:
+            i = int(checks["offsets_step"].nonzero()[0, 0]) + 1
+            raise ValueError(
+                f"offsets must not decrease, got {int(offsets[i - 1])} then {int(offsets[i])} at "
+                f"index {i}"
+            )
+        if bad["indices"]:
+            i = int(checks["indices"].nonzero()[0, 0])
+            raise ValueError(
+                f"indices: key {int(indices[i])} at index {i} is reserved (keys below "
+                f"{constants()['FIRST_VALID_KEY']} mark slot states)"
+            )
+        if bad.get("frequency_counters"):
+            i = int(checks["frequency_counters"].nonzero()[0, 0])
+            raise ValueError(
+                "frequency_counters must be finite whole numbers >= 0, got "
+                f"{freq[i].item()} at index {i}"
+            )
+        i = int(checks["pooling_weights"].nonzero()[0, 0])
+        raise ValueError(f"pooling_weights must be finite, got {weights[i].item()} at index {i}")
 
     def _rows_train(self, su, counts, padded: bool):
         """(rows, fill) of the distinct keys ``su`` (a padded batch when
         ``padded``): rows -1 where not stored, fill rows for the keys admission
         rejects (see _Batch); ``counts`` are the LFU increments."""
         self.step += 1
-        if S.CUSTOMIZED in self.strategies:
-            unset = [t for t, c in enumerate(self._custom_scores) if c is None]
-            if unset:
-                raise RuntimeError(
-                    f"CUSTOMIZED score strategy: call set_score before the forward pass (tables "
-                    f"{unset} have no score)"
-                )
         keys, tids = su.keys, su.table_ids
         if self.admitter is None:
             if padded:
@@ -739,6 +839,25 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
     # removals (``erase_rows``). Score words are in the table's internal
     # column order here (``checkpoint_score_columns`` maps the user's).
 
+    def _row_access_args(self, table: Any, keys: Any, **tensors: Any) -> int:
+        """Checks the arguments of the row access methods before anything
+        changes: ``table`` a table index, ``keys`` a 1-D int64 tensor, each
+        other tensor (None: absent) with one row per key; none on the meta
+        device. Returns the table index."""
+        table = as_int(table, "table")
+        if not 0 <= table < len(self.table_options):
+            raise ValueError(f"table {table} is out of range [0, {len(self.table_options)})")
+        as_tensor(keys, "keys", dtypes=(torch.int64,), dim=1)
+        for name, x in tensors.items():
+            if x is None:
+                continue
+            as_tensor(x, name)
+            if x.dim() == 0 or x.shape[0] != keys.numel():
+                raise ValueError(
+                    f"{name} must have one row per key ({keys.numel()}), got shape {tuple(x.shape)}"
+                )
+        return table
+
     def layout_of(self, table: int) -> dict[str, Any]:
         """What decides where ``table``'s keys sit: ``current_capacity``
         (key-map slots, the modulus of the home bucket), ``row_capacity``
@@ -803,12 +922,18 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         """The keys of ``table`` whose ``delta_score_column`` word is at least
         ``threshold``, with their rows, slots and score words, ``chunk`` slots
         scanned at a time (each reads its count: synchronizes)."""
+        table = as_int(table, "table")
+        if not 0 <= table < len(self.table_options):
+            raise ValueError(f"table {table} is out of range [0, {len(self.table_options)})")
+        chunk = as_int(chunk, "chunk", min=1)
+        threshold = as_int(threshold, "threshold")
         hs = self.storage.hash_tier(writing=False)
-        return hs.export_changed(table, chunk, self.delta_score_column(), int(threshold))
+        return hs.export_changed(table, chunk, self.delta_score_column(), threshold)
 
     def check_place_rows(self, table: int, keys: torch.Tensor, slots: torch.Tensor) -> None:
         """Raises what ``place_rows`` would for these keys and slots
         (ValueError naming the first bad key or slot), changing nothing."""
+        table = self._row_access_args(table, keys, slots=slots)
         t = self.storage.hash_tier(writing=False).table
         lo, _ = t.slot_range(table)
         keys = keys.to(self.device)
@@ -846,6 +971,14 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         Raises:
             ValueError: a slot outside its key's home bucket (nothing changes).
         """
+        table = self._row_access_args(
+            table,
+            keys,
+            slots=slots,
+            words=words,
+            embeddings=embeddings,
+            optimizer_state=optimizer_state,
+        )
         hs = self.storage.hash_tier(writing=True)
         return hs.place(
             table,
@@ -875,6 +1008,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         Returns:
             (slots, status, evicted): as ``HashTableStorage.insert``.
         """
+        table = self._row_access_args(
+            table, keys, words=words, embeddings=embeddings, optimizer_state=optimizer_state
+        )
         hs = self.storage.hash_tier(writing=True)
         return hs.upsert(
             table,
@@ -889,6 +1025,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         """Removes keys from ``table`` (every tier); with ``record`` the keys
         removed are kept for ``pop_erased``. Returns the (n) bool mask of the
         keys that were held."""
+        table = self._row_access_args(table, keys)
         keys = keys.to(self.device)
         if not keys.numel():
             return torch.zeros(0, dtype=torch.bool, device=self.device)
@@ -897,6 +1034,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
 
     def holds(self, table: int, keys: torch.Tensor) -> torch.Tensor:
         """(n) bool: which keys ``table`` holds (in any tier)."""
+        table = self._row_access_args(table, keys)
         keys = keys.to(self.device)
         return self.storage.contains(keys, torch.full_like(keys, table))
 

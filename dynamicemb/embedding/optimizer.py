@@ -7,11 +7,13 @@ table's dtype (float32, float16 or bfloat16), the state in float32
 written once, in ``cc/embedding/optimizer.h``.
 """
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from dynamicemb._checks import as_int, as_real
 from dynamicemb.dynamicemb_config import DynamicEmbOptimType, optimizer_state_dim
 from dynamicemb.table._native import constants, ops
 
@@ -64,6 +66,14 @@ class RowOptimizer:
         ):
             raise ValueError(f"optimizer {self.optimizer!r} has no fused row update")
         self._type = int(constants()["OptimType"][_NATIVE[name]])
+        for f in dataclasses.fields(self):
+            if f.name == "optimizer":
+                continue
+            if f.name == "weight_decay_mode":
+                as_int(self.weight_decay_mode, "weight_decay_mode")
+                continue
+            lower = 0.0 if f.name in ("learning_rate", "eps", "initial_accumulator_value") else None
+            as_real(getattr(self, f.name), f.name, min=lower)
         # OptimField's positions, read here: packed runs inside a training step
         # torch.compile traces, where the extension's constants() cannot be called.
         self._fields = dict(constants()["OptimField"])

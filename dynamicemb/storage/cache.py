@@ -175,20 +175,14 @@ class CachedStorage(TableStorage):
         return offsets
 
     def _insert_residents_first(self, keys, tids, policies, vals):
-        """The cache's find-or-insert with the keys it holds first: they are
-        then touched before any new key of the batch picks a victim, so no
-        key of the batch is evicted and inserted again in one call (its row
-        would be lost between the write-back and the fetch)."""
-        resident = self.cache.table.find(keys, tids) >= 0
+        """The cache's find-or-insert. The table finds the keys it holds
+        before any new key of the batch picks a victim (cc/table/operations.h),
+        so no key of the batch is evicted and inserted again in one call (its
+        row would be lost between the write-back and the fetch). The keys it
+        holds are counted for the hit statistics first."""
         if self.cache_observer is not None:
-            self.cache_observer(resident, tids)
-        order = torch.cat([resident.nonzero().squeeze(1), (~resident).nonzero().squeeze(1)])
-        slots, status, evicted = self.cache.insert(
-            keys[order], tids[order], policies, _select(vals, order), expand=False
-        )
-        inverse = torch.empty_like(order)
-        inverse[order] = torch.arange(order.numel(), device=order.device)
-        return slots[inverse], status[inverse], evicted
+            self.cache_observer(self.cache.table.find(keys, tids) >= 0, tids)
+        return self.cache.insert(keys, tids, policies, vals, expand=False)
 
     def _fill_cache(self, keys, tids, slots, found, staged, bscores, policies, vals, init) -> None:
         """Rows of keys newly placed in the cache: fetched ones copied from

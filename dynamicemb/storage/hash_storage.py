@@ -225,6 +225,13 @@ class HashTableStorage(TableStorage):
     def _place(self, rows: Sequence[int]) -> None:
         """Allocates the row space for ``rows`` rows per table (raises when
         out of memory, changing nothing)."""
+        nbytes = sum(r * rb for r, rb in zip(rows, self.layout.row_bytes))
+        if nbytes >= 2**62:
+            raise ValueError(
+                f"dynamicemb: value rows of {list(rows)} rows per table (the capacities) x "
+                f"{list(self.layout.row_bytes)} bytes (dim and optimizer state) need {nbytes} "
+                "bytes, more than a tensor can address"
+            )
         placement = _Placement.of(rows, self.layout, self.budgets, self.device)
         seg0 = sp.allocate(placement.size0, MemoryType.DEVICE, self.device)
         seg1 = sp.allocate(placement.size1, MemoryType.HOST, self.device)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dynamicemb._checks import as_int, as_real, as_tensor, device_of, is_int
 from dynamicemb.table._native import constants, enums, ops
 
 IntOrSeq = int | Sequence[int]
@@ -149,6 +150,30 @@ def _per_table(value: IntOrSeq, n: int, name: str) -> list:
     return [value] * n
 
 
+def _ints(values, name: str, n: int | None = None, min: int | None = None) -> list[int]:
+    """A sequence of ints (exactly ``n`` when given), each at least ``min``."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
+        raise TypeError(f"{name} must be a sequence of ints, got {values!r}")
+    if n is not None and len(values) != n:
+        raise ValueError(f"{name} has {len(values)} entries for {n} tables")
+    return [as_int(v, f"{name}[{i}]", min=min) for i, v in enumerate(values)]
+
+
+def _flag(value, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+    return value
+
+
+def _optional_ints(value, n: int, name: str, min: int) -> list[int | None]:
+    """A per-table option: None, one int for every table, or one per table."""
+    out = _per_table(value, n, name)
+    return [
+        None if v is None else as_int(v, f"{name}[{t}]" if n > 1 else name, min=min)
+        for t, v in enumerate(out)
+    ]
+
+
 class ScoredHashTable:
     """Fused scored hash tables, on CPU or CUDA.
 
@@ -190,34 +215,52 @@ class ScoredHashTable:
     ) -> None:
         c = constants()
         self._align = int(c["BUCKET_ALIGNMENT"])
-        capacities = [int(x) for x in capacities]
+        capacities = _ints(capacities, "capacities")
         n = len(capacities)
         if n == 0:
             raise ValueError("ScoredHashTable needs at least one table")
+        num_scores = as_int(num_scores, "num_scores")
         if not 1 <= num_scores <= int(c["MAX_SCORES"]):
             raise ValueError(f"num_scores must be 1..{c['MAX_SCORES']}, got {num_scores}")
+        max_load_factor = as_real(max_load_factor, "max_load_factor")
         if not 0.0 < max_load_factor <= 1.0:
             raise ValueError(f"max_load_factor must be in (0, 1], got {max_load_factor}")
-        widths = _per_table(bucket_capacities, n, "bucket_capacities")
+        widths = _optional_ints(bucket_capacities, n, "bucket_capacities", min=1)
         self._one_bucket = [w is None for w in widths]
         for t, (cap, w) in enumerate(zip(capacities, widths)):
-            self._check_layout(t, cap, cap if w is None else int(w))
-        widths = [cap if w is None else int(w) for cap, w in zip(capacities, widths)]
-        self._no_eviction = [bool(x) for x in _per_table(no_eviction, n, "no_eviction")]
-        max_caps = _per_table(max_capacities, n, "max_capacities")
-        self._max_caps = [cap if m is None else int(m) for cap, m in zip(capacities, max_caps)]
-        for t, (cap, m) in enumerate(zip(capacities, self._max_caps)):
+            self._check_layout(t, cap, cap if w is None else w)
+        widths = [cap if w is None else w for cap, w in zip(capacities, widths)]
+        flags = _per_table(no_eviction, n, "no_eviction")
+        for x in flags:
+            if not isinstance(x, bool):
+                raise TypeError(f"no_eviction must be a bool or one bool per table, got {x!r}")
+        self._no_eviction = list(flags)
+        max_caps = _optional_ints(max_capacities, n, "max_capacities", min=1)
+        self._max_caps = [cap if m is None else m for cap, m in zip(capacities, max_caps)]
+        for t, (cap, m, w) in enumerate(zip(capacities, self._max_caps, widths)):
             if m < cap:
                 raise ValueError(f"table {t}: max_capacity {m} is below its capacity {cap}")
-        rows = _per_table(row_capacities, n, "row_capacities")
+            # Growth doubles up to the max capacity, which must be a layout too:
+            # whole buckets, or one bucket of a multiple of 16.
+            unit = self._align if self._one_bucket[t] else w
+            if m % unit:
+                what = f"{unit} (one bucket)" if self._one_bucket[t] else f"the bucket capacity {w}"
+                raise ValueError(f"table {t}: max_capacity {m} is not a multiple of {what}")
+        rows = _optional_ints(row_capacities, n, "row_capacities", min=0)
         rows = [
-            (cap if r is None else int(r)) if ne else 0
+            (cap if r is None else r) if ne else 0
             for cap, r, ne in zip(capacities, rows, self._no_eviction)
         ]
+        if not isinstance(validate, bool):
+            raise TypeError(f"validate must be a bool, got {validate!r}")
         self.num_scores = num_scores
+        # Read once here: a training step torch.compile traces checks against it.
+        self._policy_values = frozenset(int(m) for m in enums.ScorePolicy)
         self.max_load_factor = max_load_factor
         self.validate = validate
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.device = device_of(device if device is not None else "cpu")
+        if self.device.type == "meta":
+            raise ValueError("device must hold data: a table cannot live on the meta device")
         self.has_rows = any(self._no_eviction)
         self._capacities = capacities
         self._widths = widths
@@ -264,16 +307,29 @@ class ScoredHashTable:
 
     def _allocate(self, caps: list[int], widths: list[int], rows: list[int]) -> None:
         c = constants()
+        total = sum(caps)
+        nbytes = state_bytes(caps, self.num_scores, sum(rows))
+        if nbytes >= 2**63:
+            raise ValueError(
+                f"dynamicemb: capacities {caps} (bucket capacities {widths}) and row_capacities "
+                f"{rows} need {nbytes} bytes, more than a tensor can address"
+            )
         self.info_host = self._info_rows(caps, widths, rows)
         self.info = self.info_host.to(self.device)
-        total = sum(caps)
+        try:
+            keys = torch.full((total,), int(c["EMPTY_KEY"]), dtype=KEY_DTYPE, device=self.device)
+            digests = torch.full(
+                (total,), int(c["EMPTY_DIGEST"]), dtype=DIGEST_DTYPE, device=self.device
+            )
+            scores = torch.zeros((total, self.num_scores), dtype=SCORE_DTYPE, device=self.device)
+            free_rows = torch.zeros((sum(rows),), dtype=FREE_ROW_DTYPE, device=self.device)
+        except RuntimeError as e:  # out of memory: the same error, saying what it was for
+            raise type(e)(
+                f"dynamicemb: cannot allocate the table state for capacities {caps} and "
+                f"row_capacities {rows} ({nbytes} bytes): {e}"
+            ) from e
         self.total_buckets = sum(cap // w for cap, w in zip(caps, widths))
-        self.keys = torch.full((total,), int(c["EMPTY_KEY"]), dtype=KEY_DTYPE, device=self.device)
-        self.digests = torch.full(
-            (total,), int(c["EMPTY_DIGEST"]), dtype=DIGEST_DTYPE, device=self.device
-        )
-        self.scores = torch.zeros((total, self.num_scores), dtype=SCORE_DTYPE, device=self.device)
-        self.free_rows = torch.zeros((sum(rows),), dtype=FREE_ROW_DTYPE, device=self.device)
+        self.keys, self.digests, self.scores, self.free_rows = keys, digests, scores, free_rows
         self._capacities, self._widths, self._row_caps = list(caps), list(widths), list(rows)
 
     @property
@@ -308,21 +364,16 @@ class ScoredHashTable:
     def _batch(
         self, keys: torch.Tensor, table_ids: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if not isinstance(keys, torch.Tensor):
-            raise TypeError(f"keys must be a torch.Tensor, got {type(keys).__name__}")
-        if keys.dtype != torch.int64:
-            raise TypeError(f"keys must be int64, got {keys.dtype}")
-        if keys.dim() != 1:
-            raise ValueError(f"keys must be 1-D, got shape {tuple(keys.shape)}")
+        # Keys may come from another device (they are copied to the table's);
+        # the meta device holds no keys.
+        as_tensor(keys, "keys", dtypes=(torch.int64,), dim=1)
         if table_ids is None:
             if self.num_tables != 1:
                 raise ValueError(
                     f"table_ids is required for a table of {self.num_tables} fused tables"
                 )
             table_ids = torch.zeros_like(keys)
-        elif not isinstance(table_ids, torch.Tensor) or table_ids.dtype != torch.int64:
-            got = table_ids.dtype if isinstance(table_ids, torch.Tensor) else type(table_ids)
-            raise TypeError(f"table_ids must be an int64 tensor, got {got}")
+        as_tensor(table_ids, "table_ids", dtypes=(torch.int64,), dim=1)
         if table_ids.shape != keys.shape:
             raise ValueError(
                 f"keys and table_ids lengths differ: {keys.numel()} vs {table_ids.numel()}"
@@ -349,11 +400,16 @@ class ScoredHashTable:
                 f"[0, {self.num_tables})"
             )
 
-    def _check_rows(self, table_ids: torch.Tensor, values: torch.Tensor) -> None:
-        """assign_rows: each NO_EVICTION entry's row (score column 0) must lie in
-        its table's value buffer (the CPU kernels check this themselves)."""
+    def _check_rows(
+        self, keys: torch.Tensor, table_ids: torch.Tensor, values: torch.Tensor
+    ) -> None:
+        """assign_rows: the row (score column 0) of every new key of a
+        NO_EVICTION table (the first occurrence of a key not in the table) lies
+        in its table's rows, is held by no key and is given to no other new key
+        (the rule of the CPU kernels, which check it themselves; rows.h)."""
         col = enums.InfoCol
-        rows = values[:, 0].expand(table_ids.numel())
+        n = table_ids.numel()
+        rows = values[:, 0].expand(n)
         cap = self.info[table_ids, col.ROW_CAPACITY]
         ne = self.info[table_ids, col.MODE] == enums.TableMode.NO_EVICTION
         bad = ne & ((rows < 0) | (rows >= cap))
@@ -363,6 +419,59 @@ class ScoredHashTable:
                 f"dynamicemb: row {int(rows[i])} at index {i} is out of range "
                 f"[0, {int(cap[i])}) of table {int(table_ids[i])}"
             )
+        new = ne & (self.find(keys, table_ids) < 0)
+        idx = new.nonzero().squeeze(1)
+        if idx.numel() == 0:
+            return
+        # The first occurrence of each new (table, key).
+        _, inv = torch.unique(
+            torch.stack([table_ids[idx], keys[idx]], 1), dim=0, return_inverse=True
+        )
+        first = torch.full((int(inv.max()) + 1,), n, dtype=torch.int64, device=self.device)
+        first = first.scatter_reduce(0, inv, idx, "amin").sort().values
+        entry = self.info[table_ids[first], col.ROW_OFFSET] + rows[first]
+        # Given twice: the later of two new keys on one entry.
+        order = torch.argsort(entry * n + first)
+        e_sorted, i_sorted = entry[order], first[order]
+        twice = torch.zeros_like(e_sorted, dtype=torch.bool)
+        twice[1:] = e_sorted[1:] == e_sorted[:-1]
+        # Held: entries of the rows the stored keys of NO_EVICTION tables hold.
+        slot_table = (
+            torch.bucketize(
+                torch.arange(self.num_slots, device=self.device),
+                self.info[:, col.SLOT_OFFSET].contiguous(),
+                right=True,
+            )
+            - 1
+        )
+        occupied = (self.keys != int(constants()["EMPTY_KEY"])) & (
+            self.info[slot_table, col.MODE] == enums.TableMode.NO_EVICTION
+        )
+        held_slots = occupied.nonzero().squeeze(1)
+        held = self.info[slot_table[held_slots], col.ROW_OFFSET] + self.scores[held_slots, 0]
+        is_held = torch.isin(entry, held)
+        cands = []  # (batch index, 0: given twice / 1: held, the entry)
+        if bool(twice.any()):
+            dup = twice.nonzero().squeeze(1)
+            pos = dup[i_sorted[dup].argmin()]
+            cands.append((int(i_sorted[pos]), 0, int(e_sorted[pos])))
+        if bool(is_held.any()):
+            j = is_held.nonzero()[0, 0]
+            cands.append((int(first[j]), 1, int(entry[j])))
+        if not cands:
+            return
+        i, kind, e = min(cands)
+        row, tid = int(rows[i]), int(table_ids[i])
+        if kind == 0:
+            k = int(i_sorted[e_sorted == e].min())  # the first new key given the row
+            raise ValueError(
+                f"dynamicemb: row {row} at index {i} is given to key {int(keys[k])} at index {k} "
+                "too: a row holds one key"
+            )
+        holder = int(self.keys[held_slots[held == e][0]])
+        raise ValueError(
+            f"dynamicemb: row {row} at index {i} is held by key {holder} of table {tid}"
+        )
 
     def _scores(
         self,
@@ -375,20 +484,34 @@ class ScoredHashTable:
             policies = [
                 enums.ScorePolicy.ASSIGN if scores is not None else enums.ScorePolicy.NONE
             ] * w
-        policies = [int(p) for p in policies]
+        policies = _ints(policies, "policies")
+        for c, p in enumerate(policies):
+            if p not in self._policy_values:
+                names = ", ".join(f"{m.value} ({m.name})" for m in enums.ScorePolicy)
+                raise ValueError(f"policies[{c}] is {p}, not a score policy: {names}")
         if isinstance(scores, torch.Tensor):
-            if scores.dtype != torch.int64:
-                raise TypeError(f"scores must be int64, got {scores.dtype}")
+            as_tensor(scores, "scores", dtypes=(torch.int64,))
+            if scores.dim() > 2:
+                raise ValueError(f"scores must be 1-D or 2-D, got shape {tuple(scores.shape)}")
             values = scores.reshape(-1, w) if scores.dim() < 2 else scores
+            if values.shape[1] != w:
+                raise ValueError(
+                    f"scores must have {w} values per row, got shape {tuple(scores.shape)}"
+                )
+            if values.shape[0] not in (1, n):
+                raise ValueError(f"scores must have 1 or {n} rows, got {values.shape[0]}")
             return policies, values.to(self.device).contiguous()
         if scores is None:
             vals = [0] * w
-        elif isinstance(scores, int):
+        elif is_int(scores):
             vals = [int(scores)] * w
         else:
-            vals = [int(v) for v in scores]
+            vals = _ints(scores, "scores")
             if len(vals) != w:
                 raise ValueError(f"expected {w} score values, got {len(vals)}")
+        for v in vals:
+            if not INT64_MIN <= v < 2**63:
+                raise ValueError(f"score {v} does not fit int64")
         # Built on the device with fills: a host tensor copied to the GPU would
         # synchronize the stream on every call.
         values = torch.full((1, w), vals[0], dtype=torch.int64, device=self.device)
@@ -409,6 +532,7 @@ class ScoredHashTable:
     ) -> torch.Tensor:
         """Slots of the keys (-1 where absent); with ``update``, applies the
         score policies to the keys found."""
+        _flag(update, "update")
         return ops().table_find(*self._find_args(keys, table_ids, policies, scores), update)
 
     def find_gather(
@@ -423,13 +547,18 @@ class ScoredHashTable:
         """``find`` fused with the copy of each found key's value row.
 
         Args:
-            values (torch.Tensor): (num_rows, dim) value buffer indexed by slot
-                (by the row in score word 0 under NO_EVICTION).
+            values (torch.Tensor): (num_rows, dim) value buffer on the
+                table's device, indexed by slot; under NO_EVICTION by the
+                tables' row blocks back to back: table t's key of row r (score
+                word 0) reads ``values[row_offset(t) + r]``, row_offset(t) the
+                row capacities of the tables before t.
 
         Returns:
             (slots, rows): (n) int64 slots (-1 where absent) and (n, dim) rows,
             zeros where absent.
         """
+        as_tensor(values, "values", device=self.device, dim=2)
+        _flag(update, "update")
         args = self._find_args(keys, table_ids, policies, scores)
         return ops().table_find_gather(*args, update, values)
 
@@ -461,18 +590,14 @@ class ScoredHashTable:
         target_slots=None,
         counters=None,
     ) -> InsertResult:
+        _flag(assign_rows, "assign_rows")
         keys, table_ids = self._batch(keys, table_ids)
         policies, values = self._scores(keys.numel(), policies, scores)
-        if assign_rows and self.validate and self.device.type != "cpu" and keys.numel():
-            self._check_rows(table_ids, values)
+        inserts = op in (enums.RunOp.INSERT, enums.RunOp.INSERT_EVICT)
+        if assign_rows and inserts and self.validate and self.device.type != "cpu" and keys.numel():
+            self._check_rows(keys, table_ids, values)
         if victim_scores is not None:
-            if not isinstance(victim_scores, torch.Tensor) or victim_scores.dtype != torch.float64:
-                got = (
-                    victim_scores.dtype
-                    if isinstance(victim_scores, torch.Tensor)
-                    else type(victim_scores)
-                )
-                raise TypeError(f"victim_scores must be a float64 tensor, got {got}")
+            as_tensor(victim_scores, "victim_scores", dtypes=(torch.float64,))
             if victim_scores.shape != (self.num_slots,):
                 raise ValueError(
                     f"victim_scores must have one entry per slot ({self.num_slots}), got shape "
@@ -501,7 +626,16 @@ class ScoredHashTable:
 
     def insert(self, keys, table_ids=None, policies=None, scores=None, assign_rows=False):
         """Find-or-insert without eviction: a key whose bucket is full fails
-        (status FAILED, counted in the INSERT_FAILURES counter)."""
+        (status FAILED, counted in the INSERT_FAILURES counter). Keys already
+        in the table are found first, then the new ones placed, each in batch
+        order (cc/table/operations.h).
+
+        Args:
+            assign_rows (bool): NO_EVICTION tables: each new key brings its
+                row in score column 0, a row no key holds and no other new key
+                brings (else ValueError, nothing changes); the row allocators
+                are rebuilt from the rows held afterwards (cc/table/rows.h).
+        """
         return self._run(enums.RunOp.INSERT, keys, table_ids, policies, scores, assign_rows)
 
     def insert_and_evict(
@@ -514,7 +648,8 @@ class ScoredHashTable:
         victim_scores=None,
     ):
         """Find-or-insert; a full bucket evicts its minimum-score key that this
-        batch has not touched. NO_EVICTION tables behave as in ``insert``.
+        batch has not touched, so a key of the batch is never evicted by it.
+        NO_EVICTION tables behave as in ``insert``.
 
         Args:
             victim_scores (torch.Tensor, optional): (num_slots) float64, a
@@ -543,8 +678,8 @@ class ScoredHashTable:
         in the slot is displaced and reported in ``evicted`` (status EVICTED).
         Score words follow the policies as for a new key (ASSIGN: ``scores``).
         A NO_EVICTION table needs ``assign_rows`` (score column 0 is the row);
-        its row allocator then gives out none of the rows placed
-        (``_claim_rows``).
+        its row allocator is then rebuilt from the rows held, as after an
+        insert with assign_rows, and gives out none of them.
 
         Args:
             slots (torch.Tensor): (n) int64, the slot of each key.
@@ -558,6 +693,7 @@ class ScoredHashTable:
         """
         if checked:
             keys, table_ids = self._batch(keys, table_ids)
+            as_tensor(slots, "slots", dtypes=(torch.int64,), dim=1)
             slots = slots.to(self.device).contiguous()
         else:
             keys, table_ids, slots = self.check_place(keys, slots, table_ids)
@@ -570,8 +706,6 @@ class ScoredHashTable:
             assign_rows=assign_rows,
             target_slots=slots,
         )
-        if self.has_rows and assign_rows and keys.numel():
-            self._claim_rows(table_ids, res)
         return res
 
     def check_place(
@@ -587,8 +721,7 @@ class ScoredHashTable:
         keys, table_ids = self._batch(keys, table_ids)
         if keys.numel() and self.device.type == "cpu":
             self._check_values(keys, table_ids)
-        if not isinstance(slots, torch.Tensor) or slots.dtype != torch.int64:
-            raise TypeError(f"slots must be an int64 tensor, got {getattr(slots, 'dtype', slots)}")
+        as_tensor(slots, "slots", dtypes=(torch.int64,), dim=1)
         if slots.shape != keys.shape:
             raise ValueError(f"keys and slots lengths differ: {keys.numel()} vs {slots.numel()}")
         slots = slots.to(self.device).contiguous()
@@ -608,29 +741,6 @@ class ScoredHashTable:
             if _repeats(slots):
                 raise ValueError("dynamicemb: place got a slot twice")
         return keys, table_ids, slots
-
-    def _claim_rows(self, table_ids: torch.Tensor, res: InsertResult) -> None:
-        """NO_EVICTION after a place: the rows now held leave the allocator.
-        The free stack loses them; NEXT_ROW moves past the largest, and the
-        rows it skips that nobody holds go on the stack (ascending), so that
-        rows held + rows on the stack = rows handed out, as before."""
-        col, cnt = enums.InfoCol, enums.CounterCol
-        placed = res.slots >= 0
-        for t in torch.unique(table_ids[placed]).tolist():
-            if not self._no_eviction[t]:
-                continue
-            rows = self.scores[res.slots[placed & (table_ids == t)], 0]
-            nxt = int(self.counters[t, cnt.NEXT_ROW])
-            top = int(self.counters[t, cnt.FREE_TOP])
-            off = int(self.info_host[t, col.ROW_OFFSET])
-            stack = self.free_rows[off : off + top]
-            stack = stack[~torch.isin(stack, rows)]
-            new_next = max(nxt, int(rows.max()) + 1)
-            skipped = torch.arange(nxt, new_next, dtype=torch.int64, device=self.device)
-            stack = torch.cat([stack, skipped[~torch.isin(skipped, rows)]])
-            self.free_rows[off : off + stack.numel()] = stack
-            self.counters[t, cnt.FREE_TOP] = stack.numel()
-            self.counters[t, cnt.NEXT_ROW] = new_next
 
     def home_starts(
         self, keys: torch.Tensor, table_ids: torch.Tensor | None = None
@@ -659,6 +769,7 @@ class ScoredHashTable:
                 table) until ``pop_erased_keys`` reads them. Recording selects
                 the removed keys, which synchronizes on CUDA.
         """
+        _flag(record, "record")
         keys_d, tids_d = self._batch(keys, table_ids)
         res = self._run(enums.RunOp.ERASE, keys_d, tids_d, None, None)
         removed = res.status == enums.InsertStatus.FOUND
@@ -695,7 +806,12 @@ class ScoredHashTable:
     ) -> ExportedBatch:
         """Occupied slots in [slot_begin, slot_end) whose score word
         ``score_column`` is at least ``threshold``, in slot order."""
-        slot_end = self.num_slots if slot_end is None else slot_end
+        slot_begin = as_int(slot_begin, "slot_begin")
+        slot_end = self.num_slots if slot_end is None else as_int(slot_end, "slot_end")
+        score_column = as_int(score_column, "score_column")
+        threshold = as_int(threshold, "threshold")
+        if not INT64_MIN <= threshold < 2**63:
+            raise ValueError(f"threshold {threshold} does not fit int64")
         out = ops().table_export(
             self.keys, self.scores, self.info, slot_begin, slot_end, score_column, threshold
         )
@@ -711,10 +827,21 @@ class ScoredHashTable:
 
     def counter(self, name: str) -> torch.Tensor:
         """(num_tables) one counter column, e.g. ``"EVICTIONS"``."""
+        names = [m.name for m in enums.CounterCol]
+        if name not in names:
+            raise ValueError(f"counter {name!r} is not one of {names}")
         return self.counters[:, enums.CounterCol[name]]
 
     def rows(self, slots: torch.Tensor) -> torch.Tensor:
-        """NO_EVICTION: the value row of each slot (-1 stays -1)."""
+        """NO_EVICTION: the value row of each slot (-1 stays -1), within its
+        table's block of rows (``row_capacity(table)`` of them)."""
+        as_tensor(slots, "slots", device=self.device, dtypes=(torch.int64,))
+        if self.validate and slots.numel():
+            bad = (slots < -1) | (slots >= self.num_slots)
+            if bool(bad.any()):
+                i = int(bad.nonzero()[0, 0]) if slots.dim() else 0
+                v = int(slots.flatten()[i])
+                raise ValueError(f"slot {v} at index {i} is out of range [-1, {self.num_slots})")
         r = self.scores[slots.clamp(min=0), 0]
         return torch.where(slots >= 0, r, slots)
 
@@ -743,6 +870,7 @@ class ScoredHashTable:
             else None. Values indexed by slot must move accordingly; NO_EVICTION
             rows do not move.
         """
+        incoming = _ints(incoming, "incoming", n=self.num_tables, min=0)
         sizes = self.size().cpu().tolist()
         caps = list(self._capacities)
         rows = list(self._row_caps)
@@ -769,8 +897,12 @@ class ScoredHashTable:
         Returns:
             (old_slots, new_slots) of every key.
         """
-        caps = [int(x) for x in capacities]
-        rows = list(self._row_caps if row_capacities is None else [int(r) for r in row_capacities])
+        caps = _ints(capacities, "capacities", n=self.num_tables, min=1)
+        rows = (
+            list(self._row_caps)
+            if row_capacities is None
+            else _ints(row_capacities, "row_capacities", n=self.num_tables, min=0)
+        )
         widths = [cap if one else w for cap, w, one in zip(caps, self._widths, self._one_bucket)]
         for t, (cap, w) in enumerate(zip(caps, widths)):
             self._check_layout(t, cap, w)
@@ -788,14 +920,6 @@ class ScoredHashTable:
         try:
             # An allocation that fails (out of memory) leaves the table as it was.
             self._allocate(caps, widths, rows)
-            # Free-row stacks keep their entries at the new offsets.
-            col = enums.InfoCol
-            for t in range(self.num_tables):
-                top = int(saved[t, enums.CounterCol.FREE_TOP])
-                if top:
-                    o = int(old_info[t, col.ROW_OFFSET])
-                    nw = int(self.info_host[t, col.ROW_OFFSET])
-                    self.free_rows[nw : nw + top] = old_free[o : o + top]
             assign = [enums.ScorePolicy.ASSIGN] * self.num_scores
             res = self._run(
                 enums.RunOp.INSERT,
@@ -806,6 +930,16 @@ class ScoredHashTable:
                 assign_rows=True,
                 counters=counters,
             )
+            # The insert rebuilt the row allocators from the rows held; the
+            # free-row stacks are put back as they were, at the new offsets
+            # (with the counters, below), so the same rows go out next.
+            col = enums.InfoCol
+            for t in range(self.num_tables):
+                top = int(saved[t, enums.CounterCol.FREE_TOP])
+                if top:
+                    o = int(old_info[t, col.ROW_OFFSET])
+                    nw = int(self.info_host[t, col.ROW_OFFSET])
+                    self.free_rows[nw : nw + top] = old_free[o : o + top]
         except BaseException:
             self._restore(state)
             raise

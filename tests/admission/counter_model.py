@@ -3,9 +3,13 @@
 table's model (tests/table/table_model.py): the same layout, hash, home
 buckets and victim order, counts in score word 0.
 
-Semantics modelled (``add_and_release``): keys are taken one after another in
-call order (the kernels go bucket by bucket, which gives the same result: a
-key only reads and writes its own bucket). A key's count is its stored count
+Semantics modelled (``add_and_release``): keys are taken one after another,
+first every occurrence of a key stored when the call starts, then the other
+keys, each group in call order; an occurrence of a stored key that an earlier
+occurrence released is taken with the other keys, as a new key (the table's
+batch order, "Bulk operations" in cc/table/operations.h; the kernels go bucket
+by bucket, which gives the same result: a key only reads and writes its own
+bucket). A key's count is its stored count
 (0 when absent) plus its frequency. A count at or above ``release_at`` leaves:
 a stored key is erased, an absent one is not stored. A lower count is stored;
 an absent key takes the first free slot of its bucket, else evicts the
@@ -46,10 +50,20 @@ class CounterModel(TableModel):
 
     def add_and_release(self, keys, table_ids, frequencies, release_at=NEVER) -> list[int]:
         self._touched = set()
-        return [
-            self._one(int(k), int(t), int(f), release_at)
-            for k, t, f in zip(keys, table_ids, frequencies)
-        ]
+        batch = [(int(k), int(t), int(f)) for k, t, f in zip(keys, table_ids, frequencies)]
+        stored = [self._locate(t, k) >= 0 for k, t, _ in batch]
+        out = [0] * len(batch)
+        later = []  # the other keys, and stored keys released earlier in the call
+        for i, (k, t, f) in enumerate(batch):
+            if not stored[i]:
+                later.append(i)
+            elif self._locate(t, k) < 0:
+                later.append(i)
+            else:
+                out[i] = self._one(k, t, f, release_at)
+        for i in sorted(later):
+            out[i] = self._one(*batch[i], release_at)
+        return out
 
     def add(self, keys, table_ids, frequencies) -> list[int]:
         return self.add_and_release(keys, table_ids, frequencies, NEVER)

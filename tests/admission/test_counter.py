@@ -70,9 +70,27 @@ def test_keys_reaching_the_threshold_leave_and_free_their_slot(device):
     # An absent key counted past the threshold at once is never stored.
     assert _add(c, [60], [5], release_at=3) == [5]
     assert _get(c, [60]) == [0] and _counter(c, "EVICTIONS") == [0]
-    # A key taken earlier in the call than the freed slot evicts instead.
+    # A stored key is taken before the new keys of its call: 2 reaches 3 and
+    # leaves, and 70, earlier in the call, takes its slot without evicting.
     assert _add(c, [70, 2], [1, 2], release_at=3) == [1, 3]
-    assert _counter(c, "EVICTIONS") == [1] and _counter(c, "SIZE") == [15]
+    assert _get(c, [2, 70]) == [0, 1]
+    assert _counter(c, "EVICTIONS") == [0] and _counter(c, "SIZE") == [16]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_stored_key_is_found_before_a_new_key_of_its_call_evicts(device):
+    c = MultiTableKVCounter([KVCounter(16, bucket_capacity=16)], device)
+    _add(c, range(1, 17))  # counts 1; key 1 (position 0) is the bucket's victim
+    # 100 comes first, but key 1 is stored: found first and kept; 100 evicts key 2.
+    assert _add(c, [100, 1]) == [1, 2]
+    assert _get(c, [1, 2, 100]) == [2, 0, 1]
+    assert _counter(c, "EVICTIONS") == [1] and _counter(c, "SIZE") == [16]
+    # A stored key released by an earlier occurrence comes back as a new key,
+    # at its turn among the new keys: 3 leaves, 200 takes its slot, then 3
+    # evicts the first smallest count, 100 (position 1).
+    assert _add(c, [3, 200, 3], [2, 1, 1], release_at=3) == [3, 1, 1]
+    assert _get(c, [3, 4, 100, 200]) == [1, 1, 0, 1]
+    assert _counter(c, "EVICTIONS") == [2] and _counter(c, "SIZE") == [16]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -2,6 +2,8 @@
 address directly, and the device memory a table takes is bounded by its
 budget whatever the table's size."""
 
+import gc
+
 import pytest
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
@@ -43,6 +45,7 @@ def test_a_table_of_several_gib_with_a_1_mib_budget_takes_little_device_memory(c
             mode=DynamicEmbInitializerMode.UNIFORM, lower=-0.1, upper=0.1
         ),
     )
+    gc.collect()  # earlier tests' tensors are not freed while this one measures
     torch.cuda.synchronize()
     before = _requested()
     m = BatchedDynamicEmbeddingTablesV2(
@@ -56,11 +59,13 @@ def test_a_table_of_several_gib_with_a_1_mib_budget_takes_little_device_memory(c
     on_device = _requested() - before
     full = rows * rb
     # Rows on the device within the budget; the rest is the keys' metadata
-    # (17 bytes a slot against 1536 bytes a row).
+    # (17 bytes a slot against 1536 bytes a row): one table's for the hybrid
+    # table (1.1 % of the rows' bytes on the H200), the backing table's and
+    # the cache's for the cache (3.4 %).
     # What the storage reports, up to a few bytes of the module's own.
     usage = m.memory_usage(MemoryType.DEVICE)
     assert usage <= on_device <= usage + 4 * 1024
-    assert on_device < full // 50
+    assert on_device < full // 25
     assert m.memory_usage(MemoryType.HOST) >= full - MIB
     storage = m.storage.backing if isinstance(m.storage, CachedStorage) else m.storage
     host = storage.rows_space.seg1
@@ -78,4 +83,4 @@ def test_a_table_of_several_gib_with_a_1_mib_budget_takes_little_device_memory(c
     found, _, state = m.storage.read_rows(u, torch.zeros_like(u))
     assert bool(found.all())
     assert bool((state[:, dim:].abs().sum(1) > 0).all())  # every row was updated (Adam's v)
-    assert torch.cuda.memory_allocated() - before < full // 50
+    assert torch.cuda.memory_allocated() - before < full // 25

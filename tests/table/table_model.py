@@ -13,20 +13,29 @@ Semantics modelled:
   * hashing: h = bucket_hash(key) (murmur3's 64-bit finalizer, on the key's two's
     complement bit pattern); home bucket = (h % capacity) // W; digest =
     (h >> 32) & 0xff.
-  * insert / insert_and_evict / erase: the batch is processed in (global home
-    bucket, batch index) order, i.e. one key after another per bucket in batch
-    order. A new key takes the first empty position of its bucket; a full bucket
-    (insert_and_evict, evicting table) evicts the untouched slot with the
-    smallest (score words..., position); a slot found or filled earlier in the
-    same batch is never a victim; a key with no slot is FAILED and counted.
+  * insert / insert_and_evict: first every occurrence of a key already in the
+    table when the call starts (FOUND, scores updated), then the other keys,
+    each group in (global home bucket, batch index) order, one key after
+    another. A new key takes the first empty position of its bucket; a full
+    bucket (insert_and_evict, evicting table) evicts the untouched slot with
+    the smallest (score words..., position); a slot found or filled by the
+    batch is never a victim (so no key of the batch is ever evicted by it); a
+    key with no slot is FAILED and counted. erase: one key after another in
+    (bucket, index) order.
   * NO_EVICTION tables: never evict; score word 0 is the key's value row, handed
     out after all runs, in batch order per table, first from the free stack
     (top first), then fresh rows; a key that gets no row is not stored (FAILED,
     counted), nor are its repeats in the batch (each FAILED and counted). erase
-    pushes the freed rows in batch order.
+    pushes the freed rows in batch order. With assign_rows the new keys bring
+    their rows (score column 0), which must lie in the table's rows, be held
+    by no key and be distinct (else ValueError, nothing changes); afterwards
+    every NO_EVICTION table's allocator is rebuilt from the rows its keys hold:
+    next row = highest held + 1, the free stack = the other rows below it,
+    the lowest on top.
   * scores: per column NONE (new keys 0, residents unchanged), ASSIGN (the
-    given value), ACCUMULATE (new keys the value, residents add it), TIMER (one
-    clock reading per call: the model has no clock, the caller passes `now`).
+    given value), ACCUMULATE (new keys the value, residents add it, saturating
+    at the int64 bounds), TIMER (one clock reading per call: the model has no
+    clock, the caller passes `now`).
 """
 
 from collections.abc import Sequence
@@ -34,6 +43,7 @@ from collections.abc import Sequence
 MASK64 = (1 << 64) - 1
 
 # cc/table/types.h
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 EMPTY_KEY = -(2**63)
 FIRST_VALID_KEY = EMPTY_KEY + 4
 BUCKET_ALIGNMENT = 16
@@ -203,7 +213,7 @@ class TableModel:
             if p == ASSIGN:
                 s[c] = self._value(values, i, c)
             elif p == ACCUMULATE:
-                s[c] += self._value(values, i, c)
+                s[c] = min(INT64_MAX, max(INT64_MIN, s[c] + self._value(values, i, c)))
             elif p == TIMER:
                 s[c] = self._clock()
 
@@ -237,6 +247,12 @@ class TableModel:
             if k < FIRST_VALID_KEY or not 0 <= t < self.num_tables:
                 raise ValueError(f"invalid key {k} or table id {t}")
         order = sorted(range(n), key=lambda i: (self.home(table_ids[i], keys[i])[2], i))
+        if op != OP_ERASE:
+            # Keys in the table when the call starts come first.
+            resident = [self._locate(table_ids[i], keys[i]) >= 0 for i in range(n)]
+            if assign_rows:
+                self._check_assigned_rows(keys, table_ids, values, resident)
+            order = [i for i in order if resident[i]] + [i for i in order if not resident[i]]
         touched: dict[int, set] = {}  # global bucket -> slots found or filled in this batch
         need_row: list[int] = []  # batch indices of new NO_EVICTION keys
         freed: list[tuple[int, int, int]] = []  # (batch index, table, row)
@@ -296,6 +312,8 @@ class TableModel:
             cnt[INSERTS] += 1
             done.add(slot)
 
+        if self.has_rows and op != OP_ERASE and assign_rows:
+            self._rebuild_row_allocators()
         if self.has_rows and op == OP_ERASE:
             for _, t, row in sorted(freed):
                 self.free_stack[t].append(row)
@@ -331,14 +349,47 @@ class TableModel:
                     self.counters[table_ids[i]][INSERT_FAILURES] += 1
         return res
 
+    def _held_rows(self, table: int) -> dict[int, int]:
+        """Row -> key of the keys a NO_EVICTION table holds."""
+        lo = self.slot_offsets[table]
+        return {
+            self.scores[s][0]: self.keys[s]
+            for s in range(lo, lo + self.caps[table])
+            if self.keys[s] != EMPTY_KEY
+        }
+
+    def _check_assigned_rows(self, keys, table_ids, values, resident) -> None:
+        held = {t: self._held_rows(t) for t in range(self.num_tables) if self.no_eviction[t]}
+        seen = set()
+        for i, (k, t) in enumerate(zip(keys, table_ids)):
+            if not self.no_eviction[t] or resident[i] or (t, k) in seen:
+                continue
+            seen.add((t, k))
+            row = self._value(values, i, 0)
+            if not 0 <= row < self.row_caps[t]:
+                raise ValueError(f"row {row} at index {i} is out of range")
+            if row in held[t]:
+                raise ValueError(f"row {row} at index {i} is held by key {held[t][row]}")
+            held[t][row] = k
+
+    def _rebuild_row_allocators(self) -> None:
+        for t in range(self.num_tables):
+            if not self.no_eviction[t]:
+                continue
+            held = self._held_rows(t)
+            nxt = max(held) + 1 if held else 0
+            self.free_stack[t] = [r for r in range(nxt - 1, -1, -1) if r not in held]
+            self.counters[t][NEXT_ROW] = nxt
+            self.counters[t][FREE_TOP] = len(self.free_stack[t])
+
     def place(
         self, keys, table_ids, slots, policies=None, values=None, assign_rows=False, now=None
     ):
         """place: each key into the given slot of its home bucket, batch in
         (bucket, index) order; a copy elsewhere in the bucket is removed, an
-        occupant displaced (reported as evicted). NO_EVICTION rows given by
-        values[.][0] leave the allocator: off the free stack, NEXT_ROW past
-        the largest, skipped free rows pushed ascending."""
+        occupant displaced (reported as evicted). NO_EVICTION rows are given by
+        values[.][0]; the allocators are rebuilt from the rows held, as after
+        an insert with assign_rows."""
         self.now = now
         keys, table_ids, slots = list(keys), list(table_ids), list(slots)
         n = len(keys)
@@ -375,17 +426,7 @@ class TableModel:
                 self.scores[slot] = self._initial(policies, values, i)
             res.slots[i], res.status[i] = slot, status
         if self.has_rows and assign_rows:
-            for t in sorted({table_ids[i] for i in range(n)}):
-                if not self.no_eviction[t]:
-                    continue
-                rows = {self.scores[slots[i]][0] for i in range(n) if table_ids[i] == t}
-                cnt = self.counters[t]
-                stack = [r for r in self.free_stack[t] if r not in rows]
-                new_next = max(cnt[NEXT_ROW], max(rows) + 1)
-                stack += [r for r in range(cnt[NEXT_ROW], new_next) if r not in rows]
-                self.free_stack[t] = stack
-                cnt[FREE_TOP] = len(stack)
-                cnt[NEXT_ROW] = new_next
+            self._rebuild_row_allocators()
         return res
 
     def insert(self, keys, table_ids, policies=None, values=None, assign_rows=False, now=None):

@@ -450,3 +450,133 @@ def test_raw_run_refuses_inconsistent_state_instead_of_writing_out_of_bounds(wha
         f"{what}: {out.stdout!r} {out.stderr[-2000:]}"
     )
     assert re.search(match, out.stdout.split(" ", 2)[2]), out.stdout
+
+
+# ------------------------------------------------- no silent coercions --
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, match",
+    [
+        (dict(capacities=[128.7]), TypeError, r"capacities\[0\] must be an int, got 128.7"),
+        (dict(capacities=[128.0]), TypeError, r"capacities\[0\] must be an int, got 128.0"),
+        (dict(bucket_capacities=16.5), TypeError, r"bucket_capacities must be an int, got 16.5"),
+        (dict(num_scores=1.0), TypeError, r"num_scores must be an int"),
+        (dict(no_eviction=1), TypeError, r"no_eviction must be a bool"),
+        (dict(max_capacities=100), ValueError, r"max_capacity 100 is not a multiple of the bucket"),
+        (dict(max_capacities=129.0), TypeError, r"max_capacities must be an int, got 129.0"),
+        (dict(max_load_factor="0.5"), TypeError, r"max_load_factor must be a real number"),
+        (dict(max_load_factor=float("nan")), ValueError, r"max_load_factor must be finite"),
+        (dict(validate=1), TypeError, r"validate must be a bool"),
+        (dict(device="meta"), ValueError, r"meta device"),
+    ],
+)
+def test_constructor_refuses_values_it_would_otherwise_coerce(kwargs, exc, match):
+    kw = dict(capacities=[64], bucket_capacities=16)
+    kw.update(kwargs)
+    with pytest.raises(exc, match=match):
+        ScoredHashTable(**kw)
+
+
+def test_max_capacity_not_reachable_by_doubling_is_refused_at_construction_not_growth():
+    # Found: accepted here, failing at the first growth.
+    with pytest.raises(ValueError, match=r"table 0: max_capacity 100 is not a multiple of"):
+        ScoredHashTable([32], bucket_capacities=16, max_capacities=[100])
+    t = ScoredHashTable([32], bucket_capacities=16, max_capacities=[96])
+    assert t.reserve([40]) is not None  # doubles to 64, then stops at 96
+    assert t.capacity() == 96
+    with pytest.raises(
+        ValueError, match=r"max_capacity 136 is not a multiple of 16 \(one bucket\)"
+    ):
+        ScoredHashTable([64], bucket_capacities=None, max_capacities=136)
+
+
+def test_reserve_refuses_an_entry_per_table_more_or_less(table):
+    expect_error(
+        table, ValueError, r"incoming has 3 entries for 2 tables", lambda: table.reserve([1, 2, 3])
+    )
+    expect_error(
+        table, ValueError, r"incoming has 1 entries for 2 tables", lambda: table.reserve([1])
+    )
+    expect_error(
+        table, TypeError, r"incoming\[1\] must be an int, got 2.5", lambda: table.reserve([1, 2.5])
+    )
+    expect_error(
+        table, ValueError, r"incoming\[0\] must be at least 0", lambda: table.reserve([-1, 2])
+    )
+
+
+def test_policies_and_score_values_are_not_truncated(table):
+    d = table.device
+    expect_error(
+        table,
+        TypeError,
+        r"policies\[1\] must be an int, got 1.5",
+        lambda: table.insert(i64([7], d), i64([0], d), policies=[ASSIGN, 1.5]),
+    )
+    expect_error(
+        table,
+        ValueError,
+        r"policies\[0\] is 7, not a score policy",
+        lambda: table.insert(i64([7], d), i64([0], d), policies=[7, ASSIGN]),
+    )
+    expect_error(
+        table,
+        TypeError,
+        r"scores\[0\] must be an int, got 2.7",
+        lambda: table.insert(i64([7], d), i64([0], d), scores=[2.7, 1]),
+    )
+    expect_error(
+        table,
+        TypeError,
+        r"update must be a bool, got 1",
+        lambda: table.find(i64([7], d), i64([0], d), update=1),
+    )
+    expect_error(
+        table,
+        TypeError,
+        r"slot_end must be an int, got 3.0",
+        lambda: table.export_batch(0, 3.0),
+    )
+
+
+# ---------------------------------------------------------- wrong devices --
+
+
+@pytest.mark.parametrize("arg", ["keys", "table_ids", "scores", "victim_scores"])
+def test_meta_inputs_are_refused_naming_the_argument(table, arg):
+    d = table.device
+    kw = dict(
+        keys=i64([7, 8], d),
+        table_ids=i64([0, 0], d),
+        policies=[ASSIGN, ASSIGN],
+        scores=i64([[1, 2]], d),
+        victim_scores=torch.zeros(table.num_slots, dtype=torch.float64, device=d),
+    )
+    kw[arg] = kw[arg].to("meta")
+    expect_error(
+        table, ValueError, rf"{arg} is on the meta device", lambda: table.insert_and_evict(**kw)
+    )
+
+
+def test_find_gather_refuses_values_on_the_meta_device(table):
+    # Found: a meta `values` on a CPU table returned slots read from freed memory.
+    d = table.device
+    vals = torch.zeros(table.num_slots, 4, device="meta")
+    expect_error(
+        table,
+        ValueError,
+        r"values is on the meta device",
+        lambda: table.find_gather(i64([0, 2], d), vals, i64([0, 0], d)),
+    )
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("device", DEVICES)
+def test_find_gather_refuses_values_on_another_device(device):
+    if device == "cpu":
+        pytest.skip("needs two devices: a CUDA table and CPU values")
+    t = ScoredHashTable([64], bucket_capacities=16, device=device)
+    vals = torch.zeros(64, 4)
+    with pytest.raises(ValueError, match=r"values must be on cuda:0, got a tensor on cpu"):
+        t.find_gather(i64([1], device), vals)

@@ -156,3 +156,45 @@ def test_large_batch_over_several_tables_matches_cpu():
         _assert_same_result(ra, rb)
         done += n
     _assert_same_state(a, b)
+
+
+def test_one_wide_bucket_with_long_runs_matches_cpu():
+    """One bucket of 4,096 slots and batches of 3,000 keys: the CPU looks the
+    run up through its hash index and selects many victims at once; the GPU
+    probes per key. Resident keys, new keys, repeats and victim scores mixed."""
+    a, b = _pair(capacities=[4096], bucket_capacities=None, num_scores=2)
+    g = torch.Generator().manual_seed(7)
+    for step in range(6):
+        keys, tables, scores = _random_batch(g, 3000, 9000, 1, 2)
+        vs = torch.randn(4096, generator=g, dtype=torch.float64)
+        vs[torch.randint(0, 4096, (50,), generator=g)] = float("nan")
+        pol = [P.ACCUMULATE, P.ASSIGN]
+        ra = a.insert_and_evict(keys, tables, pol, scores, victim_scores=vs if step % 2 else None)
+        rb = b.insert_and_evict(
+            keys.cuda(),
+            tables.cuda(),
+            pol,
+            scores.cuda(),
+            victim_scores=vs.cuda() if step % 2 else None,
+        )
+        _assert_same_result(ra, rb)
+        _assert_same_state(a, b)
+
+
+def test_assigned_rows_rebuild_the_allocators_like_cpu():
+    kw = dict(
+        capacities=[128, 256], bucket_capacities=16, no_eviction=True, row_capacities=[60, 90]
+    )
+    a, b = _pair(**kw)
+    g = torch.Generator().manual_seed(8)
+    # Distinct free rows with gaps, then the allocator hands out the gaps first.
+    keys = torch.randperm(10**6, generator=g)[:70] + 1
+    tables = (torch.arange(70) % 2).to(torch.int64)
+    rows = torch.cat([torch.randperm(60, generator=g)[:35], torch.randperm(90, generator=g)[:35]])
+    rows = torch.stack([rows[:35], rows[35:]], 1).reshape(-1, 1)
+    ra = a.insert(keys, tables, [P.ASSIGN], rows, assign_rows=True)
+    rb = b.insert(keys.cuda(), tables.cuda(), [P.ASSIGN], rows.cuda(), assign_rows=True)
+    _assert_same_result(ra, rb)
+    _assert_same_state(a, b)
+    more, mt, _ = _random_batch(g, 80, 10**9, 2, 1)
+    _step(a, b, "insert", more + 10**7, mt, [P.NONE], None)

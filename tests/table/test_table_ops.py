@@ -185,15 +185,16 @@ def test_insert_into_full_bucket_fails_and_counts_without_evicting(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_evicted_key_repeated_later_in_the_batch_is_reinserted(device):
+def test_resident_key_later_in_the_batch_is_found_not_evicted_by_it(device):
     t = one_bucket(device)
     fill(t, list(range(16)), list(range(1, 17)), device)  # key 0 is the minimum
     res = t.insert_and_evict(i64([90, 0], device), scores=i64([[50]], device))
-    # 90 evicts 0 (slot 0); 0 comes back and evicts the next minimum, key 1.
-    assert status_names(res.status) == ["EVICTED", "EVICTED"]
-    assert res.slots.tolist() == [0, 1]
-    assert evicted_records(res) == [(0, (1,), 0, 0), (1, (2,), 1, 0)]
-    assert t.find(i64([0, 1, 90], device)).tolist() == [1, -1, 0]
+    # 0 is in the table when the call starts: it is found first (its slot and
+    # row kept), so 90 evicts the next minimum, key 1.
+    assert status_names(res.status) == ["EVICTED", "FOUND"]
+    assert res.slots.tolist() == [1, 0]
+    assert evicted_records(res) == [(1, (2,), 1, 0)]
+    assert t.find(i64([0, 1, 90], device)).tolist() == [0, -1, 1]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -402,7 +403,11 @@ def test_no_eviction_assign_rows_takes_rows_from_score_column_zero(device):
     t = one_bucket(device, capacity=32, no_eviction=True, row_capacities=40)
     res = t.insert(i64([5, 6], device), scores=i64([[30], [2]], device), assign_rows=True)
     assert t.rows(res.slots).tolist() == [30, 2]
-    assert t.counter("NEXT_ROW").tolist() == [0]
+    # The allocator is rebuilt from the rows held: rows 0..29 but 2 are free.
+    assert t.counter("NEXT_ROW").tolist() == [31]
+    assert t.counter("FREE_TOP").tolist() == [29]
+    assert t.rows(t.insert(i64([7, 8], device)).slots).tolist() == [0, 1]
+    assert_rows_consistent(t)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -833,7 +838,7 @@ def _opcheck_cases(device):
         "insert_evict": (OPS.table_run.default, run(M.OP_INSERT_EVICT)),
         "insert_assign_rows": (
             OPS.table_run.default,
-            run(M.OP_INSERT, True, i64([[5, 0]] * 20, device)),
+            run(M.OP_INSERT, True, i64([[20 + i, 0] for i in range(20)], device)),
         ),
         "erase": (OPS.table_run.default, run(M.OP_ERASE)),
         "export": (OPS.table_export.default, (t.keys, t.scores, t.info, 0, 96, 0, 0)),

@@ -2,7 +2,7 @@
 # One device round: build and run the GPU tests, then the embedding and table
 # benchmarks, writing each output to $OUT (default: .gpu_round/) as well.
 #
-#   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|multigpu|checkpoint|metrics|storage|replication|sharded|wheel]...
+#   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|multigpu|checkpoint|metrics|storage|replication|sharded|soak|wheel]...
 #   (default: tests, embedding, table, admission)
 #
 # storage: tools/bench/storage_bench.py (the device cache at ratios 1.0, 0.5 and 0.1
@@ -249,6 +249,13 @@ for part in "${parts[@]}"; do
         | grep -v "registered at\|backend fallback\|Warning\|warn(" | tee -a "$OUT/storage.txt"
       timeout -k 10 "${STORAGE_TESTS_TIMEOUT:-600}" "$PY" -m pytest -m gpu tests/storage -q --tb=short \
         -p no:cacheprovider 2>&1 | tail -15 | tee -a "$OUT/storage.txt"
+      ;;
+    soak)
+      # The main job (examples/train_dlrm.py) for SOAK_STEPS steps on one GPU, memory
+      # and counters checked every SOAK_EVERY steps (tools/soak.py, docs/benchmarks/soak.md).
+      timeout -k 10 "${SOAK_TIMEOUT:-1500}" "$PY" tools/soak.py --steps "${SOAK_STEPS:-100000}" \
+        --every "${SOAK_EVERY:-2000}" --summary-json "$OUT/soak.json" -- --device cuda \
+        --world-size 1 2>&1 | grep -v "registered at\|backend fallback" | tail -30 | tee "$OUT/soak.txt"
       ;;
     wheel)
       rm -rf "$OUT/dist"

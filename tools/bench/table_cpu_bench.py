@@ -43,6 +43,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspa
 
 from dynamicemb.table import ScoredHashTable
 
+# Heading of the section of docs/benchmarks/table_cpu.md that
+# tools/bench/one_bucket_bench.py fills; --write leaves it as it is.
+ONE_BUCKET_SECTION = "## One bucket per table"
+
 
 class Fresh:
     """Random distinct-enough int64 keys: each call draws from a new 2**40 range
@@ -317,8 +321,15 @@ def main(argv: list[str] | None = None) -> int:
             "- On a shared machine compare rows of one run (same conditions), not runs.",
             "",
         ]
+        # The one-bucket section (tools/bench/one_bucket_bench.py) is kept as it is.
+        tail = ""
+        if os.path.exists(args.write):
+            with open(args.write) as f:
+                old = f.read()
+            at = old.find(ONE_BUCKET_SECTION)
+            tail = old[at:] if at >= 0 else ""
         with open(args.write, "w") as f:
-            f.write("\n".join(doc))
+            f.write("\n".join(doc) + ("\n" + tail if tail else ""))
         print(f"# wrote {args.write}", file=sys.stderr)
     return 0
 
