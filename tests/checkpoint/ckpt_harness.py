@@ -157,12 +157,17 @@ def contents(model) -> dict[str, dict[str, torch.Tensor]]:
     -> keys (sorted), emb, opt (the row after the embedding), scores (the
     table's score words, its own column order), step."""
     from dynamicemb.dynamicemb_config import optimizer_state_dim
+    from dynamicemb.storage import CachedStorage
 
     out = {}
     for k in kernels(model):
         emb = k.emb_module
         table = emb.table
         for t, name in enumerate(k.table_names):
+            if isinstance(emb.storage, CachedStorage):
+                # The cache holds some keys only: every key over both tiers.
+                out[name] = _exported(emb, t)
+                continue
             lo, hi = table.slot_range(t)
             ex = table.export_batch(lo, hi).compact()
             dim = emb.dims[t]
@@ -181,6 +186,28 @@ def contents(model) -> dict[str, dict[str, torch.Tensor]]:
                 "step": torch.tensor(emb.step),
             }
     return out
+
+
+def _exported(emb, t: int) -> dict[str, torch.Tensor]:
+    """``contents`` of table t of a cached module, from its storage's
+    export (each key once, over the cache and the backing table)."""
+    from dynamicemb.dynamicemb_config import optimizer_state_dim
+
+    chunks = list(emb.storage.export_rows(t, 1 << 16))
+    dim = emb.dims[t]
+    sd = optimizer_state_dim(emb.optimizer.optimizer, dim, torch.float32)
+    keys = torch.cat([c.keys.cpu() for c in chunks])
+    order = torch.argsort(keys)
+    emb_rows = torch.cat([c.embeddings.cpu().float() for c in chunks])
+    opt = torch.cat([c.optimizer_state.cpu() for c in chunks])
+    scores = torch.cat([c.scores.cpu() for c in chunks])
+    return {
+        "keys": keys[order],
+        "emb": emb_rows[order, :dim].clone(),
+        "opt": opt[order, :sd].clone(),
+        "scores": scores[order],
+        "step": torch.tensor(emb.step),
+    }
 
 
 def merge(per_rank: list[dict[str, dict[str, torch.Tensor]]]) -> dict[str, dict[str, torch.Tensor]]:

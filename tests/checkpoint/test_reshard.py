@@ -9,6 +9,8 @@ from the tables' state on both sides; every key is on the rank that owns it
 at the new world size; the static TorchRec tables beside the dynamic ones are
 untouched; an eval lookup reads the loaded rows. A table with less room than
 the checkpoint needs keeps the highest-scored keys and reports the others.
+Tables whose rows live in two tiers (a device cache over a host table, a
+hybrid table) round-trip and reshard the same way.
 """
 
 import dataclasses
@@ -71,6 +73,28 @@ def cases() -> list[c.Case]:
             score_strategy=S.NO_EVICTION,
             options={"init_capacity": 16},
             key_range=(0, 300),
+            batch_size=8,
+            max_length=8,
+        ),
+        # Rows over two tiers: a device cache of 16 rows over a host table,
+        # and a hybrid table with 16 rows on the device tier.
+        c.Case(
+            "ec_adam_cached",
+            "ec",
+            [T("t0", 512, 4, dist_type="roundrobin")],
+            optimizer="adam",
+            options={"caching": True, "local_hbm_for_values": 16 * 48},
+            key_range=(0, 200),
+            batch_size=8,
+            max_length=8,
+        ),
+        c.Case(
+            "ec_sgd_hybrid",
+            "ec",
+            [T("t0", 512, 4, dist_type="hash_roundrobin")],
+            optimizer="sgd",
+            options={"local_hbm_for_values": 16 * 16},
+            key_range=(0, 200),
             batch_size=8,
             max_length=8,
         ),
