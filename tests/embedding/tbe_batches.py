@@ -1,6 +1,30 @@
-"""Random batches in TBE layout for the module's training-step tests."""
+"""Random batches in TBE layout, and the module they train, for the
+module's training-step tests."""
 
 import torch
+
+from dynamicemb import DynamicEmbPoolingMode
+from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
+
+# The features of random_batches' default three: the second table has two.
+FEATURE_TABLES = [0, 1, 1]
+
+
+def unchecked_module(options, optimizer, pooling, device, learning_rate, **optimizer_args):
+    """A module of ``options`` over FEATURE_TABLES, run as the sharded
+    modules run it: forward does not read its inputs' values back
+    (``check_values`` off), so a step synchronizes nothing and traces whole."""
+    module = BatchedDynamicEmbeddingTablesV2(
+        options,
+        FEATURE_TABLES,
+        pooling_mode=DynamicEmbPoolingMode[pooling],
+        optimizer=optimizer,
+        device=device,
+        learning_rate=learning_rate,
+        **optimizer_args,
+    )
+    module.check_values = False
+    return module
 
 
 def random_batches(device, steps, batch, vocab, seed, features=3, weights=False):

@@ -18,13 +18,11 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from dynamicemb import (
     DynamicEmbInitializerArgs,
     DynamicEmbOptimType,
-    DynamicEmbPoolingMode,
     DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
 )
 from dynamicemb import DynamicEmbInitializerMode as Mode
-from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
-from tests.embedding.tbe_batches import random_batches
+from tests.embedding.tbe_batches import random_batches, unchecked_module
 
 EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
 
@@ -48,18 +46,7 @@ def _module(device, optimizer, pooling, strategy):
         )
         for d in (8, 8)
     ]
-    module = BatchedDynamicEmbeddingTablesV2(
-        opts,
-        [0, 1, 1],
-        pooling_mode=DynamicEmbPoolingMode[pooling],
-        optimizer=opt,
-        device=device,
-        learning_rate=0.05,
-        **kw,
-    )
-    # One graph: the inputs' values are not read back (check_values reads them).
-    module.check_values = False
-    return module
+    return unchecked_module(opts, opt, pooling, device, 0.05, **kw)
 
 
 def _batches(device, steps):

@@ -11,11 +11,10 @@ from hypothesis import strategies as st
 from dynamicemb import (
     DynamicEmbInitializerArgs,
     DynamicEmbOptimType,
-    DynamicEmbPoolingMode,
     DynamicEmbTableOptions,
 )
 from dynamicemb import DynamicEmbInitializerMode as Mode
-from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2, segmented_unique
+from dynamicemb.embedding import segmented_unique
 from dynamicemb.embedding.initializer import init_rows_at, initializer_op_args
 from dynamicemb.embedding.optimizer import RowOptimizer
 from dynamicemb.embedding.unique import PAD_KEY
@@ -23,7 +22,7 @@ from dynamicemb.storage import RowLayout
 from dynamicemb.storage import space as sp
 from dynamicemb.storage.hash_storage import rows_buffer
 from tests.embedding.sync_guard import HostSync, forbid_host_syncs
-from tests.embedding.tbe_batches import random_batches
+from tests.embedding.tbe_batches import random_batches, unchecked_module
 
 EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
 
@@ -158,18 +157,7 @@ def _module(device, optimizer, pooling, dims=(16, 16), mixed_init=False):
                 initializer_args=DynamicEmbInitializerArgs(mode=mode, std_dev=0.05),
             )
         )
-    module = BatchedDynamicEmbeddingTablesV2(
-        opts,
-        [0, 1, 1],
-        pooling_mode=DynamicEmbPoolingMode[pooling],
-        optimizer=opt,
-        device=device,
-        learning_rate=0.1,
-        **kw,
-    )
-    # As the sharded modules run it: the inputs' values are not read back.
-    module.check_values = False
-    return module
+    return unchecked_module(opts, opt, pooling, device, 0.1, **kw)
 
 
 def _batches(device, steps):
