@@ -20,10 +20,17 @@ import pytest
 import torch
 
 from dynamicemb import DynamicEmbScoreStrategy as S
+from dynamicemb.dynamicemb_config import value_row_bytes
 from tests.checkpoint import ckpt_harness as c
 from tests.shard import shard_harness as h
 
 T = h.TableSpec
+
+
+def _rows_bytes(optimizer: str, rows: int, dim: int = 4) -> int:
+    """The bytes of ``rows`` rows of a dim-``dim`` float32 table."""
+    opt = c.fused_params(optimizer)["optimizer"]
+    return rows * value_row_bytes(opt, dim, torch.float32)
 
 
 def cases() -> list[c.Case]:
@@ -83,7 +90,7 @@ def cases() -> list[c.Case]:
             "ec",
             [T("t0", 512, 4, dist_type="roundrobin")],
             optimizer="adam",
-            options={"caching": True, "local_hbm_for_values": 16 * 48},
+            options={"caching": True, "local_hbm_for_values": _rows_bytes("adam", 16)},
             key_range=(0, 200),
             batch_size=8,
             max_length=8,
@@ -93,7 +100,7 @@ def cases() -> list[c.Case]:
             "ec",
             [T("t0", 512, 4, dist_type="hash_roundrobin")],
             optimizer="sgd",
-            options={"local_hbm_for_values": 16 * 16},
+            options={"local_hbm_for_values": _rows_bytes("sgd", 16)},
             key_range=(0, 200),
             batch_size=8,
             max_length=8,
