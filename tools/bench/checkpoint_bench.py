@@ -150,10 +150,10 @@ def torch_save(tables, folder, fsync: bool) -> None:
             fsync_path(name)
 
 
-def torch_load(folder, n, device) -> list:
+def torch_load(tables, folder, device) -> list:
     return [
         torch.load(os.path.join(folder, f"t{i}.pt"), map_location=device, weights_only=True)
-        for i in range(n)
+        for i in range(len(tables))
     ]
 
 
@@ -198,47 +198,62 @@ def run(args) -> None:
 
     device = torch.device(args.device)
     root = tempfile.mkdtemp(prefix="checkpoint_bench_", dir=args.dir)
+    start = time.perf_counter()
+
+    def phase(what: str) -> None:
+        # Each result is printed when it is measured: a run cut short by a
+        # time limit still reports what it measured.
+        print(f"[{time.perf_counter() - start:7.1f} s] {what}", flush=True)
+
     try:
         model = build(args, device)
         stored = fill(model, args, device)
+        phase(f"filled {args.tables} tables with {stored} keys")
         ckpt = os.path.join(root, "ckpt")
-        rows = []
-
         report = dump(ckpt, model, optim=True, show_progress=args.progress)
         nbytes = report.nbytes
+        phase(f"dump: {nbytes / 1e9:.2f} GB in {report.seconds:.2f} s")
         t_load = load_into_fresh(args, device, ckpt, stored)
         shutil.rmtree(ckpt)
-        rows.append(("dynamicemb dump / load (checksums, fsync)", report.seconds, t_load))
+        phase(f"load: {t_load:.2f} s")
+        rows = [("dynamicemb dump / load (checksums, fsync)", report.seconds, t_load)]
+        print(
+            f"{args.tables} tables x {stored // args.tables} keys x dim {args.dim}, Adam state; "
+            f"{nbytes / 1e9:.2f} GB in dynamicemb's files; {machine(device)}"
+        )
+        print("| method | write s | write GB/s | read s | read GB/s |")
+        print("|---|---|---|---|---|")
+        _row(rows[0], nbytes)
 
         tables = plain_tensors(model)
         plain = sum(v.numel() * v.element_size() for t in tables for v in t.values())
-        for fsync in (False, True):
+        phase(f"{plain / 1e9:.2f} GB of plain tensors")
+        methods = [
+            (f"torch.save / torch.load{' (fsync)' if fsync else ''}", torch_save, torch_load, fsync)
+            for fsync in (False, True)
+        ] + [
+            (f"raw write / readinto{' (fsync)' if fsync else ''}", raw_write, raw_read, fsync)
+            for fsync in (False, True)
+        ]
+        for label, write, read, fsync in methods:
             folder = tempfile.mkdtemp(dir=root)
-            t_w = timed(lambda: torch_save(tables, folder, fsync), device)
-            t_r = timed(lambda: torch_load(folder, len(tables), device), device)
+            t_w = timed(lambda: write(tables, folder, fsync), device)
+            t_r = timed(lambda: read(tables, folder, device), device)
             shutil.rmtree(folder)
-            rows.append((f"torch.save / torch.load{' (fsync)' if fsync else ''}", t_w, t_r))
-        for fsync in (False, True):
-            folder = tempfile.mkdtemp(dir=root)
-            t_w = timed(lambda: raw_write(tables, folder, fsync), device)
-            t_r = timed(lambda: raw_read(tables, folder, device), device)
-            shutil.rmtree(folder)
-            rows.append((f"raw write / readinto{' (fsync)' if fsync else ''}", t_w, t_r))
+            rows.append((label, t_w, t_r))
+            _row(rows[-1], nbytes)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
-    print(
-        f"{args.tables} tables x {stored // args.tables} keys x dim {args.dim}, Adam state; "
-        f"{nbytes / 1e9:.2f} GB in dynamicemb's files ({plain / 1e9:.2f} GB plain); "
-        f"{machine(device)}"
-    )
-    print("| method | write s | write GB/s | read s | read GB/s |")
-    print("|---|---|---|---|---|")
-    for label, w, r in rows:
-        print(f"| {label} | {w:.2f} | {nbytes / w / 1e9:.2f} | {r:.2f} | {nbytes / r / 1e9:.2f} |")
     ours_w, ours_r = rows[0][1], rows[0][2]
     for label, w, r in rows[1:]:
         print(f"dynamicemb vs {label}: write {w / ours_w:.2f}x, read {r / ours_r:.2f}x")
+
+
+def _row(row, nbytes: int) -> None:
+    label, w, r = row
+    gbps_w, gbps_r = nbytes / w / 1e9, nbytes / r / 1e9
+    print(f"| {label} | {w:.2f} | {gbps_w:.2f} | {r:.2f} | {gbps_r:.2f} |", flush=True)
 
 
 def table_parser(doc: str, rows: int, rows_help: str) -> argparse.ArgumentParser:

@@ -229,10 +229,12 @@ for part in "${parts[@]}"; do
       multigpu_part
       ;;
     checkpoint)
+      : > "$OUT/checkpoint.txt"
+      build_cuda "$OUT/checkpoint.txt" || continue
       # shellcheck disable=SC2086
       timeout -k 10 "${CKPT_BENCH_TIMEOUT:-600}" "$PY" tools/bench/checkpoint_bench.py --device cuda \
         ${CKPT_BENCH_ARGS:---tables 10 --rows 1600000 --dim 128} 2>&1 \
-        | grep -v "registered at\|backend fallback\|Warning\|warn(" | tee "$OUT/checkpoint.txt"
+        | grep -v "registered at\|backend fallback\|Warning\|warn(" | tee -a "$OUT/checkpoint.txt"
       ;;
     metrics)
       metrics_part
