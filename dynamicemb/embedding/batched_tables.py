@@ -553,7 +553,11 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 fill,
             )
         if self.training and self._adam_betas is not None:
-            b.adam_bias = 1.0 - torch.pow(self._adam_betas, self.step)
+            # The exponent as a tensor: a number would let torch.compile
+            # specialize on its value (torch 2.11's pow reference guards on
+            # exponents 1 and 2), compiling the step again at steps 1 and 2.
+            exponent = torch.full_like(self._adam_betas, self.step)
+            b.adam_bias = 1.0 - torch.pow(self._adam_betas, exponent)
         return _Pool.apply(self._placeholder, self, b)
 
     def _batch_input(self, indices: torch.Tensor, offsets: torch.Tensor):
