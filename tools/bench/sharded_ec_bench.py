@@ -47,6 +47,7 @@ import collections
 import gc
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -386,6 +387,9 @@ def profile_steps(model, args, rank: int, local_batch: int, device) -> dict[str,
         path = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(path)
         result = analyze_trace(path, n)
+        if args.trace_dir:
+            name = f"{args.which_now}_{args.optimizer_now}_rank{rank}.json"
+            shutil.copy(path, os.path.join(args.trace_dir, name))
     if device.type != "cuda":
         return result
     # Synchronizations of one step as torch counts them.
@@ -483,6 +487,7 @@ def run_one(args, optimizer: str, which: str, rank: int, world_size: int, device
     if device.type == "cuda":
         res["peak_gib"] = _max_over_ranks(torch.cuda.max_memory_allocated(device) / 2**30, device)
     if args.profile_steps:
+        args.which_now, args.optimizer_now = which, optimizer
         instrument(model)
         res["profile"] = profile_steps(model, args, rank, local_batch, device)
     del model, plan
@@ -668,6 +673,11 @@ def parse_args(argv: list[str] | None = None):
         help="profiled steps after the timed ones (on the CPU: the ranges only, no kernels)",
     )
     ap.add_argument("--json", default=None, help="also write the results to this file")
+    ap.add_argument(
+        "--trace-dir",
+        default=None,
+        help="keep the profiled steps' chrome traces here ({version}_{optimizer}_rank{r}.json)",
+    )
     ap.add_argument(
         "--which",
         nargs="+",
