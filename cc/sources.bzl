@@ -107,6 +107,7 @@ OPS_HDRS = [
     "storage_args.h",
     "table_args.h",
     "tensor_checks.h",
+    "unique_args.h",
 ]
 
 # Op schemas, CPU and Meta kernels, and the Python module entry point.
@@ -117,6 +118,7 @@ OPS_SRCS = [
     "embedding_ops_cpu.cpp",
     "routing_ops_cpu.cpp",
     "storage_ops_cpu.cpp",
+    "unique_ops.cpp",
     "ops_meta.cpp",
     "module.cpp",
 ]

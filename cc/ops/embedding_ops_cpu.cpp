@@ -80,6 +80,7 @@ void optimizer_step_cpu(at::Tensor& values, const at::Tensor& rows, const at::Te
 }  // namespace
 
 TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
+  m.impl("adam_bias", &adam_bias_op);
   m.impl("embedding_pool", &embedding_pool_cpu);
   m.impl("embedding_update", &embedding_update_cpu);
   m.impl("init_rows", &init_rows_cpu);

@@ -111,6 +111,7 @@ void optimizer_step_cuda(at::Tensor& values, const at::Tensor& rows, const at::T
 }  // namespace
 
 TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
+  m.impl("adam_bias", &adam_bias_op);
   m.impl("embedding_pool", &embedding_pool_cuda);
   m.impl("embedding_update", &embedding_update_cuda);
   m.impl("init_rows", &init_rows_cuda);

@@ -13,6 +13,7 @@
 #include "cc/ops/embedding_args.h"
 #include "cc/ops/routing_args.h"
 #include "cc/ops/table_args.h"
+#include "cc/ops/unique_args.h"
 
 namespace dyn_emb {
 namespace ops {
@@ -172,9 +173,32 @@ void copy_rows_meta(at::Tensor& dst0, at::Tensor& dst1, const at::Tensor& dst_of
   check_copy_rows_devices(dst0, dst1, dst_offsets, src0, src1, src_offsets, bytes);
 }
 
+at::Tensor adam_bias_meta(const at::Tensor& betas, c10::SymInt /*step*/) {
+  TORCH_CHECK_TYPE(betas.scalar_type() == at::kFloat, "dynamicemb: betas must be float32, got ",
+                   betas.scalar_type());
+  return at::empty_like(betas);
+}
+
+UniqueResult segmented_unique_meta(const at::Tensor& keys, const at::Tensor& table_ids,
+                                   int64_t num_tables, int64_t /*pad_key*/) {
+  check_unique_args(keys, table_ids, num_tables);
+  const c10::SymInt n = keys.sym_numel();
+  auto per_pair = [&] { return at::empty_symint({n}, keys.options()); };
+  return {per_pair(),
+          per_pair(),
+          per_pair(),
+          per_pair(),
+          at::empty({num_tables + 1}, keys.options()),
+          per_pair(),
+          at::empty({1}, keys.options()),
+          at::empty_symint({n + 1}, keys.options())};
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(dynamicemb, Meta, m) {
+  m.impl("segmented_unique", &segmented_unique_meta);
+  m.impl("adam_bias", &adam_bias_meta);
   m.impl("table_find", &find_meta);
   m.impl("table_run", &run_meta);
   m.impl("counter_add", &counter_add_meta);

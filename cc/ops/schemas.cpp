@@ -201,6 +201,28 @@ TORCH_LIBRARY(dynamicemb, m) {
       "Tensor occ_offsets, Tensor occ_order, Tensor occ_bag, Tensor? weights, Tensor cols, "
       "Tensor dims, SymInt batch, int element_type, float[] optim, Tensor? adam_bias=None) -> ()");
 
+  // The distinct (table, key) pairs of a batch (dynamicemb/embedding/unique.py),
+  // padded: every per-pair output has the batch's length n, the distinct
+  // pairs first in (table, key) order, then padding (key pad_key, table
+  // num_tables - 1, count 0).
+  // Args:
+  //   keys, table_ids: (n) int64, table ids in [0, num_tables).
+  // Result:
+  //   keys (n), table_ids (n), inverse (n: keys[inverse] == the input keys),
+  //   counts (n), table_offsets (num_tables + 1: table t's pairs are
+  //   [table_offsets[t], table_offsets[t + 1])), order (n: the input
+  //   positions grouped by pair), num_unique (1), occ_offsets (n + 1: pair u's
+  //   positions are order[occ_offsets[u]:occ_offsets[u + 1]]); int64.
+  m.def(
+      "segmented_unique(Tensor keys, Tensor table_ids, int num_tables, int pad_key) -> (Tensor, "
+      "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+
+  // Adam's bias corrections at 1-based iteration `step`: (2) float32,
+  // 1 - betas[i]^step, for embedding_update's adam_bias. One op, so that an
+  // eager step and a traced one (where `step` is symbolic and a compiler
+  // would generate its own pow) compute them alike, bit for bit.
+  m.def("adam_bias(Tensor betas, SymInt step) -> Tensor");
+
   // Row moves of the storage tiers (cc/storage/copy_rows.h): for each i with
   // both offsets >= 0, bytes[i] bytes from the row space (src0, src1) at
   // src_offsets[i] to the row space (dst0, dst1) at dst_offsets[i].

@@ -517,8 +517,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             inv_len = 1.0 / lengths.clamp(min=1).to(torch.float32)
             weights = inv_len[bag]
         n = indices.numel()
-        occ_offsets = torch.zeros(su.counts.numel() + 1, dtype=torch.int64, device=self.device)
-        torch.cumsum(su.counts, 0, out=occ_offsets[1:])
+        occ_offsets = su.occ_offsets
         if self.pooling_mode == DynamicEmbPoolingMode.NONE:
             # Sequence batches (pooling NONE): every occurrence is a bag of its own.
             b = _Batch(
@@ -553,11 +552,10 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 fill,
             )
         if self.training and self._adam_betas is not None:
-            # The exponent as a tensor: a number would let torch.compile
-            # specialize on its value (torch 2.11's pow reference guards on
-            # exponents 1 and 2), compiling the step again at steps 1 and 2.
-            exponent = torch.full_like(self._adam_betas, self.step)
-            b.adam_bias = 1.0 - torch.pow(self._adam_betas, exponent)
+            # One op in eager and traced steps alike: a torch.pow here would
+            # be specialized on the step by torch.compile (torch 2.11 guards
+            # on exponents 1 and 2) or computed by the compiler's own pow.
+            b.adam_bias = ops().adam_bias(self._adam_betas, self.step)
         return _Pool.apply(self._placeholder, self, b)
 
     def _batch_input(self, indices: torch.Tensor, offsets: torch.Tensor):

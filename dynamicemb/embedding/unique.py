@@ -2,7 +2,9 @@
 
 The embedding step looks every distinct key up once, reduces the gradients
 of its occurrences into one, and counts how often it occurred (LFU scores,
-admission). This is that step, in torch operations, on any device.
+admission). This is that step, on any device: the op ``segmented_unique``
+(cc/ops/unique_ops.cpp), one call composed of ATen operations (two stable
+radix sorts, then flags, a scan and searches).
 
 How many distinct keys a batch has is known on the device only. Reading it
 on the host would stall the host until the device has caught up, so the
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dynamicemb.table._native import constants
+from dynamicemb.table._native import constants, ops
 
 # The key of padding entries: the table's EMPTY_KEY (cc/table/types.h), a
 # reserved key that no batch may contain.
@@ -41,6 +43,8 @@ class SegmentedUnique:
         num_unique (torch.Tensor): (1) int64 on the keys' device, the number
             of distinct keys: ``u`` itself, or, padded (u = n), the length of
             the prefix that holds them.
+        occ_offsets (torch.Tensor): (u + 1) int64, where each distinct key's
+            positions start in ``order``: ``[0] + cumsum(counts)``.
     """
 
     keys: torch.Tensor
@@ -50,6 +54,7 @@ class SegmentedUnique:
     table_offsets: torch.Tensor
     order: torch.Tensor
     num_unique: torch.Tensor
+    occ_offsets: torch.Tensor
 
     def valid(self) -> torch.Tensor:
         """(u) bool: the entry is a distinct key (not padding)."""
@@ -83,38 +88,16 @@ def segmented_unique(
         )
     if num_tables < 1:
         raise ValueError(f"num_tables must be positive, got {num_tables}")
-    n = keys.numel()
-    dev = keys.device
-    # Sort by key, then stably by table: (table, key) order. The table ids
-    # are sorted at the narrowest width that holds them (fewer radix passes).
-    k1, p1 = torch.sort(keys, stable=True)
-    narrow = torch.int16 if num_tables <= 2**15 else torch.int32
-    t_narrow, p2 = torch.sort(table_ids[p1].to(narrow), stable=True)
-    t_sorted = t_narrow.long()
-    perm = p1[p2]
-    k_sorted = k1[p2]
-    new = torch.ones(n, dtype=torch.bool, device=dev)
-    if n > 1:
-        new[1:] = (k_sorted[1:] != k_sorted[:-1]) | (t_sorted[1:] != t_sorted[:-1])
-    # distinct[i]: distinct pairs among the first i sorted entries.
-    distinct = torch.zeros(n + 1, dtype=torch.int64, device=dev)
-    torch.cumsum(new, 0, out=distinct[1:])
-    group = distinct[1:] - 1
-    # starts[u]: the first sorted position of distinct key u (n past the last).
-    starts = torch.searchsorted(group, torch.arange(n + 1, device=dev))
-    first = starts[:n].clamp(max=max(n - 1, 0))
-    valid = starts[:n] < n
-    uniq_keys = torch.where(valid, k_sorted[first], PAD_KEY)
-    uniq_tables = torch.where(valid, t_sorted[first], num_tables - 1)
-    counts = starts[1:] - starts[:n]
-    inverse = torch.empty(n, dtype=torch.int64, device=dev)
-    inverse[perm] = group
-    bounds = torch.arange(num_tables + 1, dtype=torch.int64, device=dev)
-    offsets = distinct[torch.searchsorted(t_sorted, bounds)]
-    su = SegmentedUnique(uniq_keys, uniq_tables, inverse, counts, offsets, perm, distinct[n:])
+    uniq_keys, uniq_tables, inverse, counts, offsets, order, num_unique, occ_offsets = (
+        ops().segmented_unique(keys, table_ids, num_tables, PAD_KEY)
+    )
+    su = SegmentedUnique(
+        uniq_keys, uniq_tables, inverse, counts, offsets, order, num_unique, occ_offsets
+    )
     if not padded:
         u = int(su.num_unique)  # synchronizes on CUDA
         su.keys, su.table_ids, su.counts = uniq_keys[:u], uniq_tables[:u], counts[:u]
+        su.occ_offsets = occ_offsets[: u + 1]
     if os.environ.get("DYNAMICEMB_DEBUG"):
         _check_offsets(offsets, int(su.num_unique), num_tables)
     return su
