@@ -75,13 +75,27 @@ DEMB_HD double unit_open(uint32_t hi, uint32_t lo) {
   return (static_cast<double>(bits) + 0.5) * (1.0 / 9007199254740992.0);
 }
 
-/// Standard normal number `which` (0 or 1) of a Box-Muller pair.
-DEMB_HD double normal_of(const Philox4& r, int which) {
+/// The Box-Muller pair of standard normal numbers of one draw: n[0], n[1].
+DEMB_HD void normal_pair(const Philox4& r, double (&n)[2]) {
   const double u1 = unit_open(r.v[0], r.v[1]);
   const double u2 = unit_open(r.v[2], r.v[3]);
   const double radius = sqrt(-2.0 * log(u1));
   const double angle = 6.283185307179586 * u2;
-  return radius * (which ? sin(angle) : cos(angle));
+  n[0] = radius * cos(angle);
+  n[1] = radius * sin(angle);
+}
+
+/// Standard normal number `which` (0 or 1) of a Box-Muller pair.
+DEMB_HD double normal_of(const Philox4& r, int which) {
+  double n[2];
+  normal_pair(r, n);
+  return n[which];
+}
+
+/// UNIFORM's element from one 32-bit word of a draw.
+DEMB_HD float uniform_of(const InitArgs& a, uint32_t w) {
+  const double u = (static_cast<double>(w) + 0.5) * (1.0 / 4294967296.0);
+  return static_cast<float>(a.lower + (a.upper - a.lower) * u);
 }
 
 /// Element `e` of the initial row of `key` in `table`.
@@ -102,12 +116,8 @@ DEMB_HD float init_value(const InitArgs& a, int64_t key, int64_t table, int64_t 
       x = x < a.lower ? a.lower : (x > a.upper ? a.upper : x);
       return static_cast<float>(x);
     }
-    case InitMode::kUniform: {
-      const Philox4 r = draw(a, key, table, static_cast<uint32_t>(e / 4), 0);
-      const uint32_t w = r.v[e % 4];
-      const double u = (static_cast<double>(w) + 0.5) * (1.0 / 4294967296.0);
-      return static_cast<float>(a.lower + (a.upper - a.lower) * u);
-    }
+    case InitMode::kUniform:
+      return uniform_of(a, draw(a, key, table, static_cast<uint32_t>(e / 4), 0).v[e % 4]);
     case InitMode::kConstant:
       return static_cast<float>(a.value);
     case InitMode::kDebug: {
@@ -136,30 +146,58 @@ struct RowInitArgs {
   float fill = 0.f;
 };
 
-/// 4-byte words of a new row: embedding and padding, then the state.
-template <class T>
-DEMB_HD int64_t init_row_words(const RowInitArgs& a) {
-  return storage::state_offset(a.dim, sizeof(T)) / 4 + a.state_dim;
+/// Elements 4 * blk .. 4 * blk + 3 of the initial row of `key` in `table`,
+/// each exactly as init_value gives it, with the draws init_value would
+/// repeat made once: UNIFORM takes four elements from one draw, NORMAL two
+/// from one Box-Muller pair.
+DEMB_HD void init_values4(const InitArgs& a, int64_t key, int64_t table, int64_t blk,
+                          float (&v)[4]) {
+  switch (static_cast<InitMode>(a.mode)) {
+    case InitMode::kUniform: {
+      const Philox4 r = draw(a, key, table, static_cast<uint32_t>(blk), 0);
+      for (int k = 0; k < 4; ++k) v[k] = uniform_of(a, r.v[k]);
+      return;
+    }
+    case InitMode::kNormal:
+      for (int p = 0; p < 2; ++p) {
+        double n[2];
+        normal_pair(draw(a, key, table, static_cast<uint32_t>(2 * blk + p), 0), n);
+        for (int k = 0; k < 2; ++k) v[2 * p + k] = static_cast<float>(a.mean + a.std_dev * n[k]);
+      }
+      return;
+    default:
+      for (int k = 0; k < 4; ++k) v[k] = init_value(a, key, table, 4 * blk + k);
+  }
 }
 
-/// Writes 4-byte word w of the new row of entry i (whose offset is >= 0).
+/// Elements of T in a new row's embedding part, padding included (a whole
+/// number of 4-byte words, zeros past dim).
 template <class T>
-DEMB_HD void init_row_word(const RowInitArgs& a, int64_t i, int64_t w) {
-  uint8_t* row = a.space.at(a.offsets[i]);
-  const int64_t emb_words = storage::state_offset(a.dim, sizeof(T)) / 4;
-  if (w >= emb_words) {
-    const int64_t s = w - emb_words;
-    reinterpret_cast<float*>(row)[w] = s >= a.fill_from ? a.fill : 0.f;
-    return;
+DEMB_HD int64_t init_row_elements(const RowInitArgs& a) {
+  return storage::state_offset(a.dim, sizeof(T)) / sizeof(T);
+}
+
+/// Writes elements 4 * blk .. 4 * blk + 3 (those below init_row_elements) of
+/// the new row of entry i (whose offset is >= 0): init_value's, zeros past dim.
+template <class T>
+DEMB_HD void init_row_block(const RowInitArgs& a, int64_t i, int64_t blk) {
+  T* e = reinterpret_cast<T*>(a.space.at(a.offsets[i]));
+  const int64_t elements = init_row_elements<T>(a);
+  float v[4] = {0.f, 0.f, 0.f, 0.f};
+  if (4 * blk < a.dim) init_values4(a.init, a.keys[i], a.table_ids[i], blk, v);
+  for (int64_t k = 0; k < 4; ++k) {
+    const int64_t d = 4 * blk + k;
+    if (d < elements) e[d] = storage::from_float<T>(d < a.dim ? v[k] : 0.f);
   }
-  // The elements of T in this word, zeros past dim.
-  constexpr int64_t per = 4 / sizeof(T);
-  T* e = reinterpret_cast<T*>(row + 4 * w);
-  for (int64_t k = 0; k < per; ++k) {
-    const int64_t d = w * per + k;
-    e[k] =
-        storage::from_float<T>(d < a.dim ? init_value(a.init, a.keys[i], a.table_ids[i], d) : 0.f);
-  }
+}
+
+/// Writes optimizer-state float s of the new row of entry i: zeros, except
+/// from fill_from on.
+template <class T>
+DEMB_HD void init_state_word(const RowInitArgs& a, int64_t i, int64_t s) {
+  float* state =
+      reinterpret_cast<float*>(a.space.at(a.offsets[i]) + storage::state_offset(a.dim, sizeof(T)));
+  state[s] = s >= a.fill_from ? a.fill : 0.f;
 }
 
 }  // namespace embedding

@@ -17,14 +17,16 @@ __global__ void init_rows_kernel(InitArgs a, const int64_t* keys, const int64_t*
   out[x] = init_value(a, keys[i], table_ids[i], e);
 }
 
-// A warp per entry: the lanes write consecutive words of its row.
+// A warp per entry: the lanes write consecutive blocks of 4 elements of its
+// row (one draw each for UNIFORM), then consecutive state words.
 template <class T>
 __global__ void init_rows_at_kernel(RowInitArgs a, int64_t n) {
   const int64_t i = global_thread() / kWarp;
   const int lane = threadIdx.x % kWarp;
   if (i >= n || a.offsets[i] < 0) return;
-  const int64_t words = init_row_words<T>(a);
-  for (int64_t w = lane; w < words; w += kWarp) init_row_word<T>(a, i, w);
+  const int64_t blocks = (init_row_elements<T>(a) + 3) / 4;
+  for (int64_t blk = lane; blk < blocks; blk += kWarp) init_row_block<T>(a, i, blk);
+  for (int64_t s = lane; s < a.state_dim; s += kWarp) init_state_word<T>(a, i, s);
 }
 
 template <class T>

@@ -428,7 +428,7 @@ at::Tensor pool_with(const at::Tensor& seg0, const at::Tensor& seg1, const at::T
                      const at::Tensor& inverse, const at::Tensor& bag_offsets,
                      const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
                      const at::Tensor& dims, int64_t batch, int64_t out_width, int64_t type,
-                     const c10::optional<at::Tensor>& fill, const Run& run) {
+                     const c10::optional<at::Tensor>& fill, bool tiled, const Run& run) {
   check_pool_devices(seg0, seg1, rows, inverse, bag_offsets, weights, cols, dims, fill);
   TORCH_CHECK_VALUE(out_width >= 0, "dynamicemb: out_width must not be negative, got ", out_width);
   TORCH_CHECK_VALUE(batch >= 0, "dynamicemb: batch must not be negative, got ", batch);
@@ -441,8 +441,10 @@ at::Tensor pool_with(const at::Tensor& seg0, const at::Tensor& seg1, const at::T
                     "dynamicemb: an output of batch (", batch, ") x out_width (", out_width,
                     ") floats is more than a tensor can address");
   const storage::ElementType et = element_type(type);
-  // Zeros: columns of no feature are zeros too, not whatever memory held.
-  at::Tensor out = at::zeros({batch, out_width}, rows.options().dtype(at::kFloat));
+  // Every bag writes its feature's columns: only columns of no feature need
+  // zeros (a pass over the whole output otherwise).
+  const auto f32 = rows.options().dtype(at::kFloat);
+  at::Tensor out = tiled ? at::empty({batch, out_width}, f32) : at::zeros({batch, out_width}, f32);
   run(pool_args(seg0, seg1, rows, inverse, bag_offsets, weights, cols, dims, batch, out_width, et,
                 fill, out),
       bag_offsets.numel() - 1, et);

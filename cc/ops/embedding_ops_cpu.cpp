@@ -20,9 +20,10 @@ at::Tensor embedding_pool_cpu(const at::Tensor& seg0, const at::Tensor& seg1,
                               const at::Tensor& bag_offsets,
                               const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
                               const at::Tensor& dims, int64_t batch, int64_t out_width,
-                              int64_t element_type, const c10::optional<at::Tensor>& fill) {
+                              int64_t element_type, const c10::optional<at::Tensor>& fill,
+                              bool tiled) {
   return pool_with(seg0, seg1, rows, inverse, bag_offsets, weights, cols, dims, batch, out_width,
-                   element_type, fill,
+                   element_type, fill, tiled,
                    [](const embedding::PoolArgs& a, int64_t num_bags, storage::ElementType et) {
                      embedding::cpu::pool_forward(a, num_bags, et);
                    });

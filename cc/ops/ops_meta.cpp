@@ -139,7 +139,8 @@ at::Tensor embedding_pool_meta(const at::Tensor& seg0, const at::Tensor& seg1,
                                const at::Tensor& bag_offsets,
                                const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
                                const at::Tensor& dims, c10::SymInt batch, int64_t out_width,
-                               int64_t /*element_type*/, const c10::optional<at::Tensor>& fill) {
+                               int64_t /*element_type*/, const c10::optional<at::Tensor>& fill,
+                               bool /*tiled*/) {
   check_pool_devices(seg0, seg1, rows, inverse, bag_offsets, weights, cols, dims, fill);
   TORCH_CHECK_VALUE(out_width >= 0, "dynamicemb: out_width must not be negative, got ", out_width);
   return at::empty_symint({batch, out_width}, rows.options().dtype(at::kFloat));

@@ -175,13 +175,16 @@ TORCH_LIBRARY(dynamicemb, m) {
   //   cols, dims: (F) first output column and dim of each feature;
   //   element_type: the embeddings' storage::ElementType (0 float32, 1
   //   float16, 2 bfloat16); fill: (m, width) rows of that type, or None, of
-  //   keys stored nowhere: rows[u] = -2 - i reads fill row i.
+  //   keys stored nowhere: rows[u] = -2 - i reads fill row i; tiled: the
+  //   caller's promise that the features' columns [cols[f], cols[f] + dims[f])
+  //   cover [0, out_width) (every column is then written, and the output is
+  //   not zeroed first).
   // Result:
-  //   (batch, out_width) float32.
+  //   (batch, out_width) float32, zeros in the columns of no feature.
   m.def(
       "embedding_pool(Tensor seg0, Tensor seg1, Tensor rows, Tensor inverse, Tensor bag_offsets, "
       "Tensor? weights, Tensor cols, Tensor dims, SymInt batch, int out_width, int element_type, "
-      "Tensor? fill=None) -> Tensor");
+      "Tensor? fill=None, bool tiled=False) -> Tensor");
 
   // embedding_pool's backward: reduces each distinct key's gradient from
   // grad_out and updates its row in place with the optimizer, in float32

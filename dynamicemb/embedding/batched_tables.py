@@ -114,6 +114,7 @@ class _Batch:
                 self.out_width,
                 int(element_type),
                 self.fill,
+                tiled=True,  # the module's layouts put the features side by side
             )
 
 

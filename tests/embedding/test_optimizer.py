@@ -155,3 +155,16 @@ def test_optimizer_step_refuses_a_malformed_optim_list_and_changes_nothing():
         with pytest.raises(ValueError, match=message):
             ops().optimizer_step(values, rows, grads, bad)
     assert torch.equal(values, before)
+
+
+@pytest.mark.parametrize("step", [1, 2, 3, 1000, 2**40])
+def test_adam_bias_is_one_minus_beta_to_the_step(step):
+    betas = torch.tensor([0.9, 0.999])
+    got = ops().adam_bias(betas, step)
+    assert torch.equal(got, 1.0 - torch.pow(betas, float(step)))
+    torch.library.opcheck(ops().adam_bias.default, (betas, step))
+
+
+def test_adam_bias_refuses_a_step_below_one():
+    with pytest.raises(ValueError, match="step must be >= 1 .1-based., got 0"):
+        ops().adam_bias(torch.tensor([0.9, 0.999]), 0)

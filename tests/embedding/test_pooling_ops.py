@@ -369,6 +369,23 @@ def test_update_refuses_bad_occurrences_and_changes_nothing():
     assert torch.equal(t["values"], before)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_pool_tiled_writes_every_column_and_untiled_zeros_columns_of_no_feature(device):
+    """``tiled``: the output is not zeroed first, and every column is still
+    written (bags of no occurrence included); without it a column of no
+    feature reads zeros."""
+    t = batch(device, seed=5)
+    zeroed = pool(t)
+    for _ in range(3):  # memory a tiled output may reuse holds NaN, not zeros
+        dirty = torch.full((t["B"], t["width"]), float("nan"), device=device)
+        del dirty
+        tiled = ops().embedding_pool(*pool_args(t), tiled=True)
+        assert torch.equal(tiled, zeroed)
+    wide = ops().embedding_pool(*pool_args(t, out_width=t["width"] + 3))
+    assert torch.equal(wide[:, : t["width"]], zeroed)
+    assert (wide[:, t["width"] :] == 0).all()
+
+
 def test_pool_refuses_a_feature_that_does_not_fit_the_output():
     t = batch("cpu", seed=8)
     with pytest.raises(ValueError, match="feature 2"):

@@ -21,6 +21,7 @@ from dynamicemb.embedding.unique import PAD_KEY
 from dynamicemb.storage import RowLayout
 from dynamicemb.storage import space as sp
 from dynamicemb.storage.hash_storage import rows_buffer
+from tests.devices import DEVICES
 from tests.embedding.sync_guard import HostSync, forbid_host_syncs
 from tests.embedding.tbe_batches import random_batches, unchecked_module
 
@@ -68,24 +69,42 @@ def test_padded_unique_is_the_exact_unique_then_padding(pairs):
 # ------------------------------------------------------------ init_rows_at --
 
 
+INIT_MODES = {
+    "normal": DynamicEmbInitializerArgs(mode=Mode.NORMAL, mean=0.1, std_dev=0.5),
+    "uniform": DynamicEmbInitializerArgs(mode=Mode.UNIFORM, lower=-0.3, upper=0.2),
+    "truncated": DynamicEmbInitializerArgs(
+        mode=Mode.TRUNCATED_NORMAL, mean=0.0, std_dev=1.0, lower=-0.5, upper=0.5
+    ),
+    "constant": DynamicEmbInitializerArgs(mode=Mode.CONSTANT, value=0.7),
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("optimizer", list(OPTIMIZERS))
-@pytest.mark.parametrize("dim", [5, 8])
-def test_init_rows_at_writes_the_rows_staging_writes(dtype, optimizer, dim):
-    """Bytes for bytes what the staged path (initializer rows and the
-    optimizer's initial state packed into a buffer, then copied) writes, at
-    the given offsets only."""
+@pytest.mark.parametrize(
+    "dim,mode",
+    [(5, "normal"), (8, "normal"), (130, "normal")]
+    + [(d, m) for d in (7, 130) for m in ("uniform", "truncated", "constant")],
+)
+def test_init_rows_at_writes_the_rows_staging_writes(device, dtype, optimizer, dim, mode):
+    """Bytes for bytes what the staged path (initializer rows, element by
+    element, and the optimizer's initial state packed into a buffer, then
+    copied) writes, at the given offsets only: init_rows_at's shared draws
+    (four elements of one UNIFORM draw, two of one normal pair) change no
+    value. Dims 7 and 5 end inside a block of four, 130 takes more blocks
+    than a warp has lanes."""
     opt, kw = OPTIMIZERS[optimizer]
     row_opt = RowOptimizer(opt, **kw)
     layout = RowLayout([dim], dtype, opt, True)
-    args = DynamicEmbInitializerArgs(mode=Mode.NORMAL, mean=0.1, std_dev=0.5)
+    args = INIT_MODES[mode]
     n = 9
-    keys = torch.arange(100, 100 + n) * 7919
-    init_ids = torch.full((n,), 3)  # the generator's table id (the layout's is 0)
+    keys = (torch.arange(100, 100 + n) * 7919).to(device)
+    init_ids = torch.full((n,), 3, device=device)  # the generator's table id (the layout's is 0)
     rb = layout.row_bytes[0]
-    rows = torch.tensor([0, -1, 2, 3, -1, 5, 6, -1, 8])
+    rows = torch.tensor([0, -1, 2, 3, -1, 5, 6, -1, 8], device=device)
     offsets = torch.where(rows >= 0, rows * rb, -1)
-    got = torch.full((n * rb,), 0xAB, dtype=torch.uint8)
+    got = torch.full((n * rb,), 0xAB, dtype=torch.uint8, device=device)
     sdim = layout.state_dims[0]
     init_rows_at(
         (got, got.new_empty(0)),
@@ -109,9 +128,9 @@ def test_init_rows_at_writes_the_rows_staging_writes(dtype, optimizer, dim):
         def init_state(self, state):
             row_opt.init_state(state)
 
-    want = torch.full((n * rb,), 0xAB, dtype=torch.uint8)
+    want = torch.full((n * rb,), 0xAB, dtype=torch.uint8, device=device)
     keep = offsets >= 0
-    tids = torch.zeros(int(keep.sum()), dtype=torch.int64)
+    tids = torch.zeros(int(keep.sum()), dtype=torch.int64, device=device)
     buf = rows_buffer(keys[keep], tids, None, None, None, Init(), layout)
     sp.copy_rows(
         (want, want.new_empty(0)),

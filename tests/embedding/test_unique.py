@@ -35,6 +35,13 @@ def test_segmented_unique_matches_a_dictionary(pairs):
     assert torch.equal(su.table_ids[su.inverse], tables)
     want = [sum(1 for t, _ in order if t < b) for b in range(5)]
     assert su.table_offsets.tolist() == want
+    occ = [0]
+    for c in su.counts.tolist():
+        occ.append(occ[-1] + c)
+    assert su.occ_offsets.tolist() == occ
+    for u in range(su.keys.numel()):  # key u's positions in the input
+        at = su.order[su.occ_offsets[u] : su.occ_offsets[u + 1]]
+        assert (keys[at] == su.keys[u]).all() and (tables[at] == su.table_ids[u]).all()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -63,3 +70,18 @@ def test_debug_mode_catches_a_table_id_out_of_range(monkeypatch):
     segmented_unique(torch.tensor([1, 2]), torch.tensor([0, 1]), 2)
     with pytest.raises(RuntimeError, match=r"table_offsets\[2\] is 1, not the 2 distinct keys"):
         segmented_unique(torch.tensor([1, 2]), torch.tensor([0, 5]), 2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_segmented_unique_opcheck(device):
+    """The op's schema, its fake kernel against the real one, and tracing."""
+    from dynamicemb.embedding.unique import PAD_KEY
+    from dynamicemb.table._native import ops
+
+    keys = torch.tensor([5, 3, 5, 9, 3, 5, 2**40], device=device)
+    tables = torch.tensor([1, 0, 1, 1, 1, 0, 2], device=device)
+    torch.library.opcheck(
+        ops().segmented_unique.default,
+        (keys, tables, 3, PAD_KEY),
+        test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"),
+    )
