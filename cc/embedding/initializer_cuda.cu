@@ -17,21 +17,31 @@ __global__ void init_rows_kernel(InitArgs a, const int64_t* keys, const int64_t*
   out[x] = init_value(a, keys[i], table_ids[i], e);
 }
 
-// A warp per entry: the lanes write consecutive blocks of 4 elements of its
-// row (one draw each for UNIFORM), then consecutive state words.
+// A warp per 32 entries: the lanes read the entries' offsets together, then
+// the warp writes the new rows among them one after another, the lanes on
+// consecutive blocks of 4 elements (one draw each for UNIFORM), then on
+// consecutive state words. A training step passes every distinct key (most
+// not new) and the padding: a warp per entry spent most of its time
+// starting warps that had nothing to write.
 template <class T>
 __global__ void init_rows_at_kernel(RowInitArgs a, int64_t n) {
-  const int64_t i = global_thread() / kWarp;
+  const int64_t first = global_thread() / kWarp * kWarp;
   const int lane = threadIdx.x % kWarp;
-  if (i >= n || a.offsets[i] < 0) return;
+  if (first >= n) return;  // uniform across the warp
+  const int64_t mine = first + lane;
+  unsigned todo = __ballot_sync(0xffffffffu, mine < n && a.offsets[mine] >= 0);
   const int64_t blocks = (init_row_elements<T>(a) + 3) / 4;
-  for (int64_t blk = lane; blk < blocks; blk += kWarp) init_row_block<T>(a, i, blk);
-  for (int64_t s = lane; s < a.state_dim; s += kWarp) init_state_word<T>(a, i, s);
+  while (todo != 0) {
+    const int64_t i = first + __ffs(todo) - 1;
+    todo &= todo - 1;
+    for (int64_t blk = lane; blk < blocks; blk += kWarp) init_row_block<T>(a, i, blk);
+    for (int64_t s = lane; s < a.state_dim; s += kWarp) init_state_word<T>(a, i, s);
+  }
 }
 
 template <class T>
 void launch_init_rows_at(const RowInitArgs& a, int64_t n, cudaStream_t stream) {
-  init_rows_at_kernel<T><<<grid_for(n * kWarp), kBlock, 0, stream>>>(a, n);
+  init_rows_at_kernel<T><<<grid_for(n), kBlock, 0, stream>>>(a, n);
   check_launch("init_rows_at");
 }
 
