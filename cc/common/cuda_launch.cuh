@@ -26,6 +26,24 @@ inline unsigned grid_for(int64_t threads) {
   return static_cast<unsigned>(g < 1 ? 1 : g);
 }
 
+/// Blocks of kBlock threads for a grid-stride loop over `threads` threads:
+/// grid_for(threads), but at most four waves of the current device's SMs (8
+/// blocks each). Starting a block costs time even when its threads have
+/// nothing to do (the padding of a batch): past that many blocks, the
+/// resident warps take the next items instead.
+inline unsigned grid_strided(int64_t threads) {
+  static thread_local int device = -1, sms = 0;
+  int d = 0;
+  if (cudaGetDevice(&d) != cudaSuccess) d = 0;
+  if (d != device) {
+    if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d) != cudaSuccess) sms = 0;
+    device = d;
+  }
+  const unsigned all = grid_for(threads);
+  const int64_t cap = static_cast<int64_t>(sms > 0 ? sms : 1) * (2048 / kBlock) * 4;
+  return all < cap ? all : static_cast<unsigned>(cap);
+}
+
 /// Throws std::runtime_error naming `what` unless `e` is cudaSuccess.
 inline void check_cuda(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
@@ -41,6 +59,11 @@ inline void check_launch(const char* what) { check_cuda(cudaGetLastError(), what
 /// This thread's index in a one-dimensional launch.
 __device__ __forceinline__ int64_t global_thread() {
   return blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+}
+
+/// Warps of the launch (a grid-stride loop's step, in warps).
+__device__ __forceinline__ int64_t launch_warps() {
+  return gridDim.x * static_cast<int64_t>(blockDim.x) / kWarp;
 }
 #endif
 

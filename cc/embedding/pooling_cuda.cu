@@ -54,20 +54,21 @@ __device__ void pool_bag(const PoolArgs& a, const BagSlot& s, int64_t j0, int64_
   }
 }
 
-// A warp per bag; vectorized when the rows are float32 and the bag's output
-// slice is 16-byte aligned (a row that is not aligned is read element-wise).
+// A warp per bag (grid-strided); vectorized when the rows are float32 and
+// the bag's output slice is 16-byte aligned (a row that is not aligned is
+// read element-wise).
 template <class T>
 __global__ void pool_kernel(PoolArgs a, int64_t num_bags) {
-  const int64_t b = global_thread() / kWarp;
   const int lane = threadIdx.x % kWarp;
-  if (b >= num_bags) return;
-  const BagSlot s = bag_slot(a.layout, b);
-  const int64_t j0 = a.bag_offsets[b], j1 = a.bag_offsets[b + 1];
-  constexpr bool kFloat = std::is_same_v<T, float>;
-  if (kFloat && s.dim % 4 == 0 && aligned16(a.out + s.offset)) {
-    pool_bag<T, kFloat>(a, s, j0, j1, lane);
-  } else {
-    pool_bag<T, false>(a, s, j0, j1, lane);
+  for (int64_t b = global_thread() / kWarp; b < num_bags; b += launch_warps()) {
+    const BagSlot s = bag_slot(a.layout, b);
+    const int64_t j0 = a.bag_offsets[b], j1 = a.bag_offsets[b + 1];
+    constexpr bool kFloat = std::is_same_v<T, float>;
+    if (kFloat && s.dim % 4 == 0 && aligned16(a.out + s.offset)) {
+      pool_bag<T, kFloat>(a, s, j0, j1, lane);
+    } else {
+      pool_bag<T, false>(a, s, j0, j1, lane);
+    }
   }
 }
 
@@ -129,17 +130,19 @@ __device__ void update_plain_key(const UpdateArgs& a, int64_t u, int64_t dim, in
   });
 }
 
-// A warp per distinct key that is not hot: reduce and update in one pass.
+// A warp per distinct key that is not hot (grid-strided: a padded batch's
+// padding is most of the keys): reduce and update in one pass.
 template <class T>
 __global__ void update_kernel(UpdateArgs a, int64_t num_keys) {
-  const int64_t u = global_thread() / kWarp;
   const int lane = threadIdx.x % kWarp;
-  if (u >= num_keys || hot(a, u) || a.rows[u] < 0) return;
-  const int64_t dim = key_dim(a, u);
-  if (key_vectorized<T>(a, a.rows[u], dim)) {
-    update_plain_key<T, std::is_same_v<T, float>>(a, u, dim, lane);
-  } else {
-    update_plain_key<T, false>(a, u, dim, lane);
+  for (int64_t u = global_thread() / kWarp; u < num_keys; u += launch_warps()) {
+    if (hot(a, u) || a.rows[u] < 0) continue;  // uniform across the warp
+    const int64_t dim = key_dim(a, u);
+    if (key_vectorized<T>(a, a.rows[u], dim)) {
+      update_plain_key<T, std::is_same_v<T, float>>(a, u, dim, lane);
+    } else {
+      update_plain_key<T, false>(a, u, dim, lane);
+    }
   }
 }
 
@@ -206,13 +209,13 @@ unsigned grid(int64_t warps) { return grid_for(warps * kWarp); }
 
 template <class T>
 void pool_forward(const PoolArgs& a, int64_t num_bags, cudaStream_t stream) {
-  pool_kernel<T><<<grid(num_bags), kBlock, 0, stream>>>(a, num_bags);
+  pool_kernel<T><<<grid_strided(num_bags * kWarp), kBlock, 0, stream>>>(a, num_bags);
   check_launch("embedding_pool");
 }
 
 template <class T>
 void update_backward(const UpdateArgs& a, const HotKeys& h, int64_t num_keys, cudaStream_t stream) {
-  update_kernel<T><<<grid(num_keys), kBlock, 0, stream>>>(a, num_keys);
+  update_kernel<T><<<grid_strided(num_keys * kWarp), kBlock, 0, stream>>>(a, num_keys);
   check_launch("embedding_update");
   if (h.max_hot == 0) return;
   hot_chunk_kernel<T><<<grid(h.max_chunks), kBlock, 0, stream>>>(a, h, num_keys);

@@ -277,7 +277,21 @@ BATCHES = {
     "mixed": (lambda device: batch(device, seed=5, dims=(16, 48, 16), width=160), 1e-5),
     # one hot key (summed chunk by chunk on the GPU)
     "hot": (hot_batch, 1e-4),
+    # more bags and keys (80,000 and about 60,000) than a GPU's grid-strided
+    # launches have warps: their loops take several items per warp
+    "large": (
+        lambda device: batch(device, seed=6, dims=(8, 16), B=40_000, num_rows=70_000, width=24),
+        1e-5,
+    ),
 }
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", sorted(BATCHES))
+def test_cuda_pool_matches_the_cpu_kernel(kind):
+    make, tol = BATCHES[kind]
+    cpu, gpu = make("cpu"), make("cuda")
+    torch.testing.assert_close(pool(gpu).cpu(), pool(cpu), rtol=tol, atol=tol)
 
 
 @pytest.mark.gpu
