@@ -280,7 +280,7 @@ BATCHES = {
     # more bags and keys (80,000 and about 60,000) than a GPU's grid-strided
     # launches have warps: their loops take several items per warp
     "large": (
-        lambda device: batch(device, seed=6, dims=(8, 16), B=40_000, num_rows=70_000, width=24),
+        lambda device: batch(device, seed=6, dims=(8, 16), B=40_000, num_rows=70_000, width=48),
         1e-5,
     ),
 }
