@@ -23,7 +23,9 @@ with gloo), in two versions in the same run, on the same batches:
 over ``[0, rows)`` and scattered by a fixed bijection (hot ids are not the
 small ones). A train step is forward, backward of the sum of the outputs, and
 the fused optimizer update (in the backward); each step gets fresh ids (made
-before the step's clock starts). For each optimizer, prints both versions'
+before the step's clock starts). Both versions are built first and then take
+turns step by step, so that drift in the machine's speed during the run
+weighs on both alike. For each optimizer, prints both versions'
 median step time after warm-up (the slowest rank's median) as a markdown
 row, with the HBM floor: the bytes a step must move on a rank (its keys in,
 its outputs out and their gradients in, each distinct row and its optimizer
@@ -243,22 +245,31 @@ def train_step(model, kjt, features: int) -> None:
         loss.backward()
 
 
-def time_steps(model, args, rank: int, local_batch: int, device) -> tuple[float, float]:
-    """This rank's median train-step time and median host time (until the
-    step is issued), in seconds."""
-    times, issued = [], []
+def time_steps(
+    models: dict[str, Any], args, rank: int, local_batch: int, device
+) -> dict[str, tuple[float, float]]:
+    """Per version, this rank's median train-step time and median host time
+    (until the step is issued), in seconds. The versions take turns step by
+    step (each step's batch made afresh for each, the same ids; the first
+    version alternates), so a machine that slows down or speeds up during
+    the run weighs on both alike."""
+    names = list(models)
+    times: dict[str, list[float]] = {w: [] for w in names}
+    issued: dict[str, list[float]] = {w: [] for w in names}
     for step in range(args.warmup + args.steps):
-        kjt = make_batch(args, step, rank, local_batch, device)
-        _sync(device)
-        dist.barrier()  # every rank starts the step together
-        t0 = time.perf_counter()
-        train_step(model, kjt, args.features)
-        t1 = time.perf_counter()
-        _sync(device)
-        if step >= args.warmup:
-            times.append(time.perf_counter() - t0)
-            issued.append(t1 - t0)
-    return statistics.median(times), statistics.median(issued)
+        order = names if step % 2 == 0 else names[::-1]
+        for which in order:
+            kjt = make_batch(args, step, rank, local_batch, device)
+            _sync(device)
+            dist.barrier()  # every rank starts the step together
+            t0 = time.perf_counter()
+            train_step(models[which], kjt, args.features)
+            t1 = time.perf_counter()
+            _sync(device)
+            if step >= args.warmup:
+                times[which].append(time.perf_counter() - t0)
+                issued[which].append(t1 - t0)
+    return {w: (statistics.median(times[w]), statistics.median(issued[w])) for w in names}
 
 
 # ------------------------------------------------------------- profiling --
@@ -462,40 +473,57 @@ def _max_over_ranks(x: float, device: torch.device) -> float:
     return float(t)
 
 
-def run_one(args, optimizer: str, which: str, rank: int, world_size: int, device) -> dict:
+def _allocated(device: torch.device) -> int:
+    return torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+
+
+def run_optimizer(args, optimizer: str, rank: int, world_size: int, device) -> list[dict]:
+    """Both versions (args.which) with ``optimizer``: built one after the
+    other, each taking one step (its peak memory: above what was allocated
+    before it was built), then timed in turns (time_steps), then, each on
+    its own, their statistics and profiles."""
     local_batch = args.batch // world_size
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    start = time.perf_counter()
-    build = build_dynamicemb if which == "dynamicemb" else build_torchrec
-    model, plan = build(args, optimizer, world_size, device, local_batch)
-    ps = plan.plan["ec"][table_names(1)[0]]
-    built = time.perf_counter() - start
-    median, issued = time_steps(model, args, rank, local_batch, device)
-    res: dict[str, Any] = {
-        "which": which,
-        "optimizer": optimizer,
-        "plan": f"{type(ps).__name__} {ps.sharding_type}/{ps.compute_kernel}",
-        "built_s": built,
-        "step_ms": 1e3 * _max_over_ranks(median, device),
-        "host_ms": 1e3 * _max_over_ranks(issued, device),
-    }
-    if which == "dynamicemb":
-        stats = dynamic_table_stats(model).to(device)
-        dist.all_reduce(stats)
-        res["rows_held"], res["evictions"], res["insert_failures"] = stats.tolist()
-    if device.type == "cuda":
-        res["peak_gib"] = _max_over_ranks(torch.cuda.max_memory_allocated(device) / 2**30, device)
-    if args.profile_steps:
-        args.which_now, args.optimizer_now = which, optimizer
-        instrument(model)
-        res["profile"] = profile_steps(model, args, rank, local_batch, device)
-    del model, plan
+    models: dict[str, Any] = {}
+    results: dict[str, dict[str, Any]] = {}
+    for which in args.which:
+        before = _allocated(device)
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        start = time.perf_counter()
+        build = build_dynamicemb if which == "dynamicemb" else build_torchrec
+        model, plan = build(args, optimizer, world_size, device, local_batch)
+        ps = plan.plan["ec"][table_names(1)[0]]
+        results[which] = {
+            "which": which,
+            "optimizer": optimizer,
+            "plan": f"{type(ps).__name__} {ps.sharding_type}/{ps.compute_kernel}",
+            "built_s": time.perf_counter() - start,
+        }
+        train_step(model, make_batch(args, 0, rank, local_batch, device), args.features)
+        _sync(device)
+        if device.type == "cuda":
+            peak = torch.cuda.max_memory_allocated(device) - before
+            results[which]["peak_gib"] = _max_over_ranks(peak / 2**30, device)
+        models[which] = model
+    for which, (median, issued) in time_steps(models, args, rank, local_batch, device).items():
+        results[which]["step_ms"] = 1e3 * _max_over_ranks(median, device)
+        results[which]["host_ms"] = 1e3 * _max_over_ranks(issued, device)
+    for which, model in models.items():
+        res = results[which]
+        if which == "dynamicemb":
+            stats = dynamic_table_stats(model).to(device)
+            dist.all_reduce(stats)
+            res["rows_held"], res["evictions"], res["insert_failures"] = stats.tolist()
+        if args.profile_steps:
+            args.which_now, args.optimizer_now = which, optimizer
+            instrument(model)
+            res["profile"] = profile_steps(model, args, rank, local_batch, device)
+    del models, model
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     dist.barrier()
-    return res
+    return [results[w] for w in args.which]
 
 
 def _line(r: dict) -> str:
@@ -558,8 +586,7 @@ def run(rank: int, world_size: int, args) -> None:
     for optimizer in args.optimizer:
         if bw is not None:
             floors[optimizer] = floor_bytes(args, optimizer, rank, local_batch, device) / bw
-        for which in args.which:
-            r = run_one(args, optimizer, which, rank, world_size, device)
+        for r in run_optimizer(args, optimizer, rank, world_size, device):
             results.append(r)
             if lead:
                 print(_line(r), flush=True)
