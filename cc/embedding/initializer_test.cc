@@ -110,6 +110,30 @@ TEST(Initializer, ConstantAndDebugModes) {
   EXPECT_EQ(init_value(d, -3, 0, 1), static_cast<float>(kDebugModulus - 3));
 }
 
+// init_values4 shares the draws init_value makes again for each element (four
+// UNIFORM elements, two normal ones per draw): it must give every element
+// bit for bit what init_value gives it.
+TEST(Initializer, FourAtATimeEqualsOneAtATime) {
+  for (InitMode m : {InitMode::kNormal, InitMode::kTruncatedNormal, InitMode::kUniform,
+                     InitMode::kConstant, InitMode::kDebug}) {
+    InitArgs a = args(m);
+    a.mean = 0.1, a.std_dev = 0.7, a.lower = -0.4, a.upper = 0.3, a.value = 0.5;
+    for (int64_t key : {int64_t{0}, int64_t{7}, int64_t{-5}, int64_t{1} << 40}) {
+      for (int64_t table = 0; table < 3; ++table) {
+        for (int64_t blk = 0; blk < 40; ++blk) {
+          float v[4];
+          init_values4(a, key, table, blk, v);
+          for (int k = 0; k < 4; ++k) {
+            ASSERT_EQ(v[k], init_value(a, key, table, 4 * blk + k))
+                << "mode " << static_cast<int>(m) << " key " << key << " table " << table
+                << " element " << 4 * blk + k;
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace embedding
 }  // namespace dyn_emb
