@@ -9,7 +9,9 @@ One step = forward + backward + optimizer update, keys drawn from a power law
 run: FBGEMM's SplitTableBatchedEmbeddingBagsCodegen (TorchRec's own static
 tables; on the CPU it supports SGD only) and an nn.EmbeddingBag per table
 (dense weights of `rows` rows, sparse gradients) with torch.optim.SGD /
-SparseAdam. Prints the median of the timed steps after warm-up.
+SparseAdam. Every version is built first; then they take turns, step by
+step, so that a drift of the machine's speed weighs on each alike. Prints the
+median of each version's timed steps after warm-up.
 
 ``--admission T`` also times, in the same run, the same module with a
 ``FrequencyAdmissionStrategy(T)`` on every table (a counter share of ``rows``
@@ -17,8 +19,7 @@ slots per table) and prints its overhead over the module without. Both are
 pre-filled with the same batches, then both are timed on new draws of the
 same power law (instead of the pre-fill batches), so each step brings keys
 the tables miss: the module without admission inserts them, the one with it
-counts them and admits those seen T times. The two are timed alternately,
-step by step.
+counts them and admits those seen T times.
 """
 
 import argparse
@@ -65,17 +66,17 @@ def timed(fn, device, reps, warmup=3):
     return statistics.median(timed_once(fn, device) for _ in range(reps))
 
 
-def timed_pair(step_a, step_b, device, reps, warmup=3):
-    """Median times of two steps run alternately (a, b, a, b, ...), so that a
-    machine whose load drifts slows both alike."""
+def timed_turns(steps, device, reps, warmup=3):
+    """Median times of steps run in turns (a, b, c, a, b, c, ...), so that a
+    machine whose load drifts slows each alike."""
     for _ in range(warmup):
-        step_a()
-        step_b()
-    times = ([], [])
+        for step in steps:
+            step()
+    times = [[] for _ in steps]
     for _ in range(reps):
-        times[0].append(timed_once(step_a, device))
-        times[1].append(timed_once(step_b, device))
-    return statistics.median(times[0]), statistics.median(times[1])
+        for step, t in zip(steps, times):
+            t.append(timed_once(step, device))
+    return [statistics.median(t) for t in times]
 
 
 def main():
@@ -156,21 +157,13 @@ def main():
         return m, step
 
     ours, ours_step = module()
-    t_adm = None
-    if args.admission is None:
-        t_ours = timed(ours_step, dev, args.reps)
-    else:
+    adm_step = None
+    if args.admission is not None:
         strategy = FrequencyAdmissionStrategy(
             args.admission, KVCounter(capacity=args.rows, bucket_capacity=1024)
         )
         adm, adm_step = module(strategy)
         before = adm.stats.counts.sum(0).cpu()
-        t_ours, t_adm = timed_pair(ours_step, adm_step, dev, args.reps)
-        per_step = (adm.stats.counts.sum(0).cpu() - before) / (args.reps + 3)
-    if args.profile:
-        profile_step(ours_step, dev)
-        if t_adm is not None:
-            profile_step(adm_step, dev)
 
     bags = [torch.nn.EmbeddingBag(args.rows, D, mode="sum", sparse=True).to(dev) for _ in range(T)]
     params = [p for b in bags for p in b.parameters()]
@@ -189,8 +182,19 @@ def main():
         base_opt.step()
         base_opt.zero_grad(set_to_none=True)
 
-    t_base = timed(base_step, dev, args.reps)
-    t_tbe = tbe_time(args, dev, batches, offsets, opt)
+    tbe = tbe_step(args, dev, batches, offsets, opt)
+    # Every version in turns, step by step: a drift of the machine's speed
+    # weighs on each alike.
+    steps = [s for s in (ours_step, adm_step, tbe, base_step) if s is not None]
+    times = dict(zip(steps, timed_turns(steps, dev, args.reps)))
+    t_ours, t_base = times[ours_step], times[base_step]
+    t_adm, t_tbe = times.get(adm_step), times.get(tbe)
+    if adm_step is not None:
+        per_step = (adm.stats.counts.sum(0).cpu() - before) / (args.reps + 3)
+    if args.profile:
+        profile_step(ours_step, dev)
+        if adm_step is not None:
+            profile_step(adm_step, dev)
     print(
         f"device {dev}, {T} tables x {N} lookups, dim {D}, {args.optimizer}, pooling "
         f"{args.pooling}, "
@@ -257,7 +261,7 @@ def profile_step(step, dev):
     print(prof.key_averages().table(sort_by=key, row_limit=25, max_name_column_width=60))
 
 
-def tbe_time(args, dev, batches, offsets, opt):
+def tbe_step(args, dev, batches, offsets, opt):
     """FBGEMM TBE's train step on the same batches, or None where this
     optimizer/device is not supported by the installed fbgemm_gpu."""
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
@@ -286,7 +290,7 @@ def tbe_time(args, dev, batches, offsets, opt):
     def step():
         tbe(next(it), offsets).sum().backward()
 
-    return timed(step, dev, args.reps)
+    return step
 
 
 if __name__ == "__main__":
