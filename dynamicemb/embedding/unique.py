@@ -3,8 +3,10 @@
 The embedding step looks every distinct key up once, reduces the gradients
 of its occurrences into one, and counts how often it occurred (LFU scores,
 admission). This is that step, on any device: the op ``segmented_unique``
-(cc/ops/unique_ops.cpp), one call composed of ATen operations (two stable
-radix sorts, then flags, a scan and searches).
+(cc/ops/unique_ops.cpp), one call: on the CPU a stable sort by key, a
+counting sort by table and one pass over the pairs; elsewhere a composition
+of ATen operations (two stable radix sorts, then flags, a scan and
+searches).
 
 How many distinct keys a batch has is known on the device only. Reading it
 on the host would stall the host until the device has caught up, so the

@@ -65,11 +65,19 @@ def test_segmented_unique_bad_input():
         segmented_unique(torch.tensor([1]), torch.tensor([0]), 0)
 
 
-def test_debug_mode_catches_a_table_id_out_of_range(monkeypatch):
-    monkeypatch.setenv("DYNAMICEMB_DEBUG", "1")
-    segmented_unique(torch.tensor([1, 2]), torch.tensor([0, 1]), 2)
-    with pytest.raises(RuntimeError, match=r"table_offsets\[2\] is 1, not the 2 distinct keys"):
+def test_a_table_id_out_of_range_is_refused_on_the_cpu_naming_it():
+    with pytest.raises(ValueError, match=r"table id 5 at index 1 is out of range \[0, 2\)"):
         segmented_unique(torch.tensor([1, 2]), torch.tensor([0, 5]), 2)
+
+
+@pytest.mark.gpu
+def test_debug_mode_catches_a_table_id_out_of_range_on_cuda(monkeypatch):
+    """On CUDA the ids are not read on the host; DYNAMICEMB_DEBUG checks the
+    table offsets instead."""
+    monkeypatch.setenv("DYNAMICEMB_DEBUG", "1")
+    segmented_unique(torch.tensor([1, 2]).cuda(), torch.tensor([0, 1]).cuda(), 2)
+    with pytest.raises(RuntimeError, match=r"table_offsets\[2\] is 1, not the 2 distinct keys"):
+        segmented_unique(torch.tensor([1, 2]).cuda(), torch.tensor([0, 5]).cuda(), 2)
 
 
 @pytest.mark.parametrize("device", DEVICES)
