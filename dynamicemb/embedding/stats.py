@@ -68,8 +68,9 @@ class TableStats:
         self.fed = self.fed | {StatCol(c) for c in cols}
 
     def add(self, col: StatCol, per_table: torch.Tensor) -> None:
-        """Adds a (num_tables) int64 count to one column."""
-        self.counts[:, col] += per_table
+        """Adds a (num_tables) int64 count to one column (in place: one
+        kernel, where ``+=`` on the column would add and copy back)."""
+        self.counts[:, col].add_(per_table)
 
     def count_segments(self, col: StatCol, mask: torch.Tensor, table_offsets: torch.Tensor) -> None:
         """Adds, per table, the set entries of ``mask`` over keys grouped by table.
@@ -87,4 +88,4 @@ class TableStats:
 
     def count_lookups(self, table_offsets: torch.Tensor) -> None:
         """LOOKUPS += the distinct keys of each table in a batch."""
-        self.add(StatCol.LOOKUPS, table_offsets[1:] - table_offsets[:-1])
+        self.add(StatCol.LOOKUPS, table_offsets.diff())
