@@ -409,14 +409,18 @@ inline void check_update_devices(const at::Tensor& seg0, const at::Tensor& seg1,
   }
 }
 
-/// The adam_bias op (CPU and CUDA): 1 - betas^step, float32.
-inline at::Tensor adam_bias_op(const at::Tensor& betas, int64_t step) {
+/// adam_bias's betas: (2) float32 (CPU, CUDA, Meta).
+inline void check_betas(const at::Tensor& betas) {
   TORCH_CHECK_TYPE(betas.scalar_type() == at::kFloat, "dynamicemb: betas must be float32, got ",
                    betas.scalar_type());
-  TORCH_CHECK_VALUE(betas.dim() == 1 && betas.numel() == 2,
-                    "dynamicemb: betas must hold 2 "
-                    "values (beta1, beta2), got shape ",
-                    betas.sizes());
+  TORCH_CHECK_VALUE(betas.dim() == 1 && betas.sym_numel() == 2,
+                    "dynamicemb: betas must hold 2 values (beta1, beta2), got shape ",
+                    betas.sym_sizes());
+}
+
+/// The adam_bias op (CPU and CUDA): 1 - betas^step, float32.
+inline at::Tensor adam_bias_op(const at::Tensor& betas, int64_t step) {
+  check_betas(betas);
   TORCH_CHECK_VALUE(step >= 1, "dynamicemb: adam_bias: step must be >= 1 (1-based), got ", step);
   return at::rsub(at::pow(betas, static_cast<double>(step)), 1.0);
 }

@@ -175,8 +175,7 @@ void copy_rows_meta(at::Tensor& dst0, at::Tensor& dst1, const at::Tensor& dst_of
 }
 
 at::Tensor adam_bias_meta(const at::Tensor& betas, c10::SymInt /*step*/) {
-  TORCH_CHECK_TYPE(betas.scalar_type() == at::kFloat, "dynamicemb: betas must be float32, got ",
-                   betas.scalar_type());
+  check_betas(betas);
   return at::empty_like(betas);
 }
 

@@ -90,18 +90,14 @@ def segmented_unique(
         )
     if num_tables < 1:
         raise ValueError(f"num_tables must be positive, got {num_tables}")
-    uniq_keys, uniq_tables, inverse, counts, offsets, order, num_unique, occ_offsets = (
-        ops().segmented_unique(keys, table_ids, num_tables, PAD_KEY)
-    )
-    su = SegmentedUnique(
-        uniq_keys, uniq_tables, inverse, counts, offsets, order, num_unique, occ_offsets
-    )
+    # The op's results are the fields, in their order.
+    su = SegmentedUnique(*ops().segmented_unique(keys, table_ids, num_tables, PAD_KEY))
     if not padded:
         u = int(su.num_unique)  # synchronizes on CUDA
-        su.keys, su.table_ids, su.counts = uniq_keys[:u], uniq_tables[:u], counts[:u]
-        su.occ_offsets = occ_offsets[: u + 1]
+        su.keys, su.table_ids, su.counts = su.keys[:u], su.table_ids[:u], su.counts[:u]
+        su.occ_offsets = su.occ_offsets[: u + 1]
     if os.environ.get("DYNAMICEMB_DEBUG"):
-        _check_offsets(offsets, int(su.num_unique), num_tables)
+        _check_offsets(su.table_offsets, int(su.num_unique), num_tables)
     return su
 
 

@@ -380,7 +380,9 @@ def analyze_trace(path: str, steps: int) -> dict[str, Any]:
     }
 
 
-def profile_steps(model, args, rank: int, local_batch: int, device) -> dict[str, Any]:
+def profile_steps(
+    model, args, rank: int, local_batch: int, device, trace_name: str
+) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
@@ -399,7 +401,7 @@ def profile_steps(model, args, rank: int, local_batch: int, device) -> dict[str,
         prof.export_chrome_trace(path)
         result = analyze_trace(path, n)
         if args.trace_dir:
-            name = f"{args.which_now}_{args.optimizer_now}_rank{rank}.json"
+            name = f"{trace_name}_rank{rank}.json"
             shutil.copy(path, os.path.join(args.trace_dir, name))
     if device.type != "cuda":
         return result
@@ -515,9 +517,10 @@ def run_optimizer(args, optimizer: str, rank: int, world_size: int, device) -> l
             dist.all_reduce(stats)
             res["rows_held"], res["evictions"], res["insert_failures"] = stats.tolist()
         if args.profile_steps:
-            args.which_now, args.optimizer_now = which, optimizer
             instrument(model)
-            res["profile"] = profile_steps(model, args, rank, local_batch, device)
+            res["profile"] = profile_steps(
+                model, args, rank, local_batch, device, f"{which}_{optimizer}"
+            )
     del models, model
     gc.collect()
     if device.type == "cuda":
