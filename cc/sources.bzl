@@ -55,13 +55,19 @@ EMBEDDING_CORE_HDRS = ["initializer.h", "optimizer.h", "pooling.h"]
 
 EMBEDDING_CPU_HDRS = ["initializer_cpu.h", "optimizer_cpu.h", "pooling_cpu.h"]
 
-EMBEDDING_CUDA_HDRS = ["initializer_cuda.h", "optimizer_cuda.h", "pooling_cuda.h", "warp_update.cuh"]
+EMBEDDING_CUDA_HDRS = [
+    "initializer_cuda.h",
+    "optimizer_cuda.h",
+    "pooling_cuda.h",
+    "unique_cuda.h",
+    "warp_update.cuh",
+]
 
 EMBEDDING_HDRS = EMBEDDING_CORE_HDRS + EMBEDDING_CPU_HDRS + EMBEDDING_CUDA_HDRS
 
 EMBEDDING_CPU_SRCS = ["initializer_cpu.cpp", "optimizer_cpu.cpp", "pooling_cpu.cpp"]
 
-EMBEDDING_CUDA_SRCS = ["initializer_cuda.cu", "optimizer_cuda.cu", "pooling_cuda.cu"]
+EMBEDDING_CUDA_SRCS = ["initializer_cuda.cu", "optimizer_cuda.cu", "pooling_cuda.cu", "unique_cuda.cu"]
 
 # //cc/admission: the admission counter, a counter table run by the table's
 # backends (counter_core: its run arguments; counter_cpu, counter_cuda).
@@ -130,6 +136,7 @@ OPS_CUDA_SRCS = [
     "embedding_ops_cuda.cpp",
     "routing_ops_cuda.cpp",
     "storage_ops_cuda.cpp",
+    "unique_ops_cuda.cpp",
 ]
 
 PACKAGES = {
