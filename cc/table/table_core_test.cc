@@ -240,6 +240,55 @@ TEST(Victims, SelectVictimsTakesTheSmallestUntouchedSlotsInVictimOrder) {
   EXPECT_THAT(std::vector<int64_t>(all.begin(), all.begin() + 5), ElementsAre(6, 8, 1, 2, 9));
 }
 
+TEST(Victims, OneVictimIsTheMinimumOfTheUntouchedSlotsInVictimOrder) {
+  // select_victims with limit 1 (min_victim) against a brute-force minimum of
+  // (victim score, score words, slot) and against the heap's first entry.
+  uint64_t state = 12345;
+  const auto next = [&](uint64_t m) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<int64_t>((state >> 33) % m);
+  };
+  for (int trial = 0; trial < 400; ++trial) {
+    const int32_t ns = 1 + static_cast<int32_t>(trial % 2);
+    const bool with_victim_scores = trial % 4 >= 2;
+    HostTable h({{64, 64}}, ns);
+    for (auto& s : h.scores) s = next(4);  // few values: many ties
+    std::vector<double> vs(64);
+    for (auto& v : vs) v = static_cast<double>(next(3));
+    std::vector<int64_t> touched;
+    const int64_t density = trial % 5 == 4 ? 1 : 8;  // some trials touch every slot
+    for (int64_t s = 0; s < 64; ++s) {
+      if (next(density) == 0) touched.push_back(s);
+    }
+    TableRef t = h.ref();
+    RunArgs r;
+    if (with_victim_scores) r.victim_scores = vs.data();
+    const Home home = home_of(t, 0, 1);
+    int64_t expected = -1;
+    const auto order = [&](int64_t s) {
+      std::vector<int64_t> o = {with_victim_scores ? victim_rank_key(vs[s]) : 0};
+      for (int32_t c = 0; c < ns; ++c) o.push_back(h.scores[s * ns + c]);
+      o.push_back(s);
+      return o;
+    };
+    for (int64_t s = 0; s < 64; ++s) {
+      if (std::find(touched.begin(), touched.end(), s) != touched.end()) continue;
+      if (expected < 0 || order(s) < order(expected)) expected = s;
+    }
+    std::vector<int64_t> one(1, -7), two(2, -7);
+    const auto nt = static_cast<int64_t>(touched.size());
+    ASSERT_EQ(select_victims(t, r, home, touched.data(), nt, 1, one.data()), expected < 0 ? 0 : 1);
+    ASSERT_EQ(select_victims(t, r, home, touched.data(), nt, 2, two.data()),
+              std::min<int64_t>(2, 64 - nt));
+    if (expected >= 0) {
+      EXPECT_EQ(one[0], expected) << "trial " << trial;
+      EXPECT_EQ(two[0], expected) << "trial " << trial;
+    } else {
+      EXPECT_EQ(one[0], -7);  // nothing written
+    }
+  }
+}
+
 TEST(Scores, AccumulateSaturatesAtTheInt64Bounds) {
   EXPECT_EQ(add_saturating(INT64_MAX - 1, 5), INT64_MAX);
   EXPECT_EQ(add_saturating(INT64_MIN + 1, -5), INT64_MIN);

@@ -18,7 +18,7 @@ namespace cuda {
 
 namespace {
 
-template <int L>
+template <int L, bool Wide>
 __global__ void find_kernel(TableRef t, ScoreArgs a, const int64_t* keys, const int64_t* table_ids,
                             int64_t n, bool update, int64_t* slots, const int32_t* ok) {
   const auto g = cg::tiled_partition<L>(cg::this_thread_block());
@@ -30,7 +30,7 @@ __global__ void find_kernel(TableRef t, ScoreArgs a, const int64_t* keys, const 
     return;
   }
   const Home h = home_of(t, table, key);
-  const int64_t pos = tile_probe<L>(g, t, h, key, h.digest);
+  const int64_t pos = tile_find<L, Wide>(g, t, h, key, h.digest);
   if (g.thread_rank() != 0) return;
   const int64_t slot = pos < 0 ? -1 : h.start + pos;
   slots[i] = slot;
@@ -40,7 +40,7 @@ __global__ void find_kernel(TableRef t, ScoreArgs a, const int64_t* keys, const 
   }
 }
 
-template <typename V, int L>
+template <typename V, int L, bool Wide>
 __global__ void find_gather_kernel(TableRef t, ScoreArgs a, const int64_t* keys,
                                    const int64_t* table_ids, int64_t n, bool update, int64_t* slots,
                                    const V* values, int64_t num_rows, int64_t vecs, V* out,
@@ -52,7 +52,7 @@ __global__ void find_gather_kernel(TableRef t, ScoreArgs a, const int64_t* keys,
   int64_t slot = -1, row = -1;
   if (*ok && valid_input(t, key, table)) {
     const Home h = home_of(t, table, key);
-    const int64_t pos = tile_probe<L>(g, t, h, key, h.digest);
+    const int64_t pos = tile_find<L, Wide>(g, t, h, key, h.digest);
     if (pos >= 0) {
       slot = h.start + pos;
       const int64_t* inf = t.info + table * kInfoCols;
@@ -72,6 +72,7 @@ __global__ void find_gather_kernel(TableRef t, ScoreArgs a, const int64_t* keys,
   V* dst = out + i * vecs;
   if (row >= 0) {
     const V* src = values + row * vecs;
+#pragma unroll 4
     for (int64_t v = g.thread_rank(); v < vecs; v += L) dst[v] = src[v];
   } else {
     V zero;
@@ -112,9 +113,9 @@ void find(const TableRef& t, const ScoreArgs& a, const int64_t* keys, const int6
   if (n == 0) return;
   const int32_t* ok = layout_ok(t, INT64_MAX, -1, true, scratch, stream);
   const ScoreArgs at = update ? with_timer(a, t.num_scores, scratch, stream) : a;
-  with_lanes<8, 16, 32>(find_lanes(), [&](auto lanes) {
+  with_find_lanes(t, [&](auto lanes, auto wide) {
     constexpr int L = decltype(lanes)::value;
-    find_kernel<L>
+    find_kernel<L, decltype(wide)::value>
         <<<tile_grid_for<L>(n), kBlock, 0, stream>>>(t, at, keys, table_ids, n, update, slots, ok);
   });
   check_launch("find");
@@ -132,9 +133,9 @@ void find_gather(const TableRef& t, const ScoreArgs& a, const int64_t* keys,
     const int64_t vecs = row_bytes / static_cast<int64_t>(sizeof(V));
     const auto* src = reinterpret_cast<const V*>(values);
     auto* dst = reinterpret_cast<V*>(out);
-    with_lanes<8, 16, 32>(find_lanes(), [&](auto lanes) {
+    with_find_lanes(t, [&](auto lanes, auto wide) {
       constexpr int L = decltype(lanes)::value;
-      find_gather_kernel<V, L><<<tile_grid_for<L>(n), kBlock, 0, stream>>>(
+      find_gather_kernel<V, L, decltype(wide)::value><<<tile_grid_for<L>(n), kBlock, 0, stream>>>(
           t, at, keys, table_ids, n, update, slots, src, num_rows, vecs, dst, ok);
     });
   });

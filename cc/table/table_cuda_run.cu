@@ -37,7 +37,7 @@ __global__ void sort_key_kernel(TableRef t, const int64_t* keys, const int64_t* 
 
 // The slot of each batch entry whose key is in the table when the call
 // starts, -1 otherwise (resident_slot, operations.h): one tile per entry.
-template <int L>
+template <int L, bool Wide>
 __global__ void prefind_kernel(TableRef t, const int64_t* keys, const int64_t* table_ids, int64_t n,
                                int64_t* slots, const int32_t* ok) {
   const auto g = cg::tiled_partition<L>(cg::this_thread_block());
@@ -47,7 +47,7 @@ __global__ void prefind_kernel(TableRef t, const int64_t* keys, const int64_t* t
   int64_t slot = -1;
   if (*ok && valid_input(t, key, table)) {
     const Home h = home_of(t, table, key);
-    const int64_t pos = tile_probe<L>(g, t, h, key, h.digest);
+    const int64_t pos = tile_find<L, Wide>(g, t, h, key, h.digest);
     if (pos >= 0) slot = h.start + pos;
   }
   if (g.thread_rank() == 0) slots[i] = slot;
@@ -156,8 +156,9 @@ __device__ RunDeltas run_at(const Tile& g, const TableRef& t, const RunArgs& r, 
 }
 
 template <int L>
-__global__ void run_kernel(TableRef t, RunArgs r, const int64_t* sorted_keys, int64_t n,
-                           int64_t total_buckets) {
+__global__ void __launch_bounds__(kBlock, 3)
+    run_kernel(TableRef t, RunArgs r, const int64_t* sorted_keys, int64_t n,
+               int64_t total_buckets) {
   __shared__ unsigned long long block_sum[kCounterDeltas];
   __shared__ int64_t block_table;
   const auto g = cg::tiled_partition<L == 1 ? 32 : L>(cg::this_thread_block());
@@ -316,9 +317,9 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
 
   // The slots of the keys in the table when the call starts (read-only: one
   // tile per key, before the runs).
-  with_lanes<8, 16, 32>(find_lanes(), [&](auto lanes) {
+  with_find_lanes(t, [&](auto lanes, auto wide) {
     constexpr int L = decltype(lanes)::value;
-    prefind_kernel<L>
+    prefind_kernel<L, decltype(wide)::value>
         <<<tile_grid_for<L>(n), kBlock, 0, stream>>>(t, r.keys, r.table_ids, n, r.slots, ok);
   });
   check_launch("prefind");

@@ -45,7 +45,7 @@ int lanes_from_env(const char* name, int fallback) {
   const char* v = std::getenv(name);
   if (!v) return fallback;
   const int x = std::atoi(v);
-  return (x == 1 || x == 8 || x == 16 || x == 32) ? x : fallback;
+  return (x == 1 || x == 2 || x == 4 || x == 8 || x == 16 || x == 32) ? x : fallback;
 }
 
 }  // namespace

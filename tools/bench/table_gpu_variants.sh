@@ -10,11 +10,11 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PY:-python3}
-for find_lanes in 8 16 32; do
-  for run_lanes in 1 8 16; do
-    echo "== DEMB_CUDA_FIND_LANES=$find_lanes DEMB_CUDA_RUN_LANES=$run_lanes"
-    DEMB_CUDA_FIND_LANES=$find_lanes DEMB_CUDA_RUN_LANES=$run_lanes \
-      "$PY" tools/bench/table_gpu_bench.py --dims 32 --load-factors 0.5 1.0 --reps 5 "$@" \
-      | grep -E "^\| 32 "
-  done
+# Pairs "find_lanes/run_lanes" (VARIANTS overrides them).
+for pair in ${VARIANTS:-2/1 4/1 8/1 16/1 8/8}; do
+  find_lanes=${pair%/*} run_lanes=${pair#*/}
+  echo "== DEMB_CUDA_FIND_LANES=$find_lanes DEMB_CUDA_RUN_LANES=$run_lanes"
+  DEMB_CUDA_FIND_LANES=$find_lanes DEMB_CUDA_RUN_LANES=$run_lanes \
+    "$PY" tools/bench/table_gpu_bench.py --load-factors 0.5 1.0 --reps 5 "$@" \
+    | grep -E "^\| [0-9]+ "
 done
