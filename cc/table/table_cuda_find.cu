@@ -40,17 +40,25 @@ __global__ void find_kernel(TableRef t, ScoreArgs a, const int64_t* keys, const 
   }
 }
 
+// Probes with a tile of L lanes per key, then copies the rows of the warp's
+// 32 / L keys with the whole warp: lane e of a round copies vector e % vecs
+// of key e / vecs, so small rows fill the warp and large rows coalesce
+// (narrow tiles keep more probes in flight, and the copy does not depend on
+// the tile's width). Every lane of a warp reaches the copy's shuffles.
 template <typename V, int L, bool Wide>
 __global__ void find_gather_kernel(TableRef t, ScoreArgs a, const int64_t* keys,
                                    const int64_t* table_ids, int64_t n, bool update, int64_t* slots,
                                    const V* values, int64_t num_rows, int64_t vecs, V* out,
                                    const int32_t* ok) {
+  constexpr int kKeys = 32 / L;  // keys per warp
+  const auto warp = cg::tiled_partition<32>(cg::this_thread_block());
   const auto g = cg::tiled_partition<L>(cg::this_thread_block());
+  const int64_t first = (global_thread() / 32) * kKeys;  // the warp's first key
+  if (first >= n) return;                                // the whole warp
   const int64_t i = tile_index<L>();
-  if (i >= n) return;
-  const int64_t key = keys[i], table = table_ids[i];
   int64_t slot = -1, row = -1;
-  if (*ok && valid_input(t, key, table)) {
+  if (i < n && *ok && valid_input(t, keys[i], table_ids[i])) {
+    const int64_t key = keys[i], table = table_ids[i];
     const Home h = home_of(t, table, key);
     const int64_t pos = tile_find<L, Wide>(g, t, h, key, h.digest);
     if (pos >= 0) {
@@ -68,16 +76,22 @@ __global__ void find_gather_kernel(TableRef t, ScoreArgs a, const int64_t* keys,
       }
     }
   }
-  if (g.thread_rank() == 0) slots[i] = slot;
-  V* dst = out + i * vecs;
-  if (row >= 0) {
-    const V* src = values + row * vecs;
+  if (i < n && g.thread_rank() == 0) slots[i] = slot;
+  // 32-bit indices within the warp's rows (vecs is a row's vectors, small).
+  const unsigned keys_here = static_cast<unsigned>(n - first < kKeys ? n - first : kKeys);
+  const auto row_vecs = static_cast<unsigned>(vecs);
+  const unsigned total = keys_here * row_vecs;
+  V zero;
+  memset(&zero, 0, sizeof(V));
 #pragma unroll 4
-    for (int64_t v = g.thread_rank(); v < vecs; v += L) dst[v] = src[v];
-  } else {
-    V zero;
-    memset(&zero, 0, sizeof(V));
-    for (int64_t v = g.thread_rank(); v < vecs; v += L) dst[v] = zero;
+  for (unsigned base = 0; base < total; base += 32) {
+    const unsigned e = base + warp.thread_rank();
+    const unsigned k = e < total ? e / row_vecs : 0;
+    const int64_t r = warp.shfl(row, k * L);
+    if (e < total) {
+      const unsigned v = e - k * row_vecs;
+      out[(first + k) * vecs + v] = r >= 0 ? values[r * vecs + v] : zero;
+    }
   }
 }
 
