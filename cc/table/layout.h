@@ -104,26 +104,16 @@ DEMB_HD bool valid_input(const TableRef& t, int64_t key, int64_t table) {
 }
 
 /// Position of `key` in the bucket at or after position `from` (a multiple
-/// of 8), or -1. Reads the digests 8 at a time, kProbeWords words before
-/// looking at any (a GPU thread then waits on one load latency per 32
-/// digests, not per 8).
+/// of 8), or -1. Reads the digests 8 at a time.
 DEMB_HD int64_t probe(const TableRef& t, const Home& h, int64_t key, uint8_t digest,
                       int64_t from = 0) {
-  constexpr int64_t kProbeWords = 4;
   const uint64_t* d = reinterpret_cast<const uint64_t*>(t.digests + h.start);
-  const int64_t words = h.width / 8;
-  for (int64_t w0 = from / 8; w0 < words; w0 += kProbeWords) {
-    uint64_t m[kProbeWords];
-    DEMB_UNROLL
-    for (int64_t j = 0; j < kProbeWords; ++j) {
-      m[j] = w0 + j < words ? match_bytes(d[w0 + j], digest) : 0;
-    }
-    for (int64_t j = 0; j < kProbeWords; ++j) {
-      while (m[j]) {
-        const int64_t pos = (w0 + j) * 8 + (ctz64(m[j]) >> 3);
-        if (t.keys[h.start + pos] == key) return pos;
-        m[j] &= m[j] - 1;
-      }
+  for (int64_t w = from / 8; w < h.width / 8; ++w) {
+    uint64_t m = match_bytes(d[w], digest);
+    while (m) {
+      const int64_t pos = w * 8 + (ctz64(m) >> 3);
+      if (t.keys[h.start + pos] == key) return pos;
+      m &= m - 1;
     }
   }
   return -1;

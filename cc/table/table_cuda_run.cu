@@ -53,6 +53,66 @@ __global__ void prefind_kernel(TableRef t, const int64_t* keys, const int64_t* t
   if (g.thread_rank() == 0) slots[i] = slot;
 }
 
+// Longest run given a victim hint (longer runs scan for their victims).
+constexpr int64_t kHintRun = 8;
+
+// The victim hints of insert_and_evict (operations.h, "Victim hints"): one
+// warp per sorted position, at the first position of a run that qualifies,
+// reading the bucket's digests and then its score words coalesced, the
+// minimum reduced across the warp in VictimLess order; -1 elsewhere at run
+// starts (other positions are never read). After the prefind (r.slots).
+__global__ void victim_hint_kernel(TableRef t, RunArgs r, const int64_t* sorted_keys, int64_t n,
+                                   int64_t total_buckets, int64_t* hint, const int32_t* ok) {
+  const auto warp = cg::tiled_partition<32>(cg::this_thread_block());
+  const int64_t p = global_thread() / 32;
+  if (p >= n) return;
+  const int64_t k = sorted_keys[p];
+  if (!*ok || k == total_buckets || (p > 0 && sorted_keys[p - 1] == k)) return;
+  int64_t end = p + 1;
+  while (end < n && end - p <= kHintRun && sorted_keys[end] == k) ++end;
+  int64_t out = -1;
+  const int32_t first = r.order[p];
+  const int64_t table = r.table_ids[first];
+  const bool evicting =
+      t.info[table * kInfoCols + kInfoMode] != static_cast<int64_t>(TableMode::kNoEviction);
+  int64_t held[kHintRun];
+  int absent = 0, num_held = 0;
+  if (end - p <= kHintRun) {
+    for (int64_t q = p; q < end; ++q) {
+      const int64_t s = r.slots[r.order[q]];
+      if (s < 0) {
+        ++absent;
+      } else {
+        held[num_held++] = s;
+      }
+    }
+  }
+  if (evicting && end - p <= kHintRun && absent == 1) {
+    const Home h = home_of(t, table, r.keys[first]);
+    const uint8_t empty_dg = empty_digest();
+    bool has_empty = false;
+    for (int64_t s = warp.thread_rank(); s < h.width; s += 32) {
+      has_empty |= t.digests[h.start + s] == empty_dg && t.keys[h.start + s] == kEmptyKey;
+    }
+    if (!warp.any(has_empty)) {
+      const VictimLess less{&t, &r};
+      int64_t best = -1;
+      for (int64_t s = warp.thread_rank(); s < h.width; s += 32) {
+        const int64_t slot = h.start + s;
+        bool touched = false;
+        for (int j = 0; j < num_held; ++j) touched |= held[j] == slot;
+        if (!touched && (best < 0 || less(slot, best))) best = slot;
+      }
+      for (int off = 16; off > 0; off >>= 1) {
+        const int64_t o = warp.shfl_down(best, off);
+        if (o >= 0 && (best < 0 || less(o, best))) best = o;
+      }
+      out = warp.shfl(best, 0);
+    }
+  }
+  if (warp.thread_rank() == 0) hint[p] = out;
+}
+
 // ------------------------------------------------- allocator rebuild --
 // After an insert with assign_rows (rows.h): held[e] for each entry of
 // free_rows held by a key, each NO_EVICTION table's next row (the highest
@@ -155,6 +215,9 @@ __device__ RunDeltas run_at(const Tile& g, const TableRef& t, const RunArgs& r, 
   }
 }
 
+// Held to three blocks of kBlock per SM (80 registers, no spills): the
+// victim paths would otherwise take the register count, and the occupancy
+// every run needs, down to two.
 template <int L>
 __global__ void __launch_bounds__(kBlock, 3)
     run_kernel(TableRef t, RunArgs r, const int64_t* sorted_keys, int64_t n,
@@ -337,6 +400,13 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
     w.row_work = nullptr;
   else if (!w.row_work)
     w.row_work = alloc<int64_t>(scratch, n);
+  if (r.op == RunOp::kInsertEvict) {
+    int64_t* hint = alloc<int64_t>(scratch, n);
+    victim_hint_kernel<<<grid_for(n * 32), kBlock, 0, stream>>>(t, r, keys_sorted, n, total_buckets,
+                                                                hint, ok);
+    check_launch("victim hints");
+    w.victim_hint = hint;
+  }
   with_lanes<1, 8, 16, 32>(run_lanes(), [&](auto lanes) {
     constexpr int L = decltype(lanes)::value;
     run_kernel<L><<<tile_grid_for<L>(n), kBlock, 0, stream>>>(t, w, keys_sorted, n, total_buckets);

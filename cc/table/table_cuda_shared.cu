@@ -85,7 +85,7 @@ int64_t* select_flagged(const uint8_t* flags, int64_t n, int64_t base, int64_t* 
 }
 
 int find_lanes() {
-  static const int lanes = lanes_from_env("DEMB_CUDA_FIND_LANES", 8);
+  static const int lanes = lanes_from_env("DEMB_CUDA_FIND_LANES", 4);
   return lanes == 1 ? 16 : lanes;
 }
 

@@ -71,6 +71,10 @@ struct RunArgs {
   /// reached (also where it was released or not stored); other entries are
   /// left as they are.
   int64_t* scores_out = nullptr;
+  /// (n) by sorted position, or null: at the first position of a run, the
+  /// first victim of its bucket computed before the runs (victim_hint,
+  /// operations.h), or -1. Read only where it is exact.
+  const int64_t* victim_hint = nullptr;
 };
 
 }  // namespace table

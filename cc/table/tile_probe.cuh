@@ -3,7 +3,7 @@
 // Tile-parallel probing of one bucket, for the CUDA backend's kernels.
 //
 // The kernels give each key (find) or each bucket run (insert, erase) a tile
-// of L lanes (8 per key for find, 1 per run for insert by default, the fastest
+// of L lanes (4 per key for find, 1 per run for insert by default, the fastest
 // on an H200; DEMB_CUDA_FIND_LANES / DEMB_CUDA_RUN_LANES pick 2, 4, 8, 16 or
 // 32 for find, 1, 8, 16 or 32 for runs, 1 being one thread per run, for timing
 // variants). In tile_probe a lane reads 8 digests (one 8-byte word) per step,
@@ -128,7 +128,7 @@ unsigned tile_grid_for(int64_t n) {
   return grid_for(n * L);
 }
 /// Lanes per key of find, from DEMB_CUDA_FIND_LANES (2, 4, 8, 16 or 32;
-/// default 8).
+/// default 4).
 int find_lanes();
 
 /// Lanes per run of insert and erase, from DEMB_CUDA_RUN_LANES (1, 8, 16 or

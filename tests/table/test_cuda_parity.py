@@ -110,6 +110,43 @@ def test_load_factor_one_and_empty_batches_match_cpu():
     assert int(a.size()[0]) == 2048
 
 
+@pytest.mark.parametrize("num_scores", [1, 2])
+def test_full_buckets_with_found_and_new_keys_match_cpu(num_scores):
+    """Full buckets whose runs hold found keys and one or more new keys (the
+    CUDA backend's victim hints and its in-run scans), with and without victim
+    scores (ties and a NaN among them), two tables of different widths."""
+    a, b = _pair(capacities=[2048, 512], bucket_capacities=[128, 16], num_scores=num_scores)
+    g = torch.Generator().manual_seed(7)
+    pol = [P.ACCUMULATE] + [P.ASSIGN] * (num_scores - 1)
+    for step in range(10):
+        stored = a.keys[a.keys >= 0]
+        old = (
+            stored[torch.randint(0, stored.numel(), (400,), generator=g)]
+            if stored.numel()
+            else stored
+        )
+        new = torch.randint(0, 10**12, (1600,), generator=g, dtype=torch.int64)
+        keys = torch.cat([old, new, new[:100]])
+        keys = keys[torch.randperm(keys.numel(), generator=g)]
+        tables = (keys % 5 == 0).long()  # about a fifth to the narrow table
+        scores = torch.randint(0, 4, (keys.numel(), num_scores), generator=g, dtype=torch.int64)
+        vs = None
+        if step % 2:
+            vs = torch.randint(0, 3, (a.num_slots,), generator=g).double()
+            vs[torch.randint(0, a.num_slots, (20,), generator=g)] = float("nan")
+        ra = a.insert_and_evict(keys, tables, pol, scores, victim_scores=vs)
+        rb = b.insert_and_evict(
+            keys.cuda(),
+            tables.cuda(),
+            pol,
+            scores.cuda(),
+            victim_scores=None if vs is None else vs.cuda(),
+        )
+        _assert_same_result(ra, rb)
+        _assert_same_state(a, b)
+    assert a.size().tolist() == [2048, 512]  # full: every new key evicts
+
+
 def test_no_eviction_rows_match_cpu():
     kw = dict(
         capacities=[256, 256],
