@@ -351,14 +351,16 @@ DEMB_HD RunDeltas place_key(const TableRef& t, const RunArgs& r, const Home& h, 
 //     once, when the first is needed (select_victims), and taken in order.
 //
 // Victim hints (r.victim_hint): a backend may compute, before the runs, the
-// first victim of a run whose bucket is full when the call starts, of an
-// evicting table in insert_and_evict, with exactly one key absent then (by the
-// prefind): select_victims(limit 1) with touched = the slots the run's other
-// keys were found at. When phase 1 releases none of the run's keys, the
-// bucket is exactly as the hint saw it when that key's turn comes (only this
-// run writes to it, and only to touched slots), so the run takes the hint
-// instead of probing for an empty slot and scanning for the victim. The CUDA
-// backend computes hints with a warp per run, reading the bucket coalesced.
+// victims of a run whose bucket is full when the call starts, of an evicting
+// table in insert_and_evict: with m of the run's keys absent then (by the
+// prefind), select_victims(limit m) with touched = the slots the run's other
+// keys were found at, at the run's positions [begin, begin + m), -1 after
+// the last. When phase 1 releases none of the run's keys, the bucket is
+// exactly as the hint saw it when the first new key's turn comes (only this
+// run writes to it, and only to touched slots), the run's new keys are those
+// m and stay in a full bucket, so the run takes the hints instead of probing
+// for an empty slot and selecting its victims. The CUDA backend computes
+// hints with a warp per run, reading the bucket coalesced.
 //
 // Cost: O(run log run) for the repeats, O(width log run) for the victims,
 // O(width / 8) for the empty positions: never the run's length times the
@@ -453,9 +455,8 @@ DEMB_HD RunDeltas run_keys(const TableRef& t, const RunArgs& r, int64_t begin, i
     released_any |= r.status[r.order[p]] == static_cast<int8_t>(InsertStatus::kReleased);
   }
   if (num_new == 0) return d;
-  // The first victim computed before the runs, where it is exact (above).
-  const int64_t hint =
-      r.victim_hint && num_new == 1 && !released_any ? r.victim_hint[begin] : int64_t{-1};
+  // Victims computed before the runs, where they are exact (above).
+  const bool hinted = r.victim_hint && !released_any && r.victim_hint[begin] >= 0;
 
   // Repeats among the new keys: ev_tables[p] = the previous position of p's
   // key, or -1, from the new keys' positions sorted by (key, position).
@@ -525,17 +526,16 @@ DEMB_HD RunDeltas run_keys(const TableRef& t, const RunArgs& r, int64_t begin, i
       }
     }
     const int64_t key = r.keys[i];
-    int64_t target = full || hint >= 0 ? -1 : pr.find(t, h, kEmptyKey, empty_dg, cursor);
+    int64_t target = full || hinted ? -1 : pr.find(t, h, kEmptyKey, empty_dg, cursor);
     full = target < 0;
     InsertStatus st = InsertStatus::kInserted;
     if (target >= 0) {
       cursor = target - target % 8;
       ++d.size;
     } else if (r.op == RunOp::kInsertEvict && !no_evict) {
-      if (num_victims < 0 && hint >= 0) {
-        if (lead) r.ev_slots[begin] = hint;
-        pr.sync();
-        num_victims = 1;
+      if (num_victims < 0 && hinted) {
+        num_victims = 0;
+        while (num_victims < num_new && r.victim_hint[begin + num_victims] >= 0) ++num_victims;
       } else if (num_victims < 0) {
         // The bucket is full. Touched: every slot the run holds (found in 1
         // or filled in 2); at most the run's remaining keys are evicted.
@@ -563,8 +563,8 @@ DEMB_HD RunDeltas run_keys(const TableRef& t, const RunArgs& r, int64_t begin, i
         pr.sync();  // every lane has read the count before a record overwrites it
       }
       if (taken < num_victims) {
-        target = r.ev_slots[begin + taken] - h.start;
-        const int64_t vslot = h.start + target;
+        const int64_t vslot = hinted ? r.victim_hint[begin + taken] : r.ev_slots[begin + taken];
+        target = vslot - h.start;
         const int64_t at = begin + taken++;  // the record of the run's taken-th eviction
         if (lead) {
           r.ev_keys[at] = t.keys[vslot];

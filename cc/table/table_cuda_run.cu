@@ -53,14 +53,17 @@ __global__ void prefind_kernel(TableRef t, const int64_t* keys, const int64_t* t
   if (g.thread_rank() == 0) slots[i] = slot;
 }
 
-// Longest run given a victim hint (longer runs scan for their victims).
+// Longest run given victim hints (longer runs select their victims).
 constexpr int64_t kHintRun = 8;
 
 // The victim hints of insert_and_evict (operations.h, "Victim hints"): one
 // warp per sorted position, at the first position of a run that qualifies,
-// reading the bucket's digests and then its score words coalesced, the
-// minimum reduced across the warp in VictimLess order; -1 elsewhere at run
-// starts (other positions are never read). After the prefind (r.slots).
+// reading the bucket's digests, then its score words coalesced, each victim
+// the minimum reduced across the warp in VictimLess order; -1 at a run's
+// first position otherwise (other positions are read only after a hint).
+// Tables below 7/8 full are skipped without reading their buckets (a full
+// bucket is rare there and the run selects its own victims). After the
+// prefind (r.slots).
 __global__ void victim_hint_kernel(TableRef t, RunArgs r, const int64_t* sorted_keys, int64_t n,
                                    int64_t total_buckets, int64_t* hint, const int32_t* ok) {
   const auto warp = cg::tiled_partition<32>(cg::this_thread_block());
@@ -68,16 +71,17 @@ __global__ void victim_hint_kernel(TableRef t, RunArgs r, const int64_t* sorted_
   if (p >= n) return;
   const int64_t k = sorted_keys[p];
   if (!*ok || k == total_buckets || (p > 0 && sorted_keys[p - 1] == k)) return;
-  int64_t end = p + 1;
-  while (end < n && end - p <= kHintRun && sorted_keys[end] == k) ++end;
-  int64_t out = -1;
   const int32_t first = r.order[p];
   const int64_t table = r.table_ids[first];
-  const bool evicting =
-      t.info[table * kInfoCols + kInfoMode] != static_cast<int64_t>(TableMode::kNoEviction);
-  int64_t held[kHintRun];
-  int absent = 0, num_held = 0;
-  if (end - p <= kHintRun) {
+  const int64_t* inf = t.info + table * kInfoCols;
+  int64_t end = p + 1;
+  while (end < n && end - p <= kHintRun && sorted_keys[end] == k) ++end;
+  int64_t held[kHintRun], chosen[kHintRun];
+  int absent = 0, num_held = 0, num_chosen = 0;
+  const bool candidate =
+      inf[kInfoMode] != static_cast<int64_t>(TableMode::kNoEviction) && end - p <= kHintRun &&
+      t.counters[table * kCounterCols + kCounterSize] * 8 >= inf[kInfoCapacity] * 7;
+  if (candidate) {
     for (int64_t q = p; q < end; ++q) {
       const int64_t s = r.slots[r.order[q]];
       if (s < 0) {
@@ -87,30 +91,37 @@ __global__ void victim_hint_kernel(TableRef t, RunArgs r, const int64_t* sorted_
       }
     }
   }
-  if (evicting && end - p <= kHintRun && absent == 1) {
+  if (absent > 0) {
     const Home h = home_of(t, table, r.keys[first]);
     const uint8_t empty_dg = empty_digest();
     bool has_empty = false;
     for (int64_t s = warp.thread_rank(); s < h.width; s += 32) {
       has_empty |= t.digests[h.start + s] == empty_dg && t.keys[h.start + s] == kEmptyKey;
     }
-    if (!warp.any(has_empty)) {
-      const VictimLess less{&t, &r};
+    const VictimLess less{&t, &r};
+    while (!warp.any(has_empty) && num_chosen < absent) {
       int64_t best = -1;
       for (int64_t s = warp.thread_rank(); s < h.width; s += 32) {
         const int64_t slot = h.start + s;
-        bool touched = false;
-        for (int j = 0; j < num_held; ++j) touched |= held[j] == slot;
-        if (!touched && (best < 0 || less(slot, best))) best = slot;
+        bool taken = false;
+        for (int j = 0; j < num_held; ++j) taken |= held[j] == slot;
+        for (int j = 0; j < num_chosen; ++j) taken |= chosen[j] == slot;
+        if (!taken && (best < 0 || less(slot, best))) best = slot;
       }
       for (int off = 16; off > 0; off >>= 1) {
         const int64_t o = warp.shfl_down(best, off);
         if (o >= 0 && (best < 0 || less(o, best))) best = o;
       }
-      out = warp.shfl(best, 0);
+      best = warp.shfl(best, 0);
+      if (best < 0) break;  // every slot held
+      chosen[num_chosen++] = best;
     }
   }
-  if (warp.thread_rank() == 0) hint[p] = out;
+  if (warp.thread_rank() == 0) {
+    hint[p] = -1;
+    for (int j = 0; j < num_chosen; ++j) hint[p + j] = chosen[j];
+    if (num_chosen > 0 && num_chosen < absent) hint[p + num_chosen] = -1;
+  }
 }
 
 // ------------------------------------------------- allocator rebuild --

@@ -71,9 +71,9 @@ struct RunArgs {
   /// reached (also where it was released or not stored); other entries are
   /// left as they are.
   int64_t* scores_out = nullptr;
-  /// (n) by sorted position, or null: at the first position of a run, the
-  /// first victim of its bucket computed before the runs (victim_hint,
-  /// operations.h), or -1. Read only where it is exact.
+  /// (n) by sorted position, or null: from the first position of a run, the
+  /// victims of its bucket computed before the runs, or -1 ("Victim hints",
+  /// operations.h). Read only where they are exact.
   const int64_t* victim_hint = nullptr;
 };
 
