@@ -53,74 +53,106 @@ __global__ void prefind_kernel(TableRef t, const int64_t* keys, const int64_t* t
   if (g.thread_rank() == 0) slots[i] = slot;
 }
 
-// Longest run given victim hints (longer runs select their victims).
+// Longest run given victim hints (longer runs select their victims), and
+// the widest bucket: at most kHintSlots slots per lane of a warp.
 constexpr int64_t kHintRun = 8;
+constexpr int kHintSlots = 8;
 
-// The victim hints of insert_and_evict (operations.h, "Victim hints"): one
-// warp per sorted position, at the first position of a run that qualifies,
-// reading the bucket's digests, then its score words coalesced, each victim
-// the minimum reduced across the warp in VictimLess order; -1 at a run's
-// first position otherwise (other positions are read only after a hint).
-// Tables below 7/8 full are skipped without reading their buckets (a full
-// bucket is rare there and the run selects its own victims). After the
-// prefind (r.slots).
+// Whether run slot `a` goes before `b` in the victim order, given the score
+// word of each when the call has one word and no victim scores (`fast`),
+// else by VictimLess.
+__device__ __forceinline__ bool victim_before(const VictimLess& less, bool fast, int64_t a,
+                                              int64_t wa, int64_t b, int64_t wb) {
+  if (b < 0) return a >= 0;
+  if (a < 0) return false;
+  return fast ? (wa != wb ? wa < wb : a < b) : less(a, b);
+}
+
+// The victim hints of insert_and_evict (operations.h, "Victim hints"). A
+// thread per sorted position finds the runs that qualify (a run start of an
+// evicting table at least 7/8 full, at most kHintRun keys, some absent): -1
+// at the others' first positions. Then the warp takes its qualifying runs one
+// after another: it reads the bucket's digests (any empty slot: -1), then its
+// score words once, coalesced, and reduces each victim across the warp.
+// Runs after the prefind (r.slots).
 __global__ void victim_hint_kernel(TableRef t, RunArgs r, const int64_t* sorted_keys, int64_t n,
                                    int64_t total_buckets, int64_t* hint, const int32_t* ok) {
   const auto warp = cg::tiled_partition<32>(cg::this_thread_block());
-  const int64_t p = global_thread() / 32;
-  if (p >= n) return;
-  const int64_t k = sorted_keys[p];
-  if (!*ok || k == total_buckets || (p > 0 && sorted_keys[p - 1] == k)) return;
-  const int32_t first = r.order[p];
-  const int64_t table = r.table_ids[first];
-  const int64_t* inf = t.info + table * kInfoCols;
-  int64_t end = p + 1;
-  while (end < n && end - p <= kHintRun && sorted_keys[end] == k) ++end;
-  int64_t held[kHintRun], chosen[kHintRun];
-  int absent = 0, num_held = 0, num_chosen = 0;
-  const bool candidate =
-      inf[kInfoMode] != static_cast<int64_t>(TableMode::kNoEviction) && end - p <= kHintRun &&
-      t.counters[table * kCounterCols + kCounterSize] * 8 >= inf[kInfoCapacity] * 7;
-  if (candidate) {
-    for (int64_t q = p; q < end; ++q) {
+  const int64_t p = global_thread();
+  bool qualifies = false;
+  if (p < n && *ok) {
+    const int64_t k = sorted_keys[p];
+    if (k != total_buckets && (p == 0 || sorted_keys[p - 1] != k)) {
+      const int64_t table = r.table_ids[r.order[p]];
+      const int64_t* inf = t.info + table * kInfoCols;
+      int64_t end = p + 1;
+      while (end < n && end - p <= kHintRun && sorted_keys[end] == k) ++end;
+      if (inf[kInfoMode] != static_cast<int64_t>(TableMode::kNoEviction) && end - p <= kHintRun &&
+          inf[kInfoBucketCapacity] <= 32 * kHintSlots &&
+          t.counters[table * kCounterCols + kCounterSize] * 8 >= inf[kInfoCapacity] * 7) {
+        for (int64_t q = p; q < end && !qualifies; ++q) qualifies = r.slots[r.order[q]] < 0;
+      }
+      if (!qualifies) hint[p] = -1;
+    }
+  }
+  const bool fast = t.num_scores == 1 && !r.victim_scores;
+  const VictimLess less{&t, &r};
+  const uint8_t empty_dg = empty_digest();
+  const int lane = static_cast<int>(warp.thread_rank());
+  for (unsigned pending = warp.ballot(qualifies); pending; pending &= pending - 1) {
+    const int64_t rp = warp.shfl(p, __ffs(pending) - 1);  // the run's first position
+    const int32_t first = r.order[rp];
+    const int64_t key = sorted_keys[rp];
+    const Home h = home_of(t, r.table_ids[first], r.keys[first]);
+    bool has_empty = false;
+    for (int64_t s = lane; s < h.width; s += 32) {
+      has_empty |= t.digests[h.start + s] == empty_dg && t.keys[h.start + s] == kEmptyKey;
+    }
+    if (warp.any(has_empty)) {
+      if (lane == 0) hint[rp] = -1;
+      continue;
+    }
+    // This lane's slots h.start + lane + 32 j: score words, and which the
+    // run holds (found keys) or has chosen.
+    int64_t w[kHintSlots];
+    unsigned taken = 0;
+    int absent = 0;
+#pragma unroll
+    for (int j = 0; j < kHintSlots; ++j) {
+      const int64_t s = lane + 32 * j;
+      w[j] = fast && s < h.width ? t.scores[h.start + s] : 0;
+      if (s >= h.width) taken |= 1u << j;
+    }
+    for (int64_t q = rp; q < n && q - rp < kHintRun && sorted_keys[q] == key; ++q) {
       const int64_t s = r.slots[r.order[q]];
       if (s < 0) {
         ++absent;
-      } else {
-        held[num_held++] = s;
+      } else if ((s - h.start) % 32 == lane) {
+        taken |= 1u << ((s - h.start) / 32);
       }
     }
-  }
-  if (absent > 0) {
-    const Home h = home_of(t, table, r.keys[first]);
-    const uint8_t empty_dg = empty_digest();
-    bool has_empty = false;
-    for (int64_t s = warp.thread_rank(); s < h.width; s += 32) {
-      has_empty |= t.digests[h.start + s] == empty_dg && t.keys[h.start + s] == kEmptyKey;
-    }
-    const VictimLess less{&t, &r};
-    while (!warp.any(has_empty) && num_chosen < absent) {
-      int64_t best = -1;
-      for (int64_t s = warp.thread_rank(); s < h.width; s += 32) {
-        const int64_t slot = h.start + s;
-        bool taken = false;
-        for (int j = 0; j < num_held; ++j) taken |= held[j] == slot;
-        for (int j = 0; j < num_chosen; ++j) taken |= chosen[j] == slot;
-        if (!taken && (best < 0 || less(slot, best))) best = slot;
+    for (int c = 0; c < absent; ++c) {
+      int64_t best = -1, best_w = 0;
+#pragma unroll
+      for (int j = 0; j < kHintSlots; ++j) {
+        const int64_t slot = h.start + lane + 32 * j;
+        if (!(taken >> j & 1) && victim_before(less, fast, slot, w[j], best, best_w)) {
+          best = slot;
+          best_w = w[j];
+        }
       }
       for (int off = 16; off > 0; off >>= 1) {
-        const int64_t o = warp.shfl_down(best, off);
-        if (o >= 0 && (best < 0 || less(o, best))) best = o;
+        const int64_t o = warp.shfl_down(best, off), ow = warp.shfl_down(best_w, off);
+        if (victim_before(less, fast, o, ow, best, best_w)) {
+          best = o;
+          best_w = ow;
+        }
       }
       best = warp.shfl(best, 0);
-      if (best < 0) break;  // every slot held
-      chosen[num_chosen++] = best;
+      if (lane == 0) hint[rp + c] = best;
+      if (best < 0) break;  // every slot held: the run fails the rest
+      if ((best - h.start) % 32 == lane) taken |= 1u << ((best - h.start) / 32);
     }
-  }
-  if (warp.thread_rank() == 0) {
-    hint[p] = -1;
-    for (int j = 0; j < num_chosen; ++j) hint[p + j] = chosen[j];
-    if (num_chosen > 0 && num_chosen < absent) hint[p + num_chosen] = -1;
   }
 }
 
@@ -413,8 +445,8 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
     w.row_work = alloc<int64_t>(scratch, n);
   if (r.op == RunOp::kInsertEvict) {
     int64_t* hint = alloc<int64_t>(scratch, n);
-    victim_hint_kernel<<<grid_for(n * 32), kBlock, 0, stream>>>(t, r, keys_sorted, n, total_buckets,
-                                                                hint, ok);
+    victim_hint_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, r, keys_sorted, n, total_buckets,
+                                                           hint, ok);
     check_launch("victim hints");
     w.victim_hint = hint;
   }
