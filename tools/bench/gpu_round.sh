@@ -223,7 +223,7 @@ for part in "${parts[@]}"; do
       timeout 400 "$PY" tools/bench/table_gpu_bench.py --reps 7 2>&1 | tee "$OUT/table.txt"
       ;;
     variants)
-      timeout 300 bash tools/bench/table_gpu_variants.sh 2>&1 | tee "$OUT/table_variants.txt"
+      timeout 400 bash tools/bench/table_gpu_variants.sh --dims 32 64 2>&1 | tee "$OUT/table_variants.txt"
       ;;
     multigpu)
       multigpu_part
