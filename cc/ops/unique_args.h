@@ -18,8 +18,10 @@ namespace ops {
 using UniqueResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor,
                                 at::Tensor, at::Tensor, at::Tensor>;
 
-inline void check_unique_args(const at::Tensor& keys, const at::Tensor& table_ids,
-                              int64_t num_tables) {
+/// Checks the arguments; returns the options of the int64 results (the
+/// keys' device).
+inline at::TensorOptions check_unique_args(const at::Tensor& keys, const at::Tensor& table_ids,
+                                           int64_t num_tables) {
   check_devices("segmented_unique", {{"keys", &keys}, {"table_ids", &table_ids}});
   check_1d(keys, at::kLong, "keys");
   check_1d(table_ids, at::kLong, "table_ids");
@@ -28,6 +30,7 @@ inline void check_unique_args(const at::Tensor& keys, const at::Tensor& table_id
                     ") must have one length");
   TORCH_CHECK_VALUE(num_tables >= 1 && num_tables < (int64_t{1} << 31),
                     "dynamicemb: num_tables must be in [1, 2^31), got ", num_tables);
+  return keys.options().dtype(at::kLong);
 }
 
 }  // namespace ops

@@ -2,8 +2,8 @@
 //
 // CUDA kernel of segmented_unique (schema in schemas.cpp): the two stable
 // sorts (ATen: by key, then the table ids by table), then the passes of
-// cc/embedding/unique_cuda.h around one scan: a handful of launches where
-// the composition of ATen operations (unique_ops.cpp) takes some twenty.
+// cc/embedding/unique_cuda.h around one scan: a handful of launches where a
+// composition of ATen operations took some twenty.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -18,10 +18,9 @@ namespace {
 
 UniqueResult segmented_unique_cuda(const at::Tensor& keys, const at::Tensor& table_ids,
                                    int64_t num_tables, int64_t pad_key) {
-  check_unique_args(keys, table_ids, num_tables);
+  const auto l = check_unique_args(keys, table_ids, num_tables);
   const c10::cuda::CUDAGuard guard(keys.device());
   const int64_t n = keys.numel();
-  const auto l = keys.options().dtype(at::kLong);
   at::Tensor uniq_keys = at::empty({n}, l), uniq_tables = at::empty({n}, l);
   at::Tensor inverse = at::empty({n}, l), counts = at::empty({n}, l);
   at::Tensor offsets = at::empty({num_tables + 1}, l), order = at::empty({n}, l);
