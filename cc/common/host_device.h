@@ -14,17 +14,6 @@
 #define DEMB_HD inline
 #endif
 
-// Unrolls the loop that follows: every load of a short fixed-count loop is
-// issued before the first is used (on the GPU, one latency instead of one
-// per iteration).
-#if defined(__CUDA_ARCH__)
-#define DEMB_UNROLL _Pragma("unroll")
-#elif defined(__CUDACC__)
-#define DEMB_UNROLL
-#else
-#define DEMB_UNROLL _Pragma("GCC unroll 16")
-#endif
-
 namespace dyn_emb {
 
 /// Index of the lowest set bit of x (x != 0).

@@ -190,57 +190,13 @@ struct VictimLess {
   }
 };
 
-/// The first victim of a full bucket (select_victims with limit 1), or -1
-/// when every slot is touched. The minimum is kept in registers and the
-/// bucket's words are read kMinBlock at a time, so a GPU thread has that many
-/// loads in flight instead of one dependent load after another; with one
-/// score word and no victim scores (the common case) only the words are read.
-DEMB_HD int64_t min_victim(const TableRef& t, const RunArgs& r, const Home& h,
-                           const int64_t* touched, int64_t num_touched) {
-  constexpr int64_t kMinBlock = 8;  // divides every bucket width (kBucketAlignment)
-  int64_t best = -1, next_touched = 0;
-  if (t.num_scores == 1 && !r.victim_scores) {
-    int64_t best_word = 0;
-    for (int64_t base = h.start; base < h.start + h.width; base += kMinBlock) {
-      int64_t w[kMinBlock];
-      DEMB_UNROLL
-      for (int64_t j = 0; j < kMinBlock; ++j) w[j] = t.scores[base + j];
-      DEMB_UNROLL
-      for (int64_t j = 0; j < kMinBlock; ++j) {
-        if (next_touched < num_touched && touched[next_touched] == base + j) {
-          ++next_touched;
-        } else if (best < 0 || w[j] < best_word) {  // ties keep the lower slot
-          best = base + j;
-          best_word = w[j];
-        }
-      }
-    }
-    return best;
-  }
-  const VictimLess less{&t, &r};
-  for (int64_t slot = h.start; slot < h.start + h.width; ++slot) {
-    if (next_touched < num_touched && touched[next_touched] == slot) {
-      ++next_touched;
-    } else if (best < 0 || less(slot, best)) {
-      best = slot;
-    }
-  }
-  return best;
-}
-
 /// The `limit` first victims of a full bucket, in victim order: its slots not
 /// in `touched` (ascending slots the run holds, `num_touched` of them),
-/// selected with a max-heap of `limit` entries (min_victim for one). Writes
-/// them to out[0, count) and returns count. O(width log limit), whatever the
-/// run's length.
+/// selected with a max-heap of `limit` entries. Writes them to out[0, count)
+/// and returns count. O(width log limit), whatever the run's length.
 DEMB_HD int64_t select_victims(const TableRef& t, const RunArgs& r, const Home& h,
                                const int64_t* touched, int64_t num_touched, int64_t limit,
                                int64_t* out) {
-  if (limit == 1) {
-    const int64_t v = min_victim(t, r, h, touched, num_touched);
-    if (v >= 0) out[0] = v;
-    return v >= 0 ? 1 : 0;
-  }
   const VictimLess less{&t, &r};
   int64_t size = 0, next_touched = 0;
   for (int64_t slot = h.start; slot < h.start + h.width; ++slot) {

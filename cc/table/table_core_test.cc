@@ -241,7 +241,7 @@ TEST(Victims, SelectVictimsTakesTheSmallestUntouchedSlotsInVictimOrder) {
 }
 
 TEST(Victims, OneVictimIsTheMinimumOfTheUntouchedSlotsInVictimOrder) {
-  // select_victims with limit 1 (min_victim) against a brute-force minimum of
+  // select_victims with limit 1 against a brute-force minimum of
   // (victim score, score words, slot) and against the heap's first entry.
   uint64_t state = 12345;
   const auto next = [&](uint64_t m) {
