@@ -105,6 +105,9 @@ class TableStorage(abc.ABC):
     # past it are padding, see dynamicemb.embedding.unique), so that a
     # training step never reads the number of distinct keys on the host.
     takes_padded_batches: bool = False
+    # Whether ``prefetch`` takes padded keys (``PAD_KEY`` entries), so that
+    # the module need not read the number of distinct keys on the host.
+    takes_padded_prefetch: bool = False
 
     # ------------------------------------------------------------ lookups --
 

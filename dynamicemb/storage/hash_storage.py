@@ -462,7 +462,7 @@ class HashTableStorage(TableStorage):
     ) -> None:
         """Writes the initial rows of new keys at ``offsets`` of this storage
         (entries at -1 skipped)."""
-        write_initial_rows(self.space(), offsets, keys, tids, init, self.layout)
+        write_initial_rows(self.rows_space.tensors, offsets, keys, tids, init, self.layout)
 
     takes_padded_batches = True
 
@@ -517,7 +517,7 @@ class HashTableStorage(TableStorage):
         sp.copy_rows(
             sp.as_space(buf),
             sp.staging_offsets(slots.numel(), self.layout, self.device),
-            self.space(),
+            self.rows_space.tensors,
             self.offsets(slots, tids),
             self.layout.row_bytes_of(tids),
         )
@@ -527,7 +527,7 @@ class HashTableStorage(TableStorage):
         """Copies rows from ``src`` (a row space) at ``src_offsets`` into table
         slots (-1 skipped)."""
         sp.copy_rows(
-            self.space(),
+            self.rows_space.tensors,
             self.offsets(slots, tids),
             src,
             src_offsets,
@@ -544,12 +544,29 @@ class HashTableStorage(TableStorage):
     def timer(self) -> torch.Tensor:
         return self.table.timer()
 
-    def fetch(self, keys: torch.Tensor, tids: torch.Tensor):
-        """The rows of keys this table holds, for a cache: ``(found (n) bool,
-        staging rows (n, max_row_bytes), scores (n, num_scores) or None)``."""
+    def locate(self, keys: torch.Tensor, tids: torch.Tensor):
+        """Where the rows of keys this table holds are, for a cache to copy
+        them from: ``(found (n) bool, the row space, (n) byte offsets (-1
+        where not held), scores (n, num_scores) or None)``. The offsets hold
+        until the table changes (``expand_for`` first, when rows go back in
+        after)."""
         slots = self.table.find(keys, tids)
         scores = None if self.no_eviction else self.table.scores[slots.clamp(min=0)]
-        return slots >= 0, self.read(slots, tids), scores
+        return slots >= 0, self.rows_space.tensors, self.offsets(slots, tids), scores
+
+    def fetch(self, keys: torch.Tensor, tids: torch.Tensor):
+        """The rows of keys this table holds, copied: ``(found (n) bool,
+        staging rows (n, max_row_bytes), scores (n, num_scores) or None)``."""
+        found, space, offsets, scores = self.locate(keys, tids)
+        buf = sp.staging(keys.numel(), self.layout, self.device)
+        sp.copy_rows(
+            sp.as_space(buf),
+            sp.staging_offsets(keys.numel(), self.layout, self.device),
+            space,
+            offsets,
+            self.layout.row_bytes_of(tids),
+        )
+        return found, buf, scores
 
     def room_for(self, tids: torch.Tensor) -> list[int] | None:
         """Keys per table to ``reserve`` for one more key per entry of ``tids``
@@ -559,20 +576,41 @@ class HashTableStorage(TableStorage):
             return torch.bincount(tids, minlength=t.num_tables).tolist()
         return None
 
-    def write_back(self, keys, tids, src, src_offsets, scores) -> None:
+    def expand_for(self, keys: torch.Tensor, tids: torch.Tensor) -> None:
+        """Expands the tables that ``keys`` (those not held yet) could
+        overfill, before a ``write_back`` of them with ``expand=False``."""
+        self._expand_for(keys, tids)
+
+    def write_back(
+        self, keys, tids, src, src_offsets, scores, protect=None, expand: bool = True
+    ) -> None:
         """Stores rows a cache gives back (from the row space ``src``), with
         their scores (``ASSIGN``; None under NO_EVICTION). The table expands
-        first for the keys it does not hold; a full bucket evicts (the last
-        tier: recorded under RETAIN_KEY); a key it cannot place at all is
-        dropped and counted in ``dropped``."""
+        first for the keys it does not hold (unless ``expand`` is False: the
+        caller did, with ``expand_for``); a full bucket evicts (the last tier:
+        recorded under RETAIN_KEY); a key it cannot place at all is dropped and
+        counted in ``dropped``. Entries of ``PAD_KEY`` are left out.
+
+        ``protect``: ``(keys, table ids, scores)`` of keys a ``locate`` found
+        whose rows are still to be read: they go into the same call with their
+        own scores, found and untouched, so that no key written back evicts
+        them (``insert_and_evict`` never evicts a key of its batch)."""
         if keys.numel() == 0:
             return
-        self._expand_for(keys, tids)
-        if self.no_eviction:
+        if expand:
+            self._expand_for(keys, tids)
+        if self.no_eviction:  # never evicts: nothing to protect
             slots, status, _ = self.insert(keys, tids, expand=False)
         else:
+            head = 0
+            if protect is not None:
+                pk, pt, ps = protect
+                head = pk.numel()
+                keys, tids = torch.cat([pk, keys]), torch.cat([pt, tids])
+                scores = torch.cat([ps, scores])
             assign = [enums.ScorePolicy.ASSIGN] * self.table.num_scores
             slots, status, _ = self.insert(keys, tids, assign, scores, expand=False)
+            keys, tids, slots, status = keys[head:], tids[head:], slots[head:], status[head:]
         self.dropped += (status == enums.InsertStatus.FAILED).sum()
         self.write(slots, tids, src, src_offsets)
 

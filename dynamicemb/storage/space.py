@@ -20,8 +20,12 @@ from dataclasses import dataclass
 import torch
 
 from dynamicemb.storage.layout import RowLayout
-from dynamicemb.table._native import extension, ops
+from dynamicemb.table._native import constants, extension, ops
 from dynamicemb.types import MemoryType
+
+# The key of padding entries (dynamicemb.embedding.unique): the table's
+# EMPTY_KEY, a reserved key no batch contains.
+PAD_KEY = int(constants()["EMPTY_KEY"])
 
 
 @dataclass
@@ -92,6 +96,58 @@ def copy_rows(
     on the GPU). Rows of the two sides must not overlap."""
     if nbytes.numel():
         ops().copy_rows(dst[0], dst[1], dst_offsets, src[0], src[1], src_offsets, nbytes)
+
+
+def scatter_rows(dst: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst[index[i]] = src[i]`` for every i with ``index[i] >= 0``, without
+    reading anything on the host (one ``copy_rows``): the rows of ``dst`` and
+    ``src`` (contiguous, one dtype, rows of a multiple of 4 bytes) are byte
+    rows of two row spaces. The indices at or above 0 must be distinct."""
+    if index.numel() == 0:
+        return
+    row = dst[0].numel() * dst.element_size() if dst.dim() > 1 else dst.element_size()
+    n = index.numel()
+    nbytes = torch.full((n,), row, dtype=torch.int64, device=index.device)
+    copy_rows(
+        (dst, dst.new_empty(0)),
+        torch.where(index >= 0, index * row, -1),
+        (src.contiguous(), src.new_empty(0)),
+        torch.arange(n, dtype=torch.int64, device=index.device) * row,
+        nbytes,
+    )
+
+
+class Subset:
+    """The entries of a batch that a mask selects, for the table calls and
+    row moves after it, without reading anything on the host.
+
+    On a GPU every entry stays: ``keys`` puts the table's ``EMPTY_KEY`` (the
+    batches' ``PAD_KEY``, which the CUDA table kernels skip: slot -1, status
+    INVALID, nothing stored) where the mask is off, ``take`` leaves tensors as
+    they are and ``on`` is the mask. On the CPU, whose table kernels refuse
+    that key and where reading costs nothing, only the selected entries stay
+    and ``on`` is all True. Either way a mask computed from the subset's
+    table results (a slot >= 0, a status) is off for the entries left out.
+    """
+
+    def __init__(self, mask: torch.Tensor) -> None:
+        self.mask = mask
+        self.idx = mask.nonzero().squeeze(1) if mask.device.type == "cpu" else None
+        self.on = mask if self.idx is None else torch.ones_like(self.idx, dtype=torch.bool)
+
+    def keys(self, keys: torch.Tensor) -> torch.Tensor:
+        if self.idx is not None:
+            return keys[self.idx]
+        return torch.where(self.mask, keys, PAD_KEY)
+
+    def take(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.idx is None:
+            return tensors
+        return tuple(t[self.idx] for t in tensors)
+
+    def origin(self, pos: torch.Tensor) -> torch.Tensor:
+        """The batch positions of subset positions ``pos``."""
+        return pos if self.idx is None else self.idx[pos]
 
 
 def staging(n: int, layout: RowLayout, device: torch.device) -> torch.Tensor:
