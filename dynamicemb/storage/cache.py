@@ -133,8 +133,20 @@ class CachedStorage(TableStorage):
             offsets = torch.full_like(keys, -1)
             sub = sp.Subset(need)
             found, src, src_off, bscores = self.backing.locate(sub.keys(keys), *sub.take(tids))
-            self._stage(keys, tids, sub, found, src, src_off, bscores, policies, vals, init,
-                        offsets, keys.numel())
+            self._stage(
+                keys,
+                tids,
+                sub,
+                found,
+                src,
+                src_off,
+                bscores,
+                policies,
+                vals,
+                init,
+                offsets,
+                keys.numel(),
+            )
             self._space_staged = self._staged
             return offsets
         # One find-or-insert in the cache: the keys it holds are found before
@@ -173,8 +185,21 @@ class CachedStorage(TableStorage):
         if self._carry:
             self._carry_scores(ns, fill & found, bscores, policies, _select(vals, sub))
         if n_over:
-            self._stage(keys, tids, sub, found, src, src_off, bscores, policies, vals, init,
-                        offsets, n_over, sub.on & ~nmiss)
+            self._stage(
+                keys,
+                tids,
+                sub,
+                found,
+                src,
+                src_off,
+                bscores,
+                policies,
+                vals,
+                init,
+                offsets,
+                n_over,
+                sub.on & ~nmiss,
+            )
         self._space_staged = self._staged
         self._record_train()
         return offsets
@@ -222,8 +247,22 @@ class CachedStorage(TableStorage):
         carried = carry_scores(policies, vals, bscores, fresh)
         sp.scatter_rows(self.cache.table.scores, torch.where(carried_mask, slots, -1), carried)
 
-    def _stage(self, keys, tids, sub, found, src, src_off, bscores, policies, vals, init,
-               offsets, k, staged_mask=None) -> None:
+    def _stage(
+        self,
+        keys,
+        tids,
+        sub,
+        found,
+        src,
+        src_off,
+        bscores,
+        policies,
+        vals,
+        init,
+        offsets,
+        k,
+        staged_mask=None,
+    ) -> None:
         """Stages the ``k`` keys the cache cannot take (``staged_mask`` of
         the located subset ``sub``; all of them without a cache): their rows
         from the backing tier (located at ``src_off``) or new ones, in a
@@ -381,9 +420,7 @@ class CachedStorage(TableStorage):
         sub = sp.Subset(found)
         fk, (ft, f_off) = sub.keys(keys), sub.take(tids, src_off)
         if bscores is None or not self._carry:
-            policies, vals = batch_policies(
-                self.strategies, self._last_score, torch.zeros_like(fk)
-            )
+            policies, vals = batch_policies(self.strategies, self._last_score, torch.zeros_like(fk))
             fscores = initial_scores(policies, vals, fk.numel(), cache.table.timer(), self.device)
         else:
             (fscores,) = sub.take(bscores)
