@@ -90,9 +90,11 @@ class CachedStorage(TableStorage):
         self._prefetch_event = None
         self._train_event = None  # the last training lookup's, on its stream
         self._train_stream = None
-        # Keys staged outside the cache, and keys prefetch brought into it.
-        self.overflows = torch.zeros((), dtype=torch.int64, device=device)
-        self.prefetched = torch.zeros((), dtype=torch.int64, device=device)
+        # Keys staged outside the cache, and keys prefetch brought into it;
+        # rows read from the backing tier and written back to it.
+        zero = torch.zeros((), dtype=torch.int64, device=device)
+        self.overflows, self.prefetched = zero, zero.clone()
+        self.host_reads, self.host_writes = zero.clone(), zero.clone()
 
     # ---------------------------------------------------------- streams --
 
@@ -133,6 +135,7 @@ class CachedStorage(TableStorage):
             offsets = torch.full_like(keys, -1)
             sub = sp.Subset(need)
             found, src, src_off, bscores = self.backing.locate(sub.keys(keys), *sub.take(tids))
+            self.host_reads += found.sum()
             self._stage(
                 keys,
                 tids,
@@ -172,6 +175,7 @@ class CachedStorage(TableStorage):
         nt, ns, no, nmiss = sub.take(tids, slots, offsets, miss)
         nk = sub.keys(keys)
         found, src, src_off, bscores = self.backing.locate(nk, nt)
+        self.host_reads += found.sum()
         self._write_back_victims(victims, nk, nt, found, bscores)
         fill = sub.on & nmiss
         sp.copy_rows(
@@ -211,6 +215,7 @@ class CachedStorage(TableStorage):
         if evicted is None or evicted.keys.numel() == 0:
             return None
         valid = torch.arange(evicted.keys.numel(), device=self.device) < evicted.count
+        self.host_writes += valid.sum()
         sub = sp.Subset(valid)
         vt, vs, vscores = sub.take(evicted.table_ids, evicted.slots, evicted.scores)
         if sub.idx is None:  # past the count: no row, a valid table id
@@ -329,6 +334,7 @@ class CachedStorage(TableStorage):
         if st is not None and st.write_back:
             self._staged = None
             self._join_prefetch()
+            self.host_writes += st.keys.numel()
             self.backing.write_back(
                 st.keys,
                 st.tids,
@@ -380,7 +386,7 @@ class CachedStorage(TableStorage):
             keys, tids = keys[keep], tids[keep]
         # Room in the backing tier for every key this can write back (only a
         # backing table that can grow needs it, and reads counts on the host).
-        room = self.backing.room_for(tids[keys != sp.PAD_KEY] if cuda else tids)
+        room = self.backing.room_for(tids, keys != sp.PAD_KEY)
         if not cuda:
             if room is not None:
                 self.backing.reserve(room)
@@ -444,6 +450,7 @@ class CachedStorage(TableStorage):
         slots, status = slots[held:], status[held:]
         placed = (status == enums.InsertStatus.INSERTED) | (status == enums.InsertStatus.EVICTED)
         self.prefetched += placed.sum()
+        self.host_reads += placed.sum()
         sp.copy_rows(
             cache.space(),
             torch.where(placed, cache.offsets(slots, ft), -1),

@@ -250,7 +250,7 @@ class ExternalBacking:
     def reserve_rows(self, table: int, incoming: int) -> None:
         """The storage sizes itself."""
 
-    def room_for(self, tids: torch.Tensor) -> None:
+    def room_for(self, tids: torch.Tensor, valid: torch.Tensor | None = None) -> None:
         """The storage sizes itself."""
         return None
 

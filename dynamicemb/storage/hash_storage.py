@@ -685,12 +685,15 @@ class HashTableStorage(TableStorage):
         )
         return found, buf, scores
 
-    def room_for(self, tids: torch.Tensor) -> list[int] | None:
+    def room_for(self, tids: torch.Tensor, valid: torch.Tensor | None = None) -> list[int] | None:
         """Keys per table to ``reserve`` for one more key per entry of ``tids``
-        (its table), read to the host; None when no table can grow."""
+        (its table; with ``valid``, per entry it marks), read to the host;
+        None when no table can grow (then nothing is read)."""
         t = self.table
         if self.no_eviction or any(t.capacity(i) < t.max_capacity(i) for i in range(t.num_tables)):
-            return torch.bincount(tids, minlength=t.num_tables).tolist()
+            ones = torch.ones_like(tids) if valid is None else valid.to(torch.int64)
+            counts = torch.zeros(t.num_tables, dtype=torch.int64, device=tids.device)
+            return counts.index_add_(0, tids, ones).tolist()
         return None
 
     def expand_for(self, keys: torch.Tensor, tids: torch.Tensor) -> None:
