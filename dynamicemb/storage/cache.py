@@ -88,8 +88,11 @@ class CachedStorage(TableStorage):
         self._held = None  # (keys, tids, slots) the last training batch holds in the cache
         self._last_score = BatchScore(0, None)
         self._prefetch_event = None
-        self._train_event = None  # the last training lookup's, on its stream
+        # The end of the last training lookup or update, on its stream (first
+        # the tiers' creation): what a prefetch on another stream waits for.
+        self._train_event = None
         self._train_stream = None
+        self._record_train()
         # Keys staged outside the cache, and keys prefetch brought into it;
         # rows read from the backing tier and written back to it.
         zero = torch.zeros((), dtype=torch.int64, device=device)
@@ -103,8 +106,11 @@ class CachedStorage(TableStorage):
         if self._prefetch_event is not None:
             torch.cuda.current_stream(self.device).wait_event(self._prefetch_event)
             self._prefetch_event = None
-        self._train_event = None  # the last training lookup's, on its stream
+        # The end of the last training lookup or update, on its stream (first
+        # the tiers' creation): what a prefetch on another stream waits for.
+        self._train_event = None
         self._train_stream = None
+        self._record_train()
 
     # ------------------------------------------------------------ lookups --
 
