@@ -2,7 +2,10 @@
 between device memory and pinned host memory, moved over the bus once per
 step each way, with the rows used again kept in device memory.
 
-A training lookup finds or inserts the batch's distinct keys as the
+A table split between the tiers (some of its rows in each; with every row in
+one tier the table is a plain ``HashTableStorage``, whose kernels address
+device rows or pinned host rows in place) steps as follows. A training
+lookup finds or inserts the batch's distinct keys as the
 all-device table does (``HashTableStorage``). The rows of the keys whose rows
 are in host memory are then gathered, in one ``copy_rows`` of wide reads of the
 pinned memory, into a staging buffer on the device (a new key's row is
@@ -81,7 +84,10 @@ class HybridStorage(HashTableStorage):
 
     def _train_rows(self, keys, tids, counts, score: BatchScore, init) -> torch.Tensor:
         self.after_update()  # a previous batch without an update
-        if self.placement.size1 == 0:  # every row in device memory
+        if self.placement.remap is None:
+            # Every row in one tier: the all-device table, or the host table
+            # whose kernels read and write its pinned rows in place (its step
+            # reads nothing on the host and takes no device memory for rows).
             return super()._train_rows(keys, tids, counts, score, init)
         policies, vals = batch_policies(self.strategies, score, counts)
         slots, status, _ = self.insert(keys, tids, policies, vals)

@@ -2,7 +2,7 @@
 same rows copied, the same decisions (which keys a cache holds, which rows a
 hybrid table moves into device memory, what crossed the bus), the rows within
 the kernels' float tolerance; and the host reads a step makes: one for a
-cache's or a hybrid table's training lookup, none for a prefetch."""
+cache's or a split hybrid table's training lookup, none for a prefetch."""
 
 import warnings
 
@@ -105,7 +105,8 @@ def _host_reads(fn) -> int:
     [
         # The number of rows to stage (the padded unique reads nothing).
         ("hybrid", 1),
-        ("host", 1),
+        # Every row in host memory: the kernels address them in place.
+        ("host", 0),
         # The exact unique (a cache takes exact batches), the keys the cache
         # could not take.
         ("cache", 2),
