@@ -9,6 +9,7 @@ import warnings
 import pytest
 import torch
 
+from dynamicemb import DynamicEmbScoreStrategy as Score
 from dynamicemb.storage import space as sp
 from dynamicemb.types import MemoryType
 from tests.storage.storage_cases import MODES, batches, module, rows_of, seen_keys, train
@@ -70,10 +71,11 @@ def _storage_state(m) -> dict:
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 @pytest.mark.parametrize("mode", ["hybrid", "host", "cache", "cache_prefetch", "cache_small"])
 def test_cuda_storage_decides_what_the_cpu_storage_decides(mode, optimizer):
+    # STEP scores: the same on both backends (a TIMESTAMP is each one's clock).
     data = batches(20, 2)
     prefetch = MODES[mode].get("prefetch", False)
-    cpu = module(mode, (8, 12), optimizer)
-    gpu = module(mode, (8, 12), optimizer, device="cuda")
+    cpu = module(mode, (8, 12), optimizer, score_strategy=Score.STEP)
+    gpu = module(mode, (8, 12), optimizer, device="cuda", score_strategy=Score.STEP)
     want = train(cpu, data, prefetch=prefetch)
     got = train(gpu, data, prefetch=prefetch, device="cuda")
     assert _storage_state(gpu) == _storage_state(cpu)
