@@ -333,8 +333,8 @@ class AdmissionStrategy(abc.ABC):
     def state_bytes(self) -> int:
         """Bytes of admission state the admitter keeps for one table.
 
-        What the planner adds to a table's memory estimate, on the table's
-        device: a counter's slots for a strategy that counts, 0 (the default)
+        What a table's memory estimate (``dynamic_shard_storage``) adds, on
+        the table's device: a counter's slots for a strategy that counts, 0 (the default)
         for one that keeps no state across steps.
         """
         return 0

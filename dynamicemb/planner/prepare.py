@@ -3,9 +3,9 @@
 ``prepare_table_options`` is the preparation step of the spec's "Sharding
 planner" section (the spec's internal ``_prepare_dynemb_table_options``), the
 one the planner and the sharders both run; ``dynamic_shard_storage`` is the
-per-rank memory
-the enumerator reports for a dynamic table instead of TorchRec's dense
-``num_embeddings * dim`` estimate.
+per-rank memory a dynamic table allocates, which the topology's budget does
+not include (the enumerator works it out to refuse options a table cannot be
+built from, and counts only the lookups' buffers against the topology).
 """
 
 import dataclasses
