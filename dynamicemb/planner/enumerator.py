@@ -189,7 +189,9 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
         """
         options = _requested_options(self._constraints[sharding_option.name].dynamicemb_options)
         rows, dim = sharding_option.tensor.shape
-        shape_config = types.SimpleNamespace(num_embeddings=int(rows), embedding_dim=int(dim))
+        shape_config = types.SimpleNamespace(
+            name=sharding_option.name, num_embeddings=int(rows), embedding_dim=int(dim)
+        )
         return prepare_table_options(options, shape_config, self._dynamicemb_topology.world_size)
 
     def _shard_storage(self, sharding_option: ShardingOption):

@@ -572,11 +572,22 @@ def test_enumerator_prepares_for_its_own_world_size():
     assert (prepared.bucket_capacity, prepared.max_capacity) == (256, 256)
 
 
-def test_prepare_refuses_a_dim_that_differs_from_the_config_naming_the_table():
+def test_prepare_warns_of_a_dim_that_differs_from_the_config_and_uses_the_config():
     options = DynamicEmbTableOptions(dim=8)
-    with pytest.raises(ValueError, match=r"table 't'.*dim \(8\) differs from embedding_dim \(16\)"):
-        prepare_table_options(options, _cfg(1000), 2)
+    with pytest.warns(UserWarning, match=r"table 't'.*dim \(8\) differs.*embedding_dim \(16\)"):
+        prepared = prepare_table_options(options, _cfg(1000), 2)
+    assert prepared.dim == 16
     assert options.dim == 8 and options.max_capacity is None
+
+
+def test_the_planner_sets_dim_from_the_config():
+    constraints = _constraints(dyn_ec=DynamicEmbTableOptions(dim=4))
+    with pytest.warns(UserWarning, match=r"table 'dyn_ec'.*dim \(4\)"):
+        planner = DynamicEmbeddingShardingPlanner(
+            _ec_configs() + _ebc_configs(), topology=_topology(2), constraints=constraints
+        )
+    plan = planner.plan(_Model(_ec_configs(), _ebc_configs()), _sharders())
+    assert plan.plan["ec"]["dyn_ec"].dynamicemb_options.dim == 16
 
 
 def test_the_planner_spells_the_preparation_by_the_specs_name_too():

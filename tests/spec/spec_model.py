@@ -55,9 +55,15 @@ def fused_params(optimizer: str = "adam") -> dict[str, Any]:
     raise ValueError(f"unknown optimizer {optimizer!r}")
 
 
-def build(tables: list[Table], optimizer: str = "adam", pg: dist.ProcessGroup | None = None):
+def build(
+    tables: list[Table],
+    optimizer: str = "adam",
+    pg: dist.ProcessGroup | None = None,
+    edit_plan=None,
+):
     """The tables in one EmbeddingCollection, planned and sharded over ``pg``
-    (default: the default group)."""
+    (default: the default group); ``edit_plan(plan)``, if given, changes the
+    planner's plan before the model is sharded by it."""
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import Topology
     from torchrec.distributed.types import ShardingEnv
@@ -95,6 +101,8 @@ def build(tables: list[Table], optimizer: str = "adam", pg: dist.ProcessGroup | 
         debug=False,
     )
     plan = planner.collective_plan(model, [sharder], pg)
+    if edit_plan is not None:
+        edit_plan(plan)
     return DistributedModelParallel(
         model,
         env=ShardingEnv.from_process_group(pg),
