@@ -27,7 +27,9 @@ def test_capacity_below_a_bucket_is_one_bucket_of_that_capacity(counter, slots, 
     assert (c.table.capacity(1), c.table.bucket_capacity(1)) == (64, 16)
     # The strategy's memory is that of the share it builds.
     alone = MultiTableKVCounter([counter])
-    assert FrequencyAdmissionStrategy(2, counter).state_bytes() == alone.memory_usage(MemoryType.HOST)
+    assert FrequencyAdmissionStrategy(2, counter).state_bytes() == alone.memory_usage(
+        MemoryType.HOST
+    )
 
 
 def test_one_bucket_holds_its_capacity_and_then_evicts_the_smallest_count():

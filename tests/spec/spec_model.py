@@ -125,23 +125,41 @@ def kjt(tables: list[Table], keys: dict[str, torch.Tensor]):
     ).to(worker_device())
 
 
-def batch_keys(tables: list[Table], step: int, rank: int, n: int = 12, high: int = 64):
+def batch_keys(
+    tables: list[Table], step: int, rank: int, n: int = 12, high: int = 64, low: int = 0
+):
     """The keys of one training batch: ``n`` per table, drawn from
-    ``[0, high)`` by (step, rank, table)."""
+    ``[low, high)`` by (step, rank, table)."""
     out = {}
     for i, t in enumerate(tables):
         g = torch.Generator().manual_seed(1_000_003 * step + 7919 * rank + i)
-        out[t.name] = torch.randint(0, high, (n,), generator=g, dtype=torch.int64)
+        out[t.name] = torch.randint(low, high, (n,), generator=g, dtype=torch.int64)
     return out
 
 
-def train(model, tables: list[Table], steps, rank: int, n: int = 12, high: int = 64) -> None:
-    """Trains on the batches of ``steps`` (an iterable of step numbers)."""
-    model.train()
+def seen_keys(tables: list[Table], steps, world: int, **kwargs) -> dict[str, set[int]]:
+    """The keys of every rank's batches of ``steps``, per table."""
+    out = {t.name: set() for t in tables}
     for step in steps:
-        out = model(kjt(tables, batch_keys(tables, step, rank, n, high)))
-        loss = sum((out[t.feature].values().double() - 1.0).pow(2).sum() for t in tables)
-        loss.backward()
+        for rank in range(world):
+            for name, keys in batch_keys(tables, step, rank, **kwargs).items():
+                out[name].update(keys.tolist())
+    return out
+
+
+def train_on(model, tables: list[Table], keys: dict[str, torch.Tensor]) -> None:
+    """One training step on a batch of these keys."""
+    model.train()
+    out = model(kjt(tables, keys))
+    loss = sum((out[t.feature].values().double() - 1.0).pow(2).sum() for t in tables)
+    loss.backward()
+
+
+def train(model, tables: list[Table], steps, rank: int, **kwargs) -> None:
+    """Trains on this rank's batches of ``steps`` (step numbers); ``kwargs``
+    as ``batch_keys``'."""
+    for step in steps:
+        train_on(model, tables, batch_keys(tables, step, rank, **kwargs))
 
 
 def lookup(model, tables: list[Table], keys: torch.Tensor) -> dict[str, torch.Tensor]:

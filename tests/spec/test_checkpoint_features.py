@@ -209,9 +209,7 @@ def _scores_by_key(root, name):
 
 def _expected_frequencies(tables, steps):
     """How often each key occurred in the batches of both ranks."""
-    keys = torch.cat(
-        [sm.batch_keys(tables, s, r)["t"] for s in steps for r in range(2)]
-    ).tolist()
+    keys = torch.cat([sm.batch_keys(tables, s, r)["t"] for s in steps for r in range(2)]).tolist()
     return {k: keys.count(k) for k in set(keys)}
 
 
@@ -255,7 +253,10 @@ def _serving_world(rank, world, root):
     DynamicEmbDump(path, model, optim=True)
     serve = sm.build(serving)
     DynamicEmbLoad(path, serve)
-    return {"source": sm.lookup(model, trained, S_KEYS), "served": sm.lookup(serve, serving, S_KEYS)}
+    return {
+        "source": sm.lookup(model, trained, S_KEYS),
+        "served": sm.lookup(serve, serving, S_KEYS),
+    }
 
 
 @pytest.mark.parametrize("world", [1, 2])
