@@ -15,9 +15,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from tests.shard.shard_harness import _Model as Model
 from tests.shard.shard_harness import run_world, worker_device  # noqa: F401 (re-exported)
 
-COLLECTION = "model.sparse"
+# The collection's path: Model holds it as ``coll``.
+COLLECTION = "model.coll"
 DIM = 8
 ROWS = 1 << 10  # num_embeddings of every table
 
@@ -34,15 +36,6 @@ class Table:
     @property
     def feature(self) -> str:
         return f"f_{self.name}"
-
-
-class Model(torch.nn.Module):
-    def __init__(self, collection) -> None:
-        super().__init__()
-        self.sparse = collection
-
-    def forward(self, kjt):
-        return self.sparse(kjt)
 
 
 def fused_params(optimizer: str = "adam") -> dict[str, Any]:
@@ -76,14 +69,9 @@ def build(
     pg = pg or dist.group.WORLD
     world_size = dist.get_world_size(pg)
     device = worker_device()
+    # num_embeddings, embedding_dim, name
     configs = [
-        EmbeddingConfig(
-            name=t.name,
-            embedding_dim=t.dim,
-            num_embeddings=t.num_embeddings,
-            feature_names=[t.feature],
-        )
-        for t in tables
+        EmbeddingConfig(t.num_embeddings, t.dim, t.name, feature_names=[t.feature]) for t in tables
     ]
     constraints = {
         t.name: DynamicEmbParameterConstraints(use_dynamicemb=True, dynamicemb_options=t.options)

@@ -68,9 +68,14 @@ def _pg_world(rank, world, root):
         "no_folder": not os.path.exists(os.path.join(root, f"other_{rank}")),
     }
     DynamicEmbLoad(path, fresh, optim=True, pg=mine)
-    out["source"] = sm.lookup(model, tables, S_KEYS)
-    out["loaded"] = sm.lookup(fresh, tables, S_KEYS)
-    # The optimizer state came along: one more identical step stays equal.
+    return dict(out, **_loaded_and_one_step_on(model, fresh, tables, rank))
+
+
+def _loaded_and_one_step_on(model, fresh, tables, rank) -> dict[str, dict[str, torch.Tensor]]:
+    """Lookups of the source and of a model that loaded its checkpoint, now
+    and after one more identical step (equal when the optimizer state came
+    along)."""
+    out = {"source": sm.lookup(model, tables, S_KEYS), "loaded": sm.lookup(fresh, tables, S_KEYS)}
     sm.train(model, tables, [3], rank)
     sm.train(fresh, tables, [3], rank)
     out["source_after"] = sm.lookup(model, tables, S_KEYS)
@@ -112,12 +117,7 @@ def _half_world(rank, world, root):
     DynamicEmbDump(path, model, optim=True)
     fresh = sm.build(tables)
     DynamicEmbLoad(path, fresh, optim=True)
-    out = {"source": sm.lookup(model, tables, S_KEYS), "loaded": sm.lookup(fresh, tables, S_KEYS)}
-    sm.train(model, tables, [3], rank)
-    sm.train(fresh, tables, [3], rank)
-    out["source_after"] = sm.lookup(model, tables, S_KEYS)
-    out["loaded_after"] = sm.lookup(fresh, tables, S_KEYS)
-    return out
+    return _loaded_and_one_step_on(model, fresh, tables, rank)
 
 
 def _folder(root):

@@ -18,7 +18,7 @@ def _narrow_dim_world(rank, world):
 
     def edit(plan):
         # A plan edited by hand: the options say 4 where the table is 8 wide.
-        entry = plan.plan["sparse"]["t"]
+        entry = plan.plan["coll"]["t"]
         entry.dynamicemb_options = dataclasses.replace(entry.dynamicemb_options, dim=4)
 
     with warnings.catch_warnings(record=True) as caught:
