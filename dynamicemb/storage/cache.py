@@ -20,6 +20,7 @@ batch is staged that way.
 """
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -43,6 +44,22 @@ def _select(values, sub: "sp.Subset"):
     if isinstance(values, torch.Tensor) and values.shape[0] != 1:
         (values,) = sub.take(values)
     return values
+
+
+@dataclass
+class _Located:
+    """Where the backing tier holds the rows of a subset of a batch's keys:
+    the ``Subset``, its entries' keys (``PAD_KEY`` where left out on a GPU)
+    and table ids, and ``locate``'s results (found, the row space, offsets,
+    scores)."""
+
+    sub: sp.Subset
+    keys: torch.Tensor
+    tids: torch.Tensor
+    found: torch.Tensor
+    src: tuple[torch.Tensor, torch.Tensor]
+    offsets: torch.Tensor
+    scores: torch.Tensor | None
 
 
 class _Staged:
@@ -137,25 +154,10 @@ class CachedStorage(TableStorage):
         policies, vals = batch_policies(self.strategies, score, counts)
         self._staged = None
         if self.cache is None:  # every key staged
-            need = torch.ones_like(keys, dtype=torch.bool)
             offsets = torch.full_like(keys, -1)
-            sub = sp.Subset(need)
-            found, src, src_off, bscores = self.backing.locate(sub.keys(keys), *sub.take(tids))
-            self.host_reads += found.sum()
-            self._stage(
-                keys,
-                tids,
-                sub,
-                found,
-                src,
-                src_off,
-                bscores,
-                policies,
-                vals,
-                init,
-                offsets,
-                keys.numel(),
-            )
+            loc = self._locate(torch.ones_like(keys, dtype=torch.bool), keys, tids)
+            self.host_reads += loc.found.sum()
+            self._stage(keys, tids, loc, policies, vals, init, offsets, keys.numel())
             self._space_staged = self._staged
             return offsets
         # One find-or-insert in the cache: the keys it holds are found before
@@ -177,39 +179,24 @@ class CachedStorage(TableStorage):
         # Where the backing tier holds the rows of the keys the cache misses
         # (and those it cannot take); the victims go back before their slots
         # are refilled, without evicting those rows.
-        sub = sp.Subset(miss | over)
-        nt, ns, no, nmiss = sub.take(tids, slots, offsets, miss)
-        nk = sub.keys(keys)
-        found, src, src_off, bscores = self.backing.locate(nk, nt)
-        self.host_reads += found.sum()
-        self._write_back_victims(victims, nk, nt, found, bscores)
-        fill = sub.on & nmiss
+        loc = self._locate(miss | over, keys, tids)
+        self.host_reads += loc.found.sum()
+        ns, no, nmiss = loc.sub.take(slots, offsets, miss)
+        self._write_back_victims(victims, loc)
+        fill = loc.sub.on & nmiss
         sp.copy_rows(
             self.cache.space(),
-            torch.where(found & fill, no, -1),
-            src,
-            src_off,
-            self.layout.row_bytes_of(nt),
+            torch.where(loc.found & fill, no, -1),
+            loc.src,
+            loc.offsets,
+            self.layout.row_bytes_of(loc.tids),
         )
-        self.cache.write_new_rows(torch.where(fill & ~found, no, -1), nk, nt, init)
+        self.cache.write_new_rows(torch.where(fill & ~loc.found, no, -1), loc.keys, loc.tids, init)
         if self._carry:
-            self._carry_scores(ns, fill & found, bscores, policies, _select(vals, sub))
+            self._carry_scores(ns, fill & loc.found, loc.scores, policies, _select(vals, loc.sub))
         if n_over:
-            self._stage(
-                keys,
-                tids,
-                sub,
-                found,
-                src,
-                src_off,
-                bscores,
-                policies,
-                vals,
-                init,
-                offsets,
-                n_over,
-                sub.on & ~nmiss,
-            )
+            staged = loc.sub.on & ~nmiss
+            self._stage(keys, tids, loc, policies, vals, init, offsets, n_over, staged)
         self._space_staged = self._staged
         self._record_train()
         return offsets
@@ -228,18 +215,26 @@ class CachedStorage(TableStorage):
             vt, vs = torch.where(valid, vt, 0), torch.where(valid, vs, -1)
         return sub.keys(evicted.keys), vt, vs, vscores
 
-    def _write_back_victims(self, victims, keys, tids, found, bscores) -> None:
+    def _locate(self, mask, keys, tids) -> _Located:
+        """Where the backing tier holds the rows of the keys ``mask``
+        selects."""
+        sub = sp.Subset(mask)
+        k, (t,) = sub.keys(keys), sub.take(tids)
+        found, src, offsets, scores = self.backing.locate(k, t)
+        return _Located(sub, k, t, found, src, offsets, scores)
+
+    def _write_back_victims(self, victims, loc: _Located) -> None:
         """Writes the cache rows of evicted keys back to the backing tier
         (their scores with them where both tiers keep the same), the keys
-        the backing tier was just found to hold (``found``, scores
-        ``bscores``) protected from eviction until their rows are read."""
+        ``loc`` found there protected from eviction until their rows are
+        read."""
         if victims is None:
             return
         vk, vt, vs, vscores = victims
         protect = None
-        if self._carry and bscores is not None:
-            held = sp.Subset(found)
-            protect = (held.keys(keys), *held.take(tids, bscores))
+        if self._carry and loc.scores is not None:
+            held = sp.Subset(loc.found)
+            protect = (held.keys(loc.keys), *held.take(loc.tids, loc.scores))
         self.backing.write_back(
             vk,
             vt,
@@ -258,41 +253,26 @@ class CachedStorage(TableStorage):
         carried = carry_scores(policies, vals, bscores, fresh)
         sp.scatter_rows(self.cache.table.scores, torch.where(carried_mask, slots, -1), carried)
 
-    def _stage(
-        self,
-        keys,
-        tids,
-        sub,
-        found,
-        src,
-        src_off,
-        bscores,
-        policies,
-        vals,
-        init,
-        offsets,
-        k,
-        staged_mask=None,
-    ) -> None:
-        """Stages the ``k`` keys the cache cannot take (``staged_mask`` of
-        the located subset ``sub``; all of them without a cache): their rows
-        from the backing tier (located at ``src_off``) or new ones, in a
+    def _stage(self, keys, tids, loc: _Located, policies, vals, init, offsets, k, mask=None):
+        """Stages the ``k`` keys the cache cannot take (``mask`` of the
+        located subset ``loc``; all of them without a cache): their rows
+        from the backing tier or new ones, in a
         staging buffer addressed after the cache's rows (the second segment
         of the row space), written back after the update; their entries of
         ``offsets`` point there."""
-        if staged_mask is None:
+        if mask is None:
             pos = torch.arange(k, device=self.device)
         else:
-            pos = torch.nonzero_static(staged_mask, size=k).squeeze(1)
-        at = sub.origin(pos)
+            pos = torch.nonzero_static(mask, size=k).squeeze(1)
+        at = loc.sub.origin(pos)
         skeys, stids = keys[at], tids[at]
-        sfound, s_off = found[pos], src_off[pos]
+        sfound, s_off = loc.found[pos], loc.offsets[pos]
         staged = sp.staging(k, self.layout, self.device)
         st_off = sp.staging_offsets(k, self.layout, self.device)
         sp.copy_rows(
             sp.as_space(staged),
             torch.where(sfound, st_off, -1),
-            src,
+            loc.src,
             s_off,
             self.layout.row_bytes_of(stids),
         )
@@ -304,7 +284,7 @@ class CachedStorage(TableStorage):
             v = vals[at] if isinstance(vals, torch.Tensor) and vals.shape[0] != 1 else vals
             scores = initial_scores(policies, v, k, self.cache.table.timer(), self.device)
             scores = torch.where(
-                sfound.unsqueeze(1), carry_scores(policies, v, bscores[pos], scores), scores
+                sfound.unsqueeze(1), carry_scores(policies, v, loc.scores[pos], scores), scores
             )
         self._staged = _Staged(staged, skeys, stids, scores, write_back=True)
         self.overflows += k
@@ -416,26 +396,23 @@ class CachedStorage(TableStorage):
         if st is not None:
             # Rows the batch in flight stages are stale in the backing tier.
             cand &= ~torch.isin(keys, st.keys)
-        sub = sp.Subset(cand)
-        ck, (ct,) = sub.keys(keys), sub.take(tids)
-        found, src, src_off, bscores = self.backing.locate(ck, ct)
-        self._prefetch_into_cache(ck, ct, found, src, src_off, bscores)
+        self._prefetch_into_cache(self._locate(cand, keys, tids))
         if cuda:
             self._prefetch_event = torch.cuda.Event()
             self._prefetch_event.record(torch.cuda.current_stream(self.device))
 
-    def _prefetch_into_cache(self, keys, tids, found, src, src_off, bscores) -> None:
-        """Inserts the keys ``found`` in the backing tier into the cache and
-        copies their rows in (from ``src`` at ``src_off``); the victims go
-        back first, without evicting those rows."""
+    def _prefetch_into_cache(self, loc: _Located) -> None:
+        """Inserts the keys ``loc`` found in the backing tier into the cache
+        and copies their rows in; the victims go back first, without evicting
+        those rows."""
         cache = self.cache
-        sub = sp.Subset(found)
-        fk, (ft, f_off) = sub.keys(keys), sub.take(tids, src_off)
-        if bscores is None or not self._carry:
+        sub = sp.Subset(loc.found)
+        fk, (ft, f_off) = sub.keys(loc.keys), sub.take(loc.tids, loc.offsets)
+        if loc.scores is None or not self._carry:
             policies, vals = batch_policies(self.strategies, self._last_score, torch.zeros_like(fk))
             fscores = initial_scores(policies, vals, fk.numel(), cache.table.timer(), self.device)
         else:
-            (fscores,) = sub.take(bscores)
+            (fscores,) = sub.take(loc.scores)
         # The batch in flight holds its cache slots until its backward: they
         # go into the same call, which never evicts a slot it holds, with the
         # scores they have.
@@ -452,7 +429,7 @@ class CachedStorage(TableStorage):
             all_scores = torch.cat([cache.table.scores[hs.clamp(min=0)], fscores])
         assign = [enums.ScorePolicy.ASSIGN] * cache.table.num_scores
         slots, status, evicted = cache.insert(all_keys, all_tids, assign, all_scores, expand=False)
-        self._write_back_victims(self._victims(evicted), keys, tids, found, bscores)
+        self._write_back_victims(self._victims(evicted), loc)
         slots, status = slots[held:], status[held:]
         placed = (status == enums.InsertStatus.INSERTED) | (status == enums.InsertStatus.EVICTED)
         self.prefetched += placed.sum()
@@ -460,7 +437,7 @@ class CachedStorage(TableStorage):
         sp.copy_rows(
             cache.space(),
             torch.where(placed, cache.offsets(slots, ft), -1),
-            src,
+            loc.src,
             f_off,
             self.layout.row_bytes_of(ft),
         )

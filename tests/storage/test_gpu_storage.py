@@ -4,14 +4,13 @@ hybrid table moves into device memory, what crossed the bus), the rows within
 the kernels' float tolerance; and the host reads a step makes: one for a
 cache's or a split hybrid table's training lookup, none for a prefetch."""
 
-import warnings
-
 import pytest
 import torch
 
 from dynamicemb import DynamicEmbScoreStrategy as Score
 from dynamicemb.storage import space as sp
 from dynamicemb.types import MemoryType
+from tests.embedding.sync_guard import cuda_syncs
 from tests.storage.storage_cases import MODES, batches, module, rows_of, seen_keys, train
 
 pytestmark = pytest.mark.gpu
@@ -88,20 +87,6 @@ def test_cuda_storage_decides_what_the_cpu_storage_decides(mode, optimizer):
         torch.testing.assert_close(sg, sw, rtol=1e-4, atol=1e-5)
 
 
-def _host_reads(fn) -> int:
-    """Synchronizations of the host with the device ``fn`` makes (torch's
-    sync debug mode counts them)."""
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
-
-
 @pytest.mark.parametrize(
     "mode,reads",
     [
@@ -123,7 +108,7 @@ def test_cuda_training_step_reads_the_device_once_for_its_storage(mode, reads):
     def step():
         m(*data[4]).sum().backward()
 
-    assert _host_reads(step) == reads
+    assert cuda_syncs(step) == reads
 
 
 def test_cuda_prefetch_never_synchronizes():

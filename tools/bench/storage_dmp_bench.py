@@ -61,11 +61,10 @@ from typing import Any
 import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dist_launch
+from sharded_ec_bench import MULT, feature_names, power_law
 
-# An odd prime: id = rank * MULT mod rows is a bijection of [0, rows) unless
-# MULT divides rows.
-MULT = 2654435761
 CONFIGS = [
     "torchrec_hbm",
     "dynamic_hbm",
@@ -77,19 +76,6 @@ CONFIGS = [
 ]
 # The configurations whose rows are all in HBM (no budget).
 ALL_HBM = ("torchrec_hbm", "dynamic_hbm")
-
-
-def feature_names(n: int) -> list[str]:
-    return [f"f{i}" for i in range(n)]
-
-
-def power_law(g: torch.Generator, n: int, rows: int, alpha: float, device) -> torch.Tensor:
-    """n ids in [0, rows): ranks with P(r) ~ r^-alpha (continuous inverse
-    CDF, floored), scattered by ``r * MULT mod rows``."""
-    u = torch.rand(n, generator=g, dtype=torch.float64, device=device)
-    a = 1.0 - alpha
-    r = (((rows**a - 1.0) * u + 1.0) ** (1.0 / a)).long().clamp_(1, rows) - 1
-    return (r * MULT) % rows
 
 
 def make_batches(args, device: torch.device) -> list:
