@@ -155,7 +155,7 @@ class CachedStorage(TableStorage):
         self._staged = None
         if self.cache is None:  # every key staged
             offsets = torch.full_like(keys, -1)
-            loc = self._locate(torch.ones_like(keys, dtype=torch.bool), keys, tids)
+            loc = self._locate(torch.ones_like(keys, dtype=torch.bool), keys, tids, keys.numel())
             self.host_reads += loc.found.sum()
             self._stage(keys, tids, loc, policies, vals, init, offsets, keys.numel())
             self._space_staged = self._staged
@@ -169,17 +169,21 @@ class CachedStorage(TableStorage):
         offsets = self.cache.offsets(slots, tids)
         miss = (status == enums.InsertStatus.INSERTED) | (status == enums.InsertStatus.EVICTED)
         over = status == enums.InsertStatus.FAILED
+        need = miss | over
         # The one read of the step: how many keys the cache could not take
-        # (their staging buffer's size).
-        n_over = int(over.sum())
+        # (their staging buffer's size), missed or could not take, evicted
+        # (the sizes of the subsets the backing tier works on).
+        n_over, n_need, n_victims = (
+            int(x) for x in torch.stack([over.sum(), need.sum(), evicted.count[0]]).tolist()
+        )
         self._held = (keys, tids, slots)
-        victims = self._victims(evicted)
+        victims = self._victims(evicted, n_victims)
         if victims is not None:
             self.backing.expand_for(victims[0], victims[1])
         # Where the backing tier holds the rows of the keys the cache misses
         # (and those it cannot take); the victims go back before their slots
         # are refilled, without evicting those rows.
-        loc = self._locate(miss | over, keys, tids)
+        loc = self._locate(need, keys, tids, n_need)
         self.host_reads += loc.found.sum()
         ns, no, nmiss = loc.sub.take(slots, offsets, miss)
         self._write_back_victims(victims, loc)
@@ -201,24 +205,25 @@ class CachedStorage(TableStorage):
         self._record_train()
         return offsets
 
-    def _victims(self, evicted):
+    def _victims(self, evicted, count: int | None = None):
         """``(keys, table ids, slots, scores)`` of the keys an insert into the
-        cache evicted (``sp.Subset``: the valid ones; on a GPU the others are
-        ``PAD_KEY`` at slot -1); None when the call could evict nothing."""
-        if evicted is None or evicted.keys.numel() == 0:
+        cache evicted (``count`` of them, when known on the host): an
+        ``sp.Subset`` of the valid ones (left out on a GPU: ``PAD_KEY`` at
+        slot -1); None when the call could evict nothing."""
+        if evicted is None or evicted.keys.numel() == 0 or count == 0:
             return None
         valid = torch.arange(evicted.keys.numel(), device=self.device) < evicted.count
         self.host_writes += valid.sum()
-        sub = sp.Subset(valid)
+        sub = sp.Subset(valid, count)
         vt, vs, vscores = sub.take(evicted.table_ids, evicted.slots, evicted.scores)
         if sub.idx is None:  # past the count: no row, a valid table id
             vt, vs = torch.where(valid, vt, 0), torch.where(valid, vs, -1)
         return sub.keys(evicted.keys), vt, vs, vscores
 
-    def _locate(self, mask, keys, tids) -> _Located:
-        """Where the backing tier holds the rows of the keys ``mask``
-        selects."""
-        sub = sp.Subset(mask)
+    def _locate(self, mask, keys, tids, size: int | None = None) -> _Located:
+        """Where the backing tier holds the rows of the keys ``mask`` selects
+        (``size`` of them, when known on the host)."""
+        sub = sp.Subset(mask, size)
         k, (t,) = sub.keys(keys), sub.take(tids)
         found, src, offsets, scores = self.backing.locate(k, t)
         return _Located(sub, k, t, found, src, offsets, scores)

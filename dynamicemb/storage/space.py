@@ -119,20 +119,28 @@ def scatter_rows(dst: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> N
 
 class Subset:
     """The entries of a batch that a mask selects, for the table calls and
-    row moves after it, without reading anything on the host.
+    row moves after it.
 
-    On a GPU every entry stays: ``keys`` puts the table's ``EMPTY_KEY`` (the
-    batches' ``PAD_KEY``, which the CUDA table kernels skip: slot -1, status
-    INVALID, nothing stored) where the mask is off, ``take`` leaves tensors as
-    they are and ``on`` is the mask. On the CPU, whose table kernels refuse
-    that key and where reading costs nothing, only the selected entries stay
-    and ``on`` is all True. Either way a mask computed from the subset's
-    table results (a slot >= 0, a status) is off for the entries left out.
+    Compacted (only the selected entries stay, ``on`` all True) on the CPU,
+    where reading costs nothing, and on a GPU when the caller knows how many
+    entries the mask selects (``size``: no read of the device either).
+    Otherwise, on a GPU, every entry stays, without reading anything on the
+    host: ``keys`` puts the table's ``EMPTY_KEY`` (the batches' ``PAD_KEY``,
+    which the CUDA table kernels skip: slot -1, status INVALID, nothing
+    stored; the CPU kernels refuse it) where the mask is off, ``take`` leaves
+    tensors as they are and ``on`` is the mask. Either way a mask computed
+    from the subset's table results (a slot >= 0, a status) is off for the
+    entries left out.
     """
 
-    def __init__(self, mask: torch.Tensor) -> None:
+    def __init__(self, mask: torch.Tensor, size: int | None = None) -> None:
         self.mask = mask
-        self.idx = mask.nonzero().squeeze(1) if mask.device.type == "cpu" else None
+        if mask.device.type == "cpu":
+            self.idx = mask.nonzero().squeeze(1)
+        elif size is not None:
+            self.idx = torch.nonzero_static(mask, size=size).squeeze(1)
+        else:
+            self.idx = None
         self.on = mask if self.idx is None else torch.ones_like(self.idx, dtype=torch.bool)
 
     def keys(self, keys: torch.Tensor) -> torch.Tensor:
