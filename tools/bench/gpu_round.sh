@@ -16,8 +16,9 @@
 # a smaller size; the full one holds 26 GiB of Adam rows, twice for a cache over a
 # host table). STORAGE_MODULE_BENCH=1 adds the module-level tools/bench/storage_bench.py
 # (STORAGE_BENCH_ARGS replaces its size flags; default 2 tables x 1,000,000 rows).
-# Timeouts in seconds: STORAGE_TESTS_TIMEOUT (300), STORAGE_EBC_TIMEOUT (270),
-# STORAGE_EC_TIMEOUT (90), STORAGE_BENCH_TIMEOUT (150).
+# Timeouts in seconds: STORAGE_TESTS_TIMEOUT (240), STORAGE_EBC_TIMEOUT (240),
+# STORAGE_EC_TIMEOUT (75), STORAGE_BENCH_TIMEOUT (150): the round takes about 6 to 9 minutes
+# after the build.
 #
 # wheel: the wheel as pip builds it here (`pip wheel --no-build-isolation --no-deps`,
 # CUDA, the archs of cc/sources.bzl), then `tools/check_dist.py --wheel`: it requires
@@ -206,17 +207,17 @@ storage_part() {
   "$PY" -c "import torch; print(f'torch {torch.__version__},', torch.cuda.get_device_name(0))" 2>&1 | tee -a "$sum"
   build_cuda "$sum" || return
   t0=$(date +%s)
-  timeout -k 10 "${STORAGE_TESTS_TIMEOUT:-300}" "$PY" -m pytest -m gpu tests/storage -q --tb=short -rs \
+  timeout -k 10 "${STORAGE_TESTS_TIMEOUT:-240}" "$PY" -m pytest -m gpu tests/storage -q --tb=short -rs \
     -p no:cacheprovider > "$OUT/storage_tests.txt" 2>&1
   rc=$?
-  echo "tests: $(status_word $rc "${STORAGE_TESTS_TIMEOUT:-300}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+  echo "tests: $(status_word $rc "${STORAGE_TESTS_TIMEOUT:-240}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/storage_tests.txt" | tail -20 | tee -a "$sum"
   for kind in ebc ec; do
     local flags=(--kinds ebc --optimizers sgd adam --budgets 0.1 0.5 --prefetch-budgets 0.1)
-    local limit=${STORAGE_EBC_TIMEOUT:-270}
+    local limit=${STORAGE_EBC_TIMEOUT:-240}
     if [ "$kind" = ec ]; then
       flags=(--kinds ec --optimizers sgd --budgets 0.1 --configs torchrec_hbm dynamic_hbm torchrec_uvm cache hybrid)
-      limit=${STORAGE_EC_TIMEOUT:-90}
+      limit=${STORAGE_EC_TIMEOUT:-75}
     fi
     t0=$(date +%s)
     # shellcheck disable=SC2086
