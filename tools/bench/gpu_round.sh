@@ -17,8 +17,8 @@
 # host table). STORAGE_MODULE_BENCH=1 adds the module-level tools/bench/storage_bench.py
 # (STORAGE_BENCH_ARGS replaces its size flags; default 2 tables x 1,000,000 rows).
 # Timeouts in seconds: STORAGE_TESTS_TIMEOUT (240), STORAGE_EBC_TIMEOUT (240),
-# STORAGE_EC_TIMEOUT (75), STORAGE_BENCH_TIMEOUT (150): the round takes about 6 to 9 minutes
-# after the build.
+# STORAGE_EC_TIMEOUT (75), STORAGE_BENCH_TIMEOUT (150): at most about 9 minutes after the
+# build, fewer when each configuration builds in a few seconds.
 #
 # wheel: the wheel as pip builds it here (`pip wheel --no-build-isolation --no-deps`,
 # CUDA, the archs of cc/sources.bzl), then `tools/check_dist.py --wheel`: it requires
