@@ -365,10 +365,10 @@ class CachedStorage(TableStorage):
         """Brings the keys of a coming batch that the backing tier holds into
         the cache, on the current stream, without reading anything on the
         host (with an evicting backing table that does not grow): after the
-        training lookup of the batch in flight (an event it recorded; the
-        pipeline's ``forward_stream`` need not be the stream it ran on), and
-        before the next lookup (which waits for this one's event). ``keys``
-        may be padded (``PAD_KEY``)."""
+        last training lookup or update (an event recorded on the stream they
+        ran on, which the pipeline's ``forward_stream`` need not be: it is
+        not used), and before the next lookup (which waits for this one's
+        event). ``keys`` may be padded (``PAD_KEY``)."""
         if self.cache is None or keys.numel() == 0:
             return
         cuda = self.device.type == "cuda"
@@ -388,14 +388,10 @@ class CachedStorage(TableStorage):
                 # write-backs on this stream then never reallocate the backing
                 # table (whose old blocks that stream's allocator would reuse
                 # while this one still read them).
-                train = self._train_stream or forward_stream or stream
-                with torch.cuda.stream(train):
+                with torch.cuda.stream(self._train_stream):
                     self.backing.reserve(room)
-                stream.wait_stream(train)
-            if self._train_event is not None:
-                stream.wait_event(self._train_event)
-            elif forward_stream is not None:
-                stream.wait_stream(forward_stream)
+                stream.wait_stream(self._train_stream)
+            stream.wait_event(self._train_event)
         cand = self.cache.table.find(keys, tids) < 0
         st = self._staged
         if st is not None:
