@@ -91,13 +91,13 @@ class HybridStorage(HashTableStorage):
             return super()._train_rows(keys, tids, counts, score, init)
         policies, vals = batch_policies(self.strategies, score, counts)
         slots, status, _ = self.insert(keys, tids, policies, vals)
+        # After an expansion too: growth adds host rows, a split table stays split.
         p = self.placement
         local = self.local_rows(slots, tids)
         offsets = p.offsets(local, tids)
         new = (status == self._inserted) | (status == self._evicted_status)
         host = offsets >= p.size0
-        if p.remap is not None:
-            self._mark_used(offsets, tids, ~host & (offsets >= 0))
+        self._mark_used(offsets, tids, ~host & (offsets >= 0))
         # The one read of the step on the host: the staging buffer's rows.
         n = int(host.sum())
         if n == 0:
@@ -117,8 +117,7 @@ class HybridStorage(HashTableStorage):
         rows = offsets.index_copy(0, pos, p.size0 + st_off)
         kernels = (self.rows_space.seg0.data, buffer.view(-1))
         write_initial_rows(kernels, torch.where(new, rows, -1), keys, tids, init, self.layout)
-        index = None if p.remap is None else p.map_index(local[pos], st_tids)
-        self._staged = _Staged(buffer, st_tids, st_host, index)
+        self._staged = _Staged(buffer, st_tids, st_host, p.map_index(local[pos], st_tids))
         self._kernel_space = kernels
         self.host_reads += n - st_new.sum()
         return rows
@@ -146,18 +145,16 @@ class HybridStorage(HashTableStorage):
         self._staged = None
         n = st.tids.numel()
         rb = self.layout.row_bytes_of(st.tids)
-        dst = st.host
-        if st.index is not None:
-            promote, victim = self._clock(st)
-            # The displaced device rows first: the staged rows take their place.
-            sp.copy_rows(
-                self.rows_space.tensors,
-                torch.where(promote, st.host, -1),
-                self.rows_space.tensors,
-                victim,
-                rb,
-            )
-            dst = torch.where(promote, victim, st.host)
+        promote, victim = self._clock(st)
+        # The displaced device rows first: the staged rows take their place.
+        sp.copy_rows(
+            self.rows_space.tensors,
+            torch.where(promote, st.host, -1),
+            self.rows_space.tensors,
+            victim,
+            rb,
+        )
+        dst = torch.where(promote, victim, st.host)
         sp.copy_rows(
             self.rows_space.tensors,
             dst,
