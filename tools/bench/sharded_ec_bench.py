@@ -45,7 +45,8 @@ measured in the run.
 
 ``--profile-steps N`` (CUDA) profiles N more steps of each version with
 torch.profiler and prints, per step, the device time of each stage (input
-distribution, routing, de-duplication, unique, find-or-insert, pooling,
+distribution, routing, de-duplication, unique, find-or-insert, the lookup
+replayed from a CUDA graph (unique and find-or-insert in one), pooling,
 output distribution, backward, update; kernels attributed by the range their
 launch falls in: dynamicemb's ``dynamicemb:*`` ranges, and the benchmark's
 own around the sharded module's input dist, lookups, output dists, the
@@ -88,6 +89,7 @@ STAGES = [
     "dedup",
     "unique",
     "find_or_insert",
+    "lookup_graph",
     "pooling",
     "lookup_other",
     "output_dist",
@@ -101,6 +103,7 @@ OUR_RANGES = {
     "dynamicemb:dedup": "dedup",
     "dynamicemb:unique": "unique",
     "dynamicemb:find_or_insert": "find_or_insert",
+    "dynamicemb:lookup_graph": "lookup_graph",  # the lookup replayed from a CUDA graph
     "dynamicemb:pool": "pooling",
     "dynamicemb:update": "update",
     "## dedup_ec_indices ##": "dedup",  # TorchRec's own dedup
