@@ -290,9 +290,15 @@ def build_torchrec(
 
 
 def build(which: str, args, optimizer: str, world_size: int, device, local_batch: int):
-    """A version by its name: ``dynamicemb`` or ``torchrec:<plan>``."""
-    if which == "dynamicemb":
-        return build_dynamicemb(args, optimizer, world_size, device, local_batch)
+    """A version by its name: ``dynamicemb``, ``dynamicemb:eager`` (no CUDA
+    graphs of the lookup) or ``torchrec:<plan>``."""
+    if which.startswith("dynamicemb"):
+        from dynamicemb.shard import dynamic_embedding_kernels
+
+        model, plan = build_dynamicemb(args, optimizer, world_size, device, local_batch)
+        for kernel in dynamic_embedding_kernels(model):
+            kernel.emb_module.cuda_graphs = which == "dynamicemb"
+        return model, plan
     return build_torchrec(args, optimizer, world_size, device, local_batch, which.split(":", 1)[1])
 
 
@@ -594,15 +600,24 @@ def run_optimizer(args, optimizer: str, rank: int, world_size: int, device) -> l
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         start = time.perf_counter()
-        model, plan = build(which, args, optimizer, world_size, device, local_batch)
+        try:
+            model, plan = build(which, args, optimizer, world_size, device, local_batch)
+            train_step(model, make_batch(args, 0, rank, local_batch, device), args)
+            _sync(device)
+        except torch.OutOfMemoryError:
+            # The versions built before hold their tables (one GPU: no rank waits).
+            model = plan = None
+            gc.collect()
+            torch.cuda.empty_cache()
+            if rank == 0:
+                print(f"{which}: {optimizer}, skipped: out of device memory", flush=True)
+            continue
         results[which] = {
             "which": which,
             "optimizer": optimizer,
             "plan": plan_summary(plan),
             "built_s": time.perf_counter() - start,
         }
-        train_step(model, make_batch(args, 0, rank, local_batch, device), args)
-        _sync(device)
         if device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(device) - before
             results[which]["peak_gib"] = _max_over_ranks(peak / 2**30, device)
@@ -614,7 +629,7 @@ def run_optimizer(args, optimizer: str, rank: int, world_size: int, device) -> l
         results[which]["pipelined_ms"] = 1e3 * _max_over_ranks(per_step, device)
     for which, model in models.items():
         res = results[which]
-        if which == "dynamicemb":
+        if which.startswith("dynamicemb"):
             stats = dynamic_table_stats(model).to(device)
             dist.all_reduce(stats)
             res["rows_held"], res["evictions"], res["insert_failures"] = stats.tolist()
@@ -628,12 +643,12 @@ def run_optimizer(args, optimizer: str, rank: int, world_size: int, device) -> l
     if device.type == "cuda":
         torch.cuda.empty_cache()
     dist.barrier()
-    return [results[w] for w in args.which]
+    return [results[w] for w in args.which if w in results]
 
 
 def _line(r: dict) -> str:
     extra = ""
-    if r["which"] == "dynamicemb":
+    if r["which"].startswith("dynamicemb"):
         extra = (
             f", rows held {r['rows_held']:,}, evictions {r['evictions']:,}, "
             f"insert failures {r['insert_failures']:,} (all ranks)"
@@ -846,12 +861,19 @@ def parse_args(argv: list[str] | None = None):
         "with the FUSED kernel",
     )
     ap.add_argument("--no-dynamicemb", action="store_true", help="time TorchRec's plans only")
+    ap.add_argument(
+        "--eager",
+        action="store_true",
+        help="also time dynamicemb with its lookups run eagerly (no CUDA graphs)",
+    )
     ap.add_argument("--threads", type=int, default=1, help="torch threads per CPU process")
     args = ap.parse_args(argv)
     dist_launch.check_device_args(ap, args, has_gpu)
-    args.which = [f"torchrec:{p}" for p in args.plans] + (
-        [] if args.no_dynamicemb else ["dynamicemb"]
-    )
+    args.which = [f"torchrec:{p}" for p in args.plans]
+    if not args.no_dynamicemb:
+        args.which.append("dynamicemb")
+    if args.eager:
+        args.which.append("dynamicemb:eager")
     if not args.which:
         ap.error("nothing to time: no --plans and --no-dynamicemb")
     if args.dedup and args.collection == "ebc":
