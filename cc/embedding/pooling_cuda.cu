@@ -171,13 +171,12 @@ __device__ void occurrences_chunk(const UpdateArgs& a, const KeyOccurrences& o, 
 }
 
 template <class T, bool Vec>
-__device__ void update_plain_key(const UpdateArgs& a, int64_t r, const KeyOccurrences& o,
-                                 int64_t c, int64_t dim, int lane) {
-  warp_update_row<T, Vec>(a.optim, storage::embedding_at<T>(a.space, r),
-                          storage::state_at<T>(a.space, r, dim), dim, lane,
-                          [&](int64_t base, float (&g)[kPer]) {
-                            occurrences_chunk<Vec>(a, o, c, base, dim, lane, g);
-                          });
+__device__ void update_plain_key(const UpdateArgs& a, int64_t r, const KeyOccurrences& o, int64_t c,
+                                 int64_t dim, int lane) {
+  warp_update_row<T, Vec>(
+      a.optim, storage::embedding_at<T>(a.space, r), storage::state_at<T>(a.space, r, dim), dim,
+      lane,
+      [&](int64_t base, float (&g)[kPer]) { occurrences_chunk<Vec>(a, o, c, base, dim, lane, g); });
 }
 
 template <class T>
