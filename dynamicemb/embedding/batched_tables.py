@@ -162,6 +162,12 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
     Input (TorchRec's TBE convention): ``indices`` (n) int64 and ``offsets``
     (num_features * batch_size + 1), the bags of feature f being
     ``offsets[f * B : (f + 1) * B + 1]``.
+
+    ``cuda_graphs`` (bool, default on unless the environment variable
+    ``DYNAMICEMB_CUDA_GRAPHS`` is ``0`` when the module is built): a CUDA
+    module replays the training lookup of a batch shape it has seen before
+    from a CUDA graph (dynamicemb/embedding/cuda_graphs.py); the results are
+    the eager lookup's.
     """
 
     def __init__(

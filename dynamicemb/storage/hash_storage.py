@@ -480,12 +480,7 @@ class HashTableStorage(TableStorage):
         if not self._at_capacity():
             return None
         tensors = (
-            t.keys,
-            t.digests,
-            t.scores,
-            t.info,
-            t.counters,
-            t.free_rows,
+            *_table_tensors(t),
             self._slot_offsets,
             self.placement.params,
             *self.rows_space.tensors,
@@ -697,10 +692,7 @@ class HashTableStorage(TableStorage):
 
     def metadata_bytes(self) -> int:
         t = self.table
-        return sum(
-            x.numel() * x.element_size()
-            for x in (t.keys, t.digests, t.scores, t.info, t.counters, t.free_rows)
-        )
+        return sum(x.numel() * x.element_size() for x in _table_tensors(t))
 
     def footprint_per_table(self) -> list[Footprint]:
         t, p = self.table, self.placement
@@ -823,6 +815,12 @@ class HashTableStorage(TableStorage):
             slots, status, evicted = self.insert(keys, tids, assign, words)
         self.write_keys(keys, slots, tids, status, embeddings, optimizer_state, init)
         return slots, status, evicted
+
+
+def _table_tensors(t: ScoredHashTable) -> tuple[torch.Tensor, ...]:
+    """A scored hash table's state tensors (its slots, table info, counters
+    and free rows)."""
+    return (t.keys, t.digests, t.scores, t.info, t.counters, t.free_rows)
 
 
 def _prefix(num_keys: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

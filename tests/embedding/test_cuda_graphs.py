@@ -13,7 +13,7 @@ from dynamicemb import (
     DynamicEmbTableOptions,
 )
 from dynamicemb.embedding.cuda_graphs import MAX_GRAPHS
-from tests.embedding.tbe_batches import FEATURE_TABLES, unchecked_module
+from tests.embedding.tbe_batches import FEATURE_TABLES, train_step, unchecked_module
 
 EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
 
@@ -50,18 +50,6 @@ def _batch(step, device, batch=BATCH):
     offsets = torch.arange(0, bags * HOTNESS + 1, HOTNESS)
     weights = torch.rand(keys.numel(), generator=g)
     return keys.to(device), offsets.to(device), weights.to(device)
-
-
-def _step(module, batch, extra=None):
-    keys, offsets, weights = batch
-    kw = {}
-    if extra == "pooling_weights":
-        kw["pooling_weights"] = weights
-    elif extra == "frequency_counters":
-        kw["frequency_counters"] = (weights * 4).long()
-    out = module(keys, offsets, **kw)
-    (out * out).sum().backward()
-    return out.detach()
 
 
 def _rows_by_key(module):
@@ -104,7 +92,7 @@ def test_replayed_lookups_train_as_the_eager_lookup(optimizer, pooling, strategy
             m.set_score(7)
     for step in range(6):
         batch = _batch(step, "cuda")
-        got, want = _step(graphed, batch, extra), _step(eager, batch, extra)
+        got, want = train_step(graphed, batch, extra), train_step(eager, batch, extra)
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7, msg=f"step {step}")
     # The first step of the shape runs eagerly, the second is captured and
     # replayed, and so is every one after it.
@@ -123,7 +111,9 @@ def test_a_restore_rebuilds_the_tensors_and_the_graph_is_captured_again():
             for m in (graphed, eager):
                 m.restore_snapshot(snaps[id(m)])
         batch = _batch(step, "cuda")
-        torch.testing.assert_close(_step(graphed, batch), _step(eager, batch), msg=f"{step}")
+        torch.testing.assert_close(
+            train_step(graphed, batch), train_step(eager, batch), msg=f"{step}"
+        )
         if step == 1:
             snaps = {id(m): m.checkpoint_snapshot() for m in (graphed, eager)}
     assert graphed._graphs.captures == 2
@@ -135,7 +125,7 @@ def test_two_forwards_before_their_backwards_get_their_own_tensors():
     graphed, eager = _module("cuda"), _module("cuda", graphs=False)
     for step in range(3):
         b = _batch(step, "cuda")
-        torch.testing.assert_close(_step(graphed, b), _step(eager, b))
+        torch.testing.assert_close(train_step(graphed, b), train_step(eager, b))
     replays = graphed._graphs.replays
     b1, b2 = _batch(10, "cuda"), _batch(11, "cuda")
     outs = {}
@@ -156,7 +146,7 @@ def test_shapes_past_the_limit_drop_the_oldest_graph():
     sizes = [BATCH + 8 * i for i in range(MAX_GRAPHS + 1)]
     for step in range(2 * len(sizes)):
         b = _batch(step, "cuda", batch=sizes[step % len(sizes)])
-        torch.testing.assert_close(_step(graphed, b), _step(eager, b))
+        torch.testing.assert_close(train_step(graphed, b), train_step(eager, b))
     assert graphed._graphs.captures == len(sizes)
     assert len(graphed._graphs.graphs) == MAX_GRAPHS
     _assert_same_tables(graphed, eager)
@@ -170,7 +160,7 @@ def test_capture_and_replays_never_synchronize():
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            _step(module, batch, "pooling_weights")
+            train_step(module, batch, "pooling_weights")
         finally:
             torch.cuda.set_sync_debug_mode("default")
     assert module._graphs.captures == 1 and module._graphs.replays == 4

@@ -32,7 +32,7 @@
 # tests/twin, tests/checkpoint, tests/storage, tests/replication, tests/admission), the main
 # job (examples/train_dlrm.py --device cuda --steps 500).
 # Writes multigpu_*.txt to $OUT and prints a summary (also $OUT/multigpu.txt).
-# Timeouts in seconds: MG_BENCH_TIMEOUT (90), MG_TESTS_TIMEOUT (300),
+# Timeouts in seconds: MG_BENCH_TIMEOUT (180), MG_TESTS_TIMEOUT (300),
 # MG_TRAIN_TIMEOUT (60), MG_BUILD_TIMEOUT (300); MG_BENCH_ARGS replaces the
 # benchmark's step counts.
 #
@@ -115,10 +115,10 @@ multigpu_part() {
   # 1. Benchmark: sharded EmbeddingCollection, dynamicemb against TorchRec.
   t0=$(date +%s)
   # shellcheck disable=SC2086
-  timeout -k 10 "${MG_BENCH_TIMEOUT:-90}" "$PY" tools/bench/sharded_ec_bench.py --device cuda \
+  timeout -k 10 "${MG_BENCH_TIMEOUT:-180}" "$PY" tools/bench/sharded_ec_bench.py --device cuda \
     ${MG_BENCH_ARGS:---warmup 3 --steps 10} > "$OUT/multigpu_bench.txt" 2>&1
   rc=$?
-  echo "benchmark: $(status_word $rc "${MG_BENCH_TIMEOUT:-90}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+  echo "benchmark: $(status_word $rc "${MG_BENCH_TIMEOUT:-180}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
   grep -E '^(torchrec|dynamicemb):|^\||^`' "$OUT/multigpu_bench.txt" | tee -a "$sum"
   [ $rc -ne 0 ] && grep -v "registered at\|backend fallback" "$OUT/multigpu_bench.txt" | tail -15
   # 2. The distributed tests on NCCL (one pytest worker per test file when
