@@ -596,10 +596,12 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         """The addresses of the state tensors a training lookup touches (the
         storage's and the module's counters), or None when the lookup may
         not be captured in a CUDA graph: outside training, with admission, a
-        storage whose ``train_rows`` synchronizes, or failures read on the
-        host (``safe_check_mode``)."""
+        storage whose ``train_rows`` synchronizes, failures read on the host
+        (``safe_check_mode``), or ``DYNAMICEMB_DEBUG`` checks."""
         padded = self.storage.takes_padded_batches and self.admitter is None
         if not (self.training and padded):
+            return None
+        if os.environ.get("DYNAMICEMB_DEBUG"):  # the unique's offsets checked on the host
             return None
         if self.table_options[0].safe_check_mode != DynamicEmbCheckMode.IGNORE:
             return None

@@ -17,8 +17,9 @@ What makes a replay equal to the eager lookup, and when none is made:
   CUDA module in training, without admission, whose storage's
   ``train_rows`` neither synchronizes nor changes its layout
   (``TableStorage.graph_state``: evicting tables at their capacity, no
-  victim scorer, no evicted keys kept) and whose failures are not read
-  (``safe_check_mode`` IGNORE). It gives the addresses of every state tensor
+  victim scorer, no evicted keys kept), whose failures are not read
+  (``safe_check_mode`` IGNORE) and whose unique is not checked on the host
+  (``DYNAMICEMB_DEBUG``). It gives the addresses of every state tensor
   the lookup touches: a graph is replayed only while they are unchanged (an
   expansion, a relayout, a restore or a load rebuilds tensors: the graph is
   captured again).

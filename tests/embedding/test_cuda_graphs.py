@@ -193,6 +193,12 @@ def test_graph_state_is_none_for_steps_that_synchronize(kw):
     assert _storage_state(**kw)._graph_state() is None
 
 
+def test_graph_state_is_none_under_debug_checks(monkeypatch):
+    m = _storage_state()
+    monkeypatch.setenv("DYNAMICEMB_DEBUG", "1")  # segmented_unique reads its offsets
+    assert m._graph_state() is None
+
+
 def test_graph_state_changes_when_the_tables_are_rebuilt():
     m = _storage_state()
     before = m._graph_state()
