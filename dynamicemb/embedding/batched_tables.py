@@ -73,6 +73,12 @@ def _default_optimizer():
 
 
 def _warn_state_dict_without_rows(module, state_dict, prefix, local_metadata) -> None:
+    warn_state_dict_without_rows()
+
+
+def warn_state_dict_without_rows() -> None:
+    """Warns, once per process, that a state dict lacks the dynamic tables'
+    rows (this module's state dict hook; the sharded collections' state_dict)."""
     warn_once(
         "state_dict_without_rows",
         "state_dict() does not hold the rows of dynamic embedding tables (they live in "

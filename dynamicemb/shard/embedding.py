@@ -24,6 +24,7 @@ from torchrec.distributed.embeddingbag import (
 from torchrec.distributed.types import ParameterSharding, ShardingEnv, ShardingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from ..embedding.batched_tables import warn_state_dict_without_rows
 from ..planner.parameter_sharding import initializer_table_ids, is_dynamicemb_sharding
 from .input_dist import dedup_kjt
 from .sharding import (
@@ -137,6 +138,13 @@ class _DynamicTablesMixin:
             super().reset_parameters()
         finally:
             setattr(self, self._CONFIGS_ATTR, configs)
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        # TorchRec's state dict of the collection has its own tables only.
+        out = super().state_dict(*args, **kwargs)
+        if _dynamic_table_names(self.module_sharding_plan):
+            warn_state_dict_without_rows()
+        return out
 
     @staticmethod
     def _pre_load_state_dict_hook(
