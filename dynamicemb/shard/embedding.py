@@ -165,7 +165,7 @@ class _DynamicTablesMixin:
 class ShardedDynamicEmbeddingCollection(_DynamicTablesMixin, ShardedEmbeddingCollection):
     """TorchRec's ``ShardedEmbeddingCollection`` with dynamic tables.
 
-    Dynamic tables are looked up by ``DynamicEmbeddingKernel``s behind their
+    Dynamic tables are looked up by ``DynamicEmbeddingKernel`` modules behind their
     own row-wise input dist; with ``use_index_dedup`` every sharding's keys
     are deduplicated per feature before the all-to-all (for dynamic tables the
     occurrence counts travel as frequency counters, so LFU scores count the
