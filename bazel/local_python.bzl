@@ -28,8 +28,10 @@ server probes again.
 _PYTHON_ENV = "PYTHON_BIN_PATH"
 
 def _main_workspace_dir(rctx):
-    """The directory of the workspace Bazel was started in, or None if it cannot
-    be told without a root BUILD file (Bazel 4 only)."""
+    """The directory of the workspace Bazel was started in, or None.
+
+    None when it cannot be told without a root BUILD file (Bazel 4 only).
+    """
     if hasattr(rctx, "workspace_root"):  # Bazel >= 6
         return rctx.workspace_root
 
@@ -59,8 +61,10 @@ def _workspace_from_pwd(rctx):
     return None
 
 def _names_output_base(rctx, workspace):
-    """Whether the output base is the default one of `workspace` (its name the MD5
-    of the workspace's path)."""
+    """Whether the output base is the default one of `workspace`.
+
+    Bazel names a default output base after the MD5 of the workspace's path.
+    """
     res = rctx.execute(["sh", "-c", 'printf %s "$1" | md5sum', "sh", str(workspace)], quiet = True)
     output_base = rctx.path(".").dirname.dirname  # <output_base>/external/<this repository>
     return res.return_code == 0 and res.stdout.split(" ")[0] == output_base.basename
