@@ -10,23 +10,22 @@ with DynamicEmbDump, changed, and loaded back with DynamicEmbLoad.
     python examples/quickstart.py            # on the GPU when there is one
 
 Needs torch, torchrec and FBGEMM (on a CPU machine the wheel's extra
-``torchrec-cpu``; docs/building.md, "Extras"). Prints one line per step and
-``quickstart: OK`` at the end; exits non-zero if the loss did not fall or the
-loaded rows differ from the dumped ones.
+``torchrec-cpu``; docs/building.md, "Extras"), and dist_launch.py next to it.
+Prints one line per step and ``quickstart: OK`` at the end; exits non-zero if
+the loss did not fall or the loaded rows differ from the dumped ones.
 """
 
 import os
 import sys
 import tempfile
 
+import dist_launch  # examples/dist_launch.py, next to this script
 import torch
 import torch.distributed as dist
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
-from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import Topology
 from torchrec.distributed.planner.types import ParameterConstraints
-from torchrec.distributed.types import ShardingEnv
 
 from dynamicemb import (
     DynamicEmbDump,
@@ -76,14 +75,10 @@ def build(device: torch.device):
         batch_size=BATCH,
         debug=False,
     )
-    plan = planner.collective_plan(ebc, [sharder], dist.group.WORLD)
-    return DistributedModelParallel(
-        ebc,
-        env=ShardingEnv.from_process_group(dist.group.WORLD),
-        device=device,
-        plan=plan,
-        sharders=[sharder],
-    )
+    # The plan, then DistributedModelParallel with the sharder (dist_launch.py, next to
+    # this file, shows the two calls).
+    model, _ = dist_launch.plan_and_shard(ebc, planner, sharder, device)
+    return model
 
 
 def batch(device: torch.device, step: int) -> KeyedJaggedTensor:

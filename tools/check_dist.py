@@ -307,7 +307,8 @@ def fresh_venv():
             if _run(step, "installing into the fresh venv").returncode:
                 return 1
         script = os.path.join(tmp, "quickstart.py")
-        shutil.copy(os.path.join(ROOT, "examples", "quickstart.py"), script)
+        for name in ("quickstart.py", "dist_launch.py"):  # the example and its helper
+            shutil.copy(os.path.join(ROOT, "examples", name), os.path.join(tmp, name))
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         ran = _run([pip[0], script], "examples/quickstart.py in the fresh venv", cwd=tmp, env=env)
         if ran.returncode or not ran.stdout.strip().endswith("quickstart: OK"):
