@@ -31,8 +31,8 @@ machine.
 With --fresh-venv, builds the sdist and from it the wheel (this compiles the
 extension: a few minutes), checks the wheel as --wheel does, creates a new venv,
 installs this torch release and the wheel with the extras of this machine
-(torchrec-cpu, numba and opentelemetry on a CPU torch, then torchrec itself with
---no-deps, as docs/building.md says; torchrec-cuda etc. on a CUDA torch), and runs
+(torchrec-cpu and opentelemetry on a CPU torch, then torchrec itself with --no-deps,
+as docs/building.md says; torchrec-cuda and opentelemetry on a CUDA torch), and runs
 examples/quickstart.py there, outside the checkout. tools/test.sh runs it too.
 """
 
