@@ -27,9 +27,8 @@ def test_the_wheel_reads_the_packages_version():
 
 
 def test_module_bazel_changelog_and_docs_carry_the_same_version():
-    module = re.search(
-        r'module\(\s*name = "dynamicemb",\s*version = "([^"]+)"', _read("MODULE.bazel")
-    )
+    call = re.search(r"^module\((.*?)^\)", _read("MODULE.bazel"), re.M | re.S)
+    module = call and re.search(r'^\s*version = "([^"]+)"', call.group(1), re.M)
     assert module and module.group(1) == dynamicemb.__version__
     headings = re.findall(r"^## (\d+\.\d+\.\d+)\b", _read("CHANGELOG.md"), re.M)
     assert headings and headings[0] == dynamicemb.__version__, headings
