@@ -19,6 +19,7 @@ import torch
 from torch.profiler import record_function
 
 from dynamicemb._checks import as_int, as_tensor
+from dynamicemb._warnings import warn_once
 from dynamicemb.dynamicemb_config import (
     OPTIMIZER_STATE_DTYPE,
     DynamicEmbCheckMode,
@@ -54,6 +55,59 @@ def _fill_refs(n: int, device: torch.device) -> torch.Tensor:
     """The rows values that read fill rows 0 .. n-1 (-2 - i: fill_row_ref of
     cc/embedding/pooling.h)."""
     return -2 - torch.arange(n, device=device)
+
+
+def _default_optimizer():
+    """FBGEMM's EmbOptimType.EXACT_SGD, the default ``optimizer``; an
+    ImportError that says what to install when FBGEMM cannot be imported."""
+    try:
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    except (ImportError, OSError) as e:
+        raise ImportError(
+            "BatchedDynamicEmbeddingTablesV2: the default optimizer is FBGEMM's "
+            f"EmbOptimType.EXACT_SGD, and fbgemm_gpu does not import ({e}). Install "
+            "fbgemm-gpu-cpu with a CPU torch or fbgemm-gpu with a CUDA torch (the extras "
+            "dynamicemb[fbgemm-cpu] / dynamicemb[fbgemm-cuda]), or pass an optimizer that "
+            "needs no FBGEMM (optimizer=DynamicEmbOptimType.FTRL)."
+        ) from e
+    return EmbOptimType.EXACT_SGD
+
+
+def _warn_state_dict_without_rows(module, state_dict, prefix, local_metadata) -> None:
+    warn_state_dict_without_rows()
+
+
+def warn_state_dict_without_rows() -> None:
+    """Warns, once per process, that a state dict lacks the dynamic tables'
+    rows (this module's state dict hook; the sharded collections' state_dict)."""
+    warn_once(
+        "state_dict_without_rows",
+        "state_dict() does not hold the rows of dynamic embedding tables (they live in "
+        "hash tables, not in dense weights): torch.save(model.state_dict()) or a "
+        "torch.distributed.checkpoint save of it alone loses them. Save and load them with "
+        "dynamicemb.DynamicEmbDump / DynamicEmbLoad, or with torch.distributed.checkpoint "
+        "through dynamicemb.checkpoint.DynamicEmbStateful(model) next to the state dict "
+        "(docs/checkpoint.md). Shown once.",
+    )
+
+
+def _warn_if_host_only(options: Sequence[DynamicEmbTableOptions], device: torch.device) -> None:
+    """On a GPU, a table of one hybrid table whose device budget is zero
+    keeps every row in host memory: allowed, but worth saying once."""
+    if device.type != "cuda" or options[0].caching or options[0].external_storage is not None:
+        return
+    host_only = [t for t, o in enumerate(options) if o.local_hbm_for_values == 0]
+    if host_only:
+        warn_once(
+            "host_only_rows",
+            f"dynamic tables {host_only} of a module on {device} keep all their rows in host "
+            "memory: their local_hbm_for_values is 0 (the sharding planner sets it to "
+            "ceil(global_hbm_for_values / world_size), and global_hbm_for_values defaults "
+            "to 0). Give DynamicEmbTableOptions.global_hbm_for_values a device budget, e.g. "
+            "get_table_value_bytes(...) for all rows on the device (docs/storage.md). "
+            "Shown once.",
+            stacklevel=3,
+        )
 
 
 class _Pool(torch.autograd.Function):
@@ -210,9 +264,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if self.pooling_mode == DynamicEmbPoolingMode.NONE and len(set(self.dims)) != 1:
             raise ValueError(f"pooling NONE needs one dim for all tables, got {self.dims}")
         if optimizer is None:
-            from fbgemm_gpu.split_embedding_configs import EmbOptimType
-
-            optimizer = EmbOptimType.EXACT_SGD
+            optimizer = _default_optimizer()
         self.optimizer = RowOptimizer(optimizer, **optimizer_args)
         self.max_dim = max(self.dims)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
@@ -245,6 +297,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.storage: TableStorage = create_storage(
             self.table_options, self.layout, self.device, scorer_factory
         )
+        _warn_if_host_only(self.table_options, self.device)
+        # A state dict has no place for hash-table rows: say so, once.
+        self._register_state_dict_hook(_warn_state_dict_without_rows)
         self.seed = seed
         if initializer_table_ids is None:
             initializer_table_ids = range(n)
