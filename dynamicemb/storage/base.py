@@ -109,6 +109,15 @@ class TableStorage(abc.ABC):
     # the module need not read the number of distinct keys on the host.
     takes_padded_prefetch: bool = False
 
+    def graph_state(self) -> tuple | None:
+        """What a CUDA graph of a padded training batch's ``train_rows``
+        would capture of this storage (the addresses of its state tensors and
+        the sizes its kernels take), or None when its ``train_rows``
+        synchronizes or changes its layout (a graph replays only an
+        unchanged state: see docs/architecture.md, "A training step that
+        never waits for the device")."""
+        return None
+
     # ------------------------------------------------------------ lookups --
 
     @abc.abstractmethod

@@ -75,6 +75,14 @@ class HybridStorage(HashTableStorage):
         zero = torch.zeros((), dtype=torch.int64, device=self.device)
         self.host_reads, self.host_writes, self.promotions = zero, zero.clone(), zero.clone()
 
+    def graph_state(self) -> tuple | None:
+        """A split table's training lookup reads a count on the host and
+        keeps a batch staged: no CUDA graph of it. With every row in one tier
+        it is the ``HashTableStorage``'s."""
+        if self.placement.remap is not None:
+            return None
+        return super().graph_state()
+
     def space(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._kernel_space is not None:
             return self._kernel_space
