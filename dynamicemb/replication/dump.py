@@ -7,12 +7,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dynamicemb.checkpoint.comm import Group
-from dynamicemb.checkpoint.dump import chunk_rows
-from dynamicemb.checkpoint.model import select
+from dynamicemb.io import Group
+from dynamicemb.io.files import chunk_rows
 from dynamicemb.replication.delta import DeltaDumpResult, DeltaError, delta_checksum
 from dynamicemb.replication.scores import delta_scores
-from dynamicemb.replication.tables import TableRef, check_routable, model_tables, resolve
+from dynamicemb.replication.tables import check_routable
+from dynamicemb.shard.tables import TableRef, model_tables, resolve, select
 from dynamicemb.types import EvictedItemMode
 
 __all__ = ["erase_keys", "incremental_dump", "pop_erased_keys", "pop_evicted_keys"]
@@ -29,24 +29,24 @@ def _gather_keys(keys: torch.Tensor, group: Group | None) -> torch.Tensor:
     return torch.unique(torch.cat(group.all_gather_object(keys.cpu())))
 
 
-def _pop_evicted(m, tables: list[int]) -> list[torch.Tensor | None]:
-    """The module's evicted keys of ``tables`` (popped), None for a table
-    whose ``evicted_item_mode`` is DISCARD (and those not in ``tables``)."""
-    popped = m.pop_evicted_keys(tables)
+def _pop_evicted(rows, tables: list[int]) -> list[torch.Tensor | None]:
+    """The evicted keys of ``tables`` (popped), None for a table whose
+    ``evicted_item_mode`` is DISCARD (and those not in ``tables``)."""
+    popped = rows.pop_evicted_keys(tables)
     return [
         popped[t] if t in tables and o.evicted_item_mode == EvictedItemMode.RETAIN_KEY else None
-        for t, o in enumerate(m.table_options)
+        for t, o in enumerate(rows.options)
     ]
 
 
 def _local_entry(ref: TableRef, threshold: int) -> dict[str, Any]:
     """One table's rows past ``threshold`` on this rank, on the host, and
     the removed keys it recorded (drained)."""
-    m, t = ref.module, ref.index
+    m, t = ref.rows, ref.index
     current = m.current_score(t)
     layout = m.layout_of(t)
     sd = m.state_dim(t)
-    row_bytes = 8 * (2 + layout["num_scores"]) + m.dims[t] * m.value_dtype.itemsize + 4 * sd
+    row_bytes = m.export_row_bytes(t, slots=True)
     # Chunks bound the rows gathered at once; a threshold selects few of a
     # chunk's slots, so it scans larger ones (one count read per chunk).
     chunk = max(chunk_rows(row_bytes), DUMP_SCAN_SLOTS)
@@ -72,7 +72,7 @@ def _local_entry(ref: TableRef, threshold: int) -> dict[str, Any]:
             current_score=current,
             slot_index=torch.cat([p.slots for p in parts]).cpu(),
             world_size=ref.sharding_world_size or 1,
-            table_options=m.table_options[t],
+            table_options=m.options[t],
         ),
     }
 
@@ -152,7 +152,7 @@ def incremental_dump(
                 )
     for ref, _ in chosen:
         check_routable(ref, "incremental_dump")
-        ref.module.storage.hash_tier(writing=False)  # raises for an external storage
+        ref.rows.hash_tier("incremental_dump")  # raises for an external storage
     group = Group(pg) if pg is not None else None
     entries = []
     for ref, threshold in chosen:
@@ -172,13 +172,13 @@ def incremental_dump(
     for (ref, entry), seq in zip(entries, sequences):
         entry["meta"]["sequence"] = seq
         entry["meta"]["checksum"] = delta_checksum(entry)
-        ref.module.delta_sequence[ref.index] = seq
+        ref.rows.delta_sequence[ref.index] = seq
         out.setdefault(ref.collection, DeltaDumpResult()).append(entry)
     return out
 
 
 def _next_sequence(ref: TableRef) -> int:
-    return (ref.module.delta_sequence[ref.index] or 0) + 1
+    return (ref.rows.delta_sequence[ref.index] or 0) + 1
 
 
 def _selected(model, table_names, what: str) -> list[TableRef]:
@@ -196,10 +196,10 @@ def _pop(model, table_names, pg, what: str, evicted: bool) -> dict[str, dict[str
     group = Group(pg) if pg is not None else None
     by_module: dict[int, list[TableRef]] = {}
     for ref in refs:
-        by_module.setdefault(id(ref.module), []).append(ref)
+        by_module.setdefault(id(ref.rows), []).append(ref)
     out: dict[str, dict[str, torch.Tensor]] = {}
     for chosen in by_module.values():
-        m = chosen[0].module
+        m = chosen[0].rows
         idx = [r.index for r in chosen]
         popped = _pop_evicted(m, idx) if evicted else m.pop_erased(idx)
         for ref in chosen:
@@ -289,6 +289,6 @@ def erase_keys(
             )
     out: dict[str, dict[str, int]] = {}
     for ref, k in chosen:
-        removed = ref.module.erase_rows(ref.index, k, record=mode == EvictedItemMode.RETAIN_KEY)
+        removed = ref.rows.erase_rows(ref.index, k, record=mode == EvictedItemMode.RETAIN_KEY)
         out.setdefault(ref.collection, {})[ref.name] = int(removed.sum())
     return out

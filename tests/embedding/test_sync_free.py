@@ -210,7 +210,7 @@ def test_training_step_reads_nothing_from_the_device(optimizer, pooling, dims, m
         with forbid_host_syncs(allow={CPU_ONLY_READ}):
             _step(module, batch, extra)
     assert int(module.insert_failures) == 0
-    assert int(module.table.size().sum()) > 0
+    assert int(module.rows.hash_table.size().sum()) > 0
 
 
 def test_the_proxy_catches_a_read(monkeypatch):

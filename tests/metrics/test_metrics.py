@@ -117,7 +117,7 @@ def test_figures_equal_the_tables(reader):
         "dynamicemb.cache.hits",
         "dynamicemb.cache.misses",
     }
-    counters = module.table.counters
+    counters = module.rows.hash_table.counters
     lookups = [sum(x) for x in zip(*[_distinct_per_table(k, o) for k, o in batches])]
     # Every tensor the module's storage holds (the hash table's state and the
     # rows; all host memory on the CPU).
@@ -126,12 +126,12 @@ def test_figures_equal_the_tables(reader):
         sum(
             x.nbytes
             for x in (
-                module.table.keys,
-                module.table.digests,
-                module.table.scores,
-                module.table.info,
-                module.table.counters,
-                module.table.free_rows,
+                module.rows.hash_table.keys,
+                module.rows.hash_table.digests,
+                module.rows.hash_table.scores,
+                module.rows.hash_table.info,
+                module.rows.hash_table.counters,
+                module.rows.hash_table.free_rows,
             )
         )
         + rows.seg0.nbytes
@@ -146,11 +146,11 @@ def test_figures_equal_the_tables(reader):
         assert got["dynamicemb.table.lookups"][_key(name)] == lookups[t]
         inserts = got["dynamicemb.table.inserts"][_key(name)]
         evictions = got["dynamicemb.table.evictions"][_key(name)]
-        assert inserts == int(module.table.counter("INSERTS")[t])
-        assert evictions == int(module.table.counter("EVICTIONS")[t])
+        assert inserts == int(module.rows.hash_table.counter("INSERTS")[t])
+        assert evictions == int(module.rows.hash_table.counter("EVICTIONS")[t])
         assert inserts - evictions == size
         assert got["dynamicemb.table.insert_failures"][_key(name)] == int(
-            module.table.counter("INSERT_FAILURES")[t]
+            module.rows.hash_table.counter("INSERT_FAILURES")[t]
         )
         # The vocabulary is far larger than the tables: they fill and evict.
         assert size == 256 and evictions > 0
@@ -287,17 +287,17 @@ def test_counters_stay_monotonic_while_tables_grow(reader, options):
 
     # Every table operation, the rebuild's re-insert included, is followed by
     # a collection, as a scrape on another thread could be.
-    run = module.table._run
+    run = module.rows.hash_table._run
 
     def run_and_read(*args, **kwargs):
         out = run(*args, **kwargs)
         read()
         return out
 
-    module.table._run = run_and_read
+    module.rows.hash_table._run = run_and_read
     _train(module, _batches(6, vocab=5000))
     read()
-    assert module.table.capacity(0) > 2 * (options["init"])  # the tables grew
+    assert module.rows.hash_table.capacity(0) > 2 * (options["init"])  # the tables grew
     assert len(readings) > 8
     for key in readings[-1]:
         for col in ("INSERTS", "EVICTIONS", "INSERT_FAILURES"):
@@ -307,7 +307,7 @@ def test_counters_stay_monotonic_while_tables_grow(reader, options):
         assert lookups == sorted(lookups)
         assert all(r[key].counters["SIZE"] <= r[key].limit for r in readings)
     if "max_load_factor" in options:
-        assert int(module.table.counter("EVICTIONS").sum()) > 0
+        assert int(module.rows.hash_table.counter("EVICTIONS").sum()) > 0
 
 
 def _scrape(port):
@@ -344,12 +344,12 @@ def test_prometheus_endpoint():
     for t in range(TABLES):
         name = f"table_{t}"
         assert value("dynamicemb_table_evictions_total", name) == int(
-            module.table.counter("EVICTIONS")[t]
+            module.rows.hash_table.counter("EVICTIONS")[t]
         )
         assert value("dynamicemb_table_inserts_total", name) == int(
-            module.table.counter("INSERTS")[t]
+            module.rows.hash_table.counter("INSERTS")[t]
         )
-        assert value("dynamicemb_table_usage", name) == int(module.table.size()[t])
+        assert value("dynamicemb_table_usage", name) == int(module.rows.hash_table.size()[t])
 
 
 def test_serve_prometheus_global_once():
