@@ -38,7 +38,7 @@ from dynamicemb.storage import (
     TableStorage,
     create_storage,
 )
-from dynamicemb.table._native import constants, ops
+from dynamicemb.table import first_valid_key, ops, reserved_key_error
 from dynamicemb.types import MemoryType, MultiTableAdmitter
 
 S = DynamicEmbScoreStrategy
@@ -633,7 +633,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         """The value checks, each a count of bad entries, read in one
         synchronization; raises naming the first bad argument."""
         n = indices.numel()
-        first_valid = int(constants()["FIRST_VALID_KEY"])
+        first_valid = first_valid_key()
         steps = offsets[1:] - offsets[:-1]
         checks = {
             "offsets_start": offsets[:1] != 0,
@@ -668,10 +668,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             )
         if bad["indices"]:
             i = int(checks["indices"].nonzero()[0, 0])
-            raise ValueError(
-                f"indices: key {int(indices[i])} at index {i} is reserved (keys below "
-                f"{constants()['FIRST_VALID_KEY']} mark slot states)"
-            )
+            raise reserved_key_error("indices", int(indices[i]), i)
         if bad.get("frequency_counters"):
             i = int(checks["frequency_counters"].nonzero()[0, 0])
             raise ValueError(

@@ -180,16 +180,10 @@ class TableRows:
         at a time. Reads each chunk's count (synchronizes)."""
         return self.storage.export_rows(table, chunk)
 
-    def import_rows(
-        self,
-        table: int,
-        keys: torch.Tensor,
-        scores: torch.Tensor | None,
-        embeddings: torch.Tensor,
-        optimizer_state: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """Stores keys with their rows in ``table`` (``optimizer_state`` None
-        gives the optimizer's initial state); a key whose home bucket is full
+    def import_rows(self, table: int, keys, scores, embeddings, optimizer_state) -> torch.Tensor:
+        """Stores keys with their rows in ``table``: as ``ExportedRows`` hold
+        them (``scores`` None under NO_EVICTION; ``optimizer_state`` None
+        gives the optimizer's initial state). A key whose home bucket is full
         fails, and is not counted as a training insert failure. Returns (n)
         bool, the keys stored."""
         table_ = self._last_table()
@@ -397,14 +391,7 @@ class TableRows:
             checked,
         )
 
-    def upsert_rows(
-        self,
-        table: int,
-        keys: torch.Tensor,
-        words: torch.Tensor | None,
-        embeddings: torch.Tensor,
-        optimizer_state: torch.Tensor | None,
-    ):
+    def upsert_rows(self, table: int, keys, words, embeddings, optimizer_state):
         """Writes keys with their rows into ``table`` by this module's own
         layout: a key held is updated in place, a new one is inserted
         (growing a table that can grow, evicting the minimum of a full bucket

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from .._checks import is_int
 from ..dynamicemb_config import (
     DynamicEmbTableOptions,
     _sharded_table_bucket_layout,
@@ -84,7 +85,7 @@ def prepare_table_options(
             f"table {table!r}: dynamicemb_options must be a DynamicEmbTableOptions, got {options!r}"
         )
     dim = getattr(embedding_config, "embedding_dim", None)
-    if not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0:
+    if not is_int(dim) or dim <= 0:
         raise ValueError(
             f"table {table!r}: embedding_config.embedding_dim must be a positive int, got {dim!r}"
         )

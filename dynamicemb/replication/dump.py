@@ -7,12 +7,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dynamicemb._checks import is_int
 from dynamicemb.io import Group
 from dynamicemb.io.files import chunk_rows
 from dynamicemb.replication.delta import DeltaDumpResult, DeltaError, delta_checksum
 from dynamicemb.replication.scores import delta_scores
 from dynamicemb.replication.tables import check_routable
 from dynamicemb.shard.tables import TableRef, model_tables, resolve, select
+from dynamicemb.table import check_keys
 from dynamicemb.types import EvictedItemMode
 
 __all__ = ["erase_keys", "incremental_dump", "pop_erased_keys", "pop_evicted_keys"]
@@ -133,7 +135,7 @@ def incremental_dump(
         Nothing is dumped or drained when one of these is raised.
     """
     tables = model_tables(model)
-    if isinstance(score_threshold, bool) or not isinstance(score_threshold, (int, dict)):
+    if not (is_int(score_threshold) or isinstance(score_threshold, dict)):
         raise ValueError(
             "incremental_dump: score_threshold must be an int or a dict of collection -> "
             f"{{table name: int}}, got {score_threshold!r}"
@@ -141,12 +143,12 @@ def incremental_dump(
     if not tables:
         warnings.warn("incremental_dump: the model has no dynamic embedding tables", stacklevel=2)
         return {}
-    if isinstance(score_threshold, int):
+    if is_int(score_threshold):
         chosen = [(ref, score_threshold) for refs in tables.values() for ref in refs.values()]
     else:
         chosen = resolve(tables, score_threshold, "incremental_dump")
         for ref, value in chosen:
-            if isinstance(value, bool) or not isinstance(value, int):
+            if not is_int(value):
                 raise ValueError(
                     f"incremental_dump: the threshold of {ref.label} must be an int, got {value!r}"
                 )
@@ -279,14 +281,7 @@ def erase_keys(
                 f"erase_keys: the keys of {ref.label} must be a 1-D int64 tensor, got "
                 f"{getattr(k, 'dtype', type(k).__name__)} {tuple(getattr(k, 'shape', ()))}"
             )
-        from dynamicemb.table._native import constants
-
-        first = int(constants()["FIRST_VALID_KEY"])
-        if k.numel() and int(k.min()) < first:
-            raise ValueError(
-                f"erase_keys: key {int(k.min())} of {ref.label} is reserved (keys below {first} "
-                "mark slot states)"
-            )
+        check_keys(k, f"erase_keys: {ref.label}")
     out: dict[str, dict[str, int]] = {}
     for ref, k in chosen:
         removed = ref.rows.erase_rows(ref.index, k, record=mode == EvictedItemMode.RETAIN_KEY)

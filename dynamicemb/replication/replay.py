@@ -32,12 +32,13 @@ from typing import Any
 
 import torch
 
+from dynamicemb._checks import is_int
 from dynamicemb.dynamicemb_config import ReplayContent
 from dynamicemb.replication.delta import DeltaDumpResult, DeltaError, delta_checksum
 from dynamicemb.replication.scores import table_scores
 from dynamicemb.replication.tables import check_routable, owned
 from dynamicemb.shard.tables import TableRef, collection_key, model_tables
-from dynamicemb.table import enums
+from dynamicemb.table import check_keys, enums
 from dynamicemb.types import ReplayStats
 
 __all__ = ["layout_mismatch", "replay_by_key", "replay_increment"]
@@ -100,7 +101,7 @@ def _check_entry(ref: TableRef, entry: dict[str, Any], content: ReplayContent, b
     if not isinstance(meta, dict):
         raise _fail(ref, "the delta has no meta dict")
     for field in ("sequence", "checksum", "num_scores"):
-        if isinstance(meta.get(field), bool) or not isinstance(meta.get(field), int):
+        if not is_int(meta.get(field)):
             raise _fail(ref, f"the delta's meta has no int {field!r}")
     if meta.get("table_options") is None:
         raise _fail(ref, "the delta's meta has no table_options")
@@ -190,11 +191,7 @@ def _check_entry(ref: TableRef, entry: dict[str, Any], content: ReplayContent, b
             if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= cap):
                 raise _fail(ref, f"the delta's rows are not all in [0, {cap})")
     else:
-        from dynamicemb.table._native import constants
-
-        first = int(constants()["FIRST_VALID_KEY"])
-        if n and int(keys.min()) < first:
-            raise _fail(ref, f"the delta holds the reserved key {int(keys.min())}")
+        check_keys(keys, f"replay: {ref.label}: the delta's keys")
         if torch.unique(keys).numel() != n:
             raise _fail(ref, "the delta holds a key twice")
     return seq

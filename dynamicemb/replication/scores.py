@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from dynamicemb._checks import is_int
 from dynamicemb.dynamicemb_config import DynamicEmbScoreStrategy as S
 from dynamicemb.embedding.table_rows import TableRows
 from dynamicemb.shard.tables import TableRef, model_tables, resolve
@@ -78,7 +79,7 @@ def get_score(model: torch.nn.Module) -> dict[str, dict[str, int]] | None:
 
 
 def _check_score(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise ValueError(f"set_score: {where} must be an int, got {value!r}")
     return value
 

@@ -31,8 +31,8 @@ def _case(caching: bool) -> c.Case:
 
 def _external_world(rank, world, root, caching):
     from dynamicemb.checkpoint import dump, load
-    from dynamicemb.incremental_dump import get_score, incremental_dump
     from dynamicemb.metrics import instrument
+    from dynamicemb.replication import get_score, incremental_dump
 
     case = _case(caching)
     model = c.build(case, world)

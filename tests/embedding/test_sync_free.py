@@ -20,7 +20,7 @@ from dynamicemb.embedding.optimizer import RowOptimizer
 from dynamicemb.embedding.unique import PAD_KEY
 from dynamicemb.storage import RowLayout
 from dynamicemb.storage import space as sp
-from dynamicemb.storage.hash_storage import rows_buffer
+from dynamicemb.storage.rows import rows_buffer
 from tests.devices import DEVICES
 from tests.embedding.sync_guard import HostSync, forbid_host_syncs
 from tests.embedding.tbe_batches import random_batches, unchecked_module
