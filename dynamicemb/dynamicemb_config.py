@@ -249,7 +249,9 @@ class DynamicEmbTableOptions:
             state and the arithmetic stay float32 (``value_row_bytes``). Also
             the precision a checkpoint stores.
         dim (Optional[int]): embedding width; the planner sets it from
-            ``BaseEmbeddingConfig.embedding_dim``.
+            ``BaseEmbeddingConfig.embedding_dim``, the embedding kernel from
+            the sharded ``local_cols``. A value given that differs only
+            warns, and the table is built with the columns.
         max_capacity (Optional[int]): most rows of this table on one rank; the
             planner sets it to ``get_sharded_table_capacity(...)``.
         evict_strategy (DynamicEmbEvictStrategy): eviction policy. Defaults to
