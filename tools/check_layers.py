@@ -52,6 +52,7 @@ TOP_LEVEL = {
     "types": "core",
     "_checks": "core",
     "_enums": "core",
+    "_warnings": "core",
 }
 ROWS_ONLY = {"checkpoint", "replication"}
 TRAINING_MODULE = "BatchedDynamicEmbeddingTablesV2"

@@ -67,7 +67,7 @@ def counter_layout(counter: KVCounter) -> tuple[int, int]:
 
 
 class MultiTableKVCounter(Counter):
-    """The fused counter of several tables, built from their ``KVCounter``s.
+    """The fused counter of several tables, built from their ``KVCounter`` objects.
 
     Table ``t`` of the counter has ``kv_counters[t].capacity`` slots (rounded
     up to whole buckets) in buckets of ``kv_counters[t].bucket_capacity``, or
@@ -380,7 +380,7 @@ def replace_counter_entries(
     counter: Counter, table_id: int, keys: torch.Tensor, counts: torch.Tensor
 ) -> None:
     """Makes ``keys`` with ``counts`` one table's only entries: erases the
-    keys it counts (``erase``), then ``load``s these."""
+    keys it counts (``erase``), then loads these (``load``)."""
     old, _ = counter_entries(counter, table_id)
     if old.numel():
         counter.erase(old, torch.full_like(old, table_id))

@@ -156,12 +156,16 @@ class MetricsRegistry:
                 counts.append([flat[i * width : (i + 1) * width] for i in range(n)])
                 del flat[: n * width]
             memory = {mt: rows.memory_per_table(mt) for mt in MemoryType}
+            # A cache holds rows its backing table does not (yet): count every tier.
+            held = rows.sizes() if rows.storage.has_cache else None
             for t, attrs in enumerate(source.attributes):
+                counters = {c: counts[0][t][int(enums.CounterCol[c])] for c in cols}
                 readings.append(
                     TableReading(
                         attributes=attrs,
-                        counters={c: counts[0][t][int(enums.CounterCol[c])] for c in cols},
+                        counters=counters,
                         stats={c: counts[1][t][int(c)] for c in StatCol if c in rows.stats.fed},
+                        held=counters["SIZE"] if held is None else held[t],
                         capacity=rows.capacity(t),
                         limit=rows.limit(t),
                         memory={mt: memory[mt][t] for mt in MemoryType},
