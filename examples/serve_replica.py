@@ -178,7 +178,7 @@ def _compare_with_final(model, folder: str, device: torch.device) -> int:
     """Loads the job's final checkpoint into a second replica and looks up
     every key it holds in both."""
     from dynamicemb.checkpoint import load
-    from dynamicemb.replication.tables import model_tables
+    from dynamicemb.shard.tables import model_tables
 
     reference = build(1, device, FOLLOWER_ROWS, training=False)
     load(os.path.join(folder, "final"), reference, show_progress=False)
@@ -186,12 +186,12 @@ def _compare_with_final(model, folder: str, device: torch.device) -> int:
     worst, total = 0.0, 0
     for coll, refs in model_tables(reference).items():
         for name, ref in refs.items():
-            keys = torch.cat([p.keys for p in ref.module.export_rows(ref.index, 1 << 16)]).cpu()
+            keys = torch.cat([p.keys for p in ref.rows.export_rows(ref.index, 1 << 16)]).cpu()
             got = lookup(model, name, keys, device)
             want = lookup(reference, name, keys, device)
             worst = max(worst, float((got - want).abs().max()) if keys.numel() else 0.0)
             held = model_tables(model)[coll][name]
-            extra = int(held.module.table.size()[held.index]) - keys.numel()
+            extra = held.rows.sizes()[held.index] - keys.numel()
             total += keys.numel()
             print(f"serve: table {name}: {keys.numel()} keys, {extra} keys more than the job")
             if extra:

@@ -301,8 +301,8 @@ def table_stats(model: torch.nn.Module) -> dict[str, list[int]]:
     from dynamicemb.shard import dynamic_embedding_kernels
 
     for kernel in dynamic_embedding_kernels(model):
-        table = kernel.emb_module.table
-        size = kernel.emb_module.storage.sizes()  # every tier: a cache's rows too
+        table = kernel.emb_module.rows.hash_table
+        size = kernel.emb_module.rows.sizes()  # every tier: a cache's rows too
         evictions = table.counter("EVICTIONS").tolist()
         failures = table.counter("INSERT_FAILURES").tolist()
         inserts = table.counter("INSERTS").tolist()
@@ -331,7 +331,7 @@ def soak_sample(model: torch.nn.Module, step: int, device: torch.device, last: d
 
     tables = {}
     for kernel in dynamic_embedding_kernels(model):
-        table = kernel.emb_module.table
+        table = kernel.emb_module.rows.hash_table
         size = table.size().tolist()
         counted = table.count().tolist()
         inserts = table.counter("INSERTS").tolist()

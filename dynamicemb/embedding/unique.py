@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dynamicemb.table._native import constants, ops
+from dynamicemb.table import constants, ops
 
 # The key of padding entries: the table's EMPTY_KEY (cc/table/types.h), a
 # reserved key that no batch may contain.

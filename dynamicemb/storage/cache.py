@@ -25,8 +25,9 @@ import torch
 
 from dynamicemb.storage import space as sp
 from dynamicemb.storage.base import ExportedRows, Footprint, RowInit, TableStorage
-from dynamicemb.storage.hash_storage import HashTableStorage, write_initial_rows
+from dynamicemb.storage.hash_storage import HashTableStorage
 from dynamicemb.storage.layout import RowLayout
+from dynamicemb.storage.rows import write_initial_rows
 from dynamicemb.storage.scores import (
     BatchScore,
     batch_policies,

@@ -14,10 +14,11 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from dynamicemb._checks import is_int
 from dynamicemb.storage import space as sp
 from dynamicemb.storage.base import ExportedRows, Footprint, RowInit
-from dynamicemb.storage.hash_storage import rows_buffer
 from dynamicemb.storage.layout import RowLayout
+from dynamicemb.storage.rows import rows_buffer
 from dynamicemb.types import MemoryType, Storage, StorageTable
 
 
@@ -95,7 +96,7 @@ class ExternalBacking:
             self._int("memory_usage", self.storage.memory_usage(mem))
 
     def _int(self, method: str, value) -> int:
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        if not is_int(value) or value < 0:
             raise TypeError(
                 f"external_storage {self.name}.{method} must return an int >= 0, "
                 f"got {_describe(value)}"

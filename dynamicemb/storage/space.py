@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from dynamicemb.storage.layout import RowLayout
-from dynamicemb.table._native import extension, ops
+from dynamicemb.table import extension, ops
 from dynamicemb.types import MemoryType
 
 
