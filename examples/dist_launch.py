@@ -157,15 +157,35 @@ def init_from_env(
     """
     env = rank_env()
     timeout = datetime.timedelta(seconds=timeout_s)
+    group = {"timeout": timeout, "rank": env.rank, "world_size": env.world_size}
+    store = _attempt_store(timeout)
+    if store is not None:
+        group["store"] = store
     if device == "cuda":
         dev = torch.device("cuda", env.local_rank)
         torch.cuda.set_device(dev)
-        dist.init_process_group("nccl", timeout=timeout, device_id=dev)
+        dist.init_process_group("nccl", device_id=dev, **group)
     else:
         dev = torch.device("cpu")
         torch.set_num_threads(threads)
-        dist.init_process_group("gloo", timeout=timeout)
+        dist.init_process_group("gloo", **group)
     return env, dev
+
+
+def _attempt_store(timeout: datetime.timedelta):
+    """Under torchrun's shared rendezvous store (TORCHELASTIC_USE_AGENT_STORE,
+    its default with the c10d rendezvous), that store with this attempt's
+    keys apart (TORCHELASTIC_RESTART_COUNT): torch reuses one store across
+    restarts, and a restarted process group would otherwise read the
+    addresses its dead predecessors left there, and hang or fail to
+    connect. None otherwise (the MASTER_ADDR / MASTER_PORT rendezvous)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"dynamicemb/attempt_{attempt}/", store)
 
 
 def init_process_group(

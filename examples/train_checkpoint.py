@@ -343,6 +343,7 @@ class JobCheckpoints:
 
     def _remove_leftovers(self) -> None:
         """Removes what killed saves and prunes left (rank 0, before a save)."""
+        os.makedirs(self.root, exist_ok=True)
         for name in os.listdir(self.root):
             path = os.path.join(self.root, name)
             base = name.split(".dynamicemb-", 1)[0]

@@ -73,7 +73,11 @@ def steps_in(root: str) -> list[int]:
 def _read(path: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     with open(path, "rb") as f:
         data = bytearray(f.read())
-    return torch.frombuffer(data, dtype=dtype).reshape(shape).clone() if data else torch.empty(shape, dtype=dtype)
+    return (
+        torch.frombuffer(data, dtype=dtype).reshape(shape).clone()
+        if data
+        else torch.empty(shape, dtype=dtype)
+    )
 
 
 def read_tables(folder: str) -> dict[str, dict[str, torch.Tensor]]:
@@ -98,7 +102,9 @@ def read_tables(folder: str) -> dict[str, dict[str, torch.Tensor]]:
                 for c, (dtype, width) in cols.items():
                     info = shard["files"][c]
                     parts[c].append(
-                        _read(os.path.join(folder, coll, info["file"]), dtype, (shard["rows"], *width))
+                        _read(
+                            os.path.join(folder, coll, info["file"]), dtype, (shard["rows"], *width)
+                        )
                     )
             merged = {c: torch.cat(p) for c, p in parts.items()}
             order = torch.argsort(merged["keys"])
