@@ -7,7 +7,7 @@ collection, and a model planned and sharded over them.
 A rank learns its place from the environment ``torch.distributed.run``
 (torchrun) sets: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR
 and MASTER_PORT. Started without a launcher, a script runs its ranks itself
-(``spawn``): one process per rank on this host, given the same variables, so
+(``spawn_ranks``): one process per rank on this host, given the same variables, so
 the ranks run the same code either way.
 """
 
@@ -217,14 +217,6 @@ def plan_and_shard(model: torch.nn.Module, planner, sharder, device: torch.devic
         sharders=[sharder],
     )
     return sharded, plan
-
-
-def spawn(fn, args, *more) -> None:
-    """Runs ``fn(rank, args.world_size, port, args, *more)`` in one process per
-    rank and waits for them all."""
-    mp.spawn(
-        fn, args=(args.world_size, free_port(), args, *more), nprocs=args.world_size, join=True
-    )
 
 
 def _launched_rank(rank: int, world_size: int, port: int, fn, more: tuple) -> None:
