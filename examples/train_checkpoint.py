@@ -261,33 +261,42 @@ class JobCheckpoints:
             dcp.save(self._torchrec_state(model), checkpoint_id=os.path.join(tmp, TORCHREC))
             rng = g.all_gather_object(_rng_state(self.device))
             if g.rank == 0:
-                try:
-                    buf = io.BytesIO()
-                    torch.save({**trainer, "dense_optim": dense_opt.state_dict(), "rng": rng}, buf)
-                    info = files.write_small(tmp, TRAINER, buf.getvalue())
-                    manifest = {
-                        **body,
-                        "format": FORMAT,
-                        "version": VERSION,
-                        "step": step,
-                        "world_size": g.world_size,
-                        "trainer": info.to_json(),
-                        "torchrec": _file_infos(os.path.join(tmp, TORCHREC)),
-                    }
-                    files.write_manifest(tmp, manifest, MANIFEST)
-                    files.publish(tmp, path)
-                    tmp = None
-                except BaseException as e:
-                    error = e
+                trainer = {**trainer, "dense_optim": dense_opt.state_dict(), "rng": rng}
+                error = self._commit(tmp, path, step, trainer, body)
+                tmp = tmp if error else None
             g.agree(error)
-        except BaseException:
+        finally:
             if g.rank == 0 and tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
-            raise
         hook("published")
         if g.rank == 0:
             self._prune()
         return path, time.perf_counter() - start
+
+    def _commit(
+        self, tmp: str, path: str, step: int, trainer: dict[str, Any], body: dict[str, Any]
+    ) -> BaseException | None:
+        """Rank 0, once every rank has written its part: ``trainer.pt``, then
+        the manifest, then the rename to ``path``. Returns what failed."""
+        _, files, _ = _io()
+        try:
+            buf = io.BytesIO()
+            torch.save(trainer, buf)
+            info = files.write_small(tmp, TRAINER, buf.getvalue())
+            manifest = {
+                **body,
+                "format": FORMAT,
+                "version": VERSION,
+                "step": step,
+                "world_size": self.group.world_size,
+                "trainer": info.to_json(),
+                "torchrec": _file_infos(os.path.join(tmp, TORCHREC)),
+            }
+            files.write_manifest(tmp, manifest, MANIFEST)
+            files.publish(tmp, path)
+        except BaseException as e:
+            return e
+        return None
 
     def load(
         self, found: Found, model: torch.nn.Module, dense_opt: torch.optim.Optimizer

@@ -18,10 +18,9 @@ SMALL = "--device cpu --batch-size 64 --eval-batches 2 --log-window 10".split()
 RUN_TIMEOUT_S = 240
 
 
-def run_job(argv: list[str], timeout: float = RUN_TIMEOUT_S) -> tuple[int, str]:
-    """Runs the job directly (its own launcher); returns (exit status, output)."""
+def _run(cmd: list[str], timeout: float) -> tuple[int, str]:
     proc = subprocess.run(
-        [sys.executable, train_dlrm.__file__, *argv],
+        cmd,
         env=train_dlrm.job_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
@@ -29,6 +28,11 @@ def run_job(argv: list[str], timeout: float = RUN_TIMEOUT_S) -> tuple[int, str]:
         timeout=timeout,
     )
     return proc.returncode, proc.stdout
+
+
+def run_job(argv: list[str], timeout: float = RUN_TIMEOUT_S) -> tuple[int, str]:
+    """Runs the job directly (its own launcher); returns (exit status, output)."""
+    return _run([sys.executable, train_dlrm.__file__, *argv], timeout)
 
 
 def torchrun_cmd(torchrun_args: list[str], argv: list[str]) -> list[str]:
@@ -46,20 +50,30 @@ def torchrun_cmd(torchrun_args: list[str], argv: list[str]) -> list[str]:
 def run_torchrun(
     torchrun_args: list[str], argv: list[str], timeout: float = RUN_TIMEOUT_S
 ) -> tuple[int, str]:
-    proc = subprocess.run(
-        torchrun_cmd(torchrun_args, argv),
-        env=train_dlrm.job_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=timeout,
-    )
-    return proc.returncode, proc.stdout
+    """Runs the job under one torchrun agent; returns (exit status, output)."""
+    return _run(torchrun_cmd(torchrun_args, argv), timeout)
 
 
 def summary(path: str) -> dict:
     with open(path) as f:
         return json.load(f)
+
+
+# What two runs of the same training agree on, in their summaries.
+FIGURES = (
+    "train_loss_first",
+    "train_loss_last",
+    "train_loss_checkpoints",
+    "eval_loss_first",
+    "eval_auc_first",
+    "eval_loss_final",
+    "eval_auc_final",
+)
+
+
+def assert_same_figures(got: dict, want: dict, what: str, more: tuple[str, ...] = ()) -> None:
+    for k in FIGURES + more:
+        assert got[k] == want[k], f"{what}: {k}: {got[k]} vs {want[k]}"
 
 
 def steps_in(root: str) -> list[int]:
