@@ -17,7 +17,9 @@ Environment:
     DEMB_STRIP=0          keep the extension's symbol table (it is stripped by default)
 
 A wheel requires the torch release it was built against (the extension is bound
-to its C++ ABI); an sdist requires torch >= MIN_TORCH, the oldest it builds with.
+to its C++ ABI), and its extras the torchrec and FBGEMM releases tested with that
+torch (TESTED_WITH); an sdist requires torch >= MIN_TORCH, the oldest it builds
+with, and the tested range of torchrec and FBGEMM.
 """
 
 import os
@@ -38,6 +40,65 @@ MIN_TORCH = "2.11"
 # What the wheel and the sdist require besides torch: dynamicemb.admission reads and
 # writes its counter files through numpy (torch does not require it).
 REQUIRES = ["numpy"]
+
+# The torchrec and FBGEMM releases tested with each torch release, oldest first
+# (docs/building.md, "Versions"). A wheel's extras pin the pair tested with the torch
+# it is built against; an sdist's, and a wheel's for a torch release not listed here,
+# allow the range from the oldest to the newest pair.
+TESTED_WITH = [
+    # (torch, torchrec, fbgemm-gpu / fbgemm-gpu-cpu)
+    ("2.11", "1.6.1", "1.6.0"),
+    ("2.13", "1.8.0", "1.8.0"),
+]
+
+# torchrec's requirements other than fbgemm-gpu (those of every tested torchrec:
+# 1.6.1 also requires iopath). The CPU extra lists them instead of torchrec, whose
+# metadata asks for the CUDA build fbgemm-gpu: torchrec is installed after it with
+# --no-deps (docs/building.md, "Extras").
+TORCHREC_REQUIRES = ["tensordict", "torchmetrics==1.0.3", "tqdm", "pyre-extensions", "iopath"]
+
+
+def torch_release(torch):
+    """'2.13' for torch 2.13.0+cpu."""
+    return ".".join(torch.__version__.split("+")[0].split(".")[:2])
+
+
+def tested_specifiers(torch, for_sdist):
+    """(torchrec, fbgemm) version specifiers: the tested pair of this torch
+    release for a wheel, else the tested range."""
+    pairs = {t: (rec, fb) for t, rec, fb in TESTED_WITH}
+    pair = None if for_sdist else pairs.get(torch_release(torch))
+    if pair is not None:
+        return "==" + pair[0], "==" + pair[1]
+    (_, rec_lo, fb_lo), (_, rec_hi, fb_hi) = TESTED_WITH[0], TESTED_WITH[-1]
+    return f">={rec_lo},<={rec_hi}", f">={fb_lo},<={fb_hi}"
+
+
+def extras(torch, for_sdist):
+    """The extras: what each part of the package imports beyond torch and numpy."""
+    torchrec, fbgemm = tested_specifiers(torch, for_sdist)
+    return {
+        # FBGEMM alone: dynamicemb.embedding's optimizers are FBGEMM's EmbOptimType.
+        "fbgemm-cuda": ["fbgemm-gpu" + fbgemm],
+        "fbgemm-cpu": ["fbgemm-gpu-cpu" + fbgemm],
+        # dynamicemb.planner, .shard, .checkpoint, .replication and .twin. On a CUDA
+        # machine torchrec and the CUDA FBGEMM in one go; on a CPU machine FBGEMM's
+        # CPU build and torchrec's other requirements, then torchrec with --no-deps.
+        "torchrec-cuda": ["torchrec" + torchrec, "fbgemm-gpu" + fbgemm],
+        "torchrec-cpu": ["fbgemm-gpu-cpu" + fbgemm] + TORCHREC_REQUIRES,
+        # A table's score_function: compiled with numba on the CPU, numba-cuda on a GPU.
+        "numba": ["numba"],
+        "numba-cuda": ["numba", "numba-cuda"],
+        # dynamicemb.metrics: the instruments need the API only; serve_prometheus the
+        # SDK and the Prometheus exporter.
+        "opentelemetry": ["opentelemetry-api"],
+        "prometheus": [
+            "opentelemetry-api",
+            "opentelemetry-sdk",
+            "opentelemetry-exporter-prometheus",
+        ],
+        "test": ["pytest", "hypothesis", "numpy"],
+    }
 
 
 def torch_requirement(torch, for_sdist):
@@ -202,8 +263,9 @@ def main():
     setup(
         ext_modules=ext_modules,
         cmdclass={"build_ext": build_ext},
-        # pyproject.toml declares the dependencies dynamic; the extras are there.
+        # pyproject.toml declares the dependencies and the extras dynamic.
         install_requires=[torch_requirement(torch, for_sdist)] + REQUIRES,
+        extras_require=extras(torch, for_sdist),
     )
 
 

@@ -17,8 +17,10 @@ import) is, in this order:
   1. $PYTHON_BIN_PATH (pass it with --repo_env=PYTHON_BIN_PATH=/path/to/python),
   2. .venv/bin/python in the workspace Bazel runs in (the main workspace, also when
      dynamicemb is an external repository of it; tools/setup_env.sh creates this one
-     for dynamicemb's own checkout).
-Anything else is an error that says so. The repositories symlink into the
+     for dynamicemb's own checkout). Bazel 4 cannot name that workspace to a
+     repository rule; it is found from the working directory of the bazel command
+     when the output base is the default one, else through a root BUILD file.
+Anything else is an error that names both ways. The repositories symlink into the
 interpreter's installation; nothing is copied. They are `local`, so every new Bazel
 server probes again.
 """
@@ -26,13 +28,46 @@ server probes again.
 _PYTHON_ENV = "PYTHON_BIN_PATH"
 
 def _main_workspace_dir(rctx):
-    """The directory of the workspace Bazel was started in, or None."""
+    """The directory of the workspace Bazel was started in, or None.
+
+    None when it cannot be told without a root BUILD file (Bazel 4 only).
+    """
     if hasattr(rctx, "workspace_root"):  # Bazel >= 6
         return rctx.workspace_root
 
-    # Bazel 4: resolving a main-repository label needs the root package (a BUILD
-    # file at the workspace root), not the file itself.
+    # Bazel 4 has no workspace_root. The client's working directory ($PWD) lies in
+    # the workspace: its first ancestor with a WORKSPACE file is the workspace, if
+    # the output base is named after that path (Bazel's default output base is the
+    # MD5 of the workspace's path). Otherwise a main-repository label tells, which
+    # needs a root package (a BUILD file at the workspace root).
+    found = _workspace_from_pwd(rctx)
+    if found and _names_output_base(rctx, found):
+        return found
+    if found and not (found.get_child("BUILD").exists or found.get_child("BUILD.bazel").exists):
+        return None
     return rctx.path(Label("@//:WORKSPACE")).dirname
+
+def _workspace_from_pwd(rctx):
+    pwd = rctx.os.environ.get("PWD", "")
+    if not pwd or not rctx.path(pwd).exists:
+        return None
+    path = rctx.path(pwd).realpath
+    for _ in range(128):
+        if path.get_child("WORKSPACE").exists or path.get_child("WORKSPACE.bazel").exists:
+            return path
+        path = path.dirname
+        if path == None:
+            return None
+    return None
+
+def _names_output_base(rctx, workspace):
+    """Whether the output base is the default one of `workspace`.
+
+    Bazel names a default output base after the MD5 of the workspace's path.
+    """
+    res = rctx.execute(["sh", "-c", 'printf %s "$1" | md5sum', "sh", str(workspace)], quiet = True)
+    output_base = rctx.path(".").dirname.dirname  # <output_base>/external/<this repository>
+    return res.return_code == 0 and res.stdout.split(" ")[0] == output_base.basename
 
 def _find_python(rctx):
     """The interpreter's path (see the module docstring); fails with what to do."""
@@ -42,13 +77,18 @@ def _find_python(rctx):
             fail("dynamicemb: %s=%s does not exist." % (_PYTHON_ENV, env))
         return env
     workspace = _main_workspace_dir(rctx)
-    venv_python = workspace.get_child(".venv").get_child("bin").get_child("python")
-    if venv_python.exists:
-        return str(venv_python)
-    fail(("dynamicemb: no Python interpreter. Either create a virtual environment with " +
-          "torch at %s (e.g. python3 -m venv .venv && .venv/bin/pip install torch), or " +
-          "name one with --repo_env=%s=/path/to/bin/python (in .bazelrc or on the " +
-          "command line).") % (venv_python, _PYTHON_ENV))
+    where = "at the workspace's root"
+    if workspace:
+        venv_python = workspace.get_child(".venv").get_child("bin").get_child("python")
+        if venv_python.exists:
+            return str(venv_python)
+        where = "at %s" % venv_python
+    fail(("dynamicemb: no Python interpreter to build and test with. Give one either way: " +
+          "(1) name it with --repo_env=%s=/path/to/venv/bin/python (a line " +
+          "'build --repo_env=%s=...' in the workspace's .bazelrc, or on the command line); " +
+          "(2) create a virtual environment with torch %s (python3 -m venv .venv && " +
+          ".venv/bin/pip install torch) and list .venv in .bazelignore.") %
+         (_PYTHON_ENV, _PYTHON_ENV, where))
 
 def _probe(rctx, python, code, what):
     """Runs `code` (which prints one JSON object) with `python`; returns the dict."""

@@ -14,6 +14,11 @@ provided admission strategies (``dynamicemb.admission``, which needs the
 table layer) are exported here and imported on first use too.
 """
 
+# The release, the one source of the version: the wheel's metadata reads it
+# (pyproject.toml), MODULE.bazel and CHANGELOG.md are checked against it
+# (tests/packaging). Versioning policy: docs/building.md, "Versions".
+__version__ = "0.1.0"
+
 from .dynamicemb_config import (
     BUCKET_ALIGNMENT,
     MAX_BUCKET_CAPACITY,

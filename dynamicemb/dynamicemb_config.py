@@ -35,6 +35,7 @@ from ._enums import (
     DynamicEmbPoolingMode,
     DynamicEmbScoreStrategy,
 )
+from ._warnings import warn_once
 from .types import (
     AdmissionStrategy,
     Counter,
@@ -249,7 +250,9 @@ class DynamicEmbTableOptions:
             state and the arithmetic stay float32 (``value_row_bytes``). Also
             the precision a checkpoint stores.
         dim (Optional[int]): embedding width; the planner sets it from
-            ``BaseEmbeddingConfig.embedding_dim``.
+            ``BaseEmbeddingConfig.embedding_dim``, the embedding kernel from
+            the sharded ``local_cols``. A value given that differs only
+            warns, and the table is built with the columns.
         max_capacity (Optional[int]): most rows of this table on one rank; the
             planner sets it to ``get_sharded_table_capacity(...)``.
         evict_strategy (DynamicEmbEvictStrategy): eviction policy. Defaults to
@@ -453,6 +456,7 @@ class DynamicEmbTableOptions:
                 f"DynamicEmbTableOptions.dist_type must be one of {DIST_TYPES}, "
                 f"got {self.dist_type!r}"
             )
+        _warn_ignored_options(self)
 
     def _carry_admission_counter(self) -> None:
         """The deprecated ``admission_counter``: warns, and hands the counter to
@@ -533,6 +537,62 @@ class DynamicEmbTableOptions:
         )
 
 
+def _warn_ignored_options(options: DynamicEmbTableOptions) -> None:
+    """Options a table accepts but does not act on, when set to something a
+    user would expect to matter: a warning each, once per process."""
+    ignored = []
+    if options.evict_strategy != DynamicEmbEvictStrategy.LRU:
+        ignored.append(
+            (
+                "evict_strategy",
+                f"evict_strategy={options.evict_strategy.name} has no effect: a table evicts "
+                f"by its score_strategy ({options.score_strategy!r}); set score_strategy "
+                "instead (e.g. DynamicEmbScoreStrategy.LFU to evict the least frequently "
+                "used key)",
+            )
+        )
+    if options.device_id is not None:
+        ignored.append(
+            (
+                "device_id",
+                f"device_id={options.device_id!r} has no effect: a table lives on the device "
+                "of its module (BatchedDynamicEmbeddingTablesV2's device, or the device "
+                "DistributedModelParallel shards onto)",
+            )
+        )
+    if options.index_type not in (None, DEFAULT_INDEX_TYPE):
+        ignored.append(
+            (
+                "index_type",
+                f"index_type={options.index_type} has no effect: keys are stored as "
+                f"{DEFAULT_INDEX_TYPE}, and indices of any integer dtype are accepted",
+            )
+        )
+    for name, message in ignored:
+        warn_once(
+            f"DynamicEmbTableOptions.{name}", f"DynamicEmbTableOptions.{message}.", stacklevel=4
+        )
+
+
+def _warn_ignored_weight_init(embedding_config: Any) -> None:
+    """TorchRec's ``weight_init_min`` / ``weight_init_max`` of a dynamic table's
+    config are not used (the bounds come from ``initializer_args``): say so once."""
+    bounds = {
+        name: getattr(embedding_config, name, None)
+        for name in ("weight_init_min", "weight_init_max")
+    }
+    bounds = {k: v for k, v in bounds.items() if v is not None}
+    if bounds:
+        name = getattr(embedding_config, "name", "?")
+        warn_once(
+            "weight_init",
+            f"embedding config {name!r}: {bounds} has no effect on a dynamic table: its rows "
+            "are initialized by DynamicEmbTableOptions.initializer_args (for UNIFORM, unset "
+            "bounds become -/+sqrt(1 / num_embeddings)); set lower / upper there instead.",
+            stacklevel=4,
+        )
+
+
 def complete_initializer_args(
     initializer_args: DynamicEmbInitializerArgs,
     embedding_config: Any | None = None,
@@ -543,6 +603,8 @@ def complete_initializer_args(
     ``lower`` or ``upper`` that is None becomes ``-sqrt(1 / num_embeddings)``
     / ``+sqrt(1 / num_embeddings)`` when ``embedding_config`` is given, else
     0.0 / 1.0. A bound already set is kept. The argument is never modified.
+    The config's ``weight_init_min`` / ``weight_init_max`` (TorchRec's) are
+    not used; set, they warn once.
 
     Args:
         initializer_args (DynamicEmbInitializerArgs): the table's arguments.
@@ -558,6 +620,8 @@ def complete_initializer_args(
         ValueError: the completed bounds have ``lower > upper``, or the
             config's ``num_embeddings`` is not a positive int.
     """
+    if embedding_config is not None:
+        _warn_ignored_weight_init(embedding_config)
     if initializer_args.mode != DynamicEmbInitializerMode.UNIFORM or (
         initializer_args.lower is not None and initializer_args.upper is not None
     ):

@@ -181,12 +181,15 @@ class KVCounter:
 
     Attributes:
         capacity (int): counter slots for this table (on each rank of a
-            sharded table, like ``max_capacity``). Must be positive; the
-            counter rounds it up to whole buckets.
-        bucket_capacity (int): slots per bucket. Must be positive and not
-            larger than ``capacity``; the counter also needs a multiple of
-            ``BUCKET_ALIGNMENT`` (16), which ``FrequencyAdmissionStrategy``
-            checks. Defaults to 1024.
+            sharded table, like ``max_capacity``). Must be positive. The
+            counter follows the table's bucket rules: it rounds the capacity
+            up to whole buckets of ``bucket_capacity``, and a capacity
+            smaller than a bucket is one bucket of that capacity (rounded up
+            to a multiple of ``BUCKET_ALIGNMENT``, 16): ``KVCounter(100)`` is
+            one bucket of 112 slots.
+        bucket_capacity (int): slots per bucket. Must be positive; the
+            counter also needs a multiple of ``BUCKET_ALIGNMENT`` (16), which
+            ``FrequencyAdmissionStrategy`` checks. Defaults to 1024.
         key_type (torch.dtype): dtype of the counted keys; an integer dtype.
             Defaults to ``torch.int64``.
     """
@@ -201,11 +204,6 @@ class KVCounter:
         if not _is_int(self.bucket_capacity) or self.bucket_capacity <= 0:
             raise ValueError(
                 f"KVCounter.bucket_capacity must be a positive int, got {self.bucket_capacity!r}"
-            )
-        if self.bucket_capacity > self.capacity:
-            raise ValueError(
-                f"KVCounter.bucket_capacity ({self.bucket_capacity}) must not "
-                f"exceed capacity ({self.capacity})"
             )
         if (
             not isinstance(self.key_type, torch.dtype)
@@ -333,8 +331,8 @@ class AdmissionStrategy(abc.ABC):
     def state_bytes(self) -> int:
         """Bytes of admission state the admitter keeps for one table.
 
-        What the planner adds to a table's memory estimate, on the table's
-        device: a counter's slots for a strategy that counts, 0 (the default)
+        What a table's memory estimate (``dynamic_shard_storage``) adds, on
+        the table's device: a counter's slots for a strategy that counts, 0 (the default)
         for one that keeps no state across steps.
         """
         return 0

@@ -425,7 +425,7 @@ def table_stats(model: torch.nn.Module) -> dict[str, list[int]]:
 
     for kernel in dynamic_embedding_kernels(model):
         table = kernel.emb_module.table
-        size = table.size().tolist()
+        size = kernel.emb_module.storage.sizes()  # every tier: a cache's rows too
         evictions = table.counter("EVICTIONS").tolist()
         failures = table.counter("INSERT_FAILURES").tolist()
         inserts = table.counter("INSERTS").tolist()

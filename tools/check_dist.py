@@ -1,48 +1,77 @@
-"""Checks what `python -m build` would ship, without compiling anything; and a built wheel.
+"""Checks what `python -m build` would ship, without compiling anything; a built wheel;
+and the wheel installed with its extras into a fresh venv.
 
     python tools/check_dist.py                       # the sdist and the wheel's metadata
     python tools/check_dist.py --wheel dist/X.whl    # a wheel built on this machine
+    python tools/check_dist.py --fresh-venv          # build, install, run the quickstart
 
 Builds the sdist (`python -m build --sdist --no-isolation`) from a copy of the
 checkout's files (tracked and new, not ignored: no stale build state) and checks
 that
   * it carries every file setup.py may compile (cc/sources.bzl: the CPU and the
-    CUDA sources and headers of every package), whatever this machine builds;
-  * its metadata requires torch >= setup.py's MIN_TORCH and REQUIRES, and leaves the
-    dependencies to the wheel build (Dynamic: Requires-Dist);
+    CUDA sources and headers of every package), whatever this machine builds, and
+    the LICENSE;
+  * its metadata has the package's version (dynamicemb.__version__), the license
+    (License-Expression: Apache-2.0, License-File: LICENSE), requires torch >=
+    setup.py's MIN_TORCH and REQUIRES, offers setup.py's extras with the tested
+    ranges, and leaves the dependencies to the wheel build (Dynamic: Requires-Dist);
 then prepares the wheel's metadata from that sdist, as pip does before it
-compiles, and checks that the wheel requires exactly this interpreter's torch
-release and REQUIRES, and offers the extras torchrec, numba, numba-cuda,
-opentelemetry and prometheus. Exits non-zero and says what is wrong otherwise.
+compiles, and checks that the wheel has the same version and license, requires
+exactly this interpreter's torch release and REQUIRES, and offers each extra of
+setup.py with the requirements setup.py gives it for this torch (the torchrec and
+FBGEMM releases tested with it). Exits non-zero and says what is wrong otherwise.
 tools/test.sh runs it.
 
 With --wheel, checks a wheel built against this interpreter's torch instead: the
-same metadata, an extension without symbol table (stripped), and that it imports
-from the unpacked wheel (with CUDA kernels when this torch has CUDA).
-tools/bench/gpu_round.sh's `wheel` part runs it on the GPU machine.
+same metadata, the LICENSE in its .dist-info, an extension without symbol table
+(stripped), and that it imports from the unpacked wheel (with CUDA kernels when
+this torch has CUDA). tools/bench/gpu_round.sh's `wheel` part runs it on the GPU
+machine.
+
+With --fresh-venv, builds the sdist and from it the wheel (this compiles the
+extension: a few minutes), checks the wheel as --wheel does, creates a new venv,
+installs this torch release and the wheel with the extras of this machine
+(torchrec-cpu and opentelemetry on a CPU torch, then torchrec itself with --no-deps,
+as docs/building.md says; torchrec-cuda and opentelemetry on a CUDA torch), and runs
+examples/quickstart.py there, outside the checkout. tools/test.sh runs it too.
 """
 
 import argparse
+import ast
 import email.parser
 import os
+import re
 import shutil
 import struct
 import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 import zipfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-EXTRAS = ["torchrec", "numba", "numba-cuda", "opentelemetry", "prometheus"]
+LICENSE = "Apache-2.0"
 
 
 def setup_py_names():
-    """MIN_TORCH, REQUIRES and read_sources of setup.py, without running setup()."""
+    """MIN_TORCH, REQUIRES, extras, read_sources ... of setup.py, without running setup()."""
     names = {"__name__": "setup_py", "__file__": os.path.join(ROOT, "setup.py")}
     with open(names["__file__"]) as f:
         exec(compile(f.read(), names["__file__"], "exec"), names)
     return names
+
+
+def package_version():
+    """dynamicemb.__version__, read from the source (the package is not imported)."""
+    with open(os.path.join(ROOT, "dynamicemb", "__init__.py")) as f:
+        tree = ast.parse(f.read())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [
+            "__version__"
+        ]:
+            return node.value.value
+    raise RuntimeError("dynamicemb/__init__.py has no __version__")
 
 
 def copy_checkout(dest):
@@ -70,17 +99,55 @@ def pin(torch):
     return "torch==" + torch.__version__.split("+")[0]
 
 
+def canonical(requirement):
+    """A requirement string in packaging's canonical form (specifiers sorted), no marker."""
+    from packaging.requirements import Requirement
+
+    req = Requirement(requirement)
+    req.marker = None
+    return str(req)
+
+
+def extras_declared(requires):
+    """{extra: sorted canonical requirements} of Requires-Dist lines with an extra marker."""
+    out = {}
+    for line in requires:
+        marker = line.partition(";")[2]
+        for extra in re.findall(r'extra == "([^"]+)"', marker):
+            out.setdefault(extra, []).append(canonical(line))
+    return {k: sorted(v) for k, v in out.items()}
+
+
+def common_metadata_errors(meta, what, extras):
+    """Version, license and extras of a metadata dict (metadata())."""
+    errors = []
+    version = package_version()
+    if meta.get("version") != [version]:
+        errors.append(f"{what} has version {meta.get('version')}, not {version}")
+    if meta.get("license-expression") != [LICENSE]:
+        errors.append(f"{what} declares license {meta.get('license-expression')}, not {LICENSE}")
+    if meta.get("license-file") != ["LICENSE"]:
+        errors.append(f"{what} names license files {meta.get('license-file')}, not LICENSE")
+    declared = extras_declared(meta.get("requires-dist") or [])
+    want = {k: sorted(canonical(r) for r in v) for k, v in extras.items()}
+    if sorted(meta.get("provides-extra") or []) != sorted(want):
+        errors.append(f"{what} offers extras {meta.get('provides-extra')}, want {sorted(want)}")
+    for extra, reqs in want.items():
+        if declared.get(extra) != reqs:
+            errors.append(f"{what}'s extra {extra} requires {declared.get(extra)}, not {reqs}")
+    return errors
+
+
 def wheel_metadata_errors(wheel, torch):
-    """What is wrong with a wheel's metadata (Requires-Dist, Provides-Extra)."""
+    """What is wrong with a wheel's metadata (version, license, Requires-Dist, extras)."""
+    names = setup_py_names()
     errors = []
     requires = wheel.get_all("Requires-Dist") or []
-    for want in [pin(torch)] + setup_py_names()["REQUIRES"]:
+    for want in [pin(torch)] + names["REQUIRES"]:
         if want not in requires:
             errors.append(f"wheel requires {requires}, not {want}")
-    extras = wheel.get_all("Provides-Extra") or []
-    if sorted(set(EXTRAS) - set(extras)):
-        errors.append(f"wheel extras are {extras}, want {EXTRAS}")
-    return errors
+    meta = {k.lower(): wheel.get_all(k) for k in set(wheel.keys())}
+    return errors + common_metadata_errors(meta, "wheel", names["extras"](torch, for_sdist=False))
 
 
 def elf_section_names(path):
@@ -104,6 +171,9 @@ def check_wheel(path):
         (meta_name,) = [n for n in whl.namelist() if n.endswith(".dist-info/METADATA")]
         meta = email.parser.Parser().parsestr(whl.read(meta_name).decode())
         errors += wheel_metadata_errors(meta, torch)
+        licenses = os.path.dirname(meta_name) + "/licenses/LICENSE"
+        if licenses not in whl.namelist():
+            errors.append(f"the wheel lacks {licenses}")
         whl.extractall(tmp)
         (ext,) = [n for n in whl.namelist() if n.startswith("dynamicemb/_C") and n.endswith(".so")]
         sections = elf_section_names(os.path.join(tmp, ext))
@@ -145,7 +215,7 @@ def main():
 
     setup_py = setup_py_names()
     packages = setup_py["read_sources"]()["PACKAGES"]
-    wanted = {"setup.py", "pyproject.toml", "cc/sources.bzl"}
+    wanted = {"setup.py", "pyproject.toml", "cc/sources.bzl", "LICENSE"}
     for pkg, files in packages.items():
         for kind in ("hdrs", "cpu_srcs", "cuda_srcs"):
             wanted.update(f"{pkg}/{f}" for f in files[kind])
@@ -177,22 +247,89 @@ def main():
                 errors.append(f"sdist requires {pkg_info.get('requires-dist')}, not {want}")
         if "requires-dist" not in [d.lower() for d in pkg_info.get("dynamic") or []]:
             errors.append("sdist does not leave Requires-Dist to the wheel build (Dynamic)")
+        errors += common_metadata_errors(
+            pkg_info, "sdist", setup_py["extras"](torch, for_sdist=True)
+        )
 
         wheel = build.util.project_wheel_metadata(os.path.join(tmp, top), isolated=False)
         errors += wheel_metadata_errors(wheel, torch)
+        extras_of_wheel = sorted(setup_py["extras"](torch, for_sdist=False))
 
     for e in errors:
         print("check_dist:", e, file=sys.stderr)
     if not errors:
         print(
-            f"check_dist: sdist carries all {len(wanted)} sources; wheel requires "
-            + ", ".join([pin(torch)] + setup_py["REQUIRES"])
+            f"check_dist: sdist carries all {len(wanted)} sources and the LICENSE; sdist and "
+            f"wheel {package_version()}, {LICENSE}, extras {', '.join(extras_of_wheel)}; "
+            "wheel requires " + ", ".join([pin(torch)] + setup_py["REQUIRES"])
         )
     return 1 if errors else 0
+
+
+def _run(cmd, what, **kwargs):
+    """Runs cmd; on failure prints its output and says what failed. True on success."""
+    ran = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    if ran.returncode:
+        print(ran.stdout[-6000:] + ran.stderr[-6000:], file=sys.stderr)
+        print(f"check_dist: {what} failed ({' '.join(map(str, cmd))})", file=sys.stderr)
+    return ran
+
+
+def fresh_venv():
+    """Builds the wheel, installs it with this machine's extras into a new venv
+    and runs examples/quickstart.py there (see the module docstring)."""
+    import torch
+
+    cuda = bool(torch.version.cuda)
+    wanted = ["torchrec-cuda", "opentelemetry"] if cuda else ["torchrec-cpu", "opentelemetry"]
+    extras = setup_py_names()["extras"](torch, for_sdist=False)
+    torchrec = [r for r in extras["torchrec-cuda"] if r.startswith("torchrec")]
+    with tempfile.TemporaryDirectory() as tmp:
+        checkout, out = os.path.join(tmp, "checkout"), os.path.join(tmp, "dist")
+        copy_checkout(checkout)
+        start = time.monotonic()
+        build = [sys.executable, "-m", "build", "--no-isolation", "--outdir", out, checkout]
+        if _run(build, "building the sdist and the wheel").returncode:
+            return 1
+        (wheel,) = [os.path.join(out, n) for n in os.listdir(out) if n.endswith(".whl")]
+        print(f"check_dist: built {os.path.basename(wheel)} in {time.monotonic() - start:.0f} s")
+        if check_wheel(wheel):
+            return 1
+        venv = os.path.join(tmp, "venv")
+        if _run([sys.executable, "-m", "venv", venv], "creating a venv").returncode:
+            return 1
+        pip = [os.path.join(venv, "bin", "python"), "-m", "pip", "install", "-q"]
+        # torch in the same call, so the resolver keeps this release.
+        steps = [pip + [pin(torch), f"{wheel}[{','.join(wanted)}]"]]
+        if not cuda:  # torchrec's metadata asks for the CUDA fbgemm-gpu (docs/building.md)
+            steps.append(pip + ["--no-deps"] + torchrec)
+        for step in steps:
+            if _run(step, "installing into the fresh venv").returncode:
+                return 1
+        script = os.path.join(tmp, "quickstart.py")
+        for name in ("quickstart.py", "dist_launch.py"):  # the example and its helper
+            shutil.copy(os.path.join(ROOT, "examples", name), os.path.join(tmp, name))
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+        ran = _run([pip[0], script], "examples/quickstart.py in the fresh venv", cwd=tmp, env=env)
+        if ran.returncode or not ran.stdout.strip().endswith("quickstart: OK"):
+            return 1
+    print(
+        f"check_dist: a fresh venv with {pin(torch)} and the wheel[{','.join(wanted)}]"
+        + ("" if cuda else f" (then {' '.join(torchrec)} --no-deps)")
+        + f" runs examples/quickstart.py ({time.monotonic() - start:.0f} s in all)"
+    )
+    return 0
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--wheel", help="check this built wheel instead of the sdist")
+    parser.add_argument(
+        "--fresh-venv",
+        action="store_true",
+        help="build the wheel, install it with its extras into a new venv, run the quickstart",
+    )
     args = parser.parse_args()
+    if args.fresh_venv:
+        sys.exit(fresh_venv())
     sys.exit(check_wheel(args.wheel) if args.wheel else main())

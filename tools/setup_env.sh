@@ -2,8 +2,9 @@
 # Installs what a fresh Debian 12 machine lacks to build and test dynamicemb:
 #   * apt: Debian's Bazel 4 (bazel-bootstrap), GoogleTest/GMock, Prometheus (the metrics
 #     test starts a server of its own);
-#   * ./.venv: torch (CPU), fbgemm-gpu-cpu, torchrec, the test tools and the lint tools
-#     (ruff and clang-format from PyPI; buildifier from the npm registry into .venv/lint).
+#   * ./.venv: torch (CPU), fbgemm-gpu-cpu, torchrec, the test tools, Sphinx (the API
+#     reference) and the lint tools (ruff and clang-format from PyPI; buildifier from
+#     the npm registry into .venv/lint).
 # Idempotent and fast when everything is there already (a few seconds).
 # The CUDA toolkit (nvcc) is not installed here: it is expected at $CUDA_PATH,
 # /usr/local/cuda or on PATH (see docs/building.md).
@@ -57,8 +58,10 @@ TORCH=torch==2.13.0
 FBGEMM=fbgemm-gpu-cpu==1.8.0
 TORCHREC=torchrec==1.8.0
 TORCHREC_REQS=(tensordict==0.15.3 torchmetrics==1.0.3 tqdm==4.70.1 pyre-extensions==0.0.32)
+# sphinx builds the API reference (tools/api_docs.py, run by //tests/docs).
 TOOLS=(numpy pytest hypothesis numba opentelemetry-api opentelemetry-sdk
-  opentelemetry-exporter-prometheus ninja build==1.6.1 ruff==0.17.6 clang-format==23.1.5)
+  opentelemetry-exporter-prometheus ninja build==1.6.1 ruff==0.17.6 clang-format==23.1.5
+  sphinx==9.0.4)
 BUILDIFIER=@bazel/buildifier@8.2.1
 
 # The stamp records what was installed; when it matches and the imports work, skip pip.
@@ -66,7 +69,7 @@ STAMP_CONTENT="$TORCH $FBGEMM $TORCHREC ${TORCHREC_REQS[*]} ${TOOLS[*]} $BUILDIF
 STAMP=$VENV/.dynamicemb-setup
 CHECK='
 import sys
-import torch, fbgemm_gpu, torchrec, numpy, pytest, hypothesis, numba, ninja, build
+import torch, fbgemm_gpu, torchrec, numpy, pytest, hypothesis, numba, ninja, build, sphinx
 import opentelemetry.sdk, opentelemetry.exporter.prometheus
 print("setup_env: torch %s, fbgemm_gpu %s, torchrec %s" % (
     torch.__version__, fbgemm_gpu.__version__, torchrec.__version__), file=sys.stderr)

@@ -106,10 +106,6 @@ __device__ void update_key(const UpdateArgs& a, int64_t u, int lane, const Fill&
                           storage::state_at<T>(a.space, r, dim), dim, lane, fill);
 }
 
-__device__ __forceinline__ bool hot(const UpdateArgs& a, int64_t u) {
-  return a.occ_offsets[u + 1] - a.occ_offsets[u] > kHotChunk;
-}
-
 /// The first index i in [0, n) with v[i] > x (v non-decreasing), n if none.
 __device__ int64_t upper_bound(const int64_t* v, int64_t n, int64_t x) {
   int64_t lo = 0, hi = n;
@@ -123,25 +119,84 @@ __device__ int64_t upper_bound(const int64_t* v, int64_t n, int64_t x) {
   return lo;
 }
 
-template <class T, bool Vec>
-__device__ void update_plain_key(const UpdateArgs& a, int64_t u, int64_t dim, int lane) {
-  update_key<T, Vec>(a, u, lane, [&](int64_t base, float (&g)[kPer]) {
-    grad_chunk<Vec>(a, a.occ_offsets[u], a.occ_offsets[u + 1], base, dim, lane, g);
-  });
+// A key of at most kHotChunk occurrences (two per lane), as the lanes read
+// them at once before its gradient is summed: lane l holds the place in
+// grad_out and the weight of occurrences l and kWarp + l (zeros past the
+// last), so the sum waits for no index load of its own.
+struct KeyOccurrences {
+  int64_t at[2];
+  float w[2];
+};
+
+static_assert(kHotChunk <= 2 * kWarp, "a plain key's occurrences fit two per lane");
+
+/// The occurrences [i0, i0 + c) of a key (c <= kHotChunk); returns its dim
+/// (the first occurrence's feature's), the same in every lane.
+__device__ __forceinline__ int64_t load_occurrences(const UpdateArgs& a, int64_t i0, int64_t c,
+                                                    int lane, KeyOccurrences& o) {
+  int64_t dim = 0;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t k = lane + h * kWarp;
+    o.at[h] = 0;
+    o.w[h] = 0.f;
+    if (k < c) {
+      const int64_t j = a.occ_order[i0 + k];
+      o.w[h] = occ_weight(a.weights, j);
+      const BagSlot s = bag_slot(a.layout, a.occ_bag[j]);
+      o.at[h] = s.offset;
+      if (k == 0) dim = s.dim;
+    }
+  }
+  return __shfl_sync(0xffffffffu, dim, 0);
 }
 
-// A warp per distinct key that is not hot (grid-strided: a padded batch's
-// padding is most of the keys): reduce and update in one pass.
+/// grad_chunk over the preloaded occurrences, summed in the same order.
+template <bool Vec>
+__device__ void occurrences_chunk(const UpdateArgs& a, const KeyOccurrences& o, int64_t c,
+                                  int64_t base, int64_t dim, int lane, float (&g)[kPer]) {
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) g[k] = 0.f;
+#pragma unroll 4
+  for (int64_t i = 0; i < c; ++i) {
+    const int src = static_cast<int>(i % kWarp);
+    const bool second = i >= kWarp;
+    const int64_t at = __shfl_sync(0xffffffffu, second ? o.at[1] : o.at[0], src);
+    const float w = __shfl_sync(0xffffffffu, second ? o.w[1] : o.w[0], src);
+    float x[kPer];
+    load_chunk<Vec>(a.grad_out + at, base, dim, lane, x);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) g[k] += w * x[k];
+  }
+}
+
+template <class T, bool Vec>
+__device__ void update_plain_key(const UpdateArgs& a, int64_t r, const KeyOccurrences& o, int64_t c,
+                                 int64_t dim, int lane) {
+  warp_update_row<T, Vec>(
+      a.optim, storage::embedding_at<T>(a.space, r), storage::state_at<T>(a.space, r, dim), dim,
+      lane,
+      [&](int64_t base, float (&g)[kPer]) { occurrences_chunk<Vec>(a, o, c, base, dim, lane, g); });
+}
+
 template <class T>
 __global__ void update_kernel(UpdateArgs a, int64_t num_keys) {
   const int lane = threadIdx.x % kWarp;
+  // Every occurrence; a padded batch's padding keys have none and start
+  // there, after its distinct keys (the offsets never decrease).
+  const int64_t end = a.occ_offsets[num_keys];
   for (int64_t u = global_thread() / kWarp; u < num_keys; u += launch_warps()) {
-    if (hot(a, u) || a.rows[u] < 0) continue;  // uniform across the warp
-    const int64_t dim = key_dim(a, u);
-    if (key_vectorized<T>(a, a.rows[u], dim)) {
-      update_plain_key<T, std::is_same_v<T, float>>(a, u, dim, lane);
+    const int64_t i0 = a.occ_offsets[u], i1 = a.occ_offsets[u + 1];
+    const int64_t r = a.rows[u];
+    if (i0 == end) break;  // padding, and so is every later key of this warp
+    const int64_t c = i1 - i0;
+    if (c > kHotChunk || r < 0) continue;  // uniform across the warp
+    KeyOccurrences o;
+    const int64_t dim = load_occurrences(a, i0, c, lane, o);
+    if (key_vectorized<T>(a, r, dim)) {
+      update_plain_key<T, std::is_same_v<T, float>>(a, r, o, c, dim, lane);
     } else {
-      update_plain_key<T, false>(a, u, dim, lane);
+      update_plain_key<T, false>(a, r, o, c, dim, lane);
     }
   }
 }

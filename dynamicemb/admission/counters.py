@@ -29,6 +29,7 @@ from dynamicemb.types import Counter, KVCounter, MemoryType
 __all__ = [
     "MultiTableKVCounter",
     "check_kv_counter",
+    "counter_layout",
     "counter_entries",
     "counter_key_type",
     "parse_counter_files",
@@ -55,11 +56,23 @@ def check_kv_counter(counter: KVCounter, owner: str) -> None:
         )
 
 
+def counter_layout(counter: KVCounter) -> tuple[int, int]:
+    """(slots, bucket width) of a counter share, by the table's bucket rules:
+    ``capacity`` rounded up to whole buckets of ``bucket_capacity``; a
+    capacity smaller than a bucket is one bucket of that capacity (rounded up
+    to a multiple of ``BUCKET_ALIGNMENT``, as one bucket spanning a table is)."""
+    if counter.capacity < counter.bucket_capacity:
+        width = align_to_table_size(counter.capacity, BUCKET_ALIGNMENT)
+        return width, width
+    return align_to_table_size(counter.capacity, counter.bucket_capacity), counter.bucket_capacity
+
+
 class MultiTableKVCounter(Counter):
-    """The fused counter of several tables, built from their ``KVCounter``s.
+    """The fused counter of several tables, built from their ``KVCounter`` objects.
 
     Table ``t`` of the counter has ``kv_counters[t].capacity`` slots (rounded
-    up to whole buckets) in buckets of ``kv_counters[t].bucket_capacity``.
+    up to whole buckets) in buckets of ``kv_counters[t].bucket_capacity``, or
+    one bucket of its capacity when that is smaller (``counter_layout``).
     A key's count lives in its home bucket; a key that enters a full bucket
     evicts the bucket's smallest count (the first such slot on a tie) that
     the same call has not found or filled, and is not stored when there is
@@ -99,9 +112,10 @@ class MultiTableKVCounter(Counter):
             )
         self.kv_counters = kv_counters
         self.key_type: torch.dtype = kv_counters[0].key_type
+        layouts = [counter_layout(c) for c in kv_counters]
         self.table = ScoredHashTable(
-            [align_to_table_size(c.capacity, c.bucket_capacity) for c in kv_counters],
-            bucket_capacities=[c.bucket_capacity for c in kv_counters],
+            [slots for slots, _ in layouts],
+            bucket_capacities=[width for _, width in layouts],
             num_scores=1,
             device=device,
             validate=False,
@@ -374,7 +388,7 @@ def replace_counter_entries(
     counter: Counter, table_id: int, keys: torch.Tensor, counts: torch.Tensor
 ) -> None:
     """Makes ``keys`` with ``counts`` one table's only entries: erases the
-    keys it counts (``erase``), then ``load``s these."""
+    keys it counts (``erase``), then loads these (``load``)."""
     old, _ = counter_entries(counter, table_id)
     if old.numel():
         counter.erase(old, torch.full_like(old, table_id))

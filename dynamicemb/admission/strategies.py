@@ -16,8 +16,8 @@ from dynamicemb.admission.admitters import (
     MultiTableFrequencyAdmitter,
     MultiTableProbabilisticAdmitter,
 )
-from dynamicemb.admission.counters import MultiTableKVCounter, check_kv_counter
-from dynamicemb.dynamicemb_config import DynamicEmbInitializerArgs, align_to_table_size
+from dynamicemb.admission.counters import MultiTableKVCounter, check_kv_counter, counter_layout
+from dynamicemb.dynamicemb_config import DynamicEmbInitializerArgs
 from dynamicemb.embedding.initializer import MultiTableInitializer
 from dynamicemb.types import AdmissionStrategy, KVCounter
 
@@ -169,8 +169,7 @@ class FrequencyAdmissionStrategy(AdmissionStrategy):
         allocates per table)."""
         from dynamicemb.storage import table_metadata_bytes
 
-        c = self.kv_counter
-        return table_metadata_bytes([align_to_table_size(c.capacity, c.bucket_capacity)], 1, [0])
+        return table_metadata_bytes([counter_layout(self.kv_counter)[0]], 1, [0])
 
     def _with_deprecated_counter(self, counter) -> "FrequencyAdmissionStrategy":
         if self.counter is None:

@@ -19,6 +19,7 @@ import torch
 from torch.profiler import record_function
 
 from dynamicemb._checks import as_int, as_tensor
+from dynamicemb._warnings import warn_once
 from dynamicemb.dynamicemb_config import (
     OPTIMIZER_STATE_DTYPE,
     DynamicEmbCheckMode,
@@ -26,6 +27,7 @@ from dynamicemb.dynamicemb_config import (
     DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
 )
+from dynamicemb.embedding.cuda_graphs import LookupGraphs, graphs_enabled_by_default
 from dynamicemb.embedding.initializer import MultiTableInitializer, init_rows_at
 from dynamicemb.embedding.optimizer import RowOptimizer
 from dynamicemb.embedding.score_function import VictimScorer, table_score_columns
@@ -55,6 +57,59 @@ def _fill_refs(n: int, device: torch.device) -> torch.Tensor:
     return -2 - torch.arange(n, device=device)
 
 
+def _default_optimizer():
+    """FBGEMM's EmbOptimType.EXACT_SGD, the default ``optimizer``; an
+    ImportError that says what to install when FBGEMM cannot be imported."""
+    try:
+        from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    except (ImportError, OSError) as e:
+        raise ImportError(
+            "BatchedDynamicEmbeddingTablesV2: the default optimizer is FBGEMM's "
+            f"EmbOptimType.EXACT_SGD, and fbgemm_gpu does not import ({e}). Install "
+            "fbgemm-gpu-cpu with a CPU torch or fbgemm-gpu with a CUDA torch (the extras "
+            "dynamicemb[fbgemm-cpu] / dynamicemb[fbgemm-cuda]), or pass an optimizer that "
+            "needs no FBGEMM (optimizer=DynamicEmbOptimType.FTRL)."
+        ) from e
+    return EmbOptimType.EXACT_SGD
+
+
+def _warn_state_dict_without_rows(module, state_dict, prefix, local_metadata) -> None:
+    warn_state_dict_without_rows()
+
+
+def warn_state_dict_without_rows() -> None:
+    """Warns, once per process, that a state dict lacks the dynamic tables'
+    rows (this module's state dict hook; the sharded collections' state_dict)."""
+    warn_once(
+        "state_dict_without_rows",
+        "state_dict() does not hold the rows of dynamic embedding tables (they live in "
+        "hash tables, not in dense weights): torch.save(model.state_dict()) or a "
+        "torch.distributed.checkpoint save of it alone loses them. Save and load them with "
+        "dynamicemb.DynamicEmbDump / DynamicEmbLoad, or with torch.distributed.checkpoint "
+        "through dynamicemb.checkpoint.DynamicEmbStateful(model) next to the state dict "
+        "(docs/checkpoint.md). Shown once.",
+    )
+
+
+def _warn_if_host_only(options: Sequence[DynamicEmbTableOptions], device: torch.device) -> None:
+    """On a GPU, a table of one hybrid table whose device budget is zero
+    keeps every row in host memory: allowed, but worth saying once."""
+    if device.type != "cuda" or options[0].caching or options[0].external_storage is not None:
+        return
+    host_only = [t for t, o in enumerate(options) if o.local_hbm_for_values == 0]
+    if host_only:
+        warn_once(
+            "host_only_rows",
+            f"dynamic tables {host_only} of a module on {device} keep all their rows in host "
+            "memory: their local_hbm_for_values is 0 (the sharding planner sets it to "
+            "ceil(global_hbm_for_values / world_size), and global_hbm_for_values defaults "
+            "to 0). Give DynamicEmbTableOptions.global_hbm_for_values a device budget, e.g. "
+            "get_table_value_bytes(...) for all rows on the device (docs/storage.md). "
+            "Shown once.",
+            stacklevel=3,
+        )
+
+
 class _Pool(torch.autograd.Function):
     """Pooling forward (embedding_pool), and a backward that
     reduces each distinct key's gradient and updates its row in place
@@ -68,6 +123,8 @@ class _Pool(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         ctx.module._apply_gradients(grad_out, ctx.batch_args)
+        if not torch.compiler.is_compiling():  # a traced step replays no CUDA graph
+            ctx.batch_args.updated = True
         return (None,) * 3
 
 
@@ -95,6 +152,9 @@ class _Batch:
     # reaches the backward as data (an int would be a constant of a backward
     # traced by torch.compile). None for the other optimizers.
     adam_bias: torch.Tensor | None = None
+    # Set once the backward has updated the batch's rows (a batch of a CUDA
+    # graph's tensors holds them until then: LookupGraphs).
+    updated: bool = False
 
     def pool(self, element_type: int) -> torch.Tensor:
         """Every bag's (weighted) sum of its rows in the output layout (the
@@ -156,6 +216,12 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
     Input (TorchRec's TBE convention): ``indices`` (n) int64 and ``offsets``
     (num_features * batch_size + 1), the bags of feature f being
     ``offsets[f * B : (f + 1) * B + 1]``.
+
+    ``cuda_graphs`` (bool, default on unless the environment variable
+    ``DYNAMICEMB_CUDA_GRAPHS`` is ``0`` when the module is built): a CUDA
+    module replays the training lookup of a batch shape it has seen before
+    from a CUDA graph (dynamicemb/embedding/cuda_graphs.py); the results are
+    the eager lookup's.
     """
 
     def __init__(
@@ -198,9 +264,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if self.pooling_mode == DynamicEmbPoolingMode.NONE and len(set(self.dims)) != 1:
             raise ValueError(f"pooling NONE needs one dim for all tables, got {self.dims}")
         if optimizer is None:
-            from fbgemm_gpu.split_embedding_configs import EmbOptimType
-
-            optimizer = EmbOptimType.EXACT_SGD
+            optimizer = _default_optimizer()
         self.optimizer = RowOptimizer(optimizer, **optimizer_args)
         self.max_dim = max(self.dims)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
@@ -233,6 +297,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.storage: TableStorage = create_storage(
             self.table_options, self.layout, self.device, scorer_factory
         )
+        _warn_if_host_only(self.table_options, self.device)
+        # A state dict has no place for hash-table rows: say so, once.
+        self._register_state_dict_hook(_warn_state_dict_without_rows)
         self.seed = seed
         if initializer_table_ids is None:
             initializer_table_ids = range(n)
@@ -302,6 +369,10 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         )
         # Autograd needs one input that requires grad to call backward.
         self._placeholder = torch.nn.Parameter(torch.zeros(1, device=self.device))
+        # Whether a CUDA module replays the training lookups of batch shapes
+        # it has seen from CUDA graphs (dynamicemb/embedding/cuda_graphs.py).
+        self.cuda_graphs = graphs_enabled_by_default()
+        self._graphs = LookupGraphs() if self.device.type == "cuda" else None
 
     # ------------------------------------------------------------ storage --
 
@@ -491,6 +562,29 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                     f"CUSTOMIZED score strategy: call set_score before the forward pass (tables "
                     f"{unset} have no score)"
                 )
+        if self.training:
+            self.step += 1
+        b = None
+        if self._graphs is not None and self.cuda_graphs and not torch.compiler.is_compiling():
+            b = self._graphs.lookup(self, indices, offsets, frequency_counters)
+        if b is None:
+            b = self._lookup(indices, offsets, frequency_counters, self.step)
+        if pooling_weights is not None:
+            b.weights = pooling_weights
+        if self.training and self._adam_betas is not None:
+            # One op in eager and traced steps alike: a torch.pow here would
+            # be specialized on the step by torch.compile (torch 2.11 guards
+            # on exponents 1 and 2) or computed by the compiler's own pow.
+            b.adam_bias = ops().adam_bias(self._adam_betas, self.step)
+        return _Pool.apply(self._placeholder, self, b)
+
+    def _lookup(self, indices, offsets, frequency_counters, step) -> "_Batch":
+        """A checked batch's distinct keys found (and, training, inserted
+        with their new rows written) and its bag structure: everything of
+        the step before the pooling, a function of the inputs and the
+        tables' state alone (what ``LookupGraphs`` captures). ``step``: the
+        training step's number, an int or (captured) a (1, 1) tensor. The
+        batch's weights are MEAN's (1 / bag length) or None."""
         num_features = len(self.feature_table_map)
         batch = (offsets.numel() - 1) // num_features
         lengths = offsets[1:] - offsets[:-1]
@@ -503,17 +597,16 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         with record_function("dynamicemb:unique"):
             su = segmented_unique(indices, tids, len(self.table_options), padded=padded)
         self.stats.count_lookups(su.table_offsets)
-        self._uniq_tids = su.table_ids
         counts = su.counts
         if frequency_counters is not None:
             counts = torch.zeros_like(su.counts).index_add_(0, su.inverse, frequency_counters)
         with record_function("dynamicemb:find_or_insert"):
             if self.training:
-                rows, fill = self._rows_train(su, counts, padded)
+                rows, fill = self._rows_train(su, counts, padded, step)
             else:
                 rows, fill = self._rows_eval(su.keys, su.table_ids)
         space = self.storage.space()
-        weights = pooling_weights
+        weights = None
         if self.pooling_mode == DynamicEmbPoolingMode.MEAN:
             inv_len = 1.0 / lengths.clamp(min=1).to(torch.float32)
             weights = inv_len[bag]
@@ -552,12 +645,26 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 self._out_width,
                 fill,
             )
-        if self.training and self._adam_betas is not None:
-            # One op in eager and traced steps alike: a torch.pow here would
-            # be specialized on the step by torch.compile (torch 2.11 guards
-            # on exponents 1 and 2) or computed by the compiler's own pow.
-            b.adam_bias = ops().adam_bias(self._adam_betas, self.step)
-        return _Pool.apply(self._placeholder, self, b)
+        return b
+
+    def _graph_state(self) -> tuple | None:
+        """The addresses of the state tensors a training lookup touches (the
+        storage's and the module's counters), or None when the lookup may
+        not be captured in a CUDA graph: outside training, with admission, a
+        storage whose ``train_rows`` synchronizes, failures read on the host
+        (``safe_check_mode``), or ``DYNAMICEMB_DEBUG`` checks."""
+        padded = self.storage.takes_padded_batches and self.admitter is None
+        if not (self.training and padded):
+            return None
+        if os.environ.get("DYNAMICEMB_DEBUG"):  # the unique's offsets checked on the host
+            return None
+        if self.table_options[0].safe_check_mode != DynamicEmbCheckMode.IGNORE:
+            return None
+        storage = self.storage.graph_state()
+        if storage is None:
+            return None
+        own = (self.stats.counts, self.insert_failures, self._custom_score_t)
+        return (*storage, *(x.data_ptr() for x in own))
 
     def _batch_input(self, indices: torch.Tensor, offsets: torch.Tensor):
         """A batch in TBE layout on the module's device (int64, contiguous),
@@ -686,25 +793,26 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         i = int(checks["pooling_weights"].nonzero()[0, 0])
         raise ValueError(f"pooling_weights must be finite, got {weights[i].item()} at index {i}")
 
-    def _rows_train(self, su, counts, padded: bool):
+    def _rows_train(self, su, counts, padded: bool, step):
         """(rows, fill) of the distinct keys ``su`` (a padded batch when
         ``padded``): rows -1 where not stored, fill rows for the keys admission
-        rejects (see _Batch); ``counts`` are the LFU increments."""
-        self.step += 1
+        rejects (see _Batch); ``counts`` are the LFU increments, ``step``
+        the STEP score."""
         keys, tids = su.keys, su.table_ids
         if self.admitter is None:
             if padded:
-                return self._find_or_insert(keys, tids, counts, su.num_unique, su.valid()), None
-            return self._find_or_insert(keys, tids, counts), None
+                rows = self._find_or_insert(keys, tids, counts, step, su.num_unique, su.valid())
+                return rows, None
+            return self._find_or_insert(keys, tids, counts, step), None
         missing, admitted = self._admit(keys, tids, su.counts)
         rejected = missing.masked_select(~admitted)
         keep = torch.ones(keys.shape, dtype=torch.bool, device=self.device)
         keep = keep.index_fill_(0, rejected, False).nonzero().squeeze(1)
         kept = [x.index_select(0, keep) for x in (keys, tids, counts)]
-        rows = torch.full_like(keys, -1).index_copy_(0, keep, self._find_or_insert(*kept))
+        rows = torch.full_like(keys, -1).index_copy_(0, keep, self._find_or_insert(*kept, step))
         return self._with_fill(rows, rejected, keys, tids, self._rejected_initializer)
 
-    def _find_or_insert(self, keys, tids, counts, num_keys=None, valid=None) -> torch.Tensor:
+    def _find_or_insert(self, keys, tids, counts, step, num_keys=None, valid=None) -> torch.Tensor:
         """Training find-or-insert of distinct keys: their rows (-1 where an
         insert failed); new rows are initialized. A padded batch passes the
         number of its distinct keys (on the device) and their mask."""
@@ -712,7 +820,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if S.CUSTOMIZED in self.strategies:
             custom = self._custom_score_t[tids].reshape(-1, 1)  # each key its table's
         rows = self.storage.train_rows(
-            keys, tids, counts, BatchScore(self.step, custom), self._row_init, num_keys=num_keys
+            keys, tids, counts, BatchScore(step, custom), self._row_init, num_keys=num_keys
         )
         failed = rows < 0 if valid is None else (rows < 0) & valid
         mode = self.table_options[0].safe_check_mode

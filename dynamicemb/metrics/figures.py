@@ -42,6 +42,8 @@ class TableReading:
             ``CounterCol`` name (``SIZE``, ``INSERTS``, ``EVICTIONS``,
             ``INSERT_FAILURES``, ...).
         stats (dict[StatCol, int]): the module's counters, only those it feeds.
+        held (int): rows held, in every tier: a cached table's rows in its
+            device cache that its backing table does not hold count too.
         capacity (int): slots of the table's key map now.
         limit (int): rows it can hold now (NO_EVICTION: its value rows; else
             its slots).
@@ -51,6 +53,7 @@ class TableReading:
     attributes: dict
     counters: dict[str, int]
     stats: dict[StatCol, int]
+    held: int
     capacity: int
     limit: int
     memory: dict[MemoryType, int]
@@ -153,8 +156,8 @@ FIGURES: tuple[Figure, ...] = (
         "dynamicemb.table.usage",
         UP_DOWN_COUNTER,
         "{row}",
-        "Rows held: keys stored in the table.",
-        lambda r: [(r.counters["SIZE"], {})],
+        "Rows held: keys stored in the table, in any tier (a cached table's cache too).",
+        lambda r: [(r.held, {})],
     ),
     Figure(
         "dynamicemb.table.limit",

@@ -148,13 +148,17 @@ class MetricsRegistry:
                 del flat[: n * width]
             table = module.table
             memory = {mt: module.memory_per_table(mt) for mt in MemoryType}
+            # A cache holds rows its backing table does not (yet): count every tier.
+            held = module.storage.sizes() if module.storage.has_cache else None
             for t, attrs in enumerate(source.attributes):
                 capacity = table.capacity(t)
+                counters = {c: rows[0][t][int(enums.CounterCol[c])] for c in cols}
                 readings.append(
                     TableReading(
                         attributes=attrs,
-                        counters={c: rows[0][t][int(enums.CounterCol[c])] for c in cols},
+                        counters=counters,
                         stats={c: rows[1][t][int(c)] for c in StatCol if c in module.stats.fed},
+                        held=counters["SIZE"] if held is None else held[t],
                         capacity=capacity,
                         limit=table.row_capacity(t) if table.is_no_eviction(t) else capacity,
                         memory={mt: memory[mt][t] for mt in MemoryType},

@@ -48,14 +48,15 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
 
     * perf: TorchRec's estimators rate the same sharding with the ``FUSED``
       kernel (the same lookups and communication).
-    * storage: what one rank of the table's storage allocates when it is
-      built (``dynamic_shard_storage``: device rows within
-      ``local_hbm_for_values``, or a device cache of that size, plus the hash
-      tables' metadata on the device; the other rows in host memory; for
-      ``init_capacity`` rows), plus the input/output buffers TorchRec's
-      estimators count for the same sharding. It does not
-      depend on ``num_embeddings`` beyond the per-rank capacity, so a table of
-      ``2**40`` rows plans when its ``init_capacity`` fits.
+    * storage: the input/output buffers TorchRec's estimators count for the
+      same sharding, and nothing for the table itself. The topology's memory
+      budgets TorchRec's tables and these buffers; a dynamic table takes its
+      budget from its own options (``global_hbm_for_values``), so a topology
+      smaller than the dynamic tables plans, and the static tables are fitted
+      into it as TorchRec fits them. What one rank of the table allocates
+      (``dynamic_shard_storage``) is still worked out, so options a table
+      cannot be built from (an optimizer without a dynamicemb row layout, a
+      cache budget below 16 rows) are refused here, naming the table.
 
     The options used are the table's ``dynamicemb_options`` prepared for the
     topology's world size (``prepare_table_options``), whether or not
@@ -154,7 +155,8 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
         (perf), and two whose non-empty shards have one and two rows: the
         estimators' storage is affine in the rows, so twice the first minus
         the second is the storage that does not depend on the rows (the
-        input/output buffers). The table's own storage is added to that.
+        input/output buffers), which is the option's storage. The table's
+        own storage is not part of the topology's budget (see the class).
         """
         dynamic = [
             so
@@ -170,13 +172,10 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
             others + [p for _, full, one, two in stand_ins for p in (full, one, two)]
         )
         for so, full, one, two in stand_ins:
-            table = self._shard_storage(so)
+            self._shard_storage(so)  # refuses options the table cannot be built from
             for shard, perf_shard, s1, s2 in zip(so.shards, full.shards, one.shards, two.shards):
                 shard.perf = perf_shard.perf
-                io = _affine_intercept(s1.storage, s2.storage)
-                shard.storage = dataclasses.replace(
-                    io, hbm=io.hbm + table.hbm, ddr=io.ddr + table.ddr
-                )
+                shard.storage = _affine_intercept(s1.storage, s2.storage)
 
     def prepared_options(self, sharding_option: ShardingOption) -> DynamicEmbTableOptions:
         """The per-rank options of a dynamic table's sharding option.
@@ -190,7 +189,9 @@ class DynamicEmbeddingEnumerator(EmbeddingEnumerator):
         """
         options = _requested_options(self._constraints[sharding_option.name].dynamicemb_options)
         rows, dim = sharding_option.tensor.shape
-        shape_config = types.SimpleNamespace(num_embeddings=int(rows), embedding_dim=int(dim))
+        shape_config = types.SimpleNamespace(
+            name=sharding_option.name, num_embeddings=int(rows), embedding_dim=int(dim)
+        )
         return prepare_table_options(options, shape_config, self._dynamicemb_topology.world_size)
 
     def _shard_storage(self, sharding_option: ShardingOption):

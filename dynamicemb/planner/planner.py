@@ -77,7 +77,11 @@ class DynamicEmbeddingShardingPlanner:
         eb_configs (List[BaseEmbeddingConfig]): every table of the model.
         topology (Optional[Topology]): the devices. Default: the default
             process group's world size if it is initialized, else 1, on
-            ``"cuda"`` if available, else ``"cpu"``.
+            ``"cuda"`` if available, else ``"cpu"``. Its memory is the
+            budget of TorchRec's tables (and of the lookups' input/output
+            buffers, dynamic tables' included); it does not include what the
+            dynamic tables allocate, which their own options budget
+            (``global_hbm_for_values``).
         batch_size (Optional[int]): batch size per rank (TorchRec's default
             when None).
         enumerator (Optional[Enumerator]): a ``DynamicEmbeddingEnumerator``

@@ -3,12 +3,13 @@
 ``prepare_table_options`` is the preparation step of the spec's "Sharding
 planner" section (the spec's internal ``_prepare_dynemb_table_options``), the
 one the planner and the sharders both run; ``dynamic_shard_storage`` is the
-per-rank memory
-the enumerator reports for a dynamic table instead of TorchRec's dense
-``num_embeddings * dim`` estimate.
+per-rank memory a dynamic table allocates, which the topology's budget does
+not include (the enumerator works it out to refuse options a table cannot be
+built from, and counts only the lookups' buffers against the topology).
 """
 
 import dataclasses
+import warnings
 from typing import Any
 
 import torch
@@ -44,8 +45,12 @@ def prepare_table_options(
     The spec's preparation, in its order, on a copy (``options`` is not
     modified; objects it refers to, like an admission strategy, are shared):
 
-    0. ``dim`` = ``embedding_config.embedding_dim`` (a ``dim`` already set
-       must equal it);
+    0. ``dim`` = the table's columns: ``local_cols`` of a sharded table
+       (what the embedding kernel is built from), else
+       ``embedding_config.embedding_dim``. A ``dim`` already set that differs
+       is replaced, with a warning naming the table and both values (the
+       spec's "the embedding kernel only warns"): the columns are what
+       TorchRec lays the lookup's output and the checkpoint's rows out by;
     1. ``initializer_args`` = ``complete_initializer_args(initializer_args,
        embedding_config)``;
     2. ``(num_buckets, width) = _sharded_table_bucket_layout(embedding_config,
@@ -66,7 +71,8 @@ def prepare_table_options(
         options (DynamicEmbTableOptions): the table's options as the user
             gave them.
         embedding_config (BaseEmbeddingConfig): the table's global TorchRec
-            config (``num_embeddings``, ``embedding_dim``).
+            config (``num_embeddings``, ``embedding_dim``), or TorchRec's
+            ``ShardedEmbeddingTable`` of the table (``local_cols`` too).
         world_size (int): ranks the table is sharded over.
 
     Returns:
@@ -75,23 +81,28 @@ def prepare_table_options(
     Raises:
         TypeError: ``options`` is not a DynamicEmbTableOptions.
         ValueError: a bad ``bucket_capacity``, ``world_size``,
-            ``num_embeddings`` or ``embedding_dim``, or a ``dim`` that differs
-            from ``embedding_dim`` (the message names the table and the value).
+            ``num_embeddings`` or ``embedding_dim`` (the message names the
+            table and the value).
+
+    Warns:
+        UserWarning: ``options.dim`` is set and differs from the columns.
     """
     table = getattr(embedding_config, "name", None)
     if not isinstance(options, DynamicEmbTableOptions):
         raise TypeError(
             f"table {table!r}: dynamicemb_options must be a DynamicEmbTableOptions, got {options!r}"
         )
-    dim = getattr(embedding_config, "embedding_dim", None)
+    field = "local_cols" if getattr(embedding_config, "local_cols", 0) else "embedding_dim"
+    dim = getattr(embedding_config, field, None)
     if not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0:
         raise ValueError(
-            f"table {table!r}: embedding_config.embedding_dim must be a positive int, got {dim!r}"
+            f"table {table!r}: embedding_config.{field} must be a positive int, got {dim!r}"
         )
     if options.dim is not None and options.dim != dim:
-        raise ValueError(
-            f"table {table!r}: dynamicemb_options.dim ({options.dim}) differs from "
-            f"embedding_dim ({dim})"
+        warnings.warn(
+            f"table {table!r}: dynamicemb_options.dim ({options.dim}) differs from the "
+            f"table's {field} ({dim}); the table is built with dim {dim}",
+            stacklevel=2,
         )
     initializer_args = complete_initializer_args(options.initializer_args, embedding_config)
     num_buckets, width = _sharded_table_bucket_layout(

@@ -24,6 +24,7 @@ from torchrec.distributed.embeddingbag import (
 from torchrec.distributed.types import ParameterSharding, ShardingEnv, ShardingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from ..embedding.batched_tables import warn_state_dict_without_rows
 from ..planner.parameter_sharding import initializer_table_ids, is_dynamicemb_sharding
 from .input_dist import dedup_kjt
 from .sharding import (
@@ -138,6 +139,13 @@ class _DynamicTablesMixin:
         finally:
             setattr(self, self._CONFIGS_ATTR, configs)
 
+    def state_dict(self, *args: Any, **kwargs: Any) -> Any:
+        # TorchRec's state dict of the collection has its own tables only.
+        out = super().state_dict(*args, **kwargs)
+        if _dynamic_table_names(self.module_sharding_plan):
+            warn_state_dict_without_rows()
+        return out
+
     @staticmethod
     def _pre_load_state_dict_hook(
         self: Any,
@@ -157,7 +165,7 @@ class _DynamicTablesMixin:
 class ShardedDynamicEmbeddingCollection(_DynamicTablesMixin, ShardedEmbeddingCollection):
     """TorchRec's ``ShardedEmbeddingCollection`` with dynamic tables.
 
-    Dynamic tables are looked up by ``DynamicEmbeddingKernel``s behind their
+    Dynamic tables are looked up by ``DynamicEmbeddingKernel`` modules behind their
     own row-wise input dist; with ``use_index_dedup`` every sharding's keys
     are deduplicated per feature before the all-to-all (for dynamic tables the
     occurrence counts travel as frequency counters, so LFU scores count the

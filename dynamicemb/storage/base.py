@@ -106,6 +106,15 @@ class TableStorage(abc.ABC):
     # training step never reads the number of distinct keys on the host.
     takes_padded_batches: bool = False
 
+    def graph_state(self) -> tuple | None:
+        """What a CUDA graph of a padded training batch's ``train_rows``
+        would capture of this storage (the addresses of its state tensors and
+        the sizes its kernels take), or None when its ``train_rows``
+        synchronizes or changes its layout (a graph replays only an
+        unchanged state: see docs/architecture.md, "A training step that
+        never waits for the device")."""
+        return None
+
     # ------------------------------------------------------------ lookups --
 
     @abc.abstractmethod

@@ -2,8 +2,9 @@
 
 ``create_storage`` builds a module's ``TableStorage`` from its tables'
 options; ``plan_footprint`` computes, from one table's options alone, the
-bytes that storage allocates for it when it is built (what the planner
-reports), by the same rules.
+bytes that storage allocates for it when it is built (the estimate
+``dynamicemb.planner.prepare.dynamic_shard_storage`` reports), by the same
+rules.
 """
 
 from collections.abc import Callable, Sequence

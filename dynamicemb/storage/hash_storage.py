@@ -389,13 +389,16 @@ class HashTableStorage(TableStorage):
         (``reserve``). Only a table that can still grow pays for counting them
         (a find and a read of the counts)."""
         t = self.table
-        if not self.no_eviction and all(
-            t.capacity(i) >= t.max_capacity(i) for i in range(t.num_tables)
-        ):
+        if not self.no_eviction and self._at_capacity():
             return
         # Reserved keys (a padded batch's padding) are never stored.
         new = (t.find(keys, tids) < 0) & (keys >= self._first_valid)
         self.reserve(torch.bincount(tids[new], minlength=t.num_tables).tolist())
+
+    def _at_capacity(self) -> bool:
+        """Every table at its max_capacity (an evicting one no longer grows)."""
+        t = self.table
+        return all(t.capacity(i) >= t.max_capacity(i) for i in range(t.num_tables))
 
     # ------------------------------------------------------------ inserts --
 
@@ -465,6 +468,24 @@ class HashTableStorage(TableStorage):
         write_initial_rows(self.space(), offsets, keys, tids, init, self.layout)
 
     takes_padded_batches = True
+
+    def graph_state(self) -> tuple | None:
+        """Evicting tables at their capacity, without a victim scorer or
+        evicted keys to record: their training step neither synchronizes nor
+        moves a tensor (the state's addresses change only when the table
+        or its rows are rebuilt: an expansion, a relayout, a restore)."""
+        t = self.table
+        if self.no_eviction or self._scorer is not None or self.retain_evicted:
+            return None
+        if not self._at_capacity():
+            return None
+        tensors = (
+            *_table_tensors(t),
+            self._slot_offsets,
+            self.placement.params,
+            *self.rows_space.tensors,
+        )
+        return (*(x.data_ptr() for x in tensors), t.total_buckets, self._slot_stride)
 
     def train_rows(
         self, keys, tids, counts, score: BatchScore, init: RowInit, num_keys=None
@@ -671,10 +692,7 @@ class HashTableStorage(TableStorage):
 
     def metadata_bytes(self) -> int:
         t = self.table
-        return sum(
-            x.numel() * x.element_size()
-            for x in (t.keys, t.digests, t.scores, t.info, t.counters, t.free_rows)
-        )
+        return sum(x.numel() * x.element_size() for x in _table_tensors(t))
 
     def footprint_per_table(self) -> list[Footprint]:
         t, p = self.table, self.placement
@@ -797,6 +815,12 @@ class HashTableStorage(TableStorage):
             slots, status, evicted = self.insert(keys, tids, assign, words)
         self.write_keys(keys, slots, tids, status, embeddings, optimizer_state, init)
         return slots, status, evicted
+
+
+def _table_tensors(t: ScoredHashTable) -> tuple[torch.Tensor, ...]:
+    """A scored hash table's state tensors (its slots, table info, counters
+    and free rows)."""
+    return (t.keys, t.digests, t.scores, t.info, t.counters, t.free_rows)
 
 
 def _prefix(num_keys: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

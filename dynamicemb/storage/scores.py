@@ -23,13 +23,15 @@ class BatchScore:
     """What a training batch's scores depend on besides its keys.
 
     Attributes:
-        step (int): the module's forward count (STEP's score).
+        step (Union[int, torch.Tensor]): the module's forward count (STEP's
+            score), or a (1, 1) int64 tensor holding it on the keys' device
+            (a CUDA graph of the step reads it at each replay).
         custom (Optional[Union[int, torch.Tensor]]): the score ``set_score``
             gave (CUSTOMIZED): one for the batch, or (n, 1) int64, each key
             its table's.
     """
 
-    step: int
+    step: int | torch.Tensor
     custom: int | torch.Tensor | None = None
 
 
@@ -60,6 +62,8 @@ def batch_policies(strategies: tuple, score: BatchScore, counts: torch.Tensor):
     if s == S.TIMESTAMP:
         return [P.TIMER], None
     if s == S.STEP:
+        if isinstance(score.step, torch.Tensor):
+            return [P.ASSIGN], score.step
         # A tensor: under torch.compile the step is a symbolic int, which the
         # table's int path would specialize.
         return [P.ASSIGN], torch.full((1, 1), score.step, dtype=torch.int64, device=counts.device)

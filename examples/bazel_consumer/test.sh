@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and tests this workspace, which depends on the dynamicemb checkout two levels
-# up (WORKSPACE), then checks from here what dynamicemb's targets compile with: C++20,
-# device code for the archs of cc/sources.bzl, the static cudart. The CUDA checks read
+# up (WORKSPACE), then checks from here that `bazel query @dynamicemb//...` lists its
+# targets and what dynamicemb's targets compile with: C++20, device code for the archs
+# of cc/sources.bzl, the static cudart. The CUDA checks read
 # the planned command lines (bazel aquery/cquery): nothing is compiled for them.
 # tools/test.sh (and so .ci/run) runs it after dynamicemb's own tests.
 #
@@ -13,12 +14,19 @@ ROOT=$(cd ../.. && pwd)
 flags=(--repo_env=PYTHON_BIN_PATH="${PYTHON_BIN_PATH:-$ROOT/.venv/bin/python}")
 
 status=0
-bazel test "${flags[@]}" //... "$@" || status=$?
+bazel test "${flags[@]}" --test_output=errors //... "$@" || status=$?
 
 fail() {
   echo "bazel_consumer: $*" >&2
   status=1
 }
+
+# dynamicemb's targets as a query sees them from here (the checkout's own output links
+# are .bazelignore'd, so the query does not walk into them).
+targets=$(bazel query "${flags[@]}" '@dynamicemb//...' 2>/dev/null) || fail "bazel query @dynamicemb//... failed"
+for want in @dynamicemb//dynamicemb/embedding:embedding @dynamicemb//cc/table:table_cpu; do
+  grep -qxF "$want" <<<"$targets" || fail "bazel query @dynamicemb//... lacks $want"
+done
 archs=$(sed -n 's/^CUDA_ARCHS = \[\(.*\)\]/\1/p' "$ROOT/cc/sources.bzl" | tr -d '", ' | fold -w2)
 [ -n "$archs" ] || fail "no CUDA_ARCHS in cc/sources.bzl"
 
@@ -47,6 +55,6 @@ runtime=$(bazel cquery "${flags[@]}" 'deps(@dynamicemb//cc/table:table_cuda)' 2>
 [ "$runtime" = "libcudart_static.a" ] || fail "cudart linked: $(echo $runtime)"
 
 if [ "$status" -eq 0 ]; then
-  echo "bazel_consumer: tests passed; C++20, archs $(echo $archs), static cudart"
+  echo "bazel_consumer: tests passed; @dynamicemb//... queried; C++20, archs $(echo $archs), static cudart"
 fi
 exit "$status"

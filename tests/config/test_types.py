@@ -93,7 +93,6 @@ def test_kv_counter_defaults_and_value_semantics():
         ({"capacity": 0}, "capacity"),
         ({"capacity": -5}, "-5"),
         ({"capacity": 4096, "bucket_capacity": 0}, "bucket_capacity"),
-        ({"capacity": 512, "bucket_capacity": 1024}, "1024"),
         ({"capacity": 4096, "key_type": torch.float32}, "float32"),
     ],
 )

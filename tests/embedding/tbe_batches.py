@@ -43,3 +43,19 @@ def random_batches(device, steps, batch, vocab, seed, features=3, weights=False)
             b += (torch.rand(keys.numel(), generator=g).to(device),)
         out.append(b)
     return out
+
+
+def train_step(module, batch, extra=None):
+    """One training step of ``batch`` = (keys, offsets, weights): the weights
+    as pooling weights (``extra="pooling_weights"``), as frequency counters
+    (``"frequency_counters"``: 4 x weight, rounded down) or unused; loss =
+    the sum of the squared outputs. Returns the (detached) output."""
+    keys, offsets, weights = batch
+    kw = {}
+    if extra == "pooling_weights":
+        kw["pooling_weights"] = weights
+    elif extra == "frequency_counters":
+        kw["frequency_counters"] = (weights * 4).long()
+    out = module(keys, offsets, **kw)
+    (out * out).sum().backward()
+    return out.detach()

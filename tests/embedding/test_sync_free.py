@@ -23,7 +23,7 @@ from dynamicemb.storage import space as sp
 from dynamicemb.storage.hash_storage import rows_buffer
 from tests.devices import DEVICES
 from tests.embedding.sync_guard import HostSync, forbid_host_syncs
-from tests.embedding.tbe_batches import random_batches, unchecked_module
+from tests.embedding.tbe_batches import random_batches, train_step, unchecked_module
 
 EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
 
@@ -183,17 +183,6 @@ def _batches(device, steps):
     return random_batches(device, steps, batch=64, vocab=3000, seed=0, weights=True)
 
 
-def _step(module, batch, extra):
-    keys, offsets, weights = batch
-    kw = {}
-    if extra == "pooling_weights":
-        kw["pooling_weights"] = weights
-    elif extra == "frequency_counters":
-        kw["frequency_counters"] = (weights * 4).long()
-    out = module(keys, offsets, **kw)
-    (out * out).sum().backward()
-
-
 CASES = [
     ("sgd", "SUM", (16, 16), False, None),
     ("adam", "NONE", (16, 16), False, "frequency_counters"),
@@ -208,7 +197,7 @@ def test_training_step_reads_nothing_from_the_device(optimizer, pooling, dims, m
     module = _module("cpu", optimizer, pooling, dims, mixed_init)
     for batch in _batches("cpu", 4):
         with forbid_host_syncs(allow={CPU_ONLY_READ}):
-            _step(module, batch, extra)
+            train_step(module, batch, extra)
     assert int(module.insert_failures) == 0
     assert int(module.table.size().sum()) > 0
 
@@ -223,7 +212,7 @@ def test_the_proxy_catches_a_read(monkeypatch):
     monkeypatch.setattr(bt, "segmented_unique", lambda k, t, n, padded: segmented_unique(k, t, n))
     with pytest.raises(HostSync, match="__int__"):
         with forbid_host_syncs(allow={CPU_ONLY_READ}):
-            _step(module, batch, None)
+            train_step(module, batch, None)
 
 
 @pytest.mark.gpu
@@ -236,10 +225,10 @@ def test_cuda_training_step_never_synchronizes(optimizer, pooling, dims, mixed_i
         torch.cuda.synchronize()
         torch.cuda.set_sync_debug_mode("error")
         try:
-            _step(module, batch, extra)
+            train_step(module, batch, extra)
         finally:
             torch.cuda.set_sync_debug_mode("default")
-        _step(twin, tuple(t.cpu() for t in batch), extra)
+        train_step(twin, tuple(t.cpu() for t in batch), extra)
         keys, offsets, _ = batch
         module.eval(), twin.eval()
         with torch.no_grad():

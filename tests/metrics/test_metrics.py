@@ -10,6 +10,7 @@ import urllib.request
 
 import pytest
 import torch
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
 # Not installed on a GPU machine without the bundle's OpenTelemetry wheels
 # (docs/testing.md); CI installs it (tools/setup_env.sh).
@@ -20,6 +21,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from prometheus_client.parser import text_string_to_metric_families
 
 from dynamicemb import DynamicEmbScoreStrategy, DynamicEmbTableOptions
+from dynamicemb.dynamicemb_config import value_row_bytes
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2, segmented_unique
 from dynamicemb.metrics import (
     COLLECTION,
@@ -64,13 +66,18 @@ def _batches(n, vocab=2000, seed=0):
     return out
 
 
-def _distinct_per_table(keys, offsets):
-    """Distinct keys of each table in a batch, by Python sets."""
-    seen = [set() for _ in range(TABLES)]
+def _keys_per_table(keys, offsets, seen=None):
+    """The keys of each table in a batch, as Python sets (added to ``seen``)."""
+    seen = [set() for _ in range(TABLES)] if seen is None else seen
     for f, t in enumerate(FEATURES):
         lo, hi = int(offsets[f * BATCH]), int(offsets[(f + 1) * BATCH])
         seen[t].update(keys[lo:hi].tolist())
-    return [len(s) for s in seen]
+    return seen
+
+
+def _distinct_per_table(keys, offsets):
+    """Distinct keys of each table in a batch, by Python sets."""
+    return [len(s) for s in _keys_per_table(keys, offsets)]
 
 
 def _train(module, batches):
@@ -223,6 +230,31 @@ def test_registering_twice_and_dropping_dead_modules(reader):
     gc.collect()
     assert reg.num_tables() == TABLES
     assert len(reg.read()) == TABLES
+
+
+def test_rows_held_of_a_cached_table_count_the_rows_in_its_cache(reader):
+    """A cache over a host table holds rows the host table does not (new keys
+    enter the cache; only the ones it evicts are written back): rows held is
+    every distinct key seen, as long as the host table has room for them all."""
+    r, provider = reader
+    dims = [4 + 4 * t for t in range(TABLES)]
+    budgets = [64 * value_row_bytes(EmbOptimType.EXACT_SGD, d, torch.float32) for d in dims]
+    opts = [
+        DynamicEmbTableOptions(dim=d, max_capacity=4096, caching=True, local_hbm_for_values=b)
+        for d, b in zip(dims, budgets)
+    ]
+    module = BatchedDynamicEmbeddingTablesV2(opts, FEATURES, learning_rate=0.1)
+    instrument(module, collection="c", meter_provider=provider)
+    batches = _batches(4, vocab=300)
+    _train(module, batches)
+    seen = None
+    for keys, offsets in batches:
+        seen = _keys_per_table(keys, offsets, seen)
+    got = _collect(r)["dynamicemb.table.usage"]
+    host = module.table.size().tolist()
+    for t in range(TABLES):
+        assert got[_key(f"table_{t}")] == len(seen[t])
+        assert host[t] < len(seen[t])  # the host table alone misses the cached rows
 
 
 def test_admission_and_cache_figures_join_when_fed(reader):

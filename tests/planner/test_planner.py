@@ -17,7 +17,7 @@ from torchrec.distributed.embedding import EmbeddingCollectionSharder
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
-from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, Topology
+from torchrec.distributed.planner.types import ParameterConstraints, Topology
 from torchrec.distributed.types import ParameterSharding, ShardingType
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection, EmbeddingCollection
@@ -35,7 +35,6 @@ from dynamicemb.planner import (
     prepare_table_options,
 )
 from dynamicemb.planner.parameter_sharding import DynamicEmbParameterSharding
-from dynamicemb.table import constants
 
 RW = ShardingType.ROW_WISE.value
 CUSTOM = EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value
@@ -409,17 +408,17 @@ def test_plan_huge_dynamic_table(world_size):
     assert sum(s.shard_sizes[0] for s in entry.sharding_spec.shards) == huge
 
 
-def test_plan_reserves_the_initial_allocation():
+def test_plan_leaves_the_dynamic_tables_allocation_to_its_options():
     # Without init_capacity the table is built at max_capacity (2**39 rows of
-    # keys and scores per rank): that does not fit and planning says so.
+    # keys and scores per rank): the topology does not budget it.
     planner = DynamicEmbeddingShardingPlanner(
         _ec_configs(huge=2**40) + _ebc_configs(),
         topology=_topology(2, "cuda"),
         constraints=_constraints(),
         debug=False,
     )
-    with pytest.raises(PlannerError):
-        planner.plan(_Model(_ec_configs(huge=2**40), _ebc_configs()), _sharders())
+    plan = planner.plan(_Model(_ec_configs(huge=2**40), _ebc_configs()), _sharders())
+    assert plan.plan["ec"]["dyn_ec"].dynamicemb_options.init_capacity == 2**39
 
 
 def test_plan_rejects_a_sharder_without_the_dynamic_kernel():
@@ -523,7 +522,8 @@ def _rw_fused(options):
 def test_enumerator_dynamic_storage(device, caching):
     # A dynamic table and a static one of the same shape and inputs: the
     # static FUSED row-wise option's storage minus its dense rows is the
-    # input/output part both share.
+    # input/output part both share, and all the dynamic option's storage (the
+    # table itself is outside the topology's budget).
     world_size, dim, rows = 2, 16, 1000
     configs = [
         EmbeddingBagConfig(name="dyn", embedding_dim=dim, num_embeddings=rows, feature_names=["a"]),
@@ -545,32 +545,17 @@ def test_enumerator_dynamic_storage(device, caching):
     (dyn,) = space["dyn"]
     twin = _rw_fused(space["twin"])
     dense_rows = [s.size[0] * dim * 4 for s in twin.shards]
-    # 300 rows -> 3 buckets of 128 = 384 rows; Adam: dim + 2 * dim floats.
-    row_bytes = 3 * dim * 4
-    values = 384 * row_bytes
-    # A hash table's metadata: key, digest and score word per slot; a row of
-    # table info and of counters per table.
-    c = constants()
-    per_table = (int(c["INFO_COLS"]) + int(c["COUNTER_COLS"])) * 8
-    meta = 384 * (8 + 1 + 8) + per_table
-    # local_hbm_for_values: 30_000 over 2 ranks, 78 rows of 192 bytes
-    if caching:
-        cache_rows = 64  # 78 rows in one bucket, a multiple of 16
-        table_hbm = cache_rows * row_bytes + cache_rows * 17 + per_table + meta
-        table_ddr = values
-    else:
-        table_hbm = 78 * row_bytes + meta
-        table_ddr = values - 78 * row_bytes
     for shard, twin_shard, dense in zip(dyn.shards, twin.shards, dense_rows):
         assert shard.perf == twin_shard.perf
         if device == "cuda":
             io = twin_shard.storage.hbm - dense
             assert twin_shard.storage.ddr == 0
-            assert (shard.storage.hbm, shard.storage.ddr) == (io + table_hbm, table_ddr)
+            assert (shard.storage.hbm, shard.storage.ddr) == (io, 0)
         else:
             io = twin_shard.storage.ddr - dense
             assert twin_shard.storage.hbm == 0
-            assert (shard.storage.hbm, shard.storage.ddr) == (0, io + table_hbm + table_ddr)
+            assert (shard.storage.hbm, shard.storage.ddr) == (0, io)
+        assert io > 0
 
 
 def test_enumerator_prepares_for_its_own_world_size():
@@ -587,11 +572,22 @@ def test_enumerator_prepares_for_its_own_world_size():
     assert (prepared.bucket_capacity, prepared.max_capacity) == (256, 256)
 
 
-def test_prepare_refuses_a_dim_that_differs_from_the_config_naming_the_table():
+def test_prepare_warns_of_a_dim_that_differs_from_the_config_and_uses_the_config():
     options = DynamicEmbTableOptions(dim=8)
-    with pytest.raises(ValueError, match=r"table 't'.*dim \(8\) differs from embedding_dim \(16\)"):
-        prepare_table_options(options, _cfg(1000), 2)
+    with pytest.warns(UserWarning, match=r"table 't'.*dim \(8\) differs.*embedding_dim \(16\)"):
+        prepared = prepare_table_options(options, _cfg(1000), 2)
+    assert prepared.dim == 16
     assert options.dim == 8 and options.max_capacity is None
+
+
+def test_the_planner_sets_dim_from_the_config():
+    constraints = _constraints(dyn_ec=DynamicEmbTableOptions(dim=4))
+    with pytest.warns(UserWarning, match=r"table 'dyn_ec'.*dim \(4\)"):
+        planner = DynamicEmbeddingShardingPlanner(
+            _ec_configs() + _ebc_configs(), topology=_topology(2), constraints=constraints
+        )
+    plan = planner.plan(_Model(_ec_configs(), _ebc_configs()), _sharders())
+    assert plan.plan["ec"]["dyn_ec"].dynamicemb_options.dim == 16
 
 
 def test_the_planner_spells_the_preparation_by_the_specs_name_too():

@@ -32,21 +32,25 @@
 # tests/twin, tests/checkpoint, tests/storage, tests/replication, tests/admission), the main
 # job (examples/train_dlrm.py --device cuda --steps 500).
 # Writes multigpu_*.txt to $OUT and prints a summary (also $OUT/multigpu.txt).
-# Timeouts in seconds: MG_BENCH_TIMEOUT (90), MG_TESTS_TIMEOUT (300),
+# Timeouts in seconds: MG_BENCH_TIMEOUT (180), MG_TESTS_TIMEOUT (300),
 # MG_TRAIN_TIMEOUT (60), MG_BUILD_TIMEOUT (300); MG_BENCH_ARGS replaces the
 # benchmark's step counts.
 #
 # sharded: a full-size training step through DistributedModelParallel
 # (tools/bench/sharded_ec_bench.py: 10 tables of dim 128, one feature each,
-# 104,857 ids per feature per step and GPU, power law over 1,677,721 rows, SGD
-# and Adam, TorchRec's tables against dynamic tables with every row in HBM,
-# with the per-stage profile and the HBM floor) on one GPU, then on every
-# visible GPU when there are several, SGD with index dedup on one GPU; before
-# it the GPU tests of the training step without synchronization and of
-# torch.compile (tests/embedding/test_sync_free.py, test_compile.py,
-# tests/shard/test_sharded_sync_free.py). Writes $OUT/sharded.txt (the
-# summary), sharded_tests.txt, sharded_{1,N}gpu.txt and .json. Timeouts:
-# SHARDED_TESTS_TIMEOUT (240), SHARDED_BENCH_TIMEOUT (150 per run).
+# power law over 1,677,721 rows, SGD and Adam, dynamic tables with every row in
+# HBM, with and without CUDA graphs of the lookup, against TorchRec's tables
+# as its planner places them unconstrained, table_wise and row_wise; with the
+# per-stage profile and the HBM floor): an EmbeddingCollection of 104,857 ids
+# per feature per step and GPU, then an EmbeddingBagCollection (SUM) of 65,536,
+# each on one GPU, then on every visible GPU when there are several; before
+# it the GPU tests of the training step without synchronization, of
+# torch.compile and of the CUDA graphs (tests/embedding/test_sync_free.py,
+# test_compile.py, test_cuda_graphs.py, tests/shard/test_sharded_sync_free.py).
+# Writes $OUT/sharded.txt (the summary), sharded_tests.txt,
+# sharded_{ec,ebc}_{1,N}gpu.txt and .json. Timeouts: SHARDED_TESTS_TIMEOUT
+# (240), SHARDED_BENCH_TIMEOUT (240 per run); SHARDED_BENCH_ARGS replaces the
+# step counts.
 #
 # metrics: the metrics' GPU tests (`pytest -m gpu tests/metrics`: no more
 # synchronizations in a training step with metrics than without) and the train
@@ -111,10 +115,10 @@ multigpu_part() {
   # 1. Benchmark: sharded EmbeddingCollection, dynamicemb against TorchRec.
   t0=$(date +%s)
   # shellcheck disable=SC2086
-  timeout -k 10 "${MG_BENCH_TIMEOUT:-90}" "$PY" tools/bench/sharded_ec_bench.py --device cuda \
+  timeout -k 10 "${MG_BENCH_TIMEOUT:-180}" "$PY" tools/bench/sharded_ec_bench.py --device cuda \
     ${MG_BENCH_ARGS:---warmup 3 --steps 10} > "$OUT/multigpu_bench.txt" 2>&1
   rc=$?
-  echo "benchmark: $(status_word $rc "${MG_BENCH_TIMEOUT:-90}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+  echo "benchmark: $(status_word $rc "${MG_BENCH_TIMEOUT:-180}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
   grep -E '^(torchrec|dynamicemb):|^\||^`' "$OUT/multigpu_bench.txt" | tee -a "$sum"
   [ $rc -ne 0 ] && grep -v "registered at\|backend fallback" "$OUT/multigpu_bench.txt" | tail -15
   # 2. The distributed tests on NCCL (one pytest worker per test file when
@@ -164,7 +168,8 @@ sharded_part() {
   t0=$(date +%s)
   timeout -k 10 "${SHARDED_TESTS_TIMEOUT:-240}" "$PY" -m pytest -m "gpu or multigpu" -q -rs --tb=short \
     -p no:cacheprovider tests/embedding/test_sync_free.py tests/embedding/test_compile.py \
-    tests/shard/test_sharded_sync_free.py > "$OUT/sharded_tests.txt" 2>&1
+    tests/embedding/test_cuda_graphs.py tests/shard/test_sharded_sync_free.py \
+    > "$OUT/sharded_tests.txt" 2>&1
   rc=$?
   echo "tests: $(status_word $rc "${SHARDED_TESTS_TIMEOUT:-240}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/sharded_tests.txt" | tail -12 | tee -a "$sum"
@@ -172,24 +177,25 @@ sharded_part() {
   gpus=$("$PY" -c "import torch; print(torch.cuda.device_count())")
   local worlds=(1)
   [ "$gpus" -gt 1 ] && worlds+=("$gpus")
-  for world in "${worlds[@]}"; do
-    tag="${world}gpu"
-    t0=$(date +%s)
-    timeout -k 10 "${SHARDED_BENCH_TIMEOUT:-150}" "$PY" tools/bench/sharded_ec_bench.py --device cuda \
-      --world-size "$world" --batch $((104857 * world)) "${shape[@]}" --optimizer sgd adam \
-      --warmup 5 --steps 20 --profile-steps 3 --json "$OUT/sharded_$tag.json" > "$OUT/sharded_$tag.txt" 2>&1
-    rc=$?
-    echo "benchmark ($world GPU): $(status_word $rc "${SHARDED_BENCH_TIMEOUT:-150}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
-    grep -E '^(torchrec|dynamicemb):|^\||^`|^\*|^Per step|^Host' "$OUT/sharded_$tag.txt" | tee -a "$sum"
-    [ $rc -ne 0 ] && grep -v "registered at\|backend fallback" "$OUT/sharded_$tag.txt" | tail -15
+  # EC: 104,857 ids per feature and GPU; EBC: 65,536 bags of one id per feature and GPU.
+  local coll per
+  for coll in ec ebc; do
+    per=104857
+    [ "$coll" = ebc ] && per=65536
+    for world in "${worlds[@]}"; do
+      tag="${coll}_${world}gpu"
+      t0=$(date +%s)
+      # shellcheck disable=SC2086
+      timeout -k 10 "${SHARDED_BENCH_TIMEOUT:-240}" "$PY" tools/bench/sharded_ec_bench.py --device cuda \
+        --collection "$coll" --world-size "$world" --batch $((per * world)) "${shape[@]}" \
+        --optimizer sgd adam --eager ${SHARDED_BENCH_ARGS:---warmup 5 --steps 20 --profile-steps 2} \
+        --json "$OUT/sharded_$tag.json" > "$OUT/sharded_$tag.txt" 2>&1
+      rc=$?
+      echo "benchmark ($coll, $world GPU): $(status_word $rc "${SHARDED_BENCH_TIMEOUT:-240}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+      grep -E '^(torchrec|dynamicemb)|^\||^`|^\*|^Per step|^Host|^[0-9]+ x ' "$OUT/sharded_$tag.txt" | tee -a "$sum"
+      [ $rc -ne 0 ] && grep -v "registered at\|backend fallback" "$OUT/sharded_$tag.txt" | tail -15
+    done
   done
-  t0=$(date +%s)
-  timeout -k 10 "${SHARDED_BENCH_TIMEOUT:-150}" "$PY" tools/bench/sharded_ec_bench.py --device cuda \
-    --world-size 1 --batch 104857 "${shape[@]}" --optimizer sgd --dedup --warmup 3 --steps 10 \
-    > "$OUT/sharded_1gpu_dedup.txt" 2>&1
-  rc=$?
-  echo "benchmark (1 GPU, index dedup): $(status_word $rc "${SHARDED_BENCH_TIMEOUT:-150}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
-  grep -E '^(torchrec|dynamicemb):|^\|' "$OUT/sharded_1gpu_dedup.txt" | tee -a "$sum"
   return 0
 }
 

@@ -1,40 +1,52 @@
-"""Train-step time of a sharded EmbeddingCollection: dynamicemb against TorchRec.
+"""Train-step time of a sharded embedding collection: dynamicemb against TorchRec's plans.
 
     python tools/bench/sharded_ec_bench.py [--device cuda|cpu] [--world-size W]
-        [--batch 65536] [--tables 1] [--features 26] [--hotness 10] [--dim 128]
-        [--rows 10000000] [--optimizer adam [sgd ...]] [--dedup]
+        [--collection ec|ebc] [--batch 65536] [--tables 1] [--features 26]
+        [--hotness 10] [--dim 128] [--rows 10000000] [--optimizer adam [sgd ...]]
+        [--plans planner table_wise row_wise] [--dedup]
         [--warmup 5] [--steps 20] [--profile-steps 0] [--json FILE]
 
-An EmbeddingCollection of ``--tables`` tables (``--features`` features in
-all, split evenly, each table looked up by its own), sharded over every rank
-by DistributedModelParallel (one process per GPU with NCCL, or CPU processes
-with gloo), in two versions in the same run, on the same batches:
+An EmbeddingCollection (``--collection ec``, sequence lookups) or an
+EmbeddingBagCollection (``ebc``, SUM pooling) of ``--tables`` tables
+(``--features`` features in all, split evenly, each table looked up by its
+own), sharded over every rank by DistributedModelParallel (one process per
+GPU with NCCL, or CPU processes with gloo), in several versions in the same
+run, on the same batches:
 
 * dynamicemb: dynamic tables planned by DynamicEmbeddingShardingPlanner
   (row-wise, dist_type roundrobin) with every row in device memory
   (``global_hbm_for_values`` = the tables' value bytes), sharded by
-  DynamicEmbeddingCollectionSharder;
-* TorchRec: the same tables as TorchRec tables of ``rows`` rows, planned by
-  TorchRec's EmbeddingShardingPlanner constrained to row-wise and the FUSED
-  kernel (FBGEMM's TBE) and sharded by EmbeddingCollectionSharder.
+  DynamicEmbeddingCollectionSharder / DynamicEmbeddingBagCollectionSharder;
+* TorchRec, one version per ``--plans`` entry: the same tables as TorchRec
+  tables of ``rows`` rows, planned by TorchRec's EmbeddingShardingPlanner and
+  sharded by TorchRec's own sharder: ``planner`` with no constraints at all
+  (what a user who leaves the choice to TorchRec gets), ``table_wise`` and
+  ``row_wise`` constrained to that sharding type and the FUSED kernel
+  (FBGEMM's TBE). The plan each got is printed.
 
 ``--batch`` is the global batch, split over the ranks; every sample has
 ``--hotness`` ids per feature, drawn from a power law (exponent ``--alpha``)
 over ``[0, rows)`` and scattered by a fixed bijection (hot ids are not the
 small ones). A train step is forward, backward of the sum of the outputs, and
 the fused optimizer update (in the backward); each step gets fresh ids (made
-before the step's clock starts). Both versions are built first and then take
+before the step's clock starts). All versions are built first and then take
 turns step by step, so that drift in the machine's speed during the run
-weighs on both alike. For each optimizer, prints both versions'
-median step time after warm-up (the slowest rank's median) as a markdown
-row, with the HBM floor: the bytes a step must move on a rank (its keys in,
-its outputs out and their gradients in, each distinct row and its optimizer
-state read and written once) over the device's copy bandwidth measured in
-the run.
+weighs on all alike. For each version: the median step time after warm-up
+with a synchronization after every step (the slowest rank's median), the
+median host time (until the step is issued, without waiting for the device),
+and the pipelined step time (``--steps`` steps issued back to back, one
+synchronization at the end: what a training loop that never waits sees, the
+larger of the host's and the device's time). For each optimizer a markdown
+table gives every version's times and the ratio of dynamicemb's to each
+TorchRec plan's, with the HBM floor: the bytes a step must move on a rank (its
+keys in, its outputs out and their gradients in, each distinct row and its
+optimizer state read and written once) over the device's copy bandwidth
+measured in the run.
 
 ``--profile-steps N`` (CUDA) profiles N more steps of each version with
 torch.profiler and prints, per step, the device time of each stage (input
-distribution, routing, de-duplication, unique, find-or-insert, pooling,
+distribution, routing, de-duplication, unique, find-or-insert, the lookup
+replayed from a CUDA graph (unique and find-or-insert in one), pooling,
 output distribution, backward, update; kernels attributed by the range their
 launch falls in: dynamicemb's ``dynamicemb:*`` ranges, and the benchmark's
 own around the sharded module's input dist, lookups, output dists, the
@@ -77,6 +89,7 @@ STAGES = [
     "dedup",
     "unique",
     "find_or_insert",
+    "lookup_graph",
     "pooling",
     "lookup_other",
     "output_dist",
@@ -90,6 +103,7 @@ OUR_RANGES = {
     "dynamicemb:dedup": "dedup",
     "dynamicemb:unique": "unique",
     "dynamicemb:find_or_insert": "find_or_insert",
+    "dynamicemb:lookup_graph": "lookup_graph",  # the lookup replayed from a CUDA graph
     "dynamicemb:pool": "pooling",
     "dynamicemb:update": "update",
     "## dedup_ec_indices ##": "dedup",  # TorchRec's own dedup
@@ -149,27 +163,55 @@ def fused_params(optimizer: str, lr: float) -> dict[str, Any]:
     return {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": lr}
 
 
+# The sharded collection's attribute in Model (its path in the sharding plan).
+COLLECTION = "emb"
+
+# TorchRec's plans: None leaves the choice to its planner, else the one
+# sharding type allowed (with the FUSED kernel).
+PLANS = {"planner": None, "table_wise": "table_wise", "row_wise": "row_wise"}
+
+
 class Model(torch.nn.Module):
+    """One EmbeddingCollection or (SUM) EmbeddingBagCollection, ``emb``."""
+
     def __init__(self, args) -> None:
         super().__init__()
-        from torchrec.modules.embedding_configs import EmbeddingConfig
-        from torchrec.modules.embedding_modules import EmbeddingCollection
+        from torchrec.modules.embedding_configs import (
+            EmbeddingBagConfig,
+            EmbeddingConfig,
+            PoolingType,
+        )
+        from torchrec.modules.embedding_modules import (
+            EmbeddingBagCollection,
+            EmbeddingCollection,
+        )
 
         per = args.features // args.tables
         features = feature_names(args.features)
+        bags = args.collection == "ebc"
+        config, extra = (
+            (EmbeddingBagConfig, {"pooling": PoolingType.SUM})
+            if bags
+            else (
+                EmbeddingConfig,
+                {},
+            )
+        )
         self.configs = [
-            EmbeddingConfig(
+            config(
                 name=name,
                 num_embeddings=args.rows,
                 embedding_dim=args.dim,
                 feature_names=features[t * per : (t + 1) * per],
+                **extra,
             )
             for t, name in enumerate(table_names(args.tables))
         ]
-        self.ec = EmbeddingCollection(tables=self.configs, device=torch.device("meta"))
+        collection = EmbeddingBagCollection if bags else EmbeddingCollection
+        self.emb = collection(tables=self.configs, device=torch.device("meta"))
 
     def forward(self, kjt):
-        return self.ec(kjt)
+        return self.emb(kjt)
 
 
 def topology(world_size: int, device: torch.device):
@@ -181,7 +223,10 @@ def topology(world_size: int, device: torch.device):
 def build_dynamicemb(args, optimizer: str, world_size: int, device: torch.device, local_batch: int):
     from dynamicemb import DynamicEmbTableOptions, get_table_value_bytes
     from dynamicemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
-    from dynamicemb.shard import DynamicEmbeddingCollectionSharder
+    from dynamicemb.shard import (
+        DynamicEmbeddingBagCollectionSharder,
+        DynamicEmbeddingCollectionSharder,
+    )
 
     params = fused_params(optimizer, args.lr)
     model = Model(args)
@@ -197,7 +242,10 @@ def build_dynamicemb(args, optimizer: str, world_size: int, device: torch.device
                 bucket_capacity=128, dist_type="roundrobin", global_hbm_for_values=hbm
             ),
         )
-    sharder = DynamicEmbeddingCollectionSharder(fused_params=params, use_index_dedup=args.dedup)
+    if args.collection == "ebc":
+        sharder = DynamicEmbeddingBagCollectionSharder(fused_params=params)
+    else:
+        sharder = DynamicEmbeddingCollectionSharder(fused_params=params, use_index_dedup=args.dedup)
     planner = DynamicEmbeddingShardingPlanner(
         eb_configs=model.configs,
         topology=topology(world_size, device),
@@ -208,27 +256,60 @@ def build_dynamicemb(args, optimizer: str, world_size: int, device: torch.device
     return dist_launch.plan_and_shard(model, planner, sharder, device)
 
 
-def build_torchrec(args, optimizer: str, world_size: int, device: torch.device, local_batch: int):
+def build_torchrec(
+    args, optimizer: str, world_size: int, device: torch.device, local_batch: int, plan: str
+):
+    """TorchRec's tables, planned as ``PLANS[plan]`` says."""
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.types import ParameterConstraints
 
     model = Model(args)
-    # TorchRec's index dedup is a CUDA op (fbgemm::jagged_unique_indices).
-    dedup = args.dedup and device.type == "cuda"
-    sharder = EmbeddingCollectionSharder(
-        fused_params=fused_params(optimizer, args.lr), use_index_dedup=dedup
-    )
+    params = fused_params(optimizer, args.lr)
+    if args.collection == "ebc":
+        sharder = EmbeddingBagCollectionSharder(fused_params=params)
+    else:
+        # TorchRec's index dedup is a CUDA op (fbgemm::jagged_unique_indices).
+        dedup = args.dedup and device.type == "cuda"
+        sharder = EmbeddingCollectionSharder(fused_params=params, use_index_dedup=dedup)
+    sharding = PLANS[plan]
+    constraints = None
+    if sharding is not None:
+        constraints = {
+            c.name: ParameterConstraints(sharding_types=[sharding], compute_kernels=["fused"])
+            for c in model.configs
+        }
     planner = EmbeddingShardingPlanner(
         topology=topology(world_size, device),
         batch_size=local_batch,
-        constraints={
-            c.name: ParameterConstraints(sharding_types=["row_wise"], compute_kernels=["fused"])
-            for c in model.configs
-        },
+        constraints=constraints,
         debug=False,
     )
     return dist_launch.plan_and_shard(model, planner, sharder, device)
+
+
+def build(which: str, args, optimizer: str, world_size: int, device, local_batch: int):
+    """A version by its name: ``dynamicemb``, ``dynamicemb:eager`` (no CUDA
+    graphs of the lookup) or ``torchrec:<plan>``."""
+    if which.startswith("dynamicemb"):
+        from dynamicemb.shard import dynamic_embedding_kernels
+
+        model, plan = build_dynamicemb(args, optimizer, world_size, device, local_batch)
+        for kernel in dynamic_embedding_kernels(model):
+            kernel.emb_module.cuda_graphs = which == "dynamicemb"
+        return model, plan
+    return build_torchrec(args, optimizer, world_size, device, local_batch, which.split(":", 1)[1])
+
+
+def plan_summary(plan) -> str:
+    """The sharding types and compute kernels a plan gave the tables, with
+    how many tables got each (``3 x table_wise/fused, ...``)."""
+    per_table = plan.plan[COLLECTION]
+    kinds = collections.Counter(
+        f"{ps.sharding_type}/{ps.compute_kernel}" for ps in per_table.values()
+    )
+    return ", ".join(f"{n} x {k}" for k, n in sorted(kinds.items()))
 
 
 def _sync(device: torch.device) -> None:
@@ -236,11 +317,14 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def train_step(model, kjt, features: int) -> None:
+def train_step(model, kjt, args) -> None:
     """Forward, the loss (which waits for the output dist), backward."""
     out = model(kjt)
     with record_function("bench:output_wait"):
-        loss = torch.stack([out[f].values().sum() for f in feature_names(features)]).sum()
+        if args.collection == "ebc":  # a KeyedTensor
+            loss = out.values().sum()
+        else:  # JaggedTensors by feature
+            loss = torch.stack([out[f].values().sum() for f in feature_names(args.features)]).sum()
     with record_function("bench:backward"):
         loss.backward()
 
@@ -250,26 +334,48 @@ def time_steps(
 ) -> dict[str, tuple[float, float]]:
     """Per version, this rank's median train-step time and median host time
     (until the step is issued), in seconds. The versions take turns step by
-    step (each step's batch made afresh for each, the same ids; the first
-    version alternates), so a machine that slows down or speeds up during
-    the run weighs on both alike."""
+    step (each step's batch made afresh for each, the same ids; the order
+    rotates), so a machine that slows down or speeds up during the run
+    weighs on all alike."""
     names = list(models)
     times: dict[str, list[float]] = {w: [] for w in names}
     issued: dict[str, list[float]] = {w: [] for w in names}
     for step in range(args.warmup + args.steps):
-        order = names if step % 2 == 0 else names[::-1]
-        for which in order:
+        shift = step % len(names)
+        for which in names[shift:] + names[:shift]:
             kjt = make_batch(args, step, rank, local_batch, device)
             _sync(device)
             dist.barrier()  # every rank starts the step together
             t0 = time.perf_counter()
-            train_step(models[which], kjt, args.features)
+            train_step(models[which], kjt, args)
             t1 = time.perf_counter()
             _sync(device)
             if step >= args.warmup:
                 times[which].append(time.perf_counter() - t0)
                 issued[which].append(t1 - t0)
     return {w: (statistics.median(times[w]), statistics.median(issued[w])) for w in names}
+
+
+def time_pipelined(
+    models: dict[str, Any], args, rank: int, local_batch: int, device, rounds: int = 3
+) -> dict[str, float]:
+    """Per version, seconds per step of ``args.steps`` steps issued back to
+    back with one synchronization at the end (batches made before), the
+    median of ``rounds`` rounds; the versions take turns round by round."""
+    names = list(models)
+    batches = [make_batch(args, 30_000 + s, rank, local_batch, device) for s in range(args.steps)]
+    per_step: dict[str, list[float]] = {w: [] for w in names}
+    for r in range(rounds):
+        shift = r % len(names)
+        for which in names[shift:] + names[:shift]:
+            _sync(device)
+            dist.barrier()
+            t0 = time.perf_counter()
+            for kjt in batches:
+                train_step(models[which], kjt, args)
+            _sync(device)
+            per_step[which].append((time.perf_counter() - t0) / len(batches))
+    return {w: statistics.median(per_step[w]) for w in names}
 
 
 # ------------------------------------------------------------- profiling --
@@ -390,11 +496,11 @@ def profile_steps(
         activities.append(ProfilerActivity.CUDA)
     n = args.profile_steps
     batches = [make_batch(args, 10_000 + s, rank, local_batch, device) for s in range(n + 1)]
-    train_step(model, batches[0], args.features)  # after the instrumenting, once unprofiled
+    train_step(model, batches[0], args)  # after the instrumenting, once unprofiled
     _sync(device)
     with profile(activities=activities) as prof:
         for kjt in batches[1:]:
-            train_step(model, kjt, args.features)
+            train_step(model, kjt, args)
         _sync(device)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trace.json")
@@ -412,7 +518,7 @@ def profile_steps(
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
-            train_step(model, kjt, args.features)
+            train_step(model, kjt, args)
         finally:
             torch.cuda.set_sync_debug_mode("default")
     result["sync_debug_warnings"] = sum("synchroniz" in str(w.message) for w in caught)
@@ -450,7 +556,9 @@ def floor_bytes(args, optimizer: str, rank: int, local_batch: int, device) -> fl
         values = kjt.values().view(args.tables, -1)  # features of a table are adjacent
         distinct.append(sum(int(torch.unique(v).numel()) for v in values))
     n = local_batch * args.features * args.hotness
-    return n * 8 + 2 * n * args.dim * 4 + statistics.mean(distinct) * row * 2
+    # Sequence lookups give a row per id, pooled ones a row per bag.
+    outputs = n if args.collection == "ec" else local_batch * args.features
+    return n * 8 + 2 * outputs * args.dim * 4 + statistics.mean(distinct) * row * 2
 
 
 # ------------------------------------------------------------------- run --
@@ -480,10 +588,10 @@ def _allocated(device: torch.device) -> int:
 
 
 def run_optimizer(args, optimizer: str, rank: int, world_size: int, device) -> list[dict]:
-    """Both versions (args.which) with ``optimizer``: built one after the
+    """Every version (args.which) with ``optimizer``: built one after the
     other, each taking one step (its peak memory: above what was allocated
-    before it was built), then timed in turns (time_steps), then, each on
-    its own, their statistics and profiles."""
+    before it was built), then timed in turns (time_steps, time_pipelined),
+    then, each on its own, their statistics and profiles."""
     local_batch = args.batch // world_size
     models: dict[str, Any] = {}
     results: dict[str, dict[str, Any]] = {}
@@ -492,17 +600,24 @@ def run_optimizer(args, optimizer: str, rank: int, world_size: int, device) -> l
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         start = time.perf_counter()
-        build = build_dynamicemb if which == "dynamicemb" else build_torchrec
-        model, plan = build(args, optimizer, world_size, device, local_batch)
-        ps = plan.plan["ec"][table_names(1)[0]]
+        try:
+            model, plan = build(which, args, optimizer, world_size, device, local_batch)
+            train_step(model, make_batch(args, 0, rank, local_batch, device), args)
+            _sync(device)
+        except torch.OutOfMemoryError:
+            # The versions built before hold their tables (one GPU: no rank waits).
+            model = plan = None
+            gc.collect()
+            torch.cuda.empty_cache()
+            if rank == 0:
+                print(f"{which}: {optimizer}, skipped: out of device memory", flush=True)
+            continue
         results[which] = {
             "which": which,
             "optimizer": optimizer,
-            "plan": f"{type(ps).__name__} {ps.sharding_type}/{ps.compute_kernel}",
+            "plan": plan_summary(plan),
             "built_s": time.perf_counter() - start,
         }
-        train_step(model, make_batch(args, 0, rank, local_batch, device), args.features)
-        _sync(device)
         if device.type == "cuda":
             peak = torch.cuda.max_memory_allocated(device) - before
             results[which]["peak_gib"] = _max_over_ranks(peak / 2**30, device)
@@ -510,28 +625,30 @@ def run_optimizer(args, optimizer: str, rank: int, world_size: int, device) -> l
     for which, (median, issued) in time_steps(models, args, rank, local_batch, device).items():
         results[which]["step_ms"] = 1e3 * _max_over_ranks(median, device)
         results[which]["host_ms"] = 1e3 * _max_over_ranks(issued, device)
+    for which, per_step in time_pipelined(models, args, rank, local_batch, device).items():
+        results[which]["pipelined_ms"] = 1e3 * _max_over_ranks(per_step, device)
     for which, model in models.items():
         res = results[which]
-        if which == "dynamicemb":
+        if which.startswith("dynamicemb"):
             stats = dynamic_table_stats(model).to(device)
             dist.all_reduce(stats)
             res["rows_held"], res["evictions"], res["insert_failures"] = stats.tolist()
         if args.profile_steps:
             instrument(model)
             res["profile"] = profile_steps(
-                model, args, rank, local_batch, device, f"{which}_{optimizer}"
+                model, args, rank, local_batch, device, f"{which.replace(':', '_')}_{optimizer}"
             )
     del models, model
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
     dist.barrier()
-    return [results[w] for w in args.which]
+    return [results[w] for w in args.which if w in results]
 
 
 def _line(r: dict) -> str:
     extra = ""
-    if r["which"] == "dynamicemb":
+    if r["which"].startswith("dynamicemb"):
         extra = (
             f", rows held {r['rows_held']:,}, evictions {r['evictions']:,}, "
             f"insert failures {r['insert_failures']:,} (all ranks)"
@@ -540,7 +657,8 @@ def _line(r: dict) -> str:
         extra += f", peak memory {r['peak_gib']:.1f} GiB"
     return (
         f"{r['which']}: {r['optimizer']}, {r['plan']}, built in {r['built_s']:.1f} s, "
-        f"median step {r['step_ms']:.2f} ms (host {r['host_ms']:.2f} ms){extra}"
+        f"median step {r['step_ms']:.2f} ms (host {r['host_ms']:.2f} ms), pipelined "
+        f"{r['pipelined_ms']:.2f} ms/step{extra}"
     )
 
 
@@ -601,28 +719,48 @@ def run(rank: int, world_size: int, args) -> None:
     print("`" + " ".join(["python", "tools/bench/sharded_ec_bench.py"] + sys.argv[1:]) + "`")
     print()
     print(
-        "| world | device | global batch | tables | features | hotness | dim | rows | optimizer "
-        "| dedup | dynamicemb ms/step | TorchRec ms/step | dynamicemb / TorchRec | HBM floor ms |"
+        f"{world_size} x {name}, {args.collection.upper()}, global batch {args.batch:,}, "
+        f"{args.tables} tables, {args.features} features, hotness {args.hotness}, dim {args.dim}, "
+        f"{args.rows:,} rows, dedup {dedup}"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-
-    def ms(x: float | None) -> str:
-        return "-" if x is None else f"{x:.2f}"
-
+    print()
+    print(
+        "| optimizer | version | plan | step ms | host ms | pipelined ms/step "
+        "| dynamicemb / this (step) | dynamicemb / this (pipelined) |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     summary = []
     for optimizer in args.optimizer:
-        got = {r["which"]: r["step_ms"] for r in results if r["optimizer"] == optimizer}
-        ours, theirs = got.get("dynamicemb"), got.get("torchrec")
-        ratio = f"{ours / theirs:.2f}" if ours and theirs else "-"
+        rows = [r for r in results if r["optimizer"] == optimizer]
+        ours = next((r for r in rows if r["which"] == "dynamicemb"), None)
+        for r in rows:
+            ratios = ["-", "-"]
+            if ours is not None and r is not ours:
+                ratios = [f"{ours[k] / r[k]:.2f}" for k in ("step_ms", "pipelined_ms")]
+            print(
+                f"| {optimizer} | {r['which']} | {r['plan']} | {r['step_ms']:.2f} "
+                f"| {r['host_ms']:.2f} | {r['pipelined_ms']:.2f} | {ratios[0]} | {ratios[1]} |",
+                flush=True,
+            )
         fl = floors.get(optimizer)
-        fl_ms = None if fl is None else 1e3 * fl
-        print(
-            f"| {world_size} | {name} | {args.batch:,} | {args.tables} | {args.features} "
-            f"| {args.hotness} | {args.dim} | {args.rows:,} | {optimizer} | {dedup} "
-            f"| {ms(ours)} | {ms(theirs)} | {ratio} | {ms(fl_ms)} |",
-            flush=True,
-        )
-        summary.append({"optimizer": optimizer, "ratio": ratio, "floor_ms": fl_ms})
+        entry = {"optimizer": optimizer, "floor_ms": None if fl is None else 1e3 * fl}
+        # What a user would pick: the faster of TorchRec's own plan and table_wise.
+        best = [r for r in rows if r["which"] in ("torchrec:planner", "torchrec:table_wise")]
+        if ours is not None and best:
+            for k in ("step_ms", "pipelined_ms"):
+                fastest = min(best, key=lambda r, k=k: r[k])
+                entry[f"best_{k}"] = {"version": fastest["which"], "ratio": ours[k] / fastest[k]}
+        summary.append(entry)
+    print()
+    for entry in summary:
+        line = f"* {entry['optimizer']}:"
+        for k, what in (("step_ms", "step"), ("pipelined_ms", "pipelined")):
+            if f"best_{k}" in entry:
+                b = entry[f"best_{k}"]
+                line += f" dynamicemb / {b['version']} {b['ratio']:.2f} ({what});"
+        if entry["floor_ms"] is not None:
+            line += f" HBM floor {entry['floor_ms']:.2f} ms"
+        print(line.rstrip(";"), flush=True)
     for line in _profile_table(results):
         print(line)
     if args.json:
@@ -709,15 +847,37 @@ def parse_args(argv: list[str] | None = None):
         help="keep the profiled steps' chrome traces here ({version}_{optimizer}_rank{r}.json)",
     )
     ap.add_argument(
-        "--which",
-        nargs="+",
-        choices=["torchrec", "dynamicemb"],
-        default=["torchrec", "dynamicemb"],
-        help="versions to time, in this order",
+        "--collection",
+        choices=["ec", "ebc"],
+        default="ec",
+        help="EmbeddingCollection (sequence) or EmbeddingBagCollection (SUM pooling)",
+    )
+    ap.add_argument(
+        "--plans",
+        nargs="*",
+        choices=list(PLANS),
+        default=list(PLANS),
+        help="TorchRec's plans to time: its planner unconstrained, or one sharding type "
+        "with the FUSED kernel",
+    )
+    ap.add_argument("--no-dynamicemb", action="store_true", help="time TorchRec's plans only")
+    ap.add_argument(
+        "--eager",
+        action="store_true",
+        help="also time dynamicemb with its lookups run eagerly (no CUDA graphs)",
     )
     ap.add_argument("--threads", type=int, default=1, help="torch threads per CPU process")
     args = ap.parse_args(argv)
     dist_launch.check_device_args(ap, args, has_gpu)
+    args.which = [f"torchrec:{p}" for p in args.plans]
+    if not args.no_dynamicemb:
+        args.which.append("dynamicemb")
+    if args.eager:
+        args.which.append("dynamicemb:eager")
+    if not args.which:
+        ap.error("nothing to time: no --plans and --no-dynamicemb")
+    if args.dedup and args.collection == "ebc":
+        ap.error("--dedup: the EmbeddingBagCollection sharders have no index dedup")
     if args.batch % args.world_size:
         ap.error(f"--batch {args.batch} is not a multiple of the world size {args.world_size}")
     if args.rows % MULT == 0:
@@ -736,7 +896,7 @@ def parse_args(argv: list[str] | None = None):
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     print(
-        f"sharded EmbeddingCollection, {args.world_size} {args.device} rank(s): global batch "
+        f"sharded {args.collection.upper()}, {args.world_size} {args.device} rank(s): global batch "
         f"{args.batch:,}, {args.tables} table(s) x {args.features // args.tables} feature(s) x "
         f"hotness {args.hotness}, dim {args.dim}, ids power law alpha {args.alpha} over "
         f"{args.rows:,} per table, {', '.join(args.optimizer)}, "
