@@ -42,6 +42,7 @@ import os
 import re
 import shutil
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -345,10 +346,13 @@ class JobCheckpoints:
     def _torchrec_state(model: torch.nn.Module) -> dict[str, Any]:
         """What DCP saves and loads: the model's state_dict() and the fused
         optimizer's (a rank that holds no static table has no state there:
-        its empty dicts are left out, as DCP has nothing to match them to)."""
-        return _pruned(
-            {"model": model.state_dict(), "fused_optim": model.fused_optimizer.state_dict()}
-        )
+        its empty dicts are left out, as DCP has nothing to match them to).
+        The dynamic tables' rows are not in it (dynamicemb warns so); they
+        are saved beside it, in ``tables/``."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"state_dict\(\) does not hold the rows")
+            sd = model.state_dict()
+        return _pruned({"model": sd, "fused_optim": model.fused_optimizer.state_dict()})
 
     def _remove_leftovers(self) -> None:
         """Removes what killed saves and prunes left (rank 0, before a save)."""
