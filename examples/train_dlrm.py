@@ -719,6 +719,37 @@ def header(args, env: dist_launch.RankEnv, source: DataSource) -> str:
     )
 
 
+def resume(checkpoints, found, model, dense_opt, args, env: dist_launch.RankEnv):
+    """Loads the checkpoint ``found`` (train_checkpoint.JobCheckpoints.load);
+    returns (its trainer state, the summary's "resumed" entry)."""
+    t0 = time.perf_counter()
+    trainer, report = checkpoints.load(found, model, dense_opt)
+    for group in dense_opt.param_groups:
+        group["lr"] = args.dense_lr  # the command line's
+    dropped = {t.table: t.dropped for t in report.tables} if report is not None else {}
+    resumed = {
+        "path": found.path,
+        "step": found.step,
+        "world_size": found.manifest["world_size"],
+        "seconds": time.perf_counter() - t0,
+        "rows_dropped": dropped,
+    }
+    if env.rank == 0:
+        print(
+            f"resumed from {found.path} (after step {found.step}, written at world size "
+            f"{resumed['world_size']}) in {resumed['seconds']:.2f} s",
+            flush=True,
+        )
+        if resumed["world_size"] != env.world_size:
+            lost = ", ".join(f"{n} {d}" for n, d in dropped.items() if d) or "none"
+            print(
+                f"  resharded from {resumed['world_size']} to {env.world_size} ranks: the "
+                f"global batch is now {args.batch_size * env.world_size}; rows that did not "
+                f"fit: {lost}"
+            )
+    return trainer, resumed
+
+
 def train(env: dist_launch.RankEnv, device: torch.device, args) -> dict[str, Any] | None:
     """One rank's training; rank 0 returns the run's summary."""
     rank, world_size = env.rank, env.world_size
@@ -760,34 +791,11 @@ def train(env: dist_launch.RankEnv, device: torch.device, args) -> dict[str, Any
     found = checkpoints.newest() if checkpoints is not None and args.resume else None
     if found is not None:
         train_checkpoint.check_matches(found, model_desc, data_desc)
-        t0 = time.perf_counter()
-        trainer, report = checkpoints.load(found, model, dense_opt)
-        for group in dense_opt.param_groups:
-            group["lr"] = args.dense_lr  # the command line's
+        trainer, resumed = resume(checkpoints, found, model, dense_opt, args, env)
         start, position = found.step, trainer["data_position"]
         first_eval = trainer["eval_first"]
         if lead:
             loss_hist[:start] = trainer["loss_sum"].to(device)
-        dropped = {t.table: t.dropped for t in report.tables} if report is not None else {}
-        resumed = {
-            "path": found.path,
-            "step": start,
-            "world_size": found.manifest["world_size"],
-            "seconds": time.perf_counter() - t0,
-            "rows_dropped": dropped,
-        }
-        if lead:
-            print(
-                f"resumed from {found.path} (after step {start}, written at world size "
-                f"{resumed['world_size']}) in {resumed['seconds']:.2f} s",
-                flush=True,
-            )
-            if resumed["world_size"] != world_size:
-                lost = ", ".join(f"{n} {d}" for n, d in dropped.items() if d) or "none"
-                print(
-                    f"  resharded from {resumed['world_size']} to {world_size} ranks: the global "
-                    f"batch is now {args.batch_size * world_size}; rows that did not fit: {lost}"
-                )
     elif checkpoints is not None and args.resume and lead:
         print(f"--resume: no checkpoint in {args.checkpoint_dir} yet, starting at step 0")
 
