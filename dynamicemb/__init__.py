@@ -44,29 +44,27 @@ from .types import (
     ReplayStats,
 )
 
-# Names exported here but defined in subpackages that need TorchRec or the
-# extension: imported when first used, so that `import dynamicemb` needs torch
-# alone.
-_LAZY = {
-    "DynamicEmbDump": "dynamicemb.checkpoint",
-    "DynamicEmbLoad": "dynamicemb.checkpoint",
-    "DeltaDumpResult": "dynamicemb.replication",
-    "FrequencyAdmissionStrategy": "dynamicemb.admission",
-    "ProbabilisticAdmissionStrategy": "dynamicemb.admission",
-    "pop_erased_keys": "dynamicemb.replication",
-    "pop_evicted_keys": "dynamicemb.replication",
-    "replay_increment": "dynamicemb.replication",
-}
+# Names exported here but defined in the packages above this one (they need
+# TorchRec or the extension): imported when first used, so that
+# `import dynamicemb` needs torch alone. The Bazel target of the whole package,
+# //dynamicemb, declares these dependencies.
+_CHECKPOINT = ("DynamicEmbDump", "DynamicEmbLoad")
+_REPLICATION = ("DeltaDumpResult", "pop_erased_keys", "pop_evicted_keys", "replay_increment")
+_ADMISSION = ("FrequencyAdmissionStrategy", "ProbabilisticAdmissionStrategy")
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'dynamicemb' has no attribute {name!r}")
+    if name in _CHECKPOINT:
+        from dynamicemb import checkpoint as package
+    elif name in _REPLICATION:
+        from dynamicemb import replication as package
+    elif name in _ADMISSION:
+        from dynamicemb import admission as package
+    else:
+        raise AttributeError(f"module 'dynamicemb' has no attribute {name!r}")
+    value = getattr(package, name)
+    globals()[name] = value
+    return value
 
 
 __all__ = [

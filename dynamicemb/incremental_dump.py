@@ -3,7 +3,8 @@
 ``incremental_dump``, ``get_score``, ``set_score``, ``replay_increment``,
 ``pop_evicted_keys``, ``pop_erased_keys``, ``DeltaDumpResult`` and
 ``ReplayStats``, defined in ``dynamicemb.replication`` (which needs TorchRec)
-and imported from there when first used.
+and imported from there when first used (so that this module imports
+without TorchRec; the Bazel target //dynamicemb declares the dependency).
 """
 
 _NAMES = (
@@ -21,10 +22,10 @@ __all__ = list(_NAMES)
 
 
 def __getattr__(name: str):
-    if name in _NAMES:
-        import importlib
+    if name not in _NAMES:
+        raise AttributeError(f"module 'dynamicemb.incremental_dump' has no attribute {name!r}")
+    from dynamicemb import replication
 
-        value = getattr(importlib.import_module("dynamicemb.replication"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'dynamicemb.incremental_dump' has no attribute {name!r}")
+    value = getattr(replication, name)
+    globals()[name] = value
+    return value

@@ -1,14 +1,21 @@
 """What the multi-process scripts (examples/train_dlrm.py and serve_replica.py,
 the benchmarks tools/bench/sharded_ec_bench.py and checkpoint_bench.py) share:
-the --device and --world-size arguments, free ports, one process per rank
-(NCCL on GPU ``rank``, or gloo on the CPU), the model of one embedding
+the --device and --world-size arguments, free ports, the ranks' process group
+(NCCL on the rank's local GPU, or gloo on the CPU), the model of one embedding
 collection, and a model planned and sharded over them.
+
+A rank learns its place from the environment ``torch.distributed.run``
+(torchrun) sets: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR
+and MASTER_PORT. Started without a launcher, a script runs its ranks itself
+(``spawn_ranks``): one process per rank on this host, given the same variables, so
+the ranks run the same code either way.
 """
 
 import argparse
 import datetime
 import os
 import socket
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -27,6 +34,42 @@ class EcModel(torch.nn.Module):
         return self.ec(kjt)
 
 
+@dataclass(frozen=True)
+class RankEnv:
+    """Where this process stands in the job: its rank among all, its rank on
+    this host, and the two counts."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+
+def launched() -> bool:
+    """True when a launcher (torchrun, or ``spawn`` here) started this process
+    as one rank: RANK and WORLD_SIZE are set."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
+def rank_env() -> RankEnv:
+    """This rank's place, from the launcher's environment (LOCAL_RANK and
+    LOCAL_WORLD_SIZE default to a single host's)."""
+    try:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    except (KeyError, ValueError) as e:
+        raise RuntimeError(
+            f"not started as a rank of a job (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE): {e}"
+        ) from None
+    if not (0 <= rank < world and 0 <= local_rank < local_world <= world):
+        raise RuntimeError(
+            f"inconsistent launcher environment: RANK {rank}, WORLD_SIZE {world}, "
+            f"LOCAL_RANK {local_rank}, LOCAL_WORLD_SIZE {local_world}"
+        )
+    return RankEnv(rank, world, local_rank, local_world)
+
+
 def add_device_args(ap: argparse.ArgumentParser, has_gpu: bool) -> None:
     """Adds --device (cuda when a GPU is visible) and --world-size."""
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if has_gpu else "cpu")
@@ -34,14 +77,30 @@ def add_device_args(ap: argparse.ArgumentParser, has_gpu: bool) -> None:
         "--world-size",
         type=int,
         default=None,
-        help="processes: default every visible GPU on cuda, 2 on cpu",
+        help="processes: default every visible GPU on cuda, 2 on cpu; under torchrun its "
+        "WORLD_SIZE",
     )
 
 
 def check_device_args(ap: argparse.ArgumentParser, args: argparse.Namespace, has_gpu: bool) -> None:
-    """Fills the default world size and checks it against the visible GPUs."""
+    """Fills the default world size (the launcher's, under torchrun) and
+    checks it against the visible GPUs."""
     if args.device == "cuda" and not has_gpu:
         ap.error("--device cuda: no GPU is visible")
+    if launched():
+        env = rank_env()
+        if args.world_size is not None and args.world_size != env.world_size:
+            ap.error(
+                f"--world-size {args.world_size} differs from the launcher's WORLD_SIZE "
+                f"{env.world_size} (leave it out under torchrun)"
+            )
+        args.world_size = env.world_size
+        if args.device == "cuda" and env.local_rank >= torch.cuda.device_count():
+            ap.error(
+                f"LOCAL_RANK {env.local_rank}: only {torch.cuda.device_count()} GPUs are visible "
+                "(torchrun --nproc-per-node must not exceed them)"
+            )
+        return
     if args.world_size is None:
         args.world_size = torch.cuda.device_count() if args.device == "cuda" else 2
     if args.device == "cuda" and args.world_size > torch.cuda.device_count():
@@ -73,28 +132,69 @@ def free_ports(n: int, attempts: int = 100) -> int:
     raise RuntimeError(f"no {n} consecutive free ports found in {attempts} attempts")
 
 
+def _set_rank_env(rank: int, world_size: int, port: int) -> None:
+    """The launcher's variables for rank ``rank`` of a job on this host."""
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+
+
+def init_from_env(
+    device: str, threads: int, timeout_s: float = 300
+) -> tuple[RankEnv, torch.device]:
+    """Joins the job's process group as the launcher's environment says
+    (``rank_env``; MASTER_ADDR and MASTER_PORT for the rendezvous): NCCL on
+    GPU LOCAL_RANK for device cuda, else gloo with ``threads`` torch threads;
+    collectives give up after ``timeout_s`` seconds.
+
+    Returns:
+        (this rank's place, its torch device).
+    """
+    env = rank_env()
+    timeout = datetime.timedelta(seconds=timeout_s)
+    group = {"timeout": timeout, "rank": env.rank, "world_size": env.world_size}
+    store = _attempt_store(timeout)
+    if store is not None:
+        group["store"] = store
+    if device == "cuda":
+        dev = torch.device("cuda", env.local_rank)
+        torch.cuda.set_device(dev)
+        dist.init_process_group("nccl", device_id=dev, **group)
+    else:
+        dev = torch.device("cpu")
+        torch.set_num_threads(threads)
+        dist.init_process_group("gloo", **group)
+    return env, dev
+
+
+def _attempt_store(timeout: datetime.timedelta):
+    """Under torchrun's shared rendezvous store (TORCHELASTIC_USE_AGENT_STORE,
+    its default with the c10d rendezvous), that store with this attempt's
+    keys apart (TORCHELASTIC_RESTART_COUNT): torch reuses one store across
+    restarts, and a restarted process group would otherwise read the
+    addresses its dead predecessors left there, and hang or fail to
+    connect. None otherwise (the MASTER_ADDR / MASTER_PORT rendezvous)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=timeout
+    )
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"dynamicemb/attempt_{attempt}/", store)
+
+
 def init_process_group(
     rank: int, world_size: int, port: int, device: str, threads: int, timeout_s: float = 300
 ) -> None:
-    """Joins the process group of a rank: NCCL on GPU ``rank`` for device
-    cuda, else gloo with ``threads`` torch threads; collectives give up after
-    ``timeout_s`` seconds."""
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    if device == "cuda":
-        torch.cuda.set_device(rank)
-        dist.init_process_group(
-            "nccl",
-            rank=rank,
-            world_size=world_size,
-            timeout=datetime.timedelta(seconds=timeout_s),
-            device_id=torch.device("cuda", rank),
-        )
-    else:
-        torch.set_num_threads(threads)
-        dist.init_process_group(
-            "gloo", rank=rank, world_size=world_size, timeout=datetime.timedelta(seconds=timeout_s)
-        )
+    """Joins the process group of rank ``rank`` of a job on this host, its
+    rendezvous at 127.0.0.1:``port`` (``init_from_env``)."""
+    _set_rank_env(rank, world_size, port)
+    init_from_env(device, threads, timeout_s)
 
 
 def plan_and_shard(model: torch.nn.Module, planner, sharder, device: torch.device, pg=None):
@@ -119,11 +219,21 @@ def plan_and_shard(model: torch.nn.Module, planner, sharder, device: torch.devic
     return sharded, plan
 
 
-def spawn(fn, args, *more) -> None:
-    """Runs ``fn(rank, args.world_size, port, args, *more)`` in one process per
-    rank and waits for them all."""
+def _launched_rank(rank: int, world_size: int, port: int, fn, more: tuple) -> None:
+    _set_rank_env(rank, world_size, port)
+    fn(*more)
+
+
+def spawn_ranks(world_size: int, fn, *more) -> None:
+    """Runs ``fn(*more)`` in one process per rank on this host, each with the
+    environment torchrun would give it (``rank_env``, a free rendezvous port
+    on 127.0.0.1), and waits for them all: what a script does without a
+    launcher, so its ranks run as under torchrun."""
     mp.spawn(
-        fn, args=(args.world_size, free_port(), args, *more), nprocs=args.world_size, join=True
+        _launched_rank,
+        args=(world_size, free_port(), fn, more),
+        nprocs=world_size,
+        join=True,
     )
 
 

@@ -3,7 +3,8 @@
 Three commands:
 
   train   a training job (one process per GPU over NCCL, or gloo processes on
-          the CPU) on a two-table EmbeddingCollection that evicts all along;
+          the CPU; run directly, or as the ranks of torchrun on one node or
+          several) on a two-table EmbeddingCollection that evicts all along;
           it publishes a checkpoint into the folder now and then and a delta
           after every step or few (DeltaPublisher), and at the end a last
           checkpoint of everything (<folder>/final) to check replicas against.
@@ -21,6 +22,7 @@ Three commands:
     python examples/serve_replica.py demo --steps 60
     python examples/serve_replica.py train --folder /tmp/stream --steps 500 &
     python examples/serve_replica.py serve --folder /tmp/stream --probe
+    torchrun --standalone --nproc-per-node 2 examples/serve_replica.py train --folder /tmp/stream
 """
 
 import argparse
@@ -41,8 +43,11 @@ ROWS_PER_RANK = 4096  # of the job's tables: far fewer than the ids they see
 FOLLOWER_ROWS = 65_536  # of the replica's tables: room for all the job holds
 
 
-def build(world: int, device: torch.device, rows: int, training: bool):
-    """The EmbeddingCollection of both tables, sharded over the default group."""
+def build(
+    world: int, device: torch.device, rows: int, training: bool, local_world: int | None = None
+):
+    """The EmbeddingCollection of both tables, sharded over the default group
+    (``local_world`` of its ``world`` ranks on each host; default all)."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import Topology
@@ -88,7 +93,9 @@ def build(world: int, device: torch.device, rows: int, training: bool):
     )
     planner = DynamicEmbeddingShardingPlanner(
         eb_configs=configs,
-        topology=Topology(world_size=world, compute_device=device.type, local_world_size=world),
+        topology=Topology(
+            world_size=world, compute_device=device.type, local_world_size=local_world or world
+        ),
         constraints=constraints,
         batch_size=256,
         debug=False,
@@ -136,15 +143,16 @@ def lookup(model, table: str, keys: torch.Tensor, device: torch.device) -> torch
 # ------------------------------------------------------------------- train --
 
 
-def _train_rank(rank: int, world: int, port: int, args) -> None:
+def _train_rank(args) -> None:
+    """One rank of the job, as the launcher's environment says."""
     dist_launch.quiet()
-    dist_launch.init_process_group(rank, world, port, args.device, 1)
+    env, device = dist_launch.init_from_env(args.device, 1)
+    rank, world = env.rank, env.world_size
     try:
         from dynamicemb.checkpoint import dump
         from dynamicemb.replication import DeltaPublisher
 
-        device = torch.device(args.device, rank) if args.device == "cuda" else torch.device("cpu")
-        model = build(world, device, ROWS_PER_RANK, training=True)
+        model = build(world, device, ROWS_PER_RANK, training=True, local_world=env.local_world_size)
         publisher = DeltaPublisher(model, args.folder)
         publisher.checkpoint()
         for step in range(args.steps):
@@ -167,7 +175,10 @@ def _train_rank(rank: int, world: int, port: int, args) -> None:
 
 
 def train(args) -> int:
-    dist_launch.spawn(_train_rank, args)
+    if dist_launch.launched():  # torchrun started this process as a rank
+        _train_rank(args)
+    else:
+        dist_launch.spawn_ranks(args.world_size, _train_rank, args)
     return 0
 
 
@@ -178,7 +189,7 @@ def _compare_with_final(model, folder: str, device: torch.device) -> int:
     """Loads the job's final checkpoint into a second replica and looks up
     every key it holds in both."""
     from dynamicemb.checkpoint import load
-    from dynamicemb.replication.tables import model_tables
+    from dynamicemb.shard.tables import model_tables
 
     reference = build(1, device, FOLLOWER_ROWS, training=False)
     load(os.path.join(folder, "final"), reference, show_progress=False)
@@ -186,12 +197,12 @@ def _compare_with_final(model, folder: str, device: torch.device) -> int:
     worst, total = 0.0, 0
     for coll, refs in model_tables(reference).items():
         for name, ref in refs.items():
-            keys = torch.cat([p.keys for p in ref.module.export_rows(ref.index, 1 << 16)]).cpu()
+            keys = torch.cat([p.keys for p in ref.rows.export_rows(ref.index, 1 << 16)]).cpu()
             got = lookup(model, name, keys, device)
             want = lookup(reference, name, keys, device)
             worst = max(worst, float((got - want).abs().max()) if keys.numel() else 0.0)
             held = model_tables(model)[coll][name]
-            extra = int(held.module.table.size()[held.index]) - keys.numel()
+            extra = held.rows.sizes()[held.index] - keys.numel()
             total += keys.numel()
             print(f"serve: table {name}: {keys.numel()} keys, {extra} keys more than the job")
             if extra:
@@ -346,10 +357,9 @@ def main(argv=None) -> int:
         p.add_argument("--poll", type=float, default=0.2, help="seconds between folder polls")
     args = ap.parse_args(argv)
     if args.command in ("train", "demo"):
-        if args.world_size is None:
-            args.world_size = torch.cuda.device_count() if args.device == "cuda" else 2
-        if args.device == "cuda" and args.world_size > torch.cuda.device_count():
-            ap.error(f"--world-size {args.world_size}: {torch.cuda.device_count()} GPUs visible")
+        if args.command == "demo" and dist_launch.launched():
+            ap.error("demo starts its own job and replica: run it directly, not under torchrun")
+        dist_launch.check_device_args(cmds[args.command], args, has_gpu)
     return {"train": train, "serve": serve, "demo": demo}[args.command](args)
 
 

@@ -9,7 +9,7 @@ import torch
 def _cuda_usable() -> bool:
     if not torch.cuda.is_available():
         return False
-    from dynamicemb.table._native import extension
+    from dynamicemb.table import extension
 
     return bool(extension().cuda_built())
 

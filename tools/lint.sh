@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The lint gate: ruff (lint and format) for Python, clang-format for C++/CUDA,
-# buildifier for BUILD/.bzl files (and that C++/CUDA rules come from //bazel:defs.bzl).
+# buildifier for BUILD/.bzl files (and that C++/CUDA rules come from //bazel:defs.bzl),
+# and the package's layering (tools/check_layers.py).
 # .ci/run runs it before the tests; alone it takes seconds once tools/setup_env.sh has
 # installed the tools.
 #
@@ -65,6 +66,9 @@ if ((${#direct[@]})); then
   echo "lint: load cc_* and cuda_library from //bazel:defs.bzl, not @rules_cc or @rules_cuda: ${direct[*]}" >&2
   status=1
 fi
+# The package's structure: layers, Bazel deps, the one door to the extension,
+# module length (tools/check_layers.py says which rules).
+run "$VENV/bin/python" tools/check_layers.py
 if ((status)); then
   echo "lint: FAILED (bash tools/lint.sh --fix rewrites what can be fixed automatically)" >&2
 else

@@ -3,8 +3,10 @@
 # builds the extension into the tree (setup.py, incremental), and trains a
 # small DLRM-style model on dynamic embedding tables (examples/train_dlrm.py):
 # one process per visible GPU (NCCL) when there is a GPU, else two CPU
-# processes (gloo). Extra arguments go to the job (see
-# `examples/train_dlrm.py --help`: --steps, --batch-size, --world-size, --device).
+# processes (gloo), started by the job itself. Extra arguments go to the job
+# (see `examples/train_dlrm.py --help`: --steps, --batch-size, --world-size,
+# --device, --checkpoint-dir / --resume, --data, ...). Under torchrun, on one
+# node or several, the job runs as the ranks torchrun starts (docs/training.md).
 # The table layer alone is demonstrated by examples/demo_table.py.
 # -h / --help answers at once: the job's options, without installing or building
 # anything (once the venv has torch; before that, how to get there).

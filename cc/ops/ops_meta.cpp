@@ -125,6 +125,12 @@ at::Tensor count_meta(const at::Tensor& table_keys, const at::Tensor& info) {
   return at::empty_symint({info.sym_size(0)}, table_keys.options());
 }
 
+/// table_check_rows reads values, which a Meta tensor does not have.
+void check_rows_meta(const at::Tensor& /*keys*/, const at::Tensor& /*table_ids*/,
+                     const at::Tensor& /*table_keys*/, const at::Tensor& /*digests*/,
+                     const at::Tensor& /*scores*/, const at::Tensor& /*info*/,
+                     const at::Tensor& /*free_rows*/, const at::Tensor& /*score_values*/) {}
+
 at::Tensor route_keys_meta(const at::Tensor& keys, const at::Tensor& feature_ids,
                            const at::Tensor& dist_types, const at::Tensor& blocks,
                            int64_t /*world_size*/) {
@@ -205,6 +211,7 @@ TORCH_LIBRARY_IMPL(dynamicemb, Meta, m) {
   m.impl("table_find_gather", &find_gather_meta);
   m.impl("table_export", &export_meta);
   m.impl("table_count", &count_meta);
+  m.impl("table_check_rows", &check_rows_meta);
   m.impl("table_home_starts", &home_starts_meta);
   m.impl("table_timer", &timer_meta);
   m.impl("gather_rows", &gather_rows_meta);

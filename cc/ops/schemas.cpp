@@ -152,6 +152,16 @@ TORCH_LIBRARY(dynamicemb, m) {
   // Occupied slots of each table, counted from the keys: (num_tables) int64.
   m.def("table_count(Tensor table_keys, Tensor info) -> Tensor");
 
+  // Checks the rows an insert with assign_rows would give the new keys of
+  // NO_EVICTION tables (cc/table/rows.h: in the table's rows, held by no key,
+  // given to no other new key), raising for the first bad one; changes
+  // nothing. The rule table_run applies on the CPU; a CUDA table calls it on
+  // host copies (the CUDA kernels do not check values).
+  // Args: as table_run's (score_values: (1 or n, num_scores), word 0 the row).
+  m.def(
+      "table_check_rows(Tensor keys, Tensor table_ids, Tensor table_keys, Tensor digests, "
+      "Tensor scores, Tensor info, Tensor free_rows, Tensor score_values) -> ()");
+
   // Row-wise routing of raw keys to the ranks of a sharded table
   // (cc/routing/routing.h): ranks[i] = route_key(keys[i], dist_types[f],
   // blocks[f], world_size) with f = feature_ids[i].

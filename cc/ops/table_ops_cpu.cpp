@@ -63,6 +63,23 @@ void check_assigned_rows(const table::TableRef& t, const at::Tensor& keys,
   }
 }
 
+void check_rows_cpu(const at::Tensor& keys, const at::Tensor& table_ids,
+                    const at::Tensor& table_keys, const at::Tensor& digests,
+                    const at::Tensor& scores, const at::Tensor& info, const at::Tensor& free_rows,
+                    const at::Tensor& score_values) {
+  check_state(table_keys, digests, scores, info);
+  check_batch(keys, table_ids, table_keys);
+  check_1d(free_rows, at::kLong, "free_rows");
+  const std::vector<int64_t> assign(static_cast<size_t>(scores.size(1)),
+                                    static_cast<int64_t>(table::ScorePolicy::kAssign));
+  check_scores(assign, score_values, keys.numel(), scores.size(1), table_keys);
+  check_cpu(keys);
+  const table::TableRef t = table_ref(table_keys, digests, scores, info, nullptr, &free_rows);
+  check_layout_cpu(t, free_rows.numel());
+  check_key_values(keys, table_ids, info.size(0));
+  check_assigned_rows(t, keys, table_ids, score_values);
+}
+
 at::Tensor find_cpu(const at::Tensor& keys, const at::Tensor& table_ids,
                     const at::Tensor& table_keys, const at::Tensor& digests, at::Tensor& scores,
                     const at::Tensor& info, at::IntArrayRef policies,
@@ -255,6 +272,7 @@ TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
   m.impl("table_find_gather", &find_gather_cpu);
   m.impl("table_export", &export_cpu);
   m.impl("table_count", &count_cpu);
+  m.impl("table_check_rows", &check_rows_cpu);
   m.impl("table_home_starts", &home_starts_cpu);
   m.impl("table_timer", &timer_cpu);
   m.impl("gather_rows", &gather_rows_cpu);

@@ -19,11 +19,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from dynamicemb._checks import as_int, as_tensor
+from dynamicemb._checks import as_int, as_tensor, is_int
 from dynamicemb.dynamicemb_config import BUCKET_ALIGNMENT, align_to_table_size
 from dynamicemb.storage import Footprint, by_memory, table_metadata_bytes
-from dynamicemb.table import ScoredHashTable, enums
-from dynamicemb.table._native import constants, ops
+from dynamicemb.table import ScoredHashTable, check_keys, enums, ops
 from dynamicemb.types import Counter, KVCounter, MemoryType
 
 __all__ = [
@@ -148,11 +147,7 @@ class MultiTableKVCounter(Counter):
         return keys, table_ids, frequencies.to(self.device, torch.int64).contiguous()
 
     def _check_table_id(self, table_id: Any) -> int:
-        if (
-            not isinstance(table_id, int)
-            or isinstance(table_id, bool)
-            or not 0 <= table_id < self.num_tables
-        ):
+        if not is_int(table_id) or not 0 <= table_id < self.num_tables:
             raise ValueError(
                 f"MultiTableKVCounter: table_id must be an int in [0, {self.num_tables}), "
                 f"got {table_id!r}"
@@ -357,16 +352,13 @@ def parse_counter_files(
 def check_counter_entries(keys: torch.Tensor, counts: torch.Tensor, where: str) -> None:
     """Raises ValueError naming the first reserved or repeated key or
     negative count."""
-    first_valid = int(constants()["FIRST_VALID_KEY"])
-    for bad, what in (
-        (keys < first_valid, "is reserved"),
-        (counts < 0, "has a negative count"),
-    ):
-        if bool(bad.any()):
-            i = int(bad.nonzero()[0])
-            raise ValueError(
-                f"{where}: key {int(keys[i])} at index {i} {what} (count {int(counts[i])})"
-            )
+    check_keys(keys, where)
+    bad = counts < 0
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        raise ValueError(
+            f"{where}: key {int(keys[i])} at index {i} has a negative count ({int(counts[i])})"
+        )
     uniq, inverse, repeats = torch.unique(keys, return_inverse=True, return_counts=True)
     if uniq.numel() != keys.numel():
         i = int((repeats[inverse] > 1).nonzero()[0])

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from dynamicemb._checks import as_int
 from dynamicemb.admission.admitters import (
     MultiTableFrequencyAdmitter,
     MultiTableProbabilisticAdmitter,
@@ -113,10 +114,7 @@ class FrequencyAdmissionStrategy(AdmissionStrategy):
         counter: KVCounter | None = None,
         initializer_args: DynamicEmbInitializerArgs | None = None,
     ) -> None:
-        if not isinstance(threshold, int) or isinstance(threshold, bool):
-            raise TypeError(
-                f"FrequencyAdmissionStrategy: threshold must be an int, got {threshold!r}"
-            )
+        threshold = as_int(threshold, "FrequencyAdmissionStrategy: threshold")
         if threshold < 0:
             raise ValueError(
                 f"FrequencyAdmissionStrategy: threshold must be non-negative, got {threshold}"

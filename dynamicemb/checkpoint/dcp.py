@@ -31,8 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dynamicemb.checkpoint.comm import Group
-from dynamicemb.checkpoint.dump import check_world, table_meta
+from dynamicemb.checkpoint.dump import check_world, group_of, table_meta
 from dynamicemb.checkpoint.layout import (
     KEYS,
     OPT_VALUES,
@@ -42,8 +41,9 @@ from dynamicemb.checkpoint.layout import (
     TableMeta,
 )
 from dynamicemb.checkpoint.load import _pack, _Plan, _unpack, apply_all, check_meta
-from dynamicemb.checkpoint.model import TableRef, dynamic_tables, select
+from dynamicemb.io import Group
 from dynamicemb.shard.routing import route_keys
+from dynamicemb.shard.tables import TableRef, model_tables, select
 
 # Virtual shards per table: fixed, so that names do not depend on the world.
 NUM_SHARDS = 64
@@ -55,7 +55,7 @@ def _meta(ref: TableRef, optim: bool) -> TableMeta:
 
 def _rows(ref: TableRef, meta: TableMeta) -> dict[str, torch.Tensor]:
     """This rank's rows of a table, on the CPU, as the checkpoint's columns."""
-    parts = list(ref.module.export_rows(ref.index, 1 << 20))
+    parts = list(ref.rows.export_rows(ref.index, 1 << 20))
     out = {KEYS: torch.cat([p.keys for p in parts]).reshape(-1, 1).cpu()}
     out[VALUES] = torch.cat([p.embeddings for p in parts]).cpu()
     if meta.optim_state_dim:
@@ -94,8 +94,8 @@ class DynamicEmbStateful:
         self.pg = pg
 
     def _refs(self) -> tuple[list[TableRef], Group]:
-        group = Group(self.pg)
-        refs = select(dynamic_tables(self.model), self.table_names)
+        group = group_of(self.pg)
+        refs = select(model_tables(self.model), self.table_names)
         check_world(refs, group)
         return refs, group
 

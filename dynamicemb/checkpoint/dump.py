@@ -6,36 +6,35 @@ import sys
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from dynamicemb.admission.counters import counter_key_type
+from dynamicemb.admission.counters import COUNT_DTYPE, counter_key_type
 from dynamicemb.checkpoint import files
-from dynamicemb.checkpoint.comm import Group
 from dynamicemb.checkpoint.layout import (
-    CHECKSUM_BLOCK_BYTES,
     COUNTER_KEYS,
     COUNTER_VALUES,
     FORMAT_NAME,
     FORMAT_VERSION,
     KEYS,
+    MANIFEST,
     OPT_VALUES,
     SCORES,
     VALUES,
+    CheckpointError,
     Shard,
     TableMeta,
     meta_file,
     shard_file,
 )
-from dynamicemb.checkpoint.model import TableRef, dynamic_tables, optimizer_name, select
+from dynamicemb.io import Group, dtypes
+from dynamicemb.io import files as io_files
+from dynamicemb.io.files import CHECKSUM_BLOCK_BYTES, IO_THREADS, chunk_rows, host_bytes
+from dynamicemb.shard.tables import TableRef, model_tables, select
 
 log = logging.getLogger("dynamicemb.checkpoint")
-
-# Rows of one chunk are sized to about this many bytes.
-CHUNK_BYTES = 32 << 20
-# Threads writing (and checksumming) files; both release the GIL.
-IO_THREADS = min(8, os.cpu_count() or 1)
 
 
 @dataclass
@@ -49,38 +48,51 @@ class DumpReport:
     seconds: float
 
 
-def chunk_rows(row_bytes: int) -> int:
-    return max(1024, CHUNK_BYTES // max(row_bytes, 1))
+def group_of(pg: dist.ProcessGroup | None) -> Group:
+    """The ranks of a dump or load (their agreed failures: ``CheckpointError``)."""
+    return Group(pg, CheckpointError)
 
 
-def _host_bytes(t: torch.Tensor) -> memoryview:
-    """A CPU copy of ``t`` as raw little-endian bytes, row-major."""
-    t = t.detach().contiguous().cpu()
-    return memoryview(t.reshape(-1).view(torch.uint8).numpy())
+def counter_description(ref: TableRef, entries: int) -> dict[str, Any]:
+    """The meta JSON's ``admission_counter`` of a table: the counter's class
+    and file dtypes, ``entries`` over all ranks, and the threshold and
+    counter share of its strategy where it has them."""
+    counter = ref.rows.admission_counter()
+    assert counter is not None
+    strategy = ref.options.admit_strategy
+    out: dict[str, Any] = {
+        "counter": type(counter).__name__,
+        "key_dtype": dtypes.key_dtype_name(counter_key_type(counter)),
+        "count_dtype": dtypes.key_dtype_name(COUNT_DTYPE),
+        "entries": int(entries),
+        "strategy": type(strategy).__name__,
+    }
+    if isinstance(getattr(strategy, "threshold", None), int):
+        out["threshold"] = strategy.threshold
+    share = getattr(strategy, "kv_counter", None)
+    if share is not None:
+        out["capacity"] = int(share.capacity)
+        out["bucket_capacity"] = int(share.bucket_capacity)
+    return out
 
 
 def _write_table(
     folder: str, ref: TableRef, optim: bool, rank: int, world: int, pool, progress
 ) -> Shard:
-    module, t = ref.module, ref.index
-    sd = module.state_dim(t) if optim else 0
-    has_scores = module.checkpoint_score_columns() is not None
+    rows_, t = ref.rows, ref.index
+    sd = rows_.state_dim(t) if optim else 0
+    has_scores = rows_.score_columns() is not None
     kinds = [KEYS, VALUES] + ([OPT_VALUES] if sd else []) + ([SCORES] if has_scores else [])
     writers = {
-        k: files.CheckedWriter(
+        k: io_files.CheckedWriter(
             os.path.join(folder, shard_file(ref.name, k, rank, world)), CHECKSUM_BLOCK_BYTES
         )
         for k in kinds
     }
-    row_bytes = (
-        8
-        + ref.dim * module.value_dtype.itemsize
-        + sd * module.optim_state_dtype.itemsize
-        + 8 * module.table.num_scores
-    )
+    row_bytes = rows_.export_row_bytes(t, optim=bool(sd))
     rows, pending = 0, []
     try:
-        for chunk in module.export_rows(t, chunk_rows(row_bytes)):
+        for chunk in rows_.export_rows(t, chunk_rows(row_bytes)):
             n = chunk.keys.numel()
             if n == 0:
                 continue
@@ -89,7 +101,7 @@ def _write_table(
                 parts[OPT_VALUES] = chunk.optimizer_state
             if has_scores:
                 parts[SCORES] = chunk.scores
-            data = {k: _host_bytes(v) for k, v in parts.items()}
+            data = {k: host_bytes(v) for k, v in parts.items()}
             for fut in pending:  # the previous chunk's writes
                 fut.result()
             pending = [
@@ -99,10 +111,10 @@ def _write_table(
             rows += n
         for fut in pending:
             fut.result()
-        counter = ref.counter
+        counter = ref.rows.admission_counter()
         if counter is not None:  # its keys and counts, through Counter.dump
             for k in (COUNTER_KEYS, COUNTER_VALUES):
-                writers[k] = files.CheckedWriter(
+                writers[k] = io_files.CheckedWriter(
                     os.path.join(folder, shard_file(ref.name, k, rank, world)),
                     CHECKSUM_BLOCK_BYTES,
                 )
@@ -123,28 +135,30 @@ def table_meta(
 ) -> TableMeta:
     """A table's meta JSON (``world`` 0 and no shards: DCP's, see dcp.py);
     ``counters``: the shards hold the table's admission counter files."""
-    module, t = ref.module, ref.index
+    rows, t = ref.rows, ref.index
     counter = None
-    if counters and ref.counter is not None:
-        item = counter_key_type(ref.counter).itemsize
-        counter = ref.counter_description(sum(s.files[COUNTER_KEYS].nbytes // item for s in shards))
-    sd = module.state_dim(t) if optim else 0
-    cols = module.checkpoint_score_columns()
+    if counters and rows.admission_counter() is not None:
+        item = counter_key_type(rows.admission_counter()).itemsize
+        counter = counter_description(
+            ref, sum(s.files[COUNTER_KEYS].nbytes // item for s in shards)
+        )
+    sd = rows.state_dim(t) if optim else 0
+    cols = rows.score_columns()
     return TableMeta(
         table_name=ref.name,
-        embedding_dtype=module.value_dtype,
+        embedding_dtype=rows.value_dtype,
         embedding_dim=ref.dim,
-        optim_state_dtype=module.optim_state_dtype if sd else None,
+        optim_state_dtype=rows.optim_state_dtype if sd else None,
         optim_state_dim=sd,
-        optimizer=optimizer_name(module) if module.training_state else None,
-        score_strategy=[] if cols is None else [s.name for s in module.strategies],
-        step=int(module.step),
+        optimizer=rows.optimizer_name,
+        score_strategy=[] if cols is None else [s.name for s in rows.strategies],
+        step=int(rows.step),
         dist_type=ref.dist_type,
         num_embeddings=ref.num_embeddings,
         world_size=world,
         shards=sorted(shards, key=lambda s: s.rank),
         admission_counter=counter,
-        delta_sequence=module.delta_sequence[t],
+        delta_sequence=rows.delta_sequence[t],
     )
 
 
@@ -167,7 +181,7 @@ def tables_of(
     """The dynamic tables ``api`` (``DynamicEmbDump`` or ``DynamicEmbLoad``) is
     asked for, checked against ``group``; None, with a warning, where the model
     has none."""
-    refs = select(dynamic_tables(model), table_names)
+    refs = select(model_tables(model), table_names)
     if not refs:
         warnings.warn(f"{api}: the model has no dynamic embedding tables", stacklevel=4)
         return None
@@ -184,7 +198,7 @@ def dump(
     show_progress: bool = True,
 ) -> DumpReport | None:
     """``DynamicEmbDump``, returning what was written (None: no dynamic table)."""
-    group = Group(pg)
+    group = group_of(pg)
     refs = tables_of(model, table_names, group, "DynamicEmbDump")
     if refs is None:
         return None
@@ -194,7 +208,7 @@ def dump(
     if group.rank == 0:
         try:
             files.prepare_target(path)
-            tmp = files.make_tmp(path)
+            tmp = io_files.make_tmp(path)
             for folder in sorted({ref.collection for ref in refs}):
                 os.mkdir(os.path.join(tmp, folder))
         except BaseException as e:
@@ -203,16 +217,10 @@ def dump(
     tmp = group.broadcast_object(tmp)
     try:
         est = sum(
-            int(ref.module.table.size()[ref.index])
-            * (
-                8
-                + ref.dim * ref.module.value_dtype.itemsize
-                + (ref.module.state_dim(ref.index) if optim else 0)
-                * ref.module.optim_state_dtype.itemsize
-            )
+            ref.rows.sizes()[ref.index] * ref.rows.export_row_bytes(ref.index, optim)
             for ref in refs
         )
-        progress = files.Progress("DynamicEmbDump", est, show_progress and group.rank == 0)
+        progress = io_files.Progress("DynamicEmbDump", est, show_progress and group.rank == 0)
         shards, error = {}, None
         try:
             with ThreadPoolExecutor(IO_THREADS) as pool:
@@ -222,7 +230,7 @@ def dump(
                         folder, ref, optim, group.rank, group.world_size, pool, progress
                     )
             for folder in {ref.collection for ref in refs}:
-                files.fsync_path(os.path.join(tmp, folder))
+                io_files.fsync_path(os.path.join(tmp, folder))
         except BaseException as e:
             error = e
         group.agree(error)
@@ -235,12 +243,12 @@ def dump(
                     meta = table_meta(
                         ref, optim, group.world_size, [g[key] for g in gathered], counters=True
                     )
-                    info = files.write_small(
+                    info = io_files.write_small(
                         os.path.join(tmp, ref.collection), meta_file(ref.name), meta.encode()
                     )
                     collections.setdefault(ref.collection, {})[ref.name] = info.to_json()
                 for folder in collections:
-                    files.fsync_path(os.path.join(tmp, folder))
+                    io_files.fsync_path(os.path.join(tmp, folder))
                 body = {
                     "format": FORMAT_NAME,
                     "version": FORMAT_VERSION,
@@ -248,8 +256,8 @@ def dump(
                     "optim": bool(optim),
                     "collections": collections,
                 }
-                files.write_manifest(tmp, body)
-                files.publish(tmp, path)
+                io_files.write_manifest(tmp, body, MANIFEST)
+                io_files.publish(tmp, path)
                 tmp = None
             except BaseException as e:
                 error = e

@@ -13,8 +13,9 @@ A checkpoint is a folder::
         <table>_counter_keys.rank_<r>.world_size_<W>    (c) admission counter keys
         <table>_counter_values.rank_<r>.world_size_<W>  (c) int64, their counts
 
-``<collection>`` is the collection's module path in the model, the model
-itself being ``model`` (``model.sparse.ebc``). Every rank ``r`` of the
+``<collection>`` is the collection's name, its module path in the model, the
+model itself being ``model`` (``model.sparse.ebc``;
+``dynamicemb.shard.tables.collection_name``). Every rank ``r`` of the
 dumping world writes the rows it holds; rows are little-endian, row-major,
 without headers. The meta JSON of a table records what the files hold
 (``embedding_dtype``, ``embedding_dim``, ``optim_state_dtype``,
@@ -41,20 +42,17 @@ checksums; it is read, never written.
 """
 
 import json
-import zlib
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from dynamicemb.io import dtypes
+from dynamicemb.io.files import CHECKSUM_ALGORITHM, CHECKSUM_BLOCK_BYTES, DataError, FileInfo
+
 FORMAT_NAME = "dynamicemb-checkpoint"
 FORMAT_VERSION = 1
 MANIFEST = "dynamicemb_checkpoint.json"
-ROOT_MODULE = "model"
-
-# CRC-32 block size of new checkpoints (readers use the meta's value).
-CHECKSUM_BLOCK_BYTES = 64 << 20
-CHECKSUM_ALGORITHM = "crc32"
 
 # File kinds: (element dtype or None for the table's, columns key in meta).
 KEYS, VALUES, OPT_VALUES, SCORES = "keys", "values", "opt_values", "scores"
@@ -62,44 +60,18 @@ KEYS, VALUES, OPT_VALUES, SCORES = "keys", "values", "opt_values", "scores"
 COUNTER_KEYS, COUNTER_VALUES = "counter_keys", "counter_values"
 COUNTER_KINDS = (COUNTER_KEYS, COUNTER_VALUES)
 
-_DTYPES = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float64": torch.float64,
-}
 
-
-class CheckpointError(RuntimeError):
+class CheckpointError(DataError):
     """A checkpoint that cannot be loaded: missing, incomplete, corrupted, or
     not matching the model. Loading it changed nothing."""
 
 
-def dtype_name(dtype: torch.dtype) -> str:
-    for name, d in _DTYPES.items():
-        if d == dtype:
-            return name
-    raise ValueError(f"dtype {dtype} cannot be stored in a checkpoint")
-
-
-def key_dtype_name(dtype: torch.dtype) -> str:
-    """The name of an integer key dtype in a meta JSON (``int64``)."""
-    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
-        raise ValueError(f"key dtype {dtype} is not an integer dtype")
-    return str(dtype).removeprefix("torch.")
+def dtype_of(name: str, what: str) -> torch.dtype:
+    return dtypes.dtype_of(name, what, CheckpointError)
 
 
 def key_dtype_of(name: str, what: str) -> torch.dtype:
-    dtype = getattr(torch, str(name), None)
-    if not isinstance(dtype, torch.dtype) or dtype.is_floating_point or dtype.is_complex:
-        raise CheckpointError(f"{what}: unknown key dtype {name!r}")
-    return dtype
-
-
-def dtype_of(name: str, what: str) -> torch.dtype:
-    if name not in _DTYPES:
-        raise CheckpointError(f"{what}: unknown dtype {name!r} (known: {sorted(_DTYPES)})")
-    return _DTYPES[name]
+    return dtypes.key_dtype_of(name, what, CheckpointError)
 
 
 def shard_file(table: str, kind: str, rank: int, world_size: int) -> str:
@@ -116,68 +88,6 @@ def legacy_file(table: str, kind: str) -> str:
 
 def legacy_args_file(table: str) -> str:
     return f"{table}_opt_args.json"
-
-
-def collection_dir(fqn: str) -> str:
-    """Folder of a collection at module path ``fqn`` ('' for the model)."""
-    return ROOT_MODULE if not fqn else f"{ROOT_MODULE}.{fqn}"
-
-
-def check_name(name: str, what: str) -> None:
-    if not name or "/" in name or name in (".", "..") or "\0" in name:
-        raise ValueError(f"{what} {name!r} cannot name a checkpoint file")
-
-
-def crc32_blocks(data: memoryview | bytes, block: int, start: int = 0) -> list[int]:
-    """CRC-32 of every ``block`` bytes of ``data``."""
-    mv = memoryview(data)
-    return [zlib.crc32(mv[i : i + block]) for i in range(start, len(mv), block)]
-
-
-def _canonical(body: dict[str, Any]) -> bytes:
-    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
-
-
-def encode_manifest(body: dict[str, Any]) -> bytes:
-    """The manifest's bytes: ``body`` plus the CRC-32 of its canonical form."""
-    out = dict(body, checksum=zlib.crc32(_canonical(body)))
-    return json.dumps(out, indent=1, sort_keys=True).encode()
-
-
-def decode_manifest(
-    data: bytes, where: str, fmt: str = FORMAT_NAME, version: int = FORMAT_VERSION
-) -> dict[str, Any]:
-    """The body of a manifest (``encode_manifest``), checked: its checksum,
-    its ``format`` and ``version`` (those of a checkpoint unless given)."""
-    try:
-        body = json.loads(data)
-        checksum = body.pop("checksum")
-    except (ValueError, KeyError, AttributeError, TypeError) as e:
-        raise CheckpointError(f"{where}: manifest is not valid ({e})") from None
-    if zlib.crc32(_canonical(body)) != checksum:
-        raise CheckpointError(f"{where}: manifest checksum mismatch (the file is corrupted)")
-    if body.get("format") != fmt or body.get("version") != version:
-        raise CheckpointError(
-            f"{where}: format {body.get('format')!r} version {body.get('version')!r} is not "
-            f"{fmt!r} version {version}"
-        )
-    return body
-
-
-@dataclass
-class FileInfo:
-    """One shard file: its name, size and block checksums (None: legacy)."""
-
-    name: str
-    nbytes: int
-    crc32: list[int] | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"file": self.name, "bytes": self.nbytes, "crc32": self.crc32}
-
-    @staticmethod
-    def from_json(d: dict[str, Any]) -> "FileInfo":
-        return FileInfo(str(d["file"]), int(d["bytes"]), [int(c) for c in d["crc32"]])
 
 
 @dataclass
@@ -288,10 +198,12 @@ class TableMeta:
             "format": FORMAT_NAME,
             "version": FORMAT_VERSION,
             "table_name": self.table_name,
-            "embedding_dtype": dtype_name(self.embedding_dtype),
+            "embedding_dtype": dtypes.dtype_name(self.embedding_dtype),
             "embedding_dim": self.embedding_dim,
             "optim_state_dtype": (
-                None if self.optim_state_dtype is None else dtype_name(self.optim_state_dtype)
+                None
+                if self.optim_state_dtype is None
+                else dtypes.dtype_name(self.optim_state_dtype)
             ),
             "optim_state_dim": self.optim_state_dim,
             "optimizer": self.optimizer,

@@ -47,8 +47,7 @@ from dynamicemb.admission.counters import (
     replace_counter_entries,
 )
 from dynamicemb.checkpoint import files
-from dynamicemb.checkpoint.comm import Group
-from dynamicemb.checkpoint.dump import IO_THREADS, chunk_rows, tables_of
+from dynamicemb.checkpoint.dump import group_of, tables_of
 from dynamicemb.checkpoint.layout import (
     CHECKSUM_BLOCK_BYTES,
     COUNTER_KEYS,
@@ -64,11 +63,13 @@ from dynamicemb.checkpoint.layout import (
     legacy_file,
     meta_file,
 )
-from dynamicemb.checkpoint.model import TableRef, optimizer_name
 from dynamicemb.dynamicemb_config import DynamicEmbScoreStrategy
 from dynamicemb.embedding.score_function import evaluate_scores
+from dynamicemb.io import Group
+from dynamicemb.io import files as io_files
+from dynamicemb.io.files import IO_THREADS, chunk_rows
 from dynamicemb.shard.routing import route_keys
-from dynamicemb.table import enums
+from dynamicemb.shard.tables import TableRef
 
 log = logging.getLogger("dynamicemb.checkpoint")
 
@@ -129,7 +130,7 @@ def _legacy_meta(folder: str, ref: TableRef) -> TableMeta:
         raise CheckpointError(f"{what}: {paths[KEYS]} has {key_bytes} bytes, not whole int64 keys")
     n = key_bytes // 8
     dim = ref.dim
-    sd = ref.module.state_dim(ref.index)
+    sd = ref.rows.state_dim(ref.index)
     width = dim if n == 0 else value_bytes // (4 * n)
     if n and value_bytes != 4 * n * width or width not in (dim, dim + sd):
         raise CheckpointError(
@@ -141,11 +142,11 @@ def _legacy_meta(folder: str, ref: TableRef) -> TableMeta:
         VALUES: FileInfo(legacy_file(ref.name, VALUES), value_bytes, None),
     }
     strategy: list[str] = []
-    if os.path.isfile(paths[SCORES]) and ref.module.table.num_scores == 1:
-        cols = ref.module.checkpoint_score_columns()
+    if os.path.isfile(paths[SCORES]) and ref.rows.num_scores == 1:
+        cols = ref.rows.score_columns()
         if cols is not None and os.path.getsize(paths[SCORES]) == 8 * n:
             files_[SCORES] = FileInfo(legacy_file(ref.name, SCORES), 8 * n, None)
-            strategy = [ref.module.strategies[0].name]
+            strategy = [ref.rows.strategies[0].name]
     return TableMeta(
         table_name=ref.name,
         embedding_dtype=torch.float32,
@@ -171,21 +172,21 @@ def check_meta(meta: TableMeta, ref: TableRef, optim: bool) -> bool:
     Raises:
         ValueError: dim, score columns or optimizer differ.
     """
-    module, t = ref.module, ref.index
+    rows, t = ref.rows, ref.index
     if meta.embedding_dim != ref.dim:
         raise ValueError(
             f"{ref.label}: the checkpoint's embedding_dim {meta.embedding_dim} differs from the "
             f"table's dim {ref.dim}"
         )
-    cols = module.checkpoint_score_columns()
-    names = [s.name for s in module.strategies]
+    cols = rows.score_columns()
+    names = [s.name for s in rows.strategies]
     if cols is not None and meta.num_scores and meta.score_strategy != names:
         raise ValueError(
             f"{ref.label}: the checkpoint's score columns {meta.score_strategy} differ from the "
             f"table's score_strategy {names}"
         )
-    with_state = optim and module.state_dim(t) > 0
-    if optim and not module.training_state:
+    with_state = optim and rows.state_dim(t) > 0
+    if optim and not rows.training_state:
         raise ValueError(f"{ref.label}: optim=True, but the table keeps no optimizer state")
     if with_state:
         if not meta.optim_state_dim:
@@ -193,15 +194,15 @@ def check_meta(meta: TableMeta, ref: TableRef, optim: bool) -> bool:
                 f"{ref.label}: optim=True, but the checkpoint holds no optimizer state (it was "
                 "dumped with optim=False)"
             )
-        if meta.optimizer is not None and meta.optimizer != optimizer_name(module):
+        if meta.optimizer is not None and meta.optimizer != rows.optimizer_name:
             raise ValueError(
                 f"{ref.label}: the checkpoint's optimizer state is {meta.optimizer}'s, the table "
-                f"uses {optimizer_name(module)}"
+                f"uses {rows.optimizer_name}"
             )
-        if meta.optim_state_dim != module.state_dim(t):
+        if meta.optim_state_dim != rows.state_dim(t):
             raise ValueError(
                 f"{ref.label}: the checkpoint's optim_state_dim {meta.optim_state_dim} differs "
-                f"from the table's {module.state_dim(t)}"
+                f"from the table's {rows.state_dim(t)}"
             )
     return with_state
 
@@ -228,7 +229,7 @@ def _plan(root: str, manifest: dict | None, ref: TableRef, optim: bool) -> _Plan
                 f"{ref.collection!r} (it has {sorted(colls[ref.collection])})"
             )
         info = FileInfo.from_json(colls[ref.collection][ref.name])
-        data = files.read_small(folder, info, meta_file(ref.name), ref.label)
+        data = io_files.read_small(folder, info, meta_file(ref.name), ref.label, CheckpointError)
         meta = TableMeta.decode(data, os.path.join(folder, meta_file(ref.name)))
     with_state = check_meta(meta, ref, optim)
     for shard in meta.shards:
@@ -240,13 +241,13 @@ def _plan(root: str, manifest: dict | None, ref: TableRef, optim: bool) -> _Plan
                     f"{ref.label}: the meta JSON records {shard.files[kind].nbytes} bytes for "
                     f"{shard.files[kind].name}, {shard.rows} rows need {want}"
                 )
-        files.check_sizes(folder, list(shard.files.values()), ref.label)
+        io_files.check_sizes(folder, list(shard.files.values()), ref.label, CheckpointError)
     has_files = meta.admission_counter is not None
     counter = {
         (True, True): LOAD_COUNTER,
         (False, True): CLEAR_COUNTER,
         (True, False): IGNORE_COUNTER,
-    }.get((has_files, ref.counter is not None))
+    }.get((has_files, ref.rows.admission_counter() is not None))
     if counter == LOAD_COUNTER:
         for shard in meta.shards:
             _counter_entries(meta, shard, ref.label)
@@ -305,11 +306,13 @@ def _read_shard(plan: _Plan, shard: Shard, pool, progress) -> dict[str, torch.Te
         info = shard.files[k]
 
         def task(info=info, t=out[k]):
-            files.read_verified(plan.folder, info, meta.checksum_block_bytes, plan.what, t)
+            io_files.read_verified(
+                plan.folder, info, meta.checksum_block_bytes, plan.what, t, CheckpointError
+            )
             progress.update(info.nbytes)
 
         tasks.append(task)
-    files.run_tasks(tasks, pool)
+    io_files.run_tasks(tasks, pool)
     return out
 
 
@@ -393,14 +396,19 @@ def _read_counter(plan: _Plan, group: Group, pool, progress):
             c = torch.empty(n, dtype=COUNT_DTYPE)
             tasks = [
                 lambda info=shard.files[kind], out=out: (
-                    files.read_verified(
-                        plan.folder, info, meta.checksum_block_bytes, plan.what, out
+                    io_files.read_verified(
+                        plan.folder,
+                        info,
+                        meta.checksum_block_bytes,
+                        plan.what,
+                        out,
+                        CheckpointError,
                     ),
                     progress.update(info.nbytes),
                 )
                 for kind, out in ((COUNTER_KEYS, k), (COUNTER_VALUES, c))
             ]
-            files.run_tasks(tasks, pool)
+            io_files.run_tasks(tasks, pool)
             keys.append(k.to(torch.int64))
             counts.append(c)
         keys = torch.cat(keys) if keys else torch.empty(0, dtype=torch.int64)
@@ -426,13 +434,13 @@ def _read_counter(plan: _Plan, group: Group, pool, progress):
 
 def _order(plan: _Plan, scores: torch.Tensor | None) -> torch.Tensor | None:
     """Rows best first (the keys eviction would keep), None: as they are."""
-    module = plan.ref.module
-    cols = module.checkpoint_score_columns()
+    rows = plan.ref.rows
+    cols = rows.score_columns()
     if cols is None or scores is None or scores.shape[0] < 2:
         return None
-    if module.score_function is not None:
-        now = int(module.table.timer().item())
-        rank = evaluate_scores(module.score_function, scores, now)
+    if rows.score_function is not None:
+        now = int(rows.timer().item())
+        rank = evaluate_scores(rows.score_function, scores, now)
         return torch.argsort(rank, descending=True, stable=True)
     internal = torch.empty_like(scores)
     internal[:, cols] = scores
@@ -444,7 +452,7 @@ def _order(plan: _Plan, scores: torch.Tensor | None) -> torch.Tensor | None:
 
 def _apply(plan: _Plan, rows: dict[str, torch.Tensor], chunk: int) -> tuple[int, int]:
     """Replaces the table's keys with ``rows``; returns (stored, dropped)."""
-    module, t, meta = plan.ref.module, plan.ref.index, plan.meta
+    rows_, t, meta = plan.ref.rows, plan.ref.index, plan.meta
     keys = rows[KEYS].reshape(-1)
     emb = rows[VALUES]
     state = rows.get(OPT_VALUES)
@@ -455,17 +463,17 @@ def _apply(plan: _Plan, rows: dict[str, torch.Tensor], chunk: int) -> tuple[int,
     if not plan.with_state:
         state = None
     scores = rows.get(SCORES)
-    if module.checkpoint_score_columns() is not None and scores is None:
-        scores = torch.zeros(keys.numel(), module.table.num_scores, dtype=torch.int64)
-    evicting = module.checkpoint_score_columns() is not None
+    if rows_.score_columns() is not None and scores is None:
+        scores = torch.zeros(keys.numel(), rows_.num_scores, dtype=torch.int64)
+    evicting = rows_.score_columns() is not None
 
     def insert(order):
-        module.clear_tables([t])
-        module.reserve_rows(t, keys.numel())
+        rows_.clear_tables([t])
+        rows_.reserve_rows(t, keys.numel())
         stored = 0
         for lo in range(0, keys.numel(), chunk):
             idx = slice(lo, lo + chunk) if order is None else order[lo : lo + chunk]
-            ok = module.import_rows(
+            ok = rows_.import_rows(
                 t,
                 keys[idx],
                 scores[idx] if evicting else None,
@@ -485,8 +493,7 @@ def _apply(plan: _Plan, rows: dict[str, torch.Tensor], chunk: int) -> tuple[int,
 
 
 def _sets_step(plan: _Plan) -> bool:
-    module = plan.ref.module
-    return plan.optim or DynamicEmbScoreStrategy.STEP in module.strategies
+    return plan.optim or DynamicEmbScoreStrategy.STEP in plan.ref.rows.strategies
 
 
 def apply_all(
@@ -501,44 +508,41 @@ def apply_all(
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     counters = counters or [None] * len(plans)
-    modules = {id(p.ref.module): p.ref.module for p in plans}
+    tables = {id(p.ref.rows): p.ref.rows for p in plans}
     snapshots, results, error = {}, [], None
     counted = [p for p in plans if p.counter in (LOAD_COUNTER, CLEAR_COUNTER)]
     counter_snapshots: list[tuple] = []
     try:
         for p in counted:
-            counter = p.ref.counter
+            counter = p.ref.rows.admission_counter()
             counter_snapshots.append((counter, p.ref.index, *counter_entries(counter, p.ref.index)))
-        for key, module in modules.items():
-            snapshots[key] = module.checkpoint_snapshot()
-        failures_col = int(enums.CounterCol.INSERT_FAILURES)
-        failures = {k: m.table.counters[:, failures_col].clone() for k, m in modules.items()}
+        for key, rows in tables.items():
+            snapshots[key] = rows.snapshot()
         for p, rows in zip(plans, received):
-            row_bytes = 8 + (p.ref.dim + p.meta.optim_state_dim) * 4
+            row_bytes = p.ref.rows.export_row_bytes(p.ref.index, p.with_state)
             results.append(_apply(p, rows, chunk_rows(row_bytes)))
         for p, entries in zip(plans, counters):
             if p.counter in (LOAD_COUNTER, CLEAR_COUNTER):
                 empty = torch.empty(0, dtype=torch.int64)
                 keys, counts = entries if entries is not None else (empty, empty)
-                replace_counter_entries(p.ref.counter, p.ref.index, keys, counts)
+                replace_counter_entries(p.ref.rows.admission_counter(), p.ref.index, keys, counts)
         steps = defaultdict(list)
         for p in plans:
             if _sets_step(p):
-                steps[id(p.ref.module)].append(p.meta.step)
+                steps[id(p.ref.rows)].append(p.meta.step)
             # The deltas that follow this checkpoint continue from its sequence.
-            p.ref.module.delta_sequence[p.ref.index] = p.meta.delta_sequence
-        for key, module in modules.items():
-            module.table.counters[:, failures_col] = failures[key]
+            p.ref.rows.delta_sequence[p.ref.index] = p.meta.delta_sequence
+        for key, rows in tables.items():
             if steps[key]:
-                module.step = max(steps[key])
+                rows.step = max(steps[key])
     except BaseException as e:
         error = e
     try:
         group.agree(error)
     except BaseException:
-        for key, module in modules.items():
+        for key, rows in tables.items():
             if key in snapshots:
-                module.restore_snapshot(snapshots[key])
+                rows.restore(snapshots[key])
         for counter, t, keys, counts in counter_snapshots:
             replace_counter_entries(counter, t, keys, counts)
         raise
@@ -554,7 +558,7 @@ def load(
     show_progress: bool = True,
 ) -> LoadReport | None:
     """``DynamicEmbLoad``, returning what was loaded (None: no dynamic table)."""
-    group = Group(pg)
+    group = group_of(pg)
     refs = tables_of(model, table_names, group, "DynamicEmbLoad")
     if refs is None:
         return None
@@ -568,10 +572,10 @@ def load(
         error = e
     group.agree(error)
     for p in plans:
-        if p.meta.embedding_dtype != p.ref.module.value_dtype:
+        if p.meta.embedding_dtype != p.ref.rows.value_dtype:
             warnings.warn(
                 f"DynamicEmbLoad: {p.what}: the checkpoint's values are "
-                f"{p.meta.embedding_dtype}, the table stores {p.ref.module.value_dtype}; "
+                f"{p.meta.embedding_dtype}, the table stores {p.ref.rows.value_dtype}; "
                 "converting",
                 stacklevel=3,
             )
@@ -579,7 +583,7 @@ def load(
     mine = sum(
         s.nbytes for p in plans for s in _assign(p.meta.shards, group.world_size)[group.rank]
     )
-    progress = files.Progress("DynamicEmbLoad", mine, show_progress and group.rank == 0)
+    progress = io_files.Progress("DynamicEmbLoad", mine, show_progress and group.rank == 0)
     for p in plans:
         if p.counter == IGNORE_COUNTER:
             warnings.warn(

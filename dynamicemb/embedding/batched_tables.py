@@ -11,7 +11,7 @@ in docs/architecture.md ("A training step, top to bottom").
 
 import os
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,30 +19,33 @@ import torch
 from torch.profiler import record_function
 
 from dynamicemb._checks import as_int, as_tensor
-from dynamicemb._warnings import warn_once
 from dynamicemb.dynamicemb_config import (
-    OPTIMIZER_STATE_DTYPE,
     DynamicEmbCheckMode,
     DynamicEmbPoolingMode,
     DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
 )
 from dynamicemb.embedding.cuda_graphs import LookupGraphs, graphs_enabled_by_default
-from dynamicemb.embedding.initializer import MultiTableInitializer, init_rows_at
+from dynamicemb.embedding.initializer import MultiTableInitializer
+from dynamicemb.embedding.inputs import raise_bad_input
+from dynamicemb.embedding.module_warnings import (
+    default_optimizer,
+    state_dict_hook,
+    warn_if_host_only,
+)
 from dynamicemb.embedding.optimizer import RowOptimizer
-from dynamicemb.embedding.score_function import VictimScorer, table_score_columns
+from dynamicemb.embedding.row_init import ModuleRowInit
+from dynamicemb.embedding.score_function import VictimScorer
 from dynamicemb.embedding.stats import StatCol, TableStats
+from dynamicemb.embedding.table_rows import TableRows
 from dynamicemb.embedding.unique import segmented_unique
 from dynamicemb.storage import (
     BatchScore,
-    ExportedRows,
-    RowInit,
     RowLayout,
     TableStorage,
     create_storage,
 )
-from dynamicemb.table import enums
-from dynamicemb.table._native import constants, ops
+from dynamicemb.table import first_valid_key, ops
 from dynamicemb.types import MemoryType, MultiTableAdmitter
 
 S = DynamicEmbScoreStrategy
@@ -55,59 +58,6 @@ def _fill_refs(n: int, device: torch.device) -> torch.Tensor:
     """The rows values that read fill rows 0 .. n-1 (-2 - i: fill_row_ref of
     cc/embedding/pooling.h)."""
     return -2 - torch.arange(n, device=device)
-
-
-def _default_optimizer():
-    """FBGEMM's EmbOptimType.EXACT_SGD, the default ``optimizer``; an
-    ImportError that says what to install when FBGEMM cannot be imported."""
-    try:
-        from fbgemm_gpu.split_embedding_configs import EmbOptimType
-    except (ImportError, OSError) as e:
-        raise ImportError(
-            "BatchedDynamicEmbeddingTablesV2: the default optimizer is FBGEMM's "
-            f"EmbOptimType.EXACT_SGD, and fbgemm_gpu does not import ({e}). Install "
-            "fbgemm-gpu-cpu with a CPU torch or fbgemm-gpu with a CUDA torch (the extras "
-            "dynamicemb[fbgemm-cpu] / dynamicemb[fbgemm-cuda]), or pass an optimizer that "
-            "needs no FBGEMM (optimizer=DynamicEmbOptimType.FTRL)."
-        ) from e
-    return EmbOptimType.EXACT_SGD
-
-
-def _warn_state_dict_without_rows(module, state_dict, prefix, local_metadata) -> None:
-    warn_state_dict_without_rows()
-
-
-def warn_state_dict_without_rows() -> None:
-    """Warns, once per process, that a state dict lacks the dynamic tables'
-    rows (this module's state dict hook; the sharded collections' state_dict)."""
-    warn_once(
-        "state_dict_without_rows",
-        "state_dict() does not hold the rows of dynamic embedding tables (they live in "
-        "hash tables, not in dense weights): torch.save(model.state_dict()) or a "
-        "torch.distributed.checkpoint save of it alone loses them. Save and load them with "
-        "dynamicemb.DynamicEmbDump / DynamicEmbLoad, or with torch.distributed.checkpoint "
-        "through dynamicemb.checkpoint.DynamicEmbStateful(model) next to the state dict "
-        "(docs/checkpoint.md). Shown once.",
-    )
-
-
-def _warn_if_host_only(options: Sequence[DynamicEmbTableOptions], device: torch.device) -> None:
-    """On a GPU, a table of one hybrid table whose device budget is zero
-    keeps every row in host memory: allowed, but worth saying once."""
-    if device.type != "cuda" or options[0].caching or options[0].external_storage is not None:
-        return
-    host_only = [t for t, o in enumerate(options) if o.local_hbm_for_values == 0]
-    if host_only:
-        warn_once(
-            "host_only_rows",
-            f"dynamic tables {host_only} of a module on {device} keep all their rows in host "
-            "memory: their local_hbm_for_values is 0 (the sharding planner sets it to "
-            "ceil(global_hbm_for_values / world_size), and global_hbm_for_values defaults "
-            "to 0). Give DynamicEmbTableOptions.global_hbm_for_values a device budget, e.g. "
-            "get_table_value_bytes(...) for all rows on the device (docs/storage.md). "
-            "Shown once.",
-            stacklevel=3,
-        )
 
 
 class _Pool(torch.autograd.Function):
@@ -264,7 +214,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if self.pooling_mode == DynamicEmbPoolingMode.NONE and len(set(self.dims)) != 1:
             raise ValueError(f"pooling NONE needs one dim for all tables, got {self.dims}")
         if optimizer is None:
-            optimizer = _default_optimizer()
+            optimizer = default_optimizer()
         self.optimizer = RowOptimizer(optimizer, **optimizer_args)
         self.max_dim = max(self.dims)
         self.device = torch.device(device) if device is not None else torch.device("cpu")
@@ -297,9 +247,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self.storage: TableStorage = create_storage(
             self.table_options, self.layout, self.device, scorer_factory
         )
-        _warn_if_host_only(self.table_options, self.device)
+        warn_if_host_only(self.table_options, self.device)
         # A state dict has no place for hash-table rows: say so, once.
-        self._register_state_dict_hook(_warn_state_dict_without_rows)
+        self._register_state_dict_hook(state_dict_hook)
         self.seed = seed
         if initializer_table_ids is None:
             initializer_table_ids = range(n)
@@ -320,10 +270,6 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         # CUSTOMIZED: the score each table's keys get in the next forward passes.
         self._custom_scores: list[int | None] = [None] * n
         self._custom_score_t = torch.zeros(n, dtype=torch.int64, device=self.device)
-        # Replication (dynamicemb.replication): the sequence number of the
-        # last delta each table's contents reflect (dumped or replayed; None:
-        # unknown, loaded from a checkpoint that does not record it).
-        self.delta_sequence: list[int | None] = [0] * n
         self.insert_failures = torch.zeros((), dtype=torch.int64, device=self.device)
         # What the module counts per table (lookups; admission and cache tiers
         # feed their columns), read by dynamicemb.metrics when it collects.
@@ -345,7 +291,21 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             self._rejected_initializer = (
                 self.admitter.non_admitted_initializer or self._initializers[False]
             )
-        self._row_init = _ModuleRowInit(self)
+        self._row_init = ModuleRowInit(self)
+        # The tables' rows as checkpoints, replication and metrics reach them.
+        self.rows = TableRows(
+            self.storage,
+            self.layout,
+            self.table_options,
+            self.strategies,
+            self._row_init,
+            self,
+            self.device,
+            self.score_function,
+            str(self.optimizer.optimizer.name) if self.training_state else None,
+            self.admitter,
+            self.stats,
+        )
         # The new rows' initializer groups, built here rather than in a
         # (possibly traced) training step.
         self._initializers[False].groups(self.dims, self.device)
@@ -375,14 +335,6 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self._graphs = LookupGraphs() if self.device.type == "cuda" else None
 
     # ------------------------------------------------------------ storage --
-
-    @property
-    def table(self):
-        """The hash table of the storage's last tier (its counters: size,
-        inserts, evictions, insert failures); None for an external storage."""
-        s = self.storage
-        backing = getattr(s, "backing", s)
-        return getattr(backing, "table", None)
 
     def memory_usage(self, mem_type: MemoryType = MemoryType.DEVICE) -> int:
         """Bytes of ``mem_type`` memory the tables' storage holds (every tier;
@@ -437,12 +389,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         """Bytes of ``mem_type`` memory each table holds in its storage's tiers
         (its slots in the hash tables and its value rows: embedding and
         optimizer state) and its share of the admitter's counter."""
-        out = self.storage.memory_per_table(mem_type)
-        state = None if self.admitter is None else self.admitter.state()
-        per_table = getattr(state, "memory_per_table", None)
-        if per_table is not None:
-            out = [a + b for a, b in zip(out, per_table(mem_type))]
-        return out
+        return self.rows.memory_per_table(mem_type)
 
     # ---------------------------------------------------------- admission --
 
@@ -748,7 +695,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         """The value checks, each a count of bad entries, read in one
         synchronization; raises naming the first bad argument."""
         n = indices.numel()
-        first_valid = int(constants()["FIRST_VALID_KEY"])
+        first_valid = first_valid_key()
         steps = offsets[1:] - offsets[:-1]
         checks = {
             "offsets_start": offsets[:1] != 0,
@@ -763,38 +710,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             checks["pooling_weights"] = ~torch.isfinite(weights)
         bad = torch.stack([c.sum() for c in checks.values()]).tolist()
         if any(bad):
-            self._raise_bad_input(dict(zip(checks, bad)), checks, indices, offsets, freq, weights)
-
-    @staticmethod
-    def _raise_bad_input(bad, checks, indices, offsets, freq, weights) -> None:
-        """The error of forward's first failed value check, naming the
-        argument, the first bad entry and its position."""
-        n = indices.numel()
-        if bad["offsets_start"] or bad["offsets_end"]:
-            raise ValueError(
-                f"offsets must run from 0 to the number of indices ({n}), got "
-                f"{int(offsets[0])} to {int(offsets[-1])}"
-            )
-        if bad["offsets_step"]:
-            i = int(checks["offsets_step"].nonzero()[0, 0]) + 1
-            raise ValueError(
-                f"offsets must not decrease, got {int(offsets[i - 1])} then {int(offsets[i])} at "
-                f"index {i}"
-            )
-        if bad["indices"]:
-            i = int(checks["indices"].nonzero()[0, 0])
-            raise ValueError(
-                f"indices: key {int(indices[i])} at index {i} is reserved (keys below "
-                f"{constants()['FIRST_VALID_KEY']} mark slot states)"
-            )
-        if bad.get("frequency_counters"):
-            i = int(checks["frequency_counters"].nonzero()[0, 0])
-            raise ValueError(
-                "frequency_counters must be finite whole numbers >= 0, got "
-                f"{freq[i].item()} at index {i}"
-            )
-        i = int(checks["pooling_weights"].nonzero()[0, 0])
-        raise ValueError(f"pooling_weights must be finite, got {weights[i].item()} at index {i}")
+            raise_bad_input(dict(zip(checks, bad)), checks, indices, offsets, freq, weights)
 
     def _rows_train(self, su, counts, padded: bool, step):
         """(rows, fill) of the distinct keys ``su`` (a padded batch when
@@ -874,325 +790,3 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                     b.space, grad_out.contiguous(), b, self.step, self.layout.element_type
                 )
             self.storage.after_update()
-
-    # -------------------------------------------------------- checkpoints --
-    # Row access for checkpoints, one table at a time and in the user's
-    # terms: keys, score columns in score_strategy tuple order, embedding (at
-    # embedding_dtype) and optimizer state (float32) of each key, over every
-    # tier of the storage.
-
-    @property
-    def value_dtype(self) -> torch.dtype:
-        """dtype the embeddings are stored at (the optimizer state is float32)."""
-        return self.embedding_dtype
-
-    @property
-    def optim_state_dtype(self) -> torch.dtype:
-        """dtype the optimizer state is stored (and checkpointed) at: float32."""
-        return OPTIMIZER_STATE_DTYPE
-
-    def state_dim(self, table: int) -> int:
-        """Optimizer-state elements of one row of ``table`` (0 in eval mode)."""
-        return self.layout.state_dims[table]
-
-    def checkpoint_score_columns(self) -> list[int] | None:
-        """For each score column in ``score_strategy`` tuple order, the table
-        score word holding it; None under NO_EVICTION (whose word is a row)."""
-        return None if self.no_eviction else table_score_columns(self.strategies)
-
-    def export_rows(self, table: int, chunk: int) -> Iterator[ExportedRows]:
-        """The stored keys of ``table`` and their rows, ``chunk`` keys or fewer
-        at a time. Reads each chunk's count (synchronizes)."""
-        return self.storage.export_rows(table, chunk)
-
-    def import_rows(
-        self,
-        table: int,
-        keys: torch.Tensor,
-        scores: torch.Tensor | None,
-        embeddings: torch.Tensor,
-        optimizer_state: torch.Tensor | None,
-    ) -> torch.Tensor:
-        """Stores keys with their rows in ``table`` (``optimizer_state`` None
-        gives the optimizer's initial state); a key whose home bucket is full
-        fails. Returns (n) bool, the keys stored."""
-        return self.storage.import_rows(
-            table, keys, scores, embeddings, optimizer_state, self._row_init
-        )
-
-    def clear_tables(self, tables: Sequence[int]) -> None:
-        """Erases every key of ``tables`` from every tier."""
-        self.storage.clear_tables(tables)
-
-    def reserve_rows(self, table: int, incoming: int) -> None:
-        """Expands ``table`` for ``incoming`` more keys, as a training insert would."""
-        self.storage.reserve_rows(table, incoming)
-
-    def checkpoint_snapshot(self) -> dict[str, Any]:
-        """A copy of everything a load may change, for ``restore_snapshot``
-        (the storage's tables and rows, rows in host memory; the step and
-        the delta sequences)."""
-        return {
-            "storage": self.storage.snapshot(),
-            "step": self.step,
-            "delta_sequence": list(self.delta_sequence),
-        }
-
-    def restore_snapshot(self, snapshot: dict[str, Any]) -> None:
-        """Puts back the state ``checkpoint_snapshot`` copied."""
-        self.storage.restore(snapshot["storage"])
-        self.step = snapshot["step"]
-        self.delta_sequence = list(snapshot["delta_sequence"])
-
-    # -------------------------------------------------------- replication --
-    # Row access for replication (dynamicemb.replication), in the storage's
-    # hash tier (``TableStorage.hash_tier``: the table holding every key,
-    # other tiers written back first, emptied before a write): rows past a
-    # score threshold with their slots (``export_changed``), writes at given
-    # slots (``place_rows``, a replay by slot) or by key (``upsert_rows``),
-    # removals (``erase_rows``). Score words are in the table's internal
-    # column order here (``checkpoint_score_columns`` maps the user's).
-
-    def _row_access_args(self, table: Any, keys: Any, **tensors: Any) -> int:
-        """Checks the arguments of the row access methods before anything
-        changes: ``table`` a table index, ``keys`` a 1-D int64 tensor, each
-        other tensor (None: absent) with one row per key; none on the meta
-        device. Returns the table index."""
-        table = as_int(table, "table")
-        if not 0 <= table < len(self.table_options):
-            raise ValueError(f"table {table} is out of range [0, {len(self.table_options)})")
-        as_tensor(keys, "keys", dtypes=(torch.int64,), dim=1)
-        for name, x in tensors.items():
-            if x is None:
-                continue
-            as_tensor(x, name)
-            if x.dim() == 0 or x.shape[0] != keys.numel():
-                raise ValueError(
-                    f"{name} must have one row per key ({keys.numel()}), got shape {tuple(x.shape)}"
-                )
-        return table
-
-    def layout_of(self, table: int) -> dict[str, Any]:
-        """What decides where ``table``'s keys sit: ``current_capacity``
-        (key-map slots, the modulus of the home bucket), ``row_capacity``
-        (value rows of the hash tier, as a one-tier tuple: the slots, or the
-        rows under NO_EVICTION), ``bucket_capacity`` and ``num_scores``."""
-        t = self.storage.hash_tier(writing=False).table
-        rows = t.row_capacity(table) if self.no_eviction else t.capacity(table)
-        return {
-            "current_capacity": t.capacity(table),
-            "row_capacity": (rows,),
-            "bucket_capacity": t.bucket_capacity(table),
-            "num_scores": t.num_scores,
-        }
-
-    def delta_score_column(self) -> int:
-        """The internal score word an incremental dump thresholds: the
-        timestamp under a strategy with one, else word 0 (a STEP, CUSTOMIZED
-        or LFU score; the row under NO_EVICTION)."""
-        if S.TIMESTAMP in self.strategies:
-            return table_score_columns(self.strategies)[self.strategies.index(S.TIMESTAMP)]
-        return 0
-
-    def current_score(self, table: int) -> int:
-        """The score ``table``'s keys get in the next forward pass, the
-        reference point of the next incremental dump: the clock under
-        TIMESTAMP (one reading; synchronizes), the next step under STEP, the
-        score ``set_score`` set under CUSTOMIZED (0 before any), 0 under LFU
-        (a frequency has no clock), the next fresh row under NO_EVICTION."""
-        t = self.storage.hash_tier(writing=False).table
-        if S.TIMESTAMP in self.strategies:
-            return int(t.timer().item())
-        s = self.strategies[0]
-        if s == S.STEP:
-            return self.step + 1
-        if s == S.CUSTOMIZED:
-            return self._custom_scores[table] or 0
-        if s == S.NO_EVICTION:
-            return int(t.counters[table, enums.CounterCol.NEXT_ROW])
-        return 0
-
-    def fresh_scores(self, table: int, n: int) -> torch.Tensor:
-        """(n, num_scores) internal score words the next forward pass would
-        give new keys of ``table``: the clock, the next step, the CUSTOMIZED
-        score, one occurrence for LFU."""
-        t = self.storage.hash_tier(writing=False).table
-        out = torch.zeros(n, t.num_scores, dtype=torch.int64, device=self.device)
-        for user_col, word in enumerate(table_score_columns(self.strategies)):
-            s = self.strategies[user_col]
-            if s == S.TIMESTAMP:
-                out[:, word] = t.timer()
-            elif s == S.LFU:
-                out[:, word] = 1
-            else:
-                out[:, word] = self.current_score(table)
-        return out
-
-    def timer(self) -> torch.Tensor:
-        """(1) int64: a reading of the clock the tables' TIMESTAMP scores use."""
-        return self.storage.hash_tier(writing=False).table.timer()
-
-    def export_changed(self, table: int, chunk: int, threshold: int) -> Iterator[ExportedRows]:
-        """The keys of ``table`` whose ``delta_score_column`` word is at least
-        ``threshold``, with their rows, slots and score words, ``chunk`` slots
-        scanned at a time (each reads its count: synchronizes)."""
-        table = as_int(table, "table")
-        if not 0 <= table < len(self.table_options):
-            raise ValueError(f"table {table} is out of range [0, {len(self.table_options)})")
-        chunk = as_int(chunk, "chunk", min=1)
-        threshold = as_int(threshold, "threshold")
-        hs = self.storage.hash_tier(writing=False)
-        return hs.export_changed(table, chunk, self.delta_score_column(), threshold)
-
-    def check_place_rows(self, table: int, keys: torch.Tensor, slots: torch.Tensor) -> None:
-        """Raises what ``place_rows`` would for these keys and slots
-        (ValueError naming the first bad key or slot), changing nothing."""
-        table = self._row_access_args(table, keys, slots=slots)
-        t = self.storage.hash_tier(writing=False).table
-        lo, _ = t.slot_range(table)
-        keys = keys.to(self.device)
-        t.check_place(keys, slots.to(self.device) + lo, torch.full_like(keys, table))
-
-    def place_rows(
-        self,
-        table: int,
-        keys: torch.Tensor,
-        slots: torch.Tensor,
-        words: torch.Tensor,
-        embeddings: torch.Tensor,
-        optimizer_state: torch.Tensor | None,
-        checked: bool = False,
-    ):
-        """Writes keys with their rows at given slots of ``table`` (a replay
-        from a table of the same layout); the key that held a slot before is
-        displaced (``evicted`` of the result).
-
-        Args:
-            keys (torch.Tensor): (n) int64.
-            slots (torch.Tensor): (n) int64 slots in the table (0 ..
-                capacity - 1), each in its key's home bucket.
-            words (torch.Tensor): (n, num_scores) internal score words (under
-                NO_EVICTION word 0 is the key's row).
-            embeddings (torch.Tensor): (n, dim).
-            optimizer_state (torch.Tensor, optional): (n, state_dim(table));
-                None: a key that already held its slot keeps its state, the
-                others get the initial state.
-            checked (bool): ``check_place_rows`` passed for these already.
-
-        Returns:
-            InsertResult: the table's result.
-
-        Raises:
-            ValueError: a slot outside its key's home bucket (nothing changes).
-        """
-        table = self._row_access_args(
-            table,
-            keys,
-            slots=slots,
-            words=words,
-            embeddings=embeddings,
-            optimizer_state=optimizer_state,
-        )
-        hs = self.storage.hash_tier(writing=True)
-        return hs.place(
-            table,
-            keys.to(self.device),
-            slots.to(self.device),
-            words.to(self.device),
-            embeddings,
-            optimizer_state,
-            self._row_init,
-            checked,
-        )
-
-    def upsert_rows(
-        self,
-        table: int,
-        keys: torch.Tensor,
-        words: torch.Tensor | None,
-        embeddings: torch.Tensor,
-        optimizer_state: torch.Tensor | None,
-    ):
-        """Writes keys with their rows into ``table`` by this module's own
-        layout: a key held is updated in place, a new one is inserted
-        (growing a table that can grow, evicting the minimum of a full bucket
-        as a training insert would). ``words``: internal score words (None
-        under NO_EVICTION); ``optimizer_state`` as in ``place_rows``.
-
-        Returns:
-            (slots, status, evicted): as ``HashTableStorage.insert``.
-        """
-        table = self._row_access_args(
-            table, keys, words=words, embeddings=embeddings, optimizer_state=optimizer_state
-        )
-        hs = self.storage.hash_tier(writing=True)
-        return hs.upsert(
-            table,
-            keys.to(self.device),
-            None if words is None else words.to(self.device),
-            embeddings,
-            optimizer_state,
-            self._row_init,
-        )
-
-    def erase_rows(self, table: int, keys: torch.Tensor, record: bool = False) -> torch.Tensor:
-        """Removes keys from ``table`` (every tier); with ``record`` the keys
-        removed are kept for ``pop_erased``. Returns the (n) bool mask of the
-        keys that were held."""
-        table = self._row_access_args(table, keys)
-        keys = keys.to(self.device)
-        if not keys.numel():
-            return torch.zeros(0, dtype=torch.bool, device=self.device)
-        t = self.storage.hash_tier(writing=True).table
-        return t.erase(keys, torch.full_like(keys, table), record=record)
-
-    def holds(self, table: int, keys: torch.Tensor) -> torch.Tensor:
-        """(n) bool: which keys ``table`` holds (in any tier)."""
-        table = self._row_access_args(table, keys)
-        keys = keys.to(self.device)
-        return self.storage.contains(keys, torch.full_like(keys, table))
-
-    def pop_erased(self, tables: Sequence[int] | None = None) -> list[torch.Tensor]:
-        """The keys ``erase_rows(record=True)`` removed since the last call,
-        per table, each once; clears them (only ``tables``, if given)."""
-        t = self.storage.hash_tier(writing=False).table
-        return [torch.unique(k) for k in t.pop_erased_keys(tables)]
-
-
-class _ModuleRowInit(RowInit):
-    """A module's new rows: its initializers' embeddings, its optimizer's
-    initial state."""
-
-    def __init__(self, module: BatchedDynamicEmbeddingTablesV2) -> None:
-        self.module = module
-
-    def write_rows(self, space, offsets, keys, tids, layout: RowLayout) -> bool:
-        """One init_rows_at per initializer group, each over every entry
-        (those of other groups at -1): no selection, no synchronization."""
-        m = self.module
-        init_ids = m._init_table_ids[tids]
-        groups = m._initializers[False].groups(m.dims, m.device)
-        for g in groups:
-            sdim = layout.state_dims[g.table_list[0]]
-            at = offsets
-            if len(groups) > 1:
-                at = torch.where(torch.isin(tids, g.tables), offsets, -1)
-            init_rows_at(
-                space,
-                at,
-                keys,
-                init_ids,
-                g.dim,
-                g.op_args,
-                m.seed,
-                layout.element_type,
-                sdim,
-                m.optimizer.state_fill(sdim),
-            )
-        return True
-
-    def embeddings(self, keys: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
-        return self.module.initial_embeddings(keys, tids)
-
-    def init_state(self, state: torch.Tensor) -> None:
-        self.module.optimizer.init_state(state)

@@ -16,7 +16,7 @@ from dynamicemb.dynamicemb_config import (
     DynamicEmbInitializerMode,
     complete_initializer_args,
 )
-from dynamicemb.table._native import constants, ops
+from dynamicemb.table import constants, ops
 
 
 def init_rows(

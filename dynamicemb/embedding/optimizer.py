@@ -15,7 +15,7 @@ import torch
 
 from dynamicemb._checks import as_int, as_real
 from dynamicemb.dynamicemb_config import DynamicEmbOptimType, optimizer_state_dim
-from dynamicemb.table._native import constants, ops
+from dynamicemb.table import constants, ops
 
 # EmbOptimType (fbgemm) and DynamicEmbOptimType member names -> native OptimType names.
 _NATIVE = {

@@ -24,6 +24,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
 from dynamicemb.embedding.stats import StatCol
+from dynamicemb.embedding.table_rows import TableRows
 from dynamicemb.metrics.figures import (
     COLLECTION,
     COUNTER,
@@ -43,9 +44,9 @@ from dynamicemb.types import MemoryType
 
 @dataclass
 class _Source:
-    """One instrumented module and the attributes of its tables."""
+    """The rows of one instrumented module and the attributes of its tables."""
 
-    module: "weakref.ref[BatchedDynamicEmbeddingTablesV2]"
+    rows: "weakref.ref[TableRows]"
     attributes: list[dict]
 
 
@@ -85,32 +86,40 @@ class MetricsRegistry:
 
     def add(
         self,
-        module: BatchedDynamicEmbeddingTablesV2,
+        rows: TableRows,
         collection: str,
         table_names: Sequence[str],
         rank: int,
     ) -> None:
-        """Registers the tables of one fused module (again: ignored)."""
-        if not isinstance(module, BatchedDynamicEmbeddingTablesV2):
+        """Registers the tables of one fused module, through its rows object
+        (``BatchedDynamicEmbeddingTablesV2.rows``; again: ignored).
+
+        Raises:
+            NotImplementedError: the tables' rows live in an external
+                storage, whose counters no dynamicemb table keeps.
+        """
+        if isinstance(rows, BatchedDynamicEmbeddingTablesV2):
+            rows = rows.rows
+        if not isinstance(rows, TableRows):
             raise TypeError(
-                f"expected a BatchedDynamicEmbeddingTablesV2, got {type(module).__name__}"
+                f"expected a BatchedDynamicEmbeddingTablesV2, got {type(rows).__name__}"
             )
+        rows.counters("metrics")
         names = list(table_names)
-        if len(names) != module.table.num_tables:
+        if len(names) != rows.num_tables:
             raise ValueError(
-                f"{len(names)} table names for a module of {module.table.num_tables} tables: "
-                f"{names}"
+                f"{len(names)} table names for a module of {rows.num_tables} tables: {names}"
             )
         with self._cond:
-            if any(s.module() is module for s in self._sources):
+            if any(s.rows() is rows for s in self._sources):
                 return
             attrs = [{COLLECTION: collection, TABLE: name, RANK: int(rank)} for name in names]
-            self._sources.append(_Source(weakref.ref(module), attrs))
+            self._sources.append(_Source(weakref.ref(rows), attrs))
 
     def num_tables(self) -> int:
         """Tables of the live registered modules."""
         with self._cond:
-            return sum(len(s.attributes) for s in self._sources if s.module() is not None)
+            return sum(len(s.attributes) for s in self._sources if s.rows() is not None)
 
     # ----------------------------------------------------------- reading --
 
@@ -122,45 +131,43 @@ class MetricsRegistry:
         queued before it on the current stream of the calling thread).
         """
         with self._cond:
-            live = [(s.module(), s) for s in self._sources]
-            self._sources = [s for m, s in live if m is not None]
-            live = [(m, s) for m, s in live if m is not None]
+            live = [(s.rows(), s) for s in self._sources]
+            self._sources = [s for r, s in live if r is not None]
+            live = [(r, s) for r, s in live if r is not None]
         by_device: dict[torch.device, list[torch.Tensor]] = {}
         parts = []
-        for module, _ in live:
+        for rows, _ in live:
             # A relayout replaces `counters` whole: this is the old or the new one.
-            tensors = (module.table.counters, module.stats.counts)
+            tensors = (rows.counters(), rows.stats.counts)
             parts.append(tensors)
-            by_device.setdefault(module.device, []).extend(tensors)
+            by_device.setdefault(rows.device, []).extend(tensors)
         host = {
             dev: torch.cat([t.reshape(-1) for t in ts]).cpu().tolist()
             for dev, ts in by_device.items()
         }
         cols = [c.name for c in enums.CounterCol]
         readings: list[TableReading] = []
-        for (module, source), tensors in zip(live, parts):
+        for (rows, source), tensors in zip(live, parts):
             # This module's counter rows, in the order they were concatenated.
-            flat = host[module.device]
-            rows = []
+            flat = host[rows.device]
+            counts = []
             for t in tensors:
                 n, width = t.shape
-                rows.append([flat[i * width : (i + 1) * width] for i in range(n)])
+                counts.append([flat[i * width : (i + 1) * width] for i in range(n)])
                 del flat[: n * width]
-            table = module.table
-            memory = {mt: module.memory_per_table(mt) for mt in MemoryType}
+            memory = {mt: rows.memory_per_table(mt) for mt in MemoryType}
             # A cache holds rows its backing table does not (yet): count every tier.
-            held = module.storage.sizes() if module.storage.has_cache else None
+            held = rows.sizes() if rows.storage.has_cache else None
             for t, attrs in enumerate(source.attributes):
-                capacity = table.capacity(t)
-                counters = {c: rows[0][t][int(enums.CounterCol[c])] for c in cols}
+                counters = {c: counts[0][t][int(enums.CounterCol[c])] for c in cols}
                 readings.append(
                     TableReading(
                         attributes=attrs,
                         counters=counters,
-                        stats={c: rows[1][t][int(c)] for c in StatCol if c in module.stats.fed},
+                        stats={c: counts[1][t][int(c)] for c in StatCol if c in rows.stats.fed},
                         held=counters["SIZE"] if held is None else held[t],
-                        capacity=capacity,
-                        limit=table.row_capacity(t) if table.is_no_eviction(t) else capacity,
+                        capacity=rows.capacity(t),
+                        limit=rows.limit(t),
                         memory={mt: memory[mt][t] for mt in MemoryType},
                     )
                 )
@@ -246,7 +253,8 @@ def instrument(
             ``BatchedDynamicEmbeddingTablesV2``.
         collection (str, optional): the COLLECTION attribute of a
             ``BatchedDynamicEmbeddingTablesV2``; a sharded model's collections
-            are named by their path in the model.
+            are named as checkpoints and deltas name them
+            (``dynamicemb.shard.tables.collection_name``: ``model.<path>``).
         table_names (Sequence[str], optional): TABLE attributes of a
             ``BatchedDynamicEmbeddingTablesV2`` (default ``table_0``, ...); a
             sharded model's tables have their config names.
@@ -259,22 +267,27 @@ def instrument(
 
     Raises:
         ValueError: the model has no dynamic tables.
+        NotImplementedError: a module's rows live in an external storage.
     """
     rank = _default_rank() if rank is None else int(rank)
     reg = registry(meter_provider)
     if isinstance(model, BatchedDynamicEmbeddingTablesV2):
-        n = model.table.num_tables
+        n = model.rows.num_tables
         names = [f"table_{t}" for t in range(n)] if table_names is None else table_names
-        reg.add(model, collection or "", names, rank)
+        reg.add(model.rows, collection or "", names, rank)
         return reg
-    from dynamicemb.shard import named_dynamic_embedding_kernels
+    from dynamicemb.shard.tables import model_tables
 
-    kernels = named_dynamic_embedding_kernels(model)
-    if not kernels:
+    fused: dict[int, tuple[str, TableRows, dict[int, str]]] = {}
+    for collection_, refs in model_tables(model).items():
+        for ref in refs.values():
+            entry = fused.setdefault(id(ref.rows), (collection_, ref.rows, {}))
+            entry[2][ref.index] = ref.name
+    if not fused:
         raise ValueError(
             f"{type(model).__name__} holds no dynamic embedding tables (no "
             "BatchedDynamicEmbeddingTablesV2 and no sharded dynamicemb collection)"
         )
-    for name, kernel in kernels:
-        reg.add(kernel.emb_module, name, kernel.table_names, rank)
+    for collection_, rows, names in fused.values():
+        reg.add(rows, collection_, [names[t] for t in range(rows.num_tables)], rank)
     return reg

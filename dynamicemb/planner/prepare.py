@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from .._checks import is_int
 from ..dynamicemb_config import (
     DynamicEmbTableOptions,
     _sharded_table_bucket_layout,
@@ -94,7 +95,7 @@ def prepare_table_options(
         )
     field = "local_cols" if getattr(embedding_config, "local_cols", 0) else "embedding_dim"
     dim = getattr(embedding_config, field, None)
-    if not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0:
+    if not is_int(dim) or dim <= 0:
         raise ValueError(
             f"table {table!r}: embedding_config.{field} must be a positive int, got {dim!r}"
         )

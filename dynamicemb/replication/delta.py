@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from dynamicemb.checkpoint.layout import dtype_name
+from dynamicemb.io.dtypes import dtype_name
 
 __all__ = [
     "TENSOR_COLUMNS",

@@ -7,12 +7,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dynamicemb.checkpoint.comm import Group
-from dynamicemb.checkpoint.dump import chunk_rows
-from dynamicemb.checkpoint.model import select
+from dynamicemb._checks import is_int
+from dynamicemb.io import Group
+from dynamicemb.io.files import chunk_rows
 from dynamicemb.replication.delta import DeltaDumpResult, DeltaError, delta_checksum
 from dynamicemb.replication.scores import delta_scores
-from dynamicemb.replication.tables import TableRef, check_routable, model_tables, resolve
+from dynamicemb.replication.tables import check_routable
+from dynamicemb.shard.tables import TableRef, model_tables, resolve, select
+from dynamicemb.table import check_keys
 from dynamicemb.types import EvictedItemMode
 
 __all__ = ["erase_keys", "incremental_dump", "pop_erased_keys", "pop_evicted_keys"]
@@ -29,24 +31,24 @@ def _gather_keys(keys: torch.Tensor, group: Group | None) -> torch.Tensor:
     return torch.unique(torch.cat(group.all_gather_object(keys.cpu())))
 
 
-def _pop_evicted(m, tables: list[int]) -> list[torch.Tensor | None]:
-    """The module's evicted keys of ``tables`` (popped), None for a table
-    whose ``evicted_item_mode`` is DISCARD (and those not in ``tables``)."""
-    popped = m.pop_evicted_keys(tables)
+def _pop_evicted(rows, tables: list[int]) -> list[torch.Tensor | None]:
+    """The evicted keys of ``tables`` (popped), None for a table whose
+    ``evicted_item_mode`` is DISCARD (and those not in ``tables``)."""
+    popped = rows.pop_evicted_keys(tables)
     return [
         popped[t] if t in tables and o.evicted_item_mode == EvictedItemMode.RETAIN_KEY else None
-        for t, o in enumerate(m.table_options)
+        for t, o in enumerate(rows.options)
     ]
 
 
 def _local_entry(ref: TableRef, threshold: int) -> dict[str, Any]:
     """One table's rows past ``threshold`` on this rank, on the host, and
     the removed keys it recorded (drained)."""
-    m, t = ref.module, ref.index
+    m, t = ref.rows, ref.index
     current = m.current_score(t)
     layout = m.layout_of(t)
     sd = m.state_dim(t)
-    row_bytes = 8 * (2 + layout["num_scores"]) + m.dims[t] * m.value_dtype.itemsize + 4 * sd
+    row_bytes = m.export_row_bytes(t, slots=True)
     # Chunks bound the rows gathered at once; a threshold selects few of a
     # chunk's slots, so it scans larger ones (one count read per chunk).
     chunk = max(chunk_rows(row_bytes), DUMP_SCAN_SLOTS)
@@ -72,7 +74,7 @@ def _local_entry(ref: TableRef, threshold: int) -> dict[str, Any]:
             current_score=current,
             slot_index=torch.cat([p.slots for p in parts]).cpu(),
             world_size=ref.sharding_world_size or 1,
-            table_options=m.table_options[t],
+            table_options=m.options[t],
         ),
     }
 
@@ -133,7 +135,7 @@ def incremental_dump(
         Nothing is dumped or drained when one of these is raised.
     """
     tables = model_tables(model)
-    if isinstance(score_threshold, bool) or not isinstance(score_threshold, (int, dict)):
+    if not (is_int(score_threshold) or isinstance(score_threshold, dict)):
         raise ValueError(
             "incremental_dump: score_threshold must be an int or a dict of collection -> "
             f"{{table name: int}}, got {score_threshold!r}"
@@ -141,18 +143,18 @@ def incremental_dump(
     if not tables:
         warnings.warn("incremental_dump: the model has no dynamic embedding tables", stacklevel=2)
         return {}
-    if isinstance(score_threshold, int):
+    if is_int(score_threshold):
         chosen = [(ref, score_threshold) for refs in tables.values() for ref in refs.values()]
     else:
         chosen = resolve(tables, score_threshold, "incremental_dump")
         for ref, value in chosen:
-            if isinstance(value, bool) or not isinstance(value, int):
+            if not is_int(value):
                 raise ValueError(
                     f"incremental_dump: the threshold of {ref.label} must be an int, got {value!r}"
                 )
     for ref, _ in chosen:
         check_routable(ref, "incremental_dump")
-        ref.module.storage.hash_tier(writing=False)  # raises for an external storage
+        ref.rows.hash_tier("incremental_dump")  # raises for an external storage
     group = Group(pg) if pg is not None else None
     entries = []
     for ref, threshold in chosen:
@@ -172,13 +174,13 @@ def incremental_dump(
     for (ref, entry), seq in zip(entries, sequences):
         entry["meta"]["sequence"] = seq
         entry["meta"]["checksum"] = delta_checksum(entry)
-        ref.module.delta_sequence[ref.index] = seq
+        ref.rows.delta_sequence[ref.index] = seq
         out.setdefault(ref.collection, DeltaDumpResult()).append(entry)
     return out
 
 
 def _next_sequence(ref: TableRef) -> int:
-    return (ref.module.delta_sequence[ref.index] or 0) + 1
+    return (ref.rows.delta_sequence[ref.index] or 0) + 1
 
 
 def _selected(model, table_names, what: str) -> list[TableRef]:
@@ -196,10 +198,10 @@ def _pop(model, table_names, pg, what: str, evicted: bool) -> dict[str, dict[str
     group = Group(pg) if pg is not None else None
     by_module: dict[int, list[TableRef]] = {}
     for ref in refs:
-        by_module.setdefault(id(ref.module), []).append(ref)
+        by_module.setdefault(id(ref.rows), []).append(ref)
     out: dict[str, dict[str, torch.Tensor]] = {}
     for chosen in by_module.values():
-        m = chosen[0].module
+        m = chosen[0].rows
         idx = [r.index for r in chosen]
         popped = _pop_evicted(m, idx) if evicted else m.pop_erased(idx)
         for ref in chosen:
@@ -279,16 +281,9 @@ def erase_keys(
                 f"erase_keys: the keys of {ref.label} must be a 1-D int64 tensor, got "
                 f"{getattr(k, 'dtype', type(k).__name__)} {tuple(getattr(k, 'shape', ()))}"
             )
-        from dynamicemb.table._native import constants
-
-        first = int(constants()["FIRST_VALID_KEY"])
-        if k.numel() and int(k.min()) < first:
-            raise ValueError(
-                f"erase_keys: key {int(k.min())} of {ref.label} is reserved (keys below {first} "
-                "mark slot states)"
-            )
+        check_keys(k, f"erase_keys: {ref.label}")
     out: dict[str, dict[str, int]] = {}
     for ref, k in chosen:
-        removed = ref.module.erase_rows(ref.index, k, record=mode == EvictedItemMode.RETAIN_KEY)
+        removed = ref.rows.erase_rows(ref.index, k, record=mode == EvictedItemMode.RETAIN_KEY)
         out.setdefault(ref.collection, {})[ref.name] = int(removed.sum())
     return out

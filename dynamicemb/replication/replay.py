@@ -32,17 +32,13 @@ from typing import Any
 
 import torch
 
+from dynamicemb._checks import is_int
 from dynamicemb.dynamicemb_config import ReplayContent
 from dynamicemb.replication.delta import DeltaDumpResult, DeltaError, delta_checksum
 from dynamicemb.replication.scores import table_scores
-from dynamicemb.replication.tables import (
-    TableRef,
-    check_routable,
-    collection_key,
-    model_tables,
-    owned,
-)
-from dynamicemb.table import enums
+from dynamicemb.replication.tables import check_routable, owned
+from dynamicemb.shard.tables import TableRef, collection_key, model_tables
+from dynamicemb.table import check_keys, enums
 from dynamicemb.types import ReplayStats
 
 __all__ = ["layout_mismatch", "replay_by_key", "replay_increment"]
@@ -59,7 +55,7 @@ def layout_mismatch(ref: TableRef, meta: dict[str, Any]) -> str | None:
     """The first layout field in which a delta's table (its ``meta``) and
     ``ref`` differ, as ``"field: delta X, table Y"``; None if they match (a
     replay by slot is possible)."""
-    ours = dict(ref.module.layout_of(ref.index), world_size=ref.sharding_world_size or 1)
+    ours = dict(ref.rows.layout_of(ref.index), world_size=ref.sharding_world_size or 1)
     for field in (
         "current_capacity",
         "row_capacity",
@@ -73,7 +69,7 @@ def layout_mismatch(ref: TableRef, meta: dict[str, Any]) -> str | None:
         if theirs != ours[field]:
             return f"{field}: delta {theirs}, table {ours[field]}"
     opts = meta["table_options"]
-    mine = ref.module.table_options[ref.index]
+    mine = ref.options
     for field in ("score_strategy", "dim", "dist_type"):
         if getattr(opts, field) != getattr(mine, field):
             return (
@@ -105,13 +101,13 @@ def _check_entry(ref: TableRef, entry: dict[str, Any], content: ReplayContent, b
     if not isinstance(meta, dict):
         raise _fail(ref, "the delta has no meta dict")
     for field in ("sequence", "checksum", "num_scores"):
-        if isinstance(meta.get(field), bool) or not isinstance(meta.get(field), int):
+        if not is_int(meta.get(field)):
             raise _fail(ref, f"the delta's meta has no int {field!r}")
     if meta.get("table_options") is None:
         raise _fail(ref, "the delta's meta has no table_options")
     if not by_key:
         check_routable(ref, "replay_increment")
-    ref.module.storage.hash_tier(writing=False)  # raises for an external storage
+    ref.rows.hash_tier("replay_by_key" if by_key else "replay_increment")
     if meta["table_options"].dist_type == "continuous":
         raise NotImplementedError(
             f"replay: {ref.label}: the delta comes from a table with dist_type='continuous'"
@@ -123,7 +119,7 @@ def _check_entry(ref: TableRef, entry: dict[str, Any], content: ReplayContent, b
             f"replay: {ref.label}: delta {meta['sequence']} is corrupted: its checksum "
             f"{meta['checksum']} does not match its contents ({delta_checksum(entry)})"
         )
-    m, t = ref.module, ref.index
+    m, t = ref.rows, ref.index
     current = m.delta_sequence[t]
     seq = meta["sequence"]
     if current is not None and seq <= current:
@@ -143,7 +139,7 @@ def _check_entry(ref: TableRef, entry: dict[str, Any], content: ReplayContent, b
             f"layout mismatch, {mismatch}; a replay by slot needs the source's layout (configure "
             "the table as the source, reload a checkpoint, or replay by key)",
         )
-    opts, mine = meta["table_options"], m.table_options[t]
+    opts, mine = meta["table_options"], m.options[t]
     for field in ("dim", "score_strategy"):
         if getattr(opts, field) != getattr(mine, field):
             raise _fail(
@@ -195,11 +191,7 @@ def _check_entry(ref: TableRef, entry: dict[str, Any], content: ReplayContent, b
             if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= cap):
                 raise _fail(ref, f"the delta's rows are not all in [0, {cap})")
     else:
-        from dynamicemb.table._native import constants
-
-        first = int(constants()["FIRST_VALID_KEY"])
-        if n and int(keys.min()) < first:
-            raise _fail(ref, f"the delta holds the reserved key {int(keys.min())}")
+        check_keys(keys, f"replay: {ref.label}: the delta's keys")
         if torch.unique(keys).numel() != n:
             raise _fail(ref, "the delta holds a key twice")
     return seq
@@ -256,7 +248,7 @@ def _plan(
 
 def _apply(job: _Job, content: ReplayContent, by_key: bool) -> ReplayStats:
     ref, entry = job.ref, job.entry
-    m, t = ref.module, ref.index
+    m, t = ref.rows, ref.index
     keys = entry["keys"]
     mine = owned(ref, keys)
     stats = ReplayStats(skipped=int((~mine).sum()))

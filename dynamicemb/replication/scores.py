@@ -8,47 +8,46 @@ from typing import Any
 
 import torch
 
+from dynamicemb._checks import is_int
 from dynamicemb.dynamicemb_config import DynamicEmbScoreStrategy as S
-from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
-from dynamicemb.replication.tables import TableRef, model_tables, resolve
+from dynamicemb.embedding.table_rows import TableRows
+from dynamicemb.shard.tables import TableRef, model_tables, resolve
 
 __all__ = ["delta_scores", "get_score", "set_score", "table_scores"]
 
 
-def delta_scores(
-    module: BatchedDynamicEmbeddingTablesV2, words: torch.Tensor, current: int
-) -> torch.Tensor:
+def delta_scores(rows: TableRows, words: torch.Tensor, current: int) -> torch.Tensor:
     """A delta's score columns from a table's internal score words: user
     order, timestamps as ages ``current - timestamp`` (NO_EVICTION: the row,
     verbatim)."""
-    if module.no_eviction:
+    if rows.no_eviction:
         return words[:, :1].clone()
-    user = words[:, module.checkpoint_score_columns()].clone()
-    for j, s in enumerate(module.strategies):
+    user = words[:, rows.score_columns()].clone()
+    for j, s in enumerate(rows.strategies):
         if s == S.TIMESTAMP:
             user[:, j] = current - user[:, j]
     return user
 
 
 def table_scores(
-    module: BatchedDynamicEmbeddingTablesV2, table: int, user: torch.Tensor, with_scores: bool
+    rows: TableRows, table: int, user: torch.Tensor, with_scores: bool
 ) -> torch.Tensor:
     """The internal score words a replay writes for a delta's score columns
     (``delta_scores``' inverse, ages rebased onto this table's clock), or,
     without ``with_scores``, those of keys just inserted here (NO_EVICTION:
     the row, always)."""
-    if module.no_eviction:
-        return user[:, :1].to(module.device)
+    if rows.no_eviction:
+        return user[:, :1].to(rows.device)
     n = user.shape[0]
     if not with_scores:
-        return module.fresh_scores(table, n)
-    user = user.to(module.device)
-    num_scores = module.layout_of(table)["num_scores"]
-    out = torch.empty(n, num_scores, dtype=torch.int64, device=module.device)
+        return rows.fresh_scores(table, n)
+    user = user.to(rows.device)
+    num_scores = rows.layout_of(table)["num_scores"]
+    out = torch.empty(n, num_scores, dtype=torch.int64, device=rows.device)
     now = None
-    for j, (s, word) in enumerate(zip(module.strategies, module.checkpoint_score_columns())):
+    for j, (s, word) in enumerate(zip(rows.strategies, rows.score_columns())):
         if s == S.TIMESTAMP:
-            now = module.timer() if now is None else now
+            now = rows.timer() if now is None else now
             out[:, word] = now - user[:, j]
         else:
             out[:, word] = user[:, j]
@@ -74,13 +73,13 @@ def get_score(model: torch.nn.Module) -> dict[str, dict[str, int]] | None:
         warnings.warn("get_score: the model has no dynamic embedding tables", stacklevel=2)
         return None
     return {
-        coll: {name: ref.module.current_score(ref.index) for name, ref in refs.items()}
+        coll: {name: ref.rows.current_score(ref.index) for name, ref in refs.items()}
         for coll, refs in tables.items()
     }
 
 
 def _check_score(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_int(value):
         raise ValueError(f"set_score: {where} must be an int, got {value!r}")
     return value
 
@@ -106,10 +105,10 @@ def set_score(model: torch.nn.Module, table_score: int | dict[str, dict[str, int
         chosen = resolve(tables, table_score, "set_score")
         for ref, score in chosen:
             _check_score(score, f"the score of {ref.label}")
-            if S.CUSTOMIZED not in ref.module.strategies:
+            if S.CUSTOMIZED not in ref.rows.strategies:
                 raise ValueError(
                     f"set_score: {ref.label} has score_strategy "
-                    f"{[s.name for s in ref.module.strategies]}, not CUSTOMIZED: its scores are "
+                    f"{[s.name for s in ref.rows.strategies]}, not CUSTOMIZED: its scores are "
                     "not set by the user"
                 )
     else:
@@ -118,7 +117,7 @@ def set_score(model: torch.nn.Module, table_score: int | dict[str, dict[str, int
             (ref, score)
             for refs in tables.values()
             for ref in refs.values()
-            if S.CUSTOMIZED in ref.module.strategies
+            if S.CUSTOMIZED in ref.rows.strategies
         ]
         if not chosen:
             warnings.warn("set_score: the model has no CUSTOMIZED dynamic table", stacklevel=2)
@@ -127,4 +126,4 @@ def set_score(model: torch.nn.Module, table_score: int | dict[str, dict[str, int
 
 
 def _set(ref: TableRef, score: int) -> None:
-    ref.module.set_score(score, [ref.index])
+    ref.rows.set_score(ref.index, score)

@@ -13,7 +13,7 @@ A stream folder holds::
         <collection>/<table>_<column>    little-endian rows, no header
 
 A delta folder is written aside and published by one rename
-(``dynamicemb.checkpoint.files``, as checkpoints are), so a follower sees a
+(``dynamicemb.io.files``, as checkpoints are), so a follower sees a
 delta whole or not at all. Reading verifies the manifest's checksum and every
 file's CRC-32s; the replay verifies each table's own checksum and sequence.
 """
@@ -27,23 +27,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dynamicemb.checkpoint import files
-from dynamicemb.checkpoint.comm import Group
-from dynamicemb.checkpoint.layout import (
-    CHECKSUM_BLOCK_BYTES,
-    CheckpointError,
-    FileInfo,
-    TableMeta,
-    check_name,
-    dtype_name,
-    dtype_of,
-    meta_file,
-)
+from dynamicemb.checkpoint import files as checkpoint_files
+from dynamicemb.checkpoint.layout import CheckpointError, TableMeta, meta_file
 from dynamicemb.dynamicemb_config import (
     DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
     ReplayContent,
 )
+from dynamicemb.io import Group, dtypes, files
+from dynamicemb.io.files import CHECKSUM_BLOCK_BYTES, FileInfo, check_name
 from dynamicemb.replication.delta import (
     TENSOR_COLUMNS,
     DeltaDumpResult,
@@ -53,7 +45,7 @@ from dynamicemb.replication.delta import (
 from dynamicemb.replication.dump import incremental_dump
 from dynamicemb.replication.replay import layout_mismatch, replay_by_key, replay_increment
 from dynamicemb.replication.scores import get_score
-from dynamicemb.replication.tables import collection_key, model_tables
+from dynamicemb.shard.tables import collection_key, model_tables
 from dynamicemb.types import EvictedItemMode, ReplayStats
 
 __all__ = [
@@ -110,7 +102,9 @@ def options_from(d: dict[str, Any]) -> DynamicEmbTableOptions:
         evicted_item_mode=EvictedItemMode[d["evicted_item_mode"]],
         training=d["training"],
         embedding_dtype=(
-            None if d["embedding_dtype"] is None else dtype_of(d["embedding_dtype"], "delta")
+            None
+            if d["embedding_dtype"] is None
+            else dtypes.dtype_of(d["embedding_dtype"], "delta", DeltaError)
         ),
     )
 
@@ -147,7 +141,7 @@ def write_delta(folder: str, sequence: int, deltas: dict[str, DeltaDumpResult]) 
                     )
                     w.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
                     stored[c] = {
-                        "dtype": dtype_name(t.dtype) if t.is_floating_point() else "int64",
+                        "dtype": dtypes.dtype_name(t.dtype) if t.is_floating_point() else "int64",
                         "shape": list(t.shape),
                         "file": w.close().to_json(),
                     }
@@ -184,10 +178,10 @@ def read_delta(path: str) -> tuple[int, dict[str, DeltaDumpResult]]:
         (sequence, {collection path: DeltaDumpResult}).
 
     Raises:
-        CheckpointError: a missing, truncated or corrupted file (named).
+        DeltaError: a missing, truncated or corrupted file (named).
     """
     where = os.path.join(path, DELTA_MANIFEST)
-    body = files.read_manifest(path, DELTA_MANIFEST, fmt=DELTA_FORMAT, version=DELTA_VERSION)
+    body = files.read_manifest(path, DELTA_MANIFEST, DELTA_FORMAT, DELTA_VERSION, DeltaError)
     block = int(body["checksum_block_bytes"])
     out: dict[str, DeltaDumpResult] = {}
     for coll, tables in body["collections"].items():
@@ -195,7 +189,11 @@ def read_delta(path: str) -> tuple[int, dict[str, DeltaDumpResult]]:
         for t in tables:
             cols: dict[str, torch.Tensor | None] = dict.fromkeys(_COLUMNS)
             for c, info in t["columns"].items():
-                dtype = torch.int64 if info["dtype"] == "int64" else dtype_of(info["dtype"], where)
+                dtype = (
+                    torch.int64
+                    if info["dtype"] == "int64"
+                    else dtypes.dtype_of(info["dtype"], where, DeltaError)
+                )
                 tensor = torch.empty(info["shape"], dtype=dtype)
                 files.read_verified(
                     os.path.join(path, coll),
@@ -203,6 +201,7 @@ def read_delta(path: str) -> tuple[int, dict[str, DeltaDumpResult]]:
                     block,
                     f"delta {body['sequence']} table {t['table']!r}",
                     tensor,
+                    DeltaError,
                 )
                 cols[c] = tensor
             desc = t["meta"]
@@ -241,7 +240,7 @@ def _sequence_of(deltas: dict[str, DeltaDumpResult]) -> int:
 def _model_sequence(model: torch.nn.Module) -> int | None:
     """The delta sequence every dynamic table of the model reflects."""
     seqs = {
-        ref.module.delta_sequence[ref.index]
+        ref.rows.delta_sequence[ref.index]
         for refs in model_tables(model).values()
         for ref in refs.values()
     }
@@ -282,7 +281,7 @@ class DeltaPublisher:
     ) -> None:
         self.model = model
         self.folder = folder
-        self.group = Group(pg)
+        self.group = Group(pg, DeltaError)
         if self.group.rank == 0:
             os.makedirs(folder, exist_ok=True)
         self.threshold = get_score(model)
@@ -364,7 +363,7 @@ class DeltaFollower:
         self.folder = folder
         self.content = content
         self.mode = mode
-        self.group = Group(pg)
+        self.group = Group(pg, DeltaError)
         self.loaded_checkpoint = False
         self.stats: dict[str, dict[str, ReplayStats]] = {}
         self._misses = 0
@@ -377,7 +376,7 @@ class DeltaFollower:
     def _checkpoint(self) -> tuple[str, dict[str, Any]] | None:
         """The stream's checkpoint folder and manifest, or None."""
         try:
-            folder, manifest = files.resolve(os.path.join(self.folder, CHECKPOINT_DIR))
+            folder, manifest = checkpoint_files.resolve(os.path.join(self.folder, CHECKPOINT_DIR))
         except CheckpointError:
             return None
         return None if manifest is None else (folder, manifest)
@@ -394,7 +393,7 @@ class DeltaFollower:
         if not there:
             return False
         optim = optim and all(
-            ref.module.training_state
+            ref.rows.training_state
             for refs in model_tables(self.model).values()
             for ref in refs.values()
         )
@@ -428,7 +427,11 @@ class DeltaFollower:
         for coll, tables in manifest["collections"].items():
             for name, info in tables.items():
                 data = files.read_small(
-                    os.path.join(folder, coll), FileInfo.from_json(info), meta_file(name), name
+                    os.path.join(folder, coll),
+                    FileInfo.from_json(info),
+                    meta_file(name),
+                    name,
+                    CheckpointError,
                 )
                 seqs.add(TableMeta.decode(data, name).delta_sequence)
         return seqs.pop() if len(seqs) == 1 else None
@@ -472,7 +475,7 @@ class DeltaFollower:
                     self.load_checkpoint()
                     continue
                 seq, deltas = read_delta(delta_path(self.folder, item))
-            except CheckpointError:
+            except (CheckpointError, DeltaError):
                 # Replaced or pruned while being read (a newer checkpoint was
                 # published): the next poll starts from what is there then.
                 self._misses += 1

@@ -24,7 +24,7 @@ from torchrec.distributed.embeddingbag import (
 from torchrec.distributed.types import ParameterSharding, ShardingEnv, ShardingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from ..embedding.batched_tables import warn_state_dict_without_rows
+from ..embedding.module_warnings import warn_state_dict_without_rows
 from ..planner.parameter_sharding import initializer_table_ids, is_dynamicemb_sharding
 from .input_dist import dedup_kjt
 from .sharding import (

@@ -344,8 +344,9 @@ def named_dynamic_embedding_kernels(
     plain list, not as submodules, so ``model.modules()`` alone does not reach
     them; a lookup may be wrapped (e.g. by DistributedDataParallel). Each
     kernel's ``table_names`` and ``emb_module`` (a
-    ``BatchedDynamicEmbeddingTablesV2``, whose ``table`` has the counters)
-    are what metrics, dumps and tests read.
+    ``BatchedDynamicEmbeddingTablesV2``, whose ``rows`` checkpoints,
+    replication and metrics read, through ``dynamicemb.shard.tables``) are
+    what tests and examples read.
     """
     from torchrec.distributed.model_parallel import get_unwrapped_module
 

@@ -23,8 +23,9 @@ from collections.abc import Sequence
 
 import torch
 
+from .._checks import is_int
 from ..dynamicemb_config import DIST_TYPES
-from ..table._native import extension
+from ..table import ops
 
 __all__ = [
     "DIST_TYPE_CODES",
@@ -57,14 +58,9 @@ def continuous_block_size(num_embeddings: int, world_size: int) -> int:
         ValueError: ``num_embeddings`` or ``world_size`` is not a positive int.
     """
     for name, value in (("num_embeddings", num_embeddings), ("world_size", world_size)):
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        if not is_int(value) or value <= 0:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return math.ceil(num_embeddings / world_size)
-
-
-def _ops():
-    extension()  # registers torch.ops.dynamicemb
-    return torch.ops.dynamicemb
+    return math.ceil(int(num_embeddings) / int(world_size))
 
 
 def route_keys_by_feature(
@@ -94,7 +90,7 @@ def route_keys_by_feature(
             an unknown dist type, a non-positive continuous block or a feature
             id out of range (CUDA does not read values on the host).
     """
-    return _ops().route_keys(keys, feature_ids, dist_types, blocks, int(world_size))
+    return ops().route_keys(keys, feature_ids, dist_types, blocks, int(world_size))
 
 
 def route_keys(
@@ -127,8 +123,9 @@ def route_keys(
     if not isinstance(keys, torch.Tensor) or keys.dtype != torch.int64:
         raise TypeError(f"keys must be an int64 tensor, got {getattr(keys, 'dtype', type(keys))}")
     code = dist_type_code(dist_type)
-    if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size <= 0:
+    if not is_int(world_size) or world_size <= 0:
         raise ValueError(f"world_size must be a positive int, got {world_size!r}")
+    world_size = int(world_size)
     if code == DIST_TYPE_CODES["continuous"]:
         if num_embeddings is None:
             raise ValueError("dist_type 'continuous' needs num_embeddings")

@@ -26,15 +26,16 @@ import torch
 
 from dynamicemb.storage import space as sp
 from dynamicemb.storage.base import ExportedRows, Footprint, RowInit, TableStorage
-from dynamicemb.storage.hash_storage import HashTableStorage, write_initial_rows
+from dynamicemb.storage.hash_storage import HashTableStorage
 from dynamicemb.storage.layout import RowLayout
+from dynamicemb.storage.rows import write_initial_rows
 from dynamicemb.storage.scores import (
     BatchScore,
     batch_policies,
     carry_scores,
     initial_scores,
 )
-from dynamicemb.table import enums
+from dynamicemb.table import PAD_KEY, enums
 
 
 def _select(values, sub: "sp.Subset"):
@@ -373,11 +374,11 @@ class CachedStorage(TableStorage):
             return
         cuda = self.device.type == "cuda"
         if not cuda:  # its table kernels refuse PAD_KEY
-            keep = (keys != sp.PAD_KEY).nonzero().squeeze(1)
+            keep = (keys != PAD_KEY).nonzero().squeeze(1)
             keys, tids = keys[keep], tids[keep]
         # Room in the backing tier for every key this can write back (only a
         # backing table that can grow needs it, and reads counts on the host).
-        room = self.backing.room_for(tids, keys != sp.PAD_KEY)
+        room = self.backing.room_for(tids, keys != PAD_KEY)
         if not cuda:
             if room is not None:
                 self.backing.reserve(room)

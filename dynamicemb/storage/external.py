@@ -14,10 +14,12 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
+from dynamicemb._checks import is_int
 from dynamicemb.storage import space as sp
 from dynamicemb.storage.base import ExportedRows, Footprint, RowInit
-from dynamicemb.storage.hash_storage import rows_buffer
 from dynamicemb.storage.layout import RowLayout
+from dynamicemb.storage.rows import rows_buffer
+from dynamicemb.table import PAD_KEY
 from dynamicemb.types import MemoryType, Storage, StorageTable
 
 
@@ -95,7 +97,7 @@ class ExternalBacking:
             self._int("memory_usage", self.storage.memory_usage(mem))
 
     def _int(self, method: str, value) -> int:
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        if not is_int(value) or value < 0:
             raise TypeError(
                 f"external_storage {self.name}.{method} must return an int >= 0, "
                 f"got {_describe(value)}"
@@ -105,7 +107,7 @@ class ExternalBacking:
     def _by_table(self, tids: torch.Tensor, keys: torch.Tensor | None = None):
         """(table, index of its entries) for each table present in ``tids``
         (with ``keys``: the entries whose key is not ``PAD_KEY``)."""
-        valid = None if keys is None else keys != sp.PAD_KEY
+        valid = None if keys is None else keys != PAD_KEY
         for t in torch.unique(tids).tolist():
             sel = tids == t if valid is None else (tids == t) & valid
             idx = sel.nonzero().squeeze(1)
@@ -158,7 +160,7 @@ class ExternalBacking:
         """Hands rows (from the row space ``src``) to the storage; it scores
         them itself. ``PAD_KEY`` entries are left out; ``protect`` and
         ``expand`` do not apply (the rows a ``locate`` found are copies)."""
-        keep = (keys != sp.PAD_KEY).nonzero().squeeze(1)
+        keep = (keys != PAD_KEY).nonzero().squeeze(1)
         keys, tids, src_offsets = keys[keep], tids[keep], src_offsets[keep]
         if keys.numel() == 0:
             return

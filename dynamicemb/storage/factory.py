@@ -22,15 +22,15 @@ from dynamicemb.dynamicemb_config import (
 from dynamicemb.storage.base import Footprint, TableStorage
 from dynamicemb.storage.cache import CachedStorage
 from dynamicemb.storage.external import ExternalBacking
-from dynamicemb.storage.hash_storage import (
-    HashTableStorage,
+from dynamicemb.storage.hash_storage import HashTableStorage
+from dynamicemb.storage.hybrid import HybridStorage
+from dynamicemb.storage.layout import RowLayout
+from dynamicemb.storage.placement import (
     bucket_widths,
     device_rows,
     initial_layout,
     remap_bytes,
 )
-from dynamicemb.storage.hybrid import HybridStorage
-from dynamicemb.storage.layout import RowLayout
 from dynamicemb.storage.scores import cache_strategies
 from dynamicemb.table import state_bytes
 

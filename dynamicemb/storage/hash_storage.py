@@ -16,37 +16,28 @@ stored key's row moves with it; the device part of a table grows up to its
 budget, the rest is host memory.
 """
 
-import dataclasses
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 
 import torch
 
 from dynamicemb.dynamicemb_config import (
-    BUCKET_ALIGNMENT,
-    MAX_BUCKET_CAPACITY,
     DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
 )
 from dynamicemb.storage import space as sp
 from dynamicemb.storage.base import ExportedRows, Footprint, RowInit, TableStorage
 from dynamicemb.storage.layout import RowLayout
+from dynamicemb.storage.placement import Placement, bucket_widths, initial_layout
+from dynamicemb.storage.rows import rows_buffer, write_initial_rows
 from dynamicemb.storage.scores import BatchScore, batch_policies, table_score_columns
-from dynamicemb.table import ScoredHashTable, enums, no_eviction_key_slots
-from dynamicemb.table._native import constants
+from dynamicemb.table import ScoredHashTable, enums, first_valid_key, no_eviction_key_slots
 from dynamicemb.types import MemoryType
 
 S = DynamicEmbScoreStrategy
 
 # Rehash attempts of one NO_EVICTION growth (each doubles the key map once more).
 _MAX_REHASH = 16
-
-
-def align(n: int, width: int | None) -> int:
-    """n rounded up to a multiple of the bucket width (16 for one bucket)."""
-    a = width or BUCKET_ALIGNMENT
-    return -(-n // a) * a
 
 
 def out_of_memory(e: BaseException) -> bool:
@@ -56,197 +47,6 @@ def out_of_memory(e: BaseException) -> bool:
         or "can't allocate memory" in msg
         or "out of memory" in msg
     )
-
-
-def bucket_widths(options: Sequence[DynamicEmbTableOptions]) -> list[int | None]:
-    """Each table's bucket width, None for one bucket spanning the table."""
-    return [
-        o.bucket_capacity if o.bucket_capacity != MAX_BUCKET_CAPACITY else None for o in options
-    ]
-
-
-def initial_layout(
-    options: Sequence[DynamicEmbTableOptions], no_eviction: bool
-) -> tuple[list[int], list[int]]:
-    """(key map slots, value rows) per table at creation: ``init_capacity``
-    (default ``max_capacity``) rows; a NO_EVICTION key map of
-    ``no_eviction_key_slots`` of them, in whole buckets."""
-    rows = [int(o.init_capacity or o.max_capacity) for o in options]
-    if not no_eviction:
-        return rows, rows
-    return [align(no_eviction_key_slots(r), w) for r, w in zip(rows, bucket_widths(options))], rows
-
-
-def device_rows(rows: Sequence[int], row_bytes: Sequence[int], budgets: Sequence[int]) -> list[int]:
-    """Rows of each table kept in device memory: as many as its budget holds."""
-    return [min(r, b // rb) for r, rb, b in zip(rows, row_bytes, budgets)]
-
-
-def split_table(rows: int, dev_rows: int) -> bool:
-    """Whether a table of ``rows`` rows keeps ``dev_rows`` of them in device
-    memory and the others in host memory."""
-    return 0 < dev_rows < rows
-
-
-def remap_bytes(rows: int, dev_rows: int) -> int:
-    """Bytes of a split table's row map (``_Remap``): a byte offset per row,
-    an owner (int64) and a reference mark (int32) per device row, the
-    clock's hand; 0 for a table in one tier."""
-    if not split_table(rows, dev_rows):
-        return 0
-    return rows * 8 + dev_rows * 12 + 8
-
-
-@dataclass
-class _Remap:
-    """Where the rows of the split tables are: the byte offset of each row,
-    which the storage may move between the device rows and the host rows
-    (a hot row into device memory, a cold one out: ``HybridStorage``).
-
-    Table t's row r (``base[t] >= 0``: t is split) is at ``where[base[t] +
-    r]``. Its ``dev_rows[t]`` device rows are, in order, ``owner[dev_base[t]
-    :][:dev_rows[t]]``: the map index of the row each holds; ``ref`` marks
-    the device rows used since the clock's ``hand[t]`` last passed them.
-    Starts as the identity: row r on the device when r < dev_rows[t].
-    """
-
-    base: torch.Tensor  # (tables) int64, -1 for a table in one tier
-    dev_base: torch.Tensor  # (tables) int64, -1 likewise
-    split: torch.Tensor  # (tables) int64: the table's ordinal among the split ones, -1
-    tables: torch.Tensor  # (split tables) int64: their ids
-    where: torch.Tensor  # (rows of the split tables) int64 byte offsets
-    owner: torch.Tensor  # (device rows of the split tables) int64
-    ref: torch.Tensor  # (device rows of the split tables) int32
-    hand: torch.Tensor  # (split tables) int64, a device row of each
-
-    def tensors(self) -> tuple[torch.Tensor, ...]:
-        """The state (what ``remap_bytes`` counts)."""
-        return (self.where, self.owner, self.ref, self.hand)
-
-    def copy(self) -> "_Remap":
-        return _Remap(
-            self.base,
-            self.dev_base,
-            self.split,
-            self.tables,
-            *(x.clone() for x in self.tensors()),
-        )
-
-    def put(self, other: "_Remap") -> None:
-        """Copies ``other``'s state (a ``copy`` of this map) back in."""
-        for x, y in zip(self.tensors(), other.tensors()):
-            x.copy_(y)
-
-
-@dataclass
-class _Placement:
-    """Where each table's rows are: table t's local row r is in the device
-    segment at ``dev_base[t] + r * row_bytes[t]`` when ``r < dev_rows[t]``,
-    else in the host segment at ``host_base[t] + (r - dev_rows[t]) *
-    row_bytes[t]`` (offset ``size0 +`` that in the row space); the rows of a
-    split table, where ``remap`` says (that, until a row moves)."""
-
-    rows: list[int]
-    dev_rows: list[int]
-    dev_base: list[int]
-    host_base: list[int]
-    size0: int
-    size1: int
-    params: torch.Tensor  # (tables, 4): row_bytes, dev_rows, dev_base, host_base + size0
-    remap: _Remap | None = None
-
-    @staticmethod
-    def of(rows: Sequence[int], layout: RowLayout, budgets, device) -> "_Placement":
-        dev = device_rows(rows, layout.row_bytes, budgets)
-        dev_base, host_base = [0], [0]
-        for r, d, rb in zip(rows, dev, layout.row_bytes):
-            dev_base.append(dev_base[-1] + d * rb)
-            host_base.append(host_base[-1] + (r - d) * rb)
-        size0, size1 = dev_base[-1], host_base[-1]
-        t = [
-            layout.row_bytes,
-            dev,
-            dev_base[:-1],
-            [h + size0 for h in host_base[:-1]],
-        ]
-        p = _Placement(
-            list(rows),
-            dev,
-            dev_base[:-1],
-            host_base[:-1],
-            size0,
-            size1,
-            torch.tensor(t, dtype=torch.int64, device=device).t().contiguous(),
-        )
-        p.remap = p._identity_remap(device)
-        return p
-
-    def _identity_remap(self, device) -> "_Remap | None":
-        split = [split_table(r, d) for r, d in zip(self.rows, self.dev_rows)]
-        if not any(split):
-            return None
-        base, dbase, at, dat = [], [], 0, 0
-        for r, d, s in zip(self.rows, self.dev_rows, split):
-            base.append(at if s else -1)
-            dbase.append(dat if s else -1)
-            at, dat = at + (r if s else 0), dat + (d if s else 0)
-        split_t = torch.tensor(split, dtype=torch.bool, device=device)
-        tables = torch.arange(len(split), dtype=torch.int64, device=device)
-        rows_t = torch.tensor(self.rows, dtype=torch.int64, device=device)
-        dev_t = torch.tensor(self.dev_rows, dtype=torch.int64, device=device)
-        base_t = torch.tensor(base, dtype=torch.int64, device=device)
-        dbase_t = torch.tensor(dbase, dtype=torch.int64, device=device)
-        tids = torch.repeat_interleave(tables, torch.where(split_t, rows_t, 0), output_size=at)
-        local = torch.arange(at, dtype=torch.int64, device=device) - base_t[tids]
-        dev_tids = torch.repeat_interleave(tables, torch.where(split_t, dev_t, 0), output_size=dat)
-        owner = torch.arange(dat, dtype=torch.int64, device=device)
-        owner = owner - dbase_t[dev_tids] + base_t[dev_tids]
-        ordinal = (torch.cumsum(split_t.to(torch.int64), 0) - 1).masked_fill(~split_t, -1)
-        return _Remap(
-            base_t,
-            dbase_t,
-            ordinal,
-            torch.tensor([t for t, x in enumerate(split) if x], dtype=torch.int64, device=device),
-            self.formula(local, tids),
-            owner,
-            torch.zeros(dat, dtype=torch.int32, device=device),
-            torch.zeros(sum(split), dtype=torch.int64, device=device),
-        )
-
-    def one_tier(self) -> bool:
-        """Every row of every table in one segment."""
-        return all(d == r for d, r in zip(self.dev_rows, self.rows)) or not any(self.dev_rows)
-
-    def formula(self, local: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
-        """Byte offsets of tables' local rows (>= 0) before any row moved."""
-        p = self.params[tids]
-        rb, dev, dev_base, host_base = p.unbind(1)
-        return torch.where(local < dev, dev_base + local * rb, host_base + (local - dev) * rb)
-
-    def offsets(self, local: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
-        """Byte offsets of tables' local rows (-1 stays -1)."""
-        off = self.formula(local, tids)
-        if self.remap is not None:
-            base = self.remap.base[tids]
-            moved = self.remap.where[(base + local).clamp(min=0)]
-            off = torch.where(base >= 0, moved, off)
-        return torch.where(local >= 0, off, local)
-
-    def map_index(self, local: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
-        """Each row's entry of ``remap.where`` (-1: its table is not split, or
-        no row)."""
-        base = self.remap.base[tids]
-        return torch.where((base >= 0) & (local >= 0), base + local, -1)
-
-    def remap_bytes(self) -> list[int]:
-        """``remap_bytes`` of each table."""
-        return [remap_bytes(r, d) for r, d in zip(self.rows, self.dev_rows)]
-
-    def snapshot(self) -> "_Placement":
-        """A copy whose row map (the part that changes in place) is its own."""
-        if self.remap is None:
-            return self
-        return dataclasses.replace(self, remap=self.remap.copy())
 
 
 class HashTableStorage(TableStorage):
@@ -323,7 +123,7 @@ class HashTableStorage(TableStorage):
                 validate=False,
             )
         self._scorer = None if scorer_factory is None else scorer_factory()
-        self._first_valid = int(constants()["FIRST_VALID_KEY"])
+        self._first_valid = first_valid_key()
         # Plain ints: torch.compile compares tensors with ints, not enum members.
         self._inserted = int(enums.InsertStatus.INSERTED)
         self._evicted_status = int(enums.InsertStatus.EVICTED)
@@ -349,12 +149,12 @@ class HashTableStorage(TableStorage):
                 f"{list(self.layout.row_bytes)} bytes (dim and optimizer state) need {nbytes} "
                 "bytes, more than a tensor can address"
             )
-        placement = _Placement.of(rows, self.layout, self.budgets, self.device)
+        placement = Placement.of(rows, self.layout, self.budgets, self.device)
         seg0 = sp.allocate(placement.size0, MemoryType.DEVICE, self.device)
         seg1 = sp.allocate(placement.size1, MemoryType.HOST, self.device)
         self._set_placement(placement, sp.RowSpace(seg0, seg1))
 
-    def _set_placement(self, placement: "_Placement", rows_space: sp.RowSpace) -> None:
+    def _set_placement(self, placement: "Placement", rows_space: sp.RowSpace) -> None:
         self.placement, self.rows_space = placement, rows_space
         self._slot_offsets = torch.tensor(
             [self.table.slot_range(t)[0] for t in range(self.table.num_tables)],
@@ -385,7 +185,7 @@ class HashTableStorage(TableStorage):
             return torch.where(slots >= 0, slots * self._slot_stride, slots)
         return self.placement.offsets(self.local_rows(slots, tids), tids)
 
-    def _move_rows(self, old: "_Placement", old_space, old_off: torch.Tensor, tids, new_local):
+    def _move_rows(self, old: "Placement", old_space, old_off: torch.Tensor, tids, new_local):
         """After a relayout: copies rows from the old row space to the new."""
         new_off = self.placement.offsets(new_local, tids)
         sp.copy_rows(
@@ -455,7 +255,7 @@ class HashTableStorage(TableStorage):
                 caps[t], rows[t] = caps[t] * 2, rows[t] * 2
         old_placement, old_space = self.placement, self.rows_space
         try:
-            new_placement = _Placement.of(rows, self.layout, self.budgets, self.device)
+            new_placement = Placement.of(rows, self.layout, self.budgets, self.device)
             seg0 = sp.allocate(new_placement.size0, MemoryType.DEVICE, self.device)
             seg1 = sp.allocate(new_placement.size1, MemoryType.HOST, self.device)
         except RuntimeError as e:
@@ -994,55 +794,3 @@ def _prefix(num_keys: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tenso
     torch._check(u >= 0)
     torch._check(u <= tensors[0].numel())
     return tuple(t[:u] for t in tensors)
-
-
-def write_initial_rows(dst, offsets, keys, tids, init: RowInit, layout: RowLayout) -> None:
-    """Writes the initial rows (``init``'s embeddings, the optimizer's
-    initial state) of keys at ``offsets`` of the row space ``dst`` (entries
-    at -1 skipped)."""
-    if init.write_rows(dst, offsets, keys, tids, layout):
-        return
-    keep = (offsets >= 0).nonzero().squeeze(1)
-    offsets, keys, tids = offsets[keep], keys[keep], tids[keep]
-    buf = rows_buffer(keys, tids, None, None, None, init, layout)
-    sp.copy_rows(
-        dst,
-        offsets,
-        sp.as_space(buf),
-        sp.staging_offsets(keys.numel(), layout, keys.device),
-        layout.row_bytes_of(tids),
-    )
-
-
-def rows_buffer(
-    keys, tids, embeddings, state, index, init: RowInit, layout: RowLayout
-) -> torch.Tensor:
-    """A staging buffer of the rows of ``keys``: ``embeddings[index]`` (or the
-    initializer's when None) and ``state[index]`` (or the optimizer's initial
-    state when None)."""
-    n = keys.numel()
-    buf = sp.staging(n, layout, keys.device)
-    if n == 0:
-        return buf
-    if embeddings is None:
-        emb = init.embeddings(keys, tids)
-    else:
-        emb = embeddings.to(keys.device)
-        emb = emb if index is None else emb[index]
-    if state is None and any(layout.state_dims):
-        st = torch.zeros((n, max(layout.state_dims)), dtype=torch.float32, device=keys.device)
-        for _, sdim, _, sel in layout.dim_groups(tids):
-            if sdim:
-                part = torch.empty((n if sel is None else sel.numel(), sdim), device=keys.device)
-                init.init_state(part)
-                if sel is None:
-                    st[:, :sdim] = part
-                else:
-                    st[sel, :sdim] = part
-    elif state is not None:
-        st = state.to(keys.device, torch.float32)
-        st = st if index is None else st[index]
-    else:
-        st = None
-    sp.pack_rows(buf, tids, layout, emb, st)
-    return buf

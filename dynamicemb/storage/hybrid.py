@@ -18,7 +18,7 @@ the staged one leaves. A batch whose rows are all in device memory is the
 all-device table's step.
 
 Which device row a staged row takes is a clock over each split table's
-device rows (``_Remap``): a device row used since the clock's hand last
+device rows (``Remap`` of ``placement.py``): a device row used since the clock's hand last
 passed it is kept (its mark cleared), another is given to the staged row; the
 hand moves past one device row per staged row (at most all of them per
 step). A row used in every pass of the hand stays in device memory; a row
@@ -38,7 +38,8 @@ from dataclasses import dataclass
 import torch
 
 from dynamicemb.storage import space as sp
-from dynamicemb.storage.hash_storage import HashTableStorage, write_initial_rows
+from dynamicemb.storage.hash_storage import HashTableStorage
+from dynamicemb.storage.rows import write_initial_rows
 from dynamicemb.storage.scores import BatchScore, batch_policies
 
 

@@ -12,18 +12,16 @@ from typing import Any
 import torch
 
 from dynamicemb.dynamicemb_config import (
+    EMBEDDING_DTYPES,
     OPTIMIZER_STATE_DTYPE,
     optimizer_state_dim,
     value_row_bytes,
 )
-from dynamicemb.table._native import constants
+from dynamicemb.table import constants
 
-# torch dtype -> the native ElementType name.
-_ELEMENT_TYPES = {
-    torch.float32: "FLOAT32",
-    torch.float16: "FLOAT16",
-    torch.bfloat16: "BFLOAT16",
-}
+# torch dtype -> the native ElementType name (FLOAT32, FLOAT16, BFLOAT16), for
+# the embedding dtypes the configuration allows.
+_ELEMENT_TYPES = {d: str(d).removeprefix("torch.").upper() for d in EMBEDDING_DTYPES}
 
 
 class RowLayout:

@@ -20,12 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from dynamicemb.storage.layout import RowLayout
-from dynamicemb.table._native import constants, extension, ops
+from dynamicemb.table import PAD_KEY, extension, ops
 from dynamicemb.types import MemoryType
-
-# The key of padding entries (dynamicemb.embedding.unique): the table's
-# EMPTY_KEY, a reserved key no batch contains.
-PAD_KEY = int(constants()["EMPTY_KEY"])
 
 
 @dataclass

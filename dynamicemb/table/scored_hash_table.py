@@ -8,170 +8,32 @@ The semantics are documented once, in ``cc/table/`` (``layout.h``, ``hash.h``,
 ``scores.h``, ``operations.h``, ``rows.h``).
 """
 
-import dataclasses
-import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from dynamicemb._checks import as_int, as_real, as_tensor, device_of, is_int
-from dynamicemb.table._native import constants, enums, ops
-
-IntOrSeq = int | Sequence[int]
-
-INT64_MIN = -(2**63)
-
-# The dtypes of a table's state tensors (see _allocate): what one slot, one
-# NO_EVICTION free-row entry and one cell of `info` and `counters` occupy.
-KEY_DTYPE, DIGEST_DTYPE, SCORE_DTYPE, FREE_ROW_DTYPE, TABLE_CELL_DTYPE = (
-    torch.int64,
-    torch.uint8,
-    torch.int64,
-    torch.int64,
-    torch.int64,
+from dynamicemb.table._args import (
+    INT64_MIN,
+    IntOrSeq,
+    _flag,
+    _ints,
+    _optional_ints,
+    _per_table,
+    _repeats,
 )
-
-# A NO_EVICTION key map is kept at most this full, whatever max_load_factor
-# says: it doubles (with its rows) before a batch could fill it further.
-NO_EVICTION_LOAD_FACTOR = 0.5
-
-
-def slot_bytes(num_scores: int) -> int:
-    """Bytes of one slot: its key, digest and ``num_scores`` score words."""
-    return KEY_DTYPE.itemsize + DIGEST_DTYPE.itemsize + num_scores * SCORE_DTYPE.itemsize
-
-
-def state_bytes(slots: Sequence[int], num_scores: int, free_rows: int) -> int:
-    """Bytes of a table's state tensors: ``slots[t]`` slots of table t, their
-    ``num_scores`` score words, one row of ``info`` and of ``counters`` per
-    table, and ``free_rows`` NO_EVICTION free-row entries."""
-    c = constants()
-    per_table = (int(c["INFO_COLS"]) + int(c["COUNTER_COLS"])) * TABLE_CELL_DTYPE.itemsize
-    return (
-        sum(slots) * slot_bytes(num_scores)
-        + len(slots) * per_table
-        + free_rows * FREE_ROW_DTYPE.itemsize
-    )
-
-
-def no_eviction_key_slots(keys: int) -> int:
-    """Slots a NO_EVICTION key map needs to hold ``keys`` keys
-    (``NO_EVICTION_LOAD_FACTOR``), before bucket alignment."""
-    return math.ceil(keys / NO_EVICTION_LOAD_FACTOR)
-
-
-class _CountedBatch:
-    """A dataclass of tensors whose first ``count[0]`` entries are valid."""
-
-    def compact(self):
-        """The valid prefix of every tensor (reads the count: synchronizes on CUDA)."""
-        n = int(self.count.item())
-        names = [f.name for f in dataclasses.fields(self) if f.name != "count"]
-        return dataclasses.replace(self, **{name: getattr(self, name)[:n] for name in names})
-
-
-@dataclass
-class EvictedKeys(_CountedBatch):
-    """Keys an insert_and_evict pushed out, in (bucket, batch index) order.
-
-    Attributes:
-        keys (torch.Tensor): (n) int64, valid up to ``count``.
-        scores (torch.Tensor): (n, num_scores) int64, the scores they had.
-        slots (torch.Tensor): (n) int64, the slots they held (now the new keys').
-        table_ids (torch.Tensor): (n) int64.
-        count (torch.Tensor): (1) int64 on the table's device.
-    """
-
-    keys: torch.Tensor
-    scores: torch.Tensor
-    slots: torch.Tensor
-    table_ids: torch.Tensor
-    count: torch.Tensor
-
-
-@dataclass
-class InsertResult:
-    """Per-key result of insert / insert_and_evict.
-
-    Attributes:
-        slots (torch.Tensor): (n) int64 slot of each key, -1 where not stored.
-        status (torch.Tensor): (n) int8, ``enums.InsertStatus`` values.
-        evicted (EvictedKeys): the keys evicted to make room.
-    """
-
-    slots: torch.Tensor
-    status: torch.Tensor
-    evicted: EvictedKeys
-
-
-@dataclass
-class ExportedBatch(_CountedBatch):
-    """Occupied slots selected by export_batch, in slot order (first ``count``)."""
-
-    keys: torch.Tensor
-    slots: torch.Tensor
-    table_ids: torch.Tensor
-    scores: torch.Tensor
-    count: torch.Tensor
-
-
-def gather_rows(values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-    """``out[i] = values[rows[i]]``, zeros where ``rows[i]`` is -1.
-
-    Args:
-        values (torch.Tensor): (num_rows, dim), contiguous, any dtype.
-        rows (torch.Tensor): (n) int64 on the same device, e.g. slots from
-            ``ScoredHashTable.find`` (or ``rows()`` under NO_EVICTION).
-
-    Returns:
-        torch.Tensor: (n, dim) of values' dtype.
-    """
-    return ops().gather_rows(values, rows)
-
-
-def _repeats(values: torch.Tensor, groups: torch.Tensor | None = None) -> bool:
-    """Whether a value repeats (within its group, when ``groups`` is given):
-    sorted, a repeat is a neighbour."""
-    if groups is not None and bool((groups != groups[0]).any()):
-        order = torch.argsort(groups, stable=True)
-        order = order[torch.argsort(values[order], stable=True)]
-        v, g = values[order], groups[order]
-        return bool(((v[1:] == v[:-1]) & (g[1:] == g[:-1])).any())
-    v = torch.sort(values).values
-    return bool((v[1:] == v[:-1]).any())
-
-
-def _per_table(value: IntOrSeq, n: int, name: str) -> list:
-    if isinstance(value, (list, tuple)):
-        if len(value) != n:
-            raise ValueError(f"{name} has {len(value)} entries for {n} tables")
-        return list(value)
-    return [value] * n
-
-
-def _ints(values, name: str, n: int | None = None, min: int | None = None) -> list[int]:
-    """A sequence of ints (exactly ``n`` when given), each at least ``min``."""
-    if isinstance(values, (str, bytes)) or not isinstance(values, Sequence):
-        raise TypeError(f"{name} must be a sequence of ints, got {values!r}")
-    if n is not None and len(values) != n:
-        raise ValueError(f"{name} has {len(values)} entries for {n} tables")
-    return [as_int(v, f"{name}[{i}]", min=min) for i, v in enumerate(values)]
-
-
-def _flag(value, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {value!r}")
-    return value
-
-
-def _optional_ints(value, n: int, name: str, min: int) -> list[int | None]:
-    """A per-table option: None, one int for every table, or one per table."""
-    out = _per_table(value, n, name)
-    return [
-        None if v is None else as_int(v, f"{name}[{t}]" if n > 1 else name, min=min)
-        for t, v in enumerate(out)
-    ]
+from dynamicemb.table._native import constants, enums, ops
+from dynamicemb.table.keys import check_keys
+from dynamicemb.table.results import EvictedKeys, ExportedBatch, InsertResult
+from dynamicemb.table.sizes import (
+    DIGEST_DTYPE,
+    FREE_ROW_DTYPE,
+    KEY_DTYPE,
+    NO_EVICTION_LOAD_FACTOR,
+    SCORE_DTYPE,
+    TABLE_CELL_DTYPE,
+    state_bytes,
+)
 
 
 class ScoredHashTable:
@@ -385,13 +247,7 @@ class ScoredHashTable:
         return keys, table_ids
 
     def _check_values(self, keys: torch.Tensor, table_ids: torch.Tensor) -> None:
-        bad = keys < int(constants()["FIRST_VALID_KEY"])
-        if bool(bad.any()):
-            i = int(bad.nonzero()[0])
-            raise ValueError(
-                f"dynamicemb: key {int(keys[i])} at index {i} is reserved (keys below "
-                f"{constants()['FIRST_VALID_KEY']} mark slot states)"
-            )
+        check_keys(keys, "dynamicemb")
         bad = (table_ids < 0) | (table_ids >= self.num_tables)
         if bool(bad.any()):
             i = int(bad.nonzero()[0])
@@ -404,74 +260,11 @@ class ScoredHashTable:
         self, keys: torch.Tensor, table_ids: torch.Tensor, values: torch.Tensor
     ) -> None:
         """assign_rows: the row (score column 0) of every new key of a
-        NO_EVICTION table (the first occurrence of a key not in the table) lies
-        in its table's rows, is held by no key and is given to no other new key
-        (the rule of the CPU kernels, which check it themselves; rows.h)."""
-        col = enums.InfoCol
-        n = table_ids.numel()
-        rows = values[:, 0].expand(n)
-        cap = self.info[table_ids, col.ROW_CAPACITY]
-        ne = self.info[table_ids, col.MODE] == enums.TableMode.NO_EVICTION
-        bad = ne & ((rows < 0) | (rows >= cap))
-        if bool(bad.any()):
-            i = int(bad.nonzero()[0])
-            raise ValueError(
-                f"dynamicemb: row {int(rows[i])} at index {i} is out of range "
-                f"[0, {int(cap[i])}) of table {int(table_ids[i])}"
-            )
-        new = ne & (self.find(keys, table_ids) < 0)
-        idx = new.nonzero().squeeze(1)
-        if idx.numel() == 0:
-            return
-        # The first occurrence of each new (table, key).
-        _, inv = torch.unique(
-            torch.stack([table_ids[idx], keys[idx]], 1), dim=0, return_inverse=True
-        )
-        first = torch.full((int(inv.max()) + 1,), n, dtype=torch.int64, device=self.device)
-        first = first.scatter_reduce(0, inv, idx, "amin").sort().values
-        entry = self.info[table_ids[first], col.ROW_OFFSET] + rows[first]
-        # Given twice: the later of two new keys on one entry.
-        order = torch.argsort(entry * n + first)
-        e_sorted, i_sorted = entry[order], first[order]
-        twice = torch.zeros_like(e_sorted, dtype=torch.bool)
-        twice[1:] = e_sorted[1:] == e_sorted[:-1]
-        # Held: entries of the rows the stored keys of NO_EVICTION tables hold.
-        slot_table = (
-            torch.bucketize(
-                torch.arange(self.num_slots, device=self.device),
-                self.info[:, col.SLOT_OFFSET].contiguous(),
-                right=True,
-            )
-            - 1
-        )
-        occupied = (self.keys != int(constants()["EMPTY_KEY"])) & (
-            self.info[slot_table, col.MODE] == enums.TableMode.NO_EVICTION
-        )
-        held_slots = occupied.nonzero().squeeze(1)
-        held = self.info[slot_table[held_slots], col.ROW_OFFSET] + self.scores[held_slots, 0]
-        is_held = torch.isin(entry, held)
-        cands = []  # (batch index, 0: given twice / 1: held, the entry)
-        if bool(twice.any()):
-            dup = twice.nonzero().squeeze(1)
-            pos = dup[i_sorted[dup].argmin()]
-            cands.append((int(i_sorted[pos]), 0, int(e_sorted[pos])))
-        if bool(is_held.any()):
-            j = is_held.nonzero()[0, 0]
-            cands.append((int(first[j]), 1, int(entry[j])))
-        if not cands:
-            return
-        i, kind, e = min(cands)
-        row, tid = int(rows[i]), int(table_ids[i])
-        if kind == 0:
-            k = int(i_sorted[e_sorted == e].min())  # the first new key given the row
-            raise ValueError(
-                f"dynamicemb: row {row} at index {i} is given to key {int(keys[k])} at index {k} "
-                "too: a row holds one key"
-            )
-        holder = int(self.keys[held_slots[held == e][0]])
-        raise ValueError(
-            f"dynamicemb: row {row} at index {i} is held by key {holder} of table {tid}"
-        )
+        NO_EVICTION table lies in its table's rows, is held by no key and is
+        given to no other new key: the rule of the CPU kernels (rows.h), run
+        on host copies of what it reads (the CUDA kernels do not check)."""
+        state = (self.keys, self.digests, self.scores, self.info, self.free_rows)
+        ops().table_check_rows(keys.cpu(), table_ids.cpu(), *(t.cpu() for t in state), values.cpu())
 
     def _scores(
         self,

@@ -73,7 +73,7 @@ def _admission(m):
 
 def _stored(m, keys, table=0):
     k = torch.tensor(keys, dtype=torch.int64, device=m.device)
-    return (m.table.find(k, torch.full_like(k, table)) >= 0).tolist()
+    return (m.rows.hash_table.find(k, torch.full_like(k, table)) >= 0).tolist()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -237,7 +237,7 @@ def test_probabilistic_admission_rate_within_bounds(device):
     assert admitted + m.stats.counts[0, REJECTED].item() == n
     # Binomial(n, p): 5 standard deviations.
     assert abs(admitted - p * n) < 5 * (n * p * (1 - p)) ** 0.5
-    assert int(m.table.size()[0]) == admitted
+    assert int(m.rows.hash_table.size()[0]) == admitted
 
 
 def test_probabilistic_admission_repeats_after_manual_seed():

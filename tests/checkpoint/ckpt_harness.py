@@ -162,12 +162,12 @@ def contents(model) -> dict[str, dict[str, torch.Tensor]]:
     out = {}
     for k in kernels(model):
         emb = k.emb_module
-        table = emb.table
         for t, name in enumerate(k.table_names):
             if isinstance(emb.storage, CachedStorage):
                 # The cache holds some keys only: every key over both tiers.
                 out[name] = _exported(emb, t)
                 continue
+            table = emb.rows.hash_table
             lo, hi = table.slot_range(t)
             ex = table.export_batch(lo, hi).compact()
             dim = emb.dims[t]

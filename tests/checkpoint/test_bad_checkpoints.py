@@ -197,7 +197,7 @@ def _checks_world(rank, world, root):
 
     @check("failure_while_applying_restores")
     def _():
-        from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2 as M
+        from dynamicemb.embedding.table_rows import TableRows as M
 
         with c.failing_call(M, "import_rows", 2, "injected failure") as calls:
             refused(good, RuntimeError, "injected failure")

@@ -11,7 +11,7 @@ import torch
 from dynamicemb import BUCKET_ALIGNMENT, DynamicEmbInitializerMode, DynamicEmbOptimType
 from dynamicemb.dynamicemb_config import DIST_TYPES, optimizer_state_dim
 from dynamicemb.embedding import RowOptimizer
-from dynamicemb.table._native import constants, extension
+from dynamicemb.table import constants, extension
 
 split_configs = pytest.importorskip("fbgemm_gpu.split_embedding_configs")
 

@@ -207,12 +207,12 @@ def test_eval_reads_the_eval_initializer_and_inserts_nothing():
     opts = _opts([4])
     m = BatchedDynamicEmbeddingTablesV2(opts, None, Pool.SUM, EmbOptimType.EXACT_SGD)
     m(torch.tensor([1, 2]), torch.tensor([0, 2]))
-    size = int(m.table.size()[0])
+    size = int(m.rows.hash_table.size()[0])
     m.eval()
     with torch.no_grad():
         out = m(torch.tensor([99, 98]), torch.tensor([0, 1, 2]))
     assert torch.equal(out, torch.zeros(2, 4))
-    assert int(m.table.size()[0]) == size
+    assert int(m.rows.hash_table.size()[0]) == size
     opts2 = [
         DynamicEmbTableOptions(
             dim=4,
@@ -223,7 +223,7 @@ def test_eval_reads_the_eval_initializer_and_inserts_nothing():
     m2 = BatchedDynamicEmbeddingTablesV2(opts2, None, Pool.SUM, EmbOptimType.EXACT_SGD).eval()
     with torch.no_grad():
         assert torch.equal(m2(torch.tensor([5]), torch.tensor([0, 1])), torch.full((1, 4), 0.5))
-    assert int(m2.table.size()[0]) == 0
+    assert int(m2.rows.hash_table.size()[0]) == 0
 
 
 def test_weighted_pooling_errors():
@@ -255,14 +255,16 @@ def test_scores_follow_the_strategy():
     )
     for _ in range(3):
         step(torch.tensor([7]), torch.tensor([0, 1]))
-    slot = step.table.find(torch.tensor([7]))
-    assert int(step.table.scores[slot, 0]) == 3
+    slot = step.rows.hash_table.find(torch.tensor([7]))
+    assert int(step.rows.hash_table.scores[slot, 0]) == 3
     lfu = BatchedDynamicEmbeddingTablesV2(
         _opts([2], score_strategy=Score.LFU), None, Pool.SUM, EmbOptimType.EXACT_SGD
     )
     lfu(torch.tensor([7, 7, 8]), torch.tensor([0, 3]))
     lfu(torch.tensor([7]), torch.tensor([0, 1]), frequency_counters=torch.tensor([5]))
-    assert lfu.table.scores[lfu.table.find(torch.tensor([7, 8])), 0].tolist() == [7, 1]
+    assert lfu.rows.hash_table.scores[
+        lfu.rows.hash_table.find(torch.tensor([7, 8])), 0
+    ].tolist() == [7, 1]
     cst = BatchedDynamicEmbeddingTablesV2(
         _opts([2], score_strategy=Score.CUSTOMIZED), None, Pool.SUM, EmbOptimType.EXACT_SGD
     )
@@ -270,7 +272,7 @@ def test_scores_follow_the_strategy():
         cst(torch.tensor([1]), torch.tensor([0, 1]))
     cst.set_score(42)
     cst(torch.tensor([1]), torch.tensor([0, 1]))
-    assert int(cst.table.scores[cst.table.find(torch.tensor([1])), 0]) == 42
+    assert int(cst.rows.hash_table.scores[cst.rows.hash_table.find(torch.tensor([1])), 0]) == 42
     with pytest.warns(UserWarning, match="less than"):
         cst.set_score(41)
 
@@ -307,10 +309,10 @@ def test_rows_survive_table_expansion():
     )
     first = torch.arange(50)
     m(first, torch.tensor([0, 50])).sum().backward()  # every row lowered by 1
-    assert m.table.capacity() == 128
+    assert m.rows.hash_table.capacity() == 128
     more = torch.arange(1000, 1900)
     m(more, torch.tensor([0, 900]))  # forces doubling past 128 slots
-    assert m.table.capacity() >= 2048
+    assert m.rows.hash_table.capacity() >= 2048
     m.eval()
     with torch.no_grad():
         out = m(first, torch.tensor([0, 50]))
@@ -349,8 +351,8 @@ def test_no_eviction_keeps_every_key_and_its_trained_row_across_expansions(devic
         _no_eviction_opts(dims, 32), ftm, Pool.SUM, optimizer, device=device, **kw
     )
     # Key map at load 0.5 of init_capacity, rows = init_capacity.
-    assert [m.table.capacity(t) for t in range(2)] == [64, 64]
-    assert [m.table.row_capacity(t) for t in range(2)] == [32, 32]
+    assert [m.rows.hash_table.capacity(t) for t in range(2)] == [64, 64]
+    assert [m.rows.hash_table.row_capacity(t) for t in range(2)] == [32, 32]
     ref = Dense(m, dims, ftm)
     g = torch.Generator().manual_seed(11)
     B, vocab = 16, 5000  # far more distinct keys than the 32 initial rows
@@ -370,13 +372,13 @@ def test_no_eviction_keeps_every_key_and_its_trained_row_across_expansions(devic
         out.backward(grad.to(device))
     seen = {t: sorted(k for (tt, k) in ref.rows if tt == t) for t in range(2)}
     assert int(m.insert_failures) == 0
-    assert int(m.table.counter("EVICTIONS").sum()) == 0
+    assert int(m.rows.hash_table.counter("EVICTIONS").sum()) == 0
     for t in range(2):
-        assert int(m.table.size()[t]) == len(seen[t])
+        assert int(m.rows.hash_table.size()[t]) == len(seen[t])
         assert len(seen[t]) > 4 * 32
         # Doubled together: the key map stays at twice the rows, load <= 0.5.
-        assert m.table.capacity(t) == 2 * m.table.row_capacity(t)
-        assert m.table.row_capacity(t) >= len(seen[t])
+        assert m.rows.hash_table.capacity(t) == 2 * m.rows.hash_table.row_capacity(t)
+        assert m.rows.hash_table.row_capacity(t) >= len(seen[t])
     # Every key ever seen reads back its trained row.
     m.eval()
     with torch.no_grad():
@@ -396,14 +398,16 @@ def test_no_eviction_grows_only_the_table_that_needs_it():
     m = BatchedDynamicEmbeddingTablesV2(
         _no_eviction_opts([4, 4], 64, 32), [0, 1], Pool.SUM, EmbOptimType.EXACT_SGD
     )
-    before = [(m.table.capacity(t), m.table.row_capacity(t)) for t in range(2)]
+    before = [(m.rows.hash_table.capacity(t), m.rows.hash_table.row_capacity(t)) for t in range(2)]
     # 200 keys for table 0, 3 for table 1 (feature f's bags are offsets[f*B : (f+1)*B+1]).
     indices = torch.cat([torch.arange(200), torch.arange(3)])
     m(indices, torch.tensor([0, 200, 203]))
-    assert (m.table.capacity(1), m.table.row_capacity(1)) == before[1]
-    assert m.table.row_capacity(0) >= 200 and m.table.capacity(0) == 2 * m.table.row_capacity(0)
+    assert (m.rows.hash_table.capacity(1), m.rows.hash_table.row_capacity(1)) == before[1]
+    assert m.rows.hash_table.row_capacity(0) >= 200 and m.rows.hash_table.capacity(
+        0
+    ) == 2 * m.rows.hash_table.row_capacity(0)
     # Rows are allocated per table: the grown table's rows and the other's.
-    rows = m.table.row_capacity(0) + m.table.row_capacity(1)
+    rows = m.rows.hash_table.row_capacity(0) + m.rows.hash_table.row_capacity(1)
     assert m.storage.footprint().host == rows * m.layout.row_bytes[0]
 
 
@@ -418,13 +422,13 @@ def test_no_eviction_full_bucket_below_half_load_grows_instead_of_failing():
     m = BatchedDynamicEmbeddingTablesV2(
         _no_eviction_opts([2], 512, 16), None, Pool.NONE, EmbOptimType.EXACT_SGD
     )
-    cap = m.table.capacity()
+    cap = m.rows.hash_table.capacity()
     same = torch.tensor([k for k in range(1, 100000) if _home_bucket(k, cap, 16) == 0][:40])
     assert same.numel() == 40
     out = m(same, torch.tensor([0, 40]))
     assert int(m.insert_failures) == 0
-    assert m.table.capacity() > cap
-    assert int(m.table.size()[0]) == 40
+    assert m.rows.hash_table.capacity() > cap
+    assert int(m.rows.hash_table.size()[0]) == 40
     assert bool((out.abs().sum(1) > 0).all())
     # The home-bucket model is the table's: at the initial capacity they collide.
     t = ScoredHashTable([cap], bucket_capacities=16)
@@ -440,19 +444,19 @@ def test_no_eviction_out_of_memory_warns_and_training_continues(monkeypatch):
     def no_memory(*a, **k):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 GiB")
 
-    monkeypatch.setattr(m.table, "relayout", no_memory)
+    monkeypatch.setattr(m.rows.hash_table, "relayout", no_memory)
     with pytest.warns(UserWarning, match="out of memory"):
         out = m(torch.arange(40), torch.tensor([0, 40]))
     out.sum().backward()  # the step completes
-    assert m.table.row_capacity() == 16
+    assert m.rows.hash_table.row_capacity() == 16
     assert m.storage.footprint().host == 16 * m.layout.row_bytes[0]
-    assert int(m.table.size()[0]) == 16  # the rows there are, the rest not stored
+    assert int(m.rows.hash_table.size()[0]) == 16  # the rows there are, the rest not stored
     assert int(m.insert_failures) == 24
     stored = out.abs().sum(1) > 0
     assert int(stored.sum()) == 16
     monkeypatch.undo()
     m(torch.arange(100, 140), torch.tensor([0, 40]))  # memory back: it grows again
-    assert m.table.row_capacity() >= 56 and int(m.table.size()[0]) == 56
+    assert m.rows.hash_table.row_capacity() >= 56 and int(m.rows.hash_table.size()[0]) == 56
 
 
 def test_no_eviction_cannot_be_fused_with_an_evicting_table():

@@ -68,7 +68,7 @@ def _rows(module):
     """Every stored key's embedding and state, by (table, key)."""
     rows = {}
     for t in range(len(module.table_options)):
-        for chunk in module.export_rows(t, 4096):
+        for chunk in module.rows.export_rows(t, 4096):
             for i, k in enumerate(chunk.keys.tolist()):
                 state = None if chunk.optimizer_state is None else chunk.optimizer_state[i].cpu()
                 rows[(t, k)] = (chunk.embeddings[i].cpu(), state)

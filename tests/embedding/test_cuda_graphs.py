@@ -57,7 +57,7 @@ def _rows_by_key(module):
     optimizer state)."""
     out = []
     for t in range(len(module.table_options)):
-        chunks = list(module.export_rows(t, 1 << 20))
+        chunks = list(module.rows.export_rows(t, 1 << 20))
         keys = torch.cat([c.keys for c in chunks])
         emb = torch.cat([c.embeddings for c in chunks])
         order = keys.argsort()
@@ -109,13 +109,13 @@ def test_a_restore_rebuilds_the_tensors_and_the_graph_is_captured_again():
     for step in range(8):
         if step == 4:  # back to the state after step 1: new table tensors
             for m in (graphed, eager):
-                m.restore_snapshot(snaps[id(m)])
+                m.rows.restore(snaps[id(m)])
         batch = _batch(step, "cuda")
         torch.testing.assert_close(
             train_step(graphed, batch), train_step(eager, batch), msg=f"{step}"
         )
         if step == 1:
-            snaps = {id(m): m.checkpoint_snapshot() for m in (graphed, eager)}
+            snaps = {id(m): m.rows.snapshot() for m in (graphed, eager)}
     assert graphed._graphs.captures == 2
     _assert_same_tables(graphed, eager)
 
@@ -202,5 +202,5 @@ def test_graph_state_is_none_under_debug_checks(monkeypatch):
 def test_graph_state_changes_when_the_tables_are_rebuilt():
     m = _storage_state()
     before = m._graph_state()
-    m.restore_snapshot(m.checkpoint_snapshot())
+    m.rows.restore(m.rows.snapshot())
     assert m._graph_state() != before

@@ -7,7 +7,7 @@ import torch
 from dynamicemb import DynamicEmbInitializerArgs
 from dynamicemb import DynamicEmbInitializerMode as Mode
 from dynamicemb.embedding import init_rows
-from dynamicemb.table._native import constants, ops
+from dynamicemb.table import constants, ops
 
 ALL_MODES = [Mode.NORMAL, Mode.TRUNCATED_NORMAL, Mode.UNIFORM, Mode.CONSTANT, Mode.DEBUG]
 

@@ -44,7 +44,7 @@ def _module(device, strategy=Score.STEP, pooling=Pool.SUM, tables=1):
 
 
 def _state(m):
-    s = {k: getattr(m.table, k).clone().cpu() for k in MODULE_STATE}
+    s = {k: getattr(m.rows.hash_table, k).clone().cpu() for k in MODULE_STATE}
     for i, seg in enumerate(m.storage.space()):  # the value rows
         s[f"values{i}"] = seg.clone().cpu()
     s["step"] = m.step
@@ -192,8 +192,8 @@ def test_whole_float_frequency_counters_are_counts(device):
         torch.tensor([0, 1, 2, 3], device=device),
         frequency_counters=torch.tensor([2.0, 3.0, 4.0], device=device),
     )
-    slots = m.table.find(torch.tensor([5, 6], device=device))
-    assert m.table.scores[slots, 0].cpu().tolist() == [6, 3]
+    slots = m.rows.hash_table.find(torch.tensor([5, 6], device=device))
+    assert m.rows.hash_table.scores[slots, 0].cpu().tolist() == [6, 3]
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -11,7 +11,7 @@ import torch
 from dynamicemb import DynamicEmbOptimType, DynamicEmbTableOptions
 from dynamicemb import _warnings as once
 from dynamicemb.dynamicemb_config import value_row_bytes
-from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2, batched_tables
+from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2, module_warnings
 
 
 def _module(**options):
@@ -48,8 +48,8 @@ def test_a_gpu_table_without_device_budget_says_so_once_naming_the_option():
     rb = value_row_bytes(None, 4, torch.float32, False)
     got = _messages(
         lambda: [
-            batched_tables._warn_if_host_only(_zero_budget_options(), cuda),
-            batched_tables._warn_if_host_only(_zero_budget_options(), cuda),
+            module_warnings.warn_if_host_only(_zero_budget_options(), cuda),
+            module_warnings.warn_if_host_only(_zero_budget_options(), cuda),
         ]
     )
     assert len(got) == 1 and "global_hbm_for_values" in got[0] and "[0, 1]" in got[0], got
@@ -57,11 +57,11 @@ def test_a_gpu_table_without_device_budget_says_so_once_naming_the_option():
     # With a budget, on the CPU, or as a cache (which needs a budget anyway): quiet.
     quiet = _messages(
         lambda: [
-            batched_tables._warn_if_host_only(
+            module_warnings.warn_if_host_only(
                 _zero_budget_options(local_hbm_for_values=64 * rb), cuda
             ),
-            batched_tables._warn_if_host_only(_zero_budget_options(), torch.device("cpu")),
-            batched_tables._warn_if_host_only(_zero_budget_options(caching=True), cuda),
+            module_warnings.warn_if_host_only(_zero_budget_options(), torch.device("cpu")),
+            module_warnings.warn_if_host_only(_zero_budget_options(caching=True), cuda),
         ]
     )
     assert quiet == []

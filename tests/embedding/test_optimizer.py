@@ -5,7 +5,7 @@ import torch
 
 from dynamicemb import DynamicEmbOptimType
 from dynamicemb.embedding import RowOptimizer
-from dynamicemb.table._native import constants, ops
+from dynamicemb.table import constants, ops
 from tests.devices import DEVICES
 from tests.embedding.optimizer_reference import reference_step
 

@@ -11,7 +11,7 @@ import torch
 
 from dynamicemb import DynamicEmbOptimType
 from dynamicemb.embedding import RowOptimizer
-from dynamicemb.table._native import constants, ops
+from dynamicemb.table import constants, ops
 from tests.devices import DEVICES
 
 EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType

@@ -91,11 +91,13 @@ def _fill(m, frequencies, device):
             torch.tensor([0, 1], device=device),
             frequency_counters=torch.tensor([f], device=device),
         )
-    assert int(m.table.size()[0]) == len(frequencies)
+    assert int(m.rows.hash_table.size()[0]) == len(frequencies)
 
 
 def _resident(m, keys, device):
-    return [k for k in keys if int(m.table.find(torch.tensor([k], device=device))[0]) >= 0]
+    return [
+        k for k in keys if int(m.rows.hash_table.find(torch.tensor([k], device=device))[0]) >= 0
+    ]
 
 
 # Key 0 is the oldest and the most used, key 7 the least used.
@@ -163,10 +165,14 @@ def test_both_tuple_orders_evict_identically(device, kind):
                 torch.tensor([0, n], device=device),
                 frequency_counters=counts.to(device),
             )
-        ka, kb = (set(m.table.export_batch().compact().keys.tolist()) for m in (a, b))
+        ka, kb = (set(m.rows.hash_table.export_batch().compact().keys.tolist()) for m in (a, b))
         assert ka == kb, step
-        differs |= ka != set(plain.table.export_batch().compact().keys.tolist())
-    assert int(a.table.counter("EVICTIONS")[0]) == int(b.table.counter("EVICTIONS")[0]) > 0
+        differs |= ka != set(plain.rows.hash_table.export_batch().compact().keys.tolist())
+    assert (
+        int(a.rows.hash_table.counter("EVICTIONS")[0])
+        == int(b.rows.hash_table.counter("EVICTIONS")[0])
+        > 0
+    )
     if kind == "oldest_first":
         assert differs  # and not what the default evictor keeps
 

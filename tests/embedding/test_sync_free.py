@@ -20,7 +20,7 @@ from dynamicemb.embedding.optimizer import RowOptimizer
 from dynamicemb.embedding.unique import PAD_KEY
 from dynamicemb.storage import RowLayout
 from dynamicemb.storage import space as sp
-from dynamicemb.storage.hash_storage import rows_buffer
+from dynamicemb.storage.rows import rows_buffer
 from tests.devices import DEVICES
 from tests.embedding.sync_guard import HostSync, forbid_host_syncs
 from tests.embedding.tbe_batches import random_batches, train_step, unchecked_module
@@ -199,7 +199,7 @@ def test_training_step_reads_nothing_from_the_device(optimizer, pooling, dims, m
         with forbid_host_syncs(allow={CPU_ONLY_READ}):
             train_step(module, batch, extra)
     assert int(module.insert_failures) == 0
-    assert int(module.table.size().sum()) > 0
+    assert int(module.rows.hash_table.size().sum()) > 0
 
 
 def test_the_proxy_catches_a_read(monkeypatch):

@@ -84,7 +84,7 @@ def test_debug_mode_catches_a_table_id_out_of_range_on_cuda(monkeypatch):
 def test_segmented_unique_opcheck(device):
     """The op's schema, its fake kernel against the real one, and tracing."""
     from dynamicemb.embedding.unique import PAD_KEY
-    from dynamicemb.table._native import ops
+    from dynamicemb.table import ops
 
     keys = torch.tensor([5, 3, 5, 9, 3, 5, 2**40], device=device)
     tables = torch.tensor([1, 0, 1, 1, 1, 0, 2], device=device)

@@ -1720,7 +1720,13 @@ def fuzz_module(draw):
     desc = f"forward({desc2}) pooling={pooling.name} strategy={kw['score_strategy'].name} F={nf}"
 
     def state():
-        return [m.table.keys, m.table.scores, m.table.counters, m.values, torch.tensor(m.step)]
+        return [
+            m.rows.hash_table.keys,
+            m.rows.hash_table.scores,
+            m.rows.hash_table.counters,
+            m.values,
+            torch.tensor(m.step),
+        ]
 
     def call():
         return m(**args2)

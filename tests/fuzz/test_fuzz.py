@@ -69,7 +69,7 @@ def test_every_generated_call_is_refused_by_name_or_equals_the_model(tmp_path):
 def test_every_generated_call_on_cuda_is_refused_by_name_or_equals_the_model(tmp_path):
     if not torch.cuda.is_available():
         pytest.skip("no CUDA device")
-    from dynamicemb.table._native import extension
+    from dynamicemb.table import extension
 
     if not extension().cuda_built():
         pytest.skip("dynamicemb built without CUDA")

@@ -1,6 +1,8 @@
 """Smoke test of the main job (examples/train_dlrm.py): a short run on the CPU
 with two gloo processes, checked through the summary it writes."""
 
+import re
+
 import pytest
 import torch
 import train_dlrm  # examples/train_dlrm.py (pyproject: pytest pythonpath)
@@ -36,8 +38,32 @@ def test_loss_falls(run):
 def test_throughput_numbers(run):
     s, _ = run
     assert s["seconds"] > 0
+    assert s["start_step"] == 0 and s["steps_run"] == STEPS and s["resumed"] is None
     assert s["steps_per_s"] == pytest.approx(STEPS / s["seconds"])
     assert s["examples_per_s"] == pytest.approx(STEPS * BATCH * WORLD_SIZE / s["seconds"])
+    assert s["checkpoints"] == [] and s["checkpoint_seconds"] == 0
+    assert s["data"] == {"source": "generated", "seed": 0, "alpha": 1.05}
+
+
+def test_progress_lines_have_rates_and_time_left(run):
+    """On a pipe, a line every tenth of the run: steps/s, examples/s and an
+    ETA that agree with each other and reach 0 at the end."""
+    _, text = run
+    lines = [x for x in text.splitlines() if re.match(r"train +\d+/", x)]
+    assert len(lines) >= 9, text[-3000:]
+    pattern = (
+        r"train +(\d+)/(\d+) \( *\d+%\) ([\d.]+) steps/s, ([\d,]+) examples/s, "
+        r"ETA (\d+):(\d\d):(\d\d), loss [\d.]+"
+    )
+    for line in lines:
+        m = re.fullmatch(pattern, line)
+        assert m, line
+        done, total, rate, examples = int(m[1]), int(m[2]), float(m[3]), int(m[4].replace(",", ""))
+        eta = int(m[5]) * 3600 + int(m[6]) * 60 + int(m[7])
+        assert total == STEPS
+        assert examples == pytest.approx(rate * BATCH * WORLD_SIZE, rel=0.02, abs=1)
+        assert eta == pytest.approx((STEPS - done) / rate, abs=1)
+    assert lines[-1].startswith(f"train {STEPS:>6}/{STEPS} (100%)") and "ETA 0:00:00" in lines[-1]
 
 
 def test_table_counters(run):

@@ -79,11 +79,13 @@ def test_training_step_syncs_as_often_with_metrics_as_without():
         for sm in rm.scope_metrics
         for m in sm.metrics
     }
-    counters = measured.table.counters.cpu()
+    counters = measured.rows.hash_table.counters.cpu()
     for t in range(2):
         name = f"table_{t}"
         assert points["dynamicemb.table.usage"][name] == int(counters[t, 0])
-        assert points["dynamicemb.table.inserts"][name] == int(measured.table.counter("INSERTS")[t])
+        assert points["dynamicemb.table.inserts"][name] == int(
+            measured.rows.hash_table.counter("INSERTS")[t]
+        )
         assert points["dynamicemb.memory.usage"][name] > 0
     provider.shutdown()
 

@@ -124,7 +124,7 @@ def test_figures_equal_the_tables(reader):
         "dynamicemb.cache.hits",
         "dynamicemb.cache.misses",
     }
-    counters = module.table.counters
+    counters = module.rows.hash_table.counters
     lookups = [sum(x) for x in zip(*[_distinct_per_table(k, o) for k, o in batches])]
     # Every tensor the module's storage holds (the hash table's state and the
     # rows; all host memory on the CPU).
@@ -133,12 +133,12 @@ def test_figures_equal_the_tables(reader):
         sum(
             x.nbytes
             for x in (
-                module.table.keys,
-                module.table.digests,
-                module.table.scores,
-                module.table.info,
-                module.table.counters,
-                module.table.free_rows,
+                module.rows.hash_table.keys,
+                module.rows.hash_table.digests,
+                module.rows.hash_table.scores,
+                module.rows.hash_table.info,
+                module.rows.hash_table.counters,
+                module.rows.hash_table.free_rows,
             )
         )
         + rows.seg0.nbytes
@@ -153,11 +153,11 @@ def test_figures_equal_the_tables(reader):
         assert got["dynamicemb.table.lookups"][_key(name)] == lookups[t]
         inserts = got["dynamicemb.table.inserts"][_key(name)]
         evictions = got["dynamicemb.table.evictions"][_key(name)]
-        assert inserts == int(module.table.counter("INSERTS")[t])
-        assert evictions == int(module.table.counter("EVICTIONS")[t])
+        assert inserts == int(module.rows.hash_table.counter("INSERTS")[t])
+        assert evictions == int(module.rows.hash_table.counter("EVICTIONS")[t])
         assert inserts - evictions == size
         assert got["dynamicemb.table.insert_failures"][_key(name)] == int(
-            module.table.counter("INSERT_FAILURES")[t]
+            module.rows.hash_table.counter("INSERT_FAILURES")[t]
         )
         # The vocabulary is far larger than the tables: they fill and evict.
         assert size == 256 and evictions > 0
@@ -251,7 +251,7 @@ def test_rows_held_of_a_cached_table_count_the_rows_in_its_cache(reader):
     for keys, offsets in batches:
         seen = _keys_per_table(keys, offsets, seen)
     got = _collect(r)["dynamicemb.table.usage"]
-    host = module.table.size().tolist()
+    host = module.rows.hash_table.size().tolist()
     for t in range(TABLES):
         assert got[_key(f"table_{t}")] == len(seen[t])
         assert host[t] < len(seen[t])  # the host table alone misses the cached rows
@@ -319,17 +319,17 @@ def test_counters_stay_monotonic_while_tables_grow(reader, options):
 
     # Every table operation, the rebuild's re-insert included, is followed by
     # a collection, as a scrape on another thread could be.
-    run = module.table._run
+    run = module.rows.hash_table._run
 
     def run_and_read(*args, **kwargs):
         out = run(*args, **kwargs)
         read()
         return out
 
-    module.table._run = run_and_read
+    module.rows.hash_table._run = run_and_read
     _train(module, _batches(6, vocab=5000))
     read()
-    assert module.table.capacity(0) > 2 * (options["init"])  # the tables grew
+    assert module.rows.hash_table.capacity(0) > 2 * (options["init"])  # the tables grew
     assert len(readings) > 8
     for key in readings[-1]:
         for col in ("INSERTS", "EVICTIONS", "INSERT_FAILURES"):
@@ -339,7 +339,7 @@ def test_counters_stay_monotonic_while_tables_grow(reader, options):
         assert lookups == sorted(lookups)
         assert all(r[key].counters["SIZE"] <= r[key].limit for r in readings)
     if "max_load_factor" in options:
-        assert int(module.table.counter("EVICTIONS").sum()) > 0
+        assert int(module.rows.hash_table.counter("EVICTIONS").sum()) > 0
 
 
 def _scrape(port):
@@ -376,12 +376,12 @@ def test_prometheus_endpoint():
     for t in range(TABLES):
         name = f"table_{t}"
         assert value("dynamicemb_table_evictions_total", name) == int(
-            module.table.counter("EVICTIONS")[t]
+            module.rows.hash_table.counter("EVICTIONS")[t]
         )
         assert value("dynamicemb_table_inserts_total", name) == int(
-            module.table.counter("INSERTS")[t]
+            module.rows.hash_table.counter("INSERTS")[t]
         )
-        assert value("dynamicemb_table_usage", name) == int(module.table.size()[t])
+        assert value("dynamicemb_table_usage", name) == int(module.rows.hash_table.size()[t])
 
 
 def test_serve_prometheus_global_once():

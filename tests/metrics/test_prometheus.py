@@ -75,7 +75,7 @@ def test_series_per_rank_and_collection(run):
         for s, _ in series
     }
     assert keys == {
-        ("sparse_arch", t, str(r)) for t in ("t_user", "t_item", "t_query") for r in range(2)
+        ("model.sparse_arch", t, str(r)) for t in ("t_user", "t_item", "t_query") for r in range(2)
     }
     lookups = _by_table(prom, _last("dynamicemb_table_lookups_total"), end)
     inserts = _by_table(prom, _last("dynamicemb_table_inserts_total"), end)

@@ -133,8 +133,8 @@ def slot_keys(model) -> dict[str, torch.Tensor]:
     for k in c.kernels(model):
         emb = k.emb_module
         for t, name in enumerate(k.table_names):
-            lo, hi = emb.table.slot_range(t)
-            out[name] = emb.table.keys[lo:hi].cpu().clone()
+            lo, hi = emb.rows.hash_table.slot_range(t)
+            out[name] = emb.rows.hash_table.keys[lo:hi].cpu().clone()
     return out
 
 

@@ -73,7 +73,7 @@ def _dump_contents(rank, world):
             rows = _row({"t0": now}, "t0", keys.sort().values)
             order = torch.argsort(keys)
             assert torch.equal(delta.values[0][order], rows["emb"])
-            sd = emb.state_dim(0)
+            sd = emb.rows.state_dim(0)
             if sd:
                 assert torch.equal(delta.optimizer_states[0][order], rows["opt"])
                 assert delta.optimizer_states[0].shape[1] == sd
@@ -86,8 +86,8 @@ def _dump_contents(rank, world):
                     assert (user[:, j] >= 0).all()
             assert torch.equal(delta.scores[0][order], user), cs.name
             # Slots: where the keys sit in the table.
-            lo, hi = emb.table.slot_range(0)
-            assert torch.equal(emb.table.keys[lo:hi][meta["slot_index"]].cpu(), keys)
+            lo, hi = emb.rows.hash_table.slot_range(0)
+            assert torch.equal(emb.rows.hash_table.keys[lo:hi][meta["slot_index"]].cpu(), keys)
             assert meta["sequence"] == step + 1
             assert meta["current_capacity"] == hi - lo
             assert meta["row_capacity"] == (hi - lo,)
@@ -127,11 +127,11 @@ def _refusals(rank, world):
         with pytest.raises(ValueError, match=msg):
             incremental_dump(model, bad)
     emb = c.kernels(model)[0].emb_module
-    assert emb.delta_sequence == [0, 0]
+    assert emb.rows.delta_sequence == [0, 0]
     # A dict dumps the tables it names only: only their sequence moves.
     delta = incremental_dump(model, {"coll": {"t1": 0}})[r.COLL]
     assert delta.table_names == ["t1"]
-    assert emb.delta_sequence == [0, 1]
+    assert emb.rows.delta_sequence == [0, 1]
     return True
 
 
@@ -157,7 +157,7 @@ def _content(rank, world, device_type):
     replay_increment(replica, deltas[0])
     before = c.contents(replica)["t0"]
     emb = c.kernels(replica)[0].emb_module
-    t0 = int(emb.table.timer().item())
+    t0 = int(emb.rows.hash_table.timer().item())
     stats = replay_increment(replica, deltas[1], ReplayContent.EMBEDDING_ONLY)
     s = stats[r.COLL]["t0"]
     assert s.upserted == deltas[1][r.COLL].keys[0].numel() and s.skipped == 0
@@ -180,10 +180,10 @@ def _content(rank, world, device_type):
         assert int(after["scores"][i, 0]) >= t0
     # By key, with everything: scores are the source's ages on this clock.
     other = c.build(r.replica_case(cs), world)
-    t0 = int(c.kernels(other)[0].emb_module.table.timer().item())
+    t0 = int(c.kernels(other)[0].emb_module.rows.hash_table.timer().item())
     for d in deltas:
         replay_by_key(other, d)
-    t1 = int(c.kernels(other)[0].emb_module.table.timer().item())
+    t1 = int(c.kernels(other)[0].emb_module.rows.hash_table.timer().item())
     got = c.contents(other)["t0"]
     assert torch.equal(got["opt"], final["opt"])
     last = deltas[1][r.COLL]

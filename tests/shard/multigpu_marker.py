@@ -12,7 +12,7 @@ def gpu_count() -> int:
     """Visible CUDA devices, 0 when dynamicemb has no CUDA kernels."""
     if not torch.cuda.is_available():
         return 0
-    from dynamicemb.table._native import extension
+    from dynamicemb.table import extension
 
     return torch.cuda.device_count() if extension().cuda_built() else 0
 

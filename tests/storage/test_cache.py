@@ -94,13 +94,13 @@ def test_checkpoint_rows_cover_both_tiers_each_key_once():
     train(reference, data)
     for t in range(2):
         got = {}
-        for rows in m.export_rows(t, 37):
+        for rows in m.rows.export_rows(t, 37):
             for k, e, s in zip(rows.keys.tolist(), rows.embeddings, rows.optimizer_state):
                 assert k not in got
                 got[k] = (e, s)
         want = {
             k: (e, s)
-            for rows in reference.export_rows(t, 1 << 20)
+            for rows in reference.rows.export_rows(t, 1 << 20)
             for k, e, s in zip(rows.keys.tolist(), rows.embeddings, rows.optimizer_state)
         }
         assert set(got) == set(want)
@@ -117,7 +117,7 @@ def test_imported_rows_replace_cached_copies():
     assert k.numel() == 5
     emb = torch.full((5, 8), 0.25)
     scores = torch.ones(5, 1, dtype=torch.int64)
-    stored = m.import_rows(0, k, scores, emb, None)
+    stored = m.rows.import_rows(0, k, scores, emb, None)
     assert bool(stored.all())
     found, rows, _ = m.storage.read_rows(k, torch.zeros_like(k))
     assert bool(found.all()) and torch.equal(rows[:, :8], emb)
@@ -131,7 +131,7 @@ def test_the_last_tier_records_the_keys_it_evicts(mode):
     train(m, data)
     (evicted,) = m.pop_evicted_keys()
     seen = seen_keys(data, [0])[0]
-    held = {int(k) for rows in m.export_rows(0, 1 << 20) for k in rows.keys}
+    held = {int(k) for rows in m.rows.export_rows(0, 1 << 20) for k in rows.keys}
     assert evicted.numel() > 0
     assert set(evicted.tolist()) <= seen
     # A key in the system now may have been evicted earlier and come back;

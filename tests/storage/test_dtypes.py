@@ -71,5 +71,5 @@ def test_optimizer_state_stays_float32(dtype):
     # the storage dtype cannot hold exactly.
     v = state[:, 8:16]
     assert not torch.equal(v, v.to(dtype).float())
-    rows = next(iter(m.export_rows(0, 1 << 20)))
+    rows = next(iter(m.rows.export_rows(0, 1 << 20)))
     assert rows.embeddings.dtype == dtype and rows.optimizer_state.dtype == torch.float32

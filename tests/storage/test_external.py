@@ -111,7 +111,7 @@ def test_a_wrong_export_is_refused_naming_the_method():
     train(m, batches(4, 2))
     m.purge()
     with pytest.raises(TypeError, match=r"_WrongExport\.export_batches must yield"):
-        list(m.export_rows(0, 100))
+        list(m.rows.export_rows(0, 100))
 
 
 def test_options_take_the_class_not_an_instance():

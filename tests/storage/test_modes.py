@@ -94,7 +94,7 @@ def test_compound_scores_travel_with_the_keys_between_the_tiers():
     for t in range(2):
         want = {
             int(k): int(s[1])
-            for rows in reference.export_rows(t, 1 << 20)
+            for rows in reference.rows.export_rows(t, 1 << 20)
             for k, s in zip(rows.keys, rows.scores)
         }
         got = {

@@ -208,8 +208,9 @@ def test_find_gather_of_fused_no_eviction_tables_reads_each_tables_rows(device):
     ids=["forty_on_one_row", "held", "resident_ignored_then_twice", "repeat_is_one_key", "range"],
 )
 def test_the_checked_python_path_gives_the_cpu_kernels_verdict(existing, keys, tables, rows):
-    """CUDA tables check assigned rows in Python (validate=True); the CPU
-    kernel checks them itself. Both refuse the same calls, in the same words."""
+    """CUDA tables check assigned rows before the run (validate=True), with
+    the table_check_rows op on host copies; the CPU kernel checks them inside
+    table_run. Both refuse the same calls, in the same words."""
     t = _two_small_tables("cpu")
     for k, tid, row in existing:
         t.insert(i64([k]), i64([tid]), scores=i64([[row]]), assign_rows=True)

@@ -115,7 +115,7 @@ def plain_tensors(model) -> list[dict[str, torch.Tensor]]:
     for kernel in dynamic_embedding_kernels(model):
         emb = kernel.emb_module
         for t in range(len(kernel.table_names)):
-            parts = list(emb.export_rows(t, 1 << 22))
+            parts = list(emb.rows.export_rows(t, 1 << 22))
             out.append(
                 {
                     "keys": torch.cat([p.keys for p in parts]),
@@ -141,7 +141,7 @@ def timed(fn, device) -> float:
 
 
 def torch_save(tables, folder, fsync: bool) -> None:
-    from dynamicemb.checkpoint.files import fsync_path
+    from dynamicemb.io.files import fsync_path
 
     for i, t in enumerate(tables):
         name = os.path.join(folder, f"t{i}.pt")
@@ -188,7 +188,7 @@ def load_into_fresh(args, device: torch.device, ckpt: str, stored: int) -> float
 
     fresh = build(args, device)
     seconds = timed(lambda: load(ckpt, fresh, optim=True, show_progress=args.progress), device)
-    loaded = sum(int(k.emb_module.table.size().sum()) for k in dynamic_embedding_kernels(fresh))
+    loaded = sum(sum(k.emb_module.rows.sizes()) for k in dynamic_embedding_kernels(fresh))
     assert loaded == stored, (loaded, stored)
     return seconds
 

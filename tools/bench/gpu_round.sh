@@ -2,7 +2,7 @@
 # One device round: build and run the GPU tests, then the embedding and table
 # benchmarks, writing each output to $OUT (default: .gpu_round/) as well.
 #
-#   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|multigpu|checkpoint|metrics|storage|replication|sharded|soak|wheel]...
+#   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|multigpu|checkpoint|metrics|storage|replication|sharded|soak|wheel|resume]...
 #   (default: tests, embedding, table, admission)
 #
 # storage: the `gpu` tests of tests/storage, then tools/bench/storage_dmp_bench.py
@@ -59,6 +59,13 @@
 # sharded_{ec,ebc}_{1,N}gpu.txt and .json. Timeouts: SHARDED_TESTS_TIMEOUT
 # (240), SHARDED_BENCH_TIMEOUT (240 per run); SHARDED_BENCH_ARGS replaces the
 # step counts.
+#
+# resume: the main job under torchrun on every visible GPU (NCCL), checkpointing
+# every 100 of RESUME_STEPS (400) steps, once uninterrupted and once with rank 0
+# SIGKILLed in step 250 and restarted by torchrun (--max-restarts 1 --resume);
+# then the two final checkpoints compared part by part (bit for bit, or the
+# largest difference). Writes $OUT/resume.txt (runs in resume_{ref,run}.txt);
+# RESUME_TIMEOUT (300) per run.
 #
 # metrics: the metrics' GPU tests (`pytest -m gpu tests/metrics`: no more
 # synchronizations in a training step with metrics than without) and the train
@@ -165,6 +172,50 @@ PYEOF
   echo "main job: $(status_word $rc "${MG_TRAIN_TIMEOUT:-60}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
   grep -E '^(DLRM on|trained|train loss|eval )' "$OUT/multigpu_train.txt" | tee -a "$sum"
   [ $rc -ne 0 ] && grep -v "registered at\|backend fallback" "$OUT/multigpu_train.txt" | tail -15
+  return 0
+}
+
+resume_part() {
+  local sum="$OUT/resume.txt" rc t0 gpus run extra
+  : > "$sum"
+  build_cuda "$sum" || return
+  gpus=$("$PY" -c "import torch; print(torch.cuda.device_count())")
+  rm -rf "$OUT/resume_ref" "$OUT/resume_run"
+  for run in ref run; do
+    extra=()
+    [ "$run" = run ] && extra=(--resume --crash-at step:250:0)
+    t0=$(date +%s)
+    timeout -k 10 "${RESUME_TIMEOUT:-300}" "$PY" -m torch.distributed.run --standalone \
+      --nproc-per-node "$gpus" --max-restarts 1 examples/train_dlrm.py --device cuda \
+      --steps "${RESUME_STEPS:-400}" --checkpoint-every 100 --checkpoint-dir "$OUT/resume_$run" \
+      --summary-json "$OUT/resume_$run.json" "${extra[@]}" > "$OUT/resume_$run.txt" 2>&1
+    rc=$?
+    echo "$run: $(status_word $rc "${RESUME_TIMEOUT:-300}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+    grep -E '^(DLRM on|resumed from|rank .*SIGKILL|trained|train loss|eval )' "$OUT/resume_$run.txt" \
+      | tee -a "$sum"
+    [ $rc -ne 0 ] && grep -v "registered at\|backend fallback" "$OUT/resume_$run.txt" | tail -15
+  done
+  "$PY" - "$OUT" "${RESUME_STEPS:-400}" <<'PYEOF' 2>&1 | grep -v "Warning\|warn(" | tee -a "$sum"
+import os, sys, tempfile
+sys.path[:0] = ["examples", "tests/main_job"]
+import job_harness as j, torch, train_checkpoint as tc
+out, steps = sys.argv[1], int(sys.argv[2])
+with tempfile.TemporaryDirectory() as tmp:
+    a, b = (j.read_checkpoint(tc.step_dir(os.path.join(out, f"resume_{r}"), steps), tmp) for r in ("ref", "run"))
+def gap(x, y):
+    """None when equal bit for bit, else the largest difference."""
+    x, y = torch.as_tensor(x), torch.as_tensor(y)
+    if x.shape != y.shape:
+        return float("inf")
+    return None if torch.equal(x, y) else float((x.double() - y.double()).abs().max())
+def line(what, pairs):
+    gaps = [g for g in (gap(x, y) for x, y in pairs) if g is not None]
+    print(f"{what}: " + (f"all {len(pairs)} equal" if not gaps else f"{len(gaps)} of {len(pairs)} differ, max |diff| {max(gaps):.3g}"))
+for name, t in a["tables"].items():
+    line(f"table {name} (keys, emb, opt, scores)", [(t[c], b["tables"][name][c]) for c in ("keys", "emb", "opt", "scores")])
+line("torchrec tensors", [(v, b["torchrec"][k]) for k, v in a["torchrec"].items()])
+line("dense optimizer state", [(v, b["dense_optim"][k]) for k, v in a["dense_optim"].items()])
+PYEOF
   return 0
 }
 
@@ -292,6 +343,9 @@ for part in "${parts[@]}"; do
       ;;
     sharded)
       sharded_part
+      ;;
+    resume)
+      resume_part
       ;;
     storage)
       storage_part

@@ -73,7 +73,7 @@ def stored_keys(model) -> torch.Tensor:
     from dynamicemb.shard import dynamic_embedding_kernels
 
     (kernel,) = dynamic_embedding_kernels(model)
-    return torch.cat([p.keys for p in kernel.emb_module.export_rows(0, 1 << 22)])
+    return torch.cat([p.keys for p in kernel.emb_module.rows.export_rows(0, 1 << 22)])
 
 
 def same_rows(a, b) -> bool:
@@ -81,8 +81,8 @@ def same_rows(a, b) -> bool:
 
     (ka,) = dynamic_embedding_kernels(a)
     (kb,) = dynamic_embedding_kernels(b)
-    pa = list(ka.emb_module.export_rows(0, 1 << 22))
-    pb = list(kb.emb_module.export_rows(0, 1 << 22))
+    pa = list(ka.emb_module.rows.export_rows(0, 1 << 22))
+    pb = list(kb.emb_module.rows.export_rows(0, 1 << 22))
     keys_a, keys_b = torch.cat([p.keys for p in pa]), torch.cat([p.keys for p in pb])
     ea, eb = torch.cat([p.embeddings for p in pa]), torch.cat([p.embeddings for p in pb])
     oa, ob = torch.argsort(keys_a), torch.argsort(keys_b)

@@ -570,7 +570,7 @@ def dynamic_table_stats(model) -> torch.Tensor:
 
     held = evictions = failures = 0
     for kernel in dynamic_embedding_kernels(model):
-        table = kernel.emb_module.table
+        table = kernel.emb_module.rows.hash_table
         held += int(table.size().sum())
         evictions += int(table.counter("EVICTIONS").sum())
         failures += int(table.counter("INSERT_FAILURES").sum())

@@ -1,10 +1,10 @@
-"""The collectives a dump or load needs, over the sharding's process group.
+"""The collectives a transfer of rows needs, over the sharding's process group.
 
 A world of one (no process group, or a group of one rank) needs none, so a
 single process can dump and load without ``torch.distributed``. Failures are
 agreed on: ``agree`` raises on every rank when any rank failed, with the
-failing rank's message, so that no rank waits in a collective for one that
-gave up.
+failing rank's message (as the group's ``error`` class on the ranks that did
+not fail), so that no rank waits in a collective for one that gave up.
 """
 
 from typing import Any
@@ -12,11 +12,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dynamicemb.checkpoint.layout import CheckpointError
+from dynamicemb.io.files import DataError, ErrorType
 
 
 class Group:
-    def __init__(self, pg: dist.ProcessGroup | None) -> None:
+    """The ranks of a process group (None: the default group, or a world of
+    one without ``torch.distributed``); ``error``: what ``agree`` raises on
+    the ranks that did not fail themselves."""
+
+    def __init__(self, pg: dist.ProcessGroup | None, error: ErrorType = DataError) -> None:
+        self.error = error
         if pg is None and dist.is_available() and dist.is_initialized():
             pg = dist.group.WORLD
         self.pg = pg
@@ -71,7 +76,7 @@ class Group:
         if error is not None:
             raise error
         rank = next(r for r, m in enumerate(messages) if m is not None)
-        raise CheckpointError(f"rank {rank} failed: {messages[rank]}")
+        raise self.error(f"rank {rank} failed: {messages[rank]}")
 
     def exchange(self, data: torch.Tensor, dest: torch.Tensor) -> torch.Tensor:
         """Sends row i of ``data`` ((n, k) uint8, CPU) to rank ``dest[i]``;

@@ -1,0 +1,508 @@
+"""``TableRows``: the rows of a module's fused tables, for the packages above it.
+
+Checkpoints, replication and metrics reach a table's rows through this one
+object, ``BatchedDynamicEmbeddingTablesV2.rows``, never through the training
+module: it is built by the module from its storage, row layout and score
+strategies, and reads the training step and the CUSTOMIZED scores from the
+module through ``ScoreClock`` (the three names a clock has).
+
+What it offers, one table at a time:
+
+* checkpoints: keys, score columns in ``score_strategy`` order, embeddings (at
+  ``embedding_dtype``) and optimizer state (float32) over every tier of the
+  storage (``export_rows``, ``import_rows``, ``clear_tables``,
+  ``reserve_rows``, ``snapshot`` / ``restore``), the row size of an export
+  (``export_row_bytes``) and the stored keys per table (``sizes``);
+* replication: in the storage's hash tier (``TableStorage.hash_tier``: the
+  table holding every key, other tiers written back first, emptied before a
+  write), rows past a score threshold with their slots (``export_changed``),
+  writes at given slots (``place_rows``) or by key (``upsert_rows``),
+  removals (``erase_rows``), and the scores of the next forward pass
+  (``current_score``, ``fresh_scores``); score words are in the table's
+  internal column order there (``score_columns`` maps the user's);
+* metrics: the device counters of the last tier's hash table
+  (``counters``), its capacities (``capacity``, ``limit``), the module's
+  per-table ``stats`` and the bytes each table holds (``memory_per_table``).
+
+An external storage (``external_storage``) serves what the ``Storage``
+interface allows (checkpoints); the rest raises ``NotImplementedError``
+naming the operation and the storage.
+"""
+
+from collections.abc import Iterator, Sequence
+from typing import Any, Protocol
+
+import torch
+
+from dynamicemb._checks import as_int, as_tensor
+from dynamicemb.dynamicemb_config import (
+    OPTIMIZER_STATE_DTYPE,
+    DynamicEmbScoreStrategy,
+    DynamicEmbTableOptions,
+)
+from dynamicemb.embedding.stats import TableStats
+from dynamicemb.storage import ExportedRows, RowInit, RowLayout, TableStorage
+from dynamicemb.storage.scores import table_score_columns
+from dynamicemb.table import ScoredHashTable, enums
+from dynamicemb.types import MemoryType, MultiTableAdmitter
+
+S = DynamicEmbScoreStrategy
+
+# Bytes of an int64 (keys, slots, score words) in an exported row.
+_INT64_BYTES = 8
+
+
+class ScoreClock(Protocol):
+    """What the rows read from their module: the training step (set by a
+    checkpoint load) and the CUSTOMIZED scores."""
+
+    step: int
+
+    def get_custom_score(self, table: int) -> int | None: ...
+
+    def set_score(self, score: int, tables: Sequence[int] | None = None) -> None: ...
+
+
+class TableRows:
+    """The rows of the fused tables of one module (see the module docstring).
+
+    Args:
+        storage (TableStorage): where the rows live.
+        layout (RowLayout): the rows' format.
+        options (Sequence[DynamicEmbTableOptions]): one per table.
+        strategies (tuple): the tables' score strategies (one tuple for all).
+        row_init (RowInit): the module's new rows.
+        clock (ScoreClock): the module's step and CUSTOMIZED scores.
+        device (torch.device): where the module computes.
+        score_function: the tables' victim score function, or None.
+        optimizer_name (str or None): the optimizer whose state the rows carry.
+        admitter (MultiTableAdmitter, optional): the tables' admitter.
+        stats (TableStats): the module's per-table counters.
+    """
+
+    def __init__(
+        self,
+        storage: TableStorage,
+        layout: RowLayout,
+        options: Sequence[DynamicEmbTableOptions],
+        strategies: tuple,
+        row_init: RowInit,
+        clock: ScoreClock,
+        device: torch.device,
+        score_function: Any,
+        optimizer_name: str | None,
+        admitter: MultiTableAdmitter | None,
+        stats: TableStats,
+    ) -> None:
+        self.storage = storage
+        self.layout = layout
+        self.options = list(options)
+        self.strategies = strategies
+        self.no_eviction = S.NO_EVICTION in strategies
+        self.dims = list(layout.dims)
+        self.device = device
+        self.score_function = score_function
+        self.optimizer_name = optimizer_name
+        self.training_state = bool(self.options[0].training)
+        self.admitter = admitter
+        self.stats = stats
+        self._row_init = row_init
+        self._clock = clock
+        # Replication: the sequence number of the last delta each table's
+        # contents reflect (dumped or replayed; None: unknown, loaded from a
+        # checkpoint that does not record it).
+        self.delta_sequence: list[int | None] = [0] * len(self.options)
+
+    # ---------------------------------------------------------- the tables --
+
+    @property
+    def num_tables(self) -> int:
+        return len(self.options)
+
+    @property
+    def step(self) -> int:
+        """The module's training step (a checkpoint records and restores it)."""
+        return self._clock.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._clock.step = int(value)
+
+    def set_score(self, table: int, score: int) -> None:
+        """CUSTOMIZED: the score ``table``'s keys get in the next forward passes."""
+        self._clock.set_score(score, [table])
+
+    @property
+    def value_dtype(self) -> torch.dtype:
+        """dtype the embeddings are stored (and exported) at."""
+        return self.layout.dtype
+
+    @property
+    def optim_state_dtype(self) -> torch.dtype:
+        """dtype the optimizer state is stored (and exported) at: float32."""
+        return OPTIMIZER_STATE_DTYPE
+
+    @property
+    def num_scores(self) -> int:
+        """Score words of a stored key (NO_EVICTION: one, the row)."""
+        return len(self.strategies)
+
+    def state_dim(self, table: int) -> int:
+        """Optimizer-state elements of one row of ``table`` (0 in eval mode)."""
+        return self.layout.state_dims[table]
+
+    def score_columns(self) -> list[int] | None:
+        """For each score column in ``score_strategy`` tuple order, the table
+        score word holding it; None under NO_EVICTION (whose word is a row)."""
+        return None if self.no_eviction else table_score_columns(self.strategies)
+
+    def export_row_bytes(self, table: int, optim: bool = True, slots: bool = False) -> int:
+        """Bytes of one exported row of ``table``: its key, embedding (at
+        ``value_dtype``), optimizer state when ``optim`` (at
+        ``optim_state_dtype``), score words, and its slot when ``slots``."""
+        state = self.state_dim(table) * self.optim_state_dtype.itemsize if optim else 0
+        ints = 1 + self.num_scores + (1 if slots else 0)
+        return ints * _INT64_BYTES + self.dims[table] * self.value_dtype.itemsize + state
+
+    def sizes(self) -> list[int]:
+        """Keys stored per table, in any tier (reads the device)."""
+        return self.storage.sizes()
+
+    def admission_counter(self):
+        """The admission ``Counter`` holding the tables' counts (the admitter's
+        ``state()``), or None."""
+        return None if self.admitter is None else self.admitter.state()
+
+    # -------------------------------------------------------- checkpoints --
+
+    def export_rows(self, table: int, chunk: int) -> Iterator[ExportedRows]:
+        """The stored keys of ``table`` and their rows, ``chunk`` keys or fewer
+        at a time. Reads each chunk's count (synchronizes)."""
+        return self.storage.export_rows(table, chunk)
+
+    def import_rows(self, table: int, keys, scores, embeddings, optimizer_state) -> torch.Tensor:
+        """Stores keys with their rows in ``table``: as ``ExportedRows`` hold
+        them (``scores`` None under NO_EVICTION; ``optimizer_state`` None
+        gives the optimizer's initial state). A key whose home bucket is full
+        fails, and is not counted as a training insert failure. Returns (n)
+        bool, the keys stored."""
+        table_ = self._last_table()
+        col = int(enums.CounterCol.INSERT_FAILURES)
+        failures = None if table_ is None else table_.counters[:, col].clone()
+        stored = self.storage.import_rows(
+            table, keys, scores, embeddings, optimizer_state, self._row_init
+        )
+        if table_ is not None:
+            self._last_table().counters[:, col] = failures
+        return stored
+
+    def clear_tables(self, tables: Sequence[int]) -> None:
+        """Erases every key of ``tables`` from every tier."""
+        self.storage.clear_tables(tables)
+
+    def reserve_rows(self, table: int, incoming: int) -> None:
+        """Expands ``table`` for ``incoming`` more keys, as a training insert would."""
+        self.storage.reserve_rows(table, incoming)
+
+    def snapshot(self) -> dict[str, Any]:
+        """A copy of everything a load may change, for ``restore`` (the
+        storage's tables and rows, rows in host memory; the step and the
+        delta sequences)."""
+        return {
+            "storage": self.storage.snapshot(),
+            "step": self.step,
+            "delta_sequence": list(self.delta_sequence),
+        }
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Puts back the state ``snapshot`` copied."""
+        self.storage.restore(snapshot["storage"])
+        self.step = snapshot["step"]
+        self.delta_sequence = list(snapshot["delta_sequence"])
+
+    # -------------------------------------------------------- replication --
+
+    def hash_tier(self, what: str, writing: bool = False):
+        """The storage's hash tier (``TableStorage.hash_tier``), for ``what``.
+
+        Raises:
+            NotImplementedError: the rows live in an external storage, naming
+                ``what`` and the storage.
+        """
+        try:
+            return self.storage.hash_tier(writing=writing)
+        except NotImplementedError:
+            raise self._unsupported(what) from None
+
+    def _table_index(self, table: Any) -> int:
+        table = as_int(table, "table")
+        if not 0 <= table < self.num_tables:
+            raise ValueError(f"table {table} is out of range [0, {self.num_tables})")
+        return table
+
+    def _row_access_args(self, table: Any, keys: Any, **tensors: Any) -> int:
+        """Checks the arguments of the row access methods before anything
+        changes: ``table`` a table index, ``keys`` a 1-D int64 tensor, each
+        other tensor (None: absent) with one row per key; none on the meta
+        device. Returns the table index."""
+        table = self._table_index(table)
+        as_tensor(keys, "keys", dtypes=(torch.int64,), dim=1)
+        for name, x in tensors.items():
+            if x is None:
+                continue
+            as_tensor(x, name)
+            if x.dim() == 0 or x.shape[0] != keys.numel():
+                raise ValueError(
+                    f"{name} must have one row per key ({keys.numel()}), got shape {tuple(x.shape)}"
+                )
+        return table
+
+    def layout_of(self, table: int) -> dict[str, Any]:
+        """What decides where ``table``'s keys sit: ``current_capacity``
+        (key-map slots, the modulus of the home bucket), ``row_capacity``
+        (value rows of the hash tier, as a one-tier tuple: the slots, or the
+        rows under NO_EVICTION), ``bucket_capacity`` and ``num_scores``."""
+        t = self.hash_tier("layout_of").table
+        rows = t.row_capacity(table) if self.no_eviction else t.capacity(table)
+        return {
+            "current_capacity": t.capacity(table),
+            "row_capacity": (rows,),
+            "bucket_capacity": t.bucket_capacity(table),
+            "num_scores": t.num_scores,
+        }
+
+    def delta_score_column(self) -> int:
+        """The internal score word an incremental dump thresholds: the
+        timestamp under a strategy with one, else word 0 (a STEP, CUSTOMIZED
+        or LFU score; the row under NO_EVICTION)."""
+        if S.TIMESTAMP in self.strategies:
+            return table_score_columns(self.strategies)[self.strategies.index(S.TIMESTAMP)]
+        return 0
+
+    def current_score(self, table: int) -> int:
+        """The score ``table``'s keys get in the next forward pass, the
+        reference point of the next incremental dump: the clock under
+        TIMESTAMP (one reading; synchronizes), the next step under STEP, the
+        score ``set_score`` set under CUSTOMIZED (0 before any), 0 under LFU
+        (a frequency has no clock), the next fresh row under NO_EVICTION."""
+        t = self.hash_tier("get_score").table
+        if S.TIMESTAMP in self.strategies:
+            return int(t.timer().item())
+        s = self.strategies[0]
+        if s == S.STEP:
+            return self.step + 1
+        if s == S.CUSTOMIZED:
+            return self._clock.get_custom_score(table) or 0
+        if s == S.NO_EVICTION:
+            return int(t.counters[table, enums.CounterCol.NEXT_ROW])
+        return 0
+
+    def fresh_scores(self, table: int, n: int) -> torch.Tensor:
+        """(n, num_scores) internal score words the next forward pass would
+        give new keys of ``table``: the clock, the next step, the CUSTOMIZED
+        score, one occurrence for LFU."""
+        t = self.hash_tier("replay").table
+        out = torch.zeros(n, t.num_scores, dtype=torch.int64, device=self.device)
+        for user_col, word in enumerate(table_score_columns(self.strategies)):
+            s = self.strategies[user_col]
+            if s == S.TIMESTAMP:
+                out[:, word] = t.timer()
+            elif s == S.LFU:
+                out[:, word] = 1
+            else:
+                out[:, word] = self.current_score(table)
+        return out
+
+    def timer(self) -> torch.Tensor:
+        """(1) int64: a reading of the clock the tables' TIMESTAMP scores use."""
+        table = self._last_table()
+        if table is None:
+            return self.hash_tier("timer").table.timer()
+        return table.timer()
+
+    def export_changed(self, table: int, chunk: int, threshold: int) -> Iterator[ExportedRows]:
+        """The keys of ``table`` whose ``delta_score_column`` word is at least
+        ``threshold``, with their rows, slots and score words, ``chunk`` slots
+        scanned at a time (each reads its count: synchronizes)."""
+        table = self._table_index(table)
+        chunk = as_int(chunk, "chunk", min=1)
+        threshold = as_int(threshold, "threshold")
+        hs = self.hash_tier("incremental_dump")
+        return hs.export_changed(table, chunk, self.delta_score_column(), threshold)
+
+    def check_place_rows(self, table: int, keys: torch.Tensor, slots: torch.Tensor) -> None:
+        """Raises what ``place_rows`` would for these keys and slots
+        (ValueError naming the first bad key or slot), changing nothing."""
+        table = self._row_access_args(table, keys, slots=slots)
+        t = self.hash_tier("replay_increment").table
+        lo, _ = t.slot_range(table)
+        keys = keys.to(self.device)
+        t.check_place(keys, slots.to(self.device) + lo, torch.full_like(keys, table))
+
+    def place_rows(
+        self,
+        table: int,
+        keys: torch.Tensor,
+        slots: torch.Tensor,
+        words: torch.Tensor,
+        embeddings: torch.Tensor,
+        optimizer_state: torch.Tensor | None,
+        checked: bool = False,
+    ):
+        """Writes keys with their rows at given slots of ``table`` (a replay
+        from a table of the same layout); the key that held a slot before is
+        displaced (``evicted`` of the result).
+
+        Args:
+            keys (torch.Tensor): (n) int64.
+            slots (torch.Tensor): (n) int64 slots in the table (0 ..
+                capacity - 1), each in its key's home bucket.
+            words (torch.Tensor): (n, num_scores) internal score words (under
+                NO_EVICTION word 0 is the key's row).
+            embeddings (torch.Tensor): (n, dim).
+            optimizer_state (torch.Tensor, optional): (n, state_dim(table));
+                None: a key that already held its slot keeps its state, the
+                others get the initial state.
+            checked (bool): ``check_place_rows`` passed for these already.
+
+        Returns:
+            InsertResult: the table's result.
+
+        Raises:
+            ValueError: a slot outside its key's home bucket (nothing changes).
+        """
+        table = self._row_access_args(
+            table,
+            keys,
+            slots=slots,
+            words=words,
+            embeddings=embeddings,
+            optimizer_state=optimizer_state,
+        )
+        hs = self.hash_tier("replay_increment", writing=True)
+        return hs.place(
+            table,
+            keys.to(self.device),
+            slots.to(self.device),
+            words.to(self.device),
+            embeddings,
+            optimizer_state,
+            self._row_init,
+            checked,
+        )
+
+    def upsert_rows(self, table: int, keys, words, embeddings, optimizer_state):
+        """Writes keys with their rows into ``table`` by this module's own
+        layout: a key held is updated in place, a new one is inserted
+        (growing a table that can grow, evicting the minimum of a full bucket
+        as a training insert would). ``words``: internal score words (None
+        under NO_EVICTION); ``optimizer_state`` as in ``place_rows``.
+
+        Returns:
+            (slots, status, evicted): as ``HashTableStorage.insert``.
+        """
+        table = self._row_access_args(
+            table, keys, words=words, embeddings=embeddings, optimizer_state=optimizer_state
+        )
+        hs = self.hash_tier("replay_by_key", writing=True)
+        return hs.upsert(
+            table,
+            keys.to(self.device),
+            None if words is None else words.to(self.device),
+            embeddings,
+            optimizer_state,
+            self._row_init,
+        )
+
+    def erase_rows(self, table: int, keys: torch.Tensor, record: bool = False) -> torch.Tensor:
+        """Removes keys from ``table`` (every tier); with ``record`` the keys
+        removed are kept for ``pop_erased``. Returns the (n) bool mask of the
+        keys that were held."""
+        table = self._row_access_args(table, keys)
+        keys = keys.to(self.device)
+        if not keys.numel():
+            return torch.zeros(0, dtype=torch.bool, device=self.device)
+        t = self.hash_tier("erase_keys", writing=True).table
+        return t.erase(keys, torch.full_like(keys, table), record=record)
+
+    def holds(self, table: int, keys: torch.Tensor) -> torch.Tensor:
+        """(n) bool: which keys ``table`` holds (in any tier)."""
+        table = self._row_access_args(table, keys)
+        keys = keys.to(self.device)
+        return self.storage.contains(keys, torch.full_like(keys, table))
+
+    def pop_erased(self, tables: Sequence[int] | None = None) -> list[torch.Tensor]:
+        """The keys ``erase_rows(record=True)`` removed since the last call,
+        per table, each once; clears them (only ``tables``, if given)."""
+        t = self.hash_tier("pop_erased_keys").table
+        return [torch.unique(k) for k in t.pop_erased_keys(tables)]
+
+    def pop_evicted_keys(self, tables: Sequence[int] | None = None) -> list[torch.Tensor]:
+        """Per table, the keys the storage's last tier evicted since the last
+        call (``evicted_item_mode=RETAIN_KEY``; empty otherwise)."""
+        return self.storage.pop_evicted_keys(tables)
+
+    # ------------------------------------------------------------ metrics --
+
+    def _last_table(self) -> ScoredHashTable | None:
+        """The hash table of the storage's last tier; None for an external
+        storage."""
+        backing = getattr(self.storage, "backing", self.storage)
+        return getattr(backing, "table", None)
+
+    @property
+    def hash_table(self) -> ScoredHashTable:
+        """The hash table of the storage's last tier, the one holding every
+        key (its counters, capacities and slots).
+
+        Raises:
+            NotImplementedError: the rows live in an external storage.
+        """
+        return self._table_for("hash_table")
+
+    def _table_for(self, what: str) -> ScoredHashTable:
+        """``hash_table``, for ``what``.
+
+        Raises:
+            NotImplementedError: the rows live in an external storage, which
+                no hash table of dynamicemb holds (naming ``what``).
+        """
+        table = self._last_table()
+        if table is None:
+            raise self._unsupported(what)
+        return table
+
+    def _unsupported(self, what: str) -> NotImplementedError:
+        """The error of an operation an external storage does not support."""
+        backing = getattr(self.storage, "backing", self.storage)
+        name = getattr(backing, "name", type(backing).__name__)
+        return NotImplementedError(
+            f"{what} is not supported for tables whose rows live in the external storage "
+            f"{name}: no dynamicemb hash table holds them"
+        )
+
+    def counters(self, what: str = "metrics") -> torch.Tensor:
+        """(num_tables, counter columns) int64 device counters of the last
+        tier's hash table (``CounterCol``: size, inserts, evictions, insert
+        failures, ...). A relayout replaces it whole."""
+        return self._table_for(what).counters
+
+    def capacity(self, table: int, what: str = "metrics") -> int:
+        """Slots of ``table``'s key map now."""
+        return self._table_for(what).capacity(table)
+
+    def limit(self, table: int, what: str = "metrics") -> int:
+        """Rows ``table`` can hold now (NO_EVICTION: its value rows; else its
+        slots)."""
+        t = self._table_for(what)
+        return t.row_capacity(table) if t.is_no_eviction(table) else t.capacity(table)
+
+    def memory_per_table(self, mem_type: MemoryType) -> list[int]:
+        """Bytes of ``mem_type`` memory each table holds in the storage's
+        tiers (its slots in the hash tables and its value rows) and its share
+        of the admitter's counter."""
+        out = self.storage.memory_per_table(mem_type)
+        per_table = getattr(self.admission_counter(), "memory_per_table", None)
+        if per_table is not None:
+            out = [a + b for a, b in zip(out, per_table(mem_type))]
+        return out

@@ -1,0 +1,374 @@
+"""Checkpoints of the main job (examples/train_dlrm.py): all a killed job
+needs to go on where it stopped, one folder per checkpoint, each published
+atomically.
+
+    <checkpoint-dir>/
+      step_00000120/       after 120 steps
+        tables/            the dynamic tables with their optimizer state and
+                           scores: DynamicEmbDump(optim=True) (docs/checkpoint.md)
+        torchrec/          torch.distributed.checkpoint (DCP) of the model's
+                           state_dict() (the dense parameters and TorchRec's
+                           static tables) and of the fused optimizer's state
+                           of the static tables
+        trainer.pt         the dense optimizer's state, every rank's RNG state,
+                           the loss history, the first evaluation, the data
+                           position
+        job.json           the manifest, written last: the step, the world
+                           size, the model and data the checkpoint belongs
+                           to, and the size and CRC-32s of trainer.pt and of
+                           every file in torchrec/
+
+Why two formats: the dynamic tables are hash tables, not tensors, so a
+state_dict() does not hold them; DynamicEmbDump writes them checksummed,
+verifies everything before a load changes a table, carries the admission
+counters, and reshards by key to any world size. The rest is what TorchRec
+and torch already checkpoint well: DCP reshards the static tables' sharded
+tensors, and saves a replicated dense tensor once.
+
+Publishing: every rank writes into ``step_<N>.dynamicemb-tmp-<token>``; when
+all have finished, rank 0 writes ``job.json`` (fsynced) and renames the
+folder to ``step_<N>`` (the library's ``make_tmp`` / ``write_manifest`` /
+``publish``). A folder is a checkpoint when its name is ``step_<N>`` and its
+``job.json`` is whole (its own checksum); anything else (a temporary folder
+of a killed job, a folder being pruned) is ignored, and removed by rank 0 at
+the next save. ``--keep K`` keeps the K newest checkpoints: an older one
+loses its ``job.json`` first, so a prune cut short leaves no folder that
+reads as a checkpoint. One job writes to a folder at a time; every rank must
+see it (a shared filesystem on several nodes).
+"""
+
+import io
+import os
+import re
+import shutil
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+FORMAT = "dynamicemb-train-job"
+VERSION = 1
+MANIFEST = "job.json"
+TABLES = "tables"
+TORCHREC = "torchrec"
+TRAINER = "trainer.pt"
+_STEP_DIR = re.compile(r"^step_(\d{8,})$")
+
+
+def _io():
+    """The library's verified files, atomic publishing and agreed collectives
+    (imported when first needed: they bring TorchRec in)."""
+    from dynamicemb.io import comm, files
+
+    return comm, files
+
+
+class JobError(RuntimeError):
+    """The job cannot start or go on as asked; nothing was changed."""
+
+
+def step_dir(root: str, step: int) -> str:
+    return os.path.join(root, f"step_{step:08d}")
+
+
+@dataclass(frozen=True)
+class Found:
+    """A complete checkpoint: its step, folder and manifest."""
+
+    step: int
+    path: str
+    manifest: dict[str, Any]
+
+
+def _manifest(folder: str) -> dict[str, Any] | None:
+    _, files = _io()
+    try:
+        return files.read_manifest(folder, MANIFEST, fmt=FORMAT, version=VERSION)
+    except (RuntimeError, OSError, ValueError):
+        return None  # not (yet, or any more) a checkpoint
+
+
+def complete(root: str) -> list[Found]:
+    """The complete checkpoints in ``root``, oldest first (reads only)."""
+    if not os.path.isdir(root):
+        return []
+    out = []
+    for name in sorted(os.listdir(root)):
+        m = _STEP_DIR.match(name)
+        path = os.path.join(root, name)
+        if m is None or not os.path.isdir(path):
+            continue
+        body = _manifest(path)
+        if body is not None and int(body["step"]) == int(m.group(1)):
+            out.append(Found(int(m.group(1)), path, body))
+    return sorted(out, key=lambda f: f.step)
+
+
+def _differences(want: Any, got: Any, where: str = "") -> list[str]:
+    """Where two JSON values differ, as "<where>: <want> (checkpoint) vs <got>"."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        out = []
+        for k in sorted(set(want) | set(got)):
+            out += _differences(want.get(k), got.get(k), f"{where}.{k}" if where else k)
+        return out
+    if want != got:
+        return [f"{where}: {want} (checkpoint) vs {got} (this job)"]
+    return []
+
+
+def check_dir(root: str, resume: bool, model: dict, data: dict) -> Found | None:
+    """Checks ``--checkpoint-dir`` before a job starts (what every rank does
+    with the same verdict): it is a folder or can be made one, it holds no
+    checkpoint unless the job resumes, and the newest checkpoint is of this
+    model and data. Returns the checkpoint a resume starts from (None: none
+    yet, the job starts at step 0).
+
+    Raises:
+        JobError: naming the path or the differences.
+    """
+    if os.path.lexists(root) and not os.path.isdir(root):
+        raise JobError(f"--checkpoint-dir {root}: exists and is not a folder")
+    try:
+        os.makedirs(root, exist_ok=True)
+    except OSError as e:
+        raise JobError(f"--checkpoint-dir {root}: cannot be made ({e.strerror})") from None
+    if not os.access(root, os.W_OK | os.X_OK):
+        raise JobError(f"--checkpoint-dir {root}: not writable")
+    found = complete(root)
+    if not found:
+        return None
+    newest = found[-1]
+    if not resume:
+        raise JobError(
+            f"--checkpoint-dir {root} holds checkpoints (the newest after step {newest.step}): "
+            "pass --resume to go on from it, or name a new folder"
+        )
+    check_matches(newest, model, data)
+    return newest
+
+
+def check_matches(found: Found, model: dict, data: dict) -> None:
+    """Raises JobError when ``found`` belongs to another model or data."""
+    diffs = _differences(found.manifest["model"], model, "model")
+    diffs += _differences(found.manifest["data"], data, "data")
+    if diffs:
+        raise JobError(
+            f"the checkpoint {found.path} is of another model or data than this job: "
+            + "; ".join(diffs)
+            + " (resume with the options it was written with, or start a new --checkpoint-dir)"
+        )
+
+
+def _file_infos(folder: str) -> list[dict[str, Any]]:
+    """Size and CRC-32s of every file in ``folder`` (as the meta JSONs of
+    DynamicEmbDump record them)."""
+    _, files = _io()
+    infos = []
+    for name in sorted(os.listdir(folder)):
+        with open(os.path.join(folder, name), "rb") as f:
+            data = f.read()
+        crcs = files.crc32_blocks(data, files.CHECKSUM_BLOCK_BYTES)
+        infos.append(files.FileInfo(name, len(data), crcs).to_json())
+    return infos
+
+
+def _verify(folder: str, infos: list[dict[str, Any]], what: str) -> None:
+    """Every file of ``_file_infos`` there, whole and unchanged."""
+    _, files = _io()
+    infos = [files.FileInfo.from_json(i) for i in infos]
+    files.check_sizes(folder, infos, what)
+    for info in infos:
+        out = torch.empty(info.nbytes, dtype=torch.uint8)
+        files.read_verified(folder, info, files.CHECKSUM_BLOCK_BYTES, what, out)
+
+
+def _pruned(d: dict[str, Any]) -> dict[str, Any]:
+    """``d`` without its empty dicts, at any depth (the same objects
+    otherwise, so DCP loads into the model's own tensors)."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            v = _pruned(v)
+            if not v:
+                continue
+        out[k] = v
+    return out
+
+
+def _rng_state(device: torch.device) -> dict[str, torch.Tensor | None]:
+    cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+    return {"cpu": torch.get_rng_state(), "cuda": cuda}
+
+
+class JobCheckpoints:
+    """Saving and finding the checkpoints of ``root`` over the default
+    process group; ``keep`` the number kept (0: all)."""
+
+    def __init__(self, root: str, keep: int, device: torch.device) -> None:
+        self.root = os.path.abspath(root)
+        self.keep = keep
+        self.device = device
+        comm, _ = _io()
+        self.group = comm.Group(None)
+
+    def newest(self) -> Found | None:
+        """Rank 0's newest complete checkpoint, on every rank."""
+        found = complete(self.root) if self.group.rank == 0 else None
+        found = found[-1] if found else None
+        return self.group.broadcast_object(found)
+
+    def save(
+        self,
+        step: int,
+        model: torch.nn.Module,
+        dense_opt: torch.optim.Optimizer,
+        trainer: dict[str, Any],
+        body: dict[str, Any],
+        hook: Callable[[str], None] = lambda point: None,
+    ) -> tuple[str, float]:
+        """Writes the checkpoint after ``step`` steps (every rank calls it):
+        the tables, the TorchRec state, ``trainer`` (on rank 0's, with the
+        dense optimizer's state and every rank's RNG state) and the manifest
+        ``body`` (the model and data descriptions), then publishes it and
+        prunes. ``hook(point)`` is called at "dump" (the dynamic tables
+        written, nothing else) and "published".
+
+        Returns:
+            (the checkpoint's folder, seconds).
+        """
+        import torch.distributed.checkpoint as dcp
+
+        from dynamicemb.checkpoint import dump
+
+        _, files = _io()
+        start = time.perf_counter()
+        g = self.group
+        path = step_dir(self.root, step)
+        error, tmp = None, None
+        if g.rank == 0:
+            try:
+                self._remove_leftovers()
+                tmp = files.make_tmp(path)
+            except BaseException as e:
+                error = e
+        g.agree(error)
+        tmp = g.broadcast_object(tmp)
+        try:
+            dump(os.path.join(tmp, TABLES), model, optim=True, show_progress=False)
+            hook("dump")
+            dcp.save(self._torchrec_state(model), checkpoint_id=os.path.join(tmp, TORCHREC))
+            rng = g.all_gather_object(_rng_state(self.device))
+            if g.rank == 0:
+                trainer = {**trainer, "dense_optim": dense_opt.state_dict(), "rng": rng}
+                error = self._commit(tmp, path, step, trainer, body)
+                tmp = tmp if error else None
+            g.agree(error)
+        finally:
+            if g.rank == 0 and tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+        hook("published")
+        if g.rank == 0:
+            self._prune()
+        return path, time.perf_counter() - start
+
+    def _commit(
+        self, tmp: str, path: str, step: int, trainer: dict[str, Any], body: dict[str, Any]
+    ) -> BaseException | None:
+        """Rank 0, once every rank has written its part: ``trainer.pt``, then
+        the manifest, then the rename to ``path``. Returns what failed."""
+        _, files = _io()
+        try:
+            buf = io.BytesIO()
+            torch.save(trainer, buf)
+            info = files.write_small(tmp, TRAINER, buf.getvalue())
+            manifest = {
+                **body,
+                "format": FORMAT,
+                "version": VERSION,
+                "step": step,
+                "world_size": self.group.world_size,
+                "trainer": info.to_json(),
+                "torchrec": _file_infos(os.path.join(tmp, TORCHREC)),
+            }
+            files.write_manifest(tmp, manifest, MANIFEST)
+            files.publish(tmp, path)
+        except BaseException as e:
+            return e
+        return None
+
+    def load(
+        self, found: Found, model: torch.nn.Module, dense_opt: torch.optim.Optimizer
+    ) -> tuple[dict[str, Any], Any]:
+        """Loads ``found`` into the model and the dense optimizer, at any
+        world size, and restores this rank's RNG state (that of the same
+        rank, when the checkpoint's world had it). Everything is verified
+        before the model changes.
+
+        Returns:
+            (the trainer state saved with it, the tables' LoadReport).
+        """
+        import torch.distributed.checkpoint as dcp
+
+        from dynamicemb.checkpoint import load
+
+        _, files = _io()
+        g = self.group
+        m = found.manifest
+        info = files.FileInfo.from_json(m["trainer"])
+        what = f"checkpoint {found.path}"
+        error = None
+        try:
+            data = files.read_small(found.path, info, TRAINER, what)
+            if g.rank == 0:
+                _verify(os.path.join(found.path, TORCHREC), m["torchrec"], what)
+            trainer = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except BaseException as e:
+            error = e
+        g.agree(error)
+        report = load(os.path.join(found.path, TABLES), model, optim=True, show_progress=False)
+        state = self._torchrec_state(model)
+        dcp.load(state, checkpoint_id=os.path.join(found.path, TORCHREC))
+        model.load_state_dict(state["model"])
+        if "fused_optim" in state:
+            model.fused_optimizer.load_state_dict(state["fused_optim"])
+        dense_opt.load_state_dict(trainer.pop("dense_optim"))
+        rng = trainer.pop("rng")
+        if g.rank < len(rng):
+            torch.set_rng_state(rng[g.rank]["cpu"])
+            if self.device.type == "cuda" and rng[g.rank]["cuda"] is not None:
+                torch.cuda.set_rng_state(rng[g.rank]["cuda"], self.device)
+        return trainer, report
+
+    @staticmethod
+    def _torchrec_state(model: torch.nn.Module) -> dict[str, Any]:
+        """What DCP saves and loads: the model's state_dict() and the fused
+        optimizer's (a rank that holds no static table has no state there:
+        its empty dicts are left out, as DCP has nothing to match them to).
+        The dynamic tables' rows are not in it (dynamicemb warns so); they
+        are saved beside it, in ``tables/``."""
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r"state_dict\(\) does not hold the rows")
+            sd = model.state_dict()
+        return _pruned({"model": sd, "fused_optim": model.fused_optimizer.state_dict()})
+
+    def _remove_leftovers(self) -> None:
+        """Removes what killed saves and prunes left (rank 0, before a save)."""
+        os.makedirs(self.root, exist_ok=True)
+        for name in os.listdir(self.root):
+            path = os.path.join(self.root, name)
+            base = name.split(".dynamicemb-", 1)[0]
+            if not _STEP_DIR.match(base) or not os.path.isdir(path):
+                continue
+            if base != name or _manifest(path) is None:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def _prune(self) -> None:
+        if self.keep <= 0:
+            return
+        for old in complete(self.root)[: -self.keep]:
+            os.remove(os.path.join(old.path, MANIFEST))  # no longer a checkpoint
+            _io()[1].fsync_path(old.path)
+            shutil.rmtree(old.path, ignore_errors=True)

@@ -1,0 +1,172 @@
+"""The structure rules of the Python package, checked from the sources alone
+(run by tools/lint.sh; no import of the package, no torch).
+
+1. Layers: a package imports only packages of a lower layer (``LAYERS``, from
+   the bottom up; docs/architecture.md says why each sits where it does).
+   Every import counts, also one inside a function.
+2. Bazel sees every import: a package with a BUILD.bazel lists each package
+   it imports in the deps of its py_library (``//dynamicemb/<pkg>``, or
+   ``//dynamicemb:core`` for the top-level modules), and no module imports
+   a dynamicemb module by a string (``importlib``), which nothing can see.
+3. One door to the native extension: only ``dynamicemb/table`` imports
+   ``_native`` or ``dynamicemb._C``.
+4. Checkpoints and replication reach rows through ``TableRows``, never
+   through the training module (``BatchedDynamicEmbeddingTablesV2``).
+5. No module of the package is longer than ``MAX_LINES`` lines
+   (``dynamicemb_config.py``, whose path and contents the spec fixes, aside).
+
+    python tools/check_layers.py [repository root]
+"""
+
+import ast
+import pathlib
+import re
+import sys
+
+MAX_LINES = 800
+LONG_MODULES = {"dynamicemb/dynamicemb_config.py"}
+
+# Layer of each package, bottom up; "core" is the top-level modules everything
+# imports (configuration, types, argument checks), "root" the package's
+# __init__.py and incremental_dump.py, which gather the public names.
+LAYERS = {
+    "core": 0,
+    "io": 1,
+    "table": 1,
+    "storage": 2,
+    "embedding": 3,
+    "planner": 3,
+    "admission": 4,
+    "shard": 5,
+    "twin": 5,
+    "checkpoint": 6,
+    "metrics": 6,
+    "replication": 7,
+    "root": 8,
+}
+TOP_LEVEL = {
+    "__init__": "root",
+    "incremental_dump": "root",
+    "twin": "twin",
+    "dynamicemb_config": "core",
+    "types": "core",
+    "_checks": "core",
+    "_enums": "core",
+    "_warnings": "core",
+}
+ROWS_ONLY = {"checkpoint", "replication"}
+TRAINING_MODULE = "BatchedDynamicEmbeddingTablesV2"
+
+
+def package_of(parts: list[str]) -> str:
+    """The package of a source file, by its path inside dynamicemb
+    (``["table", "keys"]``: table; ``["types"]``: core)."""
+    return parts[0] if len(parts) > 1 else TOP_LEVEL.get(parts[0], "root")
+
+
+def imports(path: pathlib.Path, parts: list[str]):
+    """(line, imported dynamicemb module path, names) of every import."""
+    tree = ast.parse(path.read_text(), str(path))
+    here = parts[:-1]  # the package a relative import starts from
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and getattr(node.func, "attr", getattr(node.func, "id", "")) == "import_module"
+        ):
+            yield node.lineno, ["<importlib>"], [ast.unparse(node.args[0]) if node.args else ""]
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split(".")[0] == "dynamicemb":
+                    yield node.lineno, a.name.split(".")[1:], []
+        elif isinstance(node, ast.ImportFrom):
+            names = [a.name for a in node.names]
+            if node.level:
+                base = here[: len(here) - (node.level - 1)] if node.level > 1 else here
+                mod = base + (node.module.split(".") if node.module else [])
+            elif node.module and node.module.split(".")[0] == "dynamicemb":
+                mod = node.module.split(".")[1:]
+            else:
+                continue
+            if not mod:  # from dynamicemb import x: a submodule, or a root name
+                for n in names:
+                    yield node.lineno, [n], [n]
+            else:
+                yield node.lineno, mod, names
+
+
+def build_deps(pkg_dir: pathlib.Path) -> set[str] | None:
+    build = pkg_dir / "BUILD.bazel"
+    if not build.is_file():
+        return None
+    deps = set()
+    for label in re.findall(r'"//dynamicemb([:/][\w/:.]*)?"', build.read_text()):
+        if label in ("", None):
+            deps.add("root")
+        elif label.startswith(":"):
+            deps.add("core" if label == ":core" else label[1:])
+        else:
+            deps.add(label[1:].split(":")[0].split("/")[0])
+    return deps
+
+
+def check(root: pathlib.Path) -> list[str]:
+    errors = []
+    pkg_root = root / "dynamicemb"
+    subpackages = {p.name for p in pkg_root.iterdir() if (p / "__init__.py").is_file()}
+    for path in sorted(pkg_root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        parts = list(path.relative_to(pkg_root).with_suffix("").parts)
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_LINES and rel not in LONG_MODULES:
+            errors.append(f"{rel}: {lines} lines, more than {MAX_LINES}: split it")
+        pkg = package_of(parts)
+        deps = build_deps(pkg_root / pkg) if pkg in subpackages else None
+        for line, mod, names in imports(path, parts):
+            where = f"{rel}:{line}"
+            if not mod:
+                continue
+            if mod == ["<importlib>"]:
+                errors.append(f"{where}: imports {names[0]} by name: write an import statement")
+                continue
+            if mod[0] == "_C" or "_native" in mod:
+                if pkg != "table":
+                    errors.append(
+                        f"{where}: imports the native extension; go through dynamicemb.table"
+                    )
+                continue
+            if mod[0] in subpackages:
+                target = mod[0]
+            else:  # a top-level module, or a name of dynamicemb/__init__.py
+                target = TOP_LEVEL.get(mod[0], "root")
+            if pkg in ROWS_ONLY and (
+                TRAINING_MODULE in names or mod[:2] == ["embedding", "batched_tables"]
+            ):
+                errors.append(
+                    f"{where}: {pkg} reaches rows through TableRows, not {TRAINING_MODULE}"
+                )
+            if target == pkg:
+                continue
+            if LAYERS[target] >= LAYERS[pkg]:
+                errors.append(
+                    f"{where}: {pkg} (layer {LAYERS[pkg]}) imports {'.'.join(mod)} of {target} "
+                    f"(layer {LAYERS[target]}): a layer imports only the ones below it"
+                )
+            if deps is not None and target not in deps:
+                dep = "//dynamicemb:core" if target == "core" else f"//dynamicemb/{target}"
+                errors.append(
+                    f"{where}: imports {'.'.join(mod)}, but {pkg}/BUILD.bazel does not depend "
+                    f"on {dep}"
+                )
+    return errors
+
+
+def main() -> int:
+    root = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else pathlib.Path(__file__).parent.parent)
+    errors = check(root.resolve())
+    for e in errors:
+        print(f"check_layers: {e}", file=sys.stderr)
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
