@@ -166,14 +166,7 @@ class TableStorage(abc.ABC):
         from dynamicemb.storage import space as sp
 
         offsets = self.eval_rows(keys, tids)
-        buf = sp.staging(keys.numel(), self.layout, self.device)
-        sp.copy_rows(
-            sp.as_space(buf),
-            sp.staging_offsets(keys.numel(), self.layout, self.device),
-            self.space(),
-            offsets,
-            self.layout.row_bytes_of(tids),
-        )
+        buf = sp.stage_rows(self.space(), offsets, tids, self.layout)
         emb, state = sp.unpack_rows(buf, tids, self.layout)
         return offsets >= 0, emb, state
 

@@ -164,14 +164,7 @@ class ExternalBacking:
         keys, tids, src_offsets = keys[keep], tids[keep], src_offsets[keep]
         if keys.numel() == 0:
             return
-        buf = sp.staging(keys.numel(), self.layout, self.device)
-        sp.copy_rows(
-            sp.as_space(buf),
-            sp.staging_offsets(keys.numel(), self.layout, self.device),
-            src,
-            src_offsets,
-            self.layout.row_bytes_of(tids),
-        )
+        buf = sp.stage_rows(src, src_offsets, tids, self.layout)
         emb, state = sp.unpack_rows(buf, tids, self.layout)
         for t, idx in self._by_table(tids):
             spec = self.tables[t]

@@ -451,15 +451,7 @@ class HashTableStorage(TableStorage):
 
     def read(self, slots: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
         """(n, max_row_bytes) staging rows of table slots (zeros where -1)."""
-        buf = sp.staging(slots.numel(), self.layout, self.device)
-        sp.copy_rows(
-            sp.as_space(buf),
-            sp.staging_offsets(slots.numel(), self.layout, self.device),
-            self.rows_space.tensors,
-            self.offsets(slots, tids),
-            self.layout.row_bytes_of(tids),
-        )
-        return buf
+        return sp.stage_rows(self.rows_space.tensors, self.offsets(slots, tids), tids, self.layout)
 
     def write(self, slots: torch.Tensor, tids: torch.Tensor, src, src_offsets) -> None:
         """Copies rows from ``src`` (a row space) at ``src_offsets`` into table
@@ -496,15 +488,7 @@ class HashTableStorage(TableStorage):
         """The rows of keys this table holds, copied: ``(found (n) bool,
         staging rows (n, max_row_bytes), scores (n, num_scores) or None)``."""
         found, space, offsets, scores = self.locate(keys, tids)
-        buf = sp.staging(keys.numel(), self.layout, self.device)
-        sp.copy_rows(
-            sp.as_space(buf),
-            sp.staging_offsets(keys.numel(), self.layout, self.device),
-            space,
-            offsets,
-            self.layout.row_bytes_of(tids),
-        )
-        return found, buf, scores
+        return found, sp.stage_rows(space, offsets, tids, self.layout), scores
 
     def room_for(self, tids: torch.Tensor, valid: torch.Tensor | None = None) -> list[int] | None:
         """Keys per table to ``reserve`` for one more key per entry of ``tids``

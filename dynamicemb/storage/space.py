@@ -169,6 +169,21 @@ def as_space(buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return buffer.view(-1), buffer.new_empty(0)
 
 
+def stage_rows(src, offsets: torch.Tensor, tids: torch.Tensor, layout: RowLayout) -> torch.Tensor:
+    """A staging buffer of the rows of tables ``tids`` at ``offsets`` of the
+    row space ``src`` (zeros where an offset is -1)."""
+    n = offsets.numel()
+    buf = staging(n, layout, offsets.device)
+    copy_rows(
+        as_space(buf),
+        staging_offsets(n, layout, offsets.device),
+        src,
+        offsets,
+        layout.row_bytes_of(tids),
+    )
+    return buf
+
+
 def pack_rows(
     buffer: torch.Tensor,
     tids: torch.Tensor,
