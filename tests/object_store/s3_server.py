@@ -1,0 +1,73 @@
+"""A real S3-compatible HTTP endpoint for the object store tests: moto's
+server (``moto[server]``) in a thread on 127.0.0.1, reached through s3fs.
+
+``S3Server`` starts it on a free port and points the environment at it
+(``AWS_ENDPOINT_URL`` and dummy credentials, which s3fs, and every process
+started afterwards, read); ``bucket`` makes a bucket and returns its URL.
+``before_write``, when set, is called with (method, path) before the server
+handles each request that changes objects (PUT, POST, DELETE): the crash
+tests kill the writing process there, so the write it was about to make
+never happens.
+"""
+
+import os
+import threading
+import uuid
+
+ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+WRITES = ("PUT", "POST", "DELETE")
+
+
+class S3Server:
+    def __init__(self) -> None:
+        from moto.server import DomainDispatcherApplication, create_backend_app
+        from werkzeug.serving import WSGIRequestHandler, make_server
+
+        class Quiet(WSGIRequestHandler):
+            def log_request(self, *args) -> None:  # no line per request
+                pass
+
+        self.before_write = None
+        self.writes = 0  # requests that changed objects, since the start
+        app = DomainDispatcherApplication(create_backend_app)
+
+        def hooked(environ, start_response):
+            method = environ["REQUEST_METHOD"]
+            if method in WRITES:
+                self.writes += 1
+                if self.before_write is not None:
+                    self.before_write(method, environ.get("PATH_INFO", ""))
+            return app(environ, start_response)
+
+        self._server = make_server("127.0.0.1", 0, hooked, threaded=True, request_handler=Quiet)
+        host, port = self._server.server_address[:2]
+        self.endpoint = f"http://{host}:{port}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        self._saved = {k: os.environ.get(k) for k in (*ENV, "AWS_ENDPOINT_URL")}
+        os.environ.update(ENV, AWS_ENDPOINT_URL=self.endpoint)
+
+    def env(self) -> dict[str, str]:
+        """What a process needs in its environment to reach the server."""
+        return {**ENV, "AWS_ENDPOINT_URL": self.endpoint}
+
+    def bucket(self, name: str | None = None) -> str:
+        """A new bucket's URL (``s3://<name>``)."""
+        import fsspec
+
+        name = name or f"b-{uuid.uuid4().hex[:12]}"
+        fsspec.filesystem("s3").mkdir(name)
+        return f"s3://{name}"
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._thread.join(timeout=10)
+        for k, v in self._saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
