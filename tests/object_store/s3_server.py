@@ -5,9 +5,11 @@ server (``moto[server]``) in a thread on 127.0.0.1, reached through s3fs.
 (``AWS_ENDPOINT_URL`` and dummy credentials, which s3fs, and every process
 started afterwards, read); ``bucket`` makes a bucket and returns its URL.
 ``before_write``, when set, is called with (method, path) before the server
-handles each request that changes objects (PUT, POST, DELETE): the crash
-tests kill the writing process there, so the write it was about to make
-never happens.
+handles each request that changes objects (PUT, POST, DELETE); when it
+returns True the request is not handled (the crash tests kill the writing
+process there: the write it was making never happens). ``after_write``,
+when set, is called once such a request was handled, before its response
+is sent (a process killed there has made the write).
 """
 
 import os
@@ -32,16 +34,23 @@ class S3Server:
                 pass
 
         self.before_write = None
+        self.after_write = None
         self.writes = 0  # requests that changed objects, since the start
         app = DomainDispatcherApplication(create_backend_app)
 
         def hooked(environ, start_response):
             method = environ["REQUEST_METHOD"]
-            if method in WRITES:
-                self.writes += 1
-                if self.before_write is not None:
-                    self.before_write(method, environ.get("PATH_INFO", ""))
-            return app(environ, start_response)
+            if method not in WRITES:
+                return app(environ, start_response)
+            self.writes += 1
+            hook = self.before_write
+            if hook is not None and hook(method, environ.get("PATH_INFO", "")):
+                start_response("503 Service Unavailable", [("Content-Length", "0")])
+                return [b""]
+            out = app(environ, start_response)
+            if self.after_write is not None:
+                self.after_write()
+            return out
 
         self._server = make_server("127.0.0.1", 0, hooked, threaded=True, request_handler=Quiet)
         host, port = self._server.server_address[:2]
