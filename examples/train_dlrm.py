@@ -1098,7 +1098,10 @@ def parse_args(argv: list[str] | None = None):
     )
     ck = ap.add_argument_group("checkpoints (train_checkpoint.py)")
     ck.add_argument(
-        "--checkpoint-dir", default=None, help="save checkpoints here, one step_<N> folder each"
+        "--checkpoint-dir",
+        default=None,
+        help="save checkpoints here, one step_<N> folder each; a folder or an fsspec URL "
+        "(s3://bucket/run: pip install 'dynamicemb[s3]')",
     )
     ck.add_argument(
         "--checkpoint-every",

@@ -16,6 +16,8 @@ import os
 import threading
 import uuid
 
+import pytest
+
 ENV = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -80,3 +82,11 @@ class S3Server:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+@pytest.fixture(scope="session")
+def s3():
+    """One endpoint for a test session (import the fixture where it is used)."""
+    server = S3Server()
+    yield server
+    server.stop()
