@@ -15,8 +15,9 @@ A stream folder holds::
 A delta folder is written aside and published by one rename
 (``dynamicemb.io.files``, as checkpoints are; in an object store into a
 version prefix that its manifest, written last, commits), so a follower
-sees a delta whole or not at all. The folder may be a URL (``s3://...``). Reading verifies the manifest's checksum and every
-file's CRC-32s; the replay verifies each table's own checksum and sequence.
+sees a delta whole or not at all. The folder may be a URL (``s3://...``).
+Reading verifies the manifest's checksum and every file's CRC-32s; the
+replay verifies each table's own checksum and sequence.
 """
 
 import os

@@ -11,7 +11,9 @@ import fsspec
 import job_harness as j
 import train_checkpoint  # examples/train_checkpoint.py
 
-from tests.object_store.s3_server import s3  # noqa: F401 (the endpoint, a fixture)
+from tests.object_store import s3_server
+
+s3 = s3_server.s3  # the endpoint, a fixture
 
 STEPS, EVERY = 12, 6
 ARGS = [*j.SMALL, "--world-size", "1", "--steps", str(STEPS), "--checkpoint-every", str(EVERY)]
