@@ -18,17 +18,15 @@ from tests.object_store.s3_server import S3Server
 from tests.shard import shard_harness as h
 
 T = h.TableSpec
+# A table with an admission counter (its files are in the checkpoint too).
 CASE = c.Case(
     "s3",
-    "ec",
-    [
-        T("t0", 64, 4, dist_type="roundrobin"),
-        T("t1", 64, 4, dist_type="hash_roundrobin", admit_threshold=2),
-    ],
-    optimizer="adam",
-    key_range=(0, 300),
-    batch_size=8,
-    max_length=6,
+    "ebc",
+    [T("t0", 48, 8, dist_type="continuous"), T("t1", 96, 4, admit_threshold=2)],
+    optimizer="rowwise_adagrad",
+    key_range=(0, 200),
+    batch_size=6,
+    max_length=5,
 )
 
 
@@ -64,20 +62,6 @@ def test_a_prefix_holding_other_objects_is_refused(s3):
 # ------------------------------------------------------------------- kills --
 
 
-def _fork_dump(url, model) -> int:
-    from dynamicemb.checkpoint import dump
-
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            dump(url, model, optim=True, show_progress=False)
-            code = 0
-        finally:
-            os._exit(code)
-    return pid
-
-
 class _Killer:
     """Kills the dumping child at its ``at``-th write, before the server
     handles it (``after``: once it is handled, as the response is sent)."""
@@ -101,9 +85,19 @@ class _Killer:
         return False
 
     def run(self, url, model, at=None, after=False) -> int:
+        """Dumps ``model`` to ``url`` in a forked child; its wait status."""
+        from dynamicemb.checkpoint import dump
+
         self.paths, self.at, self.after = [], at, after
         self.forked.clear()
-        self.pid = _fork_dump(url, model)
+        self.pid = os.fork()
+        if self.pid == 0:
+            done = False
+            try:
+                dump(url, model, optim=True, show_progress=False)
+                done = True
+            finally:
+                os._exit(0 if done else 1)
         self.forked.set()
         _, status = os.waitpid(self.pid, 0)
         self.server.after_write = None
