@@ -222,7 +222,10 @@ class ObjectStore:
         discard = getattr(f, "discard", None)
         if discard is not None:
             discard()  # an unfinished multipart upload is aborted
-        f.closed = True  # so that no close (nor the collector's) uploads it
+        try:
+            f.closed = True  # so that no close (nor the collector's) uploads it
+        except AttributeError:  # a file object whose closed is read-only
+            pass
 
     def write_bytes(self, path: str, data: bytes) -> None:
         self.fs.pipe_file(path, bytes(data))
