@@ -9,7 +9,8 @@ namespace dyn_emb {
 namespace storage {
 namespace cuda {
 
-/// @brief Copies the rows of `a` (copy_rows.h), a warp per row, 4-byte words;
+/// @brief Copies the rows of `a` (copy_rows.h), a warp per row, 16-byte words
+/// where the row and both addresses allow, else 4-byte words;
 /// either space may be host memory mapped into the device's address space.
 void copy_rows(const CopyArgs& a, cudaStream_t stream);
 

@@ -363,7 +363,10 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         batch finds or inserts every key itself."""
         indices, offsets = self._batch_input(indices, offsets)
         su = segmented_unique(
-            indices, self._occurrence_tables(indices, offsets), len(self.table_options)
+            indices,
+            self._occurrence_tables(indices, offsets),
+            len(self.table_options),
+            padded=self.storage.takes_padded_prefetch,
         )
         self.storage.prefetch(su.keys, su.table_ids, forward_stream)
 

@@ -22,11 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from dynamicemb.table import constants, ops
-
-# The key of padding entries: the table's EMPTY_KEY (cc/table/types.h), a
-# reserved key that no batch may contain.
-PAD_KEY = int(constants()["EMPTY_KEY"])
+from dynamicemb.table import PAD_KEY, ops
 
 
 @dataclass

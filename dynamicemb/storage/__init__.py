@@ -2,8 +2,9 @@
 
 The embedding module reaches rows only through ``TableStorage``, built by
 ``create_storage`` from its tables' options: a hash table whose rows are split
-between device and host memory (``HashTableStorage``), or a device cache over
-a host table or an external ``Storage`` (``CachedStorage``). See
+between device and host memory (``HybridStorage``, a ``HashTableStorage``),
+or a device cache over a host table or an external ``Storage``
+(``CachedStorage``). See
 docs/architecture.md, "Storage tiers".
 """
 
@@ -17,6 +18,7 @@ from dynamicemb.storage.factory import (
     table_metadata_bytes,
 )
 from dynamicemb.storage.hash_storage import HashTableStorage
+from dynamicemb.storage.hybrid import HybridStorage
 from dynamicemb.storage.layout import RowLayout
 from dynamicemb.storage.scores import BatchScore
 
@@ -28,6 +30,7 @@ __all__ = [
     "Footprint",
     "by_memory",
     "HashTableStorage",
+    "HybridStorage",
     "RowInit",
     "RowLayout",
     "TableStorage",

@@ -105,6 +105,9 @@ class TableStorage(abc.ABC):
     # past it are padding, see dynamicemb.embedding.unique), so that a
     # training step never reads the number of distinct keys on the host.
     takes_padded_batches: bool = False
+    # Whether ``prefetch`` takes padded keys (``PAD_KEY`` entries), so that
+    # the module need not read the number of distinct keys on the host.
+    takes_padded_prefetch: bool = False
 
     def graph_state(self) -> tuple | None:
         """What a CUDA graph of a padded training batch's ``train_rows``
@@ -163,14 +166,7 @@ class TableStorage(abc.ABC):
         from dynamicemb.storage import space as sp
 
         offsets = self.eval_rows(keys, tids)
-        buf = sp.staging(keys.numel(), self.layout, self.device)
-        sp.copy_rows(
-            sp.as_space(buf),
-            sp.staging_offsets(keys.numel(), self.layout, self.device),
-            self.space(),
-            offsets,
-            self.layout.row_bytes_of(tids),
-        )
+        buf = sp.stage_rows(self.space(), offsets, tids, self.layout)
         emb, state = sp.unpack_rows(buf, tids, self.layout)
         return offsets >= 0, emb, state
 

@@ -20,6 +20,7 @@ batch is staged that way.
 """
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -34,16 +35,32 @@ from dynamicemb.storage.scores import (
     carry_scores,
     initial_scores,
 )
-from dynamicemb.table import enums
+from dynamicemb.table import PAD_KEY, enums
 
 
-def _select(values, idx: torch.Tensor):
+def _select(values, sub: "sp.Subset"):
     """The score values (``batch_policies``) of a subset of a batch's keys:
-    a per-key tensor is indexed; a scalar, one row (the STEP score) or None
-    stands for every key."""
+    a per-key tensor is restricted like them; a scalar, one row (the STEP
+    score) or None stands for every key."""
     if isinstance(values, torch.Tensor) and values.shape[0] != 1:
-        return values[idx]
+        (values,) = sub.take(values)
     return values
+
+
+@dataclass
+class _Located:
+    """Where the backing tier holds the rows of a subset of a batch's keys:
+    the ``Subset``, its entries' keys (``PAD_KEY`` where left out on a GPU)
+    and table ids, and ``locate``'s results (found, the row space, offsets,
+    scores)."""
+
+    sub: sp.Subset
+    keys: torch.Tensor
+    tids: torch.Tensor
+    found: torch.Tensor
+    src: tuple[torch.Tensor, torch.Tensor]
+    offsets: torch.Tensor
+    scores: torch.Tensor | None
 
 
 class _Staged:
@@ -89,9 +106,16 @@ class CachedStorage(TableStorage):
         self._held = None  # (keys, tids, slots) the last training batch holds in the cache
         self._last_score = BatchScore(0, None)
         self._prefetch_event = None
-        # Keys staged outside the cache, and keys prefetch brought into it.
-        self.overflows = torch.zeros((), dtype=torch.int64, device=device)
-        self.prefetched = torch.zeros((), dtype=torch.int64, device=device)
+        # The end of the last training lookup or update, on its stream (first
+        # the tiers' creation): what a prefetch on another stream waits for.
+        self._train_event = None
+        self._train_stream = None
+        self._record_train()
+        # Keys staged outside the cache, and keys prefetch brought into it;
+        # rows read from the backing tier and written back to it.
+        zero = torch.zeros((), dtype=torch.int64, device=device)
+        self.overflows, self.prefetched = zero, zero.clone()
+        self.host_reads, self.host_writes = zero.clone(), zero.clone()
 
     # ---------------------------------------------------------- streams --
 
@@ -100,6 +124,11 @@ class CachedStorage(TableStorage):
         if self._prefetch_event is not None:
             torch.cuda.current_stream(self.device).wait_event(self._prefetch_event)
             self._prefetch_event = None
+        # The end of the last training lookup or update, on its stream (first
+        # the tiers' creation): what a prefetch on another stream waits for.
+        self._train_event = None
+        self._train_stream = None
+        self._record_train()
 
     # ------------------------------------------------------------ lookups --
 
@@ -123,148 +152,189 @@ class CachedStorage(TableStorage):
         self._join_prefetch()
         self.after_update()  # a previous batch without a backward
         self._last_score = score
-        n = keys.numel()
         policies, vals = batch_policies(self.strategies, score, counts)
-        if self.cache is not None:
-            slots, status, evicted = self._insert_residents_first(keys, tids, policies, vals)
-            offsets = self.cache.offsets(slots, tids)
-            new = (status == enums.InsertStatus.INSERTED) | (status == enums.InsertStatus.EVICTED)
-            failed = status == enums.InsertStatus.FAILED
-            miss = new.nonzero().squeeze(1)
-            over = failed.nonzero().squeeze(1)
-            held = (~failed).nonzero().squeeze(1)
-            self._held = (keys[held], tids[held], slots[held])
-        else:
-            offsets = torch.full_like(keys, -1)
-            miss = keys.new_empty(0)
-            over = torch.arange(n, device=self.device)
-            evicted = None
-        m = miss.numel()
-        fetch = torch.cat([miss, over])
-        found, staged, bscores = self.backing.fetch(keys[fetch], tids[fetch])
-        # The victims go back before their slots' rows are overwritten, after
-        # the fetch (their write-back may evict a fetched key's backing row).
-        if evicted is not None:
-            self._write_back_evicted(evicted)
-        if m:
-            self._fill_cache(
-                keys[miss],
-                tids[miss],
-                slots[miss],
-                found[:m],
-                staged[:m],
-                None if bscores is None else bscores[:m],
-                policies,
-                _select(vals, miss),
-                init,
-            )
         self._staged = None
-        if over.numel():
-            self._stage(
-                keys[over],
-                tids[over],
-                found[m:],
-                staged[m:],
-                None if bscores is None else bscores[m:],
-                policies,
-                _select(vals, over),
-                init,
-                offsets,
-                over,
-            )
+        if self.cache is None:  # every key staged
+            offsets = torch.full_like(keys, -1)
+            loc = self._locate(torch.ones_like(keys, dtype=torch.bool), keys, tids, keys.numel())
+            self.host_reads += loc.found.sum()
+            self._stage(keys, tids, loc, policies, vals, init, offsets, keys.numel())
+            self._space_staged = self._staged
+            return offsets
+        # One find-or-insert in the cache: the keys it holds are found before
+        # any new key of the batch picks a victim (cc/table/operations.h), so
+        # no key of the batch is evicted and inserted again in one call.
+        slots, status, evicted = self.cache.insert(keys, tids, policies, vals, expand=False)
+        if self.cache_observer is not None:
+            self.cache_observer(status == enums.InsertStatus.FOUND, tids)
+        offsets = self.cache.offsets(slots, tids)
+        miss = (status == enums.InsertStatus.INSERTED) | (status == enums.InsertStatus.EVICTED)
+        over = status == enums.InsertStatus.FAILED
+        need = miss | over
+        # The one read of the step: how many keys the cache could not take
+        # (their staging buffer's size), missed or could not take, evicted
+        # (the sizes of the subsets the backing tier works on).
+        n_over, n_need, n_victims = (
+            int(x) for x in torch.stack([over.sum(), need.sum(), evicted.count[0]]).tolist()
+        )
+        self._held = (keys, tids, slots)
+        victims = self._victims(evicted, n_victims)
+        if victims is not None:
+            self.backing.expand_for(victims[0], victims[1])
+        # Where the backing tier holds the rows of the keys the cache misses
+        # (and those it cannot take); the victims go back before their slots
+        # are refilled, without evicting those rows.
+        loc = self._locate(need, keys, tids, n_need)
+        self.host_reads += loc.found.sum()
+        ns, no, nmiss = loc.sub.take(slots, offsets, miss)
+        self._write_back_victims(victims, loc)
+        fill = loc.sub.on & nmiss
+        sp.copy_rows(
+            self.cache.space(),
+            torch.where(loc.found & fill, no, -1),
+            loc.src,
+            loc.offsets,
+            self.layout.row_bytes_of(loc.tids),
+        )
+        self.cache.write_new_rows(torch.where(fill & ~loc.found, no, -1), loc.keys, loc.tids, init)
+        if self._carry:
+            self._carry_scores(ns, fill & loc.found, loc.scores, policies, _select(vals, loc.sub))
+        if n_over:
+            staged = loc.sub.on & ~nmiss
+            self._stage(keys, tids, loc, policies, vals, init, offsets, n_over, staged)
         self._space_staged = self._staged
+        self._record_train()
         return offsets
 
-    def _insert_residents_first(self, keys, tids, policies, vals):
-        """The cache's find-or-insert. The table finds the keys it holds
-        before any new key of the batch picks a victim (cc/table/operations.h),
-        so no key of the batch is evicted and inserted again in one call (its
-        row would be lost between the write-back and the fetch). The keys it
-        holds are counted for the hit statistics first."""
-        if self.cache_observer is not None:
-            self.cache_observer(self.cache.table.find(keys, tids) >= 0, tids)
-        return self.cache.insert(keys, tids, policies, vals, expand=False)
+    def _victims(self, evicted, count: int | None = None):
+        """``(keys, table ids, slots, scores)`` of the keys an insert into the
+        cache evicted (``count`` of them, when known on the host): an
+        ``sp.Subset`` of the valid ones (left out on a GPU: ``PAD_KEY`` at
+        slot -1); None when the call could evict nothing."""
+        if evicted is None or evicted.keys.numel() == 0 or count == 0:
+            return None
+        valid = torch.arange(evicted.keys.numel(), device=self.device) < evicted.count
+        self.host_writes += valid.sum()
+        sub = sp.Subset(valid, count)
+        vt, vs, vscores = sub.take(evicted.table_ids, evicted.slots, evicted.scores)
+        if sub.idx is None:  # past the count: no row, a valid table id
+            vt, vs = torch.where(valid, vt, 0), torch.where(valid, vs, -1)
+        return sub.keys(evicted.keys), vt, vs, vscores
 
-    def _fill_cache(self, keys, tids, slots, found, staged, bscores, policies, vals, init) -> None:
-        """Rows of keys newly placed in the cache: fetched ones copied from
-        the staging rows (their scores carried over), new ones initialized."""
-        f = found.nonzero().squeeze(1)
-        if f.numel():
-            self.cache.write(
-                slots[f],
-                tids[f],
-                sp.as_space(staged),
-                sp.staging_offsets(staged.shape[0], self.layout, self.device)[f],
-            )
-            if self._carry:
-                s = slots[f]
-                fresh = self.cache.table.scores[s]
-                self.cache.table.scores[s] = carry_scores(
-                    policies, _select(vals, f), bscores[f], fresh
-                )
-        nf = (~found).nonzero().squeeze(1)
-        if nf.numel():
-            self.cache.write_new_rows(
-                self.cache.offsets(slots[nf], tids[nf]), keys[nf], tids[nf], init
-            )
+    def _locate(self, mask, keys, tids, size: int | None = None) -> _Located:
+        """Where the backing tier holds the rows of the keys ``mask`` selects
+        (``size`` of them, when known on the host)."""
+        sub = sp.Subset(mask, size)
+        k, (t,) = sub.keys(keys), sub.take(tids)
+        found, src, offsets, scores = self.backing.locate(k, t)
+        return _Located(sub, k, t, found, src, offsets, scores)
 
-    def _stage(
-        self, keys, tids, found, staged, bscores, policies, vals, init, offsets, index
-    ) -> None:
-        """Stages the keys the cache could not take (the overflow): their
-        rows in the staging buffer, addressed after the cache's rows."""
-        k = keys.numel()
-        nf = (~found).nonzero().squeeze(1)
-        if nf.numel():
-            write_initial_rows(
-                sp.as_space(staged),
-                sp.staging_offsets(k, self.layout, self.device)[nf],
-                keys[nf],
-                tids[nf],
-                init,
-                self.layout,
-            )
+    def _write_back_victims(self, victims, loc: _Located) -> None:
+        """Writes the cache rows of evicted keys back to the backing tier
+        (their scores with them where both tiers keep the same), the keys
+        ``loc`` found there protected from eviction until their rows are
+        read."""
+        if victims is None:
+            return
+        vk, vt, vs, vscores = victims
+        protect = None
+        if self._carry and loc.scores is not None:
+            held = sp.Subset(loc.found)
+            protect = (held.keys(loc.keys), *held.take(loc.tids, loc.scores))
+        self.backing.write_back(
+            vk,
+            vt,
+            self.cache.space(),
+            self.cache.offsets(vs, vt),
+            vscores if self._carry else None,
+            protect=protect,
+            expand=False,
+        )
+
+    def _carry_scores(self, slots, carried_mask, bscores, policies, vals) -> None:
+        """The scores of keys the cache took from the backing tier
+        (``carried_mask``, at cache ``slots``) continue the ones they had
+        there."""
+        fresh = self.cache.table.scores[slots.clamp(min=0)]
+        carried = carry_scores(policies, vals, bscores, fresh)
+        sp.scatter_rows(self.cache.table.scores, torch.where(carried_mask, slots, -1), carried)
+
+    def _stage(self, keys, tids, loc: _Located, policies, vals, init, offsets, k, mask=None):
+        """Stages the ``k`` keys the cache cannot take (``mask`` of the
+        located subset ``loc``; all of them without a cache): their rows
+        from the backing tier or new ones, in a
+        staging buffer addressed after the cache's rows (the second segment
+        of the row space), written back after the update; their entries of
+        ``offsets`` point there."""
+        if mask is None:
+            pos = torch.arange(k, device=self.device)
+        else:
+            pos = torch.nonzero_static(mask, size=k).squeeze(1)
+        at = loc.sub.origin(pos)
+        skeys, stids = keys[at], tids[at]
+        sfound, s_off = loc.found[pos], loc.offsets[pos]
+        staged = sp.staging(k, self.layout, self.device)
+        st_off = sp.staging_offsets(k, self.layout, self.device)
+        sp.copy_rows(
+            sp.as_space(staged),
+            torch.where(sfound, st_off, -1),
+            loc.src,
+            s_off,
+            self.layout.row_bytes_of(stids),
+        )
+        write_initial_rows(
+            sp.as_space(staged), torch.where(sfound, -1, st_off), skeys, stids, init, self.layout
+        )
         scores = None
         if self.backing.has_scores:  # then there is a cache, with the same scores
-            scores = initial_scores(policies, vals, k, self.cache.table.timer(), self.device)
-            f = found.nonzero().squeeze(1)
-            if f.numel():
-                scores[f] = carry_scores(policies, _select(vals, f), bscores[f], scores[f])
-        offsets[index] = self._size0() + sp.staging_offsets(k, self.layout, self.device)
-        self._staged = _Staged(staged, keys, tids, scores, write_back=True)
+            v = vals[at] if isinstance(vals, torch.Tensor) and vals.shape[0] != 1 else vals
+            scores = initial_scores(policies, v, k, self.cache.table.timer(), self.device)
+            scores = torch.where(
+                sfound.unsqueeze(1), carry_scores(policies, v, loc.scores[pos], scores), scores
+            )
+        self._staged = _Staged(staged, skeys, stids, scores, write_back=True)
         self.overflows += k
+        offsets[at] = self._size0() + st_off
 
-    def _write_back_evicted(self, evicted) -> None:
-        self._write_back_slots(evicted.compact())
+    def _record_train(self) -> None:
+        """Marks the end of the work of a training lookup (or of its update)
+        on the cache, which a prefetch on another stream waits for."""
+        if self.device.type == "cuda":
+            self._train_stream = torch.cuda.current_stream(self.device)
+            self._train_event = torch.cuda.Event()
+            self._train_event.record(self._train_stream)
 
     def _write_back_slots(self, entries) -> None:
         """Writes the cache rows of ``entries`` (keys, table ids, slots and
-        scores of cache slots: compacted evicted keys or an export) back to
-        the backing tier, scores with them where both tiers keep the same."""
+        scores of cache slots: an export) back to the backing tier, scores
+        with them where both tiers keep the same."""
         if entries.keys.numel() == 0:
             return
-        rows = self.cache.read(entries.slots, entries.table_ids)
         self.backing.write_back(
             entries.keys,
             entries.table_ids,
-            sp.as_space(rows),
-            sp.staging_offsets(entries.keys.numel(), self.layout, self.device),
+            self.cache.space(),
+            self.cache.offsets(entries.slots, entries.table_ids),
             entries.scores if self._carry else None,
         )
 
     def after_update(self) -> None:
+        # The batch's cache slots are free for a prefetch once its update has
+        # run: the prefetch waits for the event recorded here.
+        self._held = None
         st = self._staged
-        if st is None or not st.write_back:
-            return
-        self._staged = None
-        self._join_prefetch()
-        self.backing.write_back(
-            st.keys,
-            st.tids,
-            sp.as_space(st.buffer),
-            sp.staging_offsets(st.keys.numel(), self.layout, self.device),
-            st.scores,
-        )
+        if st is not None and st.write_back:
+            self._staged = None
+            self._join_prefetch()
+            self.host_writes += st.keys.numel()
+            self.backing.write_back(
+                st.keys,
+                st.tids,
+                sp.as_space(st.buffer),
+                sp.staging_offsets(st.keys.numel(), self.layout, self.device),
+                st.scores,
+            )
+        self._record_train()
 
     def eval_rows(self, keys, tids) -> torch.Tensor:
         self._join_prefetch()
@@ -290,74 +360,89 @@ class CachedStorage(TableStorage):
 
     # ----------------------------------------------------------- prefetch --
 
+    takes_padded_prefetch = True
+
     def prefetch(self, keys, tids, forward_stream=None) -> None:
+        """Brings the keys of a coming batch that the backing tier holds into
+        the cache, on the current stream, without reading anything on the
+        host (with an evicting backing table that does not grow): after the
+        last training lookup or update (an event recorded on the stream they
+        ran on, which the pipeline's ``forward_stream`` need not be: it is
+        not used), and before the next lookup (which waits for this one's
+        event). ``keys`` may be padded (``PAD_KEY``)."""
         if self.cache is None or keys.numel() == 0:
             return
         cuda = self.device.type == "cuda"
-        if cuda:
+        if not cuda:  # its table kernels refuse PAD_KEY
+            keep = (keys != PAD_KEY).nonzero().squeeze(1)
+            keys, tids = keys[keep], tids[keep]
+        # Room in the backing tier for every key this can write back (only a
+        # backing table that can grow needs it, and reads counts on the host).
+        room = self.backing.room_for(tids, keys != PAD_KEY)
+        if not cuda:
+            if room is not None:
+                self.backing.reserve(room)
+        else:
             stream = torch.cuda.current_stream(self.device)
-            if forward_stream is not None and forward_stream != stream:
-                # Room in the backing tier for every victim this can write
-                # back, made on the forward stream: the write-backs on this
-                # stream then never reallocate the backing table (whose old
-                # blocks the forward stream's allocator would reuse while this
-                # stream still read them).
-                room = self.backing.room_for(tids)  # host counts: no tensor crosses streams
-                if room is not None:
-                    with torch.cuda.stream(forward_stream):
-                        self.backing.reserve(room)
-                # After the forward enqueued so far (it wrote the cache's metadata).
-                stream.wait_stream(forward_stream)
-        cand = (self.cache.table.find(keys, tids) < 0).nonzero().squeeze(1)
+            if room is not None:
+                # Made on the stream the training lookups run on: the
+                # write-backs on this stream then never reallocate the backing
+                # table (whose old blocks that stream's allocator would reuse
+                # while this one still read them).
+                with torch.cuda.stream(self._train_stream):
+                    self.backing.reserve(room)
+                stream.wait_stream(self._train_stream)
+            stream.wait_event(self._train_event)
+        cand = self.cache.table.find(keys, tids) < 0
         st = self._staged
-        if st is not None and cand.numel():
+        if st is not None:
             # Rows the batch in flight stages are stale in the backing tier.
-            cand = cand[~torch.isin(keys[cand], st.keys)]
-        found, staged, bscores = self.backing.fetch(keys[cand], tids[cand])
-        f = found.nonzero().squeeze(1)
-        if f.numel():
-            self._prefetch_into_cache(
-                keys[cand][f], tids[cand][f], staged[f], None if bscores is None else bscores[f]
-            )
+            cand &= ~torch.isin(keys, st.keys)
+        self._prefetch_into_cache(self._locate(cand, keys, tids))
         if cuda:
             self._prefetch_event = torch.cuda.Event()
             self._prefetch_event.record(torch.cuda.current_stream(self.device))
 
-    def _prefetch_into_cache(self, keys, tids, staged, bscores) -> None:
+    def _prefetch_into_cache(self, loc: _Located) -> None:
+        """Inserts the keys ``loc`` found in the backing tier into the cache
+        and copies their rows in; the victims go back first, without evicting
+        those rows."""
         cache = self.cache
-        if bscores is None or not self._carry:
-            policies, vals = batch_policies(
-                self.strategies, self._last_score, torch.zeros_like(keys)
-            )
-            bscores = initial_scores(policies, vals, keys.numel(), cache.table.timer(), self.device)
+        sub = sp.Subset(loc.found)
+        fk, (ft, f_off) = sub.keys(loc.keys), sub.take(loc.tids, loc.offsets)
+        if loc.scores is None or not self._carry:
+            policies, vals = batch_policies(self.strategies, self._last_score, torch.zeros_like(fk))
+            fscores = initial_scores(policies, vals, fk.numel(), cache.table.timer(), self.device)
+        else:
+            (fscores,) = sub.take(loc.scores)
         # The batch in flight holds its cache slots until its backward: they
         # go into the same call, which never evicts a slot it holds, with the
         # scores they have.
+        held = 0
+        all_keys, all_tids, all_scores = fk, ft, fscores
         if self._held is not None and self._held[0].numel():
             hk, ht, hs = self._held
-            all_keys = torch.cat([hk, keys])
-            all_tids = torch.cat([ht, tids])
-            all_scores = torch.cat([cache.table.scores[hs], bscores])
-        else:
-            all_keys, all_tids, all_scores = keys, tids, bscores
+            h = sp.Subset(hs >= 0)
+            ht, hs = h.take(ht, hs)
+            hk = h.keys(hk)
+            held = hk.numel()
+            all_keys = torch.cat([hk, fk])
+            all_tids = torch.cat([ht, ft])
+            all_scores = torch.cat([cache.table.scores[hs.clamp(min=0)], fscores])
         assign = [enums.ScorePolicy.ASSIGN] * cache.table.num_scores
         slots, status, evicted = cache.insert(all_keys, all_tids, assign, all_scores, expand=False)
-        self._write_back_evicted(evicted)
-        h = all_keys.numel() - keys.numel()
-        slots, status = slots[h:], status[h:]
-        placed = (
-            ((status == enums.InsertStatus.INSERTED) | (status == enums.InsertStatus.EVICTED))
-            .nonzero()
-            .squeeze(1)
+        self._write_back_victims(self._victims(evicted), loc)
+        slots, status = slots[held:], status[held:]
+        placed = (status == enums.InsertStatus.INSERTED) | (status == enums.InsertStatus.EVICTED)
+        self.prefetched += placed.sum()
+        self.host_reads += placed.sum()
+        sp.copy_rows(
+            cache.space(),
+            torch.where(placed, cache.offsets(slots, ft), -1),
+            loc.src,
+            f_off,
+            self.layout.row_bytes_of(ft),
         )
-        self.prefetched += placed.numel()
-        if placed.numel():
-            cache.write(
-                slots[placed],
-                tids[placed],
-                sp.as_space(staged),
-                sp.staging_offsets(keys.numel(), self.layout, self.device)[placed],
-            )
 
     # -------------------------------------------------------------- flush --
 

@@ -19,6 +19,7 @@ from dynamicemb.storage import space as sp
 from dynamicemb.storage.base import ExportedRows, Footprint, RowInit
 from dynamicemb.storage.layout import RowLayout
 from dynamicemb.storage.rows import rows_buffer
+from dynamicemb.table import PAD_KEY
 from dynamicemb.types import MemoryType, Storage, StorageTable
 
 
@@ -103,10 +104,15 @@ class ExternalBacking:
             )
         return value
 
-    def _by_table(self, tids: torch.Tensor):
-        """(table, index of its entries) for each table present in ``tids``."""
+    def _by_table(self, tids: torch.Tensor, keys: torch.Tensor | None = None):
+        """(table, index of its entries) for each table present in ``tids``
+        (with ``keys``: the entries whose key is not ``PAD_KEY``)."""
+        valid = None if keys is None else keys != PAD_KEY
         for t in torch.unique(tids).tolist():
-            yield t, (tids == t).nonzero().squeeze(1)
+            sel = tids == t if valid is None else (tids == t) & valid
+            idx = sel.nonzero().squeeze(1)
+            if idx.numel():
+                yield t, idx
 
     def _find(self, keys, t: int):
         """(found (n) bool, (n, value_dim) float32 rows) of one table's keys."""
@@ -127,30 +133,38 @@ class ExternalBacking:
     # ------------------------------------------------------- as a backing --
 
     def fetch(self, keys: torch.Tensor, tids: torch.Tensor):
-        """``(found, staging rows, None)`` of the keys the storage holds."""
+        """``(found, staging rows, None)`` of the keys the storage holds
+        (``PAD_KEY`` entries are not asked for: not found)."""
         n = keys.numel()
         found = torch.zeros(n, dtype=torch.bool, device=self.device)
         buf = sp.staging(n, self.layout, self.device)
-        for t, idx in self._by_table(tids):
+        for t, idx in self._by_table(tids, keys):
             f, values = self._find(keys[idx], t)
             found[idx] = f
             dim = self.tables[t].embedding_dim
             sp.pack_rows(buf, tids[idx], self.layout, values[:, :dim], values[:, dim:], index=idx)
         return found, buf, None
 
-    def write_back(self, keys, tids, src, src_offsets, scores) -> None:
+    def locate(self, keys: torch.Tensor, tids: torch.Tensor):
+        """``fetch``, as a row space a cache copies the rows from: ``(found,
+        the staging rows as a row space, their offsets (-1 where not found),
+        None)``."""
+        found, buf, _ = self.fetch(keys, tids)
+        offsets = sp.staging_offsets(keys.numel(), self.layout, self.device)
+        return found, sp.as_space(buf), torch.where(found, offsets, -1), None
+
+    def expand_for(self, keys, tids) -> None:
+        """The storage sizes itself."""
+
+    def write_back(self, keys, tids, src, src_offsets, scores, protect=None, expand=True) -> None:
         """Hands rows (from the row space ``src``) to the storage; it scores
-        them itself."""
+        them itself. ``PAD_KEY`` entries are left out; ``protect`` and
+        ``expand`` do not apply (the rows a ``locate`` found are copies)."""
+        keep = (keys != PAD_KEY).nonzero().squeeze(1)
+        keys, tids, src_offsets = keys[keep], tids[keep], src_offsets[keep]
         if keys.numel() == 0:
             return
-        buf = sp.staging(keys.numel(), self.layout, self.device)
-        sp.copy_rows(
-            sp.as_space(buf),
-            sp.staging_offsets(keys.numel(), self.layout, self.device),
-            src,
-            src_offsets,
-            self.layout.row_bytes_of(tids),
-        )
+        buf = sp.stage_rows(src, src_offsets, tids, self.layout)
         emb, state = sp.unpack_rows(buf, tids, self.layout)
         for t, idx in self._by_table(tids):
             spec = self.tables[t]
@@ -162,7 +176,7 @@ class ExternalBacking:
 
     def contains(self, keys, tids) -> torch.Tensor:
         found = torch.zeros(keys.numel(), dtype=torch.bool, device=self.device)
-        for t, idx in self._by_table(tids):
+        for t, idx in self._by_table(tids, keys):
             found[idx] = self._find(keys[idx], t)[0]
         return found
 
@@ -231,7 +245,7 @@ class ExternalBacking:
     def reserve_rows(self, table: int, incoming: int) -> None:
         """The storage sizes itself."""
 
-    def room_for(self, tids: torch.Tensor) -> None:
+    def room_for(self, tids: torch.Tensor, valid: torch.Tensor | None = None) -> None:
         """The storage sizes itself."""
         return None
 

@@ -23,8 +23,14 @@ from dynamicemb.storage.base import Footprint, TableStorage
 from dynamicemb.storage.cache import CachedStorage
 from dynamicemb.storage.external import ExternalBacking
 from dynamicemb.storage.hash_storage import HashTableStorage
+from dynamicemb.storage.hybrid import HybridStorage
 from dynamicemb.storage.layout import RowLayout
-from dynamicemb.storage.placement import bucket_widths, device_rows, initial_layout
+from dynamicemb.storage.placement import (
+    bucket_widths,
+    device_rows,
+    initial_layout,
+    remap_bytes,
+)
 from dynamicemb.storage.scores import cache_strategies
 from dynamicemb.table import state_bytes
 
@@ -70,8 +76,9 @@ def create_storage(
     """The storage of a module's tables (they share ``caching``,
     ``external_storage``, the score strategy and ``evicted_item_mode``).
 
-    * no cache, no external storage: a ``HashTableStorage`` whose rows are
-      split between device and host memory by ``local_hbm_for_values``;
+    * no cache, no external storage: a ``HybridStorage`` (a
+      ``HashTableStorage``) whose rows are split between device and host
+      memory by ``local_hbm_for_values``;
     * ``caching=True``: a ``CachedStorage`` of a device cache of the budget
       over a host ``HashTableStorage`` or the external storage;
     * an external storage without cache: a ``CachedStorage`` without cache.
@@ -86,7 +93,7 @@ def create_storage(
     retain = first.evicted_item_mode == EvictedItemMode.RETAIN_KEY
     budgets = [int(o.local_hbm_for_values) for o in options]
     if not first.caching and first.external_storage is None:
-        return HashTableStorage(
+        return HybridStorage(
             options, layout, device, budgets, scorer_factory, retain_evicted=retain
         )
     cache = None
@@ -153,7 +160,9 @@ def plan_footprint(
     budget = int(options.local_hbm_for_values)
     if not options.caching and options.external_storage is None:
         dev = device_rows(rows, [rb], [budget])[0]
-        return Footprint(device=table_meta + dev * rb, host=(rows[0] - dev) * rb)
+        return Footprint(
+            device=table_meta + remap_bytes(rows[0], dev) + dev * rb, host=(rows[0] - dev) * rb
+        )
     device, host = 0, 0
     if options.caching:
         cap, _ = cache_layout(budget, rb)

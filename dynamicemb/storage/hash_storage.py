@@ -382,7 +382,7 @@ class HashTableStorage(TableStorage):
     ) -> None:
         """Writes the initial rows of new keys at ``offsets`` of this storage
         (entries at -1 skipped)."""
-        write_initial_rows(self.space(), offsets, keys, tids, init, self.layout)
+        write_initial_rows(self.rows_space.tensors, offsets, keys, tids, init, self.layout)
 
     takes_padded_batches = True
 
@@ -451,21 +451,13 @@ class HashTableStorage(TableStorage):
 
     def read(self, slots: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
         """(n, max_row_bytes) staging rows of table slots (zeros where -1)."""
-        buf = sp.staging(slots.numel(), self.layout, self.device)
-        sp.copy_rows(
-            sp.as_space(buf),
-            sp.staging_offsets(slots.numel(), self.layout, self.device),
-            self.space(),
-            self.offsets(slots, tids),
-            self.layout.row_bytes_of(tids),
-        )
-        return buf
+        return sp.stage_rows(self.rows_space.tensors, self.offsets(slots, tids), tids, self.layout)
 
     def write(self, slots: torch.Tensor, tids: torch.Tensor, src, src_offsets) -> None:
         """Copies rows from ``src`` (a row space) at ``src_offsets`` into table
         slots (-1 skipped)."""
         sp.copy_rows(
-            self.space(),
+            self.rows_space.tensors,
             self.offsets(slots, tids),
             src,
             src_offsets,
@@ -482,35 +474,68 @@ class HashTableStorage(TableStorage):
     def timer(self) -> torch.Tensor:
         return self.table.timer()
 
-    def fetch(self, keys: torch.Tensor, tids: torch.Tensor):
-        """The rows of keys this table holds, for a cache: ``(found (n) bool,
-        staging rows (n, max_row_bytes), scores (n, num_scores) or None)``."""
+    def locate(self, keys: torch.Tensor, tids: torch.Tensor):
+        """Where the rows of keys this table holds are, for a cache to copy
+        them from: ``(found (n) bool, the row space, (n) byte offsets (-1
+        where not held), scores (n, num_scores) or None)``. The offsets hold
+        until the table changes (``expand_for`` first, when rows go back in
+        after)."""
         slots = self.table.find(keys, tids)
         scores = None if self.no_eviction else self.table.scores[slots.clamp(min=0)]
-        return slots >= 0, self.read(slots, tids), scores
+        return slots >= 0, self.rows_space.tensors, self.offsets(slots, tids), scores
 
-    def room_for(self, tids: torch.Tensor) -> list[int] | None:
+    def fetch(self, keys: torch.Tensor, tids: torch.Tensor):
+        """The rows of keys this table holds, copied: ``(found (n) bool,
+        staging rows (n, max_row_bytes), scores (n, num_scores) or None)``."""
+        found, space, offsets, scores = self.locate(keys, tids)
+        return found, sp.stage_rows(space, offsets, tids, self.layout), scores
+
+    def room_for(self, tids: torch.Tensor, valid: torch.Tensor | None = None) -> list[int] | None:
         """Keys per table to ``reserve`` for one more key per entry of ``tids``
-        (its table), read to the host; None when no table can grow."""
+        (its table; with ``valid``, per entry it marks), read to the host;
+        None when no table can grow (then nothing is read)."""
         t = self.table
         if self.no_eviction or any(t.capacity(i) < t.max_capacity(i) for i in range(t.num_tables)):
-            return torch.bincount(tids, minlength=t.num_tables).tolist()
+            ones = torch.ones_like(tids) if valid is None else valid.to(torch.int64)
+            counts = torch.zeros(t.num_tables, dtype=torch.int64, device=tids.device)
+            return counts.index_add_(0, tids, ones).tolist()
         return None
 
-    def write_back(self, keys, tids, src, src_offsets, scores) -> None:
+    def expand_for(self, keys: torch.Tensor, tids: torch.Tensor) -> None:
+        """Expands the tables that ``keys`` (those not held yet) could
+        overfill, before a ``write_back`` of them with ``expand=False``."""
+        self._expand_for(keys, tids)
+
+    def write_back(
+        self, keys, tids, src, src_offsets, scores, protect=None, expand: bool = True
+    ) -> None:
         """Stores rows a cache gives back (from the row space ``src``), with
         their scores (``ASSIGN``; None under NO_EVICTION). The table expands
-        first for the keys it does not hold; a full bucket evicts (the last
-        tier: recorded under RETAIN_KEY); a key it cannot place at all is
-        dropped and counted in ``dropped``."""
+        first for the keys it does not hold (unless ``expand`` is False: the
+        caller did, with ``expand_for``); a full bucket evicts (the last tier:
+        recorded under RETAIN_KEY); a key it cannot place at all is dropped and
+        counted in ``dropped``. Entries of ``PAD_KEY`` are left out.
+
+        ``protect``: ``(keys, table ids, scores)`` of keys a ``locate`` found
+        whose rows are still to be read: they go into the same call with their
+        own scores, found and untouched, so that no key written back evicts
+        them (``insert_and_evict`` never evicts a key of its batch)."""
         if keys.numel() == 0:
             return
-        self._expand_for(keys, tids)
-        if self.no_eviction:
+        if expand:
+            self._expand_for(keys, tids)
+        if self.no_eviction:  # never evicts: nothing to protect
             slots, status, _ = self.insert(keys, tids, expand=False)
         else:
+            head = 0
+            if protect is not None:
+                pk, pt, ps = protect
+                head = pk.numel()
+                keys, tids = torch.cat([pk, keys]), torch.cat([pt, tids])
+                scores = torch.cat([ps, scores])
             assign = [enums.ScorePolicy.ASSIGN] * self.table.num_scores
             slots, status, _ = self.insert(keys, tids, assign, scores, expand=False)
+            keys, tids, slots, status = keys[head:], tids[head:], slots[head:], status[head:]
         self.dropped += (status == enums.InsertStatus.FAILED).sum()
         self.write(slots, tids, src, src_offsets)
 
@@ -587,7 +612,7 @@ class HashTableStorage(TableStorage):
                 for k, v in t._state().items()
             },
             "max_caps": list(t._max_caps),
-            "placement": self.placement,
+            "placement": self.placement.snapshot(),
             "rows_space": self.rows_space,
             # Rows mean nothing in an empty table.
             "rows": [s.data.to("cpu", copy=True) for s in segs] if holds_keys else None,
@@ -598,7 +623,7 @@ class HashTableStorage(TableStorage):
     def restore(self, snapshot: dict) -> None:
         self.table._restore(snapshot["table"])
         self.table._max_caps = snapshot["max_caps"]
-        self._set_placement(snapshot["placement"], snapshot["rows_space"])
+        self._set_placement(snapshot["placement"].snapshot(), snapshot["rows_space"])
         if snapshot["rows"] is not None:
             for seg, saved in zip((self.rows_space.seg0, self.rows_space.seg1), snapshot["rows"]):
                 seg.data.copy_(saved)
@@ -609,7 +634,8 @@ class HashTableStorage(TableStorage):
 
     def metadata_bytes(self) -> int:
         t = self.table
-        return sum(x.numel() * x.element_size() for x in _table_tensors(t))
+        tables = sum(x.numel() * x.element_size() for x in _table_tensors(t))
+        return tables + sum(self.placement.remap_bytes())
 
     def footprint_per_table(self) -> list[Footprint]:
         t, p = self.table, self.placement
@@ -618,9 +644,13 @@ class HashTableStorage(TableStorage):
             t.counters.shape[1] * t.counters.element_size()
         )
         return [
-            Footprint(device=meta + own + d * rb, host=(r - d) * rb)
-            for meta, d, r, rb in zip(
-                t.memory_per_table(), p.dev_rows, p.rows, self.layout.row_bytes
+            Footprint(device=meta + own + remap + d * rb, host=(r - d) * rb)
+            for meta, d, r, rb, remap in zip(
+                t.memory_per_table(),
+                p.dev_rows,
+                p.rows,
+                self.layout.row_bytes,
+                p.remap_bytes(),
             )
         ]
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from dynamicemb.storage.layout import RowLayout
-from dynamicemb.table import extension, ops
+from dynamicemb.table import PAD_KEY, extension, ops
 from dynamicemb.types import MemoryType
 
 
@@ -94,6 +94,66 @@ def copy_rows(
         ops().copy_rows(dst[0], dst[1], dst_offsets, src[0], src[1], src_offsets, nbytes)
 
 
+def scatter_rows(dst: torch.Tensor, index: torch.Tensor, src: torch.Tensor) -> None:
+    """``dst[index[i]] = src[i]`` for every i with ``index[i] >= 0``, without
+    reading anything on the host (one ``copy_rows``): the rows of ``dst`` and
+    ``src`` (contiguous, one dtype, rows of a multiple of 4 bytes) are byte
+    rows of two row spaces. The indices at or above 0 must be distinct."""
+    if index.numel() == 0:
+        return
+    row = dst[0].numel() * dst.element_size() if dst.dim() > 1 else dst.element_size()
+    n = index.numel()
+    nbytes = torch.full((n,), row, dtype=torch.int64, device=index.device)
+    copy_rows(
+        (dst, dst.new_empty(0)),
+        torch.where(index >= 0, index * row, -1),
+        (src.contiguous(), src.new_empty(0)),
+        torch.arange(n, dtype=torch.int64, device=index.device) * row,
+        nbytes,
+    )
+
+
+class Subset:
+    """The entries of a batch that a mask selects, for the table calls and
+    row moves after it.
+
+    Compacted (only the selected entries stay, ``on`` all True) on the CPU,
+    where reading costs nothing, and on a GPU when the caller knows how many
+    entries the mask selects (``size``: no read of the device either).
+    Otherwise, on a GPU, every entry stays, without reading anything on the
+    host: ``keys`` puts the table's ``EMPTY_KEY`` (the batches' ``PAD_KEY``,
+    which the CUDA table kernels skip: slot -1, status INVALID, nothing
+    stored; the CPU kernels refuse it) where the mask is off, ``take`` leaves
+    tensors as they are and ``on`` is the mask. Either way a mask computed
+    from the subset's table results (a slot >= 0, a status) is off for the
+    entries left out.
+    """
+
+    def __init__(self, mask: torch.Tensor, size: int | None = None) -> None:
+        self.mask = mask
+        if mask.device.type == "cpu":
+            self.idx = mask.nonzero().squeeze(1)
+        elif size is not None:
+            self.idx = torch.nonzero_static(mask, size=size).squeeze(1)
+        else:
+            self.idx = None
+        self.on = mask if self.idx is None else torch.ones_like(self.idx, dtype=torch.bool)
+
+    def keys(self, keys: torch.Tensor) -> torch.Tensor:
+        if self.idx is not None:
+            return keys[self.idx]
+        return torch.where(self.mask, keys, PAD_KEY)
+
+    def take(self, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        if self.idx is None:
+            return tensors
+        return tuple(t[self.idx] for t in tensors)
+
+    def origin(self, pos: torch.Tensor) -> torch.Tensor:
+        """The batch positions of subset positions ``pos``."""
+        return pos if self.idx is None else self.idx[pos]
+
+
 def staging(n: int, layout: RowLayout, device: torch.device) -> torch.Tensor:
     """(n, max_row_bytes) uint8 zeros: n rows of any of the layout's tables."""
     return torch.zeros((n, layout.max_row_bytes), dtype=torch.uint8, device=device)
@@ -107,6 +167,21 @@ def staging_offsets(n: int, layout: RowLayout, device: torch.device) -> torch.Te
 def as_space(buffer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """A staging buffer as a one-segment row space."""
     return buffer.view(-1), buffer.new_empty(0)
+
+
+def stage_rows(src, offsets: torch.Tensor, tids: torch.Tensor, layout: RowLayout) -> torch.Tensor:
+    """A staging buffer of the rows of tables ``tids`` at ``offsets`` of the
+    row space ``src`` (zeros where an offset is -1)."""
+    n = offsets.numel()
+    buf = staging(n, layout, offsets.device)
+    copy_rows(
+        as_space(buf),
+        staging_offsets(n, layout, offsets.device),
+        src,
+        offsets,
+        layout.row_bytes_of(tids),
+    )
+    return buf
 
 
 def pack_rows(

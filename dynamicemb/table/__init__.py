@@ -5,11 +5,12 @@ This package is the one door to the native extension: only its modules load
 extension's ops, constants and enumerations through the names here:
 ``ops()`` (``torch.ops.dynamicemb``, registered on first use), ``constants()``
 and ``enums`` (the C++ enumerations), ``extension()`` (the module itself),
-and the one rule for key values, ``check_keys``.
+the one rule for key values, ``check_keys``, and the key of a batch's
+padding entries, ``PAD_KEY``.
 """
 
 from dynamicemb.table._native import constants, enums, extension, ops
-from dynamicemb.table.keys import check_keys, first_valid_key, reserved_key_error
+from dynamicemb.table.keys import check_keys, first_valid_key, pad_key, reserved_key_error
 from dynamicemb.table.results import EvictedKeys, ExportedBatch, InsertResult, gather_rows
 from dynamicemb.table.scored_hash_table import ScoredHashTable
 from dynamicemb.table.sizes import (
@@ -20,8 +21,18 @@ from dynamicemb.table.sizes import (
     state_bytes,
 )
 
+
+def __getattr__(name: str):
+    # PAD_KEY (``pad_key()``) is read from the extension, which loads on
+    # first use: importing this package loads nothing.
+    if name == "PAD_KEY":
+        return pad_key()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = [
     "FREE_ROW_DTYPE",
+    "PAD_KEY",
     "NO_EVICTION_LOAD_FACTOR",
     "EvictedKeys",
     "ExportedBatch",

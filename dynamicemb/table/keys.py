@@ -12,6 +12,14 @@ def first_valid_key() -> int:
     return int(constants()["FIRST_VALID_KEY"])
 
 
+def pad_key() -> int:
+    """The key of a batch's padding entries (``PAD_KEY``): the table's
+    ``EMPTY_KEY`` (``kEmptyKey`` of cc/table/types.h), a reserved key that no
+    batch may contain. The CUDA table kernels treat it as invalid (slot -1,
+    nothing stored); the CPU kernels refuse it."""
+    return int(constants()["EMPTY_KEY"])
+
+
 def reserved_key_error(what: str, key: int, index: int) -> ValueError:
     """The error of a reserved key ``key`` at ``index`` of what ``what`` names."""
     return ValueError(

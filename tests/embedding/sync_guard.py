@@ -132,3 +132,20 @@ def forbid_host_syncs(
     finally:
         for owner, name, original in reversed(saved):
             setattr(owner, name, original)
+
+
+def cuda_syncs(fn) -> int:
+    """Synchronizing CUDA calls ``fn()`` makes, as torch's sync debug mode
+    counts them (the GPU's own count, where ``forbid_host_syncs`` is the
+    CPU's stand-in)."""
+    import warnings
+
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return sum("synchroniz" in str(w.message) for w in caught)

@@ -4,6 +4,8 @@ after step, through a restore that rebuilds the tables' tensors and with two
 forward passes before their backward; and it never synchronizes. On the CPU:
 when a storage's training step may be captured at all."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -191,6 +193,23 @@ def test_graph_state_names_a_storage_whose_step_never_synchronizes():
 )
 def test_graph_state_is_none_for_steps_that_synchronize(kw):
     assert _storage_state(**kw)._graph_state() is None
+
+
+@pytest.mark.parametrize(
+    "budget, captured",
+    [
+        (1 << 24, True),  # every row in device memory
+        (0, True),  # every row in host memory, addressed in place
+        (1 << 17, False),  # half of each table's rows: its host rows are staged
+    ],
+)
+def test_graph_state_of_a_hybrid_table_is_none_while_it_is_split(budget, captured):
+    """A table split between device and host memory stages its host rows,
+    whose number its step reads on the host: never captured."""
+    options = [dataclasses.replace(o, local_hbm_for_values=budget) for o in _options()]
+    m = unchecked_module(options, EmbOptimType.EXACT_SGD, "SUM", "cpu", 0.1)
+    assert (m.storage.placement.remap is not None) == (not captured)
+    assert (m._graph_state() is not None) == captured
 
 
 def test_graph_state_is_none_under_debug_checks(monkeypatch):

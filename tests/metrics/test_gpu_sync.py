@@ -6,8 +6,6 @@ which warns at every synchronizing CUDA call (device-to-host copies, ``item``,
 ``nonzero``, ...).
 """
 
-import warnings
-
 import pytest
 import torch
 
@@ -21,6 +19,7 @@ from dynamicemb import DynamicEmbTableOptions
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2, segmented_unique
 from dynamicemb.metrics import StatCol, instrument
 from dynamicemb.metrics.figures import TABLE
+from tests.embedding.sync_guard import cuda_syncs
 
 pytestmark = pytest.mark.gpu
 
@@ -47,19 +46,6 @@ def _batches(n):
     return out
 
 
-def _syncs(fn) -> int:
-    """Synchronizing CUDA calls made by fn()."""
-    torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        torch.cuda.set_sync_debug_mode("warn")
-        try:
-            fn()
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
-
-
 def _step(module, batch):
     keys, offsets = batch
     module(keys, offsets).sum().backward()
@@ -75,7 +61,9 @@ def test_training_step_syncs_as_often_with_metrics_as_without():
         _step(module, batches[0])
     counts = []
     for batch in batches[1:]:
-        counts.append((_syncs(lambda: _step(plain, batch)), _syncs(lambda: _step(measured, batch))))
+        counts.append(
+            (cuda_syncs(lambda: _step(plain, batch)), cuda_syncs(lambda: _step(measured, batch)))
+        )
     print("synchronizations per step (without, with metrics):", counts)
     # A module's lazily built caches may synchronize once on a later step, so
     # a step may sync more without metrics; never more with them.
@@ -83,7 +71,7 @@ def test_training_step_syncs_as_often_with_metrics_as_without():
     assert reg.reads == 0  # nothing was read while training
 
     # A collection reads every counter with one device-to-host copy.
-    assert _syncs(reader.collect) == 1
+    assert cuda_syncs(reader.collect) == 1
     assert reg.reads == 1
     points = {
         m.name: {p.attributes[TABLE]: p.value for p in m.data.data_points}

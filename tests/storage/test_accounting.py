@@ -44,6 +44,10 @@ def _tensor_bytes(m, memory) -> int:
         for x in (t.keys, t.digests, t.scores, t.info, t.counters, t.free_rows):
             if (x.device.type == "cpu") == (memory == MemoryType.HOST):
                 total += x.numel() * x.element_size()
+        remap = p.placement.remap
+        for x in () if remap is None else remap.tensors():
+            if (x.device.type == "cpu") == (memory == MemoryType.HOST):
+                total += x.numel() * x.element_size()
         for seg in (p.rows_space.seg0, p.rows_space.seg1):
             if seg.memory == memory:
                 total += seg.nbytes

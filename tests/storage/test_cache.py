@@ -183,3 +183,32 @@ def test_eval_reads_every_tier_and_changes_nothing(mode):
         for indices, offsets in batches(3, 2, vocab=4000, seed=7):
             assert torch.equal(m(indices, offsets), reference(indices, offsets))
     assert m.storage.sizes() == before
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("prefetch", [False, True], ids=["lookup", "prefetch"])
+def test_rows_taken_from_a_full_backing_table_are_never_lost_to_its_victims(device, prefetch):
+    # A backing table of one bucket of 128 rows, full and evicting, under a
+    # cache of 16: the cache's victims go back into it in the same step that
+    # reads the rows of the keys the cache misses, and would evict them first
+    # if they were not protected until read.
+    m = module("cache_small", dims=(8,), optimizer="adam", max_capacity=128, device=device)
+    data = [(i.to(device), o.to(device)) for i, o in batches(14, 1, batch=48, vocab=600)]
+    train(m, data[:12], device=device)
+    cache, backing = m.storage.cache, m.storage.backing
+    assert int(backing.table.size()[0]) == 128  # full
+    keys, tids = _distinct(m, *data[12])
+    taken = backing.contains(keys, tids) & ~cache.contains(keys, tids)
+    k, t = keys[taken], tids[taken]
+    assert k.numel() > 8
+    _, emb, state = m.storage.read_rows(k, t)
+    if prefetch:
+        m.prefetch(*data[12])
+        assert int(m.storage.prefetched) > 0
+    else:
+        out = m(*data[12])  # the rows reach the cache (or the staging buffer), not yet updated
+    found, emb_now, state_now = m.storage.read_rows(k, t)
+    assert bool(found.all())
+    assert torch.equal(emb_now, emb) and torch.equal(state_now, state)
+    if not prefetch:
+        out.sum().backward()

@@ -59,9 +59,9 @@ def test_a_table_of_several_gib_with_a_1_mib_budget_takes_little_device_memory(c
     on_device = _requested() - before
     full = rows * rb
     # Rows on the device within the budget; the rest is the keys' metadata
-    # (17 bytes a slot against 1536 bytes a row): one table's for the hybrid
-    # table (1.1 % of the rows' bytes on the H200), the backing table's and
-    # the cache's for the cache (3.4 %).
+    # (17 bytes a slot against 1536 bytes a row): one table's and its row map
+    # (8 bytes a row) for the hybrid table (1.6 % of the rows' bytes), the
+    # backing table's and the cache's for the cache (3.4 % on the H200).
     # What the storage reports, up to a few bytes of the module's own.
     usage = m.memory_usage(MemoryType.DEVICE)
     assert usage <= on_device <= usage + 4 * 1024

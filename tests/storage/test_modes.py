@@ -9,12 +9,25 @@ optimizer state) at the end are bitwise those of the all-device module.
 """
 
 import pytest
+import torch
 
 from dynamicemb import DynamicEmbPoolingMode as Pool
 from dynamicemb import DynamicEmbScoreStrategy as Score
+from dynamicemb.dynamicemb_config import value_row_bytes
+from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
 from dynamicemb.storage import CachedStorage, HashTableStorage
 from tests.devices import DEVICES
-from tests.storage.storage_cases import MODES, assert_trains_like_device, module, seen_keys
+from tests.storage.storage_cases import (
+    MODES,
+    OPTIMIZERS,
+    assert_trains_like_device,
+    module,
+    replace,
+    rows_of,
+    seen_keys,
+    table_options,
+    train,
+)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -33,6 +46,11 @@ def test_mode_trains_like_the_all_device_module(mode, optimizer, device):
         assert int(m.storage.overflows) > 0  # batches larger than the cache
     if mode == "cache":
         assert int(m.storage.overflows) == 0
+    if mode in ("hybrid", "host"):
+        # A split table's rows crossed the bus staged and moved between the
+        # tiers; a host table's kernels address its rows in place.
+        staged = (int(m.storage.host_reads), int(m.storage.host_writes), int(m.storage.promotions))
+        assert all(staged) if mode == "hybrid" else not any(staged), staged
 
 
 @pytest.mark.parametrize("mode", ["hybrid", "cache", "cache_small", "external"])
@@ -98,3 +116,40 @@ def test_hybrid_tiers_split_at_the_budget():
     f = m.storage.footprint()
     rows_bytes = sum(4096 * rb for rb in m.layout.row_bytes)
     assert f.host == rows_bytes - sum(d * rb for d, rb in zip(p.dev_rows, m.layout.row_bytes))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("score", [Score.TIMESTAMP, Score.NO_EVICTION], ids=["timestamp", "rows"])
+def test_hybrid_rows_used_again_stay_in_device_memory(device, score):
+    # An eighth of the rows in device memory; 40 keys in every batch, the
+    # rest of each batch new: the 40 end up in device memory and stop
+    # crossing the bus, and the table still trains like the all-device one.
+    kw = dict(max_capacity=1024, score_strategy=score)
+    opt, args = OPTIMIZERS["adam"]
+    options = replace(
+        table_options("hybrid", (8,), opt, **kw),
+        local_hbm_for_values=1024 * value_row_bytes(opt, 8, torch.float32) // 8,
+    )
+    m = BatchedDynamicEmbeddingTablesV2(options, optimizer=opt, device=torch.device(device), **args)
+    assert 0 < m.storage.placement.dev_rows[0] < m.storage.placement.rows[0]
+    reference = module("device", (8,), "adam", device=device, **kw)
+    g = torch.Generator().manual_seed(3)
+    hot = torch.randperm(100_000, generator=g)[:40]
+    data = []
+    for step in range(16):
+        tail = 100_000 + step * 50 + torch.arange(50)
+        indices = torch.cat([hot, tail])[torch.randperm(90, generator=g)]
+        data.append((indices, torch.arange(0, 91, 3)))
+    got = train(m, data[:12], device=device)
+    reads = int(m.storage.host_reads)
+    got += train(m, data[12:], device=device, first=12)
+    want = train(reference, data, device=device)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+    k = hot.to(device)
+    assert bool((m.storage.eval_rows(k, torch.zeros_like(k)) < m.storage.placement.size0).all())
+    # The last 4 steps read no row twice: only their 50 new keys were on the
+    # host, and new rows are made on the device.
+    assert int(m.storage.host_reads) == reads
+    assert int(m.storage.promotions) >= 40
+    ((fg, eg, sg),), ((_, ew, sw),) = (rows_of(x, [set(hot.tolist())]) for x in (m, reference))
+    assert bool(fg.all()) and torch.equal(eg, ew) and torch.equal(sg, sw)

@@ -5,12 +5,20 @@
 #   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|multigpu|checkpoint|metrics|storage|replication|sharded|soak|wheel|resume]...
 #   (default: tests, embedding, table, admission)
 #
-# storage: tools/bench/storage_bench.py (the device cache at ratios 1.0, 0.5 and 0.1
-# with and without prefetch, the hybrid table at 50 %, the all-device table, FBGEMM's
-# managed cache on the same batches) and the `gpu` tests of tests/storage; output in
-# $OUT/storage.txt. STORAGE_BENCH_ARGS replaces the benchmark's size flags
-# (default: 4 tables x 4,000,000 rows, dim 128, Adam: 23 GiB of rows, 46 GiB with
-# FBGEMM's copy, for a machine of 128 GiB of host memory).
+# storage: the `gpu` tests of tests/storage, then tools/bench/storage_dmp_bench.py
+# through DistributedModelParallel on one GPU (10 tables x 1,677,721 rows, dim 128,
+# 65,536 ids per feature and step): the EBC with SGD and Adam at HBM budgets of 10 %
+# and 50 % (TorchRec fused and fused_uvm_caching, the dynamic all-HBM, cached and
+# hybrid tables; the two caches through TorchRec's prefetch pipeline at 10 %), then
+# the EC with SGD at 10 %. Summary in $OUT/storage.txt, the tests' output in
+# storage_tests.txt, each benchmark's in storage_dmp_{ebc,ec}.txt and .json.
+# STORAGE_DMP_ARGS is appended to both benchmarks' flags (e.g. "--rows 400000" for
+# a smaller size; the full one holds 26 GiB of Adam rows, twice for a cache over a
+# host table). STORAGE_MODULE_BENCH=1 adds the module-level tools/bench/storage_bench.py
+# (STORAGE_BENCH_ARGS replaces its size flags; default 2 tables x 1,000,000 rows).
+# Timeouts in seconds: STORAGE_TESTS_TIMEOUT (240), STORAGE_EBC_TIMEOUT (240),
+# STORAGE_EC_TIMEOUT (75), STORAGE_BENCH_TIMEOUT (150): at most about 9 minutes after the
+# build, fewer when each configuration builds in a few seconds.
 #
 # wheel: the wheel as pip builds it here (`pip wheel --no-build-isolation --no-deps`,
 # CUDA, the archs of cc/sources.bzl), then `tools/check_dist.py --wheel`: it requires
@@ -250,6 +258,43 @@ sharded_part() {
   return 0
 }
 
+storage_part() {
+  local sum="$OUT/storage.txt" rc t0 kind
+  : > "$sum"
+  "$PY" -c "import torch; print(f'torch {torch.__version__},', torch.cuda.get_device_name(0))" 2>&1 | tee -a "$sum"
+  build_cuda "$sum" || return
+  t0=$(date +%s)
+  timeout -k 10 "${STORAGE_TESTS_TIMEOUT:-240}" "$PY" -m pytest -m gpu tests/storage -q --tb=short -rs \
+    -p no:cacheprovider > "$OUT/storage_tests.txt" 2>&1
+  rc=$?
+  echo "tests: $(status_word $rc "${STORAGE_TESTS_TIMEOUT:-240}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/storage_tests.txt" | tail -20 | tee -a "$sum"
+  for kind in ebc ec; do
+    local flags=(--kinds ebc --optimizers sgd adam --budgets 0.1 0.5 --prefetch-budgets 0.1)
+    local limit=${STORAGE_EBC_TIMEOUT:-240}
+    if [ "$kind" = ec ]; then
+      flags=(--kinds ec --optimizers sgd --budgets 0.1 --configs torchrec_hbm dynamic_hbm torchrec_uvm cache hybrid)
+      limit=${STORAGE_EC_TIMEOUT:-75}
+    fi
+    t0=$(date +%s)
+    # shellcheck disable=SC2086
+    timeout -k 10 "$limit" "$PY" tools/bench/storage_dmp_bench.py --device cuda "${flags[@]}" \
+      --warmup 10 --steps 10 --json "$OUT/storage_dmp_$kind.json" ${STORAGE_DMP_ARGS:-} \
+      > "$OUT/storage_dmp_$kind.txt" 2>&1
+    rc=$?
+    echo "benchmark ($kind): $(status_word $rc "$limit") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+    grep -E '^(NVIDIA|CPU|ebc |ec )|^\||^`' "$OUT/storage_dmp_$kind.txt" | tee -a "$sum"
+    [ $rc -ne 0 ] && grep -v "registered at\|backend fallback" "$OUT/storage_dmp_$kind.txt" | tail -15
+  done
+  if [ "${STORAGE_MODULE_BENCH:-0}" = 1 ]; then
+    # shellcheck disable=SC2086
+    timeout -k 10 "${STORAGE_BENCH_TIMEOUT:-150}" "$PY" tools/bench/storage_bench.py --device cuda \
+      ${STORAGE_BENCH_ARGS:---tables 2 --rows 1000000 --dim 128 --optimizer adam --steps 8 --warmup 2} 2>&1 \
+      | grep -v "registered at\|backend fallback\|Warning\|warn(" | tee -a "$sum"
+  fi
+  return 0
+}
+
 parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(tests embedding table admission)
 for part in "${parts[@]}"; do
@@ -303,14 +348,7 @@ for part in "${parts[@]}"; do
       resume_part
       ;;
     storage)
-      : > "$OUT/storage.txt"
-      build_cuda "$OUT/storage.txt" || continue
-      # shellcheck disable=SC2086
-      timeout -k 10 "${STORAGE_BENCH_TIMEOUT:-1200}" "$PY" tools/bench/storage_bench.py --device cuda \
-        ${STORAGE_BENCH_ARGS:---tables 4 --rows 4000000 --dim 128 --optimizer adam} 2>&1 \
-        | grep -v "registered at\|backend fallback\|Warning\|warn(" | tee -a "$OUT/storage.txt"
-      timeout -k 10 "${STORAGE_TESTS_TIMEOUT:-600}" "$PY" -m pytest -m gpu tests/storage -q --tb=short \
-        -p no:cacheprovider 2>&1 | tail -15 | tee -a "$OUT/storage.txt"
+      storage_part
       ;;
     soak)
       # The main job (examples/train_dlrm.py) for SOAK_STEPS steps on one GPU, memory

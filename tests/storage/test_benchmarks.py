@@ -1,0 +1,57 @@
+"""The storage benchmarks run, at a tiny size on the CPU, so that they keep
+running: the one through DistributedModelParallel (every configuration a
+row, TorchRec's CPU-less ones n/a) and the module-level one."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run(script: str, *args: str) -> str:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]))
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tools", "bench", script), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_the_dmp_benchmark_prints_a_row_per_configuration():
+    out = _run(
+        "storage_dmp_bench.py",
+        *("--device", "cpu", "--tables", "2", "--rows", "3000", "--dim", "8", "--batch", "48"),
+        *("--warmup", "1", "--steps", "2", "--budgets", "0.1", "0.5", "--prefetch-budgets", "0.1"),
+        *("--kinds", "ebc", "ec", "--optimizers", "sgd", "adam"),
+    )
+    rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("| ebc", "| ec"))]
+    # 2 kinds x 2 optimizers x (2 all-HBM + 3 x 2 budgets + 2 prefetch rows)
+    assert len(rows) == 2 * 2 * 10
+    for cells in rows:
+        kind, optimizer, config, step = cells[0][2:], cells[1], cells[2], cells[4]
+        cpu_less = config.endswith("_prefetch") or config == "torchrec_uvm"
+        if cpu_less or (config == "torchrec_hbm" and optimizer == "adam"):
+            assert step == "n/a", cells
+            continue
+        assert float(step) > 0, cells
+        if not config.startswith("torchrec"):
+            assert float(cells[5]) > 0 and cells[9] != "-", cells  # / all-HBM, moved
+        assert kind in ("ebc", "ec")
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_the_module_benchmark_runs(optimizer):
+    out = _run(
+        "storage_bench.py",
+        *("--device", "cpu", "--tables", "1", "--rows", "3000", "--dim", "8", "--lookups", "128"),
+        *("--optimizer", optimizer, "--ratios", "0.5", "--steps", "2", "--warmup", "1"),
+    )
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) == 1 + 4  # the head, all-device, hybrid, the cache without and with prefetch

@@ -1,0 +1,133 @@
+"""The storage tiers on a GPU against the CPU backend, the reference: the
+same rows copied, the same decisions (which keys a cache holds, which rows a
+hybrid table moves into device memory, what crossed the bus), the rows within
+the kernels' float tolerance; and the host reads a step makes: one for a
+cache's or a split hybrid table's training lookup, none for a prefetch."""
+
+import pytest
+import torch
+
+from dynamicemb import DynamicEmbScoreStrategy as Score
+from dynamicemb.storage import space as sp
+from dynamicemb.types import MemoryType
+from tests.embedding.sync_guard import cuda_syncs
+from tests.storage.storage_cases import MODES, batches, module, rows_of, seen_keys, train
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("host", [False, True], ids=["device", "mapped_host"])
+def test_cuda_copy_rows_is_the_cpu_copy(host):
+    # Rows of 4-byte multiples (the 4-byte path) and of 16-byte multiples at
+    # 16-byte addresses (the 16-byte path), one of 3 KiB (past one batch of
+    # loads in flight), from two segments into two, some entries skipped.
+    g = torch.Generator().manual_seed(0)
+    # Offsets from 9600 (the source segments' size) and 10000 (the
+    # destination's) are in the second segment.
+    nbytes = torch.tensor([48, 20, 512, 3072, 36, 1536, 16, 4], dtype=torch.int64)
+    src_off = torch.tensor([0, 52, 96, 10624, 13700, 14608, -1, 17600], dtype=torch.int64)
+    dst_off = torch.tensor([4096, 0, 1024, 6000, 20, 12048, 64, -1], dtype=torch.int64)
+    src = [torch.randint(0, 256, (9600,), dtype=torch.uint8, generator=g) for _ in range(2)]
+    dst = [torch.randint(0, 256, (10000,), dtype=torch.uint8, generator=g) for _ in range(2)]
+    want = [d.clone() for d in dst]
+    sp.copy_rows(tuple(want), dst_off, tuple(src), src_off, nbytes)
+    if host:
+        cuda_src = []
+        for s in src:
+            seg = sp.allocate(s.numel(), MemoryType.HOST, torch.device("cuda"))
+            seg.host_view.copy_(s)
+            cuda_src.append(seg.data)
+    else:
+        cuda_src = [s.cuda() for s in src]
+    got = [d.cuda() for d in dst]
+    sp.copy_rows(tuple(got), dst_off.cuda(), tuple(cuda_src), src_off.cuda(), nbytes.cuda())
+    for g_, w in zip(got, want):
+        assert torch.equal(g_.cpu(), w)
+
+
+def _storage_state(m) -> dict:
+    """What a storage decided, as integers: the keys each tier holds (and
+    where), what crossed the bus, the hybrid table's row map."""
+    s = m.storage
+    out = {}
+    for name in ("overflows", "prefetched", "host_reads", "host_writes", "promotions"):
+        if hasattr(s, name):
+            out[name] = int(getattr(s, name))
+    for tier in ("cache", "backing"):
+        t = getattr(s, tier, None)
+        if t is not None and hasattr(t, "table"):
+            ex = t.table.export_batch().compact()
+            out[tier] = sorted(zip(ex.table_ids.tolist(), ex.keys.tolist(), ex.slots.tolist()))
+    if not hasattr(s, "cache"):
+        ex = s.table.export_batch().compact()
+        out["table"] = sorted(zip(ex.table_ids.tolist(), ex.keys.tolist(), ex.slots.tolist()))
+        remap = s.placement.remap
+        if remap is not None:
+            out["remap"] = [x.tolist() for x in remap.tensors()]
+    return out
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("mode", ["hybrid", "host", "cache", "cache_prefetch", "cache_small"])
+def test_cuda_storage_decides_what_the_cpu_storage_decides(mode, optimizer):
+    # STEP scores: the same on both backends (a TIMESTAMP is each one's clock).
+    data = batches(20, 2)
+    prefetch = MODES[mode].get("prefetch", False)
+    cpu = module(mode, (8, 12), optimizer, score_strategy=Score.STEP)
+    gpu = module(mode, (8, 12), optimizer, device="cuda", score_strategy=Score.STEP)
+    want = train(cpu, data, prefetch=prefetch)
+    got = train(gpu, data, prefetch=prefetch, device="cuda")
+    assert _storage_state(gpu) == _storage_state(cpu)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    seen = seen_keys(data, [0, 1])
+    for (fg, eg, sg), (fw, ew, sw) in zip(rows_of(gpu, seen), rows_of(cpu, seen)):
+        assert torch.equal(fg, fw)
+        torch.testing.assert_close(eg, ew, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(sg, sw, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "mode,reads",
+    [
+        # The number of rows to stage (the padded unique reads nothing).
+        ("hybrid", 1),
+        # Every row in host memory: the kernels address them in place.
+        ("host", 0),
+        # The exact unique (a cache takes exact batches), the keys the cache
+        # could not take.
+        ("cache", 2),
+    ],
+)
+def test_cuda_training_step_reads_the_device_once_for_its_storage(mode, reads):
+    m = module(mode, (8, 12), "adam", device="cuda")
+    m.check_values = False
+    m.cuda_graphs = False  # the storage's own reads (a capture synchronizes)
+    data = [(i.cuda(), o.cuda()) for i, o in batches(6, 2)]
+    train(m, data[:4], device="cuda")
+
+    def step():
+        m(*data[4]).sum().backward()
+
+    assert cuda_syncs(step) == reads
+
+
+def test_cuda_prefetch_never_synchronizes():
+    m = module("cache", (8, 12), "adam", device="cuda")
+    m.check_values = False
+    data = [(i.cuda(), o.cuda()) for i, o in batches(8, 2)]
+    train(m, data[:6], device="cuda")
+    out = m(*data[6])
+    before = int(m.storage.prefetched)
+    main, side = torch.cuda.current_stream(), torch.cuda.Stream()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with torch.cuda.stream(side):
+            m.prefetch(*data[7], forward_stream=main)
+        out.sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert int(m.storage.prefetched) > before
+    m(*data[7]).sum().backward()  # waits for the prefetch; trains as without it

@@ -1,0 +1,553 @@
+"""Train-step time of the storage tiers through the public API: a sharded
+EmbeddingBagCollection (or EmbeddingCollection) on one device, dynamic tables
+with part of their rows in HBM against TorchRec's UVM cache at the same budget.
+
+    python tools/bench/storage_dmp_bench.py [--device cuda|cpu] [--kinds ebc ec]
+        [--optimizers sgd adam] [--tables 10] [--rows 1677721] [--dim 128]
+        [--batch 65536] [--budgets 0.1 0.5] [--prefetch-budgets 0.1] [--configs ...]
+        [--warmup 20] [--steps 20] [--json FILE]
+
+``--tables`` tables of ``--rows`` rows and dim ``--dim``, one feature each,
+hotness 1, ``--batch`` ids per feature and step drawn from a power law
+(exponent ``--alpha``) over the rows and scattered by a fixed bijection,
+pooled SUM (EBC) or sequence (EC), planned and sharded by
+DistributedModelParallel on one rank (NCCL on the GPU, gloo on the CPU) with
+the fused optimizer. A step is forward, the sum of the outputs, backward
+(which runs the fused update); each configuration is built, warmed up
+(``--warmup`` steps), then timed over ``--steps`` steps (the median, the
+device synchronized around each step), on the same batches. The
+configurations (``--configs``), at each HBM budget ``--budgets`` (a share of
+the tables' value bytes, embeddings and optimizer state):
+
+* ``torchrec_hbm``: TorchRec's ``fused`` kernel, every row in HBM;
+* ``dynamic_hbm``: dynamic tables, every row in HBM;
+* ``torchrec_uvm``: TorchRec's ``fused_uvm_caching``, ``cache_load_factor`` =
+  the budget (LRU), the rows in UVM;
+* ``cache``: dynamic tables with ``caching=True``, a device cache of the
+  budget over a host table;
+* ``hybrid``: dynamic tables with ``caching=False``, the budget's rows in
+  HBM and the rest in pinned host memory;
+* ``cache_prefetch``, ``torchrec_uvm_prefetch``: the two caches trained
+  through TorchRec's ``PrefetchTrainPipelineSparseDist`` (batch i + 1's keys
+  prefetched on a side stream while batch i trains; TorchRec's with
+  ``prefetch_pipeline``), at ``--prefetch-budgets``.
+
+Each row prints the median step, its ratio to the all-HBM dynamic step and to
+TorchRec's cache at the same budget, and the bus floor: the bytes a step must
+move between host and device over the host-device bandwidth measured in the
+run with pinned copies (``--`` on the CPU). A table that keeps the budget's
+share of its rows in HBM must read each distinct row of the step outside that
+share from host memory and write it back (the distinct rows times one minus
+the budget, times the row bytes, each way), and the step's ids come from the
+host (8 bytes each); the floor is the reads over the host-to-device bandwidth
+plus the writes over the device-to-host bandwidth. For the dynamic tables the
+rows their storage actually moved per step are printed as well (its
+counters: a storage that keeps the rows used again in HBM moves fewer than
+the floor's share). On the CPU TorchRec has neither a UVM cache nor (FBGEMM)
+a CPU Adam: those rows read n/a.
+"""
+
+import argparse
+import gc
+import json
+import os
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dist_launch
+from sharded_ec_bench import MULT, feature_names, power_law
+
+CONFIGS = [
+    "torchrec_hbm",
+    "dynamic_hbm",
+    "torchrec_uvm",
+    "cache",
+    "hybrid",
+    "torchrec_uvm_prefetch",
+    "cache_prefetch",
+]
+# The configurations whose rows are all in HBM (no budget).
+ALL_HBM = ("torchrec_hbm", "dynamic_hbm")
+
+
+def make_batches(args, device: torch.device) -> list:
+    """The run's batches (TorchRec ``Batch``es of one KJT each, on the
+    device), made before any timing: the same for every configuration."""
+    from torchrec.datasets.utils import Batch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    g = torch.Generator(device=device).manual_seed(0)
+    out = []
+    for _ in range(args.warmup + args.steps):
+        values = torch.cat(
+            [power_law(g, args.batch, args.rows, args.alpha, device) for _ in range(args.tables)]
+        )
+        lengths = torch.ones(args.tables * args.batch, dtype=torch.int64, device=device)
+        kjt = KeyedJaggedTensor(keys=feature_names(args.tables), values=values, lengths=lengths)
+        out.append(
+            Batch(
+                dense_features=torch.zeros((args.batch, 1), device=device),
+                sparse_features=kjt,
+                labels=torch.zeros(args.batch, device=device),
+            )
+        )
+    return out
+
+
+class BenchModel(torch.nn.Module):
+    """One embedding collection; forward(batch) -> (loss, loss), the loss
+    the sum of its outputs (what TorchRec's pipelines call)."""
+
+    def __init__(self, args, kind: str) -> None:
+        super().__init__()
+        from torchrec.modules.embedding_configs import EmbeddingBagConfig, EmbeddingConfig
+        from torchrec.modules.embedding_modules import (
+            EmbeddingBagCollection,
+            EmbeddingCollection,
+        )
+
+        self.kind = kind
+        self.features = feature_names(args.tables)
+        cls = EmbeddingBagConfig if kind == "ebc" else EmbeddingConfig
+        self.configs = [
+            cls(
+                name=f"t{i}",
+                num_embeddings=args.rows,
+                embedding_dim=args.dim,
+                feature_names=[f],
+            )
+            for i, f in enumerate(self.features)
+        ]
+        coll = EmbeddingBagCollection if kind == "ebc" else EmbeddingCollection
+        self.coll = coll(tables=self.configs, device=torch.device("meta"))
+
+    def forward(self, batch):
+        out = self.coll(batch.sparse_features)
+        if self.kind == "ebc":
+            loss = out.values().sum()
+        else:
+            loss = torch.stack([out[f].values().sum() for f in self.features]).sum()
+        return loss, loss.detach()
+
+
+def fused_params(optimizer: str) -> dict[str, Any]:
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    if optimizer == "adam":
+        return {"optimizer": EmbOptimType.ADAM, "learning_rate": 1e-3, "eps": 1e-8}
+    return {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 1e-3}
+
+
+def topology(device: torch.device):
+    from torchrec.distributed.planner import Topology
+
+    if device.type != "cuda":
+        return Topology(world_size=1, compute_device="cpu", local_world_size=1)
+    hbm = torch.cuda.get_device_properties(device).total_memory
+    return Topology(
+        world_size=1,
+        compute_device="cuda",
+        local_world_size=1,
+        hbm_cap=int(hbm * 0.95),
+        ddr_cap=120 * 2**30,
+    )
+
+
+def build(args, kind: str, config: str, optimizer: str, budget: float, device):
+    """The sharded model of one configuration."""
+    model = BenchModel(args, kind)
+    params = fused_params(optimizer)
+    if config.startswith("torchrec"):
+        from torchrec.distributed.embedding import EmbeddingCollectionSharder
+        from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+        from torchrec.distributed.planner import EmbeddingShardingPlanner
+        from torchrec.distributed.planner.types import ParameterConstraints
+        from torchrec.distributed.types import CacheAlgorithm, CacheParams
+
+        uvm = config != "torchrec_hbm"
+        if config == "torchrec_uvm_prefetch":
+            params["prefetch_pipeline"] = True
+        cls = EmbeddingBagCollectionSharder if kind == "ebc" else EmbeddingCollectionSharder
+        sharder = cls(fused_params=params)
+        constraints = {
+            c.name: ParameterConstraints(
+                sharding_types=["table_wise"],
+                compute_kernels=["fused_uvm_caching" if uvm else "fused"],
+                cache_params=(
+                    CacheParams(algorithm=CacheAlgorithm.LRU, load_factor=budget) if uvm else None
+                ),
+            )
+            for c in model.configs
+        }
+        planner = EmbeddingShardingPlanner(
+            topology=topology(device), batch_size=args.batch, constraints=constraints, debug=False
+        )
+    else:
+        from dynamicemb import DynamicEmbTableOptions, get_table_value_bytes
+        from dynamicemb.planner import (
+            DynamicEmbeddingShardingPlanner,
+            DynamicEmbParameterConstraints,
+        )
+        from dynamicemb.shard import (
+            DynamicEmbeddingBagCollectionSharder,
+            DynamicEmbeddingCollectionSharder,
+        )
+
+        constraints = {}
+        for c in model.configs:
+            full = get_table_value_bytes(c, params["optimizer"], 1, 128)
+            share = 1.0 if config == "dynamic_hbm" else budget
+            constraints[c.name] = DynamicEmbParameterConstraints(
+                sharding_types=["row_wise"],
+                use_dynamicemb=True,
+                dynamicemb_options=DynamicEmbTableOptions(
+                    bucket_capacity=128,
+                    caching=config.startswith("cache"),
+                    global_hbm_for_values=int(full * share),
+                ),
+            )
+        cls = (
+            DynamicEmbeddingBagCollectionSharder
+            if kind == "ebc"
+            else DynamicEmbeddingCollectionSharder
+        )
+        sharder = cls(fused_params=params)
+        planner = DynamicEmbeddingShardingPlanner(
+            eb_configs=model.configs,
+            topology=topology(device),
+            constraints=constraints,
+            batch_size=args.batch,
+            debug=False,
+        )
+    sharded, _ = dist_launch.plan_and_shard(model, planner, sharder, device)
+    return sharded
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def stepper(model, config: str, batches: list, device) -> Callable[[int], None]:
+    """step(i) trains batch i: a plain step, or one ``progress`` of
+    TorchRec's prefetch pipeline (which has batch i + 1 in flight)."""
+    if not config.endswith("_prefetch"):
+
+        def step(i: int) -> None:
+            loss, _ = model(batches[i])
+            loss.backward()
+
+        return step
+    from torchrec.distributed.train_pipeline import PrefetchTrainPipelineSparseDist
+
+    # The pipeline steps an optimizer; the fused one of the tables runs in
+    # the backward, so this one has a parameter of its own and nothing to do.
+    dummy = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1, device=device))], lr=0.0)
+    pipeline = PrefetchTrainPipelineSparseDist(model, dummy, device, execute_all_batches=False)
+    it = iter(batches + batches[:2])  # the pipeline reads two batches ahead
+
+    def step(i: int) -> None:
+        pipeline.progress(it)
+
+    return step
+
+
+def storage_counters(model) -> dict[str, int]:
+    """Rows the dynamic tables' storage read from and wrote to host memory
+    (its counters, summed), and their row bytes."""
+    from dynamicemb.shard import dynamic_embedding_kernels
+
+    out = {"reads": 0, "writes": 0, "row_bytes": 0}
+    for kernel in dynamic_embedding_kernels(model):
+        s = kernel.emb_module.storage
+        out["reads"] += int(getattr(s, "host_reads", 0))
+        out["writes"] += int(getattr(s, "host_writes", 0))
+        out["row_bytes"] = max(s.layout.row_bytes)
+    return out
+
+
+def storage_memory(model) -> tuple[float, float]:
+    """(device GiB, host GiB) the dynamic tables' storage holds."""
+    from dynamicemb.shard import dynamic_embedding_kernels
+    from dynamicemb.types import MemoryType
+
+    dev = host = 0
+    for kernel in dynamic_embedding_kernels(model):
+        dev += kernel.emb_module.memory_usage(MemoryType.DEVICE)
+        host += kernel.emb_module.memory_usage(MemoryType.HOST)
+    return dev / 2**30, host / 2**30
+
+
+def run_config(args, kind, config, optimizer, budget, batches, device) -> dict[str, Any]:
+    """Builds, warms up and times one configuration."""
+    t0 = time.perf_counter()
+    model = build(args, kind, config, optimizer, budget, device)
+    built = time.perf_counter() - t0
+    step = stepper(model, config, batches, device)
+    for i in range(args.warmup):
+        step(i)
+    sync(device)
+    dynamic = not config.startswith("torchrec")
+    before = storage_counters(model) if dynamic else None
+    times = []
+    for i in range(args.warmup, args.warmup + args.steps):
+        sync(device)
+        t = time.perf_counter()
+        step(i)
+        sync(device)
+        times.append(time.perf_counter() - t)
+    res: dict[str, Any] = {
+        "kind": kind,
+        "config": config,
+        "optimizer": optimizer,
+        "budget": None if config in ALL_HBM else budget,
+        "step_ms": 1e3 * statistics.median(times),
+        "built_s": built,
+    }
+    if dynamic:
+        after = storage_counters(model)
+        rb = after["row_bytes"]
+        res["moved_mb"] = (
+            (after["reads"] - before["reads"] + after["writes"] - before["writes"])
+            * rb
+            / args.steps
+            / 1e6
+        )
+        res["moved_rows"] = (after["reads"] - before["reads"], after["writes"] - before["writes"])
+        res["device_gib"], res["host_gib"] = storage_memory(model)
+    del model, step
+    release(device)
+    return res
+
+
+def release(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def pinned_bandwidth(device: torch.device) -> tuple[float, float] | None:
+    """(host-to-device, device-to-host) bytes per second of copies between
+    pinned host memory and the device; None on the CPU."""
+    if device.type != "cuda":
+        return None
+    n = 1 << 30
+    host = torch.empty(n, dtype=torch.uint8).pin_memory()
+    dev = torch.empty(n, dtype=torch.uint8, device=device)
+    out = []
+    for dst, src in ((dev, host), (host, dev)):
+        dst.copy_(src, non_blocking=True)
+        sync(device)
+        t = time.perf_counter()
+        for _ in range(3):
+            dst.copy_(src, non_blocking=True)
+        sync(device)
+        out.append(3 * n / (time.perf_counter() - t))
+    return out[0], out[1]
+
+
+def distinct_rows(args, batches) -> float:
+    """Distinct (table, id) pairs per step, over the timed batches."""
+    counts = []
+    for b in batches[args.warmup :][:4]:
+        v = b.sparse_features.values().view(args.tables, -1)
+        counts.append(sum(int(torch.unique(x).numel()) for x in v))
+    return statistics.mean(counts)
+
+
+def floor_ms(args, optimizer: str, budget: float | None, distinct: float, bw) -> float | None:
+    """The bus floor of a step (see the module docstring), in ms."""
+    from dynamicemb.dynamicemb_config import value_row_bytes
+
+    if bw is None:
+        return None
+    rb = value_row_bytes(fused_params(optimizer)["optimizer"], args.dim, torch.float32)
+    rows = distinct * (1.0 - (1.0 if budget is None else budget))
+    ids = args.tables * args.batch * 8
+    return 1e3 * ((rows * rb + ids) / bw[0] + rows * rb / bw[1])
+
+
+def plan(args) -> list[tuple[str, str, str, float | None]]:
+    """(kind, optimizer, config, budget) of every row, in the order run."""
+    out = []
+    for kind in args.kinds:
+        for optimizer in args.optimizers:
+            for config in args.configs:
+                if config in ALL_HBM:
+                    out.append((kind, optimizer, config, None))
+                    continue
+                shares = args.prefetch_budgets if config.endswith("_prefetch") else args.budgets
+                for budget in shares:
+                    out.append((kind, optimizer, config, budget))
+    return out
+
+
+def supported(device: torch.device, config: str, optimizer: str) -> str | None:
+    """Why TorchRec cannot run a row here (None: it can)."""
+    if config.endswith("_prefetch") and device.type != "cuda":
+        return "TorchRec's prefetch pipeline prefetches on CUDA streams only"
+    if config.startswith("torchrec") and device.type != "cuda":
+        if config != "torchrec_hbm":
+            return "TorchRec has no UVM cache on the CPU"
+        if optimizer == "adam":
+            return "FBGEMM's CPU kernel has no Adam"
+    return None
+
+
+def cell(x, fmt: str = "{:.2f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def table_lines(args, results: list[dict], floors: dict) -> list[str]:
+    head = (
+        "| kind | optimizer | configuration | HBM budget | step ms | / dynamic all-HBM | "
+        "/ TorchRec UVM same budget | bus floor ms | floor + dynamic all-HBM ms | "
+        "moved MB/step | device GiB | host GiB |"
+    )
+    lines = [head, "|" + "---|" * 12]
+    by = {(r["kind"], r["optimizer"], r["config"], r["budget"]): r for r in results}
+
+    def ms(key) -> float | None:
+        return by.get(key, {}).get("step_ms")
+
+    for r in results:
+        k, o, b = r["kind"], r["optimizer"], r["budget"]
+        step, ref = r.get("step_ms"), ms((k, o, "dynamic_hbm", None))
+        uvm = "torchrec_uvm_prefetch" if r["config"].endswith("_prefetch") else "torchrec_uvm"
+        theirs = ms((k, o, uvm, b))
+        fl = floors.get((o, b))
+        cells = [
+            k,
+            o,
+            r["config"],
+            "all" if b is None else f"{b:.0%}",
+            r.get("skipped") or cell(step),
+            cell(step / ref if step and ref else None),
+            cell(step / theirs if step and theirs else None),
+            cell(fl),
+            cell(fl + ref if fl is not None and ref else None),
+            cell(r.get("moved_mb"), "{:.3g}"),
+            cell(r.get("device_gib")),
+            cell(r.get("host_gib")),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def run(args) -> None:
+    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
+    bw = pinned_bandwidth(device)
+    batches = make_batches(args, device)
+    distinct = distinct_rows(args, batches)
+    print(
+        f"{name}, torch {torch.__version__}: {args.tables} tables x {args.rows:,} rows, dim "
+        f"{args.dim}, {args.batch:,} ids per feature and step ({distinct:,.0f} distinct rows), "
+        f"median of {args.steps} steps after {args.warmup}"
+        + (
+            ""
+            if bw is None
+            else f"; pinned copies {bw[0] / 1e9:.1f} GB/s to the device, "
+            f"{bw[1] / 1e9:.1f} GB/s back"
+        ),
+        flush=True,
+    )
+    floors = {}
+    for o in args.optimizers:
+        for b in [None, *args.budgets]:
+            floors[(o, b)] = floor_ms(args, o, b, distinct, bw)
+    results = []
+    for kind, optimizer, config, budget in plan(args):
+        why = supported(device, config, optimizer)
+        if why is not None:
+            res = {"kind": kind, "config": config, "optimizer": optimizer, "budget": budget}
+            res["skipped"] = "n/a"
+            res["why"] = why
+        else:
+            res = run_config(args, kind, config, optimizer, budget, batches, device)
+            print(
+                f"{kind} {optimizer} {config}"
+                + ("" if budget is None else f" {budget:.0%}")
+                + f": {res['step_ms']:.2f} ms (built in {res['built_s']:.1f} s)"
+                + (f", moved {res['moved_mb']:.3g} MB/step" if "moved_mb" in res else ""),
+                flush=True,
+            )
+        results.append(res)
+    print()
+    print("`" + " ".join(["python", "tools/bench/storage_dmp_bench.py"] + sys.argv[1:]) + "`")
+    print()
+    for line in table_lines(args, results, floors):
+        print(line)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "device": name,
+                    "args": vars(args),
+                    "bandwidth": bw,
+                    "distinct_rows": distinct,
+                    "results": results,
+                },
+                f,
+                indent=1,
+            )
+
+
+def parse_args(argv: list[str] | None = None):
+    has_gpu = torch.cuda.is_available() and torch.cuda.device_count() > 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cuda" if has_gpu else "cpu")
+    ap.add_argument("--kinds", nargs="+", choices=["ebc", "ec"], default=["ebc", "ec"])
+    ap.add_argument("--optimizers", nargs="+", choices=["sgd", "adam"], default=["sgd", "adam"])
+    ap.add_argument("--tables", type=int, default=10)
+    ap.add_argument("--rows", type=int, default=1_677_721, help="rows (and id space) per table")
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--batch", type=int, default=65536, help="ids per feature and step")
+    ap.add_argument("--alpha", type=float, default=1.05, help="power-law exponent of the ids")
+    ap.add_argument(
+        "--budgets", nargs="+", type=float, default=[0.1, 0.5], help="HBM shares of the tables"
+    )
+    ap.add_argument(
+        "--prefetch-budgets",
+        nargs="+",
+        type=float,
+        default=None,
+        help="budgets of the prefetch pipeline's rows (default: --budgets)",
+    )
+    ap.add_argument("--configs", nargs="+", choices=CONFIGS, default=CONFIGS)
+    ap.add_argument("--warmup", type=int, default=20)
+    ap.add_argument("--steps", type=int, default=20, help="timed steps")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads on the CPU")
+    ap.add_argument("--json", default=None, help="also write the results to this file")
+    args = ap.parse_args(argv)
+    if args.device == "cuda" and not has_gpu:
+        ap.error("--device cuda: no GPU is visible")
+    if args.rows % MULT == 0:
+        ap.error(f"--rows must not be a multiple of {MULT}")
+    if min(args.tables, args.rows, args.dim, args.batch, args.steps) < 1 or args.warmup < 0:
+        ap.error("sizes and --steps must be positive")
+    if args.prefetch_budgets is None:
+        args.prefetch_budgets = args.budgets
+    if any(not 0.0 < b < 1.0 for b in args.budgets + args.prefetch_budgets):
+        ap.error(f"budgets must be shares in (0, 1), got {args.budgets + args.prefetch_budgets}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    dist_launch.quiet()
+    warnings.filterwarnings("ignore", category=UserWarning)
+    dist_launch.run_alone(run, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
