@@ -22,11 +22,10 @@ from dataclasses import dataclass
 
 import torch
 
-from dynamicemb.table import constants, ops
+from dynamicemb.table import ops, pad_key
 
-# The key of padding entries: the table's EMPTY_KEY (cc/table/types.h), a
-# reserved key that no batch may contain.
-PAD_KEY = int(constants()["EMPTY_KEY"])
+# The key of padding entries (dynamicemb.table.pad_key).
+PAD_KEY = pad_key()
 
 
 @dataclass

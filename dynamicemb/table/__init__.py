@@ -9,7 +9,7 @@ and the one rule for key values, ``check_keys``.
 """
 
 from dynamicemb.table._native import constants, enums, extension, ops
-from dynamicemb.table.keys import check_keys, first_valid_key, reserved_key_error
+from dynamicemb.table.keys import check_keys, first_valid_key, pad_key, reserved_key_error
 from dynamicemb.table.results import EvictedKeys, ExportedBatch, InsertResult, gather_rows
 from dynamicemb.table.scored_hash_table import ScoredHashTable
 from dynamicemb.table.sizes import (
@@ -35,6 +35,7 @@ __all__ = [
     "gather_rows",
     "no_eviction_key_slots",
     "ops",
+    "pad_key",
     "reserved_key_error",
     "slot_bytes",
     "state_bytes",

@@ -12,6 +12,13 @@ def first_valid_key() -> int:
     return int(constants()["FIRST_VALID_KEY"])
 
 
+def pad_key() -> int:
+    """The key of padding entries of a batch: the reserved ``EMPTY_KEY``
+    (``kEmptyKey``), which no batch may contain and which the CUDA kernels
+    treat as invalid (slot -1, nothing stored)."""
+    return int(constants()["EMPTY_KEY"])
+
+
 def reserved_key_error(what: str, key: int, index: int) -> ValueError:
     """The error of a reserved key ``key`` at ``index`` of what ``what`` names."""
     return ValueError(
