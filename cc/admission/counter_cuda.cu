@@ -29,9 +29,8 @@ __global__ void missing_kernel(const int64_t* keys, const int64_t* slots, int64_
 // them with one global atomic per column (one atomic per entry on a few
 // addresses would serialize the batch); entries of other tables add their own.
 __global__ void decide_kernel(table::TableRef counter, const int64_t* keys,
-                              const int64_t* table_ids, const int64_t* slots,
-                              const int64_t* counts, int64_t n, int64_t threshold, int8_t* status,
-                              int64_t* per_table) {
+                              const int64_t* table_ids, const int64_t* slots, const int64_t* counts,
+                              int64_t n, int64_t threshold, int8_t* status, int64_t* per_table) {
   __shared__ unsigned long long block_sum[kAdmitCols];
   __shared__ int64_t block_table;
   const int64_t i = global_thread();
@@ -87,8 +86,8 @@ void admit(const table::TableRef& store, const table::TableRef& counter, const i
            table::cuda::ScratchAllocator& scratch, cudaStream_t stream) {
   if (n == 0) return;
   int64_t* slots = alloc<int64_t>(scratch, n);
-  table::cuda::find(store, table::ScoreArgs{}, keys, table_ids, n, /*update=*/false, slots,
-                    scratch, stream);
+  table::cuda::find(store, table::ScoreArgs{}, keys, table_ids, n, /*update=*/false, slots, scratch,
+                    stream);
   int64_t* missing = alloc<int64_t>(scratch, n);
   missing_kernel<<<grid_for(n), kBlock, 0, stream>>>(keys, slots, n, missing);
   check_launch("admission: missing keys");

@@ -27,25 +27,27 @@ inline void check_count_devices(const at::Tensor& keys, const at::Tensor& table_
                                 {"frequencies", &frequencies}});
 }
 
-/// The tensor arguments of counter_admit, for check_devices (CPU, CUDA, Meta).
+/// The tensor arguments of counter_admit, for check_devices (CPU, CUDA,
+/// Meta): the batch, the store's and the counter's, all on the keys' device.
 inline void check_admit_devices(const at::Tensor& keys, const at::Tensor& table_ids,
                                 const at::Tensor& store_keys, const at::Tensor& store_digests,
                                 const at::Tensor& store_scores, const at::Tensor& store_info,
                                 const at::Tensor& table_keys, const at::Tensor& digests,
                                 const at::Tensor& scores, const at::Tensor& info,
                                 const at::Tensor& counters, const at::Tensor& frequencies) {
-  check_devices("counter_admit", {{"keys", &keys},
-                                  {"table_ids", &table_ids},
-                                  {"store_keys", &store_keys},
-                                  {"store_digests", &store_digests},
-                                  {"store_scores", &store_scores},
-                                  {"store_info", &store_info},
-                                  {"table_keys", &table_keys},
-                                  {"digests", &digests},
-                                  {"scores", &scores},
-                                  {"info", &info},
-                                  {"counters", &counters},
-                                  {"frequencies", &frequencies}});
+  const char* op = "counter_admit";
+  check_devices(op, {{"keys", &keys}, {"table_ids", &table_ids}, {"frequencies", &frequencies}});
+  check_devices(op, {{"keys", &keys},
+                     {"store_keys", &store_keys},
+                     {"store_digests", &store_digests},
+                     {"store_scores", &store_scores},
+                     {"store_info", &store_info}});
+  check_devices(op, {{"keys", &keys},
+                     {"table_keys", &table_keys},
+                     {"digests", &digests},
+                     {"scores", &scores},
+                     {"info", &info},
+                     {"counters", &counters}});
 }
 
 /// Checks a counter table and a batch of keys, table ids and frequencies

@@ -44,11 +44,9 @@ std::tuple<at::Tensor, at::Tensor> counter_admit_cpu(
     const at::Tensor& keys, const at::Tensor& table_ids, const at::Tensor& store_keys,
     const at::Tensor& store_digests, const at::Tensor& store_scores, const at::Tensor& store_info,
     at::Tensor& table_keys, at::Tensor& digests, at::Tensor& scores, const at::Tensor& info,
-    at::Tensor& counters, const at::Tensor& frequencies, int64_t threshold,
-    int64_t total_buckets) {
-  check_admit_args(keys, table_ids, store_keys, store_digests, store_scores, store_info,
-                   table_keys, digests, scores, info, counters, frequencies, threshold,
-                   total_buckets);
+    at::Tensor& counters, const at::Tensor& frequencies, int64_t threshold, int64_t total_buckets) {
+  check_admit_args(keys, table_ids, store_keys, store_digests, store_scores, store_info, table_keys,
+                   digests, scores, info, counters, frequencies, threshold, total_buckets);
   check_cpu(keys);
   const table::TableRef store =
       table_ref(store_keys, store_digests, store_scores, store_info, nullptr, nullptr);

@@ -42,11 +42,9 @@ std::tuple<at::Tensor, at::Tensor> counter_admit_cuda(
     const at::Tensor& keys, const at::Tensor& table_ids, const at::Tensor& store_keys,
     const at::Tensor& store_digests, const at::Tensor& store_scores, const at::Tensor& store_info,
     at::Tensor& table_keys, at::Tensor& digests, at::Tensor& scores, const at::Tensor& info,
-    at::Tensor& counters, const at::Tensor& frequencies, int64_t threshold,
-    int64_t total_buckets) {
-  check_admit_args(keys, table_ids, store_keys, store_digests, store_scores, store_info,
-                   table_keys, digests, scores, info, counters, frequencies, threshold,
-                   total_buckets);
+    at::Tensor& counters, const at::Tensor& frequencies, int64_t threshold, int64_t total_buckets) {
+  check_admit_args(keys, table_ids, store_keys, store_digests, store_scores, store_info, table_keys,
+                   digests, scores, info, counters, frequencies, threshold, total_buckets);
   c10::cuda::CUDAGuard guard(keys.device());
   at::Tensor status = at::empty({keys.numel()}, keys.options().dtype(at::kChar));
   at::Tensor per_table = at::zeros({info.size(0), admission::kAdmitCols}, keys.options());

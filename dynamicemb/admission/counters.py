@@ -188,18 +188,8 @@ class MultiTableKVCounter(Counter):
         """
         threshold = as_int(threshold, "threshold", min=0)
         keys, table_ids, frequencies = self._batch(keys, table_ids, frequencies)
-        t = self.table
         return ops().counter_add(
-            keys,
-            table_ids,
-            t.keys,
-            t.digests,
-            t.scores,
-            t.info,
-            t.counters,
-            frequencies,
-            threshold,
-            t.total_buckets,
+            keys, table_ids, *self.state_tensors(), frequencies, threshold, self.table.total_buckets
         )
 
     def admit_missing(
@@ -232,27 +222,21 @@ class MultiTableKVCounter(Counter):
             int64, the entries admitted and rejected per table.
         """
         threshold = as_int(threshold, "threshold", min=0)
-        t = self.table
+        store_state = (store.keys, store.digests, store.scores, store.info)
         return ops().counter_admit(
             keys,
             table_ids,
-            store.keys,
-            store.digests,
-            store.scores,
-            store.info,
-            t.keys,
-            t.digests,
-            t.scores,
-            t.info,
-            t.counters,
+            *store_state,
+            *self.state_tensors(),
             frequencies,
             threshold,
-            t.total_buckets,
+            self.table.total_buckets,
         )
 
     def state_tensors(self) -> tuple[torch.Tensor, ...]:
-        """The tensors counting writes (a CUDA graph of a step that counts
-        replays over them: dynamicemb/embedding/cuda_graphs.py)."""
+        """The counter table's tensors the ops take and write (keys, digests,
+        counts, layout, counters): a CUDA graph of a step that counts replays
+        over them (dynamicemb/embedding/cuda_graphs.py)."""
         t = self.table
         return (t.keys, t.digests, t.scores, t.info, t.counters)
 

@@ -142,9 +142,7 @@ class ModuleAdmission:
             return self._rows_exact(su, counts, step)
         m = self.module
         keys, tids = su.keys, su.table_ids
-        status, per_table = self.admitter.admit_padded(
-            keys, tids, su.counts, m.storage.key_table()
-        )
+        status, per_table = self.admitter.admit_padded(keys, tids, su.counts, m.storage.key_table())
         m.stats.add(StatCol.ADMISSIONS, per_table[:, 0])
         m.stats.add(StatCol.REJECTIONS, per_table[:, 1])
         lookup = status <= int(enums.Admission.ADMITTED)  # stored or admitted

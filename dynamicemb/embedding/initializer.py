@@ -251,7 +251,9 @@ class MultiTableInitializer:
             at = offsets
             if len(groups) > 1:
                 at = torch.where(torch.isin(table_ids, g.tables), offsets, -1)
-            init_rows_at(space, at, keys, init_ids, g.dim, g.op_args, seed, element_type, sdim, fill)
+            init_rows_at(
+                space, at, keys, init_ids, g.dim, g.op_args, seed, element_type, sdim, fill
+            )
 
     def __call__(
         self,

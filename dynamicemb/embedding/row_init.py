@@ -24,7 +24,15 @@ class ModuleRowInit(RowInit):
             return sdim, m.optimizer.state_fill(sdim)
 
         m._initializers[False].write_at(
-            space, offsets, keys, tids, m.dims, m._init_table_ids, m.seed, layout.element_type, state
+            space,
+            offsets,
+            keys,
+            tids,
+            m.dims,
+            m._init_table_ids,
+            m.seed,
+            layout.element_type,
+            state,
         )
         return True
 

@@ -28,10 +28,8 @@ def _store(device, keys_per_table=(40, 90), seed=0):
 def _batch(g, n, pad, device):
     """Distinct (table, key) pairs grouped by table, then ``pad`` padding
     entries (the padded unique's layout)."""
-    pairs = torch.unique(
-        torch.stack([torch.randint(0, 2, (n,), generator=g), torch.randint(0, 400, (n,), generator=g)]),
-        dim=1,
-    )
+    tables = torch.randint(0, 2, (n,), generator=g)
+    pairs = torch.unique(torch.stack([tables, torch.randint(0, 400, (n,), generator=g)]), dim=1)
     tids, keys = pairs[0], pairs[1]
     freqs = torch.randint(1, 4, keys.shape, generator=g)
     keys = torch.cat([keys, torch.full((pad,), pad_key())])

@@ -19,7 +19,7 @@ from dynamicemb import (
     ProbabilisticAdmissionStrategy,
 )
 from dynamicemb import DynamicEmbInitializerMode as Mode
-from tests.embedding.sync_guard import HostSync, forbid_host_syncs
+from tests.embedding.sync_guard import HostSync, cuda_syncs_raise, forbid_host_syncs
 from tests.embedding.tbe_batches import FEATURE_TABLES, random_batches, train_step, unchecked_module
 
 EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
@@ -254,12 +254,8 @@ def test_cuda_step_with_admission_never_synchronizes(name, graphs):
     m.cuda_graphs = graphs
     for step in range(5):
         batch = _fixed_shape_batch(step, "cuda")
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        with cuda_syncs_raise():
             train_step(m, batch, extra)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
     assert (m._graphs.replays > 0) == graphs
     assert int(m.stats.counts[:, 2].sum()) > 0
 

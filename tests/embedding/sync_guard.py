@@ -132,3 +132,16 @@ def forbid_host_syncs(
     finally:
         for owner, name, original in reversed(saved):
             setattr(owner, name, original)
+
+
+@contextlib.contextmanager
+def cuda_syncs_raise():
+    """On a GPU: within the block, a synchronizing CUDA call raises
+    (``torch.cuda.set_sync_debug_mode("error")``), after the work queued
+    before it is done."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
