@@ -7,9 +7,10 @@ rows, bag structure: some forty operations and seventy kernels) than the
 device takes to run it. The lookup is a function of the batch and of the
 tables' state alone (and the admission counter's), and of a padded batch the
 shapes are the batch's own, so for a batch shape seen before
-``LookupGraphs`` replays it from a CUDA graph: the inputs are copied into the graph's buffers, the graph is launched
-once, and its outputs (the batch's bag structure, ``_Batch``) are the
-graph's own tensors, rewritten by the next replay.
+``LookupGraphs`` replays it from a CUDA graph: the inputs are copied into the
+graph's buffers, the graph is launched once, and its outputs (the batch's bag
+structure, ``_Batch``) are the graph's own tensors, rewritten by the next
+replay.
 
 What makes a replay equal to the eager lookup, and when none is made:
 

@@ -216,10 +216,16 @@ def main():
         print("| FBGEMM SplitTableBatchedEmbeddingBagsCodegen | n/a (not supported here) | |")
     print(f"| torch.nn.EmbeddingBag (sparse) | {t_base * 1e3:.2f} | {t_base / ref:.2f} |")
     if t_adm is not None:
+        graphs = ""
+        if ours._graphs is not None:
+            graphs = (
+                f"; lookups replayed from CUDA graphs: {ours._graphs.replays} without, "
+                f"{adm._graphs.replays} with admission"
+            )
         print(
             f"admission overhead: {100 * (t_adm / t_ours - 1):+.1f} % "
             f"(per step {per_step[StatCol.ADMISSIONS]:.0f} keys admitted, "
-            f"{per_step[StatCol.REJECTIONS]:.0f} rejected)"
+            f"{per_step[StatCol.REJECTIONS]:.0f} rejected{graphs})"
         )
     if dev.type == "cuda":
         uniq = statistics.mean(
