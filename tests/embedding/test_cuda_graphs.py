@@ -68,7 +68,7 @@ def _rows_by_key(module):
 def _assert_same_tables(got, want):
     torch.testing.assert_close(got.insert_failures.cpu(), want.insert_failures.cpu())
     torch.testing.assert_close(got.stats.counts.cpu(), want.stats.counts.cpu())
-    torch.testing.assert_close(got.table.counters.cpu(), want.table.counters.cpu())
+    torch.testing.assert_close(got.rows.counters().cpu(), want.rows.counters().cpu())
     for (gk, ge), (wk, we) in zip(_rows_by_key(got), _rows_by_key(want)):
         assert torch.equal(gk, wk)
         torch.testing.assert_close(ge, we, rtol=1e-6, atol=1e-7)
