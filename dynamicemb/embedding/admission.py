@@ -11,9 +11,8 @@ A module whose tables have an ``admit_strategy`` holds one admitter for them
   admitted and rejected are marked on the device, nothing is read on the
   host, every shape is the batch's. The stored and admitted keys are found
   or inserted by the storage (``train_rows`` with ``lookup``), the rejected
-  ones read fill rows of the rejected-row initializer, written at their own
-  positions of a fill buffer of the batch's length (``init_rows_at``, no
-  selection). The step stays sync-free and its lookup may be replayed from
+  ones read fill rows of the rejected-row initializer, written in rank order
+  into a fill buffer of the batch's length (``init_rows_at``, no selection). The step stays sync-free and its lookup may be replayed from
   a CUDA graph, the counter's tensors being part of the state it replays
   over (``graph_state``).
 - **Exact.** Any other admitter (the spec's ``MultiTableAdmitter.admit``
@@ -150,19 +149,20 @@ class ModuleAdmission:
         return self._fill_rejected(rows, status == int(enums.Admission.REJECTED), keys, tids)
 
     def _fill_rejected(self, rows, rejected, keys, tids):
-        """(rows, fill): entry i rejected reads fill row i, the initializer's
-        row of its key at the embedding dtype (as a stored row reads it),
-        written only there."""
+        """(rows, fill): the j-th rejected entry reads fill row j, the
+        initializer's row of its key at the embedding dtype (as a stored row
+        reads it). The buffer has the batch's length (the number rejected is
+        on the device); its first rows are written, nothing is selected."""
         m = self.module
         n = keys.numel()
         fill = torch.empty((n, self._fill_width), dtype=m.embedding_dtype, device=m.device)
-        pos = torch.arange(n, device=m.device)
-        at = torch.where(rejected, pos * (self._fill_width * fill.element_size()), -1)
+        rank = torch.cumsum(rejected, 0) - 1  # of each rejected entry among them
+        at = torch.where(rejected, rank * (self._fill_width * fill.element_size()), -1)
         space = (fill.view(torch.uint8).reshape(-1), fill.new_empty(0, dtype=torch.uint8))
         self.initializer.write_at(
             space, at, keys, tids, m.dims, m._init_table_ids, m.seed, m.layout.element_type
         )
-        return torch.where(rejected, fill_refs(pos), rows), fill
+        return torch.where(rejected, fill_refs(rank), rows), fill
 
     def _rows_exact(self, su, counts, step):
         """rows() of an exact batch through ``MultiTableAdmitter.admit``."""
