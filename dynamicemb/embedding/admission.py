@@ -12,9 +12,10 @@ A module whose tables have an ``admit_strategy`` holds one admitter for them
   host, every shape is the batch's. The stored and admitted keys are found
   or inserted by the storage (``train_rows`` with ``lookup``), the rejected
   ones read fill rows of the rejected-row initializer, written in rank order
-  into a fill buffer of the batch's length (``init_rows_at``, no selection). The step stays sync-free and its lookup may be replayed from
-  a CUDA graph, the counter's tensors being part of the state it replays
-  over (``graph_state``).
+  into a fill buffer of the batch's length (``init_rows_at``, no
+  selection). The step stays sync-free and its lookup may be replayed from a
+  CUDA graph, the counter's tensors being part of the state it replays over
+  (``graph_state``).
 - **Exact.** Any other admitter (the spec's ``MultiTableAdmitter.admit``
   takes the missing keys alone), or a storage whose keys are not in one
   table (a cache), gets exactly the keys stored nowhere: ``contains``, a
