@@ -83,7 +83,9 @@ class MultiTableFrequencyAdmitter(_OwnInitializer, PaddedAdmitter):
         return counts >= self.threshold
 
     def takes_padded(self, store: ScoredHashTable) -> bool:
-        return store.device == self.counter.device and store.num_tables == self.counter.num_tables
+        # By the tensors' devices: a device without an index names the current one.
+        same_device = store.keys.device == self.counter.table.keys.device
+        return same_device and store.num_tables == self.counter.num_tables
 
     def admit_padded(self, keys, table_ids, frequencies, store):
         return self.counter.admit_missing(keys, table_ids, frequencies, self.threshold, store)

@@ -92,7 +92,11 @@ def _module(
             )
         )
     opt = EmbOptimType.ADAM if optimizer == "adam" else EmbOptimType.EXACT_SGD
-    return unchecked_module(opts, opt, pooling, device, 0.05)
+    m = unchecked_module(opts, opt, pooling, device, 0.05)
+    if score == S.CUSTOMIZED:
+        m.set_score(7, [0])
+        m.set_score(9, [1])
+    return m
 
 
 def _batches(device, steps, seed=0):
@@ -151,6 +155,7 @@ CASES = {
     "growing": {"init_capacity": 256, "max_capacity": 1024},
     "evicting": {"max_capacity": 128},
     "no-eviction": {"score": S.NO_EVICTION},
+    "customized": {"score": S.CUSTOMIZED},
 }
 
 
