@@ -97,7 +97,10 @@ def extras(torch, for_sdist):
             "opentelemetry-sdk",
             "opentelemetry-exporter-prometheus",
         ],
-        "test": ["pytest", "hypothesis", "numpy"],
+        # Checkpoint and delta paths that are fsspec URLs (dynamicemb.io.fs): s3://.
+        "s3": ["fsspec>=2023.1.0", "s3fs>=2023.1.0"],
+        # The tests; the object store tests start moto's S3 server.
+        "test": ["pytest", "hypothesis", "numpy", "fsspec", "s3fs", "moto[server]"],
     }
 
 

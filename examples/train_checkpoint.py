@@ -34,13 +34,18 @@ of a killed job, a folder being pruned) is ignored, and removed by rank 0 at
 the next save. ``--keep K`` keeps the K newest checkpoints: an older one
 loses its ``job.json`` first, so a prune cut short leaves no folder that
 reads as a checkpoint. One job writes to a folder at a time; every rank must
-see it (a shared filesystem on several nodes).
+see it (a shared filesystem on several nodes, or an object store).
+
+``--checkpoint-dir`` may be an fsspec URL (``s3://bucket/run``): there a
+checkpoint is written into ``step_<N>/.dynamicemb-version-<n>/`` and its
+``job.json``, written last, commits it (nothing can be renamed in an object
+store; ``dynamicemb.io.files``). DCP writes its part through its fsspec
+writer.
 """
 
 import io
 import os
 import re
-import shutil
 import time
 import warnings
 from collections.abc import Callable
@@ -64,6 +69,13 @@ def _io():
     from dynamicemb.io import comm, files
 
     return comm, files
+
+
+def _store(path: str):
+    """The filesystem of ``path`` (a local folder or an object store URL)."""
+    from dynamicemb.io import fs
+
+    return fs.of(path)
 
 
 class JobError(RuntimeError):
@@ -93,13 +105,11 @@ def _manifest(folder: str) -> dict[str, Any] | None:
 
 def complete(root: str) -> list[Found]:
     """The complete checkpoints in ``root``, oldest first (reads only)."""
-    if not os.path.isdir(root):
-        return []
+    _, files = _io()
     out = []
-    for name in sorted(os.listdir(root)):
+    for name, path in files.committed_children(root, MANIFEST).items():
         m = _STEP_DIR.match(name)
-        path = os.path.join(root, name)
-        if m is None or not os.path.isdir(path):
+        if m is None:
             continue
         body = _manifest(path)
         if body is not None and int(body["step"]) == int(m.group(1)):
@@ -129,14 +139,22 @@ def check_dir(root: str, resume: bool, model: dict, data: dict) -> Found | None:
     Raises:
         JobError: naming the path or the differences.
     """
-    if os.path.lexists(root) and not os.path.isdir(root):
-        raise JobError(f"--checkpoint-dir {root}: exists and is not a folder")
     try:
-        os.makedirs(root, exist_ok=True)
-    except OSError as e:
-        raise JobError(f"--checkpoint-dir {root}: cannot be made ({e.strerror})") from None
-    if not os.access(root, os.W_OK | os.X_OK):
-        raise JobError(f"--checkpoint-dir {root}: not writable")
+        store = _store(root)
+    except (ImportError, ValueError) as e:
+        raise JobError(f"--checkpoint-dir {e}") from None
+    if not store.renames:
+        _check_store(store, root)
+    elif os.path.lexists(store.absolute(root)) and not os.path.isdir(store.absolute(root)):
+        raise JobError(f"--checkpoint-dir {root}: exists and is not a folder")
+    else:
+        root = store.absolute(root)
+        try:
+            os.makedirs(root, exist_ok=True)
+        except OSError as e:
+            raise JobError(f"--checkpoint-dir {root}: cannot be made ({e.strerror})") from None
+        if not os.access(root, os.W_OK | os.X_OK):
+            raise JobError(f"--checkpoint-dir {root}: not writable")
     found = complete(root)
     if not found:
         return None
@@ -148,6 +166,21 @@ def check_dir(root: str, resume: bool, model: dict, data: dict) -> Found | None:
         )
     check_matches(newest, model, data)
     return newest
+
+
+def _check_store(store, root: str) -> None:
+    """An object store URL: not an object, and writable (a probe object is
+    written and removed)."""
+    _, files = _io()
+    if store.isfile(root):
+        raise JobError(f"--checkpoint-dir {root}: exists and is not a folder (an object)")
+    probe = os.path.join(root, f".dynamicemb-probe-{files.new_token()}")
+    try:
+        store.write_bytes(probe, b"")
+        store.remove(probe)
+    except Exception as e:  # the store's own error: no bucket, no credentials, ...
+        why = f"{type(e).__name__}: {e}"
+        raise JobError(f"--checkpoint-dir {root}: cannot be written ({why})") from None
 
 
 def check_matches(found: Found, model: dict, data: dict) -> None:
@@ -166,10 +199,10 @@ def _file_infos(folder: str) -> list[dict[str, Any]]:
     """Size and CRC-32s of every file in ``folder`` (as the meta JSONs of
     DynamicEmbDump record them)."""
     _, files = _io()
+    store = _store(folder)
     infos = []
-    for name in sorted(os.listdir(folder)):
-        with open(os.path.join(folder, name), "rb") as f:
-            data = f.read()
+    for name in store.listdir(folder):
+        data = store.read_bytes(os.path.join(folder, name))
         crcs = files.crc32_blocks(data, files.CHECKSUM_BLOCK_BYTES)
         infos.append(files.FileInfo(name, len(data), crcs).to_json())
     return infos
@@ -208,7 +241,7 @@ class JobCheckpoints:
     process group; ``keep`` the number kept (0: all)."""
 
     def __init__(self, root: str, keep: int, device: torch.device) -> None:
-        self.root = os.path.abspath(root)
+        self.root = _store(root).absolute(root)
         self.keep = keep
         self.device = device
         comm, _ = _io()
@@ -268,7 +301,7 @@ class JobCheckpoints:
             g.agree(error)
         finally:
             if g.rank == 0 and tmp is not None:
-                shutil.rmtree(tmp, ignore_errors=True)
+                _store(tmp).rmtree(tmp)
         hook("published")
         if g.rank == 0:
             self._prune()
@@ -356,19 +389,23 @@ class JobCheckpoints:
 
     def _remove_leftovers(self) -> None:
         """Removes what killed saves and prunes left (rank 0, before a save)."""
-        os.makedirs(self.root, exist_ok=True)
-        for name in os.listdir(self.root):
+        _, files = _io()
+        store = _store(self.root)
+        store.makedirs(self.root)
+        for name in store.listdir(self.root):
             path = os.path.join(self.root, name)
             base = name.split(".dynamicemb-", 1)[0]
-            if not _STEP_DIR.match(base) or not os.path.isdir(path):
+            if not _STEP_DIR.match(base) or not store.isdir(path):
                 continue
-            if base != name or _manifest(path) is None:
-                shutil.rmtree(path, ignore_errors=True)
+            folder = files.committed(path, MANIFEST)
+            if base != name or folder is None or _manifest(folder) is None:
+                store.rmtree(path)
 
     def _prune(self) -> None:
         if self.keep <= 0:
             return
+        store = _store(self.root)
         for old in complete(self.root)[: -self.keep]:
-            os.remove(os.path.join(old.path, MANIFEST))  # no longer a checkpoint
+            store.remove(os.path.join(old.path, MANIFEST))  # no longer a checkpoint
             _io()[1].fsync_path(old.path)
-            shutil.rmtree(old.path, ignore_errors=True)
+            store.rmtree(step_dir(self.root, old.step))

@@ -29,7 +29,7 @@ host itself, with the same environment torchrun would give them.
                                   [--device cpu|cuda] [--summary-json PATH]
                                   [--data PATH [--eval-data PATH]]
                                   [--checkpoint-dir DIR [--checkpoint-every N]
-                                   [--keep K] [--resume]]
+                                   [--keep K] [--resume]] [--warm-start PATH]
                                   [--metrics-port PORT [--metrics-wait SECONDS]]
     torchrun --nnodes N --nproc-per-node G --rdzv-backend c10d \\
              --rdzv-endpoint HOST:PORT --rdzv-id JOB examples/train_dlrm.py ...
@@ -38,7 +38,11 @@ With --checkpoint-dir, the job saves everything it needs to go on (the
 dynamic tables, the dense parameters, both optimizers, the data position,
 the RNG state) every --checkpoint-every steps and at the end, each
 checkpoint published atomically (train_checkpoint.py); --resume goes on from
-the newest complete one, at any world size.
+the newest complete one, at any world size. DIR may be an fsspec URL
+(s3://bucket/run). --warm-start fills the dynamic tables, before the first
+step, with the rows of a TorchRec EmbeddingBagCollection (a state_dict saved
+with torch.save, or a torch.distributed.checkpoint folder; row i becomes key
+i; dynamicemb.checkpoint.warm_start).
 
 With --metrics-port, rank r serves the tables' OpenTelemetry figures for
 Prometheus at http://<host>:PORT+r/metrics (dynamicemb.metrics).
@@ -750,6 +754,29 @@ def resume(checkpoints, found, model, dense_opt, args, env: dist_launch.RankEnv)
     return trainer, resumed
 
 
+def warm_start(model, args, lead: bool) -> dict[str, Any]:
+    """Fills the dynamic tables from --warm-start; returns the summary's
+    "warm_start" entry (rows per table over all ranks)."""
+    from dynamicemb.checkpoint import warm_start as fill
+
+    t0 = time.perf_counter()
+    try:
+        report = fill(model, args.warm_start)
+    except (ValueError, TypeError, FileNotFoundError) as e:
+        raise train_checkpoint.JobError(f"--warm-start {args.warm_start}: {e}") from None
+    rows = {t.table: t.loaded for t in report.tables}
+    dropped = {t.table: t.dropped for t in report.tables}
+    if lead:
+        listed = ", ".join(f"{n} {r}" for n, r in rows.items())
+        print(f"warm start from {args.warm_start}: rows {listed}", flush=True)
+    return {
+        "path": args.warm_start,
+        "rows": rows,
+        "rows_dropped": dropped,
+        "seconds": time.perf_counter() - t0,
+    }
+
+
 def train(env: dist_launch.RankEnv, device: torch.device, args) -> dict[str, Any] | None:
     """One rank's training; rank 0 returns the run's summary."""
     rank, world_size = env.rank, env.world_size
@@ -798,6 +825,7 @@ def train(env: dist_launch.RankEnv, device: torch.device, args) -> dict[str, Any
             loss_hist[:start] = trainer["loss_sum"].to(device)
     elif checkpoints is not None and args.resume and lead:
         print(f"--resume: no checkpoint in {args.checkpoint_dir} yet, starting at step 0")
+    warm = warm_start(model, args, lead) if found is None and args.warm_start else None
 
     held_out = source.held_out(rank, world_size)
     if found is None:
@@ -940,6 +968,7 @@ def train(env: dist_launch.RankEnv, device: torch.device, args) -> dict[str, Any
         "tables": tables,
         "data": data_desc,
         "resumed": resumed,
+        "warm_start": warm,
         "checkpoints": saved,
     }
     if soak:
@@ -1098,7 +1127,10 @@ def parse_args(argv: list[str] | None = None):
     )
     ck = ap.add_argument_group("checkpoints (train_checkpoint.py)")
     ck.add_argument(
-        "--checkpoint-dir", default=None, help="save checkpoints here, one step_<N> folder each"
+        "--checkpoint-dir",
+        default=None,
+        help="save checkpoints here, one step_<N> folder each; a folder or an fsspec URL "
+        "(s3://bucket/run: pip install 'dynamicemb[s3]')",
     )
     ck.add_argument(
         "--checkpoint-every",
@@ -1114,6 +1146,14 @@ def parse_args(argv: list[str] | None = None):
         action="store_true",
         help="go on from the newest complete checkpoint in --checkpoint-dir (none yet: start at "
         "step 0), at any world size",
+    )
+    ck.add_argument(
+        "--warm-start",
+        default=None,
+        metavar="PATH",
+        help="fill the dynamic tables before the first step from a TorchRec "
+        "EmbeddingBagCollection's state_dict (a torch.save file) or a torch.distributed."
+        "checkpoint folder of it: row i becomes key i (not when --resume finds a checkpoint)",
     )
     ck.add_argument(
         "--crash-at",
@@ -1178,6 +1218,15 @@ def parse_args(argv: list[str] | None = None):
         source = DataSource(args)
     except FileNotFoundError as e:
         ap.error(f"--data / --eval-data: {e}")
+    if args.warm_start is not None:
+        from dynamicemb.io import fs
+
+        try:
+            there = fs.of(args.warm_start).exists(args.warm_start)
+        except (ImportError, ValueError) as e:
+            ap.error(f"--warm-start {e}")
+        if not there:
+            ap.error(f"--warm-start {args.warm_start}: does not exist")
     if args.checkpoint_dir is None:
         for flag, value, default in (
             ("--resume", args.resume, False),

@@ -58,10 +58,12 @@ TORCH=torch==2.13.0
 FBGEMM=fbgemm-gpu-cpu==1.8.0
 TORCHREC=torchrec==1.8.0
 TORCHREC_REQS=(tensordict==0.15.3 torchmetrics==1.0.3 tqdm==4.70.1 pyre-extensions==0.0.32)
-# sphinx builds the API reference (tools/api_docs.py, run by //tests/docs).
+# sphinx builds the API reference (tools/api_docs.py, run by //tests/docs); fsspec and
+# s3fs are the object store paths (the "s3" extra), moto's server the S3 endpoint their
+# tests start (tests/object_store).
 TOOLS=(numpy pytest hypothesis numba opentelemetry-api opentelemetry-sdk
   opentelemetry-exporter-prometheus ninja build==1.6.1 ruff==0.17.6 clang-format==23.1.5
-  sphinx==9.0.4)
+  sphinx==9.0.4 fsspec==2026.9.0 s3fs==2026.9.0 "moto[server]==5.2.5")
 BUILDIFIER=@bazel/buildifier@8.2.1
 
 # The stamp records what was installed; when it matches and the imports work, skip pip.
@@ -71,6 +73,7 @@ CHECK='
 import sys
 import torch, fbgemm_gpu, torchrec, numpy, pytest, hypothesis, numba, ninja, build, sphinx
 import opentelemetry.sdk, opentelemetry.exporter.prometheus
+import fsspec, s3fs, moto.server
 print("setup_env: torch %s, fbgemm_gpu %s, torchrec %s" % (
     torch.__version__, fbgemm_gpu.__version__, torchrec.__version__), file=sys.stderr)
 '

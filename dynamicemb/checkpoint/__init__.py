@@ -8,6 +8,9 @@ reshardable (a checkpoint loads at any world size and ``dist_type``; each key
 goes to the rank that owns it now). ``dump`` and ``load`` are the same calls
 returning what they wrote and loaded. ``DynamicEmbStateful`` puts the
 dynamic tables into ``torch.distributed.checkpoint`` (dcp.py).
+``warm_start`` (an addition of ours, beyond the spec) fills dynamic tables
+with the rows of a TorchRec collection's state_dict or DCP checkpoint
+(warm_start.py). Paths may be fsspec URLs (``s3://...``: dynamicemb.io.fs).
 
 Importing this package needs TorchRec.
 """
@@ -19,6 +22,7 @@ from dynamicemb.checkpoint.dcp import DynamicEmbStateful
 from dynamicemb.checkpoint.dump import DumpReport, dump
 from dynamicemb.checkpoint.layout import CheckpointError
 from dynamicemb.checkpoint.load import LoadReport, TableLoad, load
+from dynamicemb.checkpoint.warm_start import WarmStartReport, warm_start
 
 __all__ = [
     "CheckpointError",
@@ -28,8 +32,10 @@ __all__ = [
     "DynamicEmbStateful",
     "LoadReport",
     "TableLoad",
+    "WarmStartReport",
     "dump",
     "load",
+    "warm_start",
 ]
 
 

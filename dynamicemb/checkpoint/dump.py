@@ -29,7 +29,7 @@ from dynamicemb.checkpoint.layout import (
     meta_file,
     shard_file,
 )
-from dynamicemb.io import Group, dtypes
+from dynamicemb.io import Group, dtypes, fs
 from dynamicemb.io import files as io_files
 from dynamicemb.io.files import CHECKSUM_BLOCK_BYTES, IO_THREADS, chunk_rows, host_bytes
 from dynamicemb.shard.tables import TableRef, model_tables, select
@@ -210,7 +210,7 @@ def dump(
             files.prepare_target(path)
             tmp = io_files.make_tmp(path)
             for folder in sorted({ref.collection for ref in refs}):
-                os.mkdir(os.path.join(tmp, folder))
+                fs.of(tmp).mkdir(os.path.join(tmp, folder))
         except BaseException as e:
             error = e
     group.agree(error)
@@ -264,14 +264,12 @@ def dump(
         group.agree(error)
     except BaseException:
         if group.rank == 0 and tmp is not None:
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True)
+            fs.of(tmp).rmtree(tmp)
         raise
     seconds = progress.close()
     rows = sum(s.rows for g in gathered for s in g.values())
     nbytes = sum(s.nbytes for g in gathered for s in g.values())
-    report = DumpReport(os.path.abspath(path), len(refs), rows, nbytes, seconds)
+    report = DumpReport(fs.of(path).absolute(path), len(refs), rows, nbytes, seconds)
     if group.rank == 0:
         line = (
             f"DynamicEmbDump: {report.tables} tables, {rows} rows, {nbytes / 2**20:.1f} MiB "

@@ -8,6 +8,10 @@ siblings; ``resolve`` (what a load reads) then takes the newest complete
 one, and the next dump puts it back at ``<path>`` before anything else
 (``prepare_target``). So ``<path>`` reads as the previous checkpoint or the
 new one, never as a mixture or a torn one.
+
+In an object store (a URL) a dump writes a new version inside ``<path>``
+and its manifest commits it (``dynamicemb.io.files.committed``): a load
+reads the committed version; versions without a manifest are ignored.
 """
 
 import os
@@ -20,7 +24,8 @@ from dynamicemb.checkpoint.layout import (
     MANIFEST,
     CheckpointError,
 )
-from dynamicemb.io.files import OLD_TAG, TMP_TAG, fsync_path, siblings
+from dynamicemb.io import fs
+from dynamicemb.io.files import OLD_TAG, TMP_TAG, VERSION_TAG, committed, fsync_path, siblings
 from dynamicemb.io.files import read_manifest as _read_manifest
 
 
@@ -43,6 +48,15 @@ def resolve(path: str) -> tuple[str, dict[str, Any] | None]:
     Raises:
         CheckpointError: no checkpoint at ``path``.
     """
+    if not fs.of(path).renames:
+        folder = committed(path, MANIFEST)
+        if folder is None:
+            raise CheckpointError(
+                f"no dynamicemb checkpoint at {path!r}: no committed version (a folder with "
+                f"its {MANIFEST})"
+            )
+        return folder, read_manifest(folder)
+    path = fs.local_path(path)
     if os.path.isfile(os.path.join(path, MANIFEST)):
         return path, read_manifest(path)
     if os.path.isdir(path):
@@ -64,7 +78,18 @@ def prepare_target(path: str) -> None:
     raises when ``path`` holds something that is not a dynamicemb
     checkpoint (a file, or a folder that is neither empty nor a checkpoint).
     """
-    path = os.path.abspath(path)
+    store = fs.of(path)
+    if not store.renames:  # an object store: nothing beside it; publish cleans up
+        if store.isfile(path):
+            raise ValueError(f"cannot dump to {path!r}: it exists and is not a folder")
+        others = [n for n in store.listdir(path) if not n.startswith(VERSION_TAG)]
+        if others and committed(path, MANIFEST) is None:
+            raise ValueError(
+                f"cannot dump to {path!r}: it holds objects but no dynamicemb checkpoint "
+                f"({MANIFEST}); dump to a new or empty prefix"
+            )
+        return
+    path = os.path.abspath(fs.local_path(path))
     if os.path.lexists(path):
         if not os.path.isdir(path) or os.path.islink(path):
             raise ValueError(f"cannot dump to {path!r}: it exists and is not a folder")

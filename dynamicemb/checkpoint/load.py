@@ -65,7 +65,7 @@ from dynamicemb.checkpoint.layout import (
 )
 from dynamicemb.dynamicemb_config import DynamicEmbScoreStrategy
 from dynamicemb.embedding.score_function import evaluate_scores
-from dynamicemb.io import Group
+from dynamicemb.io import Group, fs
 from dynamicemb.io import files as io_files
 from dynamicemb.io.files import IO_THREADS, chunk_rows
 from dynamicemb.shard.routing import route_keys
@@ -605,7 +605,7 @@ def load(
     results = apply_all(plans, received, group, counters)
     seconds = progress.close()
     totals = group.all_reduce([v for r in results for v in r] + [mine])
-    report = LoadReport(os.path.abspath(path), nbytes=totals[-1], seconds=seconds)
+    report = LoadReport(fs.of(path).absolute(path), nbytes=totals[-1], seconds=seconds)
     for i, p in enumerate(plans):
         report.tables.append(
             TableLoad(p.ref.collection, p.ref.name, p.meta.rows, totals[2 * i], totals[2 * i + 1])

@@ -1,6 +1,8 @@
 """Generic I/O of the packages that write and read tables' rows (checkpoints,
 replication): collectives over a process group, checksummed files written
-and read back verified, folders published atomically, dtype names, chunks.
+and read back verified, folders published atomically (local folders by
+rename; object stores, fsspec URLs, by a manifest written last: ``fs.py``),
+dtype names, chunks.
 
 Nothing here knows a table: ``dynamicemb.checkpoint`` and
 ``dynamicemb.replication`` build their formats on it. A reader refuses bad
@@ -22,6 +24,8 @@ from dynamicemb.io.files import (
     check_name,
     check_sizes,
     chunk_rows,
+    committed,
+    committed_children,
     crc32_blocks,
     decode_manifest,
     encode_manifest,
@@ -50,6 +54,8 @@ __all__ = [
     "check_name",
     "check_sizes",
     "chunk_rows",
+    "committed",
+    "committed_children",
     "crc32_blocks",
     "decode_manifest",
     "dtype_name",

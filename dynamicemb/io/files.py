@@ -16,12 +16,23 @@ fsync the parent and remove the old one. A reader sees the folder whole or
 not at all; a crash between the two renames leaves two complete siblings
 (``siblings``), from which the format that published them recovers.
 
+An object store (a URL, ``fs.py``) has no rename. There ``make_tmp`` gives
+a new version prefix inside ``<path>``, ``<path>/.dynamicemb-version-<n>``
+(``n`` above every version there, committed or not); the folder is written
+into it, its manifest last, and the manifest commits it: the committed
+version of ``<path>`` (``committed``) is the highest-numbered one holding
+its manifest. ``publish`` then removes everything else in ``<path>`` (older
+versions, unfinished ones). No object is ever overwritten, so a reader sees
+the previous version or the new one, whole; docs/checkpoint.md has the
+argument. Readers find a folder's files through ``committed``.
+
 Every reader raises its ``error`` argument's class (``DataError`` by
 default), so each format reports bad data in its own terms.
 """
 
 import json
 import os
+import re
 import shutil
 import time
 import uuid
@@ -31,6 +42,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from dynamicemb.io import fs
 
 # CRC-32 block size of new files (readers use the value recorded with them).
 CHECKSUM_BLOCK_BYTES = 64 << 20
@@ -44,6 +57,9 @@ PROGRESS_MIN_BYTES = 64 << 20
 
 TMP_TAG = ".dynamicemb-tmp-"
 OLD_TAG = ".dynamicemb-old-"
+# An object store's versions of a folder: <path>/<VERSION_TAG><n>.
+VERSION_TAG = ".dynamicemb-version-"
+_VERSION = re.compile(r"^" + re.escape(VERSION_TAG) + r"(\d+)$")
 
 
 class DataError(RuntimeError):
@@ -130,8 +146,7 @@ def decode_manifest(
 def _read_whole(path: str, prefix: str, error: ErrorType) -> bytes:
     """All of ``path``; a missing file is an ``error`` that starts with ``prefix``."""
     try:
-        with open(path, "rb") as f:
-            return f.read()
+        return fs.of(path).read_bytes(path)
     except FileNotFoundError:
         raise error(f"{prefix}{path} does not exist") from None
 
@@ -148,11 +163,7 @@ def write_manifest(tmp: str, body: dict[str, Any], manifest: str) -> None:
     """Writes the manifest ``manifest`` into ``tmp`` and fsyncs it and the
     folder: the last write before publishing."""
     body = dict(body, created_unix_ns=time.time_ns())
-    name = os.path.join(tmp, manifest)
-    with open(name, "wb") as f:
-        f.write(encode_manifest(body))
-        f.flush()
-        os.fsync(f.fileno())
+    fs.of(tmp).write_bytes(os.path.join(tmp, manifest), encode_manifest(body))
     fsync_path(tmp)
 
 
@@ -160,12 +171,8 @@ def write_manifest(tmp: str, body: dict[str, Any], manifest: str) -> None:
 
 
 def fsync_path(path: str) -> None:
-    """fsync of a file or folder by name."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    """fsync of a file or folder by name (nothing in an object store)."""
+    fs.of(path).fsync(path)
 
 
 class CheckedWriter:
@@ -177,7 +184,8 @@ class CheckedWriter:
     def __init__(self, path: str, block: int) -> None:
         self.path = path
         self.block = block
-        self.f = open(path, "wb")
+        self.fs = fs.of(path)
+        self.f = self.fs.open_write(path)
         self.nbytes = 0
         self.crcs: list[int] = []
         self._crc = 0  # CRC of the current, unfinished block
@@ -199,13 +207,11 @@ class CheckedWriter:
     def close(self) -> FileInfo:
         if self.nbytes % self.block:
             self.crcs.append(self._crc)
-        self.f.flush()
-        os.fsync(self.f.fileno())
-        self.f.close()
+        self.fs.commit(self.f)
         return FileInfo(os.path.basename(self.path), self.nbytes, self.crcs)
 
     def abort(self) -> None:
-        self.f.close()
+        self.fs.discard(self.f)
 
 
 def read_verified(
@@ -218,14 +224,8 @@ def read_verified(
     mv = memoryview(out.reshape(-1).view(torch.uint8).numpy())
     if len(mv) != info.nbytes:
         raise error(f"{what}: {path}: {len(mv)} bytes expected, {info.nbytes} recorded")
-    got = 0
     try:
-        with open(path, "rb") as f:
-            while got < len(mv):
-                n = f.readinto(mv[got:])
-                if not n:
-                    break
-                got += n
+        got = fs.of(path).read_into(path, mv)
     except FileNotFoundError:
         raise error(f"{what}: {path} does not exist") from None
     if got != info.nbytes:
@@ -252,10 +252,7 @@ def write_small(folder: str, name: str, data: bytes) -> FileInfo:
     """A whole small file (a meta JSON), fsynced; returns its info with a
     single CRC-32 over all of it."""
     full = os.path.join(folder, name)
-    with open(full, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
+    fs.of(full).write_bytes(full, data)
     return FileInfo(name, len(data), [zlib.crc32(data)])
 
 
@@ -282,7 +279,7 @@ def check_sizes(
     for info in infos:
         full = os.path.join(folder, info.name)
         try:
-            size = os.stat(full).st_size
+            size = fs.of(full).size(full)
         except FileNotFoundError:
             raise error(f"{what}: {full} does not exist") from None
         if size != info.nbytes:
@@ -301,16 +298,31 @@ def new_token() -> str:
 
 def siblings(path: str, tag: str) -> list[str]:
     """The folders beside ``path`` named ``<path><tag>...`` (``TMP_TAG``,
-    ``OLD_TAG``), sorted."""
-    parent, base = os.path.split(os.path.abspath(path))
+    ``OLD_TAG``), sorted (none in an object store, which makes none)."""
+    store = fs.of(path)
+    if not store.renames:
+        return []
+    parent, base = os.path.split(os.path.abspath(fs.local_path(path)))
     if not os.path.isdir(parent):
         return []
     return [os.path.join(parent, n) for n in sorted(os.listdir(parent)) if n.startswith(base + tag)]
 
 
+def versions(path: str) -> list[tuple[int, str]]:
+    """An object store's versions of folder ``path`` (``make_tmp``),
+    committed or not: (number, folder), ascending."""
+    found = [(_VERSION.match(n), n) for n in fs.of(path).listdir(path)]
+    return sorted((int(m.group(1)), os.path.join(path, n)) for m, n in found if m)
+
+
 def make_tmp(path: str) -> str:
-    """A new, empty folder beside ``path`` to write what ``publish`` puts there."""
-    path = os.path.abspath(path)
+    """A new, empty folder to write what ``publish`` puts at ``path``: beside
+    it, or in an object store the next version prefix inside it."""
+    store = fs.of(path)
+    if not store.renames:
+        last = max([n for n, _ in versions(path)] + [0])
+        return os.path.join(path, f"{VERSION_TAG}{last + 1:08d}")
+    path = os.path.abspath(fs.local_path(path))
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
     tmp = path + TMP_TAG + new_token()
@@ -319,8 +331,17 @@ def make_tmp(path: str) -> str:
 
 
 def publish(tmp: str, path: str) -> None:
-    """Puts the finished folder ``tmp`` at ``path`` (see the module docstring)."""
-    path = os.path.abspath(path)
+    """Puts the finished folder ``tmp`` at ``path`` (see the module
+    docstring). In an object store ``tmp``'s manifest has committed it
+    already: everything else in ``path`` is removed."""
+    store = fs.of(path)
+    if not store.renames:
+        for name in store.listdir(path):
+            other = os.path.join(path, name)
+            if other != tmp:
+                store.rmtree(other)
+        return
+    path = os.path.abspath(fs.local_path(path))
     parent = os.path.dirname(path)
     fsync_path(parent)  # the tmp folder's own entry
     if os.path.lexists(path):
@@ -332,6 +353,47 @@ def publish(tmp: str, path: str) -> None:
     else:
         os.rename(tmp, path)
         fsync_path(parent)
+
+
+def committed(path: str, manifest: str) -> str | None:
+    """The folder holding what is published at ``path`` under the manifest
+    file name ``manifest``, None: nothing. Locally ``path`` itself when its
+    manifest is there; in an object store its highest version holding its
+    manifest, else ``path`` itself when it holds the manifest (a folder
+    copied there whole)."""
+    store = fs.of(path)
+    if not store.renames:
+        for _, folder in reversed(versions(path)):
+            if store.isfile(os.path.join(folder, manifest)):
+                return folder
+    return path if store.isfile(os.path.join(path, manifest)) else None
+
+
+def committed_children(folder: str, manifest: str) -> dict[str, str]:
+    """The published folders right inside ``folder`` (``committed``): name ->
+    the folder holding it, names sorted. In an object store, one listing."""
+    store = fs.of(folder)
+    if store.renames:
+        out = {}
+        for name in store.listdir(folder):
+            path = os.path.join(folder, name)
+            if store.isfile(os.path.join(path, manifest)):
+                out[name] = path
+        return out
+    best: dict[str, tuple[int, str]] = {}
+    for rel in store.files_below(folder):
+        parts = rel.split("/")
+        if parts[-1] != manifest or len(parts) not in (2, 3):
+            continue
+        n = 0
+        if len(parts) == 3:
+            m = _VERSION.match(parts[1])
+            if m is None:
+                continue
+            n = int(m.group(1))
+        if n >= best.get(parts[0], (-1, ""))[0]:
+            best[parts[0]] = (n, os.path.join(folder, *parts[:-1]))
+    return {name: best[name][1] for name in sorted(best)}
 
 
 # ------------------------------------------------------------- progress --

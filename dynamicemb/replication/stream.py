@@ -13,14 +13,15 @@ A stream folder holds::
         <collection>/<table>_<column>    little-endian rows, no header
 
 A delta folder is written aside and published by one rename
-(``dynamicemb.io.files``, as checkpoints are), so a follower sees a
-delta whole or not at all. Reading verifies the manifest's checksum and every
-file's CRC-32s; the replay verifies each table's own checksum and sequence.
+(``dynamicemb.io.files``, as checkpoints are; in an object store into a
+version prefix that its manifest, written last, commits), so a follower
+sees a delta whole or not at all. The folder may be a URL (``s3://...``).
+Reading verifies the manifest's checksum and every file's CRC-32s; the
+replay verifies each table's own checksum and sequence.
 """
 
 import os
 import re
-import shutil
 import time
 from typing import Any
 
@@ -34,7 +35,7 @@ from dynamicemb.dynamicemb_config import (
     DynamicEmbTableOptions,
     ReplayContent,
 )
-from dynamicemb.io import Group, dtypes, files
+from dynamicemb.io import Group, dtypes, files, fs
 from dynamicemb.io.files import CHECKSUM_BLOCK_BYTES, FileInfo, check_name
 from dynamicemb.replication.delta import (
     TENSOR_COLUMNS,
@@ -76,12 +77,10 @@ def delta_path(folder: str, sequence: int) -> str:
 
 def list_deltas(folder: str) -> list[int]:
     """Sequences of the published deltas in ``folder``, ascending."""
-    if not os.path.isdir(folder):
-        return []
     out = []
-    for name in os.listdir(folder):
+    for name in files.committed_children(folder, DELTA_MANIFEST):
         m = _DELTA_DIR.match(name)
-        if m and os.path.isfile(os.path.join(folder, name, DELTA_MANIFEST)):
+        if m:
             out.append(int(m.group(1)))
     return sorted(out)
 
@@ -117,14 +116,15 @@ def write_delta(folder: str, sequence: int, deltas: dict[str, DeltaDumpResult]) 
         ValueError: the delta exists already (it is never replaced).
     """
     path = delta_path(folder, sequence)
-    if os.path.lexists(path):
+    store = fs.of(path)
+    if store.renames and store.exists(path) or files.committed(path, DELTA_MANIFEST):
         raise ValueError(f"delta {sequence} exists already at {path}")
     tmp = files.make_tmp(path)
     try:
         collections: dict[str, list[dict[str, Any]]] = {}
         for coll, delta in deltas.items():
             check_name(coll, "collection")
-            os.mkdir(os.path.join(tmp, coll))
+            store.mkdir(os.path.join(tmp, coll))
             tables = []
             for i in range(len(delta)):
                 entry = delta.table(i)
@@ -166,7 +166,7 @@ def write_delta(folder: str, sequence: int, deltas: dict[str, DeltaDumpResult]) 
         files.write_manifest(tmp, body, DELTA_MANIFEST)
         files.publish(tmp, path)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        store.rmtree(tmp)
         raise
     return path
 
@@ -180,6 +180,7 @@ def read_delta(path: str) -> tuple[int, dict[str, DeltaDumpResult]]:
     Raises:
         DeltaError: a missing, truncated or corrupted file (named).
     """
+    path = files.committed(path, DELTA_MANIFEST) or path
     where = os.path.join(path, DELTA_MANIFEST)
     body = files.read_manifest(path, DELTA_MANIFEST, DELTA_FORMAT, DELTA_VERSION, DeltaError)
     block = int(body["checksum_block_bytes"])
@@ -283,7 +284,7 @@ class DeltaPublisher:
         self.folder = folder
         self.group = Group(pg, DeltaError)
         if self.group.rank == 0:
-            os.makedirs(folder, exist_ok=True)
+            fs.of(folder).makedirs(folder)
         self.threshold = get_score(model)
         if self.threshold is None:
             raise ValueError("DeltaPublisher: the model has no dynamic embedding tables")
@@ -300,7 +301,7 @@ class DeltaPublisher:
             upto = _model_sequence(self.model) or 0
             for seq in list_deltas(self.folder):
                 if seq <= upto:
-                    shutil.rmtree(delta_path(self.folder, seq), ignore_errors=True)
+                    fs.of(self.folder).rmtree(delta_path(self.folder, seq))
         self.group.barrier()
         return path
 

@@ -1,0 +1,309 @@
+"""Where files live: a local folder, or an object store through fsspec.
+
+``of(path)`` gives the filesystem of a path: ``Local`` for a plain path or a
+``file://`` URL, ``ObjectStore`` for any other URL fsspec knows (``s3://``,
+``gs://``, ``az://``, ``memory://``, ...). Both offer the same operations on
+paths as given (a URL stays a URL, so ``os.path.join`` composes them), and
+say whether they can rename (``renames``), which decides how
+``dynamicemb.io.files`` publishes a folder: a local folder is written aside
+and renamed into place; an object store has no rename, and a folder is
+committed there by its manifest, written last, in a version prefix of its
+own (``files.make_tmp``, ``files.publish``, ``files.committed``).
+
+``Local`` does what the library did before object stores: every file and
+folder fsynced, ``os.rename``, ``shutil.rmtree``. ``ObjectStore`` writes an
+object at once when its handle is closed (an object store shows an object
+whole or not at all), has no folders (a prefix exists while it holds an
+object), and reads every listing afresh (fsspec's listing cache cannot know
+what other processes wrote).
+
+fsspec and the filesystem's own package (s3fs for ``s3://``, gcsfs for
+``gs://``, ...) are optional dependencies (``pip install 'dynamicemb[s3]'``);
+a URL without them is an ``ImportError`` naming the package. Credentials,
+endpoints and options come from the environment as fsspec and the package
+read them (for s3fs: ``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ...;
+``FSSPEC_S3_<OPTION>``, fsspec's configuration files).
+"""
+
+import os
+import re
+import shutil
+
+__all__ = ["EXTRA", "Local", "ObjectStore", "is_url", "local_path", "of"]
+
+# setup.py's extra that installs the object store packages dynamicemb tests.
+EXTRA = "s3"
+# Bytes one read of an object asks for (a range request each).
+OBJECT_READ_BYTES = 32 << 20
+
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
+_FILE_URL = "file://"
+
+
+def is_url(path: str) -> bool:
+    """Whether ``path`` names an object store (a URL other than ``file://``)."""
+    return _URL.match(str(path)) is not None and not str(path).startswith(_FILE_URL)
+
+
+def local_path(path: str) -> str:
+    """A local path as ``os`` takes it: ``file://`` stripped."""
+    path = os.fspath(path)
+    return path[len(_FILE_URL) :] if path.startswith(_FILE_URL) else path
+
+
+class Local:
+    """Local files: ``os`` calls on the path (``file://`` stripped)."""
+
+    renames = True
+    _p = staticmethod(local_path)
+
+    def absolute(self, path: str) -> str:
+        return os.path.abspath(self._p(path))
+
+    def exists(self, path: str) -> bool:
+        return os.path.lexists(self._p(path))
+
+    def isdir(self, path: str) -> bool:
+        return os.path.isdir(self._p(path))
+
+    def isfile(self, path: str) -> bool:
+        return os.path.isfile(self._p(path))
+
+    def islink(self, path: str) -> bool:
+        return os.path.islink(self._p(path))
+
+    def listdir(self, path: str) -> list[str]:
+        """Names in folder ``path``, sorted (none: no such folder)."""
+        path = self._p(path)
+        return sorted(os.listdir(path)) if os.path.isdir(path) else []
+
+    def size(self, path: str) -> int:
+        return os.stat(self._p(path)).st_size
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(self._p(path), exist_ok=True)
+
+    def mkdir(self, path: str) -> None:
+        os.mkdir(self._p(path))
+
+    def open_write(self, path: str):
+        return open(self._p(path), "wb")
+
+    @staticmethod
+    def commit(f) -> None:
+        """Closes a file of ``open_write``, its bytes on disk (fsynced)."""
+        f.flush()
+        os.fsync(f.fileno())
+        f.close()
+
+    @staticmethod
+    def discard(f) -> None:
+        f.close()
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        """A whole file, fsynced."""
+        f = self.open_write(path)
+        try:
+            f.write(data)
+        except BaseException:
+            f.close()
+            raise
+        self.commit(f)
+
+    def read_bytes(self, path: str) -> bytes:
+        with open(self._p(path), "rb") as f:
+            return f.read()
+
+    def read_into(self, path: str, mv: memoryview) -> int:
+        """Reads the start of file ``path`` into ``mv``; returns the bytes read."""
+        got = 0
+        with open(self._p(path), "rb") as f:
+            while got < len(mv):
+                n = f.readinto(mv[got:])
+                if not n:
+                    break
+                got += n
+        return got
+
+    def fsync(self, path: str) -> None:
+        """fsync of a file or folder by name."""
+        fd = os.open(self._p(path), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def remove(self, path: str) -> None:
+        os.remove(self._p(path))
+
+    def rmtree(self, path: str) -> None:
+        """Removes a folder and all it holds, ignoring errors."""
+        shutil.rmtree(self._p(path), ignore_errors=True)
+
+    def rename(self, src: str, dst: str) -> None:
+        os.rename(self._p(src), self._p(dst))
+
+    def files_below(self, path: str) -> list[str]:
+        """Every file below folder ``path``, as paths relative to it, sorted."""
+        root = self._p(path)
+        out = []
+        for d, _, names in os.walk(root):
+            out += [os.path.relpath(os.path.join(d, n), root) for n in names]
+        return sorted(out)
+
+
+class ObjectStore:
+    """An fsspec filesystem for URLs of one protocol (see the module docstring).
+
+    Args:
+        fs: the fsspec filesystem (``fsspec.core.url_to_fs``).
+        protocol (str): the URLs' protocol (``s3``).
+    """
+
+    renames = False
+
+    def __init__(self, fs, protocol: str) -> None:
+        self.fs = fs
+        self.protocol = protocol
+
+    def _fresh(self) -> None:
+        self.fs.invalidate_cache()
+
+    def absolute(self, path: str) -> str:
+        return str(path)
+
+    def exists(self, path: str) -> bool:
+        self._fresh()
+        return bool(self.fs.exists(path))
+
+    def isdir(self, path: str) -> bool:
+        self._fresh()
+        return bool(self.fs.isdir(path))
+
+    def isfile(self, path: str) -> bool:
+        self._fresh()
+        return bool(self.fs.isfile(path))
+
+    def islink(self, path: str) -> bool:
+        return False
+
+    def listdir(self, path: str) -> list[str]:
+        """Names of the objects and prefixes right below ``path``, sorted."""
+        self._fresh()
+        try:
+            entries = self.fs.ls(path, detail=False)
+        except FileNotFoundError:
+            return []
+        base = self.fs._strip_protocol(path).rstrip("/")
+        names = {e.rstrip("/").rsplit("/", 1)[-1] for e in entries if e.rstrip("/") != base}
+        return sorted(names)
+
+    def size(self, path: str) -> int:
+        self._fresh()
+        return int(self.fs.size(path))
+
+    def makedirs(self, path: str) -> None:
+        """Nothing: a prefix exists while it holds an object."""
+
+    def mkdir(self, path: str) -> None:
+        """Nothing: a prefix exists while it holds an object."""
+
+    def open_write(self, path: str):
+        return self.fs.open(path, "wb")
+
+    @staticmethod
+    def commit(f) -> None:
+        """Closes a file of ``open_write``: the object appears, whole."""
+        f.close()
+
+    @staticmethod
+    def discard(f) -> None:
+        """Drops a file of ``open_write`` unfinished: no object appears."""
+        discard = getattr(f, "discard", None)
+        if discard is not None:
+            discard()  # an unfinished multipart upload is aborted
+        try:
+            f.closed = True  # so that no close (nor the collector's) uploads it
+        except AttributeError:  # a file object whose closed is read-only
+            pass
+
+    def write_bytes(self, path: str, data: bytes) -> None:
+        self.fs.pipe_file(path, bytes(data))
+
+    def read_bytes(self, path: str) -> bytes:
+        return self.fs.cat_file(path)
+
+    def read_into(self, path: str, mv: memoryview) -> int:
+        """Reads the start of object ``path`` into ``mv``, ``OBJECT_READ_BYTES``
+        per request; returns the bytes read."""
+        got = 0
+        with self.fs.open(path, "rb", cache_type="none") as f:
+            while got < len(mv):
+                data = f.read(min(OBJECT_READ_BYTES, len(mv) - got))
+                if not data:
+                    break
+                mv[got : got + len(data)] = data
+                got += len(data)
+        return got
+
+    def fsync(self, path: str) -> None:
+        """Nothing: a closed object is stored."""
+
+    def remove(self, path: str) -> None:
+        self.fs.rm_file(path)
+
+    def rmtree(self, path: str) -> None:
+        """Removes every object below ``path`` (and ``path``), ignoring errors."""
+        self._fresh()
+        try:
+            self.fs.rm(path, recursive=True)
+        except (FileNotFoundError, OSError):
+            pass
+
+    def rename(self, src: str, dst: str) -> None:
+        raise OSError(f"{self.protocol}:// has no rename ({src} -> {dst})")
+
+    def files_below(self, path: str) -> list[str]:
+        """Every object below ``path``, as paths relative to it, sorted (one
+        listing, without delimiters)."""
+        self._fresh()
+        base = self.fs._strip_protocol(path).rstrip("/") + "/"
+        try:
+            keys = self.fs.find(path)
+        except FileNotFoundError:
+            return []
+        return sorted(k[len(base) :] for k in keys if k.startswith(base))
+
+
+_LOCAL = Local()
+
+
+def of(path: str) -> "Local | ObjectStore":
+    """The filesystem of ``path``.
+
+    Raises:
+        ImportError: a URL without fsspec or without its protocol's package
+            (naming it and the extra that installs it).
+        ValueError: a URL of a protocol fsspec does not know.
+    """
+    path = os.fspath(path)
+    if not is_url(path):
+        return _LOCAL
+    protocol = _URL.match(path).group(1)
+    try:
+        import fsspec
+    except ImportError:
+        raise ImportError(
+            f"{path}: object store URLs need the package fsspec (and s3fs for s3://): "
+            f"pip install 'dynamicemb[{EXTRA}]'"
+        ) from None
+    try:
+        fs = fsspec.filesystem(protocol)
+    except ImportError as e:
+        raise ImportError(
+            f"{path}: fsspec has no {protocol}:// filesystem installed ({e}); for s3:// "
+            f"pip install 'dynamicemb[{EXTRA}]'"
+        ) from None
+    except ValueError as e:
+        raise ValueError(f"{path}: not a filesystem fsspec knows ({e})") from None
+    return ObjectStore(fs, protocol)
