@@ -20,10 +20,30 @@
 //
 // The CPU backend (counter_cpu.h) is the reference of the CUDA one
 // (counter_cuda.h). A plain add is release_at = kNoRelease.
+//
+// # Admission in one pass (counter_admit)
+//
+// A frequency admitter decides for a training batch's distinct keys in one
+// call, asking the embedding table (the "store", read only) itself which of
+// them it holds:
+//
+//   an entry that is not a key (padding: kEmptyKey; on CUDA any invalid
+//     input) is kNone and touches nothing;
+//   a key the store holds is kStored and is not counted;
+//   the other keys are counted by counter_add with release_at = threshold, as
+//     if they alone had been passed, in batch order: a key whose count reaches
+//     the threshold leaves the counter and is kAdmitted, the others kRejected.
+//
+// The CPU backend passes the missing keys to counter_add compacted; the CUDA
+// one passes the whole batch with the other entries made invalid, which sort
+// last and form no run, so every bucket sees the same keys in the same order
+// and both give the same counts. Per table, the entries admitted and
+// rejected are counted too (the module's ADMISSIONS and REJECTIONS).
 #pragma once
 
 #include <cstdint>
 
+#include "cc/common/host_device.h"
 #include "cc/table/table_ref.h"
 #include "cc/table/types.h"
 
@@ -68,6 +88,30 @@ inline table::RunArgs count_run(const int64_t* keys, const int64_t* table_ids,
   r.ev_tables = s.ev_tables;
   r.ev_flags = s.ev_flags;
   return r;
+}
+
+/// What counter_admit decides for one entry (dynamicemb.table.enums.Admission).
+enum class Admission : int8_t {
+  kStored = 0,    ///< the store holds the key: not counted, looked up
+  kAdmitted = 1,  ///< missing, its count reached the threshold: it may be inserted
+  kRejected = 2,  ///< missing, below the threshold: counted, not inserted
+  kNone = 3,      ///< not a key (padding)
+};
+
+/// Columns of counter_admit's per-table counts: entries admitted, rejected.
+constexpr int kAdmitCols = 2;
+
+/// The decision for an entry: `valid` input, held by the store (`stored`),
+/// else the `count` the counter's run gave it.
+DEMB_HD Admission admission_of(bool valid, bool stored, int64_t count, int64_t threshold) {
+  if (!valid) return Admission::kNone;
+  if (stored) return Admission::kStored;
+  return count >= threshold ? Admission::kAdmitted : Admission::kRejected;
+}
+
+/// The per-table column an entry counts in, or -1.
+DEMB_HD int admit_col(Admission a) {
+  return a == Admission::kAdmitted ? 0 : a == Admission::kRejected ? 1 : -1;
 }
 
 }  // namespace admission

@@ -21,6 +21,18 @@ void add(const table::TableRef& t, const int64_t* keys, const int64_t* table_ids
          const int64_t* frequencies, int64_t n, int64_t release_at, int64_t total_buckets,
          int64_t* counts);
 
+/// @brief counter_admit of `n` entries (counter.h, "Admission in one pass"):
+/// each looked up in `store`, the missing keys counted on `counter` (layouts
+/// and key values checked by the caller; padding entries hold kEmptyKey).
+/// @param threshold the count that admits (release_at of the counter's run)
+/// @param total_buckets buckets of all the counter's tables
+/// @param status (n) out: Admission of each entry
+/// @param per_table (num_tables, kAdmitCols) in/out: admitted and rejected
+///        entries added per table
+void admit(const table::TableRef& store, const table::TableRef& counter, const int64_t* keys,
+           const int64_t* table_ids, const int64_t* frequencies, int64_t n, int64_t threshold,
+           int64_t total_buckets, int8_t* status, int64_t* per_table);
+
 }  // namespace cpu
 }  // namespace admission
 }  // namespace dyn_emb

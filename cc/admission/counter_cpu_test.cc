@@ -11,6 +11,7 @@
 #include <numeric>
 #include <vector>
 
+#include "cc/admission/counter.h"
 #include "cc/table/host_table_testing.h"
 #include "cc/table/types.h"
 
@@ -89,6 +90,27 @@ TEST(Counter, ThresholdZeroStoresNothing) {
   EXPECT_THAT(c.add({7, 8, 7}, {1, 1, 1}, 0), ElementsAre(1, 1, 1));
   for (int64_t k : c.h.keys) EXPECT_EQ(k, kEmptyKey);
   EXPECT_EQ(c.counter(kCounterSize), 0);
+}
+
+TEST(Counter, AdmitCountsOnlyTheKeysTheStoreMisses) {
+  OneBucket store, c;
+  store.add({5});  // the store holds key 5
+  c.add({7});      // the counter has seen 7 once
+  std::vector<int64_t> keys = {5, 7, 8, 9, kEmptyKey}, tables(5, 0), freqs = {1, 1, 1, 2, 0};
+  std::vector<int8_t> status(5, -1);
+  std::vector<int64_t> per_table(kAdmitCols, 0);
+  cpu::admit(store.h.ref(), c.h.ref(), keys.data(), tables.data(), freqs.data(), 5, 2,
+             c.h.total_buckets(), status.data(), per_table.data());
+  const auto as = [](Admission a) { return static_cast<int8_t>(a); };
+  EXPECT_THAT(status, ElementsAre(as(Admission::kStored), as(Admission::kAdmitted),
+                                  as(Admission::kRejected), as(Admission::kAdmitted),
+                                  as(Admission::kNone)));
+  EXPECT_THAT(per_table, ElementsAre(2, 1));
+  // 7 and 9 reached 2 and left (9 was never stored), 8 waits with 1, 5 was not counted.
+  EXPECT_EQ(c.counter(kCounterSize), 1);
+  EXPECT_EQ(c.h.keys[0], 8);
+  EXPECT_EQ(c.h.scores[0], 1);
+  EXPECT_EQ(store.counter(kCounterSize), 1);
 }
 
 }  // namespace

@@ -23,6 +23,13 @@ void add(const table::TableRef& t, const int64_t* keys, const int64_t* table_ids
          const int64_t* frequencies, int64_t n, int64_t release_at, int64_t total_buckets,
          int64_t* counts, table::cuda::ScratchAllocator& scratch, cudaStream_t stream);
 
+/// @brief Device-side counter_admit; see cpu::admit. Key values are not
+/// checked: invalid input is kNone.
+void admit(const table::TableRef& store, const table::TableRef& counter, const int64_t* keys,
+           const int64_t* table_ids, const int64_t* frequencies, int64_t n, int64_t threshold,
+           int64_t total_buckets, int8_t* status, int64_t* per_table,
+           table::cuda::ScratchAllocator& scratch, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace admission
 }  // namespace dyn_emb

@@ -2,12 +2,13 @@
 //
 // The Python module `dynamicemb._C`: importing it loads the op library;
 // constants() hands the C++ enumerations and layout constants to Python (table,
-// embedding, storage and routing), so each is defined once, in C++.
+// admission, embedding, storage and routing), so each is defined once, in C++.
 #include <torch/extension.h>
 
 #include <initializer_list>
 #include <utility>
 
+#include "cc/admission/counter.h"
 #include "cc/embedding/initializer.h"
 #include "cc/embedding/optimizer.h"
 #include "cc/ops/storage_args.h"
@@ -53,6 +54,11 @@ py::dict constants() {
                                                    {"FAILED", tb::InsertStatus::kFailed},
                                                    {"INVALID", tb::InsertStatus::kInvalid},
                                                    {"RELEASED", tb::InsertStatus::kReleased}});
+  d["Admission"] = enum_dict<dyn_emb::admission::Admission>(
+      {{"STORED", dyn_emb::admission::Admission::kStored},
+       {"ADMITTED", dyn_emb::admission::Admission::kAdmitted},
+       {"REJECTED", dyn_emb::admission::Admission::kRejected},
+       {"NONE", dyn_emb::admission::Admission::kNone}});
   d["TableMode"] = enum_dict<tb::TableMode>(
       {{"EVICTING", tb::TableMode::kEvicting}, {"NO_EVICTION", tb::TableMode::kNoEviction}});
   d["InfoCol"] = enum_dict<InfoCol>({{"SLOT_OFFSET", tb::kInfoSlotOffset},

@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include "cc/admission/counter.h"
 #include "cc/ops/counter_args.h"
 #include "cc/ops/embedding_args.h"
 #include "cc/ops/routing_args.h"
@@ -174,6 +175,20 @@ at::Tensor counter_add_meta(const at::Tensor& keys, const at::Tensor& table_ids,
   return at::empty_symint({keys.sym_numel()}, keys.options());
 }
 
+std::tuple<at::Tensor, at::Tensor> counter_admit_meta(
+    const at::Tensor& keys, const at::Tensor& table_ids, const at::Tensor& store_keys,
+    const at::Tensor& store_digests, const at::Tensor& store_scores, const at::Tensor& store_info,
+    at::Tensor& table_keys, at::Tensor& digests, at::Tensor& scores, const at::Tensor& info,
+    at::Tensor& counters, const at::Tensor& frequencies, int64_t /*threshold*/,
+    int64_t /*total_buckets*/) {
+  check_admit_devices(keys, table_ids, store_keys, store_digests, store_scores, store_info,
+                      table_keys, digests, scores, info, counters, frequencies);
+  TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
+                   keys.scalar_type());
+  return {at::empty_symint({keys.sym_numel()}, keys.options().dtype(at::kChar)),
+          at::empty({info.size(0), admission::kAdmitCols}, keys.options())};
+}
+
 void copy_rows_meta(at::Tensor& dst0, at::Tensor& dst1, const at::Tensor& dst_offsets,
                     const at::Tensor& src0, const at::Tensor& src1, const at::Tensor& src_offsets,
                     const at::Tensor& bytes) {
@@ -208,6 +223,7 @@ TORCH_LIBRARY_IMPL(dynamicemb, Meta, m) {
   m.impl("table_find", &find_meta);
   m.impl("table_run", &run_meta);
   m.impl("counter_add", &counter_add_meta);
+  m.impl("counter_admit", &counter_admit_meta);
   m.impl("table_find_gather", &find_gather_meta);
   m.impl("table_export", &export_meta);
   m.impl("table_count", &count_meta);

@@ -83,6 +83,28 @@ TORCH_LIBRARY(dynamicemb, m) {
       "Tensor(c!) scores, Tensor info, Tensor(d!) counters, Tensor frequencies, int release_at, "
       "int total_buckets) -> Tensor");
 
+  // Admission's one pass over a batch of distinct keys (cc/admission/counter.h,
+  // "Admission in one pass"): each entry looked up in the store (an embedding
+  // table, read only), the keys it does not hold counted as counter_add counts
+  // them with release_at = threshold; a key whose count reaches the threshold
+  // is admitted (and leaves the counter), the other missing keys rejected.
+  // Args:
+  //   keys, table_ids, frequencies: (n) int64; a key kEmptyKey is padding.
+  //   store_keys, store_digests, store_scores, store_info: the store's table.
+  //   table_keys, digests, scores, info, counters: the counter's table (as
+  //     many tables as the store).
+  //   threshold: the count that admits, >= 0.
+  //   total_buckets: buckets of all the counter's tables.
+  // Result:
+  //   status (n) int8 Admission (STORED, ADMITTED, REJECTED, NONE: padding,
+  //   or invalid input on CUDA); per_table (num_tables, 2) int64, the entries
+  //   admitted and rejected.
+  m.def(
+      "counter_admit(Tensor keys, Tensor table_ids, Tensor store_keys, Tensor store_digests, "
+      "Tensor store_scores, Tensor store_info, Tensor(a!) table_keys, Tensor(b!) digests, "
+      "Tensor(c!) scores, Tensor info, Tensor(d!) counters, Tensor frequencies, int threshold, "
+      "int total_buckets) -> (Tensor, Tensor)");
+
   // First slot of each entry's home bucket (its bucket spans the table's
   // bucket capacity from there), -1 for a reserved key or a table id out of
   // range: the slots an insert of these keys may evict from.

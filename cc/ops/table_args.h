@@ -423,14 +423,15 @@ inline void check_counter_values_cpu(const table::TableRef& t) {
 }
 
 /// CPU tensors: refuses reserved keys and table ids out of range, naming the
-/// first one.
+/// first one; with `padding`, kEmptyKey marks a padding entry and is taken.
 inline void check_key_values(const at::Tensor& keys, const at::Tensor& table_ids,
-                             int64_t num_tables) {
+                             int64_t num_tables, bool padding = false) {
   const int64_t* k = keys.data_ptr<int64_t>();
   const int64_t* t = table_ids.data_ptr<int64_t>();
   for (int64_t i = 0; i < keys.numel(); ++i) {
-    TORCH_CHECK_VALUE(!table::is_reserved_key(k[i]), "dynamicemb: key ", k[i], " at index ", i,
-                      " is reserved (keys below ", table::kFirstValidKey, " mark slot states)");
+    TORCH_CHECK_VALUE(!table::is_reserved_key(k[i]) || (padding && k[i] == table::kEmptyKey),
+                      "dynamicemb: key ", k[i], " at index ", i, " is reserved (keys below ",
+                      table::kFirstValidKey, " mark slot states)");
     TORCH_CHECK_VALUE(t[i] >= 0 && t[i] < num_tables, "dynamicemb: table id ", t[i], " at index ",
                       i, " is out of range [0, ", num_tables, ")");
   }

@@ -44,8 +44,9 @@ void find_gather(const TableRef& t, const ScoreArgs& a, const int64_t* keys,
 
 /// @brief Device-side insert / insert_and_evict / erase; see cpu::run_op.
 /// The eviction records come out compacted in r.ev_* (sorted order), their
-/// number in `*num_evicted` (device memory). `r.order` must be writable
-/// device memory of n entries. `has_rows`: some table is NO_EVICTION.
+/// number in `*num_evicted` (device memory); with r.ev_keys null they are not
+/// wanted and nothing is compacted (`*num_evicted` is 0). `r.order` must be
+/// writable device memory of n entries. `has_rows`: some table is NO_EVICTION.
 void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_buckets, bool has_rows,
             int64_t* num_evicted, ScratchAllocator& scratch, cudaStream_t stream);
 

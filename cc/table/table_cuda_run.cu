@@ -498,6 +498,7 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
     check_launch("rows");
   }
 
+  if (r.ev_keys == nullptr) return;  // no records wanted (the admission counter)
   const int64_t* sel = select_flagged(w.ev_flags, n, 0, num_evicted, scratch, stream);
   evict_gather_kernel<<<grid_for(n), kBlock, 0, stream>>>(
       sel, num_evicted, n, ns, w.ev_keys, w.ev_scores, w.ev_slots, w.ev_tables, r.ev_keys,

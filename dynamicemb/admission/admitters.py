@@ -10,7 +10,9 @@ import math
 import torch
 
 from dynamicemb.admission.counters import MultiTableKVCounter
+from dynamicemb.embedding.admission import PaddedAdmitter
 from dynamicemb.embedding.initializer import MultiTableInitializer
+from dynamicemb.table import ScoredHashTable
 from dynamicemb.types import Counter, MultiTableAdmitter
 
 __all__ = ["MultiTableFrequencyAdmitter", "MultiTableProbabilisticAdmitter"]
@@ -40,13 +42,17 @@ class _OwnInitializer(MultiTableAdmitter):
         return self._initializer
 
 
-class MultiTableFrequencyAdmitter(_OwnInitializer):
+class MultiTableFrequencyAdmitter(_OwnInitializer, PaddedAdmitter):
     """Admits a missing key once its count reaches the threshold.
 
     A key's count is what the counter accumulated for it plus this batch's
     occurrences; a key that reaches the threshold is admitted and leaves the
     counter in the same step (``MultiTableKVCounter.add_and_release``). With
     threshold 0 or 1 every key is admitted at once and nothing is counted.
+
+    A module whose storage keeps its keys in one table asks it about a
+    padded batch instead (``admit_padded``: the lookup and the count in one
+    op, ``MultiTableKVCounter.admit_missing``), with the same decisions.
 
     Args:
         threshold (int): the count that admits, >= 0.
@@ -75,6 +81,19 @@ class MultiTableFrequencyAdmitter(_OwnInitializer):
             keys, table_ids, _frequencies(keys, frequencies), self.threshold
         )
         return counts >= self.threshold
+
+    def takes_padded(self, store: ScoredHashTable) -> bool:
+        # By the tensors' devices: a device without an index names the current one.
+        same_device = store.keys.device == self.counter.table.keys.device
+        return same_device and store.num_tables == self.counter.num_tables
+
+    def admit_padded(self, keys, table_ids, frequencies, store):
+        return self.counter.admit_missing(keys, table_ids, frequencies, self.threshold, store)
+
+    def graph_state(self) -> tuple:
+        t = self.counter.table
+        tensors = self.counter.state_tensors()
+        return (*(x.data_ptr() for x in tensors), t.total_buckets, self.threshold)
 
     def state(self) -> Counter:
         return self.counter

@@ -188,19 +188,57 @@ class MultiTableKVCounter(Counter):
         """
         threshold = as_int(threshold, "threshold", min=0)
         keys, table_ids, frequencies = self._batch(keys, table_ids, frequencies)
-        t = self.table
         return ops().counter_add(
+            keys, table_ids, *self.state_tensors(), frequencies, threshold, self.table.total_buckets
+        )
+
+    def admit_missing(
+        self,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        frequencies: torch.Tensor,
+        threshold: int,
+        store: ScoredHashTable,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Admission's one pass over a batch (one op, ``counter_admit``,
+        cc/admission/counter.h): each entry is looked up in ``store``; the
+        keys it does not hold are counted as ``add_and_release(..,
+        threshold)`` counts them when given alone, in batch order, and a key
+        whose count reaches ``threshold`` is admitted (it leaves the counter).
+        Nothing is read on the host.
+
+        Args:
+            keys (torch.Tensor): (n) int64 distinct keys on the counter's
+                device; ``PAD_KEY`` marks padding (dynamicemb.table.pad_key).
+            table_ids (torch.Tensor): (n) int64, each key's table.
+            frequencies (torch.Tensor): (n) int64 increments.
+            threshold (int): the count that admits, >= 0.
+            store (ScoredHashTable): the embedding table (the counter's tables,
+                on its device), read only.
+
+        Returns:
+            (status, per_table): (n) int8 ``enums.Admission`` of each entry
+            (STORED, ADMITTED, REJECTED, NONE for padding) and (num_tables, 2)
+            int64, the entries admitted and rejected per table.
+        """
+        threshold = as_int(threshold, "threshold", min=0)
+        store_state = (store.keys, store.digests, store.scores, store.info)
+        return ops().counter_admit(
             keys,
             table_ids,
-            t.keys,
-            t.digests,
-            t.scores,
-            t.info,
-            t.counters,
+            *store_state,
+            *self.state_tensors(),
             frequencies,
             threshold,
-            t.total_buckets,
+            self.table.total_buckets,
         )
+
+    def state_tensors(self) -> tuple[torch.Tensor, ...]:
+        """The counter table's tensors the ops take and write (keys, digests,
+        counts, layout, counters): a CUDA graph of a step that counts replays
+        over them (dynamicemb/embedding/cuda_graphs.py)."""
+        t = self.table
+        return (t.keys, t.digests, t.scores, t.info, t.counters)
 
     def add(
         self, keys: torch.Tensor, table_ids: torch.Tensor, frequencies: torch.Tensor

@@ -25,6 +25,7 @@ from dynamicemb.dynamicemb_config import (
     DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
 )
+from dynamicemb.embedding.admission import ModuleAdmission, create_admitter, fill_refs
 from dynamicemb.embedding.cuda_graphs import LookupGraphs, graphs_enabled_by_default
 from dynamicemb.embedding.initializer import MultiTableInitializer
 from dynamicemb.embedding.inputs import raise_bad_input
@@ -46,18 +47,12 @@ from dynamicemb.storage import (
     create_storage,
 )
 from dynamicemb.table import first_valid_key, ops
-from dynamicemb.types import MemoryType, MultiTableAdmitter
+from dynamicemb.types import MemoryType
 
 S = DynamicEmbScoreStrategy
 
 # Options every fused table must agree on: one storage serves them all.
 _SHARED_STORAGE_OPTIONS = ("caching", "external_storage", "evicted_item_mode", "training")
-
-
-def _fill_refs(n: int, device: torch.device) -> torch.Tensor:
-    """The rows values that read fill rows 0 .. n-1 (-2 - i: fill_row_ref of
-    cc/embedding/pooling.h)."""
-    return -2 - torch.arange(n, device=device)
 
 
 class _Pool(torch.autograd.Function):
@@ -284,13 +279,12 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             False: MultiTableInitializer([o.initializer_args for o in self.table_options]),
             True: MultiTableInitializer([o.eval_initializer_args for o in self.table_options]),
         }
-        self.admitter = self._create_admitter()
-        self._rejected_initializer = None
+        self.admitter = create_admitter(self.table_options, self.device)
+        # The training step's admission stage (dynamicemb/embedding/admission.py).
+        self._admission = None
         if self.admitter is not None:
             self.stats.feed(StatCol.ADMISSIONS, StatCol.REJECTIONS)
-            self._rejected_initializer = (
-                self.admitter.non_admitted_initializer or self._initializers[False]
-            )
+            self._admission = ModuleAdmission(self, self.admitter)
         self._row_init = ModuleRowInit(self)
         # The tables' rows as checkpoints, replication and metrics reach them.
         self.rows = TableRows(
@@ -393,61 +387,6 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
 
     # ---------------------------------------------------------- admission --
 
-    def _create_admitter(self) -> MultiTableAdmitter | None:
-        """The admitter of the tables' admission strategies, or None."""
-        strategies = [o.admit_strategy for o in self.table_options]
-        if all(s is None for s in strategies):
-            return None
-        if any(s is None for s in strategies):
-            raise ValueError(
-                "fused tables must all have an admit_strategy or none, got "
-                f"{[type(s).__name__ if s is not None else None for s in strategies]}"
-            )
-        keys = {(type(s), s.get_grouped_key()) for s in strategies}
-        if len(keys) != 1:
-            raise ValueError(
-                "fused tables must share one admission configuration (their admit_strategy "
-                f"get_grouped_key), got {sorted(repr(k) for k in keys)}"
-            )
-        admitter = type(strategies[0]).create_admitter(strategies, self.device)
-        if not isinstance(admitter, MultiTableAdmitter):
-            raise TypeError(
-                f"{type(strategies[0]).__name__}.create_admitter must return a "
-                f"MultiTableAdmitter, got {admitter!r}"
-            )
-        return admitter
-
-    def _admit(self, keys, tids, counts):
-        """Puts the batch's keys that are stored nowhere to the admitter.
-
-        Returns the indices of the missing keys and the admitter's answer for
-        each (bool)."""
-        idx = (~self.storage.contains(keys, tids)).nonzero().squeeze(1)
-        m_keys, m_tids, m_counts = (x.index_select(0, idx) for x in (keys, tids, counts))
-        admitted = self.admitter.admit(m_keys, m_tids, m_counts)
-        if (
-            not isinstance(admitted, torch.Tensor)
-            or admitted.dtype != torch.bool
-            or admitted.shape != idx.shape
-        ):
-            got = (
-                f"{admitted.dtype} {tuple(admitted.shape)}"
-                if isinstance(admitted, torch.Tensor)
-                else repr(admitted)
-            )
-            raise TypeError(
-                f"{type(self.admitter).__name__}.admit must return a bool tensor of shape "
-                f"({idx.numel()},), got {got}"
-            )
-        admitted = admitted.to(self.device)
-        # Per table: the missing keys admitted, and those rejected.
-        per_table = torch.zeros(len(self.table_options), dtype=torch.int64, device=self.device)
-        missing = per_table.index_add(0, m_tids, torch.ones_like(m_tids))
-        admits = per_table.index_add(0, m_tids, admitted.to(torch.int64))
-        self.stats.add(StatCol.ADMISSIONS, admits)
-        self.stats.add(StatCol.REJECTIONS, missing - admits)
-        return idx, admitted
-
     def _count_cache_lookups(self, hit: torch.Tensor, tids: torch.Tensor) -> None:
         """CACHE_HITS / CACHE_MISSES += a batch's distinct keys the cache held
         or not, per table (no synchronization)."""
@@ -541,9 +480,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         bag = self._bags(indices, lengths)
         tids = self._feature_tables[bag // max(batch, 1)]
         # Training on a storage that takes padded batches never reads the
-        # number of distinct keys on the host (dynamicemb.embedding.unique).
-        # Admission selects the keys it keeps: it takes exact batches.
-        padded = self.training and self.storage.takes_padded_batches and self.admitter is None
+        # number of distinct keys on the host (dynamicemb.embedding.unique),
+        # with admission too unless its admitter takes exact batches only.
+        padded = self.training and self._padded()
         with record_function("dynamicemb:unique"):
             su = segmented_unique(indices, tids, len(self.table_options), padded=padded)
         self.stats.count_lookups(su.table_offsets)
@@ -599,12 +538,12 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
 
     def _graph_state(self) -> tuple | None:
         """The addresses of the state tensors a training lookup touches (the
-        storage's and the module's counters), or None when the lookup may
-        not be captured in a CUDA graph: outside training, with admission, a
-        storage whose ``train_rows`` synchronizes, failures read on the host
-        (``safe_check_mode``), or ``DYNAMICEMB_DEBUG`` checks."""
-        padded = self.storage.takes_padded_batches and self.admitter is None
-        if not (self.training and padded):
+        storage's, the admission counter's and the module's counters) and the
+        constants it passes, or None when the lookup may not be captured in a
+        CUDA graph: outside training, with an admitter that takes exact
+        batches, a storage whose ``train_rows`` synchronizes, failures read on
+        the host (``safe_check_mode``), or ``DYNAMICEMB_DEBUG`` checks."""
+        if not (self.training and self._padded()):
             return None
         if os.environ.get("DYNAMICEMB_DEBUG"):  # the unique's offsets checked on the host
             return None
@@ -614,7 +553,15 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if storage is None:
             return None
         own = (self.stats.counts, self.insert_failures, self._custom_score_t)
-        return (*storage, *(x.data_ptr() for x in own))
+        admission = () if self._admission is None else self._admission.graph_state()
+        return (*storage, *admission, *(x.data_ptr() for x in own))
+
+    def _padded(self) -> bool:
+        """Whether a training lookup takes a padded batch (its storage's
+        ``takes_padded_batches``, and an admitter, if any, that does too)."""
+        if not self.storage.takes_padded_batches:
+            return False
+        return self._admission is None or self._admission.padded
 
     def _batch_input(self, indices: torch.Tensor, offsets: torch.Tensor):
         """A batch in TBE layout on the module's device (int64, contiguous),
@@ -717,30 +664,35 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         ``padded``): rows -1 where not stored, fill rows for the keys admission
         rejects (see _Batch); ``counts`` are the LFU increments, ``step``
         the STEP score."""
+        if self._admission is not None:
+            return self._admission.rows(su, counts, step)
         keys, tids = su.keys, su.table_ids
-        if self.admitter is None:
-            if padded:
-                rows = self._find_or_insert(keys, tids, counts, step, su.num_unique, su.valid())
-                return rows, None
-            return self._find_or_insert(keys, tids, counts, step), None
-        missing, admitted = self._admit(keys, tids, su.counts)
-        rejected = missing.masked_select(~admitted)
-        keep = torch.ones(keys.shape, dtype=torch.bool, device=self.device)
-        keep = keep.index_fill_(0, rejected, False).nonzero().squeeze(1)
-        kept = [x.index_select(0, keep) for x in (keys, tids, counts)]
-        rows = torch.full_like(keys, -1).index_copy_(0, keep, self._find_or_insert(*kept, step))
-        return self._with_fill(rows, rejected, keys, tids, self._rejected_initializer)
+        if padded:
+            rows = self._find_or_insert(keys, tids, counts, step, su.num_unique, su.valid())
+            return rows, None
+        return self._find_or_insert(keys, tids, counts, step), None
 
-    def _find_or_insert(self, keys, tids, counts, step, num_keys=None, valid=None) -> torch.Tensor:
+    def _find_or_insert(
+        self, keys, tids, counts, step, num_keys=None, valid=None, lookup=None
+    ) -> torch.Tensor:
         """Training find-or-insert of distinct keys: their rows (-1 where an
         insert failed); new rows are initialized. A padded batch passes the
-        number of its distinct keys (on the device) and their mask."""
+        number of its distinct keys (on the device) and their mask, ``valid``,
+        or with admission the entries to look up, ``lookup``
+        (``TableStorage.train_rows``)."""
         custom = None
         if S.CUSTOMIZED in self.strategies:
             custom = self._custom_score_t[tids].reshape(-1, 1)  # each key its table's
         rows = self.storage.train_rows(
-            keys, tids, counts, BatchScore(step, custom), self._row_init, num_keys=num_keys
+            keys,
+            tids,
+            counts,
+            BatchScore(step, custom),
+            self._row_init,
+            num_keys=num_keys,
+            lookup=lookup,
         )
+        valid = lookup if lookup is not None else valid
         failed = rows < 0 if valid is None else (rows < 0) & valid
         mode = self.table_options[0].safe_check_mode
         if mode != DynamicEmbCheckMode.IGNORE:
@@ -778,7 +730,8 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             self._init_table_ids,
             self.seed,
         ).to(self.embedding_dtype)
-        return rows.index_copy(0, idx, _fill_refs(idx.numel(), self.device)), fill
+        refs = fill_refs(torch.arange(idx.numel(), device=self.device))
+        return rows.index_copy(0, idx, refs), fill
 
     # ----------------------------------------------------------- backward --
 

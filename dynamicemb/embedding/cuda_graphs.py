@@ -5,22 +5,26 @@ bound by the host when its batches are large and its kernels many: Python
 and the launches take longer to issue a lookup (unique, find-or-insert, new
 rows, bag structure: some forty operations and seventy kernels) than the
 device takes to run it. The lookup is a function of the batch and of the
-tables' state alone, and of a padded batch the shapes are the batch's own,
-so for a batch shape seen before ``LookupGraphs`` replays it from a CUDA
-graph: the inputs are copied into the graph's buffers, the graph is launched
-once, and its outputs (the batch's bag structure, ``_Batch``) are the
-graph's own tensors, rewritten by the next replay.
+tables' state alone (and the admission counter's), and of a padded batch the
+shapes are the batch's own, so for a batch shape seen before
+``LookupGraphs`` replays it from a CUDA graph: the inputs are copied into the
+graph's buffers, the graph is launched once, and its outputs (the batch's bag
+structure, ``_Batch``) are the graph's own tensors, rewritten by the next
+replay.
 
 What makes a replay equal to the eager lookup, and when none is made:
 
 - The module says whether its step may be captured (``_graph_state``): a
-  CUDA module in training, without admission, whose storage's
-  ``train_rows`` neither synchronizes nor changes its layout
-  (``TableStorage.graph_state``: evicting tables at their capacity, no
-  victim scorer, no evicted keys kept), whose failures are not read
-  (``safe_check_mode`` IGNORE) and whose unique is not checked on the host
-  (``DYNAMICEMB_DEBUG``). It gives the addresses of every state tensor
-  the lookup touches: a graph is replayed only while they are unchanged (an
+  CUDA module in training, without admission or with an admitter that
+  decides for padded batches in one op (the frequency admitter:
+  dynamicemb/embedding/admission.py), whose storage's ``train_rows``
+  neither synchronizes nor changes its layout (``TableStorage.graph_state``:
+  evicting tables at their capacity, no victim scorer, no evicted keys
+  kept), whose failures are not read (``safe_check_mode`` IGNORE) and whose
+  unique is not checked on the host (``DYNAMICEMB_DEBUG``). It gives the
+  addresses of every state tensor the lookup touches, the admission
+  counter's included, and the constants it passes (the admission
+  threshold): a graph is replayed only while they are unchanged (an
   expansion, a relayout, a restore or a load rebuilds tensors: the graph is
   captured again).
 - A shape is captured the second time it is seen (the first lookup of a

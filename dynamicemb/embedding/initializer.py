@@ -6,7 +6,7 @@ in whatever order. ``MultiTableInitializer`` applies each table's own
 arguments to the keys of several fused tables.
 """
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -216,6 +216,44 @@ class MultiTableInitializer:
                 continue
             sel = torch.isin(table_ids, g.tables)
             yield sel, g.dim, init_rows(keys[sel], g.dim, g.args, init_ids[sel], seed)
+
+    def write_at(
+        self,
+        space: tuple[torch.Tensor, torch.Tensor],
+        offsets: torch.Tensor,
+        keys: torch.Tensor,
+        table_ids: torch.Tensor,
+        dims: Sequence[int],
+        generator_table_ids: torch.Tensor,
+        seed: int,
+        element_type: int,
+        state: Callable[["InitGroup"], tuple[int, tuple[int, float]]] | None = None,
+    ) -> None:
+        """Writes the initial rows of ``keys`` into a row space at byte
+        ``offsets`` (-1: skipped), one ``init_rows_at`` per group over every
+        entry (those of other groups at -1): no selection, no
+        synchronization.
+
+        Args:
+            space: the row space's two segments.
+            offsets (torch.Tensor): (n) int64 byte offsets, -1 to skip.
+            keys, table_ids, dims, generator_table_ids, seed: as for
+                ``rows_by_group``.
+            element_type (int): the rows' native ElementType.
+            state (Optional[Callable]): a group's optimizer-state width and
+                fill (``init_rows_at``'s ``state_dim``, ``state_fill``);
+                None: rows without state.
+        """
+        init_ids = generator_table_ids[table_ids]
+        groups = self.groups(dims, keys.device)
+        for g in groups:
+            sdim, fill = (0, (0, 0.0)) if state is None else state(g)
+            at = offsets
+            if len(groups) > 1:
+                at = torch.where(torch.isin(table_ids, g.tables), offsets, -1)
+            init_rows_at(
+                space, at, keys, init_ids, g.dim, g.op_args, seed, element_type, sdim, fill
+            )
 
     def __call__(
         self,

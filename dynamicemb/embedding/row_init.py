@@ -4,7 +4,6 @@ embeddings and its optimizer's initial state, as its storage asks for them
 
 import torch
 
-from dynamicemb.embedding.initializer import init_rows_at
 from dynamicemb.storage import RowInit, RowLayout
 
 
@@ -16,28 +15,25 @@ class ModuleRowInit(RowInit):
         self.module = module
 
     def write_rows(self, space, offsets, keys, tids, layout: RowLayout) -> bool:
-        """One init_rows_at per initializer group, each over every entry
-        (those of other groups at -1): no selection, no synchronization."""
+        """The module's initializer's rows and its optimizer's initial state
+        (MultiTableInitializer.write_at: no selection, no synchronization)."""
         m = self.module
-        init_ids = m._init_table_ids[tids]
-        groups = m._initializers[False].groups(m.dims, m.device)
-        for g in groups:
+
+        def state(g):
             sdim = layout.state_dims[g.table_list[0]]
-            at = offsets
-            if len(groups) > 1:
-                at = torch.where(torch.isin(tids, g.tables), offsets, -1)
-            init_rows_at(
-                space,
-                at,
-                keys,
-                init_ids,
-                g.dim,
-                g.op_args,
-                m.seed,
-                layout.element_type,
-                sdim,
-                m.optimizer.state_fill(sdim),
-            )
+            return sdim, m.optimizer.state_fill(sdim)
+
+        m._initializers[False].write_at(
+            space,
+            offsets,
+            keys,
+            tids,
+            m.dims,
+            m._init_table_ids,
+            m.seed,
+            layout.element_type,
+            state,
+        )
         return True
 
     def embeddings(self, keys: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:

@@ -118,6 +118,13 @@ class TableStorage(abc.ABC):
         never waits for the device")."""
         return None
 
+    def key_table(self):
+        """The ``ScoredHashTable`` holding exactly the keys ``contains``
+        reports, on the module's device, so that admission can look its keys
+        up in its own op (``counter_admit``); None when the keys are not in
+        one table (a cache over a backing tier, an external storage)."""
+        return None
+
     # ------------------------------------------------------------ lookups --
 
     @abc.abstractmethod
@@ -133,6 +140,7 @@ class TableStorage(abc.ABC):
         score: BatchScore,
         init: RowInit,
         num_keys: torch.Tensor | None = None,
+        lookup: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Training find-or-insert of distinct keys.
 
@@ -141,7 +149,10 @@ class TableStorage(abc.ABC):
         tables' strategy (``counts``: each key's LFU increment). ``num_keys``
         ((1) int64 on the device), given only to a storage that
         ``takes_padded_batches``: the keys from that position on are padding
-        (``PAD_KEY``, count 0), which get -1 and change nothing.
+        (``PAD_KEY``, count 0), which get -1 and change nothing. ``lookup``
+        ((n) bool on the device), given with ``num_keys`` only: the entries
+        to find or insert, padding excluded; the others (keys admission
+        rejected) get -1 and change nothing, as padding does.
 
         Returns:
             torch.Tensor: (n) int64 byte offsets, -1 where a key could not be

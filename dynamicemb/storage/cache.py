@@ -146,9 +146,10 @@ class CachedStorage(TableStorage):
         return 0 if self.cache is None else self.cache.space()[0].numel()
 
     def train_rows(
-        self, keys, tids, counts, score: BatchScore, init: RowInit, num_keys=None
+        self, keys, tids, counts, score: BatchScore, init: RowInit, num_keys=None, lookup=None
     ) -> torch.Tensor:
-        # Never given padded batches (takes_padded_batches is False): num_keys is None.
+        # Never given padded batches (takes_padded_batches is False): num_keys
+        # and lookup are None.
         self._join_prefetch()
         self.after_update()  # a previous batch without a backward
         self._last_score = score

@@ -31,7 +31,13 @@ from dynamicemb.storage.layout import RowLayout
 from dynamicemb.storage.placement import Placement, bucket_widths, initial_layout
 from dynamicemb.storage.rows import rows_buffer, write_initial_rows
 from dynamicemb.storage.scores import BatchScore, batch_policies, table_score_columns
-from dynamicemb.table import ScoredHashTable, enums, first_valid_key, no_eviction_key_slots
+from dynamicemb.table import (
+    ScoredHashTable,
+    enums,
+    first_valid_key,
+    no_eviction_key_slots,
+    pad_key,
+)
 from dynamicemb.types import MemoryType
 
 S = DynamicEmbScoreStrategy
@@ -124,6 +130,7 @@ class HashTableStorage(TableStorage):
             )
         self._scorer = None if scorer_factory is None else scorer_factory()
         self._first_valid = first_valid_key()
+        self._pad_key = pad_key()
         # Plain ints: torch.compile compares tensors with ints, not enum members.
         self._inserted = int(enums.InsertStatus.INSERTED)
         self._evicted_status = int(enums.InsertStatus.EVICTED)
@@ -404,9 +411,14 @@ class HashTableStorage(TableStorage):
         )
         return (*(x.data_ptr() for x in tensors), t.total_buckets, self._slot_stride)
 
+    def key_table(self) -> ScoredHashTable:
+        return self.table
+
     def train_rows(
-        self, keys, tids, counts, score: BatchScore, init: RowInit, num_keys=None
+        self, keys, tids, counts, score: BatchScore, init: RowInit, num_keys=None, lookup=None
     ) -> torch.Tensor:
+        if lookup is not None:
+            return self._train_lookup(keys, tids, counts, score, init, lookup)
         if num_keys is not None and self.device.type == "cpu":
             # The CPU kernels refuse PAD_KEY: they get the distinct keys only
             # (reading their number costs nothing on the host).
@@ -418,6 +430,21 @@ class HashTableStorage(TableStorage):
                 rows = self._train_rows(*cut, BatchScore(score.step, custom), init)
             return torch.cat([rows, rows.new_full((keys.numel() - rows.numel(),), -1)])
         return self._train_rows(keys, tids, counts, score, init)
+
+    def _train_lookup(self, keys, tids, counts, score: BatchScore, init: RowInit, lookup):
+        """train_rows of the entries ``lookup`` sets: on the CPU (whose
+        kernels refuse PAD_KEY) those entries alone, read on the host; on a
+        GPU every entry, the others made padding, which the kernels skip."""
+        custom = score.custom if isinstance(score.custom, torch.Tensor) else None
+        if self.device.type != "cpu":
+            keys = torch.where(lookup, keys, self._pad_key)
+            return self._train_rows(keys, tids, counts, score, init)
+        idx = _selected(lookup)
+        cut = [t.index_select(0, idx) for t in (keys, tids, counts)]
+        if custom is not None:  # each key its own score: cut like the keys
+            score = BatchScore(score.step, custom.index_select(0, idx))
+        rows = self._train_rows(*cut, score, init)
+        return keys.new_full(keys.shape, -1).index_copy_(0, idx, rows)
 
     def _train_rows(self, keys, tids, counts, score: BatchScore, init: RowInit) -> torch.Tensor:
         policies, vals = batch_policies(self.strategies, score, counts)
@@ -768,6 +795,11 @@ def _table_tensors(t: ScoredHashTable) -> tuple[torch.Tensor, ...]:
     """A scored hash table's state tensors (its slots, table info, counters
     and free rows)."""
     return (t.keys, t.digests, t.scores, t.info, t.counters, t.free_rows)
+
+
+def _selected(mask: torch.Tensor) -> torch.Tensor:
+    """The indices of the entries a CPU mask sets (read on the host)."""
+    return mask.nonzero().squeeze(1)
 
 
 def _prefix(num_keys: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:

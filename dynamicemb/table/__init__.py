@@ -46,6 +46,7 @@ __all__ = [
     "gather_rows",
     "no_eviction_key_slots",
     "ops",
+    "pad_key",
     "reserved_key_error",
     "slot_bytes",
     "state_bytes",

@@ -44,7 +44,15 @@ class _Enums:
     all at once, and kept as plain attributes: torch.compile reads them like
     constants (a table's construction has built them before any trace)."""
 
-    NAMES = ("ScorePolicy", "InsertStatus", "TableMode", "InfoCol", "CounterCol", "RunOp")
+    NAMES = (
+        "ScorePolicy",
+        "InsertStatus",
+        "TableMode",
+        "InfoCol",
+        "CounterCol",
+        "RunOp",
+        "Admission",
+    )
 
     def __getattr__(self, name: str) -> type:
         if name not in self.NAMES:

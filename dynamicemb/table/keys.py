@@ -16,7 +16,8 @@ def pad_key() -> int:
     """The key of a batch's padding entries (``PAD_KEY``): the table's
     ``EMPTY_KEY`` (``kEmptyKey`` of cc/table/types.h), a reserved key that no
     batch may contain. The CUDA table kernels treat it as invalid (slot -1,
-    nothing stored); the CPU kernels refuse it."""
+    nothing stored); the CPU table kernels refuse it (the counter's
+    ``counter_admit`` takes it as padding)."""
     return int(constants()["EMPTY_KEY"])
 
 

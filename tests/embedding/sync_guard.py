@@ -149,3 +149,16 @@ def cuda_syncs(fn) -> int:
         finally:
             torch.cuda.set_sync_debug_mode("default")
     return sum("synchroniz" in str(w.message) for w in caught)
+
+
+@contextlib.contextmanager
+def cuda_syncs_raise():
+    """On a GPU: within the block, a synchronizing CUDA call raises
+    (``torch.cuda.set_sync_debug_mode("error")``), after the work queued
+    before it is done."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode("default")

@@ -2,7 +2,7 @@
 
     python tools/bench/embedding_bench.py [--device cpu] [--tables 4] [--lookups 16384]
         [--dim 64] [--rows 200000] [--optimizer sgd|adam] [--pooling sum|none]
-        [--admission THRESHOLD]
+        [--admission THRESHOLD] [--ops] [--profile]
 
 One step = forward + backward + optimizer update, keys drawn from a power law
 (exponent 1.05) over `rows` ids per table, hotness 1. Baselines in the same
@@ -20,6 +20,9 @@ pre-filled with the same batches, then both are timed on new draws of the
 same power law (instead of the pre-fill batches), so each step brings keys
 the tables miss: the module without admission inserts them, the one with it
 counts them and admits those seen T times.
+
+``--ops`` prints how many torch ops the host issues in one step of each
+module (on a GPU a lookup replayed from a CUDA graph is one).
 """
 
 import argparse
@@ -103,6 +106,11 @@ def main():
     )
     ap.add_argument(
         "--profile", action="store_true", help="print our step's kernels by device time"
+    )
+    ap.add_argument(
+        "--ops",
+        action="store_true",
+        help="print the torch ops the host issues in one step of our module(s)",
     )
     args = ap.parse_args()
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
@@ -191,6 +199,11 @@ def main():
     t_adm, t_tbe = times.get(adm_step), times.get(tbe)
     if adm_step is not None:
         per_step = (adm.stats.counts.sum(0).cpu() - before) / (args.reps + 3)
+    if args.ops:
+        ops = [f"{op_count(ours_step, dev)} without admission"]
+        if adm_step is not None:
+            ops.append(f"{op_count(adm_step, dev)} with")
+        print("torch ops per step (outermost aten and dynamicemb calls): " + ", ".join(ops))
     if args.profile:
         profile_step(ours_step, dev)
         if adm_step is not None:
@@ -216,10 +229,16 @@ def main():
         print("| FBGEMM SplitTableBatchedEmbeddingBagsCodegen | n/a (not supported here) | |")
     print(f"| torch.nn.EmbeddingBag (sparse) | {t_base * 1e3:.2f} | {t_base / ref:.2f} |")
     if t_adm is not None:
+        graphs = ""
+        if ours._graphs is not None:
+            graphs = (
+                f"; lookups replayed from CUDA graphs: {ours._graphs.replays} without, "
+                f"{adm._graphs.replays} with admission"
+            )
         print(
             f"admission overhead: {100 * (t_adm / t_ours - 1):+.1f} % "
             f"(per step {per_step[StatCol.ADMISSIONS]:.0f} keys admitted, "
-            f"{per_step[StatCol.REJECTIONS]:.0f} rejected)"
+            f"{per_step[StatCol.REJECTIONS]:.0f} rejected{graphs})"
         )
     if dev.type == "cuda":
         uniq = statistics.mean(
@@ -245,6 +264,29 @@ def copy_bandwidth(dev):
     dst = torch.empty_like(src)
     t = timed(lambda: dst.copy_(src), dev, 10)
     return 2 * src.numel() * 4 / t
+
+
+def op_count(step, dev):
+    """The torch ops one step issues from Python: the aten and dynamicemb
+    calls that no other such call makes."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def op(e):
+        return e.name.startswith(("aten::", "dynamicemb::"))
+
+    def outermost(e):
+        p = e.cpu_parent
+        while p is not None:
+            if op(p):
+                return False
+            p = p.cpu_parent
+        return True
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if op(e) and outermost(e))
 
 
 def profile_step(step, dev):

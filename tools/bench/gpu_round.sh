@@ -29,9 +29,13 @@
 # Needs a CUDA machine; the torchrec/fbgemm bundle in .gpupkg/ for the FBGEMM
 # baselines (see docs/testing.md).
 #
-# admission: the embedding train step with a FrequencyAdmissionStrategy(2)
-# against the same step without, in one run (SUM and NONE pooling), into
-# $OUT/admission.txt; the target is under 10 % extra.
+# admission: the GPU tests of admission and of the lookup's CUDA graphs
+# (tests/admission, tests/embedding/test_cuda_graphs.py, test_sync_free.py; output in
+# $OUT/admission_tests.txt, its result line in the summary), then the embedding train
+# step with a FrequencyAdmissionStrategy(2) against the same step without, in one run
+# (SUM and NONE pooling), into $OUT/admission.txt: its "admission overhead" line (the
+# target is under 10 % extra) says how many lookups each replayed from CUDA graphs.
+# ADMISSION_TESTS_TIMEOUT (600) in seconds.
 #
 # multigpu: NCCL over every visible GPU (one process per GPU). Builds
 # dynamicemb._C with CUDA if it is not built yet, then, each under a timeout:
@@ -315,6 +319,13 @@ for part in "${parts[@]}"; do
       ;;
     admission)
       : > "$OUT/admission.txt"
+      build_cuda "$OUT/admission.txt" || continue
+      # The GPU tests of admission (CUDA against CPU, no synchronization in a step
+      # with admission, graph replays against eager) and of the lookup's graphs.
+      timeout -k 10 "${ADMISSION_TESTS_TIMEOUT:-600}" "$PY" -m pytest -m gpu tests/admission \
+        tests/embedding/test_cuda_graphs.py tests/embedding/test_sync_free.py -q --tb=short \
+        -p no:cacheprovider > "$OUT/admission_tests.txt" 2>&1
+      grep -E "passed|failed|error" "$OUT/admission_tests.txt" | tail -3 | tee -a "$OUT/admission.txt"
       for pool in sum none; do
         timeout 180 "$PY" tools/bench/embedding_bench.py --device cuda $PROFILE --tables 10 \
           --lookups 104857 --dim 128 --rows 1677721 --optimizer sgd --pooling "$pool" \
