@@ -25,6 +25,7 @@ from dynamicemb.dynamicemb_config import (
     DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
 )
+from dynamicemb.storage import padded
 from dynamicemb.storage import space as sp
 from dynamicemb.storage.base import ExportedRows, Footprint, RowInit, TableStorage
 from dynamicemb.storage.layout import RowLayout
@@ -418,33 +419,15 @@ class HashTableStorage(TableStorage):
         self, keys, tids, counts, score: BatchScore, init: RowInit, num_keys=None, lookup=None
     ) -> torch.Tensor:
         if lookup is not None:
-            return self._train_lookup(keys, tids, counts, score, init, lookup)
-        if num_keys is not None and self.device.type == "cpu":
-            # The CPU kernels refuse PAD_KEY: they get the distinct keys only
-            # (reading their number costs nothing on the host).
-            custom = score.custom if isinstance(score.custom, torch.Tensor) else None
-            if custom is None:
-                rows = self._train_rows(*_prefix(num_keys, keys, tids, counts), score, init)
-            else:  # each key its own score: cut like the keys
-                *cut, custom = _prefix(num_keys, keys, tids, counts, custom)
-                rows = self._train_rows(*cut, BatchScore(score.step, custom), init)
-            return torch.cat([rows, rows.new_full((keys.numel() - rows.numel(),), -1)])
-        return self._train_rows(keys, tids, counts, score, init)
-
-    def _train_lookup(self, keys, tids, counts, score: BatchScore, init: RowInit, lookup):
-        """train_rows of the entries ``lookup`` sets: on the CPU (whose
-        kernels refuse PAD_KEY) those entries alone, read on the host; on a
-        GPU every entry, the others made padding, which the kernels skip."""
-        custom = score.custom if isinstance(score.custom, torch.Tensor) else None
-        if self.device.type != "cpu":
+            if self.device.type == "cpu":
+                return padded.train_selected(
+                    self._train_rows, keys, tids, counts, score, init, lookup
+                )
+            # On a GPU every entry, the others made padding, which the kernels skip.
             keys = torch.where(lookup, keys, self._pad_key)
-            return self._train_rows(keys, tids, counts, score, init)
-        idx = _selected(lookup)
-        cut = [t.index_select(0, idx) for t in (keys, tids, counts)]
-        if custom is not None:  # each key its own score: cut like the keys
-            score = BatchScore(score.step, custom.index_select(0, idx))
-        rows = self._train_rows(*cut, score, init)
-        return keys.new_full(keys.shape, -1).index_copy_(0, idx, rows)
+        elif num_keys is not None and self.device.type == "cpu":
+            return padded.train_prefix(self._train_rows, keys, tids, counts, score, init, num_keys)
+        return self._train_rows(keys, tids, counts, score, init)
 
     def _train_rows(self, keys, tids, counts, score: BatchScore, init: RowInit) -> torch.Tensor:
         policies, vals = batch_policies(self.strategies, score, counts)
@@ -795,18 +778,3 @@ def _table_tensors(t: ScoredHashTable) -> tuple[torch.Tensor, ...]:
     """A scored hash table's state tensors (its slots, table info, counters
     and free rows)."""
     return (t.keys, t.digests, t.scores, t.info, t.counters, t.free_rows)
-
-
-def _selected(mask: torch.Tensor) -> torch.Tensor:
-    """The indices of the entries a CPU mask sets (read on the host)."""
-    return mask.nonzero().squeeze(1)
-
-
-def _prefix(num_keys: torch.Tensor, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The first ``num_keys`` entries of each tensor (CPU tensors: the count
-    is read on the host)."""
-    u = int(num_keys)
-    # Under torch.compile (capture_scalar_outputs) u is a symbolic size.
-    torch._check(u >= 0)
-    torch._check(u <= tensors[0].numel())
-    return tuple(t[:u] for t in tensors)

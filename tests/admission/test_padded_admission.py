@@ -19,16 +19,11 @@ from dynamicemb import (
     ProbabilisticAdmissionStrategy,
 )
 from dynamicemb import DynamicEmbInitializerMode as Mode
-from tests.embedding.sync_guard import HostSync, cuda_syncs_raise, forbid_host_syncs
+from tests.embedding.sync_guard import CPU_ONLY_READS, HostSync, cuda_syncs_raise, forbid_host_syncs
 from tests.embedding.tbe_batches import FEATURE_TABLES, random_batches, train_step, unchecked_module
 
 EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
 S = DynamicEmbScoreStrategy
-
-# The reads a CPU step makes by design: the CPU table kernels refuse the
-# padding's reserved key, so the storage hands them the looked-up entries
-# only (on a GPU the others go to the kernels as padding, which they skip).
-CPU_ONLY_READS = {"storage/hash_storage.py:_prefix", "storage/hash_storage.py:_selected"}
 
 
 class _Exact(MultiTableAdmitter):

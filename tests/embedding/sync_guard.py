@@ -27,6 +27,12 @@ import dynamicemb
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(dynamicemb.__file__))
 
+# The reads a CPU step makes by design (dynamicemb/storage/padded.py): the CPU
+# table kernels refuse the padding's reserved key, so the storage hands them
+# the distinct (or, with admission, the looked-up) entries only, cut out on the
+# host; on a GPU the padding goes to the kernels, which skip it.
+CPU_ONLY_READS = frozenset({"storage/padded.py:train_prefix", "storage/padded.py:train_selected"})
+
 
 class HostSync(AssertionError):
     """A call that would synchronize the host with a CUDA device."""

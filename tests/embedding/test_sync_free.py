@@ -22,16 +22,11 @@ from dynamicemb.storage import RowLayout
 from dynamicemb.storage import space as sp
 from dynamicemb.storage.rows import rows_buffer
 from tests.devices import DEVICES
-from tests.embedding.sync_guard import HostSync, forbid_host_syncs
+from tests.embedding.sync_guard import CPU_ONLY_READS, HostSync, forbid_host_syncs
 from tests.embedding.tbe_batches import random_batches, train_step, unchecked_module
 
 EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
 
-# The one read a CPU step makes, by design: the CPU table kernels refuse the
-# padding's reserved key, so the storage hands them the distinct keys only
-# (their number is on the host already; on a GPU the padding goes to the
-# kernels, which skip it).
-CPU_ONLY_READ = "storage/hash_storage.py:_prefix"
 
 OPTIMIZERS = {
     "sgd": (EmbOptimType.EXACT_SGD, {}),
@@ -196,7 +191,7 @@ CASES = [
 def test_training_step_reads_nothing_from_the_device(optimizer, pooling, dims, mixed_init, extra):
     module = _module("cpu", optimizer, pooling, dims, mixed_init)
     for batch in _batches("cpu", 4):
-        with forbid_host_syncs(allow={CPU_ONLY_READ}):
+        with forbid_host_syncs(allow=CPU_ONLY_READS):
             train_step(module, batch, extra)
     assert int(module.insert_failures) == 0
     assert int(module.rows.hash_table.size().sum()) > 0
@@ -211,7 +206,7 @@ def test_the_proxy_catches_a_read(monkeypatch):
     batch = _batches("cpu", 1)[0]
     monkeypatch.setattr(bt, "segmented_unique", lambda k, t, n, padded: segmented_unique(k, t, n))
     with pytest.raises(HostSync, match="__int__"):
-        with forbid_host_syncs(allow={CPU_ONLY_READ}):
+        with forbid_host_syncs(allow=CPU_ONLY_READS):
             train_step(module, batch, None)
 
 

@@ -17,12 +17,8 @@ import warnings
 import pytest
 import torch
 
-from tests.embedding.sync_guard import forbid_host_syncs
+from tests.embedding.sync_guard import CPU_ONLY_READS, forbid_host_syncs
 from tests.shard import shard_harness as h
-
-# The CPU storage reads the number of distinct keys to hand the CPU table
-# kernels the keys without their padding (tests/embedding/test_sync_free.py).
-CPU_ONLY_READ = "storage/hash_storage.py:_prefix"
 
 
 def _scenario(kind: str, dedup: bool, dynamic: bool = True, optimizer: str = "adam") -> h.Scenario:
@@ -52,7 +48,7 @@ def recorded_steps(rank: int, world_size: int, scenario: h.Scenario) -> list[lis
     @contextlib.contextmanager
     def guarded(step):
         calls.append([])
-        with forbid_host_syncs(record=calls[-1], allow={CPU_ONLY_READ}):
+        with forbid_host_syncs(record=calls[-1], allow=CPU_ONLY_READS):
             yield
 
     h.run_scenario(rank, world_size, scenario, step_context=guarded)
