@@ -93,3 +93,16 @@ def test_segmented_unique_opcheck(device):
         (keys, tables, 3, PAD_KEY),
         test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"),
     )
+
+
+def test_pad_key_is_the_empty_key_and_reserved():
+    """The key that pads batches is one value for unique, the storage and the table, the
+    table's empty key, and a reserved key a caller's batch may not hold."""
+    from dynamicemb.embedding.unique import PAD_KEY as unique_pad
+    from dynamicemb.storage.space import PAD_KEY as storage_pad
+    from dynamicemb.table import PAD_KEY, check_keys
+    from tests.table import table_model as M
+
+    assert PAD_KEY == unique_pad == storage_pad == M.EMPTY_KEY
+    with pytest.raises(ValueError, match=rf"key {PAD_KEY} at index 1"):
+        check_keys(torch.tensor([5, PAD_KEY], dtype=torch.int64), "keys")

@@ -261,16 +261,6 @@ def test_reserved_key_raises_value_error_naming_key_and_index(table, method, key
     )
 
 
-def test_pad_key_is_the_empty_key_and_reserved():
-    from dynamicemb.embedding.unique import PAD_KEY as unique_pad
-    from dynamicemb.storage.space import PAD_KEY as storage_pad
-    from dynamicemb.table import PAD_KEY, check_keys
-
-    assert PAD_KEY == unique_pad == storage_pad == M.EMPTY_KEY
-    with pytest.raises(ValueError, match=rf"key {PAD_KEY} at index 1"):
-        check_keys(i64([5, PAD_KEY], "cpu"), "keys")
-
-
 def test_importing_the_table_package_loads_no_extension_until_pad_key_is_read():
     code = (
         "import sys, dynamicemb.table as t\n"
