@@ -14,6 +14,9 @@
    through the training module (``BatchedDynamicEmbeddingTablesV2``).
 5. No module of the package is longer than ``MAX_LINES`` lines
    (``dynamicemb_config.py``, whose path and contents the spec fixes, aside).
+6. A test package's BUILD.bazel depends on every other test package it imports
+   (``tests.<pkg>``: a ``//tests/<pkg>`` label in it), or the test fails to
+   import in Bazel's sandbox although it runs under plain pytest.
 
     python tools/check_layers.py [repository root]
 """
@@ -157,6 +160,41 @@ def check(root: pathlib.Path) -> list[str]:
                     f"{where}: imports {'.'.join(mod)}, but {pkg}/BUILD.bazel does not depend "
                     f"on {dep}"
                 )
+    return errors + check_test_deps(root)
+
+
+# Test packages any test may import without a BUILD dependency (plain modules
+# of tests/, in every test target's srcs).
+TEST_SHARED = {"devices", "conftest"}
+
+
+def check_test_deps(root: pathlib.Path) -> list[str]:
+    """Rule 6: ``tests.<other>`` imports against the ``//tests/<other>`` labels."""
+    errors = []
+    tests = root / "tests"
+    for build in sorted(tests.glob("*/BUILD.bazel")):
+        pkg = build.parent.name
+        labels = set(re.findall(r'"//tests/(\w+)[:"]', build.read_text()))
+        for path in sorted(build.parent.rglob("*.py")):
+            tree = ast.parse(path.read_text(), str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                    mods = [node.module]
+                elif isinstance(node, ast.Import):
+                    mods = [a.name for a in node.names]
+                else:
+                    continue
+                for mod in mods:
+                    parts = mod.split(".")
+                    if parts[0] != "tests" or len(parts) < 2:
+                        continue
+                    other = parts[1]
+                    if other in (pkg, *TEST_SHARED) or other in labels:
+                        continue
+                    errors.append(
+                        f"{path.relative_to(root).as_posix()}:{node.lineno}: imports {mod}, but "
+                        f"tests/{pkg}/BUILD.bazel does not depend on //tests/{other}"
+                    )
     return errors
 
 
