@@ -434,6 +434,13 @@ class DynamicEmbTableOptions:
                     f"DynamicEmbTableOptions.{name} must be a DynamicEmbInitializerArgs, "
                     f"got {value!r}"
                 )
+        if isinstance(self.external_storage, Storage):
+            cls = type(self.external_storage).__qualname__
+            raise TypeError(
+                f"DynamicEmbTableOptions.external_storage got an instance of {cls}; pass the "
+                f"class {cls} itself: the module constructs it as {cls}(tables, device), one "
+                "per fused module"
+            )
         if self.external_storage is not None and not (
             isinstance(self.external_storage, type) and issubclass(self.external_storage, Storage)
         ):

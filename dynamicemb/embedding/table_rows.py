@@ -25,8 +25,9 @@ What it offers, one table at a time:
   per-table ``stats`` and the bytes each table holds (``memory_per_table``).
 
 An external storage (``external_storage``) serves what the ``Storage``
-interface allows (checkpoints); the rest raises ``NotImplementedError``
-naming the operation and the storage.
+interface allows (checkpoints; for metrics its sizes and capacities, no
+counters: ``has_hash_table`` is False); the rest raises
+``NotImplementedError`` naming the operation and the storage.
 """
 
 from collections.abc import Iterator, Sequence
@@ -481,6 +482,19 @@ class TableRows:
             f"{name}: no dynamicemb hash table holds them"
         )
 
+    @property
+    def has_hash_table(self) -> bool:
+        """Whether a dynamicemb hash table holds every key (and keeps the
+        ``counters``); False for an external storage."""
+        return self._last_table() is not None
+
+    def _external_capacity(self, table: int, what: str) -> int:
+        """An external storage's own ``capacity`` of ``table``."""
+        backing = getattr(self.storage, "backing", None)
+        if not hasattr(backing, "capacity"):
+            raise self._unsupported(what)
+        return backing.capacity(table)
+
     def counters(self, what: str = "metrics") -> torch.Tensor:
         """(num_tables, counter columns) int64 device counters of the last
         tier's hash table (``CounterCol``: size, inserts, evictions, insert
@@ -488,12 +502,17 @@ class TableRows:
         return self._table_for(what).counters
 
     def capacity(self, table: int, what: str = "metrics") -> int:
-        """Slots of ``table``'s key map now."""
+        """Slots of ``table``'s key map now (an external storage: the keys it
+        can hold, its ``Storage.capacity``)."""
+        if not self.has_hash_table:
+            return self._external_capacity(table, what)
         return self._table_for(what).capacity(table)
 
     def limit(self, table: int, what: str = "metrics") -> int:
         """Rows ``table`` can hold now (NO_EVICTION: its value rows; else its
-        slots)."""
+        slots; an external storage: its ``Storage.capacity``)."""
+        if not self.has_hash_table:
+            return self._external_capacity(table, what)
         t = self._table_for(what)
         return t.row_capacity(table) if t.is_no_eviction(table) else t.capacity(table)
 

@@ -72,16 +72,19 @@ class ExternalBacking:
             )
             for d, s, c in zip(layout.dims, layout.state_dims, capacities)
         ]
+        missing = sorted(getattr(cls, "__abstractmethods__", ()))
+        if missing:
+            names = ", ".join(f"Storage.{m}" for m in missing)
+            raise TypeError(f"external_storage {self.name} does not implement {names}")
         try:
             self.storage = cls(self.tables, device)
-        except TypeError as e:
-            missing = sorted(getattr(cls, "__abstractmethods__", ()))
-            if missing:
-                names = ", ".join(f"Storage.{m}" for m in missing)
-                raise TypeError(f"external_storage {self.name} does not implement {names}") from e
+        except (TypeError, AttributeError) as e:
+            # A constructor of another signature (say, one taking the table's
+            # options and optimizer) fails on the arguments it is given.
             raise TypeError(
                 f"external_storage {self.name} cannot be constructed as "
-                f"{self.name}(tables, device): {e}"
+                f"{self.name}(tables, device), tables a list of dynamicemb.types.StorageTable "
+                f"and device a torch.device: {type(e).__name__}: {e}"
             ) from e
         for t, spec in enumerate(self.tables):
             for method in ("embedding_dim", "value_dim", "embedding_dtype"):
@@ -270,6 +273,10 @@ class ExternalBacking:
 
     def sizes(self) -> list[int]:
         return [self._int("size", self.storage.size(t)) for t in range(len(self.tables))]
+
+    def capacity(self, table: int) -> int:
+        """The keys the storage can hold of ``table`` (``Storage.capacity``)."""
+        return self._int("capacity", self.storage.capacity(table))
 
     def pop_evicted_keys(self, tables=None) -> list[torch.Tensor]:
         """An external storage keeps its own evictions."""
