@@ -453,11 +453,18 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 )
         if self.training:
             self.step += 1
-        b = None
-        if self._graphs is not None and self.cuda_graphs and not torch.compiler.is_compiling():
-            b = self._graphs.lookup(self, indices, offsets, frequency_counters)
-        if b is None:
-            b = self._lookup(indices, offsets, frequency_counters, self.step)
+        try:
+            b = None
+            if self._graphs is not None and self.cuda_graphs and not torch.compiler.is_compiling():
+                b = self._graphs.lookup(self, indices, offsets, frequency_counters)
+            if b is None:
+                b = self._lookup(indices, offsets, frequency_counters, self.step)
+        except BaseException:
+            # The storage failed the step and put its rows back (an external
+            # storage raising: dynamicemb.storage.cache): the step did not happen.
+            if self.training:
+                self.step -= 1
+            raise
         if pooling_weights is not None:
             b.weights = pooling_weights
         if self.training and self._adam_betas is not None:
@@ -742,4 +749,10 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 self.optimizer.fused_update(
                     b.space, grad_out.contiguous(), b, self.step, self.layout.element_type
                 )
-            self.storage.after_update()
+            try:
+                self.storage.after_update()
+            except BaseException:
+                # The rows were not written back: the storage put the step's
+                # rows back as they were before it, and the step did not happen.
+                self.step -= 1
+                raise

@@ -48,6 +48,9 @@ class ExternalBacking:
 
     has_scores = False  # Storage.find returns rows only
     strategies = None
+    # A user's storage may raise in any call: the cache keeps what it needs
+    # to put a failed step back (CachedStorage).
+    can_fail = True
 
     def __init__(
         self,
@@ -159,23 +162,53 @@ class ExternalBacking:
     def expand_for(self, keys, tids) -> None:
         """The storage sizes itself."""
 
-    def write_back(self, keys, tids, src, src_offsets, scores, protect=None, expand=True) -> None:
+    def write_back(
+        self, keys, tids, src, src_offsets, scores, protect=None, expand=True, before=None
+    ) -> None:
         """Hands rows (from the row space ``src``) to the storage; it scores
         them itself. ``PAD_KEY`` entries are left out; ``protect`` and
-        ``expand`` do not apply (the rows a ``locate`` found are copies)."""
+        ``expand`` do not apply (the rows a ``locate`` found are copies).
+
+        The rows go one table per ``Storage.insert`` call. When a call raises,
+        the tables written before it are put back as ``before`` says they
+        were, if given: ``(found (n) bool, a staging buffer of n rows)``, per
+        key whether the storage held it and its row then (re-inserted; the
+        others erased); then the error propagates.
+        """
         keep = (keys != PAD_KEY).nonzero().squeeze(1)
         keys, tids, src_offsets = keys[keep], tids[keep], src_offsets[keep]
         if keys.numel() == 0:
             return
         buf = sp.stage_rows(src, src_offsets, tids, self.layout)
-        emb, state = sp.unpack_rows(buf, tids, self.layout)
-        for t, idx in self._by_table(tids):
-            spec = self.tables[t]
-            values = torch.cat(
-                [emb[idx, : spec.embedding_dim], state[idx, : spec.value_dim - spec.embedding_dim]],
-                dim=1,
-            )
-            self.storage.insert(keys[idx], tids[idx], values, None)
+        written = []
+        try:
+            for t, idx in self._by_table(tids):
+                self.storage.insert(keys[idx], tids[idx], self._values(buf, tids, idx, t), None)
+                written.append((t, idx))
+        except BaseException:
+            if before is not None and written:
+                found, rows = before[0][keep], before[1][keep]
+                self._put_back(keys, tids, found, rows, written)
+            raise
+
+    def _values(self, buf, tids, idx, t: int) -> torch.Tensor:
+        """The ``(m, value_dim)`` float32 rows ``idx`` (all of table ``t``)
+        of a staging buffer, as the storage takes them."""
+        emb, state = sp.unpack_rows(buf[idx], tids[idx], self.layout)
+        spec = self.tables[t]
+        return torch.cat(
+            [emb[:, : spec.embedding_dim], state[:, : spec.value_dim - spec.embedding_dim]], dim=1
+        )
+
+    def _put_back(self, keys, tids, found, rows, written) -> None:
+        """Undoes the inserts of ``written`` ((table, index) pairs): keys the
+        storage held get their earlier ``rows`` back, the others are erased."""
+        for t, idx in written:
+            held, new = idx[found[idx]], idx[~found[idx]]
+            if held.numel():
+                self.storage.insert(keys[held], tids[held], self._values(rows, tids, held, t), None)
+            if new.numel():
+                self.storage.erase(keys[new], tids[new])
 
     def contains(self, keys, tids) -> torch.Tensor:
         found = torch.zeros(keys.numel(), dtype=torch.bool, device=self.device)
