@@ -792,6 +792,26 @@ def optimizer_state_dim(optimizer_type: Any, dim: int, dtype: torch.dtype) -> in
     raise ValueError(f"optimizer {optimizer_type!r} is not supported by dynamicemb tables")
 
 
+# Optimizer-state elements rowwise Adagrad fills of the ones it reserves.
+_ROWWISE_ADAGRAD_STATE_USED = 1
+
+
+def saved_state_dim(optimizer_name: str | None, state_dim: int) -> int:
+    """Optimizer-state elements of a row as checkpoint files and deltas
+    carry it (``TableRows.state_dim``): the row's ``state_dim`` (see
+    ``optimizer_state_dim``), except rowwise Adagrad's, whose reserved 16
+    bytes hold one scalar: that one.
+
+    Args:
+        optimizer_name (Optional[str]): the optimizer's member name
+            (``EXACT_ROWWISE_ADAGRAD``, ...); None for rows without state.
+        state_dim (int): the row's state elements (0: none).
+    """
+    if state_dim and optimizer_name == "EXACT_ROWWISE_ADAGRAD":
+        return _ROWWISE_ADAGRAD_STATE_USED
+    return state_dim
+
+
 def value_row_bytes(
     optimizer_type: Any,
     dim: int,
