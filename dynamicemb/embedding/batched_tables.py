@@ -453,18 +453,11 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 )
         if self.training:
             self.step += 1
-        try:
-            b = None
-            if self._graphs is not None and self.cuda_graphs and not torch.compiler.is_compiling():
-                b = self._graphs.lookup(self, indices, offsets, frequency_counters)
-            if b is None:
-                b = self._lookup(indices, offsets, frequency_counters, self.step)
-        except BaseException:
-            # The storage failed the step and put its rows back (an external
-            # storage raising: dynamicemb.storage.cache): the step did not happen.
-            if self.training:
-                self.step -= 1
-            raise
+        b = None
+        if self._graphs is not None and self.cuda_graphs and not torch.compiler.is_compiling():
+            b = self._graphs.lookup(self, indices, offsets, frequency_counters)
+        if b is None:
+            b = self._lookup(indices, offsets, frequency_counters, self.step)
         if pooling_weights is not None:
             b.weights = pooling_weights
         if self.training and self._adam_betas is not None:
@@ -690,15 +683,21 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         custom = None
         if S.CUSTOMIZED in self.strategies:
             custom = self._custom_score_t[tids].reshape(-1, 1)  # each key its table's
-        rows = self.storage.train_rows(
-            keys,
-            tids,
-            counts,
-            BatchScore(step, custom),
-            self._row_init,
-            num_keys=num_keys,
-            lookup=lookup,
-        )
+        try:
+            rows = self.storage.train_rows(
+                keys,
+                tids,
+                counts,
+                BatchScore(step, custom),
+                self._row_init,
+                num_keys=num_keys,
+                lookup=lookup,
+            )
+        except BaseException:
+            # The storage failed the step and put its rows back (an external
+            # storage raising: dynamicemb.storage.cache): the step did not happen.
+            self.step -= 1
+            raise
         valid = lookup if lookup is not None else valid
         failed = rows < 0 if valid is None else (rows < 0) & valid
         mode = self.table_options[0].safe_check_mode
