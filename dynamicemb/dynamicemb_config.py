@@ -434,6 +434,13 @@ class DynamicEmbTableOptions:
                     f"DynamicEmbTableOptions.{name} must be a DynamicEmbInitializerArgs, "
                     f"got {value!r}"
                 )
+        if isinstance(self.external_storage, Storage):
+            cls = type(self.external_storage).__qualname__
+            raise TypeError(
+                f"DynamicEmbTableOptions.external_storage got an instance of {cls}; pass the "
+                f"class {cls} itself: the module constructs it as {cls}(tables, device), one "
+                "per fused module"
+            )
         if self.external_storage is not None and not (
             isinstance(self.external_storage, type) and issubclass(self.external_storage, Storage)
         ):
@@ -783,6 +790,26 @@ def optimizer_state_dim(optimizer_type: Any, dim: int, dtype: torch.dtype) -> in
         if name == "EXACT_ROWWISE_ADAGRAD":
             return _ROWWISE_ADAGRAD_STATE_BYTES // dtype.itemsize
     raise ValueError(f"optimizer {optimizer_type!r} is not supported by dynamicemb tables")
+
+
+# Optimizer-state elements rowwise Adagrad fills of the ones it reserves.
+_ROWWISE_ADAGRAD_STATE_USED = 1
+
+
+def saved_state_dim(optimizer_name: str | None, state_dim: int) -> int:
+    """Optimizer-state elements of a row as checkpoint files and deltas
+    carry it (``TableRows.state_dim``): the row's ``state_dim`` (see
+    ``optimizer_state_dim``), except rowwise Adagrad's, whose reserved 16
+    bytes hold one scalar: that one.
+
+    Args:
+        optimizer_name (Optional[str]): the optimizer's member name
+            (``EXACT_ROWWISE_ADAGRAD``, ...); None for rows without state.
+        state_dim (int): the row's state elements (0: none).
+    """
+    if state_dim and optimizer_name == "EXACT_ROWWISE_ADAGRAD":
+        return _ROWWISE_ADAGRAD_STATE_USED
+    return state_dim
 
 
 def value_row_bytes(

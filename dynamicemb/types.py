@@ -394,7 +394,9 @@ class Storage(abc.ABC):
     the cache come without scores (the storage scores them).
 
     Operations on keys receive keys that are unique per table within one call,
-    all of one table.
+    all of one table. Any call may raise: the training step (or prefetch)
+    that made it fails whole, leaving the cache, the storage's rows as the
+    module sees them and the module's step as they were before it.
     """
 
     @abc.abstractmethod

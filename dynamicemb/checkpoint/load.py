@@ -130,12 +130,13 @@ def _legacy_meta(folder: str, ref: TableRef) -> TableMeta:
         raise CheckpointError(f"{what}: {paths[KEYS]} has {key_bytes} bytes, not whole int64 keys")
     n = key_bytes // 8
     dim = ref.dim
-    sd = ref.rows.state_dim(ref.index)
+    widths = [dim + w for w in ref.rows.state_widths(ref.index) if w]
     width = dim if n == 0 else value_bytes // (4 * n)
-    if n and value_bytes != 4 * n * width or width not in (dim, dim + sd):
+    if n and value_bytes != 4 * n * width or width not in (dim, *widths):
         raise CheckpointError(
             f"{what}: {paths[VALUES]} holds {value_bytes} bytes for {n} keys, not float32 rows of "
-            f"the table's dim {dim}" + (f" or dim + optimizer state {dim + sd}" if sd else "")
+            f"the table's dim {dim}"
+            + (f" or dim + optimizer state {' or '.join(map(str, widths))}" if widths else "")
         )
     files_ = {
         KEYS: FileInfo(legacy_file(ref.name, KEYS), key_bytes, None),
@@ -199,7 +200,9 @@ def check_meta(meta: TableMeta, ref: TableRef, optim: bool) -> bool:
                 f"{ref.label}: the checkpoint's optimizer state is {meta.optimizer}'s, the table "
                 f"uses {rows.optimizer_name}"
             )
-        if meta.optim_state_dim != rows.state_dim(t):
+        # Rowwise Adagrad's state was written whole (16 bytes) before
+        # checkpoints narrowed it to its one scalar: both load.
+        if meta.optim_state_dim not in rows.state_widths(t):
             raise ValueError(
                 f"{ref.label}: the checkpoint's optim_state_dim {meta.optim_state_dim} differs "
                 f"from the table's {rows.state_dim(t)}"
@@ -332,7 +335,10 @@ def _unpack(meta: TableMeta, data: torch.Tensor) -> dict[str, torch.Tensor]:
     for k in sorted(_kinds(meta)):
         dtype, ncols = _columns(meta, k)
         width = ncols * dtype.itemsize
-        out[k] = data[:, col : col + width].contiguous().view(dtype)
+        if data.shape[0] == 0:  # an empty slice keeps the packed row's stride
+            out[k] = torch.empty(0, ncols, dtype=dtype, device=data.device)
+        else:
+            out[k] = data[:, col : col + width].contiguous().view(dtype)
         col += width
     return out
 

@@ -683,15 +683,21 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         custom = None
         if S.CUSTOMIZED in self.strategies:
             custom = self._custom_score_t[tids].reshape(-1, 1)  # each key its table's
-        rows = self.storage.train_rows(
-            keys,
-            tids,
-            counts,
-            BatchScore(step, custom),
-            self._row_init,
-            num_keys=num_keys,
-            lookup=lookup,
-        )
+        try:
+            rows = self.storage.train_rows(
+                keys,
+                tids,
+                counts,
+                BatchScore(step, custom),
+                self._row_init,
+                num_keys=num_keys,
+                lookup=lookup,
+            )
+        except BaseException:
+            # The storage failed the step and put its rows back (an external
+            # storage raising: dynamicemb.storage.cache): the step did not happen.
+            self.step -= 1
+            raise
         valid = lookup if lookup is not None else valid
         failed = rows < 0 if valid is None else (rows < 0) & valid
         mode = self.table_options[0].safe_check_mode
@@ -742,4 +748,10 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 self.optimizer.fused_update(
                     b.space, grad_out.contiguous(), b, self.step, self.layout.element_type
                 )
-            self.storage.after_update()
+            try:
+                self.storage.after_update()
+            except BaseException:
+                # The rows were not written back: the storage put the step's
+                # rows back as they were before it, and the step did not happen.
+                self.step -= 1
+                raise

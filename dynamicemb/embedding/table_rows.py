@@ -6,7 +6,9 @@ module: it is built by the module from its storage, row layout and score
 strategies, and reads the training step and the CUSTOMIZED scores from the
 module through ``ScoreClock`` (the three names a clock has).
 
-What it offers, one table at a time:
+What it offers, one table at a time (optimizer state at ``state_dim``, the
+width checkpoint files and deltas carry: rowwise Adagrad's one scalar of the
+16 bytes its rows reserve; the rows take their own width too):
 
 * checkpoints: keys, score columns in ``score_strategy`` order, embeddings (at
   ``embedding_dtype``) and optimizer state (float32) over every tier of the
@@ -25,8 +27,9 @@ What it offers, one table at a time:
   per-table ``stats`` and the bytes each table holds (``memory_per_table``).
 
 An external storage (``external_storage``) serves what the ``Storage``
-interface allows (checkpoints); the rest raises ``NotImplementedError``
-naming the operation and the storage.
+interface allows (checkpoints; for metrics its sizes and capacities, no
+counters: ``has_hash_table`` is False); the rest raises
+``NotImplementedError`` naming the operation and the storage.
 """
 
 from collections.abc import Iterator, Sequence
@@ -39,6 +42,7 @@ from dynamicemb.dynamicemb_config import (
     OPTIMIZER_STATE_DTYPE,
     DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
+    saved_state_dim,
 )
 from dynamicemb.embedding.stats import TableStats
 from dynamicemb.storage import ExportedRows, RowInit, RowLayout, TableStorage
@@ -148,8 +152,49 @@ class TableRows:
         return len(self.strategies)
 
     def state_dim(self, table: int) -> int:
-        """Optimizer-state elements of one row of ``table`` (0 in eval mode)."""
-        return self.layout.state_dims[table]
+        """Optimizer-state elements of a row of ``table`` as it leaves these
+        rows and enters them, in checkpoint files and deltas
+        (``dynamicemb_config.saved_state_dim``: narrower than the stored row
+        for rowwise Adagrad); 0 in eval mode."""
+        return saved_state_dim(self.optimizer_name, self.layout.state_dims[table])
+
+    def state_widths(self, table: int) -> tuple[int, ...]:
+        """The optimizer-state widths the rows take (``import_rows``,
+        ``place_rows``, ``upsert_rows``): ``state_dim``, and the stored row's
+        own (checkpoints written before ``state_dim`` narrowed rowwise
+        Adagrad's state hold all of it)."""
+        return tuple(sorted({self.state_dim(table), self.layout.state_dims[table]}))
+
+    def _narrow(self, table: int, rows: Iterator[ExportedRows]) -> Iterator[ExportedRows]:
+        """Exported rows with their optimizer state at ``state_dim``."""
+        sd = self.state_dim(table)
+        for r in rows:
+            if r.optimizer_state is not None and r.optimizer_state.shape[1] != sd:
+                r.optimizer_state = r.optimizer_state[:, :sd].contiguous()
+            yield r
+
+    def _widen(self, table: int, state: torch.Tensor | None) -> torch.Tensor | None:
+        """Optimizer state of one of the ``state_widths`` at the stored row's
+        width: the columns past ``state_dim`` hold what a new row's hold.
+
+        Raises:
+            ValueError: another width (naming it).
+        """
+        if state is None:
+            return None
+        full = self.layout.state_dims[table]
+        width = state.shape[1] if state.dim() == 2 else -1
+        if width not in self.state_widths(table):
+            raise ValueError(
+                f"optimizer state of table {table} must be (n, {self.state_dim(table)}), got "
+                f"shape {tuple(state.shape)}"
+            )
+        if width == full:
+            return state
+        out = torch.empty(state.shape[0], full, dtype=torch.float32, device=state.device)
+        self._row_init.init_state(out)
+        out[:, :width] = state
+        return out
 
     def score_columns(self) -> list[int] | None:
         """For each score column in ``score_strategy`` tuple order, the table
@@ -178,7 +223,7 @@ class TableRows:
     def export_rows(self, table: int, chunk: int) -> Iterator[ExportedRows]:
         """The stored keys of ``table`` and their rows, ``chunk`` keys or fewer
         at a time. Reads each chunk's count (synchronizes)."""
-        return self.storage.export_rows(table, chunk)
+        return self._narrow(table, self.storage.export_rows(table, chunk))
 
     def import_rows(self, table: int, keys, scores, embeddings, optimizer_state) -> torch.Tensor:
         """Stores keys with their rows in ``table``: as ``ExportedRows`` hold
@@ -190,7 +235,7 @@ class TableRows:
         col = int(enums.CounterCol.INSERT_FAILURES)
         failures = None if table_ is None else table_.counters[:, col].clone()
         stored = self.storage.import_rows(
-            table, keys, scores, embeddings, optimizer_state, self._row_init
+            table, keys, scores, embeddings, self._widen(table, optimizer_state), self._row_init
         )
         if table_ is not None:
             self._last_table().counters[:, col] = failures
@@ -328,7 +373,8 @@ class TableRows:
         chunk = as_int(chunk, "chunk", min=1)
         threshold = as_int(threshold, "threshold")
         hs = self.hash_tier("incremental_dump")
-        return hs.export_changed(table, chunk, self.delta_score_column(), threshold)
+        rows = hs.export_changed(table, chunk, self.delta_score_column(), threshold)
+        return self._narrow(table, rows)
 
     def check_place_rows(self, table: int, keys: torch.Tensor, slots: torch.Tensor) -> None:
         """Raises what ``place_rows`` would for these keys and slots
@@ -386,7 +432,7 @@ class TableRows:
             slots.to(self.device),
             words.to(self.device),
             embeddings,
-            optimizer_state,
+            self._widen(table, optimizer_state),
             self._row_init,
             checked,
         )
@@ -410,7 +456,7 @@ class TableRows:
             keys.to(self.device),
             None if words is None else words.to(self.device),
             embeddings,
-            optimizer_state,
+            self._widen(table, optimizer_state),
             self._row_init,
         )
 
@@ -481,6 +527,19 @@ class TableRows:
             f"{name}: no dynamicemb hash table holds them"
         )
 
+    @property
+    def has_hash_table(self) -> bool:
+        """Whether a dynamicemb hash table holds every key (and keeps the
+        ``counters``); False for an external storage."""
+        return self._last_table() is not None
+
+    def _external_capacity(self, table: int, what: str) -> int:
+        """An external storage's own ``capacity`` of ``table``."""
+        backing = getattr(self.storage, "backing", None)
+        if not hasattr(backing, "capacity"):
+            raise self._unsupported(what)
+        return backing.capacity(table)
+
     def counters(self, what: str = "metrics") -> torch.Tensor:
         """(num_tables, counter columns) int64 device counters of the last
         tier's hash table (``CounterCol``: size, inserts, evictions, insert
@@ -488,12 +547,17 @@ class TableRows:
         return self._table_for(what).counters
 
     def capacity(self, table: int, what: str = "metrics") -> int:
-        """Slots of ``table``'s key map now."""
+        """Slots of ``table``'s key map now (an external storage: the keys it
+        can hold, its ``Storage.capacity``)."""
+        if not self.has_hash_table:
+            return self._external_capacity(table, what)
         return self._table_for(what).capacity(table)
 
     def limit(self, table: int, what: str = "metrics") -> int:
         """Rows ``table`` can hold now (NO_EVICTION: its value rows; else its
-        slots)."""
+        slots; an external storage: its ``Storage.capacity``)."""
+        if not self.has_hash_table:
+            return self._external_capacity(table, what)
         t = self._table_for(what)
         return t.row_capacity(table) if t.is_no_eviction(table) else t.capacity(table)
 

@@ -40,13 +40,15 @@ class TableReading:
         attributes (dict): COLLECTION, TABLE and RANK.
         counters (dict[str, int]): the table's device counters by
             ``CounterCol`` name (``SIZE``, ``INSERTS``, ``EVICTIONS``,
-            ``INSERT_FAILURES``, ...).
+            ``INSERT_FAILURES``, ...); empty for a table whose rows live in
+            an external storage (no dynamicemb hash table counts them).
         stats (dict[StatCol, int]): the module's counters, only those it feeds.
         held (int): rows held, in every tier: a cached table's rows in its
             device cache that its backing table does not hold count too.
-        capacity (int): slots of the table's key map now.
+        capacity (int): slots of the table's key map now (an external
+            storage: its ``capacity``).
         limit (int): rows it can hold now (NO_EVICTION: its value rows; else
-            its slots).
+            its slots; an external storage: its ``capacity``).
         memory (dict[MemoryType, int]): bytes of each memory type it holds.
     """
 
@@ -84,7 +86,7 @@ class Figure:
 
 
 def _counter(col: str) -> Callable[[TableReading], Observations]:
-    return lambda r: [(r.counters[col], {})]
+    return lambda r: [(r.counters[col], {})] if col in r.counters else []
 
 
 def _stat(col: StatCol) -> Callable[[TableReading], Observations]:
@@ -171,7 +173,7 @@ FIGURES: tuple[Figure, ...] = (
         GAUGE,
         "1",
         "Keys stored over the slots of the table's key map.",
-        lambda r: [(r.counters["SIZE"] / r.capacity, {})],
+        lambda r: [(r.counters["SIZE"] / r.capacity, {})] if "SIZE" in r.counters else [],
     ),
     Figure(
         "dynamicemb.memory.usage",

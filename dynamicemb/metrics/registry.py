@@ -94,9 +94,8 @@ class MetricsRegistry:
         """Registers the tables of one fused module, through its rows object
         (``BatchedDynamicEmbeddingTablesV2.rows``; again: ignored).
 
-        Raises:
-            NotImplementedError: the tables' rows live in an external
-                storage, whose counters no dynamicemb table keeps.
+        The tables of an external storage publish what dynamicemb knows of
+        them (see ``TableReading``): no table counters.
         """
         if isinstance(rows, BatchedDynamicEmbeddingTablesV2):
             rows = rows.rows
@@ -104,7 +103,6 @@ class MetricsRegistry:
             raise TypeError(
                 f"expected a BatchedDynamicEmbeddingTablesV2, got {type(rows).__name__}"
             )
-        rows.counters("metrics")
         names = list(table_names)
         if len(names) != rows.num_tables:
             raise ValueError(
@@ -138,7 +136,9 @@ class MetricsRegistry:
         parts = []
         for rows, _ in live:
             # A relayout replaces `counters` whole: this is the old or the new one.
-            tensors = (rows.counters(), rows.stats.counts)
+            # An external storage's tables have no hash table, no counters.
+            counters = (rows.counters(),) if rows.has_hash_table else ()
+            tensors = (*counters, rows.stats.counts)
             parts.append(tensors)
             by_device.setdefault(rows.device, []).extend(tensors)
         host = {
@@ -157,14 +157,17 @@ class MetricsRegistry:
                 del flat[: n * width]
             memory = {mt: rows.memory_per_table(mt) for mt in MemoryType}
             # A cache holds rows its backing table does not (yet): count every tier.
-            held = rows.sizes() if rows.storage.has_cache else None
+            held = rows.sizes() if rows.storage.has_cache or not rows.has_hash_table else None
+            stats = counts[-1]
             for t, attrs in enumerate(source.attributes):
-                counters = {c: counts[0][t][int(enums.CounterCol[c])] for c in cols}
+                counters = {}
+                if rows.has_hash_table:
+                    counters = {c: counts[0][t][int(enums.CounterCol[c])] for c in cols}
                 readings.append(
                     TableReading(
                         attributes=attrs,
                         counters=counters,
-                        stats={c: counts[1][t][int(c)] for c in StatCol if c in rows.stats.fed},
+                        stats={c: stats[t][int(c)] for c in StatCol if c in rows.stats.fed},
                         held=counters["SIZE"] if held is None else held[t],
                         capacity=rows.capacity(t),
                         limit=rows.limit(t),
@@ -267,7 +270,6 @@ def instrument(
 
     Raises:
         ValueError: the model has no dynamic tables.
-        NotImplementedError: a module's rows live in an external storage.
     """
     rank = _default_rank() if rank is None else int(rank)
     reg = registry(meter_provider)

@@ -17,6 +17,11 @@ See docs/architecture.md, "Storage tiers", for the semantics:
 
 Without a cache (an external storage with ``caching=False``) every key of a
 batch is staged that way.
+
+A backing tier that ``can_fail`` (a user's ``Storage``) is read before the
+cache changes, and a step keeps an ``_Undo`` record until its rows are
+written back: when the tier raises, the cache is put back as it was before
+the step (docs/storage.md, "A storage that raises").
 """
 
 from collections.abc import Iterator, Sequence
@@ -67,9 +72,28 @@ class _Staged:
     """A batch's rows outside the cache: a staging buffer (the second
     segment of the row space) and what writing them back needs."""
 
-    def __init__(self, buffer, keys, tids, scores, write_back: bool) -> None:
+    def __init__(self, buffer, keys, tids, scores, write_back: bool, before=None) -> None:
         self.buffer, self.keys, self.tids, self.scores = buffer, keys, tids, scores
         self.write_back = write_back
+        # For a backing tier that can fail: (found (n) bool, a copy of the
+        # rows before the update), what its write-back puts back on failure.
+        self.before = before
+
+
+@dataclass
+class _Undo:
+    """What a training step changed in the cache, to put back when the
+    backing tier fails before the step's end (a backing that ``can_fail``):
+    the counters, the keys it placed in the cache (erased), the keys it
+    evicted (placed back at their slots with their scores and rows) and the
+    slots, scores and rows of the keys it found (put back: an update or a
+    score may have changed them)."""
+
+    counters: tuple[torch.Tensor, ...]
+    new: tuple[torch.Tensor, torch.Tensor] | None = None
+    victims: tuple | None = None
+    victim_rows: torch.Tensor | None = None
+    found: tuple | None = None
 
 
 class CachedStorage(TableStorage):
@@ -105,6 +129,10 @@ class CachedStorage(TableStorage):
         self._space_staged: _Staged | None = None  # the last lookup's
         self._held = None  # (keys, tids, slots) the last training batch holds in the cache
         self._last_score = BatchScore(0, None)
+        # A backing tier that may raise (a user's storage): a step keeps an
+        # undo record until its rows are written back (``_Undo``).
+        self._fallible = bool(getattr(backing, "can_fail", False))
+        self._undo: _Undo | None = None
         self._prefetch_event = None
         # The end of the last training lookup or update, on its stream (first
         # the tiers' creation): what a prefetch on another stream waits for.
@@ -155,13 +183,27 @@ class CachedStorage(TableStorage):
         self._last_score = score
         policies, vals = batch_policies(self.strategies, score, counts)
         self._staged = None
+        undo = _Undo(self._counters()) if self._fallible else None
         if self.cache is None:  # every key staged
             offsets = torch.full_like(keys, -1)
             loc = self._locate(torch.ones_like(keys, dtype=torch.bool), keys, tids, keys.numel())
             self.host_reads += loc.found.sum()
             self._stage(keys, tids, loc, policies, vals, init, offsets, keys.numel())
             self._space_staged = self._staged
+            self._undo = undo
             return offsets
+        loc = None
+        if undo is not None:
+            # The backing tier is read first, before anything changes: the
+            # rows of the keys the cache does not hold (those it will miss or
+            # cannot take). The found keys' slots, scores and rows are kept.
+            pre = self.cache.table.find(keys, tids)
+            held = pre >= 0
+            hs, ht = pre[held], tids[held]
+            hoff = self.cache.offsets(hs, ht)
+            rows = sp.stage_rows(self.cache.space(), hoff, ht, self.layout)
+            undo.found = (hs, ht, self.cache.table.scores[hs].clone(), rows)
+            loc = self._locate(~held, keys, tids, int((~held).sum()))
         # One find-or-insert in the cache: the keys it holds are found before
         # any new key of the batch picks a victim (cc/table/operations.h), so
         # no key of the batch is evicted and inserted again in one call.
@@ -182,13 +224,22 @@ class CachedStorage(TableStorage):
         victims = self._victims(evicted, n_victims)
         if victims is not None:
             self.backing.expand_for(victims[0], victims[1])
+        if undo is not None:
+            undo.new = (keys[miss], tids[miss])
+            undo.victims, undo.victim_rows = victims, self._rows_at(victims)
         # Where the backing tier holds the rows of the keys the cache misses
         # (and those it cannot take); the victims go back before their slots
         # are refilled, without evicting those rows.
-        loc = self._locate(need, keys, tids, n_need)
+        if loc is None:
+            loc = self._locate(need, keys, tids, n_need)
         self.host_reads += loc.found.sum()
         ns, no, nmiss = loc.sub.take(slots, offsets, miss)
-        self._write_back_victims(victims, loc)
+        try:
+            self._write_back_victims(victims, loc)
+        except BaseException:
+            if undo is not None:
+                self._roll_back(undo)
+            raise
         fill = loc.sub.on & nmiss
         sp.copy_rows(
             self.cache.space(),
@@ -204,8 +255,68 @@ class CachedStorage(TableStorage):
             staged = loc.sub.on & ~nmiss
             self._stage(keys, tids, loc, policies, vals, init, offsets, n_over, staged)
         self._space_staged = self._staged
+        self._undo = undo
         self._record_train()
         return offsets
+
+    # --------------------------------------------------------------- undo --
+
+    def _counters(self) -> tuple[torch.Tensor, ...]:
+        """Copies of the row counters, for ``_Undo``."""
+        return tuple(c.clone() for c in (self.overflows, self.host_reads, self.host_writes))
+
+    def _rows_at(self, victims) -> torch.Tensor | None:
+        """A staging copy of the cache rows of evicted keys (``_victims``),
+        taken before their slots are refilled."""
+        if victims is None:
+            return None
+        _, vt, vs, _ = victims
+        return sp.stage_rows(self.cache.space(), self.cache.offsets(vs, vt), vt, self.layout)
+
+    def _restore_cache(self, undo: _Undo) -> None:
+        """Puts the cache back as ``undo`` recorded it: the keys placed are
+        erased, the evicted ones placed back at their slots with their scores
+        and rows, the found ones get their scores and rows back."""
+        table, space = self.cache.table, self.cache.space()
+        if undo.new is not None:
+            keys, tids = undo.new
+            ok = (keys != PAD_KEY).nonzero().squeeze(1)  # entries left out on a GPU
+            if ok.numel():
+                table.erase(keys[ok], tids[ok])
+        if undo.victims is not None:
+            vk, vt, vs, vscores = undo.victims
+            ok = (vs >= 0).nonzero().squeeze(1)
+            if ok.numel():
+                vk, vt, vs, vscores = vk[ok], vt[ok], vs[ok], vscores[ok]
+                assign = [enums.ScorePolicy.ASSIGN] * table.num_scores
+                table.place(vk, vs, vt, assign, vscores)
+                self._copy_back(space, vs, vt, undo.victim_rows[ok])
+        if undo.found is not None and undo.found[0].numel():
+            hs, ht, scores, rows = undo.found
+            table.scores[hs] = scores
+            self._copy_back(space, hs, ht, rows)
+
+    def _copy_back(self, space, slots, tids, rows) -> None:
+        """Copies a staging buffer of rows into the cache slots ``slots``."""
+        sp.copy_rows(
+            space,
+            self.cache.offsets(slots, tids),
+            sp.as_space(rows),
+            sp.staging_offsets(slots.numel(), self.layout, self.device),
+            self.layout.row_bytes_of(tids),
+        )
+
+    def _roll_back(self, undo: _Undo) -> None:
+        """Undoes a training step whose backing tier failed: the cache as it
+        was, the counters, nothing staged (the backing tier put back its own
+        rows: ``ExternalBacking.write_back``)."""
+        counters = (self.overflows, self.host_reads, self.host_writes)
+        for counter, saved in zip(counters, undo.counters):
+            counter.copy_(saved)
+        self._staged = self._space_staged = None
+        self._held = None
+        if self.cache is not None:
+            self._restore_cache(undo)
 
     def _victims(self, evicted, count: int | None = None):
         """``(keys, table ids, slots, scores)`` of the keys an insert into the
@@ -293,7 +404,8 @@ class CachedStorage(TableStorage):
             scores = torch.where(
                 sfound.unsqueeze(1), carry_scores(policies, v, loc.scores[pos], scores), scores
             )
-        self._staged = _Staged(staged, skeys, stids, scores, write_back=True)
+        before = (sfound, staged.clone()) if self._fallible else None
+        self._staged = _Staged(staged, skeys, stids, scores, write_back=True, before=before)
         self.overflows += k
         offsets[at] = self._size0() + st_off
 
@@ -324,17 +436,25 @@ class CachedStorage(TableStorage):
         # run: the prefetch waits for the event recorded here.
         self._held = None
         st = self._staged
+        undo, self._undo = self._undo, None
         if st is not None and st.write_back:
             self._staged = None
             self._join_prefetch()
             self.host_writes += st.keys.numel()
-            self.backing.write_back(
-                st.keys,
-                st.tids,
-                sp.as_space(st.buffer),
-                sp.staging_offsets(st.keys.numel(), self.layout, self.device),
-                st.scores,
-            )
+            put_back = {} if st.before is None else {"before": st.before}
+            try:
+                self.backing.write_back(
+                    st.keys,
+                    st.tids,
+                    sp.as_space(st.buffer),
+                    sp.staging_offsets(st.keys.numel(), self.layout, self.device),
+                    st.scores,
+                    **put_back,
+                )
+            except BaseException:
+                if undo is not None:
+                    self._roll_back(undo)
+                raise
         self._record_train()
 
     def eval_rows(self, keys, tids) -> torch.Tensor:
@@ -431,10 +551,21 @@ class CachedStorage(TableStorage):
             all_tids = torch.cat([ht, ft])
             all_scores = torch.cat([cache.table.scores[hs.clamp(min=0)], fscores])
         assign = [enums.ScorePolicy.ASSIGN] * cache.table.num_scores
+        counters = self._counters() if self._fallible else None
         slots, status, evicted = cache.insert(all_keys, all_tids, assign, all_scores, expand=False)
-        self._write_back_victims(self._victims(evicted), loc)
+        victims = self._victims(evicted)
+        victim_rows = self._rows_at(victims) if self._fallible else None
         slots, status = slots[held:], status[held:]
         placed = (status == enums.InsertStatus.INSERTED) | (status == enums.InsertStatus.EVICTED)
+        try:
+            self._write_back_victims(victims, loc)
+        except BaseException:
+            if counters is not None:  # the cache as it was before this prefetch
+                self.host_writes.copy_(counters[2])
+                new = sp.Subset(placed)
+                undo = _Undo(counters, (new.keys(fk), *new.take(ft)), victims, victim_rows)
+                self._restore_cache(undo)
+            raise
         self.prefetched += placed.sum()
         self.host_reads += placed.sum()
         sp.copy_rows(

@@ -48,6 +48,9 @@ class ExternalBacking:
 
     has_scores = False  # Storage.find returns rows only
     strategies = None
+    # A user's storage may raise in any call: the cache keeps what it needs
+    # to put a failed step back (CachedStorage).
+    can_fail = True
 
     def __init__(
         self,
@@ -72,16 +75,19 @@ class ExternalBacking:
             )
             for d, s, c in zip(layout.dims, layout.state_dims, capacities)
         ]
+        missing = sorted(getattr(cls, "__abstractmethods__", ()))
+        if missing:
+            names = ", ".join(f"Storage.{m}" for m in missing)
+            raise TypeError(f"external_storage {self.name} does not implement {names}")
         try:
             self.storage = cls(self.tables, device)
-        except TypeError as e:
-            missing = sorted(getattr(cls, "__abstractmethods__", ()))
-            if missing:
-                names = ", ".join(f"Storage.{m}" for m in missing)
-                raise TypeError(f"external_storage {self.name} does not implement {names}") from e
+        except (TypeError, AttributeError) as e:
+            # A constructor of another signature (say, one taking the table's
+            # options and optimizer) fails on the arguments it is given.
             raise TypeError(
                 f"external_storage {self.name} cannot be constructed as "
-                f"{self.name}(tables, device): {e}"
+                f"{self.name}(tables, device), tables a list of dynamicemb.types.StorageTable "
+                f"and device a torch.device: {type(e).__name__}: {e}"
             ) from e
         for t, spec in enumerate(self.tables):
             for method in ("embedding_dim", "value_dim", "embedding_dtype"):
@@ -156,23 +162,53 @@ class ExternalBacking:
     def expand_for(self, keys, tids) -> None:
         """The storage sizes itself."""
 
-    def write_back(self, keys, tids, src, src_offsets, scores, protect=None, expand=True) -> None:
+    def write_back(
+        self, keys, tids, src, src_offsets, scores, protect=None, expand=True, before=None
+    ) -> None:
         """Hands rows (from the row space ``src``) to the storage; it scores
         them itself. ``PAD_KEY`` entries are left out; ``protect`` and
-        ``expand`` do not apply (the rows a ``locate`` found are copies)."""
+        ``expand`` do not apply (the rows a ``locate`` found are copies).
+
+        The rows go one table per ``Storage.insert`` call. When a call raises,
+        the tables written before it are put back as ``before`` says they
+        were, if given: ``(found (n) bool, a staging buffer of n rows)``, per
+        key whether the storage held it and its row then (re-inserted; the
+        others erased); then the error propagates.
+        """
         keep = (keys != PAD_KEY).nonzero().squeeze(1)
         keys, tids, src_offsets = keys[keep], tids[keep], src_offsets[keep]
         if keys.numel() == 0:
             return
         buf = sp.stage_rows(src, src_offsets, tids, self.layout)
-        emb, state = sp.unpack_rows(buf, tids, self.layout)
-        for t, idx in self._by_table(tids):
-            spec = self.tables[t]
-            values = torch.cat(
-                [emb[idx, : spec.embedding_dim], state[idx, : spec.value_dim - spec.embedding_dim]],
-                dim=1,
-            )
-            self.storage.insert(keys[idx], tids[idx], values, None)
+        written = []
+        try:
+            for t, idx in self._by_table(tids):
+                self.storage.insert(keys[idx], tids[idx], self._values(buf, tids, idx, t), None)
+                written.append((t, idx))
+        except BaseException:
+            if before is not None and written:
+                found, rows = before[0][keep], before[1][keep]
+                self._put_back(keys, tids, found, rows, written)
+            raise
+
+    def _values(self, buf, tids, idx, t: int) -> torch.Tensor:
+        """The ``(m, value_dim)`` float32 rows ``idx`` (all of table ``t``)
+        of a staging buffer, as the storage takes them."""
+        emb, state = sp.unpack_rows(buf[idx], tids[idx], self.layout)
+        spec = self.tables[t]
+        return torch.cat(
+            [emb[:, : spec.embedding_dim], state[:, : spec.value_dim - spec.embedding_dim]], dim=1
+        )
+
+    def _put_back(self, keys, tids, found, rows, written) -> None:
+        """Undoes the inserts of ``written`` ((table, index) pairs): keys the
+        storage held get their earlier ``rows`` back, the others are erased."""
+        for t, idx in written:
+            held, new = idx[found[idx]], idx[~found[idx]]
+            if held.numel():
+                self.storage.insert(keys[held], tids[held], self._values(rows, tids, held, t), None)
+            if new.numel():
+                self.storage.erase(keys[new], tids[new])
 
     def contains(self, keys, tids) -> torch.Tensor:
         found = torch.zeros(keys.numel(), dtype=torch.bool, device=self.device)
@@ -270,6 +306,10 @@ class ExternalBacking:
 
     def sizes(self) -> list[int]:
         return [self._int("size", self.storage.size(t)) for t in range(len(self.tables))]
+
+    def capacity(self, table: int) -> int:
+        """The keys the storage can hold of ``table`` (``Storage.capacity``)."""
+        return self._int("capacity", self.storage.capacity(table))
 
     def pop_evicted_keys(self, tables=None) -> list[torch.Tensor]:
         """An external storage keeps its own evictions."""

@@ -88,6 +88,36 @@ class _BadConstructor(PyDictStorage):
         super().__init__(tables, "cpu")
 
 
+class _OptionsConstructor(PyDictStorage):
+    """A constructor of another signature: the table's options and optimizer."""
+
+    def __init__(self, options, optimizer):
+        super().__init__([], "cpu")
+        self.capacity_ = options.max_capacity
+
+
+def test_the_option_takes_the_class_and_refuses_an_instance_naming_it():
+    from dynamicemb import DynamicEmbTableOptions
+
+    assert DynamicEmbTableOptions(external_storage=PyDictStorage).external_storage is PyDictStorage
+    instance = PyDictStorage([StorageTable(8, 8, torch.float32, 64, 1)], torch.device("cpu"))
+    with pytest.raises(
+        TypeError, match=r"got an instance of PyDictStorage; pass the class PyDictStorage itself"
+    ):
+        DynamicEmbTableOptions(external_storage=instance)
+    with pytest.raises(TypeError, match=r"must be a subclass of dynamicemb.types.Storage"):
+        DynamicEmbTableOptions(external_storage=dict)
+
+
+def test_a_constructor_of_another_signature_is_refused_naming_the_class():
+    with pytest.raises(
+        TypeError,
+        match=r"_OptionsConstructor cannot be constructed as _OptionsConstructor\(tables, device\)"
+        r".*AttributeError: 'list' object has no attribute 'max_capacity'",
+    ):
+        _build(_OptionsConstructor)
+
+
 def test_a_wrong_row_format_is_refused_naming_the_method():
     with pytest.raises(
         ValueError, match=r"_WrongDim\.value_dim\(0\) returned 7; the table's is 24"
@@ -112,10 +142,3 @@ def test_a_wrong_export_is_refused_naming_the_method():
     m.purge()
     with pytest.raises(TypeError, match=r"_WrongExport\.export_batches must yield"):
         list(m.rows.export_rows(0, 100))
-
-
-def test_options_take_the_class_not_an_instance():
-    from dynamicemb import DynamicEmbTableOptions
-
-    with pytest.raises(TypeError, match="the class, not an instance"):
-        DynamicEmbTableOptions(external_storage=PyDictStorage([], "cpu"))
