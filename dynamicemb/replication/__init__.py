@@ -16,14 +16,15 @@ The API's names (also at ``dynamicemb.incremental_dump`` and, for
 * ``pop_evicted_keys`` / ``pop_erased_keys`` and ``erase_keys``.
 
 Every delta is numbered and checksummed per table (``meta["sequence"]``,
-``meta["checksum"]``): a replay refuses a gap, a duplicate or a corrupted
-delta (``DeltaError``) before it changes anything. ``DeltaPublisher`` and
-``DeltaFollower`` (stream.py) put deltas in a folder as files and follow it.
+``meta["checksum"]``): a replay refuses a corrupted delta (``DeltaError``)
+before it changes anything and applies any other well-formed one.
+``DeltaPublisher`` and ``DeltaFollower`` (stream.py) put deltas in a folder
+as files and follow it, refusing a gap or a duplicate in the stream.
 
 Importing this package needs TorchRec.
 """
 
-from dynamicemb.replication.delta import DeltaDumpResult, DeltaError
+from dynamicemb.replication.delta import DeltaDumpResult, DeltaError, delta_checksum
 from dynamicemb.replication.dump import (
     erase_keys,
     incremental_dump,
@@ -41,6 +42,7 @@ __all__ = [
     "DeltaFollower",
     "DeltaPublisher",
     "ReplayStats",
+    "delta_checksum",
     "erase_keys",
     "get_score",
     "incremental_dump",

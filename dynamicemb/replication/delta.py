@@ -7,11 +7,16 @@ table (column-aligned lists). Beyond the fields the API names, every table's
 
 * ``"sequence"``: the table's delta number (1 for its first incremental dump,
   then one more per dump; a checkpoint records the last one). A replay
-  accepts only the delta that follows the last one the table reflects, so a
-  lost delta (a gap) or one applied twice (a duplicate) is refused;
+  records it; a stream follower (``stream.py``) applies only the delta that
+  follows the last one it applied, so a lost delta (a gap) or one applied
+  twice (a duplicate) is refused there. ``replay_increment`` itself applies
+  any delta, in any order;
 * ``"checksum"``: the CRC-32 (zlib's, as the checkpoint files use) of the
   table's columns and of the meta entries a replay reads, so a delta changed
-  anywhere after the dump (in memory, in transit, on disk) is refused.
+  anywhere after the dump (in memory, in transit, on disk) is refused. Both
+  are optional for a replay: a delta built by hand, or edited on purpose
+  (keys filtered), leaves its checksum out or recomputes it
+  (``delta_checksum(delta.table(i))``).
 """
 
 import json
@@ -45,9 +50,9 @@ TENSOR_COLUMNS = (
 
 
 class DeltaError(ValueError):
-    """A delta that must not be replayed: out of sequence (a gap or a
-    duplicate) or corrupted (its checksum does not match). Replaying it
-    changed nothing."""
+    """A delta that must not be replayed: corrupted (its checksum does not
+    match), or in a stream out of sequence (a gap, a duplicate) or of
+    another run. Replaying it changed nothing."""
 
 
 @dataclass

@@ -484,6 +484,14 @@ class DeltaFollower:
                     raise
                 break
             self._misses = 0
+            current = self.sequence
+            if current is not None and seq != current + 1:
+                what = (
+                    "a duplicate" if seq <= current else f"deltas {current + 1}..{seq - 1} missing"
+                )
+                raise DeltaError(
+                    f"DeltaFollower: delta {seq} does not follow delta {current} ({what})"
+                )
             replay = replay_by_key if self._by_key(deltas) else replay_increment
             self.stats = replay(self.model, deltas, self.content)
             applied.append(seq)
