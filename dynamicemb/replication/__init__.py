@@ -31,7 +31,12 @@ from dynamicemb.replication.dump import (
     pop_erased_keys,
     pop_evicted_keys,
 )
-from dynamicemb.replication.replay import layout_mismatch, replay_by_key, replay_increment
+from dynamicemb.replication.replay import (
+    check_follows,
+    layout_mismatch,
+    replay_by_key,
+    replay_increment,
+)
 from dynamicemb.replication.scores import get_score, set_score
 from dynamicemb.replication.stream import DeltaFollower, DeltaPublisher, read_delta, write_delta
 from dynamicemb.types import ReplayStats
@@ -42,6 +47,7 @@ __all__ = [
     "DeltaFollower",
     "DeltaPublisher",
     "ReplayStats",
+    "check_follows",
     "delta_checksum",
     "erase_keys",
     "get_score",

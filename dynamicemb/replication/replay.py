@@ -39,12 +39,12 @@ from dynamicemb._checks import is_int
 from dynamicemb.dynamicemb_config import ReplayContent
 from dynamicemb.replication.delta import DeltaDumpResult, DeltaError, delta_checksum
 from dynamicemb.replication.scores import table_scores
-from dynamicemb.replication.tables import check_routable, owned
+from dynamicemb.replication.tables import check_routable, owned, world_of
 from dynamicemb.shard.tables import TableRef, collection_key, model_tables
 from dynamicemb.table import check_keys, enums
 from dynamicemb.types import ReplayStats
 
-__all__ = ["layout_mismatch", "replay_by_key", "replay_increment"]
+__all__ = ["check_follows", "layout_mismatch", "replay_by_key", "replay_increment"]
 
 
 @dataclass
@@ -275,9 +275,80 @@ def _apply(job: _Job, content: ReplayContent, by_key: bool) -> ReplayStats:
             slots = column(entry["meta"]["slot_index"])
             m.place_rows(t, k, slots, scores, values, state, checked=True)
             stats.upserted = k.numel()
-    if job.sequence is not None:
+    if job.sequence is not None and _ours(ref, entry["meta"]):
         m.delta_sequence[t] = job.sequence
+        run = entry["meta"].get("run")
+        if run is not None:
+            old = m.delta_source[t] or {}
+            same = old.get("run") == run and old.get("epoch") == entry["meta"].get("epoch")
+            m.delta_source[t] = {
+                "run": run,
+                "epoch": entry["meta"].get("epoch", 0),
+                "lineage": old.get("lineage", []) if same else [],
+            }
     return stats
+
+
+def _ours(ref: TableRef, meta: dict[str, Any]) -> bool:
+    """Whether a delta is in this rank's chain: every rank's keys (``rank``
+    None) or this rank's own."""
+    rank = meta.get("rank")
+    return rank is None or rank == world_of(ref)[0]
+
+
+def check_follows(
+    model: torch.nn.Module, deltas: dict[str, DeltaDumpResult], switch_from: int | None = None
+) -> None:
+    """Checks that ``deltas`` continue this rank's chain of deltas in every
+    table of ``model`` they name: numbered, of this rank (or every rank), of
+    the run and epoch the table follows (or ``switch_from`` -> the delta's
+    epoch, a switch the caller planned), the one after the last applied.
+
+    Raises:
+        DeltaError: naming the table and what is wrong: a delta that is not
+            numbered, another rank's, another run's (foreign), of another
+            epoch, a duplicate or one after a gap. Nothing is changed.
+    """
+    tables = model_tables(model)
+    for coll, delta in deltas.items():
+        try:
+            folder = collection_key(coll, tables)
+        except ValueError:
+            continue
+        for name, meta in zip(delta.table_names, delta.meta):
+            ref = tables[folder].get(name)
+            if ref is None:
+                continue
+            why = _chain_error(ref, meta, switch_from)
+            if why is not None:
+                raise DeltaError(f"{ref.label}: {why}")
+
+
+def _chain_error(ref: TableRef, meta: dict[str, Any], switch_from: int | None) -> str | None:
+    seq = meta.get("sequence")
+    if not is_int(seq):
+        return "the delta is not numbered (no meta['sequence'])"
+    if not _ours(ref, meta):
+        return f"delta {seq} is rank {meta['rank']}'s, this is rank {world_of(ref)[0]}"
+    m, t = ref.rows, ref.index
+    source = m.delta_source[t]
+    if source is not None and meta.get("run") != source["run"]:
+        return (
+            f"delta {seq} is foreign: it comes from run {meta.get('run')}, the table follows "
+            f"run {source['run']}"
+        )
+    epoch = meta.get("epoch", 0)
+    if source is not None and epoch != source["epoch"] and switch_from != source["epoch"]:
+        return f"delta {seq} is of epoch {epoch}, the table follows epoch {source['epoch']}"
+    current = m.delta_sequence[t]
+    if current is None:
+        return None
+    if seq <= current:
+        return f"delta {seq} is a duplicate: the table reflects delta {current} already"
+    if seq > current + 1:
+        missing = f"{current + 1}..{seq - 1}"
+        return f"delta {seq} does not follow delta {current}: deltas {missing} are missing"
+    return None
 
 
 def _replay(model, deltas, content, by_key: bool) -> dict[str, dict[str, ReplayStats]]:
