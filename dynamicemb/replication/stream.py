@@ -34,6 +34,7 @@ import torch.distributed as dist
 from dynamicemb.checkpoint.layout import CheckpointError
 from dynamicemb.dynamicemb_config import ReplayContent
 from dynamicemb.io import Group, fs
+from dynamicemb.io.files import TMP_TAG
 from dynamicemb.replication.delta import DeltaDumpResult, DeltaError
 from dynamicemb.replication.dump import dump_delta, new_source
 from dynamicemb.replication.replay import (
@@ -213,17 +214,22 @@ class DeltaPublisher:
         """Dumps the model to ``<folder>/checkpoint`` (``DynamicEmbDump``,
         replacing the previous one atomically), recording the stream's
         position; with ``prune``, then removes the deltas it makes
-        unnecessary (every delta but the epoch's after it). Returns the
-        checkpoint's path."""
+        unnecessary (every delta but the epoch's after it, and what a
+        publisher that died left half written). Returns the checkpoint's
+        path."""
         from dynamicemb.checkpoint import dump
 
         path = os.path.join(self.folder, CHECKPOINT_DIR)
         _stamp(self.model, self.sequence, self.source)
         dump(path, self.model, optim=optim, pg=self.group.pg, show_progress=False)
         if prune and self.group.rank == 0:
+            store = fs.of(self.folder)
             for epoch, seq in list_stream(self.folder):
                 if epoch != self.epoch or seq <= self.sequence:
-                    fs.of(self.folder).rmtree(delta_path(self.folder, seq, epoch))
+                    store.rmtree(delta_path(self.folder, seq, epoch))
+            for name in store.listdir(self.folder):  # left by a publisher that died
+                if name.startswith("delta-") and TMP_TAG in name:
+                    store.rmtree(os.path.join(self.folder, name))
         self.group.barrier()
         return path
 
@@ -400,9 +406,18 @@ class DeltaFollower:
                     return True
         return False
 
-    def _plan(self) -> list:
-        """What to apply, in order: "checkpoint" or (epoch, sequence)."""
-        state = stream_state(self.folder)
+    def _plan(self) -> list | None:
+        """What to apply, in order: "checkpoint" or (epoch, sequence); None:
+        the folder could not be read this time."""
+        try:
+            state = stream_state(self.folder)
+        except (CheckpointError, DeltaError):
+            # A delta or checkpoint replaced or pruned while being read: the
+            # next poll reads what is there then.
+            self._misses += 1
+            if self._misses > self.MAX_MISSES:
+                raise
+            return None
         if state.head is None:
             return []
         run, _, seq = self.position
@@ -451,6 +466,10 @@ class DeltaFollower:
                 error = e
         self.group.agree(error)
         plan = self.group.broadcast_object(plan)
+        if plan is None:
+            return []
+        if not plan:
+            self._misses = 0
         applied = []
         for item in plan:
             try:
