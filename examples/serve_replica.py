@@ -240,7 +240,7 @@ def serve(args) -> int:
                 return 1
             time.sleep(0.2)
         run, epoch, seq = follower.position
-        print(f"serve: loaded the checkpoint (run {run}, epoch {epoch}, delta {seq})", flush=True)
+        print(f"serve: loaded the checkpoint (delta {seq}) of run {run}, epoch {epoch}", flush=True)
         lock = threading.Lock()
         done = threading.Event()
 
