@@ -8,6 +8,10 @@ Three commands:
           it publishes a checkpoint into the folder now and then and a delta
           after every step or few (DeltaPublisher), and at the end a last
           checkpoint of everything (<folder>/final) to check replicas against.
+          With --resume it first loads the folder's checkpoint: a job
+          restarted after a crash continues the stream (in a new epoch when
+          the dead job had published past that checkpoint; replicas switch
+          to it). Without, a folder that holds a stream already is refused.
   serve   a replica (one process, CPU or GPU, larger tables than the job's,
           built for evaluation): loads the folder's checkpoint, then applies
           deltas as they appear (DeltaFollower, in a thread) while it answers
@@ -149,11 +153,18 @@ def _train_rank(args) -> None:
     env, device = dist_launch.init_from_env(args.device, 1)
     rank, world = env.rank, env.world_size
     try:
-        from dynamicemb.checkpoint import dump
+        from dynamicemb.checkpoint import dump, load
+        from dynamicemb.checkpoint.layout import MANIFEST
         from dynamicemb.replication import DeltaPublisher
+        from dynamicemb.replication.stream import CHECKPOINT_DIR
 
         model = build(world, device, ROWS_PER_RANK, training=True, local_world=env.local_world_size)
+        resumed = os.path.join(args.folder, CHECKPOINT_DIR)
+        if args.resume and os.path.isfile(os.path.join(resumed, MANIFEST)):
+            load(resumed, model, show_progress=False)
         publisher = DeltaPublisher(model, args.folder)
+        if rank == 0 and args.verbose:
+            print(f"train: run {publisher.run}, epoch {publisher.epoch}", flush=True)
         publisher.checkpoint()
         for step in range(args.steps):
             out = model(batch(step, rank, args.batch_size, device))
@@ -228,7 +239,8 @@ def serve(args) -> int:
                 print(f"serve: no checkpoint in {args.folder}", file=sys.stderr)
                 return 1
             time.sleep(0.2)
-        print(f"serve: loaded the checkpoint (delta {follower.sequence})", flush=True)
+        run, epoch, seq = follower.position
+        print(f"serve: loaded the checkpoint (delta {seq}) of run {run}, epoch {epoch}", flush=True)
         lock = threading.Lock()
         done = threading.Event()
 
@@ -345,6 +357,9 @@ def main(argv=None) -> int:
         p.add_argument("--checkpoint-every", type=int, default=50, help="steps between checkpoints")
     cmds["train"].add_argument("--step-delay", type=float, default=0.0, help="seconds per step")
     cmds["train"].add_argument("--verbose", action="store_true")
+    cmds["train"].add_argument(
+        "--resume", action="store_true", help="continue the folder's stream from its checkpoint"
+    )
     for name in ("serve",):
         p = cmds[name]
         p.add_argument("--probe", action="store_true", help="print a lookup every second")

@@ -159,6 +159,7 @@ def table_meta(
         shards=sorted(shards, key=lambda s: s.rank),
         admission_counter=counter,
         delta_sequence=rows.delta_sequence[t],
+        delta_source=rows.delta_source[t],
     )
 
 

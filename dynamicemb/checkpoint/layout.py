@@ -130,7 +130,9 @@ class TableMeta:
     keys and counts every shard has in its counter files (None: no counter).
     ``delta_sequence`` is the sequence number of the last incremental dump
     the table's rows reflect (dynamicemb.replication); None in checkpoints
-    written before it was recorded.
+    written before it was recorded. ``delta_source`` is the run that numbered
+    those deltas (``TableRows.delta_source``: run id, epoch, lineage), None
+    before the table's first delta.
     """
 
     table_name: str
@@ -149,6 +151,7 @@ class TableMeta:
     admission_counter: dict[str, Any] | None = None
     legacy: bool = False
     delta_sequence: int | None = None
+    delta_source: dict[str, Any] | None = None
 
     @property
     def num_scores(self) -> int:
@@ -216,6 +219,7 @@ class TableMeta:
             "checksum_block_bytes": self.checksum_block_bytes,
             "admission_counter": self.admission_counter,
             "delta_sequence": self.delta_sequence,
+            "delta_source": self.delta_source,
             "shards": [s.to_json() for s in self.shards],
         }
         return json.dumps(body, indent=1, sort_keys=True).encode()
@@ -248,6 +252,7 @@ class TableMeta:
                 delta_sequence=(
                     None if d.get("delta_sequence") is None else int(d["delta_sequence"])
                 ),
+                delta_source=d.get("delta_source"),
             )
         except CheckpointError:
             raise

@@ -538,6 +538,7 @@ def apply_all(
                 steps[id(p.ref.rows)].append(p.meta.step)
             # The deltas that follow this checkpoint continue from its sequence.
             p.ref.rows.delta_sequence[p.ref.index] = p.meta.delta_sequence
+            p.ref.rows.delta_source[p.ref.index] = p.meta.delta_source
         for key, rows in tables.items():
             if steps[key]:
                 rows.step = max(steps[key])

@@ -116,6 +116,9 @@ class TableRows:
         # contents reflect (dumped or replayed; None: unknown, loaded from a
         # checkpoint that does not record it).
         self.delta_sequence: list[int | None] = [0] * len(self.options)
+        # ... and the run that numbered them: {"run": id, "epoch": n, "lineage":
+        # [[epoch, parent epoch, parent sequence], ...]} (None: no delta yet).
+        self.delta_source: list[dict | None] = [None] * len(self.options)
 
     # ---------------------------------------------------------- the tables --
 
@@ -257,6 +260,7 @@ class TableRows:
             "storage": self.storage.snapshot(),
             "step": self.step,
             "delta_sequence": list(self.delta_sequence),
+            "delta_source": list(self.delta_source),
         }
 
     def restore(self, snapshot: dict[str, Any]) -> None:
@@ -264,6 +268,7 @@ class TableRows:
         self.storage.restore(snapshot["storage"])
         self.step = snapshot["step"]
         self.delta_sequence = list(snapshot["delta_sequence"])
+        self.delta_source = list(snapshot["delta_source"])
 
     # -------------------------------------------------------- replication --
 

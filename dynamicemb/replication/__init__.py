@@ -16,21 +16,27 @@ The API's names (also at ``dynamicemb.incremental_dump`` and, for
 * ``pop_evicted_keys`` / ``pop_erased_keys`` and ``erase_keys``.
 
 Every delta is numbered and checksummed per table (``meta["sequence"]``,
-``meta["checksum"]``): a replay refuses a gap, a duplicate or a corrupted
-delta (``DeltaError``) before it changes anything. ``DeltaPublisher`` and
-``DeltaFollower`` (stream.py) put deltas in a folder as files and follow it.
+``meta["checksum"]``): a replay refuses a corrupted delta (``DeltaError``)
+before it changes anything and applies any other well-formed one.
+``DeltaPublisher`` and ``DeltaFollower`` (stream.py) put deltas in a folder
+as files and follow it, refusing a gap or a duplicate in the stream.
 
 Importing this package needs TorchRec.
 """
 
-from dynamicemb.replication.delta import DeltaDumpResult, DeltaError
+from dynamicemb.replication.delta import DeltaDumpResult, DeltaError, delta_checksum
 from dynamicemb.replication.dump import (
     erase_keys,
     incremental_dump,
     pop_erased_keys,
     pop_evicted_keys,
 )
-from dynamicemb.replication.replay import layout_mismatch, replay_by_key, replay_increment
+from dynamicemb.replication.replay import (
+    check_follows,
+    layout_mismatch,
+    replay_by_key,
+    replay_increment,
+)
 from dynamicemb.replication.scores import get_score, set_score
 from dynamicemb.replication.stream import DeltaFollower, DeltaPublisher, read_delta, write_delta
 from dynamicemb.types import ReplayStats
@@ -41,6 +47,8 @@ __all__ = [
     "DeltaFollower",
     "DeltaPublisher",
     "ReplayStats",
+    "check_follows",
+    "delta_checksum",
     "erase_keys",
     "get_score",
     "incremental_dump",

@@ -7,11 +7,25 @@ table (column-aligned lists). Beyond the fields the API names, every table's
 
 * ``"sequence"``: the table's delta number (1 for its first incremental dump,
   then one more per dump; a checkpoint records the last one). A replay
-  accepts only the delta that follows the last one the table reflects, so a
-  lost delta (a gap) or one applied twice (a duplicate) is refused;
+  records it; a stream follower (``stream.py``) applies only the delta that
+  follows the last one it applied, so a lost delta (a gap) or one applied
+  twice (a duplicate) is refused there. ``replay_increment`` itself applies
+  any delta, in any order;
+* ``"run"``, ``"epoch"``, ``"rank"``: where the delta comes from. ``run`` is
+  an id drawn at the table's first dump (with a process group, rank 0's) and
+  kept by its checkpoints; ``epoch`` counts the restarts of that run a
+  stream went through (``stream.py``; 0 outside a stream); ``rank`` is the
+  producing rank of a per-rank delta (``pg=None`` on a sharded table), None
+  when the delta holds every rank's keys. A replay records a delta's
+  sequence and source only where the delta is this rank's (``rank`` None or
+  this rank): another rank's delta applies (its keys are skipped) but does
+  not advance this rank's chain;
 * ``"checksum"``: the CRC-32 (zlib's, as the checkpoint files use) of the
   table's columns and of the meta entries a replay reads, so a delta changed
-  anywhere after the dump (in memory, in transit, on disk) is refused.
+  anywhere after the dump (in memory, in transit, on disk) is refused. Both
+  are optional for a replay: a delta built by hand, or edited on purpose
+  (keys filtered), leaves its checksum out or recomputes it
+  (``delta_checksum(delta.table(i))``).
 """
 
 import json
@@ -45,9 +59,9 @@ TENSOR_COLUMNS = (
 
 
 class DeltaError(ValueError):
-    """A delta that must not be replayed: out of sequence (a gap or a
-    duplicate) or corrupted (its checksum does not match). Replaying it
-    changed nothing."""
+    """A delta that must not be replayed: corrupted (its checksum does not
+    match), or in a stream out of sequence (a gap, a duplicate) or of
+    another run. Replaying it changed nothing."""
 
 
 @dataclass
@@ -91,8 +105,8 @@ class DeltaDumpResult:
             (key-map slots), ``row_capacity`` (tuple of value rows per storage
             tier), ``bucket_capacity``, ``num_scores``, ``world_size`` (ranks
             the table is sharded over), ``table_options``
-            (``DynamicEmbTableOptions``), and ``sequence`` and ``checksum``
-            (see the module docstring).
+            (``DynamicEmbTableOptions``), and ``sequence``, ``run``,
+            ``epoch``, ``rank`` and ``checksum`` (see the module docstring).
     """
 
     table_names: list[str] = field(default_factory=list)
@@ -145,6 +159,9 @@ def meta_description(meta: dict[str, Any]) -> dict[str, Any]:
         "num_scores": meta.get("num_scores"),
         "world_size": meta.get("world_size"),
         "sequence": meta.get("sequence"),
+        "run": meta.get("run"),
+        "epoch": meta.get("epoch"),
+        "rank": meta.get("rank"),
         "table_options": None if opts is None else options_description(opts),
     }
 

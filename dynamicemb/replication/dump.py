@@ -1,6 +1,7 @@
 """The training side of replication: ``incremental_dump`` and the streams of
 removed keys (``pop_evicted_keys``, ``pop_erased_keys``, ``erase_keys``)."""
 
+import uuid
 import warnings
 from typing import Any
 
@@ -12,12 +13,20 @@ from dynamicemb.io import Group
 from dynamicemb.io.files import chunk_rows
 from dynamicemb.replication.delta import DeltaDumpResult, DeltaError, delta_checksum
 from dynamicemb.replication.scores import delta_scores
-from dynamicemb.replication.tables import check_routable
+from dynamicemb.replication.tables import check_routable, owned
 from dynamicemb.shard.tables import TableRef, model_tables, resolve, select
 from dynamicemb.table import check_keys
 from dynamicemb.types import EvictedItemMode
 
-__all__ = ["erase_keys", "incremental_dump", "pop_erased_keys", "pop_evicted_keys"]
+__all__ = [
+    "Dumped",
+    "dump_delta",
+    "erase_keys",
+    "incremental_dump",
+    "new_source",
+    "pop_erased_keys",
+    "pop_evicted_keys",
+]
 
 
 # Slots an incremental dump scans per chunk, at least.
@@ -41,9 +50,18 @@ def _pop_evicted(rows, tables: list[int]) -> list[torch.Tensor | None]:
     ]
 
 
-def _local_entry(ref: TableRef, threshold: int) -> dict[str, Any]:
+def _with_carried(ref: TableRef, popped: torch.Tensor, carried: torch.Tensor | None):
+    """The keys of a removal record with the carried ones this rank owns."""
+    if carried is None or not carried.numel():
+        return popped
+    carried = carried[owned(ref, carried)].to(popped.device)
+    return torch.unique(torch.cat([popped, carried]))
+
+
+def _local_entry(ref: TableRef, threshold: int, carried: dict | None = None) -> dict[str, Any]:
     """One table's rows past ``threshold`` on this rank, on the host, and
-    the removed keys it recorded (drained)."""
+    the removed keys it recorded (drained), with ``carried`` ones (a failed
+    publish's: column -> keys)."""
     m, t = ref.rows, ref.index
     current = m.current_score(t)
     layout = m.layout_of(t)
@@ -57,6 +75,10 @@ def _local_entry(ref: TableRef, threshold: int) -> dict[str, Any]:
     words = torch.cat([p.words for p in parts])
     evicted = _pop_evicted(m, [t])[t]
     erased = m.pop_erased([t])[t]
+    carried = carried or {}
+    if evicted is not None:
+        evicted = _with_carried(ref, evicted, carried.get("evicted_keys"))
+    erased = _with_carried(ref, erased, carried.get("erased_keys"))
     # Keys back in the table by now are not removals.
     if evicted is not None:
         evicted = evicted[~m.holds(t, evicted)].cpu()
@@ -115,7 +137,9 @@ def incremental_dump(
     Besides the rows, a dump drains the keys the table recorded as removed
     (``evicted_keys`` for ``evicted_item_mode=RETAIN_KEY``, ``erased_keys``
     for erases recorded by ``erase_keys``), numbers the delta (the table's
-    next ``meta["sequence"]``) and checksums it (``meta["checksum"]``).
+    next ``meta["sequence"]``), names its source (``meta["run"]``,
+    ``meta["epoch"]``, ``meta["rank"]``: see ``delta.py``) and checksums it
+    (``meta["checksum"]``).
 
     Args:
         model (torch.nn.Module): the model holding dynamic tables.
@@ -134,6 +158,48 @@ def incremental_dump(
         NotImplementedError: a table with ``dist_type="continuous"``.
         Nothing is dumped or drained when one of these is raised.
     """
+    dumped = dump_delta(model, score_threshold, pg)
+    if dumped is None:
+        warnings.warn("incremental_dump: the model has no dynamic embedding tables", stacklevel=2)
+        return {}
+    dumped.commit()
+    return dumped.deltas
+
+
+class Dumped:
+    """A dump's deltas, not yet recorded in the tables: ``commit`` sets each
+    table's delta sequence and source to the dump's (a stream commits once
+    the delta is published; until then the tables are as before)."""
+
+    def __init__(self, deltas: dict[str, DeltaDumpResult], tables: list) -> None:
+        self.deltas = deltas
+        self._tables = tables  # (ref, sequence, source)
+
+    def commit(self) -> None:
+        for ref, seq, source in self._tables:
+            ref.rows.delta_sequence[ref.index] = seq
+            ref.rows.delta_source[ref.index] = source
+
+
+def new_source() -> dict[str, Any]:
+    """The source of a run's first delta: a new run id, epoch 0."""
+    return {"run": uuid.uuid4().hex, "epoch": 0, "lineage": []}
+
+
+def dump_delta(
+    model: torch.nn.Module,
+    score_threshold: int | dict[str, dict[str, int]],
+    pg: dist.ProcessGroup | None = None,
+    sequence: int | None = None,
+    source: dict[str, Any] | None = None,
+    carried: dict[tuple[str, str], dict] | None = None,
+) -> Dumped | None:
+    """``incremental_dump`` without recording the sequence in the tables
+    (None: no dynamic table). ``sequence`` and ``source`` number every table
+    alike (default: each table's next, its own source); ``carried``:
+    (collection, table) -> removed keys of a failed publish, merged into the
+    delta's ``erased_keys`` / ``evicted_keys``. The removed-key records are
+    drained either way."""
     tables = model_tables(model)
     if not (is_int(score_threshold) or isinstance(score_threshold, dict)):
         raise ValueError(
@@ -141,8 +207,7 @@ def incremental_dump(
             f"{{table name: int}}, got {score_threshold!r}"
         )
     if not tables:
-        warnings.warn("incremental_dump: the model has no dynamic embedding tables", stacklevel=2)
-        return {}
+        return None
     if is_int(score_threshold):
         chosen = [(ref, score_threshold) for refs in tables.values() for ref in refs.values()]
     else:
@@ -156,27 +221,41 @@ def incremental_dump(
         check_routable(ref, "incremental_dump")
         ref.rows.hash_tier("incremental_dump")  # raises for an external storage
     group = Group(pg) if pg is not None else None
+    gathered = group is not None and group.distributed
+    carried = carried or {}
     entries = []
     for ref, threshold in chosen:
-        entry = _local_entry(ref, threshold)
-        if group is not None and group.distributed:
+        entry = _local_entry(ref, threshold, carried.get((ref.collection, ref.name)))
+        if gathered:
             entry = _gather(entry, group)
         entries.append((ref, entry))
-    sequences = [_next_sequence(ref) for ref, _ in entries]
-    if group is not None and group.distributed:
+    if sequence is None:
+        sequences = [_next_sequence(ref) for ref, _ in entries]
+    else:
+        sequences = [sequence] * len(entries)
+    fresh = new_source()  # one run for the tables of this dump that have none
+    sources = [source or ref.rows.delta_source[ref.index] or fresh for ref, _ in entries]
+    if gathered:
         everyone = group.all_gather_object(sequences)
         if any(s != sequences for s in everyone):
             raise DeltaError(
                 f"incremental_dump: the ranks' tables are at different delta sequences {everyone}: "
                 "every rank of the group must dump the same tables each time"
             )
+        sources = group.broadcast_object(sources)  # rank 0's run where a table had none
     out: dict[str, DeltaDumpResult] = {}
-    for (ref, entry), seq in zip(entries, sequences):
-        entry["meta"]["sequence"] = seq
+    for (ref, entry), seq, src in zip(entries, sequences, sources):
+        world = ref.sharding_world_size or 1
+        entry["meta"].update(
+            sequence=seq,
+            run=src["run"],
+            epoch=src["epoch"],
+            # None: the delta holds every rank's keys.
+            rank=None if gathered or world == 1 else (ref.sharding_rank or 0),
+        )
         entry["meta"]["checksum"] = delta_checksum(entry)
-        ref.rows.delta_sequence[ref.index] = seq
         out.setdefault(ref.collection, DeltaDumpResult()).append(entry)
-    return out
+    return Dumped(out, [(ref, seq, src) for (ref, _), seq, src in zip(entries, sequences, sources)])
 
 
 def _next_sequence(ref: TableRef) -> int:

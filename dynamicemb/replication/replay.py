@@ -20,10 +20,13 @@ erased in the same interval leaves its slot empty, and nothing else tells a
 replica that the evicted key is gone.
 
 Everything is checked, for every table of every collection in the deltas,
-before anything is written: the checksum (a corrupted delta), the sequence
-(the delta must be the one after the last the table reflects: a gap or a
-duplicate is refused), the columns' shapes and the layout. A refused replay
-changes nothing.
+before anything is written: the checksum where the delta has one (a
+corrupted delta), the columns' shapes and the layout. A refused replay
+changes nothing. Any well-formed delta of a matching layout applies: one
+built by hand (no sequence, no checksum), one after a dump nobody replayed,
+another rank's (its keys are skipped). The order of deltas is the stream's
+concern (``stream.py``); a replay records the sequence of the delta it
+applied (``TableRows.delta_sequence``).
 """
 
 import warnings
@@ -36,19 +39,19 @@ from dynamicemb._checks import is_int
 from dynamicemb.dynamicemb_config import ReplayContent
 from dynamicemb.replication.delta import DeltaDumpResult, DeltaError, delta_checksum
 from dynamicemb.replication.scores import table_scores
-from dynamicemb.replication.tables import check_routable, owned
+from dynamicemb.replication.tables import check_routable, owned, world_of
 from dynamicemb.shard.tables import TableRef, collection_key, model_tables
 from dynamicemb.table import check_keys, enums
 from dynamicemb.types import ReplayStats
 
-__all__ = ["layout_mismatch", "replay_by_key", "replay_increment"]
+__all__ = ["check_follows", "layout_mismatch", "replay_by_key", "replay_increment"]
 
 
 @dataclass
 class _Job:
     ref: TableRef
     entry: dict[str, Any]
-    sequence: int
+    sequence: int | None
 
 
 def layout_mismatch(ref: TableRef, meta: dict[str, Any]) -> str | None:
@@ -96,13 +99,16 @@ def _tensor(ref, entry, column, dim, dtype=None, rows=None, optional=False) -> t
 
 
 def _check_entry(ref: TableRef, entry: dict[str, Any], content: ReplayContent, by_key: bool):
-    """Everything a replay of one table needs, checked; returns its sequence."""
+    """Everything a replay of one table needs, checked; returns its sequence
+    (None: the delta is not numbered)."""
     meta = entry["meta"]
     if not isinstance(meta, dict):
         raise _fail(ref, "the delta has no meta dict")
-    for field in ("sequence", "checksum", "num_scores"):
-        if not is_int(meta.get(field)):
-            raise _fail(ref, f"the delta's meta has no int {field!r}")
+    if not is_int(meta.get("num_scores")):
+        raise _fail(ref, "the delta's meta has no int 'num_scores'")
+    for field in ("sequence", "checksum"):  # optional: a delta built by hand has neither
+        if meta.get(field) is not None and not is_int(meta[field]):
+            raise _fail(ref, f"the delta's meta {field!r} is {meta[field]!r}, not an int")
     if meta.get("table_options") is None:
         raise _fail(ref, "the delta's meta has no table_options")
     if not by_key:
@@ -114,24 +120,14 @@ def _check_entry(ref: TableRef, entry: dict[str, Any], content: ReplayContent, b
         )
     keys = _tensor(ref, entry, "keys", 1, torch.int64)
     n = keys.numel()
-    if delta_checksum(entry) != meta["checksum"]:
+    if meta.get("checksum") is not None and delta_checksum(entry) != meta["checksum"]:
         raise DeltaError(
-            f"replay: {ref.label}: delta {meta['sequence']} is corrupted: its checksum "
-            f"{meta['checksum']} does not match its contents ({delta_checksum(entry)})"
+            f"replay: {ref.label}: delta {meta.get('sequence')} is corrupted: its checksum "
+            f"{meta['checksum']} does not match its contents ({delta_checksum(entry)}); a delta "
+            "edited on purpose (keys filtered) drops meta['checksum'] or sets it to "
+            "delta_checksum(delta.table(i))"
         )
     m, t = ref.rows, ref.index
-    current = m.delta_sequence[t]
-    seq = meta["sequence"]
-    if current is not None and seq <= current:
-        raise DeltaError(
-            f"replay: {ref.label}: delta {seq} is a duplicate: the table already reflects delta "
-            f"{current}"
-        )
-    if current is not None and seq > current + 1:
-        raise DeltaError(
-            f"replay: {ref.label}: delta {seq} does not follow delta {current}: deltas "
-            f"{current + 1}..{seq - 1} are missing"
-        )
     mismatch = layout_mismatch(ref, meta)
     if not by_key and mismatch is not None:
         raise _fail(
@@ -194,7 +190,7 @@ def _check_entry(ref: TableRef, entry: dict[str, Any], content: ReplayContent, b
         check_keys(keys, f"replay: {ref.label}: the delta's keys")
         if torch.unique(keys).numel() != n:
             raise _fail(ref, "the delta holds a key twice")
-    return seq
+    return meta.get("sequence")
 
 
 def _plan(
@@ -279,8 +275,80 @@ def _apply(job: _Job, content: ReplayContent, by_key: bool) -> ReplayStats:
             slots = column(entry["meta"]["slot_index"])
             m.place_rows(t, k, slots, scores, values, state, checked=True)
             stats.upserted = k.numel()
-    m.delta_sequence[t] = job.sequence
+    if job.sequence is not None and _ours(ref, entry["meta"]):
+        m.delta_sequence[t] = job.sequence
+        run = entry["meta"].get("run")
+        if run is not None:
+            old = m.delta_source[t] or {}
+            same = old.get("run") == run and old.get("epoch") == entry["meta"].get("epoch")
+            m.delta_source[t] = {
+                "run": run,
+                "epoch": entry["meta"].get("epoch", 0),
+                "lineage": old.get("lineage", []) if same else [],
+            }
     return stats
+
+
+def _ours(ref: TableRef, meta: dict[str, Any]) -> bool:
+    """Whether a delta is in this rank's chain: every rank's keys (``rank``
+    None) or this rank's own."""
+    rank = meta.get("rank")
+    return rank is None or rank == world_of(ref)[0]
+
+
+def check_follows(
+    model: torch.nn.Module, deltas: dict[str, DeltaDumpResult], switch_from: int | None = None
+) -> None:
+    """Checks that ``deltas`` continue this rank's chain of deltas in every
+    table of ``model`` they name: numbered, of this rank (or every rank), of
+    the run and epoch the table follows (or ``switch_from`` -> the delta's
+    epoch, a switch the caller planned), the one after the last applied.
+
+    Raises:
+        DeltaError: naming the table and what is wrong: a delta that is not
+            numbered, another rank's, another run's (foreign), of another
+            epoch, a duplicate or one after a gap. Nothing is changed.
+    """
+    tables = model_tables(model)
+    for coll, delta in deltas.items():
+        try:
+            folder = collection_key(coll, tables)
+        except ValueError:
+            continue
+        for name, meta in zip(delta.table_names, delta.meta):
+            ref = tables[folder].get(name)
+            if ref is None:
+                continue
+            why = _chain_error(ref, meta, switch_from)
+            if why is not None:
+                raise DeltaError(f"{ref.label}: {why}")
+
+
+def _chain_error(ref: TableRef, meta: dict[str, Any], switch_from: int | None) -> str | None:
+    seq = meta.get("sequence")
+    if not is_int(seq):
+        return "the delta is not numbered (no meta['sequence'])"
+    if not _ours(ref, meta):
+        return f"delta {seq} is rank {meta['rank']}'s, this is rank {world_of(ref)[0]}"
+    m, t = ref.rows, ref.index
+    source = m.delta_source[t]
+    if source is not None and meta.get("run") != source["run"]:
+        return (
+            f"delta {seq} is foreign: it comes from run {meta.get('run')}, the table follows "
+            f"run {source['run']}"
+        )
+    epoch = meta.get("epoch", 0)
+    if source is not None and epoch != source["epoch"] and switch_from != source["epoch"]:
+        return f"delta {seq} is of epoch {epoch}, the table follows epoch {source['epoch']}"
+    current = m.delta_sequence[t]
+    if current is None:
+        return None
+    if seq <= current:
+        return f"delta {seq} is a duplicate: the table reflects delta {current} already"
+    if seq > current + 1:
+        missing = f"{current + 1}..{seq - 1}"
+        return f"delta {seq} does not follow delta {current}: deltas {missing} are missing"
+    return None
 
 
 def _replay(model, deltas, content, by_key: bool) -> dict[str, dict[str, ReplayStats]]:
@@ -338,8 +406,9 @@ def replay_increment(
             row capacity, bucket capacity, score words, world size, score
             strategy, dim, dist_type; the first is named) or the delta lacks
             data the replay needs.
-        DeltaError: a delta out of sequence (a gap or a duplicate) or
-            corrupted (checksum). A ``ValueError``.
+        DeltaError: a delta whose checksum is present and does not match
+            its contents (corrupted, or edited without dropping it). A
+            ``ValueError``.
         NotImplementedError: a table with ``dist_type="continuous"``.
         Every check runs for every table before anything is written: a
         refused replay changes nothing.

@@ -1,53 +1,65 @@
 """Deltas as files: a training job publishes them into a folder, serving
-replicas follow it.
+replicas follow it (the folder's files: ``stream_files.py``).
 
-A stream folder holds::
+What the stream guarantees:
 
-    <folder>/
-      checkpoint/                  a DynamicEmbDump checkpoint (optional); its meta
-                                   JSON records the delta sequence it reflects
-      delta-000000000007/          one published delta (sequence 7)
-        dynamicemb_delta.json      manifest, written last: sequence, per collection
-                                   the tables with their meta and every file's
-                                   size and CRC-32s, and a checksum of its own
-        <collection>/<table>_<column>    little-endian rows, no header
-
-A delta folder is written aside and published by one rename
-(``dynamicemb.io.files``, as checkpoints are; in an object store into a
-version prefix that its manifest, written last, commits), so a follower
-sees a delta whole or not at all. The folder may be a URL (``s3://...``).
-Reading verifies the manifest's checksum and every file's CRC-32s; the
-replay verifies each table's own checksum and sequence.
+* Identity. Every delta and the stream's checkpoint name their run, epoch
+  and sequence. A publisher continues the stream its model belongs to (the
+  model loaded the stream's checkpoint, or published into it already) and
+  refuses a folder that holds another run's stream. A model restarted from
+  a checkpoint behind the stream's newest delta publishes a new epoch from
+  the checkpoint's sequence on, so an old sequence number is never reused.
+* Failed publishes change nothing. A publish whose files cannot be written
+  (disk full, an I/O error, a rank that fails) leaves the folder, the tables'
+  sequences and the publisher's threshold as they were; the keys its delta
+  carried as erased or evicted go out with the next publish, which also
+  holds every row the failed one did.
+* A follower holds one run's rows at one sequence of the stream's path:
+  it applies the deltas that follow its position, switches epochs where the
+  stream's lineage says, loads the checkpoint when the deltas it needs are
+  gone (pruned) or its position is off the path (an epoch abandoned by a
+  restart), and refuses (``DeltaError``, changing nothing) a delta of
+  another run, one that does not follow (a gap, a duplicate) and a stream of
+  another run.
 """
 
 import os
-import re
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from dynamicemb.checkpoint import files as checkpoint_files
-from dynamicemb.checkpoint.layout import CheckpointError, TableMeta, meta_file
-from dynamicemb.dynamicemb_config import (
-    DynamicEmbScoreStrategy,
-    DynamicEmbTableOptions,
-    ReplayContent,
+from dynamicemb.checkpoint.layout import CheckpointError
+from dynamicemb.dynamicemb_config import ReplayContent
+from dynamicemb.io import Group, fs
+from dynamicemb.io.files import TMP_TAG
+from dynamicemb.replication.delta import DeltaDumpResult, DeltaError
+from dynamicemb.replication.dump import dump_delta, new_source
+from dynamicemb.replication.replay import (
+    check_follows,
+    layout_mismatch,
+    replay_by_key,
+    replay_increment,
 )
-from dynamicemb.io import Group, dtypes, files, fs
-from dynamicemb.io.files import CHECKSUM_BLOCK_BYTES, FileInfo, check_name
-from dynamicemb.replication.delta import (
-    TENSOR_COLUMNS,
-    DeltaDumpResult,
-    DeltaError,
-    meta_description,
-)
-from dynamicemb.replication.dump import incremental_dump
-from dynamicemb.replication.replay import layout_mismatch, replay_by_key, replay_increment
 from dynamicemb.replication.scores import get_score
+from dynamicemb.replication.stream_files import (
+    CHECKPOINT_DIR,
+    DELTA_FORMAT,
+    StreamState,
+    delta_path,
+    list_deltas,
+    list_stream,
+    options_from,
+    path_of,
+    read_delta,
+    read_delta_manifest,
+    stream_state,
+    write_delta,
+)
 from dynamicemb.shard.tables import collection_key, model_tables
-from dynamicemb.types import EvictedItemMode, ReplayStats
+from dynamicemb.types import ReplayStats
 
 __all__ = [
     "CHECKPOINT_DIR",
@@ -56,200 +68,79 @@ __all__ = [
     "DeltaPublisher",
     "delta_path",
     "list_deltas",
+    "list_stream",
     "options_from",
     "read_delta",
     "write_delta",
 ]
 
-DELTA_FORMAT = "dynamicemb-delta"
-DELTA_VERSION = 1
-DELTA_MANIFEST = "dynamicemb_delta.json"
-CHECKPOINT_DIR = "checkpoint"
-_DELTA_DIR = re.compile(r"^delta-(\d{12})$")
 
-# The columns written as files, one per table (slot_index is meta's).
-_COLUMNS = TENSOR_COLUMNS + ("slot_index",)
-
-
-def delta_path(folder: str, sequence: int) -> str:
-    return os.path.join(folder, f"delta-{sequence:012d}")
-
-
-def list_deltas(folder: str) -> list[int]:
-    """Sequences of the published deltas in ``folder``, ascending."""
-    out = []
-    for name in files.committed_children(folder, DELTA_MANIFEST):
-        m = _DELTA_DIR.match(name)
-        if m:
-            out.append(int(m.group(1)))
-    return sorted(out)
-
-
-def _column(entry: dict[str, Any], c: str) -> torch.Tensor | None:
-    return entry["meta"]["slot_index"] if c == "slot_index" else entry[c]
-
-
-def options_from(d: dict[str, Any]) -> DynamicEmbTableOptions:
-    """Table options from their ``options_description``."""
-    strategy = tuple(DynamicEmbScoreStrategy[s] for s in d["score_strategy"])
-    return DynamicEmbTableOptions(
-        dim=d["dim"],
-        score_strategy=strategy if len(strategy) > 1 else strategy[0],
-        dist_type=d["dist_type"],
-        bucket_capacity=d["bucket_capacity"],
-        max_capacity=d["max_capacity"],
-        evicted_item_mode=EvictedItemMode[d["evicted_item_mode"]],
-        training=d["training"],
-        embedding_dtype=(
-            None
-            if d["embedding_dtype"] is None
-            else dtypes.dtype_of(d["embedding_dtype"], "delta", DeltaError)
-        ),
-    )
-
-
-def write_delta(folder: str, sequence: int, deltas: dict[str, DeltaDumpResult]) -> str:
-    """Publishes ``deltas`` as ``<folder>/delta-<sequence>`` (atomically);
-    returns its path.
-
-    Raises:
-        ValueError: the delta exists already (it is never replaced).
-    """
-    path = delta_path(folder, sequence)
-    store = fs.of(path)
-    if store.renames and store.exists(path) or files.committed(path, DELTA_MANIFEST):
-        raise ValueError(f"delta {sequence} exists already at {path}")
-    tmp = files.make_tmp(path)
-    try:
-        collections: dict[str, list[dict[str, Any]]] = {}
-        for coll, delta in deltas.items():
-            check_name(coll, "collection")
-            store.mkdir(os.path.join(tmp, coll))
-            tables = []
-            for i in range(len(delta)):
-                entry = delta.table(i)
-                name = entry["table_names"]
-                check_name(name, "table name")
-                stored = {}
-                for c in _COLUMNS:
-                    t = _column(entry, c)
-                    if t is None:
-                        continue
-                    t = t.detach().contiguous().cpu()
-                    w = files.CheckedWriter(
-                        os.path.join(tmp, coll, f"{name}_{c}"), CHECKSUM_BLOCK_BYTES
-                    )
-                    w.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
-                    stored[c] = {
-                        "dtype": dtypes.dtype_name(t.dtype) if t.is_floating_point() else "int64",
-                        "shape": list(t.shape),
-                        "file": w.close().to_json(),
-                    }
-                meta = entry["meta"]
-                tables.append(
-                    {
-                        "table": name,
-                        "meta": meta_description(meta),
-                        "checksum": meta["checksum"],
-                        "columns": stored,
-                    }
-                )
-            files.fsync_path(os.path.join(tmp, coll))
-            collections[coll] = tables
-        body = {
-            "format": DELTA_FORMAT,
-            "version": DELTA_VERSION,
-            "sequence": sequence,
-            "checksum_block_bytes": CHECKSUM_BLOCK_BYTES,
-            "collections": collections,
-        }
-        files.write_manifest(tmp, body, DELTA_MANIFEST)
-        files.publish(tmp, path)
-    except BaseException:
-        store.rmtree(tmp)
-        raise
-    return path
-
-
-def read_delta(path: str) -> tuple[int, dict[str, DeltaDumpResult]]:
-    """Reads a published delta, verifying the manifest and every file.
-
-    Returns:
-        (sequence, {collection path: DeltaDumpResult}).
-
-    Raises:
-        DeltaError: a missing, truncated or corrupted file (named).
-    """
-    path = files.committed(path, DELTA_MANIFEST) or path
-    where = os.path.join(path, DELTA_MANIFEST)
-    body = files.read_manifest(path, DELTA_MANIFEST, DELTA_FORMAT, DELTA_VERSION, DeltaError)
-    block = int(body["checksum_block_bytes"])
-    out: dict[str, DeltaDumpResult] = {}
-    for coll, tables in body["collections"].items():
-        result = DeltaDumpResult()
-        for t in tables:
-            cols: dict[str, torch.Tensor | None] = dict.fromkeys(_COLUMNS)
-            for c, info in t["columns"].items():
-                dtype = (
-                    torch.int64
-                    if info["dtype"] == "int64"
-                    else dtypes.dtype_of(info["dtype"], where, DeltaError)
-                )
-                tensor = torch.empty(info["shape"], dtype=dtype)
-                files.read_verified(
-                    os.path.join(path, coll),
-                    FileInfo.from_json(info["file"]),
-                    block,
-                    f"delta {body['sequence']} table {t['table']!r}",
-                    tensor,
-                    DeltaError,
-                )
-                cols[c] = tensor
-            desc = t["meta"]
-            meta = {
-                "current_score": desc["current_score"],
-                "slot_index": cols["slot_index"],
-                "current_capacity": desc["current_capacity"],
-                "row_capacity": tuple(desc["row_capacity"]),
-                "bucket_capacity": desc["bucket_capacity"],
-                "num_scores": desc["num_scores"],
-                "world_size": desc["world_size"],
-                "table_options": options_from(desc["table_options"]),
-                "sequence": desc["sequence"],
-                "checksum": t["checksum"],
-            }
-            result.append(
-                {
-                    "table_names": t["table"],
-                    **{c: cols[c] for c in _COLUMNS if c != "slot_index"},
-                    "meta": meta,
-                }
-            )
-        out[coll] = result
-    return int(body["sequence"]), out
-
-
-def _sequence_of(deltas: dict[str, DeltaDumpResult]) -> int:
-    seqs = {m["sequence"] for d in deltas.values() for m in d.meta}
-    if len(seqs) != 1:
-        raise DeltaError(
-            f"the tables of one published delta must share a sequence number, got {sorted(seqs)}"
-        )
-    return seqs.pop()
+def _refs(model: torch.nn.Module) -> list:
+    return [ref for refs in model_tables(model).values() for ref in refs.values()]
 
 
 def _model_sequence(model: torch.nn.Module) -> int | None:
     """The delta sequence every dynamic table of the model reflects."""
-    seqs = {
-        ref.rows.delta_sequence[ref.index]
-        for refs in model_tables(model).values()
-        for ref in refs.values()
-    }
+    seqs = {ref.rows.delta_sequence[ref.index] for ref in _refs(model)}
     if len(seqs) != 1:
         raise DeltaError(
             f"the model's dynamic tables reflect different delta sequences {sorted(seqs, key=str)}"
         )
     return seqs.pop()
+
+
+def _model_source(model: torch.nn.Module) -> dict[str, Any] | None:
+    """The source (run, epoch, lineage) of the model's tables: the one they
+    share (tables with none left out; None: none has one)."""
+    found = {repr(s): s for s in (ref.rows.delta_source[ref.index] for ref in _refs(model)) if s}
+    if len(found) > 1:
+        raise DeltaError(
+            f"the model's dynamic tables come from different runs or epochs {list(found.values())}"
+        )
+    return next(iter(found.values()), None)
+
+
+def _stamp(model: torch.nn.Module, sequence: int, source: dict[str, Any]) -> None:
+    for ref in _refs(model):
+        ref.rows.delta_sequence[ref.index] = sequence
+        ref.rows.delta_source[ref.index] = {
+            **source,
+            "lineage": [list(x) for x in source["lineage"]],
+        }
+
+
+def _removals(deltas: dict[str, DeltaDumpResult]) -> dict[tuple[str, str], dict]:
+    """The erased and evicted keys of every table of ``deltas``."""
+    return {
+        (coll, name): {"erased_keys": er, "evicted_keys": ev}
+        for coll, d in deltas.items()
+        for name, er, ev in zip(d.table_names, d.erased_keys, d.evicted_keys)
+    }
+
+
+def _continuation(
+    folder: str, mine: dict[str, Any] | None, sequence: int, state: StreamState
+) -> tuple[dict[str, Any], int]:
+    """The source and sequence a publisher of a model at (``mine``,
+    ``sequence``) continues the stream in ``folder`` with."""
+    if state.head is None:  # nothing published here yet
+        return (mine or new_source()), sequence
+    run = state.head["run"]
+    if mine is None or mine["run"] != run:
+        whose = "has published no delta" if mine is None else f"comes from run {mine['run']}"
+        raise DeltaError(
+            f"DeltaPublisher: {folder} holds the delta stream of run {run}, and this model "
+            f"{whose}: load {os.path.join(folder, CHECKPOINT_DIR)} into the model to continue "
+            "that stream, or publish into another folder"
+        )
+    if mine["epoch"] == state.head["epoch"] and state.head_sequence <= sequence:
+        return mine, state.head_sequence  # the stream's head: continue its epoch
+    epoch = state.max_epoch + 1  # a restart behind the head: a new epoch
+    return {
+        "run": run,
+        "epoch": epoch,
+        "lineage": [list(x) for x in mine["lineage"]] + [[epoch, mine["epoch"], sequence]],
+    }, sequence
 
 
 class DeltaPublisher:
@@ -260,13 +151,23 @@ class DeltaPublisher:
     writes the files). The first delta holds what changed after the
     publisher was made: make it before training starts, or right after a
     ``checkpoint``. Tables with ``evicted_item_mode=RETAIN_KEY`` let
-    replicas of any layout follow (``replay_by_key``).
+    replicas of any layout follow (``replay_by_key``). A trainer restarted
+    from the stream's checkpoint makes a publisher on the same folder: it
+    continues the stream (a new epoch when the stream went on past that
+    checkpoint). Do not ``incremental_dump`` a published model otherwise: a
+    dump drains the keys the tables recorded as removed, which the stream's
+    next delta would have carried.
 
     Args:
         model (torch.nn.Module): the sharded training model.
         folder (str): the stream folder (created when missing).
         pg (Optional[dist.ProcessGroup]): the sharding's group (default: the
             default group, or none in a single process).
+
+    Raises:
+        DeltaError: ``folder`` holds the stream of another run (or the model
+            follows none): load the stream's checkpoint first, or use
+            another folder.
 
     Example::
 
@@ -283,46 +184,118 @@ class DeltaPublisher:
         self.model = model
         self.folder = folder
         self.group = Group(pg, DeltaError)
-        if self.group.rank == 0:
-            fs.of(folder).makedirs(folder)
         self.threshold = get_score(model)
         if self.threshold is None:
             raise ValueError("DeltaPublisher: the model has no dynamic embedding tables")
+        mine = _model_source(model)
+        sequence = max(ref.rows.delta_sequence[ref.index] or 0 for ref in _refs(model))
+        decided, error = None, None
+        if self.group.rank == 0:
+            try:
+                fs.of(folder).makedirs(folder)
+                decided = _continuation(folder, mine, sequence, stream_state(folder))
+            except BaseException as e:
+                error = e
+        self.group.agree(error)
+        self.source, self.sequence = self.group.broadcast_object(decided)
+        _stamp(model, self.sequence, self.source)
+        # Removed keys of failed publishes, for the next one.
+        self._carried: dict[tuple[str, str], dict] = {}
+
+    @property
+    def epoch(self) -> int:
+        return self.source["epoch"]
+
+    @property
+    def run(self) -> str:
+        return self.source["run"]
 
     def checkpoint(self, optim: bool = False, prune: bool = True) -> str:
         """Dumps the model to ``<folder>/checkpoint`` (``DynamicEmbDump``,
-        replacing the previous one atomically); with ``prune``, then removes
-        the deltas it makes unnecessary. Returns the checkpoint's path."""
+        replacing the previous one atomically), recording the stream's
+        position; with ``prune``, then removes the deltas it makes
+        unnecessary (every delta but the epoch's after it, and what a
+        publisher that died left half written). Returns the checkpoint's
+        path."""
         from dynamicemb.checkpoint import dump
 
         path = os.path.join(self.folder, CHECKPOINT_DIR)
+        _stamp(self.model, self.sequence, self.source)
         dump(path, self.model, optim=optim, pg=self.group.pg, show_progress=False)
         if prune and self.group.rank == 0:
-            upto = _model_sequence(self.model) or 0
-            for seq in list_deltas(self.folder):
-                if seq <= upto:
-                    fs.of(self.folder).rmtree(delta_path(self.folder, seq))
+            store = fs.of(self.folder)
+            for epoch, seq in list_stream(self.folder):
+                if epoch != self.epoch or seq <= self.sequence:
+                    store.rmtree(delta_path(self.folder, seq, epoch))
+            for name in store.listdir(self.folder):  # left by a publisher that died
+                if name.startswith("delta-") and TMP_TAG in name:
+                    store.rmtree(os.path.join(self.folder, name))
         self.group.barrier()
         return path
 
     def publish(self) -> int:
         """Dumps what changed since the previous delta and publishes it;
-        returns its sequence number."""
+        returns its sequence number. A publish that fails raises and
+        changes nothing (see the module docstring)."""
         pg = self.group.pg if self.group.distributed else None
-        deltas = incremental_dump(self.model, self.threshold, pg)
-        self.threshold = {
-            coll: {name: meta["current_score"] for name, meta in zip(d.table_names, d.meta)}
-            for coll, d in deltas.items()
-        }
-        seq = _sequence_of(deltas)
+        seq = self.sequence + 1
+        dumped = dump_delta(
+            self.model, self.threshold, pg, sequence=seq, source=self.source, carried=self._carried
+        )
         error = None
         if self.group.rank == 0:
             try:
-                write_delta(self.folder, seq, deltas)
+                write_delta(self.folder, seq, dumped.deltas, self.source["lineage"])
             except BaseException as e:
                 error = e
-        self.group.agree(error)
+        try:
+            self.group.agree(error)
+        except BaseException:
+            self._carried = _removals(dumped.deltas)
+            raise
+        dumped.commit()
+        self._carried = {}
+        self.sequence = seq
+        self.threshold = {
+            coll: {name: meta["current_score"] for name, meta in zip(d.table_names, d.meta)}
+            for coll, d in dumped.deltas.items()
+        }
         return seq
+
+
+@dataclass
+class _Walk:
+    """The deltas that take a position along the stream's path."""
+
+    steps: list[tuple[int, int]]
+    end: tuple[int, int]  # (index of its epoch on the path, sequence)
+    complete: bool  # caught up with the stream's newest delta (or checkpoint)
+
+
+def _walk(state: StreamState, source: dict[str, Any] | None, seq: int | None) -> _Walk | None:
+    """The deltas from a position (``source``, ``seq``) to the head of the
+    stream's path; None: the position is not on the path (another run, an
+    abandoned epoch, an unknown sequence)."""
+    order, last = path_of(state.head)
+    if seq is None:
+        return None
+    if source is None:
+        epoch = order[0]  # a replica that applied nothing yet: the start of the path
+    else:
+        if source["run"] != state.head["run"] or source["epoch"] not in last:
+            return None
+        epoch = int(source["epoch"])
+    if seq > last[epoch]:
+        return None
+    steps = []
+    for i in range(order.index(epoch), len(order)):
+        x = order[i]
+        while seq < last[x] and (x, seq + 1) in state.deltas:
+            seq += 1
+            steps.append((x, seq))
+        if i + 1 < len(order) and seq < last[x]:  # an ancestor's delta is missing
+            return _Walk(steps, (i, seq), False)
+    return _Walk(steps, (len(order) - 1, seq), seq >= state.head_sequence)
 
 
 class DeltaFollower:
@@ -330,8 +303,9 @@ class DeltaFollower:
     replays its deltas in order as they appear.
 
     Every rank of a sharded replica calls every method; rank 0 decides what
-    to apply. A delta missing from the folder (pruned after a newer
-    checkpoint) makes the follower load that checkpoint again.
+    to apply. A follower whose next delta is gone from the folder (pruned
+    after a newer checkpoint), or whose position a restarted trainer
+    abandoned, loads the checkpoint again.
 
     Args:
         model (torch.nn.Module): the sharded serving model.
@@ -374,30 +348,31 @@ class DeltaFollower:
         """The delta sequence the model reflects."""
         return _model_sequence(self.model)
 
-    def _checkpoint(self) -> tuple[str, dict[str, Any]] | None:
-        """The stream's checkpoint folder and manifest, or None."""
-        try:
-            folder, manifest = checkpoint_files.resolve(os.path.join(self.folder, CHECKPOINT_DIR))
-        except CheckpointError:
-            return None
-        return None if manifest is None else (folder, manifest)
+    @property
+    def position(self) -> tuple[str | None, int, int | None]:
+        """(run, epoch, sequence) the model reflects (run None: no delta or
+        checkpoint of a stream applied yet)."""
+        source = _model_source(self.model)
+        if source is None:
+            return None, 0, self.sequence
+        return source["run"], source["epoch"], self.sequence
 
     def load_checkpoint(self) -> bool:
         """Loads ``<folder>/checkpoint`` if there is one (with its optimizer
         state when it has some and the replica's tables keep state); returns
         whether."""
+        from dynamicemb.checkpoint import files as checkpoint_files
         from dynamicemb.checkpoint import load
 
-        found = self._checkpoint()
-        optim = found is not None and bool(found[1].get("optim"))
-        there, optim = self.group.broadcast_object((found is not None, optim))
+        try:
+            _, manifest = checkpoint_files.resolve(os.path.join(self.folder, CHECKPOINT_DIR))
+        except CheckpointError:
+            manifest = None
+        optim = manifest is not None and bool(manifest.get("optim"))
+        there, optim = self.group.broadcast_object((manifest is not None, optim))
         if not there:
             return False
-        optim = optim and all(
-            ref.rows.training_state
-            for refs in model_tables(self.model).values()
-            for ref in refs.values()
-        )
+        optim = optim and all(ref.rows.training_state for ref in _refs(self.model))
         for attempt in range(self.MAX_MISSES + 1):
             try:
                 load(
@@ -417,26 +392,6 @@ class DeltaFollower:
         self.loaded_checkpoint = True
         return True
 
-    def _checkpoint_sequence(self) -> int | None:
-        """The delta sequence the stream's checkpoint reflects (None: no
-        checkpoint, or one whose tables disagree)."""
-        found = self._checkpoint()
-        if found is None:
-            return None
-        folder, manifest = found
-        seqs = set()
-        for coll, tables in manifest["collections"].items():
-            for name, info in tables.items():
-                data = files.read_small(
-                    os.path.join(folder, coll),
-                    FileInfo.from_json(info),
-                    meta_file(name),
-                    name,
-                    CheckpointError,
-                )
-                seqs.add(TableMeta.decode(data, name).delta_sequence)
-        return seqs.pop() if len(seqs) == 1 else None
-
     def _by_key(self, deltas: dict[str, DeltaDumpResult]) -> bool:
         if self.mode != "auto":
             return self.mode == "key"
@@ -451,31 +406,80 @@ class DeltaFollower:
                     return True
         return False
 
+    def _plan(self) -> list | None:
+        """What to apply, in order: "checkpoint" or (epoch, sequence); None:
+        the folder could not be read this time."""
+        try:
+            state = stream_state(self.folder)
+        except (CheckpointError, DeltaError):
+            # A delta or checkpoint replaced or pruned while being read: the
+            # next poll reads what is there then.
+            self._misses += 1
+            if self._misses > self.MAX_MISSES:
+                raise
+            return None
+        if state.head is None:
+            return []
+        run, _, seq = self.position
+        source = _model_source(self.model)
+        if run is not None and run != state.head["run"]:
+            raise DeltaError(
+                f"DeltaFollower: the newest delta in {self.folder} comes from run "
+                f"{state.head['run']}, foreign to the run {run} the replica follows; nothing "
+                "applied (load the folder's checkpoint, load_checkpoint, to follow a new stream "
+                "there)"
+            )
+        mine = _walk(state, source, seq)
+        if mine is not None and mine.complete:
+            return mine.steps
+        if state.checkpoint is not None:
+            theirs = _walk(state, *state.checkpoint)
+            if theirs is not None and (mine is None or theirs.end > mine.end or theirs.complete):
+                return ["checkpoint"] + theirs.steps
+        if mine is None:
+            raise DeltaError(
+                f"DeltaFollower: the replica's position (epoch {source and source['epoch']}, "
+                f"delta {seq}) is not on the stream's path and no checkpoint is"
+            )
+        if not mine.steps:
+            raise DeltaError(
+                f"DeltaFollower: the delta after {seq} is missing from {self.folder} and no "
+                "checkpoint covers it"
+            )
+        return mine.steps
+
     def poll(self) -> list[int]:
         """Applies every delta published since the last one the model
-        reflects, in order; returns their sequence numbers.
+        reflects, in order (loading the checkpoint where the stream says);
+        returns their sequence numbers.
 
         Raises:
-            DeltaError: the next delta is missing and no checkpoint covers
-                it, or a delta is refused (the model is left as after the
-                last delta applied).
+            DeltaError: a delta or stream of another run, a delta that does
+                not follow, a missing delta no checkpoint covers (the model
+                is left as after the last delta applied).
         """
-        current = self.sequence or 0
-        plan = None
+        plan, error = None, None
         if self.group.rank == 0:
-            plan = [s for s in list_deltas(self.folder) if s > current]
-            if plan and plan[0] != current + 1:
-                ckpt = self._checkpoint_sequence()
-                if ckpt is not None and ckpt >= plan[0] - 1:
-                    plan = ["checkpoint"] + [s for s in plan if s > ckpt]
+            try:
+                plan = self._plan()
+            except (CheckpointError, DeltaError) as e:
+                error = e
+        self.group.agree(error)
         plan = self.group.broadcast_object(plan)
+        if plan is None:
+            return []
+        if not plan:
+            self._misses = 0
         applied = []
         for item in plan:
             try:
                 if item == "checkpoint":
                     self.load_checkpoint()
                     continue
-                seq, deltas = read_delta(delta_path(self.folder, item))
+                epoch, seq = item
+                path = delta_path(self.folder, seq, epoch)
+                body = read_delta_manifest(path)
+                got, deltas = read_delta(path, body)
             except (CheckpointError, DeltaError):
                 # Replaced or pruned while being read (a newer checkpoint was
                 # published): the next poll starts from what is there then.
@@ -484,8 +488,19 @@ class DeltaFollower:
                     raise
                 break
             self._misses = 0
+            if (got, body["epoch"]) != (seq, epoch):
+                raise DeltaError(
+                    f"DeltaFollower: {path} holds delta {got} of epoch {body['epoch']}"
+                )
+            source = _model_source(self.model)
+            switch = source["epoch"] if source is not None and source["epoch"] != epoch else None
+            check_follows(self.model, deltas, switch_from=switch)
             replay = replay_by_key if self._by_key(deltas) else replay_increment
             self.stats = replay(self.model, deltas, self.content)
+            for ref in _refs(self.model):
+                if ref.rows.delta_source[ref.index] is not None:
+                    lineage = [list(x) for x in body["lineage"]]
+                    ref.rows.delta_source[ref.index]["lineage"] = lineage
             applied.append(seq)
         return applied
 

@@ -52,7 +52,7 @@ def test_a_follower_replays_a_stream_in_a_bucket(s3):
     assert job[0]["listed"][CHECKPOINT_AFTER - 1] == []  # pruned by the checkpoint
     assert job[0]["listed"][-1] == list(range(CHECKPOINT_AFTER + 1, STEPS + 1))
     names = fs.of(folder).listdir(folder)
-    assert names == ["checkpoint"] + [f"delta-{s:012d}" for s in range(3, STEPS + 1)]
+    assert names == ["checkpoint"] + [f"delta-000000-{s:012d}" for s in range(3, STEPS + 1)]
     (follower,) = h.run_world(_follow, 1, folder)
     assert follower["loaded"]
     assert follower["applied"] == list(range(CHECKPOINT_AFTER + 1, STEPS + 1))

@@ -69,7 +69,7 @@ def test_the_job_evicts_and_erases(published):
         for name, t in last.items():
             # Two ranks hold at most 256 of the ~600 keys seen.
             assert 0 < t["keys"].numel() <= 2 * 128, (cs.name, name)
-        assert sorted(os.listdir(os.path.join(folder, cs.name)))[0] == "delta-000000000001"
+        assert sorted(os.listdir(os.path.join(folder, cs.name)))[0] == "delta-000000-000000000001"
 
 
 @pytest.mark.parametrize("world", [1, 3])

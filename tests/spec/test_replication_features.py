@@ -364,3 +364,153 @@ def test_pop_evicted_keys_and_pop_erased_keys_read_and_clear():
         assert erased["kept"].numel() == 0
         assert torch.equal(erased["dropped"], out["gone"])
         assert all(k.numel() == 0 for k in out["erased_again"][COLL].values())
+
+
+# ------------------------------------------- per-rank deltas, on every rank --
+
+
+def _per_rank_world(rank, world):
+    from dynamicemb import replay_increment
+    from dynamicemb.incremental_dump import get_score, incremental_dump
+
+    tables = [sm.Table("t", _options())]
+    src, rep = sm.build(tables), sm.build(tables)
+    threshold = get_score(src)
+    rounds = []
+    for steps, order in ((range(3), [0, 1]), (range(3, 5), [1, 0])):
+        sm.train(src, tables, steps, rank)
+        mine = incremental_dump(src, threshold)  # pg=None: this rank's keys only
+        threshold = _next_threshold(mine)
+        every = [None] * world
+        dist.all_gather_object(every, mine)
+        # Every rank's delta on every rank, in both orders.
+        stats = {q: replay_increment(rep, every[q])[COLL]["t"] for q in order}
+        rounds.append(
+            {
+                q: (every[q][COLL].keys[0].numel(), stats[q].upserted, stats[q].skipped)
+                for q in order
+            }
+        )
+    keys = torch.arange(0, 64)
+    return {
+        "rounds": rounds,
+        "source": sm.lookup(src, tables, keys)["t"],
+        "replica": sm.lookup(rep, tables, keys)["t"],
+    }
+
+
+def test_a_per_rank_delta_replayed_on_another_rank_skips_every_key():
+    """The spec: "replaying it on another rank is not an error, every key
+    simply belongs to someone else and is skipped, which ReplayStats.skipped
+    reports"."""
+    for rank, out in enumerate(sm.run_world(_per_rank_world, 2)):
+        for per_rank in out["rounds"]:
+            for q, (n, upserted, skipped) in per_rank.items():
+                assert n > 0
+                assert (upserted, skipped) == ((n, 0) if q == rank else (0, n)), (rank, q)
+        assert _held(out["source"]).any()
+        assert torch.equal(out["replica"], out["source"])
+
+
+# ---------------------------------- any well-formed delta, any dump skipped --
+
+# The meta fields the spec names (no sequence, no checksum).
+SPEC_META = (
+    "current_score",
+    "slot_index",
+    "current_capacity",
+    "row_capacity",
+    "bucket_capacity",
+    "num_scores",
+    "world_size",
+    "table_options",
+)
+
+
+def _edited(deltas, keep=None, meta=SPEC_META):
+    """A delta built from another's columns (rows ``keep(keys)`` only), with
+    the meta fields ``meta``."""
+    from dynamicemb import DeltaDumpResult
+
+    out = {}
+    for coll, d in deltas.items():
+        e = DeltaDumpResult()
+        for i in range(len(d)):
+            entry = d.table(i)
+            rows = torch.ones_like(entry["keys"], dtype=torch.bool)
+            if keep is not None:
+                rows = keep(entry["keys"])
+            cut = dict(entry)
+            for c in ("keys", "values", "optimizer_states", "scores"):
+                cut[c] = None if entry[c] is None else entry[c][rows]
+            cut["meta"] = {k: entry["meta"][k] for k in meta}
+            cut["meta"]["slot_index"] = entry["meta"]["slot_index"][rows]
+            e.append(cut)
+        out[coll] = e
+    return out
+
+
+def _any_delta_world(rank, world):
+    from dynamicemb import replay_increment
+    from dynamicemb.incremental_dump import get_score, incremental_dump
+
+    tables = [sm.Table("t", _options())]
+    src = sm.build(tables)
+    rep, hand, part = sm.build(tables), sm.build(tables), sm.build(tables)
+    threshold = get_score(src)
+    sm.train(src, tables, range(2), rank)
+    first = incremental_dump(src, threshold, dist.group.WORLD)
+    replay_increment(rep, first)
+    replay_increment(hand, _edited(first))
+    replay_increment(part, first)
+    later = _next_threshold(first)
+    sm.train(src, tables, range(2, 4), rank)
+    incremental_dump(src, later, dist.group.WORLD)  # a dump nobody replays
+    sm.train(src, tables, range(4, 6), rank)
+    # Every key whose score is at or above the threshold: both intervals.
+    third = incremental_dump(src, later, dist.group.WORLD)
+    keys = torch.arange(0, 64)
+    out = {"upserted": replay_increment(rep, third)[COLL]["t"].upserted}
+    replay_increment(hand, _edited(third))
+
+    def even(k):
+        return k % 2 == 0
+
+    # Filtered but still carrying the dump's checksum: refused, unchanged.
+    before = sm.lookup(part, tables, keys)["t"]
+    stale = _edited(third, even, SPEC_META + ("sequence", "checksum"))
+    try:
+        replay_increment(part, stale)
+        out["stale"] = "applied"
+    except ValueError as e:  # the checksum refusal (a DeltaError)
+        out["stale"] = str(e)
+    out["unchanged"] = torch.equal(sm.lookup(part, tables, keys)["t"], before)
+    replay_increment(part, _edited(third, even))
+    out.update(
+        keys=keys,
+        third=third[COLL].keys[0],
+        source=sm.lookup(src, tables, keys)["t"],
+        replica=sm.lookup(rep, tables, keys)["t"],
+        hand=sm.lookup(hand, tables, keys)["t"],
+        part=sm.lookup(part, tables, keys)["t"],
+        first_part=before,
+    )
+    return out
+
+
+def test_replay_increment_applies_any_well_formed_delta():
+    """A dump nobody replays does not keep the next from applying; a delta
+    built by hand (the spec's fields only) or filtered by key applies; a
+    checksum that is present and wrong is refused."""
+    for out in sm.run_world(_any_delta_world, 2):
+        assert out["upserted"] > 0
+        assert _held(out["source"]).any()
+        assert torch.equal(out["replica"], out["source"])
+        assert torch.equal(out["hand"], out["source"])
+        assert "corrupted" in out["stale"] and out["unchanged"]
+        # The filtered replica: the even keys of the third delta as the
+        # source holds them, every other key as the first delta left it.
+        even = torch.isin(out["keys"], out["third"]) & (out["keys"] % 2 == 0)
+        assert even.any()
+        assert torch.equal(out["part"][even], out["source"][even])
+        assert torch.equal(out["part"][~even], out["first_part"][~even])
