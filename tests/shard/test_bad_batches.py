@@ -1,0 +1,240 @@
+"""A bad batch on one rank, refused on every rank before the input distribution.
+
+Two gloo ranks train sharded collections (EC and EBC, a static TorchRec table
+next to the dynamic ones; SGD and Adam). Between good steps, rank 1 (or both ranks) feeds a
+malformed batch: a reserved key, negative lengths, lengths that do not add up
+to the values or the stride, float values, weights of the wrong size, offsets
+that do not start at 0, values on another device. Both ranks catch the error
+(the same message, naming rank 1, the case and the bad value) and go on with
+good batches; every good step's outputs and every table's rows at the end
+(keys, scores, embeddings, optimizer state) equal those of a run that never saw
+the bad batches. Without the check the ranks pair mismatched collectives.
+"""
+
+import pytest
+import torch
+
+from tests.shard import shard_harness as h
+
+T = h.TableSpec
+INT64_MIN = -(2**63)
+
+pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
+
+
+def _scenarios():
+    from dynamicemb import DynamicEmbScoreStrategy
+
+    lfu = {"score_strategy": DynamicEmbScoreStrategy.LFU}
+    ec = h.Scenario(
+        name="ec",
+        kind="ec",
+        tables=[
+            T("t0", 40, 4, options=lfu),
+            T("s", 16, 4, dynamic=False),
+            T("t1", 24, 4, dist_type="hash_roundrobin", options=lfu),
+        ],
+        steps=4,
+        max_length=3,
+        key_range=(0, 30),
+    )
+    ebc = h.Scenario(
+        name="ebc",
+        kind="ebc",
+        tables=[T("t0", 40, 4, options=lfu), T("t1", 24, 3, dist_type="continuous", options=lfu)],
+        steps=4,
+        max_length=3,
+        key_range=(0, 30),
+        weighted=True,
+        optimizer="adam",
+        learning_rate=0.05,
+    )
+    return [ec, ebc]
+
+
+# Bad batches: (kind, which ranks feed it). The others feed a good batch of
+# their own, refused with the step.
+BAD = [
+    ("reserved_min", (1,)),
+    ("reserved_below_first_valid", (1,)),
+    ("negative_length", (1,)),
+    ("lengths_sum", (1,)),
+    ("lengths_numel", (1,)),
+    ("float_values", (1,)),
+    ("weights_numel", (1,)),
+    ("offsets_start", (1,)),
+    ("meta_values", (1,)),
+    ("negative_length", (0, 1)),
+]
+
+
+def _kjt(keys, values, lengths=None, weights=None, offsets=None, stride=None):
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    return KeyedJaggedTensor(
+        keys=keys, values=values, lengths=lengths, weights=weights, offsets=offsets, stride=stride
+    )
+
+
+def bad_batch(scenario, kind: str, rank: int):
+    """A malformed batch of ``kind`` and the text its error must hold."""
+    from dynamicemb.table import first_valid_key
+
+    good = h.to_kjt(scenario, h.batch_for(scenario, 50, rank))
+    keys, values, lengths = good.keys(), good.values(), good.lengths()
+    weights = good.weights_or_none()
+    if kind.startswith("reserved"):
+        key = INT64_MIN if kind == "reserved_min" else first_valid_key() - 1
+        # The last value of the dynamic table t1 (the third feature of EC).
+        f = 2 if scenario.kind == "ec" else 1
+        stride = good.stride()
+        end = int(lengths[: (f + 1) * stride].sum())
+        assert int(lengths[f * stride : (f + 1) * stride].sum()) > 0
+        values = values.clone()
+        values[end - 1] = key
+        name = scenario.tables[f].feature
+        return _kjt(
+            keys, values, lengths, weights
+        ), f"feature {name!r}): key {key} at index {end - 1}"
+    if kind == "negative_length":
+        lengths = lengths.clone()
+        lengths[1] += lengths[0] + 1
+        lengths[0] = -1
+        return _kjt(
+            keys, values, lengths, weights
+        ), "lengths must not be negative, got -1 at index 0"
+    if kind == "lengths_sum":
+        lengths = lengths.clone()
+        lengths[-1] += 2
+        n = values.numel()
+        return _kjt(keys, values, lengths, weights), f"lengths add up to {n + 2}, but there are {n}"
+    if kind == "lengths_numel":
+        stride = good.stride()
+        lengths = lengths[:-1]
+        values = values[: int(lengths.sum())]
+        weights = None if weights is None else weights[: values.numel()]
+        batch = _kjt(keys, values, lengths, weights, stride=stride)
+        return batch, f"lengths has {lengths.numel()} entries, not features ({len(keys)})"
+    if kind == "float_values":
+        return _kjt(
+            keys, values.float(), lengths, weights
+        ), "must be int32 or int64, got torch.float32"
+    if kind == "weights_numel":
+        n = values.numel()
+        w = torch.ones(n - 1)
+        return _kjt(keys, values, lengths, w), f"weights has {n - 1} entries for {n} values"
+    if kind == "offsets_start":
+        offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(lengths, 0)]) + 1
+        batch = _kjt(keys, values, weights=weights, offsets=offsets)
+        return batch, "offsets must start at 0, got 1"
+    if kind == "meta_values":
+        return _kjt(keys, values.to("meta"), lengths, weights), "values are on meta"
+    raise ValueError(kind)
+
+
+def _rows(model) -> dict:
+    """Every dynamic table's rows on this rank, by key."""
+    from dynamicemb.shard import named_dynamic_embedding_kernels
+
+    out = {}
+    for _, kernel in named_dynamic_embedding_kernels(model):
+        rows = kernel.emb_module.rows
+        for t, name in enumerate(kernel.table_names):
+            parts = list(rows.export_rows(t, 1 << 16))
+            keys = torch.cat([p.keys for p in parts])
+            order = torch.argsort(keys)
+            entry = {"keys": keys[order], "step": rows.step}
+            for field in ("scores", "embeddings", "optimizer_state"):
+                got = [getattr(p, field) for p in parts]
+                if got[0] is not None:
+                    entry[field] = torch.cat(got)[order].clone()
+            out[name] = entry
+    return out
+
+
+def train_with_bad_batches(rank, world_size, scenarios, with_bad):
+    """Each scenario's good steps, with the bad batches before the second
+    and third good step when ``with_bad``; returns the outputs of the good
+    steps, the errors caught and the rows at the end."""
+    results = {}
+    for scenario in scenarios:
+        model, _ = h.sharded_model(scenario, world_size)
+        outs, errors = [], []
+        for step in range(scenario.steps):
+            if with_bad and step in (1, 2):
+                for kind, ranks in BAD:
+                    if rank in ranks:
+                        batch, want = bad_batch(scenario, kind, rank)
+                    else:
+                        batch, want = h.to_kjt(scenario, h.batch_for(scenario, 60, rank)), None
+                    try:
+                        model(batch)
+                    except (ValueError, NotImplementedError) as e:
+                        errors.append((kind, ranks, want, str(e)))
+                    else:
+                        errors.append((kind, ranks, want, None))
+            kjt = h.to_kjt(scenario, h.batch_for(scenario, step, rank))
+            out = h.local_outputs(scenario, model(kjt))
+            shapes = {k: tuple(v.shape) for k, v in out.items()}
+            targets = h.targets_for(scenario, step, rank, shapes)
+            loss = sum(0.5 * ((v.double() - targets[k]) ** 2).sum() for k, v in out.items())
+            loss.backward()
+            outs.append({k: v.detach().double().clone() for k, v in out.items()})
+        results[scenario.name] = {"steps": outs, "errors": errors, "rows": _rows(model)}
+    return results
+
+
+@pytest.fixture(scope="module")
+def runs():
+    scenarios = _scenarios()
+    bad = h.run_world(train_with_bad_batches, 2, scenarios, True)
+    clean = h.run_world(train_with_bad_batches, 2, scenarios, False)
+    return scenarios, bad, clean
+
+
+def _assert_same(got, want, what):
+    if isinstance(want, dict):
+        assert sorted(got) == sorted(want), what
+        for k in want:
+            _assert_same(got[k], want[k], f"{what} {k}")
+    elif isinstance(want, (list, tuple)):
+        assert len(got) == len(want), what
+        for i, (g, w) in enumerate(zip(got, want)):
+            _assert_same(g, w, f"{what}[{i}]")
+    elif isinstance(want, torch.Tensor):
+        assert torch.equal(got, want), what
+    else:
+        assert got == want, what
+
+
+@pytest.mark.parametrize("name", ["ec", "ebc"])
+def test_bad_batch_refused_on_every_rank(runs, name):
+    _, bad, _ = runs
+    errors = [bad[r][name]["errors"] for r in range(2)]
+    assert len(errors[0]) == len(errors[1]) == 2 * len(BAD)
+    for e0, e1 in zip(*errors):
+        kind, ranks, _, msg0 = e0
+        msg1, want = e1[3], e0[2] if 0 in ranks else e1[2]
+        assert msg0 is not None and msg1 is not None, (kind, "not refused")
+        assert msg0 == msg1, (kind, msg0, msg1)  # one verdict, one message
+        assert f"rank {ranks[0]}'s batch" in msg0, (kind, msg0)
+        assert want in msg0, (kind, want, msg0)
+        assert "refused on every rank" in msg0
+        if len(ranks) > 1:
+            assert f"also the batches of ranks {list(ranks[1:])}" in msg0
+
+
+@pytest.mark.parametrize("name", ["ec", "ebc"])
+def test_refused_steps_change_nothing(runs, name):
+    _, bad, clean = runs
+    for r in range(2):
+        _assert_same(bad[r][name]["steps"], clean[r][name]["steps"], f"rank {r} outputs")
+        _assert_same(bad[r][name]["rows"], clean[r][name]["rows"], f"rank {r} rows")
+
+
+def test_clean_run_matches_reference(runs):
+    scenarios, _, clean = runs
+    for scenario in scenarios:
+        want = h.reference_outputs(h.Scenario(**{**scenario.__dict__, "eval_step": False}), 2)
+        for r in range(2):
+            h.assert_matches({"steps": clean[r][scenario.name]["steps"]}, want[r])
