@@ -85,8 +85,8 @@ def bad_batch(scenario, kind: str, rank: int):
     weights = good.weights_or_none()
     if kind.startswith("reserved"):
         key = INT64_MIN if kind == "reserved_min" else first_valid_key() - 1
-        # The last value of the dynamic table t1 (the third feature of EC).
-        f = 2 if scenario.kind == "ec" else 1
+        # The last value of the last dynamic table's feature.
+        f = max(i for i, t in enumerate(scenario.tables) if t.dynamic)
         stride = good.stride()
         end = int(lengths[: (f + 1) * stride].sum())
         assert int(lengths[f * stride : (f + 1) * stride].sum()) > 0
@@ -238,3 +238,79 @@ def test_clean_run_matches_reference(runs):
         want = h.reference_outputs(h.Scenario(**{**scenario.__dict__, "eval_step": False}), 2)
         for r in range(2):
             h.assert_matches({"steps": clean[r][scenario.name]["steps"]}, want[r])
+
+
+# ------------------------------------------------- STEP scores and Adam --
+
+
+def _step_scenario():
+    from dynamicemb import DynamicEmbScoreStrategy
+
+    step = {"score_strategy": DynamicEmbScoreStrategy.STEP}
+    return h.Scenario(
+        name="ec_step_adam",
+        kind="ec",
+        tables=[T("t0", 40, 4, options=step), T("t1", 24, 4, options=step)],
+        optimizer="adam",
+        learning_rate=0.05,
+        steps=3,
+        max_length=3,
+        key_range=(0, 30),
+    )
+
+
+def train_after_refused_first_batch(rank, world_size, scenario, refused):
+    """The scenario's steps, the first forward refused (a reserved key in
+    the last rank's batch) when ``refused``; the outputs and the rows."""
+    model, _ = h.sharded_model(scenario, world_size)
+    if refused:
+        if rank == world_size - 1:
+            batch, _ = bad_batch(scenario, "reserved_min", rank)
+        else:
+            batch = h.to_kjt(scenario, h.batch_for(scenario, 60, rank))
+        with pytest.raises(ValueError, match="is reserved"):
+            model(batch)
+    outs = []
+    for step in range(scenario.steps):
+        kjt = h.to_kjt(scenario, h.batch_for(scenario, step, rank))
+        out = h.local_outputs(scenario, model(kjt))
+        shapes = {k: tuple(v.shape) for k, v in out.items()}
+        targets = h.targets_for(scenario, step, rank, shapes)
+        sum(0.5 * ((v.double() - targets[k]) ** 2).sum() for k, v in out.items()).backward()
+        outs.append({k: v.detach().double().clone() for k, v in out.items()})
+    return {"steps": outs, "rows": _rows(model)}
+
+
+def _last_steps(scenario, world_size: int) -> dict[str, dict[int, int]]:
+    """Each table's keys with the last training step (from 1) that looked
+    them up on any rank: their STEP scores."""
+    last: dict[str, dict[int, int]] = {t.name: {} for t in scenario.tables}
+    for step in range(scenario.steps):
+        for r in range(world_size):
+            batch = h.batch_for(scenario, step, r)
+            for t in scenario.tables:
+                for keys, _ in batch[t.feature]:
+                    for k in keys.tolist():
+                        last[t.name][k] = step + 1
+    return last
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_refused_forward_does_not_advance_the_step(world_size):
+    scenario = _step_scenario()
+    refused = h.run_world(train_after_refused_first_batch, world_size, scenario, True)
+    clean = h.run_world(train_after_refused_first_batch, world_size, scenario, False)
+    want = h.reference_outputs(h.Scenario(**{**scenario.__dict__, "eval_step": False}), world_size)
+    last = _last_steps(scenario, world_size)
+    for r in range(world_size):
+        # Adam's bias correction counts the good steps only: the outputs
+        # match the float64 reference, rows and optimizer state the clean run.
+        h.assert_matches({"steps": refused[r]["steps"]}, want[r])
+        _assert_same(refused[r]["steps"], clean[r]["steps"], f"rank {r} outputs")
+        _assert_same(refused[r]["rows"], clean[r]["rows"], f"rank {r} rows")
+        for name, rows in refused[r]["rows"].items():
+            assert rows["step"] == scenario.steps, (name, rows["step"])
+            keys = rows["keys"].tolist()
+            assert keys and all(k in last[name] for k in keys), name
+            scores = rows["scores"][:, 0].tolist()
+            assert scores == [last[name][k] for k in keys], (name, keys, scores)
