@@ -18,7 +18,8 @@ A load runs in three steps, each agreed on by all ranks before the next:
    would keep; the others are reported as dropped. The loaded tables'
    admission counters are emptied and given the checkpoint's entries
    (``Counter.erase`` and ``Counter.load``). If any rank fails, every rank
-   restores its snapshot (rows and counters).
+   restores its snapshot (rows and counters; a counter whose ``load`` fails
+   gets its entries back through ``erase`` and ``add``).
 
 Admission counters and checkpoints of other kinds: a checkpoint without
 counter files (dumped without admission, or legacy) loads into a table with
@@ -45,6 +46,7 @@ from dynamicemb.admission.counters import (
     check_counter_entries,
     counter_entries,
     replace_counter_entries,
+    restore_counter_entries,
 )
 from dynamicemb.checkpoint import files
 from dynamicemb.checkpoint.dump import group_of, tables_of
@@ -628,8 +630,19 @@ def apply_all(
         for key, rows in tables.items():
             if key in snapshots:
                 rows.restore(snapshots[key])
+        # Every counter is restored, even after one fails to (the load's own
+        # error is the one raised; a counter left partial is logged).
         for counter, t, keys, counts in counter_snapshots:
-            replace_counter_entries(counter, t, keys, counts)
+            try:
+                restore_counter_entries(counter, t, keys, counts)
+            except Exception as e:
+                log.error(
+                    "DynamicEmbLoad: table %d of %s: the admission counter could not be "
+                    "restored after the failed load (%r)",
+                    t,
+                    type(counter).__name__,
+                    e,
+                )
         raise
     return results
 
