@@ -31,7 +31,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ..table import first_valid_key, reserved_key_error
 
-__all__ = ["BatchCheck", "Code"]
+__all__ = ["COUNTERS", "POOLING", "BatchCheck", "Code"]
 
 FIELDS = 4
 
@@ -52,6 +52,10 @@ _DEVICE_TYPES = ("cpu", "cuda", "meta")
 _TENSORS = ("values", "lengths", "weights", "offsets")
 _INT_DTYPES = (torch.int32, torch.int64)
 
+# What a dynamic feature's KJT weights are, and the rule they follow.
+COUNTERS, POOLING = "frequency counters", "pooling weights"
+_WEIGHT_RULES = {COUNTERS: "finite whole numbers >= 0", POOLING: "finite"}
+
 
 class Code(enum.IntEnum):
     """What a rank found wrong with its batch (the first of these)."""
@@ -68,6 +72,7 @@ class Code(enum.IntEnum):
     NEGATIVE_LENGTH = 9  # a: position, b: length
     LENGTHS_SUM = 10  # a: sum of the lengths, b: values
     RESERVED_KEY = 11  # a: position in the values, b: key, c: feature
+    BAD_WEIGHT = 12  # a: position, b: the weight's float64 bits, c: feature
 
 
 def _index(seq: Sequence, item) -> int:
@@ -91,12 +96,22 @@ def _on_device(t: torch.Tensor, device: torch.device | None) -> bool:
     return device.index is None or t.device.index == device.index
 
 
+def _feature(ends: torch.Tensor, i: torch.Tensor, stride: int) -> torch.Tensor:
+    """The feature of value ``i``, from the bags' cumulative lengths."""
+    bag = torch.searchsorted(ends, i.reshape(1), right=True)[0]
+    return bag.clamp(max=ends.numel() - 1) // stride
+
+
 class BatchCheck:
     """The batch check of one sharded collection.
 
     Args:
         dynamic_features (Sequence[str]): the features of its dynamic tables
             (the ones whose keys must not be reserved).
+        weights (Optional[str]): what the dynamic features' KJT weights are
+            to their tables: ``COUNTERS`` (an EmbeddingCollection's: finite
+            whole numbers >= 0), ``POOLING`` (a weighted
+            EmbeddingBagCollection's: finite) or None (not read).
         device (Optional[torch.device]): the collection's device; the batch
             must be on it.
         pg (Optional[dist.ProcessGroup]): the group whose ranks must agree
@@ -108,7 +123,11 @@ class BatchCheck:
         dynamic_features: Sequence[str],
         device: torch.device | None,
         pg: dist.ProcessGroup | None,
+        weights: str | None = None,
     ) -> None:
+        if weights not in (None, *_WEIGHT_RULES):
+            raise ValueError(f"weights must be None or one of {sorted(_WEIGHT_RULES)}")
+        self._weights = weights
         self._dynamic = frozenset(dynamic_features)
         self._device = device
         self._pg = pg
@@ -213,16 +232,30 @@ class BatchCheck:
         total = lengths.sum()
         candidates.append((total != n, Code.LENGTHS_SUM, total, zero + n, zero))
         mask = self._dynamic_mask(features.keys(), dev)
-        if n and num_bags and values.dtype == torch.int64 and mask is not False:
-            reserved = values < first_valid_key()
+        if n and num_bags and mask is not False:
             ends = torch.cumsum(lengths.clamp(min=0), 0)
-            if mask is not None:  # only some features are dynamic
+            dynamic_values = None  # every value is a dynamic feature's
+            if mask is not None:
                 bags = torch.searchsorted(ends, torch.arange(n, device=dev), right=True)
-                reserved &= mask[bags.clamp(max=num_bags - 1) // stride]
-            i = reserved.to(torch.uint8).argmax()
-            feature = torch.searchsorted(ends, i.reshape(1), right=True)[0]
-            feature = feature.clamp(max=num_bags - 1) // stride
-            candidates.append((reserved.any(), Code.RESERVED_KEY, i, values[i], feature))
+                dynamic_values = mask[bags.clamp(max=num_bags - 1) // stride]
+            if values.dtype == torch.int64:  # int32 values hold no reserved key
+                reserved = values < first_valid_key()
+                if dynamic_values is not None:
+                    reserved &= dynamic_values
+                i = reserved.to(torch.uint8).argmax()
+                feature = _feature(ends, i, stride)
+                candidates.append((reserved.any(), Code.RESERVED_KEY, i, values[i], feature))
+            weights = features.weights_or_none()
+            if self._weights is not None and weights is not None:
+                w = weights.double()
+                bad = ~torch.isfinite(w)
+                if self._weights == COUNTERS:
+                    bad |= (w < 0) | (w != w.round())
+                if dynamic_values is not None:
+                    bad &= dynamic_values
+                i = bad.to(torch.uint8).argmax()
+                bits = w[i].reshape(1).view(torch.int64)[0]
+                candidates.append((bad.any(), Code.BAD_WEIGHT, i, bits, _feature(ends, i, stride)))
         row = torch.zeros(FIELDS, dtype=torch.int64, device=dev)
         for found, code, a, b, c in reversed(candidates):  # the first found wins
             words = torch.stack([zero + int(code), a.long(), b.long(), c.long()])
@@ -258,6 +291,13 @@ class BatchCheck:
         if code == Code.RESERVED_KEY:
             feature = keys[c] if 0 <= c < len(keys) else str(c)
             msg = str(reserved_key_error(f"{what}'s values (feature {feature!r})", b, a))
+        elif code == Code.BAD_WEIGHT:
+            feature = keys[c] if 0 <= c < len(keys) else str(c)
+            weight = torch.tensor([b], dtype=torch.int64).view(torch.float64).item()
+            msg = (
+                f"{what}: the weights of feature {feature!r} are its table's {self._weights} and "
+                f"must be {_WEIGHT_RULES[self._weights]}, got {weight} at index {a}"
+            )
         elif code == Code.NOT_A_TENSOR:
             msg = f"{what}: the KeyedJaggedTensor's {_TENSORS[a]} are not a tensor"
         elif code == Code.DTYPE:

@@ -26,7 +26,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ..embedding.module_warnings import warn_state_dict_without_rows
 from ..planner.parameter_sharding import initializer_table_ids, is_dynamicemb_sharding
-from .batch_checks import BatchCheck
+from .batch_checks import COUNTERS, POOLING, BatchCheck
 from .input_dist import dedup_kjt
 from .sharding import (
     DynamicEmbRwPooledEmbeddingSharding,
@@ -149,9 +149,15 @@ class _DynamicTablesMixin:
             features = [
                 name for s in shardings if isinstance(s, dynamic) for name in s.feature_names()
             ]
-            check = (
-                BatchCheck(features, self._device, self._env.process_group) if features else None
-            )
+            # What the dynamic tables' kernels read the KJT weights as
+            # (DynamicEmbeddingKernel.forward).
+            if by_type is not None:
+                weights = COUNTERS
+            else:
+                weights = POOLING if self._is_weighted else None
+            check = None
+            if features:
+                check = BatchCheck(features, self._device, self._env.process_group, weights)
             self.__dict__["_dynamicemb_check"] = check
         return self.__dict__["_dynamicemb_check"]
 

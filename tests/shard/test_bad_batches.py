@@ -64,6 +64,7 @@ BAD = [
     ("weights_numel", (1,)),
     ("offsets_start", (1,)),
     ("meta_values", (1,)),
+    ("nan_weight", (1,)),
     ("negative_length", (0, 1)),
 ]
 
@@ -83,16 +84,20 @@ def bad_batch(scenario, kind: str, rank: int):
     good = h.to_kjt(scenario, h.batch_for(scenario, 50, rank))
     keys, values, lengths = good.keys(), good.values(), good.lengths()
     weights = good.weights_or_none()
+    # The last value of the last dynamic table's feature.
+    f = max(i for i, t in enumerate(scenario.tables) if t.dynamic)
+    stride = good.stride()
+    end = int(lengths[: (f + 1) * stride].sum())
+    assert int(lengths[f * stride : (f + 1) * stride].sum()) > 0
+    name = scenario.tables[f].feature
+    if kind == "nan_weight":
+        w = torch.ones(values.numel())
+        w[end - 1] = float("nan")
+        return _kjt(keys, values, lengths, w), f"weights of feature {name!r} are its table's"
     if kind.startswith("reserved"):
         key = INT64_MIN if kind == "reserved_min" else first_valid_key() - 1
-        # The last value of the last dynamic table's feature.
-        f = max(i for i, t in enumerate(scenario.tables) if t.dynamic)
-        stride = good.stride()
-        end = int(lengths[: (f + 1) * stride].sum())
-        assert int(lengths[f * stride : (f + 1) * stride].sum()) > 0
         values = values.clone()
         values[end - 1] = key
-        name = scenario.tables[f].feature
         return _kjt(
             keys, values, lengths, weights
         ), f"feature {name!r}): key {key} at index {end - 1}"
