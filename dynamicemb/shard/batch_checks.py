@@ -73,6 +73,8 @@ class Code(enum.IntEnum):
     LENGTHS_SUM = 10  # a: sum of the lengths, b: values
     RESERVED_KEY = 11  # a: position in the values, b: key, c: feature
     BAD_WEIGHT = 12  # a: position, b: the weight's float64 bits, c: feature
+    MISSING_FEATURE = 13  # a: the feature's index among the collection's
+    KEYS_CHANGED = 14  # the KJT's keys are not the first batch's
 
 
 def _index(seq: Sequence, item) -> int:
@@ -108,6 +110,10 @@ class BatchCheck:
     Args:
         dynamic_features (Sequence[str]): the features of its dynamic tables
             (the ones whose keys must not be reserved).
+        collection_features (Sequence[str]): every feature of the
+            collection: the first batch must have them all, and every later
+            batch the first one's keys in its order (TorchRec's sharded
+            collection reorders every batch as it did the first).
         weights (Optional[str]): what the dynamic features' KJT weights are
             to their tables: ``COUNTERS`` (an EmbeddingCollection's: finite
             whole numbers >= 0), ``POOLING`` (a weighted
@@ -123,6 +129,7 @@ class BatchCheck:
         dynamic_features: Sequence[str],
         device: torch.device | None,
         pg: dist.ProcessGroup | None,
+        collection_features: Sequence[str] = (),
         weights: str | None = None,
     ) -> None:
         if weights not in (None, *_WEIGHT_RULES):
@@ -134,6 +141,8 @@ class BatchCheck:
         self._world_size = 1 if pg is None else dist.get_world_size(pg)
         self._rank = 0 if pg is None else dist.get_rank(pg)
         self._masks: dict[tuple[str, ...], torch.Tensor | None] = {}
+        self._features = list(collection_features)
+        self._keys: tuple[str, ...] | None = None  # the first accepted batch's
 
     def __call__(self, features: KeyedJaggedTensor) -> None:
         """Checks this rank's batch and agrees with the other ranks.
@@ -166,6 +175,8 @@ class BatchCheck:
         bad = [r for r, f in enumerate(found) if f[0] != Code.OK]
         if bad:
             raise self._error(features, bad, found)
+        if self._keys is None:
+            self._keys = tuple(features.keys())
         if lpk is not None and features._length_per_key is None:
             # What KeyedJaggedTensor.length_per_key() caches when it reads them.
             features._length_per_key = [int(x) for x in read[len(found) * FIELDS :]]
@@ -176,6 +187,13 @@ class BatchCheck:
         """The row of what is known without reading the device, or None."""
         if features.variable_stride_per_key():
             return [Code.VARIABLE_STRIDE, 0, 0, 0]
+        keys = tuple(features.keys())
+        if self._keys is None:
+            for i, name in enumerate(self._features):
+                if name not in keys:
+                    return [Code.MISSING_FEATURE, i, 0, 0]
+        elif keys != self._keys:
+            return [Code.KEYS_CHANGED, 0, 0, 0]
         tensors = {
             "values": features.values(),
             "lengths": features.lengths(),
@@ -297,6 +315,14 @@ class BatchCheck:
             msg = (
                 f"{what}: the weights of feature {feature!r} are its table's {self._weights} and "
                 f"must be {_WEIGHT_RULES[self._weights]}, got {weight} at index {a}"
+            )
+        elif code == Code.MISSING_FEATURE:
+            name = self._features[a] if 0 <= a < len(self._features) else str(a)
+            msg = f"{what}: the KJT has no feature {name!r} of the sharded collection"
+        elif code == Code.KEYS_CHANGED:
+            msg = (
+                f"{what}: the KJT's keys are not the first batch's {list(self._keys or ())} in "
+                "that order (the sharded collection reorders every batch as it did the first)"
             )
         elif code == Code.NOT_A_TENSOR:
             msg = f"{what}: the KeyedJaggedTensor's {_TENSORS[a]} are not a tensor"

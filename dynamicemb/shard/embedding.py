@@ -146,9 +146,11 @@ class _DynamicTablesMixin:
             by_type = self.__dict__.get("_sharding_type_to_sharding")
             shardings = self._embedding_shardings if by_type is None else by_type.values()
             dynamic = (DynamicEmbRwPooledEmbeddingSharding, DynamicEmbRwSequenceEmbeddingSharding)
+            shardings = list(shardings)
             features = [
                 name for s in shardings if isinstance(s, dynamic) for name in s.feature_names()
             ]
+            every = [name for s in shardings for name in s.feature_names()]
             # What the dynamic tables' kernels read the KJT weights as
             # (DynamicEmbeddingKernel.forward).
             if by_type is not None:
@@ -157,7 +159,7 @@ class _DynamicTablesMixin:
                 weights = POOLING if self._is_weighted else None
             check = None
             if features:
-                check = BatchCheck(features, self._device, self._env.process_group, weights)
+                check = BatchCheck(features, self._device, self._env.process_group, every, weights)
             self.__dict__["_dynamicemb_check"] = check
         return self.__dict__["_dynamicemb_check"]
 

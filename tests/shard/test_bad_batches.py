@@ -1,10 +1,12 @@
 """A bad batch on one rank, refused on every rank before the input distribution.
 
 Two gloo ranks train sharded collections (EC and EBC, a static TorchRec table
-next to the dynamic ones; SGD and Adam). Between good steps, rank 1 (or both ranks) feeds a
-malformed batch: a reserved key, negative lengths, lengths that do not add up
-to the values or the stride, float values, weights of the wrong size, offsets
-that do not start at 0, values on another device. Both ranks catch the error
+next to the dynamic ones; SGD and Adam). Between good steps, rank 1 (or both
+ranks) feeds a malformed batch: a reserved key, negative lengths, lengths that
+do not add up to the values or the stride, float values, weights of the wrong
+size, offsets that do not start at 0, values on another device, a NaN weight
+(an EC's frequency counter, a weighted EBC's pooling weight), features missing
+or in another order than the first batch's. Both ranks catch the error
 (the same message, naming rank 1, the case and the bad value) and go on with
 good batches; every good step's outputs and every table's rows at the end
 (keys, scores, embeddings, optimizer state) equal those of a run that never saw
@@ -65,6 +67,8 @@ BAD = [
     ("offsets_start", (1,)),
     ("meta_values", (1,)),
     ("nan_weight", (1,)),
+    ("keys_reordered", (1,)),
+    ("missing_feature", (1,)),
     ("negative_length", (0, 1)),
 ]
 
@@ -90,6 +94,13 @@ def bad_batch(scenario, kind: str, rank: int):
     end = int(lengths[: (f + 1) * stride].sum())
     assert int(lengths[f * stride : (f + 1) * stride].sum()) > 0
     name = scenario.tables[f].feature
+    if kind == "keys_reordered":
+        order = list(range(len(keys)))[::-1]
+        return good.permute(order), f"KJT's keys are not the first batch's {list(keys)}"
+    if kind == "missing_feature":
+        n = int(lengths[: (len(keys) - 1) * stride].sum())
+        batch = _kjt(keys[:-1], values[:n], lengths[: (len(keys) - 1) * stride])
+        return batch, f"KJT's keys are not the first batch's {list(keys)}"
     if kind == "nan_weight":
         w = torch.ones(values.numel())
         w[end - 1] = float("nan")
