@@ -6,7 +6,8 @@ ranks) feeds a malformed batch: a reserved key, negative lengths, lengths that
 do not add up to the values or the stride, float values, weights of the wrong
 size, offsets that do not start at 0, values on another device, a NaN weight
 (an EC's frequency counter, a weighted EBC's pooling weight), features missing
-or in another order than the first batch's. Both ranks catch the error
+or in another order than the first batch's, a variable batch size per
+feature. Both ranks catch the error
 (the same message, naming rank 1, the case and the bad value) and go on with
 good batches; every good step's outputs and every table's rows at the end
 (keys, scores, embeddings, optimizer state) equal those of a run that never saw
@@ -68,6 +69,7 @@ BAD = [
     ("meta_values", (1,)),
     ("nan_weight", (1,)),
     ("keys_reordered", (1,)),
+    ("variable_stride", (1,)),
     ("missing_feature", (1,)),
     ("negative_length", (0, 1)),
 ]
@@ -94,6 +96,19 @@ def bad_batch(scenario, kind: str, rank: int):
     end = int(lengths[: (f + 1) * stride].sum())
     assert int(lengths[f * stride : (f + 1) * stride].sum()) > 0
     name = scenario.tables[f].feature
+    if kind == "variable_stride":
+        from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+        n = values.numel() - int(lengths[-1])
+        strides = [[stride]] * (len(keys) - 1) + [[stride - 1]]
+        batch = KeyedJaggedTensor(
+            keys=keys,
+            values=values[:n],
+            lengths=lengths[:-1],
+            weights=None if weights is None else weights[:n],
+            stride_per_key_per_rank=strides,
+        )
+        return batch, "has a variable batch size per feature"
     if kind == "keys_reordered":
         order = list(range(len(keys)))[::-1]
         return good.permute(order), f"KJT's keys are not the first batch's {list(keys)}"
