@@ -33,6 +33,7 @@ __all__ = [
     "counter_key_type",
     "parse_counter_files",
     "replace_counter_entries",
+    "restore_counter_entries",
 ]
 
 # release_at of a plain add: no count reaches it.
@@ -426,3 +427,37 @@ def replace_counter_entries(
     kf = io.BytesIO(keys.cpu().numpy().astype(key_np).tobytes())
     cf = io.BytesIO(counts.cpu().to(COUNT_DTYPE).numpy().tobytes())
     counter.load(kf, cf, table_id)
+
+
+def restore_counter_entries(
+    counter: Counter, table_id: int, keys: torch.Tensor, counts: torch.Tensor
+) -> None:
+    """``replace_counter_entries`` for a rollback, which must leave the table
+    whole: when the counter's ``load`` fails, its entries go back through
+    ``erase`` and ``add`` (a count added to a key not counted is that count).
+
+    Raises:
+        Exception: the ``load``'s error, when that way fails too.
+    """
+    try:
+        replace_counter_entries(counter, table_id, keys, counts)
+        return
+    except Exception as e:
+        error = e
+    try:
+        current, _ = counter_entries(counter, table_id)
+        if current.numel():
+            counter.erase(current, torch.full_like(current, table_id))
+        if keys.numel():
+            device = getattr(counter, "device", keys.device)
+            k = keys.to(device)
+            counter.add(k, torch.full_like(k, table_id), counts.to(device, COUNT_DTYPE))
+        got_keys, got_counts = counter_entries(counter, table_id)
+        order, got_order = torch.argsort(keys.cpu()), torch.argsort(got_keys)
+        if not (
+            torch.equal(keys.cpu()[order], got_keys[got_order])
+            and torch.equal(counts.cpu().to(COUNT_DTYPE)[order], got_counts[got_order])
+        ):
+            raise RuntimeError("the counter's entries differ after erase and add")
+    except Exception:
+        raise error from None

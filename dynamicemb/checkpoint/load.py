@@ -18,7 +18,8 @@ A load runs in three steps, each agreed on by all ranks before the next:
    would keep; the others are reported as dropped. The loaded tables'
    admission counters are emptied and given the checkpoint's entries
    (``Counter.erase`` and ``Counter.load``). If any rank fails, every rank
-   restores its snapshot (rows and counters).
+   restores its snapshot (rows and counters; a counter whose ``load`` fails
+   gets its entries back through ``erase`` and ``add``).
 
 Admission counters and checkpoints of other kinds: a checkpoint without
 counter files (dumped without admission, or legacy) loads into a table with
@@ -45,6 +46,7 @@ from dynamicemb.admission.counters import (
     check_counter_entries,
     counter_entries,
     replace_counter_entries,
+    restore_counter_entries,
 )
 from dynamicemb.checkpoint import files
 from dynamicemb.checkpoint.dump import group_of, tables_of
@@ -70,6 +72,7 @@ from dynamicemb.io import files as io_files
 from dynamicemb.io.files import IO_THREADS, chunk_rows
 from dynamicemb.shard.routing import route_keys
 from dynamicemb.shard.tables import TableRef
+from dynamicemb.table import check_keys
 
 log = logging.getLogger("dynamicemb.checkpoint")
 
@@ -171,7 +174,9 @@ def check_meta(meta: TableMeta, ref: TableRef, optim: bool) -> bool:
     optimizer state is to be loaded.
 
     Raises:
-        ValueError: dim, score columns or optimizer differ.
+        ValueError: dim, score columns or optimizer differ (with ``optim``,
+            also a checkpoint with optimizer state for a table whose
+            optimizer keeps none).
     """
     rows, t = ref.rows, ref.index
     if meta.embedding_dim != ref.dim:
@@ -189,6 +194,20 @@ def check_meta(meta: TableMeta, ref: TableRef, optim: bool) -> bool:
     with_state = optim and rows.state_dim(t) > 0
     if optim and not rows.training_state:
         raise ValueError(f"{ref.label}: optim=True, but the table keeps no optimizer state")
+    if optim and meta.optimizer is not None and meta.optimizer != rows.optimizer_name:
+        raise ValueError(
+            f"{ref.label}: optim=True, but the checkpoint's optimizer state is "
+            f"{meta.optimizer}'s (optim_state_dim {meta.optim_state_dim}) and the table uses "
+            f"{rows.optimizer_name} ({rows.state_dim(t)}); load with optim=False to take the "
+            "embeddings and scores alone"
+        )
+    if optim and not with_state and meta.optim_state_dim:
+        raise ValueError(
+            f"{ref.label}: optim=True, but the checkpoint holds optimizer state "
+            f"(optim_state_dim {meta.optim_state_dim}) and the table's optimizer "
+            f"{rows.optimizer_name} keeps none; load with optim=False to take the embeddings "
+            "and scores alone"
+        )
     if with_state:
         if not meta.optim_state_dim:
             raise ValueError(
@@ -208,6 +227,73 @@ def check_meta(meta: TableMeta, ref: TableRef, optim: bool) -> bool:
                 f"from the table's {rows.state_dim(t)}"
             )
     return with_state
+
+
+# A step or delta sequence must leave room for the next one in an int64.
+_MAX_COUNT = 2**63 - 2
+
+
+def check_meta_values(meta: TableMeta, what: str, world_size: int) -> None:
+    """Refuses the values of a meta JSON that no dump writes (a file edited by
+    hand, with its checksums recomputed): a step or delta sequence out of
+    ``[0, 2**63 - 2]``, a shard's rank out of ``[0, world_size)`` or repeated,
+    a negative row count, a file name that is not a plain name (``../x``,
+    ``a/b``), a block size that is not positive.
+
+    Raises:
+        CheckpointError: naming the field and its value.
+    """
+    for name, value in (("step", meta.step), ("delta_sequence", meta.delta_sequence)):
+        if value is not None and not 0 <= value <= _MAX_COUNT:
+            raise CheckpointError(
+                f"{what}: the checkpoint's {name} {value} is out of range [0, {_MAX_COUNT}]"
+            )
+    if meta.checksum_block_bytes <= 0:
+        raise CheckpointError(
+            f"{what}: the checkpoint's checksum_block_bytes {meta.checksum_block_bytes} is not "
+            "positive"
+        )
+    ranks = set()
+    for shard in meta.shards:
+        if not 0 <= shard.rank < max(world_size, 1) or shard.rank in ranks:
+            raise CheckpointError(
+                f"{what}: the checkpoint lists a shard of rank {shard.rank} "
+                f"({'repeated' if shard.rank in ranks else f'world_size {world_size}'})"
+            )
+        ranks.add(shard.rank)
+        if shard.rows < 0:
+            raise CheckpointError(
+                f"{what}: the shard of rank {shard.rank} has a negative row count {shard.rows}"
+            )
+        for kind, info in sorted(shard.files.items()):
+            try:
+                io_files.check_name(info.name, f"the {kind} file")
+            except ValueError as e:
+                raise CheckpointError(f"{what}: the shard of rank {shard.rank}: {e}") from None
+            if info.nbytes < 0:
+                raise CheckpointError(
+                    f"{what}: the meta JSON records {info.nbytes} bytes for {info.name}"
+                )
+
+
+def check_rows(plan: "_Plan", rows: dict[str, torch.Tensor]) -> None:
+    """Refuses a reserved or repeated key among the rows a rank received
+    (every copy of a key reaches the rank that owns it).
+
+    Raises:
+        CheckpointError: naming the key.
+    """
+    keys = rows[KEYS].reshape(-1)
+    try:
+        check_keys(keys, f"{plan.what}: the checkpoint's keys")
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+    uniq, counts = torch.unique(keys, return_counts=True)
+    if uniq.numel() != keys.numel():
+        i = int(counts.argmax())
+        raise CheckpointError(
+            f"{plan.what}: key {int(uniq[i])} appears {int(counts[i])} times in the checkpoint"
+        )
 
 
 def _plan(root: str, manifest: dict | None, ref: TableRef, optim: bool) -> _Plan:
@@ -234,6 +320,7 @@ def _plan(root: str, manifest: dict | None, ref: TableRef, optim: bool) -> _Plan
         info = FileInfo.from_json(colls[ref.collection][ref.name])
         data = io_files.read_small(folder, info, meta_file(ref.name), ref.label, CheckpointError)
         meta = TableMeta.decode(data, os.path.join(folder, meta_file(ref.name)))
+    check_meta_values(meta, ref.label, meta.world_size)
     with_state = check_meta(meta, ref, optim)
     for shard in meta.shards:
         for kind in _kinds(meta):
@@ -550,8 +637,19 @@ def apply_all(
         for key, rows in tables.items():
             if key in snapshots:
                 rows.restore(snapshots[key])
+        # Every counter is restored, even after one fails to (the load's own
+        # error is the one raised; a counter left partial is logged).
         for counter, t, keys, counts in counter_snapshots:
-            replace_counter_entries(counter, t, keys, counts)
+            try:
+                restore_counter_entries(counter, t, keys, counts)
+            except Exception as e:
+                log.error(
+                    "DynamicEmbLoad: table %d of %s: the admission counter could not be "
+                    "restored after the failed load (%r)",
+                    t,
+                    type(counter).__name__,
+                    e,
+                )
         raise
     return results
 
@@ -608,6 +706,13 @@ def load(
     with ThreadPoolExecutor(IO_THREADS) as pool:
         received = [_read(p, group, pool, progress) for p in plans]
         counters = [_read_counter(p, group, pool, progress) for p in plans]
+    error = None
+    try:
+        for p, rows in zip(plans, received):
+            check_rows(p, rows)
+    except BaseException as e:
+        error = e
+    group.agree(error)
     # 3. apply, all or nothing
     results = apply_all(plans, received, group, counters)
     seconds = progress.close()

@@ -55,8 +55,11 @@ def serve_prometheus(
 
     Raises:
         RuntimeError: ``set_global`` and a global MeterProvider is already set
-            (OpenTelemetry allows it once per process); nothing is started.
-        OSError: the port cannot be bound.
+            (OpenTelemetry allows it once per process); nothing is left
+            running.
+        OSError: the port cannot be bound; nothing is left running and the
+            global MeterProvider is untouched, so a call on another port
+            works.
     """
     from opentelemetry import metrics
     from opentelemetry.exporter.prometheus import PrometheusMetricReader
@@ -68,19 +71,23 @@ def serve_prometheus(
     # A registry of its own: only this provider's figures (and target_info).
     registry = CollectorRegistry()
     provider = MeterProvider(metric_readers=[PrometheusMetricReader(registry=registry)])
+    # The port first: a refused call leaves no provider behind, global or not
+    # (OpenTelemetry takes a global provider once per process, so a provider
+    # made global before a failed bind would block every retry).
+    try:
+        server, _ = start_http_server(int(port), address, registry=registry)
+    except BaseException:
+        provider.shutdown()
+        raise
+    endpoint = PrometheusEndpoint(provider, address, server.server_port, server)
     if set_global:
         metrics.set_meter_provider(provider)
         if metrics.get_meter_provider() is not provider:
-            provider.shutdown()
+            endpoint.shutdown()
             raise RuntimeError(
                 "serve_prometheus: a global OpenTelemetry MeterProvider is already set "
                 f"({type(metrics.get_meter_provider()).__name__}); add a PrometheusMetricReader "
                 "to it, or call serve_prometheus(..., set_global=False) and pass "
                 "endpoint.meter_provider to instrument()"
             )
-    try:
-        server, _ = start_http_server(int(port), address, registry=registry)
-    except BaseException:
-        provider.shutdown()
-        raise
-    return PrometheusEndpoint(provider, address, server.server_port, server)
+    return endpoint

@@ -26,6 +26,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from ..embedding.module_warnings import warn_state_dict_without_rows
 from ..planner.parameter_sharding import initializer_table_ids, is_dynamicemb_sharding
+from .batch_checks import COUNTERS, POOLING, BatchCheck
 from .input_dist import dedup_kjt
 from .sharding import (
     DynamicEmbRwPooledEmbeddingSharding,
@@ -128,6 +129,39 @@ class _DynamicTablesMixin:
                 getattr(module, cls._MODULE_CONFIGS)(), table_name_to_parameter_sharding
             ),
         )
+
+    def input_dist(self, ctx: Any, features: Any) -> Any:
+        # Every rank's batch is checked before any collective of the step,
+        # with one verdict for all ranks (dynamicemb.shard.batch_checks); a
+        # collection without dynamic tables is TorchRec's as it is.
+        if isinstance(features, KeyedJaggedTensor) and not torch.compiler.is_compiling():
+            check = self._dynamicemb_batch_check()
+            if check is not None:
+                check(features)
+        return super().input_dist(ctx, features)
+
+    def _dynamicemb_batch_check(self) -> BatchCheck | None:
+        if "_dynamicemb_check" not in self.__dict__:
+            # An EC keeps its shardings by type, an EBC in a list.
+            by_type = self.__dict__.get("_sharding_type_to_sharding")
+            shardings = self._embedding_shardings if by_type is None else by_type.values()
+            dynamic = (DynamicEmbRwPooledEmbeddingSharding, DynamicEmbRwSequenceEmbeddingSharding)
+            shardings = list(shardings)
+            features = [
+                name for s in shardings if isinstance(s, dynamic) for name in s.feature_names()
+            ]
+            every = [name for s in shardings for name in s.feature_names()]
+            # What the dynamic tables' kernels read the KJT weights as
+            # (DynamicEmbeddingKernel.forward).
+            if by_type is not None:
+                weights = COUNTERS
+            else:
+                weights = POOLING if self._is_weighted else None
+            check = None
+            if features:
+                check = BatchCheck(features, self._device, self._env.process_group, every, weights)
+            self.__dict__["_dynamicemb_check"] = check
+        return self.__dict__["_dynamicemb_check"]
 
     def reset_parameters(self) -> None:
         # Dynamic tables have no dense weight to initialize.

@@ -406,6 +406,49 @@ def test_serve_prometheus_global_once():
     )
 
 
+def test_serve_prometheus_retry_after_busy_port():
+    # In a process of its own (the global provider is set once): a busy port
+    # refused leaves the global provider unset, so a retry on a free port
+    # becomes the global one and serves what instrument() registers.
+    script = textwrap.dedent(
+        """
+        import socket, urllib.request
+        import torch
+        from opentelemetry import metrics
+        from dynamicemb import DynamicEmbTableOptions
+        from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
+        from dynamicemb.metrics import instrument, serve_prometheus
+        busy = socket.socket()
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        try:
+            serve_prometheus(port, "127.0.0.1")
+        except OSError as e:
+            print("busy:", type(e).__name__)
+        print("global after refusal:", type(metrics.get_meter_provider()).__name__)
+        endpoint = serve_prometheus(0, "127.0.0.1")
+        print("global is the retry's:", metrics.get_meter_provider() is endpoint.meter_provider)
+        opts = [DynamicEmbTableOptions(dim=4, max_capacity=128, bucket_capacity=128)]
+        module = BatchedDynamicEmbeddingTablesV2(opts, learning_rate=0.1)
+        instrument(module)
+        module(torch.arange(8), torch.arange(9)).sum().backward()
+        url = f"http://127.0.0.1:{endpoint.port}/metrics"
+        text = urllib.request.urlopen(url, timeout=30).read().decode()
+        print("served:", "dynamicemb_table_usage" in text)
+        endpoint.shutdown()
+        """
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "busy: OSError", out.stdout
+    assert lines[1] == "global after refusal: _ProxyMeterProvider", out.stdout
+    assert lines[2:] == ["global is the retry's: True", "served: True"], out.stdout
+
+
 def test_bad_input(reader):
     _, provider = reader
     with pytest.raises(ValueError, match="holds no dynamic embedding tables"):

@@ -416,23 +416,9 @@ def local_outputs(scenario: Scenario, out) -> dict[str, torch.Tensor]:
     return {"pooled": out.values()}
 
 
-def run_scenario(
-    rank: int,
-    world_size: int,
-    scenario: Scenario,
-    before_backward: Callable | None = None,
-    step_context: Callable | None = None,
-) -> dict[str, Any]:
-    """Shards the scenario's model, trains ``steps`` steps; returns the local
-    outputs of every step (float64 on the CPU) and of a final eval step.
-    ``step_context(step)``, when given, is a context manager each training
-    step's forward and backward run in.
-
-    Runs on ``worker_device()``. The unsharded collection is built on the
-    CPU either way, so static tables start from the reference's weights
-    (TorchRec's sharded collection copies them to the device).
-    ``before_backward(model, step)``, when given, runs between each step's
-    forward and backward (where TorchRec's prefetch pipeline prefetches)."""
+def sharded_model(scenario: Scenario, world_size: int):
+    """The scenario's model sharded by DistributedModelParallel on
+    ``worker_device()`` (the collection at ``coll``), and its plan."""
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv, ShardingPlan
 
@@ -454,6 +440,28 @@ def run_scenario(
         plan=plan,
         sharders=[sharder],
     )
+    return model, plan
+
+
+def run_scenario(
+    rank: int,
+    world_size: int,
+    scenario: Scenario,
+    before_backward: Callable | None = None,
+    step_context: Callable | None = None,
+) -> dict[str, Any]:
+    """Shards the scenario's model, trains ``steps`` steps; returns the local
+    outputs of every step (float64 on the CPU) and of a final eval step.
+    ``step_context(step)``, when given, is a context manager each training
+    step's forward and backward run in.
+
+    Runs on ``worker_device()``. The unsharded collection is built on the
+    CPU either way, so static tables start from the reference's weights
+    (TorchRec's sharded collection copies them to the device).
+    ``before_backward(model, step)``, when given, runs between each step's
+    forward and backward (where TorchRec's prefetch pipeline prefetches)."""
+    device = worker_device()
+    model, plan = sharded_model(scenario, world_size)
     steps = []
     for step in range(scenario.steps):
         kjt = to_kjt(scenario, batch_for(scenario, step, rank)).to(device)

@@ -6,18 +6,23 @@ tests/embedding/sync_guard.py, on GPUs under
 ``torch.cuda.set_sync_debug_mode("error")`` around that code, with no more
 synchronizations per step than the same collection with TorchRec's tables.
 
-Index dedup before the all-to-all reads one number, the count of distinct
+The one read is the batch check's (dynamicemb/shard/batch_checks.py): the
+ranks' verdict on their batches with the lengths per feature, which TorchRec
+reads in the input distribution anyway; on the CPU, the reads of a whole step
+(dynamicemb's and TorchRec's code) are no more than with TorchRec's tables.
+Index dedup before the all-to-all reads one number more, the count of distinct
 keys that sizes what the all-to-all sends (TorchRec's own dedup does the
 same); with one rank it is not done (the module's own dedup is the one).
 """
 
 import contextlib
+import os
 import warnings
 
 import pytest
 import torch
 
-from tests.embedding.sync_guard import CPU_ONLY_READS, forbid_host_syncs
+from tests.embedding.sync_guard import CPU_ONLY_READS, PACKAGE_DIR, forbid_host_syncs
 from tests.shard import shard_harness as h
 
 
@@ -39,20 +44,40 @@ def _scenario(kind: str, dedup: bool, dynamic: bool = True, optimizer: str = "ad
     )
 
 
-def recorded_steps(rank: int, world_size: int, scenario: h.Scenario) -> list[list[str]]:
-    """The synchronizing calls each step made in dynamicemb's code (each its
-    name and the innermost frames of its stack), the CPU storage's padding
-    read left out."""
+def _owner(where: str) -> str:
+    """Whose code made a recorded call: "dynamicemb", "torchrec", "cpu-only"
+    (a read of CPU_ONLY_READS) or "other"; ``where`` ends with the caller's
+    frame."""
+    import torchrec
+
+    frame = [line for line in where.splitlines() if line.strip().startswith('File "')][-1]
+    path = os.path.abspath(frame.split('"')[1])
+    function = frame.rsplit(" in ", 1)[1].strip()
+    if path.startswith(PACKAGE_DIR):
+        inside = f"{os.path.relpath(path, PACKAGE_DIR)}:{function}"
+        return "cpu-only" if inside in CPU_ONLY_READS else "dynamicemb"
+    if path.startswith(os.path.dirname(os.path.abspath(torchrec.__file__))):
+        return "torchrec"
+    return "other"
+
+
+def recorded_steps(rank: int, world_size: int, scenario: h.Scenario) -> list[list[tuple]]:
+    """The synchronizing calls each step made, each as (``_owner``, its name
+    and the innermost frames of its stack)."""
     calls: list[list[tuple[str, str]]] = []
 
     @contextlib.contextmanager
     def guarded(step):
         calls.append([])
-        with forbid_host_syncs(record=calls[-1], allow=CPU_ONLY_READS):
+        with forbid_host_syncs(scope=os.sep, record=calls[-1]):
             yield
 
     h.run_scenario(rank, world_size, scenario, step_context=guarded)
-    return [[f"{name} in\n{where}" for name, where in c] for c in calls]
+    return [[(_owner(where), f"{name} in\n{where}") for name, where in c] for c in calls]
+
+
+def _ours(calls) -> list[str]:
+    return [call for owner, call in calls if owner == "dynamicemb"]
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
@@ -62,11 +87,29 @@ def test_sharded_step_reads_nothing_from_the_device(world_size, kind, dedup):
     for rank, steps in enumerate(results):
         # From the second step: TorchRec builds the input dists in the first.
         for step, calls in enumerate(steps[1:], 1):
+            ours = _ours(calls)
+            assert len(ours) >= 1 and "batch_checks.py" in ours[0], (rank, step, ours)
             if dedup and world_size > 1:
                 # The dedup's count of distinct keys, and nothing else.
-                assert len(calls) == 1 and "dedup_kjt" in calls[0], (rank, step, calls)
+                assert len(ours) == 2 and "dedup_kjt" in ours[1], (rank, step, ours)
             else:
-                assert calls == [], (rank, step, calls)
+                assert len(ours) == 1, (rank, step, ours)
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+@pytest.mark.parametrize("kind", ["ec", "ebc"])
+def test_sharded_step_reads_no_more_than_torchrec_tables(world_size, kind):
+    counts = {}
+    for dynamic in (True, False):
+        scenario = _scenario(kind, False, dynamic, optimizer="sgd")
+        results = h.run_world(recorded_steps, world_size, scenario)
+        counts[dynamic] = [
+            [sum(owner in ("dynamicemb", "torchrec") for owner, _ in calls) for calls in steps[1:]]
+            for steps in results
+        ]
+    for rank in range(world_size):
+        for ours, theirs in zip(counts[True][rank], counts[False][rank]):
+            assert ours <= theirs, (rank, counts)
 
 
 # ------------------------------------------------------------------ GPUs --

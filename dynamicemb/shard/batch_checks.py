@@ -1,0 +1,352 @@
+"""The check of a sharded collection's input batch, before its input
+distribution, with one verdict for every rank.
+
+A bad batch on one rank must not leave the others inside an all-to-all: the
+keys' owner would refuse a reserved key only after the keys were exchanged,
+while the rank that sent it goes on into the output all-to-all. So each rank
+checks its own batch before any collective of the step and the ranks agree on
+the verdict with one small all-reduce: every rank raises for the same step,
+with the same message naming the rank whose batch was bad and the bad value,
+or none does. A refused step changes nothing (no table, step counter or
+collective state).
+
+Each rank's finding is one row of ``FIELDS`` int64 words, ``(code, a, b, c)``
+(``Code``; the words' meaning is the code's). The host-side facts (layout,
+dtypes, devices) are known without a device read; the value checks (negative
+lengths, lengths that do not add up to the values, reserved keys of the
+dynamic tables' features) are reductions on the device. The rows of all ranks
+(each rank fills its own, the others are zeros) are summed by the all-reduce
+and read on the host together with the batch's lengths per feature, which the
+input distribution reads anyway (TorchRec's ``KeyedJaggedTensor.split``): the
+batch is handed on with those lengths cached, so the check adds no host read
+to the step.
+"""
+
+import enum
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from ..table import first_valid_key, reserved_key_error
+
+__all__ = ["COUNTERS", "POOLING", "BatchCheck", "Code"]
+
+FIELDS = 4
+
+# dtypes and device types as they travel in a row (their index; -1: another).
+_DTYPES = (
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.int32,
+    torch.int64,
+    torch.float16,
+    torch.bfloat16,
+    torch.float32,
+    torch.float64,
+)
+_DEVICE_TYPES = ("cpu", "cuda", "meta")
+_TENSORS = ("values", "lengths", "weights", "offsets")
+_INT_DTYPES = (torch.int32, torch.int64)
+
+# What a dynamic feature's KJT weights are, and the rule they follow.
+COUNTERS, POOLING = "frequency counters", "pooling weights"
+_WEIGHT_RULES = {COUNTERS: "finite whole numbers >= 0", POOLING: "finite"}
+
+
+class Code(enum.IntEnum):
+    """What a rank found wrong with its batch (the first of these)."""
+
+    OK = 0
+    VARIABLE_STRIDE = 1
+    NOT_A_TENSOR = 2  # a: tensor
+    DTYPE = 3  # a: tensor, b: dtype
+    DIM = 4  # a: tensor, b: dim
+    DEVICE = 5  # a: tensor, b: device type, c: device index (-1: none)
+    LENGTHS_NUMEL = 6  # a: lengths, b: features, c: stride
+    WEIGHTS_NUMEL = 7  # a: weights, b: values
+    OFFSETS_START = 8  # a: first offset
+    NEGATIVE_LENGTH = 9  # a: position, b: length
+    LENGTHS_SUM = 10  # a: sum of the lengths, b: values
+    RESERVED_KEY = 11  # a: position in the values, b: key, c: feature
+    BAD_WEIGHT = 12  # a: position, b: the weight's float64 bits, c: feature
+    MISSING_FEATURE = 13  # a: the feature's index among the collection's
+    KEYS_CHANGED = 14  # the KJT's keys are not the first batch's
+
+
+def _index(seq: Sequence, item) -> int:
+    return seq.index(item) if item in seq else -1
+
+
+def _dtype_name(i: int) -> str:
+    return str(_DTYPES[i]) if 0 <= i < len(_DTYPES) else "another dtype"
+
+
+def _device_name(t: int, i: int) -> str:
+    name = _DEVICE_TYPES[t] if 0 <= t < len(_DEVICE_TYPES) else "another device type"
+    return name if i < 0 else f"{name}:{i}"
+
+
+def _on_device(t: torch.Tensor, device: torch.device | None) -> bool:
+    if device is None:
+        return True
+    if t.device.type != device.type:
+        return False
+    return device.index is None or t.device.index == device.index
+
+
+def _feature(ends: torch.Tensor, i: torch.Tensor, stride: int) -> torch.Tensor:
+    """The feature of value ``i``, from the bags' cumulative lengths."""
+    bag = torch.searchsorted(ends, i.reshape(1), right=True)[0]
+    return bag.clamp(max=ends.numel() - 1) // stride
+
+
+class BatchCheck:
+    """The batch check of one sharded collection.
+
+    Args:
+        dynamic_features (Sequence[str]): the features of its dynamic tables
+            (the ones whose keys must not be reserved).
+        collection_features (Sequence[str]): every feature of the
+            collection: the first batch must have them all, and every later
+            batch the first one's keys in its order (TorchRec's sharded
+            collection reorders every batch as it did the first).
+        weights (Optional[str]): what the dynamic features' KJT weights are
+            to their tables: ``COUNTERS`` (an EmbeddingCollection's: finite
+            whole numbers >= 0), ``POOLING`` (a weighted
+            EmbeddingBagCollection's: finite) or None (not read).
+        device (Optional[torch.device]): the collection's device; the batch
+            must be on it.
+        pg (Optional[dist.ProcessGroup]): the group whose ranks must agree
+            (None, or a group of one: no collective).
+    """
+
+    def __init__(
+        self,
+        dynamic_features: Sequence[str],
+        device: torch.device | None,
+        pg: dist.ProcessGroup | None,
+        collection_features: Sequence[str] = (),
+        weights: str | None = None,
+    ) -> None:
+        if weights not in (None, *_WEIGHT_RULES):
+            raise ValueError(f"weights must be None or one of {sorted(_WEIGHT_RULES)}")
+        self._weights = weights
+        self._dynamic = frozenset(dynamic_features)
+        self._device = device
+        self._pg = pg
+        self._world_size = 1 if pg is None else dist.get_world_size(pg)
+        self._rank = 0 if pg is None else dist.get_rank(pg)
+        self._masks: dict[tuple[str, ...], torch.Tensor | None] = {}
+        self._features = list(collection_features)
+        self._keys: tuple[str, ...] | None = None  # the first accepted batch's
+
+    def __call__(self, features: KeyedJaggedTensor) -> None:
+        """Checks this rank's batch and agrees with the other ranks.
+
+        Raises:
+            ValueError: some rank's batch is bad (the same error on every
+                rank, naming that rank, the case and the bad value).
+            NotImplementedError: some rank's batch has a variable stride per
+                feature.
+        """
+        row_device = self._device if self._device is not None else torch.device("cpu")
+        host = self._host_row(features)
+        lpk = None
+        if host is not None:
+            row = torch.tensor(host, dtype=torch.int64, device=row_device)
+        else:
+            row, lpk = self._device_row(features)
+            row = row.to(row_device)
+        if self._world_size > 1:
+            rows = torch.zeros(self._world_size, FIELDS, dtype=torch.int64, device=row_device)
+            rows[self._rank] = row
+            dist.all_reduce(rows, group=self._pg)
+        else:
+            rows = row.reshape(1, FIELDS)
+        words = rows.reshape(-1)
+        if lpk is not None:
+            words = torch.cat([words, lpk.to(row_device)])
+        read = words.tolist()  # the one host read
+        found = [read[r * FIELDS : (r + 1) * FIELDS] for r in range(self._world_size)]
+        bad = [r for r, f in enumerate(found) if f[0] != Code.OK]
+        if bad:
+            raise self._error(features, bad, found)
+        if self._keys is None:
+            self._keys = tuple(features.keys())
+        if lpk is not None and features._length_per_key is None:
+            # What KeyedJaggedTensor.length_per_key() caches when it reads them.
+            features._length_per_key = [int(x) for x in read[len(found) * FIELDS :]]
+
+    # ------------------------------------------------------------ the row --
+
+    def _host_row(self, features: KeyedJaggedTensor) -> list[int] | None:
+        """The row of what is known without reading the device, or None."""
+        if features.variable_stride_per_key():
+            return [Code.VARIABLE_STRIDE, 0, 0, 0]
+        keys = tuple(features.keys())
+        if self._keys is None:
+            for i, name in enumerate(self._features):
+                if name not in keys:
+                    return [Code.MISSING_FEATURE, i, 0, 0]
+        elif keys != self._keys:
+            return [Code.KEYS_CHANGED, 0, 0, 0]
+        tensors = {
+            "values": features.values(),
+            "lengths": features.lengths(),
+            "weights": features.weights_or_none(),
+            "offsets": features.offsets_or_none(),
+        }
+        for name, t in tensors.items():
+            if t is None and name in ("weights", "offsets"):
+                continue
+            w = _TENSORS.index(name)
+            if not isinstance(t, torch.Tensor):
+                return [Code.NOT_A_TENSOR, w, 0, 0]
+            if not _on_device(t, self._device):
+                return [
+                    Code.DEVICE,
+                    w,
+                    _index(_DEVICE_TYPES, t.device.type),
+                    -1 if t.device.index is None else t.device.index,
+                ]
+            if t.dim() != 1:
+                return [Code.DIM, w, t.dim(), 0]
+            ok = t.is_floating_point() if name == "weights" else t.dtype in _INT_DTYPES
+            if not ok:
+                return [Code.DTYPE, w, _index(_DTYPES, t.dtype), 0]
+        values, lengths, weights = tensors["values"], tensors["lengths"], tensors["weights"]
+        num_features = len(features.keys())
+        stride = features.stride() if num_features else 0
+        if lengths.numel() != num_features * stride:
+            return [Code.LENGTHS_NUMEL, lengths.numel(), num_features, stride]
+        if weights is not None and weights.numel() != values.numel():
+            return [Code.WEIGHTS_NUMEL, weights.numel(), values.numel(), 0]
+        return None
+
+    def _device_row(self, features: KeyedJaggedTensor):
+        """The row of the value checks (device reductions, nothing read) and
+        the lengths per feature."""
+        values = features.values()
+        lengths = features.lengths().long()
+        num_features = len(features.keys())
+        stride = features.stride() if num_features else 0
+        dev = values.device
+        zero = torch.zeros((), dtype=torch.int64, device=dev)
+        lpk = lengths.view(num_features, stride).sum(1) if stride else zero.repeat(num_features)
+        n, num_bags = values.numel(), lengths.numel()
+        candidates = []  # (found, code, a, b, c), in the order of priority
+        offsets = features.offsets_or_none()
+        if offsets is not None and offsets.numel():
+            first = offsets[0].long()
+            candidates.append((first != 0, Code.OFFSETS_START, first, zero, zero))
+        if num_bags:
+            neg = lengths < 0
+            i = neg.to(torch.uint8).argmax()
+            candidates.append((neg.any(), Code.NEGATIVE_LENGTH, i, lengths[i], zero))
+        total = lengths.sum()
+        candidates.append((total != n, Code.LENGTHS_SUM, total, zero + n, zero))
+        mask = self._dynamic_mask(features.keys(), dev)
+        if n and num_bags and mask is not False:
+            ends = torch.cumsum(lengths.clamp(min=0), 0)
+            dynamic_values = None  # every value is a dynamic feature's
+            if mask is not None:
+                bags = torch.searchsorted(ends, torch.arange(n, device=dev), right=True)
+                dynamic_values = mask[bags.clamp(max=num_bags - 1) // stride]
+            if values.dtype == torch.int64:  # int32 values hold no reserved key
+                reserved = values < first_valid_key()
+                if dynamic_values is not None:
+                    reserved &= dynamic_values
+                i = reserved.to(torch.uint8).argmax()
+                feature = _feature(ends, i, stride)
+                candidates.append((reserved.any(), Code.RESERVED_KEY, i, values[i], feature))
+            weights = features.weights_or_none()
+            if self._weights is not None and weights is not None:
+                w = weights.double()
+                bad = ~torch.isfinite(w)
+                if self._weights == COUNTERS:
+                    bad |= (w < 0) | (w != w.round())
+                if dynamic_values is not None:
+                    bad &= dynamic_values
+                i = bad.to(torch.uint8).argmax()
+                bits = w[i].reshape(1).view(torch.int64)[0]
+                candidates.append((bad.any(), Code.BAD_WEIGHT, i, bits, _feature(ends, i, stride)))
+        row = torch.zeros(FIELDS, dtype=torch.int64, device=dev)
+        for found, code, a, b, c in reversed(candidates):  # the first found wins
+            words = torch.stack([zero + int(code), a.long(), b.long(), c.long()])
+            row = torch.where(found, words, row)
+        return row, lpk
+
+    def _dynamic_mask(self, keys: list[str], device: torch.device):
+        """Which features' keys are checked: None (all), False (none) or a
+        (num_features) bool tensor."""
+        names = tuple(keys)
+        if names not in self._masks:
+            dynamic = [name in self._dynamic for name in names]
+            if all(dynamic):
+                self._masks[names] = None
+            elif not any(dynamic):
+                self._masks[names] = False
+            else:
+                self._masks[names] = torch.tensor(dynamic, dtype=torch.bool, device=device)
+        return self._masks[names]
+
+    # ---------------------------------------------------------- the error --
+
+    def _error(self, features: KeyedJaggedTensor, bad: list[int], found: list[list[int]]):
+        r = bad[0]
+        code, a, b, c = found[r]
+        what = f"rank {r}'s batch"
+        if code == Code.VARIABLE_STRIDE:
+            return NotImplementedError(
+                f"{what} has a variable batch size per feature: dynamic embedding tables do not "
+                "support it (refused on every rank)"
+            )
+        keys = list(features.keys())
+        if code == Code.RESERVED_KEY:
+            feature = keys[c] if 0 <= c < len(keys) else str(c)
+            msg = str(reserved_key_error(f"{what}'s values (feature {feature!r})", b, a))
+        elif code == Code.BAD_WEIGHT:
+            feature = keys[c] if 0 <= c < len(keys) else str(c)
+            weight = torch.tensor([b], dtype=torch.int64).view(torch.float64).item()
+            msg = (
+                f"{what}: the weights of feature {feature!r} are its table's {self._weights} and "
+                f"must be {_WEIGHT_RULES[self._weights]}, got {weight} at index {a}"
+            )
+        elif code == Code.MISSING_FEATURE:
+            name = self._features[a] if 0 <= a < len(self._features) else str(a)
+            msg = f"{what}: the KJT has no feature {name!r} of the sharded collection"
+        elif code == Code.KEYS_CHANGED:
+            msg = (
+                f"{what}: the KJT's keys are not the first batch's {list(self._keys or ())} in "
+                "that order (the sharded collection reorders every batch as it did the first)"
+            )
+        elif code == Code.NOT_A_TENSOR:
+            msg = f"{what}: the KeyedJaggedTensor's {_TENSORS[a]} are not a tensor"
+        elif code == Code.DTYPE:
+            want = "a floating dtype" if _TENSORS[a] == "weights" else "int32 or int64"
+            msg = f"{what}: {_TENSORS[a]} must be {want}, got {_dtype_name(b)}"
+        elif code == Code.DIM:
+            msg = f"{what}: {_TENSORS[a]} must be 1-D, got {b} dimensions"
+        elif code == Code.DEVICE:
+            msg = (
+                f"{what}: {_TENSORS[a]} are on {_device_name(b, c)}, the sharded collection on "
+                f"{self._device}"
+            )
+        elif code == Code.LENGTHS_NUMEL:
+            msg = f"{what}: lengths has {a} entries, not features ({b}) * stride ({c}) = {b * c}"
+        elif code == Code.WEIGHTS_NUMEL:
+            msg = f"{what}: weights has {a} entries for {b} values"
+        elif code == Code.OFFSETS_START:
+            msg = f"{what}: offsets must start at 0, got {a}"
+        elif code == Code.NEGATIVE_LENGTH:
+            msg = f"{what}: lengths must not be negative, got {b} at index {a}"
+        elif code == Code.LENGTHS_SUM:
+            msg = f"{what}: the lengths add up to {a}, but there are {b} values"
+        else:
+            msg = f"{what}: unknown check code {code}"
+        others = f" (also the batches of ranks {bad[1:]})" if len(bad) > 1 else ""
+        return ValueError(f"{msg}{others}; the step is refused on every rank")
