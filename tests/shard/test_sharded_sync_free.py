@@ -4,7 +4,8 @@ sequence outputs, the fused update), at one and two ranks, EmbeddingCollection
 and EmbeddingBagCollection: on the CPU through the proxy of
 tests/embedding/sync_guard.py, on GPUs under
 ``torch.cuda.set_sync_debug_mode("error")`` around that code, with no more
-synchronizations per step than the same collection with TorchRec's tables.
+synchronizations per step than the same collection with TorchRec's tables
+(on a GPU, one more: the batch check's, ``BATCH_CHECK_READS``).
 
 The one read is the batch check's (dynamicemb/shard/batch_checks.py): the
 ranks' verdict on their batches with the lengths per feature, which TorchRec
@@ -180,12 +181,18 @@ def sync_counts(rank: int, world_size: int, kind: str) -> dict[str, list[int]]:
     return out
 
 
+# On a GPU the batch check's verdict (dynamicemb/shard/batch_checks.py) is
+# one read more than TorchRec's step makes: TorchRec's input distribution does
+# not read the lengths per feature there, which the check reads with it.
+BATCH_CHECK_READS = 1
+
+
 def _check_counts(results):
     for rank, r in enumerate(results):
         print(f"rank {rank}: synchronizations per step {r}")
         # After the first step (warm-up: lazy initializations).
         for ours, theirs in zip(r["dynamic"][1:], r["torchrec"][1:]):
-            assert ours <= theirs, (rank, r)
+            assert ours <= theirs + BATCH_CHECK_READS, (rank, r)
 
 
 @pytest.mark.gpu
