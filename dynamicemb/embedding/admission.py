@@ -117,6 +117,8 @@ class ModuleAdmission:
         self.initializer: MultiTableInitializer = (
             admitter.non_admitted_initializer or module._initializers[False]
         )
+        # Its groups built here, not in a (captured or traced) training step.
+        self.initializer.groups(module.dims, module.device)
         store = module.storage.key_table()
         self.padded = (
             module.storage.takes_padded_batches

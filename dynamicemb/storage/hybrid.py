@@ -148,9 +148,11 @@ class HybridStorage(HashTableStorage):
         the clock gives it a device row (whose row goes to host memory in its
         place), else to its host row."""
         st = self._staged
-        self._kernel_space = None
         if st is None:
+            # Nothing staged (every row in one tier, or no batch since): no
+            # state changes, so a traced step (torch.compile) has no side effect.
             return
+        self._kernel_space = None
         self._staged = None
         n = st.tids.numel()
         rb = self.layout.row_bytes_of(st.tids)
