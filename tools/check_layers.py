@@ -15,8 +15,10 @@
 5. No module of the package is longer than ``MAX_LINES`` lines
    (``dynamicemb_config.py``, whose path and contents the spec fixes, aside).
 6. A test package's BUILD.bazel depends on every other test package it imports
-   (``tests.<pkg>``: a ``//tests/<pkg>`` label in it), or the test fails to
-   import in Bazel's sandbox although it runs under plain pytest.
+   (``tests.<pkg>``: a ``//tests/<pkg>`` label in it), and on ``//dynamicemb``
+   where it imports ``dynamicemb.incremental_dump`` (only that target holds
+   it), or the test fails to import in Bazel's sandbox although it runs under
+   plain pytest.
 
     python tools/check_layers.py [repository root]
 """
@@ -174,7 +176,9 @@ def check_test_deps(root: pathlib.Path) -> list[str]:
     tests = root / "tests"
     for build in sorted(tests.glob("*/BUILD.bazel")):
         pkg = build.parent.name
-        labels = set(re.findall(r'"//tests/(\w+)[:"]', build.read_text()))
+        text = build.read_text()
+        labels = set(re.findall(r'"//tests/(\w+)[:"]', text))
+        whole = '"//dynamicemb"' in text
         for path in sorted(build.parent.rglob("*.py")):
             tree = ast.parse(path.read_text(), str(path))
             for node in ast.walk(tree):
@@ -184,7 +188,15 @@ def check_test_deps(root: pathlib.Path) -> list[str]:
                     mods = [a.name for a in node.names]
                 else:
                     continue
+                if isinstance(node, ast.ImportFrom) and node.module == "dynamicemb":
+                    mods = mods + [f"dynamicemb.{a.name}" for a in node.names]
                 for mod in mods:
+                    if mod == "dynamicemb.incremental_dump" and not whole:
+                        errors.append(
+                            f"{path.relative_to(root).as_posix()}:{node.lineno}: imports {mod}, "
+                            f"but tests/{pkg}/BUILD.bazel does not depend on //dynamicemb"
+                        )
+                        continue
                     parts = mod.split(".")
                     if parts[0] != "tests" or len(parts) < 2:
                         continue
