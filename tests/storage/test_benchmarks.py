@@ -29,9 +29,18 @@ def test_the_dmp_benchmark_prints_a_row_per_configuration():
         "storage_dmp_bench.py",
         *("--device", "cpu", "--tables", "2", "--rows", "3000", "--dim", "8", "--batch", "48"),
         *("--warmup", "1", "--steps", "2", "--budgets", "0.1", "0.5", "--prefetch-budgets", "0.1"),
-        *("--kinds", "ebc", "ec", "--optimizers", "sgd", "adam"),
+        *("--kinds", "ebc", "ec", "--optimizers", "sgd", "adam", "--profile-steps", "1"),
     )
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("| ebc", "| ec"))]
+    # --profile-steps: a summary for every row that ran outside the prefetch pipeline.
+    profiled = [line for line in out.splitlines() if "per step (under the profiler)" in line]
+    ran = [c for c in rows if c[4] != "n/a" and not c[2].endswith("_prefetch")]
+    assert len(profiled) == len(ran) > 0, out[-3000:]
+    lines = out.splitlines()
+    for i, line in enumerate(lines):
+        if "per step (under the profiler)" in line and " torchrec_" not in line:
+            # A dynamic table's step: its own ranges are among the host's operators.
+            assert "dynamicemb:" in lines[i + 2], lines[i : i + 3]
     # 2 kinds x 2 optimizers x (2 all-HBM + 3 x 2 budgets + 2 prefetch rows)
     assert len(rows) == 2 * 2 * 10
     for cells in rows:

@@ -13,8 +13,8 @@
 # the EC with SGD at 10 %. Summary in $OUT/storage.txt, the tests' output in
 # storage_tests.txt, each benchmark's in storage_dmp_{ebc,ec}.txt and .json.
 # STORAGE_DMP_ARGS is appended to both benchmarks' flags (e.g. "--rows 400000" for
-# a smaller size; the full one holds 26 GiB of Adam rows, twice for a cache over a
-# host table). STORAGE_MODULE_BENCH=1 adds the module-level tools/bench/storage_bench.py
+# a smaller size, "--profile-steps 3" for where each configuration's step spends its
+# time; the full one holds 26 GiB of Adam rows, twice for a cache over a host table). STORAGE_MODULE_BENCH=1 adds the module-level tools/bench/storage_bench.py
 # (STORAGE_BENCH_ARGS replaces its size flags; default 2 tables x 1,000,000 rows).
 # Timeouts in seconds: STORAGE_TESTS_TIMEOUT (240), STORAGE_EBC_TIMEOUT (240),
 # STORAGE_EC_TIMEOUT (75), STORAGE_BENCH_TIMEOUT (150): at most about 9 minutes after the

@@ -5,7 +5,7 @@ with part of their rows in HBM against TorchRec's UVM cache at the same budget.
     python tools/bench/storage_dmp_bench.py [--device cuda|cpu] [--kinds ebc ec]
         [--optimizers sgd adam] [--tables 10] [--rows 1677721] [--dim 128]
         [--batch 65536] [--budgets 0.1 0.5] [--prefetch-budgets 0.1] [--configs ...]
-        [--warmup 20] [--steps 20] [--json FILE]
+        [--warmup 20] [--steps 20] [--profile-steps 0] [--json FILE]
 
 ``--tables`` tables of ``--rows`` rows and dim ``--dim``, one feature each,
 hotness 1, ``--batch`` ids per feature and step drawn from a power law
@@ -45,6 +45,13 @@ rows their storage actually moved per step are printed as well (its
 counters: a storage that keeps the rows used again in HBM moves fewer than
 the floor's share). On the CPU TorchRec has neither a UVM cache nor (FBGEMM)
 a CPU Adam: those rows read n/a.
+
+``--profile-steps N`` trains N of the timed batches once more under
+torch.profiler for each configuration outside the prefetch pipeline (whose
+pipeline holds batches ahead) and prints, after the table, where a step's
+time goes: the device's busy time and the host's wall time per step, the
+kernels that take most device time and the operators that take most host
+time (self time, per step).
 """
 
 import argparse
@@ -323,9 +330,67 @@ def run_config(args, kind, config, optimizer, budget, batches, device) -> dict[s
         )
         res["moved_rows"] = (after["reads"] - before["reads"], after["writes"] - before["writes"])
         res["device_gib"], res["host_gib"] = storage_memory(model)
+    if args.profile_steps and not config.endswith("_prefetch"):
+        res["profile"] = profile_steps(args, step, device)
     del model, step
     release(device)
     return res
+
+
+def profile_steps(args, step, device: torch.device, top: int = 8) -> dict[str, Any]:
+    """Where ``--profile-steps`` steps spend their time (see the module
+    docstring): ms per step of device busy time, host wall time, and the
+    ``top`` kernels (device) and operators (host, self time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    n = args.profile_steps
+    sync(device)
+    with profile(activities=activities) as prof:
+        t = time.perf_counter()
+        for i in range(args.warmup, args.warmup + n):
+            step(i)
+        sync(device)
+        wall = time.perf_counter() - t
+    events = prof.key_averages()
+
+    def device_us(e) -> float:
+        return getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0))
+
+    kernels = sorted(
+        (e for e in events if device_us(e) > 0 and e.self_cpu_time_total == 0),
+        key=device_us,
+        reverse=True,
+    )
+    ops = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)
+    return {
+        "host_ms": 1e3 * wall / n,
+        "device_busy_ms": sum(device_us(e) for e in kernels) / 1e3 / n,
+        "kernels_ms": [(e.key[:80], device_us(e) / 1e3 / n) for e in kernels[:top]],
+        "host_ops_ms": [(e.key[:80], e.self_cpu_time_total / 1e3 / n) for e in ops[:top]],
+    }
+
+
+def profile_lines(results: list[dict]) -> list[str]:
+    """The ``--profile-steps`` summary of each profiled row."""
+    out = []
+    for r in results:
+        p = r.get("profile")
+        if p is None:
+            continue
+        budget = "" if r["budget"] is None else f" {r['budget']:.0%}"
+        out += [
+            "",
+            f"{r['kind']} {r['optimizer']} {r['config']}{budget}: host {p['host_ms']:.2f} ms "
+            f"per step (under the profiler), device busy {p['device_busy_ms']:.2f} ms",
+            "  kernels (device ms per step): "
+            + ("; ".join(f"{k} {v:.3f}" for k, v in p["kernels_ms"]) or "none"),
+            "  operators (host self ms per step): "
+            + "; ".join(f"{k} {v:.3f}" for k, v in p["host_ops_ms"]),
+        ]
+    return out
 
 
 def release(device: torch.device) -> None:
@@ -484,7 +549,7 @@ def run(args) -> None:
     print()
     print("`" + " ".join(["python", "tools/bench/storage_dmp_bench.py"] + sys.argv[1:]) + "`")
     print()
-    for line in table_lines(args, results, floors):
+    for line in table_lines(args, results, floors) + profile_lines(results):
         print(line)
     if args.json:
         with open(args.json, "w") as f:
@@ -526,6 +591,12 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--steps", type=int, default=20, help="timed steps")
     ap.add_argument("--threads", type=int, default=1, help="torch threads on the CPU")
+    ap.add_argument(
+        "--profile-steps",
+        type=int,
+        default=0,
+        help="profile this many of the timed batches again (at most --steps)",
+    )
     ap.add_argument("--json", default=None, help="also write the results to this file")
     args = ap.parse_args(argv)
     if args.device == "cuda" and not has_gpu:
@@ -534,6 +605,8 @@ def parse_args(argv: list[str] | None = None):
         ap.error(f"--rows must not be a multiple of {MULT}")
     if min(args.tables, args.rows, args.dim, args.batch, args.steps) < 1 or args.warmup < 0:
         ap.error("sizes and --steps must be positive")
+    if not 0 <= args.profile_steps <= args.steps:
+        ap.error(f"--profile-steps must be in [0, --steps], got {args.profile_steps}")
     if args.prefetch_budgets is None:
         args.prefetch_budgets = args.budgets
     if any(not 0.0 < b < 1.0 for b in args.budgets + args.prefetch_budgets):
