@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dynamicemb._checks import device_of
 from dynamicemb.dynamicemb_config import (
     DynamicEmbInitializerArgs,
     DynamicEmbInitializerMode,
@@ -163,12 +164,9 @@ class MultiTableInitializer:
     def groups(self, dims: Sequence[int], device: torch.device) -> list["InitGroup"]:
         """The tables sharing (dim, arguments), one InitGroup each (built once
         per dims and device)."""
-        device = torch.device(device)
-        if device.type == "cuda" and device.index is None:
-            # One key for torch.device("cuda") and the keys' cuda:N: the groups
-            # built with the module's device serve the step's lookups.
-            device = torch.device("cuda", torch.cuda.current_device())
-        key = (tuple(int(d) for d in dims), device)
+        # One key for torch.device("cuda") and the keys' cuda:N: the groups
+        # built with the module's device serve the step's lookups.
+        key = (tuple(int(d) for d in dims), device_of(device))
         if key not in self._groups:
             if len(key[0]) != self.num_tables:
                 raise ValueError(
