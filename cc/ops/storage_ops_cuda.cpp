@@ -9,7 +9,9 @@
 #include <torch/library.h>
 
 #include <memory>
+#include <mutex>
 #include <tuple>
+#include <vector>
 
 #include "cc/ops/storage_args.h"
 #include "cc/storage/copy_rows_cuda.h"
@@ -28,6 +30,50 @@ void copy_rows_cuda(at::Tensor& dst0, at::Tensor& dst1, const at::Tensor& dst_of
                  });
 }
 
+// Mapped host memory freed while this thread captures a CUDA graph (a
+// segment garbage-collected inside a capture): cudaFreeHost synchronizes the
+// device, which would invalidate the capture, so it waits here until the
+// next free or allocation outside a capture.
+std::mutex& pending_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+std::vector<void*>& pending_frees() {
+  static std::vector<void*> v;
+  return v;
+}
+
+// Whether the current stream captures (an error reads as not: the deleter
+// also runs at exit, when the runtime may be gone).
+bool capturing() {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(), &status) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  return status != cudaStreamCaptureStatusNone;
+}
+
+void free_pending() {
+  std::vector<void*> ready;
+  {
+    const std::lock_guard<std::mutex> lock(pending_mutex());
+    ready.swap(pending_frees());
+  }
+  for (void* p : ready) (void)cudaFreeHost(p);
+}
+
+void free_mapped(void* p) {
+  if (capturing()) {
+    const std::lock_guard<std::mutex> lock(pending_mutex());
+    pending_frees().push_back(p);
+    return;
+  }
+  free_pending();
+  (void)cudaFreeHost(p);
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> host_mapped_empty(int64_t nbytes, int64_t device) {
@@ -37,6 +83,9 @@ std::tuple<at::Tensor, at::Tensor> host_mapped_empty(int64_t nbytes, int64_t dev
   const auto on_device = bytes.device(at::kCUDA, static_cast<c10::DeviceIndex>(device));
   // No allocation for no bytes: from_blob cannot place a null pointer on a device.
   if (nbytes == 0) return {at::empty({0}, bytes), at::empty({0}, on_device)};
+  TORCH_CHECK(!capturing(),
+              "dynamicemb: host_mapped_empty cannot allocate while a CUDA graph is captured");
+  free_pending();
   void* host = nullptr;
   const cudaError_t e = cudaHostAlloc(&host, static_cast<size_t>(nbytes),
                                       cudaHostAllocMapped | cudaHostAllocPortable);
@@ -46,7 +95,7 @@ std::tuple<at::Tensor, at::Tensor> host_mapped_empty(int64_t nbytes, int64_t dev
                 " bytes of mapped host memory: out of memory (", cudaGetErrorString(e), ")");
   }
   // Both views share the allocation; it is freed when the last one is.
-  std::shared_ptr<void> owner(host, [](void* p) { cudaFreeHost(p); });
+  std::shared_ptr<void> owner(host, free_mapped);
   void* dev = nullptr;
   C10_CUDA_CHECK(cudaHostGetDevicePointer(&dev, host, 0));
   at::Tensor h = at::from_blob(host, {nbytes}, [owner](void*) {}, bytes);

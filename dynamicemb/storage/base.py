@@ -98,7 +98,8 @@ class TableStorage(abc.ABC):
     device: torch.device
     # Whether the storage keeps a device cache; a cache tells
     # ``cache_observer(hit, tids)``, when set, which of each lookup's distinct
-    # keys it held.
+    # keys it held (``tids`` grouped by table, as a lookup's distinct keys
+    # come: dynamicemb.embedding.unique).
     has_cache: bool = False
     cache_observer = None
     # Whether ``train_rows`` takes padded batches (``num_keys``: the keys

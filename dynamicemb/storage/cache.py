@@ -28,6 +28,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
+from torch.profiler import record_function
 
 from dynamicemb.storage import space as sp
 from dynamicemb.storage.base import ExportedRows, Footprint, RowInit, TableStorage
@@ -204,56 +205,60 @@ class CachedStorage(TableStorage):
             rows = sp.stage_rows(self.cache.space(), hoff, ht, self.layout)
             undo.found = (hs, ht, self.cache.table.scores[hs].clone(), rows)
             loc = self._locate(~held, keys, tids, int((~held).sum()))
-        # One find-or-insert in the cache: the keys it holds are found before
-        # any new key of the batch picks a victim (cc/table/operations.h), so
-        # no key of the batch is evicted and inserted again in one call.
-        slots, status, evicted = self.cache.insert(keys, tids, policies, vals, expand=False)
-        if self.cache_observer is not None:
-            self.cache_observer(status == enums.InsertStatus.FOUND, tids)
-        offsets = self.cache.offsets(slots, tids)
-        miss = (status == enums.InsertStatus.INSERTED) | (status == enums.InsertStatus.EVICTED)
-        over = status == enums.InsertStatus.FAILED
-        need = miss | over
-        # The one read of the step: how many keys the cache could not take
-        # (their staging buffer's size), missed or could not take, evicted
-        # (the sizes of the subsets the backing tier works on).
-        n_over, n_need, n_victims = (
-            int(x) for x in torch.stack([over.sum(), need.sum(), evicted.count[0]]).tolist()
-        )
-        self._held = (keys, tids, slots)
-        victims = self._victims(evicted, n_victims)
-        if victims is not None:
-            self.backing.expand_for(victims[0], victims[1])
-        if undo is not None:
-            undo.new = (keys[miss], tids[miss])
-            undo.victims, undo.victim_rows = victims, self._rows_at(victims)
-        # Where the backing tier holds the rows of the keys the cache misses
-        # (and those it cannot take); the victims go back before their slots
-        # are refilled, without evicting those rows.
-        if loc is None:
-            loc = self._locate(need, keys, tids, n_need)
-        self.host_reads += loc.found.sum()
-        ns, no, nmiss = loc.sub.take(slots, offsets, miss)
-        try:
-            self._write_back_victims(victims, loc)
-        except BaseException:
+        with record_function("dynamicemb:cache_insert"):
+            # One find-or-insert in the cache: the keys it holds are found before
+            # any new key of the batch picks a victim (cc/table/operations.h), so
+            # no key of the batch is evicted and inserted again in one call.
+            slots, status, evicted = self.cache.insert(keys, tids, policies, vals, expand=False)
+            if self.cache_observer is not None:
+                self.cache_observer(status == enums.InsertStatus.FOUND, tids)
+            offsets = self.cache.offsets(slots, tids)
+            miss = (status == enums.InsertStatus.INSERTED) | (status == enums.InsertStatus.EVICTED)
+            over = status == enums.InsertStatus.FAILED
+            need = miss | over
+        with record_function("dynamicemb:cache_read_counts"):
+            # The one read of the step: how many keys the cache could not take
+            # (their staging buffer's size), missed or could not take, evicted
+            # (the sizes of the subsets the backing tier works on).
+            n_over, n_need, n_victims = (
+                int(x) for x in torch.stack([over.sum(), need.sum(), evicted.count[0]]).tolist()
+            )
+        with record_function("dynamicemb:cache_backing"):
+            self._held = (keys, tids, slots)
+            victims = self._victims(evicted, n_victims)
+            if victims is not None:
+                self.backing.expand_for(victims[0], victims[1])
             if undo is not None:
-                self._roll_back(undo)
-            raise
-        fill = loc.sub.on & nmiss
-        sp.copy_rows(
-            self.cache.space(),
-            torch.where(loc.found & fill, no, -1),
-            loc.src,
-            loc.offsets,
-            self.layout.row_bytes_of(loc.tids),
-        )
-        self.cache.write_new_rows(torch.where(fill & ~loc.found, no, -1), loc.keys, loc.tids, init)
-        if self._carry:
-            self._carry_scores(ns, fill & loc.found, loc.scores, policies, _select(vals, loc.sub))
-        if n_over:
-            staged = loc.sub.on & ~nmiss
-            self._stage(keys, tids, loc, policies, vals, init, offsets, n_over, staged)
+                undo.new = (keys[miss], tids[miss])
+                undo.victims, undo.victim_rows = victims, self._rows_at(victims)
+            # Where the backing tier holds the rows of the keys the cache misses
+            # (and those it cannot take); the victims go back before their slots
+            # are refilled, without evicting those rows.
+            if loc is None:
+                loc = self._locate(need, keys, tids, n_need)
+            self.host_reads += loc.found.sum()
+            ns, no, nmiss = loc.sub.take(slots, offsets, miss)
+            try:
+                self._write_back_victims(victims, loc)
+            except BaseException:
+                if undo is not None:
+                    self._roll_back(undo)
+                raise
+        with record_function("dynamicemb:cache_fill"):
+            fill = loc.sub.on & nmiss
+            sp.copy_rows(
+                self.cache.space(),
+                torch.where(loc.found & fill, no, -1),
+                loc.src,
+                loc.offsets,
+                self.layout.row_bytes_of(loc.tids),
+            )
+            self.cache.write_new_rows(torch.where(fill & ~loc.found, no, -1), loc.keys, loc.tids, init)
+            if self._carry:
+                self._carry_scores(ns, fill & loc.found, loc.scores, policies, _select(vals, loc.sub))
+            if n_over:
+                staged = loc.sub.on & ~nmiss
+                self._stage(keys, tids, loc, policies, vals, init, offsets, n_over, staged)
         self._space_staged = self._staged
         self._undo = undo
         self._record_train()

@@ -67,6 +67,28 @@ def _storage_state(m) -> dict:
     return out
 
 
+def test_mapped_host_memory_freed_inside_a_capture_keeps_the_capture():
+    # A host segment whose last reference goes inside a CUDA graph capture (a
+    # module garbage-collected there): its free waits until after the
+    # capture instead of synchronizing the device inside it.
+    seg = sp.allocate(1 << 20, MemoryType.HOST, torch.device("cuda"))
+    x = torch.zeros(4, device="cuda")
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        graph.capture_begin(capture_error_mode="thread_local")
+        x += 1
+        del seg
+        graph.capture_end()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph.replay()
+    graph.replay()
+    assert x.tolist() == [2.0] * 4
+    # The deferred free runs with the next one outside a capture.
+    sp.allocate(1 << 20, MemoryType.HOST, torch.device("cuda"))
+    torch.cuda.synchronize()
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 @pytest.mark.parametrize("mode", ["hybrid", "host", "cache", "cache_prefetch", "cache_small"])
 def test_cuda_storage_decides_what_the_cpu_storage_decides(mode, optimizer):

@@ -49,9 +49,11 @@ a CPU Adam: those rows read n/a.
 ``--profile-steps N`` trains N of the timed batches once more under
 torch.profiler for each configuration outside the prefetch pipeline (whose
 pipeline holds batches ahead) and prints, after the table, where a step's
-time goes: the device's busy time and the host's wall time per step, the
-kernels that take most device time and the operators that take most host
-time (self time, per step).
+time goes: the device's busy time (kernels and copies, not the ranges
+that annotate them) and the host's wall time per step, the kernels launched
+per step, the kernels that take most device time, the operators that take
+most host time (self time) and the named ranges with the most host time
+(inclusive: dynamicemb's stages, TorchRec's ``[...]`` ones), per step.
 """
 
 import argparse
@@ -337,10 +339,13 @@ def run_config(args, kind, config, optimizer, budget, batches, device) -> dict[s
     return res
 
 
-def profile_steps(args, step, device: torch.device, top: int = 8) -> dict[str, Any]:
+def profile_steps(args, step, device: torch.device, top: int = 14) -> dict[str, Any]:
     """Where ``--profile-steps`` steps spend their time (see the module
-    docstring): ms per step of device busy time, host wall time, and the
-    ``top`` kernels (device) and operators (host, self time)."""
+    docstring): ms per step of device busy time (kernels and copies, not the
+    ranges that annotate them), host wall time, kernels launched per step,
+    the ``top`` kernels (device), operators (host, self time) and named
+    ranges (host, inclusive: the ``dynamicemb:`` stages and TorchRec's
+    ``[...]`` ones)."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU]
@@ -359,17 +364,36 @@ def profile_steps(args, step, device: torch.device, top: int = 8) -> dict[str, A
     def device_us(e) -> float:
         return getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0.0))
 
+    host_keys = {e.key for e in events if e.cpu_time_total > 0}
     kernels = sorted(
-        (e for e in events if device_us(e) > 0 and e.self_cpu_time_total == 0),
+        (
+            e
+            for e in events
+            if device_us(e) > 0
+            and e.self_cpu_time_total == 0
+            and not getattr(e, "is_user_annotation", False)
+            and e.key not in host_keys
+        ),
         key=device_us,
         reverse=True,
     )
     ops = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)
+    ranges = sorted(
+        (
+            e
+            for e in events
+            if e.cpu_time_total > 0 and (e.key.startswith("dynamicemb:") or e.key.startswith("["))
+        ),
+        key=lambda e: e.cpu_time_total,
+        reverse=True,
+    )
     return {
         "host_ms": 1e3 * wall / n,
         "device_busy_ms": sum(device_us(e) for e in kernels) / 1e3 / n,
+        "kernels_per_step": sum(e.count for e in kernels) / n,
         "kernels_ms": [(e.key[:80], device_us(e) / 1e3 / n) for e in kernels[:top]],
         "host_ops_ms": [(e.key[:80], e.self_cpu_time_total / 1e3 / n) for e in ops[:top]],
+        "ranges_ms": [(e.key[:80], e.cpu_time_total / 1e3 / n) for e in ranges[:top]],
     }
 
 
@@ -384,11 +408,14 @@ def profile_lines(results: list[dict]) -> list[str]:
         out += [
             "",
             f"{r['kind']} {r['optimizer']} {r['config']}{budget}: host {p['host_ms']:.2f} ms "
-            f"per step (under the profiler), device busy {p['device_busy_ms']:.2f} ms",
+            f"per step (under the profiler), device busy {p['device_busy_ms']:.2f} ms, "
+            f"{p['kernels_per_step']:.0f} kernels and copies per step",
             "  kernels (device ms per step): "
             + ("; ".join(f"{k} {v:.3f}" for k, v in p["kernels_ms"]) or "none"),
             "  operators (host self ms per step): "
             + "; ".join(f"{k} {v:.3f}" for k, v in p["host_ops_ms"]),
+            "  ranges (host ms per step, inclusive): "
+            + ("; ".join(f"{k} {v:.3f}" for k, v in p["ranges_ms"]) or "none"),
         ]
     return out
 
