@@ -240,7 +240,14 @@ def spawn_ranks(world_size: int, fn, *more) -> None:
 def run_alone(fn, args) -> None:
     """Runs ``fn(args)`` as the one rank of a world of one: NCCL on GPU 0 for
     ``args.device`` cuda, else gloo with ``args.threads`` torch threads."""
-    init_process_group(0, 1, free_port(), args.device, args.threads)
+    for attempt in range(3):
+        try:
+            init_process_group(0, 1, free_port(), args.device, args.threads)
+            break
+        except dist.DistNetworkError as e:
+            # The port found free was taken before the store bound it: another.
+            if "EADDRINUSE" not in str(e) or attempt == 2:
+                raise
     try:
         fn(args)
     finally:

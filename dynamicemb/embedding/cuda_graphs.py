@@ -45,6 +45,7 @@ What makes a replay equal to the eager lookup, and when none is made:
 
 import collections
 import dataclasses
+import gc
 import os
 import warnings
 import weakref
@@ -150,6 +151,12 @@ class LookupGraphs:
             self._stream = torch.cuda.Stream(indices.device)
         stream = self._stream
         stream.wait_stream(torch.cuda.current_stream(indices.device))
+        # No garbage collection inside the capture: a collected object's CUDA
+        # resources (an earlier module's graphs and their memory pool, mapped
+        # host memory) would be freed there, and a free that synchronizes the
+        # device invalidates the capture.
+        collecting = gc.isenabled()
+        gc.disable()
         try:
             with torch.cuda.stream(stream):
                 graph.capture_begin(capture_error_mode="thread_local")
@@ -166,6 +173,8 @@ class LookupGraphs:
             )
             return None
         finally:
+            if collecting:
+                gc.enable()
             torch.cuda.current_stream(indices.device).wait_stream(stream)
         g = _Graph(graph, inputs, step, batch, state)
         self.graphs[key] = g

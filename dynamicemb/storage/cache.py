@@ -253,9 +253,11 @@ class CachedStorage(TableStorage):
                 loc.offsets,
                 self.layout.row_bytes_of(loc.tids),
             )
-            self.cache.write_new_rows(torch.where(fill & ~loc.found, no, -1), loc.keys, loc.tids, init)
+            new_at = torch.where(fill & ~loc.found, no, -1)
+            self.cache.write_new_rows(new_at, loc.keys, loc.tids, init)
             if self._carry:
-                self._carry_scores(ns, fill & loc.found, loc.scores, policies, _select(vals, loc.sub))
+                carried = fill & loc.found
+                self._carry_scores(ns, carried, loc.scores, policies, _select(vals, loc.sub))
             if n_over:
                 staged = loc.sub.on & ~nmiss
                 self._stage(keys, tids, loc, policies, vals, init, offsets, n_over, staged)

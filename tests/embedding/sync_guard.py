@@ -144,15 +144,21 @@ def cuda_syncs(fn) -> int:
     """Synchronizing CUDA calls ``fn()`` makes, as torch's sync debug mode
     counts them (the GPU's own count, where ``forbid_host_syncs`` is the
     CPU's stand-in)."""
+    import gc
     import warnings
 
+    # Garbage of earlier tests collected inside ``fn`` (a CUDA graph and its
+    # memory pool freed) would count as ``fn``'s: collected before, not during.
+    gc.collect()
     torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
+        gc.disable()
         try:
             fn()
         finally:
+            gc.enable()
             torch.cuda.set_sync_debug_mode("default")
     return sum("synchroniz" in str(w.message) for w in caught)
 
