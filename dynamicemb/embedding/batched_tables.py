@@ -272,6 +272,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if self.storage.has_cache:
             self.stats.feed(StatCol.CACHE_HITS, StatCol.CACHE_MISSES)
             self.storage.cache_observer = self._count_cache_lookups
+            self._table_ids_to_end = torch.arange(n + 1, device=self.device)
         self._init_table_ids = torch.tensor(
             self.initializer_table_ids, dtype=torch.int64, device=self.device
         )
@@ -390,14 +391,10 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
     def _count_cache_lookups(self, hit: torch.Tensor, tids: torch.Tensor) -> None:
         """CACHE_HITS / CACHE_MISSES += a batch's distinct keys the cache held
         or not, per table (no synchronization). The keys come grouped by
-        table: each table's count is a difference of prefix sums at its
-        bounds, without atomic adds into a few counters."""
-        tables = torch.arange(len(self.table_options) + 1, device=tids.device)
-        bounds = torch.searchsorted(tids, tables)
-        held = torch.nn.functional.pad(hit.to(torch.int64).cumsum(0), (1, 0))[bounds]
-        hits = held[1:] - held[:-1]
-        self.stats.add(StatCol.CACHE_HITS, hits)
-        self.stats.add(StatCol.CACHE_MISSES, bounds[1:] - bounds[:-1] - hits)
+        table: its bounds are where each table id starts."""
+        bounds = torch.searchsorted(tids, self._table_ids_to_end)
+        hits = self.stats.count_segments(StatCol.CACHE_HITS, hit, bounds)
+        self.stats.add(StatCol.CACHE_MISSES, bounds.diff() - hits)
 
     def set_score(self, score: int, tables: Sequence[int] | None = None) -> None:
         """CUSTOMIZED: the score (an int64) the keys of ``tables`` (None: all)

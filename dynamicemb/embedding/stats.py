@@ -72,8 +72,12 @@ class TableStats:
         kernel, where ``+=`` on the column would add and copy back)."""
         self.counts[:, col].add_(per_table)
 
-    def count_segments(self, col: StatCol, mask: torch.Tensor, table_offsets: torch.Tensor) -> None:
-        """Adds, per table, the set entries of ``mask`` over keys grouped by table.
+    def count_segments(
+        self, col: StatCol, mask: torch.Tensor, table_offsets: torch.Tensor
+    ) -> torch.Tensor:
+        """Adds, per table, the set entries of ``mask`` over keys grouped by
+        table (differences of its prefix sums at the tables' bounds: no
+        atomic adds into a few counters); returns those counts.
 
         Args:
             col (StatCol): the column.
@@ -82,9 +86,10 @@ class TableStats:
             table_offsets (torch.Tensor): (num_tables + 1) int64: table t's keys
                 are ``mask[table_offsets[t]:table_offsets[t + 1]]``.
         """
-        ends = torch.zeros(mask.numel() + 1, dtype=torch.int64, device=mask.device)
-        torch.cumsum(mask.to(torch.int64), 0, out=ends[1:])
-        self.add(col, ends[table_offsets[1:]] - ends[table_offsets[:-1]])
+        ends = torch.nn.functional.pad(mask.to(torch.int64).cumsum(0), (1, 0))
+        per_table = ends[table_offsets].diff()
+        self.add(col, per_table)
+        return per_table
 
     def count_lookups(self, table_offsets: torch.Tensor) -> None:
         """LOOKUPS += the distinct keys of each table in a batch."""

@@ -332,6 +332,11 @@ class CachedStorage(TableStorage):
         slot -1); None when the call could evict nothing."""
         if evicted is None or evicted.keys.numel() == 0 or count == 0:
             return None
+        if count is not None:  # the first ``count`` entries: views, no selection
+            self.host_writes += count
+            return tuple(
+                x[:count] for x in (evicted.keys, evicted.table_ids, evicted.slots, evicted.scores)
+            )
         valid = torch.arange(evicted.keys.numel(), device=self.device) < evicted.count
         self.host_writes += valid.sum()
         sub = sp.Subset(valid, count)

@@ -143,16 +143,26 @@ def forbid_host_syncs(
 def cuda_syncs(fn) -> int:
     """Synchronizing CUDA calls ``fn()`` makes, as torch's sync debug mode
     counts them (the GPU's own count, where ``forbid_host_syncs`` is the
-    CPU's stand-in)."""
+    CPU's stand-in): the warnings of the calling thread only (the debug mode
+    is the process's; another thread's reads are not ``fn``'s)."""
     import gc
+    import threading
     import warnings
+
+    caught = []
+    me = threading.get_ident()
+
+    def show(message, *args, **kwargs) -> None:
+        if threading.get_ident() == me:
+            caught.append(message)
 
     # Garbage of earlier tests collected inside ``fn`` (a CUDA graph and its
     # memory pool freed) would count as ``fn``'s: collected before, not during.
     gc.collect()
     torch.cuda.synchronize()
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = show
         torch.cuda.set_sync_debug_mode("warn")
         gc.disable()
         try:
@@ -160,7 +170,7 @@ def cuda_syncs(fn) -> int:
         finally:
             gc.enable()
             torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(w.message) for w in caught)
+    return sum("synchroniz" in str(m) for m in caught)
 
 
 @contextlib.contextmanager
