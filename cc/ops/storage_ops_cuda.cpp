@@ -46,13 +46,17 @@ std::vector<void*>& pending_frees() {
 
 // Whether the current stream captures (an error reads as not: the deleter
 // also runs at exit, when the runtime may be gone).
-bool capturing() {
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(), &status) != cudaSuccess) {
-    (void)cudaGetLastError();
+bool capturing() noexcept {
+  try {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(c10::cuda::getCurrentCUDAStream(), &status) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return status != cudaStreamCaptureStatusNone;
+  } catch (...) {  // no current stream to ask (the deleter must not throw)
     return false;
   }
-  return status != cudaStreamCaptureStatusNone;
 }
 
 void free_pending() {
