@@ -332,14 +332,13 @@ class CachedStorage(TableStorage):
         slot -1); None when the call could evict nothing."""
         if evicted is None or evicted.keys.numel() == 0 or count == 0:
             return None
-        if count is not None:  # the first ``count`` entries: views, no selection
+        if count is not None:  # the valid prefix, without a selection
             self.host_writes += count
-            return tuple(
-                x[:count] for x in (evicted.keys, evicted.table_ids, evicted.slots, evicted.scores)
-            )
+            ex = evicted.compact(count)
+            return ex.keys, ex.table_ids, ex.slots, ex.scores
         valid = torch.arange(evicted.keys.numel(), device=self.device) < evicted.count
         self.host_writes += valid.sum()
-        sub = sp.Subset(valid, count)
+        sub = sp.Subset(valid)
         vt, vs, vscores = sub.take(evicted.table_ids, evicted.slots, evicted.scores)
         if sub.idx is None:  # past the count: no row, a valid table id
             vt, vs = torch.where(valid, vt, 0), torch.where(valid, vs, -1)

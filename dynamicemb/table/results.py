@@ -12,9 +12,10 @@ from dynamicemb.table._native import ops
 class _CountedBatch:
     """A dataclass of tensors whose first ``count[0]`` entries are valid."""
 
-    def compact(self):
-        """The valid prefix of every tensor (reads the count: synchronizes on CUDA)."""
-        n = int(self.count.item())
+    def compact(self, count: int | None = None):
+        """The valid prefix of every tensor: views. ``count``: the count, when
+        the caller read it already (else it is read: synchronizes on CUDA)."""
+        n = int(self.count.item()) if count is None else count
         names = [f.name for f in dataclasses.fields(self) if f.name != "count"]
         return dataclasses.replace(self, **{name: getattr(self, name)[:n] for name in names})
 

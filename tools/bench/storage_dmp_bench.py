@@ -370,7 +370,6 @@ def profile_steps(args, step, device: torch.device, top: int = 14) -> dict[str, 
             e
             for e in events
             if device_us(e) > 0
-            and e.self_cpu_time_total == 0
             and not getattr(e, "is_user_annotation", False)
             and e.key not in host_keys
         ),
