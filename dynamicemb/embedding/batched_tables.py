@@ -388,13 +388,14 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
 
     # ---------------------------------------------------------- admission --
 
-    def _count_cache_lookups(self, hit: torch.Tensor, tids: torch.Tensor) -> None:
+    def _count_cache_lookups(self, hit: torch.Tensor, miss: torch.Tensor, tids: torch.Tensor):
         """CACHE_HITS / CACHE_MISSES += a batch's distinct keys the cache held
-        or not, per table (no synchronization). The keys come grouped by
-        table: its bounds are where each table id starts."""
+        (``hit``) or not (``miss``; padding is neither), per table (no
+        synchronization). The keys come grouped by table: its bounds are
+        where each table id starts."""
         bounds = torch.searchsorted(tids, self._table_ids_to_end)
-        hits = self.stats.count_segments(StatCol.CACHE_HITS, hit, bounds)
-        self.stats.add(StatCol.CACHE_MISSES, bounds.diff() - hits)
+        self.stats.count_segments(StatCol.CACHE_HITS, hit, bounds)
+        self.stats.count_segments(StatCol.CACHE_MISSES, miss, bounds)
 
     def set_score(self, score: int, tables: Sequence[int] | None = None) -> None:
         """CUSTOMIZED: the score (an int64) the keys of ``tables`` (None: all)

@@ -33,6 +33,11 @@ What makes a replay equal to the eager lookup, and when none is made:
 - Whatever a lookup reads from the host besides its inputs is data: the
   step's number (the STEP score) is a (1, 1) tensor filled before each
   replay; Adam's bias corrections are made outside the graph.
+- What the storage's ``train_rows`` does on the host runs around the graph
+  (``TableStorage.before_graph_lookup``: a cache waits for a prefetch on
+  another stream and finishes a batch that had no backward), and what it
+  sets there (a cache's slots held by the batch in flight) each replay puts
+  back (``graph_lookup_state``, ``graph_replayed``).
 - A graph's outputs serve one batch at a time: while the batch of its last
   replay is alive and its backward has not run, the lookup runs eagerly
   (two forward passes before one backward each get their own tensors).
@@ -78,6 +83,7 @@ class _Graph:
     step: torch.Tensor
     batch: Any
     state: tuple
+    storage_state: Any = None
     last: Any = None
 
     def busy(self) -> bool:
@@ -130,11 +136,13 @@ class LookupGraphs:
         elif g.busy():
             return None
         with record_function("dynamicemb:lookup_graph"):
+            module.storage.before_graph_lookup()
             for buf, x in zip(g.inputs, (indices, offsets, freq)):
                 if buf is not None:
                     buf.copy_(x)
             g.step.fill_(module.step)
             g.graph.replay()
+            module.storage.graph_replayed(g.storage_state)
         self.graphs.move_to_end(key)
         self.replays += 1
         batch = dataclasses.replace(g.batch)
@@ -157,6 +165,7 @@ class LookupGraphs:
         # device invalidates the capture.
         collecting = gc.isenabled()
         gc.disable()
+        module.storage.before_graph_lookup()
         try:
             with torch.cuda.stream(stream):
                 graph.capture_begin(capture_error_mode="thread_local")
@@ -176,7 +185,7 @@ class LookupGraphs:
             if collecting:
                 gc.enable()
             torch.cuda.current_stream(indices.device).wait_stream(stream)
-        g = _Graph(graph, inputs, step, batch, state)
+        g = _Graph(graph, inputs, step, batch, state, module.storage.graph_lookup_state())
         self.graphs[key] = g
         while len(self.graphs) > MAX_GRAPHS:
             self.graphs.popitem(last=False)

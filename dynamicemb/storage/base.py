@@ -97,9 +97,10 @@ class TableStorage(abc.ABC):
     layout: RowLayout
     device: torch.device
     # Whether the storage keeps a device cache; a cache tells
-    # ``cache_observer(hit, tids)``, when set, which of each lookup's distinct
-    # keys it held (``tids`` grouped by table, as a lookup's distinct keys
-    # come: dynamicemb.embedding.unique).
+    # ``cache_observer(hit, miss, tids)``, when set, which of each lookup's
+    # distinct keys it held and which it did not (padding is neither; ``tids``
+    # grouped by table, as a lookup's distinct keys come:
+    # dynamicemb.embedding.unique).
     has_cache: bool = False
     cache_observer = None
     # Whether ``train_rows`` takes padded batches (``num_keys``: the keys
@@ -117,6 +118,24 @@ class TableStorage(abc.ABC):
         synchronizes or changes its layout (a graph replays only an
         unchanged state: see docs/architecture.md, "A training step that
         never waits for the device")."""
+        return None
+
+    def before_graph_lookup(self) -> None:
+        """Called before a training lookup is captured in a CUDA graph or
+        replayed from one: what ``train_rows`` does on the host before its
+        kernels and cannot do inside a capture (wait for a prefetch on another
+        stream, finish a batch that had no backward)."""
+        return None
+
+    def graph_lookup_state(self):
+        """After a capture: what the captured ``train_rows`` set on the host
+        (the graph's own tensors), which each replay puts back
+        (``graph_replayed``)."""
+        return None
+
+    def graph_replayed(self, state) -> None:
+        """After a replay: puts back ``graph_lookup_state``'s ``state``, as if
+        ``train_rows`` had run."""
         return None
 
     def key_table(self):

@@ -19,22 +19,22 @@ Without a cache (an external storage with ``caching=False``) every key of a
 batch is staged that way.
 
 A backing tier that ``can_fail`` (a user's ``Storage``) is read before the
-cache changes, and a step keeps an ``_Undo`` record until its rows are
+cache changes, and a step keeps an ``Undo`` record until its rows are
 written back: when the tier raises, the cache is put back as it was before
 the step (docs/storage.md, "A storage that raises").
 """
 
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import torch
 from torch.profiler import record_function
 
+from dynamicemb.storage import padded
 from dynamicemb.storage import space as sp
 from dynamicemb.storage.base import ExportedRows, Footprint, RowInit, TableStorage
+from dynamicemb.storage.cache_staging import Located, Staged, StagedSteps, Undo, select_values
 from dynamicemb.storage.hash_storage import HashTableStorage
 from dynamicemb.storage.layout import RowLayout
-from dynamicemb.storage.rows import write_initial_rows
 from dynamicemb.storage.scores import (
     BatchScore,
     batch_policies,
@@ -44,60 +44,7 @@ from dynamicemb.storage.scores import (
 from dynamicemb.table import PAD_KEY, enums
 
 
-def _select(values, sub: "sp.Subset"):
-    """The score values (``batch_policies``) of a subset of a batch's keys:
-    a per-key tensor is restricted like them; a scalar, one row (the STEP
-    score) or None stands for every key."""
-    if isinstance(values, torch.Tensor) and values.shape[0] != 1:
-        (values,) = sub.take(values)
-    return values
-
-
-@dataclass
-class _Located:
-    """Where the backing tier holds the rows of a subset of a batch's keys:
-    the ``Subset``, its entries' keys (``PAD_KEY`` where left out on a GPU)
-    and table ids, and ``locate``'s results (found, the row space, offsets,
-    scores)."""
-
-    sub: sp.Subset
-    keys: torch.Tensor
-    tids: torch.Tensor
-    found: torch.Tensor
-    src: tuple[torch.Tensor, torch.Tensor]
-    offsets: torch.Tensor
-    scores: torch.Tensor | None
-
-
-class _Staged:
-    """A batch's rows outside the cache: a staging buffer (the second
-    segment of the row space) and what writing them back needs."""
-
-    def __init__(self, buffer, keys, tids, scores, write_back: bool, before=None) -> None:
-        self.buffer, self.keys, self.tids, self.scores = buffer, keys, tids, scores
-        self.write_back = write_back
-        # For a backing tier that can fail: (found (n) bool, a copy of the
-        # rows before the update), what its write-back puts back on failure.
-        self.before = before
-
-
-@dataclass
-class _Undo:
-    """What a training step changed in the cache, to put back when the
-    backing tier fails before the step's end (a backing that ``can_fail``):
-    the counters, the keys it placed in the cache (erased), the keys it
-    evicted (placed back at their slots with their scores and rows) and the
-    slots, scores and rows of the keys it found (put back: an update or a
-    score may have changed them)."""
-
-    counters: tuple[torch.Tensor, ...]
-    new: tuple[torch.Tensor, torch.Tensor] | None = None
-    victims: tuple | None = None
-    victim_rows: torch.Tensor | None = None
-    found: tuple | None = None
-
-
-class CachedStorage(TableStorage):
+class CachedStorage(StagedSteps, TableStorage):
     """A device cache (or none) over a backing tier.
 
     Args:
@@ -126,14 +73,24 @@ class CachedStorage(TableStorage):
             cache is not None and backing.has_scores and backing.strategies == cache.strategies
         )
         self.has_cache = cache is not None
-        self._staged: _Staged | None = None  # the last training batch's
-        self._space_staged: _Staged | None = None  # the last lookup's
+        self._staged: Staged | None = None  # the last training batch's
+        self._space_staged: Staged | None = None  # the last lookup's
         self._held = None  # (keys, tids, slots) the last training batch holds in the cache
+        # (keys, tids, backing slots) of the last training batch's keys the
+        # cache could not take, whose rows the update writes in the backing tier.
+        self._overflow = None
         self._last_score = BatchScore(0, None)
         # A backing tier that may raise (a user's storage): a step keeps an
-        # undo record until its rows are written back (``_Undo``).
+        # undo record until its rows are written back (``Undo``).
         self._fallible = bool(getattr(backing, "can_fail", False))
-        self._undo: _Undo | None = None
+        # A cache over a host table: keys the cache cannot take are found or
+        # inserted in the backing table, whose (pinned, mapped) rows the
+        # kernels address in place; a step then reads nothing on the host.
+        # Otherwise they are staged (``_stage``).
+        self._direct = (
+            cache is not None and not self._fallible and isinstance(backing, HashTableStorage)
+        )
+        self._undo: Undo | None = None
         self._prefetch_event = None
         # The end of the last training lookup or update, on its stream (first
         # the tiers' creation): what a prefetch on another stream waits for.
@@ -168,82 +125,96 @@ class CachedStorage(TableStorage):
             else torch.empty(0, dtype=torch.uint8, device=self.device)
         )
         st = self._space_staged
-        seg1 = st.buffer.view(-1) if st is not None else seg0.new_empty(0)
-        return seg0, seg1
+        if st is not None:
+            return seg0, st.buffer.view(-1)
+        if self._direct:
+            return seg0, self.backing.space()[1]
+        return seg0, seg0.new_empty(0)
 
     def _size0(self) -> int:
         return 0 if self.cache is None else self.cache.space()[0].numel()
 
+    @property
+    def takes_padded_batches(self) -> bool:
+        return self._direct
+
+    def graph_state(self) -> tuple | None:
+        """A cache over a host table, both as ``HashTableStorage.graph_state``
+        requires (evicting, at their capacity, no victim scorer, no evicted
+        keys kept): its training lookup neither synchronizes nor moves a
+        tensor."""
+        if not self._direct:
+            return None
+        cache, backing = self.cache.graph_state(), self.backing.graph_state()
+        if cache is None or backing is None:
+            return None
+        own = (self.overflows, self.host_reads, self.host_writes, self.backing.dropped)
+        return (*cache, *backing, *(x.data_ptr() for x in own))
+
+    def before_graph_lookup(self) -> None:
+        self._join_prefetch()
+        self.after_update()  # a previous batch without a backward
+
+    def graph_lookup_state(self):
+        return self._held, self._overflow, self._last_score
+
+    def graph_replayed(self, state) -> None:
+        self._held, self._overflow, self._last_score = state
+        self._staged = self._space_staged = self._undo = None
+        self._record_train()
+
     def train_rows(
         self, keys, tids, counts, score: BatchScore, init: RowInit, num_keys=None, lookup=None
     ) -> torch.Tensor:
-        # Never given padded batches (takes_padded_batches is False): num_keys
-        # and lookup are None.
-        self._join_prefetch()
-        self.after_update()  # a previous batch without a backward
+        if self._direct:
+            return padded.train_padded(
+                self._train_cached, keys, tids, counts, score, init, num_keys, lookup
+            )
+        return self._train_staged(keys, tids, counts, score, init)
+
+    def _capturing(self) -> bool:
+        return self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+
+    def _train_cached(self, keys, tids, counts, score: BatchScore, init: RowInit) -> torch.Tensor:
+        """The training lookup of a cache over a host table (``_direct``), on
+        exact (CPU) or padded (GPU) batches, reading nothing on the host
+        unless the backing table still grows; what it sets on the host a
+        replay of its CUDA graph puts back (``graph_replayed``)."""
+        capturing = self._capturing()
+        if not capturing:  # else done by before_graph_lookup
+            self._join_prefetch()
+            self.after_update()  # a previous batch without a backward
         self._last_score = score
+        self._staged = self._space_staged = self._undo = None
+        status_of = enums.InsertStatus
         policies, vals = batch_policies(self.strategies, score, counts)
-        self._staged = None
-        undo = _Undo(self._counters()) if self._fallible else None
-        if self.cache is None:  # every key staged
-            offsets = torch.full_like(keys, -1)
-            loc = self._locate(torch.ones_like(keys, dtype=torch.bool), keys, tids, keys.numel())
-            self.host_reads += loc.found.sum()
-            self._stage(keys, tids, loc, policies, vals, init, offsets, keys.numel())
-            self._space_staged = self._staged
-            self._undo = undo
-            return offsets
-        loc = None
-        if undo is not None:
-            # The backing tier is read first, before anything changes: the
-            # rows of the keys the cache does not hold (those it will miss or
-            # cannot take). The found keys' slots, scores and rows are kept.
-            pre = self.cache.table.find(keys, tids)
-            held = pre >= 0
-            hs, ht = pre[held], tids[held]
-            hoff = self.cache.offsets(hs, ht)
-            rows = sp.stage_rows(self.cache.space(), hoff, ht, self.layout)
-            undo.found = (hs, ht, self.cache.table.scores[hs].clone(), rows)
-            loc = self._locate(~held, keys, tids, int((~held).sum()))
         with record_function("dynamicemb:cache_insert"):
             # One find-or-insert in the cache: the keys it holds are found before
             # any new key of the batch picks a victim (cc/table/operations.h), so
             # no key of the batch is evicted and inserted again in one call.
             slots, status, evicted = self.cache.insert(keys, tids, policies, vals, expand=False)
-            if self.cache_observer is not None:
-                self.cache_observer(status == enums.InsertStatus.FOUND, tids)
             offsets = self.cache.offsets(slots, tids)
-            miss = (status == enums.InsertStatus.INSERTED) | (status == enums.InsertStatus.EVICTED)
-            over = status == enums.InsertStatus.FAILED
-            need = miss | over
-        with record_function("dynamicemb:cache_read_counts"):
-            # The one read of the step: how many keys the cache could not take
-            # (their staging buffer's size), missed or could not take, evicted
-            # (the sizes of the subsets the backing tier works on).
-            n_over, n_need, n_victims = (
-                int(x) for x in torch.stack([over.sum(), need.sum(), evicted.count[0]]).tolist()
-            )
+            miss = (status == status_of.INSERTED) | (status == status_of.EVICTED)
+            over = status == status_of.FAILED
+            if self.cache_observer is not None:
+                self.cache_observer(status == status_of.FOUND, miss | over, tids)
         with record_function("dynamicemb:cache_backing"):
             self._held = (keys, tids, slots)
-            victims = self._victims(evicted, n_victims)
-            if victims is not None:
-                self.backing.expand_for(victims[0], victims[1])
-            if undo is not None:
-                undo.new = (keys[miss], tids[miss])
-                undo.victims, undo.victim_rows = victims, self._rows_at(victims)
-            # Where the backing tier holds the rows of the keys the cache misses
-            # (and those it cannot take); the victims go back before their slots
+            victims = self._victims(evicted)
+            osub = sp.Subset(over)
+            okeys, (otids, ocounts) = osub.keys(keys), osub.take(tids, counts)
+            # Room in the backing table for the victims and the keys the cache
+            # cannot take (a table at its capacity reads nothing).
+            grow = [okeys] + ([] if victims is None else [victims[0]])
+            grow_t = [otids] + ([] if victims is None else [victims[1]])
+            self.backing.expand_for(torch.cat(grow), torch.cat(grow_t))
+            # Where the backing tier holds the rows of the keys the cache
+            # missed or cannot take; the victims go back before their slots
             # are refilled, without evicting those rows.
-            if loc is None:
-                loc = self._locate(need, keys, tids, n_need)
+            loc = self._locate(miss | over, keys, tids)
             self.host_reads += loc.found.sum()
             ns, no, nmiss = loc.sub.take(slots, offsets, miss)
-            try:
-                self._write_back_victims(victims, loc)
-            except BaseException:
-                if undo is not None:
-                    self._roll_back(undo)
-                raise
+            self._write_back_victims(victims, loc)
         with record_function("dynamicemb:cache_fill"):
             fill = loc.sub.on & nmiss
             sp.copy_rows(
@@ -253,77 +224,44 @@ class CachedStorage(TableStorage):
                 loc.offsets,
                 self.layout.row_bytes_of(loc.tids),
             )
-            new_at = torch.where(fill & ~loc.found, no, -1)
-            self.cache.write_new_rows(new_at, loc.keys, loc.tids, init)
+            new = fill & ~loc.found
+            self.cache.write_new_rows(torch.where(new, no, -1), loc.keys, loc.tids, init)
             if self._carry:
-                carried = fill & loc.found
-                self._carry_scores(ns, carried, loc.scores, policies, _select(vals, loc.sub))
-            if n_over:
-                staged = loc.sub.on & ~nmiss
-                self._stage(keys, tids, loc, policies, vals, init, offsets, n_over, staged)
-        self._space_staged = self._staged
-        self._undo = undo
-        self._record_train()
+                self._carry_scores(
+                    ns, fill & loc.found, loc.scores, policies, select_values(vals, loc.sub)
+                )
+        with record_function("dynamicemb:cache_overflow"):
+            oscore = BatchScore(score.step, select_values(score.custom, osub))
+            rows = self._place_overflow(okeys, otids, ocounts, oscore, init)
+            self.overflows += osub.on.sum()
+            if osub.idx is None:
+                offsets = torch.where(over, rows, offsets)
+            else:
+                offsets = offsets.index_copy(0, osub.idx, rows)
+        if not capturing:
+            self._record_train()
         return offsets
 
-    # --------------------------------------------------------------- undo --
-
-    def _counters(self) -> tuple[torch.Tensor, ...]:
-        """Copies of the row counters, for ``_Undo``."""
-        return tuple(c.clone() for c in (self.overflows, self.host_reads, self.host_writes))
-
-    def _rows_at(self, victims) -> torch.Tensor | None:
-        """A staging copy of the cache rows of evicted keys (``_victims``),
-        taken before their slots are refilled."""
-        if victims is None:
-            return None
-        _, vt, vs, _ = victims
-        return sp.stage_rows(self.cache.space(), self.cache.offsets(vs, vt), vt, self.layout)
-
-    def _restore_cache(self, undo: _Undo) -> None:
-        """Puts the cache back as ``undo`` recorded it: the keys placed are
-        erased, the evicted ones placed back at their slots with their scores
-        and rows, the found ones get their scores and rows back."""
-        table, space = self.cache.table, self.cache.space()
-        if undo.new is not None:
-            keys, tids = undo.new
-            ok = (keys != PAD_KEY).nonzero().squeeze(1)  # entries left out on a GPU
-            if ok.numel():
-                table.erase(keys[ok], tids[ok])
-        if undo.victims is not None:
-            vk, vt, vs, vscores = undo.victims
-            ok = (vs >= 0).nonzero().squeeze(1)
-            if ok.numel():
-                vk, vt, vs, vscores = vk[ok], vt[ok], vs[ok], vscores[ok]
-                assign = [enums.ScorePolicy.ASSIGN] * table.num_scores
-                table.place(vk, vs, vt, assign, vscores)
-                self._copy_back(space, vs, vt, undo.victim_rows[ok])
-        if undo.found is not None and undo.found[0].numel():
-            hs, ht, scores, rows = undo.found
-            table.scores[hs] = scores
-            self._copy_back(space, hs, ht, rows)
-
-    def _copy_back(self, space, slots, tids, rows) -> None:
-        """Copies a staging buffer of rows into the cache slots ``slots``."""
-        sp.copy_rows(
-            space,
-            self.cache.offsets(slots, tids),
-            sp.as_space(rows),
-            sp.staging_offsets(slots.numel(), self.layout, self.device),
-            self.layout.row_bytes_of(tids),
-        )
-
-    def _roll_back(self, undo: _Undo) -> None:
-        """Undoes a training step whose backing tier failed: the cache as it
-        was, the counters, nothing staged (the backing tier put back its own
-        rows: ``ExternalBacking.write_back``)."""
-        counters = (self.overflows, self.host_reads, self.host_writes)
-        for counter, saved in zip(counters, undo.counters):
-            counter.copy_(saved)
-        self._staged = self._space_staged = None
-        self._held = None
-        if self.cache is not None:
-            self._restore_cache(undo)
+    def _place_overflow(self, keys, tids, counts, score: BatchScore, init) -> torch.Tensor:
+        """Finds or inserts the keys the cache could not take (``PAD_KEY``
+        entries left out) in the backing table, new rows initialized there,
+        and returns their offsets in the row space (``space()``'s second
+        segment is the backing table's host rows), -1 where not stored. The
+        kernels read and update those rows in host memory; until the update
+        (``after_update``) a prefetch neither brings them into the cache nor
+        evicts them."""
+        backing = self.backing
+        policies, vals = batch_policies(backing.strategies, score, counts)
+        bslots, bstatus, _ = backing.insert(keys, tids, policies, vals, expand=False)
+        boff = backing.offsets(bslots, tids)
+        status_of = enums.InsertStatus
+        new = (bstatus == status_of.INSERTED) | (bstatus == status_of.EVICTED)
+        backing.write_new_rows(torch.where(new, boff, -1), keys, tids, init)
+        self._overflow = (keys, tids, bslots)
+        placed = boff >= 0
+        self.host_writes += placed.sum()
+        base = self._size0() - backing.space()[0].numel()
+        return torch.where(placed, boff + base, -1)
 
     def _victims(self, evicted, count: int | None = None):
         """``(keys, table ids, slots, scores)`` of the keys an insert into the
@@ -344,15 +282,15 @@ class CachedStorage(TableStorage):
             vt, vs = torch.where(valid, vt, 0), torch.where(valid, vs, -1)
         return sub.keys(evicted.keys), vt, vs, vscores
 
-    def _locate(self, mask, keys, tids, size: int | None = None) -> _Located:
+    def _locate(self, mask, keys, tids, size: int | None = None) -> Located:
         """Where the backing tier holds the rows of the keys ``mask`` selects
         (``size`` of them, when known on the host)."""
         sub = sp.Subset(mask, size)
         k, (t,) = sub.keys(keys), sub.take(tids)
         found, src, offsets, scores = self.backing.locate(k, t)
-        return _Located(sub, k, t, found, src, offsets, scores)
+        return Located(sub, k, t, found, src, offsets, scores)
 
-    def _write_back_victims(self, victims, loc: _Located) -> None:
+    def _write_back_victims(self, victims, loc: Located) -> None:
         """Writes the cache rows of evicted keys back to the backing tier
         (their scores with them where both tiers keep the same), the keys
         ``loc`` found there protected from eviction until their rows are
@@ -364,6 +302,15 @@ class CachedStorage(TableStorage):
         if self._carry and loc.scores is not None:
             held = sp.Subset(loc.found)
             protect = (held.keys(loc.keys), *held.take(loc.tids, loc.scores))
+        if self._overflow is not None and self._carry:
+            # The batch in flight's keys the cache could not take: the update
+            # still writes their rows in the backing table.
+            ok, ot, oslots = self._overflow
+            kept = sp.Subset(oslots >= 0)
+            okept = (kept.keys(ok), *kept.take(ot))
+            oscores = self.backing.table.scores[kept.take(oslots)[0].clamp(min=0)]
+            okept = (*okept, oscores)
+            protect = okept if protect is None else tuple(map(torch.cat, zip(protect, okept)))
         self.backing.write_back(
             vk,
             vt,
@@ -381,44 +328,6 @@ class CachedStorage(TableStorage):
         fresh = self.cache.table.scores[slots.clamp(min=0)]
         carried = carry_scores(policies, vals, bscores, fresh)
         sp.scatter_rows(self.cache.table.scores, torch.where(carried_mask, slots, -1), carried)
-
-    def _stage(self, keys, tids, loc: _Located, policies, vals, init, offsets, k, mask=None):
-        """Stages the ``k`` keys the cache cannot take (``mask`` of the
-        located subset ``loc``; all of them without a cache): their rows
-        from the backing tier or new ones, in a
-        staging buffer addressed after the cache's rows (the second segment
-        of the row space), written back after the update; their entries of
-        ``offsets`` point there."""
-        if mask is None:
-            pos = torch.arange(k, device=self.device)
-        else:
-            pos = torch.nonzero_static(mask, size=k).squeeze(1)
-        at = loc.sub.origin(pos)
-        skeys, stids = keys[at], tids[at]
-        sfound, s_off = loc.found[pos], loc.offsets[pos]
-        staged = sp.staging(k, self.layout, self.device)
-        st_off = sp.staging_offsets(k, self.layout, self.device)
-        sp.copy_rows(
-            sp.as_space(staged),
-            torch.where(sfound, st_off, -1),
-            loc.src,
-            s_off,
-            self.layout.row_bytes_of(stids),
-        )
-        write_initial_rows(
-            sp.as_space(staged), torch.where(sfound, -1, st_off), skeys, stids, init, self.layout
-        )
-        scores = None
-        if self.backing.has_scores:  # then there is a cache, with the same scores
-            v = vals[at] if isinstance(vals, torch.Tensor) and vals.shape[0] != 1 else vals
-            scores = initial_scores(policies, v, k, self.cache.table.timer(), self.device)
-            scores = torch.where(
-                sfound.unsqueeze(1), carry_scores(policies, v, loc.scores[pos], scores), scores
-            )
-        before = (sfound, staged.clone()) if self._fallible else None
-        self._staged = _Staged(staged, skeys, stids, scores, write_back=True, before=before)
-        self.overflows += k
-        offsets[at] = self._size0() + st_off
 
     def _record_train(self) -> None:
         """Marks the end of the work of a training lookup (or of its update)
@@ -445,7 +354,7 @@ class CachedStorage(TableStorage):
     def after_update(self) -> None:
         # The batch's cache slots are free for a prefetch once its update has
         # run: the prefetch waits for the event recorded here.
-        self._held = None
+        self._held = self._overflow = None
         st = self._staged
         undo, self._undo = self._undo, None
         if st is not None and st.write_back:
@@ -473,14 +382,14 @@ class CachedStorage(TableStorage):
         if self.cache is not None:
             offsets = self.cache.offsets(self.cache.table.find(keys, tids), tids)
             if self.cache_observer is not None:
-                self.cache_observer(offsets >= 0, tids)
+                self.cache_observer(offsets >= 0, offsets < 0, tids)
         else:
             offsets = torch.full_like(keys, -1)
         miss = (offsets < 0).nonzero().squeeze(1)
         found, staged, _ = self.backing.fetch(keys[miss], tids[miss])
         rows = self._size0() + sp.staging_offsets(miss.numel(), self.layout, self.device)
         offsets[miss] = torch.where(found, rows, -1)
-        self._space_staged = _Staged(staged, None, None, None, write_back=False)
+        self._space_staged = Staged(staged, None, None, None, write_back=False)
         return offsets
 
     def contains(self, keys, tids) -> torch.Tensor:
@@ -530,12 +439,15 @@ class CachedStorage(TableStorage):
         if st is not None:
             # Rows the batch in flight stages are stale in the backing tier.
             cand &= ~torch.isin(keys, st.keys)
+        if self._overflow is not None:
+            # Rows its update is still to write in the backing tier.
+            cand &= ~torch.isin(keys, self._overflow[0])
         self._prefetch_into_cache(self._locate(cand, keys, tids))
         if cuda:
             self._prefetch_event = torch.cuda.Event()
             self._prefetch_event.record(torch.cuda.current_stream(self.device))
 
-    def _prefetch_into_cache(self, loc: _Located) -> None:
+    def _prefetch_into_cache(self, loc: Located) -> None:
         """Inserts the keys ``loc`` found in the backing tier into the cache
         and copies their rows in; the victims go back first, without evicting
         those rows."""
@@ -574,7 +486,7 @@ class CachedStorage(TableStorage):
             if counters is not None:  # the cache as it was before this prefetch
                 self.host_writes.copy_(counters[2])
                 new = sp.Subset(placed)
-                undo = _Undo(counters, (new.keys(fk), *new.take(ft)), victims, victim_rows)
+                undo = Undo(counters, (new.keys(fk), *new.take(ft)), victims, victim_rows)
                 self._restore_cache(undo)
             raise
         self.prefetched += placed.sum()

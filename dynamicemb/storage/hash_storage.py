@@ -37,7 +37,6 @@ from dynamicemb.table import (
     enums,
     first_valid_key,
     no_eviction_key_slots,
-    pad_key,
 )
 from dynamicemb.types import MemoryType
 
@@ -131,7 +130,6 @@ class HashTableStorage(TableStorage):
             )
         self._scorer = None if scorer_factory is None else scorer_factory()
         self._first_valid = first_valid_key()
-        self._pad_key = pad_key()
         # Plain ints: torch.compile compares tensors with ints, not enum members.
         self._inserted = int(enums.InsertStatus.INSERTED)
         self._evicted_status = int(enums.InsertStatus.EVICTED)
@@ -418,16 +416,9 @@ class HashTableStorage(TableStorage):
     def train_rows(
         self, keys, tids, counts, score: BatchScore, init: RowInit, num_keys=None, lookup=None
     ) -> torch.Tensor:
-        if lookup is not None:
-            if self.device.type == "cpu":
-                return padded.train_selected(
-                    self._train_rows, keys, tids, counts, score, init, lookup
-                )
-            # On a GPU every entry, the others made padding, which the kernels skip.
-            keys = torch.where(lookup, keys, self._pad_key)
-        elif num_keys is not None and self.device.type == "cpu":
-            return padded.train_prefix(self._train_rows, keys, tids, counts, score, init, num_keys)
-        return self._train_rows(keys, tids, counts, score, init)
+        return padded.train_padded(
+            self._train_rows, keys, tids, counts, score, init, num_keys, lookup
+        )
 
     def _train_rows(self, keys, tids, counts, score: BatchScore, init: RowInit) -> torch.Tensor:
         policies, vals = batch_policies(self.strategies, score, counts)

@@ -14,6 +14,7 @@ import torch
 
 from dynamicemb.storage.base import RowInit
 from dynamicemb.storage.scores import BatchScore
+from dynamicemb.table import PAD_KEY
 
 Train = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, BatchScore, RowInit], torch.Tensor]
 
@@ -44,3 +45,18 @@ def train_selected(train: Train, keys, tids, counts, score: BatchScore, init, lo
         score = BatchScore(score.step, custom.index_select(0, idx))
     rows = train(*(t.index_select(0, idx) for t in (keys, tids, counts)), score, init)
     return keys.new_full(keys.shape, -1).index_copy_(0, idx, rows)
+
+
+def train_padded(train: Train, keys, tids, counts, score: BatchScore, init, num_keys, lookup):
+    """``TableStorage.train_rows`` of a storage that ``takes_padded_batches``,
+    through ``train`` of exact (CPU) or padded (GPU) batches: on a GPU the
+    entries ``lookup`` leaves out are made padding, which the kernels skip;
+    on the CPU only the keys to look up go to ``train``."""
+    cpu = keys.device.type == "cpu"
+    if lookup is not None:
+        if cpu:
+            return train_selected(train, keys, tids, counts, score, init, lookup)
+        keys = torch.where(lookup, keys, PAD_KEY)
+    elif num_keys is not None and cpu:
+        return train_prefix(train, keys, tids, counts, score, init, num_keys)
+    return train(keys, tids, counts, score, init)

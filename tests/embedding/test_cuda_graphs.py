@@ -223,3 +223,24 @@ def test_graph_state_changes_when_the_tables_are_rebuilt():
     before = m._graph_state()
     m.rows.restore(m.rows.snapshot())
     assert m._graph_state() != before
+
+
+@pytest.mark.parametrize(
+    "kw, captured",
+    [
+        ({}, True),  # a host table at its capacity under the cache
+        ({"init_capacity": 1024}, False),  # the host table can still grow
+        ({"strategy": S.NO_EVICTION}, False),  # it grows without bound
+    ],
+)
+def test_graph_state_of_a_cache_names_a_step_that_never_synchronizes(kw, captured):
+    """A cache's training lookup over a host table at its capacity reads
+    nothing on the host: captured; over a table that still grows, not."""
+    strategy = kw.pop("strategy", S.TIMESTAMP)
+    options = [
+        dataclasses.replace(o, caching=True, local_hbm_for_values=256 * 64, **kw)
+        for o in _options(strategy)
+    ]
+    m = unchecked_module(options, EmbOptimType.EXACT_SGD, "SUM", "cpu", 0.1)
+    assert m.storage.has_cache
+    assert (m._graph_state() is not None) == captured

@@ -40,18 +40,31 @@ def test_prefetch_brings_the_next_batchs_stored_keys_into_the_cache(device):
     out.sum().backward()
 
 
-def test_prefetch_skips_the_rows_the_batch_in_flight_stages():
-    # A cache of 16 slots: the batch in flight overflows; its staged keys'
-    # backing rows are stale until its backward, so they are not prefetched.
-    m = module("cache_small", optimizer="sgd")
-    data = batches(3, 2, batch=48)
-    train(m, data[:1])
+@pytest.mark.parametrize("device", DEVICES)
+def test_prefetch_skips_the_rows_the_batch_in_flight_updates_in_the_backing_tier(device):
+    # A cache of 16 slots: the batch in flight overflows; the keys the cache
+    # cannot take are placed in the backing table, whose rows the update
+    # writes there: they are not prefetched into the cache before it, and
+    # the write-backs of prefetch's victims do not evict them.
+    m = module("cache_small", optimizer="sgd", device=device)
+    reference = module("device", optimizer="sgd", device=device)
+    data = [(i.to(device), o.to(device)) for i, o in batches(3, 2, batch=48)]
+    train(reference, data[:2], device=device)
+    train(m, data[:1], device=device)
     out = m(*data[1])
-    staged = m.storage._staged
-    assert staged is not None and staged.keys.numel() > 0
+    keys, tids, slots = m.storage._overflow
+    placed = slots >= 0
+    assert int(placed.sum()) > 0
     m.prefetch(*data[1])  # the same keys again
-    assert not bool(m.storage.cache.contains(staged.keys, staged.tids).any())
-    out.sum().backward()
+    assert not bool(m.storage.cache.contains(keys[placed], tids[placed]).any())
+    assert torch.equal(m.storage.backing.table.find(keys[placed], tids[placed]), slots[placed])
+    g = torch.Generator().manual_seed(101)
+    out.backward(torch.randn(out.shape, generator=g).to(device))
+    assert m.storage._overflow is None
+    seen = seen_keys(data[:2], [0, 1])
+    for (fg, eg, sg), (fw, ew, sw) in zip(rows_of(m, seen), rows_of(reference, seen)):
+        assert bool(fg.all()) and torch.equal(fg, fw)
+        assert torch.equal(eg, ew) and torch.equal(sg, sw)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -1,8 +1,9 @@
 """The storage tiers on a GPU against the CPU backend, the reference: the
 same rows copied, the same decisions (which keys a cache holds, which rows a
 hybrid table moves into device memory, what crossed the bus), the rows within
-the kernels' float tolerance; and the host reads a step makes: one for a
-cache's or a split hybrid table's training lookup, none for a prefetch."""
+the kernels' float tolerance; the host reads a step makes: one for a split
+hybrid table's training lookup, none for a cache's or a prefetch; and a
+cache's training lookups replayed from CUDA graphs, as they run eagerly."""
 
 import pytest
 import torch
@@ -116,9 +117,10 @@ def test_cuda_storage_decides_what_the_cpu_storage_decides(mode, optimizer):
         ("hybrid", 1),
         # Every row in host memory: the kernels address them in place.
         ("host", 0),
-        # The exact unique (a cache takes exact batches), the keys the cache
-        # could not take.
-        ("cache", 2),
+        # A cache over a host table at its capacity: the keys it cannot take
+        # go to that table, whose rows the kernels address in place.
+        ("cache", 0),
+        ("cache_small", 0),
     ],
 )
 def test_cuda_training_step_reads_the_device_once_for_its_storage(mode, reads):
@@ -153,3 +155,58 @@ def test_cuda_prefetch_never_synchronizes():
     torch.cuda.synchronize()
     assert int(m.storage.prefetched) > before
     m(*data[7]).sum().backward()  # waits for the prefetch; trains as without it
+
+
+def _fixed_batches(steps: int, batch: int = 24, hotness: int = 3, vocab: int = 2000):
+    """Pooled batches of two features and one shape (``hotness`` ids per
+    bag), keys from a power law: what a CUDA graph of the lookup replays."""
+    g = torch.Generator().manual_seed(3)
+    bags = 2 * batch
+    offsets = torch.arange(0, bags * hotness + 1, hotness)
+    return [
+        ((vocab * torch.rand(bags * hotness, generator=g) ** 3).long(), offsets)
+        for _ in range(steps)
+    ]
+
+
+@pytest.mark.parametrize("prefetch", [False, True], ids=["lookup", "prefetch"])
+@pytest.mark.parametrize("mode", ["cache", "cache_small"])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_cuda_cache_lookups_replayed_from_graphs_train_as_eager_ones(mode, optimizer, prefetch):
+    # A cache over a host table (its overflow too: cache_small) replays its
+    # training lookup from a CUDA graph; with prefetch between the forward and
+    # the backward (TorchRec's prefetch pipeline) as well. Everything equals
+    # the eager lookups: outputs, rows, what the tiers hold and the counters.
+    data = [(i.cuda(), o.cuda()) for i, o in _fixed_batches(12)]
+    graphed = module(mode, (8, 12), optimizer, device="cuda")
+    eager = module(mode, (8, 12), optimizer, device="cuda")
+    eager.cuda_graphs = False
+    got = train(graphed, data, prefetch=prefetch, device="cuda")
+    want = train(eager, data, prefetch=prefetch, device="cuda")
+    assert graphed._graphs.replays >= len(data) - 2 and eager._graphs.replays == 0
+    for step, (g, w) in enumerate(zip(got, want)):
+        assert torch.equal(g, w), step
+    assert _storage_state(graphed) == _storage_state(eager)
+    assert torch.equal(graphed.stats.counts, eager.stats.counts)
+    seen = seen_keys(data, [0, 1])
+    for (fg, eg, sg), (fw, ew, sw) in zip(rows_of(graphed, seen), rows_of(eager, seen)):
+        assert bool(fg.all()) and torch.equal(fg, fw)
+        assert torch.equal(eg, ew) and torch.equal(sg, sw)
+    if mode == "cache_small":
+        assert int(graphed.storage.overflows) > 0
+
+
+def test_cuda_cache_step_replayed_from_a_graph_never_synchronizes():
+    m = module("cache", (8, 12), "adam", device="cuda")
+    m.check_values = False
+    data = [(i.cuda(), o.cuda()) for i, o in _fixed_batches(6)]
+    train(m, data[:3], device="cuda")  # the shape seen, captured, replayed
+    assert m._graphs.replays > 0
+
+    def step():
+        for b in data[3:]:
+            m(*b).sum().backward()
+
+    replays = m._graphs.replays
+    assert cuda_syncs(step) == 0
+    assert m._graphs.replays == replays + 3
