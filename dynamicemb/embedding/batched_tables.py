@@ -26,7 +26,11 @@ from dynamicemb.dynamicemb_config import (
     DynamicEmbTableOptions,
 )
 from dynamicemb.embedding.admission import ModuleAdmission, create_admitter, fill_refs
-from dynamicemb.embedding.cuda_graphs import LookupGraphs, graphs_enabled_by_default
+from dynamicemb.embedding.cuda_graphs import (
+    LookupGraphs,
+    PrefetchGraphs,
+    graphs_enabled_by_default,
+)
 from dynamicemb.embedding.initializer import MultiTableInitializer
 from dynamicemb.embedding.inputs import raise_bad_input
 from dynamicemb.embedding.module_warnings import (
@@ -328,6 +332,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         # it has seen from CUDA graphs (dynamicemb/embedding/cuda_graphs.py).
         self.cuda_graphs = graphs_enabled_by_default()
         self._graphs = LookupGraphs() if self.device.type == "cuda" else None
+        self._prefetch_graphs = PrefetchGraphs() if self.device.type == "cuda" else None
 
     # ------------------------------------------------------------ storage --
 
@@ -357,13 +362,33 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         no-op without a cache. It changes no result: the forward of that
         batch finds or inserts every key itself."""
         indices, offsets = self._batch_input(indices, offsets)
+        g = self._prefetch_graphs
+        if g is not None and self.cuda_graphs and not torch.compiler.is_compiling():
+            if g.prefetch(self, indices, offsets):
+                return
+        self.storage.prefetch(*self._prefetch_keys(indices, offsets), forward_stream)
+
+    def _prefetch_keys(self, indices, offsets) -> tuple[torch.Tensor, torch.Tensor]:
+        """The distinct keys of a coming batch and their table ids (padded
+        when the storage ``takes_padded_prefetch``)."""
         su = segmented_unique(
             indices,
             self._occurrence_tables(indices, offsets),
             len(self.table_options),
             padded=self.storage.takes_padded_prefetch,
         )
-        self.storage.prefetch(su.keys, su.table_ids, forward_stream)
+        return su.keys, su.table_ids
+
+    def _prefetch_rows(self, indices, offsets) -> None:
+        """A prefetch's kernels, which ``PrefetchGraphs`` captures."""
+        self.storage.prefetch_rows(*self._prefetch_keys(indices, offsets))
+
+    def _prefetch_graph_state(self) -> tuple | None:
+        """The storage's ``prefetch_graph_state``, or None when a prefetch may
+        not be captured (``DYNAMICEMB_DEBUG`` checks the unique on the host)."""
+        if os.environ.get("DYNAMICEMB_DEBUG"):
+            return None
+        return self.storage.prefetch_graph_state()
 
     def flush(self) -> None:
         """Writes the device cache's rows back to the backing tier (the cache

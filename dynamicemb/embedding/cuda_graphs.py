@@ -92,22 +92,93 @@ class _Graph:
         return b is not None and not b.updated
 
 
-class LookupGraphs:
-    """The CUDA graphs of one module's training lookups, by batch shape.
+class _ShapeGraphs:
+    """CUDA graphs of one of a module's calls, by batch shape: a graph is
+    kept while the state it was captured over is unchanged, captured the
+    second time its shape is seen, at most ``MAX_GRAPHS`` of them.
 
     Attributes:
         captures (int): graphs captured so far.
-        replays (int): lookups served by a replay.
+        replays (int): calls served by a replay.
         failed (bool): a capture failed; no more are tried.
     """
 
+    what = "call"
+
     def __init__(self) -> None:
-        self.graphs: collections.OrderedDict[tuple, _Graph] = collections.OrderedDict()
+        self.graphs: collections.OrderedDict[tuple, Any] = collections.OrderedDict()
         self.seen: collections.Counter = collections.Counter()
         self.captures = 0
         self.replays = 0
         self.failed = False
         self._stream = None
+
+    def _graph(self, key: tuple, state: tuple):
+        """The graph of ``key`` captured over ``state``; None when there is
+        none (a graph over another state is dropped)."""
+        g = self.graphs.get(key)
+        if g is not None and g.state != state:
+            del self.graphs[key]
+            g = None
+        return g
+
+    def _due(self, key: tuple) -> bool:
+        """Counts a sighting of a shape without a graph: whether to capture it."""
+        self.seen[key] += 1
+        if self.seen[key] < 2:
+            if len(self.seen) > _MAX_SEEN:
+                self.seen = collections.Counter({key: 1})
+            return False
+        return True
+
+    def _record(self, device, fn):
+        """``(graph, fn())`` with ``fn``'s work captured in a new CUDA graph
+        (nothing runs yet), or None when the capture fails (warned once; no
+        more are tried)."""
+        graph = torch.cuda.CUDAGraph()
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device)
+        stream = self._stream
+        stream.wait_stream(torch.cuda.current_stream(device))
+        # No garbage collection inside the capture: a collected object's CUDA
+        # resources (an earlier module's graphs and their memory pool, mapped
+        # host memory) would be freed there, and a free that synchronizes the
+        # device invalidates the capture.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            with torch.cuda.stream(stream):
+                graph.capture_begin(capture_error_mode="thread_local")
+                try:
+                    out = fn()
+                finally:
+                    graph.capture_end()
+        except Exception as e:  # an operation that cannot be captured
+            self.failed = True
+            warnings.warn(
+                f"dynamicemb: the training {self.what} could not be captured in a CUDA graph "
+                f"({e}); it runs eagerly from now on",
+                stacklevel=5,
+            )
+            return None
+        finally:
+            if collecting:
+                gc.enable()
+            torch.cuda.current_stream(device).wait_stream(stream)
+        return graph, out
+
+    def _keep(self, key: tuple, g) -> None:
+        self.graphs[key] = g
+        while len(self.graphs) > MAX_GRAPHS:
+            self.graphs.popitem(last=False)
+        self.captures += 1
+
+
+class LookupGraphs(_ShapeGraphs):
+    """The CUDA graphs of one module's training lookups, by batch shape
+    (``_ShapeGraphs``)."""
+
+    what = "lookup"
 
     def lookup(self, module, indices, offsets, freq):
         """The batch of a replayed lookup, or None: the module runs it
@@ -120,15 +191,9 @@ class LookupGraphs:
         if state is None:
             return None
         key = (indices.numel(), offsets.numel(), freq is not None)
-        g = self.graphs.get(key)
-        if g is not None and g.state != state:
-            del self.graphs[key]
-            g = None
+        g = self._graph(key, state)
         if g is None:
-            self.seen[key] += 1
-            if self.seen[key] < 2:
-                if len(self.seen) > _MAX_SEEN:
-                    self.seen = collections.Counter({key: 1})
+            if not self._due(key):
                 return None
             g = self._capture(module, key, state, indices, offsets, freq)
             if g is None:
@@ -154,40 +219,61 @@ class LookupGraphs:
         runs yet: the caller replays it). None when the capture fails."""
         inputs = tuple(None if x is None else x.clone() for x in (indices, offsets, freq))
         step = torch.zeros((1, 1), dtype=torch.int64, device=indices.device)
-        graph = torch.cuda.CUDAGraph()
-        if self._stream is None:
-            self._stream = torch.cuda.Stream(indices.device)
-        stream = self._stream
-        stream.wait_stream(torch.cuda.current_stream(indices.device))
-        # No garbage collection inside the capture: a collected object's CUDA
-        # resources (an earlier module's graphs and their memory pool, mapped
-        # host memory) would be freed there, and a free that synchronizes the
-        # device invalidates the capture.
-        collecting = gc.isenabled()
-        gc.disable()
         module.storage.before_graph_lookup()
-        try:
-            with torch.cuda.stream(stream):
-                graph.capture_begin(capture_error_mode="thread_local")
-                try:
-                    batch = module._lookup(*inputs, step)
-                finally:
-                    graph.capture_end()
-        except Exception as e:  # an operation that cannot be captured
-            self.failed = True
-            warnings.warn(
-                f"dynamicemb: the training lookup could not be captured in a CUDA graph ({e}); "
-                "it runs eagerly from now on",
-                stacklevel=4,
-            )
+        got = self._record(indices.device, lambda: module._lookup(*inputs, step))
+        if got is None:
             return None
-        finally:
-            if collecting:
-                gc.enable()
-            torch.cuda.current_stream(indices.device).wait_stream(stream)
+        graph, batch = got
         g = _Graph(graph, inputs, step, batch, state, module.storage.graph_lookup_state())
-        self.graphs[key] = g
-        while len(self.graphs) > MAX_GRAPHS:
-            self.graphs.popitem(last=False)
-        self.captures += 1
+        self._keep(key, g)
         return g
+
+
+@dataclass
+class _PrefetchGraph:
+    """One captured prefetch: the graph, its input buffers, its state."""
+
+    graph: Any
+    inputs: tuple
+    state: tuple
+
+
+class PrefetchGraphs(_ShapeGraphs):
+    """The CUDA graphs of one module's prefetches (the padded unique of the
+    coming batch and the storage's ``prefetch_rows``), by batch shape, over
+    the storage's ``prefetch_graph_state`` (its tiers' tensors and those of
+    the batch in flight, which a replayed lookup keeps at fixed addresses).
+    The storage's host part runs around a replay (``before_graph_prefetch``,
+    ``after_graph_prefetch``)."""
+
+    what = "prefetch"
+
+    def prefetch(self, module, indices, offsets) -> bool:
+        """Whether the prefetch ran from a graph (else the module runs it
+        eagerly)."""
+        if self.failed or torch.cuda.is_current_stream_capturing():
+            return False
+        state = module._prefetch_graph_state()
+        if state is None:
+            return False
+        key = (indices.numel(), offsets.numel())
+        g = self._graph(key, state)
+        if g is None:
+            if not self._due(key):
+                return False
+            inputs = (indices.clone(), offsets.clone())
+            module.storage.before_graph_prefetch()
+            got = self._record(indices.device, lambda: module._prefetch_rows(*inputs))
+            if got is None:
+                return False
+            g = _PrefetchGraph(got[0], inputs, state)
+            self._keep(key, g)
+        with record_function("dynamicemb:prefetch_graph"):
+            module.storage.before_graph_prefetch()
+            for buf, x in zip(g.inputs, (indices, offsets)):
+                buf.copy_(x)
+            g.graph.replay()
+            module.storage.after_graph_prefetch()
+        self.graphs.move_to_end(key)
+        self.replays += 1
+        return True

@@ -138,6 +138,27 @@ class TableStorage(abc.ABC):
         ``train_rows`` had run."""
         return None
 
+    def prefetch_graph_state(self) -> tuple | None:
+        """What a CUDA graph of ``prefetch_rows`` (a padded prefetch's kernels)
+        would capture, or None when a prefetch may not be captured (then
+        ``before_graph_prefetch``, ``prefetch_rows`` and
+        ``after_graph_prefetch`` are never called)."""
+        return None
+
+    def before_graph_prefetch(self) -> None:
+        """Before a prefetch's kernels are captured or replayed: what
+        ``prefetch`` does on the host first (its stream ordering)."""
+        raise NotImplementedError(type(self).__name__)
+
+    def prefetch_rows(self, keys: torch.Tensor, tids: torch.Tensor) -> None:
+        """``prefetch``'s kernels, reading nothing on the host."""
+        raise NotImplementedError(type(self).__name__)
+
+    def after_graph_prefetch(self) -> None:
+        """After a prefetch's kernels ran from a graph: what ``prefetch`` does
+        on the host last."""
+        raise NotImplementedError(type(self).__name__)
+
     def key_table(self):
         """The ``ScoredHashTable`` holding exactly the keys ``contains``
         reports, on the module's device, so that admission can look its keys

@@ -419,21 +419,53 @@ class CachedStorage(StagedSteps, TableStorage):
             keys, tids = keys[keep], tids[keep]
         # Room in the backing tier for every key this can write back (only a
         # backing table that can grow needs it, and reads counts on the host).
-        room = self.backing.room_for(tids, keys != PAD_KEY)
-        if not cuda:
+        self.before_graph_prefetch(self.backing.room_for(tids, keys != PAD_KEY))
+        self.prefetch_rows(keys, tids)
+        self.after_graph_prefetch()
+
+    def prefetch_graph_state(self) -> tuple | None:
+        """What a CUDA graph of ``prefetch_rows`` would capture (the tiers'
+        ``graph_state`` and the tensors of the batch in flight it reads), or
+        None when it may not be captured (a backing tier that stages, grows
+        or may raise; the CPU)."""
+        state = self.graph_state() if self.device.type == "cuda" else None
+        if state is None:
+            return None
+        flight = tuple(
+            None if x is None else tuple(t.data_ptr() for t in x)
+            for x in (self._held, self._overflow)
+        )
+        return (*state, flight)
+
+    def before_graph_prefetch(self, room=None) -> None:
+        """The host's part of a prefetch before its kernels (``prefetch_rows``,
+        eager or replayed from a CUDA graph): the backing tier's ``room``
+        reserved, the current stream after the last training lookup."""
+        if self.device.type != "cuda":
             if room is not None:
                 self.backing.reserve(room)
-        else:
-            stream = torch.cuda.current_stream(self.device)
-            if room is not None:
-                # Made on the stream the training lookups run on: the
-                # write-backs on this stream then never reallocate the backing
-                # table (whose old blocks that stream's allocator would reuse
-                # while this one still read them).
-                with torch.cuda.stream(self._train_stream):
-                    self.backing.reserve(room)
-                stream.wait_stream(self._train_stream)
-            stream.wait_event(self._train_event)
+            return
+        stream = torch.cuda.current_stream(self.device)
+        if room is not None:
+            # Made on the stream the training lookups run on: the
+            # write-backs on this stream then never reallocate the backing
+            # table (whose old blocks that stream's allocator would reuse
+            # while this one still read them).
+            with torch.cuda.stream(self._train_stream):
+                self.backing.reserve(room)
+            stream.wait_stream(self._train_stream)
+        stream.wait_event(self._train_event)
+
+    def after_graph_prefetch(self) -> None:
+        """The host's part of a prefetch after its kernels: the event the next
+        lookup waits for."""
+        if self.device.type == "cuda":
+            self._prefetch_event = torch.cuda.Event()
+            self._prefetch_event.record(torch.cuda.current_stream(self.device))
+
+    def prefetch_rows(self, keys, tids) -> None:
+        """A prefetch's kernels (``prefetch``), reading nothing on the host on
+        a GPU: ``keys`` may be padded there."""
         cand = self.cache.table.find(keys, tids) < 0
         st = self._staged
         if st is not None:
@@ -443,9 +475,6 @@ class CachedStorage(StagedSteps, TableStorage):
             # Rows its update is still to write in the backing tier.
             cand &= ~torch.isin(keys, self._overflow[0])
         self._prefetch_into_cache(self._locate(cand, keys, tids))
-        if cuda:
-            self._prefetch_event = torch.cuda.Event()
-            self._prefetch_event.record(torch.cuda.current_stream(self.device))
 
     def _prefetch_into_cache(self, loc: Located) -> None:
         """Inserts the keys ``loc`` found in the backing tier into the cache

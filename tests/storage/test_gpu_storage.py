@@ -184,6 +184,9 @@ def test_cuda_cache_lookups_replayed_from_graphs_train_as_eager_ones(mode, optim
     got = train(graphed, data, prefetch=prefetch, device="cuda")
     want = train(eager, data, prefetch=prefetch, device="cuda")
     assert graphed._graphs.replays >= len(data) - 2 and eager._graphs.replays == 0
+    if prefetch:  # the prefetches too, over the replayed lookups' tensors
+        assert graphed._prefetch_graphs.replays >= len(data) - 4
+        assert eager._prefetch_graphs.replays == 0
     for step, (g, w) in enumerate(zip(got, want)):
         assert torch.equal(g, w), step
     assert _storage_state(graphed) == _storage_state(eager)
@@ -199,14 +202,17 @@ def test_cuda_cache_lookups_replayed_from_graphs_train_as_eager_ones(mode, optim
 def test_cuda_cache_step_replayed_from_a_graph_never_synchronizes():
     m = module("cache", (8, 12), "adam", device="cuda")
     m.check_values = False
-    data = [(i.cuda(), o.cuda()) for i, o in _fixed_batches(6)]
-    train(m, data[:3], device="cuda")  # the shape seen, captured, replayed
-    assert m._graphs.replays > 0
+    data = [(i.cuda(), o.cuda()) for i, o in _fixed_batches(8)]
+    # The shape seen, captured, replayed; the prefetches too.
+    train(m, data[:5], prefetch=True, device="cuda")
+    assert m._graphs.replays > 0 and m._prefetch_graphs.replays > 0
 
     def step():
-        for b in data[3:]:
-            m(*b).sum().backward()
+        for i in (5, 6):
+            out = m(*data[i])
+            m.prefetch(*data[i + 1])
+            out.sum().backward()
 
-    replays = m._graphs.replays
+    replays = (m._graphs.replays, m._prefetch_graphs.replays)
     assert cuda_syncs(step) == 0
-    assert m._graphs.replays == replays + 3
+    assert (m._graphs.replays, m._prefetch_graphs.replays) == (replays[0] + 2, replays[1] + 2)
