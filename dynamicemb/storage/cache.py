@@ -44,6 +44,15 @@ from dynamicemb.storage.scores import (
 from dynamicemb.table import PAD_KEY, enums
 
 
+def _member(keys: torch.Tensor, of: torch.Tensor) -> torch.Tensor:
+    """(n) bool: ``keys[i]`` is one of ``of`` (a sorted copy searched:
+    ``torch.isin`` reads on the host on a GPU)."""
+    if of.numel() == 0:
+        return torch.zeros_like(keys, dtype=torch.bool)
+    s = torch.sort(of).values
+    return s[torch.searchsorted(s, keys).clamp(max=s.numel() - 1)] == keys
+
+
 class CachedStorage(StagedSteps, TableStorage):
     """A device cache (or none) over a backing tier.
 
@@ -435,7 +444,13 @@ class CachedStorage(StagedSteps, TableStorage):
             None if x is None else tuple(t.data_ptr() for t in x)
             for x in (self._held, self._overflow)
         )
-        return (*state, flight)
+        # The last batch's score, which prefetched keys start from: a tensor
+        # (a replayed lookup's step) by address, a number by value.
+        score = tuple(
+            x.data_ptr() if isinstance(x, torch.Tensor) else ("value", x)
+            for x in (self._last_score.step, self._last_score.custom)
+        )
+        return (*state, flight, score)
 
     def before_graph_prefetch(self, room=None) -> None:
         """The host's part of a prefetch before its kernels (``prefetch_rows``,
@@ -470,10 +485,10 @@ class CachedStorage(StagedSteps, TableStorage):
         st = self._staged
         if st is not None:
             # Rows the batch in flight stages are stale in the backing tier.
-            cand &= ~torch.isin(keys, st.keys)
+            cand &= ~_member(keys, st.keys)
         if self._overflow is not None:
             # Rows its update is still to write in the backing tier.
-            cand &= ~torch.isin(keys, self._overflow[0])
+            cand &= ~_member(keys, self._overflow[0])
         self._prefetch_into_cache(self._locate(cand, keys, tids))
 
     def _prefetch_into_cache(self, loc: Located) -> None:
