@@ -98,6 +98,12 @@ def _on_device(t: torch.Tensor, device: torch.device | None) -> bool:
     return device.index is None or t.device.index == device.index
 
 
+def _at(t: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    """``t[i]`` for a 0-dim index tensor on the device, without reading it on
+    the host (indexing with a 0-dim tensor reads it as an int)."""
+    return t.index_select(0, i.reshape(1)).reshape(())
+
+
 def _feature(ends: torch.Tensor, i: torch.Tensor, stride: int) -> torch.Tensor:
     """The feature of value ``i``, from the bags' cumulative lengths."""
     bag = torch.searchsorted(ends, i.reshape(1), right=True)[0]
@@ -246,7 +252,7 @@ class BatchCheck:
         if num_bags:
             neg = lengths < 0
             i = neg.to(torch.uint8).argmax()
-            candidates.append((neg.any(), Code.NEGATIVE_LENGTH, i, lengths[i], zero))
+            candidates.append((neg.any(), Code.NEGATIVE_LENGTH, i, _at(lengths, i), zero))
         total = lengths.sum()
         candidates.append((total != n, Code.LENGTHS_SUM, total, zero + n, zero))
         mask = self._dynamic_mask(features.keys(), dev)
@@ -262,7 +268,7 @@ class BatchCheck:
                     reserved &= dynamic_values
                 i = reserved.to(torch.uint8).argmax()
                 feature = _feature(ends, i, stride)
-                candidates.append((reserved.any(), Code.RESERVED_KEY, i, values[i], feature))
+                candidates.append((reserved.any(), Code.RESERVED_KEY, i, _at(values, i), feature))
             weights = features.weights_or_none()
             if self._weights is not None and weights is not None:
                 w = weights.double()
@@ -272,7 +278,7 @@ class BatchCheck:
                 if dynamic_values is not None:
                     bad &= dynamic_values
                 i = bad.to(torch.uint8).argmax()
-                bits = w[i].reshape(1).view(torch.int64)[0]
+                bits = _at(w, i).reshape(1).view(torch.int64)[0]
                 candidates.append((bad.any(), Code.BAD_WEIGHT, i, bits, _feature(ends, i, stride)))
         row = torch.zeros(FIELDS, dtype=torch.int64, device=dev)
         for found, code, a, b, c in reversed(candidates):  # the first found wins

@@ -140,6 +140,11 @@ def forbid_host_syncs(
             setattr(owner, name, original)
 
 
+# What torch's sync debug mode warns at each synchronizing call; its one-time
+# notice that the mode is a prototype (the first use in a process) is no call.
+SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
 def cuda_syncs(fn) -> int:
     """Synchronizing CUDA calls ``fn()`` makes, as torch's sync debug mode
     counts them (the GPU's own count, where ``forbid_host_syncs`` is the
@@ -170,7 +175,7 @@ def cuda_syncs(fn) -> int:
         finally:
             gc.enable()
             torch.cuda.set_sync_debug_mode("default")
-    return sum("synchroniz" in str(m) for m in caught)
+    return sum(SYNC_WARNING in str(m) for m in caught)
 
 
 @contextlib.contextmanager

@@ -23,7 +23,12 @@ import warnings
 import pytest
 import torch
 
-from tests.embedding.sync_guard import CPU_ONLY_READS, PACKAGE_DIR, forbid_host_syncs
+from tests.embedding.sync_guard import (
+    CPU_ONLY_READS,
+    PACKAGE_DIR,
+    SYNC_WARNING,
+    forbid_host_syncs,
+)
 from tests.shard import shard_harness as h
 
 
@@ -174,7 +179,7 @@ def sync_counts(rank: int, world_size: int, kind: str) -> dict[str, list[int]]:
                         yield
                 finally:
                     torch.cuda.set_sync_debug_mode("default")
-            counts.append(sum("synchroniz" in str(w.message) for w in caught))
+            counts.append(sum(SYNC_WARNING in str(w.message) for w in caught))
 
         h.run_scenario(rank, world_size, _scenario(kind, False, dynamic), step_context=counted)
         out["dynamic" if dynamic else "torchrec"] = counts
