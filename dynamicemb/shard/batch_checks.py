@@ -147,6 +147,7 @@ class BatchCheck:
         self._world_size = 1 if pg is None else dist.get_world_size(pg)
         self._rank = 0 if pg is None else dist.get_rank(pg)
         self._masks: dict[tuple[str, ...], torch.Tensor | None] = {}
+        self._code_columns: dict[tuple, torch.Tensor] = {}
         self._features = list(collection_features)
         self._keys: tuple[str, ...] | None = None  # the first accepted batch's
 
@@ -280,11 +281,25 @@ class BatchCheck:
                 i = bad.to(torch.uint8).argmax()
                 bits = _at(w, i).reshape(1).view(torch.int64)[0]
                 candidates.append((bad.any(), Code.BAD_WEIGHT, i, bits, _feature(ends, i, stride)))
-        row = torch.zeros(FIELDS, dtype=torch.int64, device=dev)
-        for found, code, a, b, c in reversed(candidates):  # the first found wins
-            words = torch.stack([zero + int(code), a.long(), b.long(), c.long()])
-            row = torch.where(found, words, row)
+        # The first candidate found wins (zeros: none), in a few ops whatever
+        # their number: the words of all of them stacked, one selected.
+        k = len(candidates)
+        found = torch.stack([f for f, *_ in candidates])
+        abc = torch.stack([x.long() for *_, a, b, c in candidates for x in (a, b, c)])
+        words = torch.cat([self._codes(tuple(c[1] for c in candidates), dev), abc.view(k, 3)], 1)
+        first = found.to(torch.uint8).argmax().reshape(1)
+        row = torch.where(found.any(), words.index_select(0, first)[0], 0)
         return row, lpk
+
+    def _codes(self, codes: tuple, device: torch.device) -> torch.Tensor:
+        """(len(codes), 1) int64 on ``device``: the candidates' codes, made
+        once per tuple (a host list sent to the device would synchronize)."""
+        key = (codes, device)
+        if key not in self._code_columns:
+            self._code_columns[key] = torch.tensor(
+                [[int(c)] for c in codes], dtype=torch.int64, device=device
+            )
+        return self._code_columns[key]
 
     def _dynamic_mask(self, keys: list[str], device: torch.device):
         """Which features' keys are checked: None (all), False (none) or a

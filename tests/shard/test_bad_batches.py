@@ -345,3 +345,26 @@ def test_refused_forward_does_not_advance_the_step(world_size):
             assert keys and all(k in last[name] for k in keys), name
             scores = rows["scores"][:, 0].tolist()
             assert scores == [last[name][k] for k in keys], (name, keys, scores)
+
+
+def test_the_first_finding_in_priority_order_is_the_one_reported():
+    # One batch with a negative length, lengths that do not add up and a
+    # reserved key: the verdict names the first of them, with its values,
+    # and a batch with only the later ones names the next.
+    from dynamicemb.shard.batch_checks import BatchCheck
+    from dynamicemb.table import first_valid_key
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    check = BatchCheck(["f"], torch.device("cpu"), None, ["f"])
+    bad_key = first_valid_key() - 1
+    values = torch.tensor([5, bad_key, 7], dtype=torch.int64)
+    kjt = KeyedJaggedTensor(keys=["f"], values=values, lengths=torch.tensor([2, -3, 2]))
+    with pytest.raises(ValueError, match=r"must not be negative, got -3 at index 1"):
+        check(kjt)
+    kjt = KeyedJaggedTensor(keys=["f"], values=values, lengths=torch.tensor([2, 2, 0]))
+    with pytest.raises(ValueError, match=r"lengths add up to 4, but there are 3 values"):
+        check(kjt)
+    kjt = KeyedJaggedTensor(keys=["f"], values=values, lengths=torch.tensor([2, 1, 0]))
+    with pytest.raises(ValueError, match=str(bad_key)):
+        check(kjt)
+    check(KeyedJaggedTensor(keys=["f"], values=values[[0, 2]], lengths=torch.tensor([1, 1, 0])))
