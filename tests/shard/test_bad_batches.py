@@ -351,9 +351,10 @@ def test_the_first_finding_in_priority_order_is_the_one_reported():
     # One batch with a negative length, lengths that do not add up and a
     # reserved key: the verdict names the first of them, with its values,
     # and a batch with only the later ones names the next.
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
     from dynamicemb.shard.batch_checks import BatchCheck
     from dynamicemb.table import first_valid_key
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     check = BatchCheck(["f"], torch.device("cpu"), None, ["f"])
     bad_key = first_valid_key() - 1

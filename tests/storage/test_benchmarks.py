@@ -1,6 +1,7 @@
 """The storage benchmarks run, at a tiny size on the CPU, so that they keep
 running: the one through DistributedModelParallel (every configuration a
-row, TorchRec's CPU-less ones n/a) and the module-level one."""
+row, TorchRec's CPU-less ones n/a), the module-level one and the cache's
+per-stage profile."""
 
 import os
 import subprocess
@@ -64,3 +65,13 @@ def test_the_module_benchmark_runs(optimizer):
     )
     rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
     assert len(rows) == 1 + 4  # the head, all-device, hybrid, the cache without and with prefetch
+
+
+def test_the_stage_profile_prints_the_cache_stages():
+    out = _run(
+        "storage_stages.py",
+        *("--device", "cpu", "--tables", "2", "--rows", "1280", "--dim", "8"),
+        *("--lookups", "64", "--warmup", "2", "--steps", "2"),
+    )
+    for stage in ("cache_insert", "cache_backing", "cache_fill", "cache_overflow", "update"):
+        assert f"dynamicemb:{stage}" in out, out[-3000:]
