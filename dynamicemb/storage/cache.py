@@ -428,9 +428,20 @@ class CachedStorage(StagedSteps, TableStorage):
             keys, tids = keys[keep], tids[keep]
         # Room in the backing tier for every key this can write back (only a
         # backing table that can grow needs it, and reads counts on the host).
-        self.before_graph_prefetch(self.backing.room_for(tids, keys != PAD_KEY))
+        room = self.backing.room_for(tids, keys != PAD_KEY)
+        if room is not None and self._overflow_in_backing():
+            # Growing the backing table would move the rows the batch in
+            # flight's update is still to write there: no prefetch this time
+            # (the next forward finds or inserts every key itself).
+            return
+        self.before_graph_prefetch(room)
         self.prefetch_rows(keys, tids)
         self.after_graph_prefetch()
+
+    def _overflow_in_backing(self) -> bool:
+        """Whether the batch in flight has rows in the backing table that its
+        update is still to write (reads a count on the host)."""
+        return self._overflow is not None and bool((self._overflow[2] >= 0).any())
 
     def prefetch_graph_state(self) -> tuple | None:
         """What a CUDA graph of ``prefetch_rows`` would capture (the tiers'

@@ -225,3 +225,26 @@ def test_rows_taken_from_a_full_backing_table_are_never_lost_to_its_victims(devi
     assert torch.equal(emb_now, emb) and torch.equal(state_now, state)
     if not prefetch:
         out.sum().backward()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("mode", ["cache", "cache_small"])
+def test_prefetch_while_the_backing_table_grows_trains_like_the_all_device_module(mode, device):
+    # A backing table that starts small and grows: a prefetch between a
+    # forward and its backward reserves room in it, which moves its rows. The
+    # keys the small cache cannot take have rows there that the backward is
+    # still to update, so such a prefetch is skipped (the cache of 128 rows,
+    # without overflow, prefetches).
+    reference = module("device", optimizer="adam", init_capacity=256, device=device)
+    m = module(mode, optimizer="adam", init_capacity=256, device=device)
+    data = [(i.to(device), o.to(device)) for i, o in batches(12, 2, batch=48)]
+    want = train(reference, data, device=device)
+    got = train(m, data, prefetch=True, device=device)
+    assert m.storage.backing.table.capacity(0) > 256  # it grew
+    assert (int(m.storage.overflows) > 0) == (mode == "cache_small")
+    assert (int(m.storage.prefetched) > 0) == (mode == "cache")
+    for step, (g, w) in enumerate(zip(got, want)):
+        assert torch.equal(g, w), step
+    seen = seen_keys(data, [0, 1])
+    for (fg, eg, sg), (fw, ew, sw) in zip(rows_of(m, seen), rows_of(reference, seen)):
+        assert torch.equal(fg, fw) and torch.equal(eg, ew) and torch.equal(sg, sw)
