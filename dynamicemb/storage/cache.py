@@ -119,10 +119,8 @@ class CachedStorage(StagedSteps, TableStorage):
         if self._prefetch_event is not None:
             torch.cuda.current_stream(self.device).wait_event(self._prefetch_event)
             self._prefetch_event = None
-        # The end of the last training lookup or update, on its stream (first
-        # the tiers' creation): what a prefetch on another stream waits for.
-        self._train_event = None
-        self._train_stream = None
+        # What a later prefetch on another stream waits for: the work queued
+        # on this call's stream so far.
         self._record_train()
 
     # ------------------------------------------------------------ lookups --
