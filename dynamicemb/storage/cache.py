@@ -223,20 +223,7 @@ class CachedStorage(StagedSteps, TableStorage):
             ns, no, nmiss = loc.sub.take(slots, offsets, miss)
             self._write_back_victims(victims, loc)
         with record_function("dynamicemb:cache_fill"):
-            fill = loc.sub.on & nmiss
-            sp.copy_rows(
-                self.cache.space(),
-                torch.where(loc.found & fill, no, -1),
-                loc.src,
-                loc.offsets,
-                self.layout.row_bytes_of(loc.tids),
-            )
-            new = fill & ~loc.found
-            self.cache.write_new_rows(torch.where(new, no, -1), loc.keys, loc.tids, init)
-            if self._carry:
-                self._carry_scores(
-                    ns, fill & loc.found, loc.scores, policies, select_values(vals, loc.sub)
-                )
+            self._fill_misses(loc, nmiss, ns, no, policies, vals, init)
         with record_function("dynamicemb:cache_overflow"):
             oscore = BatchScore(score.step, select_values(score.custom, osub))
             rows = self._place_overflow(okeys, otids, ocounts, oscore, init)
@@ -248,6 +235,25 @@ class CachedStorage(StagedSteps, TableStorage):
         if not capturing:
             self._record_train()
         return offsets
+
+    def _fill_misses(self, loc: Located, nmiss, slots, offsets, policies, vals, init) -> None:
+        """The cache slots (``slots``, at ``offsets``) of the keys it missed
+        (``nmiss`` of the located subset ``loc``) get their rows: copied from
+        the backing tier where it holds them (their scores carried on),
+        initialized otherwise."""
+        fill = loc.sub.on & nmiss
+        sp.copy_rows(
+            self.cache.space(),
+            torch.where(loc.found & fill, offsets, -1),
+            loc.src,
+            loc.offsets,
+            self.layout.row_bytes_of(loc.tids),
+        )
+        new = torch.where(fill & ~loc.found, offsets, -1)
+        self.cache.write_new_rows(new, loc.keys, loc.tids, init)
+        if self._carry:
+            held = fill & loc.found
+            self._carry_scores(slots, held, loc.scores, policies, select_values(vals, loc.sub))
 
     def _place_overflow(self, keys, tids, counts, score: BatchScore, init) -> torch.Tensor:
         """Finds or inserts the keys the cache could not take (``PAD_KEY``

@@ -146,19 +146,7 @@ class StagedSteps:
                     self._roll_back(undo)
                 raise
         with record_function("dynamicemb:cache_fill"):
-            fill = loc.sub.on & nmiss
-            sp.copy_rows(
-                self.cache.space(),
-                torch.where(loc.found & fill, no, -1),
-                loc.src,
-                loc.offsets,
-                self.layout.row_bytes_of(loc.tids),
-            )
-            new_at = torch.where(fill & ~loc.found, no, -1)
-            self.cache.write_new_rows(new_at, loc.keys, loc.tids, init)
-            if self._carry:
-                carried = fill & loc.found
-                self._carry_scores(ns, carried, loc.scores, policies, select_values(vals, loc.sub))
+            self._fill_misses(loc, nmiss, ns, no, policies, vals, init)
             if n_over:
                 staged = loc.sub.on & ~nmiss
                 self._stage(keys, tids, loc, policies, vals, init, offsets, n_over, staged)
