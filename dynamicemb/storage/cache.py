@@ -158,9 +158,14 @@ class CachedStorage(StagedSteps, TableStorage):
         own = (self.overflows, self.host_reads, self.host_writes, self.backing.dropped)
         return (*cache, *backing, *(x.data_ptr() for x in own))
 
-    def before_graph_lookup(self) -> None:
+    def _begin_step(self) -> None:
+        """Before a training lookup: after a prefetch on another stream, and
+        after the write-back of a previous batch that had no backward."""
         self._join_prefetch()
-        self.after_update()  # a previous batch without a backward
+        self.after_update()
+
+    def before_graph_lookup(self) -> None:
+        self._begin_step()
 
     def graph_lookup_state(self):
         return self._held, self._overflow, self._last_score
@@ -189,8 +194,7 @@ class CachedStorage(StagedSteps, TableStorage):
         replay of its CUDA graph puts back (``graph_replayed``)."""
         capturing = self._capturing()
         if not capturing:  # else done by before_graph_lookup
-            self._join_prefetch()
-            self.after_update()  # a previous batch without a backward
+            self._begin_step()
         self._last_score = score
         self._staged = self._space_staged = self._undo = None
         status_of = enums.InsertStatus
@@ -264,12 +268,7 @@ class CachedStorage(StagedSteps, TableStorage):
         (``after_update``) a prefetch neither brings them into the cache nor
         evicts them."""
         backing = self.backing
-        policies, vals = batch_policies(backing.strategies, score, counts)
-        bslots, bstatus, _ = backing.insert(keys, tids, policies, vals, expand=False)
-        boff = backing.offsets(bslots, tids)
-        status_of = enums.InsertStatus
-        new = (bstatus == status_of.INSERTED) | (bstatus == status_of.EVICTED)
-        backing.write_new_rows(torch.where(new, boff, -1), keys, tids, init)
+        bslots, boff = backing.insert_rows(keys, tids, counts, score, init, expand=False)
         self._overflow = (keys, tids, bslots)
         placed = boff >= 0
         self.host_writes += placed.sum()
@@ -320,9 +319,8 @@ class CachedStorage(StagedSteps, TableStorage):
             # still writes their rows in the backing table.
             ok, ot, oslots = self._overflow
             kept = sp.Subset(oslots >= 0)
-            okept = (kept.keys(ok), *kept.take(ot))
-            oscores = self.backing.table.scores[kept.take(oslots)[0].clamp(min=0)]
-            okept = (*okept, oscores)
+            kt, ks = kept.take(ot, oslots)
+            okept = (kept.keys(ok), kt, self.backing.table.scores[ks.clamp(min=0)])
             protect = okept if protect is None else tuple(map(torch.cat, zip(protect, okept)))
         self.backing.write_back(
             vk,

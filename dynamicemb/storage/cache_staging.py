@@ -80,8 +80,7 @@ class StagedSteps:
     def _train_staged(self, keys, tids, counts, score: BatchScore, init: RowInit) -> torch.Tensor:
         """The training lookup over a backing tier that stages (exact batches:
         ``takes_padded_batches`` is False)."""
-        self._join_prefetch()
-        self.after_update()  # a previous batch without a backward
+        self._begin_step()
         self._last_score = score
         policies, vals = batch_policies(self.strategies, score, counts)
         self._staged = None

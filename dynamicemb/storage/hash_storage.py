@@ -421,14 +421,21 @@ class HashTableStorage(TableStorage):
         )
 
     def _train_rows(self, keys, tids, counts, score: BatchScore, init: RowInit) -> torch.Tensor:
+        return self.insert_rows(keys, tids, counts, score, init)[1]
+
+    def insert_rows(
+        self, keys, tids, counts, score: BatchScore, init: RowInit, expand: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Training find-or-insert by the table's own score strategy, new
+        keys' rows written: ``(slots, offsets)``, -1 where not stored."""
         policies, vals = batch_policies(self.strategies, score, counts)
-        slots, status, _ = self.insert(keys, tids, policies, vals)
+        slots, status, _ = self.insert(keys, tids, policies, vals, expand=expand)
         offsets = self.offsets(slots, tids)
         new = (status == self._inserted) | (status == self._evicted_status)
         # Every entry goes to the writer, the others at -1: no selection of
         # the new keys, whose number only the device knows.
         self.write_new_rows(torch.where(new, offsets, -1), keys, tids, init)
-        return offsets
+        return slots, offsets
 
     def eval_rows(self, keys, tids) -> torch.Tensor:
         return self.offsets(self.table.find(keys, tids), tids)
