@@ -96,13 +96,23 @@ STORAGE_CPU_SRCS = ["copy_rows_cpu.cpp"]
 
 STORAGE_CUDA_SRCS = ["copy_rows_cuda.cu"]
 
-# //cc/routing:routing_core (row-wise key -> rank routing, host/device inline,
-# no torch) and //cc/routing:routing_cuda (its torch-free CUDA kernel).
-ROUTING_HDRS = ["routing.h"]
+# //cc/routing:routing_core (row-wise key -> rank routing and the sharded
+# batch's value checks, host/device inline, no torch) and
+# //cc/routing:routing_cuda (their torch-free CUDA kernels).
+ROUTING_HDRS = [
+    "batch_check.h",
+    "routing.h",
+]
 
-ROUTING_CUDA_HDRS = ["routing_cuda.h"]
+ROUTING_CUDA_HDRS = [
+    "batch_check_cuda.h",
+    "routing_cuda.h",
+]
 
-ROUTING_CUDA_SRCS = ["routing_cuda.cu"]
+ROUTING_CUDA_SRCS = [
+    "batch_check_cuda.cu",
+    "routing_cuda.cu",
+]
 
 # //cc/ops: the torch op layer. Argument checks shared by an op's kernels.
 OPS_HDRS = [

@@ -15,6 +15,7 @@
 #include "cc/ops/routing_args.h"
 #include "cc/ops/table_args.h"
 #include "cc/ops/unique_args.h"
+#include "cc/routing/batch_check.h"
 
 namespace dyn_emb {
 namespace ops {
@@ -141,6 +142,16 @@ at::Tensor route_keys_meta(const at::Tensor& keys, const at::Tensor& feature_ids
   return at::empty_symint({keys.sym_numel()}, keys.options());
 }
 
+/// check_batch's result has the shape of its lengths per feature.
+at::Tensor check_batch_meta(const at::Tensor& values, const at::Tensor& lengths,
+                            const c10::optional<at::Tensor>& weights,
+                            const c10::optional<at::Tensor>& offsets,
+                            const c10::optional<at::Tensor>& feature_mask, int64_t num_features,
+                            int64_t /*stride*/, int64_t /*weight_rule*/) {
+  check_batch_devices(values, lengths, weights, offsets, feature_mask);
+  return at::empty({routing::kVerdictWords + num_features}, values.options().dtype(at::kLong));
+}
+
 at::Tensor embedding_pool_meta(const at::Tensor& seg0, const at::Tensor& seg1,
                                const at::Tensor& rows, const at::Tensor& inverse,
                                const at::Tensor& bag_offsets,
@@ -236,6 +247,7 @@ TORCH_LIBRARY_IMPL(dynamicemb, Meta, m) {
   m.impl("optimizer_step", &optimizer_step_meta);
   m.impl("copy_rows", &copy_rows_meta);
   m.impl("route_keys", &route_keys_meta);
+  m.impl("check_batch", &check_batch_meta);
   m.impl("embedding_pool", &embedding_pool_meta);
   m.impl("embedding_update", &embedding_update_meta);
 }

@@ -1,13 +1,19 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 //
-// CPU kernel of route_keys (cc/routing/routing.h; schema in schemas.cpp).
+// CPU kernels of route_keys (cc/routing/routing.h) and check_batch
+// (cc/routing/batch_check.h); schemas in schemas.cpp.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <cstring>
+#include <vector>
+
 #include "cc/ops/routing_args.h"
 #include "cc/ops/tensor_checks.h"
+#include "cc/routing/batch_check.h"
 #include "cc/routing/routing.h"
+#include "cc/table/types.h"
 
 namespace dyn_emb {
 namespace ops {
@@ -42,9 +48,74 @@ at::Tensor route_keys_cpu(const at::Tensor& keys, const at::Tensor& feature_ids,
   return ranks;
 }
 
+at::Tensor check_batch_cpu(const at::Tensor& values, const at::Tensor& lengths,
+                           const c10::optional<at::Tensor>& weights,
+                           const c10::optional<at::Tensor>& offsets,
+                           const c10::optional<at::Tensor>& feature_mask, int64_t num_features,
+                           int64_t stride, int64_t weight_rule) {
+  check_batch_args(values, lengths, weights, offsets, feature_mask, num_features, stride,
+                   weight_rule);
+  check_cpu(values);
+  using routing::kNone;
+  const int64_t n = values.numel(), num_bags = lengths.numel();
+  at::Tensor out =
+      at::zeros({routing::kVerdictWords + num_features}, values.options().dtype(at::kLong));
+  int64_t* per_feature = out.data_ptr<int64_t>() + routing::kVerdictWords;
+  const at::Tensor len = lengths.to(at::kLong);
+  const int64_t* l = len.data_ptr<int64_t>();
+  routing::BatchFacts facts;
+  facts.n = n;
+  if (offsets.has_value()) {
+    facts.has_first_offset = true;
+    facts.first_offset = offsets->to(at::kLong).data_ptr<int64_t>()[0];
+  }
+  std::vector<int64_t> ends(feature_mask.has_value() ? num_bags : 0);
+  int64_t end = 0;
+  for (int64_t i = 0; i < num_bags; ++i) {
+    per_feature[i / stride] += l[i];
+    facts.total += l[i];
+    if (l[i] < 0 && facts.negative == kNone) {
+      facts.negative = static_cast<uint64_t>(i);
+      facts.negative_length = l[i];
+    }
+    if (!ends.empty()) ends[i] = end += l[i] > 0 ? l[i] : 0;
+  }
+  const bool* mask = feature_mask.has_value() ? feature_mask->data_ptr<bool>() : nullptr;
+  auto checked = [&](int64_t i) {
+    return mask == nullptr || num_bags == 0 ||
+           mask[routing::bag_of(ends.data(), num_bags, i) / stride];
+  };
+  if (values.scalar_type() == at::kLong) {
+    const int64_t* v = values.data_ptr<int64_t>();
+    for (int64_t i = 0; i < n; ++i) {
+      if (v[i] < table::kFirstValidKey && checked(i)) {
+        facts.reserved = static_cast<uint64_t>(i);
+        facts.reserved_key = v[i];
+        break;
+      }
+    }
+  }
+  if (weights.has_value() && weight_rule != static_cast<int64_t>(routing::WeightRule::kNone)) {
+    const at::Tensor w = weights->to(at::kDouble);
+    const double* p = w.data_ptr<double>();
+    for (int64_t i = 0; i < n; ++i) {
+      if (!routing::weight_ok(p[i], weight_rule) && checked(i)) {
+        facts.bad_weight = static_cast<uint64_t>(i);
+        std::memcpy(&facts.bad_weight_bits, p + i, sizeof(double));
+        break;
+      }
+    }
+  }
+  routing::batch_verdict(facts, per_feature, num_features, out.data_ptr<int64_t>());
+  return out;
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) { m.impl("route_keys", &route_keys_cpu); }
+TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
+  m.impl("route_keys", &route_keys_cpu);
+  m.impl("check_batch", &check_batch_cpu);
+}
 
 }  // namespace ops
 }  // namespace dyn_emb

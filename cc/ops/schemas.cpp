@@ -197,6 +197,21 @@ TORCH_LIBRARY(dynamicemb, m) {
       "route_keys(Tensor keys, Tensor feature_ids, Tensor dist_types, Tensor blocks, "
       "int world_size) -> Tensor");
 
+  // The value checks of a sharded collection's input batch
+  // (cc/routing/batch_check.h), nothing read on the host.
+  // Args:
+  //   values: (n) int32/int64; lengths: (num_features * stride) int32/int64;
+  //   weights: (n) floating or None; offsets: int32/int64, only offsets[0]
+  //   read, or None; feature_mask: (num_features) bool, the features whose
+  //   keys and weights are checked, or None (all); weight_rule: 0 (weights
+  //   not read), 1 (finite), 2 (finite whole numbers >= 0).
+  // Result:
+  //   (4 + num_features) int64: the verdict row (code, a, b, c; zeros when
+  //   good) and the lengths per feature.
+  m.def(
+      "check_batch(Tensor values, Tensor lengths, Tensor? weights, Tensor? offsets, "
+      "Tensor? feature_mask, int num_features, int stride, int weight_rule) -> Tensor");
+
   // Every bag's (weighted) sum of its rows, written into TorchRec's output
   // layout (cc/embedding/pooling.h).
   // Args:

@@ -13,8 +13,10 @@ collective state).
 Each rank's finding is one row of ``FIELDS`` int64 words, ``(code, a, b, c)``
 (``Code``; the words' meaning is the code's). The host-side facts (layout,
 dtypes, devices) are known without a device read; the value checks (negative
-lengths, lengths that do not add up to the values, reserved keys of the
-dynamic tables' features) are reductions on the device. The rows of all ranks
+lengths, lengths that do not add up to the values, reserved keys and bad
+weights of the dynamic tables' features) are one op on the batch's device
+(``check_batch``, cc/routing/batch_check.h), which also sums the lengths per
+feature. The rows of all ranks
 (each rank fills its own, the others are zeros) are summed by the all-reduce
 and read on the host together with the batch's lengths per feature, which the
 input distribution reads anyway (TorchRec's ``KeyedJaggedTensor.split``): the
@@ -29,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from ..table import first_valid_key, reserved_key_error
+from ..table import ops, reserved_key_error
 
 __all__ = ["COUNTERS", "POOLING", "BatchCheck", "Code"]
 
@@ -55,6 +57,8 @@ _INT_DTYPES = (torch.int32, torch.int64)
 # What a dynamic feature's KJT weights are, and the rule they follow.
 COUNTERS, POOLING = "frequency counters", "pooling weights"
 _WEIGHT_RULES = {COUNTERS: "finite whole numbers >= 0", POOLING: "finite"}
+# Their check_batch weight_rule (cc/routing/batch_check.h, WeightRule).
+_WEIGHT_RULE_CODES = {None: 0, POOLING: 1, COUNTERS: 2}
 
 
 class Code(enum.IntEnum):
@@ -98,18 +102,6 @@ def _on_device(t: torch.Tensor, device: torch.device | None) -> bool:
     return device.index is None or t.device.index == device.index
 
 
-def _at(t: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
-    """``t[i]`` for a 0-dim index tensor on the device, without reading it on
-    the host (indexing with a 0-dim tensor reads it as an int)."""
-    return t.index_select(0, i.reshape(1)).reshape(())
-
-
-def _feature(ends: torch.Tensor, i: torch.Tensor, stride: int) -> torch.Tensor:
-    """The feature of value ``i``, from the bags' cumulative lengths."""
-    bag = torch.searchsorted(ends, i.reshape(1), right=True)[0]
-    return bag.clamp(max=ends.numel() - 1) // stride
-
-
 class BatchCheck:
     """The batch check of one sharded collection.
 
@@ -147,7 +139,6 @@ class BatchCheck:
         self._world_size = 1 if pg is None else dist.get_world_size(pg)
         self._rank = 0 if pg is None else dist.get_rank(pg)
         self._masks: dict[tuple[str, ...], torch.Tensor | None] = {}
-        self._code_columns: dict[tuple, torch.Tensor] = {}
         self._features = list(collection_features)
         self._keys: tuple[str, ...] | None = None  # the first accepted batch's
 
@@ -162,21 +153,16 @@ class BatchCheck:
         """
         row_device = self._device if self._device is not None else torch.device("cpu")
         host = self._host_row(features)
-        lpk = None
         if host is not None:
-            row = torch.tensor(host, dtype=torch.int64, device=row_device)
+            local = torch.tensor(host, dtype=torch.int64, device=row_device)
         else:
-            row, lpk = self._device_row(features)
-            row = row.to(row_device)
+            local = self._device_row(features).to(row_device)
+        words = local
         if self._world_size > 1:
             rows = torch.zeros(self._world_size, FIELDS, dtype=torch.int64, device=row_device)
-            rows[self._rank] = row
+            rows[self._rank] = local[:FIELDS]
             dist.all_reduce(rows, group=self._pg)
-        else:
-            rows = row.reshape(1, FIELDS)
-        words = rows.reshape(-1)
-        if lpk is not None:
-            words = torch.cat([words, lpk.to(row_device)])
+            words = torch.cat([rows.reshape(-1), local[FIELDS:]])
         read = words.tolist()  # the one host read
         found = [read[r * FIELDS : (r + 1) * FIELDS] for r in range(self._world_size)]
         bad = [r for r, f in enumerate(found) if f[0] != Code.OK]
@@ -184,9 +170,9 @@ class BatchCheck:
             raise self._error(features, bad, found)
         if self._keys is None:
             self._keys = tuple(features.keys())
-        if lpk is not None and features._length_per_key is None:
+        if features._length_per_key is None:
             # What KeyedJaggedTensor.length_per_key() caches when it reads them.
-            features._length_per_key = [int(x) for x in read[len(found) * FIELDS :]]
+            features._length_per_key = read[len(found) * FIELDS :]
 
     # ------------------------------------------------------------ the row --
 
@@ -234,85 +220,34 @@ class BatchCheck:
             return [Code.WEIGHTS_NUMEL, weights.numel(), values.numel(), 0]
         return None
 
-    def _device_row(self, features: KeyedJaggedTensor):
-        """The row of the value checks (device reductions, nothing read) and
-        the lengths per feature."""
-        values = features.values()
-        lengths = features.lengths().long()
+    def _device_row(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        """The value checks' row and the lengths per feature, ``FIELDS +
+        num_features`` int64 words on the batch's device, from one op
+        (``check_batch``, cc/routing/batch_check.h): nothing read."""
         num_features = len(features.keys())
-        stride = features.stride() if num_features else 0
-        dev = values.device
-        zero = torch.zeros((), dtype=torch.int64, device=dev)
-        lpk = lengths.view(num_features, stride).sum(1) if stride else zero.repeat(num_features)
-        n, num_bags = values.numel(), lengths.numel()
-        candidates = []  # (found, code, a, b, c), in the order of priority
         offsets = features.offsets_or_none()
-        if offsets is not None and offsets.numel():
-            first = offsets[0].long()
-            candidates.append((first != 0, Code.OFFSETS_START, first, zero, zero))
-        if num_bags:
-            neg = lengths < 0
-            i = neg.to(torch.uint8).argmax()
-            candidates.append((neg.any(), Code.NEGATIVE_LENGTH, i, _at(lengths, i), zero))
-        total = lengths.sum()
-        candidates.append((total != n, Code.LENGTHS_SUM, total, zero + n, zero))
-        mask = self._dynamic_mask(features.keys(), dev)
-        if n and num_bags and mask is not False:
-            ends = torch.cumsum(lengths.clamp(min=0), 0)
-            dynamic_values = None  # every value is a dynamic feature's
-            if mask is not None:
-                bags = torch.searchsorted(ends, torch.arange(n, device=dev), right=True)
-                dynamic_values = mask[bags.clamp(max=num_bags - 1) // stride]
-            if values.dtype == torch.int64:  # int32 values hold no reserved key
-                reserved = values < first_valid_key()
-                if dynamic_values is not None:
-                    reserved &= dynamic_values
-                i = reserved.to(torch.uint8).argmax()
-                feature = _feature(ends, i, stride)
-                candidates.append((reserved.any(), Code.RESERVED_KEY, i, _at(values, i), feature))
-            weights = features.weights_or_none()
-            if self._weights is not None and weights is not None:
-                w = weights.double()
-                bad = ~torch.isfinite(w)
-                if self._weights == COUNTERS:
-                    bad |= (w < 0) | (w != w.round())
-                if dynamic_values is not None:
-                    bad &= dynamic_values
-                i = bad.to(torch.uint8).argmax()
-                bits = _at(w, i).reshape(1).view(torch.int64)[0]
-                candidates.append((bad.any(), Code.BAD_WEIGHT, i, bits, _feature(ends, i, stride)))
-        # The first candidate found wins (zeros: none), in a few ops whatever
-        # their number: the words of all of them stacked, one selected.
-        k = len(candidates)
-        found = torch.stack([f for f, *_ in candidates])
-        abc = torch.stack([x.long() for *_, a, b, c in candidates for x in (a, b, c)])
-        words = torch.cat([self._codes(tuple(c[1] for c in candidates), dev), abc.view(k, 3)], 1)
-        first = found.to(torch.uint8).argmax().reshape(1)
-        row = torch.where(found.any(), words.index_select(0, first)[0], 0)
-        return row, lpk
+        weights = features.weights_or_none()
+        return ops().check_batch(
+            features.values().contiguous(),
+            features.lengths().contiguous(),
+            None if weights is None else weights.contiguous(),
+            offsets if offsets is not None and offsets.numel() else None,
+            self._dynamic_mask(features.keys(), features.values().device),
+            num_features,
+            features.stride() if num_features else 0,
+            _WEIGHT_RULE_CODES[self._weights],
+        )
 
-    def _codes(self, codes: tuple, device: torch.device) -> torch.Tensor:
-        """(len(codes), 1) int64 on ``device``: the candidates' codes, made
-        once per tuple (a host list sent to the device would synchronize)."""
-        key = (codes, device)
-        if key not in self._code_columns:
-            self._code_columns[key] = torch.tensor(
-                [[int(c)] for c in codes], dtype=torch.int64, device=device
-            )
-        return self._code_columns[key]
-
-    def _dynamic_mask(self, keys: list[str], device: torch.device):
-        """Which features' keys are checked: None (all), False (none) or a
-        (num_features) bool tensor."""
+    def _dynamic_mask(self, keys: list[str], device: torch.device) -> torch.Tensor | None:
+        """Which features' keys and weights are checked: None (all) or a
+        (num_features) bool tensor, made once per list of keys."""
         names = tuple(keys)
         if names not in self._masks:
             dynamic = [name in self._dynamic for name in names]
-            if all(dynamic):
-                self._masks[names] = None
-            elif not any(dynamic):
-                self._masks[names] = False
-            else:
-                self._masks[names] = torch.tensor(dynamic, dtype=torch.bool, device=device)
+            mask = None
+            if not all(dynamic):
+                mask = torch.tensor(dynamic, dtype=torch.bool, device=device)
+            self._masks[names] = mask
         return self._masks[names]
 
     # ---------------------------------------------------------- the error --

@@ -58,7 +58,8 @@
 # each on one GPU, then on every visible GPU when there are several; before
 # it the GPU tests of the training step without synchronization, of
 # torch.compile and of the CUDA graphs (tests/embedding/test_sync_free.py,
-# test_compile.py, test_cuda_graphs.py, tests/shard/test_sharded_sync_free.py).
+# test_compile.py, test_cuda_graphs.py, tests/shard/test_sharded_sync_free.py, and the
+# batch check's op against its CPU kernel, tests/shard/test_check_batch_op.py).
 # Writes $OUT/sharded.txt (the summary), sharded_tests.txt,
 # sharded_{ec,ebc}_{1,N}gpu.txt and .json. Timeouts: SHARDED_TESTS_TIMEOUT
 # (240), SHARDED_BENCH_TIMEOUT (240 per run); SHARDED_BENCH_ARGS replaces the
@@ -232,7 +233,7 @@ sharded_part() {
   timeout -k 10 "${SHARDED_TESTS_TIMEOUT:-240}" "$PY" -m pytest -m "gpu or multigpu" -q -rs --tb=short \
     -p no:cacheprovider tests/embedding/test_sync_free.py tests/embedding/test_compile.py \
     tests/embedding/test_cuda_graphs.py tests/shard/test_sharded_sync_free.py \
-    > "$OUT/sharded_tests.txt" 2>&1
+    tests/shard/test_check_batch_op.py > "$OUT/sharded_tests.txt" 2>&1
   rc=$?
   echo "tests: $(status_word $rc "${SHARDED_TESTS_TIMEOUT:-240}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
   grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/sharded_tests.txt" | tail -12 | tee -a "$sum"
