@@ -1,9 +1,10 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 //
-// The one host-device marker of the project, and the few intrinsics whose host
-// and device spellings differ. Code written with DEMB_HD compiles as inline C++
-// for the CPU backend and as __host__ __device__ functions under nvcc, so both
-// backends run one definition.
+// The one host-device marker of the project, the few intrinsics whose host
+// and device spellings differ, and the small helpers the layers' kernels
+// share. Code written with DEMB_HD compiles as inline C++ for the CPU backend
+// and as __host__ __device__ functions under nvcc, so both backends run one
+// definition.
 #pragma once
 
 #include <cstdint>
@@ -58,6 +59,20 @@ DEMB_HD void atomic_add_saturating(int64_t* p, int64_t v) {
                                       __ATOMIC_RELAXED, __ATOMIC_RELAXED)) {
   }
 #endif
+}
+
+/// The first index i in [0, n) with v[i] > x (v non-decreasing), n if none.
+DEMB_HD int64_t upper_bound(const int64_t* v, int64_t n, int64_t x) {
+  int64_t lo = 0, hi = n;
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    if (v[mid] > x) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
 }
 
 }  // namespace dyn_emb

@@ -1,5 +1,6 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 #include "cc/common/cuda_launch.cuh"
+#include "cc/common/host_device.h"
 #include "cc/embedding/pooling_cuda.h"
 #include "cc/embedding/warp_update.cuh"
 
@@ -104,19 +105,6 @@ __device__ void update_key(const UpdateArgs& a, int64_t u, int lane, const Fill&
   const int64_t dim = key_dim(a, u);
   warp_update_row<T, Vec>(a.optim, storage::embedding_at<T>(a.space, r),
                           storage::state_at<T>(a.space, r, dim), dim, lane, fill);
-}
-
-/// The first index i in [0, n) with v[i] > x (v non-decreasing), n if none.
-__device__ int64_t upper_bound(const int64_t* v, int64_t n, int64_t x) {
-  int64_t lo = 0, hi = n;
-  while (lo < hi) {
-    const int64_t mid = (lo + hi) / 2;
-    if (v[mid] > x)
-      hi = mid;
-    else
-      lo = mid + 1;
-  }
-  return lo;
 }
 
 // A key of at most kHotChunk occurrences (two per lane), as the lanes read

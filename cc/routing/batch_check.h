@@ -72,16 +72,8 @@ DEMB_HD bool weight_ok(double w, int64_t rule) {
 /// (`ends`, the cumulative sums of the lengths clamped at 0) is <= pos,
 /// clamped to the last bag.
 DEMB_HD int64_t bag_of(const int64_t* ends, int64_t num_bags, int64_t pos) {
-  int64_t lo = 0, hi = num_bags;
-  while (lo < hi) {
-    const int64_t mid = lo + (hi - lo) / 2;
-    if (ends[mid] <= pos) {
-      lo = mid + 1;
-    } else {
-      hi = mid;
-    }
-  }
-  return lo < num_bags ? lo : num_bags - 1;
+  const int64_t bag = upper_bound(ends, num_bags, pos);
+  return bag < num_bags ? bag : num_bags - 1;
 }
 
 /// The feature of value `pos` from the lengths per feature (valid when no
