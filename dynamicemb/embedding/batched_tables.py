@@ -270,7 +270,6 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         self._custom_scores: list[int | None] = [None] * n
         self._custom_score_t = torch.zeros(n, dtype=torch.int64, device=self.device)
         self.insert_failures = torch.zeros((), dtype=torch.int64, device=self.device)
-        self._iotas: list[torch.Tensor] = []
         # What the module counts per table (lookups; admission and cache tiers
         # feed their columns), read by dynamicemb.metrics when it collects.
         self.stats = TableStats(n, self.device)
@@ -503,7 +502,8 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         batch's weights are MEAN's (1 / bag length) or None."""
         num_features = len(self.feature_table_map)
         batch = (offsets.numel() - 1) // num_features
-        bag = self._bags(offsets, indices.numel())
+        lengths = offsets[1:] - offsets[:-1]
+        bag = self._bags(indices, lengths)
         tids = self._feature_tables[bag // max(batch, 1)]
         # Training on a storage that takes padded batches never reads the
         # number of distinct keys on the host (dynamicemb.embedding.unique),
@@ -523,7 +523,6 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         space = self.storage.space()
         weights = None
         if self.pooling_mode == DynamicEmbPoolingMode.MEAN:
-            lengths = offsets[1:] - offsets[:-1]
             inv_len = 1.0 / lengths.clamp(min=1).to(torch.float32)
             weights = inv_len[bag]
         n = indices.numel()
@@ -534,11 +533,11 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 space,
                 rows,
                 su.inverse,
-                self._positions(n),
+                torch.arange(n + 1, device=self.device),
                 weights,
                 occ_offsets,
                 su.order,
-                self._positions(n)[:n],
+                torch.arange(n, device=self.device),
                 self._none_cols,
                 self._none_dims,
                 n,
@@ -596,28 +595,16 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         indices, offsets, _, _ = self._check_inputs(indices, offsets, None, None)
         return indices, offsets
 
-    def _positions(self, n: int) -> torch.Tensor:
-        """``arange(n + 1)`` on the module's device, a view of one kept
-        tensor (grown by doubling; the outgrown ones are kept too, since a
-        captured lookup may read them): a step's batch-sized ranges cost no
-        kernel. Traced (torch.compile), a plain arange: the kept tensor
-        would be a guard on the batch's size."""
-        if torch.compiler.is_compiling():
-            return torch.arange(n + 1, device=self.device)
-        if not self._iotas or self._iotas[-1].numel() < n + 1:
-            size = max(n + 1, 2 * self._iotas[-1].numel() if self._iotas else 0)
-            self._iotas.append(torch.arange(size, device=self.device))
-        return self._iotas[-1][: n + 1]
-
-    def _bags(self, offsets: torch.Tensor, n: int) -> torch.Tensor:
-        """The bag of each of a batch's n occurrences (bags' ``offsets``,
-        n last): the bags that end at or before it, one binary search each."""
-        return torch.searchsorted(offsets[1:], self._positions(n)[:n], right=True)
+    def _bags(self, indices: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        """The bag of each occurrence."""
+        return torch.repeat_interleave(
+            torch.arange(lengths.numel(), device=self.device), lengths, output_size=indices.numel()
+        )
 
     def _occurrence_tables(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """The table of each occurrence of a batch in TBE layout."""
         batch = (offsets.numel() - 1) // len(self.feature_table_map)
-        bag = self._bags(offsets, indices.numel())
+        bag = self._bags(indices, offsets[1:] - offsets[:-1])
         return self._feature_tables[bag // max(batch, 1)]
 
     def _check_inputs(self, indices, offsets, frequency_counters, pooling_weights):
