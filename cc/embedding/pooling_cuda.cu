@@ -1,4 +1,6 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+#include <cub/cub.cuh>
+
 #include "cc/common/cuda_launch.cuh"
 #include "cc/common/host_device.h"
 #include "cc/embedding/pooling_cuda.h"
@@ -250,6 +252,61 @@ __global__ void hot_update_kernel(UpdateArgs a, HotKeys h, int64_t num_keys) {
 /// Blocks of a launch with one warp per item.
 unsigned grid(int64_t warps) { return grid_for(warps * kWarp); }
 
+// hot_keys: per distinct key, (hot << 32) | chunks (0 for a key that is not
+// hot); both halves stay below 2^32 through the scan (n / kHotChunk chunks and
+// n / (kHotChunk + 1) hot keys at most).
+__global__ void hot_pack_kernel(const int64_t* occ_offsets, int64_t num_keys, int64_t* packed) {
+  const int64_t v = global_thread();
+  if (v >= num_keys) return;
+  const int64_t c = occ_offsets[v + 1] - occ_offsets[v];
+  packed[v] = c > kHotChunk ? (int64_t{1} << 32) | ((c + kHotChunk - 1) / kHotChunk) : 0;
+}
+
+// The inclusive scan unpacked: chunk offsets (exclusive, U + 1), hot keys up
+// to each key (inclusive); a hot key's thread zeroes its buffer row.
+__global__ void hot_unpack_kernel(const int64_t* packed, const int64_t* incl, int64_t num_keys,
+                                  int64_t* chunk_offsets, int64_t* hot_incl, float* buf,
+                                  int64_t buf_width) {
+  const int64_t v = global_thread();
+  if (v > num_keys) return;
+  constexpr int64_t kLow = (int64_t{1} << 32) - 1;
+  chunk_offsets[v] = v == 0 ? 0 : incl[v - 1] & kLow;
+  if (v == num_keys) return;
+  const int64_t h = incl[v] >> 32;
+  hot_incl[v] = h;
+  if (packed[v] != 0) {
+    float* row = buf + (h - 1) * buf_width;
+    for (int64_t d = 0; d < buf_width; ++d) row[d] = 0.0f;
+  }
+}
+
+/// Scratch layout of hot_keys: packed, inclusive sums, chunk offsets, hot
+/// counts (int64), the buffer (float), then cub's temporary storage; each
+/// part 256-byte aligned.
+struct HotLayout {
+  size_t packed, incl, chunks, hot, buf, temp, temp_bytes, total;
+};
+
+size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
+
+HotLayout hot_layout(int64_t num_keys, int64_t max_hot, int64_t buf_width) {
+  HotLayout l{};
+  const size_t u = static_cast<size_t>(num_keys);
+  l.packed = 0;
+  l.incl = l.packed + aligned(u * sizeof(int64_t));
+  l.chunks = l.incl + aligned(u * sizeof(int64_t));
+  l.hot = l.chunks + aligned((u + 1) * sizeof(int64_t));
+  l.buf = l.hot + aligned(u * sizeof(int64_t));
+  l.temp = l.buf + aligned(static_cast<size_t>(max_hot * buf_width) * sizeof(float));
+  check_cuda(cub::DeviceScan::InclusiveSum(nullptr, l.temp_bytes, static_cast<int64_t*>(nullptr),
+                                           static_cast<int64_t*>(nullptr), num_keys),
+             "embedding_update (hot keys scan size)");
+  l.total = l.temp + aligned(l.temp_bytes);
+  return l;
+}
+
+int64_t max_hot_of(int64_t num_keys, int64_t n) { return num_keys > 0 ? n / (kHotChunk + 1) : 0; }
+
 template <class T>
 void pool_forward(const PoolArgs& a, int64_t num_bags, cudaStream_t stream) {
   pool_kernel<T><<<grid_strided(num_bags * kWarp), kBlock, 0, stream>>>(a, num_bags);
@@ -280,6 +337,40 @@ void pool_forward(const PoolArgs& a, int64_t num_bags, storage::ElementType type
     default:
       return pool_forward<float>(a, num_bags, stream);
   }
+}
+
+size_t hot_keys_scratch(int64_t num_keys, int64_t n, int64_t buf_width) {
+  const int64_t max_hot = max_hot_of(num_keys, n);
+  return max_hot == 0 ? 0 : hot_layout(num_keys, max_hot, buf_width).total;
+}
+
+HotKeys hot_keys(const int64_t* occ_offsets, int64_t num_keys, int64_t n, int64_t buf_width,
+                 void* scratch, cudaStream_t stream) {
+  HotKeys h;
+  h.max_hot = max_hot_of(num_keys, n);
+  if (h.max_hot == 0) return h;
+  const HotLayout l = hot_layout(num_keys, h.max_hot, buf_width);
+  char* base = static_cast<char*>(scratch);
+  auto* packed = reinterpret_cast<int64_t*>(base + l.packed);
+  auto* incl = reinterpret_cast<int64_t*>(base + l.incl);
+  auto* chunks = reinterpret_cast<int64_t*>(base + l.chunks);
+  auto* hot = reinterpret_cast<int64_t*>(base + l.hot);
+  auto* buf = reinterpret_cast<float*>(base + l.buf);
+  hot_pack_kernel<<<grid_for(num_keys), kBlock, 0, stream>>>(occ_offsets, num_keys, packed);
+  check_launch("embedding_update (hot keys)");
+  size_t temp_bytes = l.temp_bytes;
+  check_cuda(
+      cub::DeviceScan::InclusiveSum(base + l.temp, temp_bytes, packed, incl, num_keys, stream),
+      "embedding_update (hot keys scan)");
+  hot_unpack_kernel<<<grid_for(num_keys + 1), kBlock, 0, stream>>>(packed, incl, num_keys, chunks,
+                                                                   hot, buf, buf_width);
+  check_launch("embedding_update (hot keys)");
+  h.chunk_offsets = chunks;
+  h.hot_incl = hot;
+  h.buf = buf;
+  h.buf_width = buf_width;
+  h.max_chunks = n / kHotChunk + h.max_hot;
+  return h;
 }
 
 void update_backward(const UpdateArgs& a, const HotKeys& h, int64_t num_keys,

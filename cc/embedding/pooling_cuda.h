@@ -19,18 +19,31 @@ void pool_forward(const PoolArgs& a, int64_t num_bags, storage::ElementType type
 /// Occurrences per chunk of a hot key (one with more than this many).
 constexpr int64_t kHotChunk = 64;
 
-/// Work space of hot keys, prepared by the caller from the occurrence offsets:
-/// a hot key's gradient is summed by one warp per chunk of kHotChunk
-/// occurrences into `buf` (atomically), then applied by one warp per hot key,
-/// so a key seen tens of thousands of times does not hold one warp for them all.
+/// Work space of hot keys, made on the device from the occurrence offsets
+/// (hot_keys): a hot key's gradient is summed by one warp per chunk of
+/// kHotChunk occurrences into `buf` (atomically), then applied by one warp per
+/// hot key, so a key seen tens of thousands of times does not hold one warp
+/// for them all.
 struct HotKeys {
   const int64_t* chunk_offsets = nullptr;  ///< (U + 1) exclusive sum of hot keys' chunks
   const int64_t* hot_incl = nullptr;       ///< (U) inclusive count of hot keys up to u
-  float* buf = nullptr;                    ///< (max_hot, buf_width) zeros
+  float* buf = nullptr;                    ///< (max_hot, buf_width), hot keys' rows zeroed
   int64_t buf_width = 0;
   int64_t max_chunks = 0;  ///< bound on chunks: n / kHotChunk + max_hot
   int64_t max_hot = 0;     ///< bound on hot keys: n / (kHotChunk + 1)
 };
+
+/// Bytes of device scratch hot_keys needs for U = num_keys distinct keys of
+/// n occurrences and gradients buf_width wide; 0 when no key can be hot.
+size_t hot_keys_scratch(int64_t num_keys, int64_t n, int64_t buf_width);
+
+/// The HotKeys of the distinct keys whose occurrences start at
+/// occ_offsets ((U + 1), non-decreasing), laid out in `scratch`
+/// (hot_keys_scratch bytes, 256-byte aligned): one pass over the keys, one
+/// scan of their (hot, chunks) pairs packed in 64 bits, one pass that unpacks
+/// them and zeroes the hot keys' buffer rows. Nothing is read on the host.
+HotKeys hot_keys(const int64_t* occ_offsets, int64_t num_keys, int64_t n, int64_t buf_width,
+                 void* scratch, cudaStream_t stream);
 
 /// @brief Reduces each distinct key's gradient and updates its row in place;
 /// one warp per key, hot keys split into chunks (HotKeys).

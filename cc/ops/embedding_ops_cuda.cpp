@@ -7,8 +7,6 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
-#include <vector>
-
 #include "cc/embedding/initializer_cuda.h"
 #include "cc/embedding/optimizer_cuda.h"
 #include "cc/embedding/pooling_cuda.h"
@@ -19,25 +17,15 @@ namespace ops {
 namespace {
 
 /// Work space of the update's hot keys (more than kHotChunk occurrences),
-/// summed chunk by chunk: see pooling_cuda.h. The tensors in `keep` hold it.
+/// made on the device (pooling_cuda.h) in one scratch tensor that `keep` holds.
 embedding::cuda::HotKeys hot_keys(const at::Tensor& grad_out, const at::Tensor& occ_offsets,
-                                  int64_t num_keys, int64_t n, std::vector<at::Tensor>& keep) {
-  constexpr int64_t K = embedding::cuda::kHotChunk;
-  embedding::cuda::HotKeys h;
-  h.max_hot = num_keys > 0 ? n / (K + 1) : 0;
-  if (h.max_hot == 0) return h;
-  const at::Tensor counts = occ_offsets.slice(0, 1) - occ_offsets.slice(0, 0, num_keys);
-  const at::Tensor hot = (counts > K).to(at::kLong);
-  at::Tensor chunk_offsets = at::zeros({num_keys + 1}, occ_offsets.options());
-  chunk_offsets.slice(0, 1).copy_(at::cumsum(hot * at::floor_divide(counts + (K - 1), K), 0));
-  keep = {chunk_offsets, at::cumsum(hot, 0),
-          at::zeros({h.max_hot, grad_out.size(1)}, grad_out.options())};
-  h.chunk_offsets = keep[0].data_ptr<int64_t>();
-  h.hot_incl = keep[1].data_ptr<int64_t>();
-  h.buf = keep[2].data_ptr<float>();
-  h.buf_width = grad_out.size(1);
-  h.max_chunks = n / K + h.max_hot;
-  return h;
+                                  int64_t num_keys, int64_t n, at::Tensor& keep) {
+  const int64_t width = grad_out.size(1);
+  const size_t bytes = embedding::cuda::hot_keys_scratch(num_keys, n, width);
+  if (bytes == 0) return {};
+  keep = at::empty({static_cast<int64_t>(bytes)}, occ_offsets.options().dtype(at::kByte));
+  return embedding::cuda::hot_keys(occ_offsets.data_ptr<int64_t>(), num_keys, n, width,
+                                   keep.data_ptr(), c10::cuda::getCurrentCUDAStream().stream());
 }
 
 at::Tensor embedding_pool_cuda(const at::Tensor& seg0, const at::Tensor& seg1,
@@ -65,7 +53,7 @@ void embedding_update_cuda(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor&
   update_with(seg0, seg1, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols, dims,
               batch, element_type, optim_params(optim), adam_bias,
               [&](const embedding::UpdateArgs& a, storage::ElementType et) {
-                std::vector<at::Tensor> keep;
+                at::Tensor keep;
                 const embedding::cuda::HotKeys h =
                     hot_keys(grad_out, occ_offsets, rows.numel(), occ_order.numel(), keep);
                 embedding::cuda::update_backward(a, h, rows.numel(), et,
