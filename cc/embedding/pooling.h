@@ -59,6 +59,29 @@ DEMB_HD BagSlot bag_slot(const BagLayout& l, int64_t b) {
   return {(b % l.batch) * l.out_width + l.cols[f], l.dims[f]};
 }
 
+/// A batch's bags in TBE layout, for the bag and table of each occurrence
+/// (the op occurrence_bags): bag b holds the occurrences
+/// [offsets[b] - offsets[0], offsets[b + 1] - offsets[0]).
+struct OccurrenceBags {
+  const int64_t* offsets = nullptr;         ///< (num_bags + 1), non-decreasing
+  int64_t num_bags = 0;                     ///< F * B, >= 1
+  const int64_t* feature_tables = nullptr;  ///< (F) table of feature f
+  int64_t batch = 1;                        ///< B >= 1
+};
+
+/// The bag of occurrence i: the first bag whose end is past i. Clamped to the
+/// last bag, so that offsets that end before the batch does (the op does not
+/// read them on the host) name a bag that exists.
+DEMB_HD int64_t occurrence_bag(const OccurrenceBags& o, int64_t i) {
+  const int64_t b = upper_bound(o.offsets + 1, o.num_bags, o.offsets[0] + i);
+  return b < o.num_bags ? b : o.num_bags - 1;
+}
+
+/// The table of bag b (feature b / B's).
+DEMB_HD int64_t bag_table(const OccurrenceBags& o, int64_t b) {
+  return o.feature_tables[b / o.batch];
+}
+
 struct PoolArgs {
   BagLayout layout;
   storage::RowSpace space;

@@ -70,6 +70,18 @@ void update_backward(const UpdateArgs& a, int64_t num_keys, storage::ElementType
   }
 }
 
+void occurrence_bags(const OccurrenceBags& o, int64_t n, bool sequence, int64_t* bags,
+                     int64_t* tables) {
+  // One walk over the bags in order: bag b's occurrences follow bag b - 1's.
+  int64_t b = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    while (b + 1 < o.num_bags && o.offsets[b + 1] - o.offsets[0] <= i) ++b;
+    tables[i] = bag_table(o, b);
+    bags[i] = sequence ? i : b;
+  }
+  if (sequence) bags[n] = n;
+}
+
 }  // namespace cpu
 }  // namespace embedding
 }  // namespace dyn_emb

@@ -280,6 +280,20 @@ __global__ void hot_unpack_kernel(const int64_t* packed, const int64_t* incl, in
   }
 }
 
+// A thread per occurrence i, and with `sequence` one more for the end (n).
+__global__ void occurrence_bags_kernel(OccurrenceBags o, int64_t n, bool sequence, int64_t* bags,
+                                       int64_t* tables) {
+  const int64_t i = global_thread();
+  if (i > n || (i == n && !sequence)) return;
+  if (i < n) {
+    const int64_t b = occurrence_bag(o, i);
+    tables[i] = bag_table(o, b);
+    bags[i] = sequence ? i : b;
+  } else {
+    bags[n] = n;
+  }
+}
+
 /// Scratch layout of hot_keys: packed, inclusive sums, chunk offsets, hot
 /// counts (int64), the buffer (float), then cub's temporary storage; each
 /// part 256-byte aligned.
@@ -384,6 +398,13 @@ void update_backward(const UpdateArgs& a, const HotKeys& h, int64_t num_keys,
     default:
       return update_backward<float>(a, h, num_keys, stream);
   }
+}
+
+void occurrence_bags(const OccurrenceBags& o, int64_t n, bool sequence, int64_t* bags,
+                     int64_t* tables, cudaStream_t stream) {
+  if (n == 0 && !sequence) return;
+  occurrence_bags_kernel<<<grid_for(n + 1), kBlock, 0, stream>>>(o, n, sequence, bags, tables);
+  check_launch("occurrence_bags");
 }
 
 }  // namespace cuda

@@ -50,6 +50,12 @@ HotKeys hot_keys(const int64_t* occ_offsets, int64_t num_keys, int64_t n, int64_
 void update_backward(const UpdateArgs& a, const HotKeys& h, int64_t num_keys,
                      storage::ElementType type, cudaStream_t stream);
 
+/// @brief The table of each of n occurrences and their bags, as
+/// cpu::occurrence_bags writes them; one thread per occurrence (a binary
+/// search over the bag ends).
+void occurrence_bags(const OccurrenceBags& o, int64_t n, bool sequence, int64_t* bags,
+                     int64_t* tables, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace embedding
 }  // namespace dyn_emb

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -407,6 +408,47 @@ inline void check_update_devices(const at::Tensor& seg0, const at::Tensor& seg1,
   if (adam_bias.has_value()) {
     check_devices("embedding_update", {{"rows", &rows}, {"adam_bias", &*adam_bias}});
   }
+}
+
+/// occurrence_bags's arguments (CPU, CUDA, Meta): offsets (F * batch + 1) and
+/// feature_tables (F), int64, contiguous, on one device; batch >= 1;
+/// num_indices >= 0, in no bag only when there are none.
+inline void check_occurrence_bags(const at::Tensor& offsets, const at::Tensor& feature_tables,
+                                  const c10::SymInt& num_indices, const c10::SymInt& batch) {
+  check_devices("occurrence_bags", {{"offsets", &offsets}, {"feature_tables", &feature_tables}});
+  check_1d(offsets, at::kLong, "offsets");
+  check_1d(feature_tables, at::kLong, "feature_tables");
+  TORCH_CHECK_VALUE(batch >= 1, "dynamicemb: occurrence_bags: batch must be >= 1, got ", batch);
+  TORCH_CHECK_VALUE(offsets.sym_numel() == feature_tables.sym_numel() * batch + 1,
+                    "dynamicemb: occurrence_bags: offsets has ", offsets.sym_numel(),
+                    " entries, not num_features (", feature_tables.sym_numel(), ") * batch (",
+                    batch, ") + 1");
+  TORCH_CHECK_VALUE(num_indices >= 0,
+                    "dynamicemb: occurrence_bags: num_indices must not be "
+                    "negative, got ",
+                    num_indices);
+  TORCH_CHECK_VALUE(offsets.sym_numel() > 1 || num_indices == 0,
+                    "dynamicemb: occurrence_bags: ", num_indices, " occurrences but no bag");
+}
+
+/// occurrence_bags on one backend: checks, allocates (bags, table ids), then
+/// run(bags, n, sequence, bags, tables) writes them (pooling.h's
+/// OccurrenceBags).
+template <class Run>
+std::tuple<at::Tensor, at::Tensor> occurrence_bags_with(const at::Tensor& offsets,
+                                                        const at::Tensor& feature_tables,
+                                                        int64_t num_indices, int64_t batch,
+                                                        bool sequence, const Run& run) {
+  check_occurrence_bags(offsets, feature_tables, num_indices, batch);
+  at::Tensor bags = at::empty({num_indices + (sequence ? 1 : 0)}, offsets.options());
+  at::Tensor tables = at::empty({num_indices}, offsets.options());
+  embedding::OccurrenceBags o;
+  o.offsets = offsets.data_ptr<int64_t>();
+  o.num_bags = offsets.numel() - 1;
+  o.feature_tables = feature_tables.data_ptr<int64_t>();
+  o.batch = batch;
+  run(o, num_indices, sequence, bags.data_ptr<int64_t>(), tables.data_ptr<int64_t>());
+  return {bags, tables};
 }
 
 /// adam_bias's betas: (2) float32 (CPU, CUDA, Meta).

@@ -1,7 +1,7 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 //
 // CPU kernels of the embedding ops: init_rows, optimizer_step, embedding_pool
-// and embedding_update (schemas in schemas.cpp).
+// embedding_update and occurrence_bags (schemas in schemas.cpp).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
@@ -78,10 +78,22 @@ void optimizer_step_cpu(at::Tensor& values, const at::Tensor& rows, const at::Te
                                  grads.data_ptr<float>(), rows.numel(), grads.size(1));
 }
 
+std::tuple<at::Tensor, at::Tensor> occurrence_bags_cpu(const at::Tensor& offsets,
+                                                       const at::Tensor& feature_tables,
+                                                       int64_t num_indices, int64_t batch,
+                                                       bool sequence) {
+  return occurrence_bags_with(
+      offsets, feature_tables, num_indices, batch, sequence,
+      [](const embedding::OccurrenceBags& o, int64_t n, bool seq, int64_t* bags, int64_t* tables) {
+        embedding::cpu::occurrence_bags(o, n, seq, bags, tables);
+      });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
   m.impl("adam_bias", &adam_bias_op);
+  m.impl("occurrence_bags", &occurrence_bags_cpu);
   m.impl("embedding_pool", &embedding_pool_cpu);
   m.impl("embedding_update", &embedding_update_cpu);
   m.impl("init_rows", &init_rows_cpu);

@@ -1,7 +1,7 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 //
 // CUDA kernels of the embedding ops: init_rows, optimizer_step, embedding_pool
-// and embedding_update (schemas in schemas.cpp).
+// embedding_update and occurrence_bags (schemas in schemas.cpp).
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -97,10 +97,24 @@ void optimizer_step_cuda(at::Tensor& values, const at::Tensor& rows, const at::T
                                   grads.size(1), c10::cuda::getCurrentCUDAStream().stream());
 }
 
+std::tuple<at::Tensor, at::Tensor> occurrence_bags_cuda(const at::Tensor& offsets,
+                                                        const at::Tensor& feature_tables,
+                                                        int64_t num_indices, int64_t batch,
+                                                        bool sequence) {
+  const c10::cuda::CUDAGuard guard(offsets.device());
+  return occurrence_bags_with(
+      offsets, feature_tables, num_indices, batch, sequence,
+      [](const embedding::OccurrenceBags& o, int64_t n, bool seq, int64_t* bags, int64_t* tables) {
+        embedding::cuda::occurrence_bags(o, n, seq, bags, tables,
+                                         c10::cuda::getCurrentCUDAStream().stream());
+      });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
   m.impl("adam_bias", &adam_bias_op);
+  m.impl("occurrence_bags", &occurrence_bags_cuda);
   m.impl("embedding_pool", &embedding_pool_cuda);
   m.impl("embedding_update", &embedding_update_cuda);
   m.impl("init_rows", &init_rows_cuda);

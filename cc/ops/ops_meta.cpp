@@ -211,6 +211,15 @@ at::Tensor adam_bias_meta(const at::Tensor& betas, c10::SymInt /*step*/) {
   return at::empty_like(betas);
 }
 
+std::tuple<at::Tensor, at::Tensor> occurrence_bags_meta(const at::Tensor& offsets,
+                                                        const at::Tensor& feature_tables,
+                                                        c10::SymInt num_indices, c10::SymInt batch,
+                                                        bool sequence) {
+  check_occurrence_bags(offsets, feature_tables, num_indices, batch);
+  return {at::empty_symint({num_indices + (sequence ? 1 : 0)}, offsets.options()),
+          at::empty_symint({num_indices}, offsets.options())};
+}
+
 UniqueResult segmented_unique_meta(const at::Tensor& keys, const at::Tensor& table_ids,
                                    int64_t num_tables, int64_t /*pad_key*/) {
   check_unique_args(keys, table_ids, num_tables);
@@ -231,6 +240,7 @@ UniqueResult segmented_unique_meta(const at::Tensor& keys, const at::Tensor& tab
 TORCH_LIBRARY_IMPL(dynamicemb, Meta, m) {
   m.impl("segmented_unique", &segmented_unique_meta);
   m.impl("adam_bias", &adam_bias_meta);
+  m.impl("occurrence_bags", &occurrence_bags_meta);
   m.impl("table_find", &find_meta);
   m.impl("table_run", &run_meta);
   m.impl("counter_add", &counter_add_meta);

@@ -267,6 +267,24 @@ TORCH_LIBRARY(dynamicemb, m) {
       "segmented_unique(Tensor keys, Tensor table_ids, int num_tables, int pad_key) -> (Tensor, "
       "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 
+  // The bag and the table of each occurrence of a batch in TBE layout (F
+  // features of `batch` samples, bag b = sample b % batch of feature
+  // b / batch): bag b holds occurrences [offsets[b] - offsets[0],
+  // offsets[b + 1] - offsets[0]) of num_indices, its table is
+  // feature_tables[b / batch]. One kernel instead of a repeat_interleave, a
+  // division and a gather.
+  // Args:
+  //   offsets: (F * batch + 1) int64, non-decreasing; feature_tables: (F)
+  //   int64; batch >= 1; sequence: every occurrence a bag of its own (pooling
+  //   NONE).
+  // Result:
+  //   bags: (num_indices) the bag of each occurrence, or with `sequence`
+  //   (num_indices + 1) 0..num_indices (the sequence's bag offsets, whose
+  //   first num_indices are each occurrence's bag); table_ids: (num_indices).
+  m.def(
+      "occurrence_bags(Tensor offsets, Tensor feature_tables, SymInt num_indices, SymInt batch, "
+      "bool sequence) -> (Tensor, Tensor)");
+
   // Adam's bias corrections at 1-based iteration `step`: (2) float32,
   // 1 - betas[i]^step, for embedding_update's adam_bias. One op, so that an
   // eager step and a traced one (where `step` is symbolic and a compiler

@@ -502,9 +502,11 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         batch's weights are MEAN's (1 / bag length) or None."""
         num_features = len(self.feature_table_map)
         batch = (offsets.numel() - 1) // num_features
-        lengths = offsets[1:] - offsets[:-1]
-        bag = self._bags(indices, lengths)
-        tids = self._feature_tables[bag // max(batch, 1)]
+        sequence = self.pooling_mode == DynamicEmbPoolingMode.NONE
+        # Pooling NONE: `bag` is the sequence's bag offsets 0..n instead.
+        bag, tids = ops().occurrence_bags(
+            offsets, self._feature_tables, indices.numel(), max(batch, 1), sequence
+        )
         # Training on a storage that takes padded batches never reads the
         # number of distinct keys on the host (dynamicemb.embedding.unique),
         # with admission too unless its admitter takes exact batches only.
@@ -523,21 +525,22 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         space = self.storage.space()
         weights = None
         if self.pooling_mode == DynamicEmbPoolingMode.MEAN:
+            lengths = offsets[1:] - offsets[:-1]
             inv_len = 1.0 / lengths.clamp(min=1).to(torch.float32)
             weights = inv_len[bag]
         n = indices.numel()
         occ_offsets = su.occ_offsets
-        if self.pooling_mode == DynamicEmbPoolingMode.NONE:
+        if sequence:
             # Sequence batches (pooling NONE): every occurrence is a bag of its own.
             b = _Batch(
                 space,
                 rows,
                 su.inverse,
-                torch.arange(n + 1, device=self.device),
+                bag,
                 weights,
                 occ_offsets,
                 su.order,
-                torch.arange(n, device=self.device),
+                bag[:n],
                 self._none_cols,
                 self._none_dims,
                 n,
@@ -595,17 +598,12 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         indices, offsets, _, _ = self._check_inputs(indices, offsets, None, None)
         return indices, offsets
 
-    def _bags(self, indices: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
-        """The bag of each occurrence."""
-        return torch.repeat_interleave(
-            torch.arange(lengths.numel(), device=self.device), lengths, output_size=indices.numel()
-        )
-
     def _occurrence_tables(self, indices: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
         """The table of each occurrence of a batch in TBE layout."""
         batch = (offsets.numel() - 1) // len(self.feature_table_map)
-        bag = self._bags(indices, offsets[1:] - offsets[:-1])
-        return self._feature_tables[bag // max(batch, 1)]
+        return ops().occurrence_bags(
+            offsets, self._feature_tables, indices.numel(), max(batch, 1), False
+        )[1]
 
     def _check_inputs(self, indices, offsets, frequency_counters, pooling_weights):
         """Checks forward's arguments (types, shapes, devices, then, with

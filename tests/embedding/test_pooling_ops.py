@@ -505,3 +505,82 @@ def test_update_across_two_segments_equals_one_segment(device):
     update(t, grad, ROWWISE, lr=0.2, seg=seg)
     got = torch.cat([seg[0], seg[1]]).view(rows.shape).view(torch.float32)
     assert torch.equal(got, one["values"])
+
+
+# ------------------------------------------------------- occurrence_bags --
+
+
+def bags_reference(offsets, feature_tables, batch):
+    """The bag and table of each occurrence, with repeat_interleave."""
+    lengths = offsets[1:] - offsets[:-1]
+    bag = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+    return bag, feature_tables[bag // batch]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("seed", range(4))
+def test_occurrence_bags_match_repeat_interleave(device, seed):
+    g = torch.Generator().manual_seed(seed)
+    num_features, batch = 3, 5 + seed
+    # Empty bags included, and a first offset past 0 (a batch's slice).
+    lengths = torch.randint(0, 4, (num_features * batch,), generator=g)
+    lengths[: seed + 1] = 0
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]) + 7 * seed
+    feature_tables = torch.tensor([2, 0, 2])
+    n = int(lengths.sum())
+    want_bag, want_tables = bags_reference(offsets, feature_tables, batch)
+    bag, tables = ops().occurrence_bags(
+        offsets.to(device), feature_tables.to(device), n, batch, False
+    )
+    assert bag.cpu().tolist() == want_bag.tolist()
+    assert tables.cpu().tolist() == want_tables.tolist()
+    seq, tables = ops().occurrence_bags(
+        offsets.to(device), feature_tables.to(device), n, batch, True
+    )
+    assert seq.cpu().tolist() == list(range(n + 1))
+    assert tables.cpu().tolist() == want_tables.tolist()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_occurrence_bags_of_an_empty_batch(device):
+    offsets = torch.zeros(7, dtype=torch.int64, device=device)
+    bag, tables = ops().occurrence_bags(offsets, torch.tensor([0, 1], device=device), 0, 3, False)
+    assert bag.numel() == 0 and tables.numel() == 0
+    seq, _ = ops().occurrence_bags(offsets, torch.tensor([0, 1], device=device), 0, 3, True)
+    assert seq.cpu().tolist() == [0]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_occurrence_bags_past_the_offsets_end_name_the_last_bag(device):
+    """Occurrences after the last bag's end (offsets are not read on the
+    host) are given the last bag, one that exists."""
+    offsets = torch.tensor([0, 1, 2], device=device)
+    bag, tables = ops().occurrence_bags(offsets, torch.tensor([4], device=device), 4, 2, False)
+    assert bag.cpu().tolist() == [0, 1, 1, 1]
+    assert tables.cpu().tolist() == [4, 4, 4, 4]
+
+
+def test_occurrence_bags_bad_input():
+    ft = torch.tensor([0, 1])
+    with pytest.raises(ValueError, match=r"offsets has 6 entries, not num_features \(2\) \* batch"):
+        ops().occurrence_bags(torch.zeros(6, dtype=torch.int64), ft, 0, 3, False)
+    with pytest.raises(ValueError, match="batch must be >= 1, got 0"):
+        ops().occurrence_bags(torch.zeros(1, dtype=torch.int64), ft, 0, 0, False)
+    with pytest.raises(ValueError, match="num_indices must not be negative, got -1"):
+        ops().occurrence_bags(torch.zeros(7, dtype=torch.int64), ft, -1, 3, False)
+    with pytest.raises(ValueError, match="2 occurrences but no bag"):
+        ops().occurrence_bags(torch.zeros(1, dtype=torch.int64), ft[:0], 2, 3, False)
+    with pytest.raises(TypeError, match="offsets must be Long"):
+        ops().occurrence_bags(torch.zeros(7, dtype=torch.int32), ft, 0, 3, False)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("sequence", [False, True])
+def test_occurrence_bags_opcheck(device, sequence):
+    """The op's schema, its fake kernel against the real one, and tracing."""
+    offsets = torch.tensor([0, 2, 2, 3, 6, 6, 7], device=device)
+    torch.library.opcheck(
+        ops().occurrence_bags.default,
+        (offsets, torch.tensor([1, 0], device=device), 7, 3, sequence),
+        test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"),
+    )
