@@ -253,16 +253,17 @@ TORCH_LIBRARY(dynamicemb, m) {
 
   // The distinct (table, key) pairs of a batch (dynamicemb/embedding/unique.py),
   // padded: every per-pair output has the batch's length n, the distinct
-  // pairs first in (table, key) order, then padding (key pad_key, table
-  // num_tables - 1, count 0).
+  // pairs first (table by table, within a table by first occurrence), then
+  // padding (key pad_key, table num_tables - 1, count 0).
   // Args:
   //   keys, table_ids: (n) int64, table ids in [0, num_tables).
   // Result:
   //   keys (n), table_ids (n), inverse (n: keys[inverse] == the input keys),
   //   counts (n), table_offsets (num_tables + 1: table t's pairs are
   //   [table_offsets[t], table_offsets[t + 1])), order (n: the input
-  //   positions grouped by pair), num_unique (1), occ_offsets (n + 1: pair u's
-  //   positions are order[occ_offsets[u]:occ_offsets[u + 1]]); int64.
+  //   positions grouped by pair, ascending within a pair), num_unique (1),
+  //   occ_offsets (n + 1: pair u's positions are
+  //   order[occ_offsets[u]:occ_offsets[u + 1]]); int64.
   m.def(
       "segmented_unique(Tensor keys, Tensor table_ids, int num_tables, int pad_key) -> (Tensor, "
       "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");

@@ -3,11 +3,13 @@
 // segmented_unique: the distinct (table, key) pairs of a batch, per table
 // (dynamicemb/embedding/unique.py documents the results). One op, so that a
 // training step pays one call from Python for it instead of some forty, with
-// a kernel for each device: here the CPU's (a sort, a counting sort and one
-// pass); cc/ops/unique_ops_cuda.cpp the CUDA one (two sorts and five passes).
+// a kernel for each device: here the CPU's (a sort, a counting sort, the
+// pairs ordered by first occurrence, one pass); cc/ops/unique_ops_cuda.cpp
+// the CUDA one (a hash set of the pairs, one short radix sort, five passes).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <tuple>
 #include <vector>
 
@@ -19,9 +21,10 @@ namespace ops {
 namespace {
 
 // The CPU kernel: the stable sort by key (ATen), then a stable counting sort
-// by table and one pass over the pairs in (table, key) order that writes
-// every output, instead of some twenty passes of ATen operations. Table ids
-// are checked (on the CPU their values are on the host).
+// by table, which groups each pair's occurrences in input order; the pairs of
+// a table are then put in the order of their first occurrences (the CUDA
+// kernel's order) and one pass writes every output. Table ids are checked (on
+// the CPU their values are on the host).
 UniqueResult segmented_unique_cpu(const at::Tensor& keys, const at::Tensor& table_ids,
                                   int64_t num_tables, int64_t pad_key) {
   const auto l = check_unique_args(keys, table_ids, num_tables);
@@ -32,7 +35,7 @@ UniqueResult segmented_unique_cpu(const at::Tensor& keys, const at::Tensor& tabl
   const int64_t* pk = p1.data_ptr<int64_t>();
   const int64_t* t = table_ids.data_ptr<int64_t>();
   // Stable counting sort of the key-sorted entries by table: (table, key)
-  // order, the keys carried along (read in order afterwards).
+  // order, the positions ascending within a pair.
   std::vector<int64_t> tk(static_cast<size_t>(n));
   std::vector<int64_t> bounds(static_cast<size_t>(num_tables) + 1, 0);
   for (int64_t i = 0; i < n; ++i) {
@@ -41,47 +44,63 @@ UniqueResult segmented_unique_cpu(const at::Tensor& keys, const at::Tensor& tabl
   }
   for (int64_t b = 0; b < num_tables; ++b) bounds[b + 1] += bounds[b];
   std::vector<int64_t> next(bounds.begin(), bounds.end() - 1);
-  std::vector<int64_t> ks(static_cast<size_t>(n));
-  at::Tensor order = at::empty({n}, l);
-  int64_t* perm = order.data_ptr<int64_t>();
+  std::vector<int64_t> perm(static_cast<size_t>(n)), ks(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
     const int64_t d = next[static_cast<size_t>(tk[i])]++;
     perm[d] = pk[i];
     ks[d] = kk[i];
   }
-  // One pass over the pairs, table by table: distinct pair g starts at
-  // sorted position starts[g]; table b's pairs start at offsets[b].
+  // The pairs in (table, key) order, each the start of its entries; then,
+  // table by table, in the order of their first (smallest) positions.
+  std::vector<int64_t> first;  // entry index of each pair in (table, key) order
+  std::vector<int64_t> table_of_pair;
+  for (int64_t b = 0; b < num_tables; ++b) {
+    for (int64_t i = bounds[b]; i < bounds[b + 1]; ++i) {
+      if (i == bounds[b] || ks[i] != ks[i - 1]) {
+        first.push_back(i);
+        table_of_pair.push_back(b);
+      }
+    }
+  }
+  const int64_t u = static_cast<int64_t>(first.size());
+  first.push_back(n);
+  std::vector<int64_t> pairs(static_cast<size_t>(u));  // pair indices in output order
+  for (int64_t g = 0; g < u; ++g) pairs[g] = g;
+  std::stable_sort(pairs.begin(), pairs.end(), [&](int64_t a, int64_t b) {
+    if (table_of_pair[a] != table_of_pair[b]) return table_of_pair[a] < table_of_pair[b];
+    return perm[first[a]] < perm[first[b]];
+  });
   at::Tensor uniq_keys = at::empty({n}, l), uniq_tables = at::empty({n}, l);
-  at::Tensor inverse = at::empty({n}, l), counts = at::empty({n}, l);
+  at::Tensor inverse = at::empty({n}, l), counts = at::empty({n}, l), order = at::empty({n}, l);
   at::Tensor starts = at::empty({n + 1}, l), offsets = at::empty({num_tables + 1}, l);
   int64_t* uk = uniq_keys.data_ptr<int64_t>();
   int64_t* ut = uniq_tables.data_ptr<int64_t>();
   int64_t* inv = inverse.data_ptr<int64_t>();
+  int64_t* c = counts.data_ptr<int64_t>();
+  int64_t* ord = order.data_ptr<int64_t>();
   int64_t* st = starts.data_ptr<int64_t>();
   int64_t* off = offsets.data_ptr<int64_t>();
-  int64_t g = -1;
-  for (int64_t b = 0; b < num_tables; ++b) {
-    off[b] = g + 1;
-    for (int64_t i = bounds[b]; i < bounds[b + 1]; ++i) {
-      if (i == bounds[b] || ks[i] != ks[i - 1]) {
-        ++g;
-        st[g] = i;
-        uk[g] = ks[i];
-        ut[g] = b;
-      }
-      inv[perm[i]] = g;
+  int64_t at_entry = 0, table = 0;
+  for (int64_t v = 0; v < u; ++v) {
+    const int64_t g = pairs[v];
+    for (; table <= table_of_pair[g]; ++table) off[table] = v;
+    st[v] = at_entry;
+    uk[v] = ks[first[g]];
+    ut[v] = table_of_pair[g];
+    c[v] = first[g + 1] - first[g];
+    for (int64_t i = first[g]; i < first[g + 1]; ++i) {
+      ord[at_entry++] = perm[i];
+      inv[perm[i]] = v;
     }
   }
-  const int64_t u = g + 1;
-  off[num_tables] = u;
+  for (; table <= num_tables; ++table) off[table] = u;
   for (int64_t v = u; v < n; ++v) {
     st[v] = n;
     uk[v] = pad_key;
     ut[v] = num_tables - 1;
+    c[v] = 0;
   }
   st[n] = n;
-  int64_t* c = counts.data_ptr<int64_t>();
-  for (int64_t v = 0; v < n; ++v) c[v] = st[v + 1] - st[v];
   at::Tensor num_unique = at::full({1}, u, l);
   return {uniq_keys, uniq_tables, inverse, counts, offsets, order, num_unique, starts};
 }

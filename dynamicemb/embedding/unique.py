@@ -4,9 +4,11 @@ The embedding step looks every distinct key up once, reduces the gradients
 of its occurrences into one, and counts how often it occurred (LFU scores,
 admission). This is that step, on any device: the op ``segmented_unique``
 (cc/ops/unique_ops.cpp), one call: on the CPU a stable sort by key, a
-counting sort by table and one pass over the pairs; elsewhere a composition
-of ATen operations (two stable radix sorts, then flags, a scan and
-searches).
+counting sort by table, the pairs of each table ordered by first occurrence
+and one pass; on CUDA (cc/embedding/unique_cuda.h) a hash set of the pairs
+that keeps each pair's first position, one stable radix sort of (table,
+first position) and the passes around one scan. Both give the pairs table
+by table, within a table in the order of their first occurrences.
 
 How many distinct keys a batch has is known on the device only. Reading it
 on the host would stall the host until the device has caught up, so the
@@ -30,14 +32,16 @@ class SegmentedUnique:
     """Distinct keys of a batch, grouped by table.
 
     Attributes:
-        keys (torch.Tensor): (u) int64, table by table, ascending within a table.
+        keys (torch.Tensor): (u) int64, table by table, within a table in the
+            order of their first occurrences in the batch.
         table_ids (torch.Tensor): (u) int64, non-decreasing.
         inverse (torch.Tensor): (n) int64, ``keys[inverse] == input keys``.
         counts (torch.Tensor): (u) int64 occurrences of each distinct key.
         table_offsets (torch.Tensor): (num_tables + 1) int64: table t's keys are
             ``keys[table_offsets[t]:table_offsets[t + 1]]``.
         order (torch.Tensor): (n) int64, the input positions grouped by distinct
-            key: those of key u are ``order[sum(counts[:u]) : sum(counts[:u + 1])]``.
+            key: those of key u are ``order[sum(counts[:u]) : sum(counts[:u + 1])]``,
+            ascending.
         num_unique (torch.Tensor): (1) int64 on the keys' device, the number
             of distinct keys: ``u`` itself, or, padded (u = n), the length of
             the prefix that holds them.

@@ -12,8 +12,10 @@ from tests.devices import DEVICES
 
 
 def reference(keys, tables):
-    count = collections.Counter(zip(tables, keys))
-    order = sorted(count)  # (table, key)
+    """The pairs table by table, within a table in the order of their first
+    occurrences, and their counts."""
+    count = collections.Counter(zip(tables, keys))  # insertion order: first occurrences
+    order = sorted(count, key=lambda pair: pair[0])  # stable: by table only
     return order, count
 
 
@@ -42,6 +44,7 @@ def test_segmented_unique_matches_a_dictionary(pairs):
     for u in range(su.keys.numel()):  # key u's positions in the input
         at = su.order[su.occ_offsets[u] : su.occ_offsets[u + 1]]
         assert (keys[at] == su.keys[u]).all() and (tables[at] == su.table_ids[u]).all()
+        assert at.tolist() == sorted(at.tolist())  # in input order
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -49,11 +52,31 @@ def test_segmented_unique_on_each_device(device):
     keys = torch.tensor([5, 3, 5, 9, 3, 5], device=device)
     tables = torch.tensor([1, 0, 1, 1, 1, 0], device=device)
     su = segmented_unique(keys, tables, 3)
-    assert su.keys.cpu().tolist() == [3, 5, 3, 5, 9]
+    assert su.keys.cpu().tolist() == [3, 5, 5, 9, 3]
     assert su.table_ids.cpu().tolist() == [0, 0, 1, 1, 1]
-    assert su.counts.cpu().tolist() == [1, 1, 1, 2, 1]
+    assert su.counts.cpu().tolist() == [1, 1, 2, 1, 1]
     assert su.table_offsets.cpu().tolist() == [0, 2, 5, 5]
-    assert su.inverse.cpu().tolist() == [3, 0, 3, 4, 2, 1]
+    assert su.inverse.cpu().tolist() == [2, 0, 2, 3, 4, 1]
+    assert su.order.cpu().tolist() == [1, 5, 0, 2, 3, 4]
+    assert su.occ_offsets.cpu().tolist() == [0, 1, 2, 4, 5, 6]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "n, distinct, num_tables",
+    [(1, 1, 1), (5000, 300, 3), (300_000, 200_000, 10), (70_000, 2**62, 40_000)],
+)
+def test_segmented_unique_cuda_matches_the_cpu(n, distinct, num_tables):
+    """The CUDA kernel (a hash set, one radix sort) gives the CPU kernel's
+    results, padding included: few and many distinct pairs, many tables, keys
+    over the whole int64 range."""
+    g = torch.Generator().manual_seed(n)
+    keys = torch.randint(0, distinct, (n,), generator=g) - distinct // 2
+    tables = torch.randint(0, num_tables, (n,), generator=g)
+    want = segmented_unique(keys, tables, num_tables, padded=True)
+    got = segmented_unique(keys.cuda(), tables.cuda(), num_tables, padded=True)
+    for name in want.__dataclass_fields__:
+        assert torch.equal(getattr(got, name).cpu(), getattr(want, name)), name
 
 
 def test_segmented_unique_bad_input():
