@@ -75,23 +75,6 @@ __global__ void pool_kernel(PoolArgs a, int64_t num_bags) {
   }
 }
 
-// The chunk at `base` of the gradient summed over grouped positions [i0, i1),
-// in the lanes' coordinates lane_coord<Vec>.
-template <bool Vec>
-__device__ void grad_chunk(const UpdateArgs& a, int64_t i0, int64_t i1, int64_t base, int64_t dim,
-                           int lane, float (&g)[kPer]) {
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) g[k] = 0.f;
-  for (int64_t i = i0; i < i1; ++i) {
-    float w;
-    const float* go = occ_grad_row(a, i, &w);
-    float x[kPer];
-    load_chunk<Vec>(go, base, dim, lane, x);
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) g[k] += w * x[k];
-  }
-}
-
 /// Whether key u's row (at byte offset r) is updated vectorized.
 template <class T>
 __device__ __forceinline__ bool key_vectorized(const UpdateArgs& a, int64_t r, int64_t dim) {
@@ -141,7 +124,8 @@ __device__ __forceinline__ int64_t load_occurrences(const UpdateArgs& a, int64_t
   return __shfl_sync(0xffffffffu, dim, 0);
 }
 
-/// grad_chunk over the preloaded occurrences, summed in the same order.
+/// The chunk at `base` of the gradient summed over the preloaded
+/// occurrences, in their order, in the lanes' coordinates lane_coord<Vec>.
 template <bool Vec>
 __device__ void occurrences_chunk(const UpdateArgs& a, const KeyOccurrences& o, int64_t c,
                                   int64_t base, int64_t dim, int lane, float (&g)[kPer]) {
@@ -195,9 +179,13 @@ template <bool Vec>
 __device__ void add_hot_chunk(const UpdateArgs& a, const HotKeys& h, int64_t u, int64_t i0,
                               int64_t i1, int64_t dim, int lane) {
   float* row = h.buf + (h.hot_incl[u] - 1) * h.buf_width;
+  // The chunk's occurrences (at most kHotChunk) read at once, as a plain
+  // key's are, so the sum waits for no index load of its own.
+  KeyOccurrences o;
+  load_occurrences(a, i0, i1 - i0, lane, o);
   for (int64_t base = 0; base < dim; base += kChunk) {
     float g[kPer];
-    grad_chunk<Vec>(a, i0, i1, base, dim, lane, g);
+    occurrences_chunk<Vec>(a, o, i1 - i0, base, dim, lane, g);
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
       const int64_t d = lane_coord<Vec>(base, lane, k);
@@ -263,21 +251,23 @@ __global__ void hot_pack_kernel(const int64_t* occ_offsets, int64_t num_keys, in
 }
 
 // The inclusive scan unpacked: chunk offsets (exclusive, U + 1), hot keys up
-// to each key (inclusive); a hot key's thread zeroes its buffer row.
-__global__ void hot_unpack_kernel(const int64_t* packed, const int64_t* incl, int64_t num_keys,
-                                  int64_t* chunk_offsets, int64_t* hot_incl, float* buf,
-                                  int64_t buf_width) {
+// to each key (inclusive).
+__global__ void hot_unpack_kernel(const int64_t* incl, int64_t num_keys, int64_t* chunk_offsets,
+                                  int64_t* hot_incl) {
   const int64_t v = global_thread();
   if (v > num_keys) return;
   constexpr int64_t kLow = (int64_t{1} << 32) - 1;
   chunk_offsets[v] = v == 0 ? 0 : incl[v - 1] & kLow;
-  if (v == num_keys) return;
-  const int64_t h = incl[v] >> 32;
-  hot_incl[v] = h;
-  if (packed[v] != 0) {
-    float* row = buf + (h - 1) * buf_width;
-    for (int64_t d = 0; d < buf_width; ++d) row[d] = 0.0f;
-  }
+  if (v < num_keys) hot_incl[v] = incl[v] >> 32;
+}
+
+// The hot keys' buffer rows zeroed, a thread per float (grid-strided): as
+// many rows as there are hot keys (the scan's last count), not max_hot.
+__global__ void hot_zero_kernel(const int64_t* incl, int64_t num_keys, float* buf,
+                                int64_t buf_width) {
+  const int64_t total = (incl[num_keys - 1] >> 32) * buf_width;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = global_thread(); i < total; i += stride) buf[i] = 0.0f;
 }
 
 // A thread per occurrence i, and with `sequence` one more for the end (n).
@@ -376,9 +366,11 @@ HotKeys hot_keys(const int64_t* occ_offsets, int64_t num_keys, int64_t n, int64_
   check_cuda(
       cub::DeviceScan::InclusiveSum(base + l.temp, temp_bytes, packed, incl, num_keys, stream),
       "embedding_update (hot keys scan)");
-  hot_unpack_kernel<<<grid_for(num_keys + 1), kBlock, 0, stream>>>(packed, incl, num_keys, chunks,
-                                                                   hot, buf, buf_width);
+  hot_unpack_kernel<<<grid_for(num_keys + 1), kBlock, 0, stream>>>(incl, num_keys, chunks, hot);
   check_launch("embedding_update (hot keys)");
+  hot_zero_kernel<<<grid_strided(h.max_hot * buf_width), kBlock, 0, stream>>>(incl, num_keys, buf,
+                                                                              buf_width);
+  check_launch("embedding_update (hot keys' rows)");
   h.chunk_offsets = chunks;
   h.hot_incl = hot;
   h.buf = buf;

@@ -41,7 +41,8 @@ size_t hot_keys_scratch(int64_t num_keys, int64_t n, int64_t buf_width);
 /// occ_offsets ((U + 1), non-decreasing), laid out in `scratch`
 /// (hot_keys_scratch bytes, 256-byte aligned): one pass over the keys, one
 /// scan of their (hot, chunks) pairs packed in 64 bits, one pass that unpacks
-/// them and zeroes the hot keys' buffer rows. Nothing is read on the host.
+/// them, and one over the hot keys' buffer rows that zeroes them, a thread
+/// per float. Nothing is read on the host.
 HotKeys hot_keys(const int64_t* occ_offsets, int64_t num_keys, int64_t n, int64_t buf_width,
                  void* scratch, cudaStream_t stream);
 
