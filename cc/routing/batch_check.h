@@ -101,6 +101,16 @@ struct BatchFacts {
   int64_t bad_weight_bits = 0;  // its float64 bits
 };
 
+/// The float64 bits of a weight, every NaN as the one canonical quiet NaN
+/// (0x7ff8...): the CPU's and CUDA's conversions from float16 keep
+/// different NaN payloads.
+DEMB_HD int64_t weight_bits(int64_t bits) {
+  constexpr uint64_t kExponent = 0x7ff0000000000000ULL, kMantissa = 0x000fffffffffffffULL;
+  const auto u = static_cast<uint64_t>(bits);
+  const bool nan = (u & kExponent) == kExponent && (u & kMantissa) != 0;
+  return nan ? static_cast<int64_t>(0x7ff8000000000000ULL) : bits;
+}
+
 /// Writes the verdict row (kVerdictWords words) of `facts`;
 /// `length_per_feature` names the feature of a bad key or weight.
 DEMB_HD void batch_verdict(const BatchFacts& facts, const int64_t* length_per_feature,
@@ -125,7 +135,7 @@ DEMB_HD void batch_verdict(const BatchFacts& facts, const int64_t* length_per_fe
   } else if (facts.bad_weight != kNone) {
     code = static_cast<int64_t>(BatchCode::kBadWeight);
     a = static_cast<int64_t>(facts.bad_weight);
-    b = facts.bad_weight_bits;
+    b = weight_bits(facts.bad_weight_bits);
     c = feature_of(length_per_feature, num_features, a);
   }
   row[0] = code;

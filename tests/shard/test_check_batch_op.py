@@ -11,9 +11,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dynamicemb.table import first_valid_key, ops
+from tests.devices import DEVICES
 
 OFFSETS_START, NEGATIVE_LENGTH, LENGTHS_SUM, RESERVED_KEY, BAD_WEIGHT = 8, 9, 10, 11, 12
 NONE, FINITE, COUNTERS = 0, 1, 2
+
+
+CANONICAL_NAN = 0x7FF8000000000000  # every NaN weight's bits in a verdict
+
+
+def double_bits(x: float) -> int:
+    return torch.tensor([x], dtype=torch.float64).view(torch.int64).item()
 
 
 def reference(values, lengths, weights, offsets, mask, num_features, stride, rule):
@@ -64,7 +72,8 @@ def reference(values, lengths, weights, offsets, mask, num_features, stride, rul
     elif reserved:
         row = [RESERVED_KEY, reserved[0], v[reserved[0]], feature(reserved[0])]
     elif bad:
-        bits = torch.tensor([w[bad[0]]], dtype=torch.float64).view(torch.int64).item()
+        x = w[bad[0]]
+        bits = CANONICAL_NAN if math.isnan(x) else double_bits(x)
         row = [BAD_WEIGHT, bad[0], bits, feature(bad[0])]
     return row + per_feature
 
@@ -222,6 +231,20 @@ def large_batches(draw):
 @given(large_batches())
 def test_check_batch_on_large_batches(batch):
     assert check(batch) == reference(*batch)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+def test_a_nan_weight_is_named_by_the_canonical_nan_on_every_device(device, dtype):
+    """NaNs of any sign and payload (their conversions to float64 differ
+    between the CPU and CUDA) give one verdict: the canonical quiet NaN."""
+    bits = {torch.float16: 0xFE01, torch.float32: 0x7FFFFFFF, torch.float64: -1}[dtype]
+    int_type = {torch.float16: torch.int16, torch.float32: torch.int32, torch.float64: torch.int64}
+    nan = torch.tensor([bits], dtype=torch.int64).to(int_type[dtype]).view(dtype)
+    assert torch.isnan(nan).all()
+    weights = torch.cat([torch.ones(2, dtype=dtype), nan])
+    batch = (torch.tensor([4, 5, 6]), torch.tensor([1, 2]), weights, None, None, 1, 2, FINITE)
+    assert check(batch, device) == [BAD_WEIGHT, 2, CANONICAL_NAN, 0, 3]
 
 
 @pytest.mark.gpu
