@@ -50,8 +50,7 @@ UniqueResult segmented_unique_cpu(const at::Tensor& keys, const at::Tensor& tabl
     perm[d] = pk[i];
     ks[d] = kk[i];
   }
-  // The pairs in (table, key) order, each the start of its entries; then,
-  // table by table, in the order of their first (smallest) positions.
+  // The pairs in (table, key) order, each the start of its entries.
   std::vector<int64_t> first;  // entry index of each pair in (table, key) order
   std::vector<int64_t> table_of_pair;
   for (int64_t b = 0; b < num_tables; ++b) {
@@ -64,12 +63,19 @@ UniqueResult segmented_unique_cpu(const at::Tensor& keys, const at::Tensor& tabl
   }
   const int64_t u = static_cast<int64_t>(first.size());
   first.push_back(n);
-  std::vector<int64_t> pairs(static_cast<size_t>(u));  // pair indices in output order
-  for (int64_t g = 0; g < u; ++g) pairs[g] = g;
-  std::stable_sort(pairs.begin(), pairs.end(), [&](int64_t a, int64_t b) {
-    if (table_of_pair[a] != table_of_pair[b]) return table_of_pair[a] < table_of_pair[b];
-    return perm[first[a]] < perm[first[b]];
-  });
+  // Pair g's first position is perm[first[g]] (positions ascend within a
+  // pair); walking each table's positions in input order meets the pairs in
+  // the order of their first occurrences.
+  std::vector<int64_t> pair_first_at(static_cast<size_t>(n), -1);
+  for (int64_t g = 0; g < u; ++g) pair_first_at[perm[first[g]]] = g;
+  std::vector<int64_t> by_table(static_cast<size_t>(n));  // positions, table by table
+  std::copy(bounds.begin(), bounds.end() - 1, next.begin());
+  for (int64_t i = 0; i < n; ++i) by_table[next[static_cast<size_t>(t[i])]++] = i;
+  std::vector<int64_t> pairs;  // pair indices in output order
+  pairs.reserve(static_cast<size_t>(u));
+  for (int64_t i = 0; i < n; ++i) {
+    if (pair_first_at[by_table[i]] >= 0) pairs.push_back(pair_first_at[by_table[i]]);
+  }
   at::Tensor uniq_keys = at::empty({n}, l), uniq_tables = at::empty({n}, l);
   at::Tensor inverse = at::empty({n}, l), counts = at::empty({n}, l), order = at::empty({n}, l);
   at::Tensor starts = at::empty({n + 1}, l), offsets = at::empty({num_tables + 1}, l);
