@@ -8,6 +8,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -43,6 +44,10 @@ inline unsigned grid_strided(int64_t threads) {
   const int64_t cap = static_cast<int64_t>(sms > 0 ? sms : 1) * (2048 / kBlock) * 4;
   return all < cap ? all : static_cast<unsigned>(cap);
 }
+
+/// `bytes` rounded up to 256: the alignment of each part of a kernel's
+/// scratch layout (one allocation, parts at aligned offsets).
+inline size_t scratch_aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 /// Throws std::runtime_error naming `what` unless `e` is cudaSuccess.
 inline void check_cuda(cudaError_t e, const char* what) {

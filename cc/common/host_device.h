@@ -61,6 +61,13 @@ DEMB_HD void atomic_add_saturating(int64_t* p, int64_t v) {
 #endif
 }
 
+/// Bits that hold every value in [0, v], at least 1 (a radix sort's end bit).
+DEMB_HD int bits_for(int64_t v) {
+  int b = 1;
+  while (b < 63 && (int64_t{1} << b) <= v) ++b;
+  return b;
+}
+
 /// The first index i in [0, n) with v[i] > x (v non-decreasing), n if none.
 DEMB_HD int64_t upper_bound(const int64_t* v, int64_t n, int64_t x) {
   int64_t lo = 0, hi = n;

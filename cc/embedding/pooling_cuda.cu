@@ -291,21 +291,19 @@ struct HotLayout {
   size_t packed, incl, chunks, hot, buf, temp, temp_bytes, total;
 };
 
-size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
-
 HotLayout hot_layout(int64_t num_keys, int64_t max_hot, int64_t buf_width) {
   HotLayout l{};
   const size_t u = static_cast<size_t>(num_keys);
   l.packed = 0;
-  l.incl = l.packed + aligned(u * sizeof(int64_t));
-  l.chunks = l.incl + aligned(u * sizeof(int64_t));
-  l.hot = l.chunks + aligned((u + 1) * sizeof(int64_t));
-  l.buf = l.hot + aligned(u * sizeof(int64_t));
-  l.temp = l.buf + aligned(static_cast<size_t>(max_hot * buf_width) * sizeof(float));
+  l.incl = l.packed + scratch_aligned(u * sizeof(int64_t));
+  l.chunks = l.incl + scratch_aligned(u * sizeof(int64_t));
+  l.hot = l.chunks + scratch_aligned((u + 1) * sizeof(int64_t));
+  l.buf = l.hot + scratch_aligned(u * sizeof(int64_t));
+  l.temp = l.buf + scratch_aligned(static_cast<size_t>(max_hot * buf_width) * sizeof(float));
   check_cuda(cub::DeviceScan::InclusiveSum(nullptr, l.temp_bytes, static_cast<int64_t*>(nullptr),
                                            static_cast<int64_t*>(nullptr), num_keys),
              "embedding_update (hot keys scan size)");
-  l.total = l.temp + aligned(l.temp_bytes);
+  l.total = l.temp + scratch_aligned(l.temp_bytes);
   return l;
 }
 

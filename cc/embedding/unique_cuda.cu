@@ -2,6 +2,7 @@
 #include <cub/cub.cuh>
 
 #include "cc/common/cuda_launch.cuh"
+#include "cc/common/host_device.h"
 #include "cc/embedding/unique_cuda.h"
 #include "cc/table/hash.h"
 
@@ -10,13 +11,6 @@ namespace embedding {
 namespace cuda {
 
 namespace {
-
-/// Bits of values in [0, v]: at least 1.
-int bits_for(int64_t v) {
-  int b = 1;
-  while (b < 63 && (v >> b) != 0) ++b;
-  return b;
-}
 
 /// Hash-set slots for n occurrences: a power of two, at least 2n.
 int64_t slots_for(int64_t n) {
@@ -35,8 +29,6 @@ struct Layout {
   bool wide;               // 64-bit sort keys
   size_t slots, occ_slot, key_in, key_out, pos_in, pos_out, flags, through, temp, temp_bytes, total;
 };
-
-size_t aligned(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 template <class Key>
 size_t temp_bytes_for(int64_t n, int key_bits) {
@@ -61,17 +53,17 @@ Layout layout_of(int64_t n, int64_t num_tables) {
   const size_t un = static_cast<size_t>(n);
   const size_t key = l.wide ? sizeof(uint64_t) : sizeof(uint32_t);
   l.slots = 0;
-  l.occ_slot = l.slots + aligned(static_cast<size_t>(l.num_slots) * sizeof(int32_t));
-  l.key_in = l.occ_slot + aligned(un * sizeof(int32_t));
-  l.key_out = l.key_in + aligned(un * key);
-  l.pos_in = l.key_out + aligned(un * key);
-  l.pos_out = l.pos_in + aligned(un * sizeof(int32_t));
-  l.flags = l.pos_out + aligned(un * sizeof(int32_t));
-  l.through = l.flags + aligned(un * sizeof(int32_t));
-  l.temp = l.through + aligned(un * sizeof(int32_t));
+  l.occ_slot = l.slots + scratch_aligned(static_cast<size_t>(l.num_slots) * sizeof(int32_t));
+  l.key_in = l.occ_slot + scratch_aligned(un * sizeof(int32_t));
+  l.key_out = l.key_in + scratch_aligned(un * key);
+  l.pos_in = l.key_out + scratch_aligned(un * key);
+  l.pos_out = l.pos_in + scratch_aligned(un * sizeof(int32_t));
+  l.flags = l.pos_out + scratch_aligned(un * sizeof(int32_t));
+  l.through = l.flags + scratch_aligned(un * sizeof(int32_t));
+  l.temp = l.through + scratch_aligned(un * sizeof(int32_t));
   l.temp_bytes =
       l.wide ? temp_bytes_for<uint64_t>(n, l.key_bits) : temp_bytes_for<uint32_t>(n, l.key_bits);
-  l.total = l.temp + aligned(l.temp_bytes);
+  l.total = l.temp + scratch_aligned(l.temp_bytes);
   return l;
 }
 

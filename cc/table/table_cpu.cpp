@@ -8,6 +8,7 @@
 #include <cstring>
 #include <vector>
 
+#include "cc/common/host_device.h"
 #include "cc/table/hash.h"
 #include "cc/table/layout.h"
 #include "cc/table/operations.h"
@@ -130,8 +131,7 @@ void stable_order(const int64_t* sort_keys, int64_t n, int64_t total_buckets, in
   // so equal buckets keep batch order.
   constexpr int kBits = 11;
   constexpr int64_t kRadix = int64_t{1} << kBits;
-  int bits = 1;
-  while ((int64_t{1} << bits) <= total_buckets) ++bits;
+  const int bits = bits_for(total_buckets);
   std::vector<int32_t> tmp(static_cast<size_t>(n));
   int32_t* src = order;
   int32_t* dst = tmp.data();

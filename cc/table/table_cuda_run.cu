@@ -408,8 +408,7 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
   sort_key_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, r.keys, r.table_ids, n, total_buckets,
                                                       keys_in, iota, ok);
   check_launch("sort keys");
-  int end_bit = 1;
-  while ((int64_t{1} << end_bit) <= total_buckets) ++end_bit;
+  const int end_bit = bits_for(total_buckets);
   auto* kin = reinterpret_cast<unsigned long long*>(keys_in);
   auto* kout = reinterpret_cast<unsigned long long*>(keys_sorted);
   size_t bytes = 0;
@@ -470,8 +469,7 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
     int64_t* per_table = alloc<int64_t>(scratch, t.num_tables);
     check_cuda(cudaMemsetAsync(per_table, 0, sizeof(int64_t) * t.num_tables, stream), "memset");
     row_keys_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, w, n, seg, iota);
-    int seg_bits = 1;
-    while ((int64_t{1} << seg_bits) <= t.num_tables) ++seg_bits;
+    const int seg_bits = bits_for(t.num_tables);
     auto* sin = reinterpret_cast<unsigned long long*>(seg);
     auto* sout = reinterpret_cast<unsigned long long*>(seg_sorted);
     size_t sb = 0;
