@@ -424,8 +424,7 @@ inline void check_occurrence_bags(const at::Tensor& offsets, const at::Tensor& f
                     " entries, not num_features (", feature_tables.sym_numel(), ") * batch (",
                     batch, ") + 1");
   TORCH_CHECK_VALUE(num_indices >= 0,
-                    "dynamicemb: occurrence_bags: num_indices must not be "
-                    "negative, got ",
+                    "dynamicemb: occurrence_bags: num_indices must not be negative, got ",
                     num_indices);
   TORCH_CHECK_VALUE(offsets.sym_numel() > 1 || num_indices == 0,
                     "dynamicemb: occurrence_bags: ", num_indices, " occurrences but no bag");

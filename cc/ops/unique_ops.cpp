@@ -52,13 +52,9 @@ UniqueResult segmented_unique_cpu(const at::Tensor& keys, const at::Tensor& tabl
   }
   // The pairs in (table, key) order, each the start of its entries.
   std::vector<int64_t> first;  // entry index of each pair in (table, key) order
-  std::vector<int64_t> table_of_pair;
   for (int64_t b = 0; b < num_tables; ++b) {
     for (int64_t i = bounds[b]; i < bounds[b + 1]; ++i) {
-      if (i == bounds[b] || ks[i] != ks[i - 1]) {
-        first.push_back(i);
-        table_of_pair.push_back(b);
-      }
+      if (i == bounds[b] || ks[i] != ks[i - 1]) first.push_back(i);
     }
   }
   const int64_t u = static_cast<int64_t>(first.size());
@@ -89,10 +85,11 @@ UniqueResult segmented_unique_cpu(const at::Tensor& keys, const at::Tensor& tabl
   int64_t at_entry = 0, table = 0;
   for (int64_t v = 0; v < u; ++v) {
     const int64_t g = pairs[v];
-    for (; table <= table_of_pair[g]; ++table) off[table] = v;
+    const int64_t b = t[perm[first[g]]];  // the pair's table
+    for (; table <= b; ++table) off[table] = v;
     st[v] = at_entry;
     uk[v] = ks[first[g]];
-    ut[v] = table_of_pair[g];
+    ut[v] = b;
     c[v] = first[g + 1] - first[g];
     for (int64_t i = first[g]; i < first[g + 1]; ++i) {
       ord[at_entry++] = perm[i];
