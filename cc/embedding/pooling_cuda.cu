@@ -35,12 +35,16 @@ __device__ __forceinline__ void add_row(const T* v, float w, int64_t base, int64
   }
 }
 
+// Bag [j0, j1) into its output slice; v0 and w0: the first occurrence's row
+// (nullptr: none) and weight, read ahead by the bag's lane in pool_kernel.
 template <class T, bool Vec>
-__device__ void pool_bag(const PoolArgs& a, const BagSlot& s, int64_t j0, int64_t j1, int lane) {
+__device__ void pool_bag(const PoolArgs& a, const BagSlot& s, int64_t j0, int64_t j1, const T* v0,
+                         float w0, int lane) {
   float* out = a.out + s.offset;
   for (int64_t base = 0; base < s.dim; base += kChunk) {
     float acc[kPer] = {};
-    for (int64_t j = j0; j < j1; ++j) {
+    if (j1 > j0 && v0 != nullptr) add_row<T, Vec>(v0, w0, base, s.dim, lane, acc);
+    for (int64_t j = j0 + 1; j < j1; ++j) {
       const T* v = occ_row<T>(a, j);
       if (v != nullptr) add_row<T, Vec>(v, occ_weight(a.weights, j), base, s.dim, lane, acc);
     }
@@ -57,20 +61,42 @@ __device__ void pool_bag(const PoolArgs& a, const BagSlot& s, int64_t j0, int64_
   }
 }
 
-// A warp per bag (grid-strided); vectorized when the rows are float32 and
-// the bag's output slice is 16-byte aligned (a row that is not aligned is
-// read element-wise).
+// A warp per kWarp consecutive bags at a time (grid-strided): lane l first
+// reads bag b0 + l's occurrences and its first occurrence's row and weight,
+// so that the warp, pooling the bags one after another, waits on no index
+// load of its own for a bag of one occurrence (hotness 1, sequences).
+// Vectorized when the rows are float32 and the bag's output slice is 16-byte
+// aligned (a row that is not aligned is read element-wise).
 template <class T>
 __global__ void pool_kernel(PoolArgs a, int64_t num_bags) {
   const int lane = threadIdx.x % kWarp;
-  for (int64_t b = global_thread() / kWarp; b < num_bags; b += launch_warps()) {
-    const BagSlot s = bag_slot(a.layout, b);
-    const int64_t j0 = a.bag_offsets[b], j1 = a.bag_offsets[b + 1];
-    constexpr bool kFloat = std::is_same_v<T, float>;
-    if (kFloat && s.dim % 4 == 0 && aligned16(a.out + s.offset)) {
-      pool_bag<T, kFloat>(a, s, j0, j1, lane);
-    } else {
-      pool_bag<T, false>(a, s, j0, j1, lane);
+  const int64_t stride = launch_warps() * kWarp;
+  constexpr bool kFloat = std::is_same_v<T, float>;
+  for (int64_t b0 = global_thread() / kWarp * kWarp; b0 < num_bags; b0 += stride) {
+    const int64_t mine = b0 + lane;
+    int64_t j0 = 0, j1 = 0;
+    const T* v = nullptr;
+    float w = 0.f;
+    if (mine < num_bags) {
+      j0 = a.bag_offsets[mine];
+      j1 = a.bag_offsets[mine + 1];
+      if (j1 > j0) {
+        v = occ_row<T>(a, j0);
+        w = occ_weight(a.weights, j0);
+      }
+    }
+    const int count = num_bags - b0 < kWarp ? static_cast<int>(num_bags - b0) : kWarp;
+    for (int k = 0; k < count; ++k) {  // uniform across the warp
+      const int64_t k0 = __shfl_sync(0xffffffffu, j0, k), k1 = __shfl_sync(0xffffffffu, j1, k);
+      const auto* vk = reinterpret_cast<const T*>(
+          __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(v), k));
+      const float wk = __shfl_sync(0xffffffffu, w, k);
+      const BagSlot s = bag_slot(a.layout, b0 + k);
+      if (kFloat && s.dim % 4 == 0 && aligned16(a.out + s.offset)) {
+        pool_bag<T, kFloat>(a, s, k0, k1, vk, wk, lane);
+      } else {
+        pool_bag<T, false>(a, s, k0, k1, vk, wk, lane);
+      }
     }
   }
 }
@@ -311,7 +337,9 @@ int64_t max_hot_of(int64_t num_keys, int64_t n) { return num_keys > 0 ? n / (kHo
 
 template <class T>
 void pool_forward(const PoolArgs& a, int64_t num_bags, cudaStream_t stream) {
-  pool_kernel<T><<<grid_strided(num_bags * kWarp), kBlock, 0, stream>>>(a, num_bags);
+  // A warp per kWarp bags.
+  pool_kernel<T>
+      <<<grid_strided((num_bags + kWarp - 1) / kWarp * kWarp), kBlock, 0, stream>>>(a, num_bags);
   check_launch("embedding_pool");
 }
 

@@ -11,7 +11,7 @@ namespace dyn_emb {
 namespace embedding {
 namespace cuda {
 
-/// @brief Writes every bag's pooled embedding into a.out (pooling.h); one warp per bag;
+/// @brief Writes every bag's pooled embedding into a.out (pooling.h); a warp per 32 bags at a time;
 /// rows of element type `type`.
 void pool_forward(const PoolArgs& a, int64_t num_bags, storage::ElementType type,
                   cudaStream_t stream);
