@@ -9,6 +9,7 @@
 
 #include <cub/cub.cuh>
 #include <cuda/std/functional>
+#include <type_traits>
 
 #include "cc/common/cuda_launch.cuh"
 #include "cc/common/host_device.h"
@@ -25,13 +26,16 @@ namespace cuda {
 
 namespace {
 
+// Sort keys of K, an unsigned type wide enough for total_buckets (32 bits
+// for most tables: a third less to move in each pass of the sort).
+template <class K>
 __global__ void sort_key_kernel(TableRef t, const int64_t* keys, const int64_t* table_ids,
-                                int64_t n, int64_t total_buckets, int64_t* out, int32_t* iota,
+                                int64_t n, int64_t total_buckets, K* out, int32_t* iota,
                                 const int32_t* ok) {
   const int64_t i = global_thread();
   if (i >= n) return;
   const int64_t k = *ok ? sort_key_of(t, keys[i], table_ids[i]) : INT64_MAX;
-  out[i] = k == INT64_MAX ? total_buckets : k;
+  out[i] = static_cast<K>(k == INT64_MAX ? total_buckets : k);
   iota[i] = static_cast<int32_t>(i);
 }
 
@@ -75,18 +79,19 @@ __device__ __forceinline__ bool victim_before(const VictimLess& less, bool fast,
 // after another: it reads the bucket's digests (any empty slot: -1), then its
 // score words once, coalesced, and reduces each victim across the warp.
 // Runs after the prefind (r.slots).
-__global__ void victim_hint_kernel(TableRef t, RunArgs r, const int64_t* sorted_keys, int64_t n,
+template <class K>
+__global__ void victim_hint_kernel(TableRef t, RunArgs r, const K* sorted_keys, int64_t n,
                                    int64_t total_buckets, int64_t* hint, const int32_t* ok) {
   const auto warp = cg::tiled_partition<32>(cg::this_thread_block());
   const int64_t p = global_thread();
   bool qualifies = false;
   if (p < n && *ok) {
-    const int64_t k = sorted_keys[p];
-    if (k != total_buckets && (p == 0 || sorted_keys[p - 1] != k)) {
+    const int64_t k = static_cast<int64_t>(sorted_keys[p]);
+    if (k != total_buckets && (p == 0 || static_cast<int64_t>(sorted_keys[p - 1]) != k)) {
       const int64_t table = r.table_ids[r.order[p]];
       const int64_t* inf = t.info + table * kInfoCols;
       int64_t end = p + 1;
-      while (end < n && end - p <= kHintRun && sorted_keys[end] == k) ++end;
+      while (end < n && end - p <= kHintRun && static_cast<int64_t>(sorted_keys[end]) == k) ++end;
       if (inf[kInfoMode] != static_cast<int64_t>(TableMode::kNoEviction) && end - p <= kHintRun &&
           inf[kInfoBucketCapacity] <= 32 * kHintSlots &&
           t.counters[table * kCounterCols + kCounterSize] * 8 >= inf[kInfoCapacity] * 7) {
@@ -102,7 +107,7 @@ __global__ void victim_hint_kernel(TableRef t, RunArgs r, const int64_t* sorted_
   for (unsigned pending = warp.ballot(qualifies); pending; pending &= pending - 1) {
     const int64_t rp = warp.shfl(p, __ffs(pending) - 1);  // the run's first position
     const int32_t first = r.order[rp];
-    const int64_t key = sorted_keys[rp];
+    const K key = sorted_keys[rp];
     const Home h = home_of(t, r.table_ids[first], r.keys[first]);
     bool has_empty = false;
     for (int64_t s = lane; s < h.width; s += 32) {
@@ -261,10 +266,9 @@ __device__ RunDeltas run_at(const Tile& g, const TableRef& t, const RunArgs& r, 
 // Held to three blocks of kBlock per SM (80 registers, no spills): the
 // victim paths would otherwise take the register count, and the occupancy
 // every run needs, down to two.
-template <int L>
+template <int L, class K>
 __global__ void __launch_bounds__(kBlock, 3)
-    run_kernel(TableRef t, RunArgs r, const int64_t* sorted_keys, int64_t n,
-               int64_t total_buckets) {
+    run_kernel(TableRef t, RunArgs r, const K* sorted_keys, int64_t n, int64_t total_buckets) {
   __shared__ unsigned long long block_sum[kCounterDeltas];
   __shared__ int64_t block_table;
   const auto g = cg::tiled_partition<L == 1 ? 32 : L>(cg::this_thread_block());
@@ -272,13 +276,15 @@ __global__ void __launch_bounds__(kBlock, 3)
   const int64_t p = tile_index<L>();
   if (threadIdx.x == 0) {
     const int64_t p0 = (blockIdx.x * static_cast<int64_t>(blockDim.x)) / L;
-    block_table = p0 < n && sorted_keys[p0] != total_buckets ? r.table_ids[r.order[p0]] : -1;
+    block_table = p0 < n && static_cast<int64_t>(sorted_keys[p0]) != total_buckets
+                      ? r.table_ids[r.order[p0]]
+                      : -1;
     for (int c = 0; c < kCounterDeltas; ++c) block_sum[c] = 0;
   }
   __syncthreads();
   if (p < n) {
-    const int64_t k = sorted_keys[p];
-    if (k == total_buckets) {
+    const K k = sorted_keys[p];
+    if (static_cast<int64_t>(k) == total_buckets) {
       if (leader) {
         const int32_t i = r.order[p];
         r.slots[i] = -1;
@@ -393,32 +399,49 @@ __global__ void evict_gather_kernel(const int64_t* sel, const int64_t* count, in
 
 }  // namespace
 
+// The batch's positions in `order`, sorted by home bucket (invalid entries,
+// key total_buckets, last; `iota` the positions before); returns the sorted
+// keys, of K.
+template <class K>
+const K* sort_by_bucket(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_buckets,
+                        int end_bit, const int32_t* ok, int32_t* iota, int32_t* order,
+                        ScratchAllocator& scratch, cudaStream_t stream) {
+  K* keys_in = alloc<K>(scratch, n);
+  K* keys_sorted = alloc<K>(scratch, n);
+  sort_key_kernel<K><<<grid_for(n), kBlock, 0, stream>>>(t, r.keys, r.table_ids, n, total_buckets,
+                                                         keys_in, iota, ok);
+  check_launch("sort keys");
+  size_t bytes = 0;
+  check_cuda(cub::DeviceRadixSort::SortPairs(nullptr, bytes, keys_in, keys_sorted, iota, order, n,
+                                             0, end_bit, stream),
+             "sort (size)");
+  void* tmp = scratch.allocate(bytes);
+  check_cuda(cub::DeviceRadixSort::SortPairs(tmp, bytes, keys_in, keys_sorted, iota, order, n, 0,
+                                             end_bit, stream),
+             "sort");
+  return keys_sorted;
+}
+
 void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_buckets, bool has_rows,
             int64_t* num_evicted, ScratchAllocator& scratch, cudaStream_t stream) {
   check_cuda(cudaMemsetAsync(num_evicted, 0, sizeof(int64_t), stream), "memset");
   if (n == 0) return;
   const int32_t ns = t.num_scores;
-  int64_t* keys_in = alloc<int64_t>(scratch, n);
-  int64_t* keys_sorted = alloc<int64_t>(scratch, n);
-  int32_t* iota = alloc<int32_t>(scratch, n);
   int32_t* order = const_cast<int32_t*>(r.order);
 
   const int32_t* ok = layout_ok(t, has_rows ? t.num_free_rows : INT64_MAX, total_buckets, has_rows,
                                 scratch, stream);
-  sort_key_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, r.keys, r.table_ids, n, total_buckets,
-                                                      keys_in, iota, ok);
-  check_launch("sort keys");
   const int end_bit = bits_for(total_buckets);
-  auto* kin = reinterpret_cast<unsigned long long*>(keys_in);
-  auto* kout = reinterpret_cast<unsigned long long*>(keys_sorted);
-  size_t bytes = 0;
-  check_cuda(cub::DeviceRadixSort::SortPairs(nullptr, bytes, kin, kout, iota, order, n, 0, end_bit,
-                                             stream),
-             "sort (size)");
-  void* tmp = scratch.allocate(bytes);
-  check_cuda(
-      cub::DeviceRadixSort::SortPairs(tmp, bytes, kin, kout, iota, order, n, 0, end_bit, stream),
-      "sort");
+  const bool narrow = end_bit <= 32;
+  int32_t* iota = alloc<int32_t>(scratch, n);
+  const void* keys_sorted = nullptr;
+  if (narrow) {
+    keys_sorted =
+        sort_by_bucket<uint32_t>(t, r, n, total_buckets, end_bit, ok, iota, order, scratch, stream);
+  } else {
+    keys_sorted = sort_by_bucket<unsigned long long>(t, r, n, total_buckets, end_bit, ok, iota,
+                                                     order, scratch, stream);
+  }
 
   // The slots of the keys in the table when the call starts (read-only: one
   // tile per key, before the runs).
@@ -442,17 +465,25 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
     w.row_work = nullptr;
   else if (!w.row_work)
     w.row_work = alloc<int64_t>(scratch, n);
-  if (r.op == RunOp::kInsertEvict) {
-    int64_t* hint = alloc<int64_t>(scratch, n);
-    victim_hint_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, r, keys_sorted, n, total_buckets,
-                                                           hint, ok);
-    check_launch("victim hints");
-    w.victim_hint = hint;
+  auto hints_and_runs = [&](const auto* sorted) {
+    using K = std::remove_cv_t<std::remove_pointer_t<decltype(sorted)>>;
+    if (r.op == RunOp::kInsertEvict) {
+      int64_t* hint = alloc<int64_t>(scratch, n);
+      victim_hint_kernel<K>
+          <<<grid_for(n), kBlock, 0, stream>>>(t, r, sorted, n, total_buckets, hint, ok);
+      check_launch("victim hints");
+      w.victim_hint = hint;
+    }
+    with_lanes<1, 8, 16, 32>(run_lanes(), [&](auto lanes) {
+      constexpr int L = decltype(lanes)::value;
+      run_kernel<L, K><<<tile_grid_for<L>(n), kBlock, 0, stream>>>(t, w, sorted, n, total_buckets);
+    });
+  };
+  if (narrow) {
+    hints_and_runs(static_cast<const uint32_t*>(keys_sorted));
+  } else {
+    hints_and_runs(static_cast<const unsigned long long*>(keys_sorted));
   }
-  with_lanes<1, 8, 16, 32>(run_lanes(), [&](auto lanes) {
-    constexpr int L = decltype(lanes)::value;
-    run_kernel<L><<<tile_grid_for<L>(n), kBlock, 0, stream>>>(t, w, keys_sorted, n, total_buckets);
-  });
   check_launch("runs");
 
   if (has_rows && r.assign_rows && r.op != RunOp::kErase && t.num_free_rows > 0) {
