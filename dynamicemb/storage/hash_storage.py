@@ -131,6 +131,7 @@ class HashTableStorage(TableStorage):
         self._scorer = None if scorer_factory is None else scorer_factory()
         self._first_valid = first_valid_key()
         # Plain ints: torch.compile compares tensors with ints, not enum members.
+        self._found = int(enums.InsertStatus.FOUND)
         self._inserted = int(enums.InsertStatus.INSERTED)
         self._evicted_status = int(enums.InsertStatus.EVICTED)
         # Keys a write-back could not place (their bucket full of its own keys).
@@ -188,7 +189,8 @@ class HashTableStorage(TableStorage):
     def offsets(self, slots: torch.Tensor, tids: torch.Tensor) -> torch.Tensor:
         """Byte offsets in ``space()`` of the rows of table slots (-1 stays -1)."""
         if self._slot_stride is not None:
-            return torch.where(slots >= 0, slots * self._slot_stride, slots)
+            # Slots are -1 or >= 0: -stride clamps back to -1 (two kernels, not three).
+            return (slots * self._slot_stride).clamp_(min=-1)
         return self.placement.offsets(self.local_rows(slots, tids), tids)
 
     def _move_rows(self, old: "Placement", old_space, old_off: torch.Tensor, tids, new_local):
@@ -431,10 +433,11 @@ class HashTableStorage(TableStorage):
         policies, vals = batch_policies(self.strategies, score, counts)
         slots, status, _ = self.insert(keys, tids, policies, vals, expand=expand)
         offsets = self.offsets(slots, tids)
-        new = (status == self._inserted) | (status == self._evicted_status)
-        # Every entry goes to the writer, the others at -1: no selection of
-        # the new keys, whose number only the device knows.
-        self.write_new_rows(torch.where(new, offsets, -1), keys, tids, init)
+        # Every entry goes to the writer, all but the new keys at -1: no
+        # selection of the new keys, whose number only the device knows. A
+        # key not stored has offset -1 already, so the found keys are the
+        # only ones left to drop.
+        self.write_new_rows(offsets.masked_fill(status == self._found, -1), keys, tids, init)
         return slots, offsets
 
     def eval_rows(self, keys, tids) -> torch.Tensor:
