@@ -297,14 +297,27 @@ __global__ void hot_zero_kernel(const int64_t* incl, int64_t num_keys, float* bu
 }
 
 // A thread per occurrence i, and with `sequence` one more for the end (n).
+// Two threads of a block first find the bags of its first and last
+// occurrence; the others search only the bags between (a few steps for short
+// bags instead of log2 of all of them).
 __global__ void occurrence_bags_kernel(OccurrenceBags o, int64_t n, bool sequence, int64_t* bags,
                                        int64_t* tables) {
+  __shared__ int64_t bounds[2];
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x;
+  if (threadIdx.x < 2 && n > 0) {
+    const int64_t last = first + blockDim.x - 1 < n ? first + blockDim.x - 1 : n - 1;
+    bounds[threadIdx.x] = occurrence_bag(o, threadIdx.x == 0 ? (first < n ? first : n - 1) : last);
+  }
+  __syncthreads();
   const int64_t i = global_thread();
   if (i > n || (i == n && !sequence)) return;
   if (i < n) {
-    const int64_t b = occurrence_bag(o, i);
-    tables[i] = bag_table(o, b);
-    bags[i] = sequence ? i : b;
+    // Bags are non-decreasing in the occurrence: i's is in [bounds[0], bounds[1]].
+    const int64_t lo = bounds[0];
+    const int64_t b = lo + upper_bound(o.offsets + 1 + lo, bounds[1] - lo + 1, o.offsets[0] + i);
+    const int64_t bag = b < o.num_bags ? b : o.num_bags - 1;
+    tables[i] = bag_table(o, bag);
+    bags[i] = sequence ? i : bag;
   } else {
     bags[n] = n;
   }
