@@ -432,7 +432,10 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
   const int32_t* ok = layout_ok(t, has_rows ? t.num_free_rows : INT64_MAX, total_buckets, has_rows,
                                 scratch, stream);
   const int end_bit = bits_for(total_buckets);
-  const bool narrow = end_bit <= 32;
+  // 32-bit keys when every bucket and the invalid key (total_buckets) fit; a
+  // negative total_buckets (a layout `ok` refuses) keeps the 64-bit keys, in
+  // which it reads back as itself.
+  const bool narrow = total_buckets >= 0 && end_bit <= 32;
   int32_t* iota = alloc<int32_t>(scratch, n);
   const void* keys_sorted = nullptr;
   if (narrow) {
