@@ -59,8 +59,9 @@ class SegmentedUnique:
     occ_offsets: torch.Tensor
 
     def valid(self) -> torch.Tensor:
-        """(u) bool: the entry is a distinct key (not padding)."""
-        return torch.arange(self.keys.numel(), device=self.keys.device) < self.num_unique
+        """(u) bool: the entry is a distinct key (not padding): one comparison
+        with the padding key, which no batch may hold."""
+        return self.keys != PAD_KEY
 
 
 def segmented_unique(
