@@ -178,25 +178,27 @@ DEMB_HD int64_t init_row_elements(const RowInitArgs& a) {
 }
 
 /// Writes elements 4 * blk .. 4 * blk + 3 (those below init_row_elements) of
-/// the new row of entry i (whose offset is >= 0): init_value's, zeros past dim.
+/// the new row of `key` in `table` at byte `offset` (>= 0) of the space:
+/// init_value's, zeros past dim.
 template <class T>
-DEMB_HD void init_row_block(const RowInitArgs& a, int64_t i, int64_t blk) {
-  T* e = reinterpret_cast<T*>(a.space.at(a.offsets[i]));
+DEMB_HD void init_row_block(const RowInitArgs& a, int64_t offset, int64_t key, int64_t table,
+                            int64_t blk) {
+  T* e = reinterpret_cast<T*>(a.space.at(offset));
   const int64_t elements = init_row_elements<T>(a);
   float v[4] = {0.f, 0.f, 0.f, 0.f};
-  if (4 * blk < a.dim) init_values4(a.init, a.keys[i], a.table_ids[i], blk, v);
+  if (4 * blk < a.dim) init_values4(a.init, key, table, blk, v);
   for (int64_t k = 0; k < 4; ++k) {
     const int64_t d = 4 * blk + k;
     if (d < elements) e[d] = storage::from_float<T>(d < a.dim ? v[k] : 0.f);
   }
 }
 
-/// Writes optimizer-state float s of the new row of entry i: zeros, except
-/// from fill_from on.
+/// Writes optimizer-state float s of the new row at byte `offset`: zeros,
+/// except from fill_from on.
 template <class T>
-DEMB_HD void init_state_word(const RowInitArgs& a, int64_t i, int64_t s) {
+DEMB_HD void init_state_word(const RowInitArgs& a, int64_t offset, int64_t s) {
   float* state =
-      reinterpret_cast<float*>(a.space.at(a.offsets[i]) + storage::state_offset(a.dim, sizeof(T)));
+      reinterpret_cast<float*>(a.space.at(offset) + storage::state_offset(a.dim, sizeof(T)));
   state[s] = s >= a.fill_from ? a.fill : 0.f;
 }
 

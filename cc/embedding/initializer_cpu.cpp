@@ -23,9 +23,12 @@ void init_rows_at(const RowInitArgs& a, int64_t n) {
   const int64_t blocks = (init_row_elements<T>(a) + 3) / 4;
   at::parallel_for(0, n, 256, [&](int64_t b, int64_t e) {
     for (int64_t i = b; i < e; ++i) {
-      if (a.offsets[i] < 0) continue;
-      for (int64_t blk = 0; blk < blocks; ++blk) init_row_block<T>(a, i, blk);
-      for (int64_t s = 0; s < a.state_dim; ++s) init_state_word<T>(a, i, s);
+      const int64_t offset = a.offsets[i];
+      if (offset < 0) continue;
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        init_row_block<T>(a, offset, a.keys[i], a.table_ids[i], blk);
+      }
+      for (int64_t s = 0; s < a.state_dim; ++s) init_state_word<T>(a, offset, s);
     }
   });
 }

@@ -17,25 +17,34 @@ __global__ void init_rows_kernel(InitArgs a, const int64_t* keys, const int64_t*
   out[x] = init_value(a, keys[i], table_ids[i], e);
 }
 
-// A warp per 32 entries: the lanes read the entries' offsets together, then
-// the warp writes the new rows among them one after another, the lanes on
-// consecutive blocks of 4 elements (one draw each for UNIFORM), then on
+// A warp per 32 entries: each lane reads its entry's offset, key and table
+// ahead, then the warp writes the new rows among them one after another (the
+// values passed by shuffle, so a row waits on no load of its own), the lanes
+// on consecutive blocks of 4 elements (one draw each for UNIFORM), then on
 // consecutive state words. A training step passes every distinct key (most
-// not new) and the padding: a warp per entry spent most of its time
-// starting warps that had nothing to write.
+// not new) and the padding: a warp per entry spent most of its time starting
+// warps that had nothing to write.
 template <class T>
 __global__ void init_rows_at_kernel(RowInitArgs a, int64_t n) {
   const int64_t first = global_thread() / kWarp * kWarp;
   const int lane = threadIdx.x % kWarp;
   if (first >= n) return;  // uniform across the warp
   const int64_t mine = first + lane;
-  unsigned todo = __ballot_sync(0xffffffffu, mine < n && a.offsets[mine] >= 0);
+  const int64_t my_offset = mine < n ? a.offsets[mine] : -1;
+  const int64_t my_key = my_offset >= 0 ? a.keys[mine] : 0;
+  const int64_t my_table = my_offset >= 0 ? a.table_ids[mine] : 0;
+  unsigned todo = __ballot_sync(0xffffffffu, my_offset >= 0);
   const int64_t blocks = (init_row_elements<T>(a) + 3) / 4;
   while (todo != 0) {
-    const int64_t i = first + __ffs(todo) - 1;
+    const int src = __ffs(todo) - 1;
     todo &= todo - 1;
-    for (int64_t blk = lane; blk < blocks; blk += kWarp) init_row_block<T>(a, i, blk);
-    for (int64_t s = lane; s < a.state_dim; s += kWarp) init_state_word<T>(a, i, s);
+    const int64_t offset = __shfl_sync(0xffffffffu, my_offset, src);
+    const int64_t key = __shfl_sync(0xffffffffu, my_key, src);
+    const int64_t table = __shfl_sync(0xffffffffu, my_table, src);
+    for (int64_t blk = lane; blk < blocks; blk += kWarp) {
+      init_row_block<T>(a, offset, key, table, blk);
+    }
+    for (int64_t s = lane; s < a.state_dim; s += kWarp) init_state_word<T>(a, offset, s);
   }
 }
 
