@@ -1031,6 +1031,10 @@ def run_rank(args, result_path: str | None = None) -> int:
     env, device = dist_launch.init_from_env(args.device, args.threads)
     try:
         summary = train(env, device, args)
+        # Every rank past its last collective before any tears the group
+        # down: a rank destroying it while a peer's transfer is in flight
+        # can abort that peer at exit.
+        dist.barrier()
     except train_checkpoint.JobError as e:
         if env.rank == 0:
             print(f"error: {e}", file=sys.stderr, flush=True)
