@@ -132,8 +132,6 @@ class HashTableStorage(TableStorage):
         self._first_valid = first_valid_key()
         # Plain ints: torch.compile compares tensors with ints, not enum members.
         self._found = int(enums.InsertStatus.FOUND)
-        self._inserted = int(enums.InsertStatus.INSERTED)
-        self._evicted_status = int(enums.InsertStatus.EVICTED)
         # Keys a write-back could not place (their bucket full of its own keys).
         self.dropped = torch.zeros((), dtype=torch.int64, device=device)
         self._place(self._rows())
@@ -434,11 +432,16 @@ class HashTableStorage(TableStorage):
         slots, status, _ = self.insert(keys, tids, policies, vals, expand=expand)
         offsets = self.offsets(slots, tids)
         # Every entry goes to the writer, all but the new keys at -1: no
-        # selection of the new keys, whose number only the device knows. A
-        # key not stored has offset -1 already, so the found keys are the
-        # only ones left to drop.
-        self.write_new_rows(offsets.masked_fill(status == self._found, -1), keys, tids, init)
+        # selection of the new keys, whose number only the device knows.
+        self.write_new_rows(torch.where(self._new(status), offsets, -1), keys, tids, init)
         return slots, offsets
+
+    def _new(self, status: torch.Tensor) -> torch.Tensor:
+        """(n) bool of an insert's statuses: the entries whose rows are new
+        (inserted, or in an evicted key's slot), one comparison: every entry
+        not found. An entry not stored is True as well; its offset is -1,
+        which the row writers skip."""
+        return status != self._found
 
     def eval_rows(self, keys, tids) -> torch.Tensor:
         return self.offsets(self.table.find(keys, tids), tids)

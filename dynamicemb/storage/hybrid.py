@@ -104,7 +104,7 @@ class HybridStorage(HashTableStorage):
         p = self.placement
         local = self.local_rows(slots, tids)
         offsets = p.offsets(local, tids)
-        new = (status == self._inserted) | (status == self._evicted_status)
+        new = self._new(status)
         host = offsets >= p.size0
         self._mark_used(offsets, tids, ~host & (offsets >= 0))
         # The one read of the step on the host: the staging buffer's rows.
