@@ -1,15 +1,14 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 //
 // The CUDA backend's run-wise operations (insert, insert_and_evict, erase):
-// sort by home bucket, the slots of the keys already in the table (one tile
-// per key), one tile per run (operations.h), the NO_EVICTION row pass or, with
+// the slots of the keys already in the table (one tile per key), sort by home
+// bucket, one tile per run (operations.h), the NO_EVICTION row pass or, with
 // assign_rows, the allocators rebuilt (rows.h), then the eviction records
 // compacted.
 #include <cooperative_groups.h>
 
 #include <cub/cub.cuh>
 #include <cuda/std/functional>
-#include <type_traits>
 
 #include "cc/common/cuda_launch.cuh"
 #include "cc/common/host_device.h"
@@ -431,21 +430,6 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
 
   const int32_t* ok = layout_ok(t, has_rows ? t.num_free_rows : INT64_MAX, total_buckets, has_rows,
                                 scratch, stream);
-  const int end_bit = bits_for(total_buckets);
-  // 32-bit keys when every bucket and the invalid key (total_buckets) fit; a
-  // negative total_buckets (a layout `ok` refuses) keeps the 64-bit keys, in
-  // which it reads back as itself.
-  const bool narrow = total_buckets >= 0 && end_bit <= 32;
-  int32_t* iota = alloc<int32_t>(scratch, n);
-  const void* keys_sorted = nullptr;
-  if (narrow) {
-    keys_sorted =
-        sort_by_bucket<uint32_t>(t, r, n, total_buckets, end_bit, ok, iota, order, scratch, stream);
-  } else {
-    keys_sorted = sort_by_bucket<unsigned long long>(t, r, n, total_buckets, end_bit, ok, iota,
-                                                     order, scratch, stream);
-  }
-
   // The slots of the keys in the table when the call starts (read-only: one
   // tile per key, before the runs).
   with_find_lanes(t, [&](auto lanes, auto wide) {
@@ -468,8 +452,15 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
     w.row_work = nullptr;
   else if (!w.row_work)
     w.row_work = alloc<int64_t>(scratch, n);
-  auto hints_and_runs = [&](const auto* sorted) {
-    using K = std::remove_cv_t<std::remove_pointer_t<decltype(sorted)>>;
+
+  // Sorted by home bucket, then the victim hints (after the prefind: they
+  // read r.slots) and the runs, on sort keys of K.
+  int32_t* iota = alloc<int32_t>(scratch, n);
+  const int end_bit = bits_for(total_buckets);
+  auto sorted_runs = [&](auto key_type) {
+    using K = decltype(key_type);
+    const K* sorted =
+        sort_by_bucket<K>(t, r, n, total_buckets, end_bit, ok, iota, order, scratch, stream);
     if (r.op == RunOp::kInsertEvict) {
       int64_t* hint = alloc<int64_t>(scratch, n);
       victim_hint_kernel<K>
@@ -482,10 +473,13 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
       run_kernel<L, K><<<tile_grid_for<L>(n), kBlock, 0, stream>>>(t, w, sorted, n, total_buckets);
     });
   };
-  if (narrow) {
-    hints_and_runs(static_cast<const uint32_t*>(keys_sorted));
+  // 32-bit keys when every bucket and the invalid key (total_buckets) fit; a
+  // negative total_buckets (a layout `ok` refuses) keeps the 64-bit keys, in
+  // which it reads back as itself.
+  if (total_buckets >= 0 && end_bit <= 32) {
+    sorted_runs(uint32_t{});
   } else {
-    hints_and_runs(static_cast<const unsigned long long*>(keys_sorted));
+    sorted_runs(static_cast<unsigned long long>(0));
   }
   check_launch("runs");
 
