@@ -66,12 +66,12 @@ from dynamicemb.checkpoint.layout import (
     meta_file,
 )
 from dynamicemb.dynamicemb_config import DynamicEmbScoreStrategy
-from dynamicemb.embedding.score_function import evaluate_scores
 from dynamicemb.io import Group, fs
 from dynamicemb.io import files as io_files
 from dynamicemb.io.files import IO_THREADS, chunk_rows
 from dynamicemb.shard.routing import route_keys
 from dynamicemb.shard.tables import TableRef
+from dynamicemb.storage.score_function import evaluate_scores
 from dynamicemb.table import check_keys
 
 log = logging.getLogger("dynamicemb.checkpoint")

@@ -40,9 +40,6 @@ from dynamicemb.embedding.module_warnings import (
 )
 from dynamicemb.embedding.optimizer import RowOptimizer
 from dynamicemb.embedding.row_init import ModuleRowInit
-from dynamicemb.embedding.score_function import VictimScorer
-from dynamicemb.embedding.stats import StatCol, TableStats
-from dynamicemb.embedding.table_rows import TableRows
 from dynamicemb.embedding.unique import segmented_unique
 from dynamicemb.storage import (
     BatchScore,
@@ -50,6 +47,9 @@ from dynamicemb.storage import (
     TableStorage,
     create_storage,
 )
+from dynamicemb.storage.score_function import VictimScorer
+from dynamicemb.storage.stats import StatCol, TableStats
+from dynamicemb.storage.table_rows import TableRows
 from dynamicemb.table import first_valid_key, ops
 from dynamicemb.types import MemoryType
 

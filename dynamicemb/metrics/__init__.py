@@ -14,7 +14,6 @@ training step.
     instrument(model)           # the model's dynamic tables on this rank
 """
 
-from dynamicemb.embedding.stats import StatCol, TableStats
 from dynamicemb.metrics.figures import (
     COLLECTION,
     FIGURES,
@@ -27,6 +26,7 @@ from dynamicemb.metrics.figures import (
 )
 from dynamicemb.metrics.prometheus import PrometheusEndpoint, serve_prometheus
 from dynamicemb.metrics.registry import MetricsRegistry, instrument, registry
+from dynamicemb.storage.stats import StatCol, TableStats
 
 __all__ = [
     "COLLECTION",

@@ -14,7 +14,7 @@ A figure reads a ``TableReading``: one table's values from one collection
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from dynamicemb.embedding.stats import StatCol
+from dynamicemb.storage.stats import StatCol
 from dynamicemb.types import MemoryType
 
 METER_NAME = "dynamicemb"

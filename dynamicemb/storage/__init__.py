@@ -6,6 +6,11 @@ between device and host memory (``HybridStorage``, a ``HashTableStorage``),
 or a device cache over a host table or an external ``Storage``
 (``CachedStorage``). See
 docs/architecture.md, "Storage tiers".
+
+The packages above the embedding module (checkpoints, replication, metrics)
+reach a table's rows through ``TableRows`` (``table_rows.py``), which the
+module builds over its storage; its per-table counters are ``TableStats``
+(``stats.py``).
 """
 
 from dynamicemb.storage.base import ExportedRows, Footprint, RowInit, TableStorage, by_memory
@@ -21,6 +26,7 @@ from dynamicemb.storage.hash_storage import HashTableStorage
 from dynamicemb.storage.hybrid import HybridStorage
 from dynamicemb.storage.layout import RowLayout
 from dynamicemb.storage.scores import BatchScore
+from dynamicemb.storage.table_rows import TableRows
 
 __all__ = [
     "CACHE_BUCKET_CAPACITY",
@@ -33,6 +39,7 @@ __all__ = [
     "HybridStorage",
     "RowInit",
     "RowLayout",
+    "TableRows",
     "TableStorage",
     "cache_layout",
     "create_storage",

@@ -492,8 +492,8 @@ def run_scenario(
 def _admission_counts(model) -> dict[str, Any]:
     """This rank's admission counts of each dynamic table with an admitter
     ([admitted, rejected]), and the thresholds of its modules."""
-    from dynamicemb.embedding.stats import StatCol
     from dynamicemb.shard import dynamic_embedding_kernels
+    from dynamicemb.storage.stats import StatCol
 
     counts, modules = {}, []
     for kernel in dynamic_embedding_kernels(model):

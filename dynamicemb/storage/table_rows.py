@@ -44,9 +44,10 @@ from dynamicemb.dynamicemb_config import (
     DynamicEmbTableOptions,
     saved_state_dim,
 )
-from dynamicemb.embedding.stats import TableStats
-from dynamicemb.storage import ExportedRows, RowInit, RowLayout, TableStorage
+from dynamicemb.storage.base import ExportedRows, RowInit, TableStorage
+from dynamicemb.storage.layout import RowLayout
 from dynamicemb.storage.scores import table_score_columns
+from dynamicemb.storage.stats import TableStats
 from dynamicemb.table import ScoredHashTable, enums
 from dynamicemb.types import MemoryType, MultiTableAdmitter
 
