@@ -381,14 +381,14 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
 
     def _prefetch_rows(self, indices, offsets) -> None:
         """A prefetch's kernels, which ``PrefetchGraphs`` captures."""
-        self.storage.prefetch_rows(*self._prefetch_keys(indices, offsets))
+        self.storage.graphs.prefetch_rows(*self._prefetch_keys(indices, offsets))
 
     def _prefetch_graph_state(self) -> tuple | None:
-        """The storage's ``prefetch_graph_state``, or None when a prefetch may
+        """The storage's ``graphs.prefetch_state``, or None when a prefetch may
         not be captured (``DYNAMICEMB_DEBUG`` checks the unique on the host)."""
         if os.environ.get("DYNAMICEMB_DEBUG"):
             return None
-        return self.storage.prefetch_graph_state()
+        return self.storage.graphs.prefetch_state()
 
     def flush(self) -> None:
         """Writes the device cache's rows back to the backing tier (the cache
@@ -578,7 +578,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             return None
         if self.table_options[0].safe_check_mode != DynamicEmbCheckMode.IGNORE:
             return None
-        storage = self.storage.graph_state()
+        storage = self.storage.graphs.state()
         if storage is None:
             return None
         own = (self.stats.counts, self.insert_failures, self._custom_score_t)

@@ -113,7 +113,7 @@ def _check_entry(ref: TableRef, entry: dict[str, Any], content: ReplayContent, b
         raise _fail(ref, "the delta's meta has no table_options")
     if not by_key:
         check_routable(ref, "replay_increment")
-    ref.rows.hash_tier("replay_by_key" if by_key else "replay_increment")
+    ref.rows.check_delta("replay_by_key" if by_key else "replay_increment")
     if meta["table_options"].dist_type == "continuous":
         raise NotImplementedError(
             f"replay: {ref.label}: the delta comes from a table with dist_type='continuous'"

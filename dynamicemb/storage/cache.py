@@ -31,7 +31,6 @@ from torch.profiler import record_function
 
 from dynamicemb.storage import padded
 from dynamicemb.storage import space as sp
-from dynamicemb.storage.base import ExportedRows, Footprint, RowInit, TableStorage
 from dynamicemb.storage.cache_staging import Located, Staged, StagedSteps, Undo, select_values
 from dynamicemb.storage.hash_storage import HashTableStorage
 from dynamicemb.storage.layout import RowLayout
@@ -40,6 +39,16 @@ from dynamicemb.storage.scores import (
     batch_policies,
     carry_scores,
     initial_scores,
+)
+from dynamicemb.storage.types import (
+    Backing,
+    DeltaRows,
+    ExportedRows,
+    Footprint,
+    HostBacking,
+    RowInit,
+    StepGraphs,
+    TableStorage,
 )
 from dynamicemb.table import PAD_KEY, enums
 
@@ -54,13 +63,15 @@ def _member(keys: torch.Tensor, of: torch.Tensor) -> torch.Tensor:
 
 
 class CachedStorage(StagedSteps, TableStorage):
-    """A device cache (or none) over a backing tier.
+    """A device cache (or none) over a backing tier (``Backing``). Over a
+    host table it is a ``CachedHashStorage``, which adds the faces of the hash
+    table holding every key.
 
     Args:
         cache (Optional[HashTableStorage]): the device cache, evicting and of
             fixed size; None stages every key (external storage without
             cache).
-        backing: the backing tier: a host ``HashTableStorage`` or an
+        backing (Backing): the backing tier: a host ``HashTableStorage`` or an
             ``ExternalBacking``.
         layout (RowLayout): the row format.
         device (torch.device): the storage's device.
@@ -72,7 +83,7 @@ class CachedStorage(StagedSteps, TableStorage):
         self, cache, backing, layout: RowLayout, device: torch.device, strategies, table_strategies
     ) -> None:
         self.cache: HashTableStorage | None = cache
-        self.backing = backing
+        self.backing: Backing = backing
         self.layout = layout
         self.device = device
         self.strategies = strategies
@@ -91,14 +102,12 @@ class CachedStorage(StagedSteps, TableStorage):
         self._last_score = BatchScore(0, None)
         # A backing tier that may raise (a user's storage): a step keeps an
         # undo record until its rows are written back (``Undo``).
-        self._fallible = bool(getattr(backing, "can_fail", False))
+        self._fallible = backing.can_fail
         # A cache over a host table: keys the cache cannot take are found or
         # inserted in the backing table, whose (pinned, mapped) rows the
         # kernels address in place; a step then reads nothing on the host.
         # Otherwise they are staged (``_stage``).
-        self._direct = (
-            cache is not None and not self._fallible and isinstance(backing, HashTableStorage)
-        )
+        self._direct = cache is not None and not self._fallible and isinstance(backing, HostBacking)
         self._undo: Undo | None = None
         self._prefetch_event = None
         # The end of the last training lookup or update, on its stream (first
@@ -111,6 +120,16 @@ class CachedStorage(StagedSteps, TableStorage):
         zero = torch.zeros((), dtype=torch.int64, device=device)
         self.overflows, self.prefetched = zero, zero.clone()
         self.host_reads, self.host_writes = zero.clone(), zero.clone()
+        self.graphs = StepGraphs(
+            state=self._graph_state,
+            before_lookup=self._begin_step,
+            lookup_state=self._in_flight,
+            replayed=self._replayed,
+            prefetch_state=self._prefetch_graph_state,
+            before_prefetch=self._before_prefetch,
+            prefetch_rows=self._prefetch_rows,
+            after_prefetch=self._after_prefetch,
+        )
 
     # ---------------------------------------------------------- streams --
 
@@ -145,32 +164,32 @@ class CachedStorage(StagedSteps, TableStorage):
     def takes_padded_batches(self) -> bool:
         return self._direct
 
-    def graph_state(self) -> tuple | None:
-        """A cache over a host table, both as ``HashTableStorage.graph_state``
-        requires (evicting, at their capacity, no victim scorer, no evicted
-        keys kept): its training lookup neither synchronizes nor moves a
-        tensor."""
+    def _graph_state(self) -> tuple | None:
+        """``graphs.state``: a cache over a host table, both as
+        ``HashTableStorage``'s requires (evicting, at their capacity, no victim
+        scorer, no evicted keys kept): its training lookup neither
+        synchronizes nor moves a tensor."""
         if not self._direct:
             return None
-        cache, backing = self.cache.graph_state(), self.backing.graph_state()
+        cache, backing = self.cache.graphs.state(), self.backing.graphs.state()
         if cache is None or backing is None:
             return None
         own = (self.overflows, self.host_reads, self.host_writes, self.backing.dropped)
         return (*cache, *backing, *(x.data_ptr() for x in own))
 
     def _begin_step(self) -> None:
-        """Before a training lookup: after a prefetch on another stream, and
-        after the write-back of a previous batch that had no backward."""
+        """Before a training lookup (``graphs.before_lookup``): after a
+        prefetch on another stream, and after the write-back of a previous
+        batch that had no backward."""
         self._join_prefetch()
         self.after_update()
 
-    def before_graph_lookup(self) -> None:
-        self._begin_step()
-
-    def graph_lookup_state(self):
+    def _in_flight(self):
+        """``graphs.lookup_state``: the batch in flight."""
         return self._held, self._overflow, self._last_score
 
-    def graph_replayed(self, state) -> None:
+    def _replayed(self, state) -> None:
+        """``graphs.replayed``: the batch in flight of a replayed lookup."""
         self._held, self._overflow, self._last_score = state
         self._staged = self._space_staged = self._undo = None
         self._record_train()
@@ -191,9 +210,9 @@ class CachedStorage(StagedSteps, TableStorage):
         """The training lookup of a cache over a host table (``_direct``), on
         exact (CPU) or padded (GPU) batches, reading nothing on the host
         unless the backing table still grows; what it sets on the host a
-        replay of its CUDA graph puts back (``graph_replayed``)."""
+        replay of its CUDA graph puts back (``graphs.replayed``)."""
         capturing = self._capturing()
-        if not capturing:  # else done by before_graph_lookup
+        if not capturing:  # else done by graphs.before_lookup
             self._begin_step()
         self._last_score = score
         self._staged = self._space_staged = self._undo = None
@@ -320,7 +339,7 @@ class CachedStorage(StagedSteps, TableStorage):
             ok, ot, oslots = self._overflow
             kept = sp.Subset(oslots >= 0)
             kt, ks = kept.take(ot, oslots)
-            okept = (kept.keys(ok), kt, self.backing.table.scores[ks.clamp(min=0)])
+            okept = (kept.keys(ok), kt, self.backing.scores_at(ks))
             protect = okept if protect is None else tuple(map(torch.cat, zip(protect, okept)))
         self.backing.write_back(
             vk,
@@ -436,21 +455,21 @@ class CachedStorage(StagedSteps, TableStorage):
             # flight's update is still to write there: no prefetch this time
             # (the next forward finds or inserts every key itself).
             return
-        self.before_graph_prefetch(room)
-        self.prefetch_rows(keys, tids)
-        self.after_graph_prefetch()
+        self._before_prefetch(room)
+        self._prefetch_rows(keys, tids)
+        self._after_prefetch()
 
     def _overflow_in_backing(self) -> bool:
         """Whether the batch in flight has rows in the backing table that its
         update is still to write (reads a count on the host)."""
         return self._overflow is not None and bool((self._overflow[2] >= 0).any())
 
-    def prefetch_graph_state(self) -> tuple | None:
-        """What a CUDA graph of ``prefetch_rows`` would capture (the tiers'
-        ``graph_state`` and the tensors of the batch in flight it reads), or
-        None when it may not be captured (a backing tier that stages, grows
-        or may raise; the CPU)."""
-        state = self.graph_state() if self.device.type == "cuda" else None
+    def _prefetch_graph_state(self) -> tuple | None:
+        """``graphs.prefetch_state``: what a CUDA graph of ``_prefetch_rows``
+        would capture (the tiers' ``graphs.state`` and the tensors of the
+        batch in flight it reads), or None when it may not be captured (a
+        backing tier that stages, grows or may raise; the CPU)."""
+        state = self._graph_state() if self.device.type == "cuda" else None
         if state is None:
             return None
         flight = tuple(
@@ -465,10 +484,11 @@ class CachedStorage(StagedSteps, TableStorage):
         )
         return (*state, flight, score)
 
-    def before_graph_prefetch(self, room=None) -> None:
-        """The host's part of a prefetch before its kernels (``prefetch_rows``,
-        eager or replayed from a CUDA graph): the backing tier's ``room``
-        reserved, the current stream after the last training lookup."""
+    def _before_prefetch(self, room=None) -> None:
+        """The host's part of a prefetch before its kernels (``_prefetch_rows``,
+        eager or replayed from a CUDA graph: ``graphs.before_prefetch``): the
+        backing tier's ``room`` reserved, the current stream after the last
+        training lookup."""
         if self.device.type != "cuda":
             if room is not None:
                 self.backing.reserve(room)
@@ -484,16 +504,16 @@ class CachedStorage(StagedSteps, TableStorage):
             stream.wait_stream(self._train_stream)
         stream.wait_event(self._train_event)
 
-    def after_graph_prefetch(self) -> None:
-        """The host's part of a prefetch after its kernels: the event the next
-        lookup waits for."""
+    def _after_prefetch(self) -> None:
+        """The host's part of a prefetch after its kernels
+        (``graphs.after_prefetch``): the event the next lookup waits for."""
         if self.device.type == "cuda":
             self._prefetch_event = torch.cuda.Event()
             self._prefetch_event.record(torch.cuda.current_stream(self.device))
 
-    def prefetch_rows(self, keys, tids) -> None:
-        """A prefetch's kernels (``prefetch``), reading nothing on the host on
-        a GPU: ``keys`` may be padded there."""
+    def _prefetch_rows(self, keys, tids) -> None:
+        """A prefetch's kernels (``prefetch``, ``graphs.prefetch_rows``),
+        reading nothing on the host on a GPU: ``keys`` may be padded there."""
         cand = self.cache.table.find(keys, tids) < 0
         st = self._staged
         if st is not None:
@@ -661,16 +681,52 @@ class CachedStorage(StagedSteps, TableStorage):
         extra = torch.bincount(ex.table_ids[only_cached], minlength=len(sizes)).tolist()
         return [s + int(e) for s, e in zip(sizes, extra)]
 
+    def capacity(self, table: int) -> int:
+        return self.backing.capacity(table)
+
+    def limit(self, table: int) -> int:
+        return self.backing.limit(table)
+
     def pop_evicted_keys(self, tables: Sequence[int] | None = None) -> list[torch.Tensor]:
         return self.backing.pop_evicted_keys(tables)
 
-    def hash_tier(self, writing: bool):
-        """The backing table, once the cache is written back (and, when
-        ``writing``, emptied, so that no cached copy hides what is written)."""
-        if not isinstance(self.backing, HashTableStorage):
-            return super().hash_tier(writing)
+
+class CachedHashStorage(CachedStorage, DeltaRows):
+    """A device cache over a host ``HashTableStorage``: the hash table that
+    holds every key is the backing table's, where incremental dumps read and
+    replays write once the cache is written back (``settle``). Takes the
+    arguments of ``CachedStorage``."""
+
+    backing: HashTableStorage
+
+    @property
+    def hash_table(self):
+        return self.backing.hash_table
+
+    def settle(self, writing: bool) -> None:
+        """Writes the cache back, and, when ``writing``, empties it, so that
+        no cached copy hides what is written."""
         if writing:
             self.purge()
         else:
             self.flush()
-        return self.backing
+
+    def export_changed(self, table: int, chunk: int, column: int, threshold: int):
+        return self.backing.export_changed(table, chunk, column, threshold)
+
+    def check_place(self, table: int, keys: torch.Tensor, slots: torch.Tensor) -> None:
+        self.backing.check_place(table, keys, slots)
+
+    def place(self, table: int, keys, slots, words, embeddings, optimizer_state, init, checked):
+        return self.backing.place(
+            table, keys, slots, words, embeddings, optimizer_state, init, checked
+        )
+
+    def upsert(self, table: int, keys, words, embeddings, optimizer_state, init):
+        return self.backing.upsert(table, keys, words, embeddings, optimizer_state, init)
+
+    def erase(self, table: int, keys: torch.Tensor, record: bool) -> torch.Tensor:
+        return self.backing.erase(table, keys, record)
+
+    def pop_erased(self, tables: Sequence[int] | None = None) -> list[torch.Tensor]:
+        return self.backing.pop_erased(tables)

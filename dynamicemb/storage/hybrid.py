@@ -27,7 +27,7 @@ evictions are the all-device table's, so the tables train bit for bit alike.
 
 Reads between a training lookup and its update (``eval_rows``, ``read``:
 exports, ``read_rows``) see the staged rows, published to host memory first;
-the writers (checkpoint loads, replication through ``hash_tier``, ``flush``)
+the writers (checkpoint loads, replication after ``settle``, ``flush``)
 first finish a batch that never got its update, as the next training lookup
 does.
 """
@@ -76,13 +76,13 @@ class HybridStorage(HashTableStorage):
         zero = torch.zeros((), dtype=torch.int64, device=self.device)
         self.host_reads, self.host_writes, self.promotions = zero, zero.clone(), zero.clone()
 
-    def graph_state(self) -> tuple | None:
+    def _graph_state(self) -> tuple | None:
         """A split table's training lookup reads a count on the host and
         keeps a batch staged: no CUDA graph of it. With every row in one tier
         it is the ``HashTableStorage``'s."""
         if self.placement.remap is not None:
             return None
-        return super().graph_state()
+        return super()._graph_state()
 
     def space(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._kernel_space is not None:
@@ -257,6 +257,5 @@ class HybridStorage(HashTableStorage):
         self.after_update()
         return super().snapshot()
 
-    def hash_tier(self, writing: bool) -> "HybridStorage":
+    def settle(self, writing: bool) -> None:
         self.after_update()
-        return self
