@@ -1,8 +1,9 @@
 """What the multi-process scripts (examples/train_dlrm.py and serve_replica.py,
 the benchmarks tools/bench/sharded_ec_bench.py and checkpoint_bench.py) share:
 the --device and --world-size arguments, free ports, the ranks' process group
-(NCCL on the rank's local GPU, or gloo on the CPU), the model of one embedding
-collection, and a model planned and sharded over them.
+(NCCL on the rank's local GPU, or gloo on the CPU) and the model of one embedding
+collection. A model is planned and sharded over the ranks by
+``dynamicemb.shard.plan_and_shard``.
 
 A rank learns its place from the environment ``torch.distributed.run``
 (torchrun) sets: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR
@@ -195,28 +196,6 @@ def init_process_group(
     rendezvous at 127.0.0.1:``port`` (``init_from_env``)."""
     _set_rank_env(rank, world_size, port)
     init_from_env(device, threads, timeout_s)
-
-
-def plan_and_shard(model: torch.nn.Module, planner, sharder, device: torch.device, pg=None):
-    """Plans ``model`` with ``planner`` over every rank of ``pg`` (default: the
-    world) and shards it with ``DistributedModelParallel`` and ``sharder``.
-
-    Returns:
-        (the sharded model, the plan).
-    """
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.types import ShardingEnv
-
-    pg = pg or dist.group.WORLD
-    plan = planner.collective_plan(model, [sharder], pg)
-    sharded = DistributedModelParallel(
-        model,
-        env=ShardingEnv.from_process_group(pg),
-        device=device,
-        plan=plan,
-        sharders=[sharder],
-    )
-    return sharded, plan
 
 
 def _launched_rank(rank: int, world_size: int, port: int, fn, more: tuple) -> None:

@@ -653,7 +653,7 @@ def build(features: tuple[Feature, ...], args, env: dist_launch.RankEnv, device:
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     from dynamicemb.planner import DynamicEmbeddingShardingPlanner
-    from dynamicemb.shard import DynamicEmbeddingBagCollectionSharder
+    from dynamicemb.shard import DynamicEmbeddingBagCollectionSharder, plan_and_shard
 
     torch.manual_seed(args.seed)  # the same initial dense weights on every rank
     configs = embedding_configs(features, args.dim)
@@ -671,7 +671,7 @@ def build(features: tuple[Feature, ...], args, env: dist_launch.RankEnv, device:
         batch_size=args.batch_size,
         debug=False,
     )
-    model, plan = dist_launch.plan_and_shard(model, planner, sharder, device, dist.group.WORLD)
+    model, plan = plan_and_shard(model, planner, [sharder], device)
     # Embedding rows (dynamic and static) are updated by the fused optimizer
     # in the backward pass; the rest is dense and data parallel.
     dense_params = [
