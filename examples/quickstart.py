@@ -10,7 +10,7 @@ with DynamicEmbDump, changed, and loaded back with DynamicEmbLoad.
     python examples/quickstart.py            # on the GPU when there is one
 
 Needs torch, torchrec and FBGEMM (on a CPU machine the wheel's extra
-``torchrec-cpu``; docs/building.md, "Extras"), and dist_launch.py next to it.
+``torchrec-cpu``; docs/building.md, "Extras").
 Prints one line per step and ``quickstart: OK`` at the end; exits non-zero if
 the loss did not fall or the loaded rows differ from the dumped ones.
 """
@@ -19,7 +19,6 @@ import os
 import sys
 import tempfile
 
-import dist_launch  # examples/dist_launch.py, next to this script
 import torch
 import torch.distributed as dist
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
@@ -37,7 +36,7 @@ from dynamicemb import (
     get_table_value_bytes,
 )
 from dynamicemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
-from dynamicemb.shard import DynamicEmbeddingBagCollectionSharder
+from dynamicemb.shard import DynamicEmbeddingBagCollectionSharder, plan_and_shard
 
 DIM, BATCH, STEPS = 8, 32, 20
 FUSED = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.5}
@@ -75,9 +74,8 @@ def build(device: torch.device):
         batch_size=BATCH,
         debug=False,
     )
-    # The plan, then DistributedModelParallel with the sharder (dist_launch.py, next to
-    # this file, shows the two calls).
-    model, _ = dist_launch.plan_and_shard(ebc, planner, sharder, device)
+    # The plan over the process group's ranks, then DistributedModelParallel with the sharder.
+    model, _ = plan_and_shard(ebc, planner, [sharder], device)
     return model
 
 

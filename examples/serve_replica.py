@@ -53,9 +53,7 @@ def build(
     """The EmbeddingCollection of both tables, sharded over the default group
     (``local_world`` of its ``world`` ranks on each host; default all)."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
-    from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import Topology
-    from torchrec.distributed.types import ShardingEnv
     from torchrec.modules.embedding_configs import EmbeddingConfig
     from torchrec.modules.embedding_modules import EmbeddingCollection
 
@@ -67,7 +65,7 @@ def build(
         EvictedItemMode,
     )
     from dynamicemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
-    from dynamicemb.shard import DynamicEmbeddingCollectionSharder
+    from dynamicemb.shard import DynamicEmbeddingCollectionSharder, plan_and_shard
 
     configs = [
         EmbeddingConfig(name=t, num_embeddings=rows * world, embedding_dim=DIM, feature_names=[t])
@@ -104,15 +102,7 @@ def build(
         batch_size=256,
         debug=False,
     )
-    model = dist_launch.EcModel(collection)
-    plan = planner.collective_plan(model, [sharder], dist.group.WORLD)
-    return DistributedModelParallel(
-        model,
-        env=ShardingEnv.from_process_group(dist.group.WORLD),
-        device=device,
-        plan=plan,
-        sharders=[sharder],
-    )
+    return plan_and_shard(dist_launch.EcModel(collection), planner, [sharder], device)[0]
 
 
 def batch(step: int, rank: int, size: int, device: torch.device):

@@ -117,6 +117,17 @@ def complete(root: str) -> list[Found]:
     return sorted(out, key=lambda f: f.step)
 
 
+@dataclass(frozen=True)
+class Resumed:
+    """A job resumed from a checkpoint: the step it goes on after, the
+    trainer state saved with it (``loss_sum``, ``eval_first``,
+    ``data_position``) and the summary's "resumed" entry."""
+
+    step: int
+    trainer: dict[str, Any]
+    entry: dict[str, Any]
+
+
 def _differences(want: Any, got: Any, where: str = "") -> list[str]:
     """Where two JSON values differ, as "<where>: <want> (checkpoint) vs <got>"."""
     if isinstance(want, dict) and isinstance(got, dict):
@@ -241,6 +252,7 @@ class JobCheckpoints:
     process group; ``keep`` the number kept (0: all)."""
 
     def __init__(self, root: str, keep: int, device: torch.device) -> None:
+        self.named = root  # as the job was given it
         self.root = _store(root).absolute(root)
         self.keep = keep
         self.device = device
@@ -252,6 +264,63 @@ class JobCheckpoints:
         found = complete(self.root) if self.group.rank == 0 else None
         found = found[-1] if found else None
         return self.group.broadcast_object(found)
+
+    def resume(
+        self,
+        model: torch.nn.Module,
+        dense_opt: torch.optim.Optimizer,
+        model_desc: dict,
+        data_desc: dict,
+        dense_lr: float,
+        batch_size: int,
+    ) -> Resumed | None:
+        """--resume (every rank calls it): loads the newest complete
+        checkpoint into the model and the dense optimizer (``load``) once it
+        is found to be of this model and data; the dense optimizer's learning
+        rate is then ``dense_lr`` (the command line's). Rank 0 says where it
+        resumed from and, at another world size, how the job was resharded
+        (``batch_size`` examples per rank).
+
+        Returns:
+            The resume, or None when there is no checkpoint yet (rank 0 says
+            so): the job starts at step 0.
+
+        Raises:
+            JobError: the newest checkpoint is of another model or data.
+        """
+        found = self.newest()
+        if found is None:
+            if self.group.rank == 0:
+                print(f"--resume: no checkpoint in {self.named} yet, starting at step 0")
+            return None
+        check_matches(found, model_desc, data_desc)
+        t0 = time.perf_counter()
+        trainer, report = self.load(found, model, dense_opt)
+        for group in dense_opt.param_groups:
+            group["lr"] = dense_lr
+        dropped = {t.table: t.dropped for t in report.tables} if report is not None else {}
+        entry = {
+            "path": found.path,
+            "step": found.step,
+            "world_size": found.manifest["world_size"],
+            "seconds": time.perf_counter() - t0,
+            "rows_dropped": dropped,
+        }
+        world_size = self.group.world_size
+        if self.group.rank == 0:
+            print(
+                f"resumed from {found.path} (after step {found.step}, written at world size "
+                f"{entry['world_size']}) in {entry['seconds']:.2f} s",
+                flush=True,
+            )
+            if entry["world_size"] != world_size:
+                lost = ", ".join(f"{n} {d}" for n, d in dropped.items() if d) or "none"
+                print(
+                    f"  resharded from {entry['world_size']} to {world_size} ranks: the "
+                    f"global batch is now {batch_size * world_size}; rows that did not "
+                    f"fit: {lost}"
+                )
+        return Resumed(found.step, trainer, entry)
 
     def save(
         self,

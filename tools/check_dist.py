@@ -307,8 +307,7 @@ def fresh_venv():
             if _run(step, "installing into the fresh venv").returncode:
                 return 1
         script = os.path.join(tmp, "quickstart.py")
-        for name in ("quickstart.py", "dist_launch.py"):  # the example and its helper
-            shutil.copy(os.path.join(ROOT, "examples", name), os.path.join(tmp, name))
+        shutil.copy(os.path.join(ROOT, "examples", "quickstart.py"), script)  # a file alone
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
         ran = _run([pip[0], script], "examples/quickstart.py in the fresh venv", cwd=tmp, env=env)
         if ran.returncode or not ran.stdout.strip().endswith("quickstart: OK"):

@@ -73,7 +73,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dist_launch
-from sharded_ec_bench import MULT, feature_names, power_law
+from sharded_ec_bench import MULT, feature_names, power_law, torchrec_plan_and_shard
 
 CONFIGS = [
     "torchrec_hbm",
@@ -200,45 +200,44 @@ def build(args, kind: str, config: str, optimizer: str, budget: float, device):
         planner = EmbeddingShardingPlanner(
             topology=topology(device), batch_size=args.batch, constraints=constraints, debug=False
         )
-    else:
-        from dynamicemb import DynamicEmbTableOptions, get_table_value_bytes
-        from dynamicemb.planner import (
-            DynamicEmbeddingShardingPlanner,
-            DynamicEmbParameterConstraints,
-        )
-        from dynamicemb.shard import (
-            DynamicEmbeddingBagCollectionSharder,
-            DynamicEmbeddingCollectionSharder,
-        )
+        return torchrec_plan_and_shard(model, planner, sharder, device)[0]
 
-        constraints = {}
-        for c in model.configs:
-            full = get_table_value_bytes(c, params["optimizer"], 1, 128)
-            share = 1.0 if config == "dynamic_hbm" else budget
-            constraints[c.name] = DynamicEmbParameterConstraints(
-                sharding_types=["row_wise"],
-                use_dynamicemb=True,
-                dynamicemb_options=DynamicEmbTableOptions(
-                    bucket_capacity=128,
-                    caching=config.startswith("cache"),
-                    global_hbm_for_values=int(full * share),
-                ),
-            )
-        cls = (
-            DynamicEmbeddingBagCollectionSharder
-            if kind == "ebc"
-            else DynamicEmbeddingCollectionSharder
+    from dynamicemb import DynamicEmbTableOptions, get_table_value_bytes
+    from dynamicemb.planner import (
+        DynamicEmbeddingShardingPlanner,
+        DynamicEmbParameterConstraints,
+    )
+    from dynamicemb.shard import (
+        DynamicEmbeddingBagCollectionSharder,
+        DynamicEmbeddingCollectionSharder,
+        plan_and_shard,
+    )
+
+    constraints = {}
+    for c in model.configs:
+        full = get_table_value_bytes(c, params["optimizer"], 1, 128)
+        share = 1.0 if config == "dynamic_hbm" else budget
+        constraints[c.name] = DynamicEmbParameterConstraints(
+            sharding_types=["row_wise"],
+            use_dynamicemb=True,
+            dynamicemb_options=DynamicEmbTableOptions(
+                bucket_capacity=128,
+                caching=config.startswith("cache"),
+                global_hbm_for_values=int(full * share),
+            ),
         )
-        sharder = cls(fused_params=params)
-        planner = DynamicEmbeddingShardingPlanner(
-            eb_configs=model.configs,
-            topology=topology(device),
-            constraints=constraints,
-            batch_size=args.batch,
-            debug=False,
-        )
-    sharded, _ = dist_launch.plan_and_shard(model, planner, sharder, device)
-    return sharded
+    cls = (
+        DynamicEmbeddingBagCollectionSharder if kind == "ebc" else DynamicEmbeddingCollectionSharder
+    )
+    sharder = cls(fused_params=params)
+    planner = DynamicEmbeddingShardingPlanner(
+        eb_configs=model.configs,
+        topology=topology(device),
+        constraints=constraints,
+        batch_size=args.batch,
+        debug=False,
+    )
+    return plan_and_shard(model, planner, [sharder], device)[0]
 
 
 def sync(device: torch.device) -> None:
