@@ -223,16 +223,7 @@ std::tuple<at::Tensor, at::Tensor> occurrence_bags_meta(const at::Tensor& offset
 UniqueResult segmented_unique_meta(const at::Tensor& keys, const at::Tensor& table_ids,
                                    int64_t num_tables, int64_t /*pad_key*/) {
   check_unique_args(keys, table_ids, num_tables);
-  const c10::SymInt n = keys.sym_numel();
-  auto per_pair = [&] { return at::empty_symint({n}, keys.options()); };
-  return {per_pair(),
-          per_pair(),
-          per_pair(),
-          per_pair(),
-          at::empty({num_tables + 1}, keys.options()),
-          per_pair(),
-          at::empty({1}, keys.options()),
-          at::empty_symint({n + 1}, keys.options())};
+  return empty_unique(keys, num_tables);
 }
 
 }  // namespace
