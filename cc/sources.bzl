@@ -28,6 +28,7 @@ TABLE_CORE_HDRS = [
     "scores.h",
     "operations.h",
     "rows.h",
+    "row_check.h",
 ]
 
 # //cc/table:table_cpu and //cc/table:table_cuda.
@@ -43,6 +44,7 @@ TABLE_HDRS = TABLE_CORE_HDRS + TABLE_CPU_HDRS + TABLE_CUDA_HDRS + TABLE_CUDA_PRI
 TABLE_CPU_SRCS = ["table_cpu.cpp"]
 
 TABLE_CUDA_SRCS = [
+    "table_cuda_check.cu",
     "table_cuda_export.cu",
     "table_cuda_find.cu",
     "table_cuda_run.cu",

@@ -127,11 +127,14 @@ at::Tensor count_meta(const at::Tensor& table_keys, const at::Tensor& info) {
   return at::empty_symint({info.sym_size(0)}, table_keys.options());
 }
 
-/// table_check_rows reads values, which a Meta tensor does not have.
-void check_rows_meta(const at::Tensor& /*keys*/, const at::Tensor& /*table_ids*/,
-                     const at::Tensor& /*table_keys*/, const at::Tensor& /*digests*/,
-                     const at::Tensor& /*scores*/, const at::Tensor& /*info*/,
-                     const at::Tensor& /*free_rows*/, const at::Tensor& /*score_values*/) {}
+/// table_check_rows: its devices; the rule reads values, which a Meta tensor
+/// does not have.
+void check_rows_meta(const at::Tensor& keys, const at::Tensor& table_ids,
+                     const at::Tensor& table_keys, const at::Tensor& digests,
+                     const at::Tensor& scores, const at::Tensor& info, const at::Tensor& free_rows,
+                     const at::Tensor& score_values) {
+  check_rows_devices(keys, table_ids, table_keys, digests, scores, info, free_rows, score_values);
+}
 
 at::Tensor route_keys_meta(const at::Tensor& keys, const at::Tensor& feature_ids,
                            const at::Tensor& dist_types, const at::Tensor& blocks,
