@@ -891,6 +891,29 @@ def test_opcheck(case, test_util, device):
     torch.library.opcheck(op, args, test_utils=test_util)
 
 
+def _ops_without_a_kernel(dispatch_key: str) -> list[str]:
+    from dynamicemb.table import ops
+
+    ops()  # loads the extension
+    names = [n for n in torch._C._dispatch_get_all_op_names() if n.startswith("dynamicemb::")]
+    assert names, "no dynamicemb op is registered"
+    return sorted(
+        n for n in names if not torch._C._dispatch_has_kernel_for_dispatch_key(n, dispatch_key)
+    )
+
+
+@pytest.mark.parametrize("dispatch_key", ["CPU", "Meta"])
+def test_every_op_has_a_cpu_and_a_meta_kernel(dispatch_key):
+    assert _ops_without_a_kernel(dispatch_key) == []
+
+
+@pytest.mark.gpu
+def test_every_op_has_a_cuda_kernel():
+    """A CUDA build registers a CUDA kernel of every op (tools/check_ops.py
+    checks the sources the same way)."""
+    assert _ops_without_a_kernel("CUDA") == []
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_timer_opcheck(device):
     """The clock's reading changes from call to call: its schema, fake kernel
