@@ -175,10 +175,10 @@ TORCH_LIBRARY(dynamicemb, m) {
   m.def("table_count(Tensor table_keys, Tensor info) -> Tensor");
 
   // Checks the rows an insert with assign_rows would give the new keys of
-  // NO_EVICTION tables (cc/table/rows.h: in the table's rows, held by no key,
-  // given to no other new key), raising for the first bad one; changes
-  // nothing. The rule table_run applies on the CPU; a CUDA table calls it on
-  // host copies (the CUDA kernels do not check values).
+  // NO_EVICTION tables (cc/table/row_check.h: valid keys, rows in the table's
+  // rows, held by no key, given to no other new key), raising for the first
+  // bad entry; changes nothing. The rule table_run applies on the CPU; a CUDA
+  // table calls this op before its run (the CUDA run does not check values).
   // Args: as table_run's (score_values: (1 or n, num_scores), word 0 the row).
   m.def(
       "table_check_rows(Tensor keys, Tensor table_ids, Tensor table_keys, Tensor digests, "

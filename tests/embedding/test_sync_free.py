@@ -137,6 +137,25 @@ def test_init_rows_at_writes_the_rows_staging_writes(device, dtype, optimizer, d
     assert torch.equal(got, want)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_init_rows_at_opcheck(device):
+    """The op's schema (both segments written in place), its fake kernel
+    against the real one, and tracing."""
+    from dynamicemb.table import ops
+
+    layout = RowLayout([6], torch.float16, EmbOptimType.ADAM, True)
+    rb = layout.row_bytes[0]
+    seg = torch.zeros(4 * rb, dtype=torch.uint8, device=device)
+    keys = torch.tensor([5, 9, 11], device=device)
+    offsets = torch.tensor([2 * rb, -1, 0], device=device)
+    args = initializer_op_args(INIT_MODES["uniform"])
+    torch.library.opcheck(
+        ops().init_rows_at.default,
+        (seg, seg.new_empty(0), offsets, keys, torch.zeros_like(keys), 6, *args, 7)
+        + (layout.element_type, layout.state_dims[0], 1, 0.5),
+    )
+
+
 def test_init_rows_at_refuses_rows_outside_the_space():
     layout = RowLayout([4], torch.float32, EmbOptimType.EXACT_SGD, True)
     seg = torch.zeros(32, dtype=torch.uint8)

@@ -2,7 +2,8 @@
 process group and sharded by DistributedModelParallel in one call.
 
 The sharders' suite (test_sharders.py) trains its planner scenarios through
-it against the dense reference at one, two and four ranks; here, a process
+it against the dense reference at two gloo ranks (and over NCCL on two or
+more GPUs, its `multigpu` cases); here, a process
 group other than the world (each of two gloo ranks shards a model of its
 own over a group of one), and the refusals, each before any collective and
 with the model left as it was.
