@@ -32,7 +32,8 @@ from dynamicemb.embedding.cuda_graphs import (
     graphs_enabled_by_default,
 )
 from dynamicemb.embedding.initializer import MultiTableInitializer
-from dynamicemb.embedding.inputs import raise_bad_input
+from dynamicemb.embedding.inputs import check_values
+from dynamicemb.embedding.insert_failures import InsertFailures
 from dynamicemb.embedding.module_warnings import (
     default_optimizer,
     state_dict_hook,
@@ -50,7 +51,7 @@ from dynamicemb.storage import (
 from dynamicemb.storage.score_function import VictimScorer
 from dynamicemb.storage.stats import StatCol, TableStats
 from dynamicemb.storage.table_rows import TableRows
-from dynamicemb.table import first_valid_key, ops
+from dynamicemb.table import ops
 from dynamicemb.types import MemoryType
 
 S = DynamicEmbScoreStrategy
@@ -157,6 +158,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             table's initializer uses (a row depends on (seed, table id, key));
             default: table t uses t. Sharders pass ids that do not depend on
             how tables are fused into modules.
+        table_names (Sequence[str], optional): the tables' names, for what
+            the module says about them (default: ``table_<t>``); the
+            sharders pass the TorchRec table names.
         **optimizer_args: the optimizer's hyper-parameters (``learning_rate``,
             ``eps``, ``beta1``, ``beta2``, ``weight_decay``,
             ``weight_decay_mode``, FTRL's ``learning_rate_power``,
@@ -182,6 +186,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         device: torch.device | None = None,
         seed: int = 0,
         initializer_table_ids: Sequence[int] | None = None,
+        table_names: Sequence[str] | None = None,
         **optimizer_args: Any,
     ) -> None:
         super().__init__()
@@ -269,7 +274,19 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         # CUSTOMIZED: the score each table's keys get in the next forward passes.
         self._custom_scores: list[int | None] = [None] * n
         self._custom_score_t = torch.zeros(n, dtype=torch.int64, device=self.device)
-        self.insert_failures = torch.zeros((), dtype=torch.int64, device=self.device)
+        names = [f"table_{t}" for t in range(n)] if table_names is None else list(table_names)
+        if len(names) != n:
+            raise ValueError(f"table_names has {len(names)} entries for {n} tables: {names}")
+        self.table_names = [str(x) for x in names]
+        # Keys a training insert could not place, per table, and what is said
+        # of them (safe_check_mode: dynamicemb/embedding/insert_failures.py).
+        self._failures = InsertFailures(
+            self.table_names,
+            [int(o.max_capacity) for o in self.table_options],
+            self.table_options[0].safe_check_mode,
+            self.device,
+        )
+        self.insert_failures = self._failures.counts
         # What the module counts per table (lookups; admission and cache tiers
         # feed their columns), read by dynamicemb.metrics when it collects.
         self.stats = TableStats(n, self.device)
@@ -484,6 +501,8 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             b = self._graphs.lookup(self, indices, offsets, frequency_counters)
         if b is None:
             b = self._lookup(indices, offsets, frequency_counters, self.step)
+        if self.training:
+            self._failures.after_step()
         if pooling_weights is not None:
             b.weights = pooling_weights
         if self.training and self._adam_betas is not None:
@@ -657,31 +676,10 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         weights = None if pooling_weights is None else pooling_weights.to(dev).contiguous()
         freq = None if frequency_counters is None else frequency_counters.to(dev).contiguous()
         if self.check_values:
-            self._check_values(indices, offsets, freq, weights)
+            check_values(indices, offsets, freq, weights)
         if freq is not None:
             freq = freq.long() if freq.is_floating_point() else freq.to(torch.int64)
         return indices, offsets, freq, weights
-
-    def _check_values(self, indices, offsets, freq, weights) -> None:
-        """The value checks, each a count of bad entries, read in one
-        synchronization; raises naming the first bad argument."""
-        n = indices.numel()
-        first_valid = first_valid_key()
-        steps = offsets[1:] - offsets[:-1]
-        checks = {
-            "offsets_start": offsets[:1] != 0,
-            "offsets_end": offsets[-1:] != n,
-            "offsets_step": steps < 0,
-            "indices": indices < first_valid,
-        }
-        if freq is not None:
-            f64 = freq.double()
-            checks["frequency_counters"] = ~torch.isfinite(f64) | (f64 < 0) | (f64 != f64.round())
-        if weights is not None:
-            checks["pooling_weights"] = ~torch.isfinite(weights)
-        bad = torch.stack([c.sum() for c in checks.values()]).tolist()
-        if any(bad):
-            raise_bad_input(dict(zip(checks, bad)), checks, indices, offsets, freq, weights)
 
     def _rows_train(self, su, counts, padded: bool, step):
         """(rows, fill) of the distinct keys ``su`` (a padded batch when
@@ -723,17 +721,14 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             self.step -= 1
             raise
         valid = lookup if lookup is not None else valid
-        failed = rows < 0 if valid is None else (rows < 0) & valid
-        mode = self.table_options[0].safe_check_mode
-        if mode != DynamicEmbCheckMode.IGNORE:
-            n_failed = int(failed.sum())
-            if n_failed:
-                msg = f"{n_failed} keys could not be inserted into the dynamic embedding table"
-                if mode == DynamicEmbCheckMode.ERROR:
-                    raise RuntimeError(msg)
-                warnings.warn(msg + "; their embeddings are zeros", stacklevel=2)
-        self.insert_failures += failed.sum()
+        self._failures.count(rows < 0 if valid is None else (rows < 0) & valid, tids)
         return rows
+
+    def report_insert_failures(self) -> list[int]:
+        """Keys a training insert could not place so far, per table (reads
+        the device counters: synchronizes); warns about each table whose
+        failures were not reported yet (dynamicemb/embedding/insert_failures.py)."""
+        return self._failures.report()
 
     def initial_embeddings(self, keys, tids, eval_mode: bool = False) -> torch.Tensor:
         """(n, max dim) float32: the initializer's (or the eval initializer's)
