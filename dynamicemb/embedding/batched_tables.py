@@ -487,30 +487,39 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         indices, offsets, frequency_counters, pooling_weights = self._check_inputs(
             indices, offsets, frequency_counters, pooling_weights
         )
-        if self.training and S.CUSTOMIZED in self.strategies:
+        if self.trains() and S.CUSTOMIZED in self.strategies:
             unset = [t for t, c in enumerate(self._custom_scores) if c is None]
             if unset:
                 raise RuntimeError(
                     f"CUSTOMIZED score strategy: call set_score before the forward pass (tables "
                     f"{unset} have no score)"
                 )
-        if self.training:
+        if self.trains():
             self.step += 1
         b = None
         if self._graphs is not None and self.cuda_graphs and not torch.compiler.is_compiling():
             b = self._graphs.lookup(self, indices, offsets, frequency_counters)
         if b is None:
             b = self._lookup(indices, offsets, frequency_counters, self.step)
-        if self.training:
+        if self.trains():
             self._failures.after_step()
         if pooling_weights is not None:
             b.weights = pooling_weights
-        if self.training and self._adam_betas is not None:
+        if self.trains() and self._adam_betas is not None:
             # One op in eager and traced steps alike: a torch.pow here would
             # be specialized on the step by torch.compile (torch 2.11 guards
             # on exponents 1 and 2) or computed by the compiler's own pow.
             b.adam_bias = ops().adam_bias(self._adam_betas, self.step)
         return _Pool.apply(self._placeholder, self, b)
+
+    def trains(self) -> bool:
+        """Whether a forward now is a training step, which inserts missing keys
+        (and may evict) and counts a step: in training mode with gradients
+        enabled. A forward under ``torch.no_grad()`` or
+        ``torch.inference_mode()`` reads as in eval mode, whatever the mode:
+        it finds keys, reads the eval initializer's rows for the missing ones,
+        and changes nothing."""
+        return self.training and torch.is_grad_enabled()
 
     def _lookup(self, indices, offsets, frequency_counters, step) -> "_Batch":
         """A checked batch's distinct keys found (and, training, inserted
@@ -529,7 +538,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         # Training on a storage that takes padded batches never reads the
         # number of distinct keys on the host (dynamicemb.embedding.unique),
         # with admission too unless its admitter takes exact batches only.
-        padded = self.training and self._padded()
+        padded = self.trains() and self._padded()
         with record_function("dynamicemb:unique"):
             su = segmented_unique(indices, tids, len(self.table_options), padded=padded)
         self.stats.count_lookups(su.table_offsets)
@@ -537,7 +546,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if frequency_counters is not None:
             counts = torch.zeros_like(su.counts).index_add_(0, su.inverse, frequency_counters)
         with record_function("dynamicemb:find_or_insert"):
-            if self.training:
+            if self.trains():
                 rows, fill = self._rows_train(su, counts, padded, step)
             else:
                 rows, fill = self._rows_eval(su.keys, su.table_ids)
@@ -591,7 +600,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         CUDA graph: outside training, with an admitter that takes exact
         batches, a storage whose ``train_rows`` synchronizes, failures read on
         the host (``safe_check_mode``), or ``DYNAMICEMB_DEBUG`` checks."""
-        if not (self.training and self._padded()):
+        if not (self.trains() and self._padded()):
             return None
         if os.environ.get("DYNAMICEMB_DEBUG"):  # the unique's offsets checked on the host
             return None
