@@ -663,7 +663,7 @@ def load(
     show_progress: bool = True,
 ) -> LoadReport | None:
     """``DynamicEmbLoad``, returning what was loaded (None: no dynamic table)."""
-    group = group_of(pg)
+    group = group_of(pg, "DynamicEmbLoad")
     refs = tables_of(model, table_names, group, "DynamicEmbLoad")
     if refs is None:
         return None
