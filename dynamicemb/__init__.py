@@ -19,6 +19,7 @@ table layer) are exported here and imported on first use too.
 # (tests/packaging). Versioning policy: docs/building.md, "Versions".
 __version__ = "0.1.0"
 
+from ._seams import provide as _provide
 from .dynamicemb_config import (
     BUCKET_ALIGNMENT,
     MAX_BUCKET_CAPACITY,
@@ -51,6 +52,17 @@ from .types import (
 _CHECKPOINT = ("DynamicEmbDump", "DynamicEmbLoad")
 _REPLICATION = ("DeltaDumpResult", "pop_erased_keys", "pop_evicted_keys", "replay_increment")
 _ADMISSION = ("FrequencyAdmissionStrategy", "ProbabilisticAdmissionStrategy")
+
+
+def _model_state_rows():
+    """The dynamic tables' rows in a sharded model's state_dict(): written and
+    read by dynamicemb.checkpoint, called by dynamicemb.shard (_seams.py)."""
+    from dynamicemb.checkpoint.model_state import MODEL_STATE_ROWS
+
+    return MODEL_STATE_ROWS
+
+
+_provide("model_state_rows", _model_state_rows)
 
 
 def __getattr__(name: str):

@@ -123,7 +123,8 @@ def run(device: torch.device, tmp: str) -> int:
         print(f"quickstart: the loss did not fall ({losses[0]:.4f} -> {losses[-1]:.4f})")
         return 1
 
-    # The dynamic table's rows are not in model.state_dict(): dump and load them.
+    # The dynamic table's rows are in model.state_dict() too (for torch.distributed.checkpoint);
+    # DynamicEmbDump / DynamicEmbLoad write and read dynamicemb's own checksummed folder.
     probe = batch(device, 0)
     with torch.no_grad():
         before = model(probe)["u"]

@@ -59,6 +59,7 @@ TOP_LEVEL = {
     "_checks": "core",
     "_enums": "core",
     "_warnings": "core",
+    "_seams": "core",
 }
 ROWS_ONLY = {"checkpoint", "metrics", "replication"}
 TRAINING_MODULE = "BatchedDynamicEmbeddingTablesV2"

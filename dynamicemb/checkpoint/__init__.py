@@ -6,8 +6,12 @@ safe (a dump publishes a finished folder atomically), checksummed (a
 truncated or corrupted file is refused before anything changes), and
 reshardable (a checkpoint loads at any world size and ``dist_type``; each key
 goes to the rank that owns it now). ``dump`` and ``load`` are the same calls
-returning what they wrote and loaded. ``DynamicEmbStateful`` puts the
-dynamic tables into ``torch.distributed.checkpoint`` (dcp.py).
+returning what they wrote and loaded. A sharded model's ``state_dict()``
+carries the dynamic tables' rows, written and read here (model_state.py), so
+``torch.distributed.checkpoint`` of the model's state dict saves and loads
+them at any world size; ``state_dict_without_rows()`` leaves them out.
+``DynamicEmbStateful`` puts the dynamic tables into a DCP state of their own
+(dcp.py).
 ``warm_start`` (an addition of ours, beyond the spec) fills dynamic tables
 with the rows of a TorchRec collection's state_dict or DCP checkpoint
 (warm_start.py). Paths may be fsspec URLs (``s3://...``: dynamicemb.io.fs).
@@ -22,6 +26,7 @@ from dynamicemb.checkpoint.dcp import DynamicEmbStateful
 from dynamicemb.checkpoint.dump import DumpReport, dump
 from dynamicemb.checkpoint.layout import CheckpointError
 from dynamicemb.checkpoint.load import LoadReport, TableLoad, load
+from dynamicemb.checkpoint.model_state import state_dict_without_rows
 from dynamicemb.checkpoint.warm_start import WarmStartReport, warm_start
 
 __all__ = [
@@ -35,6 +40,7 @@ __all__ = [
     "WarmStartReport",
     "dump",
     "load",
+    "state_dict_without_rows",
     "warm_start",
 ]
 

@@ -24,6 +24,7 @@ from torchrec.distributed.embeddingbag import (
 from torchrec.distributed.types import ParameterSharding, ShardingEnv, ShardingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from .._seams import provided
 from ..embedding.module_warnings import warn_state_dict_without_rows
 from ..planner.parameter_sharding import initializer_table_ids, is_dynamicemb_sharding
 from .batch_checks import COUNTERS, POOLING, BatchCheck
@@ -174,10 +175,16 @@ class _DynamicTablesMixin:
             setattr(self, self._CONFIGS_ATTR, configs)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        # TorchRec's state dict of the collection has its own tables only.
+        # TorchRec's entries of the static tables, then one entry per dynamic
+        # table with its rows, written by dynamicemb.checkpoint
+        # (dynamicemb/checkpoint/model_state.py; collective).
         out = super().state_dict(*args, **kwargs)
         if _dynamic_table_names(self.module_sharding_plan):
-            warn_state_dict_without_rows()
+            rows = provided("model_state_rows")
+            if rows is None:
+                warn_state_dict_without_rows()
+            else:
+                rows.save(self, out, kwargs.get("prefix", args[1] if len(args) > 1 else ""))
         return out
 
     @staticmethod
@@ -187,6 +194,10 @@ class _DynamicTablesMixin:
         prefix: str,
         *args: Any,
     ) -> None:
+        if _dynamic_table_names(self.module_sharding_plan):
+            rows = provided("model_state_rows")
+            if rows is not None:
+                rows.load(self, state_dict, prefix)
         _drop_dynamic_weights(
             state_dict,
             prefix,
