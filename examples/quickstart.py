@@ -66,7 +66,8 @@ def build(device: torch.device):
         "item": ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"]),
     }
     ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
-    sharder = DynamicEmbeddingBagCollectionSharder(fused_params=FUSED)
+    # fused_params configure the dynamic table, static_fused_params TorchRec's "item".
+    sharder = DynamicEmbeddingBagCollectionSharder(fused_params=FUSED, static_fused_params=FUSED)
     planner = DynamicEmbeddingShardingPlanner(
         eb_configs=configs,
         topology=Topology(world_size=1, compute_device=device.type, local_world_size=1),

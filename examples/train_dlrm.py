@@ -321,7 +321,10 @@ def build(features: tuple[Feature, ...], args, env: dist_launch.RankEnv, device:
     configs = embedding_configs(features, args.dim)
     ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
     model = DLRM(ebc, args.dim, features)
-    sharder = DynamicEmbeddingBagCollectionSharder(fused_params=fused_params(args))
+    # The same fused optimizer for the dynamic tables and the static one.
+    sharder = DynamicEmbeddingBagCollectionSharder(
+        fused_params=fused_params(args), static_fused_params=fused_params(args)
+    )
     planner = DynamicEmbeddingShardingPlanner(
         eb_configs=configs,
         topology=Topology(

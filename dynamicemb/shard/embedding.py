@@ -8,6 +8,7 @@ a sharding of their own (``DYNAMICEMB_SHARDING_KEY``); every other table of the
 collection keeps TorchRec's sharding, kernel and state dict.
 """
 
+import sys
 from typing import Any
 
 import torch
@@ -88,6 +89,32 @@ def _dynamic_table_names(plan: dict[str, ParameterSharding]) -> list[str]:
     return [name for name, ps in plan.items() if is_dynamicemb_sharding(ps)]
 
 
+# The entry of the fused_params a dynamic sharder hands its sharded module
+# that carries the sharder's static_fused_params (taken out before TorchRec
+# sees them).
+STATIC_FUSED_PARAMS = "dynamicemb_static_fused_params"
+
+
+def _refuse_shared_fused_params(plan: dict[str, ParameterSharding], dynamic: set[str]) -> None:
+    """A TorchRec table with a fused optimizer in a collection whose sharder
+    was given fused_params but no static_fused_params: its optimizer is not
+    said anywhere."""
+    fused = [
+        name
+        for name, ps in plan.items()
+        if name not in dynamic and ps.compute_kernel != EmbeddingComputeKernel.DENSE.value
+    ]
+    if fused:
+        raise ValueError(
+            f"tables {sorted(fused)} are TorchRec's (compute kernels with a fused optimizer) "
+            "in a collection sharded by a dynamicemb sharder: its fused_params configure the "
+            "dynamic tables only, and TorchRec's tables take theirs from static_fused_params "
+            "(for example static_fused_params={'optimizer': EmbOptimType.EXACT_SGD, "
+            "'learning_rate': 0.1}; static_fused_params=fused_params gives them the same "
+            "ones, where TorchRec's kernel on this device has that optimizer)"
+        )
+
+
 def _drop_dynamic_weights(
     state_dict: dict[str, Any], prefix: str, collection: str, names: list[str]
 ) -> None:
@@ -109,6 +136,7 @@ class _DynamicTablesMixin:
     """
 
     _TORCHREC_CLASS: type[Any]
+    _FUSED_PARAMS_ARG: int
     _MODULE_CONFIGS: str
     _CONFIGS_ATTR: str
     _STATE_DICT_COLLECTION: str
@@ -121,9 +149,39 @@ class _DynamicTablesMixin:
         *args: Any,
         **kwargs: Any,
     ) -> dict[str, list[EmbeddingShardingInfo]]:
-        infos = super().create_grouped_sharding_infos(
-            module, table_name_to_parameter_sharding, *args, **kwargs
-        )
+        # The sharder's fused_params configure the dynamic tables; TorchRec's
+        # tables get its static_fused_params (carried under STATIC_FUSED_PARAMS).
+        args = list(args)
+        at = cls._FUSED_PARAMS_ARG
+        fused = dict((args[at] if len(args) > at else kwargs.get("fused_params")) or {})
+        static = fused.pop(STATIC_FUSED_PARAMS, None)
+
+        def infos_with(params):
+            if len(args) > at:
+                args[at] = params
+            else:
+                kwargs["fused_params"] = params
+            return super(_DynamicTablesMixin, cls).create_grouped_sharding_infos(
+                module, table_name_to_parameter_sharding, *args, **kwargs
+            )
+
+        infos = infos_with(fused)
+        dynamic = set(_dynamic_table_names(table_name_to_parameter_sharding))
+        if static is not None:
+            theirs = {
+                info.embedding_config.name: info
+                for group in infos_with(dict(static)).values()
+                for info in group
+            }
+            infos = {
+                st: [
+                    i if i.embedding_config.name in dynamic else theirs[i.embedding_config.name]
+                    for i in group
+                ]
+                for st, group in infos.items()
+            }
+        elif fused:
+            _refuse_shared_fused_params(table_name_to_parameter_sharding, dynamic)
         return _separate_dynamic_tables(
             infos,
             _collection_table_ids(
@@ -218,6 +276,7 @@ class ShardedDynamicEmbeddingCollection(_DynamicTablesMixin, ShardedEmbeddingCol
     """
 
     _TORCHREC_CLASS = ShardedEmbeddingCollection
+    _FUSED_PARAMS_ARG = 0  # of create_grouped_sharding_infos' positional arguments
     _MODULE_CONFIGS = "embedding_configs"
     _CONFIGS_ATTR = "_embedding_configs"
     _STATE_DICT_COLLECTION = "embeddings"
@@ -286,6 +345,7 @@ class ShardedDynamicEmbeddingBagCollection(_DynamicTablesMixin, ShardedEmbedding
     _MODULE_CONFIGS = "embedding_bag_configs"
     _CONFIGS_ATTR = "_embedding_bag_configs"
     _STATE_DICT_COLLECTION = "embedding_bags"
+    _FUSED_PARAMS_ARG = 1  # after the prefix
 
     @classmethod
     def create_embedding_bag_sharding(
@@ -326,14 +386,56 @@ def _with_customized_kernel(kernels: list[str], sharding_type: str) -> list[str]
     return kernels
 
 
+def _refuse_foreign_enumerator(sharder: Any, caller: Any) -> None:
+    """Raises when ``caller`` (the object asking a sharder for its kernels) is
+    an enumerator of TorchRec's that is not dynamicemb's: its planner cannot
+    estimate a dynamic table's kernel, nor write the plan entries dynamic
+    tables are built from."""
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+
+    from ..planner.enumerator import DynamicEmbeddingEnumerator
+
+    if isinstance(caller, EmbeddingEnumerator) and not isinstance(
+        caller, DynamicEmbeddingEnumerator
+    ):
+        raise ValueError(
+            f"{type(caller).__name__} is planning with {type(sharder).__name__}: a model "
+            "sharded with the dynamicemb sharders is planned by "
+            "dynamicemb.planner.DynamicEmbeddingShardingPlanner (TorchRec's planner with the "
+            "same arguments plus eb_configs, the model's table configs; it plans TorchRec's "
+            "tables as TorchRec does), whose DynamicEmbeddingEnumerator gives the dynamic "
+            "tables their kernel and options. TorchRec's EmbeddingShardingPlanner cannot "
+            "plan dynamic tables; for a model without them, use TorchRec's own sharders."
+        )
+
+
 class _DynamicSharderMixin:
     """What both sharders add to TorchRec's: ROW_WISE sharding and, for it,
-    the ``CUSTOMIZED_KERNEL`` compute kernel."""
+    the ``CUSTOMIZED_KERNEL`` compute kernel. Asked for its kernels by the
+    enumerator of another planner than ``DynamicEmbeddingShardingPlanner``
+    (TorchRec's ``EmbeddingShardingPlanner``), it refuses, naming the planner
+    to use."""
+
+    def __init__(
+        self, *args: Any, static_fused_params: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.static_fused_params = (
+            None if static_fused_params is None else dict(static_fused_params)
+        )
+
+    def _module_fused_params(self) -> dict[str, Any] | None:
+        """The fused_params its sharded modules get (the static ones carried
+        along, see ``_DynamicTablesMixin.create_grouped_sharding_infos``)."""
+        if self.static_fused_params is None:
+            return self.fused_params
+        return {**(self.fused_params or {}), STATIC_FUSED_PARAMS: self.static_fused_params}
 
     def sharding_types(self, compute_device_type: str) -> list[str]:
         return _with_row_wise(super().sharding_types(compute_device_type))
 
     def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
+        _refuse_foreign_enumerator(self, sys._getframe(1).f_locals.get("self"))
         return _with_customized_kernel(
             super().compute_kernels(sharding_type, compute_device_type), sharding_type
         )
@@ -342,12 +444,31 @@ class _DynamicSharderMixin:
 class DynamicEmbeddingCollectionSharder(_DynamicSharderMixin, EmbeddingCollectionSharder):
     """TorchRec's ``EmbeddingCollectionSharder`` for collections with dynamic tables.
 
-    Used exactly like the parent (``fused_params`` with the optimizer type and
-    its arguments, ``qcomm_codecs_registry``, ``use_index_dedup``). Tables whose
+    Used like the parent (``fused_params`` with the optimizer type and its
+    arguments, ``qcomm_codecs_registry``, ``use_index_dedup``). Tables whose
     plan entry is a ``DynamicEmbParameterSharding`` become hash-table-backed
     row-wise tables; the others are sharded by TorchRec. Lists
     ``CUSTOMIZED_KERNEL`` among the row-wise compute kernels, the kernel the
-    planner gives dynamic tables.
+    planner gives dynamic tables; planned by ``DynamicEmbeddingShardingPlanner``
+    (TorchRec's own planner is refused, naming it).
+
+    Args:
+        fused_params (Optional[Dict[str, Any]]): the dynamic tables' fused
+            optimizer and its arguments; they reach the dynamic tables only.
+        static_fused_params (Optional[Dict[str, Any]]): the fused params of
+            TorchRec's tables in the same collections (what TorchRec's own
+            sharder's ``fused_params`` would be). Needed when such a table
+            has a fused optimizer and ``fused_params`` is given; pass the
+            same dict for the same optimizer on both.
+        **kwargs: the parent's (``qcomm_codecs_registry``, ``use_index_dedup``).
+
+    Example::
+
+        sharder = DynamicEmbeddingCollectionSharder(
+            fused_params={"optimizer": EmbOptimType.ADAM, "learning_rate": 1e-3},
+            static_fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.1},
+            use_index_dedup=True,
+        )
     """
 
     def shard(
@@ -362,7 +483,7 @@ class DynamicEmbeddingCollectionSharder(_DynamicSharderMixin, EmbeddingCollectio
             module,
             params,
             env,
-            self.fused_params,
+            self._module_fused_params(),
             device,
             qcomm_codecs_registry=self.qcomm_codecs_registry,
             use_index_dedup=self._use_index_dedup,
@@ -377,12 +498,22 @@ class DynamicEmbeddingCollectionSharder(_DynamicSharderMixin, EmbeddingCollectio
 class DynamicEmbeddingBagCollectionSharder(_DynamicSharderMixin, EmbeddingBagCollectionSharder):
     """TorchRec's ``EmbeddingBagCollectionSharder`` for collections with dynamic tables.
 
-    Used exactly like the parent. Dynamic tables (plan entries that are
+    Used like the parent. Dynamic tables (plan entries that are
     ``DynamicEmbParameterSharding``) pool SUM or MEAN; a weighted collection
     (``is_weighted=True``) passes the KJT weights as pooling weights, an
     unweighted one ignores them. Offers ROW_WISE sharding on every device
     (TorchRec's parent offers it on CUDA only) and ``CUSTOMIZED_KERNEL`` among
-    its compute kernels.
+    its compute kernels. ``fused_params`` and ``static_fused_params`` as for
+    ``DynamicEmbeddingCollectionSharder``: the first reach the dynamic tables
+    only, the second TorchRec's.
+
+    Example::
+
+        fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.05}
+        sharder = DynamicEmbeddingBagCollectionSharder(
+            fused_params=fused, static_fused_params=fused
+        )
+        model = DistributedModelParallel(model, plan=plan, sharders=[sharder])
     """
 
     def shard(
@@ -401,7 +532,7 @@ class DynamicEmbeddingBagCollectionSharder(_DynamicSharderMixin, EmbeddingBagCol
             module=module,
             table_name_to_parameter_sharding=params,
             env=env,
-            fused_params=self.fused_params,
+            fused_params=self._module_fused_params(),
             device=device,
             qcomm_codecs_registry=self.qcomm_codecs_registry,
             module_fqn=module_fqn,

@@ -638,3 +638,22 @@ def test_a_table_rounded_up_says_so_once_with_name_asked_and_got(caplog):
         prepare_table_options(options, exact, 3)
     assert not [w for w in caught if "exact_t" in str(w.message)]
     assert not [r for r in caplog.records if "exact_t" in r.getMessage()]
+
+
+def test_torchrec_planner_with_dynamic_tables_is_refused_naming_ours():
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+
+    from dynamicemb.shard import DynamicEmbeddingCollectionSharder
+
+    model = _Model(_ec_configs(), _ebc_configs())
+    theirs = EmbeddingShardingPlanner(topology=_topology(2), constraints=_constraints())
+    with pytest.raises(ValueError, match="planned by dynamicemb.planner.DynamicEmbeddingSharding"):
+        theirs.plan(model, _sharders())
+    # The same sharders asked directly, or by our planner, answer.
+    kernels = DynamicEmbeddingCollectionSharder().compute_kernels("row_wise", "cpu")
+    assert CUSTOM in kernels
+    ours = DynamicEmbeddingShardingPlanner(
+        eb_configs=_ec_configs() + _ebc_configs(), topology=_topology(2), constraints=_constraints()
+    )
+    plan = ours.plan(model, _sharders())
+    assert plan.plan["ec"]["dyn_ec"].compute_kernel == CUSTOM

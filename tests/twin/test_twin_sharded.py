@@ -307,8 +307,8 @@ def run_pair(rank: int, world_size: int, optimizers: list[str]) -> dict[str, Any
         twin_state = {k: v.detach().clone() for k, v in twin.state_dict().items()}
 
         sharders = [
-            DynamicEmbeddingBagCollectionSharder(fused_params=params),
-            DynamicEmbeddingCollectionSharder(fused_params=params),
+            DynamicEmbeddingBagCollectionSharder(fused_params=params, static_fused_params=params),
+            DynamicEmbeddingCollectionSharder(fused_params=params, static_fused_params=params),
         ]
         configs = [c for m in (model.ebc, model.wbc) for c in m.embedding_bag_configs()]
         configs += model.ec.embedding_configs()
