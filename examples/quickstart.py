@@ -23,7 +23,6 @@ import torch
 import torch.distributed as dist
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
-from torchrec.distributed.planner import Topology
 from torchrec.distributed.planner.types import ParameterConstraints
 
 from dynamicemb import (
@@ -35,7 +34,11 @@ from dynamicemb import (
     DynamicEmbTableOptions,
     get_table_value_bytes,
 )
-from dynamicemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
+from dynamicemb.planner import (
+    DynamicEmbeddingShardingPlanner,
+    DynamicEmbParameterConstraints,
+    topology,
+)
 from dynamicemb.shard import DynamicEmbeddingBagCollectionSharder, plan_and_shard
 
 DIM, BATCH, STEPS = 8, 32, 20
@@ -70,7 +73,7 @@ def build(device: torch.device):
     sharder = DynamicEmbeddingBagCollectionSharder(fused_params=FUSED, static_fused_params=FUSED)
     planner = DynamicEmbeddingShardingPlanner(
         eb_configs=configs,
-        topology=Topology(world_size=1, compute_device=device.type, local_world_size=1),
+        topology=topology(world_size=1, compute_device=device.type, local_world_size=1),
         constraints=constraints,
         batch_size=BATCH,
         debug=False,

@@ -53,7 +53,6 @@ def build(
     """The EmbeddingCollection of both tables, sharded over the default group
     (``local_world`` of its ``world`` ranks on each host; default all)."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
-    from torchrec.distributed.planner import Topology
     from torchrec.modules.embedding_configs import EmbeddingConfig
     from torchrec.modules.embedding_modules import EmbeddingCollection
 
@@ -64,7 +63,11 @@ def build(
         DynamicEmbTableOptions,
         EvictedItemMode,
     )
-    from dynamicemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
+    from dynamicemb.planner import (
+        DynamicEmbeddingShardingPlanner,
+        DynamicEmbParameterConstraints,
+        topology,
+    )
     from dynamicemb.shard import DynamicEmbeddingCollectionSharder, plan_and_shard
 
     configs = [
@@ -95,7 +98,7 @@ def build(
     )
     planner = DynamicEmbeddingShardingPlanner(
         eb_configs=configs,
-        topology=Topology(
+        topology=topology(
             world_size=world, compute_device=device.type, local_world_size=local_world or world
         ),
         constraints=constraints,
@@ -139,7 +142,6 @@ def lookup(model, table: str, keys: torch.Tensor, device: torch.device) -> torch
 
 def _train_rank(args) -> None:
     """One rank of the job, as the launcher's environment says."""
-    dist_launch.quiet()
     env, device = dist_launch.init_from_env(args.device, 1)
     rank, world = env.rank, env.world_size
     try:
@@ -213,7 +215,6 @@ def _compare_with_final(model, folder: str, device: torch.device) -> int:
 
 
 def serve(args) -> int:
-    dist_launch.quiet()
     dist_launch.init_process_group(0, 1, dist_launch.free_port(), args.device, args.threads)
     try:
         from dynamicemb.replication import DeltaFollower

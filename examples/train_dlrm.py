@@ -311,10 +311,9 @@ def build(features: tuple[Feature, ...], args, env: dist_launch.RankEnv, device:
     """The sharded model, its plan and the dense optimizer: the tables are
     planned over the ranks by DynamicEmbeddingShardingPlanner and sharded by
     DistributedModelParallel with dynamicemb's sharder (plan_and_shard)."""
-    from torchrec.distributed.planner import Topology
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    from dynamicemb.planner import DynamicEmbeddingShardingPlanner
+    from dynamicemb.planner import DynamicEmbeddingShardingPlanner, topology
     from dynamicemb.shard import DynamicEmbeddingBagCollectionSharder, plan_and_shard
 
     torch.manual_seed(args.seed)  # the same initial dense weights on every rank
@@ -327,7 +326,7 @@ def build(features: tuple[Feature, ...], args, env: dist_launch.RankEnv, device:
     )
     planner = DynamicEmbeddingShardingPlanner(
         eb_configs=configs,
-        topology=Topology(
+        topology=topology(
             world_size=env.world_size,
             compute_device=device.type,
             local_world_size=env.local_world_size,

@@ -8,6 +8,7 @@ a sharding of their own (``DYNAMICEMB_SHARDING_KEY``); every other table of the
 collection keeps TorchRec's sharding, kernel and state dict.
 """
 
+import logging
 import sys
 from typing import Any
 
@@ -219,6 +220,7 @@ class _DynamicTablesMixin:
             check = None
             if features:
                 check = BatchCheck(features, self._device, self._env.process_group, every, weights)
+                _RAW_ID_RANGES.features.update(features)
             self.__dict__["_dynamicemb_check"] = check
         return self.__dict__["_dynamicemb_check"]
 
@@ -384,6 +386,25 @@ def _with_customized_kernel(kernels: list[str], sharding_type: str) -> list[str]
     if sharding_type == ShardingType.ROW_WISE.value and customized not in kernels:
         kernels.append(customized)
     return kernels
+
+
+class _RawIdRanges(logging.Filter):
+    """Drops TorchRec's first-batch notice that a feature's ids lie outside
+    [0, num_embeddings) for the features of dynamic tables, whose raw ids do
+    by design (``torchrec.sparse.jagged_tensor_validator``); the notice of
+    every other feature passes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(message.startswith(f"Feature {f} has range ") for f in self.features)
+
+
+_RAW_ID_RANGES = _RawIdRanges()
+logging.getLogger("torchrec.sparse.jagged_tensor_validator").addFilter(_RAW_ID_RANGES)
 
 
 def _refuse_foreign_enumerator(sharder: Any, caller: Any) -> None:

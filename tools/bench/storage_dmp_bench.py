@@ -643,7 +643,6 @@ def parse_args(argv: list[str] | None = None):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    dist_launch.quiet()
     warnings.filterwarnings("ignore", category=UserWarning)
     dist_launch.run_alone(run, args)
     return 0
