@@ -63,6 +63,7 @@ def _model_state_rows():
 
 
 _provide("model_state_rows", _model_state_rows)
+_provide("version", lambda: __version__)
 
 
 def __getattr__(name: str):

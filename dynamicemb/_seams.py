@@ -2,9 +2,10 @@
 
 A package imports only the packages below it (tools/check_layers.py). Where a
 lower package must call up (a sharded collection's ``state_dict()`` writes
-its dynamic tables' rows the way ``dynamicemb.checkpoint`` writes them), the
-package's ``__init__.py``, above every other, names the code here, and the
-lower package asks for it by name::
+its dynamic tables' rows the way ``dynamicemb.checkpoint`` writes them; the
+metrics' meter carries the package's version), the package's ``__init__.py``,
+above every other, names the code here, and the lower package asks for it by
+name::
 
     provide("model_state_rows", loader)     # dynamicemb/__init__.py
     provided("model_state_rows")            # dynamicemb/shard: loader(), or None

@@ -156,7 +156,8 @@ def say_rounded(table, asked: int, world_size: int, per_rank: int, width: int) -
         return
     message = (
         f"dynamic table {table!r}: num_embeddings={asked} gives {got} rows ({per_rank} per rank "
-        f"on {world_size} ranks: whole hash buckets of bucket_capacity={width} slots). Set "
+        f"on {world_size} rank{'' if world_size == 1 else 's'}: whole hash buckets of "
+        f"bucket_capacity={width} slots). Set "
         f"num_embeddings={got} to ask for what the table holds, or a smaller bucket_capacity "
         "(a multiple of 16) for a finer size."
     )
