@@ -263,8 +263,9 @@ class DynamicEmbTableOptions:
             warns, and the table is built with the columns.
         max_capacity (Optional[int]): most rows of this table on one rank; the
             planner sets it to ``get_sharded_table_capacity(...)``.
-        evict_strategy (DynamicEmbEvictStrategy): eviction policy. Defaults to
-            LRU.
+        evict_strategy (DynamicEmbEvictStrategy): kept for compatibility and
+            without effect: a table evicts by ``score_strategy`` (a value other
+            than LRU warns once, naming it). Defaults to LRU.
         local_hbm_for_values (int): bytes of device memory for this rank's
             values; the planner sets it to
             ``ceil(global_hbm_for_values / world_size)``. Defaults to 0.
@@ -290,9 +291,9 @@ class DynamicEmbTableOptions:
         max_load_factor (float): load factor in (0, 1] above which the table
             doubles. Ignored under NO_EVICTION (whose key map keeps
             ``dynamicemb.table.NO_EVICTION_LOAD_FACTOR``). Defaults to 0.5.
-        score_strategy (Union[DynamicEmbScoreStrategy,
-            Tuple[DynamicEmbScoreStrategy, ...]]): how keys are scored for
-            eviction; must be the same on every rank of a table. A tuple is a
+        score_strategy (DynamicEmbScoreStrategy or tuple): how keys are
+            scored for eviction: one ``DynamicEmbScoreStrategy`` or a tuple of
+            them; must be the same on every rank of a table. A tuple is a
             compound strategy keeping one score per element; only
             ``(TIMESTAMP, LFU)`` in either order is supported (eviction by
             frequency, ties by older timestamp, plus a timestamp for

@@ -52,6 +52,7 @@ MODULES = [
     ("dynamicemb.incremental_dump", "Incremental dumps and replays (the specification's names)"),
     ("dynamicemb.replication", "Replication"),
     ("dynamicemb.metrics", "Metrics"),
+    ("dynamicemb.io", "I/O: collectives, verified files, object stores"),
     ("dynamicemb.twin", "TorchRec twins"),
 ]
 
