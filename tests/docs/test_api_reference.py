@@ -83,7 +83,8 @@ def test_every_attribute_renders_as_one(built):
     _, _, out = built
     raw = []
     for page in sorted((out / "reference").glob("*.html")):
-        for dt in re.findall(r'<dt class="sig sig-object py"[^>]*>(.*?)</dt>', page.read_text(), re.S):
+        signatures = r'<dt class="sig sig-object py"[^>]*>(.*?)</dt>'
+        for dt in re.findall(signatures, page.read_text(), re.S):
             text = re.sub(r"<[^>]+>", "", dt).strip()
             if re.match(r"^\w+ \(.*\):", text):
                 raw.append(f"{page.name}: {text[:80]}")
