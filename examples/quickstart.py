@@ -19,6 +19,7 @@ import os
 import sys
 import tempfile
 
+import checkout  # noqa: F401 (examples/checkout.py: this checkout's dynamicemb)
 import torch
 import torch.distributed as dist
 from fbgemm_gpu.split_embedding_configs import EmbOptimType

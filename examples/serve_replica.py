@@ -36,6 +36,7 @@ import tempfile
 import threading
 import time
 
+import checkout  # noqa: F401 (examples/checkout.py: this checkout's dynamicemb)
 import dist_launch  # examples/dist_launch.py, next to this script
 import torch
 import torch.distributed as dist

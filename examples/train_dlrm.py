@@ -63,6 +63,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import checkout  # noqa: F401 (examples/checkout.py: this checkout's dynamicemb)
 import click_data  # examples/click_data.py, next to this script
 import click_tsv  # examples/click_tsv.py
 import dist_launch  # examples/dist_launch.py
