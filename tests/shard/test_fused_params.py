@@ -37,7 +37,7 @@ def _build(static_fused_params):
     )
     plan = h.hand_plan(sc, collection, sharder, 1, "cpu")
     model = DistributedModelParallel(
-        h._Model(collection),
+        h.ScenarioModel(collection),
         env=ShardingEnv.from_process_group(dist.group.WORLD),
         device=torch.device("cpu"),
         plan=ShardingPlan({"coll": plan}),
