@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# The newest set of torch, torchrec and FBGEMM on the package index (torch 2.14 with
-# torchrec 1.9.2 and FBGEMM 1.9.0; setup.py's TESTED_WITH lists the sets the whole suite
-# passed with) on a handful of the Python suite, on the CPU: a venv of its own
+# The newest tested set of torch, torchrec and FBGEMM (the last entry of TESTED_WITH in
+# setup.py) on a handful of the Python suite, on the CPU: a venv of its own
 # ($VENV_NEWEST, default .venv-newest), the extension built for that torch in a copy of
 # the checkout's files (tracked and new, not ignored), and the tests run in that copy.
-# A few minutes once the venv exists (the first run installs torch and compiles the
-# extension).
+# tools/test.sh runs it after the pinned set's suite; a few minutes once the venv exists
+# (the first run installs torch and compiles the extension).
 #
 #     bash tools/newest_smoke.sh                # the default files
 #     bash tools/newest_smoke.sh tests/x.py     # other test files
@@ -15,7 +14,7 @@ VENV=${VENV_NEWEST:-$ROOT/.venv-newest}
 PYTHON=${PYTHON:-python3}
 log() { echo "newest_smoke: $*" >&2; }
 
-# The newest set on the index.
+# The newest set; tests/packaging checks that it is TESTED_WITH's last pair.
 TORCH=torch==2.14.1
 FBGEMM=fbgemm-gpu-cpu==1.9.0
 TORCHREC=torchrec==1.9.2
