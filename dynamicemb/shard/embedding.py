@@ -96,23 +96,30 @@ def _dynamic_table_names(plan: dict[str, ParameterSharding]) -> list[str]:
 STATIC_FUSED_PARAMS = "dynamicemb_static_fused_params"
 
 
-def _refuse_shared_fused_params(plan: dict[str, ParameterSharding], dynamic: set[str]) -> None:
+def _refuse_shared_fused_params(
+    plan: dict[str, ParameterSharding], dynamic: set[str], fused: dict[str, Any]
+) -> None:
     """A TorchRec table with a fused optimizer in a collection whose sharder
-    was given fused_params but no static_fused_params: its optimizer is not
-    said anywhere."""
-    fused = [
+    was given no static_fused_params takes the sharder's fused_params, as
+    TorchRec's own sharder gives them to every table; refused when their
+    optimizer is one TorchRec's kernels do not have (a DynamicEmbOptimType)."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    optimizer = fused.get("optimizer")
+    if optimizer is None or isinstance(optimizer, EmbOptimType):
+        return
+    tables = [
         name
         for name, ps in plan.items()
         if name not in dynamic and ps.compute_kernel != EmbeddingComputeKernel.DENSE.value
     ]
-    if fused:
+    if tables:
         raise ValueError(
-            f"tables {sorted(fused)} are TorchRec's (compute kernels with a fused optimizer) "
-            "in a collection sharded by a dynamicemb sharder: its fused_params configure the "
-            "dynamic tables only, and TorchRec's tables take theirs from static_fused_params "
-            "(for example static_fused_params={'optimizer': EmbOptimType.EXACT_SGD, "
-            "'learning_rate': 0.1}; static_fused_params=fused_params gives them the same "
-            "ones, where TorchRec's kernel on this device has that optimizer)"
+            f"tables {sorted(tables)} are TorchRec's (compute kernels with a fused optimizer) "
+            f"in a collection sharded by a dynamicemb sharder whose fused_params name "
+            f"{optimizer}, which TorchRec's kernels do not have: give TorchRec's tables theirs "
+            "in static_fused_params (for example static_fused_params={'optimizer': "
+            "EmbOptimType.EXACT_SGD, 'learning_rate': 0.1})"
         )
 
 
@@ -182,7 +189,7 @@ class _DynamicTablesMixin:
                 for st, group in infos.items()
             }
         elif fused:
-            _refuse_shared_fused_params(table_name_to_parameter_sharding, dynamic)
+            _refuse_shared_fused_params(table_name_to_parameter_sharding, dynamic, fused)
         return _separate_dynamic_tables(
             infos,
             _collection_table_ids(
@@ -478,9 +485,11 @@ class DynamicEmbeddingCollectionSharder(_DynamicSharderMixin, EmbeddingCollectio
             optimizer and its arguments; they reach the dynamic tables only.
         static_fused_params (Optional[Dict[str, Any]]): the fused params of
             TorchRec's tables in the same collections (what TorchRec's own
-            sharder's ``fused_params`` would be). Needed when such a table
-            has a fused optimizer and ``fused_params`` is given; pass the
-            same dict for the same optimizer on both.
+            sharder's ``fused_params`` would be). Without it they take
+            ``fused_params``, as TorchRec's own sharder gives them to every
+            table; needed when ``fused_params`` name an optimizer TorchRec's
+            kernels lack (a ``DynamicEmbOptimType``), or one its kernel lacks
+            on the device (Adam on the CPU).
         **kwargs: the parent's (``qcomm_codecs_registry``, ``use_index_dedup``).
 
     Example::

@@ -1,7 +1,8 @@
-"""A dynamic sharder's fused_params reach the dynamic tables only; TorchRec's
-tables of the same collection take static_fused_params, and a collection
-whose TorchRec tables were given no fused params of their own is refused
-naming them and the option (gloo, one rank)."""
+"""A dynamic sharder's fused_params reach its dynamic tables; TorchRec's
+tables of the same collection take static_fused_params where given, else the
+sharder's fused_params as TorchRec's own sharder gives them; fused_params of
+an optimizer TorchRec lacks with no static_fused_params are refused naming
+the table and the option (gloo, one rank)."""
 
 import pytest
 import torch
@@ -20,7 +21,7 @@ def _scenario():
     )
 
 
-def _build(static_fused_params):
+def _build(static_fused_params, optimizer=None):
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv, ShardingPlan
@@ -32,7 +33,7 @@ def _build(static_fused_params):
     # Adam for the dynamic table (dynamicemb runs it on the CPU; FBGEMM's CPU
     # kernel of TorchRec's tables does not).
     sharder = DynamicEmbeddingBagCollectionSharder(
-        fused_params={"optimizer": EmbOptimType.ADAM, "learning_rate": 0.01},
+        fused_params={"optimizer": optimizer or EmbOptimType.ADAM, "learning_rate": 0.01},
         static_fused_params=static_fused_params,
     )
     plan = h.hand_plan(sc, collection, sharder, 1, "cpu")
@@ -46,9 +47,19 @@ def _build(static_fused_params):
     return model, sc
 
 
+def _static_optimizer(model):
+    for lookup in model.module.coll._lookups:
+        for module in lookup._emb_modules:
+            for table in module.config.embedding_tables:
+                if table.name == "stat":
+                    return str(module.config.fused_params["optimizer"].name)
+    return None
+
+
 def _optimizers(rank, world):
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
+    from dynamicemb import DynamicEmbOptimType
     from dynamicemb.shard import dynamic_embedding_kernels
 
     model, sc = _build({"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.5})
@@ -57,27 +68,25 @@ def _optimizers(rank, world):
         for k in dynamic_embedding_kernels(model)
         for name in k.table_names
     }
-    static = {}
-    coll = model.module.coll
-    for lookup in coll._lookups:
-        for module in lookup._emb_modules:
-            for table in module.config.embedding_tables:
-                if table.name == "stat":
-                    static[table.name] = str(module.config.fused_params["optimizer"].name)
+    static = {"stat": _static_optimizer(model)}
     kjt = h.to_kjt(sc, h.batch_for(sc, 0, rank))
     model(kjt).values().sum().backward()  # trains: Adam never reaches FBGEMM's CPU kernel
+    # Without static_fused_params TorchRec's table takes the sharder's, as
+    # TorchRec's own sharder gives them.
+    shared = _static_optimizer(_build(None, EmbOptimType.EXACT_ROWWISE_ADAGRAD)[0])
     refused = None
     try:
-        _build(None)
+        _build(None, DynamicEmbOptimType.FTRL)
     except ValueError as e:
         refused = str(e)
-    return {"dynamic": dynamic, "static": static, "refused": refused}
+    return {"dynamic": dynamic, "static": static, "shared": shared, "refused": refused}
 
 
 def test_fused_params_reach_the_dynamic_tables_and_static_ones_their_own():
     got = h.run_world(_optimizers, 1)[0]
     assert got["dynamic"] == {"dyn": "ADAM"}
     assert got["static"] == {"stat": "EXACT_SGD"}
+    assert got["shared"] == "EXACT_ROWWISE_ADAGRAD"
     assert got["refused"] is not None
     assert "['stat']" in got["refused"] and "static_fused_params" in got["refused"]
 
