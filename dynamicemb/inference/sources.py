@@ -138,12 +138,13 @@ def read_rows(
 class TableDelta:
     """What one delta does to one table: the keys it writes with their
     float32 rows, and the keys it removes (erased or evicted, not written
-    again)."""
+    again); the collection that holds the table in the delta."""
 
     keys: torch.Tensor
     rows: torch.Tensor
     removed: torch.Tensor
     meta: dict[str, Any]
+    collection: str = ""
 
 
 def check_table_delta(

@@ -364,6 +364,7 @@ class InferenceEmbeddingTable(torch.nn.Module, StreamReplica):
                     raise ValueError(
                         f"{what}: the row of key {key} cannot be stored as {self.format.name}"
                     )
+                change.collection = entry[0]
                 changes[t] = change
             groups, stats = self._changed(state, changes)
             positions = [
@@ -418,8 +419,7 @@ class InferenceEmbeddingTable(torch.nn.Module, StreamReplica):
                 _, held = state.groups[g].index.find(
                     d.removed.to(device), self._locals(group, i, d.removed.numel())
                 )
-                coll = self._collections[t] or "?"
-                stats.setdefault(coll, {})[self.tables[t].name] = ReplayStats(
+                stats.setdefault(d.collection, {})[self.tables[t].name] = ReplayStats(
                     upserted=d.keys.numel(), erased=int(held.sum())
                 )
         return groups, stats
