@@ -78,42 +78,58 @@ def lookup_rows(rows: dict[str, torch.Tensor], keys: torch.Tensor, default) -> t
     return torch.where(held[:, None], rows["emb"][pos], default.double())
 
 
-def reference(tables, feature_tables, ids, offsets, weights, mode, defaults):
-    """Float64 pooling of the TBE input (``ids``, ``offsets``) over per-feature
-    tables (``feature_tables[f]``: the rows of feature f's table) with
-    ``defaults[f](keys)`` for keys a table does not hold. ``mode``: "sum",
-    "mean" or "none"."""
-    num_features = len(feature_tables)
+def feature_of(offsets: torch.Tensor, num_features: int) -> torch.Tensor:
+    """(n) int64: the feature of each id of a TBE batch."""
     batch = (offsets.numel() - 1) // num_features
-    per_id = torch.empty(ids.numel(), dtype=torch.int64)
+    out = torch.empty(int(offsets[-1]), dtype=torch.int64)
     for f in range(num_features):
-        lo, hi = int(offsets[f * batch]), int(offsets[(f + 1) * batch])
-        per_id[lo:hi] = f
-    rows = [None] * ids.numel()
-    for f in range(num_features):
-        sel = (per_id == f).nonzero().reshape(-1)
-        if sel.numel():
-            got = lookup_rows(tables[feature_tables[f]], ids[sel], defaults[f](ids[sel]))
-            for j, i in enumerate(sel.tolist()):
-                rows[i] = got[j]
+        out[int(offsets[f * batch]) : int(offsets[(f + 1) * batch])] = f
+    return out
+
+
+def pool(values, offsets, weights, mode, dims):
+    """Float64 pooling of per-id ``values`` ((dim,) each) into TBE bags:
+    (B, sum of ``dims``), feature by feature; ``mode`` "sum" (``weights``
+    per id, None: ones), "mean", or "none" (the values stacked)."""
     if mode == "none":
-        return torch.stack(rows) if rows else torch.empty(0)
+        return torch.stack(values) if values else torch.empty(0)
+    num_features = len(dims)
+    batch = (offsets.numel() - 1) // num_features
     outs = []
     for b in range(batch):
         parts = []
         for f in range(num_features):
-            bag = f * batch + b
-            lo, hi = int(offsets[bag]), int(offsets[bag + 1])
-            dim = tables[feature_tables[f]]["emb"].shape[1]
-            acc = torch.zeros(dim, dtype=torch.float64)
+            lo, hi = int(offsets[f * batch + b]), int(offsets[f * batch + b + 1])
+            acc = torch.zeros(dims[f], dtype=torch.float64)
             for i in range(lo, hi):
                 w = 1.0 if weights is None else float(weights[i])
-                if mode == "mean":
-                    w = 1.0 / (hi - lo)
-                acc += w * rows[i]
+                acc += (1.0 / (hi - lo) if mode == "mean" else w) * values[i]
             parts.append(acc)
         outs.append(torch.cat(parts))
     return torch.stack(outs)
+
+
+def rows_per_id(tables, feature_tables, ids, offsets, defaults) -> list[torch.Tensor]:
+    """Each id's float64 row in its feature's table (``feature_tables[f]``:
+    the rows of feature f's table), ``defaults[f](keys)`` for keys the table
+    does not hold."""
+    feature = feature_of(offsets, len(feature_tables))
+    rows = [None] * ids.numel()
+    for f, name in enumerate(feature_tables):
+        sel = (feature == f).nonzero().reshape(-1)
+        if sel.numel():
+            got = lookup_rows(tables[name], ids[sel], defaults[f](ids[sel]))
+            for j, i in enumerate(sel.tolist()):
+                rows[i] = got[j]
+    return rows
+
+
+def reference(tables, feature_tables, ids, offsets, weights, mode, defaults):
+    """Float64 pooling (``mode``: "sum", "mean" or "none") of the TBE input
+    (``ids``, ``offsets``) over the rows ``rows_per_id`` reads."""
+    rows = rows_per_id(tables, feature_tables, ids, offsets, defaults)
+    dims = [tables[n]["emb"].shape[1] for n in feature_tables]
+    return pool(rows, offsets, weights, mode, dims)
 
 
 def batch(num_features: int, batch_size: int, seed: int, key_range=(-30, 450), max_length=7):

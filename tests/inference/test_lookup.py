@@ -37,51 +37,15 @@ def value_bound(dtype: torch.dtype, rows: torch.Tensor) -> torch.Tensor:
     return err * (1 + 2.0**-20) + a * 2.0**-22 + 1e-12
 
 
-def _ids_rows(job_rows, names, ids, feature_of):
-    """Each id's float64 row and bound per format (zeros where unknown)."""
-    out = []
-    for i, k in enumerate(ids.tolist()):
-        t = job_rows[names[feature_of[i]]]
-        pos = int(torch.searchsorted(t["keys"], torch.tensor(k)))
-        held = pos < t["keys"].numel() and int(t["keys"][pos]) == k
-        out.append(t["emb"][pos] if held else torch.zeros(t["emb"].shape[1], dtype=torch.float64))
-    return out
-
-
-def _feature_of(offsets, num_features):
-    batch = (offsets.numel() - 1) // num_features
-    f = torch.zeros(int(offsets[-1]), dtype=torch.int64)
-    for j in range(num_features):
-        f[int(offsets[j * batch]) : int(offsets[(j + 1) * batch])] = j
-    return f
-
-
 def _bound(dtype, rows, ids, offsets, weights, mode, names):
     """Per output value, the pooled quantization bound (float32 accumulation
-    included)."""
-    num_features = len(names)
-    feature = _feature_of(offsets, num_features)
-    batch = (offsets.numel() - 1) // num_features
-    per_id = _ids_rows(rows, names, ids, feature)
-    bounds = [value_bound(dtype, r[None])[0] for r in per_id]
-    if mode == "none":
-        return torch.stack(bounds) + 1e-7
-    out = []
-    for b in range(batch):
-        parts = []
-        for f in range(num_features):
-            bag = f * batch + b
-            lo, hi = int(offsets[bag]), int(offsets[bag + 1])
-            dim = rows[names[f]]["emb"].shape[1]
-            acc = torch.zeros(dim, dtype=torch.float64)
-            for i in range(lo, hi):
-                w = 1.0 if weights is None else float(weights[i])
-                if mode == "mean":
-                    w = 1.0 / (hi - lo)
-                acc += abs(w) * (bounds[i] + per_id[i].abs() * 2.0**-21)
-            parts.append(acc + 1e-6)
-        out.append(torch.cat(parts))
-    return torch.stack(out)
+    included): the pooling of each id's value bound, weights made positive."""
+    zeros = [lambda k, d=rows[n]["emb"].shape[1]: torch.zeros(k.numel(), d) for n in names]
+    per_id = ih.rows_per_id(rows, names, ids, offsets, zeros)
+    bounds = [value_bound(dtype, r[None])[0] + r.abs() * 2.0**-21 for r in per_id]
+    w = None if weights is None else weights.abs()
+    dims = [rows[n]["emb"].shape[1] for n in names]
+    return ih.pool(bounds, offsets, w, mode, dims) + (1e-7 if mode == "none" else 1e-6)
 
 
 def _zero_defaults(rows, names):
