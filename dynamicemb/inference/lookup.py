@@ -101,12 +101,11 @@ def lookup(
         local = None
         if len(group.tables) > 1 or len(groups) > 1 or randoms:
             local = feature_locals[g][feature]
-        index = grows.index
-        pos, found = index.find(ids, local if len(group.tables) > 1 else None)
+        held, found = grows.index.locate(ids, local if len(group.tables) > 1 else None)
         if local is not None and len(groups) > 1:
             found = found & (local >= 0)
         default = torch.zeros_like(ids) if local is None else local.long().clamp(min=0)
-        slots = torch.where(found, index.slots[pos].long(), default)
+        slots = torch.where(found, held, default)
         extra = None
         for r in randoms:
             if r.group != g:

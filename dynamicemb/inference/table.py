@@ -320,7 +320,7 @@ class InferenceEmbeddingTable(torch.nn.Module, StreamReplica):
         positions = [(meta.delta_source, meta.delta_sequence) for _, _, meta in read]
         with self._lock:
             self._collections = colls
-            self._state = State(tuple(groups), tuple(positions))
+            self._swap(State(tuple(groups), tuple(positions)))
 
     # ------------------------------------------------------------- deltas --
 
@@ -370,8 +370,16 @@ class InferenceEmbeddingTable(torch.nn.Module, StreamReplica):
             positions = [
                 self._position(state.positions[t], changes.get(t)) for t in range(len(self.tables))
             ]
-            self._state = State(tuple(groups), tuple(positions))
+            self._swap(State(tuple(groups), tuple(positions)))
         return stats
+
+    def _swap(self, state: State) -> None:
+        """Makes ``state`` the one lookups read (under the writers' lock). On
+        a GPU its tensors are written first: a lookup on another stream
+        reads them whole."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        self._state = state
 
     def _entry(self, deltas, t: int) -> tuple[str, dict[str, Any]] | None:
         """(collection, entry) of table t in ``deltas``; None: not there."""
@@ -465,7 +473,7 @@ class InferenceEmbeddingTable(torch.nn.Module, StreamReplica):
                 (None if s is None else {**s, "lineage": [list(x) for x in lineage]}, q)
                 for s, q in state.positions
             ]
-            self._state = State(state.groups, tuple(positions))
+            self._swap(State(state.groups, tuple(positions)))
         return stats
 
     # ------------------------------------------------------------ lookups --
@@ -569,8 +577,8 @@ class InferenceEmbeddingTable(torch.nn.Module, StreamReplica):
         state = self._state
         ids = keys.to(self.device, torch.int64).reshape(-1)
         group = self._groups[g]
-        pos, found = state.groups[g].index.find(ids, self._locals(group, local, ids.numel()))
-        slots = torch.where(found, state.groups[g].index.slots[pos].long(), local)
+        held, found = state.groups[g].index.locate(ids, self._locals(group, local, ids.numel()))
+        slots = torch.where(found, held, local)
         out = group.fmt.decode(state.groups[g].storage[slots], group.dim)
         for r in self._randoms:
             if (r.group, r.local) == (g, local):
