@@ -31,7 +31,16 @@ from dynamicemb.replication.delta import (
 )
 from dynamicemb.replication.follow import chain_error
 
-__all__ = ["Checkpoint", "TableDelta", "check_table_delta", "collection_of", "read_rows"]
+__all__ = [
+    "Checkpoint",
+    "TableDelta",
+    "check_table_delta",
+    "collection_of",
+    "checked_meta",
+    "read_rows",
+]
+
+_KINDS = [KEYS, VALUES]
 
 
 @dataclass
@@ -92,17 +101,14 @@ def collection_of(names: list[tuple[str, str]], table: str, collection: str | No
     )
 
 
-def read_rows(
-    ckpt: Checkpoint, collection: str, table: str, dim: int, fmt: RowFormat, device
-) -> tuple[torch.Tensor, torch.Tensor, TableMeta]:
-    """A table's keys and rows, encoded in ``fmt``, from every shard of the
-    checkpoint (each file's blocks verified), with its meta.
+def checked_meta(ckpt: Checkpoint, collection: str, table: str, dim: int) -> tuple[str, TableMeta]:
+    """A table's folder and meta, checked against ``dim`` and its files'
+    sizes (before anything is read).
 
     Raises:
-        CheckpointError: a missing, truncated or corrupted file; a reserved
-            or repeated key.
-        ValueError: the checkpoint's dim is not ``dim``; a row ``fmt`` cannot
-            store (naming the key).
+        CheckpointError: a file of another size than its meta records, or
+            missing.
+        ValueError: the checkpoint's dim is not ``dim``.
     """
     folder, meta = ckpt.meta(collection, table)
     what = f"table {table!r} of {collection!r}"
@@ -111,11 +117,32 @@ def read_rows(
             f"{what}: the checkpoint's embedding_dim {meta.embedding_dim} differs from the "
             f"inference table's dim {dim}"
         )
-    kinds = [KEYS, VALUES]
-    check_shard_sizes(folder, meta, kinds, what)
-    keys, rows = [], []
+    check_shard_sizes(folder, meta, _KINDS, what)
+    return folder, meta
+
+
+def read_rows(
+    ckpt: Checkpoint,
+    collection: str,
+    folder: str,
+    meta: TableMeta,
+    fmt: RowFormat,
+    out: torch.Tensor,
+) -> torch.Tensor:
+    """Reads a table's rows from every shard of the checkpoint (each file's
+    blocks verified) into ``out`` ((meta.rows, width): its rows encoded in
+    ``fmt``, in file order); returns their keys, on ``out``'s device.
+
+    Raises:
+        CheckpointError: a missing, truncated or corrupted file; a reserved
+            or repeated key.
+        ValueError: a row ``fmt`` cannot store (naming the key).
+    """
+    table = meta.table_name
+    what = f"table {table!r} of {collection!r}"
+    keys, at = [], 0
     for shard in meta.shards:
-        part = read_shard(folder, meta, shard, kinds, what)
+        part = read_shard(folder, meta, shard, _KINDS, what)
         k = part[KEYS].reshape(-1)
         v = part[VALUES].float()
         bad = fmt.unstorable(v)
@@ -125,13 +152,12 @@ def read_rows(
                 f"{what}: the row of key {key} cannot be stored as {fmt.name} "
                 "(not finite, or beyond its range)"
             )
-        keys.append(k.to(device))
-        rows.append(fmt.encode(v.to(device)))
-    keys = torch.cat(keys) if keys else torch.empty(0, dtype=torch.int64, device=device)
+        keys.append(k.to(out.device))
+        out[at : at + k.numel()] = fmt.encode(v.to(out.device))
+        at += k.numel()
+    keys = torch.cat(keys) if keys else torch.empty(0, dtype=torch.int64, device=out.device)
     check_table_keys(keys, os.path.join(ckpt.path, collection, table))
-    width = fmt.width(dim)
-    rows = torch.cat(rows) if rows else torch.empty(0, width, dtype=fmt.storage, device=device)
-    return keys, rows, meta
+    return keys
 
 
 @dataclass

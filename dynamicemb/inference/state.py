@@ -59,6 +59,32 @@ class GroupRows:
         return self.index.nbytes + self.storage.numel() * self.storage.element_size()
 
     @staticmethod
+    def allocate(group: Group, defaults: torch.Tensor, rows: int, spare: float) -> torch.Tensor:
+        """A storage for ``rows`` rows after the group's tables' ``defaults``
+        ((T, width) encoded, written), with room for ``spare`` times as many
+        more."""
+        t = len(group.tables)
+        capacity = t + rows + max(int(rows * spare), 0)
+        storage = torch.empty(
+            capacity, group.width, dtype=group.fmt.storage, device=defaults.device
+        )
+        storage[:t] = defaults
+        return storage
+
+    @staticmethod
+    def indexed(
+        group: Group, storage: torch.Tensor, keys: torch.Tensor, tables: torch.Tensor
+    ) -> "GroupRows":
+        """The group holding the (key, local table) pairs ``keys``,
+        ``tables`` whose rows ``storage`` holds in that order after its
+        default rows."""
+        t, n = len(group.tables), keys.numel()
+        slots = torch.arange(t, t + n, dtype=torch.int64, device=keys.device)
+        index = Index.build(keys, tables, slots, t)
+        _mark_dynamic(index, storage)
+        return GroupRows(index, storage, t + n)
+
+    @staticmethod
     def build(
         group: Group,
         defaults: torch.Tensor,
@@ -71,15 +97,10 @@ class GroupRows:
         the (key, local table) pairs ``keys``, ``tables``, after its tables'
         ``defaults`` ((T, width) encoded), with room for ``spare`` times as
         many more."""
-        t, n = len(group.tables), keys.numel()
-        capacity = t + n + max(int(n * spare), 0)
-        storage = torch.empty(capacity, group.width, dtype=group.fmt.storage, device=keys.device)
-        storage[:t] = defaults
-        storage[t : t + n] = stored
-        slots = torch.arange(t, t + n, dtype=torch.int64, device=keys.device)
-        index = Index.build(keys, tables, slots, t)
-        _mark_dynamic(index, storage)
-        return GroupRows(index, storage, t + n)
+        storage = GroupRows.allocate(group, defaults, keys.numel(), spare)
+        t = len(group.tables)
+        storage[t : t + keys.numel()] = stored
+        return GroupRows.indexed(group, storage, keys, tables)
 
     def changed(
         self,

@@ -29,6 +29,7 @@ from dynamicemb.inference.sources import (
     Checkpoint,
     TableDelta,
     check_table_delta,
+    checked_meta,
     collection_of,
     read_rows,
 )
@@ -306,18 +307,21 @@ class InferenceEmbeddingTable(torch.nn.Module, StreamReplica):
         names = ckpt.tables()
         where = f"the checkpoint at {ckpt.path}"
         colls = [collection_of(names, c.name, c.collection, where) for c in self.tables]
-        read = [
-            read_rows(ckpt, coll, c.name, c.dim, self.format, self.device)
-            for coll, c in zip(colls, self.tables)
-        ]
+        metas = [checked_meta(ckpt, coll, c.name, c.dim) for coll, c in zip(colls, self.tables)]
         groups = []
         for group, defaults in zip(self._groups, self._defaults):
-            mine = [read[t] for t in group.tables]
-            keys = torch.cat([k for k, _, _ in mine])
-            local = torch.cat([torch.full_like(k, i) for i, (k, _, _) in enumerate(mine)])
-            stored = torch.cat([r for _, r, _ in mine])
-            groups.append(GroupRows.build(group, defaults, keys, local, stored, self.spare))
-        positions = [(meta.delta_source, meta.delta_sequence) for _, _, meta in read]
+            # Each table's rows encoded straight into the group's storage.
+            rows = [metas[t][1].rows for t in group.tables]
+            storage = GroupRows.allocate(group, defaults, sum(rows), self.spare)
+            at, keys = len(group.tables), []
+            for t, n in zip(group.tables, rows):
+                folder, meta = metas[t]
+                out = storage[at : at + n]
+                keys.append(read_rows(ckpt, colls[t], folder, meta, self.format, out))
+                at += n
+            local = torch.cat([torch.full_like(k, i) for i, k in enumerate(keys)])
+            groups.append(GroupRows.indexed(group, storage, torch.cat(keys), local))
+        positions = [(meta.delta_source, meta.delta_sequence) for _, meta in metas]
         with self._lock:
             self._collections = colls
             self._swap(State(tuple(groups), tuple(positions)))
