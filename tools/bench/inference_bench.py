@@ -28,7 +28,8 @@ Prints three markdown tables:
   tables' index) for the batch's keys, and the bytes a key takes in each.
 
     python tools/bench/inference_bench.py --device cpu --rows 1000000 --dim 64 --tables 4
-    python tools/bench/inference_bench.py --device cuda --rows 5000000 --dim 128 --tables 4 --batch 8192 --compile
+    python tools/bench/inference_bench.py --device cuda --rows 5000000 --dim 128 --tables 4 \
+        --batch 8192 --compile
 """
 
 import argparse
