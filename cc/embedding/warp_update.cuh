@@ -65,6 +65,34 @@ __device__ __forceinline__ void load_chunk(const float* row, int64_t base, int64
   }
 }
 
+/// The row factors of the update of a row by one warp (its elements'
+/// values to_float(w[d]) * scale): for row-wise Adagrad, the row's mean
+/// squared gradient summed across the warp and added to the accumulator
+/// s[0] before any coordinate changes; nothing for the other optimizers.
+/// All lanes must call it.
+template <class T, bool Vec, class Fill>
+__device__ RowFactors warp_row_factors(const OptimArgs& optim, const T* w, float* s, int64_t dim,
+                                       int lane, const Fill& fill, float scale) {
+  RowFactors rf;
+  if (static_cast<OptimType>(optim.type) != OptimType::kExactRowwiseAdagrad) return rf;
+  float g[kPer];
+  float sq = 0.f;
+  for (int64_t base = 0; base < dim; base += kChunk) {
+    fill(base, g);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int64_t d = lane_coord<Vec>(base, lane, k);
+      if (d < dim) sq += rowwise_sq(optim, storage::to_float(w[d]) * scale, g[k]);
+    }
+  }
+  for (int off = kWarp / 2; off > 0; off /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, off);
+  const float s0 = s[0] + (dim > 0 ? sq / static_cast<float>(dim) : 0.f);
+  rf = rowwise_factors(optim, s0);
+  __syncwarp();
+  if (lane == 0) s[0] = s0;
+  return rf;
+}
+
 /// Chunks of an FP8 row's new values a warp keeps in its lanes' registers
 /// until the row's scale is known: up to storage::kMaxScaledDim values.
 constexpr int kMaxScaledChunks = 4;
@@ -82,24 +110,9 @@ __device__ void warp_update_scaled_row(const OptimArgs& optim, storage::Float8E4
   using storage::to_float;
   float* scale = storage::scale_at(w, dim);
   const float old = *scale;
-  RowFactors rf;
+  const RowFactors rf =
+      warp_row_factors<storage::Float8E4M3, false>(optim, w, s, dim, lane, fill, old);
   float g[kPer];
-  if (static_cast<OptimType>(optim.type) == OptimType::kExactRowwiseAdagrad) {
-    float sq = 0.f;
-    for (int64_t base = 0; base < dim; base += kChunk) {
-      fill(base, g);
-#pragma unroll
-      for (int k = 0; k < kPer; ++k) {
-        const int64_t d = lane_coord<false>(base, lane, k);
-        if (d < dim) sq += rowwise_sq(optim, to_float(w[d]) * old, g[k]);
-      }
-    }
-    for (int off = kWarp / 2; off > 0; off /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, off);
-    const float s0 = s[0] + (dim > 0 ? sq / static_cast<float>(dim) : 0.f);
-    rf = rowwise_factors(optim, s0);
-    __syncwarp();
-    if (lane == 0) s[0] = s0;
-  }
   float x[kMaxScaledChunks][kPer];
   float amax = 0.f;
 #pragma unroll
@@ -143,24 +156,8 @@ __device__ void update_unscaled_row(const OptimArgs& optim, T* w, float* s, int6
                                     const Fill& fill) {
   using storage::from_float;
   using storage::to_float;
-  RowFactors rf;
+  const RowFactors rf = warp_row_factors<T, Vec>(optim, w, s, dim, lane, fill, 1.f);
   float g[kPer];
-  if (static_cast<OptimType>(optim.type) == OptimType::kExactRowwiseAdagrad) {
-    float sq = 0.f;
-    for (int64_t base = 0; base < dim; base += kChunk) {
-      fill(base, g);
-#pragma unroll
-      for (int k = 0; k < kPer; ++k) {
-        const int64_t d = lane_coord<Vec>(base, lane, k);
-        if (d < dim) sq += rowwise_sq(optim, to_float(w[d]), g[k]);
-      }
-    }
-    for (int off = kWarp / 2; off > 0; off /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, off);
-    const float s0 = s[0] + (dim > 0 ? sq / static_cast<float>(dim) : 0.f);
-    rf = rowwise_factors(optim, s0);
-    __syncwarp();
-    if (lane == 0) s[0] = s0;
-  }
   for (int64_t base = 0; base < dim; base += kChunk) {
     fill(base, g);
     if constexpr (Vec) {
