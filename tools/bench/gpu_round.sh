@@ -2,7 +2,7 @@
 # One device round: build and run the GPU tests, then the embedding and table
 # benchmarks, writing each output to $OUT (default: .gpu_round/) as well.
 #
-#   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|multigpu|checkpoint|metrics|storage|replication|sharded|soak|wheel|resume]...
+#   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|multigpu|checkpoint|metrics|storage|replication|inference|sharded|soak|wheel|resume]...
 #   (default: tests, embedding, table, admission)
 #
 # storage: the `gpu` tests of tests/storage, then tools/bench/storage_dmp_bench.py
@@ -396,6 +396,21 @@ for part in "${parts[@]}"; do
         -q --tb=short -p no:cacheprovider 2>&1 | tail -15 | tee -a "$OUT/replication.txt"
       timeout -k 10 "${REPL_DEMO_TIMEOUT:-300}" "$PY" examples/serve_replica.py demo --device cuda \
         --steps 100 2>&1 | grep "^serve\|^train" | tail -8 | tee -a "$OUT/replication.txt"
+      ;;
+    inference)
+      # The inference table's GPU tests (CUDA against the CPU, export and compile on the
+      # device) and its lookups against TorchRec's and FBGEMM's INT8 on one GPU
+      # (docs/benchmarks/inference.md), then the serving example following a job.
+      : > "$OUT/inference.txt"
+      build_cuda "$OUT/inference.txt" || continue
+      timeout -k 10 "${INFER_TESTS_TIMEOUT:-600}" "$PY" -m pytest -m gpu tests/inference \
+        -q --tb=short -p no:cacheprovider 2>&1 | tail -15 | tee -a "$OUT/inference.txt"
+      # shellcheck disable=SC2086
+      timeout -k 10 "${INFER_BENCH_TIMEOUT:-900}" "$PY" tools/bench/inference_bench.py --device cuda \
+        ${INFER_BENCH_ARGS:---rows 5000000 --dim 128 --tables 4 --batch 8192 --compile} 2>&1 \
+        | grep -v "registered at\|backend fallback\|Warning\|warn(" | tee -a "$OUT/inference.txt"
+      timeout -k 10 "${INFER_DEMO_TIMEOUT:-300}" "$PY" examples/serve_replica.py demo --device cuda \
+        --steps 60 --dtype int8 2>&1 | grep "^serve\|^train" | tail -4 | tee -a "$OUT/inference.txt"
       ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
