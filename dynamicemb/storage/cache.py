@@ -128,6 +128,7 @@ class CachedStorage(StagedSteps, TableStorage):
             prefetch_state=self._prefetch_graph_state,
             before_prefetch=self._before_prefetch,
             prefetch_rows=self._prefetch_rows,
+            prefetch_taken=self._take_writes,
             after_prefetch=self._after_prefetch,
         )
 
@@ -138,9 +139,16 @@ class CachedStorage(StagedSteps, TableStorage):
         if self._prefetch_event is not None:
             torch.cuda.current_stream(self.device).wait_event(self._prefetch_event)
             self._prefetch_event = None
+        self._wait_writes()
         # What a later prefetch on another stream waits for: the work queued
         # on this call's stream so far.
         self._record_train()
+
+    def _wait_writes(self) -> None:
+        """Orders this call after the victims' rows on their way to the host
+        table (``HostWrites``)."""
+        if self._direct:
+            self.backing.writes.wait()
 
     # ------------------------------------------------------------ lookups --
 
@@ -175,7 +183,8 @@ class CachedStorage(StagedSteps, TableStorage):
         if cache is None or backing is None:
             return None
         own = (self.overflows, self.host_reads, self.host_writes, self.backing.dropped)
-        return (*cache, *backing, *(x.data_ptr() for x in own))
+        writes = self.backing.writes
+        return (*cache, *backing, *(x.data_ptr() for x in own), writes.rows, writes.max_rows)
 
     def _begin_step(self) -> None:
         """Before a training lookup (``graphs.before_lookup``): after a
@@ -185,14 +194,28 @@ class CachedStorage(StagedSteps, TableStorage):
         self.after_update()
 
     def _in_flight(self):
-        """``graphs.lookup_state``: the batch in flight."""
-        return self._held, self._overflow, self._last_score
+        """``graphs.lookup_state``: the batch in flight, and the victims' rows
+        the captured lookup staged (written after each replay)."""
+        return self._held, self._overflow, self._last_score, self._take_writes()
 
     def _replayed(self, state) -> None:
-        """``graphs.replayed``: the batch in flight of a replayed lookup."""
-        self._held, self._overflow, self._last_score = state
+        """``graphs.replayed``: the batch in flight of a replayed lookup; its
+        victims' rows on their way to the host table."""
+        self._held, self._overflow, self._last_score, writes = state
         self._staged = self._space_staged = self._undo = None
         self._record_train()
+        self._submit_writes(writes)
+
+    def _take_writes(self):
+        """The victims' rows a captured call staged (``HostWrites.take``)."""
+        return self.backing.writes.take() if self._direct else []
+
+    def _submit_writes(self, writes=None) -> None:
+        """Sends the victims' rows staged by this call (and ``writes``, a
+        replayed graph's) to the host table on the bus stream."""
+        if self._direct:
+            self.backing.writes.put(writes or [])
+            self.backing.writes.submit()
 
     def train_rows(
         self, keys, tids, counts, score: BatchScore, init: RowInit, num_keys=None, lookup=None
@@ -244,7 +267,7 @@ class CachedStorage(StagedSteps, TableStorage):
             loc = self._locate(miss | over, keys, tids)
             self.host_reads += loc.found.sum()
             ns, no, nmiss = loc.sub.take(slots, offsets, miss)
-            self._write_back_victims(victims, loc)
+            self._write_back_victims(victims, loc, evicted)
         with record_function("dynamicemb:cache_fill"):
             self._fill_misses(loc, nmiss, ns, no, policies, vals, init)
         with record_function("dynamicemb:cache_overflow"):
@@ -255,8 +278,13 @@ class CachedStorage(StagedSteps, TableStorage):
                 offsets = torch.where(over, rows, offsets)
             else:
                 offsets = offsets.index_copy(0, osub.idx, rows)
+            # A victim whose host slot a key placed there since took (a full
+            # host table evicted it) is not written: its row is lost, as
+            # the last tier's victims are.
+            self.backing.drop_moved_writes()
         if not capturing:
             self._record_train()
+            self._submit_writes()
         return offsets
 
     def _fill_misses(self, loc: Located, nmiss, slots, offsets, policies, vals, init) -> None:
@@ -321,11 +349,14 @@ class CachedStorage(StagedSteps, TableStorage):
         found, src, offsets, scores = self.backing.locate(k, t)
         return Located(sub, k, t, found, src, offsets, scores)
 
-    def _write_back_victims(self, victims, loc: Located) -> None:
+    def _write_back_victims(self, victims, loc: Located, evicted=None) -> None:
         """Writes the cache rows of evicted keys back to the backing tier
         (their scores with them where both tiers keep the same), the keys
         ``loc`` found there protected from eviction until their rows are
-        read."""
+        read. Over a host table the rows are staged (``HostWrites``): copied
+        out of their cache slots now, written to the host table on the bus
+        stream (``_submit_writes``); ``evicted``'s count says how many
+        there are."""
         if victims is None:
             return
         vk, vt, vs, vscores = victims
@@ -341,6 +372,10 @@ class CachedStorage(StagedSteps, TableStorage):
             kt, ks = kept.take(ot, oslots)
             okept = (kept.keys(ok), kt, self.backing.scores_at(ks))
             protect = okept if protect is None else tuple(map(torch.cat, zip(protect, okept)))
+        staged = {}
+        if self._direct:
+            count = None if evicted is None or vk.numel() != evicted.keys.numel() else evicted.count
+            staged = {"staged": True, "count": count}
         self.backing.write_back(
             vk,
             vt,
@@ -349,6 +384,7 @@ class CachedStorage(StagedSteps, TableStorage):
             vscores if self._carry else None,
             protect=protect,
             expand=False,
+            **staged,
         )
 
     def _carry_scores(self, slots, carried_mask, bscores, policies, vals) -> None:
@@ -488,10 +524,12 @@ class CachedStorage(StagedSteps, TableStorage):
         """The host's part of a prefetch before its kernels (``_prefetch_rows``,
         eager or replayed from a CUDA graph: ``graphs.before_prefetch``): the
         backing tier's ``room`` reserved, the current stream after the last
-        training lookup."""
+        training lookup and the victims' rows on their way to the host
+        table."""
         if self.device.type != "cuda":
             if room is not None:
                 self.backing.reserve(room)
+            self._wait_writes()
             return
         stream = torch.cuda.current_stream(self.device)
         if room is not None:
@@ -503,18 +541,23 @@ class CachedStorage(StagedSteps, TableStorage):
                 self.backing.reserve(room)
             stream.wait_stream(self._train_stream)
         stream.wait_event(self._train_event)
+        self._wait_writes()
 
-    def _after_prefetch(self) -> None:
+    def _after_prefetch(self, writes=None) -> None:
         """The host's part of a prefetch after its kernels
-        (``graphs.after_prefetch``): the event the next lookup waits for."""
+        (``graphs.after_prefetch``, with the victims' rows a captured
+        prefetch staged): the event the next lookup waits for, and the
+        victims' rows sent to the host table."""
         if self.device.type == "cuda":
             self._prefetch_event = torch.cuda.Event()
             self._prefetch_event.record(torch.cuda.current_stream(self.device))
+        self._submit_writes(writes)
 
     def _prefetch_rows(self, keys, tids) -> None:
         """A prefetch's kernels (``prefetch``, ``graphs.prefetch_rows``),
         reading nothing on the host on a GPU: ``keys`` may be padded there."""
-        cand = self.cache.table.find(keys, tids) < 0
+        slots = self.cache.table.find(keys, tids)
+        cand = slots < 0
         st = self._staged
         if st is not None:
             # Rows the batch in flight stages are stale in the backing tier.
@@ -522,27 +565,34 @@ class CachedStorage(StagedSteps, TableStorage):
         if self._overflow is not None:
             # Rows its update is still to write in the backing tier.
             cand &= ~_member(keys, self._overflow[0])
-        self._prefetch_into_cache(self._locate(cand, keys, tids))
+        self._prefetch_into_cache(self._locate(cand, keys, tids), (keys, tids, slots))
 
-    def _prefetch_into_cache(self, loc: Located) -> None:
+    def _prefetch_into_cache(self, loc: Located, cached=None) -> None:
         """Inserts the keys ``loc`` found in the backing tier into the cache
         and copies their rows in; the victims go back first, without evicting
-        those rows."""
+        those rows. Over a host table, the keys stored nowhere (new to the
+        tables) go into the same call and are erased again at once: their
+        buckets' victims are gone, and the slots they leave wait for those
+        keys, which their batch then inserts without evicting anything.
+        ``cached``: ``(keys, tids, slots)`` of the coming batch, slot -1
+        where the cache does not hold the key: those it holds keep their
+        slots."""
         cache = self.cache
-        sub = sp.Subset(loc.found)
-        fk, (ft, f_off) = sub.keys(loc.keys), sub.take(loc.tids, loc.offsets)
-        if loc.scores is None or not self._carry:
-            policies, vals = batch_policies(self.strategies, self._last_score, torch.zeros_like(fk))
-            fscores = initial_scores(policies, vals, fk.numel(), cache.table.timer(), self.device)
-        else:
-            (fscores,) = sub.take(loc.scores)
-        # The batch in flight holds its cache slots until its backward: they
-        # go into the same call, which never evicts a slot it holds, with the
-        # scores they have.
+        sub = sp.Subset(loc.sub.on if self._direct else loc.found)
+        fk, (ft, f_off, found) = sub.keys(loc.keys), sub.take(loc.tids, loc.offsets, loc.found)
+        policies, vals = batch_policies(self.strategies, self._last_score, torch.zeros_like(fk))
+        fscores = initial_scores(policies, vals, fk.numel(), cache.table.timer(), self.device)
+        if loc.scores is not None and self._carry:
+            (carried,) = sub.take(loc.scores)
+            fscores = torch.where(found.unsqueeze(1), carried, fscores)
+        # The batch in flight holds its cache slots until its backward, and
+        # the coming batch's cached keys are to stay: they go into the same
+        # call, which never evicts a slot it holds, with the scores they have.
+        kept = [k for k in (self._held, cached) if k is not None and k[0].numel()]
         held = 0
         all_keys, all_tids, all_scores = fk, ft, fscores
-        if self._held is not None and self._held[0].numel():
-            hk, ht, hs = self._held
+        if kept:
+            hk, ht, hs = (torch.cat(x) for x in zip(*kept))
             h = sp.Subset(hs >= 0)
             ht, hs = h.take(ht, hs)
             hk = h.keys(hk)
@@ -558,7 +608,7 @@ class CachedStorage(StagedSteps, TableStorage):
         slots, status = slots[held:], status[held:]
         placed = (status == enums.InsertStatus.INSERTED) | (status == enums.InsertStatus.EVICTED)
         try:
-            self._write_back_victims(victims, loc)
+            self._write_back_victims(victims, loc, evicted)
         except BaseException:
             if counters is not None:  # the cache as it was before this prefetch
                 self.host_writes.copy_(counters[2])
@@ -566,15 +616,19 @@ class CachedStorage(StagedSteps, TableStorage):
                 undo = Undo(counters, (new.keys(fk), *new.take(ft)), victims, victim_rows)
                 self._restore_cache(undo)
             raise
-        self.prefetched += placed.sum()
-        self.host_reads += placed.sum()
+        came = placed & found
+        self.prefetched += came.sum()
+        self.host_reads += came.sum()
         sp.copy_rows(
             cache.space(),
-            torch.where(placed, cache.offsets(slots, ft), -1),
+            torch.where(came, cache.offsets(slots, ft), -1),
             loc.src,
             f_off,
             self.layout.row_bytes_of(ft),
         )
+        if self._direct:
+            room = sp.Subset(placed & ~found)
+            cache.table.erase(room.keys(fk), *room.take(ft))
 
     # -------------------------------------------------------------- flush --
 
