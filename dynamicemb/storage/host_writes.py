@@ -99,10 +99,10 @@ class HostWrites:
 
     # -------------------------------------------------------------- sizes --
 
-    def capacity(self, n: int) -> int:
+    def capacity(self, n: int, every: bool = False) -> int:
         """Rows to stage of a call of ``n`` entries: ``rows`` on a GPU, all
-        of them on the CPU, at most ``max_rows``."""
-        r = self.rows if self._cuda else n
+        of them on the CPU or with ``every``, at most ``max_rows``."""
+        r = self.rows if self._cuda and not every else n
         if self.max_rows is not None:
             r = min(r, self.max_rows)
         return max(0, min(r, n))
@@ -126,14 +126,16 @@ class HostWrites:
         keys: torch.Tensor | None = None,
         slots: torch.Tensor | None = None,
         count: torch.Tensor | None = None,
+        every: bool = False,
     ) -> None:
         """Moves rows from the row space ``src`` to ``dst`` (entries with an
         offset at -1 skipped): the first ``capacity`` of them gathered now
         into a staging buffer and written by ``submit``, the rest written now.
         ``keys``/``slots``: see ``StagedWrite``; ``count``: () int64, the
-        entries with a row (a valid prefix), or None for all."""
+        entries with a row (a valid prefix), or None; ``every``: stage every
+        entry (a caller whose buffers are already that size)."""
         n = dst_offsets.numel()
-        r = self.capacity(n)
+        r = self.capacity(n, every)
         if r < n:
             sp.copy_rows(dst, dst_offsets[r:], src, src_offsets[r:], nbytes[r:])
         if r == 0:

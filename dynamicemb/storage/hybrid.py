@@ -165,7 +165,7 @@ class HybridStorage(HashTableStorage):
         # The displaced device rows first (gathered now, written to the host
         # rows the promoted ones leave on the bus stream): the staged rows
         # take their place.
-        self.writes.stage(space, torch.where(promote, st.host, -1), space, victim, rb)
+        self.writes.stage(space, torch.where(promote, st.host, -1), space, victim, rb, every=True)
         sp.copy_rows(
             space,
             torch.where(promote, victim, -1),
