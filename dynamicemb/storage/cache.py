@@ -205,8 +205,9 @@ class CachedStorage(StagedSteps, PrefetchSteps, TableStorage):
         """Sends the victims' rows staged by this call (and ``writes``, a
         replayed graph's) to the host table on the bus stream."""
         if self._direct:
-            self.backing.writes.put(writes or [])
-            self.backing.writes.submit()
+            with record_function("dynamicemb:cache_write_back"):
+                self.backing.writes.put(writes or [])
+                self.backing.writes.submit()
 
     def train_rows(
         self, keys, tids, counts, score: BatchScore, init: RowInit, num_keys=None, lookup=None
