@@ -119,8 +119,8 @@ class CachedStorage(StagedSteps, PrefetchSteps, TableStorage):
             prefetch_state=self._prefetch_graph_state,
             before_prefetch=self._before_prefetch,
             prefetch_rows=self._prefetch_rows,
-            prefetch_taken=self._take_writes,
             after_prefetch=self._after_prefetch,
+            prefetch_taken=self._take_writes,
         )
 
     # ---------------------------------------------------------- streams --

@@ -172,8 +172,12 @@ class HostWrites:
     def drop_moved(self, keys_at: torch.Tensor) -> None:
         """Drops the staged rows whose slot no longer holds their key
         (``keys_at``: the table's key of every slot)."""
+        capturing = self._cuda and torch.cuda.is_current_stream_capturing()
         for w in self._pending:
-            if w.keys is None:
+            # Inside a capture, the writes it staged (the graph's tensors);
+            # outside, the eager ones (never a failed capture's, whose slots
+            # were never written).
+            if w.keys is None or w.captured != capturing:
                 continue
             held = keys_at[w.slots.clamp(min=0)] == w.keys
             w.dst_offsets = torch.where(held & (w.slots >= 0), w.dst_offsets, -1)
@@ -181,9 +185,10 @@ class HostWrites:
     # ------------------------------------------------------------ streams --
 
     def take(self) -> list[StagedWrite]:
-        """The writes staged and not submitted (those of a captured graph),
-        which are no longer this queue's."""
-        out, self._pending = self._pending, []
+        """The writes a CUDA graph's capture staged (its own tensors, written
+        after each replay: ``put``), which are no longer this queue's."""
+        out = [w for w in self._pending if w.captured]
+        self._pending = [w for w in self._pending if not w.captured]
         return out
 
     def put(self, writes: list[StagedWrite]) -> None:

@@ -169,13 +169,13 @@ class StepGraphs:
             captured or replayed: what ``prefetch`` does on the host first.
         prefetch_rows: ``(keys, tids) -> None``: ``prefetch``'s kernels,
             reading nothing on the host.
+        after_prefetch: ``(taken) -> None``, after a prefetch's kernels ran
+            from a graph (``taken``: ``prefetch_taken``'s): what ``prefetch``
+            does on the host last.
         prefetch_taken: ``() -> Any``, after a prefetch is captured: what the
             captured ``prefetch_rows`` left for the host to do after its
             kernels (the graph's own tensors), which each replay passes to
             ``after_prefetch``.
-        after_prefetch: ``(taken) -> None``, after a prefetch's kernels ran
-            from a graph (``taken``: ``prefetch_taken``'s): what ``prefetch``
-            does on the host last.
     """
 
     state: Callable[[], tuple | None] = _nothing
@@ -185,8 +185,8 @@ class StepGraphs:
     prefetch_state: Callable[[], tuple | None] = _nothing
     before_prefetch: Callable[[], None] = _nothing
     prefetch_rows: Callable[[torch.Tensor, torch.Tensor], None] = _nothing
-    prefetch_taken: Callable[[], Any] = _nothing
     after_prefetch: Callable[[Any], None] = _nothing
+    prefetch_taken: Callable[[], Any] = _nothing
 
 
 # ---------------------------------------------------------------- faces --
