@@ -165,10 +165,11 @@ class HybridStorage(HashTableStorage):
         # The displaced device rows first (gathered now, written to the host
         # rows the promoted ones leave on the bus stream): the staged rows
         # take their place.
-        self.writes.stage(space, torch.where(promote, st.host, -1), space, victim, rb, every=True)
+        displaced = torch.where(promote, victim, -1)
+        self.writes.stage(space, st.host, space, displaced, rb, every=True)
         sp.copy_rows(
             space,
-            torch.where(promote, victim, -1),
+            displaced,
             sp.as_space(st.buffer),
             sp.staging_offsets(n, self.layout, self.device),
             rb,

@@ -14,7 +14,14 @@ from dynamicemb.storage.host_writes import INITIAL_ROWS, HostWrites
 from dynamicemb.storage.layout import RowLayout
 from dynamicemb.types import MemoryType
 from tests.devices import DEVICES
-from tests.storage.storage_cases import batches, module, rows_of, seen_keys, train
+from tests.storage.storage_cases import (
+    batches,
+    fixed_batches,
+    module,
+    rows_of,
+    seen_keys,
+    train,
+)
 
 
 def _writes(m) -> HostWrites:
@@ -233,3 +240,25 @@ def test_cuda_writes_staged_in_a_capture_run_only_after_its_replays():
     w.wait()
     torch.cuda.synchronize()
     assert torch.equal(dst.host_view, src[0].cpu())
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("max_rows", [None, 3], ids=["staged", "some_staged"])
+@pytest.mark.parametrize("prefetch", [False, True], ids=["lookup", "prefetch"])
+def test_cuda_graphs_of_staged_lookups_train_like_eager_rows_written_at_once(prefetch, max_rows):
+    # Lookups (and prefetches) replayed from CUDA graphs hand the rows they
+    # staged to each replay, which writes them on the side stream.
+    data = [(i.cuda(), o.cuda()) for i, o in fixed_batches(12)]
+    graphed = module("cache_small", optimizer="adam", device="cuda")
+    eager = module("cache_small", optimizer="adam", device="cuda")
+    eager.cuda_graphs = False
+    _writes(graphed).max_rows, _writes(eager).max_rows = max_rows, 0
+    got = train(graphed, data, prefetch=prefetch, device="cuda")
+    want = train(eager, data, prefetch=prefetch, device="cuda")
+    assert graphed._graphs.replays >= len(data) - 2
+    for step, (g, w) in enumerate(zip(got, want)):
+        assert torch.equal(g, w), step
+    seen = seen_keys(data, [0, 1])
+    for (fg, eg, sg), (fw, ew, sw) in zip(rows_of(graphed, seen), rows_of(eager, seen)):
+        assert bool(fg.all()) and torch.equal(fg, fw)
+        assert torch.equal(eg, ew) and torch.equal(sg, sw)
