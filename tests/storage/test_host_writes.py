@@ -14,14 +14,7 @@ from dynamicemb.storage.host_writes import INITIAL_ROWS, HostWrites
 from dynamicemb.storage.layout import RowLayout
 from dynamicemb.types import MemoryType
 from tests.devices import DEVICES
-from tests.storage.storage_cases import (
-    batches,
-    fixed_batches,
-    module,
-    rows_of,
-    seen_keys,
-    train,
-)
+from tests.storage import storage_cases as sc
 
 
 def _writes(m) -> HostWrites:
@@ -30,13 +23,13 @@ def _writes(m) -> HostWrites:
 
 
 def _trained(mode, max_rows, device, prefetch=False, **kw):
-    m = module(mode, optimizer="adam", device=device, **kw)
+    m = sc.module(mode, optimizer="adam", device=device, **kw)
     _writes(m).max_rows = max_rows
     dims = len(m.dims)
-    data = batches(14, dims, batch=48, vocab=600)
+    data = sc.batches(14, dims, batch=48, vocab=600)
     data = [(i.to(device), o.to(device)) for i, o in data]
-    outs = train(m, data, prefetch=prefetch, device=device)
-    return m, outs, rows_of(m, seen_keys(data, list(range(dims))))
+    outs = sc.train(m, data, prefetch=prefetch, device=device)
+    return m, outs, sc.rows_of(m, sc.seen_keys(data, list(range(dims))))
 
 
 def _assert_same(a, b) -> None:
@@ -80,9 +73,9 @@ def test_a_staged_victim_whose_host_slot_a_later_key_took_is_not_written(strateg
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_after_a_prefetch_its_batch_evicts_nothing(device):
-    m = module("cache", optimizer="sgd", device=device)
-    data = [(i.to(device), o.to(device)) for i, o in batches(12, 2)]
-    train(m, data[:10], device=device)
+    m = sc.module("cache", optimizer="sgd", device=device)
+    data = [(i.to(device), o.to(device)) for i, o in sc.batches(12, 2)]
+    sc.train(m, data[:10], device=device)
     cache, backing = m.storage.cache, m.storage.backing
     assert int(cache.table.size().sum()) == cache.table.num_slots  # full: inserts evict
     out = m(*data[10])
@@ -248,17 +241,17 @@ def test_cuda_writes_staged_in_a_capture_run_only_after_its_replays():
 def test_cuda_graphs_of_staged_lookups_train_like_eager_rows_written_at_once(prefetch, max_rows):
     # Lookups (and prefetches) replayed from CUDA graphs hand the rows they
     # staged to each replay, which writes them on the side stream.
-    data = [(i.cuda(), o.cuda()) for i, o in fixed_batches(12)]
-    graphed = module("cache_small", optimizer="adam", device="cuda")
-    eager = module("cache_small", optimizer="adam", device="cuda")
+    data = [(i.cuda(), o.cuda()) for i, o in sc.fixed_batches(12)]
+    graphed = sc.module("cache_small", optimizer="adam", device="cuda")
+    eager = sc.module("cache_small", optimizer="adam", device="cuda")
     eager.cuda_graphs = False
     _writes(graphed).max_rows, _writes(eager).max_rows = max_rows, 0
-    got = train(graphed, data, prefetch=prefetch, device="cuda")
-    want = train(eager, data, prefetch=prefetch, device="cuda")
+    got = sc.train(graphed, data, prefetch=prefetch, device="cuda")
+    want = sc.train(eager, data, prefetch=prefetch, device="cuda")
     assert graphed._graphs.replays >= len(data) - 2
     for step, (g, w) in enumerate(zip(got, want)):
         assert torch.equal(g, w), step
-    seen = seen_keys(data, [0, 1])
-    for (fg, eg, sg), (fw, ew, sw) in zip(rows_of(graphed, seen), rows_of(eager, seen)):
+    seen = sc.seen_keys(data, [0, 1])
+    for (fg, eg, sg), (fw, ew, sw) in zip(sc.rows_of(graphed, seen), sc.rows_of(eager, seen)):
         assert bool(fg.all()) and torch.equal(fg, fw)
         assert torch.equal(eg, ew) and torch.equal(sg, sw)
