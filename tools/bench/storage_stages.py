@@ -36,7 +36,9 @@ rows). The parts (``--parts``):
   by the host (``index_copy_`` / ``index_select`` between the pinned buffer
   and the random rows, torch's threads): the GB/s of each, which says whether
   staging through the copy engine and a host scatter would beat the kernel's
-  scattered writes.
+  scattered writes; then the kernel's scattered writes and reads again with
+  the host region in 2 MiB transparent huge pages registered with CUDA
+  (whether 4 KiB pages bound them; n/a where the kernel grants none).
 """
 
 import argparse
@@ -203,6 +205,56 @@ def _rate(fn, nbytes: int, device: torch.device, reps: int = 5) -> float:
     return reps * nbytes / (time.perf_counter() - t) / 1e9
 
 
+_HUGE = 2 << 20  # a transparent huge page
+
+
+def _anon_huge_bytes() -> int:
+    """This process's anonymous memory in huge pages (/proc/self/smaps_rollup)."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def huge_region(nbytes: int, device: torch.device):
+    """``(keep, device view, huge bytes)``: host memory of ``nbytes`` in
+    2 MiB transparent huge pages (``MADV_HUGEPAGE``, where the kernel grants
+    them), pinned and mapped into the device's address space with
+    ``cudaHostRegister``; or ``(None, why, 0)``."""
+    import mmap
+
+    size = -(-nbytes // _HUGE) * _HUGE
+    try:
+        before = _anon_huge_bytes()
+        buf = mmap.mmap(-1, size + _HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        buf.madvise(mmap.MADV_HUGEPAGE)
+        whole = torch.frombuffer(buf, dtype=torch.uint8)
+        start = -whole.data_ptr() % _HUGE
+        host = whole[start : start + size]
+        host.fill_(0)  # every page backed before it is pinned
+        huge = _anon_huge_bytes() - before
+        mapped = 2  # cudaHostRegisterMapped
+        err = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), size, mapped)
+        if int(err) != 0:
+            return None, f"cudaHostRegister failed ({err})", 0
+
+        class View:  # the same pointer on the device (unified addressing)
+            __cuda_array_interface__ = {
+                "shape": (size,),
+                "typestr": "|u1",
+                "data": (host.data_ptr(), False),
+                "version": 3,
+            }
+
+        return (buf, whole, host), torch.as_tensor(View(), device=device), huge
+    except Exception as e:  # no THP, no registration: the line reads n/a
+        return None, f"{type(e).__name__}: {e}", 0
+
+
 def transport_part(args, rows: int, rb: int) -> None:
     """Prints the GB/s of each way of moving ``rows`` rows of ``rb`` bytes
     (see the module docstring)."""
@@ -256,6 +308,21 @@ def transport_part(args, rows: int, rb: int) -> None:
     ]
     for what, fn in ways:
         print(f"   {what:52s} {_rate(fn, total, device):6.1f} GB/s", flush=True)
+    # The same host rows in 2 MiB pages: whether the scattered writes are
+    # bound by the device's translation of 4 KiB host pages.
+    keep, huge, got = huge_region(region * rb, device)
+    if keep is None:
+        print(f"   host rows in 2 MiB pages: n/a ({huge})")
+        return
+    print(f"   host rows in 2 MiB pages ({got / 2**30:.2f} GiB of the region in huge pages):")
+    hhuge = (huge, huge.new_empty(0))
+    for what, fn in (
+        ("device -> host rows, copy_rows, random order", kernel(hhuge, scattered, dseg, packed)),
+        ("host rows -> device, copy_rows, random order", kernel(dseg, packed, hhuge, scattered)),
+    ):
+        print(f"   {what:52s} {_rate(fn, total, device):6.1f} GB/s", flush=True)
+    sync(device)
+    torch.cuda.cudart().cudaHostUnregister(keep[2].data_ptr())
 
 
 def run(args) -> None:
