@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from dynamicemb.storage.host_writes import HostWrites
 from dynamicemb.storage.layout import RowLayout
 from dynamicemb.storage.scores import BatchScore
 from dynamicemb.table import ScoredHashTable
@@ -536,15 +537,29 @@ class HostBacking(Backing):
     hash table's pinned, mapped rows): the keys a cache cannot take are found
     or inserted there, and a step reads nothing on the host.
 
+    Its ``write_back`` also takes ``staged=True`` (and ``count``, the
+    entries with a row: a valid prefix): the rows are gathered into device
+    memory at once and written to the host rows off the step's stream
+    (``writes``), so that the cache may reuse their slots at once.
+
     Attributes:
         dropped (torch.Tensor): () int64 on the device, keys a write-back
             could not place (their bucket full of keys it protects).
         graphs (StepGraphs): its ``state`` is part of what a CUDA graph of the
             cache's step captures.
+        writes (HostWrites): the rows on their way to its host rows
+            (dynamicemb/storage/host_writes.py), which every reader or
+            writer of them waits for first.
     """
 
     dropped: torch.Tensor
     graphs: StepGraphs
+    writes: HostWrites
+
+    @abc.abstractmethod
+    def drop_moved_writes(self) -> None:
+        """Drops the staged rows whose slot another key took since they were
+        staged (``HostWrites.drop_moved``)."""
 
     @abc.abstractmethod
     def space(self) -> tuple[torch.Tensor, torch.Tensor]:
