@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor, KeyedTensor
 
+from dynamicemb._checks import device_of
 from dynamicemb.dynamicemb_config import (
     DynamicEmbInitializerArgs,
     DynamicEmbInitializerMode,
@@ -170,7 +171,7 @@ class InferenceEmbeddingTable(torch.nn.Module, StreamReplica):
         if not isinstance(spare, (int, float)) or not 0 <= spare <= 16:
             raise ValueError(f"spare must be a fraction in [0, 16], got {spare!r}")
         self.format: RowFormat = format_of(dtype)
-        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.device = device_of(device) if device is not None else torch.device("cpu")
         self.tables = tables
         self.seed = int(seed)
         self.spare = float(spare)
