@@ -242,14 +242,16 @@ TORCH_LIBRARY(dynamicemb, m) {
   //   row of embedding_pool) not updated; occ_offsets (U + 1), occ_order (n):
   //   each key's occurrences; occ_bag (n): the bag of each occurrence;
   //   weights, cols, dims, element_type as embedding_pool; optim as
-  //   optimizer_step; adam_bias: optional (2) float32 on the op's device,
-  //   Adam's bias corrections 1 - beta1^t and 1 - beta2^t, used instead of
-  //   computing them from optim's step (so that a traced backward takes the
-  //   iteration as data, not as a constant).
+  //   optimizer_step; step_values: optional (2) float32 on the op's device,
+  //   used instead of what optim's step gives (so that a traced backward takes
+  //   the iteration as data, not as a constant): Adam's bias corrections
+  //   1 - beta1^t and 1 - beta2^t (the adam_bias op), RMSprop AR's t (then
+  //   unused).
   m.def(
       "embedding_update(Tensor(a!) seg0, Tensor(b!) seg1, Tensor grad_out, Tensor rows, "
       "Tensor occ_offsets, Tensor occ_order, Tensor occ_bag, Tensor? weights, Tensor cols, "
-      "Tensor dims, SymInt batch, int element_type, float[] optim, Tensor? adam_bias=None) -> ()");
+      "Tensor dims, SymInt batch, int element_type, float[] optim, Tensor? step_values=None) -> "
+      "()");
 
   // The distinct (table, key) pairs of a batch (dynamicemb/embedding/unique.py),
   // padded: every per-pair output has the batch's length n, the distinct
@@ -287,7 +289,7 @@ TORCH_LIBRARY(dynamicemb, m) {
       "bool sequence) -> (Tensor, Tensor)");
 
   // Adam's bias corrections at 1-based iteration `step`: (2) float32,
-  // 1 - betas[i]^step, for embedding_update's adam_bias. One op, so that an
+  // 1 - betas[i]^step, for embedding_update's step_values. One op, so that an
   // eager step and a traced one (where `step` is symbolic and a compiler
   // would generate its own pow) compute them alike, bit for bit.
   m.def("adam_bias(Tensor betas, SymInt step) -> Tensor");
