@@ -53,7 +53,8 @@ py::dict constants() {
                                                    {"EVICTED", tb::InsertStatus::kEvicted},
                                                    {"FAILED", tb::InsertStatus::kFailed},
                                                    {"INVALID", tb::InsertStatus::kInvalid},
-                                                   {"RELEASED", tb::InsertStatus::kReleased}});
+                                                   {"RELEASED", tb::InsertStatus::kReleased},
+                                                   {"REFUSED", tb::InsertStatus::kRefused}});
   d["Admission"] = enum_dict<dyn_emb::admission::Admission>(
       {{"STORED", dyn_emb::admission::Admission::kStored},
        {"ADMITTED", dyn_emb::admission::Admission::kAdmitted},

@@ -55,6 +55,8 @@ TORCH_LIBRARY(dynamicemb, m) {
   //   target_slots: place only, (n) int64: the slot each key is to occupy, in
   //     its home bucket (the CPU kernel refuses any other; CUDA marks the entry
   //     INVALID).
+  //   refuse_cold: insert_and_evict only: a new key colder than its full
+  //     bucket's victim is not stored (REFUSED; cc/table/operations.h, "Refusal").
   // Result:
   //   slots (n) int64, status (n) int8 InsertStatus (erase: 0 removed, 3 absent),
   //   evicted keys (n), scores (n, num_scores), slots (n), table ids (n), the
@@ -64,8 +66,8 @@ TORCH_LIBRARY(dynamicemb, m) {
       "table_run(Tensor keys, Tensor table_ids, Tensor(a!) table_keys, Tensor(b!) digests, "
       "Tensor(c!) scores, Tensor info, Tensor(d!) counters, Tensor(e!) free_rows, int[] policies, "
       "Tensor score_values, int op, bool assign_rows, int total_buckets, bool has_rows, "
-      "Tensor? victim_scores=None, Tensor? target_slots=None) -> (Tensor, Tensor, Tensor, Tensor, "
-      "Tensor, Tensor, Tensor)");
+      "Tensor? victim_scores=None, Tensor? target_slots=None, bool refuse_cold=False) -> (Tensor, "
+      "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 
   // The admission counter's add (cc/admission/counter.h): insert_and_evict of
   // the keys into a counter table (one score word, the count) adding
