@@ -342,6 +342,20 @@ class DynamicEmbTableOptions:
         dist_type (str): row-wise key -> rank routing, one of ``DIST_TYPES``:
             ``"continuous"``, ``"roundrobin"`` or ``"hash_roundrobin"`` (hashes
             the key first). Defaults to ``"roundrobin"``.
+        refuse_cold_keys (bool): a new key whose score would be below the
+            lowest score of its full bucket is not inserted (it evicts
+            nothing): in the training step it reads the row admission's
+            rejected keys read (the strategy's ``initializer_args``, else the
+            table's initializer), is not trained, and is counted in the
+            REFUSALS figure (``dynamicemb.table.refusals``). Deterministic,
+            the same on the CPU and the GPU. It changes what LFU, CUSTOMIZED
+            and the compound (TIMESTAMP, LFU) keep; a TIMESTAMP or STEP
+            newcomer is never below a resident key. On HierarchicalKV's
+            admission protocol (4M new keys into 16M slots at load 0.96) it
+            keeps every resident key an LFU table would lose
+            (docs/benchmarks/eviction.md). Not with ``caching``, an
+            ``external_storage``, a ``score_function`` or NO_EVICTION.
+            Defaults to False (a newcomer evicts the bucket's lowest).
 
     Raises:
         ValueError: a field has a bad value; the message names it.
@@ -378,6 +392,7 @@ class DynamicEmbTableOptions:
     # keeps its listed position.
     score_function: Callable | None = None
     dist_type: str = DEFAULT_DIST_TYPE
+    refuse_cold_keys: bool = False
 
     def __post_init__(self) -> None:
         self.evict_strategy = _to_enum(
@@ -412,7 +427,7 @@ class DynamicEmbTableOptions:
                 "DynamicEmbTableOptions.max_load_factor must be in (0, 1], "
                 f"got {self.max_load_factor!r}"
             )
-        for name in ("training", "caching"):
+        for name in ("training", "caching", "refuse_cold_keys"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(
                     f"DynamicEmbTableOptions.{name} must be a bool, got {getattr(self, name)!r}"
@@ -462,6 +477,7 @@ class DynamicEmbTableOptions:
                 f"dynamicemb.types.Storage (the class, not an instance), got "
                 f"{self.external_storage!r}"
             )
+        self._check_refuse_cold_keys()
         if self.admit_strategy is not None and not isinstance(
             self.admit_strategy, AdmissionStrategy
         ):
@@ -502,6 +518,25 @@ class DynamicEmbTableOptions:
         if carried is not None:
             self.admit_strategy = carried
             self.admission_counter = None
+
+    def _check_refuse_cold_keys(self) -> None:
+        """refuse_cold_keys only where a table's own full buckets decide."""
+        if not self.refuse_cold_keys:
+            return
+        conflicts = [
+            (self.caching, "caching=True"),
+            (self.external_storage is not None, "an external_storage"),
+            (self.score_function is not None, "a score_function"),
+            (
+                DynamicEmbScoreStrategy.NO_EVICTION in self.score_strategies(),
+                "score_strategy NO_EVICTION (it never evicts)",
+            ),
+        ]
+        for conflict, what in conflicts:
+            if conflict:
+                raise ValueError(
+                    f"DynamicEmbTableOptions.refuse_cold_keys is not supported with {what}"
+                )
 
     def score_strategies(self) -> tuple[DynamicEmbScoreStrategy, ...]:
         """The score strategy as a tuple, one element per score word.
@@ -554,6 +589,7 @@ class DynamicEmbTableOptions:
             ("external_storage", self.external_storage),
             ("evicted_item_mode", self.evicted_item_mode),
             ("dist_type", self.dist_type),
+            ("refuse_cold_keys", self.refuse_cold_keys),
         )
 
 

@@ -39,6 +39,7 @@ from dynamicemb.embedding.module_warnings import (
     warn_if_host_only,
 )
 from dynamicemb.embedding.optimizer import RowOptimizer
+from dynamicemb.embedding.refusal import ModuleRefusal
 from dynamicemb.embedding.row_init import ModuleRowInit
 from dynamicemb.embedding.unique import segmented_unique
 from dynamicemb.storage import (
@@ -56,7 +57,13 @@ from dynamicemb.types import MemoryType
 S = DynamicEmbScoreStrategy
 
 # Options every fused table must agree on: one storage serves them all.
-_SHARED_STORAGE_OPTIONS = ("caching", "external_storage", "evicted_item_mode", "training")
+_SHARED_STORAGE_OPTIONS = (
+    "caching",
+    "external_storage",
+    "evicted_item_mode",
+    "training",
+    "refuse_cold_keys",
+)
 
 
 class _Pool(torch.autograd.Function):
@@ -147,7 +154,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             ``admit_strategy``: all tables or none have one, and theirs agree
             on ``get_grouped_key``; the module builds one admitter for them
             (``create_admitter``), ``admitter``, and feeds the ADMISSIONS and
-            REJECTIONS columns of its ``stats``.
+            REJECTIONS columns of its ``stats``; ``refuse_cold_keys``, REFUSALS.
         feature_table_map (List[int], optional): table of each feature
             (default: feature t uses table t).
         pooling_mode (DynamicEmbPoolingMode): SUM, MEAN or NONE.
@@ -285,6 +292,8 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             False: MultiTableInitializer([o.initializer_args for o in self.table_options]),
             True: MultiTableInitializer([o.eval_initializer_args for o in self.table_options]),
         }
+        # The keys the tables refuse (refuse_cold_keys; refusal.py).
+        self.refusal = ModuleRefusal(self) if self.table_options[0].refuse_cold_keys else None
         self.admitter = create_admitter(self.table_options, self.device)
         # The training step's admission stage (dynamicemb/embedding/admission.py).
         self._admission = None
@@ -697,8 +706,11 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         keys, tids = su.keys, su.table_ids
         if padded:
             rows = self._find_or_insert(keys, tids, counts, step, su.num_unique, su.valid())
-            return rows, None
-        return self._find_or_insert(keys, tids, counts, step), None
+        else:
+            rows = self._find_or_insert(keys, tids, counts, step)
+        if self.refusal is not None:
+            return self.refusal.fill(rows, keys, tids)
+        return rows, None
 
     def _find_or_insert(
         self, keys, tids, counts, step, num_keys=None, valid=None, lookup=None
@@ -727,7 +739,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             self.step -= 1
             raise
         valid = lookup if lookup is not None else valid
-        failed = rows < 0 if valid is None else (rows < 0) & valid
+        failed = rows == -1 if valid is None else (rows == -1) & valid
+        if self.refusal is not None:
+            self.refusal.count(rows, tids)
         mode = self.table_options[0].safe_check_mode
         if mode != DynamicEmbCheckMode.IGNORE:
             n_failed = int(failed.sum())

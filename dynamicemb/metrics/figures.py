@@ -141,6 +141,13 @@ FIGURES: tuple[Figure, ...] = (
         _stat(StatCol.REJECTIONS),
     ),
     Figure(
+        "dynamicemb.table.refusals",
+        COUNTER,
+        "{key}",
+        "New keys not inserted: colder than their full bucket's lowest (refuse_cold_keys).",
+        _stat(StatCol.REFUSALS),
+    ),
+    Figure(
         "dynamicemb.cache.hits",
         COUNTER,
         "{key}",
