@@ -287,13 +287,41 @@ def dynamic_fused_params(args) -> dict[str, Any]:
     }
 
 
+def decayed_lfu(scores, cur_timestamp):
+    """--score-strategy decayed_lfu's score_function over (timestamp,
+    frequency): the frequency less one per second since the key was last
+    seen (compiled by numba)."""
+    return scores[1] - (cur_timestamp - scores[0]) * 1e-9
+
+
+def eviction_options(args, capacity: int) -> dict[str, Any]:
+    """The dynamic tables' eviction and admission options (--score-strategy,
+    --admission-threshold, --refuse-cold-keys)."""
+    from dynamicemb import DynamicEmbScoreStrategy as S
+    from dynamicemb import FrequencyAdmissionStrategy, KVCounter
+
+    strategy = {
+        "step": S.STEP,  # evict the least recently used
+        "timestamp": S.TIMESTAMP,
+        "lfu": S.LFU,
+        "timestamp_lfu": (S.TIMESTAMP, S.LFU),
+        "decayed_lfu": (S.TIMESTAMP, S.LFU),
+    }[args.score_strategy]
+    out: dict[str, Any] = {"score_strategy": strategy, "refuse_cold_keys": args.refuse_cold_keys}
+    if args.score_strategy == "decayed_lfu":
+        out["score_function"] = decayed_lfu
+    if args.admission_threshold:
+        counter = KVCounter(capacity=max(capacity, 1024), bucket_capacity=128)
+        out["admit_strategy"] = FrequencyAdmissionStrategy(args.admission_threshold, counter)
+    return out
+
+
 def constraints(features: tuple[Feature, ...], args, world_size: int) -> dict[str, Any]:
     from torchrec.distributed.planner.types import ParameterConstraints
 
     from dynamicemb import (
         DynamicEmbInitializerArgs,
         DynamicEmbInitializerMode,
-        DynamicEmbScoreStrategy,
         DynamicEmbTableOptions,
         get_table_value_bytes,
     )
@@ -309,7 +337,6 @@ def constraints(features: tuple[Feature, ...], args, world_size: int) -> dict[st
                 use_dynamicemb=True,
                 dynamicemb_options=DynamicEmbTableOptions(
                     bucket_capacity=128,
-                    score_strategy=DynamicEmbScoreStrategy.STEP,  # evict the least recently used
                     dist_type="hash_roundrobin",
                     initializer_args=DynamicEmbInitializerArgs(
                         mode=DynamicEmbInitializerMode.UNIFORM, lower=-0.05, upper=0.05
@@ -318,6 +345,7 @@ def constraints(features: tuple[Feature, ...], args, world_size: int) -> dict[st
                     global_hbm_for_values=get_table_value_bytes(
                         configs[f.table], optimizer, world_size, 128
                     ),
+                    **eviction_options(args, f.capacity),
                 ),
             )
         else:
@@ -443,6 +471,7 @@ def train(env: dist_launch.RankEnv, device: torch.device, args) -> dict[str, Any
         )
         log.checkpointed(done, path, seconds)
 
+    log.begin(model)
     began = time.perf_counter()
     for step in range(start, args.steps):
         b = next(stream)
@@ -462,7 +491,7 @@ def train(env: dist_launch.RankEnv, device: torch.device, args) -> dict[str, Any
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - began
-    log.close()
+    log.close(model)
 
     evals = {"first": first_eval, "final": evaluate(model, held_out, features, device)}
     evals["hidden_model"] = None
