@@ -8,8 +8,8 @@ a key admission rejects: it reads a fill row of the rejected-row initializer
 import torch
 
 from dynamicemb.embedding.admission import fill_marked, fill_width
-from dynamicemb.storage.stats import StatCol
 from dynamicemb.storage import REFUSED_ROW
+from dynamicemb.storage.stats import StatCol
 
 
 class ModuleRefusal:
