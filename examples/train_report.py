@@ -477,13 +477,15 @@ def print_summary(s: dict[str, Any]) -> None:
     print("dynamic tables (summed over ranks" + (", since the resume):" if s["resumed"] else "):"))
     print(
         f"  {'table':8s} {'rows held':>10s} {'capacity':>10s} {'distinct ids':>12s} "
-        f"{'inserts':>10s} {'evictions':>10s} {'insert fails':>12s}"
+        f"{'inserts':>10s} {'evictions':>10s} {'insert fails':>12s} {'rejections':>10s} "
+        f"{'refusals':>10s}"
     )
     for name, t in s["tables"].items():
         d = "-" if t["distinct_ids"] is None else f"{t['distinct_ids']:,}"
         print(
             f"  {name:8s} {t['rows_held']:>10,} {t['capacity']:>10,} {d:>12s} "
-            f"{t['inserts']:>10,} {t['evictions']:>10,} {t['insert_failures']:>12,}"
+            f"{t['inserts']:>10,} {t['evictions']:>10,} {t['insert_failures']:>12,} "
+            f"{t['rejections']:>10,} {t['refusals']:>10,}"
         )
     print(
         f"train loss {s['train_loss_first']:.4f} -> {s['train_loss_last']:.4f} (first and last "
