@@ -731,14 +731,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if S.CUSTOMIZED in self.strategies:
             custom = self._custom_score_t[tids].reshape(-1, 1)  # each key its table's
         try:
+            score = BatchScore(step, custom)
             rows = self.storage.train_rows(
-                keys,
-                tids,
-                counts,
-                BatchScore(step, custom),
-                self._row_init,
-                num_keys=num_keys,
-                lookup=lookup,
+                keys, tids, counts, score, self._row_init, num_keys=num_keys, lookup=lookup
             )
         except BaseException:
             # The storage failed the step and put its rows back (an external
@@ -746,11 +741,10 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             self.step -= 1
             raise
         valid = lookup if lookup is not None else valid
-        # -1: an insert failed (REFUSED_ROW, a refusal, is not a failure).
-        failed = rows == -1 if valid is None else (rows == -1) & valid
+        failed = rows == -1  # an insert failed (REFUSED_ROW, a refusal, is no failure)
+        self._failures.count(failed if valid is None else failed & valid, tids)
         if self.refusal is not None:
             self.refusal.count(rows, tids)
-        self._failures.count(failed, tids)
         return rows
 
     def report_insert_failures(self) -> list[int]:
