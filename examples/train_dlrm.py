@@ -19,7 +19,8 @@ The tables are planned by DynamicEmbeddingShardingPlanner and sharded by
 DistributedModelParallel with dynamicemb's sharder, in one call
 (dynamicemb.shard.plan_and_shard); the dense part is data parallel.
 Embedding rows are updated in the backward pass by the sharder's fused
-optimizer (rowwise Adagrad or Adam), the dense part by torch's Adam. One
+optimizer (rowwise Adagrad, Adam or row-wise RMSprop AR), the dense part by
+torch's Adam. One
 process per GPU (NCCL) when there is a GPU, else processes on the CPU
 (gloo). Under torchrun, each process is the rank torchrun says (on one node
 or several); started directly, the script runs --world-size ranks on this
@@ -251,6 +252,8 @@ def embedding_configs(features: tuple[Feature, ...], dim: int):
 
 
 def fused_params(args) -> dict[str, Any]:
+    """The static table's fused optimizer, and the dynamic tables' but with
+    rowwise_rmsprop_ar (dynamic_fused_params)."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
     if args.emb_optimizer == "adam":
@@ -268,13 +271,59 @@ def fused_params(args) -> dict[str, Any]:
     }
 
 
+def dynamic_fused_params(args) -> dict[str, Any]:
+    """The dynamic tables' fused optimizer. Row-wise RMSprop AR has no
+    FBGEMM kernel of TorchRec's static tables here, so the dynamic tables get
+    it (the sharder's fused_params), the static one keeps rowwise Adagrad (its
+    static_fused_params)."""
+    if args.emb_optimizer != "rowwise_rmsprop_ar":
+        return fused_params(args)
+    from dynamicemb import DynamicEmbOptimType
+
+    return {
+        "optimizer": DynamicEmbOptimType.ROWWISE_RMSPROP_AR,
+        "learning_rate": args.emb_lr,
+        "eps": 1e-8,
+        "ar_alpha": args.ar_alpha,
+        "row_warmup_steps": args.row_warmup_steps,
+    }
+
+
+def decayed_lfu(scores, cur_timestamp):
+    """--score-strategy decayed_lfu's score_function over (timestamp,
+    frequency): the frequency less one per second since the key was last
+    seen (compiled by numba)."""
+    return scores[1] - (cur_timestamp - scores[0]) * 1e-9
+
+
+def eviction_options(args, capacity: int) -> dict[str, Any]:
+    """The dynamic tables' eviction and admission options (--score-strategy,
+    --admission-threshold, --refuse-cold-keys)."""
+    from dynamicemb import DynamicEmbScoreStrategy as S
+    from dynamicemb import FrequencyAdmissionStrategy, KVCounter
+
+    strategy = {
+        "step": S.STEP,  # evict the least recently used
+        "timestamp": S.TIMESTAMP,
+        "lfu": S.LFU,
+        "timestamp_lfu": (S.TIMESTAMP, S.LFU),
+        "decayed_lfu": (S.TIMESTAMP, S.LFU),
+    }[args.score_strategy]
+    out: dict[str, Any] = {"score_strategy": strategy, "refuse_cold_keys": args.refuse_cold_keys}
+    if args.score_strategy == "decayed_lfu":
+        out["score_function"] = decayed_lfu
+    if args.admission_threshold:
+        counter = KVCounter(capacity=max(capacity, 1024), bucket_capacity=128)
+        out["admit_strategy"] = FrequencyAdmissionStrategy(args.admission_threshold, counter)
+    return out
+
+
 def constraints(features: tuple[Feature, ...], args, world_size: int) -> dict[str, Any]:
     from torchrec.distributed.planner.types import ParameterConstraints
 
     from dynamicemb import (
         DynamicEmbInitializerArgs,
         DynamicEmbInitializerMode,
-        DynamicEmbScoreStrategy,
         DynamicEmbTableOptions,
         get_table_value_bytes,
     )
@@ -282,7 +331,7 @@ def constraints(features: tuple[Feature, ...], args, world_size: int) -> dict[st
 
     out: dict[str, Any] = {}
     configs = {c.name: c for c in embedding_configs(features, args.dim)}
-    optimizer = fused_params(args)["optimizer"]
+    optimizer = dynamic_fused_params(args)["optimizer"]
     for f in features:
         if f.dynamic:
             out[f.table] = DynamicEmbParameterConstraints(
@@ -290,7 +339,6 @@ def constraints(features: tuple[Feature, ...], args, world_size: int) -> dict[st
                 use_dynamicemb=True,
                 dynamicemb_options=DynamicEmbTableOptions(
                     bucket_capacity=128,
-                    score_strategy=DynamicEmbScoreStrategy.STEP,  # evict the least recently used
                     dist_type="hash_roundrobin",
                     initializer_args=DynamicEmbInitializerArgs(
                         mode=DynamicEmbInitializerMode.UNIFORM, lower=-0.05, upper=0.05
@@ -299,6 +347,7 @@ def constraints(features: tuple[Feature, ...], args, world_size: int) -> dict[st
                     global_hbm_for_values=get_table_value_bytes(
                         configs[f.table], optimizer, world_size, 128
                     ),
+                    **eviction_options(args, f.capacity),
                 ),
             )
         else:
@@ -321,9 +370,10 @@ def build(features: tuple[Feature, ...], args, env: dist_launch.RankEnv, device:
     configs = embedding_configs(features, args.dim)
     ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
     model = DLRM(ebc, args.dim, features)
-    # The same fused optimizer for the dynamic tables and the static one.
+    # The dynamic tables' fused optimizer, and the static table's (the same
+    # but with rowwise_rmsprop_ar, which TorchRec's kernels lack).
     sharder = DynamicEmbeddingBagCollectionSharder(
-        fused_params=fused_params(args), static_fused_params=fused_params(args)
+        fused_params=dynamic_fused_params(args), static_fused_params=fused_params(args)
     )
     planner = DynamicEmbeddingShardingPlanner(
         eb_configs=configs,
@@ -420,6 +470,7 @@ def train(env: dist_launch.RankEnv, device: torch.device, args) -> dict[str, Any
         )
         log.checkpointed(done, path, seconds)
 
+    log.begin(model)
     began = time.perf_counter()
     for step in range(start, args.steps):
         b = next(stream)
@@ -439,7 +490,7 @@ def train(env: dist_launch.RankEnv, device: torch.device, args) -> dict[str, Any
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - began
-    log.close()
+    log.close(model)
 
     evals = {"first": first_eval, "final": evaluate(model, held_out, features, device)}
     evals["hidden_model"] = None

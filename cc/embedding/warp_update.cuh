@@ -66,15 +66,15 @@ __device__ __forceinline__ void load_chunk(const float* row, int64_t base, int64
 }
 
 /// The row factors of the update of a row by one warp (its elements'
-/// values to_float(w[d]) * scale): for row-wise Adagrad, the row's mean
-/// squared gradient summed across the warp and added to the accumulator
-/// s[0] before any coordinate changes; nothing for the other optimizers.
-/// All lanes must call it.
+/// values to_float(w[d]) * scale): for a row-wise optimizer (is_rowwise),
+/// the row's mean squared gradient summed across the warp and its state
+/// advanced (row_step) before any coordinate changes; nothing for the other
+/// optimizers. All lanes must call it.
 template <class T, bool Vec, class Fill>
 __device__ RowFactors warp_row_factors(const OptimArgs& optim, const T* w, float* s, int64_t dim,
                                        int lane, const Fill& fill, float scale) {
   RowFactors rf;
-  if (static_cast<OptimType>(optim.type) != OptimType::kExactRowwiseAdagrad) return rf;
+  if (!is_rowwise(optim.type)) return rf;
   float g[kPer];
   float sq = 0.f;
   for (int64_t base = 0; base < dim; base += kChunk) {
@@ -86,10 +86,12 @@ __device__ RowFactors warp_row_factors(const OptimArgs& optim, const T* w, float
     }
   }
   for (int off = kWarp / 2; off > 0; off /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, off);
-  const float s0 = s[0] + (dim > 0 ? sq / static_cast<float>(dim) : 0.f);
-  rf = rowwise_factors(optim, s0);
-  __syncwarp();
-  if (lane == 0) s[0] = s0;
+  float next[kRowStateFloats];
+  rf = row_step(optim, s, dim > 0 ? sq / static_cast<float>(dim) : 0.f, next);
+  __syncwarp();  // every lane has read the state
+  if (lane == 0) {
+    for (int64_t i = 0; i < kRowStateFloats; ++i) s[i] = next[i];
+  }
   return rf;
 }
 
@@ -188,8 +190,8 @@ __device__ void update_unscaled_row(const OptimArgs& optim, T* w, float* s, int6
 /// Updates a row (its dim weights `w` of T, its state `s`) with one warp;
 /// fill(base, g) writes the lane's coordinates (lane_coord<Vec>) of the
 /// gradient's chunk at `base` into g. Vec needs vectorized(w, dim).
-/// Row-wise Adagrad first sums the row's squared gradient across the warp,
-/// before any coordinate changes. An FP8 row goes to warp_update_scaled_row
+/// A row-wise optimizer (is_rowwise) first sums the row's squared gradient
+/// across the warp, before any coordinate changes. An FP8 row goes to warp_update_scaled_row
 /// (`key`: its stochastic rounding's). All lanes must call it.
 template <class T, bool Vec = false, class Fill>
 __device__ void warp_update_row(const OptimArgs& optim, T* w, float* s, int64_t dim, int lane,

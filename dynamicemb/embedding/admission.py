@@ -43,6 +43,30 @@ def fill_refs(positions: torch.Tensor) -> torch.Tensor:
     return -2 - positions
 
 
+def fill_width(module) -> int:
+    """Elements of a fill row: the widest embedding, padded as a stored row's
+    is (init_rows_at writes it so)."""
+    dtype = module.embedding_dtype
+    return value_row_bytes(None, module.max_dim, dtype, False) // dtype.itemsize
+
+
+def fill_marked(module, rows, marked, keys, tids, initializer, width: int):
+    """(rows, fill): the j-th marked entry reads fill row j, ``initializer``'s
+    row of its key at the embedding dtype (as a stored row reads it). The
+    buffer has the batch's length (the number marked is on the device); its
+    first rows are written, nothing is selected."""
+    m = module
+    n = keys.numel()
+    fill = torch.empty((n, width), dtype=m.embedding_dtype, device=m.device)
+    rank = torch.cumsum(marked, 0) - 1  # of each marked entry among them
+    at = torch.where(marked, rank * (width * fill.element_size()), -1)
+    space = (fill.view(torch.uint8).reshape(-1), fill.new_empty(0, dtype=torch.uint8))
+    initializer.write_at(
+        space, at, keys, tids, m.dims, m._init_table_ids, m.seed, m.layout.element_type
+    )
+    return torch.where(marked, fill_refs(rank), rows), fill
+
+
 class PaddedAdmitter(abc.ABC):
     """An admitter that decides for a padded batch of distinct keys in one
     op, looking them up in the storage's key table itself (see the module
@@ -126,9 +150,7 @@ class ModuleAdmission:
             and isinstance(admitter, PaddedAdmitter)
             and admitter.takes_padded(store)
         )
-        dtype = module.embedding_dtype
-        # A fill row: the widest embedding, padded as a stored row's is (init_rows_at writes it so).
-        self._fill_width = value_row_bytes(None, module.max_dim, dtype, False) // dtype.itemsize
+        self._fill_width = fill_width(module)
 
     def graph_state(self) -> tuple | None:
         """The admitter's part of a CUDA graph's state, or None when its
@@ -152,20 +174,12 @@ class ModuleAdmission:
         return self._fill_rejected(rows, status == int(enums.Admission.REJECTED), keys, tids)
 
     def _fill_rejected(self, rows, rejected, keys, tids):
-        """(rows, fill): the j-th rejected entry reads fill row j, the
-        initializer's row of its key at the embedding dtype (as a stored row
-        reads it). The buffer has the batch's length (the number rejected is
-        on the device); its first rows are written, nothing is selected."""
+        """(rows, fill): the rejected entries, and the keys the table
+        refused (``refuse_cold_keys``), read fill rows (``fill_marked``)."""
         m = self.module
-        n = keys.numel()
-        fill = torch.empty((n, self._fill_width), dtype=m.embedding_dtype, device=m.device)
-        rank = torch.cumsum(rejected, 0) - 1  # of each rejected entry among them
-        at = torch.where(rejected, rank * (self._fill_width * fill.element_size()), -1)
-        space = (fill.view(torch.uint8).reshape(-1), fill.new_empty(0, dtype=torch.uint8))
-        self.initializer.write_at(
-            space, at, keys, tids, m.dims, m._init_table_ids, m.seed, m.layout.element_type
-        )
-        return torch.where(rejected, fill_refs(rank), rows), fill
+        if m.refusal is not None:
+            rejected = rejected | m.refusal.refused(rows)
+        return fill_marked(m, rows, rejected, keys, tids, self.initializer, self._fill_width)
 
     def _rows_exact(self, su, counts, step):
         """rows() of an exact batch through ``MultiTableAdmitter.admit``."""
@@ -177,6 +191,8 @@ class ModuleAdmission:
         keep = keep.index_fill_(0, rejected, False).nonzero().squeeze(1)
         kept = [x.index_select(0, keep) for x in (keys, tids, counts)]
         rows = torch.full_like(keys, -1).index_copy_(0, keep, m._find_or_insert(*kept, step))
+        if m.refusal is not None:
+            rejected = torch.cat([rejected, m.refusal.refused(rows).nonzero().squeeze(1)])
         return m._with_fill(rows, rejected, keys, tids, self.initializer)
 
     def _admit(self, keys, tids, counts):

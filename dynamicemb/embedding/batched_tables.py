@@ -40,6 +40,7 @@ from dynamicemb.embedding.module_warnings import (
     warn_if_host_only,
 )
 from dynamicemb.embedding.optimizer import RowOptimizer
+from dynamicemb.embedding.refusal import ModuleRefusal
 from dynamicemb.embedding.row_init import ModuleRowInit
 from dynamicemb.embedding.unique import segmented_unique
 from dynamicemb.storage import (
@@ -57,7 +58,13 @@ from dynamicemb.types import MemoryType
 S = DynamicEmbScoreStrategy
 
 # Options every fused table must agree on: one storage serves them all.
-_SHARED_STORAGE_OPTIONS = ("caching", "external_storage", "evicted_item_mode", "training")
+_SHARED_STORAGE_OPTIONS = (
+    "caching",
+    "external_storage",
+    "evicted_item_mode",
+    "training",
+    "refuse_cold_keys",
+)
 
 
 class _Pool(torch.autograd.Function):
@@ -98,10 +105,11 @@ class _Batch:
     batch: int
     out_width: int
     fill: torch.Tensor | None
-    # Adam's bias corrections at this step, made in the forward: the iteration
+    # What the update reads of this step (RowOptimizer.reads_step: Adam's bias
+    # corrections, RMSprop AR's step), made in the forward: the iteration
     # reaches the backward as data (an int would be a constant of a backward
     # traced by torch.compile). None for the other optimizers.
-    adam_bias: torch.Tensor | None = None
+    step_values: torch.Tensor | None = None
     # Set once the backward has updated the batch's rows (a batch of a CUDA
     # graph's tensors holds them until then: LookupGraphs).
     updated: bool = False
@@ -147,7 +155,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             ``admit_strategy``: all tables or none have one, and theirs agree
             on ``get_grouped_key``; the module builds one admitter for them
             (``create_admitter``), ``admitter``, and feeds the ADMISSIONS and
-            REJECTIONS columns of its ``stats``.
+            REJECTIONS columns of its ``stats``; ``refuse_cold_keys``, REFUSALS.
         feature_table_map (List[int], optional): table of each feature
             (default: feature t uses table t).
         pooling_mode (DynamicEmbPoolingMode): SUM, MEAN or NONE.
@@ -301,6 +309,8 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             False: MultiTableInitializer([o.initializer_args for o in self.table_options]),
             True: MultiTableInitializer([o.eval_initializer_args for o in self.table_options]),
         }
+        # The keys the tables refuse (refuse_cold_keys; refusal.py).
+        self.refusal = ModuleRefusal(self) if self.table_options[0].refuse_cold_keys else None
         self.admitter = create_admitter(self.table_options, self.device)
         # The training step's admission stage (dynamicemb/embedding/admission.py).
         self._admission = None
@@ -509,7 +519,10 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             # One op in eager and traced steps alike: a torch.pow here would
             # be specialized on the step by torch.compile (torch 2.11 guards
             # on exponents 1 and 2) or computed by the compiler's own pow.
-            b.adam_bias = ops().adam_bias(self._adam_betas, self.step)
+            b.step_values = ops().adam_bias(self._adam_betas, self.step)
+        elif self.training and self.optimizer.reads_step:
+            # The step itself (exact in float32 up to 2**24 steps).
+            b.step_values = torch.full((2,), self.step, dtype=torch.float32, device=self.device)
         return _Pool.apply(self._placeholder, self, b)
 
     def trains(self) -> bool:
@@ -700,8 +713,11 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         keys, tids = su.keys, su.table_ids
         if padded:
             rows = self._find_or_insert(keys, tids, counts, step, su.num_unique, su.valid())
-            return rows, None
-        return self._find_or_insert(keys, tids, counts, step), None
+        else:
+            rows = self._find_or_insert(keys, tids, counts, step)
+        if self.refusal is not None:
+            return self.refusal.fill(rows, keys, tids)
+        return rows, None
 
     def _find_or_insert(
         self, keys, tids, counts, step, num_keys=None, valid=None, lookup=None
@@ -715,14 +731,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if S.CUSTOMIZED in self.strategies:
             custom = self._custom_score_t[tids].reshape(-1, 1)  # each key its table's
         try:
+            score = BatchScore(step, custom)
             rows = self.storage.train_rows(
-                keys,
-                tids,
-                counts,
-                BatchScore(step, custom),
-                self._row_init,
-                num_keys=num_keys,
-                lookup=lookup,
+                keys, tids, counts, score, self._row_init, num_keys=num_keys, lookup=lookup
             )
         except BaseException:
             # The storage failed the step and put its rows back (an external
@@ -730,7 +741,10 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             self.step -= 1
             raise
         valid = lookup if lookup is not None else valid
-        self._failures.count(rows < 0 if valid is None else (rows < 0) & valid, tids)
+        failed = rows == -1  # an insert failed (REFUSED_ROW, a refusal, is no failure)
+        self._failures.count(failed if valid is None else failed & valid, tids)
+        if self.refusal is not None:
+            self.refusal.count(rows, tids)
         return rows
 
     def report_insert_failures(self) -> list[int]:

@@ -34,6 +34,7 @@ from dynamicemb.storage.placement import Placement, bucket_widths, initial_layou
 from dynamicemb.storage.rows import rows_buffer, write_initial_rows
 from dynamicemb.storage.scores import BatchScore, batch_policies, table_score_columns
 from dynamicemb.storage.types import (
+    REFUSED_ROW,
     ExportedRows,
     Footprint,
     HostBacking,
@@ -141,8 +142,12 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
             )
         self._scorer = None if scorer_factory is None else scorer_factory()
         self._first_valid = first_valid_key()
+        # Training inserts refuse new keys colder than their full bucket's
+        # lowest (DynamicEmbTableOptions.refuse_cold_keys); a cache never does.
+        self.refuse_cold = capacities is None and self.options[0].refuse_cold_keys
         # Plain ints: torch.compile compares tensors with ints, not enum members.
         self._found = int(enums.InsertStatus.FOUND)
+        self._refused = int(enums.InsertStatus.REFUSED)
         # Keys a write-back could not place (their bucket full of its own keys).
         self.dropped = torch.zeros((), dtype=torch.int64, device=device)
         # Rows written into this table's host rows off the step's stream (a
@@ -350,9 +355,12 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
         values=None,
         evict: bool = True,
         expand: bool = True,
+        train: bool = False,
     ):
         """Find-or-insert (expanding first when ``expand``), evicting from full
         buckets when ``evict`` (NO_EVICTION tables never evict: they grow).
+        A training insert (``train``) refuses, with ``refuse_cold``, the new
+        keys colder than their full bucket's lowest (status REFUSED).
 
         Returns:
             (slots, status, evicted): per key its slot (-1: not stored) and
@@ -368,8 +376,9 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
             res = self.table.insert(keys, tids, policies=policies, scores=values)
             return res.slots, res.status, None
         victim = None if self._scorer is None else self._scorer(self.table, keys, tids)
+        refuse = train and self.refuse_cold
         res = self.table.insert_and_evict(
-            keys, tids, policies=policies, scores=values, victim_scores=victim
+            keys, tids, policies=policies, scores=values, victim_scores=victim, refuse_cold=refuse
         )
         if self.retain_evicted:
             self.record_evicted(res.evicted.compact())
@@ -450,12 +459,19 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
         """Training find-or-insert by the table's own score strategy, new
         keys' rows written: ``(slots, offsets)``, -1 where not stored."""
         policies, vals = batch_policies(self.strategies, score, counts)
-        slots, status, _ = self.insert(keys, tids, policies, vals, expand=expand)
+        slots, status, _ = self.insert(keys, tids, policies, vals, expand=expand, train=True)
         offsets = self.offsets(slots, tids)
         # Every entry goes to the writer, all but the new keys at -1: no
         # selection of the new keys, whose number only the device knows.
         self.write_new_rows(torch.where(self._new(status), offsets, -1), keys, tids, init)
-        return slots, offsets
+        return slots, self.mark_refused(offsets, status)
+
+    def mark_refused(self, rows: torch.Tensor, status: torch.Tensor) -> torch.Tensor:
+        """``rows`` with ``REFUSED_ROW`` where a training insert refused a
+        key (see ``train_rows``); as they are without ``refuse_cold``."""
+        if not self.refuse_cold:
+            return rows
+        return torch.where(status == self._refused, REFUSED_ROW, rows)
 
     def _new(self, status: torch.Tensor) -> torch.Tensor:
         """(n) bool of an insert's statuses: the entries whose rows are new

@@ -102,7 +102,7 @@ class HybridStorage(HashTableStorage):
             # reads nothing on the host and takes no device memory for rows).
             return super()._train_rows(keys, tids, counts, score, init)
         policies, vals = batch_policies(self.strategies, score, counts)
-        slots, status, _ = self.insert(keys, tids, policies, vals)
+        slots, status, _ = self.insert(keys, tids, policies, vals, train=True)
         # After an expansion too: growth adds host rows, a split table stays split.
         p = self.placement
         local = self.local_rows(slots, tids)
@@ -114,7 +114,7 @@ class HybridStorage(HashTableStorage):
         n = int(host.sum())
         if n == 0:
             self.write_new_rows(torch.where(new, offsets, -1), keys, tids, init)
-            return offsets
+            return self.mark_refused(offsets, status)
         pos = torch.nonzero_static(host, size=n).squeeze(1)
         st_tids, st_host, st_new = tids[pos], offsets[pos], new[pos]
         buffer = torch.empty((n, self.layout.max_row_bytes), dtype=torch.uint8, device=self.device)
@@ -133,7 +133,7 @@ class HybridStorage(HashTableStorage):
         self._staged = _Staged(buffer, st_tids, st_host, p.map_index(local[pos], st_tids))
         self._kernel_space = kernels
         self.host_reads += n - st_new.sum()
-        return rows
+        return self.mark_refused(rows, status)
 
     def _mark_used(self, offsets, tids, on_device) -> None:
         """Marks the device rows of split tables a batch uses (``on_device``

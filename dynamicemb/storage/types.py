@@ -50,6 +50,11 @@ from dynamicemb.storage.scores import BatchScore
 from dynamicemb.table import ScoredHashTable
 from dynamicemb.types import MemoryType
 
+# StepRows.train_rows' row of a key its table refused (``refuse_cold_keys``):
+# stored nowhere, like -1, but not a failure; the module gives it a fill row.
+# Far below the fill rows' references (-2 - i, cc/embedding/pooling.h).
+REFUSED_ROW = -(2**62)
+
 # ------------------------------------------------------------------- rows --
 
 
@@ -258,7 +263,8 @@ class StepRows(abc.ABC):
 
         Returns:
             torch.Tensor: (n) int64 byte offsets, -1 where a key could not be
-            stored (it reads zeros and is not updated).
+            stored (it reads zeros and is not updated), ``REFUSED_ROW`` where
+            the table refused a new key (``refuse_cold_keys``).
         """
 
     @abc.abstractmethod

@@ -14,13 +14,14 @@ compare the CUDA kernels with the CPU ones, byte for byte.
 import pytest
 import torch
 
-from dynamicemb import DynamicEmbInitializerArgs, DynamicEmbInitializerMode
+from dynamicemb import DynamicEmbInitializerArgs, DynamicEmbInitializerMode, DynamicEmbOptimType
 from dynamicemb.embedding.initializer import init_rows, init_rows_at, initializer_op_args
 from dynamicemb.table import constants
 from tests.devices import DEVICES
 from tests.embedding import test_pooling_ops as po
 
 FP8 = int(constants()["ElementType"]["FLOAT8_E4M3FN"])
+RMSPROP_AR = DynamicEmbOptimType.ROWWISE_RMSPROP_AR
 
 
 def pad4(n: int) -> int:
@@ -81,10 +82,11 @@ def test_fp8_rows_pool_as_the_sum_of_their_decoded_values(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("optim", [po.SGD, po.ADAM, po.ROWWISE], ids=lambda o: o.name)
+@pytest.mark.parametrize("optim", [po.SGD, po.ADAM, po.ROWWISE, RMSPROP_AR], ids=lambda o: o.name)
 def test_an_fp8_update_holds_the_float32_update_within_a_step(device, optim):
     dim = 5
-    sd = {po.SGD: 0, po.ADAM: 2 * dim, po.ROWWISE: 4}[optim]  # row-wise: 16 bytes reserved
+    # The row-wise optimizers reserve 16 bytes.
+    sd = {po.SGD: 0, po.ADAM: 2 * dim, po.ROWWISE: 4, RMSPROP_AR: 4}[optim]
     t = po.batch(device, seed=22, dims=(dim, dim), width=dim + sd, num_rows=30)
     t["values"][:, :dim] *= 0.05
     t["values"][:, dim:].abs_()  # second moments and accumulators are never negative
