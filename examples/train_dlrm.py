@@ -1297,7 +1297,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         result_path = args.summary_json or os.path.join(tmp, "summary.json")
         try:
-            dist_launch.spawn_ranks(args.world_size, _spawned_rank, args, result_path)
+            dist_launch.spawn_ranks(
+                args.world_size, _spawned_rank, args, result_path, device=args.device
+            )
         except mp.ProcessExitedException as e:
             # A rank gave up (2: a JobError it printed) or was killed by a signal.
             return e.exit_code if e.exit_code > 0 else 128 - e.exit_code
