@@ -28,6 +28,7 @@ TABLE_CORE_HDRS = [
     "scores.h",
     "operations.h",
     "rows.h",
+    "row_check.h",
 ]
 
 # //cc/table:table_cpu and //cc/table:table_cuda.
@@ -43,6 +44,7 @@ TABLE_HDRS = TABLE_CORE_HDRS + TABLE_CPU_HDRS + TABLE_CUDA_HDRS + TABLE_CUDA_PRI
 TABLE_CPU_SRCS = ["table_cpu.cpp"]
 
 TABLE_CUDA_SRCS = [
+    "table_cuda_check.cu",
     "table_cuda_export.cu",
     "table_cuda_find.cu",
     "table_cuda_run.cu",
@@ -50,10 +52,18 @@ TABLE_CUDA_SRCS = [
 ]
 
 # //cc/embedding: initializers (counter-based random rows), fused optimizers,
-# pooling (the forward into TorchRec's layout, gradient reduction + update backward).
-EMBEDDING_CORE_HDRS = ["initializer.h", "optimizer.h", "pooling.h"]
+# pooling (the forward into TorchRec's layout, gradient reduction + update backward),
+# the segmented unique of a batch's (table, key) pairs.
+EMBEDDING_CORE_HDRS = [
+    "fp8_rows.h",
+    "initializer.h",
+    "optimizer.h",
+    "philox.h",
+    "pooling.h",
+    "unique.h",
+]
 
-EMBEDDING_CPU_HDRS = ["initializer_cpu.h", "optimizer_cpu.h", "pooling_cpu.h"]
+EMBEDDING_CPU_HDRS = ["initializer_cpu.h", "optimizer_cpu.h", "pooling_cpu.h", "unique_cpu.h"]
 
 EMBEDDING_CUDA_HDRS = [
     "initializer_cuda.h",
@@ -65,7 +75,12 @@ EMBEDDING_CUDA_HDRS = [
 
 EMBEDDING_HDRS = EMBEDDING_CORE_HDRS + EMBEDDING_CPU_HDRS + EMBEDDING_CUDA_HDRS
 
-EMBEDDING_CPU_SRCS = ["initializer_cpu.cpp", "optimizer_cpu.cpp", "pooling_cpu.cpp"]
+EMBEDDING_CPU_SRCS = [
+    "initializer_cpu.cpp",
+    "optimizer_cpu.cpp",
+    "pooling_cpu.cpp",
+    "unique_cpu.cpp",
+]
 
 EMBEDDING_CUDA_SRCS = ["initializer_cuda.cu", "optimizer_cuda.cu", "pooling_cuda.cu", "unique_cuda.cu"]
 
@@ -134,7 +149,7 @@ OPS_SRCS = [
     "embedding_ops_cpu.cpp",
     "routing_ops_cpu.cpp",
     "storage_ops_cpu.cpp",
-    "unique_ops.cpp",
+    "unique_ops_cpu.cpp",
     "ops_meta.cpp",
     "module.cpp",
 ]

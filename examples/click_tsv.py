@@ -40,9 +40,9 @@ ID_FORMATS = {"hex": 16, "int": 10}
 SUFFIXES = (".tsv", ".tsv.gz")
 
 _U64 = 1 << 64
-_INT64_MIN = -(1 << 63)
+INT64_MIN = -(1 << 63)
 # dynamicemb reserves the four smallest int64 values as table markers.
-_RESERVED_KEYS = 4
+RESERVED_KEYS = 4
 
 
 def categorical_names() -> list[str]:
@@ -81,7 +81,7 @@ def to_key(value: int) -> int:
     smallest values moved just above them."""
     value %= _U64
     key = value - _U64 if value >> 63 else value
-    return key + _RESERVED_KEYS if key < _INT64_MIN + _RESERVED_KEYS else key
+    return key + RESERVED_KEYS if key < INT64_MIN + RESERVED_KEYS else key
 
 
 @dataclass

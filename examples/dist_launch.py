@@ -1,20 +1,24 @@
 """What the multi-process scripts (examples/train_dlrm.py and serve_replica.py,
 the benchmarks tools/bench/sharded_ec_bench.py and checkpoint_bench.py) share:
 the --device and --world-size arguments, free ports, the ranks' process group
-(NCCL on the rank's local GPU, or gloo on the CPU), the model of one embedding
-collection, and a model planned and sharded over them.
+(NCCL on the rank's local GPU, or gloo on the CPU) and the model of one embedding
+collection. A model is planned and sharded over the ranks by
+``dynamicemb.shard.plan_and_shard``.
 
 A rank learns its place from the environment ``torch.distributed.run``
 (torchrun) sets: RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR
 and MASTER_PORT. Started without a launcher, a script runs its ranks itself
 (``spawn_ranks``): one process per rank on this host, given the same variables, so
-the ranks run the same code either way.
+the ranks run the same code either way; ``run_job`` does either, and collects
+rank 0's result.
 """
 
 import argparse
 import datetime
+import json
 import os
 import socket
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -197,28 +201,6 @@ def init_process_group(
     init_from_env(device, threads, timeout_s)
 
 
-def plan_and_shard(model: torch.nn.Module, planner, sharder, device: torch.device, pg=None):
-    """Plans ``model`` with ``planner`` over every rank of ``pg`` (default: the
-    world) and shards it with ``DistributedModelParallel`` and ``sharder``.
-
-    Returns:
-        (the sharded model, the plan).
-    """
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.types import ShardingEnv
-
-    pg = pg or dist.group.WORLD
-    plan = planner.collective_plan(model, [sharder], pg)
-    sharded = DistributedModelParallel(
-        model,
-        env=ShardingEnv.from_process_group(pg),
-        device=device,
-        plan=plan,
-        sharders=[sharder],
-    )
-    return sharded, plan
-
-
 def _launched_rank(rank: int, world_size: int, port: int, fn, more: tuple) -> None:
     _set_rank_env(rank, world_size, port)
     fn(*more)
@@ -245,6 +227,52 @@ def spawn_ranks(world_size: int, fn, *more, device: str = "cuda") -> None:
     )
 
 
+def run_job(fn, args, result_path: str | None, refusals: tuple[type[Exception], ...] = ()) -> int:
+    """Runs ``fn(env, device, args)`` on every rank of a job (``init_from_env``
+    with ``args.device`` and ``args.threads``): this process as the rank the
+    launcher's environment names (under torchrun), else ``args.world_size``
+    processes on this host (``spawn_ranks``). Rank 0's return value, when not
+    None, is written to ``result_path`` as JSON. A rank that raises one of
+    ``refusals`` (the job cannot start or go on) ends with exit status 2, rank
+    0 printing the error. Returns the exit status (a rank killed by a signal:
+    128 + its number)."""
+    if launched():
+        return _run_rank(fn, args, result_path, refusals)
+    try:
+        spawn_ranks(
+            args.world_size, _spawned_rank, fn, args, result_path, refusals, device=args.device
+        )
+    except mp.ProcessExitedException as e:
+        return e.exit_code if e.exit_code > 0 else 128 - e.exit_code
+    return 0
+
+
+def _run_rank(fn, args, result_path: str | None, refusals: tuple[type[Exception], ...]) -> int:
+    env, device = init_from_env(args.device, args.threads)
+    try:
+        result = fn(env, device, args)
+        # Every rank past its last collective before any tears the group
+        # down: a rank destroying it while a peer's transfer is in flight
+        # can abort that peer at exit.
+        dist.barrier()
+    except refusals as e:
+        if env.rank == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    finally:
+        dist.destroy_process_group()
+    if result is not None and result_path:
+        with open(result_path, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+def _spawned_rank(fn, args, result_path: str | None, refusals) -> None:
+    rc = _run_rank(fn, args, result_path, refusals)
+    if rc:
+        sys.exit(rc)
+
+
 def run_alone(fn, args) -> None:
     """Runs ``fn(args)`` as the one rank of a world of one: NCCL on GPU 0 for
     ``args.device`` cuda, else gloo with ``args.threads`` torch threads."""
@@ -260,19 +288,3 @@ def run_alone(fn, args) -> None:
         fn(args)
     finally:
         dist.destroy_process_group()
-
-
-def quiet() -> None:
-    """Silences notices that would bury a script's own output: TorchRec's KJT
-    validator (raw ids are outside [0, num_embeddings) by design), the
-    planner's notes about how a CPU topology was built and dry-run
-    estimates, and deprecation notes of the libraries."""
-    import logging
-    import warnings
-
-    logging.getLogger("torchrec.sparse.jagged_tensor_validator").setLevel(logging.ERROR)
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
-    logging.getLogger("torchrec.distributed.planner.types").setLevel(logging.ERROR)
-    logging.getLogger("torchrec.distributed.planner.storage_reservations").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)

@@ -20,7 +20,7 @@ import sys
 
 import click_tsv  # examples/click_tsv.py, next to this script
 import torch
-from train_dlrm import _GOLDEN, _wrap, hidden_weight, power_law_ranks, splitmix64
+from click_data import GOLDEN, hidden_weight, power_law_ranks, splitmix64, wrap_int64
 
 MISSING_DENSE = 0.10
 MISSING_ID = 0.05
@@ -50,7 +50,7 @@ def sample(rows: int, seed: int, alpha: float = 1.05):
     for c, vocab in enumerate(vocabularies()):
         ranks = power_law_ranks(g, rows, vocab, alpha)
         # 32-bit ids as Criteo's hashed ones, from the rank and the column.
-        col = splitmix64(ranks * _GOLDEN + _wrap(1000 + c)) & 0xFFFFFFFF
+        col = splitmix64(ranks * GOLDEN + wrap_int64(1000 + c)) & 0xFFFFFFFF
         present = torch.rand(rows, generator=g) >= MISSING_ID
         sparse += torch.where(present, hidden_weight(col, salt=2000 + c), 0.0)
         ids[:, c] = torch.where(present, col, -1)

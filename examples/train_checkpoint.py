@@ -18,12 +18,13 @@ atomically.
                            to, and the size and CRC-32s of trainer.pt and of
                            every file in torchrec/
 
-Why two formats: the dynamic tables are hash tables, not tensors, so a
-state_dict() does not hold them; DynamicEmbDump writes them checksummed,
-verifies everything before a load changes a table, carries the admission
-counters, and reshards by key to any world size. The rest is what TorchRec
-and torch already checkpoint well: DCP reshards the static tables' sharded
-tensors, and saves a replicated dense tensor once.
+Why two formats: the dynamic tables are hash tables, not tensors. A sharded
+model's state_dict() can carry their rows into DCP, but DynamicEmbDump
+writes them checksummed, verifies everything before a load changes a table,
+carries the admission counters, and reshards by key to any world size; so
+the state dict given to DCP here leaves them out (state_dict_without_rows).
+The rest is what TorchRec and torch already checkpoint well: DCP reshards the
+static tables' sharded tensors, and saves a replicated dense tensor once.
 
 Publishing: every rank writes into ``step_<N>.dynamicemb-tmp-<token>``; when
 all have finished, rank 0 writes ``job.json`` (fsynced) and renames the
@@ -47,7 +48,6 @@ import io
 import os
 import re
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -115,6 +115,17 @@ def complete(root: str) -> list[Found]:
         if body is not None and int(body["step"]) == int(m.group(1)):
             out.append(Found(int(m.group(1)), path, body))
     return sorted(out, key=lambda f: f.step)
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """A job resumed from a checkpoint: the step it goes on after, the
+    trainer state saved with it (``loss_sum``, ``eval_first``,
+    ``data_position``) and the summary's "resumed" entry."""
+
+    step: int
+    trainer: dict[str, Any]
+    entry: dict[str, Any]
 
 
 def _differences(want: Any, got: Any, where: str = "") -> list[str]:
@@ -241,6 +252,7 @@ class JobCheckpoints:
     process group; ``keep`` the number kept (0: all)."""
 
     def __init__(self, root: str, keep: int, device: torch.device) -> None:
+        self.named = root  # as the job was given it
         self.root = _store(root).absolute(root)
         self.keep = keep
         self.device = device
@@ -252,6 +264,63 @@ class JobCheckpoints:
         found = complete(self.root) if self.group.rank == 0 else None
         found = found[-1] if found else None
         return self.group.broadcast_object(found)
+
+    def resume(
+        self,
+        model: torch.nn.Module,
+        dense_opt: torch.optim.Optimizer,
+        model_desc: dict,
+        data_desc: dict,
+        dense_lr: float,
+        batch_size: int,
+    ) -> Resumed | None:
+        """--resume (every rank calls it): loads the newest complete
+        checkpoint into the model and the dense optimizer (``load``) once it
+        is found to be of this model and data; the dense optimizer's learning
+        rate is then ``dense_lr`` (the command line's). Rank 0 says where it
+        resumed from and, at another world size, how the job was resharded
+        (``batch_size`` examples per rank).
+
+        Returns:
+            The resume, or None when there is no checkpoint yet (rank 0 says
+            so): the job starts at step 0.
+
+        Raises:
+            JobError: the newest checkpoint is of another model or data.
+        """
+        found = self.newest()
+        if found is None:
+            if self.group.rank == 0:
+                print(f"--resume: no checkpoint in {self.named} yet, starting at step 0")
+            return None
+        check_matches(found, model_desc, data_desc)
+        t0 = time.perf_counter()
+        trainer, report = self.load(found, model, dense_opt)
+        for group in dense_opt.param_groups:
+            group["lr"] = dense_lr
+        dropped = {t.table: t.dropped for t in report.tables} if report is not None else {}
+        entry = {
+            "path": found.path,
+            "step": found.step,
+            "world_size": found.manifest["world_size"],
+            "seconds": time.perf_counter() - t0,
+            "rows_dropped": dropped,
+        }
+        world_size = self.group.world_size
+        if self.group.rank == 0:
+            print(
+                f"resumed from {found.path} (after step {found.step}, written at world size "
+                f"{entry['world_size']}) in {entry['seconds']:.2f} s",
+                flush=True,
+            )
+            if entry["world_size"] != world_size:
+                lost = ", ".join(f"{n} {d}" for n, d in dropped.items() if d) or "none"
+                print(
+                    f"  resharded from {entry['world_size']} to {world_size} ranks: the "
+                    f"global batch is now {batch_size * world_size}; rows that did not "
+                    f"fit: {lost}"
+                )
+        return Resumed(found.step, trainer, entry)
 
     def save(
         self,
@@ -345,7 +414,7 @@ class JobCheckpoints:
         """
         import torch.distributed.checkpoint as dcp
 
-        from dynamicemb.checkpoint import load
+        from dynamicemb.checkpoint import load, state_dict_without_rows
 
         _, files = _io()
         g = self.group
@@ -364,7 +433,8 @@ class JobCheckpoints:
         report = load(os.path.join(found.path, TABLES), model, optim=True, show_progress=False)
         state = self._torchrec_state(model)
         dcp.load(state, checkpoint_id=os.path.join(found.path, TORCHREC))
-        model.load_state_dict(state["model"])
+        with state_dict_without_rows():  # the tables were loaded from tables/
+            model.load_state_dict(state["model"])
         if "fused_optim" in state:
             model.fused_optimizer.load_state_dict(state["fused_optim"])
         dense_opt.load_state_dict(trainer.pop("dense_optim"))
@@ -380,10 +450,11 @@ class JobCheckpoints:
         """What DCP saves and loads: the model's state_dict() and the fused
         optimizer's (a rank that holds no static table has no state there:
         its empty dicts are left out, as DCP has nothing to match them to).
-        The dynamic tables' rows are not in it (dynamicemb warns so); they
-        are saved beside it, in ``tables/``."""
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r"state_dict\(\) does not hold the rows")
+        The dynamic tables' rows are left out of it: they are saved beside
+        it, in ``tables/``."""
+        from dynamicemb.checkpoint import state_dict_without_rows
+
+        with state_dict_without_rows():
             sd = model.state_dict()
         return _pruned({"model": sd, "fused_optim": model.fused_optimizer.state_dict()})
 

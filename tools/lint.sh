@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The lint gate: ruff (lint and format) for Python, clang-format for C++/CUDA,
 # buildifier for BUILD/.bzl files (and that C++/CUDA rules come from //bazel:defs.bzl),
-# and the package's layering (tools/check_layers.py).
+# the package's layering (tools/check_layers.py) and the torch ops' kernels and opcheck
+# tests (tools/check_ops.py).
 # .ci/run runs it before the tests; alone it takes seconds once tools/setup_env.sh has
 # installed the tools.
 #
@@ -69,6 +70,10 @@ fi
 # The package's structure: layers, Bazel deps, the one door to the extension,
 # module length (tools/check_layers.py says which rules).
 run "$VENV/bin/python" tools/check_layers.py
+# The torch ops: a kernel on every backend, and opcheck on each (tools/check_ops.py).
+run "$VENV/bin/python" tools/check_ops.py
+# MODULE.bazel and WORKSPACE provide the same repositories (tools/check_bzlmod.py).
+run "$VENV/bin/python" tools/check_bzlmod.py
 if ((status)); then
   echo "lint: FAILED (bash tools/lint.sh --fix rewrites what can be fixed automatically)" >&2
 else

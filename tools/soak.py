@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 
-# The main job, examples/train_dlrm.py (which imports its dist_launch.py by name).
+# The main job, examples/train_dlrm.py (which imports the modules beside it by name).
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 import train_dlrm
 

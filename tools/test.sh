@@ -9,8 +9,11 @@
 #   * tools/check_dist.py --fresh-venv: the sdist and the wheel built once, what they
 #     carry and declare, the wheel installed with its extras into a fresh venv and
 #     running examples/quickstart.py there (it compiles the extension and installs:
-#     minutes). It is not run again for the same files and venv once it has passed
-#     (.cache/check-dist-fresh-venv holds what it passed for; remove it to run it anyway).
+#     minutes);
+#   * the newest tested torch / torchrec / FBGEMM set on a handful of the Python suite
+#     (tools/newest_smoke.sh: a venv of its own, the extension built for that torch).
+# The last two are not run again for the same files and venvs once they have passed
+# (.cache/<name> holds what each passed for; remove it to run it anyway).
 # The API reference is built (Sphinx, warnings as errors) by //tests/docs.
 # Ends with one line "bazel: N passed, N failed" (test targets of both workspaces).
 set -euo pipefail
@@ -21,29 +24,41 @@ bash tools/lint.sh
 log=$(mktemp)
 consumer_log=$(mktemp)
 dist_log=$(mktemp)
+newest_log=$(mktemp)
 pids=()
-trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -f "$log" "$consumer_log" "$dist_log"' EXIT
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -f "$log" "$consumer_log" "$dist_log" "$newest_log"' EXIT
 rc=0
 
-# What the packaging check depends on: the files it copies (tracked and new, not
-# ignored), the venv's set-up and its interpreter.
-dist_inputs() {
-  git ls-files -z --cached --others --exclude-standard | xargs -0 sha256sum 2>/dev/null || true
-  cat .venv/.dynamicemb-setup 2>/dev/null || true
-  .venv/bin/python -VV
+# What the packaging check and the newest-set smoke test depend on: the files they
+# copy (tracked and new, not ignored; tools/newest_smoke.sh pins its own set), the
+# venv's set-up and the interpreter.
+inputs_key() {
+  {
+    git ls-files -z --cached --others --exclude-standard | xargs -0 sha256sum 2>/dev/null || true
+    cat .venv/.dynamicemb-setup 2>/dev/null || true
+    .venv/bin/python -VV
+  } | sha256sum | cut -d' ' -f1
 }
-dist_stamp=.cache/check-dist-fresh-venv
-dist_key=$(dist_inputs | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$dist_stamp" 2>/dev/null)" = "$dist_key" ]; then
-  echo "check_dist: --fresh-venv passed for these files and this venv already ($dist_stamp)" >"$dist_log"
-else
+key=$(inputs_key)
+
+# once NAME LOG CMD...: runs CMD in the background at a lower priority, its output to
+# LOG, unless it passed for these inputs already (.cache/NAME holds the key it passed for).
+once() {
+  local name=$1 out=$2 stamp=.cache/$1
+  shift 2
+  if [ "$(cat "$stamp" 2>/dev/null)" = "$key" ]; then
+    echo "$name: passed for these files and venvs already ($stamp)" >"$out"
+    return
+  fi
   (
-    nice -n 10 .venv/bin/python tools/check_dist.py --fresh-venv
-    mkdir -p "$(dirname "$dist_stamp")"
-    echo "$dist_key" >"$dist_stamp"
-  ) >"$dist_log" 2>&1 &
+    nice -n 10 "$@"
+    mkdir -p .cache
+    echo "$key" >"$stamp"
+  ) >"$out" 2>&1 &
   pids+=("$!")
-fi
+}
+once check-dist-fresh-venv "$dist_log" .venv/bin/python tools/check_dist.py --fresh-venv
+once newest-smoke "$newest_log" bash tools/newest_smoke.sh
 nice -n 10 bash examples/bazel_consumer/test.sh "$@" >"$consumer_log" 2>&1 &
 pids+=("$!")
 
@@ -52,7 +67,7 @@ for p in "${pids[@]}"; do
   wait "$p" || rc=$?
 done
 pids=()
-cat "$consumer_log" "$dist_log"
+cat "$consumer_log" "$dist_log" "$newest_log"
 cat "$consumer_log" >>"$log"
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log" || true)
 failed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|INCOMPLETE)' "$log" || true)

@@ -1,8 +1,7 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 //
-// The segmented unique on the GPU (the op segmented_unique,
-// cc/ops/unique_ops_cuda.cpp; its results are documented in
-// dynamicemb/embedding/unique.py). Torch-free; every pointer on the device.
+// The segmented unique on the GPU (unique.h; the CPU kernel is unique_cpu.h).
+// Torch-free; every pointer on the device.
 //
 // The pairs are found in a hash set of input positions: each occurrence
 // probes for its (table, key) pair and leaves the pair's smallest position in
@@ -17,21 +16,11 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cc/embedding/unique.h"
+
 namespace dyn_emb {
 namespace embedding {
 namespace cuda {
-
-/// The outputs (n entries each unless said otherwise), int64.
-struct UniqueOutputs {
-  int64_t* keys = nullptr;
-  int64_t* table_ids = nullptr;
-  int64_t* inverse = nullptr;
-  int64_t* counts = nullptr;
-  int64_t* table_offsets = nullptr;  ///< (num_tables + 1)
-  int64_t* order = nullptr;
-  int64_t* num_unique = nullptr;   ///< (1)
-  int64_t* occ_offsets = nullptr;  ///< (n + 1)
-};
 
 /// Bytes of device scratch segmented_unique needs for n occurrences of
 /// num_tables tables (n < 2^31 - 1).

@@ -127,11 +127,14 @@ at::Tensor count_meta(const at::Tensor& table_keys, const at::Tensor& info) {
   return at::empty_symint({info.sym_size(0)}, table_keys.options());
 }
 
-/// table_check_rows reads values, which a Meta tensor does not have.
-void check_rows_meta(const at::Tensor& /*keys*/, const at::Tensor& /*table_ids*/,
-                     const at::Tensor& /*table_keys*/, const at::Tensor& /*digests*/,
-                     const at::Tensor& /*scores*/, const at::Tensor& /*info*/,
-                     const at::Tensor& /*free_rows*/, const at::Tensor& /*score_values*/) {}
+/// table_check_rows: its devices; the rule reads values, which a Meta tensor
+/// does not have.
+void check_rows_meta(const at::Tensor& keys, const at::Tensor& table_ids,
+                     const at::Tensor& table_keys, const at::Tensor& digests,
+                     const at::Tensor& scores, const at::Tensor& info, const at::Tensor& free_rows,
+                     const at::Tensor& score_values) {
+  check_rows_devices(keys, table_ids, table_keys, digests, scores, info, free_rows, score_values);
+}
 
 at::Tensor route_keys_meta(const at::Tensor& keys, const at::Tensor& feature_ids,
                            const at::Tensor& dist_types, const at::Tensor& blocks,
@@ -223,16 +226,7 @@ std::tuple<at::Tensor, at::Tensor> occurrence_bags_meta(const at::Tensor& offset
 UniqueResult segmented_unique_meta(const at::Tensor& keys, const at::Tensor& table_ids,
                                    int64_t num_tables, int64_t /*pad_key*/) {
   check_unique_args(keys, table_ids, num_tables);
-  const c10::SymInt n = keys.sym_numel();
-  auto per_pair = [&] { return at::empty_symint({n}, keys.options()); };
-  return {per_pair(),
-          per_pair(),
-          per_pair(),
-          per_pair(),
-          at::empty({num_tables + 1}, keys.options()),
-          per_pair(),
-          at::empty({1}, keys.options()),
-          at::empty_symint({n + 1}, keys.options())};
+  return empty_unique(keys, num_tables);
 }
 
 }  // namespace

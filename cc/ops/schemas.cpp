@@ -175,10 +175,10 @@ TORCH_LIBRARY(dynamicemb, m) {
   m.def("table_count(Tensor table_keys, Tensor info) -> Tensor");
 
   // Checks the rows an insert with assign_rows would give the new keys of
-  // NO_EVICTION tables (cc/table/rows.h: in the table's rows, held by no key,
-  // given to no other new key), raising for the first bad one; changes
-  // nothing. The rule table_run applies on the CPU; a CUDA table calls it on
-  // host copies (the CUDA kernels do not check values).
+  // NO_EVICTION tables (cc/table/row_check.h: valid keys, rows in the table's
+  // rows, held by no key, given to no other new key), raising for the first
+  // bad entry; changes nothing. The rule table_run applies on the CPU; a CUDA
+  // table calls this op before its run (the CUDA run does not check values).
   // Args: as table_run's (score_values: (1 or n, num_scores), word 0 the row).
   m.def(
       "table_check_rows(Tensor keys, Tensor table_ids, Tensor table_keys, Tensor digests, "
@@ -221,7 +221,9 @@ TORCH_LIBRARY(dynamicemb, m) {
   //   occurrence; bag_offsets: (F * batch + 1); weights: (n) float32 or None;
   //   cols, dims: (F) first output column and dim of each feature;
   //   element_type: the embeddings' storage::ElementType (0 float32, 1
-  //   float16, 2 bfloat16); fill: (m, width) rows of that type, or None, of
+  //   float16, 2 bfloat16, 3 FP8 e4m3fn rows with a scale, at most
+  //   storage::kMaxScaledDim wide); fill: (m, width) rows of that type (FP8:
+  //   uint8, the rows' bytes), or None, of
   //   keys stored nowhere: rows[u] = -2 - i reads fill row i; tiled: the
   //   caller's promise that the features' columns [cols[f], cols[f] + dims[f])
   //   cover [0, out_width) (every column is then written, and the output is

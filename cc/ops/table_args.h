@@ -10,10 +10,12 @@
 #include <optional>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "cc/ops/tensor_checks.h"
 #include "cc/table/hash.h"
 #include "cc/table/layout.h"
+#include "cc/table/row_check.h"
 #include "cc/table/rows.h"
 #include "cc/table/table_ref.h"
 #include "cc/table/types.h"
@@ -422,18 +424,76 @@ inline void check_counter_values_cpu(const table::TableRef& t) {
   }
 }
 
+/// Refuses entry i when its key is reserved or its table id out of range;
+/// with `padding`, kEmptyKey marks a padding entry and is taken.
+inline void check_key_value(int64_t i, int64_t key, int64_t table, int64_t num_tables,
+                            bool padding = false) {
+  TORCH_CHECK_VALUE(!table::is_reserved_key(key) || (padding && key == table::kEmptyKey),
+                    "dynamicemb: key ", key, " at index ", i, " is reserved (keys below ",
+                    table::kFirstValidKey, " mark slot states)");
+  TORCH_CHECK_VALUE(table >= 0 && table < num_tables, "dynamicemb: table id ", table, " at index ",
+                    i, " is out of range [0, ", num_tables, ")");
+}
+
 /// CPU tensors: refuses reserved keys and table ids out of range, naming the
-/// first one; with `padding`, kEmptyKey marks a padding entry and is taken.
+/// first one (check_key_value).
 inline void check_key_values(const at::Tensor& keys, const at::Tensor& table_ids,
                              int64_t num_tables, bool padding = false) {
   const int64_t* k = keys.data_ptr<int64_t>();
   const int64_t* t = table_ids.data_ptr<int64_t>();
-  for (int64_t i = 0; i < keys.numel(); ++i) {
-    TORCH_CHECK_VALUE(!table::is_reserved_key(k[i]) || (padding && k[i] == table::kEmptyKey),
-                      "dynamicemb: key ", k[i], " at index ", i, " is reserved (keys below ",
-                      table::kFirstValidKey, " mark slot states)");
-    TORCH_CHECK_VALUE(t[i] >= 0 && t[i] < num_tables, "dynamicemb: table id ", t[i], " at index ",
-                      i, " is out of range [0, ", num_tables, ")");
+  for (int64_t i = 0; i < keys.numel(); ++i) check_key_value(i, k[i], t[i], num_tables, padding);
+}
+
+/// table_check_rows's tensors on one device (every backend, Meta included).
+inline void check_rows_devices(const at::Tensor& keys, const at::Tensor& table_ids,
+                               const at::Tensor& table_keys, const at::Tensor& digests,
+                               const at::Tensor& scores, const at::Tensor& info,
+                               const at::Tensor& free_rows, const at::Tensor& score_values) {
+  check_find_devices("table_check_rows", keys, table_ids, table_keys, digests, scores, info,
+                     score_values);
+  check_devices("table_check_rows", {{"keys", &keys}, {"free_rows", &free_rows}});
+}
+
+/// table_check_rows's argument checks on the CPU and CUDA: the devices, the
+/// state's and the batch's shapes, one value row or one per key.
+inline void check_rows_args(const at::Tensor& keys, const at::Tensor& table_ids,
+                            const at::Tensor& table_keys, const at::Tensor& digests,
+                            const at::Tensor& scores, const at::Tensor& info,
+                            const at::Tensor& free_rows, const at::Tensor& score_values) {
+  check_rows_devices(keys, table_ids, table_keys, digests, scores, info, free_rows, score_values);
+  check_state(table_keys, digests, scores, info);
+  check_batch(keys, table_ids, table_keys);
+  check_1d(free_rows, at::kLong, "free_rows");
+  const std::vector<int64_t> assign(static_cast<size_t>(scores.size(1)),
+                                    static_cast<int64_t>(table::ScorePolicy::kAssign));
+  check_scores(assign, score_values, keys.numel(), scores.size(1), table_keys);
+}
+
+/// The row of entry i is score_values[i * stride] (score column 0).
+inline int64_t row_stride(const at::Tensor& score_values) {
+  return score_values.size(0) == 1 ? 0 : score_values.size(1);
+}
+
+/// Refuses a batch the assign_rows check found fault with (row_check.h),
+/// naming the entry and what its row collides with.
+inline void refuse_rows(const table::RowVerdict& v, int64_t num_tables) {
+  switch (v.error) {
+    case table::kRowsOk:
+      return;
+    case table::kRowKeyReserved:
+    case table::kRowTableRange:
+      check_key_value(v.index, v.key, v.table, num_tables);
+      return;
+    case table::kRowOutOfRange:
+      TORCH_CHECK_VALUE(false, "dynamicemb: row ", v.row, " at index ", v.index,
+                        " is out of range [0, ", v.row_capacity, ") of table ", v.table);
+    case table::kRowGivenTwice:
+      TORCH_CHECK_VALUE(false, "dynamicemb: row ", v.row, " at index ", v.index,
+                        " is given to key ", v.other_key, " at index ", v.other_index,
+                        " too: a row holds one key");
+    default:
+      TORCH_CHECK_VALUE(false, "dynamicemb: row ", v.row, " at index ", v.index, " is held by key ",
+                        v.other_key, " of table ", v.table);
   }
 }
 

@@ -5,9 +5,7 @@
 #include <ATen/ATen.h>
 #include <torch/library.h>
 
-#include <set>
 #include <utility>
-#include <vector>
 
 #include "cc/ops/table_args.h"
 #include "cc/ops/tensor_checks.h"
@@ -21,63 +19,18 @@ namespace {
 
 using table::TableMode;
 
-/// assign_rows: the row of every new key of a NO_EVICTION table (the first
-/// occurrence of a key that is not in the table; resident keys keep their
-/// rows) lies in the table's rows, is held by no key of the table and is given
-/// to no other new key of the batch. Refuses the call naming the first one.
-void check_assigned_rows(const table::TableRef& t, const at::Tensor& keys,
-                         const at::Tensor& table_ids, const at::Tensor& score_values) {
-  std::vector<int64_t> owner(static_cast<size_t>(t.num_free_rows), table::kEmptyKey);
-  std::vector<int64_t> given(static_cast<size_t>(t.num_free_rows), -1);
-  for (int64_t slot = 0; slot < t.num_slots; ++slot) {
-    const int64_t e = table::held_row_entry(t, slot);
-    if (e >= 0) owner[e] = t.keys[slot];
-  }
-  const int64_t* k = keys.data_ptr<int64_t>();
-  const int64_t* tid = table_ids.data_ptr<int64_t>();
-  const int64_t* v = score_values.data_ptr<int64_t>();
-  const int64_t stride = score_values.size(0) == 1 ? 0 : score_values.size(1);
-  const auto no_eviction = [&](int64_t i) {
-    return t.info[tid[i] * kInfoCols + table::kInfoMode] ==
-           static_cast<int64_t>(TableMode::kNoEviction);
-  };
-  for (int64_t i = 0; i < keys.numel(); ++i) {
-    const int64_t cap = t.info[tid[i] * kInfoCols + table::kInfoRowCapacity];
-    TORCH_CHECK_VALUE(!no_eviction(i) || (v[i * stride] >= 0 && v[i * stride] < cap),
-                      "dynamicemb: row ", v[i * stride], " at index ", i, " is out of range [0, ",
-                      cap, ") of table ", tid[i]);
-  }
-  std::set<std::pair<int64_t, int64_t>> seen;  // (table, key) of the new keys so far
-  for (int64_t i = 0; i < keys.numel(); ++i) {
-    if (!no_eviction(i)) continue;
-    const int64_t* ti = t.info + tid[i] * kInfoCols;
-    const int64_t row = v[i * stride];
-    if (table::find_slot(t, tid[i], k[i]) >= 0 || !seen.insert({tid[i], k[i]}).second) continue;
-    const int64_t e = ti[table::kInfoRowOffset] + row;
-    TORCH_CHECK_VALUE(given[e] < 0, "dynamicemb: row ", row, " at index ", i, " is given to key ",
-                      given[e] < 0 ? 0 : k[given[e]], " at index ", given[e],
-                      " too: a row holds one key");
-    TORCH_CHECK_VALUE(owner[e] == table::kEmptyKey, "dynamicemb: row ", row, " at index ", i,
-                      " is held by key ", owner[e], " of table ", tid[i]);
-    given[e] = i;
-  }
-}
-
 void check_rows_cpu(const at::Tensor& keys, const at::Tensor& table_ids,
                     const at::Tensor& table_keys, const at::Tensor& digests,
                     const at::Tensor& scores, const at::Tensor& info, const at::Tensor& free_rows,
                     const at::Tensor& score_values) {
-  check_state(table_keys, digests, scores, info);
-  check_batch(keys, table_ids, table_keys);
-  check_1d(free_rows, at::kLong, "free_rows");
-  const std::vector<int64_t> assign(static_cast<size_t>(scores.size(1)),
-                                    static_cast<int64_t>(table::ScorePolicy::kAssign));
-  check_scores(assign, score_values, keys.numel(), scores.size(1), table_keys);
+  check_rows_args(keys, table_ids, table_keys, digests, scores, info, free_rows, score_values);
   check_cpu(keys);
   const table::TableRef t = table_ref(table_keys, digests, scores, info, nullptr, &free_rows);
   check_layout_cpu(t, free_rows.numel());
-  check_key_values(keys, table_ids, info.size(0));
-  check_assigned_rows(t, keys, table_ids, score_values);
+  refuse_rows(table::cpu::check_rows(t, keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(),
+                                     score_values.data_ptr<int64_t>(), row_stride(score_values),
+                                     keys.numel()),
+              info.size(0));
 }
 
 at::Tensor find_cpu(const at::Tensor& keys, const at::Tensor& table_ids,
@@ -167,8 +120,11 @@ run_cpu(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_k
   const bool place = op == static_cast<int64_t>(table::RunOp::kPlace);
   if (assign_rows && (op == static_cast<int64_t>(table::RunOp::kInsert) ||
                       op == static_cast<int64_t>(table::RunOp::kInsertEvict))) {
-    check_assigned_rows(table_ref(table_keys, digests, scores, info, &counters, &free_rows), keys,
-                        table_ids, score_values);
+    const table::TableRef lt = table_ref(table_keys, digests, scores, info, &counters, &free_rows);
+    refuse_rows(
+        table::cpu::check_rows(lt, keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(),
+                               score_values.data_ptr<int64_t>(), row_stride(score_values), n),
+        info.size(0));
   }
   if (place) {
     const table::TableRef lt = table_ref(table_keys, digests, scores, info, &counters, &free_rows);

@@ -141,6 +141,32 @@ at::Tensor count_cuda(const at::Tensor& table_keys, const at::Tensor& info) {
   return out;
 }
 
+/// The assign_rows check on the device; the layout on a host copy of info
+/// (a few words), the verdict read back: one synchronization, as the CPU
+/// kernel's message needs the verdict on the host.
+void check_rows_cuda(const at::Tensor& keys, const at::Tensor& table_ids,
+                     const at::Tensor& table_keys, const at::Tensor& digests,
+                     const at::Tensor& scores, const at::Tensor& info, const at::Tensor& free_rows,
+                     const at::Tensor& score_values) {
+  check_rows_args(keys, table_ids, table_keys, digests, scores, info, free_rows, score_values);
+  c10::cuda::CUDAGuard guard(keys.device());
+  const at::Tensor host_info = info.cpu();
+  table::TableRef host_view;
+  host_view.info = host_info.data_ptr<int64_t>();
+  host_view.num_tables = info.size(0);
+  host_view.num_slots = table_keys.numel();
+  check_layout_cpu(host_view, free_rows.numel());
+  at::Tensor verdict = at::empty({table::kRowVerdictWords}, keys.options().dtype(at::kLong));
+  const table::TableRef t = table_ref(table_keys, digests, scores, info, nullptr, &free_rows);
+  TorchScratch scratch(keys);
+  table::cuda::check_rows(t, keys.data_ptr<int64_t>(), table_ids.data_ptr<int64_t>(),
+                          score_values.data_ptr<int64_t>(), row_stride(score_values), keys.numel(),
+                          reinterpret_cast<table::RowVerdict*>(verdict.data_ptr<int64_t>()),
+                          scratch, c10::cuda::getCurrentCUDAStream().stream());
+  const at::Tensor found = verdict.cpu();
+  refuse_rows(*reinterpret_cast<const table::RowVerdict*>(found.data_ptr<int64_t>()), info.size(0));
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
@@ -148,6 +174,7 @@ TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
   m.impl("table_run", &run_cuda);
   m.impl("table_find_gather", &find_gather_cuda);
   m.impl("table_export", &export_cuda);
+  m.impl("table_check_rows", &check_rows_cuda);
   m.impl("table_count", &count_cuda);
   m.impl("table_home_starts", &home_starts_cuda);
   m.impl("table_timer", &timer_cuda);

@@ -1,13 +1,15 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 //
-// segmented_unique's argument checks and result, shared by its kernel
-// (unique_ops.cpp) and its Meta kernel (ops_meta.cpp).
+// segmented_unique's argument checks and results, shared by its CPU and CUDA
+// kernels (unique_ops_cpu.cpp, unique_ops_cuda.cpp) and its Meta kernel
+// (ops_meta.cpp).
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <tuple>
 
+#include "cc/embedding/unique.h"
 #include "cc/ops/tensor_checks.h"
 
 namespace dyn_emb {
@@ -31,6 +33,36 @@ inline at::TensorOptions check_unique_args(const at::Tensor& keys, const at::Ten
   TORCH_CHECK_VALUE(num_tables >= 1 && num_tables < (int64_t{1} << 31),
                     "dynamicemb: num_tables must be in [1, 2^31), got ", num_tables);
   return keys.options().dtype(at::kLong);
+}
+
+/// The results for `keys` (uninitialized, on the keys' device; any size on
+/// Meta).
+inline UniqueResult empty_unique(const at::Tensor& keys, int64_t num_tables) {
+  const c10::SymInt n = keys.sym_numel();
+  const auto l = keys.options().dtype(at::kLong);
+  auto per_pair = [&] { return at::empty_symint({n}, l); };
+  return {per_pair(),
+          per_pair(),
+          per_pair(),
+          per_pair(),
+          at::empty({num_tables + 1}, l),
+          per_pair(),
+          at::empty({1}, l),
+          at::empty_symint({n + 1}, l)};
+}
+
+/// The kernels' pointers into results of empty_unique.
+inline embedding::UniqueOutputs unique_outputs(const UniqueResult& r) {
+  embedding::UniqueOutputs out;
+  out.keys = std::get<0>(r).data_ptr<int64_t>();
+  out.table_ids = std::get<1>(r).data_ptr<int64_t>();
+  out.inverse = std::get<2>(r).data_ptr<int64_t>();
+  out.counts = std::get<3>(r).data_ptr<int64_t>();
+  out.table_offsets = std::get<4>(r).data_ptr<int64_t>();
+  out.order = std::get<5>(r).data_ptr<int64_t>();
+  out.num_unique = std::get<6>(r).data_ptr<int64_t>();
+  out.occ_offsets = std::get<7>(r).data_ptr<int64_t>();
+  return out;
 }
 
 }  // namespace ops

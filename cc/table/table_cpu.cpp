@@ -6,12 +6,15 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <set>
+#include <utility>
 #include <vector>
 
 #include "cc/common/host_device.h"
 #include "cc/table/hash.h"
 #include "cc/table/layout.h"
 #include "cc/table/operations.h"
+#include "cc/table/row_check.h"
 #include "cc/table/rows.h"
 
 namespace dyn_emb {
@@ -309,6 +312,52 @@ void count(const TableRef& t, int64_t* out) {
         },
         [](int64_t x, int64_t y) { return x + y; });
   }
+}
+
+RowVerdict check_rows(const TableRef& t, const int64_t* keys, const int64_t* table_ids,
+                      const int64_t* rows, int64_t row_stride, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {  // rule 1
+    const int64_t e = key_error(t, keys[i], table_ids[i]);
+    if (e != kRowsOk) return row_verdict(e, i, keys[i], table_ids[i], 0);
+  }
+  for (int64_t i = 0; i < n; ++i) {  // rule 2
+    const int64_t table = table_ids[i], row = rows[i * row_stride];
+    if (assigns_rows(t, table) && (row < 0 || row >= row_capacity(t, table))) {
+      RowVerdict v = row_verdict(kRowOutOfRange, i, keys[i], table, row);
+      v.row_capacity = row_capacity(t, table);
+      return v;
+    }
+  }
+  // Rule 3: the key holding each row entry (the highest slot's), the new
+  // entry given each, and the (table, key) pairs of the new entries so far.
+  std::vector<int64_t> owner(static_cast<size_t>(t.num_free_rows), kEmptyKey);
+  std::vector<int64_t> given(static_cast<size_t>(t.num_free_rows), -1);
+  for (int64_t slot = 0; slot < t.num_slots; ++slot) {
+    const int64_t e = held_row_entry(t, slot);
+    if (e >= 0) owner[e] = t.keys[slot];
+  }
+  std::set<std::pair<int64_t, int64_t>> seen;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t table = table_ids[i], row = rows[i * row_stride];
+    if (!assigns_rows(t, table) || find_slot(t, table, keys[i]) >= 0 ||
+        !seen.insert({table, keys[i]}).second) {
+      continue;
+    }
+    const int64_t e = row_entry(t, table, row);
+    if (given[e] >= 0) {
+      RowVerdict v = row_verdict(kRowGivenTwice, i, keys[i], table, row);
+      v.other_index = given[e];
+      v.other_key = keys[given[e]];
+      return v;
+    }
+    if (owner[e] != kEmptyKey) {
+      RowVerdict v = row_verdict(kRowHeld, i, keys[i], table, row);
+      v.other_key = owner[e];
+      return v;
+    }
+    given[e] = i;
+  }
+  return RowVerdict{};
 }
 
 }  // namespace cpu

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "cc/table/row_check.h"
 #include "cc/table/table_ref.h"
 
 namespace dyn_emb {
@@ -68,6 +69,12 @@ void gather_rows(const uint8_t* values, int64_t row_bytes, const int64_t* rows, 
 /// @brief Occupied slots of each table, counted from the keys.
 /// @param out (num_tables) out
 void count(const TableRef& t, int64_t* out);
+
+/// @brief The assign_rows check of n entries (row_check.h): the first rule
+/// the batch breaks and the entry that breaks it, kRowsOk if none. Reads only.
+/// @param rows the row of entry i at rows[i * row_stride]
+RowVerdict check_rows(const TableRef& t, const int64_t* keys, const int64_t* table_ids,
+                      const int64_t* rows, int64_t row_stride, int64_t n);
 
 }  // namespace cpu
 }  // namespace table

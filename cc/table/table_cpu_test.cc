@@ -16,6 +16,7 @@
 #include "cc/table/host_table_testing.h"
 #include "cc/table/layout.h"
 #include "cc/table/operations.h"
+#include "cc/table/row_check.h"
 #include "cc/table/rows.h"
 
 namespace dyn_emb {
@@ -152,6 +153,47 @@ TEST(CpuBackend, RebuiltRowAllocatorHandsOutTheLowestFreeRowFirst) {
             (std::vector<int64_t>{4, 3, 1, 0}));
   EXPECT_EQ(row_for_rank(s.ref(), 1, 0), 0);
   EXPECT_EQ(row_for_rank(s.ref(), 1, 4), 6);
+}
+
+RowVerdict check(HostTable& s, const std::vector<int64_t>& keys, const std::vector<int64_t>& tables,
+                 const std::vector<int64_t>& rows) {
+  return cpu::check_rows(s.ref(), keys.data(), tables.data(), rows.data(), 1,
+                         static_cast<int64_t>(keys.size()));
+}
+
+TEST(CpuBackend, CheckRowsNamesTheFirstEntryBreakingTheFirstRule) {
+  // Table 1 has 8 rows; keys 100 and 200 hold rows 0 and 1.
+  HostTable s({{32, 16}, {32, 16}}, 1, /*row_capacities=*/{0, 8});
+  run(s, RunOp::kInsert, {100, 200}, {1, 1}, {0, 0});
+  ASSERT_EQ(s.counters[kCounterCols + kCounterNextRow], 2);
+  const std::vector<int64_t> before = s.keys;
+  EXPECT_EQ(check(s, {300, 400}, {1, 1}, {2, 3}).error, kRowsOk);
+  EXPECT_EQ(check(s, {300, 5}, {1, 0}, {2, 99}).error, kRowsOk);  // an evicting table's row
+  EXPECT_EQ(check(s, {300, 300, 400}, {1, 1, 1}, {2, 7, 7}).error, kRowsOk);  // a repeat
+  EXPECT_EQ(check(s, {100, 300}, {1, 1}, {5, 2}).error, kRowsOk);             // a resident key
+  RowVerdict v = check(s, {300, kEmptyKey}, {1, 1}, {2, 3});
+  EXPECT_EQ(v.error, kRowKeyReserved);
+  EXPECT_EQ(v.index, 1);
+  v = check(s, {300, 400}, {1, 2}, {2, 3});
+  EXPECT_EQ(v.error, kRowTableRange);
+  EXPECT_EQ(v.table, 2);
+  // A row out of range is named before an earlier entry's held row.
+  v = check(s, {300, 400}, {1, 1}, {0, 8});
+  EXPECT_EQ(v.error, kRowOutOfRange);
+  EXPECT_EQ(v.index, 1);
+  EXPECT_EQ(v.row, 8);
+  EXPECT_EQ(v.row_capacity, 8);
+  v = check(s, {300, 400, 500}, {1, 1, 1}, {2, 5, 2});
+  EXPECT_EQ(v.error, kRowGivenTwice);
+  EXPECT_EQ(v.index, 2);
+  EXPECT_EQ(v.other_index, 0);
+  EXPECT_EQ(v.other_key, 300);
+  v = check(s, {300, 100, 400}, {1, 1, 1}, {4, 1, 0});
+  EXPECT_EQ(v.error, kRowHeld);
+  EXPECT_EQ(v.index, 2);
+  EXPECT_EQ(v.key, 400);
+  EXPECT_EQ(v.other_key, 100);
+  EXPECT_EQ(s.keys, before);
 }
 
 TEST(CpuBackend, ExportAndCountAgreeWithTheKeys) {

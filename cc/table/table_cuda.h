@@ -1,8 +1,9 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 //
 // CUDA backend of the scored hash table. The per-key logic is that of
-// operations.h, rows.h, layout.h and scores.h, shared with the CPU backend; the
-// kernels and their launches are in table_cuda_{find,run,export,shared}.cu.
+// operations.h, rows.h, row_check.h, layout.h and scores.h, shared with the CPU
+// backend; the kernels and their launches are in
+// table_cuda_{find,run,export,check,shared}.cu.
 // Nothing here synchronizes the host with the device: counts stay on the
 // device until someone reads them. Every operation first checks the layout
 // `info` describes on the device (check_layout); if it is inconsistent, every
@@ -15,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "cc/table/row_check.h"
 #include "cc/table/table_ref.h"
 
 namespace dyn_emb {
@@ -72,6 +74,14 @@ void gather_rows(const uint8_t* values, int64_t num_rows, int64_t row_bytes, con
 
 /// @brief Occupied slots per table, into `out` (num_tables, device).
 void count(const TableRef& t, int64_t* out, ScratchAllocator& scratch, cudaStream_t stream);
+
+/// @brief The assign_rows check of n entries (row_check.h; see cpu::check_rows)
+/// into `*verdict` (device memory). The caller has checked the layout (the
+/// kernels trust info). Writes nothing else.
+/// @param rows the row of entry i at rows[i * row_stride]
+void check_rows(const TableRef& t, const int64_t* keys, const int64_t* table_ids,
+                const int64_t* rows, int64_t row_stride, int64_t n, RowVerdict* verdict,
+                ScratchAllocator& scratch, cudaStream_t stream);
 
 /// @brief Number of CUDA devices visible, or a negative cudaError_t.
 int device_count();

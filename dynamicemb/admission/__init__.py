@@ -15,7 +15,7 @@ The interfaces (``Counter``, ``KVCounter``, ``AdmissionStrategy``,
 ``MultiTableAdmitter``) live in ``dynamicemb.types``; all of them are
 importable from ``dynamicemb`` too. A module counts the keys its admitter
 admits and rejects, per table, in its ``stats``
-(``dynamicemb.embedding.stats.StatCol.ADMISSIONS`` / ``REJECTIONS``).
+(``dynamicemb.storage.stats.StatCol.ADMISSIONS`` / ``REJECTIONS``).
 """
 
 from dynamicemb.admission.admitters import (

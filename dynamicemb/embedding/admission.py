@@ -32,7 +32,7 @@ import torch
 
 from dynamicemb.dynamicemb_config import value_row_bytes
 from dynamicemb.embedding.initializer import MultiTableInitializer
-from dynamicemb.embedding.stats import StatCol
+from dynamicemb.storage.stats import StatCol
 from dynamicemb.table import ScoredHashTable, enums
 from dynamicemb.types import MultiTableAdmitter
 

@@ -17,16 +17,16 @@ What makes a replay equal to the eager lookup, and when none is made:
 - The module says whether its step may be captured (``_graph_state``): a
   CUDA module in training, without admission or with an admitter that
   decides for padded batches in one op (the frequency admitter:
-  dynamicemb/embedding/admission.py), whose storage's ``train_rows``
-  neither synchronizes nor changes its layout (``TableStorage.graph_state``:
-  evicting tables at their capacity, no victim scorer, no evicted keys
-  kept), whose failures are not read (``safe_check_mode`` IGNORE) and whose
-  unique is not checked on the host (``DYNAMICEMB_DEBUG``). It gives the
-  addresses of every state tensor the lookup touches, the admission
-  counter's included, and the constants it passes (the admission
-  threshold): a graph is replayed only while they are unchanged (an
-  expansion, a relayout, a restore or a load rebuilds tensors: the graph is
-  captured again).
+  dynamicemb/embedding/admission.py), whose storage's ``train_rows`` neither
+  synchronizes nor changes its layout (``graphs.state`` of the storage's
+  ``StepGraphs``, dynamicemb/storage/types.py: evicting tables at their
+  capacity, no victim scorer, no evicted keys kept), whose failures are not
+  read (``safe_check_mode`` IGNORE) and whose unique is not checked on the
+  host (``DYNAMICEMB_DEBUG``). It gives the addresses of every state tensor
+  the lookup touches, the admission counter's included, and the constants it
+  passes (the admission threshold): a graph is replayed only while they are
+  unchanged (an expansion, a relayout, a restore or a load rebuilds tensors:
+  the graph is captured again).
 - A shape is captured the second time it is seen (the first lookup of a
   shape runs eagerly, so the kernels' one-time setup is not captured), at
   most ``MAX_GRAPHS`` shapes are kept (the least recently used is dropped).
@@ -34,10 +34,10 @@ What makes a replay equal to the eager lookup, and when none is made:
   step's number (the STEP score) is a (1, 1) tensor filled before each
   replay; Adam's bias corrections are made outside the graph.
 - What the storage's ``train_rows`` does on the host runs around the graph
-  (``TableStorage.before_graph_lookup``: a cache waits for a prefetch on
+  (``graphs.before_lookup``: a cache waits for a prefetch on
   another stream and finishes a batch that had no backward), and what it
   sets there (a cache's slots held by the batch in flight) each replay puts
-  back (``graph_lookup_state``, ``graph_replayed``).
+  back (``graphs.lookup_state``, ``graphs.replayed``).
 - A graph's outputs serve one batch at a time: while the batch of its last
   replay is alive and its backward has not run, the lookup runs eagerly
   (two forward passes before one backward each get their own tensors).
@@ -201,13 +201,13 @@ class LookupGraphs(_ShapeGraphs):
         elif g.busy():
             return None
         with record_function("dynamicemb:lookup_graph"):
-            module.storage.before_graph_lookup()
+            module.storage.graphs.before_lookup()
             for buf, x in zip(g.inputs, (indices, offsets, freq)):
                 if buf is not None:
                     buf.copy_(x)
             g.step.fill_(module.step)
             g.graph.replay()
-            module.storage.graph_replayed(g.storage_state)
+            module.storage.graphs.replayed(g.storage_state)
         self.graphs.move_to_end(key)
         self.replays += 1
         batch = dataclasses.replace(g.batch)
@@ -219,32 +219,35 @@ class LookupGraphs(_ShapeGraphs):
         runs yet: the caller replays it). None when the capture fails."""
         inputs = tuple(None if x is None else x.clone() for x in (indices, offsets, freq))
         step = torch.zeros((1, 1), dtype=torch.int64, device=indices.device)
-        module.storage.before_graph_lookup()
+        module.storage.graphs.before_lookup()
         got = self._record(indices.device, lambda: module._lookup(*inputs, step))
         if got is None:
             return None
         graph, batch = got
-        g = _Graph(graph, inputs, step, batch, state, module.storage.graph_lookup_state())
+        g = _Graph(graph, inputs, step, batch, state, module.storage.graphs.lookup_state())
         self._keep(key, g)
         return g
 
 
 @dataclass
 class _PrefetchGraph:
-    """One captured prefetch: the graph, its input buffers, its state."""
+    """One captured prefetch: the graph, its input buffers, its state and
+    what the storage's host part does after each replay of it
+    (``graphs.prefetch_taken``)."""
 
     graph: Any
     inputs: tuple
     state: tuple
+    taken: Any = None
 
 
 class PrefetchGraphs(_ShapeGraphs):
     """The CUDA graphs of one module's prefetches (the padded unique of the
-    coming batch and the storage's ``prefetch_rows``), by batch shape, over
-    the storage's ``prefetch_graph_state`` (its tiers' tensors and those of
-    the batch in flight, which a replayed lookup keeps at fixed addresses).
-    The storage's host part runs around a replay (``before_graph_prefetch``,
-    ``after_graph_prefetch``)."""
+    coming batch and the storage's ``graphs.prefetch_rows``), by batch shape,
+    over the storage's ``graphs.prefetch_state`` (its tiers' tensors and those
+    of the batch in flight, which a replayed lookup keeps at fixed addresses).
+    The storage's host part runs around a replay (``graphs.before_prefetch``,
+    ``graphs.after_prefetch``)."""
 
     what = "prefetch"
 
@@ -262,18 +265,18 @@ class PrefetchGraphs(_ShapeGraphs):
             if not self._due(key):
                 return False
             inputs = (indices.clone(), offsets.clone())
-            module.storage.before_graph_prefetch()
+            module.storage.graphs.before_prefetch()
             got = self._record(indices.device, lambda: module._prefetch_rows(*inputs))
             if got is None:
                 return False
-            g = _PrefetchGraph(got[0], inputs, state)
+            g = _PrefetchGraph(got[0], inputs, state, module.storage.graphs.prefetch_taken())
             self._keep(key, g)
         with record_function("dynamicemb:prefetch_graph"):
-            module.storage.before_graph_prefetch()
+            module.storage.graphs.before_prefetch()
             for buf, x in zip(g.inputs, (indices, offsets)):
                 buf.copy_(x)
             g.graph.replay()
-            module.storage.after_graph_prefetch()
+            module.storage.graphs.after_prefetch(g.taken)
         self.graphs.move_to_end(key)
         self.replays += 1
         return True

@@ -2,8 +2,8 @@
 
 The embedding step looks every distinct key up once, reduces the gradients
 of its occurrences into one, and counts how often it occurred (LFU scores,
-admission). This is that step, on any device: the op ``segmented_unique``
-(cc/ops/unique_ops.cpp), one call: on the CPU a stable sort by key, a
+admission). This is that step, on any device: the op ``segmented_unique``,
+one call: on the CPU (cc/embedding/unique_cpu.h) a stable sort by key, a
 counting sort by table, the pairs of each table ordered by first occurrence
 and one pass; on CUDA (cc/embedding/unique_cuda.h) a hash set of the pairs
 that keeps each pair's first position, one stable radix sort of (table,

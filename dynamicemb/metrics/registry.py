@@ -22,9 +22,7 @@ import torch
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
-from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
-from dynamicemb.embedding.stats import StatCol
-from dynamicemb.embedding.table_rows import TableRows
+from dynamicemb._seams import provided
 from dynamicemb.metrics.figures import (
     COLLECTION,
     COUNTER,
@@ -38,6 +36,8 @@ from dynamicemb.metrics.figures import (
     TableReading,
     observations,
 )
+from dynamicemb.storage.stats import StatCol
+from dynamicemb.storage.table_rows import TableRows
 from dynamicemb.table import enums
 from dynamicemb.types import MemoryType
 
@@ -63,7 +63,8 @@ class MetricsRegistry:
     """
 
     def __init__(self, meter_provider: metrics.MeterProvider | None = None) -> None:
-        meter = metrics.get_meter(METER_NAME, meter_provider=meter_provider)
+        # The meter's version is the package's (dynamicemb.__version__).
+        meter = metrics.get_meter(METER_NAME, provided("version"), meter_provider=meter_provider)
         self._sources: list[_Source] = []
         self._cond = threading.Condition()
         self._generation = 0  # readings taken (read() calls)
@@ -97,8 +98,7 @@ class MetricsRegistry:
         The tables of an external storage publish what dynamicemb knows of
         them (see ``TableReading``): no table counters.
         """
-        if isinstance(rows, BatchedDynamicEmbeddingTablesV2):
-            rows = rows.rows
+        rows = _module_rows(rows) or rows
         if not isinstance(rows, TableRows):
             raise TypeError(
                 f"expected a BatchedDynamicEmbeddingTablesV2, got {type(rows).__name__}"
@@ -241,6 +241,13 @@ def _default_rank() -> int:
     return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
+def _module_rows(module) -> TableRows | None:
+    """The rows object of a ``BatchedDynamicEmbeddingTablesV2`` (its
+    ``rows``); None for anything else."""
+    rows = getattr(module, "rows", None)
+    return rows if isinstance(rows, TableRows) else None
+
+
 def instrument(
     model: torch.nn.Module,
     collection: str | None = None,
@@ -273,10 +280,11 @@ def instrument(
     """
     rank = _default_rank() if rank is None else int(rank)
     reg = registry(meter_provider)
-    if isinstance(model, BatchedDynamicEmbeddingTablesV2):
-        n = model.rows.num_tables
+    own = _module_rows(model)
+    if own is not None:
+        n = own.num_tables
         names = [f"table_{t}" for t in range(n)] if table_names is None else table_names
-        reg.add(model.rows, collection or "", names, rank)
+        reg.add(own, collection or "", names, rank)
         return reg
     from dynamicemb.shard.tables import model_tables
 

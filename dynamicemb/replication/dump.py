@@ -219,7 +219,7 @@ def dump_delta(
                 )
     for ref, _ in chosen:
         check_routable(ref, "incremental_dump")
-        ref.rows.hash_tier("incremental_dump")  # raises for an external storage
+        ref.rows.check_delta("incremental_dump")  # raises for an external storage
     group = Group(pg) if pg is not None else None
     gathered = group is not None and group.distributed
     carried = carried or {}

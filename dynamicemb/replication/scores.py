@@ -10,8 +10,8 @@ import torch
 
 from dynamicemb._checks import is_int
 from dynamicemb.dynamicemb_config import DynamicEmbScoreStrategy as S
-from dynamicemb.embedding.table_rows import TableRows
 from dynamicemb.shard.tables import TableRef, model_tables, resolve
+from dynamicemb.storage.table_rows import TableRows
 
 __all__ = ["delta_scores", "get_score", "set_score", "table_scores"]
 

@@ -6,7 +6,8 @@
 same way. A table whose plan entry is a ``DynamicEmbParameterSharding`` is
 sharded row-wise into per-rank hash tables (``BatchedDynamicEmbeddingTablesV2``)
 with keys routed by its ``dist_type`` (``route_keys``); the other tables of the
-collection stay TorchRec's.
+collection stay TorchRec's. ``plan_and_shard`` plans a model over the ranks
+and shards it with ``DistributedModelParallel`` in one call.
 
 Importing this package needs TorchRec (``import dynamicemb`` does not).
 """
@@ -24,6 +25,7 @@ from .lookup import (
     dynamic_embedding_kernels,
     named_dynamic_embedding_kernels,
 )
+from .model_parallel import plan_and_shard
 from .routing import DIST_TYPE_CODES, continuous_block_size, route_keys
 
 __all__ = [
@@ -40,5 +42,6 @@ __all__ = [
     "dedup_kjt",
     "dynamic_embedding_kernels",
     "named_dynamic_embedding_kernels",
+    "plan_and_shard",
     "route_keys",
 ]

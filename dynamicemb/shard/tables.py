@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from dynamicemb.dynamicemb_config import DynamicEmbTableOptions
-from dynamicemb.embedding.table_rows import TableRows
 from dynamicemb.io.files import check_name
+from dynamicemb.storage.table_rows import TableRows
 
 __all__ = [
     "ROOT_MODULE",

@@ -31,7 +31,7 @@ from torch.profiler import record_function
 
 from dynamicemb.storage import padded
 from dynamicemb.storage import space as sp
-from dynamicemb.storage.base import ExportedRows, Footprint, RowInit, TableStorage
+from dynamicemb.storage.cache_prefetch import PrefetchSteps
 from dynamicemb.storage.cache_staging import Located, Staged, StagedSteps, Undo, select_values
 from dynamicemb.storage.hash_storage import HashTableStorage
 from dynamicemb.storage.layout import RowLayout
@@ -39,28 +39,30 @@ from dynamicemb.storage.scores import (
     BatchScore,
     batch_policies,
     carry_scores,
-    initial_scores,
 )
-from dynamicemb.table import PAD_KEY, enums
+from dynamicemb.storage.types import (
+    Backing,
+    DeltaRows,
+    ExportedRows,
+    Footprint,
+    HostBacking,
+    RowInit,
+    StepGraphs,
+    TableStorage,
+)
+from dynamicemb.table import enums
 
 
-def _member(keys: torch.Tensor, of: torch.Tensor) -> torch.Tensor:
-    """(n) bool: ``keys[i]`` is one of ``of`` (a sorted copy searched:
-    ``torch.isin`` reads on the host on a GPU)."""
-    if of.numel() == 0:
-        return torch.zeros_like(keys, dtype=torch.bool)
-    s = torch.sort(of).values
-    return s[torch.searchsorted(s, keys).clamp(max=s.numel() - 1)] == keys
-
-
-class CachedStorage(StagedSteps, TableStorage):
-    """A device cache (or none) over a backing tier.
+class CachedStorage(StagedSteps, PrefetchSteps, TableStorage):
+    """A device cache (or none) over a backing tier (``Backing``). Over a
+    host table it is a ``CachedHashStorage``, which adds the faces of the hash
+    table holding every key.
 
     Args:
         cache (Optional[HashTableStorage]): the device cache, evicting and of
             fixed size; None stages every key (external storage without
             cache).
-        backing: the backing tier: a host ``HashTableStorage`` or an
+        backing (Backing): the backing tier: a host ``HashTableStorage`` or an
             ``ExternalBacking``.
         layout (RowLayout): the row format.
         device (torch.device): the storage's device.
@@ -72,7 +74,7 @@ class CachedStorage(StagedSteps, TableStorage):
         self, cache, backing, layout: RowLayout, device: torch.device, strategies, table_strategies
     ) -> None:
         self.cache: HashTableStorage | None = cache
-        self.backing = backing
+        self.backing: Backing = backing
         self.layout = layout
         self.device = device
         self.strategies = strategies
@@ -91,14 +93,12 @@ class CachedStorage(StagedSteps, TableStorage):
         self._last_score = BatchScore(0, None)
         # A backing tier that may raise (a user's storage): a step keeps an
         # undo record until its rows are written back (``Undo``).
-        self._fallible = bool(getattr(backing, "can_fail", False))
+        self._fallible = backing.can_fail
         # A cache over a host table: keys the cache cannot take are found or
         # inserted in the backing table, whose (pinned, mapped) rows the
         # kernels address in place; a step then reads nothing on the host.
         # Otherwise they are staged (``_stage``).
-        self._direct = (
-            cache is not None and not self._fallible and isinstance(backing, HashTableStorage)
-        )
+        self._direct = cache is not None and not self._fallible and isinstance(backing, HostBacking)
         self._undo: Undo | None = None
         self._prefetch_event = None
         # The end of the last training lookup or update, on its stream (first
@@ -111,6 +111,17 @@ class CachedStorage(StagedSteps, TableStorage):
         zero = torch.zeros((), dtype=torch.int64, device=device)
         self.overflows, self.prefetched = zero, zero.clone()
         self.host_reads, self.host_writes = zero.clone(), zero.clone()
+        self.graphs = StepGraphs(
+            state=self._graph_state,
+            before_lookup=self._begin_step,
+            lookup_state=self._in_flight,
+            replayed=self._replayed,
+            prefetch_state=self._prefetch_graph_state,
+            before_prefetch=self._before_prefetch,
+            prefetch_rows=self._prefetch_rows,
+            after_prefetch=self._after_prefetch,
+            prefetch_taken=self._take_writes,
+        )
 
     # ---------------------------------------------------------- streams --
 
@@ -119,9 +130,16 @@ class CachedStorage(StagedSteps, TableStorage):
         if self._prefetch_event is not None:
             torch.cuda.current_stream(self.device).wait_event(self._prefetch_event)
             self._prefetch_event = None
+        self._wait_writes()
         # What a later prefetch on another stream waits for: the work queued
         # on this call's stream so far.
         self._record_train()
+
+    def _wait_writes(self) -> None:
+        """Orders this call after the victims' rows on their way to the host
+        table (``HostWrites``)."""
+        if self._direct:
+            self.backing.writes.wait()
 
     # ------------------------------------------------------------ lookups --
 
@@ -145,35 +163,51 @@ class CachedStorage(StagedSteps, TableStorage):
     def takes_padded_batches(self) -> bool:
         return self._direct
 
-    def graph_state(self) -> tuple | None:
-        """A cache over a host table, both as ``HashTableStorage.graph_state``
-        requires (evicting, at their capacity, no victim scorer, no evicted
-        keys kept): its training lookup neither synchronizes nor moves a
-        tensor."""
+    def _graph_state(self) -> tuple | None:
+        """``graphs.state``: a cache over a host table, both as
+        ``HashTableStorage``'s requires (evicting, at their capacity, no victim
+        scorer, no evicted keys kept): its training lookup neither
+        synchronizes nor moves a tensor."""
         if not self._direct:
             return None
-        cache, backing = self.cache.graph_state(), self.backing.graph_state()
+        cache, backing = self.cache.graphs.state(), self.backing.graphs.state()
         if cache is None or backing is None:
             return None
         own = (self.overflows, self.host_reads, self.host_writes, self.backing.dropped)
-        return (*cache, *backing, *(x.data_ptr() for x in own))
+        writes = self.backing.writes
+        return (*cache, *backing, *(x.data_ptr() for x in own), writes.rows, writes.max_rows)
 
     def _begin_step(self) -> None:
-        """Before a training lookup: after a prefetch on another stream, and
-        after the write-back of a previous batch that had no backward."""
+        """Before a training lookup (``graphs.before_lookup``): after a
+        prefetch on another stream, and after the write-back of a previous
+        batch that had no backward."""
         self._join_prefetch()
         self.after_update()
 
-    def before_graph_lookup(self) -> None:
-        self._begin_step()
+    def _in_flight(self):
+        """``graphs.lookup_state``: the batch in flight, and the victims' rows
+        the captured lookup staged (written after each replay)."""
+        return self._held, self._overflow, self._last_score, self._take_writes()
 
-    def graph_lookup_state(self):
-        return self._held, self._overflow, self._last_score
-
-    def graph_replayed(self, state) -> None:
-        self._held, self._overflow, self._last_score = state
+    def _replayed(self, state) -> None:
+        """``graphs.replayed``: the batch in flight of a replayed lookup; its
+        victims' rows on their way to the host table."""
+        self._held, self._overflow, self._last_score, writes = state
         self._staged = self._space_staged = self._undo = None
         self._record_train()
+        self._submit_writes(writes)
+
+    def _take_writes(self):
+        """The victims' rows a captured call staged (``HostWrites.take``)."""
+        return self.backing.writes.take() if self._direct else []
+
+    def _submit_writes(self, writes=None) -> None:
+        """Sends the victims' rows staged by this call (and ``writes``, a
+        replayed graph's) to the host table on the bus stream."""
+        if self._direct:
+            with record_function("dynamicemb:cache_write_back"):
+                self.backing.writes.put(writes or [])
+                self.backing.writes.submit()
 
     def train_rows(
         self, keys, tids, counts, score: BatchScore, init: RowInit, num_keys=None, lookup=None
@@ -191,9 +225,9 @@ class CachedStorage(StagedSteps, TableStorage):
         """The training lookup of a cache over a host table (``_direct``), on
         exact (CPU) or padded (GPU) batches, reading nothing on the host
         unless the backing table still grows; what it sets on the host a
-        replay of its CUDA graph puts back (``graph_replayed``)."""
+        replay of its CUDA graph puts back (``graphs.replayed``)."""
         capturing = self._capturing()
-        if not capturing:  # else done by before_graph_lookup
+        if not capturing:  # else done by graphs.before_lookup
             self._begin_step()
         self._last_score = score
         self._staged = self._space_staged = self._undo = None
@@ -225,7 +259,7 @@ class CachedStorage(StagedSteps, TableStorage):
             loc = self._locate(miss | over, keys, tids)
             self.host_reads += loc.found.sum()
             ns, no, nmiss = loc.sub.take(slots, offsets, miss)
-            self._write_back_victims(victims, loc)
+            self._write_back_victims(victims, loc, evicted)
         with record_function("dynamicemb:cache_fill"):
             self._fill_misses(loc, nmiss, ns, no, policies, vals, init)
         with record_function("dynamicemb:cache_overflow"):
@@ -236,8 +270,13 @@ class CachedStorage(StagedSteps, TableStorage):
                 offsets = torch.where(over, rows, offsets)
             else:
                 offsets = offsets.index_copy(0, osub.idx, rows)
+            # A victim whose host slot a key placed there since took (a full
+            # host table evicted it) is not written: its row is lost, as
+            # the last tier's victims are.
+            self.backing.drop_moved_writes()
         if not capturing:
             self._record_train()
+            self._submit_writes()
         return offsets
 
     def _fill_misses(self, loc: Located, nmiss, slots, offsets, policies, vals, init) -> None:
@@ -302,11 +341,14 @@ class CachedStorage(StagedSteps, TableStorage):
         found, src, offsets, scores = self.backing.locate(k, t)
         return Located(sub, k, t, found, src, offsets, scores)
 
-    def _write_back_victims(self, victims, loc: Located) -> None:
+    def _write_back_victims(self, victims, loc: Located, evicted=None) -> None:
         """Writes the cache rows of evicted keys back to the backing tier
         (their scores with them where both tiers keep the same), the keys
         ``loc`` found there protected from eviction until their rows are
-        read."""
+        read. Over a host table the rows are staged (``HostWrites``): copied
+        out of their cache slots now, written to the host table on the bus
+        stream (``_submit_writes``); ``evicted``'s count says how many
+        there are."""
         if victims is None:
             return
         vk, vt, vs, vscores = victims
@@ -320,8 +362,12 @@ class CachedStorage(StagedSteps, TableStorage):
             ok, ot, oslots = self._overflow
             kept = sp.Subset(oslots >= 0)
             kt, ks = kept.take(ot, oslots)
-            okept = (kept.keys(ok), kt, self.backing.table.scores[ks.clamp(min=0)])
+            okept = (kept.keys(ok), kt, self.backing.scores_at(ks))
             protect = okept if protect is None else tuple(map(torch.cat, zip(protect, okept)))
+        staged = {}
+        if self._direct:
+            count = None if evicted is None or vk.numel() != evicted.keys.numel() else evicted.count
+            staged = {"staged": True, "count": count}
         self.backing.write_back(
             vk,
             vt,
@@ -330,6 +376,7 @@ class CachedStorage(StagedSteps, TableStorage):
             vscores if self._carry else None,
             protect=protect,
             expand=False,
+            **staged,
         )
 
     def _carry_scores(self, slots, carried_mask, bscores, policies, vals) -> None:
@@ -409,152 +456,6 @@ class CachedStorage(StagedSteps, TableStorage):
         if self.cache is not None:
             held |= self.cache.contains(keys, tids)
         return held
-
-    # ----------------------------------------------------------- prefetch --
-
-    takes_padded_prefetch = True
-
-    def prefetch(self, keys, tids, forward_stream=None) -> None:
-        """Brings the keys of a coming batch that the backing tier holds into
-        the cache, on the current stream, without reading anything on the
-        host (with an evicting backing table that does not grow): after the
-        last training lookup or update (an event recorded on the stream they
-        ran on, which the pipeline's ``forward_stream`` need not be: it is
-        not used), and before the next lookup (which waits for this one's
-        event). ``keys`` may be padded (``PAD_KEY``)."""
-        if self.cache is None or keys.numel() == 0:
-            return
-        cuda = self.device.type == "cuda"
-        if not cuda:  # its table kernels refuse PAD_KEY
-            keep = (keys != PAD_KEY).nonzero().squeeze(1)
-            keys, tids = keys[keep], tids[keep]
-        # Room in the backing tier for every key this can write back (only a
-        # backing table that can grow needs it, and reads counts on the host).
-        room = self.backing.room_for(tids, keys != PAD_KEY)
-        if room is not None and self._overflow_in_backing():
-            # Growing the backing table would move the rows the batch in
-            # flight's update is still to write there: no prefetch this time
-            # (the next forward finds or inserts every key itself).
-            return
-        self.before_graph_prefetch(room)
-        self.prefetch_rows(keys, tids)
-        self.after_graph_prefetch()
-
-    def _overflow_in_backing(self) -> bool:
-        """Whether the batch in flight has rows in the backing table that its
-        update is still to write (reads a count on the host)."""
-        return self._overflow is not None and bool((self._overflow[2] >= 0).any())
-
-    def prefetch_graph_state(self) -> tuple | None:
-        """What a CUDA graph of ``prefetch_rows`` would capture (the tiers'
-        ``graph_state`` and the tensors of the batch in flight it reads), or
-        None when it may not be captured (a backing tier that stages, grows
-        or may raise; the CPU)."""
-        state = self.graph_state() if self.device.type == "cuda" else None
-        if state is None:
-            return None
-        flight = tuple(
-            None if x is None else tuple(t.data_ptr() for t in x)
-            for x in (self._held, self._overflow)
-        )
-        # The last batch's score, which prefetched keys start from: a tensor
-        # (a replayed lookup's step) by address, a number by value.
-        score = tuple(
-            x.data_ptr() if isinstance(x, torch.Tensor) else ("value", x)
-            for x in (self._last_score.step, self._last_score.custom)
-        )
-        return (*state, flight, score)
-
-    def before_graph_prefetch(self, room=None) -> None:
-        """The host's part of a prefetch before its kernels (``prefetch_rows``,
-        eager or replayed from a CUDA graph): the backing tier's ``room``
-        reserved, the current stream after the last training lookup."""
-        if self.device.type != "cuda":
-            if room is not None:
-                self.backing.reserve(room)
-            return
-        stream = torch.cuda.current_stream(self.device)
-        if room is not None:
-            # Made on the stream the training lookups run on: the
-            # write-backs on this stream then never reallocate the backing
-            # table (whose old blocks that stream's allocator would reuse
-            # while this one still read them).
-            with torch.cuda.stream(self._train_stream):
-                self.backing.reserve(room)
-            stream.wait_stream(self._train_stream)
-        stream.wait_event(self._train_event)
-
-    def after_graph_prefetch(self) -> None:
-        """The host's part of a prefetch after its kernels: the event the next
-        lookup waits for."""
-        if self.device.type == "cuda":
-            self._prefetch_event = torch.cuda.Event()
-            self._prefetch_event.record(torch.cuda.current_stream(self.device))
-
-    def prefetch_rows(self, keys, tids) -> None:
-        """A prefetch's kernels (``prefetch``), reading nothing on the host on
-        a GPU: ``keys`` may be padded there."""
-        cand = self.cache.table.find(keys, tids) < 0
-        st = self._staged
-        if st is not None:
-            # Rows the batch in flight stages are stale in the backing tier.
-            cand &= ~_member(keys, st.keys)
-        if self._overflow is not None:
-            # Rows its update is still to write in the backing tier.
-            cand &= ~_member(keys, self._overflow[0])
-        self._prefetch_into_cache(self._locate(cand, keys, tids))
-
-    def _prefetch_into_cache(self, loc: Located) -> None:
-        """Inserts the keys ``loc`` found in the backing tier into the cache
-        and copies their rows in; the victims go back first, without evicting
-        those rows."""
-        cache = self.cache
-        sub = sp.Subset(loc.found)
-        fk, (ft, f_off) = sub.keys(loc.keys), sub.take(loc.tids, loc.offsets)
-        if loc.scores is None or not self._carry:
-            policies, vals = batch_policies(self.strategies, self._last_score, torch.zeros_like(fk))
-            fscores = initial_scores(policies, vals, fk.numel(), cache.table.timer(), self.device)
-        else:
-            (fscores,) = sub.take(loc.scores)
-        # The batch in flight holds its cache slots until its backward: they
-        # go into the same call, which never evicts a slot it holds, with the
-        # scores they have.
-        held = 0
-        all_keys, all_tids, all_scores = fk, ft, fscores
-        if self._held is not None and self._held[0].numel():
-            hk, ht, hs = self._held
-            h = sp.Subset(hs >= 0)
-            ht, hs = h.take(ht, hs)
-            hk = h.keys(hk)
-            held = hk.numel()
-            all_keys = torch.cat([hk, fk])
-            all_tids = torch.cat([ht, ft])
-            all_scores = torch.cat([cache.table.scores[hs.clamp(min=0)], fscores])
-        assign = [enums.ScorePolicy.ASSIGN] * cache.table.num_scores
-        counters = self._counters() if self._fallible else None
-        slots, status, evicted = cache.insert(all_keys, all_tids, assign, all_scores, expand=False)
-        victims = self._victims(evicted)
-        victim_rows = self._rows_at(victims) if self._fallible else None
-        slots, status = slots[held:], status[held:]
-        placed = (status == enums.InsertStatus.INSERTED) | (status == enums.InsertStatus.EVICTED)
-        try:
-            self._write_back_victims(victims, loc)
-        except BaseException:
-            if counters is not None:  # the cache as it was before this prefetch
-                self.host_writes.copy_(counters[2])
-                new = sp.Subset(placed)
-                undo = Undo(counters, (new.keys(fk), *new.take(ft)), victims, victim_rows)
-                self._restore_cache(undo)
-            raise
-        self.prefetched += placed.sum()
-        self.host_reads += placed.sum()
-        sp.copy_rows(
-            cache.space(),
-            torch.where(placed, cache.offsets(slots, ft), -1),
-            loc.src,
-            f_off,
-            self.layout.row_bytes_of(ft),
-        )
 
     # -------------------------------------------------------------- flush --
 
@@ -661,16 +562,52 @@ class CachedStorage(StagedSteps, TableStorage):
         extra = torch.bincount(ex.table_ids[only_cached], minlength=len(sizes)).tolist()
         return [s + int(e) for s, e in zip(sizes, extra)]
 
+    def capacity(self, table: int) -> int:
+        return self.backing.capacity(table)
+
+    def limit(self, table: int) -> int:
+        return self.backing.limit(table)
+
     def pop_evicted_keys(self, tables: Sequence[int] | None = None) -> list[torch.Tensor]:
         return self.backing.pop_evicted_keys(tables)
 
-    def hash_tier(self, writing: bool):
-        """The backing table, once the cache is written back (and, when
-        ``writing``, emptied, so that no cached copy hides what is written)."""
-        if not isinstance(self.backing, HashTableStorage):
-            return super().hash_tier(writing)
+
+class CachedHashStorage(CachedStorage, DeltaRows):
+    """A device cache over a host ``HashTableStorage``: the hash table that
+    holds every key is the backing table's, where incremental dumps read and
+    replays write once the cache is written back (``settle``). Takes the
+    arguments of ``CachedStorage``."""
+
+    backing: HashTableStorage
+
+    @property
+    def hash_table(self):
+        return self.backing.hash_table
+
+    def settle(self, writing: bool) -> None:
+        """Writes the cache back, and, when ``writing``, empties it, so that
+        no cached copy hides what is written."""
         if writing:
             self.purge()
         else:
             self.flush()
-        return self.backing
+
+    def export_changed(self, table: int, chunk: int, column: int, threshold: int):
+        return self.backing.export_changed(table, chunk, column, threshold)
+
+    def check_place(self, table: int, keys: torch.Tensor, slots: torch.Tensor) -> None:
+        self.backing.check_place(table, keys, slots)
+
+    def place(self, table: int, keys, slots, words, embeddings, optimizer_state, init, checked):
+        return self.backing.place(
+            table, keys, slots, words, embeddings, optimizer_state, init, checked
+        )
+
+    def upsert(self, table: int, keys, words, embeddings, optimizer_state, init):
+        return self.backing.upsert(table, keys, words, embeddings, optimizer_state, init)
+
+    def erase(self, table: int, keys: torch.Tensor, record: bool) -> torch.Tensor:
+        return self.backing.erase(table, keys, record)
+
+    def pop_erased(self, tables: Sequence[int] | None = None) -> list[torch.Tensor]:
+        return self.backing.pop_erased(tables)

@@ -14,9 +14,9 @@ import torch
 from torch.profiler import record_function
 
 from dynamicemb.storage import space as sp
-from dynamicemb.storage.base import RowInit
 from dynamicemb.storage.rows import write_initial_rows
 from dynamicemb.storage.scores import BatchScore, batch_policies, carry_scores, initial_scores
+from dynamicemb.storage.types import RowInit
 from dynamicemb.table import PAD_KEY, enums
 
 

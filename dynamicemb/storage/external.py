@@ -16,9 +16,9 @@ import torch
 
 from dynamicemb._checks import is_int
 from dynamicemb.storage import space as sp
-from dynamicemb.storage.base import ExportedRows, Footprint, RowInit
 from dynamicemb.storage.layout import RowLayout
 from dynamicemb.storage.rows import rows_buffer
+from dynamicemb.storage.types import Backing, ExportedRows, Footprint, RowInit
 from dynamicemb.table import PAD_KEY
 from dynamicemb.types import MemoryType, Storage, StorageTable
 
@@ -29,8 +29,10 @@ def _describe(x) -> str:
     return repr(x)
 
 
-class ExternalBacking:
-    """The tier below a cache, kept by a user's ``Storage`` subclass.
+class ExternalBacking(Backing):
+    """The tier below a cache, kept by a user's ``Storage`` subclass. It is
+    no ``HashTier``: what needs a dynamicemb hash table (incremental dumps,
+    replays, table counters) is refused for it.
 
     Args:
         cls (type): the ``Storage`` subclass.
@@ -216,12 +218,6 @@ class ExternalBacking:
             found[idx] = self._find(keys[idx], t)[0]
         return found
 
-    def timer(self):  # pragma: no cover - never asked: has_scores is False
-        raise NotImplementedError
-
-    def score_columns(self):
-        return None
-
     # -------------------------------------------------------- checkpoints --
 
     def export_rows(self, table: int, chunk: int) -> Iterator[ExportedRows]:
@@ -285,6 +281,9 @@ class ExternalBacking:
         """The storage sizes itself."""
         return None
 
+    def reserve(self, incoming: Sequence[int]) -> None:
+        """The storage sizes itself."""
+
     def snapshot(self) -> None:
         """The storage's own rows are not copied (see TableStorage.snapshot)."""
         return None
@@ -310,6 +309,10 @@ class ExternalBacking:
     def capacity(self, table: int) -> int:
         """The keys the storage can hold of ``table`` (``Storage.capacity``)."""
         return self._int("capacity", self.storage.capacity(table))
+
+    def limit(self, table: int) -> int:
+        """``capacity``: the storage's rows are its keys'."""
+        return self.capacity(table)
 
     def pop_evicted_keys(self, tables=None) -> list[torch.Tensor]:
         """An external storage keeps its own evictions."""

@@ -19,8 +19,7 @@ from dynamicemb.dynamicemb_config import (
     EvictedItemMode,
     value_row_bytes,
 )
-from dynamicemb.storage.base import Footprint, TableStorage
-from dynamicemb.storage.cache import CachedStorage
+from dynamicemb.storage.cache import CachedHashStorage, CachedStorage
 from dynamicemb.storage.external import ExternalBacking
 from dynamicemb.storage.hash_storage import HashTableStorage
 from dynamicemb.storage.hybrid import HybridStorage
@@ -32,6 +31,7 @@ from dynamicemb.storage.placement import (
     remap_bytes,
 )
 from dynamicemb.storage.scores import cache_strategies
+from dynamicemb.storage.types import Footprint, TableStorage
 from dynamicemb.table import state_bytes
 
 # Slots per bucket of a device cache (the spec's "1024 when the table serves
@@ -80,7 +80,8 @@ def create_storage(
       ``HashTableStorage``) whose rows are split between device and host
       memory by ``local_hbm_for_values``;
     * ``caching=True``: a ``CachedStorage`` of a device cache of the budget
-      over a host ``HashTableStorage`` or the external storage;
+      over a host ``HashTableStorage`` (a ``CachedHashStorage``) or the
+      external storage;
     * an external storage without cache: a ``CachedStorage`` without cache.
 
     Raises:
@@ -113,7 +114,9 @@ def create_storage(
             capacities=[cap for cap, _ in shapes],
             bucket_capacities=[w for _, w in shapes],
         )
+    kind = CachedStorage
     if first.external_storage is None:
+        kind = CachedHashStorage
         backing = HashTableStorage(
             options, layout, device, [0] * len(options), scorer_factory, retain_evicted=retain
         )
@@ -125,7 +128,7 @@ def create_storage(
             first.num_scores(),
             device,
         )
-    return CachedStorage(
+    return kind(
         cache,
         backing,
         layout,

@@ -27,11 +27,20 @@ from dynamicemb.dynamicemb_config import (
 )
 from dynamicemb.storage import padded
 from dynamicemb.storage import space as sp
-from dynamicemb.storage.base import ExportedRows, Footprint, RowInit, TableStorage
+from dynamicemb.storage.hash_delta import HashDelta
+from dynamicemb.storage.host_writes import HostWrites
 from dynamicemb.storage.layout import RowLayout
 from dynamicemb.storage.placement import Placement, bucket_widths, initial_layout
 from dynamicemb.storage.rows import rows_buffer, write_initial_rows
 from dynamicemb.storage.scores import BatchScore, batch_policies, table_score_columns
+from dynamicemb.storage.types import (
+    ExportedRows,
+    Footprint,
+    HostBacking,
+    RowInit,
+    StepGraphs,
+    TableStorage,
+)
 from dynamicemb.table import (
     ScoredHashTable,
     enums,
@@ -55,9 +64,11 @@ def out_of_memory(e: BaseException) -> bool:
     )
 
 
-class HashTableStorage(TableStorage):
+class HashTableStorage(TableStorage, HashDelta, HostBacking):
     """The rows of fused tables in one scored hash table, each table's rows
-    split between device and host memory by its budget.
+    split between device and host memory by its budget: a ``TableStorage``
+    whose last tier is itself (``DeltaRows``), and the ``HostBacking`` of a
+    cache.
 
     Args:
         options (Sequence[DynamicEmbTableOptions]): one per table (``dim``,
@@ -134,6 +145,10 @@ class HashTableStorage(TableStorage):
         self._found = int(enums.InsertStatus.FOUND)
         # Keys a write-back could not place (their bucket full of its own keys).
         self.dropped = torch.zeros((), dtype=torch.int64, device=device)
+        # Rows written into this table's host rows off the step's stream (a
+        # cache's victims: ``write_back(staged=True)``).
+        self.writes = HostWrites(layout, device)
+        self.graphs = StepGraphs(state=self._graph_state)
         self._place(self._rows())
 
     # ------------------------------------------------------------- layout --
@@ -192,7 +207,9 @@ class HashTableStorage(TableStorage):
         return self.placement.offsets(self.local_rows(slots, tids), tids)
 
     def _move_rows(self, old: "Placement", old_space, old_off: torch.Tensor, tids, new_local):
-        """After a relayout: copies rows from the old row space to the new."""
+        """After a relayout: copies rows from the old row space to the new
+        (after the rows on their way into the old one)."""
+        self.writes.wait()
         new_off = self.placement.offsets(new_local, tids)
         sp.copy_rows(
             self.rows_space.tensors,
@@ -392,8 +409,8 @@ class HashTableStorage(TableStorage):
 
     takes_padded_batches = True
 
-    def graph_state(self) -> tuple | None:
-        """Evicting tables at their capacity, without a victim scorer or
+    def _graph_state(self) -> tuple | None:
+        """``graphs.state``: evicting tables at their capacity, without a victim scorer or
         evicted keys to record: their training step neither synchronizes nor
         moves a tensor (the state's addresses change only when the table
         or its rows are rebuilt: an expansion, a relayout, a restore)."""
@@ -411,6 +428,10 @@ class HashTableStorage(TableStorage):
         return (*(x.data_ptr() for x in tensors), t.total_buckets, self._slot_stride)
 
     def key_table(self) -> ScoredHashTable:
+        return self.table
+
+    @property
+    def hash_table(self) -> ScoredHashTable:
         return self.table
 
     def train_rows(
@@ -485,9 +506,6 @@ class HashTableStorage(TableStorage):
         """Whether keys carry scores between this table and a cache."""
         return not self.no_eviction
 
-    def timer(self) -> torch.Tensor:
-        return self.table.timer()
-
     def locate(self, keys: torch.Tensor, tids: torch.Tensor):
         """Where the rows of keys this table holds are, for a cache to copy
         them from: ``(found (n) bool, the row space, (n) byte offsets (-1
@@ -495,8 +513,11 @@ class HashTableStorage(TableStorage):
         until the table changes (``expand_for`` first, when rows go back in
         after)."""
         slots = self.table.find(keys, tids)
-        scores = None if self.no_eviction else self.table.scores[slots.clamp(min=0)]
+        scores = None if self.no_eviction else self.scores_at(slots)
         return slots >= 0, self.rows_space.tensors, self.offsets(slots, tids), scores
+
+    def scores_at(self, slots: torch.Tensor) -> torch.Tensor:
+        return self.table.scores[slots.clamp(min=0)]
 
     def fetch(self, keys: torch.Tensor, tids: torch.Tensor):
         """The rows of keys this table holds, copied: ``(found (n) bool,
@@ -521,7 +542,17 @@ class HashTableStorage(TableStorage):
         self._expand_for(keys, tids)
 
     def write_back(
-        self, keys, tids, src, src_offsets, scores, protect=None, expand: bool = True
+        self,
+        keys,
+        tids,
+        src,
+        src_offsets,
+        scores,
+        protect=None,
+        expand: bool = True,
+        before=None,
+        staged: bool = False,
+        count=None,
     ) -> None:
         """Stores rows a cache gives back (from the row space ``src``), with
         their scores (``ASSIGN``; None under NO_EVICTION). The table expands
@@ -533,7 +564,13 @@ class HashTableStorage(TableStorage):
         ``protect``: ``(keys, table ids, scores)`` of keys a ``locate`` found
         whose rows are still to be read: they go into the same call with their
         own scores, found and untouched, so that no key written back evicts
-        them (``insert_and_evict`` never evicts a key of its batch)."""
+        them (``insert_and_evict`` never evicts a key of its batch).
+        ``before`` does not apply: the table cannot fail midway.
+
+        ``staged``: the rows go through ``writes`` (gathered now into device
+        memory, written to their host rows on a side stream; ``count``: ()
+        int64, the entries with a row, a valid prefix), so that the rows of
+        ``src`` may be reused at once; otherwise they are copied now."""
         if keys.numel() == 0:
             return
         if expand:
@@ -551,7 +588,24 @@ class HashTableStorage(TableStorage):
             slots, status, _ = self.insert(keys, tids, assign, scores, expand=False)
             keys, tids, slots, status = keys[head:], tids[head:], slots[head:], status[head:]
         self.dropped += (status == enums.InsertStatus.FAILED).sum()
-        self.write(slots, tids, src, src_offsets)
+        if not staged:
+            self.write(slots, tids, src, src_offsets)
+            return
+        self.writes.stage(
+            self.rows_space.tensors,
+            self.offsets(slots, tids),
+            src,
+            src_offsets,
+            self.layout.row_bytes_of(tids),
+            keys=keys,
+            slots=slots,
+            count=count,
+        )
+
+    def drop_moved_writes(self) -> None:
+        """Drops the staged rows whose slot another key took since
+        (``HostWrites.drop_moved``)."""
+        self.writes.drop_moved(self.table.keys)
 
     # -------------------------------------------------------- checkpoints --
 
@@ -635,6 +689,7 @@ class HashTableStorage(TableStorage):
         }
 
     def restore(self, snapshot: dict) -> None:
+        self.writes.wait()
         self.table._restore(snapshot["table"])
         self.table._max_caps = snapshot["max_caps"]
         self._set_placement(snapshot["placement"].snapshot(), snapshot["rows_space"])
@@ -678,6 +733,13 @@ class HashTableStorage(TableStorage):
     def sizes(self) -> list[int]:
         return [int(x) for x in self.table.size().tolist()]
 
+    def capacity(self, table: int) -> int:
+        return self.table.capacity(table)
+
+    def limit(self, table: int) -> int:
+        t = self.table
+        return t.row_capacity(table) if t.is_no_eviction(table) else t.capacity(table)
+
     def pop_evicted_keys(self, tables: Sequence[int] | None = None) -> list[torch.Tensor]:
         if self._evicted:
             keys = torch.cat([k for k, _ in self._evicted])
@@ -692,90 +754,6 @@ class HashTableStorage(TableStorage):
             torch.unique(keys[tids == t]) if t in chosen else keys[:0]
             for t in range(self.table.num_tables)
         ]
-
-    # --------------------------------------------------------- replication --
-    # What dynamicemb.replication reaches through the module: rows past a
-    # score threshold with their slots, and writes of keys with their rows
-    # at given slots (a replay by slot) or by key (a replay by key).
-
-    def hash_tier(self, writing: bool) -> "HashTableStorage":
-        """This table holds every key itself."""
-        return self
-
-    def export_changed(
-        self, table: int, chunk: int, column: int, threshold: int
-    ) -> Iterator[ExportedRows]:
-        """The keys of ``table`` whose score word ``column`` is at least
-        ``threshold``, with their rows, slots (in the table) and score words,
-        ``chunk`` slots scanned at a time."""
-        lo, hi = self.table.slot_range(table)
-        cols = self.score_columns()
-        for begin in range(lo, hi, chunk):
-            ex = self.table.export_batch(begin, min(begin + chunk, hi), column, threshold)
-            ex = ex.compact()
-            rows = self.rows_of(ex.keys, ex.slots, ex.table_ids, ex.scores, table, cols)
-            rows.slots = ex.slots - lo
-            rows.words = ex.scores
-            yield rows
-
-    def write_keys(
-        self,
-        keys: torch.Tensor,
-        slots: torch.Tensor,
-        tids: torch.Tensor,
-        status: torch.Tensor,
-        embeddings: torch.Tensor,
-        optimizer_state: torch.Tensor | None,
-        init: RowInit,
-    ) -> None:
-        """The rows of keys just stored at ``slots`` (-1: not stored): their
-        embeddings and optimizer state; without one, a key that kept its row
-        (status FOUND) keeps its state and the others get the initial state."""
-        idx = (slots >= 0).nonzero().squeeze(1)
-        s, t = slots[idx], tids[idx]
-        buf = rows_buffer(keys[idx], t, embeddings, optimizer_state, idx, init, self.layout)
-        if optimizer_state is None and any(self.layout.state_dims):
-            kept = (status[idx] == enums.InsertStatus.FOUND).nonzero().squeeze(1)
-            if kept.numel():
-                _, state = sp.unpack_rows(self.read(s[kept], t[kept]), t[kept], self.layout)
-                sp.pack_rows(buf, t[kept], self.layout, None, state, index=kept)
-        self.write(
-            s, t, sp.as_space(buf), sp.staging_offsets(idx.numel(), self.layout, self.device)
-        )
-
-    def place(self, table: int, keys, slots, words, embeddings, optimizer_state, init, checked):
-        """Keys with their rows at the given slots of ``table`` (0 ..
-        capacity - 1), score words ``words`` (internal order; NO_EVICTION:
-        the rows). Returns the table's ``InsertResult`` (``evicted``: the
-        keys displaced)."""
-        tids = torch.full_like(keys, table)
-        lo, _ = self.table.slot_range(table)
-        assign = [enums.ScorePolicy.ASSIGN] * self.table.num_scores
-        res = self.table.place(
-            keys,
-            slots + lo,
-            tids,
-            policies=assign,
-            scores=words,
-            assign_rows=self.no_eviction,
-            checked=checked,
-        )
-        self.write_keys(keys, res.slots, tids, res.status, embeddings, optimizer_state, init)
-        return res
-
-    def upsert(self, table: int, keys, words, embeddings, optimizer_state, init):
-        """Keys with their rows in ``table`` by key: updated where held,
-        inserted (expanding first, evicting from full buckets, recorded under
-        RETAIN_KEY) where not. ``words``: internal score words (None under
-        NO_EVICTION). Returns (slots, status, evicted) as ``insert``."""
-        tids = torch.full_like(keys, table)
-        if self.no_eviction:
-            slots, status, evicted = self.insert(keys, tids)
-        else:
-            assign = [enums.ScorePolicy.ASSIGN] * self.table.num_scores
-            slots, status, evicted = self.insert(keys, tids, assign, words)
-        self.write_keys(keys, slots, tids, status, embeddings, optimizer_state, init)
-        return slots, status, evicted
 
 
 def _table_tensors(t: ScoredHashTable) -> tuple[torch.Tensor, ...]:

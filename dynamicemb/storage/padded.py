@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 import torch
 
-from dynamicemb.storage.base import RowInit
 from dynamicemb.storage.scores import BatchScore
+from dynamicemb.storage.types import RowInit
 from dynamicemb.table import PAD_KEY
 
 Train = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, BatchScore, RowInit], torch.Tensor]

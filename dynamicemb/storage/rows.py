@@ -5,8 +5,8 @@ tables' row format)."""
 import torch
 
 from dynamicemb.storage import space as sp
-from dynamicemb.storage.base import RowInit
 from dynamicemb.storage.layout import RowLayout
+from dynamicemb.storage.types import RowInit
 
 
 def write_initial_rows(dst, offsets, keys, tids, init: RowInit, layout: RowLayout) -> None:

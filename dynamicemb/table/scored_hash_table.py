@@ -261,10 +261,11 @@ class ScoredHashTable:
     ) -> None:
         """assign_rows: the row (score column 0) of every new key of a
         NO_EVICTION table lies in its table's rows, is held by no key and is
-        given to no other new key: the rule of the CPU kernels (rows.h), run
-        on host copies of what it reads (the CUDA kernels do not check)."""
+        given to no other new key (cc/table/row_check.h): the rule the CPU
+        run applies itself, checked on the table's device by the
+        table_check_rows op (the CUDA run does not check)."""
         state = (self.keys, self.digests, self.scores, self.info, self.free_rows)
-        ops().table_check_rows(keys.cpu(), table_ids.cpu(), *(t.cpu() for t in state), values.cpu())
+        ops().table_check_rows(keys, table_ids, *state, values)
 
     def _scores(
         self,

@@ -154,3 +154,30 @@ def test_cuda_admission_takes_invalid_entries_as_none():
     assert status[:2].tolist() == [int(A.NONE)] * 2
     assert status[2].item() == int(A.STORED if in_store else A.REJECTED)
     assert int(c.size().sum()) == (0 if in_store else 1)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_counter_ops_opcheck(device):
+    """counter_add and counter_admit: their schemas (the counter's tensors
+    written in place), fake kernels against the real ones, and tracing."""
+    from dynamicemb.table import ops
+
+    store = _store(device)
+    counter = MultiTableKVCounter(SHARES, device)
+    keys, tids, freqs = _batch(torch.Generator().manual_seed(5), 40, pad=3, device=device)
+    counter.add(keys[:10], tids[:10], freqs[:10])
+    buckets = counter.table.total_buckets
+
+    def state():
+        return tuple(x.clone() for x in counter.state_tensors())
+
+    store_state = (store.keys, store.digests, store.scores, store.info)
+    valid = keys != pad_key()
+    torch.library.opcheck(
+        ops().counter_add.default,
+        (keys[valid], tids[valid], *state(), freqs[valid], 3, buckets),
+    )
+    torch.library.opcheck(
+        ops().counter_admit.default,
+        (keys, tids, *store_state, *state(), freqs, 2, buckets),
+    )

@@ -22,7 +22,7 @@ from dynamicemb import (
     ProbabilisticAdmissionStrategy,
 )
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
-from dynamicemb.embedding.stats import StatCol
+from dynamicemb.storage.stats import StatCol
 from tests.devices import DEVICES
 
 EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType

@@ -197,7 +197,7 @@ def _checks_world(rank, world, root):
 
     @check("failure_while_applying_restores")
     def _():
-        from dynamicemb.embedding.table_rows import TableRows as M
+        from dynamicemb.storage.table_rows import TableRows as M
 
         with c.failing_call(M, "import_rows", 2, "injected failure") as calls:
             refused(good, RuntimeError, "injected failure")

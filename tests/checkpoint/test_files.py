@@ -10,8 +10,8 @@ import torch
 from dynamicemb import DynamicEmbScoreStrategy as S
 from dynamicemb.checkpoint import files
 from dynamicemb.checkpoint.layout import MANIFEST, CheckpointError
-from dynamicemb.embedding.score_function import evaluate_scores, table_score_columns
 from dynamicemb.io import files as io_files
+from dynamicemb.storage.score_function import evaluate_scores, table_score_columns
 
 
 def _checkpoint(folder: str, tag: str) -> None:

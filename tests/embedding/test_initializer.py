@@ -8,6 +8,7 @@ from dynamicemb import DynamicEmbInitializerArgs
 from dynamicemb import DynamicEmbInitializerMode as Mode
 from dynamicemb.embedding import init_rows
 from dynamicemb.table import constants, ops
+from tests.devices import DEVICES
 
 ALL_MODES = [Mode.NORMAL, Mode.TRUNCATED_NORMAL, Mode.UNIFORM, Mode.CONSTANT, Mode.DEBUG]
 
@@ -104,8 +105,9 @@ def test_bad_arguments_raise_naming_the_value():
         init_rows(keys, 4, "normal")
 
 
-def test_init_rows_opcheck():
-    keys = torch.tensor([3, 9, -4])
+@pytest.mark.parametrize("device", DEVICES)
+def test_init_rows_opcheck(device):
+    keys = torch.tensor([3, 9, -4], device=device)
     torch.library.opcheck(
         ops().init_rows.default, (keys, torch.zeros_like(keys), 5, 0, 0.0, 1.0, 0.0, 1.0, 0.0, 3)
     )

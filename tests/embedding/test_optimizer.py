@@ -129,11 +129,12 @@ def test_bad_arguments_raise_naming_the_value():
         )
 
 
-def test_optimizer_step_opcheck():
-    values = torch.randn(4, 3 * DIM)
+@pytest.mark.parametrize("device", DEVICES)
+def test_optimizer_step_opcheck(device):
+    values = torch.randn(4, 3 * DIM, device=device)
     optim = RowOptimizer(EmbOptimType.ADAM, learning_rate=0.1).packed(3)
-    args = (values, torch.tensor([2, 0]), torch.randn(2, DIM), optim)
-    torch.library.opcheck(ops().optimizer_step.default, args)
+    rows, grads = torch.tensor([2, 0], device=device), torch.randn(2, DIM, device=device)
+    torch.library.opcheck(ops().optimizer_step.default, (values, rows, grads, optim))
 
 
 def test_optimizer_step_refuses_a_malformed_optim_list_and_changes_nothing():
@@ -157,9 +158,10 @@ def test_optimizer_step_refuses_a_malformed_optim_list_and_changes_nothing():
     assert torch.equal(values, before)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("step", [1, 2, 3, 1000, 2**40])
-def test_adam_bias_is_one_minus_beta_to_the_step(step):
-    betas = torch.tensor([0.9, 0.999])
+def test_adam_bias_is_one_minus_beta_to_the_step(device, step):
+    betas = torch.tensor([0.9, 0.999], device=device)
     got = ops().adam_bias(betas, step)
     assert torch.equal(got, 1.0 - torch.pow(betas, float(step)))
     torch.library.opcheck(ops().adam_bias.default, (betas, step))

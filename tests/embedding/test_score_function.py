@@ -238,7 +238,7 @@ def test_a_numba_compiled_function_is_accepted():
 _SIMULATED = r"""
 import math
 import numpy as np
-from dynamicemb.embedding.score_function import _cpu_kernel, _cuda_kernel
+from dynamicemb.storage.score_function import _cpu_kernel, _cuda_kernel
 
 def fn(scores, cur_timestamp):
     age = (cur_timestamp - scores[0]) * 1e-9

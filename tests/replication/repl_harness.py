@@ -165,7 +165,7 @@ def assert_replica_equals(replica: dict, source: dict, strategy, what: str) -> N
     too, except a timestamp (a replica rebases ages onto its own clock)."""
     assert sorted(replica) == sorted(source)
     strategies = strategy if isinstance(strategy, tuple) else (strategy,)
-    from dynamicemb.embedding.score_function import table_score_columns
+    from dynamicemb.storage.score_function import table_score_columns
 
     cols = table_score_columns(strategies)
     exact = [cols[j] for j, s in enumerate(strategies) if s != S.TIMESTAMP]

@@ -36,8 +36,8 @@ def _row(contents, name, keys):
 
 
 def _dump_contents(rank, world):
-    from dynamicemb.embedding.score_function import table_score_columns
     from dynamicemb.incremental_dump import get_score, incremental_dump
+    from dynamicemb.storage.score_function import table_score_columns
 
     out = []
     # Room for every key: what a dump holds is decided by scores alone.

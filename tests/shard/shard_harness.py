@@ -405,9 +405,13 @@ def sharder_for(scenario: Scenario):
 
     if scenario.kind == "ec":
         return DynamicEmbeddingCollectionSharder(
-            fused_params=fused_params(scenario), use_index_dedup=scenario.use_index_dedup
+            fused_params=fused_params(scenario),
+            static_fused_params=fused_params(scenario),
+            use_index_dedup=scenario.use_index_dedup,
         )
-    return DynamicEmbeddingBagCollectionSharder(fused_params=fused_params(scenario))
+    return DynamicEmbeddingBagCollectionSharder(
+        fused_params=fused_params(scenario), static_fused_params=fused_params(scenario)
+    )
 
 
 def hand_plan(scenario: Scenario, collection, sharder, world_size: int, device_type: str = "cpu"):
@@ -451,7 +455,10 @@ def hand_plan(scenario: Scenario, collection, sharder, world_size: int, device_t
     return plan
 
 
-def planner_plan(scenario: Scenario, model, sharder, world_size: int, pg, device_type: str = "cpu"):
+def scenario_planner(scenario: Scenario, collection, world_size: int, device_type: str = "cpu"):
+    """A DynamicEmbeddingShardingPlanner of the scenario's tables: dynamic
+    tables row-wise with their options (capacity and dim left to the planner),
+    static ones by their sharding."""
     from torchrec.distributed.planner import Topology
 
     from dynamicemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
@@ -468,13 +475,12 @@ def planner_plan(scenario: Scenario, model, sharder, world_size: int, pg, device
             constraints[t.name] = DynamicEmbParameterConstraints(
                 sharding_types=[t.static_sharding], compute_kernels=["fused"]
             )
-    collection = model.coll
     configs = (
         collection.embedding_configs()
         if scenario.kind == "ec"
         else collection.embedding_bag_configs()
     )
-    planner = DynamicEmbeddingShardingPlanner(
+    return DynamicEmbeddingShardingPlanner(
         eb_configs=configs,
         topology=Topology(
             world_size=world_size, compute_device=device_type, local_world_size=world_size
@@ -482,10 +488,11 @@ def planner_plan(scenario: Scenario, model, sharder, world_size: int, pg, device
         constraints=constraints,
         batch_size=scenario.batch_size,
     )
-    return planner.collective_plan(model, [sharder], pg)
 
 
-class _Model(torch.nn.Module):
+class ScenarioModel(torch.nn.Module):
+    """A model of one collection, at ``coll``."""
+
     def __init__(self, collection) -> None:
         super().__init__()
         self.coll = collection
@@ -500,26 +507,26 @@ def local_outputs(scenario: Scenario, out) -> dict[str, torch.Tensor]:
     return {"pooled": out.values()}
 
 
-def sharded_model(scenario: Scenario, world_size: int):
+def sharded_model(scenario: Scenario, world_size: int, pg=None):
     """The scenario's model sharded by DistributedModelParallel on
-    ``worker_device()`` (the collection at ``coll``), and its plan."""
+    ``worker_device()`` (the collection at ``coll``) over ``pg`` (default: the
+    world), and its plan: made by ``plan_and_shard`` for a scenario
+    ``use_planner``, else by hand."""
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.types import ShardingEnv, ShardingPlan
+
+    from dynamicemb.shard import plan_and_shard
 
     device = worker_device()
     collection = build_collection(scenario, torch.device("cpu"))
     sharder = sharder_for(scenario)
     if scenario.use_planner:
-        plan = planner_plan(
-            scenario, _Model(collection), sharder, world_size, dist.group.WORLD, device.type
-        )
-    else:
-        plan = ShardingPlan(
-            {"coll": hand_plan(scenario, collection, sharder, world_size, device.type)}
-        )
+        planner = scenario_planner(scenario, collection, world_size, device.type)
+        return plan_and_shard(ScenarioModel(collection), planner, [sharder], device, pg)
+    plan = ShardingPlan({"coll": hand_plan(scenario, collection, sharder, world_size, device.type)})
     model = DistributedModelParallel(
-        _Model(collection),
-        env=ShardingEnv.from_process_group(dist.group.WORLD),
+        ScenarioModel(collection),
+        env=ShardingEnv.from_process_group(pg or dist.group.WORLD),
         device=device,
         plan=plan,
         sharders=[sharder],
@@ -533,9 +540,12 @@ def run_scenario(
     scenario: Scenario,
     before_backward: Callable | None = None,
     step_context: Callable | None = None,
+    pg=None,
 ) -> dict[str, Any]:
-    """Shards the scenario's model, trains ``steps`` steps; returns the local
-    outputs of every step (float64 on the CPU) and of a final eval step.
+    """Shards the scenario's model over ``pg`` (default: the world; ``rank``
+    and ``world_size`` are this rank's place in it), trains ``steps`` steps;
+    returns the local outputs of every step (float64 on the CPU) and of a
+    final eval step.
     ``step_context(step)``, when given, is a context manager each training
     step's forward and backward run in.
 
@@ -545,7 +555,7 @@ def run_scenario(
     ``before_backward(model, step)``, when given, runs between each step's
     forward and backward (where TorchRec's prefetch pipeline prefetches)."""
     device = worker_device()
-    model, plan = sharded_model(scenario, world_size)
+    model, plan = sharded_model(scenario, world_size, pg)
     steps = []
     for step in range(scenario.steps):
         kjt = to_kjt(scenario, batch_for(scenario, step, rank)).to(device)
@@ -576,8 +586,8 @@ def run_scenario(
 def _admission_counts(model) -> dict[str, Any]:
     """This rank's admission counts of each dynamic table with an admitter
     ([admitted, rejected]), and the thresholds of its modules."""
-    from dynamicemb.embedding.stats import StatCol
     from dynamicemb.shard import dynamic_embedding_kernels
+    from dynamicemb.storage.stats import StatCol
 
     counts, modules = {}, []
     for kernel in dynamic_embedding_kernels(model):

@@ -176,6 +176,22 @@ def test_each_finding_and_its_priority():
     assert check((v2, two, None, None, torch.tensor([False, True]), 2, 1, NONE)) == want
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_check_batch_opcheck(device):
+    """The op's schema, its fake kernel against the real one, and tracing:
+    with weights, offsets and a feature mask, and with none of them."""
+    values = torch.tensor([4, 9, 1, 7], device=device)
+    lengths = torch.tensor([1, 2, 0, 1], device=device)
+    weights = torch.tensor([1.0, 2.0, 0.5, 3.0], device=device)
+    offsets = torch.tensor([0, 1, 3, 3, 4], device=device)
+    mask = torch.tensor([True, False], device=device)
+    for args in (
+        (values, lengths, weights, offsets, mask, 2, 2, FINITE),
+        (values, lengths, None, None, None, 2, 2, NONE),
+    ):
+        torch.library.opcheck(ops().check_batch.default, args)
+
+
 def test_bad_arguments_are_refused_naming_them():
     v = torch.tensor([1, 2], dtype=torch.int64)
     with pytest.raises(ValueError, match="3 lengths for 2 features of stride 1"):

@@ -7,6 +7,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from dynamicemb.shard import DIST_TYPE_CODES, bucketize_by_route, dedup_kjt, route_keys
 from dynamicemb.shard.routing import route_keys_by_feature
+from tests.devices import DEVICES
 from tests.table.table_model import bucket_hash
 
 MASK64 = (1 << 64) - 1
@@ -69,6 +70,25 @@ def test_route_keys_by_feature_uses_each_features_rule():
     blocks = torch.tensor([4, 1, 1])
     ranks = route_keys_by_feature(keys, features, codes, blocks, 3)
     assert ranks.tolist() == [1, 2, _splitmix_route_hash(5) % 3, 0, 2, _splitmix_route_hash(17) % 3]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_route_keys_opcheck(device):
+    """The op's schema, its fake kernel against the real one, and tracing."""
+    from dynamicemb.table import ops
+
+    keys = torch.tensor([5, 5, 5, -3, 17, 17], device=device)
+    codes = [DIST_TYPE_CODES[d] for d in ("continuous", "roundrobin", "hash_roundrobin")]
+    torch.library.opcheck(
+        ops().route_keys.default,
+        (
+            keys,
+            torch.tensor([0, 1, 2, 0, 1, 2], device=device),
+            torch.tensor(codes, device=device),
+            torch.tensor([4, 1, 1], device=device),
+            3,
+        ),
+    )
 
 
 def test_route_keys_meta_kernel_gives_the_shape():

@@ -163,7 +163,7 @@ def test_a_cache_keeps_no_eviction_rows_by_step():
 
 
 def test_cache_hits_and_misses_are_counted_per_table():
-    from dynamicemb.embedding.stats import StatCol
+    from dynamicemb.storage.stats import StatCol
 
     m, device_module = module("cache", optimizer="sgd"), module("device", optimizer="sgd")
     assert {StatCol.CACHE_HITS, StatCol.CACHE_MISSES} <= m.stats.fed

@@ -55,9 +55,10 @@ def test_gather_rows_rejects_wrong_dtype_and_shape():
         gather_rows(torch.ones(4), torch.tensor([0]))
 
 
-def test_gather_rows_opcheck():
-    values = torch.randn((10, 4))
-    rows = torch.tensor([3, -1, 9, 0])
+@pytest.mark.parametrize("device", DEVICES)
+def test_gather_rows_opcheck(device):
+    values = torch.randn((10, 4), device=device)
+    rows = torch.tensor([3, -1, 9, 0], device=device)
     torch.library.opcheck(ops().gather_rows.default, (values, rows))
 
 

@@ -227,3 +227,119 @@ def test_the_checked_python_path_gives_the_cpu_kernels_verdict(existing, keys, t
         cpp_verdict = str(e)
         assert_same_snapshot(before, snapshot(t))
     assert python_verdict == cpp_verdict
+
+
+# ------------------------------------------------- the check on each backend --
+
+ROW_VERDICTS = {
+    "reserved": "is reserved",
+    "table_id": "table id",
+    "range": "is out of range [0,",
+    "given": "too: a row holds one key",
+    "held": "is held by key",
+}
+
+
+def _mixed_table(seed: int) -> ScoredHashTable:
+    """Two NO_EVICTION tables around an evicting one, some keys held."""
+    t = ScoredHashTable(
+        [64, 32, 64],
+        bucket_capacities=16,
+        no_eviction=[True, False, True],
+        row_capacities=[8, 0, 12],
+        validate=False,
+    )
+    g = torch.Generator().manual_seed(seed)
+    for table, rows in ((0, 8), (2, 12)):
+        n = int(torch.randint(0, rows, (1,), generator=g))
+        keys = torch.randperm(40, generator=g)[:n] + 1
+        held = torch.randperm(rows, generator=g)[:n]
+        t.insert(keys, torch.full_like(keys, table), scores=held[:, None], assign_rows=True)
+    t.insert(torch.arange(1, 20), torch.ones(19, dtype=torch.int64))
+    return t
+
+
+def _row_batch(g: torch.Generator, kind: str):
+    """A batch (keys, table ids, score values) most likely to end in verdict
+    ``kind`` ("ok": none): keys of [1, 48) so that some are in the table and
+    some repeat, rows mostly in range."""
+    n = int(torch.randint(1, 24, (1,), generator=g))
+    keys = torch.randint(1, 48, (n,), generator=g)
+    tids = torch.randint(0, 3, (n,), generator=g)
+    rows = torch.randint(0, 8, (n,), generator=g)
+    i = int(torch.randint(0, n, (1,), generator=g))
+    if kind == "reserved":
+        keys[i] = -(2**63) + int(torch.randint(0, 4, (1,), generator=g))
+    elif kind == "table_id":
+        tids[i] = 3 if i % 2 else -1
+    elif kind == "range":
+        tids[i], rows[i] = 0, 8 + i % 3
+    elif kind == "ok":
+        # Distinct new keys on distinct rows above any held one.
+        keys = torch.arange(100, 100 + n)
+        tids = torch.full((n,), 2) if n <= 4 else torch.ones(n, dtype=torch.int64)
+        rows = torch.arange(8, 8 + n) if n <= 4 else rows
+    values = rows[:, None] if n % 3 else rows[:1, None]  # one row for all, now and then
+    return keys, tids, values
+
+
+def _check_rows_verdict(t: ScoredHashTable, keys, tids, values, device: str):
+    state = (t.keys, t.digests, t.scores, t.info, t.free_rows)
+    moved = [x.to(device) for x in (keys, tids, *state, values)]
+    try:
+        OPS.table_check_rows(*moved)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+def _row_check_cases():
+    g = torch.Generator().manual_seed(11)
+    kinds = ["ok", "reserved", "table_id", "range", "random", "random", "random"]
+    for case in range(120):
+        kind = kinds[case % len(kinds)]
+        yield _mixed_table(case), *_row_batch(g, kind)
+
+
+def test_the_check_op_names_every_kind_of_verdict():
+    """The cases below reach every rule of the check (cc/table/row_check.h)
+    and batches that pass it, on the CPU kernel."""
+    seen = set()
+    for t, keys, tids, values in _row_check_cases():
+        v = _check_rows_verdict(t, keys, tids, values, "cpu")
+        seen.add(next((k for k, m in ROW_VERDICTS.items() if v and m in v), v))
+    assert seen == set(ROW_VERDICTS) | {None}
+
+
+@pytest.mark.gpu
+def test_cuda_check_rows_gives_the_cpu_kernels_verdict():
+    """The CUDA kernel of table_check_rows refuses the batches the CPU one
+    refuses, naming the same entry in the same words, and passes the rest."""
+    for t, keys, tids, values in _row_check_cases():
+        want = _check_rows_verdict(t, keys, tids, values, "cpu")
+        assert _check_rows_verdict(t, keys, tids, values, "cuda") == want
+
+
+@pytest.mark.gpu
+def test_a_checked_cuda_table_refuses_what_the_cpu_table_refuses():
+    """ScoredHashTable(validate=True) on CUDA checks assigned rows with the op
+    on the device before its run: the same verdict as the CPU table's run,
+    and the table unchanged."""
+    g = torch.Generator().manual_seed(4)
+    for case in range(30):
+        cpu, cuda = _two_small_tables("cpu"), _two_small_tables("cuda")
+        keys = torch.randint(1, 12, (int(torch.randint(1, 10, (1,), generator=g)),), generator=g)
+        tids = torch.randint(0, 2, keys.shape, generator=g)
+        rows = torch.randint(0, 5, keys.shape, generator=g)[:, None]
+        verdicts = []
+        for t in (cpu, cuda):
+            d = t.device
+            t.insert(i64([1, 2], d), i64([0, 1], d), scores=i64([[case % 4]], d), assign_rows=True)
+            before = snapshot(t)
+            try:
+                t.insert(keys.to(d), tids.to(d), scores=rows.to(d), assign_rows=True)
+                verdicts.append(None)
+            except ValueError as e:
+                verdicts.append(str(e))
+                assert_same_snapshot(before, snapshot(t))
+        assert verdicts[0] == verdicts[1]

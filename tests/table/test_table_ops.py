@@ -849,6 +849,20 @@ def _opcheck_cases(device):
             (keys, tids, k, d, s.clone(), t.info, [ACCUMULATE, ASSIGN], vals, True, values),
         ),
         "gather_rows": (OPS.gather_rows.default, (values, i64([3, -1, 0, 95, 3], device))),
+        "home_starts": (OPS.table_home_starts.default, (keys, tids, t.keys, t.info)),
+        "check_rows": (
+            OPS.table_check_rows.default,
+            (
+                keys,
+                tids,
+                t.keys,
+                t.digests,
+                t.scores,
+                t.info,
+                t.free_rows,
+                i64([[20 + i, 0] for i in range(20)], device),
+            ),
+        ),
     }
 
 
@@ -868,8 +882,44 @@ def _opcheck_cases(device):
         "count",
         "find_gather",
         "gather_rows",
+        "home_starts",
+        "check_rows",
     ],
 )
 def test_opcheck(case, test_util, device):
     op, args = _opcheck_cases(device)[case]
     torch.library.opcheck(op, args, test_utils=test_util)
+
+
+def _ops_without_a_kernel(dispatch_key: str) -> list[str]:
+    from dynamicemb.table import ops
+
+    ops()  # loads the extension
+    names = [n for n in torch._C._dispatch_get_all_op_names() if n.startswith("dynamicemb::")]
+    assert names, "no dynamicemb op is registered"
+    return sorted(
+        n for n in names if not torch._C._dispatch_has_kernel_for_dispatch_key(n, dispatch_key)
+    )
+
+
+@pytest.mark.parametrize("dispatch_key", ["CPU", "Meta"])
+def test_every_op_has_a_cpu_and_a_meta_kernel(dispatch_key):
+    assert _ops_without_a_kernel(dispatch_key) == []
+
+
+@pytest.mark.gpu
+def test_every_op_has_a_cuda_kernel():
+    """A CUDA build registers a CUDA kernel of every op (tools/check_ops.py
+    checks the sources the same way)."""
+    assert _ops_without_a_kernel("CUDA") == []
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_timer_opcheck(device):
+    """The clock's reading changes from call to call: its schema, fake kernel
+    and autograd registration, not its value."""
+    torch.library.opcheck(
+        OPS.table_timer.default,
+        (torch.zeros(1, device=device),),
+        test_utils=("test_schema", "test_autograd_registration", "test_faketensor"),
+    )

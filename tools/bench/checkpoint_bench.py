@@ -46,7 +46,7 @@ def build(args, device: torch.device, **options):
 
     from dynamicemb import DynamicEmbTableOptions
     from dynamicemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
-    from dynamicemb.shard import DynamicEmbeddingCollectionSharder
+    from dynamicemb.shard import DynamicEmbeddingCollectionSharder, plan_and_shard
 
     capacity = math.ceil(args.rows / args.load_factor)
     configs = [
@@ -76,7 +76,7 @@ def build(args, device: torch.device, **options):
         batch_size=512,
         debug=False,
     )
-    return dist_launch.plan_and_shard(model, planner, sharder, device)[0]
+    return plan_and_shard(model, planner, [sharder], device)[0]
 
 
 def fill(model, args, device: torch.device) -> int:

@@ -39,7 +39,7 @@ from dynamicemb import (
 )
 from dynamicemb.dynamicemb_config import value_row_bytes
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
-from dynamicemb.embedding.stats import StatCol
+from dynamicemb.storage.stats import StatCol
 
 
 def power_law(g, n, rows, alpha):

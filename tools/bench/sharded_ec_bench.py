@@ -226,6 +226,7 @@ def build_dynamicemb(args, optimizer: str, world_size: int, device: torch.device
     from dynamicemb.shard import (
         DynamicEmbeddingBagCollectionSharder,
         DynamicEmbeddingCollectionSharder,
+        plan_and_shard,
     )
 
     params = fused_params(optimizer, args.lr)
@@ -253,7 +254,20 @@ def build_dynamicemb(args, optimizer: str, world_size: int, device: torch.device
         batch_size=local_batch,
         debug=False,
     )
-    return dist_launch.plan_and_shard(model, planner, sharder, device)
+    return plan_and_shard(model, planner, [sharder], device)
+
+
+def torchrec_plan_and_shard(model: torch.nn.Module, planner, sharder, device: torch.device):
+    """What ``dynamicemb.shard.plan_and_shard`` does, with TorchRec's own
+    planner (the baselines): the plan over the world, then
+    ``DistributedModelParallel``. Returns (the sharded model, the plan)."""
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.types import ShardingEnv
+
+    plan = planner.collective_plan(model, [sharder], dist.group.WORLD)
+    env = ShardingEnv.from_process_group(dist.group.WORLD)
+    sharded = DistributedModelParallel(model, env=env, device=device, plan=plan, sharders=[sharder])
+    return sharded, plan
 
 
 def build_torchrec(
@@ -286,7 +300,7 @@ def build_torchrec(
         constraints=constraints,
         debug=False,
     )
-    return dist_launch.plan_and_shard(model, planner, sharder, device)
+    return torchrec_plan_and_shard(model, planner, sharder, device)
 
 
 def build(which: str, args, optimizer: str, world_size: int, device, local_batch: int):

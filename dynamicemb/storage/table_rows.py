@@ -15,21 +15,23 @@ width checkpoint files and deltas carry: rowwise Adagrad's one scalar of the
   storage (``export_rows``, ``import_rows``, ``clear_tables``,
   ``reserve_rows``, ``snapshot`` / ``restore``), the row size of an export
   (``export_row_bytes``) and the stored keys per table (``sizes``);
-* replication: in the storage's hash tier (``TableStorage.hash_tier``: the
-  table holding every key, other tiers written back first, emptied before a
-  write), rows past a score threshold with their slots (``export_changed``),
+* replication: in the hash table holding every key (the storage's
+  ``DeltaRows`` face, settled first: other tiers written back, emptied before
+  a write), rows past a score threshold with their slots (``export_changed``),
   writes at given slots (``place_rows``) or by key (``upsert_rows``),
   removals (``erase_rows``), and the scores of the next forward pass
   (``current_score``, ``fresh_scores``); score words are in the table's
   internal column order there (``score_columns`` maps the user's);
 * metrics: the device counters of the last tier's hash table
-  (``counters``), its capacities (``capacity``, ``limit``), the module's
-  per-table ``stats`` and the bytes each table holds (``memory_per_table``).
+  (``counters``: the storage's ``HashTier`` face), the capacities
+  (``capacity``, ``limit``), the module's per-table ``stats`` and the bytes
+  each table holds (``memory_per_table``: its ``Accounting``).
 
 An external storage (``external_storage``) serves what the ``Storage``
 interface allows (checkpoints; for metrics its sizes and capacities, no
-counters: ``has_hash_table`` is False); the rest raises
-``NotImplementedError`` naming the operation and the storage.
+counters: ``has_hash_table`` is False); the rest (a storage that is neither
+``HashTier`` nor ``DeltaRows``) raises ``NotImplementedError`` naming the
+operation and the storage.
 """
 
 from collections.abc import Iterator, Sequence
@@ -44,9 +46,10 @@ from dynamicemb.dynamicemb_config import (
     DynamicEmbTableOptions,
     saved_state_dim,
 )
-from dynamicemb.embedding.stats import TableStats
-from dynamicemb.storage import ExportedRows, RowInit, RowLayout, TableStorage
+from dynamicemb.storage.layout import RowLayout
 from dynamicemb.storage.scores import table_score_columns
+from dynamicemb.storage.stats import TableStats
+from dynamicemb.storage.types import DeltaRows, ExportedRows, HashTier, RowInit, TableStorage
 from dynamicemb.table import ScoredHashTable, enums
 from dynamicemb.types import MemoryType, MultiTableAdmitter
 
@@ -272,17 +275,24 @@ class TableRows:
 
     # -------------------------------------------------------- replication --
 
-    def hash_tier(self, what: str, writing: bool = False):
-        """The storage's hash tier (``TableStorage.hash_tier``), for ``what``.
+    def check_delta(self, what: str) -> None:
+        """Raises what the delta operation ``what`` raises on a storage that
+        has no hash table holding every key (``DeltaRows``), changing
+        nothing.
 
         Raises:
             NotImplementedError: the rows live in an external storage, naming
                 ``what`` and the storage.
         """
-        try:
-            return self.storage.hash_tier(writing=writing)
-        except NotImplementedError:
-            raise self._unsupported(what) from None
+        if not isinstance(self.storage, DeltaRows):
+            raise self._unsupported(what)
+
+    def _delta(self, what: str, writing: bool = False) -> DeltaRows:
+        """The storage's ``DeltaRows``, settled for a read (or a write), for
+        ``what`` (``check_delta``)."""
+        self.check_delta(what)
+        self.storage.settle(writing)
+        return self.storage
 
     def _table_index(self, table: Any) -> int:
         table = as_int(table, "table")
@@ -312,7 +322,7 @@ class TableRows:
         (key-map slots, the modulus of the home bucket), ``row_capacity``
         (value rows of the hash tier, as a one-tier tuple: the slots, or the
         rows under NO_EVICTION), ``bucket_capacity`` and ``num_scores``."""
-        t = self.hash_tier("layout_of").table
+        t = self._delta("layout_of").hash_table
         rows = t.row_capacity(table) if self.no_eviction else t.capacity(table)
         return {
             "current_capacity": t.capacity(table),
@@ -335,7 +345,7 @@ class TableRows:
         TIMESTAMP (one reading; synchronizes), the next step under STEP, the
         score ``set_score`` set under CUSTOMIZED (0 before any), 0 under LFU
         (a frequency has no clock), the next fresh row under NO_EVICTION."""
-        t = self.hash_tier("get_score").table
+        t = self._delta("get_score").hash_table
         if S.TIMESTAMP in self.strategies:
             return int(t.timer().item())
         s = self.strategies[0]
@@ -351,7 +361,7 @@ class TableRows:
         """(n, num_scores) internal score words the next forward pass would
         give new keys of ``table``: the clock, the next step, the CUSTOMIZED
         score, one occurrence for LFU."""
-        t = self.hash_tier("replay").table
+        t = self._delta("replay").hash_table
         out = torch.zeros(n, t.num_scores, dtype=torch.int64, device=self.device)
         for user_col, word in enumerate(table_score_columns(self.strategies)):
             s = self.strategies[user_col]
@@ -365,10 +375,7 @@ class TableRows:
 
     def timer(self) -> torch.Tensor:
         """(1) int64: a reading of the clock the tables' TIMESTAMP scores use."""
-        table = self._last_table()
-        if table is None:
-            return self.hash_tier("timer").table.timer()
-        return table.timer()
+        return self._table_for("timer").timer()
 
     def export_changed(self, table: int, chunk: int, threshold: int) -> Iterator[ExportedRows]:
         """The keys of ``table`` whose ``delta_score_column`` word is at least
@@ -377,18 +384,16 @@ class TableRows:
         table = self._table_index(table)
         chunk = as_int(chunk, "chunk", min=1)
         threshold = as_int(threshold, "threshold")
-        hs = self.hash_tier("incremental_dump")
-        rows = hs.export_changed(table, chunk, self.delta_score_column(), threshold)
+        delta = self._delta("incremental_dump")
+        rows = delta.export_changed(table, chunk, self.delta_score_column(), threshold)
         return self._narrow(table, rows)
 
     def check_place_rows(self, table: int, keys: torch.Tensor, slots: torch.Tensor) -> None:
         """Raises what ``place_rows`` would for these keys and slots
         (ValueError naming the first bad key or slot), changing nothing."""
         table = self._row_access_args(table, keys, slots=slots)
-        t = self.hash_tier("replay_increment").table
-        lo, _ = t.slot_range(table)
-        keys = keys.to(self.device)
-        t.check_place(keys, slots.to(self.device) + lo, torch.full_like(keys, table))
+        delta = self._delta("replay_increment")
+        delta.check_place(table, keys.to(self.device), slots.to(self.device))
 
     def place_rows(
         self,
@@ -430,8 +435,8 @@ class TableRows:
             embeddings=embeddings,
             optimizer_state=optimizer_state,
         )
-        hs = self.hash_tier("replay_increment", writing=True)
-        return hs.place(
+        delta = self._delta("replay_increment", writing=True)
+        return delta.place(
             table,
             keys.to(self.device),
             slots.to(self.device),
@@ -450,13 +455,13 @@ class TableRows:
         under NO_EVICTION); ``optimizer_state`` as in ``place_rows``.
 
         Returns:
-            (slots, status, evicted): as ``HashTableStorage.insert``.
+            (slots, status, evicted): as ``DeltaRows.upsert``.
         """
         table = self._row_access_args(
             table, keys, words=words, embeddings=embeddings, optimizer_state=optimizer_state
         )
-        hs = self.hash_tier("replay_by_key", writing=True)
-        return hs.upsert(
+        delta = self._delta("replay_by_key", writing=True)
+        return delta.upsert(
             table,
             keys.to(self.device),
             None if words is None else words.to(self.device),
@@ -473,8 +478,7 @@ class TableRows:
         keys = keys.to(self.device)
         if not keys.numel():
             return torch.zeros(0, dtype=torch.bool, device=self.device)
-        t = self.hash_tier("erase_keys", writing=True).table
-        return t.erase(keys, torch.full_like(keys, table), record=record)
+        return self._delta("erase_keys", writing=True).erase(table, keys, record)
 
     def holds(self, table: int, keys: torch.Tensor) -> torch.Tensor:
         """(n) bool: which keys ``table`` holds (in any tier)."""
@@ -485,8 +489,8 @@ class TableRows:
     def pop_erased(self, tables: Sequence[int] | None = None) -> list[torch.Tensor]:
         """The keys ``erase_rows(record=True)`` removed since the last call,
         per table, each once; clears them (only ``tables``, if given)."""
-        t = self.hash_tier("pop_erased_keys").table
-        return [torch.unique(k) for k in t.pop_erased_keys(tables)]
+        erased = self._delta("pop_erased_keys").pop_erased(tables)
+        return [torch.unique(k) for k in erased]
 
     def pop_evicted_keys(self, tables: Sequence[int] | None = None) -> list[torch.Tensor]:
         """Per table, the keys the storage's last tier evicted since the last
@@ -496,10 +500,9 @@ class TableRows:
     # ------------------------------------------------------------ metrics --
 
     def _last_table(self) -> ScoredHashTable | None:
-        """The hash table of the storage's last tier; None for an external
-        storage."""
-        backing = getattr(self.storage, "backing", self.storage)
-        return getattr(backing, "table", None)
+        """The hash table of the storage's last tier (its ``HashTier``);
+        None for an external storage."""
+        return self.storage.hash_table if isinstance(self.storage, HashTier) else None
 
     @property
     def hash_table(self) -> ScoredHashTable:
@@ -536,14 +539,7 @@ class TableRows:
     def has_hash_table(self) -> bool:
         """Whether a dynamicemb hash table holds every key (and keeps the
         ``counters``); False for an external storage."""
-        return self._last_table() is not None
-
-    def _external_capacity(self, table: int, what: str) -> int:
-        """An external storage's own ``capacity`` of ``table``."""
-        backing = getattr(self.storage, "backing", None)
-        if not hasattr(backing, "capacity"):
-            raise self._unsupported(what)
-        return backing.capacity(table)
+        return isinstance(self.storage, HashTier)
 
     def counters(self, what: str = "metrics") -> torch.Tensor:
         """(num_tables, counter columns) int64 device counters of the last
@@ -551,20 +547,15 @@ class TableRows:
         failures, ...). A relayout replaces it whole."""
         return self._table_for(what).counters
 
-    def capacity(self, table: int, what: str = "metrics") -> int:
+    def capacity(self, table: int) -> int:
         """Slots of ``table``'s key map now (an external storage: the keys it
         can hold, its ``Storage.capacity``)."""
-        if not self.has_hash_table:
-            return self._external_capacity(table, what)
-        return self._table_for(what).capacity(table)
+        return self.storage.capacity(table)
 
-    def limit(self, table: int, what: str = "metrics") -> int:
+    def limit(self, table: int) -> int:
         """Rows ``table`` can hold now (NO_EVICTION: its value rows; else its
         slots; an external storage: its ``Storage.capacity``)."""
-        if not self.has_hash_table:
-            return self._external_capacity(table, what)
-        t = self._table_for(what)
-        return t.row_capacity(table) if t.is_no_eviction(table) else t.capacity(table)
+        return self.storage.limit(table)
 
     def memory_per_table(self, mem_type: MemoryType) -> list[int]:
         """Bytes of ``mem_type`` memory each table holds in the storage's
