@@ -206,16 +206,24 @@ def _launched_rank(rank: int, world_size: int, port: int, fn, more: tuple) -> No
     fn(*more)
 
 
-def spawn_ranks(world_size: int, fn, *more) -> None:
+def spawn_ranks(world_size: int, fn, *more, device: str = "cuda") -> None:
     """Runs ``fn(*more)`` in one process per rank on this host, each with the
     environment torchrun would give it (``rank_env``, a free rendezvous port
     on 127.0.0.1), and waits for them all: what a script does without a
-    launcher, so its ranks run as under torchrun."""
-    mp.spawn(
+    launcher, so its ranks run as under torchrun.
+
+    For ``device`` cuda each rank is a new interpreter (spawn). On the CPU the
+    ranks are forked from a forkserver that imported the script once, so they
+    do not each import torch and TorchRec again."""
+    start_method = "spawn" if device == "cuda" else "forkserver"
+    if start_method == "forkserver":
+        mp.get_context("forkserver").set_forkserver_preload(["__main__"])
+    mp.start_processes(
         _launched_rank,
         args=(world_size, free_port(), fn, more),
         nprocs=world_size,
         join=True,
+        start_method=start_method,
     )
 
 
@@ -231,7 +239,9 @@ def run_job(fn, args, result_path: str | None, refusals: tuple[type[Exception], 
     if launched():
         return _run_rank(fn, args, result_path, refusals)
     try:
-        spawn_ranks(args.world_size, _spawned_rank, fn, args, result_path, refusals)
+        spawn_ranks(
+            args.world_size, _spawned_rank, fn, args, result_path, refusals, device=args.device
+        )
     except mp.ProcessExitedException as e:
         return e.exit_code if e.exit_code > 0 else 128 - e.exit_code
     return 0

@@ -168,7 +168,7 @@ def train(args) -> int:
     if dist_launch.launched():  # torchrun started this process as a rank
         _train_rank(args)
     else:
-        dist_launch.spawn_ranks(args.world_size, _train_rank, args)
+        dist_launch.spawn_ranks(args.world_size, _train_rank, args, device=args.device)
     return 0
 
 

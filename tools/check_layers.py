@@ -24,6 +24,10 @@
    where it imports ``dynamicemb.incremental_dump`` (only that target holds
    it), or the test fails to import in Bazel's sandbox although it runs under
    plain pytest.
+8. Every test file of a test package (``test_*.py``, ``*_test.py``) is in a
+   ``pytest_test`` target of its BUILD.bazel: one without ``srcs`` (every file
+   of the package) or one whose ``srcs`` name it. A file in none would run
+   under plain pytest and never in ``bazel test``.
 
     python tools/check_layers.py [repository root]
 """
@@ -193,7 +197,7 @@ def check(root: pathlib.Path) -> list[str]:
                     f"{where}: imports {'.'.join(mod)}, but {pkg}/BUILD.bazel does not depend "
                     f"on {dep}"
                 )
-    return errors + check_test_deps(root)
+    return errors + check_test_deps(root) + check_test_targets(root)
 
 
 # Test packages any test may import without a BUILD dependency (plain modules
@@ -238,6 +242,43 @@ def check_test_deps(root: pathlib.Path) -> list[str]:
                         f"{path.relative_to(root).as_posix()}:{node.lineno}: imports {mod}, but "
                         f"tests/{pkg}/BUILD.bazel does not depend on //tests/{other}"
                     )
+    return errors
+
+
+def pytest_targets(text: str) -> list[list[str] | None]:
+    """The ``srcs`` of each ``pytest_test`` call of a BUILD file (None: none
+    given, the package's every file)."""
+    targets = []
+    for m in re.finditer(r"\bpytest_test\(", text):
+        depth, end = 1, m.end()
+        while depth and end < len(text):
+            depth += {"(": 1, ")": -1}.get(text[end], 0)
+            end += 1
+        srcs = re.search(r"\bsrcs\s*=\s*\[(.*?)\]", text[m.end() : end], re.S)
+        targets.append(re.findall(r'"([^"]+)"', srcs.group(1)) if srcs else None)
+    return targets
+
+
+def check_test_targets(root: pathlib.Path) -> list[str]:
+    """Rule 8: every test file of a test package in one of its pytest_test targets."""
+    errors = []
+    for build in sorted((root / "tests").glob("**/BUILD.bazel")):
+        pkg = build.parent
+        targets = pytest_targets(build.read_text())
+        if None in targets:
+            continue
+        listed = {f for srcs in targets for f in srcs}
+        for path in sorted(pkg.rglob("*.py")):
+            rel = path.relative_to(pkg)
+            if any((pkg / d / "BUILD.bazel").is_file() for d in rel.parents if d.parts):
+                continue  # another package's
+            if not (rel.name.startswith("test_") or rel.name.endswith("_test.py")):
+                continue
+            if rel.as_posix() not in listed:
+                errors.append(
+                    f"{path.relative_to(root).as_posix()}: in no pytest_test of "
+                    f"{build.relative_to(root).as_posix()}: bazel test never runs it"
+                )
     return errors
 
 
