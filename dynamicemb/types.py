@@ -337,7 +337,7 @@ class AdmissionStrategy(abc.ABC):
         """
         return 0
 
-    def _with_deprecated_counter(self, counter) -> "AdmissionStrategy | None":
+    def with_deprecated_counter(self, counter) -> "AdmissionStrategy | None":
         """This strategy counting into ``counter``, or None if it counts nothing.
 
         How ``DynamicEmbTableOptions.admission_counter`` (deprecated) is

@@ -20,6 +20,11 @@
    where it imports ``dynamicemb.incremental_dump`` (only that target holds
    it), or the test fails to import in Bazel's sandbox although it runs under
    plain pytest.
+7. No module reads or writes another object's private attributes: ``x._name``
+   where ``x`` is not ``self``, ``cls`` or ``super()`` is refused (the owner
+   offers a public method or property instead), except the few uses of
+   other projects' private names listed in ``FOREIGN_PRIVATE``, each with
+   the reason it has no public way.
 
     python tools/check_layers.py [repository root]
 """
@@ -62,6 +67,29 @@ TOP_LEVEL = {
     "_seams": "core",
 }
 ROWS_ONLY = {"checkpoint", "metrics", "replication"}
+
+# Rule 7's exceptions: other projects' private names, (module, expression) ->
+# why there is no public way.
+FOREIGN_PRIVATE = {
+    ("dynamicemb/storage/padded.py", "torch._check"): (
+        "torch's own statement of a symbolic size's bounds for torch.compile, documented "
+        "under that name"
+    ),
+    ("dynamicemb/shard/batch_checks.py", "features._length_per_key"): (
+        "TorchRec's KeyedJaggedTensor caches its lengths per key there and has no setter; "
+        "the batch check hands it the lengths it read, sparing its split a second read"
+    ),
+    ("dynamicemb/shard/embedding.py", "self._TORCHREC_CLASS._pre_load_state_dict_hook"): (
+        "the sharded module's override of TorchRec's load hook calls the hook of the "
+        "TorchRec class it extends"
+    ),
+    ("dynamicemb/shard/lookup.py", "lookup._emb_modules"): (
+        "TorchRec's grouped lookup keeps its kernels there, with no public accessor"
+    ),
+    ("dynamicemb/shard/lookup.py", "lookup._feature_splits"): (
+        "TorchRec's grouped lookup keeps its features' split there, with no public accessor"
+    ),
+}
 TRAINING_MODULE = "BatchedDynamicEmbeddingTablesV2"
 
 
@@ -101,6 +129,36 @@ def imports(path: pathlib.Path, parts: list[str]):
                 yield node.lineno, mod, names
 
 
+def private_reads(path: pathlib.Path, rel: str, used: set) -> list[str]:
+    """Rule 7: ``x._name`` of an object ``x`` other than ``self``, ``cls`` or
+    ``super()``, outside ``FOREIGN_PRIVATE`` (the exceptions met are added to
+    ``used``)."""
+    errors = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+            continue
+        if node.attr.startswith("__") and node.attr.endswith("__"):
+            continue  # a dunder is no one's private attribute
+        owner = node.value
+        if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+            continue
+        if (
+            isinstance(owner, ast.Call)
+            and isinstance(owner.func, ast.Name)
+            and owner.func.id == "super"
+        ):
+            continue
+        expr = ast.unparse(node)
+        if (rel, expr) in FOREIGN_PRIVATE:
+            used.add((rel, expr))
+            continue
+        errors.append(
+            f"{rel}:{node.lineno}: reads {expr}, a private attribute of another object: "
+            "give its owner a public method or property"
+        )
+    return errors
+
+
 def build_deps(pkg_dir: pathlib.Path) -> set[str] | None:
     build = pkg_dir / "BUILD.bazel"
     if not build.is_file():
@@ -120,12 +178,14 @@ def check(root: pathlib.Path) -> list[str]:
     errors = []
     pkg_root = root / "dynamicemb"
     subpackages = {p.name for p in pkg_root.iterdir() if (p / "__init__.py").is_file()}
+    foreign_used: set = set()
     for path in sorted(pkg_root.rglob("*.py")):
         rel = path.relative_to(root).as_posix()
         parts = list(path.relative_to(pkg_root).with_suffix("").parts)
         lines = len(path.read_text().splitlines())
         if lines > MAX_LINES and rel not in LONG_MODULES:
             errors.append(f"{rel}: {lines} lines, more than {MAX_LINES}: split it")
+        errors += private_reads(path, rel, foreign_used)
         pkg = package_of(parts)
         deps = build_deps(pkg_root / pkg) if pkg in subpackages else None
         for line, mod, names in imports(path, parts):
@@ -163,6 +223,8 @@ def check(root: pathlib.Path) -> list[str]:
                     f"{where}: imports {'.'.join(mod)}, but {pkg}/BUILD.bazel does not depend "
                     f"on {dep}"
                 )
+    for rel, expr in sorted(set(FOREIGN_PRIVATE) - foreign_used):
+        errors.append(f"{rel}: FOREIGN_PRIVATE lists {expr}, which it no longer reads")
     return errors + check_test_deps(root)
 
 

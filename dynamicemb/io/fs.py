@@ -169,6 +169,14 @@ class ObjectStore:
     def _fresh(self) -> None:
         self.fs.invalidate_cache()
 
+    @staticmethod
+    def _key(path: str) -> str:
+        """``path`` as the filesystem names its objects (the protocol
+        stripped, by fsspec's rule for it)."""
+        from fsspec.core import strip_protocol
+
+        return strip_protocol(path)
+
     def absolute(self, path: str) -> str:
         return str(path)
 
@@ -194,7 +202,7 @@ class ObjectStore:
             entries = self.fs.ls(path, detail=False)
         except FileNotFoundError:
             return []
-        base = self.fs._strip_protocol(path).rstrip("/")
+        base = self._key(path).rstrip("/")
         names = {e.rstrip("/").rsplit("/", 1)[-1] for e in entries if e.rstrip("/") != base}
         return sorted(names)
 
@@ -267,7 +275,7 @@ class ObjectStore:
         """Every object below ``path``, as paths relative to it, sorted (one
         listing, without delimiters)."""
         self._fresh()
-        base = self.fs._strip_protocol(path).rstrip("/") + "/"
+        base = self._key(path).rstrip("/") + "/"
         try:
             keys = self.fs.find(path)
         except FileNotFoundError:

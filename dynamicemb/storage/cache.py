@@ -46,7 +46,6 @@ from dynamicemb.storage.types import (
     ExportedRows,
     Footprint,
     HostBacking,
-    RowInit,
     StepGraphs,
     TableStorage,
 )
@@ -120,15 +119,16 @@ class CachedStorage(StagedSteps, TableStorage):
         zero = torch.zeros((), dtype=torch.int64, device=device)
         self.overflows, self.prefetched = zero, zero.clone()
         self.host_reads, self.host_writes = zero.clone(), zero.clone()
+        # The companion's hooks, in StepGraphs' order: a lookup's, a prefetch's.
         self.graphs = StepGraphs(
-            state=self._graph_state,
-            before_lookup=self._begin_step,
-            lookup_state=self._in_flight,
-            replayed=self._replayed,
-            prefetch_state=self._prefetch_graph_state,
-            before_prefetch=self._before_prefetch,
-            prefetch_rows=self._prefetch_rows,
-            after_prefetch=self._after_prefetch,
+            self._graph_state,
+            self._begin_step,
+            self._in_flight,
+            self._replayed,
+            self._prefetch_graph_state,
+            self._before_prefetch,
+            self._prefetch_rows,
+            self._after_prefetch,
         )
 
     # ---------------------------------------------------------- streams --
@@ -195,7 +195,7 @@ class CachedStorage(StagedSteps, TableStorage):
         self._record_train()
 
     def train_rows(
-        self, keys, tids, counts, score: BatchScore, init: RowInit, num_keys=None, lookup=None
+        self, keys, tids, counts, score: BatchScore, init, num_keys=None, lookup=None
     ) -> torch.Tensor:
         if self._direct:
             return padded.train_padded(
@@ -206,7 +206,7 @@ class CachedStorage(StagedSteps, TableStorage):
     def _capturing(self) -> bool:
         return self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
-    def _train_cached(self, keys, tids, counts, score: BatchScore, init: RowInit) -> torch.Tensor:
+    def _train_cached(self, keys, tids, counts, score: BatchScore, init) -> torch.Tensor:
         """The training lookup of a cache over a host table (``_direct``), on
         exact (CPU) or padded (GPU) batches, reading nothing on the host
         unless the backing table still grows; what it sets on the host a
