@@ -71,8 +71,7 @@ from dynamicemb.io import files as io_files
 from dynamicemb.io.files import IO_THREADS, chunk_rows
 from dynamicemb.shard.routing import route_keys
 from dynamicemb.shard.tables import TableRef
-from dynamicemb.storage.score_function import evaluate_scores
-from dynamicemb.table import check_keys
+from dynamicemb.table import check_keys, first_repeat
 
 log = logging.getLogger("dynamicemb.checkpoint")
 
@@ -288,11 +287,11 @@ def check_rows(plan: "_Plan", rows: dict[str, torch.Tensor]) -> None:
         check_keys(keys, f"{plan.what}: the checkpoint's keys")
     except ValueError as e:
         raise CheckpointError(str(e)) from None
-    uniq, counts = torch.unique(keys, return_counts=True)
-    if uniq.numel() != keys.numel():
-        i = int(counts.argmax())
+    repeat = first_repeat(keys)
+    if repeat is not None:
+        i, times = repeat
         raise CheckpointError(
-            f"{plan.what}: key {int(uniq[i])} appears {int(counts[i])} times in the checkpoint"
+            f"{plan.what}: key {int(keys[i])} appears {times} times in the checkpoint"
         )
 
 
@@ -526,21 +525,11 @@ def _read_counter(plan: _Plan, group: Group, pool, progress):
 
 
 def _order(plan: _Plan, scores: torch.Tensor | None) -> torch.Tensor | None:
-    """Rows best first (the keys eviction would keep), None: as they are."""
-    rows = plan.ref.rows
-    cols = rows.score_columns()
-    if cols is None or scores is None or scores.shape[0] < 2:
+    """Rows best first (the keys eviction would keep: ``TableRows.keep_order``),
+    None: as they are."""
+    if scores is None or scores.shape[0] < 2:
         return None
-    if rows.score_function is not None:
-        now = int(rows.timer().item())
-        rank = evaluate_scores(rows.score_function, scores, now)
-        return torch.argsort(rank, descending=True, stable=True)
-    internal = torch.empty_like(scores)
-    internal[:, cols] = scores
-    order = torch.arange(scores.shape[0])
-    for c in reversed(range(internal.shape[1])):  # lexicographic: last column first
-        order = order[torch.argsort(internal[order, c], descending=True, stable=True)]
-    return order
+    return plan.ref.rows.keep_order(scores)
 
 
 def _apply(plan: _Plan, rows: dict[str, torch.Tensor], chunk: int) -> tuple[int, int]:

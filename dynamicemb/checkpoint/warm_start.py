@@ -35,6 +35,7 @@ from dynamicemb.io import fs
 from dynamicemb.io.files import chunk_rows
 from dynamicemb.shard.routing import route_keys
 from dynamicemb.shard.tables import TableRef
+from dynamicemb.table import first_repeat
 
 __all__ = ["WarmStartReport", "warm_start"]
 
@@ -178,7 +179,7 @@ def _id_map(id_maps: Mapping[str, Any] | None, ref: TableRef, rows: int) -> torc
             f"warm_start: id_maps[{ref.name!r}] has {ids.numel()} ids for the source's {rows} rows"
         )
     ids = ids.cpu()
-    if torch.unique(ids).numel() != rows:
+    if first_repeat(ids) is not None:
         raise ValueError(f"warm_start: id_maps[{ref.name!r}] repeats ids")
     return ids
 

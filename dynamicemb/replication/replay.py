@@ -41,7 +41,7 @@ from dynamicemb.replication.delta import DeltaDumpResult, DeltaError, delta_chec
 from dynamicemb.replication.scores import table_scores
 from dynamicemb.replication.tables import check_routable, owned, world_of
 from dynamicemb.shard.tables import TableRef, collection_key, model_tables
-from dynamicemb.table import check_keys, enums
+from dynamicemb.table import check_keys, enums, first_repeat
 from dynamicemb.types import ReplayStats
 
 __all__ = ["check_follows", "layout_mismatch", "replay_by_key", "replay_increment"]
@@ -188,7 +188,7 @@ def _check_entry(ref: TableRef, entry: dict[str, Any], content: ReplayContent, b
                 raise _fail(ref, f"the delta's rows are not all in [0, {cap})")
     else:
         check_keys(keys, f"replay: {ref.label}: the delta's keys")
-        if torch.unique(keys).numel() != n:
+        if first_repeat(keys) is not None:
             raise _fail(ref, "the delta holds a key twice")
     return meta.get("sequence")
 

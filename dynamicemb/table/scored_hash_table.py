@@ -20,10 +20,9 @@ from dynamicemb.table._args import (
     _ints,
     _optional_ints,
     _per_table,
-    _repeats,
 )
 from dynamicemb.table._native import constants, enums, ops
-from dynamicemb.table.keys import check_keys
+from dynamicemb.table.keys import check_keys, first_repeat
 from dynamicemb.table.results import EvictedKeys, ExportedBatch, InsertResult
 from dynamicemb.table.sizes import (
     DIGEST_DTYPE,
@@ -530,9 +529,9 @@ class ScoredHashTable:
                     f"in its home bucket, slots {int(starts[i])}..{int(starts[i] + widths[i]) - 1}"
                     f" of table {int(table_ids[i])}"
                 )
-            if _repeats(keys, table_ids):
+            if first_repeat(keys, table_ids) is not None:
                 raise ValueError("dynamicemb: place got a key twice")
-            if _repeats(slots):
+            if first_repeat(slots) is not None:
                 raise ValueError("dynamicemb: place got a slot twice")
         return keys, table_ids, slots
 
