@@ -295,8 +295,8 @@ def check_rows(plan: "_Plan", rows: dict[str, torch.Tensor]) -> None:
         )
 
 
-def _plan(root: str, manifest: dict | None, ref: TableRef, optim: bool) -> _Plan:
-    folder = os.path.join(root, ref.collection)
+def _plan(root: fs.Location, manifest: dict | None, ref: TableRef, optim: bool) -> _Plan:
+    folder = root.join(ref.collection)
     if manifest is None:
         if not os.path.isdir(folder):
             raise CheckpointError(
@@ -660,6 +660,7 @@ def load(
     plans: list[_Plan] = []
     error = None
     try:
+        path = fs.at(path)  # the one resolution of the path to its filesystem
         root, manifest = files.resolve(path)
         plans = [_plan(root, manifest, ref, optim) for ref in refs]
     except BaseException as e:
@@ -706,7 +707,7 @@ def load(
     results = apply_all(plans, received, group, counters)
     seconds = progress.close()
     totals = group.all_reduce([v for r in results for v in r] + [mine])
-    report = LoadReport(fs.of(path).absolute(path), nbytes=totals[-1], seconds=seconds)
+    report = LoadReport(path.fs.absolute(path), nbytes=totals[-1], seconds=seconds)
     for i, p in enumerate(plans):
         report.tables.append(
             TableLoad(p.ref.collection, p.ref.name, p.meta.rows, totals[2 * i], totals[2 * i + 1])

@@ -103,7 +103,8 @@ class _Source:
         self.tables = _weights(self.state)
 
     def _open(self, path: str):
-        store = fs.of(path)
+        path = fs.at(path)
+        store = path.fs
         if store.isfile(os.path.join(path, ".metadata")):
             return self._dcp_metadata(path)
         if not store.isfile(path):

@@ -182,7 +182,6 @@ class DeltaPublisher:
         self, model: torch.nn.Module, folder: str, pg: dist.ProcessGroup | None = None
     ) -> None:
         self.model = model
-        self.folder = folder
         self.group = Group(pg, DeltaError)
         self.threshold = get_score(model)
         if self.threshold is None:
@@ -190,12 +189,14 @@ class DeltaPublisher:
         mine = _model_source(model)
         sequence = max(ref.rows.delta_sequence[ref.index] or 0 for ref in _refs(model))
         decided, error = None, None
-        if self.group.rank == 0:
-            try:
-                fs.of(folder).makedirs(folder)
-                decided = _continuation(folder, mine, sequence, stream_state(folder))
-            except BaseException as e:
-                error = e
+        try:
+            # The stream folder, resolved to its filesystem once for all.
+            self.folder = fs.at(folder)
+            if self.group.rank == 0:
+                self.folder.fs.makedirs(self.folder)
+                decided = _continuation(self.folder, mine, sequence, stream_state(self.folder))
+        except BaseException as e:
+            error = e
         self.group.agree(error)
         self.source, self.sequence = self.group.broadcast_object(decided)
         _stamp(model, self.sequence, self.source)
@@ -219,17 +220,17 @@ class DeltaPublisher:
         path."""
         from dynamicemb.checkpoint import dump
 
-        path = os.path.join(self.folder, CHECKPOINT_DIR)
+        path = self.folder.join(CHECKPOINT_DIR)
         _stamp(self.model, self.sequence, self.source)
         dump(path, self.model, optim=optim, pg=self.group.pg, show_progress=False)
         if prune and self.group.rank == 0:
-            store = fs.of(self.folder)
+            store = self.folder.fs
             for epoch, seq in list_stream(self.folder):
                 if epoch != self.epoch or seq <= self.sequence:
                     store.rmtree(delta_path(self.folder, seq, epoch))
             for name in store.listdir(self.folder):  # left by a publisher that died
                 if name.startswith("delta-") and TMP_TAG in name:
-                    store.rmtree(os.path.join(self.folder, name))
+                    store.rmtree(self.folder.join(name))
         self.group.barrier()
         return path
 
@@ -335,7 +336,8 @@ class DeltaFollower:
         if mode not in self.MODES:
             raise ValueError(f"DeltaFollower: mode must be one of {self.MODES}, got {mode!r}")
         self.model = model
-        self.folder = folder
+        # The stream folder, resolved to its filesystem once for all.
+        self.folder = fs.at(folder)
         self.content = content
         self.mode = mode
         self.group = Group(pg, DeltaError)
@@ -365,7 +367,7 @@ class DeltaFollower:
         from dynamicemb.checkpoint import load
 
         try:
-            _, manifest = checkpoint_files.resolve(os.path.join(self.folder, CHECKPOINT_DIR))
+            _, manifest = checkpoint_files.resolve(self.folder.join(CHECKPOINT_DIR))
         except CheckpointError:
             manifest = None
         optim = manifest is not None and bool(manifest.get("optim"))
@@ -376,7 +378,7 @@ class DeltaFollower:
         for attempt in range(self.MAX_MISSES + 1):
             try:
                 load(
-                    os.path.join(self.folder, CHECKPOINT_DIR),
+                    self.folder.join(CHECKPOINT_DIR),
                     self.model,
                     optim=optim,
                     pg=self.group.pg,
