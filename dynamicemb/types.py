@@ -443,8 +443,8 @@ class Storage(abc.ABC):
         """Remove keys; keys that are not stored are ignored.
 
         Args:
-            keys (torch.Tensor): ``(n,)`` keys.
-            table_ids (torch.Tensor): ``(n,)`` logical table of each key.
+            keys (torch.Tensor): ``(n,)`` the keys to remove.
+            table_ids (torch.Tensor): ``(n,)`` the logical table of each.
         """
 
     @abc.abstractmethod
