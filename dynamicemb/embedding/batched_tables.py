@@ -32,7 +32,7 @@ from dynamicemb.embedding.cuda_graphs import (
     graphs_enabled_by_default,
 )
 from dynamicemb.embedding.initializer import MultiTableInitializer
-from dynamicemb.embedding.inputs import check_values
+from dynamicemb.embedding.inputs import check_batch_values
 from dynamicemb.embedding.insert_failures import InsertFailures
 from dynamicemb.embedding.module_warnings import (
     default_optimizer,
@@ -690,7 +690,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         weights = None if pooling_weights is None else pooling_weights.to(dev).contiguous()
         freq = None if frequency_counters is None else frequency_counters.to(dev).contiguous()
         if self.check_values:
-            check_values(indices, offsets, freq, weights)
+            check_batch_values(indices, offsets, freq, weights)
         if freq is not None:
             freq = freq.long() if freq.is_floating_point() else freq.to(torch.int64)
         return indices, offsets, freq, weights

@@ -31,7 +31,7 @@ class Finding(enum.IntEnum):
     BAD_WEIGHT = 12  # a: position, b: the weight's float64 bits, c: feature
 
 
-def check_values(indices, offsets, freq, weights) -> None:
+def check_batch_values(indices, offsets, freq, weights) -> None:
     """The embedding module's value checks of a batch in TBE layout (one
     ``check_batch`` over its bags, the offsets' ends beside it), read in one
     synchronization; raises ``ValueError`` naming the argument, the first bad
