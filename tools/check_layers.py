@@ -21,6 +21,7 @@
    it), or the test fails to import in Bazel's sandbox although it runs under
    plain pytest.
 7. No module reads or writes another object's private attributes: ``x._name``
+   (or ``getattr(x, "_name")``, ``setattr``, ``hasattr``, ``delattr``)
    where ``x`` is not ``self``, ``cls`` or ``super()`` is refused (the owner
    offers a public method or property instead), except the few uses of
    other projects' private names listed in ``FOREIGN_PRIVATE``, each with
@@ -89,7 +90,41 @@ FOREIGN_PRIVATE = {
     ("dynamicemb/shard/lookup.py", "lookup._feature_splits"): (
         "TorchRec's grouped lookup keeps its features' split there, with no public accessor"
     ),
+    ("dynamicemb/shard/lookup.py", "module._lookups"): (
+        "TorchRec's sharded modules keep their lookups there, with no public accessor"
+    ),
+    ("dynamicemb/shard/tables.py", "module._env"): (
+        "TorchRec's sharded modules keep their ShardingEnv (world size, rank, process "
+        "group) there, with no public accessor"
+    ),
+    ("dynamicemb/checkpoint/model_state.py", "module._env"): (
+        "TorchRec's sharded modules keep their ShardingEnv (its process group) there, with "
+        "no public accessor"
+    ),
+    ("dynamicemb/io/comm.py", "dist.distributed_c10d._get_process_group_store"): (
+        "torch.distributed gives a process group's store only through this function; "
+        "without it (another torch) the group is used without its store"
+    ),
 }
+_ATTR_CALLS = ("getattr", "setattr", "hasattr", "delattr")
+
+
+def _private_name(name: str) -> bool:
+    """A private name (``_x``), not a dunder (no one's private attribute)."""
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _own(owner: ast.expr) -> bool:
+    """``self``, ``cls`` or ``super()``: the object's own attributes."""
+    if isinstance(owner, ast.Name):
+        return owner.id in ("self", "cls")
+    return (
+        isinstance(owner, ast.Call)
+        and isinstance(owner.func, ast.Name)
+        and owner.func.id == "super"
+    )
+
+
 TRAINING_MODULE = "BatchedDynamicEmbeddingTablesV2"
 
 
@@ -135,20 +170,22 @@ def private_reads(path: pathlib.Path, rel: str, used: set) -> list[str]:
     ``used``)."""
     errors = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
-            continue
-        if node.attr.startswith("__") and node.attr.endswith("__"):
-            continue  # a dunder is no one's private attribute
-        owner = node.value
-        if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
-            continue
-        if (
-            isinstance(owner, ast.Call)
-            and isinstance(owner.func, ast.Name)
-            and owner.func.id == "super"
+        if isinstance(node, ast.Attribute):
+            owner, name = node.value, node.attr
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in _ATTR_CALLS
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
         ):
+            owner, name = node.args[0], node.args[1].value
+        else:
             continue
-        expr = ast.unparse(node)
+        if not _private_name(name) or _own(owner):
+            continue
+        expr = f"{ast.unparse(owner)}.{name}"
         if (rel, expr) in FOREIGN_PRIVATE:
             used.add((rel, expr))
             continue
