@@ -15,12 +15,16 @@
    training module ``BatchedDynamicEmbeddingTablesV2`` included, by any path).
 5. No module of the package is longer than ``MAX_LINES`` lines
    (``dynamicemb_config.py``, whose path and contents the spec fixes, aside).
-6. A test package's BUILD.bazel depends on every other test package it imports
+6. A serving package (``SERVING``: ``dynamicemb/inference``) imports only
+   the readers of the packages below it (``SERVING_IMPORTS``), never their
+   training side (the embedding module, the sharders, the storage tiers, a
+   model's dumps, loads and replays): a serving process loads none of it.
+7. A test package's BUILD.bazel depends on every other test package it imports
    (``tests.<pkg>``: a ``//tests/<pkg>`` label in it), and on ``//dynamicemb``
    where it imports ``dynamicemb.incremental_dump`` (only that target holds
    it), or the test fails to import in Bazel's sandbox although it runs under
    plain pytest.
-7. No module reads or writes another object's private attributes: ``x._name``
+8. No module reads or writes another object's private attributes: ``x._name``
    (or ``getattr(x, "_name")``, ``setattr``, ``hasattr``, ``delattr``)
    where ``x`` is not ``self``, ``cls`` or ``super()`` is refused (the owner
    offers a public method or property instead), except the few uses of
@@ -54,7 +58,8 @@ LAYERS = {
     "checkpoint": 6,
     "metrics": 6,
     "replication": 7,
-    "root": 8,
+    "inference": 8,
+    "root": 9,
 }
 TOP_LEVEL = {
     "__init__": "root",
@@ -68,8 +73,23 @@ TOP_LEVEL = {
     "_seams": "core",
 }
 ROWS_ONLY = {"checkpoint", "metrics", "replication"}
+SERVING = {"inference"}
+# What a serving package may import: whole packages (and top-level modules)
+# without a training side, and the reader modules of the others.
+SERVING_IMPORTS = {
+    "core",
+    "io",
+    "table",
+    "embedding.initializer",
+    "checkpoint.layout",
+    "checkpoint.files",
+    "checkpoint.read",
+    "replication.delta",
+    "replication.follow",
+    "replication.stream_files",
+}
 
-# Rule 7's exceptions: other projects' private names, (module, expression) ->
+# Rule 8's exceptions: other projects' private names, (module, expression) ->
 # why there is no public way.
 FOREIGN_PRIVATE = {
     ("dynamicemb/storage/padded.py", "torch._check"): (
@@ -104,6 +124,17 @@ FOREIGN_PRIVATE = {
     ("dynamicemb/io/comm.py", "dist.distributed_c10d._get_process_group_store"): (
         "torch.distributed gives a process group's store only through this function; "
         "without it (another torch) the group is used without its store"
+    ),
+    (
+        "dynamicemb/inference/formats.py",
+        "torch._C._dispatch_has_kernel_for_dispatch_key",
+    ): (
+        "torch's dispatcher says whether an op has a kernel of its own for a device type "
+        "only there (torch.library.get_kernel also counts fallbacks and raises)"
+    ),
+    ("dynamicemb/inference/state.py", "torch._dynamo"): (
+        "maybe_mark_dynamic, torch.compile's documented way to keep a size unspecialized, "
+        "is torch._dynamo's; torch.compiler has no public alias"
     ),
 }
 _ATTR_CALLS = ("getattr", "setattr", "hasattr", "delattr")
@@ -165,7 +196,7 @@ def imports(path: pathlib.Path, parts: list[str]):
 
 
 def private_reads(path: pathlib.Path, rel: str, used: set) -> list[str]:
-    """Rule 7: ``x._name`` of an object ``x`` other than ``self``, ``cls`` or
+    """Rule 8: ``x._name`` of an object ``x`` other than ``self``, ``cls`` or
     ``super()``, outside ``FOREIGN_PRIVATE`` (the exceptions met are added to
     ``used``)."""
     errors = []
@@ -189,6 +220,8 @@ def private_reads(path: pathlib.Path, rel: str, used: set) -> list[str]:
         if (rel, expr) in FOREIGN_PRIVATE:
             used.add((rel, expr))
             continue
+        if any(r == rel and e.startswith(expr + ".") for r, e in FOREIGN_PRIVATE):
+            continue  # the owner of a listed name (``torch._C`` of ``torch._C._x``)
         errors.append(
             f"{rel}:{node.lineno}: reads {expr}, a private attribute of another object: "
             "give its owner a public method or property"
@@ -247,6 +280,16 @@ def check(root: pathlib.Path) -> list[str]:
                     f"{where}: {pkg} reaches rows through dynamicemb.storage's TableRows, "
                     f"never through dynamicemb.embedding or {TRAINING_MODULE}"
                 )
+            if (
+                pkg in SERVING
+                and target != pkg
+                and target not in SERVING_IMPORTS
+                and ".".join(mod[:2]) not in SERVING_IMPORTS
+            ):
+                errors.append(
+                    f"{where}: {pkg} serves without the training code; it imports "
+                    f"{'.'.join(mod)}, which is not one of {sorted(SERVING_IMPORTS)}"
+                )
             if target == pkg:
                 continue
             if LAYERS[target] >= LAYERS[pkg]:
@@ -271,7 +314,7 @@ TEST_SHARED = {"devices", "conftest"}
 
 
 def check_test_deps(root: pathlib.Path) -> list[str]:
-    """Rule 6: ``tests.<other>`` imports against the ``//tests/<other>`` labels."""
+    """Rule 7: ``tests.<other>`` imports against the ``//tests/<other>`` labels."""
     errors = []
     tests = root / "tests"
     for build in sorted(tests.glob("*/BUILD.bazel")):
