@@ -20,6 +20,7 @@ table layer) are exported here and imported on first use too, as is
 # (tests/packaging). Versioning policy: docs/building.md, "Versions".
 __version__ = "0.1.0"
 
+from ._seams import first_use as _first_use
 from ._seams import provide as _provide
 from .dynamicemb_config import (
     BUCKET_ALIGNMENT,
@@ -79,9 +80,7 @@ def __getattr__(name: str):
         from dynamicemb import inference as package
     else:
         raise AttributeError(f"module 'dynamicemb' has no attribute {name!r}")
-    value = getattr(package, name)
-    globals()[name] = value
-    return value
+    return _first_use(globals(), name, package)
 
 
 __all__ = [

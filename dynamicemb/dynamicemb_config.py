@@ -512,7 +512,7 @@ class DynamicEmbTableOptions:
         counter = self.admission_counter
         carried = None
         if self.admit_strategy is not None:
-            carried = self.admit_strategy._with_deprecated_counter(counter)
+            carried = self.admit_strategy.with_deprecated_counter(counter)
         where = (
             "it was carried to the admission strategy"
             if carried is not None

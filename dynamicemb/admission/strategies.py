@@ -169,7 +169,7 @@ class FrequencyAdmissionStrategy(AdmissionStrategy):
 
         return table_metadata_bytes([counter_layout(self.kv_counter)[0]], 1, [0])
 
-    def _with_deprecated_counter(self, counter) -> "FrequencyAdmissionStrategy":
+    def with_deprecated_counter(self, counter) -> "FrequencyAdmissionStrategy":
         if self.counter is None:
             return FrequencyAdmissionStrategy(self.threshold, counter, self.initializer_args)
         if self.counter == counter:

@@ -26,6 +26,7 @@ import types
 import torch
 import torch.distributed as dist
 
+from dynamicemb._seams import first_use
 from dynamicemb.checkpoint.layout import CheckpointError
 
 # The public names of the modules below, imported on first use: a reader of
@@ -75,9 +76,7 @@ def __getattr__(name: str):
         import dynamicemb.checkpoint.warm_start  # noqa: F401
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(sys.modules[f"{__name__}.{module}"], name)
-    globals()[name] = value
-    return value
+    return first_use(globals(), name, sys.modules[f"{__name__}.{module}"])
 
 
 __all__ = [

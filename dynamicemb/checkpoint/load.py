@@ -76,7 +76,6 @@ from dynamicemb.io import files as io_files
 from dynamicemb.io.files import IO_THREADS, chunk_rows
 from dynamicemb.shard.routing import route_keys
 from dynamicemb.shard.tables import TableRef
-from dynamicemb.storage.score_function import evaluate_scores
 
 log = logging.getLogger("dynamicemb.checkpoint")
 
@@ -233,8 +232,8 @@ def check_meta(meta: TableMeta, ref: TableRef, optim: bool) -> bool:
     return with_state
 
 
-def _plan(root: str, manifest: dict | None, ref: TableRef, optim: bool) -> _Plan:
-    folder = os.path.join(root, ref.collection)
+def _plan(root: fs.Location, manifest: dict | None, ref: TableRef, optim: bool) -> _Plan:
+    folder = root.join(ref.collection)
     if manifest is None:
         if not os.path.isdir(folder):
             raise CheckpointError(
@@ -424,21 +423,11 @@ def _read_counter(plan: _Plan, group: Group, pool, progress):
 
 
 def _order(plan: _Plan, scores: torch.Tensor | None) -> torch.Tensor | None:
-    """Rows best first (the keys eviction would keep), None: as they are."""
-    rows = plan.ref.rows
-    cols = rows.score_columns()
-    if cols is None or scores is None or scores.shape[0] < 2:
+    """Rows best first (the keys eviction would keep: ``TableRows.keep_order``),
+    None: as they are."""
+    if scores is None or scores.shape[0] < 2:
         return None
-    if rows.score_function is not None:
-        now = int(rows.timer().item())
-        rank = evaluate_scores(rows.score_function, scores, now)
-        return torch.argsort(rank, descending=True, stable=True)
-    internal = torch.empty_like(scores)
-    internal[:, cols] = scores
-    order = torch.arange(scores.shape[0])
-    for c in reversed(range(internal.shape[1])):  # lexicographic: last column first
-        order = order[torch.argsort(internal[order, c], descending=True, stable=True)]
-    return order
+    return plan.ref.rows.keep_order(scores)
 
 
 def _apply(plan: _Plan, rows: dict[str, torch.Tensor], chunk: int) -> tuple[int, int]:
@@ -569,6 +558,7 @@ def load(
     plans: list[_Plan] = []
     error = None
     try:
+        path = fs.at(path)  # the one resolution of the path to its filesystem
         root, manifest = files.resolve(path)
         plans = [_plan(root, manifest, ref, optim) for ref in refs]
     except BaseException as e:
@@ -615,7 +605,7 @@ def load(
     results = apply_all(plans, received, group, counters)
     seconds = progress.close()
     totals = group.all_reduce([v for r in results for v in r] + [mine])
-    report = LoadReport(fs.of(path).absolute(path), nbytes=totals[-1], seconds=seconds)
+    report = LoadReport(path.fs.absolute(path), nbytes=totals[-1], seconds=seconds)
     for i, p in enumerate(plans):
         report.tables.append(
             TableLoad(p.ref.collection, p.ref.name, p.meta.rows, totals[2 * i], totals[2 * i + 1])

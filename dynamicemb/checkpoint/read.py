@@ -16,7 +16,8 @@ import torch
 
 from dynamicemb.checkpoint.layout import CheckpointError, FileInfo, Shard, TableMeta, meta_file
 from dynamicemb.io import files as io_files
-from dynamicemb.table import check_keys
+from dynamicemb.io import fs
+from dynamicemb.table import check_keys, first_repeat
 
 __all__ = [
     "check_meta_values",
@@ -81,7 +82,7 @@ def check_meta_values(meta: TableMeta, what: str, world_size: int) -> None:
 
 def table_meta(
     root: str, manifest: dict[str, Any], collection: str, table: str, what: str
-) -> tuple[str, TableMeta]:
+) -> tuple[fs.Location, TableMeta]:
     """The folder of ``collection`` in the checkpoint at ``root`` (its
     verified ``manifest``) and the meta JSON of its ``table``, checked
     against the manifest's checksum and for values no dump writes.
@@ -101,7 +102,7 @@ def table_meta(
             f"{what}: the checkpoint at {root} has no table {table!r} in "
             f"{collection!r} (it has {sorted(colls[collection])})"
         )
-    folder = os.path.join(root, collection)
+    folder = fs.at(root).join(collection)
     info = FileInfo.from_json(colls[collection][table])
     data = io_files.read_small(folder, info, meta_file(table), what, CheckpointError)
     meta = TableMeta.decode(data, os.path.join(folder, meta_file(table)))
@@ -180,9 +181,7 @@ def check_table_keys(keys: torch.Tensor, what: str) -> None:
         check_keys(keys, f"{what}: the checkpoint's keys")
     except ValueError as e:
         raise CheckpointError(str(e)) from None
-    uniq, counts = torch.unique(keys, return_counts=True)
-    if uniq.numel() != keys.numel():
-        i = int(counts.argmax())
-        raise CheckpointError(
-            f"{what}: key {int(uniq[i])} appears {int(counts[i])} times in the checkpoint"
-        )
+    repeat = first_repeat(keys)
+    if repeat is not None:
+        i, times = repeat
+        raise CheckpointError(f"{what}: key {int(keys[i])} appears {times} times in the checkpoint")

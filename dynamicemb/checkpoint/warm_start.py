@@ -35,6 +35,7 @@ from dynamicemb.io import fs
 from dynamicemb.io.files import chunk_rows
 from dynamicemb.shard.routing import route_keys
 from dynamicemb.shard.tables import TableRef
+from dynamicemb.table import first_repeat
 
 __all__ = ["WarmStartReport", "warm_start"]
 
@@ -102,7 +103,8 @@ class _Source:
         self.tables = _weights(self.state)
 
     def _open(self, path: str):
-        store = fs.of(path)
+        path = fs.at(path)
+        store = path.fs
         if store.isfile(os.path.join(path, ".metadata")):
             return self._dcp_metadata(path)
         if not store.isfile(path):
@@ -178,7 +180,7 @@ def _id_map(id_maps: Mapping[str, Any] | None, ref: TableRef, rows: int) -> torc
             f"warm_start: id_maps[{ref.name!r}] has {ids.numel()} ids for the source's {rows} rows"
         )
     ids = ids.cpu()
-    if torch.unique(ids).numel() != rows:
+    if first_repeat(ids) is not None:
         raise ValueError(f"warm_start: id_maps[{ref.name!r}] repeats ids")
     return ids
 

@@ -5,6 +5,8 @@ The names are imported on first use, so that the initializers
 (``initializer.py``) serve a reader of rows without the training module.
 """
 
+from dynamicemb._seams import first_use
+
 _MODULES = {
     "BatchedDynamicEmbeddingTablesV2": "batched_tables",
     "RowOptimizer": "optimizer",
@@ -26,9 +28,7 @@ def __getattr__(name: str):
         from dynamicemb.embedding import initializer as package
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(package, name)
-    globals()[name] = value
-    return value
+    return first_use(globals(), name, package)
 
 
 __all__ = [

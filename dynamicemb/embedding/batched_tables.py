@@ -25,14 +25,14 @@ from dynamicemb.dynamicemb_config import (
     DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
 )
-from dynamicemb.embedding.admission import ModuleAdmission, create_admitter, fill_refs
+from dynamicemb.embedding.admission import ModuleAdmission, create_admitter
 from dynamicemb.embedding.cuda_graphs import (
     LookupGraphs,
     PrefetchGraphs,
     graphs_enabled_by_default,
 )
 from dynamicemb.embedding.initializer import MultiTableInitializer
-from dynamicemb.embedding.inputs import check_values
+from dynamicemb.embedding.inputs import check_batch_values
 from dynamicemb.embedding.insert_failures import InsertFailures
 from dynamicemb.embedding.module_warnings import (
     default_optimizer,
@@ -79,7 +79,7 @@ class _Pool(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        ctx.module._apply_gradients(grad_out, ctx.batch_args)
+        ctx.module.apply_gradients(grad_out, ctx.batch_args)
         if not torch.compiler.is_compiling():  # a traced step replays no CUDA graph
             ctx.batch_args.updated = True
         return (None,) * 3
@@ -302,22 +302,26 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             self.stats.feed(StatCol.CACHE_HITS, StatCol.CACHE_MISSES)
             self.storage.cache_observer = self._count_cache_lookups
             self._table_ids_to_end = torch.arange(n + 1, device=self.device)
-        self._init_table_ids = torch.tensor(
-            self.initializer_table_ids, dtype=torch.int64, device=self.device
+        self._row_init = ModuleRowInit(
+            self,
+            torch.tensor(self.initializer_table_ids, dtype=torch.int64, device=self.device),
+            {
+                False: MultiTableInitializer([o.initializer_args for o in self.table_options]),
+                True: MultiTableInitializer([o.eval_initializer_args for o in self.table_options]),
+            },
         )
-        self._initializers = {
-            False: MultiTableInitializer([o.initializer_args for o in self.table_options]),
-            True: MultiTableInitializer([o.eval_initializer_args for o in self.table_options]),
-        }
         # The keys the tables refuse (refuse_cold_keys; refusal.py).
-        self.refusal = ModuleRefusal(self) if self.table_options[0].refuse_cold_keys else None
+        self.refusal = (
+            ModuleRefusal(self, self._row_init) if self.table_options[0].refuse_cold_keys else None
+        )
         self.admitter = create_admitter(self.table_options, self.device)
         # The training step's admission stage (dynamicemb/embedding/admission.py).
         self._admission = None
         if self.admitter is not None:
             self.stats.feed(StatCol.ADMISSIONS, StatCol.REJECTIONS)
-            self._admission = ModuleAdmission(self, self.admitter)
-        self._row_init = ModuleRowInit(self)
+            self._admission = ModuleAdmission(
+                self, self.admitter, self._row_init, self._find_or_insert
+            )
         # The tables' rows as checkpoints, replication and metrics reach them.
         self.rows = TableRows(
             self.storage,
@@ -334,7 +338,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         )
         # The new rows' initializer groups, built here rather than in a
         # (possibly traced) training step.
-        self._initializers[False].groups(self.dims, self.device)
+        self._row_init.initializers[False].groups(self.dims, self.device)
         # Output layout of pooled batches: feature f's dims[f] columns start at
         # cols[f], the features side by side (TorchRec's KeyedTensor order).
         fdims = [self.dims[t] for t in self.feature_table_map]
@@ -358,8 +362,11 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         # Whether a CUDA module replays the training lookups of batch shapes
         # it has seen from CUDA graphs (dynamicemb/embedding/cuda_graphs.py).
         self.cuda_graphs = graphs_enabled_by_default()
-        self._graphs = LookupGraphs() if self.device.type == "cuda" else None
-        self._prefetch_graphs = PrefetchGraphs() if self.device.type == "cuda" else None
+        cuda = self.device.type == "cuda"
+        self._graphs = LookupGraphs(self._graph_state, self._lookup) if cuda else None
+        self._prefetch_graphs = (
+            PrefetchGraphs(self._prefetch_graph_state, self._prefetch_rows) if cuda else None
+        )
 
     # ------------------------------------------------------------ storage --
 
@@ -698,7 +705,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         weights = None if pooling_weights is None else pooling_weights.to(dev).contiguous()
         freq = None if frequency_counters is None else frequency_counters.to(dev).contiguous()
         if self.check_values:
-            check_values(indices, offsets, freq, weights)
+            check_batch_values(indices, offsets, freq, weights)
         if freq is not None:
             freq = freq.long() if freq.is_floating_point() else freq.to(torch.int64)
         return indices, offsets, freq, weights
@@ -756,35 +763,23 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
     def initial_embeddings(self, keys, tids, eval_mode: bool = False) -> torch.Tensor:
         """(n, max dim) float32: the initializer's (or the eval initializer's)
         row of each key, zeros past its table's dim."""
-        return self._initializers[eval_mode](keys, tids, self.dims, self._init_table_ids, self.seed)
+        return self._row_init.initial(keys, tids, eval_mode)
 
     def _rows_eval(self, keys, tids):
         """(rows, fill): keys stored nowhere read the eval initializer's rows
         from the fill buffer."""
         rows = self.storage.eval_rows(keys, tids)
         missing = (rows < 0).nonzero().squeeze(1)
-        return self._with_fill(rows, missing, keys, tids, self._initializers[True])
-
-    def _with_fill(self, rows, idx, keys, tids, initializer: MultiTableInitializer):
-        """(rows, fill): the distinct keys at ``idx``, stored nowhere, read
-        ``initializer``'s rows (at the embedding dtype, as a stored row would
-        read them) from a fill buffer; None when there are none."""
-        if idx.numel() == 0:
-            return rows, None
-        fill = initializer(
-            keys.index_select(0, idx),
-            tids.index_select(0, idx),
-            self.dims,
-            self._init_table_ids,
-            self.seed,
-        ).to(self.embedding_dtype)
-        refs = fill_refs(torch.arange(idx.numel(), device=self.device))
-        return rows.index_copy(0, idx, refs), fill
+        init = self._row_init
+        return init.with_fill(rows, missing, keys, tids, init.initializers[True])
 
     # ----------------------------------------------------------- backward --
 
-    def _apply_gradients(self, grad_out: torch.Tensor, b: "_Batch") -> None:
-        """grad_out: the gradient of the forward's output, in its layout."""
+    def apply_gradients(self, grad_out: torch.Tensor, b: "_Batch") -> None:
+        """The backward of a lookup (its pooling function's): the fused
+        optimizer's update of the rows batch ``b`` read, ``grad_out`` the
+        gradient of the forward's output in its layout; then the storage's
+        ``after_update``."""
         with record_function("dynamicemb:update"):
             if self.training_state:
                 self.optimizer.fused_update(

@@ -6,7 +6,7 @@ in whatever order. ``MultiTableInitializer`` applies each table's own
 arguments to the keys of several fused tables.
 """
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -187,39 +187,6 @@ class MultiTableInitializer:
             ]
         return self._groups[key]
 
-    def rows_by_group(
-        self,
-        keys: torch.Tensor,
-        table_ids: torch.Tensor,
-        dims: Sequence[int],
-        generator_table_ids: torch.Tensor | None = None,
-        seed: int = 0,
-    ) -> Iterator[tuple[torch.Tensor | None, int, torch.Tensor]]:
-        """Initial rows group by group.
-
-        Args:
-            keys (torch.Tensor): (n) int64.
-            table_ids (torch.Tensor): (n) int64, each key's table.
-            dims (Sequence[int]): the width of each table.
-            generator_table_ids (Optional[torch.Tensor]): (num_tables) int64,
-                the table id each table's rows are generated with (see
-                ``init_rows``); default: its own.
-            seed (int): the generator's seed.
-
-        Yields:
-            (selection, dim, rows): the keys of one group (a bool mask over
-            ``keys``, or None for all of them), the group's width and their
-            (m, dim) float32 rows.
-        """
-        init_ids = table_ids if generator_table_ids is None else generator_table_ids[table_ids]
-        groups = self.groups(dims, keys.device)
-        for g in groups:
-            if len(groups) == 1:
-                yield None, g.dim, init_rows(keys, g.dim, g.args, init_ids, seed)
-                continue
-            sel = torch.isin(table_ids, g.tables)
-            yield sel, g.dim, init_rows(keys[sel], g.dim, g.args, init_ids[sel], seed)
-
     def write_at(
         self,
         space: tuple[torch.Tensor, torch.Tensor],
@@ -241,7 +208,7 @@ class MultiTableInitializer:
             space: the row space's two segments.
             offsets (torch.Tensor): (n) int64 byte offsets, -1 to skip.
             keys, table_ids, dims, generator_table_ids, seed: as for
-                ``rows_by_group``.
+                ``__call__``.
             element_type (int): the rows' native ElementType.
             state (Optional[Callable]): a group's optimizer-state width and
                 fill (``init_rows_at``'s ``state_dim``, ``state_fill``);
@@ -267,12 +234,24 @@ class MultiTableInitializer:
         seed: int = 0,
     ) -> torch.Tensor:
         """Initial rows of ``keys``, as (n, max(dims)) float32: row i has its
-        table's width of values, zeros after them. Arguments as for
-        ``rows_by_group``."""
+        table's width of values, zeros after them; one ``init_rows`` per group.
+
+        Args:
+            keys (torch.Tensor): (n) int64.
+            table_ids (torch.Tensor): (n) int64, each key's table.
+            dims (Sequence[int]): the width of each table.
+            generator_table_ids (Optional[torch.Tensor]): (num_tables) int64,
+                the table id each table's rows are generated with (see
+                ``init_rows``); default: its own.
+            seed (int): the generator's seed.
+        """
         out = torch.zeros(keys.numel(), max(int(d) for d in dims), device=keys.device)
-        for sel, dim, rows in self.rows_by_group(keys, table_ids, dims, generator_table_ids, seed):
-            if sel is None:
-                out[:, :dim] = rows
-            else:
-                out[sel, :dim] = rows
+        init_ids = table_ids if generator_table_ids is None else generator_table_ids[table_ids]
+        groups = self.groups(dims, keys.device)
+        for g in groups:
+            if len(groups) == 1:
+                out[:, : g.dim] = init_rows(keys, g.dim, g.args, init_ids, seed)
+                continue
+            sel = torch.isin(table_ids, g.tables)
+            out[sel, : g.dim] = init_rows(keys[sel], g.dim, g.args, init_ids[sel], seed)
         return out

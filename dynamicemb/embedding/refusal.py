@@ -7,7 +7,7 @@ a key admission rejects: it reads a fill row of the rejected-row initializer
 
 import torch
 
-from dynamicemb.embedding.admission import fill_marked, fill_width
+from dynamicemb.embedding.row_init import ModuleRowInit, fill_width
 from dynamicemb.storage import REFUSED_ROW
 from dynamicemb.storage.stats import StatCol
 
@@ -16,12 +16,13 @@ class ModuleRefusal:
     """A module's refused keys (see the module docstring).
 
     Args:
-        module (BatchedDynamicEmbeddingTablesV2): its statistics and
-            initializers.
+        module (BatchedDynamicEmbeddingTablesV2): its statistics.
+        row_init (ModuleRowInit): the module's initializers and fill rows.
     """
 
-    def __init__(self, module) -> None:
+    def __init__(self, module, row_init: ModuleRowInit) -> None:
         self.module = module
+        self.row_init = row_init
         module.stats.feed(StatCol.REFUSALS)
         self._width = fill_width(module)
         n = len(module.table_options)
@@ -39,7 +40,6 @@ class ModuleRefusal:
 
     def fill(self, rows, keys, tids):
         """(rows, fill) of a lookup without admission: the refused keys read
-        fill rows of the table's initializer (``fill_marked``)."""
-        m = self.module
-        init = m._initializers[False]
-        return fill_marked(m, rows, self.refused(rows), keys, tids, init, self._width)
+        fill rows of the table's initializer (``ModuleRowInit.fill_marked``)."""
+        init = self.row_init.initializers[False]
+        return self.row_init.fill_marked(rows, self.refused(rows), keys, tids, init, self._width)

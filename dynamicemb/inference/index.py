@@ -110,14 +110,14 @@ class Index:
         hit = torch.empty_like(found).scatter_(0, order, found)
         return slots, hit
 
-    @staticmethod
+    @classmethod
     def build(
-        keys: torch.Tensor, tables: torch.Tensor, slots: torch.Tensor, num_tables: int
+        cls, keys: torch.Tensor, tables: torch.Tensor, slots: torch.Tensor, num_tables: int
     ) -> "Index":
         """The index of entries (key, table, slot), in any order; the
         (key, table) pairs must be distinct."""
         order = _lexsort(keys, tables)
-        return Index._of(keys[order], tables[order], slots[order], num_tables)
+        return cls._of(keys[order], tables[order], slots[order], num_tables)
 
     @staticmethod
     def _of(keys, tables, slots, num_tables) -> "Index":
@@ -155,7 +155,7 @@ class Index:
         in any order."""
         old_keys, old_tables, old_slots = self.entries()
         keep = ~drop
-        kept = Index._of(old_keys[keep], old_tables[keep], old_slots[keep], self.num_tables)
+        kept = self._of(old_keys[keep], old_tables[keep], old_slots[keep], self.num_tables)
         order = _lexsort(keys, tables)
         keys, tables, slots = keys[order], tables[order], slots[order]
         at = lower_bound(kept.keys, kept.tables, keys, tables.to(torch.int32), self.num_tables)
@@ -174,7 +174,7 @@ class Index:
         ):
             out[new] = add
             out[~new] = old
-        return Index._of(out_keys, out_tables, out_slots, self.num_tables)
+        return self._of(out_keys, out_tables, out_slots, self.num_tables)
 
 
 def _lexsort(keys: torch.Tensor, tables: torch.Tensor) -> torch.Tensor:

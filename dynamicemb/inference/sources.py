@@ -53,13 +53,16 @@ class Checkpoint:
     manifest: dict[str, Any]
 
     @staticmethod
-    def open(path: str) -> "Checkpoint":
-        """The checkpoint at ``path`` (its newest complete version).
+    def open(path: "str | Checkpoint") -> "Checkpoint":
+        """The checkpoint at ``path`` (its newest complete version), opened
+        here unless it is an opened ``Checkpoint`` already.
 
         Raises:
             CheckpointError: no checkpoint there, a damaged manifest, or a
                 folder of the legacy layout (no manifest).
         """
+        if isinstance(path, Checkpoint):
+            return path
         root, manifest = resolve(path)
         if manifest is None:
             raise CheckpointError(

@@ -288,7 +288,7 @@ class InferenceEmbeddingTable(torch.nn.Module, StreamReplica):
                 )
             configs.append(c)
         table = cls(configs, **kwargs)
-        table._load(ckpt)
+        table.load_checkpoint(ckpt)
         return table
 
     def load_checkpoint(self, path: str) -> None:

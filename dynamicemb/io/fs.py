@@ -10,6 +10,11 @@ and renamed into place; an object store has no rename, and a folder is
 committed there by its manifest, written last, in a version prefix of its
 own (``files.make_tmp``, ``files.publish``, ``files.committed``).
 
+An operation resolves the path it is given once, at its entry (``at``): a
+``Location`` is that path (a ``str``) with its filesystem (``fs``), and the
+paths made from it (``join``, ``on``) keep it, so nothing below resolves a
+path again.
+
 ``Local`` does what the library did before object stores: every file and
 folder fsynced, ``os.rename``, ``shutil.rmtree``. ``ObjectStore`` writes an
 object at once when its handle is closed (an object store shows an object
@@ -29,7 +34,7 @@ import os
 import re
 import shutil
 
-__all__ = ["EXTRA", "Local", "ObjectStore", "is_url", "local_path", "of"]
+__all__ = ["EXTRA", "Local", "Location", "ObjectStore", "at", "is_url", "local_path", "of"]
 
 # setup.py's extra that installs the object store packages dynamicemb tests.
 EXTRA = "s3"
@@ -169,6 +174,14 @@ class ObjectStore:
     def _fresh(self) -> None:
         self.fs.invalidate_cache()
 
+    @staticmethod
+    def _key(path: str) -> str:
+        """``path`` as the filesystem names its objects (the protocol
+        stripped, by fsspec's rule for it)."""
+        from fsspec.core import strip_protocol
+
+        return strip_protocol(path)
+
     def absolute(self, path: str) -> str:
         return str(path)
 
@@ -194,7 +207,7 @@ class ObjectStore:
             entries = self.fs.ls(path, detail=False)
         except FileNotFoundError:
             return []
-        base = self.fs._strip_protocol(path).rstrip("/")
+        base = self._key(path).rstrip("/")
         names = {e.rstrip("/").rsplit("/", 1)[-1] for e in entries if e.rstrip("/") != base}
         return sorted(names)
 
@@ -267,7 +280,7 @@ class ObjectStore:
         """Every object below ``path``, as paths relative to it, sorted (one
         listing, without delimiters)."""
         self._fresh()
-        base = self.fs._strip_protocol(path).rstrip("/") + "/"
+        base = self._key(path).rstrip("/") + "/"
         try:
             keys = self.fs.find(path)
         except FileNotFoundError:
@@ -276,6 +289,40 @@ class ObjectStore:
 
 
 _LOCAL = Local()
+
+
+class Location(str):
+    """A path resolved to its filesystem once (``at``): the path itself, a
+    ``str`` every ``os`` and fsspec call takes, with its filesystem ``fs``.
+    Sent to another process (pickled) it is the plain path again, which
+    resolves there."""
+
+    fs: "Local | ObjectStore"
+
+    def __new__(cls, path: str, store: "Local | ObjectStore") -> "Location":
+        self = super().__new__(cls, path)
+        self.fs = store
+        return self
+
+    def join(self, *names: str) -> "Location":
+        """``os.path.join(self, *names)`` on the same filesystem."""
+        return Location(os.path.join(self, *names), self.fs)
+
+    def on(self, path: str) -> "Location":
+        """Another path of the same filesystem (a sibling, a parent)."""
+        return Location(path, self.fs)
+
+    def __reduce__(self):
+        return str, (str(self),)
+
+
+def at(path) -> Location:
+    """``path`` with its filesystem (``of``): resolved here, once, unless it
+    is a ``Location`` already."""
+    if isinstance(path, Location):
+        return path
+    path = os.fspath(path)
+    return Location(path, of(path))
 
 
 def of(path: str) -> "Local | ObjectStore":

@@ -26,6 +26,7 @@ Its names are imported on first use; those of the training side (dumps,
 replays into a model, scores) need TorchRec.
 """
 
+from dynamicemb._seams import first_use
 from dynamicemb.types import ReplayStats
 
 # Each public name and the module that defines it, imported on first use:
@@ -72,9 +73,7 @@ def __getattr__(name: str):
         from dynamicemb.replication import stream_files as package
     else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(package, name)
-    globals()[name] = value
-    return value
+    return first_use(globals(), name, package)
 
 
 __all__ = [

@@ -37,7 +37,7 @@ import torch
 
 from dynamicemb._checks import is_int
 from dynamicemb.io.dtypes import dtype_name
-from dynamicemb.table import check_keys
+from dynamicemb.table import check_keys, first_repeat
 
 __all__ = [
     "TENSOR_COLUMNS",
@@ -288,5 +288,5 @@ def check_delta_keys(keys: torch.Tensor, what: str) -> None:
         ValueError: naming the key (reserved) or saying a key repeats.
     """
     check_keys(keys, f"{what}: the delta's keys")
-    if torch.unique(keys).numel() != keys.numel():
+    if first_repeat(keys) is not None:
         raise ValueError(f"{what}: the delta holds a key twice")

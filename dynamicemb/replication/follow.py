@@ -12,7 +12,6 @@ is not a model needs neither the sharders nor the training module.
 """
 
 import abc
-import os
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +22,7 @@ import torch.distributed as dist
 from dynamicemb._checks import is_int
 from dynamicemb.checkpoint.layout import CheckpointError
 from dynamicemb.dynamicemb_config import ReplayContent
-from dynamicemb.io import Group
+from dynamicemb.io import Group, fs
 from dynamicemb.replication.delta import DeltaDumpResult, DeltaError
 from dynamicemb.replication.stream_files import (
     CHECKPOINT_DIR,
@@ -208,7 +207,8 @@ class DeltaFollower:
             self.replica = ModelReplica(model, content, mode, pg)
             self.group = self.replica.group
         self.model = model
-        self.folder = folder
+        # The stream folder, resolved to its filesystem once for all.
+        self.folder = fs.at(folder)
         self.content = content
         self.mode = mode
         self.loaded_checkpoint = False
@@ -233,7 +233,7 @@ class DeltaFollower:
         """Loads ``<folder>/checkpoint`` if there is one; returns whether."""
         from dynamicemb.checkpoint import files as checkpoint_files
 
-        path = os.path.join(self.folder, CHECKPOINT_DIR)
+        path = self.folder.join(CHECKPOINT_DIR)
         try:
             checkpoint_files.resolve(path)
             there = True

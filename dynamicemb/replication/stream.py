@@ -181,7 +181,6 @@ class DeltaPublisher:
         self, model: torch.nn.Module, folder: str, pg: dist.ProcessGroup | None = None
     ) -> None:
         self.model = model
-        self.folder = folder
         self.group = Group(pg, DeltaError)
         self.threshold = get_score(model)
         if self.threshold is None:
@@ -189,12 +188,14 @@ class DeltaPublisher:
         mine = _model_source(model)
         sequence = max(ref.rows.delta_sequence[ref.index] or 0 for ref in _refs(model))
         decided, error = None, None
-        if self.group.rank == 0:
-            try:
-                fs.of(folder).makedirs(folder)
-                decided = _continuation(folder, mine, sequence, stream_state(folder))
-            except BaseException as e:
-                error = e
+        try:
+            # The stream folder, resolved to its filesystem once for all.
+            self.folder = fs.at(folder)
+            if self.group.rank == 0:
+                self.folder.fs.makedirs(self.folder)
+                decided = _continuation(self.folder, mine, sequence, stream_state(self.folder))
+        except BaseException as e:
+            error = e
         self.group.agree(error)
         self.source, self.sequence = self.group.broadcast_object(decided)
         _stamp(model, self.sequence, self.source)
@@ -218,17 +219,17 @@ class DeltaPublisher:
         path."""
         from dynamicemb.checkpoint import dump
 
-        path = os.path.join(self.folder, CHECKPOINT_DIR)
+        path = self.folder.join(CHECKPOINT_DIR)
         _stamp(self.model, self.sequence, self.source)
         dump(path, self.model, optim=optim, pg=self.group.pg, show_progress=False)
         if prune and self.group.rank == 0:
-            store = fs.of(self.folder)
+            store = self.folder.fs
             for epoch, seq in list_stream(self.folder):
                 if epoch != self.epoch or seq <= self.sequence:
                     store.rmtree(delta_path(self.folder, seq, epoch))
             for name in store.listdir(self.folder):  # left by a publisher that died
                 if name.startswith("delta-") and TMP_TAG in name:
-                    store.rmtree(os.path.join(self.folder, name))
+                    store.rmtree(self.folder.join(name))
         self.group.barrier()
         return path
 
@@ -290,6 +291,7 @@ class ModelReplica(StreamReplica):
         from dynamicemb.checkpoint import files as checkpoint_files
         from dynamicemb.checkpoint import load
 
+        path = fs.at(path)  # the one resolution of the path to its filesystem
         optim = False
         if self.group.rank == 0:
             try:

@@ -80,8 +80,8 @@ _DELTA_DIR = re.compile(r"^delta-(\d{6})-(\d{12})$")
 _COLUMNS = TENSOR_COLUMNS + ("slot_index",)
 
 
-def delta_path(folder: str, sequence: int, epoch: int = 0) -> str:
-    return os.path.join(folder, f"delta-{epoch:06d}-{sequence:012d}")
+def delta_path(folder: str, sequence: int, epoch: int = 0) -> fs.Location:
+    return fs.at(folder).join(f"delta-{epoch:06d}-{sequence:012d}")
 
 
 def list_stream(folder: str) -> list[tuple[int, int]]:
@@ -153,7 +153,7 @@ def write_delta(
     """
     run, epoch = _source_of(deltas)
     path = delta_path(folder, sequence, epoch)
-    store = fs.of(path)
+    store = path.fs
     if store.renames and store.exists(path) or files.committed(path, DELTA_MANIFEST):
         raise ValueError(f"delta {sequence} of epoch {epoch} exists already at {path}")
     tmp = files.make_tmp(path)
@@ -161,7 +161,7 @@ def write_delta(
         collections: dict[str, list[dict[str, Any]]] = {}
         for coll, delta in deltas.items():
             check_name(coll, "collection")
-            store.mkdir(os.path.join(tmp, coll))
+            store.mkdir(tmp.join(coll))
             tables = []
             for i in range(len(delta)):
                 entry = delta.table(i)
@@ -173,9 +173,7 @@ def write_delta(
                     if t is None:
                         continue
                     t = t.detach().contiguous().cpu()
-                    w = files.CheckedWriter(
-                        os.path.join(tmp, coll, f"{name}_{c}"), CHECKSUM_BLOCK_BYTES
-                    )
+                    w = files.CheckedWriter(tmp.join(coll, f"{name}_{c}"), CHECKSUM_BLOCK_BYTES)
                     try:
                         w.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
                         info = w.close()
@@ -196,7 +194,7 @@ def write_delta(
                         "columns": stored,
                     }
                 )
-            files.fsync_path(os.path.join(tmp, coll))
+            files.fsync_path(tmp.join(coll))
             collections[coll] = tables
         body = {
             "format": DELTA_FORMAT,
@@ -223,6 +221,7 @@ def write_delta(
 def read_delta_manifest(path: str) -> dict[str, Any]:
     """The verified manifest of a published delta (run, epoch, lineage,
     sequence, collections)."""
+    path = fs.at(path)
     path = files.committed(path, DELTA_MANIFEST) or path
     return files.read_manifest(path, DELTA_MANIFEST, DELTA_FORMAT, DELTA_VERSION, DeltaError)
 
@@ -239,6 +238,7 @@ def read_delta(
     Raises:
         DeltaError: a missing, truncated or corrupted file (named).
     """
+    path = fs.at(path)
     path = files.committed(path, DELTA_MANIFEST) or path
     where = os.path.join(path, DELTA_MANIFEST)
     if body is None:
@@ -257,7 +257,7 @@ def read_delta(
                 )
                 tensor = torch.empty(info["shape"], dtype=dtype)
                 files.read_verified(
-                    os.path.join(path, coll),
+                    path.join(coll),
                     FileInfo.from_json(info["file"]),
                     block,
                     f"delta {body['sequence']} table {t['table']!r}",
@@ -327,7 +327,7 @@ def checkpoint_position(folder: str) -> tuple[dict[str, Any] | None, int | None]
     """(source, sequence) the stream's checkpoint records (None: no
     checkpoint, or one whose tables disagree)."""
     try:
-        where, manifest = checkpoint_files.resolve(os.path.join(folder, CHECKPOINT_DIR))
+        where, manifest = checkpoint_files.resolve(fs.at(folder).join(CHECKPOINT_DIR))
     except CheckpointError:
         return None
     if manifest is None:

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from ..embedding.inputs import COUNTERS, POOLING, WEIGHT_RULE_CODES, WEIGHT_RULES, Finding
 from ..table import ops, reserved_key_error
 
 __all__ = ["COUNTERS", "POOLING", "BatchCheck", "Code"]
@@ -54,12 +55,6 @@ _DEVICE_TYPES = ("cpu", "cuda", "meta")
 _TENSORS = ("values", "lengths", "weights", "offsets")
 _INT_DTYPES = (torch.int32, torch.int64)
 
-# What a dynamic feature's KJT weights are, and the rule they follow.
-COUNTERS, POOLING = "frequency counters", "pooling weights"
-_WEIGHT_RULES = {COUNTERS: "finite whole numbers >= 0", POOLING: "finite"}
-# Their check_batch weight_rule (cc/routing/batch_check.h, WeightRule).
-_WEIGHT_RULE_CODES = {None: 0, POOLING: 1, COUNTERS: 2}
-
 
 class Code(enum.IntEnum):
     """What a rank found wrong with its batch (the first of these)."""
@@ -72,11 +67,12 @@ class Code(enum.IntEnum):
     DEVICE = 5  # a: tensor, b: device type, c: device index (-1: none)
     LENGTHS_NUMEL = 6  # a: lengths, b: features, c: stride
     WEIGHTS_NUMEL = 7  # a: weights, b: values
-    OFFSETS_START = 8  # a: first offset
-    NEGATIVE_LENGTH = 9  # a: position, b: length
-    LENGTHS_SUM = 10  # a: sum of the lengths, b: values
-    RESERVED_KEY = 11  # a: position in the values, b: key, c: feature
-    BAD_WEIGHT = 12  # a: position, b: the weight's float64 bits, c: feature
+    # check_batch's findings (dynamicemb.embedding.inputs.Finding).
+    OFFSETS_START = int(Finding.OFFSETS_START)
+    NEGATIVE_LENGTH = int(Finding.NEGATIVE_LENGTH)
+    LENGTHS_SUM = int(Finding.LENGTHS_SUM)
+    RESERVED_KEY = int(Finding.RESERVED_KEY)
+    BAD_WEIGHT = int(Finding.BAD_WEIGHT)
     MISSING_FEATURE = 13  # a: the feature's index among the collection's
     KEYS_CHANGED = 14  # the KJT's keys are not the first batch's
 
@@ -130,8 +126,8 @@ class BatchCheck:
         collection_features: Sequence[str] = (),
         weights: str | None = None,
     ) -> None:
-        if weights not in (None, *_WEIGHT_RULES):
-            raise ValueError(f"weights must be None or one of {sorted(_WEIGHT_RULES)}")
+        if weights not in (None, *WEIGHT_RULES):
+            raise ValueError(f"weights must be None or one of {sorted(WEIGHT_RULES)}")
         self._weights = weights
         self._dynamic = frozenset(dynamic_features)
         self._device = device
@@ -235,7 +231,7 @@ class BatchCheck:
             self._dynamic_mask(features.keys(), features.values().device),
             num_features,
             features.stride() if num_features else 0,
-            _WEIGHT_RULE_CODES[self._weights],
+            WEIGHT_RULE_CODES[self._weights],
         )
 
     def _dynamic_mask(self, keys: list[str], device: torch.device) -> torch.Tensor | None:
@@ -270,7 +266,7 @@ class BatchCheck:
             weight = torch.tensor([b], dtype=torch.int64).view(torch.float64).item()
             msg = (
                 f"{what}: the weights of feature {feature!r} are its table's {self._weights} and "
-                f"must be {_WEIGHT_RULES[self._weights]}, got {weight} at index {a}"
+                f"must be {WEIGHT_RULES[self._weights]}, got {weight} at index {a}"
             )
         elif code == Code.MISSING_FEATURE:
             name = self._features[a] if 0 <= a < len(self._features) else str(a)

@@ -8,8 +8,8 @@ a sharding of their own (``DYNAMICEMB_SHARDING_KEY``); every other table of the
 collection keeps TorchRec's sharding, kernel and state dict.
 """
 
+import inspect
 import logging
-import sys
 from typing import Any
 
 import torch
@@ -140,14 +140,14 @@ class _DynamicTablesMixin:
     unsharded module's method listing its table configs
     (``_MODULE_CONFIGS``), its own attribute holding them
     (``_CONFIGS_ATTR``) and its key in the state dict
-    (``_STATE_DICT_COLLECTION``).
+    (``STATE_DICT_COLLECTION``).
     """
 
     _TORCHREC_CLASS: type[Any]
     _FUSED_PARAMS_ARG: int
     _MODULE_CONFIGS: str
     _CONFIGS_ATTR: str
-    _STATE_DICT_COLLECTION: str
+    STATE_DICT_COLLECTION: str
 
     @classmethod
     def create_grouped_sharding_infos(
@@ -268,7 +268,7 @@ class _DynamicTablesMixin:
         _drop_dynamic_weights(
             state_dict,
             prefix,
-            self._STATE_DICT_COLLECTION,
+            self.STATE_DICT_COLLECTION,
             _dynamic_table_names(self.module_sharding_plan),
         )
         self._TORCHREC_CLASS._pre_load_state_dict_hook(self, state_dict, prefix, *args)
@@ -288,7 +288,7 @@ class ShardedDynamicEmbeddingCollection(_DynamicTablesMixin, ShardedEmbeddingCol
     _FUSED_PARAMS_ARG = 0  # of create_grouped_sharding_infos' positional arguments
     _MODULE_CONFIGS = "embedding_configs"
     _CONFIGS_ATTR = "_embedding_configs"
-    _STATE_DICT_COLLECTION = "embeddings"
+    STATE_DICT_COLLECTION = "embeddings"
 
     @classmethod
     def create_embedding_sharding(
@@ -353,7 +353,7 @@ class ShardedDynamicEmbeddingBagCollection(_DynamicTablesMixin, ShardedEmbedding
     _TORCHREC_CLASS = ShardedEmbeddingBagCollection
     _MODULE_CONFIGS = "embedding_bag_configs"
     _CONFIGS_ATTR = "_embedding_bag_configs"
-    _STATE_DICT_COLLECTION = "embedding_bags"
+    STATE_DICT_COLLECTION = "embedding_bags"
     _FUSED_PARAMS_ARG = 1  # after the prefix
 
     @classmethod
@@ -463,7 +463,8 @@ class _DynamicSharderMixin:
         return _with_row_wise(super().sharding_types(compute_device_type))
 
     def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
-        _refuse_foreign_enumerator(self, sys._getframe(1).f_locals.get("self"))
+        caller = inspect.currentframe().f_back
+        _refuse_foreign_enumerator(self, caller.f_locals.get("self"))
         return _with_customized_kernel(
             super().compute_kernels(sharding_type, compute_device_type), sharding_type
         )

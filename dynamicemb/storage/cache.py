@@ -46,7 +46,6 @@ from dynamicemb.storage.types import (
     ExportedRows,
     Footprint,
     HostBacking,
-    RowInit,
     StepGraphs,
     TableStorage,
 )
@@ -111,6 +110,7 @@ class CachedStorage(StagedSteps, PrefetchSteps, TableStorage):
         zero = torch.zeros((), dtype=torch.int64, device=device)
         self.overflows, self.prefetched = zero, zero.clone()
         self.host_reads, self.host_writes = zero.clone(), zero.clone()
+        # The companion's hooks: a lookup's, a prefetch's.
         self.graphs = StepGraphs(
             state=self._graph_state,
             before_lookup=self._begin_step,
@@ -210,7 +210,7 @@ class CachedStorage(StagedSteps, PrefetchSteps, TableStorage):
                 self.backing.writes.submit()
 
     def train_rows(
-        self, keys, tids, counts, score: BatchScore, init: RowInit, num_keys=None, lookup=None
+        self, keys, tids, counts, score: BatchScore, init, num_keys=None, lookup=None
     ) -> torch.Tensor:
         if self._direct:
             return padded.train_padded(
@@ -221,7 +221,7 @@ class CachedStorage(StagedSteps, PrefetchSteps, TableStorage):
     def _capturing(self) -> bool:
         return self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
-    def _train_cached(self, keys, tids, counts, score: BatchScore, init: RowInit) -> torch.Tensor:
+    def _train_cached(self, keys, tids, counts, score: BatchScore, init) -> torch.Tensor:
         """The training lookup of a cache over a host table (``_direct``), on
         exact (CPU) or padded (GPU) batches, reading nothing on the host
         unless the backing table still grows; what it sets on the host a

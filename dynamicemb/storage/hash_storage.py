@@ -226,13 +226,6 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
 
     # ---------------------------------------------------------- expansion --
 
-    def _table_state(self):
-        return self.table._state(), list(self.table._max_caps)
-
-    def _restore_table(self, state) -> None:
-        self.table._restore(state[0])
-        self.table._max_caps = state[1]
-
     def reserve(self, incoming: Sequence[int]) -> None:
         """Expands the evicting tables that ``incoming[t]`` new keys could take
         above ``max_load_factor`` (up to ``max_capacity``), moving rows."""
@@ -248,7 +241,7 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
             if grow:
                 self._grow(grow, needed)
             return
-        state = self._table_state()
+        state = self.table.state()
         old_placement, old_space = self.placement, self.rows_space
         old_slot_offsets = self._slot_offsets
         moved = self.table.reserve(list(incoming))
@@ -260,7 +253,7 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
         try:
             self._place(self._rows())
         except BaseException:
-            self._restore_table(state)
+            self.table.restore(state)
             self._set_placement(old_placement, old_space)
             raise
         self._move_rows(
@@ -687,15 +680,7 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
         holds_keys = bool((t.size() > 0).any())
         segs = (self.rows_space.seg0, self.rows_space.seg1)
         return {
-            "table": {
-                k: v.clone()
-                if isinstance(v, torch.Tensor)
-                else list(v)
-                if isinstance(v, list)
-                else v
-                for k, v in t._state().items()
-            },
-            "max_caps": list(t._max_caps),
+            "table": t.state(copy=True),
             "placement": self.placement.snapshot(),
             "rows_space": self.rows_space,
             # Rows mean nothing in an empty table.
@@ -706,8 +691,7 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
 
     def restore(self, snapshot: dict) -> None:
         self.writes.wait()
-        self.table._restore(snapshot["table"])
-        self.table._max_caps = snapshot["max_caps"]
+        self.table.restore(snapshot["table"])
         self._set_placement(snapshot["placement"].snapshot(), snapshot["rows_space"])
         if snapshot["rows"] is not None:
             for seg, saved in zip((self.rows_space.seg0, self.rows_space.seg1), snapshot["rows"]):

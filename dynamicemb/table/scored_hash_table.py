@@ -20,10 +20,9 @@ from dynamicemb.table._args import (
     _ints,
     _optional_ints,
     _per_table,
-    _repeats,
 )
 from dynamicemb.table._native import constants, enums, ops
-from dynamicemb.table.keys import check_keys
+from dynamicemb.table.keys import check_keys, first_repeat
 from dynamicemb.table.results import EvictedKeys, ExportedBatch, InsertResult
 from dynamicemb.table.sizes import (
     DIGEST_DTYPE,
@@ -544,9 +543,9 @@ class ScoredHashTable:
                     f"in its home bucket, slots {int(starts[i])}..{int(starts[i] + widths[i]) - 1}"
                     f" of table {int(table_ids[i])}"
                 )
-            if _repeats(keys, table_ids):
+            if first_repeat(keys, table_ids) is not None:
                 raise ValueError("dynamicemb: place got a key twice")
-            if _repeats(slots):
+            if first_repeat(slots) is not None:
                 raise ValueError("dynamicemb: place got a slot twice")
         return keys, table_ids, slots
 
@@ -724,7 +723,7 @@ class ScoredHashTable:
         # once complete, so a reader on another thread (a metrics collection)
         # sees the old counters or the new ones, never a half-built state.
         counters = torch.zeros_like(saved)
-        state = self._state()
+        state = self.state()
         try:
             # An allocation that fails (out of memory) leaves the table as it was.
             self._allocate(caps, widths, rows)
@@ -749,12 +748,12 @@ class ScoredHashTable:
                     nw = int(self.info_host[t, col.ROW_OFFSET])
                     self.free_rows[nw : nw + top] = old_free[o : o + top]
         except BaseException:
-            self._restore(state)
+            self.restore(state)
             raise
         failed = res.status != enums.InsertStatus.INSERTED
         if bool(failed.any()):
             i = int(failed.nonzero()[0])
-            self._restore(state)
+            self.restore(state)
             raise RuntimeError(
                 f"dynamicemb: relayout could not place key {int(old.keys[i])} of table "
                 f"{int(old.table_ids[i])}; the new capacities {caps} are too small"
@@ -778,11 +777,24 @@ class ScoredHashTable:
         "_capacities",
         "_widths",
         "_row_caps",
+        "_max_caps",
     )
 
-    def _state(self) -> dict:
-        return {k: getattr(self, k) for k in self._STATE}
+    def state(self, copy: bool = False) -> dict:
+        """Everything the table is (its state tensors, its layout and maximum
+        capacities), for ``restore``: the tensors themselves, or with
+        ``copy`` clones of them, which later changes in place do not reach."""
+        out = {}
+        for k in self._STATE:
+            v = getattr(self, k)
+            if isinstance(v, list):
+                v = list(v)
+            elif copy and isinstance(v, torch.Tensor):
+                v = v.clone()
+            out[k] = v
+        return out
 
-    def _restore(self, state: dict) -> None:
+    def restore(self, state: dict) -> None:
+        """Puts back what ``state`` returned."""
         for k, v in state.items():
             setattr(self, k, v)
