@@ -179,14 +179,10 @@ struct VictimLess {
   const TableRef* t;
   const RunArgs* r;
   DEMB_HD bool operator()(int64_t a, int64_t b) const {
-    const int64_t ka = victim_key(*r, a), kb = victim_key(*r, b);
-    if (ka != kb) return ka < kb;
-    const int32_t ns = t->num_scores;
-    for (int32_t c = 0; c < ns; ++c) {
-      const int64_t sa = t->scores[a * ns + c], sb = t->scores[b * ns + c];
-      if (sa != sb) return sa < sb;
-    }
-    return a < b;
+    int64_t wa[kVictimWords], wb[kVictimWords];
+    victim_words(*t, *r, a, wa);
+    victim_words(*t, *r, b, wb);
+    return victim_before(wa, a, wb, b);
   }
 };
 
