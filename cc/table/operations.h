@@ -311,8 +311,9 @@ DEMB_HD RunDeltas place_key(const TableRef& t, const RunArgs& r, const Home& h, 
 // exactly as the hint saw it when the first new key's turn comes (only this
 // run writes to it, and only to touched slots), the run's new keys are those
 // m and stay in a full bucket, so the run takes the hints instead of probing
-// for an empty slot and selecting its victims. The CUDA backend computes
-// hints with a warp per run, reading the bucket coalesced.
+// for an empty slot and selecting its victims. The CUDA backend's earlier
+// kernel (DEMB_CUDA_RUN_LANES=1) computes hints with a warp per run, reading
+// the bucket coalesced; its tiles (tile_run.h) need none.
 //
 // Cost: O(run log run) for the repeats, O(width log run) for the victims,
 // O(width / 8) for the empty positions: never the run's length times the

@@ -194,14 +194,15 @@ class TileRun {
 
   /// Processes the run; returns its counter changes (the same in every lane).
   DEMB_TILE RunDeltas run() {
-    read_digests();
     const bool chunks = end_ - begin_ > T;
     if (!chunks) {
-      TileEntry e = entry(begin_ + lane_);
+      TileEntry e = entry(begin_ + lane_);  // its loads issued with the digests'
+      read_digests();
       find_resident(e, false);
       place_new(e, true);
       return d_.deltas();
     }
+    read_digests();
     for (int64_t c = begin_; c < end_; c += T) {
       TileEntry e = entry(c + lane_);
       find_resident(e, true);
