@@ -117,7 +117,7 @@ DEMB_HD bool update_or_release(const TableRef& t, const RunArgs& r, int32_t i, i
   const int32_t ns = t.num_scores;
   int64_t* s = t.scores + slot * ns;
   int64_t next[kMaxScores] = {};
-  for (int32_t c = 0; c < ns; ++c) next[c] = s[c];
+  for (int32_t c = 0; c < kMaxScores; ++c) next[c] = c < ns ? s[c] : 0;
   update_score(r.score, i, ns, next, /*atomic=*/false);
   const bool release = released(r, next[0]);
   if (lead) {
@@ -125,7 +125,9 @@ DEMB_HD bool update_or_release(const TableRef& t, const RunArgs& r, int32_t i, i
     if (release) {
       clear_slot(t, slot);
     } else {
-      for (int32_t c = 0; c < ns; ++c) s[c] = next[c];
+      for (int32_t c = 0; c < kMaxScores; ++c) {
+        if (c < ns) s[c] = next[c];
+      }
     }
   }
   return release;

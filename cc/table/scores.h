@@ -73,7 +73,9 @@ DEMB_HD int64_t initial_score(const ScoreArgs& a, int64_t index, int32_t c) {
 /// theirs.
 DEMB_HD void update_score(const ScoreArgs& a, int64_t index, int32_t num_scores, int64_t* s,
                           bool atomic) {
-  for (int32_t c = 0; c < num_scores; ++c) {
+  // A constant trip count: an array s stays in registers on the GPU.
+  for (int32_t c = 0; c < kMaxScores; ++c) {
+    if (c >= num_scores) break;
     switch (static_cast<ScorePolicy>(a.policy[c])) {
       case ScorePolicy::kAssign:
         s[c] = score_input(a, index, c);

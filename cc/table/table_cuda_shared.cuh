@@ -84,6 +84,7 @@ struct BlockCounters {
   }
   __device__ void add(const TableRef& t, int64_t run_table, const RunDeltas& d) {
     const int64_t delta[kDeltas] = {d.size, d.failures, d.evictions, d.inserts};
+#pragma unroll
     for (int c = 0; c < kDeltas; ++c) {
       if (!delta[c]) continue;
       if (run_table == table) {
@@ -104,7 +105,7 @@ struct BlockCounters {
 #endif
 
 /// The tiles of the runs of insert and insert_and_evict (tile_run.h), of
-/// `lanes` lanes (8, 16 or 32), over the sorted keys: every run whose bucket
+/// `lanes` lanes (4, 8, 16 or 32), over the sorted keys: every run whose bucket
 /// is at most kTileMaxWidth wide, and the invalid entries. `records`: the
 /// eviction records are wanted (r.ev_* by position, r.ev_flags zeroed).
 void tile_runs(int lanes, const TableRef& t, const RunArgs& r, SortedKeys sorted, int64_t n,

@@ -1,7 +1,7 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 //
-// The CUDA backend's runs of insert and insert_and_evict: a tile of 8, 16 or
-// 32 lanes per bucket run (tile_run.h), the tile's collectives those of a
+// The CUDA backend's runs of insert and insert_and_evict: a tile of 4, 8, 16
+// or 32 lanes per bucket run (tile_run.h), the tile's collectives those of a
 // cooperative-groups tile.
 #include <cooperative_groups.h>
 #include <cooperative_groups/reduce.h>
@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kBlock, NK == 1 ? 3 : 2)
 void tile_runs(int lanes, const TableRef& t, const RunArgs& r, SortedKeys sorted, int64_t n,
                int64_t total_buckets, bool records, cudaStream_t stream) {
   const bool words = t.num_scores > 1 || r.victim_scores != nullptr;
-  with_lanes<8, 16, 32>(lanes, [&](auto lanes_c) {
+  with_lanes<4, 8, 16, 32>(lanes, [&](auto lanes_c) {
     constexpr int T = decltype(lanes_c)::value;
     if (words) {
       tile_run_kernel<T, kVictimWords>

@@ -117,7 +117,7 @@ unsigned tile_grid_for(int64_t n) {
 int find_lanes();
 
 /// Lanes per run of insert and insert_and_evict, from DEMB_CUDA_RUN_LANES
-/// (read once): 8, 16 or 32 lanes of a tile (tile_run.h), 1 for one thread per
+/// (read once): 4, 8, 16 or 32 lanes of a tile (tile_run.h), 1 for one thread per
 /// run with the victim hints (the earlier kernel, for timing against it);
 /// unset or anything else: 32 lanes for tables whose buckets are wider than
 /// 256 slots on average, 8 otherwise. erase and place run one thread per run.

@@ -413,11 +413,13 @@ void check_repeats() {
 }
 
 TEST(TileRun, RepeatsAfterAnInvalidOrReleasedOccurrence) {
+  check_repeats<4>();
   check_repeats<8>();
   check_repeats<16>();
   check_repeats<32>();
 }
 
+TEST(TileRun, FourLanesMatchTheSequentialRuns) { check_random<4>(10, 40); }
 TEST(TileRun, EightLanesMatchTheSequentialRuns) { check_random<8>(11, 40); }
 TEST(TileRun, SixteenLanesMatchTheSequentialRuns) { check_random<16>(12, 30); }
 TEST(TileRun, ThirtyTwoLanesMatchTheSequentialRuns) { check_random<32>(13, 30); }
@@ -437,6 +439,7 @@ TEST(TileRun, GeometryMapsEveryPositionToOneLaneAndBit) {
     }
     for (const int x : seen) EXPECT_EQ(x, 1);
   };
+  check(TileGeometry<4>{});
   check(TileGeometry<8>{});
   check(TileGeometry<16>{});
   check(TileGeometry<32>{});
