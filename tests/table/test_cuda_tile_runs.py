@@ -6,7 +6,7 @@ the score words, two score words, victim scores, NO_EVICTION tables, buckets of
 16 to 1,024 slots next to one wider than a tile takes (run a thread per run) in
 the same call, and the same batch twice (the results do not depend on the run).
 
-Run under each DEMB_CUDA_RUN_LANES (8, 16, 32; 1 the earlier kernel) by
+Run under each DEMB_CUDA_RUN_LANES (4, 8, 16, 32; 1 the earlier kernel) by
 tools/bench/gpu_round.sh evict_tests.
 """
 

@@ -10,7 +10,7 @@
 # step under a timeout that keeps to it, skipped when too little time is left), in
 # order: the `gpu` tests of tests/table and tests/admission with the default kernel
 # (tiles, cc/table/tile_run.h); the table benchmark of insert_and_evict and insert
-# under the earlier kernel (DEMB_CUDA_RUN_LANES=1), the default and tiles of 8, 16
+# under the earlier kernel (DEMB_CUDA_RUN_LANES=1), the default and tiles of 4, 8, 16
 # and 32 lanes, one process each, with HierarchicalKV's figures beside them
 # (tools/bench/table_gpu_bench.py --run-lanes; EVICT_LANES, EVICT_BENCH_ARGS, default
 # --dims 32 64 --reps 5); the tiles' and the parity tests under 32, 1, 16 and 4 lanes;
@@ -370,7 +370,7 @@ evict_part() {
   bench() {
     # shellcheck disable=SC2086
     step "table benchmark" 240 "$OUT/evict_table.txt" "$PY" tools/bench/table_gpu_bench.py \
-      --run-lanes ${EVICT_LANES:-1 0 8 16 32} ${EVICT_BENCH_ARGS:---dims 32 64 --reps 5}
+      --run-lanes ${EVICT_LANES:-1 0 4 8 16 32} ${EVICT_BENCH_ARGS:---dims 32 64 --reps 5}
     sed -n '/^insert_and_evict, B keys/,$p' "$OUT/evict_table.txt" | tee -a "$sum"
   }
   profiles() {

@@ -3,7 +3,7 @@ benchmarks measure it: one batch of 1,048,576 keys per operation, on a table
 pre-filled to a load factor, fp32 values of a given dim copied in or out.
 
     python tools/bench/table_gpu_bench.py [--dims 8 32 64] [--load-factors 0.5 0.75 1.0]
-    python tools/bench/table_gpu_bench.py --run-lanes 1 0 8 16 32 [--dims 32 64]
+    python tools/bench/table_gpu_bench.py --run-lanes 1 0 4 8 16 32 [--dims 32 64]
 
 Prints a markdown table in billions of keys per second, with, from the same
 run, a plain PyTorch baseline (sorted keys + searchsorted + index_select) and
@@ -15,7 +15,7 @@ host's launch latency included), as inserts are.
 With --run-lanes, the inserts alone under each value of DEMB_CUDA_RUN_LANES
 (read once per process, so each in a process of its own, one after another
 on the same device): 1 the thread per run with victim hints (the earlier
-kernel), 8, 16 or 32 lanes of a tile per run, 0 the tiles' default; then one
+kernel), 4, 8, 16 or 32 lanes of a tile per run, 0 the tiles' default; then one
 table of insert_and_evict and insert side by side, with HierarchicalKV's
 figures at the same dim and load factor beside them (HKV_POINTS).
 """
