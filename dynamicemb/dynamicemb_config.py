@@ -69,6 +69,8 @@ __all__ = [
     "OPTIMIZER_STATE_DTYPE",
     "embedding_config_dtype",
     "get_table_value_bytes",
+    "implemented_optimizers",
+    "native_optimizer",
     "optimizer_state_dim",
     "value_row_bytes",
 ]
@@ -86,9 +88,10 @@ DEFAULT_INDEX_TYPE = torch.int64
 DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")
 DEFAULT_DIST_TYPE = "roundrobin"
 
-# Bytes the fused row layout reserves for row-wise Adagrad's state (one
-# scalar is used; the rest keeps rows aligned).
-_ROWWISE_ADAGRAD_STATE_BYTES = 16
+# Bytes the fused row layout reserves for a row-wise optimizer's state
+# (row-wise Adagrad fills one float32 of them, RMSprop AR three; the rest
+# keeps rows aligned). cc/embedding/optimizer.h's kRowStateFloats.
+_ROWWISE_STATE_BYTES = 16
 
 # The dtypes a table's embeddings may be stored at.
 EMBEDDING_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -159,9 +162,19 @@ class DynamicEmbOptimType(enum.Enum):
     Attributes:
         FTRL (str): FTRL-Proximal; per-row state is ``linear`` then ``accum``,
             ``2 * dim`` elements.
+        ROWWISE_RMSPROP_AR (str): row-wise RMSprop with adaptive
+            regularization (FBGEMM's ``ROWWISE_RMSPROP_AR``, whose
+            ``EmbOptimType`` member newer FBGEMM releases have and is accepted
+            as well): a row's weights shrink by the steps since its last
+            update; ``fused_params`` take ``ar_alpha``, ``ema_beta``,
+            ``min_shrinkage`` and ``row_warmup_steps`` (a new row's step size
+            ramps up over its first updates). Per-row state: 16 bytes, of
+            which three float32 (the EMA of mean(g^2), the step of the last
+            update, the updates since insertion).
     """
 
     FTRL = "ftrl"
+    ROWWISE_RMSPROP_AR = "row_wise_rmsprop_ar"
 
 
 @enum.unique
@@ -741,6 +754,53 @@ def get_sharded_table_capacity(
     return num_buckets * width
 
 
+# The optimizers dynamicemb's rows implement: the member name of the enum that
+# names them (FBGEMM's EmbOptimType or DynamicEmbOptimType) -> the fused row
+# update it runs (cc/embedding/optimizer.h OptimType, by name).
+_EMB_OPTIM_NATIVE = {
+    "SGD": "SGD",
+    "EXACT_SGD": "SGD",
+    "ADAM": "ADAM",
+    "EXACT_ADAGRAD": "EXACT_ADAGRAD",
+    "EXACT_ROWWISE_ADAGRAD": "EXACT_ROWWISE_ADAGRAD",
+    # A member of FBGEMM releases newer than some dynamicemb runs with.
+    "ROWWISE_RMSPROP_AR": "ROWWISE_RMSPROP_AR",
+}
+_DYNAMICEMB_OPTIM_NATIVE = {
+    "FTRL": "FTRL",
+    "ROWWISE_RMSPROP_AR": "ROWWISE_RMSPROP_AR",
+}
+
+
+def implemented_optimizers() -> str:
+    """The optimizers dynamicemb tables implement, as an error message names them."""
+    emb = ", ".join(f"EmbOptimType.{n}" for n in _EMB_OPTIM_NATIVE)
+    own = ", ".join(f"DynamicEmbOptimType.{m.name}" for m in DynamicEmbOptimType)
+    return f"{emb} (the last where FBGEMM has it), {own}"
+
+
+def native_optimizer(optimizer_type: Any) -> str:
+    """The fused row update (the native ``OptimType`` name) an optimizer runs.
+
+    Args:
+        optimizer_type (Union[EmbOptimType, DynamicEmbOptimType]): the
+            ``optimizer`` of ``fused_params``.
+
+    Raises:
+        ValueError: an optimizer dynamicemb does not implement, naming the
+            ones it does.
+    """
+    name = getattr(optimizer_type, "name", None)
+    if isinstance(optimizer_type, DynamicEmbOptimType):
+        return _DYNAMICEMB_OPTIM_NATIVE[name]
+    if _is_emb_optim_type(optimizer_type) and name in _EMB_OPTIM_NATIVE:
+        return _EMB_OPTIM_NATIVE[name]
+    raise ValueError(
+        f"optimizer {optimizer_type!r} is not implemented by dynamicemb tables; they "
+        f"implement {implemented_optimizers()}"
+    )
+
+
 def optimizer_state_dim(optimizer_type: Any, dim: int, dtype: torch.dtype) -> int:
     """Optimizer-state elements stored after the embedding in one row.
 
@@ -752,11 +812,13 @@ def optimizer_state_dim(optimizer_type: Any, dim: int, dtype: torch.dtype) -> in
     optimizer                                 state width
     ========================================  =============================
     EmbOptimType.SGD, EXACT_SGD               0
-    EmbOptimType.ADAM, PARTIAL_ROWWISE_ADAM   ``2 * dim`` (m, then v)
+    EmbOptimType.ADAM                         ``2 * dim`` (m, then v)
     EmbOptimType.EXACT_ADAGRAD                ``dim``
     EmbOptimType.EXACT_ROWWISE_ADAGRAD        16 bytes: ``16 // itemsize``
                                               (one scalar used)
     DynamicEmbOptimType.FTRL                  ``2 * dim`` (linear, accum)
+    DynamicEmbOptimType.ROWWISE_RMSPROP_AR    16 bytes: ``16 // itemsize``
+    (EmbOptimType's too)                      (three scalars used)
     ========================================  =============================
 
     Args:
@@ -769,46 +831,41 @@ def optimizer_state_dim(optimizer_type: Any, dim: int, dtype: torch.dtype) -> in
         int: state elements per row.
 
     Raises:
-        ValueError: an optimizer without a dynamicemb row layout, or a bad
-            ``dim`` / ``dtype``.
+        ValueError: an optimizer dynamicemb does not implement (the message
+            names those it does), or a bad ``dim`` / ``dtype``.
     """
     if not _is_int(dim) or dim <= 0:
         raise ValueError(f"optimizer_state_dim: dim must be a positive int, got {dim!r}")
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"optimizer_state_dim: dtype must be a torch.dtype, got {dtype!r}")
-    if isinstance(optimizer_type, DynamicEmbOptimType):
-        if optimizer_type is DynamicEmbOptimType.FTRL:
-            return 2 * dim
-    elif _is_emb_optim_type(optimizer_type):
-        name = optimizer_type.name
-        if name in ("SGD", "EXACT_SGD"):
-            return 0
-        if name in ("ADAM", "PARTIAL_ROWWISE_ADAM"):
-            return 2 * dim
-        if name == "EXACT_ADAGRAD":
-            return dim
-        if name == "EXACT_ROWWISE_ADAGRAD":
-            return _ROWWISE_ADAGRAD_STATE_BYTES // dtype.itemsize
-    raise ValueError(f"optimizer {optimizer_type!r} is not supported by dynamicemb tables")
+    native = native_optimizer(optimizer_type)
+    if native in ("ADAM", "FTRL"):
+        return 2 * dim
+    if native == "EXACT_ADAGRAD":
+        return dim
+    if native in ("EXACT_ROWWISE_ADAGRAD", "ROWWISE_RMSPROP_AR"):
+        return _ROWWISE_STATE_BYTES // dtype.itemsize
+    return 0
 
 
-# Optimizer-state elements rowwise Adagrad fills of the ones it reserves.
-_ROWWISE_ADAGRAD_STATE_USED = 1
+# Optimizer-state elements a row-wise optimizer fills of the ones it reserves.
+_ROWWISE_STATE_USED = {"EXACT_ROWWISE_ADAGRAD": 1, "ROWWISE_RMSPROP_AR": 3}
 
 
 def saved_state_dim(optimizer_name: str | None, state_dim: int) -> int:
     """Optimizer-state elements of a row as checkpoint files and deltas
     carry it (``TableRows.state_dim``): the row's ``state_dim`` (see
-    ``optimizer_state_dim``), except rowwise Adagrad's, whose reserved 16
-    bytes hold one scalar: that one.
+    ``optimizer_state_dim``), except a row-wise optimizer's, whose reserved
+    16 bytes hold fewer scalars: those (rowwise Adagrad's one, RMSprop AR's
+    three).
 
     Args:
         optimizer_name (Optional[str]): the optimizer's member name
             (``EXACT_ROWWISE_ADAGRAD``, ...); None for rows without state.
         state_dim (int): the row's state elements (0: none).
     """
-    if state_dim and optimizer_name == "EXACT_ROWWISE_ADAGRAD":
-        return _ROWWISE_ADAGRAD_STATE_USED
+    if state_dim and optimizer_name in _ROWWISE_STATE_USED:
+        return _ROWWISE_STATE_USED[optimizer_name]
     return state_dim
 
 

@@ -40,9 +40,22 @@ def parser(description: str, has_gpu: bool) -> argparse.ArgumentParser:
     ap.add_argument("--dim", type=int, default=16, help="embedding dim (default: 16)")
     ap.add_argument(
         "--emb-optimizer",
-        choices=["rowwise_adagrad", "adam"],
+        choices=["rowwise_adagrad", "adam", "rowwise_rmsprop_ar"],
         default="rowwise_adagrad",
-        help="fused optimizer of the embedding tables (adam: on cuda only)",
+        help="fused optimizer of the embedding tables (adam: on cuda only; rowwise_rmsprop_ar: "
+        "the dynamic tables', the static one keeps rowwise_adagrad)",
+    )
+    ap.add_argument(
+        "--ar-alpha",
+        type=float,
+        default=0.0,
+        help="rowwise_rmsprop_ar: adaptive regularization coefficient (default 0)",
+    )
+    ap.add_argument(
+        "--row-warmup-steps",
+        type=int,
+        default=0,
+        help="rowwise_rmsprop_ar: updates over which a new row's step size ramps up (default 0)",
     )
     ap.add_argument("--emb-lr", type=float, default=0.05)
     ap.add_argument("--dense-lr", type=float, default=3e-3)

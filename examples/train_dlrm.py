@@ -19,7 +19,8 @@ The tables are planned by DynamicEmbeddingShardingPlanner and sharded by
 DistributedModelParallel with dynamicemb's sharder, in one call
 (dynamicemb.shard.plan_and_shard); the dense part is data parallel.
 Embedding rows are updated in the backward pass by the sharder's fused
-optimizer (rowwise Adagrad or Adam), the dense part by torch's Adam. One
+optimizer (rowwise Adagrad, Adam or row-wise RMSprop AR), the dense part by
+torch's Adam. One
 process per GPU (NCCL) when there is a GPU, else processes on the CPU
 (gloo). Under torchrun, each process is the rank torchrun says (on one node
 or several); started directly, the script runs --world-size ranks on this
@@ -250,6 +251,8 @@ def embedding_configs(features: tuple[Feature, ...], dim: int):
 
 
 def fused_params(args) -> dict[str, Any]:
+    """The sharder's fused optimizer: every table's, or with
+    rowwise_rmsprop_ar the static table's (dynamic_fused_params)."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
     if args.emb_optimizer == "adam":
@@ -267,6 +270,23 @@ def fused_params(args) -> dict[str, Any]:
     }
 
 
+def dynamic_fused_params(args) -> dict[str, Any]:
+    """The dynamic tables' fused optimizer. Row-wise RMSprop AR has no
+    FBGEMM kernel of TorchRec's static tables here, so the dynamic tables get
+    it per table (build), the static one keeps rowwise Adagrad."""
+    if args.emb_optimizer != "rowwise_rmsprop_ar":
+        return fused_params(args)
+    from dynamicemb import DynamicEmbOptimType
+
+    return {
+        "optimizer": DynamicEmbOptimType.ROWWISE_RMSPROP_AR,
+        "learning_rate": args.emb_lr,
+        "eps": 1e-8,
+        "ar_alpha": args.ar_alpha,
+        "row_warmup_steps": args.row_warmup_steps,
+    }
+
+
 def constraints(features: tuple[Feature, ...], args, world_size: int) -> dict[str, Any]:
     from torchrec.distributed.planner.types import ParameterConstraints
 
@@ -281,7 +301,7 @@ def constraints(features: tuple[Feature, ...], args, world_size: int) -> dict[st
 
     out: dict[str, Any] = {}
     configs = {c.name: c for c in embedding_configs(features, args.dim)}
-    optimizer = fused_params(args)["optimizer"]
+    optimizer = dynamic_fused_params(args)["optimizer"]
     for f in features:
         if f.dynamic:
             out[f.table] = DynamicEmbParameterConstraints(
@@ -321,6 +341,12 @@ def build(features: tuple[Feature, ...], args, env: dist_launch.RankEnv, device:
     configs = embedding_configs(features, args.dim)
     ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
     model = DLRM(ebc, args.dim, features)
+    if args.emb_optimizer == "rowwise_rmsprop_ar":
+        # TorchRec's per-table fused parameters (what apply_optimizer_in_backward
+        # sets), merged over the sharder's.
+        for f in features:
+            if f.dynamic:
+                ebc.embedding_bags[f.table].weight._optimizer_kwargs = [dynamic_fused_params(args)]
     sharder = DynamicEmbeddingBagCollectionSharder(fused_params=fused_params(args))
     planner = DynamicEmbeddingShardingPlanner(
         eb_configs=configs,

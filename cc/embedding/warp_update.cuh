@@ -68,8 +68,8 @@ __device__ __forceinline__ void load_chunk(const float* row, int64_t base, int64
 /// Updates a row (its dim weights `w` of T, its state `s`) with one warp;
 /// fill(base, g) writes the lane's coordinates (lane_coord<Vec>) of the
 /// gradient's chunk at `base` into g. Vec needs vectorized(w, dim).
-/// Row-wise Adagrad first sums the row's squared gradient across the warp,
-/// before any coordinate changes. All lanes must call it.
+/// A row-wise optimizer (is_rowwise) first sums the row's squared gradient
+/// across the warp, before any coordinate changes. All lanes must call it.
 template <class T, bool Vec = false, class Fill>
 __device__ void warp_update_row(const OptimArgs& optim, T* w, float* s, int64_t dim, int lane,
                                 const Fill& fill) {
@@ -77,7 +77,7 @@ __device__ void warp_update_row(const OptimArgs& optim, T* w, float* s, int64_t 
   using storage::to_float;
   RowFactors rf;
   float g[kPer];
-  if (static_cast<OptimType>(optim.type) == OptimType::kExactRowwiseAdagrad) {
+  if (is_rowwise(optim.type)) {
     float sq = 0.f;
     for (int64_t base = 0; base < dim; base += kChunk) {
       fill(base, g);
@@ -88,10 +88,12 @@ __device__ void warp_update_row(const OptimArgs& optim, T* w, float* s, int64_t 
       }
     }
     for (int off = kWarp / 2; off > 0; off /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, off);
-    const float s0 = s[0] + (dim > 0 ? sq / static_cast<float>(dim) : 0.f);
-    rf = rowwise_factors(optim, s0);
-    __syncwarp();
-    if (lane == 0) s[0] = s0;
+    float next[kRowStateFloats];
+    rf = row_step(optim, s, dim > 0 ? sq / static_cast<float>(dim) : 0.f, next);
+    __syncwarp();  // every lane has read the state
+    if (lane == 0) {
+      for (int64_t i = 0; i < kRowStateFloats; ++i) s[i] = next[i];
+    }
   }
   for (int64_t base = 0; base < dim; base += kChunk) {
     fill(base, g);

@@ -127,6 +127,7 @@ inline embedding::OptimArgs optim_params(at::ArrayRef<double> optim) {
   const int64_t type = integer(embedding::kFieldType, "type");
   const int64_t wd_mode = integer(embedding::kFieldWeightDecayMode, "weight_decay_mode");
   const int64_t step = integer(embedding::kFieldStep, "step");
+  const int64_t warmup = integer(embedding::kFieldRowWarmupSteps, "row_warmup_steps");
   const double lr = optim[embedding::kFieldLearningRate];
   const double lr_power = optim[embedding::kFieldLearningRatePower];
   TORCH_CHECK_VALUE(type >= 0 && type < embedding::kNumOptimTypes, "dynamicemb: optimizer type ",
@@ -144,12 +145,30 @@ inline embedding::OptimArgs optim_params(at::ArrayRef<double> optim) {
       {embedding::kFieldLearningRatePower, "lr_power"},
       {embedding::kFieldFtrlBeta, "ftrl_beta"},
       {embedding::kFieldL1Reg, "l1"},
-      {embedding::kFieldL2Reg, "l2"}};
+      {embedding::kFieldL2Reg, "l2"},
+      {embedding::kFieldArAlpha, "ar_alpha"},
+      {embedding::kFieldEmaBeta, "ema_beta"},
+      {embedding::kFieldMinShrinkage, "min_shrinkage"}};
   for (const auto& [field, name] : reals) check_finite(optim[field], name);
   if (type == static_cast<int64_t>(embedding::OptimType::kFTRL)) {
     TORCH_CHECK_VALUE(lr > 0, "dynamicemb: FTRL learning_rate must be positive, got ", lr);
     TORCH_CHECK_VALUE(lr_power <= 0, "dynamicemb: FTRL learning_rate_power must be <= 0, got ",
                       lr_power);
+  }
+  if (type == static_cast<int64_t>(embedding::OptimType::kRowwiseRmspropAR)) {
+    const double ema = optim[embedding::kFieldEmaBeta];
+    const double floor = optim[embedding::kFieldMinShrinkage];
+    const double wd = optim[embedding::kFieldWeightDecay];
+    TORCH_CHECK_VALUE(ema >= 0 && ema < 1, "dynamicemb: ROWWISE_RMSPROP_AR ema_beta must be in ",
+                      "[0, 1), got ", ema);
+    TORCH_CHECK_VALUE(floor >= 0 && floor <= 1, "dynamicemb: ROWWISE_RMSPROP_AR min_shrinkage ",
+                      "must be in [0, 1], got ", floor);
+    TORCH_CHECK_VALUE(optim[embedding::kFieldArAlpha] >= 0, "dynamicemb: ROWWISE_RMSPROP_AR ",
+                      "ar_alpha must be >= 0, got ", optim[embedding::kFieldArAlpha]);
+    TORCH_CHECK_VALUE(warmup >= 0, "dynamicemb: ROWWISE_RMSPROP_AR row_warmup_steps must be >= 0, ",
+                      "got ", warmup);
+    TORCH_CHECK_VALUE(wd == 0, "dynamicemb: ROWWISE_RMSPROP_AR takes no weight_decay (its ",
+                      "adaptive regularization is its decay), got ", wd);
   }
   embedding::OptimArgs a;
   a.type = static_cast<int32_t>(type);
@@ -163,6 +182,10 @@ inline embedding::OptimArgs optim_params(at::ArrayRef<double> optim) {
   a.ftrl_beta = static_cast<float>(optim[embedding::kFieldFtrlBeta]);
   a.l1 = static_cast<float>(optim[embedding::kFieldL1Reg]);
   a.l2 = static_cast<float>(optim[embedding::kFieldL2Reg]);
+  a.ar_alpha = static_cast<float>(optim[embedding::kFieldArAlpha]);
+  a.ema_beta = static_cast<float>(optim[embedding::kFieldEmaBeta]);
+  a.min_shrinkage = static_cast<float>(optim[embedding::kFieldMinShrinkage]);
+  a.row_warmup_steps = static_cast<float>(warmup);
   return embedding::with_step(a, step);
 }
 
@@ -316,7 +339,7 @@ inline embedding::UpdateArgs update_args(
     const at::Tensor& occ_offsets, const at::Tensor& occ_order, const at::Tensor& occ_bag,
     const c10::optional<at::Tensor>& weights, const at::Tensor& cols, const at::Tensor& dims,
     int64_t batch, storage::ElementType type, const embedding::OptimArgs& optim,
-    const c10::optional<at::Tensor>& adam_bias) {
+    const c10::optional<at::Tensor>& step_values) {
   TORCH_CHECK_VALUE(batch >= 0, "dynamicemb: batch must not be negative, got ", batch);
   TORCH_CHECK_TYPE(grad_out.scalar_type() == at::kFloat,
                    "dynamicemb: grad_out must be float32, got ", grad_out.scalar_type());
@@ -339,13 +362,13 @@ inline embedding::UpdateArgs update_args(
   check_index_range(occ_order, 0, n, "occurrence");
   check_index_range(occ_bag, 0, cols.numel() * batch, "bag");
   a.optim = optim;
-  if (adam_bias.has_value()) {
-    TORCH_CHECK_TYPE(adam_bias->scalar_type() == at::kFloat,
-                     "dynamicemb: adam_bias must be float32, got ", adam_bias->scalar_type());
-    TORCH_CHECK_VALUE(adam_bias->numel() == 2 && adam_bias->is_contiguous(),
-                      "dynamicemb: adam_bias must hold 2 contiguous floats, got shape ",
-                      adam_bias->sizes());
-    a.optim.bias = adam_bias->data_ptr<float>();
+  if (step_values.has_value()) {
+    TORCH_CHECK_TYPE(step_values->scalar_type() == at::kFloat,
+                     "dynamicemb: step_values must be float32, got ", step_values->scalar_type());
+    TORCH_CHECK_VALUE(step_values->numel() == 2 && step_values->is_contiguous(),
+                      "dynamicemb: step_values must hold 2 contiguous floats, got shape ",
+                      step_values->sizes());
+    a.optim.step_values = step_values->data_ptr<float>();
   }
   a.space = row_space(seg0, seg1, "values");
   a.grad_out = grad_out.data_ptr<float>();
@@ -392,7 +415,7 @@ inline void check_update_devices(const at::Tensor& seg0, const at::Tensor& seg1,
                                  const at::Tensor& occ_bag,
                                  const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
                                  const at::Tensor& dims,
-                                 const c10::optional<at::Tensor>& adam_bias) {
+                                 const c10::optional<at::Tensor>& step_values) {
   check_devices("embedding_update", {{"rows", &rows},
                                      {"seg0", &seg0},
                                      {"seg1", &seg1},
@@ -405,8 +428,8 @@ inline void check_update_devices(const at::Tensor& seg0, const at::Tensor& seg1,
   if (weights.has_value()) {
     check_devices("embedding_update", {{"rows", &rows}, {"weights", &*weights}});
   }
-  if (adam_bias.has_value()) {
-    check_devices("embedding_update", {{"rows", &rows}, {"adam_bias", &*adam_bias}});
+  if (step_values.has_value()) {
+    check_devices("embedding_update", {{"rows", &rows}, {"step_values", &*step_values}});
   }
 }
 
@@ -502,13 +525,13 @@ void update_with(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor& grad_out,
                  const at::Tensor& rows, const at::Tensor& occ_offsets, const at::Tensor& occ_order,
                  const at::Tensor& occ_bag, const c10::optional<at::Tensor>& weights,
                  const at::Tensor& cols, const at::Tensor& dims, int64_t batch, int64_t type,
-                 const embedding::OptimArgs& optim, const c10::optional<at::Tensor>& adam_bias,
+                 const embedding::OptimArgs& optim, const c10::optional<at::Tensor>& step_values,
                  const Run& run) {
   check_update_devices(seg0, seg1, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols,
-                       dims, adam_bias);
+                       dims, step_values);
   const storage::ElementType et = element_type(type);
   run(update_args(seg0, seg1, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols, dims,
-                  batch, et, optim, adam_bias),
+                  batch, et, optim, step_values),
       et);
 }
 

@@ -36,6 +36,16 @@
 // (kAccumulate) and a key leaves the moment its count reaches the admission
 // threshold.
 //
+// # Refusal
+//
+// insert_and_evict may be given `refuse_cold` (RunArgs): a new key that would
+// evict, in a full bucket of an evicting table, a victim whose score words
+// are above its own (the words it would enter with, compared as the victim
+// order compares them, before any victim score) is not stored and evicts
+// nothing: kRefused, slot -1. A key that would be the bucket's coldest does
+// not displace a warmer one (an LFU newcomer seen once, a CUSTOMIZED score
+// below the bucket's). The victim stays for the run's next new key.
+//
 // # Place (replay)
 //
 // place writes each key at a slot the caller names (where the key sits in
@@ -131,6 +141,14 @@ DEMB_HD bool update_or_release(const TableRef& t, const RunArgs& r, int32_t i, i
     }
   }
   return release;
+}
+
+/// Whether new key `i` would enter with score words below those of `slot`
+/// ("Refusal").
+DEMB_HD bool colder_than(const TableRef& t, const ScoreArgs& a, int32_t i, int64_t slot) {
+  int64_t words[kMaxScores] = {};
+  for (int32_t c = 0; c < t.num_scores; ++c) words[c] = initial_score(a, i, c);
+  return score_less(words, t.scores + slot * t.num_scores, t.num_scores);
 }
 
 /// Counter changes of one run, added to the table's counters by the caller.
@@ -519,6 +537,11 @@ DEMB_HD RunDeltas run_keys(const TableRef& t, const RunArgs& r, int64_t begin, i
       }
       if (taken < num_victims) {
         const int64_t vslot = hinted ? r.victim_hint[begin + taken] : r.ev_slots[begin + taken];
+        if (r.refuse_cold && colder_than(t, r.score, i, vslot)) {  // "Refusal"
+          result(i, -1, InsertStatus::kRefused);
+          pr.sync();
+          continue;
+        }
         target = vslot - h.start;
         const int64_t at = begin + taken++;  // the record of the run's taken-th eviction
         if (lead) {

@@ -97,10 +97,11 @@ class _Batch:
     batch: int
     out_width: int
     fill: torch.Tensor | None
-    # Adam's bias corrections at this step, made in the forward: the iteration
+    # What the update reads of this step (RowOptimizer.reads_step: Adam's bias
+    # corrections, RMSprop AR's step), made in the forward: the iteration
     # reaches the backward as data (an int would be a constant of a backward
     # traced by torch.compile). None for the other optimizers.
-    adam_bias: torch.Tensor | None = None
+    step_values: torch.Tensor | None = None
     # Set once the backward has updated the batch's rows (a batch of a CUDA
     # graph's tensors holds them until then: LookupGraphs).
     updated: bool = False
@@ -490,7 +491,10 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             # One op in eager and traced steps alike: a torch.pow here would
             # be specialized on the step by torch.compile (torch 2.11 guards
             # on exponents 1 and 2) or computed by the compiler's own pow.
-            b.adam_bias = ops().adam_bias(self._adam_betas, self.step)
+            b.step_values = ops().adam_bias(self._adam_betas, self.step)
+        elif self.training and self.optimizer.reads_step:
+            # The step itself (exact in float32 up to 2**24 steps).
+            b.step_values = torch.full((2,), self.step, dtype=torch.float32, device=self.device)
         return _Pool.apply(self._placeholder, self, b)
 
     def _lookup(self, indices, offsets, frequency_counters, step) -> "_Batch":

@@ -383,8 +383,10 @@ class ScoredHashTable:
         victim_scores=None,
         target_slots=None,
         counters=None,
+        refuse_cold=False,
     ) -> InsertResult:
         _flag(assign_rows, "assign_rows")
+        _flag(refuse_cold, "refuse_cold")
         keys, table_ids = self._batch(keys, table_ids)
         policies, values = self._scores(keys.numel(), policies, scores)
         inserts = op in (enums.RunOp.INSERT, enums.RunOp.INSERT_EVICT)
@@ -415,6 +417,7 @@ class ScoredHashTable:
             self.has_rows,
             victim_scores,
             target_slots,
+            refuse_cold,
         )
         return InsertResult(out[0], out[1], EvictedKeys(out[2], out[3], out[4], out[5], out[6]))
 
@@ -440,6 +443,7 @@ class ScoredHashTable:
         scores=None,
         assign_rows=False,
         victim_scores=None,
+        refuse_cold=False,
     ):
         """Find-or-insert; a full bucket evicts its minimum-score key that this
         batch has not touched, so a key of the batch is never evicted by it.
@@ -450,9 +454,19 @@ class ScoredHashTable:
                 custom eviction score per slot, ranking victims before the
                 score words (the victim order: cc/table/scores.h). Only the
                 buckets of ``home_starts(keys)`` are read.
+            refuse_cold (bool): a new key whose score words would be below
+                those of its full bucket's victim is not stored and evicts
+                nothing (status REFUSED; cc/table/operations.h, "Refusal").
         """
         return self._run(
-            enums.RunOp.INSERT_EVICT, keys, table_ids, policies, scores, assign_rows, victim_scores
+            enums.RunOp.INSERT_EVICT,
+            keys,
+            table_ids,
+            policies,
+            scores,
+            assign_rows,
+            victim_scores,
+            refuse_cold=refuse_cold,
         )
 
     def place(

@@ -174,7 +174,7 @@ class Scenario:
     name: str
     kind: str  # "ec" or "ebc"
     tables: list[TableSpec]
-    optimizer: str = "sgd"  # sgd or adam
+    optimizer: str = "sgd"  # sgd, adam or rmsprop_ar (RMSPROP_AR below)
     learning_rate: float = 0.1
     steps: int = 3
     batch_size: int = 3
@@ -242,9 +242,24 @@ def initializer_args(spec: TableSpec):
     return DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.UNIFORM, lower=-0.5, upper=0.5)
 
 
+# Row-wise RMSprop AR's hyper-parameters in the rmsprop_ar scenarios: a strong
+# decay and a warm-up, so that the steps between a row's updates and its
+# updates so far both show in the outputs.
+RMSPROP_AR = {"ar_alpha": 0.8, "ema_beta": 0.9, "min_shrinkage": 0.3, "row_warmup_steps": 2}
+
+
 def fused_params(scenario: Scenario) -> dict[str, Any]:
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
+    from dynamicemb import DynamicEmbOptimType
+
+    if scenario.optimizer == "rmsprop_ar":
+        return {
+            "optimizer": DynamicEmbOptimType.ROWWISE_RMSPROP_AR,
+            "learning_rate": scenario.learning_rate,
+            "eps": 1e-8,
+            **RMSPROP_AR,
+        }
     if scenario.optimizer == "sgd":
         return {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": scenario.learning_rate}
     if scenario.optimizer == "adam":
@@ -527,7 +542,7 @@ class _DenseTable:
         self.table_id = table_id
         self.static_weight = static_weight
         self.rows: dict[int, torch.Tensor] = {}
-        self.state: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.state: dict[int, Any] = {}  # Adam's (m, v); RMSprop AR's state
         # Admission: the counts of keys waiting, and per step the keys kept out.
         self.waiting: dict[int, int] = {}
         self.rejected: set[int] = set()
@@ -679,6 +694,15 @@ def _apply(scenario: Scenario, table: _DenseTable, key: int, grad: torch.Tensor,
     w = table.rows[key] if key in table.rows else table.row(key)
     if scenario.optimizer == "sgd":
         table.rows[key] = w - lr * grad
+        return
+    if scenario.optimizer == "rmsprop_ar":
+        from types import SimpleNamespace
+
+        from tests.embedding.optimizer_reference import rmsprop_ar_step
+
+        opt = SimpleNamespace(learning_rate=lr, eps=1e-8, **RMSPROP_AR)
+        s = table.state.get(key, torch.zeros(4, dtype=torch.float64))
+        table.rows[key], table.state[key] = rmsprop_ar_step(opt, w, s, grad, step)
         return
     b1, b2, eps = 0.9, 0.999, 1e-8
     m, v = table.state.get(key, (torch.zeros_like(w), torch.zeros_like(w)))
