@@ -144,11 +144,15 @@ DEMB_HD bool update_or_release(const TableRef& t, const RunArgs& r, int32_t i, i
 }
 
 /// Whether new key `i` would enter with score words below those of `slot`
-/// ("Refusal").
+/// ("Refusal"; compared as score_less compares, word by word, without an
+/// array that would take local memory in the tile kernels).
 DEMB_HD bool colder_than(const TableRef& t, const ScoreArgs& a, int32_t i, int64_t slot) {
-  int64_t words[kMaxScores] = {};
-  for (int32_t c = 0; c < t.num_scores; ++c) words[c] = initial_score(a, i, c);
-  return score_less(words, t.scores + slot * t.num_scores, t.num_scores);
+  const int64_t* s = t.scores + slot * t.num_scores;
+  for (int32_t c = 0; c < t.num_scores; ++c) {
+    const int64_t w = initial_score(a, i, c);
+    if (w != s[c]) return w < s[c];
+  }
+  return false;
 }
 
 /// Counter changes of one run, added to the table's counters by the caller.

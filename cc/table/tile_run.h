@@ -40,7 +40,9 @@
 //     previous occurrence, in later chunks by a scan of the bucket); else the
 //     lowest empty slot (a reduction over the lanes), else the next victim (a
 //     reduction of the lanes' best candidates in victim order; the lane that
-//     gave it recomputes its best), else failure. Then every lane writes its
+//     gave it recomputes its best), else failure. With refuse_cold a new key
+//     colder than that victim is refused instead (colder_than, operations.h,
+//     "Refusal") and the victim stays the next one. Then every lane writes its
 //     own key, record and results at once, and the repeats apply their
 //     policies in batch order.
 // A chunk with a repeat of a stored key in a call that releases (the
@@ -461,7 +463,8 @@ class TileRun {
     return best;
   }
 
-  /// The next victim (pos -1: none left), no longer a candidate.
+  /// The next victim (pos -1: none left): the first of the lanes' best
+  /// candidates in victim order, still a candidate until take().
   DEMB_TILE TileVictim<NK> next_victim() {
     if (!scanned_) {
       best_ = lane_best();
@@ -476,11 +479,16 @@ class TileRun {
       o.pos = g_.shfl_xor(v.pos, off);
       if (tile_victim_before(o, v)) v = o;
     }
-    if (v.pos >= 0 && Geo::lane_of(v.pos) == lane_) {
-      cand_.clear(Geo::bit_of(v.pos));
+    return v;
+  }
+
+  /// Takes victim `pos` (every lane calls it): no longer a candidate, its
+  /// lane finds its next best.
+  DEMB_TILE void take(int pos) {
+    if (Geo::lane_of(pos) == lane_) {
+      cand_.clear(Geo::bit_of(pos));
       best_ = lane_best();
     }
-    return v;
   }
 
   /// A new key's outcome, decided by the tile.
@@ -590,17 +598,21 @@ class TileRun {
           ++d_.size;
           o.status = static_cast<int8_t>(InsertStatus::kInserted);
         } else if (evict_) {
-          o.pos = next_victim().pos;
-          if (o.pos >= 0) {
+          const int v = next_victim().pos;
+          if (v >= 0 && r_.refuse_cold && colder_than(t_, r_.score, g_.shfl(e.i, j), start_ + v)) {
+            o.status = static_cast<int8_t>(InsertStatus::kRefused);  // "Refusal"
+          } else if (v >= 0) {
+            take(v);
+            o.pos = v;
             o.status = static_cast<int8_t>(InsertStatus::kEvicted);
             o.at = begin_ + d_.evictions;
             ++d_.evictions;
           }
         }
-        if (o.pos < 0) {
-          ++d_.failures;
-        } else {
+        if (o.pos >= 0) {
           ++d_.inserts;
+        } else if (o.status != static_cast<int8_t>(InsertStatus::kRefused)) {
+          ++d_.failures;  // a refusal changes no counter, as in run_keys
         }
       }
       if (me) mine = o;

@@ -5,8 +5,8 @@
 // same slots, statuses, eviction records, scores out, row work, keys,
 // digests, scores and counters, on random batches over full and partly full
 // buckets of 16 to 1,024 slots, runs longer than a tile and than a bucket,
-// repeated keys, ties, two score words, victim scores, releases and
-// NO_EVICTION tables.
+// repeated keys, ties, two score words, victim scores, releases, refused
+// cold newcomers (refuse_cold) and NO_EVICTION tables.
 //
 // The tile's lanes are fibers on one thread. Between two collectives every
 // lane runs once, in a random order; a lane's collective deposits its value
@@ -168,6 +168,7 @@ struct Scenario {
   std::vector<int64_t> rows;                        // > 0: NO_EVICTION with that many rows
   int32_t ns = 1;
   RunOp op = RunOp::kInsertEvict;
+  bool refuse_cold = false;
   bool assign_rows = false;
   int64_t release_at = kNoRelease;
   bool with_victim_scores = false;
@@ -193,6 +194,7 @@ struct Side {
     scores_out.assign(n, -9);
     RunArgs r = out.args(s.op, s.keys.data(), s.table_ids.data(), s.score);
     r.assign_rows = s.assign_rows;
+    r.refuse_cold = s.refuse_cold;
     r.release_at = s.release_at;
     r.scores_out = scores_out.data();
     r.victim_scores = s.with_victim_scores ? s.victim_scores.data() : nullptr;
@@ -285,6 +287,7 @@ Scenario random_scenario(std::mt19937_64& rng) {
   s.score.value_row_stride = s.ns;
   s.victim_scores.resize(slots);
   for (auto& v : s.victim_scores) v = pick(7) == 0 ? std::nan("") : static_cast<double>(pick(3));
+  s.refuse_cold = pick(3) == 0;
   return s;
 }
 
@@ -344,6 +347,7 @@ template <int T>
 template <int T>
 void check_random(uint64_t seed, int scenarios) {
   std::mt19937_64 rng(seed);
+  int64_t refused = 0;  // the scenarios refuse some keys
   for (int k = 0; k < scenarios; ++k) {
     Scenario s = random_scenario(rng);
     Side ref(s), tile(s);
@@ -363,9 +367,13 @@ void check_random(uint64_t seed, int scenarios) {
       }
       ASSERT_TRUE(same_batch<T>(ref, tile, s, seed + k * 31 + step))
           << "T " << T << " scenario " << k << " step " << step << " n " << s.keys.size() << " ns "
-          << s.ns << " op " << static_cast<int>(s.op) << " release " << s.release_at;
+          << s.ns << " op " << static_cast<int>(s.op) << " release " << s.release_at
+          << " refuse_cold " << s.refuse_cold;
+      refused += std::count(tile.out.status.begin(), tile.out.status.end(),
+                            static_cast<int8_t>(InsertStatus::kRefused));
     }
   }
+  EXPECT_GT(refused, 0);
 }
 
 // A batch of one key per entry into one table of `width` slots.
@@ -410,6 +418,50 @@ void check_repeats() {
   EXPECT_EQ(std::vector<int8_t>(ctile.out.status.begin(), ctile.out.status.begin() + 4),
             (std::vector<int8_t>{1, 5, 1, 0}));
   ASSERT_TRUE(same_batch<T>(cref, ctile, counts, 3));
+}
+
+template <int T>
+void check_refusals() {
+  // A full bucket of 16 keys scored 5 (ASSIGN); refuse_cold: a newcomer
+  // below 5 is refused and the victim, the lowest slot, stays for the next;
+  // a repeat of a refused key is refused again; at 5 or above it evicts.
+  std::vector<int64_t> keys, values;
+  for (int64_t k = 0; k < 16; ++k) {
+    keys.push_back(1000 + k);
+    values.push_back(5 + (k == 3 ? 1 : 0));
+  }
+  Scenario s = one_table(16, keys, values);
+  s.score.policy[0] = static_cast<int32_t>(ScorePolicy::kAssign);
+  s.refuse_cold = true;
+  Side ref(s), tile(s);
+  ASSERT_TRUE(same_batch<T>(ref, tile, s, 4));
+  s.keys = {1, 2, 1, 3, 4, 5, 6, 7, 8, 2};
+  s.values = {3, 5, 3, 4, 9, 0, 6, 1, 2, 7};
+  s.table_ids.assign(s.keys.size(), 0);
+  s.score.values = s.values.data();
+  ASSERT_TRUE(same_batch<T>(ref, tile, s, 5));
+  constexpr int8_t kR = static_cast<int8_t>(InsertStatus::kRefused);
+  constexpr int8_t kE = static_cast<int8_t>(InsertStatus::kEvicted);
+  constexpr int8_t kF = static_cast<int8_t>(InsertStatus::kFound);
+  EXPECT_EQ(tile.out.status, (std::vector<int8_t>{kR, kE, kR, kR, kE, kR, kE, kR, kR, kF}));
+  EXPECT_EQ(tile.out.slots[0], -1);
+  EXPECT_EQ(tile.out.slots[3], -1);
+  // Victims in slot order among the 5s (1003 holds 6), nothing skipped.
+  std::vector<int64_t> victims;
+  for (size_t p = 0; p < tile.out.ev_flags.size(); ++p) {
+    if (tile.out.ev_flags[p]) victims.push_back(tile.out.ev_keys[p]);
+  }
+  EXPECT_EQ(victims, (std::vector<int64_t>{1000, 1001, 1002}));
+  EXPECT_EQ(tile.h.counters[kCounterEvictions], 3);
+  EXPECT_EQ(tile.h.counters[kCounterInsertFailures], 0);
+  EXPECT_EQ(tile.h.counters[kCounterSize], 16);
+}
+
+TEST(TileRun, RefusesColdNewcomersAsTheSequentialRuns) {
+  check_refusals<4>();
+  check_refusals<8>();
+  check_refusals<16>();
+  check_refusals<32>();
 }
 
 TEST(TileRun, RepeatsAfterAnInvalidOrReleasedOccurrence) {

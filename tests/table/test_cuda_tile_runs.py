@@ -2,7 +2,8 @@
 bucket run, cc/table/tile_run.h) compute what the CPU backend computes, in the
 cases the tiles treat apart: full buckets, runs longer than a tile and than
 the bucket, repeated keys within and across a tile's chunks of keys, ties in
-the score words, two score words, victim scores, NO_EVICTION tables, buckets of
+the score words, two score words, victim scores, refused cold newcomers
+(refuse_cold: the victim stays for the run's next key), NO_EVICTION tables, buckets of
 16 to 1,024 slots next to one wider than a tile takes (run a thread per run) in
 the same call, and the same batch twice (the results do not depend on the run).
 
@@ -39,9 +40,11 @@ def _same(a, b, ra, rb, what):
         assert torch.equal(x, y), f"{what}: {name} differs in {int((x != y).sum())} entries"
 
 
-def _run(a, b, op, keys, tables, policies, scores, victim_scores=None, what=""):
+def _run(a, b, op, keys, tables, policies, scores, victim_scores=None, what="", refuse=False):
     evict = op == "insert_and_evict" and victim_scores is not None
     kw = {"victim_scores": victim_scores} if evict else {}
+    if op == "insert_and_evict" and refuse:
+        kw["refuse_cold"] = True
     ra = getattr(a, op)(keys, tables, policies, scores, **kw)
     if evict:
         kw["victim_scores"] = victim_scores.cuda()
@@ -63,15 +66,21 @@ WIDTHS = [16, 48, 128, 256, 1024, None]
 CAPS = [16 * 6, 48 * 4, 128 * 4, 256 * 2, 1024 * 2, 2048]
 
 
+@pytest.mark.parametrize("refuse", [False, True])
 @pytest.mark.parametrize("num_scores", [1, 2])
 @pytest.mark.parametrize("victim", [False, True])
-def test_full_buckets_of_every_width_with_long_runs_and_repeats_match_cpu(num_scores, victim):
+def test_full_buckets_of_every_width_with_long_runs_and_repeats_match_cpu(
+    num_scores, victim, refuse
+):
     """Every table full after the first batches; then batches of resident and
     new keys whose runs are longer than a tile and than their bucket, with
-    repeats near and far apart, few distinct score values (ties) and, with
-    `victim`, victim scores with ties and NaNs."""
+    repeats near and far apart, few distinct score values (ties), with
+    `victim`, victim scores with ties and NaNs, and with `refuse`,
+    insert_and_evict's refuse_cold (a refused key's repeats are refused or
+    placed like it, later keys take the victim it left)."""
     a, b = _pair(capacities=CAPS, bucket_capacities=WIDTHS, num_scores=num_scores)
     g = torch.Generator().manual_seed(17 + num_scores + 2 * victim)
+    refused = 0
     pol = [P.ASSIGN] + [P.ACCUMULATE] * (num_scores - 1)
     nt = len(CAPS)
     for step in range(8):
@@ -93,8 +102,10 @@ def test_full_buckets_of_every_width_with_long_runs_and_repeats_match_cpu(num_sc
             vs = torch.randint(0, 2, (a.num_slots,), generator=g).double()
             vs[torch.randint(0, a.num_slots, (40,), generator=g)] = float("nan")
         op = "insert" if step == 5 else "insert_and_evict"
-        _run(a, b, op, keys, tables, pol, scores, vs, what=f"step {step}")
-    assert a.size().tolist() == CAPS  # full: new keys evicted or failed
+        r = _run(a, b, op, keys, tables, pol, scores, vs, what=f"step {step}", refuse=refuse)
+        refused += int((r.status == enums.InsertStatus.REFUSED).sum())
+    assert a.size().tolist() == CAPS  # full: new keys evicted, failed or refused
+    assert (refused > 0) == refuse
 
 
 def test_ties_evict_the_lowest_slots_first_like_cpu():
