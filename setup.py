@@ -49,6 +49,8 @@ TESTED_WITH = [
     # (torch, torchrec, fbgemm-gpu / fbgemm-gpu-cpu)
     ("2.11", "1.6.1", "1.6.0"),
     ("2.13", "1.8.0", "1.8.0"),
+    # The newest set on the index: CI runs part of the suite with it (tools/newest_smoke.sh).
+    ("2.14", "1.9.2", "1.9.0"),
 ]
 
 # torchrec's requirements other than fbgemm-gpu (those of every tested torchrec:

@@ -11,7 +11,8 @@ imported on first use) and ``dynamicemb.replication`` (``replay_increment``,
 ``pop_evicted_keys``, ``pop_erased_keys``, likewise); the C++ extension
 (``dynamicemb._C``) is loaded by the table layer when a table is built. The
 provided admission strategies (``dynamicemb.admission``, which needs the
-table layer) are exported here and imported on first use too.
+table layer) are exported here and imported on first use too, as is
+``InferenceEmbeddingTable`` (``dynamicemb.inference``, which needs TorchRec).
 """
 
 # The release, the one source of the version: the wheel's metadata reads it
@@ -19,6 +20,7 @@ table layer) are exported here and imported on first use too.
 # (tests/packaging). Versioning policy: docs/building.md, "Versions".
 __version__ = "0.1.0"
 
+from ._seams import provide as _provide
 from .dynamicemb_config import (
     BUCKET_ALIGNMENT,
     MAX_BUCKET_CAPACITY,
@@ -51,6 +53,19 @@ from .types import (
 _CHECKPOINT = ("DynamicEmbDump", "DynamicEmbLoad")
 _REPLICATION = ("DeltaDumpResult", "pop_erased_keys", "pop_evicted_keys", "replay_increment")
 _ADMISSION = ("FrequencyAdmissionStrategy", "ProbabilisticAdmissionStrategy")
+_INFERENCE = ("InferenceEmbeddingTable", "InferenceTableConfig")
+
+
+def _model_state_rows():
+    """The dynamic tables' rows in a sharded model's state_dict(): written and
+    read by dynamicemb.checkpoint, called by dynamicemb.shard (_seams.py)."""
+    from dynamicemb.checkpoint.model_state import MODEL_STATE_ROWS
+
+    return MODEL_STATE_ROWS
+
+
+_provide("model_state_rows", _model_state_rows)
+_provide("version", lambda: __version__)
 
 
 def __getattr__(name: str):
@@ -60,6 +75,8 @@ def __getattr__(name: str):
         from dynamicemb import replication as package
     elif name in _ADMISSION:
         from dynamicemb import admission as package
+    elif name in _INFERENCE:
+        from dynamicemb import inference as package
     else:
         raise AttributeError(f"module 'dynamicemb' has no attribute {name!r}")
     value = getattr(package, name)
@@ -84,6 +101,8 @@ __all__ = [
     "DynamicEmbTableOptions",
     "EvictedItemMode",
     "FrequencyAdmissionStrategy",
+    "InferenceEmbeddingTable",
+    "InferenceTableConfig",
     "KVCounter",
     "MemoryType",
     "MultiTableAdmitter",

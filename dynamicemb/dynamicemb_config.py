@@ -116,14 +116,22 @@ class DynamicEmbCheckMode(enum.IntEnum):
 
     A key whose home bucket is full of keys that may not be evicted cannot be
     inserted; its lookup result is then all zeros. This is rare in a large
-    table and frequent in a small one. Safe check reports it.
+    table and frequent in a small one. Whatever the mode, failures are
+    counted per table on the device (the module's ``insert_failures``, the
+    metric ``dynamicemb.table.insert_failures``); the mode says what the
+    training step does about them.
 
     Attributes:
-        ERROR (int): raise a runtime error naming how many keys failed.
-        WARNING (int): warn how many keys failed and continue; their
-            embeddings are 0.0.
-        IGNORE (int): do not check (no overhead); failed keys get 0.0
-            silently.
+        ERROR (int): read the step's failures (one synchronization a step)
+            and raise a RuntimeError naming each failing table and how many
+            of its keys failed.
+        WARNING (int): read the step's failures (one synchronization a step),
+            continue (failed keys read 0.0) and warn naming the table, at
+            its 1st, 2nd, 4th, 8th, ... failing step.
+        IGNORE (int): read nothing in the step (no overhead); failed keys
+            read 0.0. The counters are copied to the host without waiting,
+            and the first failures of a table are said once, in a warning
+            naming the table, the count and the option that fixes it.
     """
 
     ERROR = 0
@@ -268,8 +276,9 @@ class DynamicEmbTableOptions:
             warns, and the table is built with the columns.
         max_capacity (Optional[int]): most rows of this table on one rank; the
             planner sets it to ``get_sharded_table_capacity(...)``.
-        evict_strategy (DynamicEmbEvictStrategy): eviction policy. Defaults to
-            LRU.
+        evict_strategy (DynamicEmbEvictStrategy): kept for compatibility and
+            without effect: a table evicts by ``score_strategy`` (a value other
+            than LRU warns once, naming it). Defaults to LRU.
         local_hbm_for_values (int): bytes of device memory for this rank's
             values; the planner sets it to
             ``ceil(global_hbm_for_values / world_size)``. Defaults to 0.
@@ -295,9 +304,9 @@ class DynamicEmbTableOptions:
         max_load_factor (float): load factor in (0, 1] above which the table
             doubles. Ignored under NO_EVICTION (whose key map keeps
             ``dynamicemb.table.NO_EVICTION_LOAD_FACTOR``). Defaults to 0.5.
-        score_strategy (Union[DynamicEmbScoreStrategy,
-            Tuple[DynamicEmbScoreStrategy, ...]]): how keys are scored for
-            eviction; must be the same on every rank of a table. A tuple is a
+        score_strategy (DynamicEmbScoreStrategy or tuple): how keys are
+            scored for eviction: one ``DynamicEmbScoreStrategy`` or a tuple of
+            them; must be the same on every rank of a table. A tuple is a
             compound strategy keeping one score per element; only
             ``(TIMESTAMP, LFU)`` in either order is supported (eviction by
             frequency, ties by older timestamp, plus a timestamp for
@@ -311,8 +320,10 @@ class DynamicEmbTableOptions:
             for one bucket spanning the shard. Larger buckets evict more
             accurately and run slower. Defaults to 128 (a device cache in
             front of a host table uses 1024).
-        safe_check_mode (DynamicEmbCheckMode): what to do about keys that
-            could not be inserted. Defaults to IGNORE.
+        safe_check_mode (DynamicEmbCheckMode): what a training step does
+            about keys that could not be inserted (counted per table in every
+            mode). Defaults to IGNORE (said once per table, nothing read in
+            the step).
         global_hbm_for_values (int): bytes of device memory for the values of
             the whole table over all ranks (``caching=False``: the device part
             of the hybrid table; ``caching=True``: the size of the device

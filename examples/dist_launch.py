@@ -238,7 +238,6 @@ def run_job(fn, args, result_path: str | None, refusals: tuple[type[Exception], 
 
 
 def _run_rank(fn, args, result_path: str | None, refusals: tuple[type[Exception], ...]) -> int:
-    quiet()
     env, device = init_from_env(args.device, args.threads)
     try:
         result = fn(env, device, args)
@@ -279,19 +278,3 @@ def run_alone(fn, args) -> None:
         fn(args)
     finally:
         dist.destroy_process_group()
-
-
-def quiet() -> None:
-    """Silences notices that would bury a script's own output: TorchRec's KJT
-    validator (raw ids are outside [0, num_embeddings) by design), the
-    planner's notes about how a CPU topology was built and dry-run
-    estimates, and deprecation notes of the libraries."""
-    import logging
-    import warnings
-
-    logging.getLogger("torchrec.sparse.jagged_tensor_validator").setLevel(logging.ERROR)
-    logging.getLogger("torch.fx._symbolic_trace").setLevel(logging.ERROR)
-    logging.getLogger("torchrec.distributed.planner.types").setLevel(logging.ERROR)
-    logging.getLogger("torchrec.distributed.planner.storage_reservations").setLevel(logging.ERROR)
-    warnings.filterwarnings("ignore", category=FutureWarning)
-    warnings.filterwarnings("ignore", category=DeprecationWarning)

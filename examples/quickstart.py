@@ -19,11 +19,11 @@ import os
 import sys
 import tempfile
 
+import checkout  # noqa: F401 (examples/checkout.py: this checkout's dynamicemb)
 import torch
 import torch.distributed as dist
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
-from torchrec.distributed.planner import Topology
 from torchrec.distributed.planner.types import ParameterConstraints
 
 from dynamicemb import (
@@ -35,7 +35,11 @@ from dynamicemb import (
     DynamicEmbTableOptions,
     get_table_value_bytes,
 )
-from dynamicemb.planner import DynamicEmbeddingShardingPlanner, DynamicEmbParameterConstraints
+from dynamicemb.planner import (
+    DynamicEmbeddingShardingPlanner,
+    DynamicEmbParameterConstraints,
+    topology,
+)
 from dynamicemb.shard import DynamicEmbeddingBagCollectionSharder, plan_and_shard
 
 DIM, BATCH, STEPS = 8, 32, 20
@@ -66,10 +70,11 @@ def build(device: torch.device):
         "item": ParameterConstraints(sharding_types=["table_wise"], compute_kernels=["fused"]),
     }
     ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
-    sharder = DynamicEmbeddingBagCollectionSharder(fused_params=FUSED)
+    # fused_params configure the dynamic table, static_fused_params TorchRec's "item".
+    sharder = DynamicEmbeddingBagCollectionSharder(fused_params=FUSED, static_fused_params=FUSED)
     planner = DynamicEmbeddingShardingPlanner(
         eb_configs=configs,
-        topology=Topology(world_size=1, compute_device=device.type, local_world_size=1),
+        topology=topology(world_size=1, compute_device=device.type, local_world_size=1),
         constraints=constraints,
         batch_size=BATCH,
         debug=False,
@@ -123,7 +128,8 @@ def run(device: torch.device, tmp: str) -> int:
         print(f"quickstart: the loss did not fall ({losses[0]:.4f} -> {losses[-1]:.4f})")
         return 1
 
-    # The dynamic table's rows are not in model.state_dict(): dump and load them.
+    # The dynamic table's rows are in model.state_dict() too (for torch.distributed.checkpoint);
+    # DynamicEmbDump / DynamicEmbLoad write and read dynamicemb's own checksummed folder.
     probe = batch(device, 0)
     with torch.no_grad():
         before = model(probe)["u"]

@@ -18,12 +18,13 @@ atomically.
                            to, and the size and CRC-32s of trainer.pt and of
                            every file in torchrec/
 
-Why two formats: the dynamic tables are hash tables, not tensors, so a
-state_dict() does not hold them; DynamicEmbDump writes them checksummed,
-verifies everything before a load changes a table, carries the admission
-counters, and reshards by key to any world size. The rest is what TorchRec
-and torch already checkpoint well: DCP reshards the static tables' sharded
-tensors, and saves a replicated dense tensor once.
+Why two formats: the dynamic tables are hash tables, not tensors. A sharded
+model's state_dict() can carry their rows into DCP, but DynamicEmbDump
+writes them checksummed, verifies everything before a load changes a table,
+carries the admission counters, and reshards by key to any world size; so
+the state dict given to DCP here leaves them out (state_dict_without_rows).
+The rest is what TorchRec and torch already checkpoint well: DCP reshards the
+static tables' sharded tensors, and saves a replicated dense tensor once.
 
 Publishing: every rank writes into ``step_<N>.dynamicemb-tmp-<token>``; when
 all have finished, rank 0 writes ``job.json`` (fsynced) and renames the
@@ -47,7 +48,6 @@ import io
 import os
 import re
 import time
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -414,7 +414,7 @@ class JobCheckpoints:
         """
         import torch.distributed.checkpoint as dcp
 
-        from dynamicemb.checkpoint import load
+        from dynamicemb.checkpoint import load, state_dict_without_rows
 
         _, files = _io()
         g = self.group
@@ -433,7 +433,8 @@ class JobCheckpoints:
         report = load(os.path.join(found.path, TABLES), model, optim=True, show_progress=False)
         state = self._torchrec_state(model)
         dcp.load(state, checkpoint_id=os.path.join(found.path, TORCHREC))
-        model.load_state_dict(state["model"])
+        with state_dict_without_rows():  # the tables were loaded from tables/
+            model.load_state_dict(state["model"])
         if "fused_optim" in state:
             model.fused_optimizer.load_state_dict(state["fused_optim"])
         dense_opt.load_state_dict(trainer.pop("dense_optim"))
@@ -449,10 +450,11 @@ class JobCheckpoints:
         """What DCP saves and loads: the model's state_dict() and the fused
         optimizer's (a rank that holds no static table has no state there:
         its empty dicts are left out, as DCP has nothing to match them to).
-        The dynamic tables' rows are not in it (dynamicemb warns so); they
-        are saved beside it, in ``tables/``."""
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r"state_dict\(\) does not hold the rows")
+        The dynamic tables' rows are left out of it: they are saved beside
+        it, in ``tables/``."""
+        from dynamicemb.checkpoint import state_dict_without_rows
+
+        with state_dict_without_rows():
             sd = model.state_dict()
         return _pruned({"model": sd, "fused_optim": model.fused_optimizer.state_dict()})
 

@@ -64,6 +64,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import checkout  # noqa: F401 (examples/checkout.py: this checkout's dynamicemb)
 import click_data  # examples/click_data.py, next to this script
 import click_tsv  # examples/click_tsv.py
 import dist_launch  # examples/dist_launch.py
@@ -251,8 +252,8 @@ def embedding_configs(features: tuple[Feature, ...], dim: int):
 
 
 def fused_params(args) -> dict[str, Any]:
-    """The sharder's fused optimizer: every table's, or with
-    rowwise_rmsprop_ar the static table's (dynamic_fused_params)."""
+    """The static table's fused optimizer, and the dynamic tables' but with
+    rowwise_rmsprop_ar (dynamic_fused_params)."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
     if args.emb_optimizer == "adam":
@@ -273,7 +274,8 @@ def fused_params(args) -> dict[str, Any]:
 def dynamic_fused_params(args) -> dict[str, Any]:
     """The dynamic tables' fused optimizer. Row-wise RMSprop AR has no
     FBGEMM kernel of TorchRec's static tables here, so the dynamic tables get
-    it per table (build), the static one keeps rowwise Adagrad."""
+    it (the sharder's fused_params), the static one keeps rowwise Adagrad (its
+    static_fused_params)."""
     if args.emb_optimizer != "rowwise_rmsprop_ar":
         return fused_params(args)
     from dynamicemb import DynamicEmbOptimType
@@ -331,26 +333,23 @@ def build(features: tuple[Feature, ...], args, env: dist_launch.RankEnv, device:
     """The sharded model, its plan and the dense optimizer: the tables are
     planned over the ranks by DynamicEmbeddingShardingPlanner and sharded by
     DistributedModelParallel with dynamicemb's sharder (plan_and_shard)."""
-    from torchrec.distributed.planner import Topology
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
-    from dynamicemb.planner import DynamicEmbeddingShardingPlanner
+    from dynamicemb.planner import DynamicEmbeddingShardingPlanner, topology
     from dynamicemb.shard import DynamicEmbeddingBagCollectionSharder, plan_and_shard
 
     torch.manual_seed(args.seed)  # the same initial dense weights on every rank
     configs = embedding_configs(features, args.dim)
     ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
     model = DLRM(ebc, args.dim, features)
-    if args.emb_optimizer == "rowwise_rmsprop_ar":
-        # TorchRec's per-table fused parameters (what apply_optimizer_in_backward
-        # sets), merged over the sharder's.
-        for f in features:
-            if f.dynamic:
-                ebc.embedding_bags[f.table].weight._optimizer_kwargs = [dynamic_fused_params(args)]
-    sharder = DynamicEmbeddingBagCollectionSharder(fused_params=fused_params(args))
+    # The dynamic tables' fused optimizer, and the static table's (the same
+    # but with rowwise_rmsprop_ar, which TorchRec's kernels lack).
+    sharder = DynamicEmbeddingBagCollectionSharder(
+        fused_params=dynamic_fused_params(args), static_fused_params=fused_params(args)
+    )
     planner = DynamicEmbeddingShardingPlanner(
         eb_configs=configs,
-        topology=Topology(
+        topology=topology(
             world_size=env.world_size,
             compute_device=device.type,
             local_world_size=env.local_world_size,

@@ -7,7 +7,7 @@ and checks that it documents every name the specification imports.
 The sources (docs/api: conf.py, index.rst, spec_imports.txt) are copied into a
 temporary directory and built there, so the checkout stays clean and a read-only
 tree (Bazel's runfiles) builds too; conf.py generates the module pages. Then every
-"module name" line of docs/api/spec_imports.txt (what DynamicEmb_APIs.md imports)
+"module name" line of docs/api/spec_imports.txt (the names programs import)
 must resolve to an object the built reference documents (objects.inv): under that
 name, or under the module that documents it when several export it. Exits non-zero
 and says what is missing otherwise. //tests/docs runs it (so `bazel test //...`).

@@ -54,6 +54,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LICENSE = "Apache-2.0"
 
 
+def pyproject_classifiers():
+    """The classifiers pyproject.toml declares."""
+    import tomllib
+
+    with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
+        return tomllib.load(f)["project"]["classifiers"]
+
+
 def setup_py_names():
     """MIN_TORCH, REQUIRES, extras, read_sources ... of setup.py, without running setup()."""
     names = {"__name__": "setup_py", "__file__": os.path.join(ROOT, "setup.py")}
@@ -128,6 +136,9 @@ def common_metadata_errors(meta, what, extras):
         errors.append(f"{what} declares license {meta.get('license-expression')}, not {LICENSE}")
     if meta.get("license-file") != ["LICENSE"]:
         errors.append(f"{what} names license files {meta.get('license-file')}, not LICENSE")
+    classifiers = pyproject_classifiers()
+    if sorted(meta.get("classifier") or []) != sorted(classifiers):
+        errors.append(f"{what} has classifiers {meta.get('classifier')}, not {classifiers}")
     declared = extras_declared(meta.get("requires-dist") or [])
     want = {k: sorted(canonical(r) for r in v) for k, v in extras.items()}
     if sorted(meta.get("provides-extra") or []) != sorted(want):
@@ -174,6 +185,8 @@ def check_wheel(path):
         licenses = os.path.dirname(meta_name) + "/licenses/LICENSE"
         if licenses not in whl.namelist():
             errors.append(f"the wheel lacks {licenses}")
+        if "dynamicemb/py.typed" not in whl.namelist():
+            errors.append("the wheel lacks dynamicemb/py.typed (PEP 561)")
         whl.extractall(tmp)
         (ext,) = [n for n in whl.namelist() if n.startswith("dynamicemb/_C") and n.endswith(".so")]
         sections = elf_section_names(os.path.join(tmp, ext))

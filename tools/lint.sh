@@ -72,6 +72,8 @@ fi
 run "$VENV/bin/python" tools/check_layers.py
 # The torch ops: a kernel on every backend, and opcheck on each (tools/check_ops.py).
 run "$VENV/bin/python" tools/check_ops.py
+# MODULE.bazel and WORKSPACE provide the same repositories (tools/check_bzlmod.py).
+run "$VENV/bin/python" tools/check_bzlmod.py
 if ((status)); then
   echo "lint: FAILED (bash tools/lint.sh --fix rewrites what can be fixed automatically)" >&2
 else

@@ -31,7 +31,7 @@ PANELS = [
     ("Rows held (solid) and capacity (dashed)", None, "rows"),
     (
         "Load factor",
-        "max by (dynamicemb_table_name) (dynamicemb_table_load_factor)",
+        "max by (dynamicemb_table_name) (dynamicemb_table_load_factor_ratio)",
         "keys / slots",
     ),
     (

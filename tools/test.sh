@@ -8,6 +8,8 @@
 # the wheel built, installed with its extras into a fresh venv and running
 # examples/quickstart.py there (--fresh-venv: compiles the extension, a few minutes).
 # The API reference is built (Sphinx, warnings as errors) by //tests/docs.
+# Then the newest tested torch / torchrec / FBGEMM set on a handful of the Python suite
+# (tools/newest_smoke.sh: a venv of its own, the extension built for that torch).
 # Ends with one line "bazel: N passed, N failed" (test targets of both workspaces).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -21,6 +23,7 @@ bazel test //... "$@" 2>&1 | tee "$log" || rc=$?
 bash examples/bazel_consumer/test.sh "$@" 2>&1 | tee -a "$log" || rc=$?
 .venv/bin/python tools/check_dist.py || rc=$?
 .venv/bin/python tools/check_dist.py --fresh-venv || rc=$?
+bash tools/newest_smoke.sh || rc=$?
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log" || true)
 failed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|INCOMPLETE)' "$log" || true)
 if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then

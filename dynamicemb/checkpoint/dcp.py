@@ -71,6 +71,39 @@ def _send(meta: TableMeta, rows: dict[str, torch.Tensor], dest: torch.Tensor, gr
     return _unpack(meta, group.exchange(_pack(rows), dest))
 
 
+def my_shards(group: Group) -> range:
+    """The virtual shards this rank writes and reads."""
+    return range(group.rank, NUM_SHARDS, group.world_size)
+
+
+def virtual_shards(ref: TableRef, meta: TableMeta, group: Group) -> dict[int, tuple]:
+    """Every row of a table, over all ranks, in this rank's virtual shards
+    (``my_shards``): each a tuple of (column, tensor) pairs (a tuple is a
+    leaf to DCP: saved as one object, not as tensors). Collective."""
+    rows = _rows(ref, meta)
+    virtual = route_keys(rows[KEYS].reshape(-1), NUM_SHARDS, "hash_roundrobin")
+    rows = _send(meta, rows, virtual % group.world_size, group)
+    virtual = route_keys(rows[KEYS].reshape(-1), NUM_SHARDS, "hash_roundrobin")
+    return {
+        v: tuple((k, t[virtual == v]) for k, t in sorted(rows.items())) for v in my_shards(group)
+    }
+
+
+def received_rows(plan: _Plan, parts: list[Any], group: Group) -> dict[str, torch.Tensor]:
+    """The rows of ``parts`` (this rank's virtual shards of a table, as
+    ``virtual_shards`` made them) sent to the ranks owning their keys now;
+    the rows this rank owns. Collective."""
+    parts = [dict(part) for part in parts]
+    if parts:
+        rows = {k: torch.cat([part[k] for part in parts]) for k in parts[0]}
+    else:  # more ranks than virtual shards
+        rows = _unpack(plan.meta, torch.empty(0, 0, dtype=torch.uint8))
+    dest = route_keys(
+        rows[KEYS].reshape(-1), group.world_size, plan.ref.dist_type, plan.ref.num_embeddings
+    )
+    return _send(plan.meta, rows, dest, group)
+
+
 class DynamicEmbStateful:
     """The dynamic tables of a sharded model as a DCP ``Stateful``.
 
@@ -93,34 +126,26 @@ class DynamicEmbStateful:
         self.table_names = table_names
         self.pg = pg
 
-    def _refs(self) -> tuple[list[TableRef], Group]:
-        group = group_of(self.pg)
+    def _refs(self, call: str) -> tuple[list[TableRef], Group]:
+        group = group_of(self.pg, call)
         refs = select(model_tables(self.model), self.table_names)
         check_world(refs, group)
         return refs, group
 
     def state_dict(self) -> dict[str, Any]:
-        refs, group = self._refs()
+        refs, group = self._refs("DynamicEmbStateful.state_dict")
         metas = {f"{r.collection}/{r.name}": _meta(r, self.optim) for r in refs}
         shards: dict[str, Any] = {}
         for ref in refs:
             meta = metas[f"{ref.collection}/{ref.name}"]
-            rows = _rows(ref, meta)
-            virtual = route_keys(rows[KEYS].reshape(-1), NUM_SHARDS, "hash_roundrobin")
-            rows = _send(meta, rows, virtual % group.world_size, group)
-            virtual = route_keys(rows[KEYS].reshape(-1), NUM_SHARDS, "hash_roundrobin")
-            for v in range(group.rank, NUM_SHARDS, group.world_size):
-                mine = virtual == v
-                # A tuple is a leaf to DCP: saved as one object, not as tensors.
-                shards[f"{ref.collection}/{ref.name}/{v}"] = tuple(
-                    (k, t[mine]) for k, t in sorted(rows.items())
-                )
+            for v, part in virtual_shards(ref, meta, group).items():
+                shards[f"{ref.collection}/{ref.name}/{v}"] = part
         meta_json = json.dumps({k: m.encode().decode() for k, m in metas.items()}, sort_keys=True)
         return {"meta": meta_json, "shards": shards}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        refs, group = self._refs()
-        error, plans, received = None, [], []
+        refs, group = self._refs("DynamicEmbStateful.load_state_dict")
+        error, plans = None, []
         try:
             metas = json.loads(state_dict["meta"])
             for ref in refs:
@@ -132,15 +157,9 @@ class DynamicEmbStateful:
         except BaseException as e:
             error = e
         group.agree(error)
+        received = []
         for p in plans:
             key = f"{p.ref.collection}/{p.ref.name}"
-            parts = [
-                dict(state_dict["shards"][f"{key}/{v}"])
-                for v in range(group.rank, NUM_SHARDS, group.world_size)
-            ]
-            rows = {k: torch.cat([part[k] for part in parts]) for k in parts[0]}
-            dest = route_keys(
-                rows[KEYS].reshape(-1), group.world_size, p.ref.dist_type, p.ref.num_embeddings
-            )
-            received.append(_send(p.meta, rows, dest, group))
+            parts = [state_dict["shards"][f"{key}/{v}"] for v in my_shards(group)]
+            received.append(received_rows(p, parts, group))
         apply_all(plans, received, group)

@@ -48,9 +48,13 @@ class DumpReport:
     seconds: float
 
 
-def group_of(pg: dist.ProcessGroup | None) -> Group:
-    """The ranks of a dump or load (their agreed failures: ``CheckpointError``)."""
-    return Group(pg, CheckpointError)
+def group_of(pg: dist.ProcessGroup | None, call: str) -> Group:
+    """The ranks of a dump or load (their agreed failures: ``CheckpointError``),
+    met at the start of ``call`` (``Group.meet``: a call made on some ranks
+    only raises naming it instead of waiting forever)."""
+    group = Group(pg, CheckpointError)
+    group.meet(call)
+    return group
 
 
 def counter_description(ref: TableRef, entries: int) -> dict[str, Any]:
@@ -199,7 +203,7 @@ def dump(
     show_progress: bool = True,
 ) -> DumpReport | None:
     """``DynamicEmbDump``, returning what was written (None: no dynamic table)."""
-    group = group_of(pg)
+    group = group_of(pg, "DynamicEmbDump")
     refs = tables_of(model, table_names, group, "DynamicEmbDump")
     if refs is None:
         return None

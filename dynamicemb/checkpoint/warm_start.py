@@ -254,7 +254,7 @@ def warm_start(
         ValueError: a table the model or the source lacks, a dim that differs
             (naming both), a bad id map. Nothing is changed then.
     """
-    group = group_of(pg)
+    group = group_of(pg, "warm_start")
     names = list(tables) if tables is not None else None
     refs = tables_of(model, names, group, "warm_start")
     if refs is None:

@@ -32,7 +32,8 @@ from dynamicemb.embedding.cuda_graphs import (
     graphs_enabled_by_default,
 )
 from dynamicemb.embedding.initializer import MultiTableInitializer
-from dynamicemb.embedding.inputs import raise_bad_input
+from dynamicemb.embedding.inputs import check_values
+from dynamicemb.embedding.insert_failures import InsertFailures
 from dynamicemb.embedding.module_warnings import (
     default_optimizer,
     state_dict_hook,
@@ -50,7 +51,7 @@ from dynamicemb.storage import (
 from dynamicemb.storage.score_function import VictimScorer
 from dynamicemb.storage.stats import StatCol, TableStats
 from dynamicemb.storage.table_rows import TableRows
-from dynamicemb.table import first_valid_key, ops
+from dynamicemb.table import ops
 from dynamicemb.types import MemoryType
 
 S = DynamicEmbScoreStrategy
@@ -158,6 +159,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             table's initializer uses (a row depends on (seed, table id, key));
             default: table t uses t. Sharders pass ids that do not depend on
             how tables are fused into modules.
+        table_names (Sequence[str], optional): the tables' names, for what
+            the module says about them (default: ``table_<t>``); the
+            sharders pass the TorchRec table names.
         **optimizer_args: the optimizer's hyper-parameters (``learning_rate``,
             ``eps``, ``beta1``, ``beta2``, ``weight_decay``,
             ``weight_decay_mode``, FTRL's ``learning_rate_power``,
@@ -183,6 +187,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         device: torch.device | None = None,
         seed: int = 0,
         initializer_table_ids: Sequence[int] | None = None,
+        table_names: Sequence[str] | None = None,
         **optimizer_args: Any,
     ) -> None:
         super().__init__()
@@ -270,7 +275,19 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         # CUSTOMIZED: the score each table's keys get in the next forward passes.
         self._custom_scores: list[int | None] = [None] * n
         self._custom_score_t = torch.zeros(n, dtype=torch.int64, device=self.device)
-        self.insert_failures = torch.zeros((), dtype=torch.int64, device=self.device)
+        names = [f"table_{t}" for t in range(n)] if table_names is None else list(table_names)
+        if len(names) != n:
+            raise ValueError(f"table_names has {len(names)} entries for {n} tables: {names}")
+        self.table_names = [str(x) for x in names]
+        # Keys a training insert could not place, per table, and what is said
+        # of them (safe_check_mode: dynamicemb/embedding/insert_failures.py).
+        self._failures = InsertFailures(
+            self.table_names,
+            [int(o.max_capacity) for o in self.table_options],
+            self.table_options[0].safe_check_mode,
+            self.device,
+        )
+        self.insert_failures = self._failures.counts
         # What the module counts per table (lookups; admission and cache tiers
         # feed their columns), read by dynamicemb.metrics when it collects.
         self.stats = TableStats(n, self.device)
@@ -471,23 +488,25 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         indices, offsets, frequency_counters, pooling_weights = self._check_inputs(
             indices, offsets, frequency_counters, pooling_weights
         )
-        if self.training and S.CUSTOMIZED in self.strategies:
+        if self.trains() and S.CUSTOMIZED in self.strategies:
             unset = [t for t, c in enumerate(self._custom_scores) if c is None]
             if unset:
                 raise RuntimeError(
                     f"CUSTOMIZED score strategy: call set_score before the forward pass (tables "
                     f"{unset} have no score)"
                 )
-        if self.training:
+        if self.trains():
             self.step += 1
         b = None
         if self._graphs is not None and self.cuda_graphs and not torch.compiler.is_compiling():
             b = self._graphs.lookup(self, indices, offsets, frequency_counters)
         if b is None:
             b = self._lookup(indices, offsets, frequency_counters, self.step)
+        if self.trains():
+            self._failures.after_step()
         if pooling_weights is not None:
             b.weights = pooling_weights
-        if self.training and self._adam_betas is not None:
+        if self.trains() and self._adam_betas is not None:
             # One op in eager and traced steps alike: a torch.pow here would
             # be specialized on the step by torch.compile (torch 2.11 guards
             # on exponents 1 and 2) or computed by the compiler's own pow.
@@ -496,6 +515,15 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             # The step itself (exact in float32 up to 2**24 steps).
             b.step_values = torch.full((2,), self.step, dtype=torch.float32, device=self.device)
         return _Pool.apply(self._placeholder, self, b)
+
+    def trains(self) -> bool:
+        """Whether a forward now is a training step, which inserts missing keys
+        (and may evict) and counts a step: in training mode with gradients
+        enabled. A forward under ``torch.no_grad()`` or
+        ``torch.inference_mode()`` reads as in eval mode, whatever the mode:
+        it finds keys, reads the eval initializer's rows for the missing ones,
+        and changes nothing."""
+        return self.training and torch.is_grad_enabled()
 
     def _lookup(self, indices, offsets, frequency_counters, step) -> "_Batch":
         """A checked batch's distinct keys found (and, training, inserted
@@ -514,7 +542,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         # Training on a storage that takes padded batches never reads the
         # number of distinct keys on the host (dynamicemb.embedding.unique),
         # with admission too unless its admitter takes exact batches only.
-        padded = self.training and self._padded()
+        padded = self.trains() and self._padded()
         with record_function("dynamicemb:unique"):
             su = segmented_unique(indices, tids, len(self.table_options), padded=padded)
         self.stats.count_lookups(su.table_offsets)
@@ -522,7 +550,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if frequency_counters is not None:
             counts = torch.zeros_like(su.counts).index_add_(0, su.inverse, frequency_counters)
         with record_function("dynamicemb:find_or_insert"):
-            if self.training:
+            if self.trains():
                 rows, fill = self._rows_train(su, counts, padded, step)
             else:
                 rows, fill = self._rows_eval(su.keys, su.table_ids)
@@ -576,7 +604,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         CUDA graph: outside training, with an admitter that takes exact
         batches, a storage whose ``train_rows`` synchronizes, failures read on
         the host (``safe_check_mode``), or ``DYNAMICEMB_DEBUG`` checks."""
-        if not (self.training and self._padded()):
+        if not (self.trains() and self._padded()):
             return None
         if os.environ.get("DYNAMICEMB_DEBUG"):  # the unique's offsets checked on the host
             return None
@@ -661,31 +689,10 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         weights = None if pooling_weights is None else pooling_weights.to(dev).contiguous()
         freq = None if frequency_counters is None else frequency_counters.to(dev).contiguous()
         if self.check_values:
-            self._check_values(indices, offsets, freq, weights)
+            check_values(indices, offsets, freq, weights)
         if freq is not None:
             freq = freq.long() if freq.is_floating_point() else freq.to(torch.int64)
         return indices, offsets, freq, weights
-
-    def _check_values(self, indices, offsets, freq, weights) -> None:
-        """The value checks, each a count of bad entries, read in one
-        synchronization; raises naming the first bad argument."""
-        n = indices.numel()
-        first_valid = first_valid_key()
-        steps = offsets[1:] - offsets[:-1]
-        checks = {
-            "offsets_start": offsets[:1] != 0,
-            "offsets_end": offsets[-1:] != n,
-            "offsets_step": steps < 0,
-            "indices": indices < first_valid,
-        }
-        if freq is not None:
-            f64 = freq.double()
-            checks["frequency_counters"] = ~torch.isfinite(f64) | (f64 < 0) | (f64 != f64.round())
-        if weights is not None:
-            checks["pooling_weights"] = ~torch.isfinite(weights)
-        bad = torch.stack([c.sum() for c in checks.values()]).tolist()
-        if any(bad):
-            raise_bad_input(dict(zip(checks, bad)), checks, indices, offsets, freq, weights)
 
     def _rows_train(self, su, counts, padded: bool, step):
         """(rows, fill) of the distinct keys ``su`` (a padded batch when
@@ -727,17 +734,14 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             self.step -= 1
             raise
         valid = lookup if lookup is not None else valid
-        failed = rows < 0 if valid is None else (rows < 0) & valid
-        mode = self.table_options[0].safe_check_mode
-        if mode != DynamicEmbCheckMode.IGNORE:
-            n_failed = int(failed.sum())
-            if n_failed:
-                msg = f"{n_failed} keys could not be inserted into the dynamic embedding table"
-                if mode == DynamicEmbCheckMode.ERROR:
-                    raise RuntimeError(msg)
-                warnings.warn(msg + "; their embeddings are zeros", stacklevel=2)
-        self.insert_failures += failed.sum()
+        self._failures.count(rows < 0 if valid is None else (rows < 0) & valid, tids)
         return rows
+
+    def report_insert_failures(self) -> list[int]:
+        """Keys a training insert could not place so far, per table (reads
+        the device counters: synchronizes); warns about each table whose
+        failures were not reported yet (dynamicemb/embedding/insert_failures.py)."""
+        return self._failures.report()
 
     def initial_embeddings(self, keys, tids, eval_mode: bool = False) -> torch.Tensor:
         """(n, max dim) float32: the initializer's (or the eval initializer's)

@@ -1,7 +1,30 @@
-"""The errors of the embedding module's forward for bad input values: the
+"""The value checks of the embedding module's forward and their errors: the
 first failed check named, with the first bad entry and its position."""
 
-from dynamicemb.table import reserved_key_error
+import torch
+
+from dynamicemb.table import first_valid_key, reserved_key_error
+
+
+def check_values(indices, offsets, freq, weights) -> None:
+    """The value checks of forward's arguments, each a count of bad entries,
+    read in one synchronization; raises naming the first bad argument."""
+    n = indices.numel()
+    steps = offsets[1:] - offsets[:-1]
+    checks = {
+        "offsets_start": offsets[:1] != 0,
+        "offsets_end": offsets[-1:] != n,
+        "offsets_step": steps < 0,
+        "indices": indices < first_valid_key(),
+    }
+    if freq is not None:
+        f64 = freq.double()
+        checks["frequency_counters"] = ~torch.isfinite(f64) | (f64 < 0) | (f64 != f64.round())
+    if weights is not None:
+        checks["pooling_weights"] = ~torch.isfinite(weights)
+    bad = torch.stack([c.sum() for c in checks.values()]).tolist()
+    if any(bad):
+        raise_bad_input(dict(zip(checks, bad)), checks, indices, offsets, freq, weights)
 
 
 def raise_bad_input(bad, checks, indices, offsets, freq, weights) -> None:

@@ -33,15 +33,15 @@ def state_dict_hook(module, state_dict, prefix, local_metadata) -> None:
 
 def warn_state_dict_without_rows() -> None:
     """Warns, once per process, that a state dict lacks the dynamic tables'
-    rows (this module's state dict hook; the sharded collections' state_dict)."""
+    rows: a bare module's (this module's state dict hook), or a sharded
+    collection's where dynamicemb.checkpoint cannot be imported."""
     warn_once(
         "state_dict_without_rows",
-        "state_dict() does not hold the rows of dynamic embedding tables (they live in "
-        "hash tables, not in dense weights): torch.save(model.state_dict()) or a "
-        "torch.distributed.checkpoint save of it alone loses them. Save and load them with "
-        "dynamicemb.DynamicEmbDump / DynamicEmbLoad, or with torch.distributed.checkpoint "
-        "through dynamicemb.checkpoint.DynamicEmbStateful(model) next to the state dict "
-        "(docs/checkpoint.md). Shown once.",
+        "state_dict() does not hold the rows of these dynamic embedding tables: they live in "
+        "hash tables, and only a model sharded with the dynamicemb sharders puts them into "
+        "its state_dict (through dynamicemb.checkpoint, which must be importable: Bazel "
+        "target //dynamicemb/checkpoint). Save and load them with dynamicemb.DynamicEmbDump / "
+        "DynamicEmbLoad (docs/checkpoint.md). Shown once.",
     )
 
 

@@ -5,14 +5,51 @@ single process can dump and load without ``torch.distributed``. Failures are
 agreed on: ``agree`` raises on every rank when any rank failed, with the
 failing rank's message (as the group's ``error`` class on the ranks that did
 not fail), so that no rank waits in a collective for one that gave up.
+
+A call that is collective (every rank of the group must make it) first has
+the ranks meet (``meet``): each counts itself in the process group's store
+and waits, at most ``MEET_TIMEOUT_S`` seconds (the environment variable
+``DYNAMICEMB_MEET_TIMEOUT_S``), for the others. The store is not a
+collective, so a rank that made the call alone (``DynamicEmbDump`` under
+``if rank == 0``) can never be matched with another collective of the
+others: it raises an error naming the call and how many ranks came, instead
+of waiting forever. After such an error the ranks are out of step and the
+job should end.
 """
 
+import datetime
+import os
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from dynamicemb.io.files import DataError, ErrorType
+
+# Seconds a rank waits for the others at the start of a collective call.
+MEET_TIMEOUT_S = 300.0
+
+# How many collective calls each process group has met for (the store keys
+# of a meeting are numbered by it, the same on every rank of a group).
+_meetings: dict[int, int] = {}
+
+
+def meet_timeout_s() -> float:
+    """``DYNAMICEMB_MEET_TIMEOUT_S``, or ``MEET_TIMEOUT_S`` when unset.
+
+    Raises:
+        ValueError: the variable is not a positive number.
+    """
+    raw = os.environ.get("DYNAMICEMB_MEET_TIMEOUT_S")
+    if raw is None:
+        return MEET_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ValueError(f"DYNAMICEMB_MEET_TIMEOUT_S must be a positive number, got {raw!r}")
+    return value
 
 
 class Group:
@@ -31,9 +68,49 @@ class Group:
         if self.world_size > 1 and dist.get_backend(pg) == "nccl":
             self.device = torch.device("cuda", torch.cuda.current_device())
 
+    @classmethod
+    def local(cls, error: ErrorType = DataError) -> "Group":
+        """A world of one, whatever process group ``torch.distributed``
+        holds: what one process reads and writes alone."""
+        group = cls.__new__(cls)
+        group.error, group.pg, group.rank, group.world_size = error, None, 0, 1
+        group.device = torch.device("cpu")
+        return group
+
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
+
+    def meet(self, call: str) -> None:
+        """Waits until every rank of the group has reached ``call`` (see the
+        module doc); a no-op in a world of one, or where the process group
+        has no store.
+
+        Raises:
+            RuntimeError: not every rank reached ``call`` within the timeout;
+                the message names the call and how many ranks came.
+        """
+        if not self.distributed:
+            return
+        store = _store_of(self.pg)
+        if store is None:
+            return
+        timeout = meet_timeout_s()
+        number = _meetings.get(id(self.pg), 0) + 1
+        _meetings[id(self.pg)] = number
+        key = f"dynamicemb/meet/{number}/{call}"
+        if store.add(key, 1) == self.world_size:
+            store.set(f"{key}/all", "1")
+        try:
+            store.wait([f"{key}/all"], datetime.timedelta(seconds=timeout))
+        except Exception as e:
+            came = store.add(key, 0)
+            raise RuntimeError(
+                f"{call} is collective: every rank of the process group calls it, and only "
+                f"{came} of {self.world_size} ranks did within {timeout:g} s (rank {self.rank} "
+                "waited). Call it on every rank (not under `if rank == 0`); "
+                "DYNAMICEMB_MEET_TIMEOUT_S sets the wait."
+            ) from e
 
     def barrier(self) -> None:
         if self.distributed:
@@ -101,3 +178,12 @@ class Group:
             group=self.pg,
         )
         return out.cpu()
+
+
+def _store_of(pg: dist.ProcessGroup) -> Any:
+    """The store of a process group (its ranks meet there), or None."""
+    get = getattr(dist.distributed_c10d, "_get_process_group_store", None)
+    try:
+        return None if get is None else get(pg)
+    except (KeyError, RuntimeError, ValueError):
+        return None

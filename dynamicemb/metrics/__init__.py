@@ -14,6 +14,15 @@ training step.
     instrument(model)           # the model's dynamic tables on this rank
 """
 
+try:
+    import opentelemetry.metrics  # noqa: F401 (the instruments' API)
+except ImportError as e:
+    raise ImportError(
+        "dynamicemb.metrics needs OpenTelemetry's API (opentelemetry-api): install the extra "
+        "dynamicemb[opentelemetry], or dynamicemb[prometheus] for serve_prometheus's "
+        f"endpoint too ({e})"
+    ) from e
+
 from dynamicemb.metrics.figures import (
     COLLECTION,
     FIGURES,
@@ -23,8 +32,9 @@ from dynamicemb.metrics.figures import (
     TABLE,
     Figure,
     TableReading,
+    prometheus_name,
 )
-from dynamicemb.metrics.prometheus import PrometheusEndpoint, serve_prometheus
+from dynamicemb.metrics.prometheus import PrometheusEndpoint, prometheus_views, serve_prometheus
 from dynamicemb.metrics.registry import MetricsRegistry, instrument, registry
 from dynamicemb.storage.stats import StatCol, TableStats
 
@@ -42,6 +52,8 @@ __all__ = [
     "TableReading",
     "TableStats",
     "instrument",
+    "prometheus_name",
+    "prometheus_views",
     "registry",
     "serve_prometheus",
 ]

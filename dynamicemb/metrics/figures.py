@@ -9,6 +9,13 @@ gauge without unit (``1``) for a ratio, bytes as ``By``.
 
 A figure reads a ``TableReading``: one table's values from one collection
 (``MetricsRegistry.read``), where the counters are read from the device.
+
+In Prometheus a figure is named by OpenTelemetry's rules for it
+(``prometheus_name``): dots become underscores, the unit is a suffix
+(``_bytes`` for ``By``; ``_ratio`` for ``1``, which the Prometheus exporter
+leaves out, so ``serve_prometheus`` adds it with a view: ``prometheus_views``;
+an annotation such as ``{key}`` adds nothing) and a counter ends in
+``_total``.
 """
 
 from collections.abc import Callable, Iterable
@@ -76,6 +83,9 @@ class Figure:
         read (Callable[[TableReading], Observations]): its observations of one
             table: (value, extra attributes) pairs; none where the table's
             module does not count it.
+        needs (str): what a module must have for the figure to be reported
+            (``"admission"``, ``"cache"``), or ``""``: a dashboard panel of it
+            reads "no <needs>" for a job without.
     """
 
     name: str
@@ -83,6 +93,7 @@ class Figure:
     unit: str
     description: str
     read: Callable[[TableReading], Observations]
+    needs: str = ""
 
 
 def _counter(col: str) -> Callable[[TableReading], Observations]:
@@ -132,6 +143,7 @@ FIGURES: tuple[Figure, ...] = (
         "{key}",
         "Missing keys admission let into the table.",
         _stat(StatCol.ADMISSIONS),
+        needs="admission",
     ),
     Figure(
         "dynamicemb.table.rejections",
@@ -139,6 +151,7 @@ FIGURES: tuple[Figure, ...] = (
         "{key}",
         "Missing keys admission turned away.",
         _stat(StatCol.REJECTIONS),
+        needs="admission",
     ),
     Figure(
         "dynamicemb.cache.hits",
@@ -146,6 +159,7 @@ FIGURES: tuple[Figure, ...] = (
         "{key}",
         "Distinct keys found in the cache tier.",
         _stat(StatCol.CACHE_HITS),
+        needs="cache",
     ),
     Figure(
         "dynamicemb.cache.misses",
@@ -153,6 +167,7 @@ FIGURES: tuple[Figure, ...] = (
         "{key}",
         "Distinct keys the cache tier did not hold.",
         _stat(StatCol.CACHE_MISSES),
+        needs="cache",
     ),
     Figure(
         "dynamicemb.table.usage",
@@ -183,6 +198,17 @@ FIGURES: tuple[Figure, ...] = (
         _memory,
     ),
 )
+
+
+# Prometheus suffixes of the units the figures use (OpenTelemetry's
+# compatibility rules for Prometheus; an annotation unit like {key} has none).
+UNIT_SUFFIXES = {"By": "_bytes", "1": "_ratio"}
+
+
+def prometheus_name(figure: Figure) -> str:
+    """The name of a figure's samples in Prometheus."""
+    name = figure.name.replace(".", "_") + UNIT_SUFFIXES.get(figure.unit, "")
+    return name + "_total" if figure.kind == COUNTER else name
 
 
 def observations(figure: Figure, readings: Iterable[TableReading]) -> Observations:

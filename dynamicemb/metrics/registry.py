@@ -22,6 +22,7 @@ import torch
 from opentelemetry import metrics
 from opentelemetry.metrics import CallbackOptions, Observation
 
+from dynamicemb._seams import provided
 from dynamicemb.metrics.figures import (
     COLLECTION,
     COUNTER,
@@ -62,7 +63,8 @@ class MetricsRegistry:
     """
 
     def __init__(self, meter_provider: metrics.MeterProvider | None = None) -> None:
-        meter = metrics.get_meter(METER_NAME, meter_provider=meter_provider)
+        # The meter's version is the package's (dynamicemb.__version__).
+        meter = metrics.get_meter(METER_NAME, provided("version"), meter_provider=meter_provider)
         self._sources: list[_Source] = []
         self._cond = threading.Condition()
         self._generation = 0  # readings taken (read() calls)

@@ -8,6 +8,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
+from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
 from torchrec.distributed.planner.types import (
     Enumerator,
     ParameterConstraints,
@@ -35,8 +36,13 @@ from .prepare import (
     _requested_options,
     prepare_table_options,
 )
+from .topology import topology as make_topology
 
 __all__ = ["DynamicEmbeddingShardingPlanner", "_prepare_dynemb_table_options"]
+
+# The share of each device's memory the default storage reservation keeps
+# from TorchRec's tables (TorchRec's own default reserves this share too).
+DEFAULT_RESERVED_PERCENTAGE = 0.15
 
 
 class DynamicEmbeddingShardingPlanner:
@@ -88,6 +94,9 @@ class DynamicEmbeddingShardingPlanner:
             when the model has dynamic tables. Default: one built from the
             topology, batch size and constraints.
         storage_reservation (Optional[StorageReservation]): as in TorchRec.
+            Default: ``FixedPercentageStorageReservation(0.15)``, the policy
+            TorchRec recommends over its own default (whose heuristic warns
+            that it over-estimates dense tensors on the meta device).
         proposer (Optional[Union[Proposer, List[Proposer]]]): as in TorchRec.
         partitioner (Optional[Partitioner]): as in TorchRec.
         performance_model (Optional[PerfModel]): as in TorchRec.
@@ -166,6 +175,8 @@ class DynamicEmbeddingShardingPlanner:
                 batch_size=batch_size,
                 constraints=constraints,
             )
+        if storage_reservation is None:
+            storage_reservation = FixedPercentageStorageReservation(DEFAULT_RESERVED_PERCENTAGE)
         self._planner = EmbeddingShardingPlanner(
             topology=topology,
             batch_size=batch_size,
@@ -351,7 +362,7 @@ def _default_topology() -> Topology:
             local_world_size = world_size
     else:
         world_size = local_world_size = 1
-    return Topology(
+    return make_topology(
         world_size=world_size,
         compute_device="cuda" if torch.cuda.is_available() else "cpu",
         local_world_size=local_world_size,

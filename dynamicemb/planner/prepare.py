@@ -9,19 +9,30 @@ built from, and counts only the lookups' buffers against the topology).
 """
 
 import dataclasses
+import logging
 import warnings
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from .._checks import is_int
+from .._warnings import warn_once
 from ..dynamicemb_config import (
     DynamicEmbTableOptions,
+    _num_embeddings,
     _sharded_table_bucket_layout,
     align_to_table_size,
     complete_initializer_args,
     embedding_config_dtype,
 )
+
+log = logging.getLogger("dynamicemb.planner")
+
+# A table that whole buckets make larger than asked by more than this fraction
+# of its num_embeddings is told with a warning; a smaller rounding (a large
+# table's last partial bucket) is logged at INFO only.
+ROUNDING_WARN_FRACTION = 0.01
 
 __all__ = [
     "DynamicShardStorage",
@@ -86,7 +97,10 @@ def prepare_table_options(
             table and the value).
 
     Warns:
-        UserWarning: ``options.dim`` is set and differs from the columns.
+        UserWarning: ``options.dim`` is set and differs from the columns; or
+            whole buckets make the table more than ``ROUNDING_WARN_FRACTION``
+            larger than its ``num_embeddings`` (once per table and process,
+            on rank 0: ``say_rounded``).
     """
     table = getattr(embedding_config, "name", None)
     if not isinstance(options, DynamicEmbTableOptions):
@@ -110,6 +124,7 @@ def prepare_table_options(
         embedding_config, world_size, options.bucket_capacity
     )
     max_capacity = num_buckets * width
+    say_rounded(table, _num_embeddings(embedding_config), world_size, max_capacity, width)
     if options.init_capacity is None:
         init_capacity = max_capacity
     else:
@@ -128,6 +143,32 @@ def prepare_table_options(
         ),
         embedding_dtype=options.embedding_dtype or embedding_config_dtype(embedding_config),
     )
+
+
+def say_rounded(table, asked: int, world_size: int, per_rank: int, width: int) -> None:
+    """Says, once per table and process (on rank 0 of a process group), that
+    the table holds more rows than its ``num_embeddings`` asked for: its
+    rows per rank are whole buckets of ``width`` slots. A warning when it
+    grows by more than ``ROUNDING_WARN_FRACTION``, else an INFO log line of
+    ``dynamicemb.planner``."""
+    got = per_rank * world_size
+    if got == asked or (dist.is_initialized() and dist.get_rank() != 0):
+        return
+    message = (
+        f"dynamic table {table!r}: num_embeddings={asked} gives {got} rows ({per_rank} per rank "
+        f"on {world_size} rank{'' if world_size == 1 else 's'}: whole hash buckets of "
+        f"bucket_capacity={width} slots). Set "
+        f"num_embeddings={got} to ask for what the table holds, or a smaller bucket_capacity "
+        "(a multiple of 16) for a finer size."
+    )
+    if got - asked > ROUNDING_WARN_FRACTION * asked:
+        warn_once(f"rounded:{table}:{asked}:{world_size}:{got}", message, stacklevel=4)
+    elif (table, asked, world_size, got) not in _logged:
+        _logged.add((table, asked, world_size, got))
+        log.info(message)
+
+
+_logged: set[tuple] = set()
 
 
 # The name the spec gives the planner's preparation step.

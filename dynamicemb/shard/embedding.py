@@ -8,6 +8,8 @@ a sharding of their own (``DYNAMICEMB_SHARDING_KEY``); every other table of the
 collection keeps TorchRec's sharding, kernel and state dict.
 """
 
+import logging
+import sys
 from typing import Any
 
 import torch
@@ -24,6 +26,7 @@ from torchrec.distributed.embeddingbag import (
 from torchrec.distributed.types import ParameterSharding, ShardingEnv, ShardingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from .._seams import provided
 from ..embedding.module_warnings import warn_state_dict_without_rows
 from ..planner.parameter_sharding import initializer_table_ids, is_dynamicemb_sharding
 from .batch_checks import COUNTERS, POOLING, BatchCheck
@@ -87,6 +90,39 @@ def _dynamic_table_names(plan: dict[str, ParameterSharding]) -> list[str]:
     return [name for name, ps in plan.items() if is_dynamicemb_sharding(ps)]
 
 
+# The entry of the fused_params a dynamic sharder hands its sharded module
+# that carries the sharder's static_fused_params (taken out before TorchRec
+# sees them).
+STATIC_FUSED_PARAMS = "dynamicemb_static_fused_params"
+
+
+def _refuse_shared_fused_params(
+    plan: dict[str, ParameterSharding], dynamic: set[str], fused: dict[str, Any]
+) -> None:
+    """A TorchRec table with a fused optimizer in a collection whose sharder
+    was given no static_fused_params takes the sharder's fused_params, as
+    TorchRec's own sharder gives them to every table; refused when their
+    optimizer is one TorchRec's kernels do not have (a DynamicEmbOptimType)."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    optimizer = fused.get("optimizer")
+    if optimizer is None or isinstance(optimizer, EmbOptimType):
+        return
+    tables = [
+        name
+        for name, ps in plan.items()
+        if name not in dynamic and ps.compute_kernel != EmbeddingComputeKernel.DENSE.value
+    ]
+    if tables:
+        raise ValueError(
+            f"tables {sorted(tables)} are TorchRec's (compute kernels with a fused optimizer) "
+            f"in a collection sharded by a dynamicemb sharder whose fused_params name "
+            f"{optimizer}, which TorchRec's kernels do not have: give TorchRec's tables theirs "
+            "in static_fused_params (for example static_fused_params={'optimizer': "
+            "EmbOptimType.EXACT_SGD, 'learning_rate': 0.1})"
+        )
+
+
 def _drop_dynamic_weights(
     state_dict: dict[str, Any], prefix: str, collection: str, names: list[str]
 ) -> None:
@@ -108,6 +144,7 @@ class _DynamicTablesMixin:
     """
 
     _TORCHREC_CLASS: type[Any]
+    _FUSED_PARAMS_ARG: int
     _MODULE_CONFIGS: str
     _CONFIGS_ATTR: str
     _STATE_DICT_COLLECTION: str
@@ -120,9 +157,39 @@ class _DynamicTablesMixin:
         *args: Any,
         **kwargs: Any,
     ) -> dict[str, list[EmbeddingShardingInfo]]:
-        infos = super().create_grouped_sharding_infos(
-            module, table_name_to_parameter_sharding, *args, **kwargs
-        )
+        # The sharder's fused_params configure the dynamic tables; TorchRec's
+        # tables get its static_fused_params (carried under STATIC_FUSED_PARAMS).
+        args = list(args)
+        at = cls._FUSED_PARAMS_ARG
+        fused = dict((args[at] if len(args) > at else kwargs.get("fused_params")) or {})
+        static = fused.pop(STATIC_FUSED_PARAMS, None)
+
+        def infos_with(params):
+            if len(args) > at:
+                args[at] = params
+            else:
+                kwargs["fused_params"] = params
+            return super(_DynamicTablesMixin, cls).create_grouped_sharding_infos(
+                module, table_name_to_parameter_sharding, *args, **kwargs
+            )
+
+        infos = infos_with(fused)
+        dynamic = set(_dynamic_table_names(table_name_to_parameter_sharding))
+        if static is not None:
+            theirs = {
+                info.embedding_config.name: info
+                for group in infos_with(dict(static)).values()
+                for info in group
+            }
+            infos = {
+                st: [
+                    i if i.embedding_config.name in dynamic else theirs[i.embedding_config.name]
+                    for i in group
+                ]
+                for st, group in infos.items()
+            }
+        elif fused:
+            _refuse_shared_fused_params(table_name_to_parameter_sharding, dynamic, fused)
         return _separate_dynamic_tables(
             infos,
             _collection_table_ids(
@@ -160,6 +227,7 @@ class _DynamicTablesMixin:
             check = None
             if features:
                 check = BatchCheck(features, self._device, self._env.process_group, every, weights)
+                _RAW_ID_RANGES.features.update(features)
             self.__dict__["_dynamicemb_check"] = check
         return self.__dict__["_dynamicemb_check"]
 
@@ -174,10 +242,16 @@ class _DynamicTablesMixin:
             setattr(self, self._CONFIGS_ATTR, configs)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:
-        # TorchRec's state dict of the collection has its own tables only.
+        # TorchRec's entries of the static tables, then one entry per dynamic
+        # table with its rows, written by dynamicemb.checkpoint
+        # (dynamicemb/checkpoint/model_state.py; collective).
         out = super().state_dict(*args, **kwargs)
         if _dynamic_table_names(self.module_sharding_plan):
-            warn_state_dict_without_rows()
+            rows = provided("model_state_rows")
+            if rows is None:
+                warn_state_dict_without_rows()
+            else:
+                rows.save(self, out, kwargs.get("prefix", args[1] if len(args) > 1 else ""))
         return out
 
     @staticmethod
@@ -187,6 +261,10 @@ class _DynamicTablesMixin:
         prefix: str,
         *args: Any,
     ) -> None:
+        if _dynamic_table_names(self.module_sharding_plan):
+            rows = provided("model_state_rows")
+            if rows is not None:
+                rows.load(self, state_dict, prefix)
         _drop_dynamic_weights(
             state_dict,
             prefix,
@@ -207,6 +285,7 @@ class ShardedDynamicEmbeddingCollection(_DynamicTablesMixin, ShardedEmbeddingCol
     """
 
     _TORCHREC_CLASS = ShardedEmbeddingCollection
+    _FUSED_PARAMS_ARG = 0  # of create_grouped_sharding_infos' positional arguments
     _MODULE_CONFIGS = "embedding_configs"
     _CONFIGS_ATTR = "_embedding_configs"
     _STATE_DICT_COLLECTION = "embeddings"
@@ -275,6 +354,7 @@ class ShardedDynamicEmbeddingBagCollection(_DynamicTablesMixin, ShardedEmbedding
     _MODULE_CONFIGS = "embedding_bag_configs"
     _CONFIGS_ATTR = "_embedding_bag_configs"
     _STATE_DICT_COLLECTION = "embedding_bags"
+    _FUSED_PARAMS_ARG = 1  # after the prefix
 
     @classmethod
     def create_embedding_bag_sharding(
@@ -315,14 +395,75 @@ def _with_customized_kernel(kernels: list[str], sharding_type: str) -> list[str]
     return kernels
 
 
+class _RawIdRanges(logging.Filter):
+    """Drops TorchRec's first-batch notice that a feature's ids lie outside
+    [0, num_embeddings) for the features of dynamic tables, whose raw ids do
+    by design (``torchrec.sparse.jagged_tensor_validator``); the notice of
+    every other feature passes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(message.startswith(f"Feature {f} has range ") for f in self.features)
+
+
+_RAW_ID_RANGES = _RawIdRanges()
+logging.getLogger("torchrec.sparse.jagged_tensor_validator").addFilter(_RAW_ID_RANGES)
+
+
+def _refuse_foreign_enumerator(sharder: Any, caller: Any) -> None:
+    """Raises when ``caller`` (the object asking a sharder for its kernels) is
+    an enumerator of TorchRec's that is not dynamicemb's: its planner cannot
+    estimate a dynamic table's kernel, nor write the plan entries dynamic
+    tables are built from."""
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+
+    from ..planner.enumerator import DynamicEmbeddingEnumerator
+
+    if isinstance(caller, EmbeddingEnumerator) and not isinstance(
+        caller, DynamicEmbeddingEnumerator
+    ):
+        raise ValueError(
+            f"{type(caller).__name__} is planning with {type(sharder).__name__}: a model "
+            "sharded with the dynamicemb sharders is planned by "
+            "dynamicemb.planner.DynamicEmbeddingShardingPlanner (TorchRec's planner with the "
+            "same arguments plus eb_configs, the model's table configs; it plans TorchRec's "
+            "tables as TorchRec does), whose DynamicEmbeddingEnumerator gives the dynamic "
+            "tables their kernel and options. TorchRec's EmbeddingShardingPlanner cannot "
+            "plan dynamic tables; for a model without them, use TorchRec's own sharders."
+        )
+
+
 class _DynamicSharderMixin:
     """What both sharders add to TorchRec's: ROW_WISE sharding and, for it,
-    the ``CUSTOMIZED_KERNEL`` compute kernel."""
+    the ``CUSTOMIZED_KERNEL`` compute kernel. Asked for its kernels by the
+    enumerator of another planner than ``DynamicEmbeddingShardingPlanner``
+    (TorchRec's ``EmbeddingShardingPlanner``), it refuses, naming the planner
+    to use."""
+
+    def __init__(
+        self, *args: Any, static_fused_params: dict[str, Any] | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.static_fused_params = (
+            None if static_fused_params is None else dict(static_fused_params)
+        )
+
+    def _module_fused_params(self) -> dict[str, Any] | None:
+        """The fused_params its sharded modules get (the static ones carried
+        along, see ``_DynamicTablesMixin.create_grouped_sharding_infos``)."""
+        if self.static_fused_params is None:
+            return self.fused_params
+        return {**(self.fused_params or {}), STATIC_FUSED_PARAMS: self.static_fused_params}
 
     def sharding_types(self, compute_device_type: str) -> list[str]:
         return _with_row_wise(super().sharding_types(compute_device_type))
 
     def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
+        _refuse_foreign_enumerator(self, sys._getframe(1).f_locals.get("self"))
         return _with_customized_kernel(
             super().compute_kernels(sharding_type, compute_device_type), sharding_type
         )
@@ -331,12 +472,33 @@ class _DynamicSharderMixin:
 class DynamicEmbeddingCollectionSharder(_DynamicSharderMixin, EmbeddingCollectionSharder):
     """TorchRec's ``EmbeddingCollectionSharder`` for collections with dynamic tables.
 
-    Used exactly like the parent (``fused_params`` with the optimizer type and
-    its arguments, ``qcomm_codecs_registry``, ``use_index_dedup``). Tables whose
+    Used like the parent (``fused_params`` with the optimizer type and its
+    arguments, ``qcomm_codecs_registry``, ``use_index_dedup``). Tables whose
     plan entry is a ``DynamicEmbParameterSharding`` become hash-table-backed
     row-wise tables; the others are sharded by TorchRec. Lists
     ``CUSTOMIZED_KERNEL`` among the row-wise compute kernels, the kernel the
-    planner gives dynamic tables.
+    planner gives dynamic tables; planned by ``DynamicEmbeddingShardingPlanner``
+    (TorchRec's own planner is refused, naming it).
+
+    Args:
+        fused_params (Optional[Dict[str, Any]]): the dynamic tables' fused
+            optimizer and its arguments; they reach the dynamic tables only.
+        static_fused_params (Optional[Dict[str, Any]]): the fused params of
+            TorchRec's tables in the same collections (what TorchRec's own
+            sharder's ``fused_params`` would be). Without it they take
+            ``fused_params``, as TorchRec's own sharder gives them to every
+            table; needed when ``fused_params`` name an optimizer TorchRec's
+            kernels lack (a ``DynamicEmbOptimType``), or one its kernel lacks
+            on the device (Adam on the CPU).
+        **kwargs: the parent's (``qcomm_codecs_registry``, ``use_index_dedup``).
+
+    Example::
+
+        sharder = DynamicEmbeddingCollectionSharder(
+            fused_params={"optimizer": EmbOptimType.ADAM, "learning_rate": 1e-3},
+            static_fused_params={"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.1},
+            use_index_dedup=True,
+        )
     """
 
     def shard(
@@ -351,7 +513,7 @@ class DynamicEmbeddingCollectionSharder(_DynamicSharderMixin, EmbeddingCollectio
             module,
             params,
             env,
-            self.fused_params,
+            self._module_fused_params(),
             device,
             qcomm_codecs_registry=self.qcomm_codecs_registry,
             use_index_dedup=self._use_index_dedup,
@@ -366,12 +528,22 @@ class DynamicEmbeddingCollectionSharder(_DynamicSharderMixin, EmbeddingCollectio
 class DynamicEmbeddingBagCollectionSharder(_DynamicSharderMixin, EmbeddingBagCollectionSharder):
     """TorchRec's ``EmbeddingBagCollectionSharder`` for collections with dynamic tables.
 
-    Used exactly like the parent. Dynamic tables (plan entries that are
+    Used like the parent. Dynamic tables (plan entries that are
     ``DynamicEmbParameterSharding``) pool SUM or MEAN; a weighted collection
     (``is_weighted=True``) passes the KJT weights as pooling weights, an
     unweighted one ignores them. Offers ROW_WISE sharding on every device
     (TorchRec's parent offers it on CUDA only) and ``CUSTOMIZED_KERNEL`` among
-    its compute kernels.
+    its compute kernels. ``fused_params`` and ``static_fused_params`` as for
+    ``DynamicEmbeddingCollectionSharder``: the first reach the dynamic tables
+    only, the second TorchRec's.
+
+    Example::
+
+        fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.05}
+        sharder = DynamicEmbeddingBagCollectionSharder(
+            fused_params=fused, static_fused_params=fused
+        )
+        model = DistributedModelParallel(model, plan=plan, sharders=[sharder])
     """
 
     def shard(
@@ -390,7 +562,7 @@ class DynamicEmbeddingBagCollectionSharder(_DynamicSharderMixin, EmbeddingBagCol
             module=module,
             table_name_to_parameter_sharding=params,
             env=env,
-            fused_params=self.fused_params,
+            fused_params=self._module_fused_params(),
             device=device,
             qcomm_codecs_registry=self.qcomm_codecs_registry,
             module_fqn=module_fqn,

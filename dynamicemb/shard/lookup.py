@@ -130,6 +130,7 @@ class DynamicEmbeddingKernel(BaseEmbedding):
             device=device,
             seed=_INITIALIZER_SEED,
             initializer_table_ids=self._initializer_table_ids,
+            table_names=self._table_names,
             **optimizer_args,
         )
         # TorchRec's input distribution builds the offsets; the step reads

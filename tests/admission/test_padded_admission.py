@@ -19,7 +19,7 @@ from dynamicemb import (
     ProbabilisticAdmissionStrategy,
 )
 from dynamicemb import DynamicEmbInitializerMode as Mode
-from tests.embedding.sync_guard import CPU_ONLY_READS, HostSync, cuda_syncs_raise, forbid_host_syncs
+from tests.embedding.sync_guard import STEP_READS, HostSync, cuda_syncs_raise, forbid_host_syncs
 from tests.embedding.tbe_batches import FEATURE_TABLES, random_batches, train_step, unchecked_module
 
 EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
@@ -177,7 +177,7 @@ def test_the_padded_path_trains_as_the_exact_path(name):
 def test_a_step_with_frequency_admission_reads_nothing_from_the_device():
     m = _module("cpu", threshold=3)
     for batch in _batches("cpu", 4):
-        with forbid_host_syncs(allow=CPU_ONLY_READS):
+        with forbid_host_syncs(allow=STEP_READS):
             train_step(m, batch)
     assert int(m.stats.counts[:, 2].sum()) > 0
 
@@ -187,7 +187,7 @@ def test_the_proxy_catches_the_exact_path():
     the number of distinct keys."""
     m = _module("cpu", _ExactFrequency)
     with pytest.raises(HostSync):
-        with forbid_host_syncs(allow=CPU_ONLY_READS):
+        with forbid_host_syncs(allow=STEP_READS):
             train_step(m, _batches("cpu", 1)[0])
 
 

@@ -112,10 +112,13 @@ def build(case: Case, world_size: int, device: torch.device | None = None):
     device = device or h.worker_device()
     sc = case.scenario()
     collection = h.build_collection(sc, torch.device("cpu"))
+    params = fused_params(case.optimizer)
     if case.kind == "ec":
-        sharder = DynamicEmbeddingCollectionSharder(fused_params=fused_params(case.optimizer))
+        sharder = DynamicEmbeddingCollectionSharder(fused_params=params, static_fused_params=params)
     else:
-        sharder = DynamicEmbeddingBagCollectionSharder(fused_params=fused_params(case.optimizer))
+        sharder = DynamicEmbeddingBagCollectionSharder(
+            fused_params=params, static_fused_params=params
+        )
     plan = h.hand_plan(sc, collection, sharder, world_size, device.type)
     for t in case.tables:
         if t.dynamic:

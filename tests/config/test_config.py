@@ -1,4 +1,4 @@
-"""Tests of the public configuration layer against DynamicEmb_APIs.md.
+"""Tests of the public configuration layer against the API reference's contract.
 
 Expected numbers are computed here from the spec's rules, not by calling the
 code under test.

@@ -33,6 +33,15 @@ PACKAGE_DIR = os.path.dirname(os.path.abspath(dynamicemb.__file__))
 # host; on a GPU the padding goes to the kernels, which skip it.
 CPU_ONLY_READS = frozenset({"storage/padded.py:train_prefix", "storage/padded.py:train_selected"})
 
+# Reads of host memory a step makes by design (dynamicemb/embedding/insert_failures.py):
+# the host copy of the insert failure counters is read only once the device has
+# written it (an event the step queries without waiting; on the CPU the copy is
+# made at once, the device being the host).
+HOST_COPY_READS = frozenset({"embedding/insert_failures.py:_read_copy"})
+
+# Everything a training step may read on the host.
+STEP_READS = CPU_ONLY_READS | HOST_COPY_READS
+
 
 class HostSync(AssertionError):
     """A call that would synchronize the host with a CUDA device."""

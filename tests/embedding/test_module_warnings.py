@@ -33,7 +33,7 @@ def test_state_dict_warns_once_naming_the_checkpoint_apis():
     model[0](torch.tensor([1, 2, 3]), torch.tensor([0, 1, 3]))
     got = _messages(lambda: [model.state_dict(), model.state_dict(), _module().state_dict()])
     assert len(got) == 1, got
-    assert "DynamicEmbDump" in got[0] and "DynamicEmbStateful" in got[0]
+    assert "DynamicEmbDump" in got[0] and "dynamicemb sharders" in got[0]
     # It says what the state dict lacks: no key holds the table's rows.
     assert all(v.numel() <= 1 for v in model.state_dict().values())
 

@@ -1,5 +1,8 @@
 """The Grafana dashboard and docs/metrics.md name exactly the figures the
-Prometheus exporter serves (every figure fed, from a real endpoint)."""
+Prometheus exporter serves (every figure fed, from a real endpoint), by
+OpenTelemetry's Prometheus names (unit suffixes included); the endpoint names
+its service and the meter's version; the dashboard selects by job and
+instance, and says what a panel of a figure the job does not feed means."""
 
 import json
 import re
@@ -12,10 +15,14 @@ import torch
 pytest.importorskip("opentelemetry.sdk", reason="opentelemetry-sdk is not installed")
 from prometheus_client.parser import text_string_to_metric_families
 
+import dynamicemb
 from dynamicemb import DynamicEmbTableOptions
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
-from dynamicemb.metrics import FIGURES, StatCol, instrument, serve_prometheus
+from dynamicemb.metrics import FIGURES, StatCol, instrument, prometheus_name, serve_prometheus
 from dynamicemb.metrics.figures import COUNTER, GAUGE, UP_DOWN_COUNTER
+
+# Labels Prometheus itself gives every series it scrapes.
+TARGET_LABELS = {"job", "instance"}
 
 
 def _docs() -> Path:
@@ -43,12 +50,16 @@ def exported():
         endpoint.shutdown()
     out: dict[str, set] = {}
     families = {}
+    scopes, targets = set(), []
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             if s.name.startswith("dynamicemb_"):
                 out.setdefault(s.name, set()).update(s.labels)
                 families[s.name] = family.type
-    return out, families
+                scopes.add((s.labels.get("otel_scope_name"), s.labels.get("otel_scope_version")))
+            if s.name == "target_info":
+                targets.append(s.labels)
+    return out, families, scopes, targets
 
 
 def _exprs(dashboard):
@@ -59,8 +70,17 @@ def _exprs(dashboard):
     }
 
 
+def test_the_endpoint_names_its_service_and_the_meter_version(exported):
+    names, _, scopes, targets = exported
+    assert sorted(names) == sorted(prometheus_name(f) for f in FIGURES)
+    assert "dynamicemb_table_load_factor_ratio" in names  # unit 1: _ratio
+    assert "dynamicemb_memory_usage_bytes" in names  # unit By: _bytes
+    assert scopes == {("dynamicemb", dynamicemb.__version__)}
+    assert [t.get("service_name") for t in targets] == ["dynamicemb"]
+
+
 def test_dashboard_has_a_panel_per_figure(exported):
-    names, _ = exported
+    names, *_ = exported
     assert len(names) == len(FIGURES)
     with open(_docs() / "dashboards" / "dynamicemb.json") as f:
         dashboard = json.load(f)
@@ -78,12 +98,37 @@ def test_dashboard_has_a_panel_per_figure(exported):
     for label in set(re.findall(r"\b(dynamicemb_[a-z_]+)\s*=~", text)):
         assert label in labels, label
     for var in dashboard["templating"]["list"][1:]:
-        label = re.search(r",\s*(dynamicemb_[a-z_]+)\)$", var["query"]["query"]).group(1)
-        assert label in labels, var["name"]
+        label = re.search(r",\s*([a-z_]+)\)$", var["query"]["query"]).group(1)
+        assert label in labels | TARGET_LABELS, var["name"]
+
+
+def test_dashboard_selects_by_job_and_instance_and_says_what_is_not_fed():
+    with open(_docs() / "dashboards" / "dynamicemb.json") as f:
+        dashboard = json.load(f)
+    variables = [v["name"] for v in dashboard["templating"]["list"]]
+    assert variables[:3] == ["datasource", "job", "instance"], variables
+    # Two jobs on one Prometheus never merge: every query selects both.
+    queries = list(_exprs(dashboard).values())
+    queries += [v["query"]["query"] for v in dashboard["templating"]["list"][2:]]
+    for q in queries:
+        assert 'job=~"$job"' in q, q
+    for q in queries[:-1] + queries[-3:]:
+        assert 'instance=~"$instance"' in q or q.endswith("instance)"), q
+    # A figure fed only where a module has admission or a cache says so
+    # instead of showing an empty panel.
+    said = {}
+    for p in dashboard["panels"]:
+        if p["type"] == "row":
+            continue
+        metric = re.search(r"(dynamicemb_[a-z_]+)\{", p["targets"][0]["expr"]).group(1)
+        said[metric] = p.get("fieldConfig", {}).get("defaults", {}).get("noValue")
+    assert {f.needs for f in FIGURES} == {"", "admission", "cache"}
+    for f in FIGURES:
+        assert said[prometheus_name(f)] == (f"no {f.needs}" if f.needs else None), f.name
 
 
 def test_docs_table_lists_every_figure(exported):
-    names, families = exported
+    names, families, *_ = exported
     kinds = {COUNTER: "Counter", UP_DOWN_COUNTER: "UpDownCounter", GAUGE: "Gauge"}
     rows = re.findall(
         r"^\| `([a-z_.]+)` \| `([a-z_]+)` \| (\w+) \| `([^`]+)` \| (.+) \|$",
@@ -93,6 +138,6 @@ def test_docs_table_lists_every_figure(exported):
     assert [r[0] for r in rows] == [f.name for f in FIGURES]
     for (otel, prom, kind, unit, what), f in zip(rows, FIGURES):
         assert (kind, unit, what) == (kinds[f.kind], f.unit, f.description), otel
-        assert prom in names, prom
+        assert prom == prometheus_name(f) and prom in names, prom
         assert families[prom] == ("counter" if f.kind == COUNTER else "gauge"), prom
     assert sorted(r[1] for r in rows) == sorted(names)

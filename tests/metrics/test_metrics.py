@@ -12,6 +12,8 @@ import pytest
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
+import dynamicemb
+
 # Not installed on a GPU machine without the bundle's OpenTelemetry wheels
 # (docs/testing.md); CI installs it (tools/setup_env.sh).
 pytest.importorskip("opentelemetry.sdk", reason="opentelemetry-sdk is not installed")
@@ -369,7 +371,7 @@ def test_prometheus_endpoint():
             "dynamicemb_rank": "3",
             "otel_scope_name": "dynamicemb",
             "otel_scope_schema_url": "",
-            "otel_scope_version": "",
+            "otel_scope_version": dynamicemb.__version__,
         }
         return samples[(name, tuple(sorted(labels.items())))]
 

@@ -95,7 +95,7 @@ def test_rows_never_exceed_capacity(run):
     assert len(over) == 3 * WORLD_SIZE
     for labels, values in over:
         assert max(v for _, v in values) <= 0, labels
-    load = prom.query_range("dynamicemb_table_load_factor", start, end, 0.5)
+    load = prom.query_range("dynamicemb_table_load_factor_ratio", start, end, 0.5)
     assert all(0 <= v <= 1 for _, values in load for _, v in values)
 
 

@@ -46,6 +46,14 @@ def test_setup_env_installs_a_tested_pair():
     assert (release, pins["TORCHREC"], pins["FBGEMM"]) in setup_py_names()["TESTED_WITH"]
 
 
+def test_the_newest_smoke_job_runs_the_newest_tested_set():
+    text = _read("tools/newest_smoke.sh")
+    pins = dict(re.findall(r"^(TORCH|FBGEMM|TORCHREC)=[\w-]+==([\d.]+)$", text, re.M))
+    release = ".".join(pins["TORCH"].split(".")[:2])
+    assert (release, pins["TORCHREC"], pins["FBGEMM"]) == setup_py_names()["TESTED_WITH"][-1]
+    assert "bash tools/newest_smoke.sh" in _read("tools/test.sh")
+
+
 def _torch(version):
     return type("torch", (), {"__version__": version})
 

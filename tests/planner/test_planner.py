@@ -603,3 +603,57 @@ def test_prepare_keeps_a_per_rank_budget_given_without_a_global_one():
     assert prepare_table_options(options, _cfg(1000), 2).local_hbm_for_values == 4096
     both = DynamicEmbTableOptions(local_hbm_for_values=4096, global_hbm_for_values=1000)
     assert prepare_table_options(both, _cfg(1000), 2).local_hbm_for_values == 500
+
+
+def test_a_table_rounded_up_says_so_once_with_name_asked_and_got(caplog):
+    import logging
+    import warnings
+
+    from dynamicemb.planner.prepare import prepare_table_options
+
+    options = DynamicEmbTableOptions()
+    # 1000 rows over 3 ranks: 334 a rank, whole buckets of 128 make 384 (1152 in all).
+    small = EmbeddingConfig(name="small_t", num_embeddings=1000, embedding_dim=4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):  # the planner and each sharder prepare it again
+            prepare_table_options(options, small, 3)
+    said = [str(w.message) for w in caught if "small_t" in str(w.message)]
+    assert len(said) == 1, said
+    assert "num_embeddings=1000 gives 1152 rows (384 per rank on 3 ranks" in said[0]
+    assert "bucket_capacity=128" in said[0] and "num_embeddings=1152" in said[0]
+    # A large table's last partial bucket (64 of 1,000,000 rows): logged, not warned.
+    large = EmbeddingConfig(name="large_t", num_embeddings=1_000_000, embedding_dim=4)
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.INFO):
+        warnings.simplefilter("always")
+        prepare_table_options(options, large, 1)
+        prepare_table_options(options, large, 1)
+    assert not [w for w in caught if "large_t" in str(w.message)]
+    logged = [r.getMessage() for r in caplog.records if "large_t" in r.getMessage()]
+    assert len(logged) == 1 and "gives 1000064 rows" in logged[0], logged
+    # Asked for what it holds: nothing said.
+    exact = EmbeddingConfig(name="exact_t", num_embeddings=1152, embedding_dim=4)
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.INFO):
+        warnings.simplefilter("always")
+        prepare_table_options(options, exact, 3)
+    assert not [w for w in caught if "exact_t" in str(w.message)]
+    assert not [r for r in caplog.records if "exact_t" in r.getMessage()]
+
+
+def test_torchrec_planner_with_dynamic_tables_is_refused_naming_ours():
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
+
+    from dynamicemb.shard import DynamicEmbeddingCollectionSharder
+
+    model = _Model(_ec_configs(), _ebc_configs())
+    theirs = EmbeddingShardingPlanner(topology=_topology(2), constraints=_constraints())
+    with pytest.raises(ValueError, match="planned by dynamicemb.planner.DynamicEmbeddingSharding"):
+        theirs.plan(model, _sharders())
+    # The same sharders asked directly, or by our planner, answer.
+    kernels = DynamicEmbeddingCollectionSharder().compute_kernels("row_wise", "cpu")
+    assert CUSTOM in kernels
+    ours = DynamicEmbeddingShardingPlanner(
+        eb_configs=_ec_configs() + _ebc_configs(), topology=_topology(2), constraints=_constraints()
+    )
+    plan = ours.plan(model, _sharders())
+    assert plan.plan["ec"]["dyn_ec"].compute_kernel == CUSTOM

@@ -336,9 +336,13 @@ def sharder_for(scenario: Scenario):
 
     if scenario.kind == "ec":
         return DynamicEmbeddingCollectionSharder(
-            fused_params=fused_params(scenario), use_index_dedup=scenario.use_index_dedup
+            fused_params=fused_params(scenario),
+            static_fused_params=fused_params(scenario),
+            use_index_dedup=scenario.use_index_dedup,
         )
-    return DynamicEmbeddingBagCollectionSharder(fused_params=fused_params(scenario))
+    return DynamicEmbeddingBagCollectionSharder(
+        fused_params=fused_params(scenario), static_fused_params=fused_params(scenario)
+    )
 
 
 def hand_plan(scenario: Scenario, collection, sharder, world_size: int, device_type: str = "cpu"):

@@ -24,8 +24,8 @@ import pytest
 import torch
 
 from tests.embedding.sync_guard import (
-    CPU_ONLY_READS,
     PACKAGE_DIR,
+    STEP_READS,
     SYNC_WARNING,
     forbid_host_syncs,
 )
@@ -51,8 +51,8 @@ def _scenario(kind: str, dedup: bool, dynamic: bool = True, optimizer: str = "ad
 
 
 def _owner(where: str) -> str:
-    """Whose code made a recorded call: "dynamicemb", "torchrec", "cpu-only"
-    (a read of CPU_ONLY_READS) or "other"; ``where`` ends with the caller's
+    """Whose code made a recorded call: "dynamicemb", "torchrec", "by-design"
+    (a read of STEP_READS) or "other"; ``where`` ends with the caller's
     frame."""
     import torchrec
 
@@ -61,7 +61,7 @@ def _owner(where: str) -> str:
     function = frame.rsplit(" in ", 1)[1].strip()
     if path.startswith(PACKAGE_DIR):
         inside = f"{os.path.relpath(path, PACKAGE_DIR)}:{function}"
-        return "cpu-only" if inside in CPU_ONLY_READS else "dynamicemb"
+        return "by-design" if inside in STEP_READS else "dynamicemb"
     if path.startswith(os.path.dirname(os.path.abspath(torchrec.__file__))):
         return "torchrec"
     return "other"

@@ -226,16 +226,22 @@ def _twin_ebc_sharder(params):
     return CpuRowWiseEmbeddingBagCollectionSharder(fused_params=params)
 
 
+def _static_tables(dmp):
+    """The sharded tensors of a model's state dict (its dynamic tables'
+    entries hold their rows as objects: dynamicemb/checkpoint/model_state.py)."""
+    return [(k, v) for k, v in dmp.state_dict().items() if hasattr(v, "local_shards")]
+
+
 def _load_weights(dmp, state: dict[str, torch.Tensor]) -> None:
     """Copies the unsharded model's weights into the sharded tables. (A
     sharded EmbeddingBagCollection on the CPU keeps FBGEMM's initial weights:
     TorchRec copies the module's only on other devices.)"""
     with torch.no_grad():
-        for key, value in dmp.state_dict().items():
+        for key, value in _static_tables(dmp):
             for shard in value.local_shards():
                 (r, c), (rows, cols) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
                 shard.tensor.copy_(state[key][r : r + rows, c : c + cols])
-    for key, value in dmp.state_dict().items():
+    for key, value in _static_tables(dmp):
         for shard in value.local_shards():
             (r, c), (rows, cols) = shard.metadata.shard_offsets, shard.metadata.shard_sizes
             assert torch.equal(shard.tensor.cpu(), state[key][r : r + rows, c : c + cols]), key
@@ -301,8 +307,8 @@ def run_pair(rank: int, world_size: int, optimizers: list[str]) -> dict[str, Any
         twin_state = {k: v.detach().clone() for k, v in twin.state_dict().items()}
 
         sharders = [
-            DynamicEmbeddingBagCollectionSharder(fused_params=params),
-            DynamicEmbeddingCollectionSharder(fused_params=params),
+            DynamicEmbeddingBagCollectionSharder(fused_params=params, static_fused_params=params),
+            DynamicEmbeddingCollectionSharder(fused_params=params, static_fused_params=params),
         ]
         configs = [c for m in (model.ebc, model.wbc) for c in m.embedding_bag_configs()]
         configs += model.ec.embedding_configs()
