@@ -29,6 +29,7 @@ TABLE_CORE_HDRS = [
     "operations.h",
     "rows.h",
     "row_check.h",
+    "tile_run.h",
 ]
 
 # //cc/table:table_cpu and //cc/table:table_cuda.
@@ -49,6 +50,7 @@ TABLE_CUDA_SRCS = [
     "table_cuda_find.cu",
     "table_cuda_run.cu",
     "table_cuda_shared.cu",
+    "table_cuda_tile_run.cu",
 ]
 
 # //cc/embedding: initializers (counter-based random rows), fused optimizers,

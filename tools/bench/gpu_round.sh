@@ -2,8 +2,23 @@
 # One device round: build and run the GPU tests, then the embedding and table
 # benchmarks, writing each output to $OUT (default: .gpu_round/) as well.
 #
-#   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|multigpu|checkpoint|metrics|storage|replication|inference|sharded|soak|wheel|resume]...
+#   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|evict|evict_tests|evict_bench|multigpu|checkpoint|metrics|storage|replication|inference|sharded|soak|wheel|resume]...
 #   (default: tests, embedding, table, admission)
+#
+# evict: the run kernels of insert and insert_and_evict in one call of under ten
+# minutes (EVICT_DEADLINE, default 570 s from the part's start, build included; each
+# step under a timeout that keeps to it, skipped when too little time is left), in
+# order: the `gpu` tests of tests/table and tests/admission with the default kernel
+# (tiles, cc/table/tile_run.h); the table benchmark of insert_and_evict and insert
+# under the earlier kernel (DEMB_CUDA_RUN_LANES=1), the default and tiles of 4, 8, 16
+# and 32 lanes, one process each, with HierarchicalKV's figures beside them
+# (tools/bench/table_gpu_bench.py --run-lanes; EVICT_LANES, EVICT_BENCH_ARGS, default
+# --dims 32 64 --reps 5); the tiles' and the parity tests under 32, 1, 16 and 4 lanes;
+# the per-kernel profiles of insert_and_evict at load 0.5 and 1.0 under the earlier
+# kernel and the default (tools/bench/table_gpu_profile.py); the cache's stages
+# (tools/bench/storage_stages.py, its buckets 1,024 slots wide) under both; the
+# `gpu` tests of tests/storage. Summary in $OUT/evict.txt, each step's output in
+# $OUT/evict_*.txt. evict_tests runs the tests alone, evict_bench the figures alone.
 #
 # storage: the `gpu` tests of tests/storage, then tools/bench/storage_dmp_bench.py
 # through DistributedModelParallel on one GPU (10 tables x 1,677,721 rows, dim 128,
@@ -322,6 +337,88 @@ storage_part() {
   return 0
 }
 
+# The run kernels of insert and insert_and_evict (evict, evict_tests, evict_bench):
+# steps in order of importance, each under a timeout that keeps the part within
+# EVICT_DEADLINE seconds of its start (skipped when too little is left).
+evict_part() {
+  local what=$1 sum="$OUT/$1.txt" start deadline par=() lanes lf tag
+  start=$(date +%s)
+  deadline=$(( start + ${EVICT_DEADLINE:-570} ))
+  : > "$sum"
+  "$PY" -c "import torch; print(f'torch {torch.__version__},', torch.cuda.get_device_name(0))" 2>&1 | tee -a "$sum"
+  build_cuda "$sum" || return
+  "$PY" -c "import xdist" > /dev/null 2>&1 && par=(-n 8)
+  # step NAME CAP_S LOG CMD...: runs CMD (output to LOG) under min(CAP_S, time left).
+  step() {
+    local name=$1 cap=$2 log=$3 left rc t0
+    shift 3
+    left=$(( deadline - $(date +%s) - 5 ))
+    if [ "$left" -lt 30 ]; then
+      echo "$name: skipped ($left s left)" | tee -a "$sum"
+      return
+    fi
+    [ "$cap" -gt "$left" ] && cap=$left
+    t0=$(date +%s)
+    timeout -k 5 "$cap" "$@" > "$log" 2>&1
+    rc=$?
+    echo "$name: $(status_word $rc "$cap") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+  }
+  # Tests: the table's and the counter's GPU tests with the default kernel, then
+  # the tiles' and the parity tests under every other run-lane value.
+  local parity=(tests/table/test_cuda_tile_runs.py tests/table/test_cuda_parity.py
+    tests/admission/test_counter.py)
+  tests_default() {
+    step "gpu tests, default kernel" 300 "$OUT/evict_tests_default.txt" "$PY" -m pytest -m gpu \
+      tests/table tests/admission -q --tb=short -p no:cacheprovider ${par[@]+"${par[@]}"}
+    grep -E "passed|failed" "$OUT/evict_tests_default.txt" | tail -1 | tee -a "$sum"
+    grep -E "^(FAILED|ERROR)" "$OUT/evict_tests_default.txt" | head -10 | tee -a "$sum"
+  }
+  tests_lanes() {
+    for lanes in 32 1 16 4; do
+      step "parity tests, DEMB_CUDA_RUN_LANES=$lanes" 120 "$OUT/evict_tests_$lanes.txt" \
+        env DEMB_CUDA_RUN_LANES=$lanes "$PY" -m pytest -m gpu "${parity[@]}" -q --tb=short \
+        -p no:cacheprovider ${par[@]+"${par[@]}"}
+      grep -E "passed|failed" "$OUT/evict_tests_$lanes.txt" | tail -1 | tee -a "$sum"
+      grep -E "^(FAILED|ERROR)" "$OUT/evict_tests_$lanes.txt" | head -5 | tee -a "$sum"
+    done
+  }
+  tests_storage() {
+    step "storage gpu tests" 240 "$OUT/evict_tests_storage.txt" "$PY" -m pytest -m gpu \
+      tests/storage -q --tb=short -p no:cacheprovider ${par[@]+"${par[@]}"}
+    grep -E "passed|failed" "$OUT/evict_tests_storage.txt" | tail -1 | tee -a "$sum"
+  }
+  # Figures: the inserts under each kernel with HierarchicalKV's beside them,
+  # the per-kernel profiles, the cache's stages.
+  bench() {
+    # shellcheck disable=SC2086
+    step "table benchmark" 240 "$OUT/evict_table.txt" "$PY" tools/bench/table_gpu_bench.py \
+      --run-lanes ${EVICT_LANES:-1 0 4 8 16 32} ${EVICT_BENCH_ARGS:---dims 32 64 --reps 5}
+    sed -n '/^insert_and_evict, B keys/,$p' "$OUT/evict_table.txt" | tee -a "$sum"
+  }
+  profiles() {
+    for lanes in 1 0; do
+      for lf in 0.5 1.0; do
+        tag="lanes${lanes}_lf$lf"
+        step "profile, DEMB_CUDA_RUN_LANES=$lanes, load $lf" 90 "$OUT/evict_profile_$tag.txt" \
+          env DEMB_CUDA_RUN_LANES=$lanes "$PY" tools/bench/table_gpu_profile.py --load-factor "$lf"
+        grep -E "kernel|Kernel|Self CUDA time total" "$OUT/evict_profile_$tag.txt" | head -12 | tee -a "$sum"
+      done
+    done
+  }
+  stages() {
+    for lanes in 1 0; do
+      step "cache stages, DEMB_CUDA_RUN_LANES=$lanes" 150 "$OUT/evict_stages_lanes$lanes.txt" \
+        env DEMB_CUDA_RUN_LANES=$lanes "$PY" tools/bench/storage_stages.py --device cuda
+      grep -E "cache_insert|run_kernel|lookup_graph" "$OUT/evict_stages_lanes$lanes.txt" | head -8 | tee -a "$sum"
+    done
+  }
+  case $what in
+    evict) tests_default; bench; tests_lanes; profiles; stages; tests_storage ;;
+    evict_tests) tests_default; tests_lanes; tests_storage ;;
+    evict_bench) bench; profiles; stages ;;
+  esac
+}
+
 parts=("$@")
 [ ${#parts[@]} -eq 0 ] && parts=(tests embedding table admission)
 for part in "${parts[@]}"; do
@@ -360,6 +457,9 @@ for part in "${parts[@]}"; do
       ;;
     variants)
       timeout 400 bash tools/bench/table_gpu_variants.sh --dims 32 64 2>&1 | tee "$OUT/table_variants.txt"
+      ;;
+    evict|evict_tests|evict_bench)
+      evict_part "$part"
       ;;
     multigpu)
       multigpu_part
