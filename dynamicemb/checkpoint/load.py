@@ -71,8 +71,7 @@ from dynamicemb.checkpoint.read import (
     table_meta,
 )
 from dynamicemb.dynamicemb_config import DynamicEmbScoreStrategy
-from dynamicemb.io import embeddings
-from dynamicemb.io import Group, fs
+from dynamicemb.io import Group, embeddings, fs
 from dynamicemb.io import files as io_files
 from dynamicemb.io.files import IO_THREADS, chunk_rows
 from dynamicemb.shard.routing import route_keys

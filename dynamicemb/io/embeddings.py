@@ -18,7 +18,7 @@ import torch
 
 from dynamicemb.dynamicemb_config import SCALED_DTYPES, embedding_row_bytes
 
-__all__ = ["columns", "convert", "decode", "encode", "fp8_scale", "is_scaled"]
+__all__ = ["as_values", "columns", "convert", "decode", "encode", "fp8_scale", "is_scaled"]
 
 # The largest e4m3fn magnitude (cc/storage/row_space.h, kFp8Max).
 FP8_MAX = 448.0
@@ -73,6 +73,14 @@ def decode(stored: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
     width = embedding_row_bytes(dim, dtype)
     scale = stored[:, width - 4 : width].contiguous().view(torch.float32)
     return stored[:, :dim].contiguous().view(dtype).float() * scale
+
+
+def as_values(stored: torch.Tensor, dim: int, dtype: torch.dtype) -> torch.Tensor:
+    """Embeddings as ``columns`` gives them, as (n, dim) values: unchanged
+    at an element dtype, FP8 rows decoded to float32 (exact; a delta's
+    values, which are ``dim`` floating-point columns whatever the table's
+    dtype)."""
+    return decode(stored, dim, dtype) if is_scaled(dtype) else stored
 
 
 def convert(stored: torch.Tensor, dim: int, src: torch.dtype, dst: torch.dtype) -> torch.Tensor:

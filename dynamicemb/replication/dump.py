@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from dynamicemb._checks import is_int
-from dynamicemb.io import Group
+from dynamicemb.io import Group, embeddings
 from dynamicemb.io.files import chunk_rows
 from dynamicemb.replication.delta import DeltaDumpResult, DeltaError, delta_checksum
 from dynamicemb.replication.scores import delta_scores
@@ -86,7 +86,10 @@ def _local_entry(ref: TableRef, threshold: int, carried: dict | None = None) -> 
     return {
         "table_names": ref.name,
         "keys": keys,
-        "values": torch.cat([p.embeddings for p in parts]).cpu(),
+        # (n, dim) floating point, FP8 rows decoded (exact in float32).
+        "values": embeddings.as_values(
+            torch.cat([p.embeddings for p in parts]).cpu(), m.dims[t], m.value_dtype
+        ),
         "optimizer_states": (torch.cat([p.optimizer_state for p in parts]).cpu() if sd else None),
         "scores": delta_scores(m, words, current).cpu(),
         "erased_keys": erased,
