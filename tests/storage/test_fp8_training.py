@@ -53,7 +53,11 @@ def test_an_fp8_row_is_its_codes_padded_its_scale_and_float32_state(dim, optim):
     want = fp8.pad4(dim) + 4 + 4 * state
     assert value_row_bytes(opt, dim, FP8) == want
     m = BatchedDynamicEmbeddingTablesV2(
-        [DynamicEmbTableOptions(dim=dim, max_capacity=256, bucket_capacity=128, embedding_dtype=FP8)],
+        [
+            DynamicEmbTableOptions(
+                dim=dim, max_capacity=256, bucket_capacity=128, embedding_dtype=FP8
+            )
+        ],
         optimizer=opt,
     )
     assert m.layout.row_bytes == [want]
@@ -80,7 +84,9 @@ def test_the_planner_counts_the_bytes_an_fp8_table_allocates(device, caching):
     assert (plan.hbm, plan.ddr) == (f.device, f.host)
     fp32 = dynamic_shard_storage(
         prepare_table_options(
-            DynamicEmbTableOptions(init_capacity=1000, caching=caching, global_hbm_for_values=600 * rb),
+            DynamicEmbTableOptions(
+                init_capacity=1000, caching=caching, global_hbm_for_values=600 * rb
+            ),
             config,
             world_size=2,
         ),
@@ -126,6 +132,7 @@ def test_fp8_rows_hold_what_they_pool_and_track_the_float32_module():
         torch.randn(o.numel() - 1, dim, generator=torch.Generator().manual_seed(50 + s))
         for s, (_, o) in enumerate(data)
     ]
+
     def make(dtype):
         opts = table_options("device", (dim,), EmbOptimType.EXACT_SGD, dtype=dtype)
         return BatchedDynamicEmbeddingTablesV2(
