@@ -45,6 +45,8 @@ class RowLayout:
         state_offsets (List[int]): byte offset of the state in a row.
         max_row_bytes (int): the widest row.
         element_type (int): the native ElementType of ``dtype``.
+        scaled (bool): whether rows carry a scale (FP8), written with
+            stochastic rounding.
     """
 
     def __init__(
@@ -68,6 +70,7 @@ class RowLayout:
         self.state_offsets = list(self.embedding_bytes)
         self.max_row_bytes = max(self.row_bytes)
         self.element_type = int(constants()["ElementType"][_ELEMENT_TYPES[dtype]])
+        self.scaled = emb.is_scaled(dtype)
         # row_bytes as a tensor, per device: made once (a list copied to a
         # device every call would synchronize).
         self._row_bytes_on: dict[torch.device, torch.Tensor] = {}

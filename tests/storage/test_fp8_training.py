@@ -1,5 +1,5 @@
 """Training tables with FP8 rows (``embedding_dtype=torch.float8_e4m3fn``):
-every tier keeps the rows as the all-device table does, the memory the
+every tier trains bit for bit as the all-device table does, the memory the
 planner and ``memory_usage`` count is what the storage allocates, a module
 trained in FP8 tracks its float32 twin, and a bad dtype is refused naming it.
 
@@ -31,11 +31,6 @@ FP8 = torch.float8_e4m3fn
 EmbOptimType = pytest.importorskip("fbgemm_gpu.split_embedding_configs").EmbOptimType
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an FP8 row updated outside the device tier rounds with other random bits "
-    "than the all-device table's (outputs differ from the second step)",
-)
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("mode", ["hybrid", "cache", "cache_small", "external_cache"])
 def test_fp8_tiers_train_like_the_all_device_module(mode, device):
