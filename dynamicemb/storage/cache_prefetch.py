@@ -185,6 +185,7 @@ class PrefetchSteps:
             loc.src,
             f_off,
             self.layout.row_bytes_of(ft),
+            by=self._host_side("src"),
         )
         if self._direct:
             room = sp.Subset(placed & ~found)
