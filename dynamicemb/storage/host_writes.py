@@ -34,7 +34,11 @@ most ``rows`` of its entries (a number the host keeps, which grows, in powers
 of two, with the largest number of rows a call needed, read back from pinned
 memory a step or more later, never waited for) and writes the rest at once
 through the mapped pointer, as before. Which path a row takes changes no
-result. ``max_rows`` caps ``rows`` (None: no cap).
+result. ``max_rows`` caps ``rows`` (None: no cap). By default it is 0
+(``AT_ONCE``): every row ``stage`` gets is written at once, on the step's
+stream, which measured faster than the side stream (docs/storage.md, "Rows
+over the bus"); ``queue``-d rows, already in device memory, still go on the
+side stream. A hybrid table stages its rows (``max_rows`` None).
 
 On the CPU there is no stream: a staged write runs at the next ``wait``, as
 late as a GPU may run it, so that the CPU tests see any reader that does not
@@ -50,6 +54,8 @@ import torch
 from dynamicemb.storage import space as sp
 from dynamicemb.storage.layout import RowLayout
 
+# ``max_rows`` by default: nothing staged, every row written at once.
+AT_ONCE = 0
 # Rows staged per call before anything was measured; ``rows`` never shrinks.
 INITIAL_ROWS = 1024
 # Head room over the largest number of rows a call needed.
@@ -85,14 +91,14 @@ class HostWrites:
 
     Attributes:
         max_rows (Optional[int]): at most this many rows staged per call
-            (None: as many as ``rows``).
+            (None: as many as ``rows``; by default ``AT_ONCE``, none).
         rows (int): the rows a call stages at most now.
     """
 
     def __init__(self, layout: RowLayout, device: torch.device) -> None:
         self.layout = layout
         self.device = device
-        self.max_rows: int | None = None
+        self.max_rows: int | None = AT_ONCE
         self.rows = INITIAL_ROWS
         self._pending: list[StagedWrite] = []
         self._cuda = device.type == "cuda"

@@ -74,6 +74,9 @@ class HybridStorage(HashTableStorage):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        # Its rows go to host memory on the side stream, the device rows the
+        # staged ones displace (gathered into device memory first) with them.
+        self.writes.max_rows = None
         self._staged: _Staged | None = None
         self._kernel_space: tuple[torch.Tensor, torch.Tensor] | None = None
         zero = torch.zeros((), dtype=torch.int64, device=self.device)

@@ -10,7 +10,7 @@ import torch
 
 from dynamicemb import DynamicEmbScoreStrategy as Score
 from dynamicemb.storage import space as sp
-from dynamicemb.storage.host_writes import INITIAL_ROWS, HostWrites
+from dynamicemb.storage.host_writes import AT_ONCE, INITIAL_ROWS, HostWrites
 from dynamicemb.storage.layout import RowLayout
 from dynamicemb.types import MemoryType
 from tests.devices import DEVICES
@@ -47,7 +47,7 @@ def _assert_same(a, b) -> None:
     "mode,prefetch", [("cache", False), ("cache", True), ("cache_small", False), ("hybrid", False)]
 )
 def test_staged_host_writes_train_like_rows_written_at_once(mode, prefetch, max_rows, device):
-    # max_rows 0: every row written through the mapped
+    # max_rows 0 (the default): every row written through the mapped
     # pointer at once; None: every row staged; 3: the first three of each
     # call (in address order) staged, the others written at once.
     direct = _trained(mode, 0, device, prefetch)
@@ -144,6 +144,7 @@ def test_queued_rows_and_dropped_rows():
     layout = _layout()
     rb = layout.max_row_bytes
     w = HostWrites(layout, torch.device("cpu"))
+    w.max_rows = None  # every row staged
     buf, dst = _rows(3, rb, 2).view(3, rb), _rows(4, rb, 3)
     before = dst.clone().view(4, rb)
     space = (dst, dst.new_empty(0))
@@ -239,6 +240,8 @@ def test_shuffled_write_back_rows_land_at_their_host_rows(max_rows):
 
 def test_rows_staged_per_call():
     w = HostWrites(_layout(), torch.device("cpu"))
+    assert w.max_rows == AT_ONCE and w.capacity(5000) == 0  # by default none staged
+    w.max_rows = None
     assert w.capacity(5000) == 5000  # the CPU stages every row
     w.max_rows = 7
     assert w.capacity(5000) == 7 and w.capacity(3) == 3
@@ -254,7 +257,9 @@ def _cuda_case(n: int):
     dst.host_view.zero_()
     src = torch.arange(1, n * rb + 1, device=dev).to(torch.uint8)
     rows = (torch.arange(n, device=dev) * rb, torch.full((n,), rb, device=dev))
-    return HostWrites(layout, dev), dst, (src, src.new_empty(0)), rows
+    w = HostWrites(layout, dev)
+    w.max_rows = None  # staged
+    return w, dst, (src, src.new_empty(0)), rows
 
 
 @pytest.mark.gpu
