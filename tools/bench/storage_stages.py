@@ -22,7 +22,9 @@ rows). The parts (``--parts``):
   stream between the forward and the backward (as TorchRec's prefetch
   pipeline runs it); the rows each moved per step.
 * ``stages``: ``--steps`` steps under torch.profiler, the training lookup
-  run eagerly and then replayed from its CUDA graph: per step, the device
+  run eagerly, then replayed from its CUDA graph, then eagerly with the next
+  batch prefetched on a side stream (``prefetch_find``, ``prefetch_insert``,
+  ``prefetch_write_back``, ``prefetch_fill``): per step, the device
   time (kernels launched inside the range) and host time of each
   ``dynamicemb:`` range (the cache's stages: ``cache_insert``,
   ``cache_backing``, ``cache_fill``, ``cache_overflow``,
@@ -186,15 +188,20 @@ def stages_part(run: Run) -> None:
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    for graphs in (False, True) if device.type == "cuda" else (False,):
+    default = run.m.cuda_graphs
+    graphed = device.type == "cuda"
+    for graphs, prefetch in [(False, False)] + [(True, False)] * graphed + [(False, True)]:
         run.m.cuda_graphs = graphs
-        batches = [run.batch() for _ in range(a.steps)]
+        batches = [run.batch() for _ in range(a.steps + 1)]
+        run.train(batches[:1], prefetch=False)  # a first step of this variant
         sync(device)
         with profile(activities=activities) as prof:
-            run.train(batches, prefetch=False)
+            run.train(batches[1:], prefetch)
             sync(device)
-        print(f"== budget {a.budget}, lookup {'from its CUDA graph' if graphs else 'eager'}")
+        how = "from its CUDA graph" if graphs else "eager"
+        print(f"== budget {a.budget}, lookup {how}, prefetch {'yes' if prefetch else 'no'}")
         print("\n".join(stage_lines(prof, a.steps)))
+    run.m.cuda_graphs = default
 
 
 def _rate(fn, nbytes: int, device: torch.device, reps: int = 5) -> float:
