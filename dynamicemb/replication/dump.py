@@ -148,7 +148,9 @@ def incremental_dump(
         model (torch.nn.Module): the model holding dynamic tables.
         score_threshold (Union[int, Dict[str, Dict[str, int]]]): one
             threshold for every table, or collection -> table name ->
-            threshold for the tables named only.
+            threshold for the tables named only (a None threshold, what
+            ``get_score`` gives a table in an external storage, leaves the
+            table out).
         pg (Optional[dist.ProcessGroup]): when given, every rank of the group
             gets the rows of all ranks (all-gather); None: each rank's own.
 
@@ -286,6 +288,8 @@ def _chosen(tables, score_threshold) -> list[tuple[TableRef, int]]:
         chosen = [(ref, score_threshold) for refs in tables.values() for ref in refs.values()]
     else:
         chosen = resolve(tables, score_threshold, "incremental_dump") if tables else []
+        # None: get_score's threshold of a table it cannot score (external storage).
+        chosen = [(ref, value) for ref, value in chosen if value is not None]
         for ref, value in chosen:
             if not is_int(value):
                 raise ValueError(
