@@ -160,6 +160,28 @@ class _Source:
         return keys[0]
 
 
+def _check_weight(ref: TableRef, weight: torch.Tensor, what: str) -> None:
+    """A source weight a table can be filled from: (rows >= 1, dim) of a
+    floating dtype (an integer or bool weight would be cast into rows).
+
+    Raises:
+        ValueError: naming ``what``, the shape or dtype and the table.
+    """
+    if weight.dim() != 2 or weight.shape[1] != ref.dim:
+        raise ValueError(
+            f"warm_start: {ref.label}: {what} has shape {tuple(weight.shape)}, the table's dim "
+            f"is {ref.dim}"
+        )
+    if weight.shape[0] == 0:
+        shape = tuple(weight.shape)
+        raise ValueError(f"warm_start: {ref.label}: {what} has no rows (shape {shape})")
+    if not weight.is_floating_point():
+        raise ValueError(
+            f"warm_start: {ref.label}: {what} is {weight.dtype}, not a floating-point weight; "
+            "convert it to the embeddings' dtype if it holds embeddings"
+        )
+
+
 def _id_map(id_maps: Mapping[str, Any] | None, ref: TableRef, rows: int) -> torch.Tensor | None:
     if not id_maps or ref.name not in id_maps:
         return None
@@ -252,7 +274,8 @@ def warm_start(
 
     Raises:
         ValueError: a table the model or the source lacks, a dim that differs
-            (naming both), a bad id map. Nothing is changed then.
+            (naming both), a weight without rows or not of a floating dtype
+            (int64, bool: named), a bad id map. Nothing is changed then.
     """
     group = group_of(pg, "warm_start")
     names = list(tables) if tables is not None else None
@@ -266,11 +289,7 @@ def warm_start(
         for ref in refs:
             key = src.key_of(ref.name, sources.get(ref.name, ref.name))
             weight = src.weight(key)
-            if weight.dim() != 2 or weight.shape[1] != ref.dim:
-                raise ValueError(
-                    f"warm_start: {ref.label}: {src.name}'s {key} has shape "
-                    f"{tuple(weight.shape)}, the table's dim is {ref.dim}"
-                )
+            _check_weight(ref, weight, f"{src.name}'s {key}")
             ids = _id_map(id_maps, ref, weight.shape[0])
             plans.append(_plan(ref))
             rows.append(weight.shape[0])

@@ -6,7 +6,8 @@ static model sharded at one rank into a dynamic model of two, and with a
 user id map (row i becomes key ids[i]); pooled sums of rows sharded over two
 ranks agree within float32 rounding (the ranks' partial sums are added in
 another order). A table the source lacks, a dim
-that differs and a bad id map are errors naming them, and change nothing."""
+that differs, a weight without rows or of an integer or bool dtype and a bad
+id map are errors naming them, and change nothing."""
 
 import os
 
@@ -137,7 +138,15 @@ def _one_rank(rank, world, root):
             (dict(source=sd, id_maps={"t0": torch.arange(3)}), "has 3 ids for the source's 64"),
             (dict(source=sd, id_maps={"t0": torch.zeros(ROWS, dtype=torch.int64)}), "repeats"),
             (dict(source=sd, tables={"t0": "t9"}), "no table 't9'"),
+            (
+                dict(source=dict(sd, **{"embeddings.t0.weight": torch.zeros(0, 4)})),
+                r"embeddings.t0.weight has no rows \(shape \(0, 4\)\)",
+            ),
         ]
+        for dtype in (torch.int64, torch.bool):
+            weight = sd["embeddings.t2.weight"].to(dtype)
+            message = f"embeddings.t2.weight is {dtype}, not a floating-point weight"
+            cases.append((dict(source=dict(sd, **{"embeddings.t2.weight": weight})), message))
         for kw, message in cases:
             with pytest.raises(ValueError, match=message):
                 warm_start(model, **kw)
