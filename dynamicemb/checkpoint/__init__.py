@@ -11,7 +11,8 @@ carries the dynamic tables' rows, written and read here (model_state.py), so
 ``torch.distributed.checkpoint`` of the model's state dict saves and loads
 them at any world size; ``state_dict_without_rows()`` leaves them out.
 ``DynamicEmbStateful`` puts the dynamic tables into a DCP state of their own
-(dcp.py).
+(dcp.py). ``dcp_reader`` is a DCP reader that runs no code from the files
+(dcp_reader.py): DCP's own unpickles them. No format of ours is pickled.
 ``warm_start`` (an addition of ours, beyond the spec) fills dynamic tables
 with the rows of a TorchRec collection's state_dict or DCP checkpoint
 (warm_start.py). Paths may be fsspec URLs (``s3://...``: dynamicemb.io.fs).
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from dynamicemb.checkpoint.dcp import DynamicEmbStateful
+from dynamicemb.checkpoint.dcp_reader import dcp_reader
 from dynamicemb.checkpoint.dump import DumpReport, dump
 from dynamicemb.checkpoint.layout import CheckpointError
 from dynamicemb.checkpoint.load import LoadReport, TableLoad, load
@@ -38,6 +40,7 @@ __all__ = [
     "LoadReport",
     "TableLoad",
     "WarmStartReport",
+    "dcp_reader",
     "dump",
     "load",
     "state_dict_without_rows",

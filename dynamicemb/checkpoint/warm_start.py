@@ -6,7 +6,10 @@ same name (or key ``id_maps[table][i]``). The source is the collection's
 ``state_dict()`` (or a model's holding it: every ``...embeddings.<table>
 .weight`` / ``...embedding_bags.<table>.weight``), a file ``torch.save``
 wrote it to, or a ``torch.distributed.checkpoint`` folder of it (local or a
-URL), written at any world size.
+URL), written at any world size. Nothing from the source runs code: a file
+is read with ``torch.load(weights_only=True)``, a DCP folder with
+``dcp_reader`` (its metadata by an unpickler that builds only DCP's own
+classes).
 
 Every rank reads the source (a ``torch.save`` file memory-mapped, a DCP
 folder's tables whole), keeps the rows whose keys it owns by the table's
@@ -28,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dynamicemb.checkpoint.dcp_reader import dcp_reader
 from dynamicemb.checkpoint.dump import group_of, tables_of
 from dynamicemb.checkpoint.layout import KEYS, VALUES, TableMeta
 from dynamicemb.checkpoint.load import TableLoad, _Plan, apply_all
@@ -122,17 +126,10 @@ class _Source:
         return state
 
     def _dcp_metadata(self, path: str) -> dict[str, Any]:
-        from torch.distributed.checkpoint import FileSystemReader
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-        if fs.is_url(path):
-            from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
-
-            reader = FsspecReader(path)
-        else:
-            reader = FileSystemReader(fs.local_path(path))
         self.dcp = path
-        meta = reader.read_metadata().state_dict_metadata
+        meta = dcp_reader(path).read_metadata().state_dict_metadata
         return {k: v for k, v in meta.items() if isinstance(v, TensorStorageMetadata)}
 
     def weight(self, key: str) -> torch.Tensor:
@@ -142,7 +139,7 @@ class _Source:
 
         meta = self.state[key]
         out = {key: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)}
-        dcp.load(out, checkpoint_id=self.dcp, no_dist=True)
+        dcp.load(out, storage_reader=dcp_reader(self.dcp), no_dist=True)
         return out[key]
 
     def key_of(self, table: str, source_table: str) -> str:

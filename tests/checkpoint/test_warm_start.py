@@ -6,8 +6,9 @@ static model sharded at one rank into a dynamic model of two, and with a
 user id map (row i becomes key ids[i]); pooled sums of rows sharded over two
 ranks agree within float32 rounding (the ranks' partial sums are added in
 another order). A table the source lacks, a dim
-that differs, a weight without rows or of an integer or bool dtype and a bad
-id map are errors naming them, and change nothing."""
+that differs, a weight without rows or of an integer or bool dtype, a bad id
+map and a DCP folder whose metadata would run code are errors naming them,
+and change nothing (and run nothing)."""
 
 import os
 
@@ -150,6 +151,26 @@ def _one_rank(rank, world, root):
         for kw, message in cases:
             with pytest.raises(ValueError, match=message):
                 warm_start(model, **kw)
+        # A DCP folder whose metadata would call open(marker): refused by
+        # name, and nothing ran.
+        import pickle
+
+        import torch.distributed.checkpoint as dcp
+
+        from dynamicemb.checkpoint import CheckpointError
+
+        crafted, marker = os.path.join(root, "crafted"), os.path.join(root, "ran")
+        dcp.save(dict(sd), checkpoint_id=crafted)
+
+        class Payload:
+            def __reduce__(self):
+                return (open, (marker, "w"))
+
+        with open(os.path.join(crafted, ".metadata"), "wb") as f:
+            f.write(pickle.dumps(Payload()))
+        with pytest.raises(CheckpointError, match="asks for io.open"):
+            warm_start(model, crafted)
+        assert not os.path.exists(marker)
         c.assert_same_tables(c.contents(model), before, what="after the errors")
 
     @checks("a static model of one rank, saved with DCP")
