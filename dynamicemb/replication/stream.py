@@ -304,8 +304,9 @@ class DeltaFollower:
 
     Every rank of a sharded replica calls every method; rank 0 decides what
     to apply. A follower whose next delta is gone from the folder (pruned
-    after a newer checkpoint), or whose position a restarted trainer
-    abandoned, loads the checkpoint again.
+    after a newer checkpoint), whose position a restarted trainer abandoned,
+    or whose tables a replay interrupted part way left at different
+    positions, loads the checkpoint again.
 
     Args:
         model (torch.nn.Module): the sharded serving model.
@@ -420,8 +421,20 @@ class DeltaFollower:
             return None
         if state.head is None:
             return []
-        run, _, seq = self.position
-        source = _model_source(self.model)
+        try:
+            run, _, seq = self.position
+            source = _model_source(self.model)
+        except DeltaError as e:
+            # Tables at different positions: a replay interrupted after some
+            # of its tables (the others as before it). The checkpoint puts
+            # them all at one position again.
+            if state.checkpoint is None:
+                raise DeltaError(
+                    f"DeltaFollower: {e} (a replay was interrupted) and {self.folder} has no "
+                    "checkpoint to load them all from"
+                ) from None
+            theirs = _walk(state, *state.checkpoint)
+            return ["checkpoint"] + (theirs.steps if theirs is not None else [])
         if run is not None and run != state.head["run"]:
             raise DeltaError(
                 f"DeltaFollower: the newest delta in {self.folder} comes from run "
