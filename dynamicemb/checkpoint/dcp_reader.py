@@ -39,7 +39,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from dynamicemb.checkpoint.layout import CheckpointError
 from dynamicemb.io import fs
 
-__all__ = ["METADATA_GLOBALS", "dcp_load_reader", "dcp_reader", "is_safe_reader"]
+__all__ = ["METADATA_GLOBALS", "dcp_load", "dcp_load_reader", "dcp_reader", "is_safe_reader"]
 
 # The names a DCP .metadata pickle may build, by module (and torch's dtype,
 # layout and memory_format constants).
@@ -160,6 +160,39 @@ def dcp_reader(path: str):
 
         return SafeFsspecReader(path)
     return SafeFileSystemReader(fs.local_path(path))
+
+
+def dcp_load(state: dict[str, Any], path: str, **kwargs: Any) -> None:
+    """``dcp.load(state, storage_reader=dcp_reader(path), **kwargs)``, a
+    failure raised as a ``CheckpointError`` naming ``path`` and what failed
+    (DCP raises a ``CheckpointException``, a ``BaseException`` naming only
+    the ranks).
+
+    Raises:
+        CheckpointError: the folder cannot be read into ``state``.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        dcp.load(state, storage_reader=dcp_reader(path), **kwargs)
+    except CheckpointException as e:
+        raise CheckpointError(f"{path}: {_first_failure(e)}") from None
+    except (OSError, ValueError, RuntimeError, EOFError, pickle.UnpicklingError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"{path}: cannot be read ({type(e).__name__}: {e})") from None
+
+
+def _first_failure(e: BaseException) -> str:
+    """What the first failing rank of a ``CheckpointException`` raised."""
+    failures = getattr(e, "failures", None) or {}
+    for rank in sorted(failures):
+        inner = getattr(failures[rank], "exception", failures[rank])
+        if isinstance(inner, CheckpointError):
+            return f"{inner}"
+        return f"cannot be read (rank {rank}: {type(inner).__name__}: {inner})"
+    return f"cannot be read ({e})"
 
 
 def is_safe_reader(reader: Any) -> bool:

@@ -21,9 +21,12 @@ Rows get the optimizer's initial state and score 0 (not yet used by this
 job); TorchRec's fused optimizer state is not carried over.
 """
 
+import io
 import os
+import pickle
 import re
 import warnings
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,7 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dynamicemb.checkpoint.dcp_reader import dcp_reader
+from dynamicemb.checkpoint.dcp_reader import dcp_load, dcp_reader
 from dynamicemb.checkpoint.dump import group_of, tables_of
 from dynamicemb.checkpoint.layout import KEYS, VALUES, TableMeta
 from dynamicemb.checkpoint.load import TableLoad, _Plan, apply_all
@@ -113,14 +116,19 @@ class _Source:
             raise FileNotFoundError(
                 f"warm_start: {path} is neither a file nor a torch.distributed.checkpoint folder"
             )
-        if store.renames:
-            state = torch.load(
-                fs.local_path(path), map_location="cpu", weights_only=True, mmap=True
-            )
-        else:
-            import io
-
-            state = torch.load(io.BytesIO(store.read_bytes(path)), weights_only=True)
+        source = fs.local_path(path) if store.renames else io.BytesIO(store.read_bytes(path))
+        _check_zip(source, path)
+        try:
+            if store.renames:
+                state = torch.load(source, map_location="cpu", weights_only=True, mmap=True)
+            else:
+                state = torch.load(source, weights_only=True)
+        except (RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as e:
+            why = f"{e}".strip().splitlines()[0] if f"{e}".strip() else type(e).__name__
+            raise ValueError(
+                f"warm_start: {path} is not a state_dict torch.save wrote ({type(e).__name__}: "
+                f"{why})"
+            ) from None
         if not isinstance(state, Mapping):
             raise ValueError(f"warm_start: {path} holds a {type(state).__name__}, not a state_dict")
         return state
@@ -135,11 +143,9 @@ class _Source:
     def weight(self, key: str) -> torch.Tensor:
         if self.dcp is None:
             return _dense(self.state[key], key)
-        import torch.distributed.checkpoint as dcp
-
         meta = self.state[key]
         out = {key: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)}
-        dcp.load(out, storage_reader=dcp_reader(self.dcp), no_dist=True)
+        dcp_load(out, self.dcp, no_dist=True)
         return out[key]
 
     def key_of(self, table: str, source_table: str) -> str:
@@ -177,6 +183,30 @@ def _check_weight(ref: TableRef, weight: torch.Tensor, what: str) -> None:
             f"warm_start: {ref.label}: {what} is {weight.dtype}, not a floating-point weight; "
             "convert it to the embeddings' dtype if it holds embeddings"
         )
+
+
+def _check_zip(source, path: str) -> None:
+    """The CRC-32 of every member of a torch.save zip file (torch reads the
+    members without checking them: a flipped byte would load silently).
+
+    Raises:
+        ValueError: a member whose bytes do not match their CRC-32, or a zip
+            file that cannot be read, naming ``path``.
+    """
+    if not zipfile.is_zipfile(source):
+        return  # not a zip: torch.load names what it is not
+    if isinstance(source, io.BytesIO):
+        source.seek(0)
+    try:
+        with zipfile.ZipFile(source) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+        raise ValueError(f"warm_start: {path} is a damaged zip file ({e})") from None
+    finally:
+        if isinstance(source, io.BytesIO):
+            source.seek(0)
+    if bad is not None:
+        raise ValueError(f"warm_start: {path} is corrupted: its member {bad} fails its CRC-32")
 
 
 def _id_map(id_maps: Mapping[str, Any] | None, ref: TableRef, rows: int) -> torch.Tensor | None:

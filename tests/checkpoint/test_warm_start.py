@@ -7,8 +7,9 @@ user id map (row i becomes key ids[i]); pooled sums of rows sharded over two
 ranks agree within float32 rounding (the ranks' partial sums are added in
 another order). A table the source lacks, a dim
 that differs, a weight without rows or of an integer or bool dtype, a bad id
-map and a DCP folder whose metadata would run code are errors naming them,
-and change nothing (and run nothing)."""
+map, an empty, truncated, foreign or corrupted (a flipped byte) file and a
+DCP folder whose metadata would run code are errors naming them, and change
+nothing (and run nothing)."""
 
 import os
 
@@ -148,6 +149,25 @@ def _one_rank(rank, world, root):
             weight = sd["embeddings.t2.weight"].to(dtype)
             message = f"embeddings.t2.weight is {dtype}, not a floating-point weight"
             cases.append((dict(source=dict(sd, **{"embeddings.t2.weight": weight})), message))
+        # Files torch.load cannot read, or would read wrong: named, not torch's error.
+        saved = os.path.join(root, "good.pt")
+        torch.save(dict(sd), saved)
+        data = open(saved, "rb").read()
+        for name, content, message in (
+            ("empty.pt", b"", "empty.pt is not a state_dict torch.save wrote"),
+            ("cut.pt", data[: len(data) // 2], "cut.pt is (a damaged zip file|not a state_dict)"),
+            ("text.pt", b"not a checkpoint\n" * 8, "text.pt is not a state_dict torch.save wrote"),
+        ):
+            with open(os.path.join(root, name), "wb") as f:
+                f.write(content)
+            cases.append((dict(source=os.path.join(root, name)), message))
+        # A flipped byte in a stored tensor: torch.load would not notice.
+        at = data.index(sd["embeddings.t0.weight"].numpy().tobytes()[:16])
+        flipped = bytearray(data)
+        flipped[at] ^= 0x40
+        with open(os.path.join(root, "flipped.pt"), "wb") as f:
+            f.write(bytes(flipped))
+        cases.append((dict(source=os.path.join(root, "flipped.pt")), "fails its CRC-32"))
         for kw, message in cases:
             with pytest.raises(ValueError, match=message):
                 warm_start(model, **kw)
