@@ -405,7 +405,8 @@ def train(env: dist_launch.RankEnv, device: torch.device, args) -> dict[str, Any
     else:
         start, position = resumed.step, resumed.trainer["data_position"]
         loss_sum, first_eval = resumed.trainer["loss_sum"], resumed.trainer["eval_first"]
-    log = train_report.RunLog(args, env, device, features, start, loss_sum)
+    loss_world = resumed.entry["world_size"] if resumed is not None else None
+    log = train_report.RunLog(args, env, device, features, start, loss_sum, loss_world)
     stream = source.train(rank, world_size, start, position)
 
     def save(done: int) -> None:

@@ -148,3 +148,23 @@ def test_a_checkpoint_reloads_at_another_world_size(reference, tmp_path, world):
         assert int(kept.sum()) == loaded, table
         for c in ("emb", "opt", "scores"):
             assert torch.equal(have[c], want[c][kept]), (table, c)
+
+
+def test_a_resume_at_another_world_size_keeps_the_loss_history(reference, tmp_path):
+    """The steps before a resume at another world size keep their mean
+    losses: the summary's first window and first report equal the
+    uninterrupted run's."""
+    ref_root, ref_summary, _ = reference
+    root = str(tmp_path / "ckpt")
+    shutil.copytree(
+        train_checkpoint.step_dir(ref_root, EVERY), train_checkpoint.step_dir(root, EVERY)
+    )
+    summary = str(tmp_path / "summary.json")
+    argv = [*ARGS, "--world-size", "1", "--checkpoint-dir", root, "--resume"]
+    rc, out = j.run_job([*argv, "--summary-json", summary])
+    assert rc == 0, out[-4000:]
+    s = j.summary(summary)
+    assert s["resumed"]["world_size"] == 2 and s["world_size"] == 1
+    assert s["train_loss_first"] == ref_summary["train_loss_first"]
+    assert s["train_loss_checkpoints"][0] == ref_summary["train_loss_checkpoints"][0]
+
