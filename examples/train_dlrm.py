@@ -392,6 +392,7 @@ def train(env: dist_launch.RankEnv, device: torch.device, args) -> dict[str, Any
     checkpoints, resumed = None, None
     if args.checkpoint_dir is not None:
         checkpoints = train_checkpoint.JobCheckpoints(args.checkpoint_dir, args.keep, device)
+        checkpoints.claim()
         if args.resume:
             resumed = checkpoints.resume(
                 model, dense_opt, model_desc, data_desc, args.dense_lr, args.batch_size
@@ -450,6 +451,8 @@ def train(env: dist_launch.RankEnv, device: torch.device, args) -> dict[str, Any
     if metrics is not None:
         metrics.close()  # the figures are final now
     entry = resumed.entry if resumed is not None else None
+    if checkpoints is not None:
+        checkpoints.release()
     return log.summary(model, seconds, evals, data_desc, entry, warm)
 
 
