@@ -463,11 +463,13 @@ def warm_start(model, args, lead: bool) -> dict[str, Any]:
     """Fills the dynamic tables from --warm-start; returns the summary's
     "warm_start" entry (rows per table over all ranks)."""
     from dynamicemb.checkpoint import warm_start as fill
+    from dynamicemb.io import DataError
 
     t0 = time.perf_counter()
     try:
         report = fill(model, args.warm_start)
-    except (ValueError, TypeError, FileNotFoundError) as e:
+    except (ValueError, TypeError, OSError, DataError) as e:
+        # Every rank refuses alike (warm_start agrees on any rank's failure).
         raise train_checkpoint.JobError(f"--warm-start {args.warm_start}: {e}") from None
     rows = {t.table: t.loaded for t in report.tables}
     dropped = {t.table: t.dropped for t in report.tables}
