@@ -54,7 +54,14 @@ TABLE_CUDA_SRCS = [
 # //cc/embedding: initializers (counter-based random rows), fused optimizers,
 # pooling (the forward into TorchRec's layout, gradient reduction + update backward),
 # the segmented unique of a batch's (table, key) pairs.
-EMBEDDING_CORE_HDRS = ["initializer.h", "optimizer.h", "pooling.h", "unique.h"]
+EMBEDDING_CORE_HDRS = [
+    "fp8_rows.h",
+    "initializer.h",
+    "optimizer.h",
+    "philox.h",
+    "pooling.h",
+    "unique.h",
+]
 
 EMBEDDING_CPU_HDRS = ["initializer_cpu.h", "optimizer_cpu.h", "pooling_cpu.h", "unique_cpu.h"]
 

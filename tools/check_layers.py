@@ -15,7 +15,11 @@
    training module ``BatchedDynamicEmbeddingTablesV2`` included, by any path).
 5. No module of the package is longer than ``MAX_LINES`` lines
    (``dynamicemb_config.py``, whose path and contents the spec fixes, aside).
-6. A test package's BUILD.bazel depends on every other test package it imports
+6. A serving package (``SERVING``: ``dynamicemb/inference``) imports only
+   the readers of the packages below it (``SERVING_IMPORTS``), never their
+   training side (the embedding module, the sharders, the storage tiers, a
+   model's dumps, loads and replays): a serving process loads none of it.
+7. A test package's BUILD.bazel depends on every other test package it imports
    (``tests.<pkg>``: a ``//tests/<pkg>`` label in it), and on ``//dynamicemb``
    where it imports ``dynamicemb.incremental_dump`` (only that target holds
    it), or the test fails to import in Bazel's sandbox although it runs under
@@ -48,7 +52,8 @@ LAYERS = {
     "checkpoint": 6,
     "metrics": 6,
     "replication": 7,
-    "root": 8,
+    "inference": 8,
+    "root": 9,
 }
 TOP_LEVEL = {
     "__init__": "root",
@@ -62,6 +67,21 @@ TOP_LEVEL = {
     "_seams": "core",
 }
 ROWS_ONLY = {"checkpoint", "metrics", "replication"}
+SERVING = {"inference"}
+# What a serving package may import: whole packages (and top-level modules)
+# without a training side, and the reader modules of the others.
+SERVING_IMPORTS = {
+    "core",
+    "io",
+    "table",
+    "embedding.initializer",
+    "checkpoint.layout",
+    "checkpoint.files",
+    "checkpoint.read",
+    "replication.delta",
+    "replication.follow",
+    "replication.stream_files",
+}
 TRAINING_MODULE = "BatchedDynamicEmbeddingTablesV2"
 
 
@@ -150,6 +170,16 @@ def check(root: pathlib.Path) -> list[str]:
                     f"{where}: {pkg} reaches rows through dynamicemb.storage's TableRows, "
                     f"never through dynamicemb.embedding or {TRAINING_MODULE}"
                 )
+            if (
+                pkg in SERVING
+                and target != pkg
+                and target not in SERVING_IMPORTS
+                and ".".join(mod[:2]) not in SERVING_IMPORTS
+            ):
+                errors.append(
+                    f"{where}: {pkg} serves without the training code; it imports "
+                    f"{'.'.join(mod)}, which is not one of {sorted(SERVING_IMPORTS)}"
+                )
             if target == pkg:
                 continue
             if LAYERS[target] >= LAYERS[pkg]:
@@ -172,7 +202,7 @@ TEST_SHARED = {"devices", "conftest"}
 
 
 def check_test_deps(root: pathlib.Path) -> list[str]:
-    """Rule 6: ``tests.<other>`` imports against the ``//tests/<other>`` labels."""
+    """Rule 7: ``tests.<other>`` imports against the ``//tests/<other>`` labels."""
     errors = []
     tests = root / "tests"
     for build in sorted(tests.glob("*/BUILD.bazel")):

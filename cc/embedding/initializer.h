@@ -23,6 +23,8 @@
 #include <cstdint>
 
 #include "cc/common/host_device.h"
+#include "cc/embedding/fp8_rows.h"
+#include "cc/embedding/philox.h"
 #include "cc/storage/row_space.h"
 
 namespace dyn_emb {
@@ -46,29 +48,6 @@ struct InitArgs {
   double mean = 0.0, std_dev = 1.0, lower = 0.0, upper = 1.0, value = 0.0;
   uint64_t seed = 0;
 };
-
-struct Philox4 {
-  uint32_t v[4];
-};
-
-/// Philox4x32-10 (Salmon et al., SC'11): 10 rounds of the multiply-xor round
-/// function with a Weyl-sequence key schedule.
-DEMB_HD Philox4 philox(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
-                       uint32_t k1) {
-  for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0;
-    const uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2;
-    const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
-    const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
-    c1 = static_cast<uint32_t>(p1);
-    c3 = static_cast<uint32_t>(p0);
-    c0 = n0;
-    c2 = n2;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  return Philox4{{c0, c1, c2, c3}};
-}
 
 DEMB_HD Philox4 draw(const InitArgs& a, int64_t key, int64_t table, uint32_t block,
                      uint32_t attempt) {
@@ -195,7 +174,21 @@ DEMB_HD void init_values4(const InitArgs& a, int64_t key, int64_t table, int64_t
 /// number of 4-byte words, zeros past dim).
 template <class T>
 DEMB_HD int64_t init_row_elements(const RowInitArgs& a) {
-  return storage::state_offset(a.dim, sizeof(T)) / sizeof(T);
+  return storage::pad4(a.dim * static_cast<int64_t>(sizeof(T))) / static_cast<int64_t>(sizeof(T));
+}
+
+/// The new FP8 row of `key` in `table` at byte `offset` (>= 0): init_value's
+/// values (into `tmp`, 4 * ceil(dim / 4) floats), written as fp8_rows.h
+/// writes a row at step 0.
+DEMB_HD void init_scaled_row(const RowInitArgs& a, int64_t offset, int64_t key, int64_t table,
+                             float* tmp) {
+  for (int64_t blk = 0; 4 * blk < a.dim; ++blk) {
+    float v[4];
+    init_values4(a.init, key, table, blk, v);
+    for (int k = 0; k < 4; ++k) tmp[4 * blk + k] = v[k];
+  }
+  write_scaled_row(reinterpret_cast<storage::Float8E4M3*>(a.space.at(offset)), tmp, a.dim,
+                   static_cast<uint64_t>(key), 0);
 }
 
 /// Writes elements 4 * blk .. 4 * blk + 3 (those below init_row_elements) of
@@ -218,8 +211,7 @@ DEMB_HD void init_row_block(const RowInitArgs& a, int64_t offset, int64_t key, i
 /// except from fill_from on.
 template <class T>
 DEMB_HD void init_state_word(const RowInitArgs& a, int64_t offset, int64_t s) {
-  float* state =
-      reinterpret_cast<float*>(a.space.at(offset) + storage::state_offset(a.dim, sizeof(T)));
+  float* state = reinterpret_cast<float*>(a.space.at(offset) + storage::embedding_bytes<T>(a.dim));
   state[s] = s >= a.fill_from ? a.fill : 0.f;
 }
 

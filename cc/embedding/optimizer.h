@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "cc/common/host_device.h"
+#include "cc/embedding/fp8_rows.h"
 #include "cc/storage/row_space.h"
 
 namespace dyn_emb {
@@ -177,7 +178,7 @@ DEMB_HD void update_coord(const OptimArgs& a, float& w, float* s, float gd, int6
 }
 
 /// Updates one row in place with its (reduced) gradient `g` (dim): weights w
-/// (dim T's), state s.
+/// (dim T's), state s. (An FP8 row: update_scaled_row.)
 template <class T>
 DEMB_HD void update_row(const OptimArgs& a, T* w, float* s, const float* g, int64_t dim) {
   using storage::from_float;
@@ -194,6 +195,36 @@ DEMB_HD void update_row(const OptimArgs& a, T* w, float* s, const float* g, int6
     update_coord(a, wd, s, g[d], d, dim, rf);
     w[d] = from_float<T>(wd);
   }
+}
+
+/// Updates an FP8 row in place (cc/storage/row_space.h, "FP8 rows"): its
+/// `dim` codes at `w` and their scale, its state `s`, with the gradient `g`.
+/// The new values are computed in float32 into `tmp` (dim floats), then the
+/// row gets the scale of their largest magnitude and each code its value
+/// rounded stochastically with the bits of (`key`, the step, the element):
+/// the same row, gradient and key give the same codes on every backend.
+DEMB_HD void update_scaled_row(const OptimArgs& a, storage::Float8E4M3* w, float* s, const float* g,
+                               int64_t dim, uint64_t key, float* tmp) {
+  using storage::to_float;
+  float* scale = storage::scale_at(w, dim);
+  const float old = *scale;
+  RowFactors rf;
+  if (static_cast<OptimType>(a.type) == OptimType::kExactRowwiseAdagrad) {
+    float sq = 0.f;
+    for (int64_t d = 0; d < dim; ++d) sq += rowwise_sq(a, to_float(w[d]) * old, g[d]);
+    s[0] += dim > 0 ? sq / static_cast<float>(dim) : 0.f;
+    rf = rowwise_factors(a, s[0]);
+  }
+  float amax = 0.f;
+  for (int64_t d = 0; d < dim; ++d) {
+    float wd = to_float(w[d]) * old;
+    update_coord(a, wd, s, g[d], d, dim, rf);
+    tmp[d] = wd;
+    amax = fmaxf(amax, fabsf(wd));
+  }
+  const float sc = storage::fp8_scale(amax);
+  *scale = sc;
+  for (int64_t d = 0; d < dim; ++d) w[d] = scaled_code(tmp[d], sc, key, a.step, d);
 }
 
 }  // namespace embedding

@@ -93,6 +93,7 @@ inline embedding::RowInitArgs row_init_args(const at::Tensor& seg0, const at::Te
   TORCH_CHECK_VALUE(state_dim >= 0 && fill_from >= 0 && fill_from <= state_dim,
                     "dynamicemb: state_dim (", state_dim, ") and fill_from (", fill_from,
                     ") must satisfy 0 <= fill_from <= state_dim");
+  check_scaled_dim(type, dim);
   embedding::RowInitArgs a;
   a.init = init;
   a.space = row_space(seg0, seg1, "rows");
@@ -104,7 +105,7 @@ inline embedding::RowInitArgs row_init_args(const at::Tensor& seg0, const at::Te
   a.fill_from = fill_from;
   a.fill = static_cast<float>(fill);
   if (offsets.device().is_cpu()) {
-    const int64_t bytes = storage::state_offset(dim, element_size(type)) + 4 * state_dim;
+    const int64_t bytes = storage::embedding_bytes(dim, type) + 4 * state_dim;
     for (int64_t i = 0; i < offsets.numel(); ++i) {
       check_row_offset(a.space, a.offsets[i], bytes, i, "row");
     }
@@ -190,6 +191,14 @@ inline embedding::OptimArgs optim_args(const at::Tensor& values, const at::Tenso
 }
 
 /// Checks the layout tensors and returns it; num_bags = F * batch.
+/// check_scaled_dim of every feature's dim (on the CPU: a CUDA op reads
+/// nothing on the host; the tables' options bound an FP8 table's dim).
+inline void check_scaled_dims(const at::Tensor& dims, storage::ElementType type) {
+  if (type != storage::ElementType::kFloat8E4M3 || !dims.device().is_cpu()) return;
+  const int64_t* d = dims.data_ptr<int64_t>();
+  for (int64_t f = 0; f < dims.numel(); ++f) check_scaled_dim(type, d[f]);
+}
+
 inline embedding::BagLayout bag_layout(const at::Tensor& cols, const at::Tensor& dims,
                                        int64_t batch, int64_t out_width, int64_t num_bags) {
   check_1d(cols, at::kLong, "cols");
@@ -267,6 +276,7 @@ inline embedding::PoolArgs pool_args(const at::Tensor& seg0, const at::Tensor& s
   const int64_t n = inverse.numel();
   embedding::PoolArgs a;
   a.layout = bag_layout(cols, dims, batch, out_width, bag_offsets.numel() - 1);
+  check_scaled_dims(dims, type);
   a.weights = opt_weights(weights, n, "inverse");
   check_offsets(bag_offsets, n, "bag_offsets");
   check_index_range(inverse, 0, rows.numel(), "inverse entry (an index into rows)");
@@ -274,9 +284,11 @@ inline embedding::PoolArgs pool_args(const at::Tensor& seg0, const at::Tensor& s
   a.rows = rows.data_ptr<int64_t>();
   int64_t num_fill = 0;
   if (fill.has_value()) {
-    const at::ScalarType want = type == storage::ElementType::kFloat16    ? at::kHalf
-                                : type == storage::ElementType::kBFloat16 ? at::kBFloat16
-                                                                          : at::kFloat;
+    // FP8 fill rows are bytes: codes, padding and scale, as the table's rows.
+    const at::ScalarType want = type == storage::ElementType::kFloat16      ? at::kHalf
+                                : type == storage::ElementType::kBFloat16   ? at::kBFloat16
+                                : type == storage::ElementType::kFloat8E4M3 ? at::kByte
+                                                                            : at::kFloat;
     TORCH_CHECK_TYPE(fill->scalar_type() == want, "dynamicemb: fill must be ", want,
                      " (the embedding dtype), got ", fill->scalar_type());
     TORCH_CHECK_VALUE(fill->dim() == 2 && fill->is_contiguous(),
@@ -291,7 +303,7 @@ inline embedding::PoolArgs pool_args(const at::Tensor& seg0, const at::Tensor& s
     const int64_t* bo = bag_offsets.data_ptr<int64_t>();
     const int64_t* inv = inverse.data_ptr<int64_t>();
     for (int64_t b = 0; b + 1 < bag_offsets.numel(); ++b) {
-      const int64_t bytes = embedding::bag_slot(a.layout, b).dim * element_size(type);
+      const int64_t bytes = read_bytes(embedding::bag_slot(a.layout, b).dim, type);
       for (int64_t j = bo[b]; j < bo[b + 1]; ++j) {
         const int64_t r = a.rows[inv[j]];
         if (r >= -1) {
@@ -334,6 +346,7 @@ inline embedding::UpdateArgs update_args(
                     ") one per occurrence (", n, ")");
   embedding::UpdateArgs a;
   a.layout = bag_layout(cols, dims, batch, grad_out.size(1), cols.numel() * batch);
+  check_scaled_dims(dims, type);
   a.weights = opt_weights(weights, n, "occ_order");
   check_offsets(occ_offsets, n, "occ_offsets");
   check_index_range(occ_order, 0, n, "occurrence");
@@ -357,8 +370,8 @@ inline embedding::UpdateArgs update_args(
     // Each key's row holds its embedding and the optimizer state.
     for (int64_t u = 0; u < rows.numel(); ++u) {
       const int64_t dim = embedding::key_dim(a, u);
-      const int64_t bytes = storage::state_offset(dim, element_size(type)) +
-                            4 * embedding::state_dim(optim.type, dim);
+      const int64_t bytes =
+          storage::embedding_bytes(dim, type) + 4 * embedding::state_dim(optim.type, dim);
       if (a.rows[u] < 0) continue;  // no row, or a fill row of the forward: not updated
       check_row_offset(a.space, a.rows[u], bytes, u, "row");
     }

@@ -109,7 +109,8 @@ py::dict constants() {
   d["ElementType"] = enum_dict<dyn_emb::storage::ElementType>(
       {{"FLOAT32", dyn_emb::storage::ElementType::kFloat32},
        {"FLOAT16", dyn_emb::storage::ElementType::kFloat16},
-       {"BFLOAT16", dyn_emb::storage::ElementType::kBFloat16}});
+       {"BFLOAT16", dyn_emb::storage::ElementType::kBFloat16},
+       {"FLOAT8_E4M3FN", dyn_emb::storage::ElementType::kFloat8E4M3}});
   // Lower case: the names of DynamicEmbTableOptions.dist_type.
   d["DistType"] = enum_dict<dyn_emb::routing::DistType>(
       {{"continuous", dyn_emb::routing::DistType::kContinuous},

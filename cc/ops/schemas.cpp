@@ -224,7 +224,9 @@ TORCH_LIBRARY(dynamicemb, m) {
   //   occurrence; bag_offsets: (F * batch + 1); weights: (n) float32 or None;
   //   cols, dims: (F) first output column and dim of each feature;
   //   element_type: the embeddings' storage::ElementType (0 float32, 1
-  //   float16, 2 bfloat16); fill: (m, width) rows of that type, or None, of
+  //   float16, 2 bfloat16, 3 FP8 e4m3fn rows with a scale, at most
+  //   storage::kMaxScaledDim wide); fill: (m, width) rows of that type (FP8:
+  //   uint8, the rows' bytes), or None, of
   //   keys stored nowhere: rows[u] = -2 - i reads fill row i; tiled: the
   //   caller's promise that the features' columns [cols[f], cols[f] + dims[f])
   //   cover [0, out_width) (every column is then written, and the output is

@@ -231,11 +231,14 @@ class LookupGraphs(_ShapeGraphs):
 
 @dataclass
 class _PrefetchGraph:
-    """One captured prefetch: the graph, its input buffers, its state."""
+    """One captured prefetch: the graph, its input buffers, its state and
+    what the storage's host part does after each replay of it
+    (``graphs.prefetch_taken``)."""
 
     graph: Any
     inputs: tuple
     state: tuple
+    taken: Any = None
 
 
 class PrefetchGraphs(_ShapeGraphs):
@@ -266,14 +269,14 @@ class PrefetchGraphs(_ShapeGraphs):
             got = self._record(indices.device, lambda: module._prefetch_rows(*inputs))
             if got is None:
                 return False
-            g = _PrefetchGraph(got[0], inputs, state)
+            g = _PrefetchGraph(got[0], inputs, state, module.storage.graphs.prefetch_taken())
             self._keep(key, g)
         with record_function("dynamicemb:prefetch_graph"):
             module.storage.graphs.before_prefetch()
             for buf, x in zip(g.inputs, (indices, offsets)):
                 buf.copy_(x)
             g.graph.replay()
-            module.storage.graphs.after_prefetch()
+            module.storage.graphs.after_prefetch(g.taken)
         self.graphs.move_to_end(key)
         self.replays += 1
         return True

@@ -70,6 +70,15 @@ class Group:
         if self.world_size > 1 and dist.get_backend(pg) == "nccl":
             self.device = torch.device("cuda", torch.cuda.current_device())
 
+    @classmethod
+    def local(cls, error: ErrorType = DataError) -> "Group":
+        """A world of one, whatever process group ``torch.distributed``
+        holds: what one process reads and writes alone."""
+        group = cls.__new__(cls)
+        group.error, group.pg, group.rank, group.world_size = error, None, 0, 1
+        group.device = torch.device("cpu")
+        return group
+
     @property
     def distributed(self) -> bool:
         return self.world_size > 1

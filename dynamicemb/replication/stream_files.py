@@ -40,7 +40,8 @@ from typing import Any
 import torch
 
 from dynamicemb.checkpoint import files as checkpoint_files
-from dynamicemb.checkpoint.layout import CheckpointError, TableMeta, meta_file
+from dynamicemb.checkpoint.layout import CheckpointError
+from dynamicemb.checkpoint.read import table_meta
 from dynamicemb.dynamicemb_config import DynamicEmbScoreStrategy, DynamicEmbTableOptions
 from dynamicemb.io import dtypes, files, fs
 from dynamicemb.io.files import CHECKSUM_BLOCK_BYTES, FileInfo, check_name
@@ -368,15 +369,8 @@ def checkpoint_position(folder: str) -> tuple[dict[str, Any] | None, int | None]
         return None
     found = set()
     for coll, tables in manifest["collections"].items():
-        for name, info in tables.items():
-            data = files.read_small(
-                os.path.join(where, coll),
-                FileInfo.from_json(info),
-                meta_file(name),
-                name,
-                CheckpointError,
-            )
-            meta = TableMeta.decode(data, name)
+        for name in tables:
+            _, meta = table_meta(where, manifest, coll, name, name)
             found.add((repr(meta.delta_source), meta.delta_sequence))
             source = meta.delta_source
     if len(found) != 1:

@@ -28,6 +28,7 @@ from dynamicemb.dynamicemb_config import (
 from dynamicemb.storage import padded
 from dynamicemb.storage import space as sp
 from dynamicemb.storage.hash_delta import HashDelta
+from dynamicemb.storage.host_writes import HostWrites
 from dynamicemb.storage.layout import RowLayout
 from dynamicemb.storage.placement import Placement, bucket_widths, initial_layout
 from dynamicemb.storage.rows import rows_buffer, write_initial_rows
@@ -144,6 +145,9 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
         self._found = int(enums.InsertStatus.FOUND)
         # Keys a write-back could not place (their bucket full of its own keys).
         self.dropped = torch.zeros((), dtype=torch.int64, device=device)
+        # Rows written into this table's host rows off the step's stream (a
+        # cache's victims: ``write_back(staged=True)``).
+        self.writes = HostWrites(layout, device)
         self.graphs = StepGraphs(state=self._graph_state)
         self._place(self._rows())
 
@@ -203,7 +207,9 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
         return self.placement.offsets(self.local_rows(slots, tids), tids)
 
     def _move_rows(self, old: "Placement", old_space, old_off: torch.Tensor, tids, new_local):
-        """After a relayout: copies rows from the old row space to the new."""
+        """After a relayout: copies rows from the old row space to the new
+        (after the rows on their way into the old one)."""
+        self.writes.wait()
         new_off = self.placement.offsets(new_local, tids)
         sp.copy_rows(
             self.rows_space.tensors,
@@ -536,7 +542,17 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
         self._expand_for(keys, tids)
 
     def write_back(
-        self, keys, tids, src, src_offsets, scores, protect=None, expand: bool = True, before=None
+        self,
+        keys,
+        tids,
+        src,
+        src_offsets,
+        scores,
+        protect=None,
+        expand: bool = True,
+        before=None,
+        staged: bool = False,
+        count=None,
     ) -> None:
         """Stores rows a cache gives back (from the row space ``src``), with
         their scores (``ASSIGN``; None under NO_EVICTION). The table expands
@@ -549,7 +565,12 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
         whose rows are still to be read: they go into the same call with their
         own scores, found and untouched, so that no key written back evicts
         them (``insert_and_evict`` never evicts a key of its batch).
-        ``before`` does not apply: the table cannot fail midway."""
+        ``before`` does not apply: the table cannot fail midway.
+
+        ``staged``: the rows go through ``writes`` (gathered now into device
+        memory, written to their host rows on a side stream; ``count``: ()
+        int64, the entries with a row, a valid prefix), so that the rows of
+        ``src`` may be reused at once; otherwise they are copied now."""
         if keys.numel() == 0:
             return
         if expand:
@@ -567,7 +588,24 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
             slots, status, _ = self.insert(keys, tids, assign, scores, expand=False)
             keys, tids, slots, status = keys[head:], tids[head:], slots[head:], status[head:]
         self.dropped += (status == enums.InsertStatus.FAILED).sum()
-        self.write(slots, tids, src, src_offsets)
+        if not staged:
+            self.write(slots, tids, src, src_offsets)
+            return
+        self.writes.stage(
+            self.rows_space.tensors,
+            self.offsets(slots, tids),
+            src,
+            src_offsets,
+            self.layout.row_bytes_of(tids),
+            keys=keys,
+            slots=slots,
+            count=count,
+        )
+
+    def drop_moved_writes(self) -> None:
+        """Drops the staged rows whose slot another key took since
+        (``HostWrites.drop_moved``)."""
+        self.writes.drop_moved(self.table.keys)
 
     # -------------------------------------------------------- checkpoints --
 
@@ -651,6 +689,7 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
         }
 
     def restore(self, snapshot: dict) -> None:
+        self.writes.wait()
         self.table._restore(snapshot["table"])
         self.table._max_caps = snapshot["max_caps"]
         self._set_placement(snapshot["placement"].snapshot(), snapshot["rows_space"])

@@ -2,23 +2,32 @@
 # One device round: build and run the GPU tests, then the embedding and table
 # benchmarks, writing each output to $OUT (default: .gpu_round/) as well.
 #
-#   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|multigpu|checkpoint|metrics|storage|replication|sharded|soak|wheel|resume]...
+#   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|multigpu|checkpoint|metrics|storage|replication|inference|sharded|soak|wheel|resume]...
 #   (default: tests, embedding, table, admission)
 #
 # storage: the `gpu` tests of tests/storage, then tools/bench/storage_dmp_bench.py
 # through DistributedModelParallel on one GPU (10 tables x 1,677,721 rows, dim 128,
-# 65,536 ids per feature and step): the EBC with SGD and Adam at HBM budgets of 10 %
-# and 50 % (TorchRec fused and fused_uvm_caching, the dynamic all-HBM, cached and
-# hybrid tables; the two caches through TorchRec's prefetch pipeline at 10 %), then
-# the EC with SGD at 10 %. Summary in $OUT/storage.txt, the tests' output in
-# storage_tests.txt, each benchmark's in storage_dmp_{ebc,ec}.txt and .json.
-# STORAGE_DMP_ARGS is appended to both benchmarks' flags (e.g. "--rows 400000" for
-# a smaller size, "--profile-steps 3" for where each configuration's step spends its
-# time; the full one holds 26 GiB of Adam rows, twice for a cache over a host table). STORAGE_MODULE_BENCH=1 adds the module-level tools/bench/storage_bench.py
-# (STORAGE_BENCH_ARGS replaces its size flags; default 2 tables x 1,000,000 rows).
-# Timeouts in seconds: STORAGE_TESTS_TIMEOUT (240), STORAGE_EBC_TIMEOUT (240),
-# STORAGE_EC_TIMEOUT (75), STORAGE_BENCH_TIMEOUT (150): at most about 9 minutes after the
-# build, fewer when each configuration builds in a few seconds.
+# 65,536 ids per feature and step, every batch new to the tables): the EBC, then the
+# EC, each with SGD and Adam at HBM budgets of 10 % and 50 % (the dynamic all-HBM,
+# cached and hybrid tables and TorchRec's fused_uvm_caching; the two caches through
+# TorchRec's prefetch pipeline at 10 %; the EBC with TorchRec's fused beside them),
+# each row with the bytes it moved, its own floor and its targets; then
+# tools/bench/storage_stages.py (the cache's step with its victims staged and
+# written at once, with and without prefetch; its stages; the bus's speed each way
+# rows can cross it). Summary in $OUT/storage.txt, the tests' output in
+# storage_tests.txt, each benchmark's in storage_dmp_{ebc,ec}.txt and .json, the
+# stages in storage_stages.txt. STORAGE_PARTS picks the parts ("tests ebc ec
+# stages", the default; e.g. "tests ebc" in one device call and "ec stages" in the
+# next). STORAGE_DMP_ARGS is appended to both benchmarks' flags (e.g. "--rows
+# 400000" for a smaller size, "--profile-steps 3" for where each configuration's
+# step spends its time; the full one holds 26 GiB of Adam rows, twice for a cache
+# over a host table). STORAGE_MODULE_BENCH=1 adds the module-level
+# tools/bench/storage_bench.py (STORAGE_BENCH_ARGS replaces its size flags; default
+# 2 tables x 1,000,000 rows). Timeouts in seconds: STORAGE_TESTS_TIMEOUT (180, the
+# tests 8 at a time with pytest-xdist), STORAGE_EBC_TIMEOUT (210), STORAGE_EC_TIMEOUT
+# (170), STORAGE_STAGES_TIMEOUT (100), STORAGE_BENCH_TIMEOUT (150): at most about 11
+# minutes after the build, each part printing its rows as they come (two device
+# calls: STORAGE_PARTS="tests ebc", then "ec stages").
 #
 # wheel: the wheel as pip builds it here (`pip wheel --no-build-isolation --no-deps`,
 # CUDA, the archs of cc/sources.bzl), then `tools/check_dist.py --wheel`: it requires
@@ -264,22 +273,27 @@ sharded_part() {
 }
 
 storage_part() {
-  local sum="$OUT/storage.txt" rc t0 kind
+  local sum="$OUT/storage.txt" rc t0 kind parts=" ${STORAGE_PARTS:-tests ebc ec stages} " par=()
   : > "$sum"
   "$PY" -c "import torch; print(f'torch {torch.__version__},', torch.cuda.get_device_name(0))" 2>&1 | tee -a "$sum"
   build_cuda "$sum" || return
-  t0=$(date +%s)
-  timeout -k 10 "${STORAGE_TESTS_TIMEOUT:-240}" "$PY" -m pytest -m gpu tests/storage -q --tb=short -rs \
-    -p no:cacheprovider > "$OUT/storage_tests.txt" 2>&1
-  rc=$?
-  echo "tests: $(status_word $rc "${STORAGE_TESTS_TIMEOUT:-240}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
-  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/storage_tests.txt" | tail -20 | tee -a "$sum"
+  if [[ $parts == *" tests "* ]]; then
+    "$PY" -c "import xdist" > /dev/null 2>&1 && par=(-n 8)
+    t0=$(date +%s)
+    timeout -k 10 "${STORAGE_TESTS_TIMEOUT:-180}" "$PY" -m pytest -m gpu tests/storage -q --tb=short -rs \
+      -p no:cacheprovider ${par[@]+"${par[@]}"} > "$OUT/storage_tests.txt" 2>&1
+    rc=$?
+    echo "tests: $(status_word $rc "${STORAGE_TESTS_TIMEOUT:-180}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/storage_tests.txt" | tail -20 | tee -a "$sum"
+  fi
   for kind in ebc ec; do
+    [[ $parts == *" $kind "* ]] || continue
     local flags=(--kinds ebc --optimizers sgd adam --budgets 0.1 0.5 --prefetch-budgets 0.1)
-    local limit=${STORAGE_EBC_TIMEOUT:-240}
+    local limit=${STORAGE_EBC_TIMEOUT:-210}
     if [ "$kind" = ec ]; then
-      flags=(--kinds ec --optimizers sgd --budgets 0.1 --configs torchrec_hbm dynamic_hbm torchrec_uvm cache hybrid)
-      limit=${STORAGE_EC_TIMEOUT:-75}
+      flags=(--kinds ec --optimizers sgd adam --budgets 0.1 0.5 --prefetch-budgets 0.1
+        --configs dynamic_hbm torchrec_uvm cache hybrid torchrec_uvm_prefetch cache_prefetch)
+      limit=${STORAGE_EC_TIMEOUT:-170}
     fi
     t0=$(date +%s)
     # shellcheck disable=SC2086
@@ -288,9 +302,17 @@ storage_part() {
       > "$OUT/storage_dmp_$kind.txt" 2>&1
     rc=$?
     echo "benchmark ($kind): $(status_word $rc "$limit") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
-    grep -E '^(NVIDIA|CPU|ebc |ec )|^\||^`' "$OUT/storage_dmp_$kind.txt" | tee -a "$sum"
+    grep -E '^(NVIDIA|CPU|ebc |ec |target )|^\||^`' "$OUT/storage_dmp_$kind.txt" | tee -a "$sum"
     [ $rc -ne 0 ] && grep -v "registered at\|backend fallback" "$OUT/storage_dmp_$kind.txt" | tail -15
   done
+  if [[ $parts == *" stages "* ]]; then
+    t0=$(date +%s)
+    timeout -k 10 "${STORAGE_STAGES_TIMEOUT:-100}" "$PY" tools/bench/storage_stages.py --device cuda \
+      > "$OUT/storage_stages.txt" 2>&1
+    rc=$?
+    echo "stages: $(status_word $rc "${STORAGE_STAGES_TIMEOUT:-100}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+    grep -E "^==|ms/step|GB/s|cache_|run_kernel|copy_rows_kernel|lookup_graph" "$OUT/storage_stages.txt" | tee -a "$sum"
+  fi
   if [ "${STORAGE_MODULE_BENCH:-0}" = 1 ]; then
     # shellcheck disable=SC2086
     timeout -k 10 "${STORAGE_BENCH_TIMEOUT:-150}" "$PY" tools/bench/storage_bench.py --device cuda \
@@ -396,6 +418,21 @@ for part in "${parts[@]}"; do
         -q --tb=short -p no:cacheprovider 2>&1 | tail -15 | tee -a "$OUT/replication.txt"
       timeout -k 10 "${REPL_DEMO_TIMEOUT:-300}" "$PY" examples/serve_replica.py demo --device cuda \
         --steps 100 2>&1 | grep "^serve\|^train" | tail -8 | tee -a "$OUT/replication.txt"
+      ;;
+    inference)
+      # The inference table's GPU tests (CUDA against the CPU, export and compile on the
+      # device) and its lookups against TorchRec's and FBGEMM's INT8 on one GPU
+      # (docs/benchmarks/inference.md), then the serving example following a job.
+      : > "$OUT/inference.txt"
+      build_cuda "$OUT/inference.txt" || continue
+      timeout -k 10 "${INFER_TESTS_TIMEOUT:-600}" "$PY" -m pytest -m gpu tests/inference \
+        -q --tb=short -p no:cacheprovider 2>&1 | tail -15 | tee -a "$OUT/inference.txt"
+      # shellcheck disable=SC2086
+      timeout -k 10 "${INFER_BENCH_TIMEOUT:-900}" "$PY" tools/bench/inference_bench.py --device cuda \
+        ${INFER_BENCH_ARGS:---rows 5000000 --dim 128 --tables 4 --batch 8192 --compile} 2>&1 \
+        | grep -v "registered at\|backend fallback\|Warning\|warn(" | tee -a "$OUT/inference.txt"
+      timeout -k 10 "${INFER_DEMO_TIMEOUT:-300}" "$PY" examples/serve_replica.py demo --device cuda \
+        --steps 60 --dtype int8 2>&1 | grep "^serve\|^train" | tail -4 | tee -a "$OUT/inference.txt"
       ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac
