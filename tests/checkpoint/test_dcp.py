@@ -141,3 +141,43 @@ def test_dcp_reader_runs_no_code_from_the_files(tmp_path):
     with pytest.raises(CheckpointError, match="asks for io.open"):
         dcp_reader(good).read_metadata()
     assert not os.path.exists(marker)
+
+
+def test_dcp_load_names_a_damaged_folder(tmp_path):
+    # A truncated metadata or data file, a missing one: a CheckpointError
+    # naming the folder and what failed, not DCP's CheckpointException (which
+    # names only the ranks) nor an EOFError without the file.
+    import re
+    import warnings
+
+    import pytest
+    import torch.distributed.checkpoint as dcp
+
+    from dynamicemb.checkpoint import CheckpointError
+    from dynamicemb.checkpoint.dcp_reader import dcp_load
+
+    warnings.simplefilter("ignore")  # DCP without a process group
+    state = {"w": torch.arange(64.0), "t": torch.ones(8, 4)}
+
+    def damaged(name: str, damage) -> str:
+        path = str(tmp_path / name)
+        dcp.save(state, checkpoint_id=path, no_dist=True)
+        (data,) = [n for n in os.listdir(path) if n.endswith(".distcp")]
+        damage(path, data)
+        return path
+
+    def cut(file: str) -> None:
+        with open(file, "r+b") as f:
+            f.truncate(os.path.getsize(file) // 2)
+
+    cases = [
+        damaged("meta_cut", lambda p, d: cut(os.path.join(p, ".metadata"))),
+        damaged("data_cut", lambda p, d: cut(os.path.join(p, d))),
+        damaged("data_gone", lambda p, d: os.remove(os.path.join(p, d))),
+        str(tmp_path / "no_folder"),
+    ]
+    for path in cases:
+        out = {"w": torch.zeros(64), "t": torch.zeros(8, 4)}
+        with pytest.raises(CheckpointError, match="^" + re.escape(path) + ": "):
+            dcp_load(out, path, no_dist=True)
+        assert torch.equal(out["w"], torch.zeros(64)), path
