@@ -29,6 +29,7 @@ TABLE_CORE_HDRS = [
     "operations.h",
     "rows.h",
     "row_check.h",
+    "tile_run.h",
 ]
 
 # //cc/table:table_cpu and //cc/table:table_cuda.
@@ -49,12 +50,20 @@ TABLE_CUDA_SRCS = [
     "table_cuda_find.cu",
     "table_cuda_run.cu",
     "table_cuda_shared.cu",
+    "table_cuda_tile_run.cu",
 ]
 
 # //cc/embedding: initializers (counter-based random rows), fused optimizers,
 # pooling (the forward into TorchRec's layout, gradient reduction + update backward),
 # the segmented unique of a batch's (table, key) pairs.
-EMBEDDING_CORE_HDRS = ["initializer.h", "optimizer.h", "pooling.h", "unique.h"]
+EMBEDDING_CORE_HDRS = [
+    "fp8_rows.h",
+    "initializer.h",
+    "optimizer.h",
+    "philox.h",
+    "pooling.h",
+    "unique.h",
+]
 
 EMBEDDING_CPU_HDRS = ["initializer_cpu.h", "optimizer_cpu.h", "pooling_cpu.h", "unique_cpu.h"]
 

@@ -11,7 +11,8 @@ imported on first use) and ``dynamicemb.replication`` (``replay_increment``,
 ``pop_evicted_keys``, ``pop_erased_keys``, likewise); the C++ extension
 (``dynamicemb._C``) is loaded by the table layer when a table is built. The
 provided admission strategies (``dynamicemb.admission``, which needs the
-table layer) are exported here and imported on first use too.
+table layer) are exported here and imported on first use too, as is
+``InferenceEmbeddingTable`` (``dynamicemb.inference``, which needs TorchRec).
 """
 
 # The release, the one source of the version: the wheel's metadata reads it
@@ -19,6 +20,7 @@ table layer) are exported here and imported on first use too.
 # (tests/packaging). Versioning policy: docs/building.md, "Versions".
 __version__ = "0.1.0"
 
+from ._seams import first_use as _first_use
 from ._seams import provide as _provide
 from .dynamicemb_config import (
     BUCKET_ALIGNMENT,
@@ -52,6 +54,7 @@ from .types import (
 _CHECKPOINT = ("DynamicEmbDump", "DynamicEmbLoad")
 _REPLICATION = ("DeltaDumpResult", "pop_erased_keys", "pop_evicted_keys", "replay_increment")
 _ADMISSION = ("FrequencyAdmissionStrategy", "ProbabilisticAdmissionStrategy")
+_INFERENCE = ("InferenceEmbeddingTable", "InferenceTableConfig")
 
 
 def _model_state_rows():
@@ -73,11 +76,11 @@ def __getattr__(name: str):
         from dynamicemb import replication as package
     elif name in _ADMISSION:
         from dynamicemb import admission as package
+    elif name in _INFERENCE:
+        from dynamicemb import inference as package
     else:
         raise AttributeError(f"module 'dynamicemb' has no attribute {name!r}")
-    value = getattr(package, name)
-    globals()[name] = value
-    return value
+    return _first_use(globals(), name, package)
 
 
 __all__ = [
@@ -97,6 +100,8 @@ __all__ = [
     "DynamicEmbTableOptions",
     "EvictedItemMode",
     "FrequencyAdmissionStrategy",
+    "InferenceEmbeddingTable",
+    "InferenceTableConfig",
     "KVCounter",
     "MemoryType",
     "MultiTableAdmitter",

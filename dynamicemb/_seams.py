@@ -13,6 +13,9 @@ name::
 A loader imports what it names on the first request. One that cannot (a
 Bazel target that depends on the package below alone) gives None, and the
 caller says what is missing.
+
+A package's names imported on first use (its ``__getattr__``) are kept the
+same way: ``first_use`` reads the name once and keeps it in the package.
 """
 
 from collections.abc import Callable
@@ -38,3 +41,12 @@ def provided(name: str) -> Any:
         except ImportError:
             return None
     return _loaded[name]
+
+
+def first_use(namespace: dict[str, Any], name: str, module: Any) -> Any:
+    """``module``'s ``name`` for a package's ``__getattr__``, kept in the
+    package's ``namespace`` (its ``globals()``) so that later reads find it
+    there."""
+    value = getattr(module, name)
+    namespace[name] = value
+    return value

@@ -3,7 +3,7 @@
 The per-table options (``DynamicEmbTableOptions``), initializer arguments,
 the public enums, and the sizing rules the sharding planner applies to them:
 
-* ``complete_initializer_args``: fill missing UNIFORM bounds.
+* ``complete_initializer_args``: fill missing UNIFORM / TRUNCATED_NORMAL bounds.
 * ``get_sharded_table_capacity``: per-rank row capacity after sharding and
   bucket alignment (what the planner writes to ``max_capacity``).
 * ``get_table_value_bytes``: bytes of all ranks' value rows (embedding and
@@ -69,6 +69,8 @@ __all__ = [
     "OPTIMIZER_STATE_DTYPE",
     "embedding_config_dtype",
     "get_table_value_bytes",
+    "implemented_optimizers",
+    "native_optimizer",
     "optimizer_state_dim",
     "value_row_bytes",
 ]
@@ -86,9 +88,10 @@ DEFAULT_INDEX_TYPE = torch.int64
 DIST_TYPES = ("continuous", "roundrobin", "hash_roundrobin")
 DEFAULT_DIST_TYPE = "roundrobin"
 
-# Bytes the fused row layout reserves for row-wise Adagrad's state (one
-# scalar is used; the rest keeps rows aligned).
-_ROWWISE_ADAGRAD_STATE_BYTES = 16
+# Bytes the fused row layout reserves for a row-wise optimizer's state
+# (row-wise Adagrad fills one float32 of them, RMSprop AR three; the rest
+# keeps rows aligned). cc/embedding/optimizer.h's kRowStateFloats.
+_ROWWISE_STATE_BYTES = 16
 
 # The dtypes a table's embeddings may be stored at.
 EMBEDDING_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -167,9 +170,19 @@ class DynamicEmbOptimType(enum.Enum):
     Attributes:
         FTRL (str): FTRL-Proximal; per-row state is ``linear`` then ``accum``,
             ``2 * dim`` elements.
+        ROWWISE_RMSPROP_AR (str): row-wise RMSprop with adaptive
+            regularization (FBGEMM's ``ROWWISE_RMSPROP_AR``, whose
+            ``EmbOptimType`` member newer FBGEMM releases have and is accepted
+            as well): a row's weights shrink by the steps since its last
+            update; ``fused_params`` take ``ar_alpha``, ``ema_beta``,
+            ``min_shrinkage`` and ``row_warmup_steps`` (a new row's step size
+            ramps up over its first updates). Per-row state: 16 bytes, of
+            which three float32 (the EMA of mean(g^2), the step of the last
+            update, the updates since insertion).
     """
 
     FTRL = "ftrl"
+    ROWWISE_RMSPROP_AR = "row_wise_rmsprop_ar"
 
 
 @enum.unique
@@ -194,8 +207,9 @@ class DynamicEmbInitializerArgs:
     """Arguments for initializing dynamic embedding rows.
 
     ``lower``/``upper`` left as None are completed by
-    ``complete_initializer_args`` (for UNIFORM: ``±sqrt(1 / num_embeddings)``
-    given the table's embedding config, else 0.0 and 1.0).
+    ``complete_initializer_args``: for UNIFORM and TRUNCATED_NORMAL,
+    ``±sqrt(1 / num_embeddings)`` given the table's embedding config, else
+    0.0 and 1.0 (UNIFORM) or ``mean ∓ 2 * std_dev`` (TRUNCATED_NORMAL).
 
     Attributes:
         mode (DynamicEmbInitializerMode): the initialization. A string value
@@ -340,6 +354,20 @@ class DynamicEmbTableOptions:
         dist_type (str): row-wise key -> rank routing, one of ``DIST_TYPES``:
             ``"continuous"``, ``"roundrobin"`` or ``"hash_roundrobin"`` (hashes
             the key first). Defaults to ``"roundrobin"``.
+        refuse_cold_keys (bool): a new key whose score would be below the
+            lowest score of its full bucket is not inserted (it evicts
+            nothing): in the training step it reads the row admission's
+            rejected keys read (the strategy's ``initializer_args``, else the
+            table's initializer), is not trained, and is counted in the
+            REFUSALS figure (``dynamicemb.table.refusals``). Deterministic,
+            the same on the CPU and the GPU. It changes what LFU, CUSTOMIZED
+            and the compound (TIMESTAMP, LFU) keep; a TIMESTAMP or STEP
+            newcomer is never below a resident key. On HierarchicalKV's
+            admission protocol (4M new keys into 16M slots at load 0.96) it
+            keeps every resident key an LFU table would lose
+            (docs/benchmarks/eviction.md). Not with ``caching``, an
+            ``external_storage``, a ``score_function`` or NO_EVICTION.
+            Defaults to False (a newcomer evicts the bucket's lowest).
 
     Raises:
         ValueError: a field has a bad value; the message names it.
@@ -376,6 +404,7 @@ class DynamicEmbTableOptions:
     # keeps its listed position.
     score_function: Callable | None = None
     dist_type: str = DEFAULT_DIST_TYPE
+    refuse_cold_keys: bool = False
 
     def __post_init__(self) -> None:
         self.evict_strategy = _to_enum(
@@ -410,7 +439,7 @@ class DynamicEmbTableOptions:
                 "DynamicEmbTableOptions.max_load_factor must be in (0, 1], "
                 f"got {self.max_load_factor!r}"
             )
-        for name in ("training", "caching"):
+        for name in ("training", "caching", "refuse_cold_keys"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(
                     f"DynamicEmbTableOptions.{name} must be a bool, got {getattr(self, name)!r}"
@@ -460,6 +489,7 @@ class DynamicEmbTableOptions:
                 f"dynamicemb.types.Storage (the class, not an instance), got "
                 f"{self.external_storage!r}"
             )
+        self._check_refuse_cold_keys()
         if self.admit_strategy is not None and not isinstance(
             self.admit_strategy, AdmissionStrategy
         ):
@@ -483,7 +513,7 @@ class DynamicEmbTableOptions:
         counter = self.admission_counter
         carried = None
         if self.admit_strategy is not None:
-            carried = self.admit_strategy._with_deprecated_counter(counter)
+            carried = self.admit_strategy.with_deprecated_counter(counter)
         where = (
             "it was carried to the admission strategy"
             if carried is not None
@@ -500,6 +530,25 @@ class DynamicEmbTableOptions:
         if carried is not None:
             self.admit_strategy = carried
             self.admission_counter = None
+
+    def _check_refuse_cold_keys(self) -> None:
+        """refuse_cold_keys only where a table's own full buckets decide."""
+        if not self.refuse_cold_keys:
+            return
+        conflicts = [
+            (self.caching, "caching=True"),
+            (self.external_storage is not None, "an external_storage"),
+            (self.score_function is not None, "a score_function"),
+            (
+                DynamicEmbScoreStrategy.NO_EVICTION in self.score_strategies(),
+                "score_strategy NO_EVICTION (it never evicts)",
+            ),
+        ]
+        for conflict, what in conflicts:
+            if conflict:
+                raise ValueError(
+                    f"DynamicEmbTableOptions.refuse_cold_keys is not supported with {what}"
+                )
 
     def score_strategies(self) -> tuple[DynamicEmbScoreStrategy, ...]:
         """The score strategy as a tuple, one element per score word.
@@ -552,6 +601,7 @@ class DynamicEmbTableOptions:
             ("external_storage", self.external_storage),
             ("evicted_item_mode", self.evicted_item_mode),
             ("dist_type", self.dist_type),
+            ("refuse_cold_keys", self.refuse_cold_keys),
         )
 
 
@@ -611,16 +661,23 @@ def _warn_ignored_weight_init(embedding_config: Any) -> None:
         )
 
 
+# The modes whose bounds complete_initializer_args fills.
+_BOUNDED_MODES = (DynamicEmbInitializerMode.UNIFORM, DynamicEmbInitializerMode.TRUNCATED_NORMAL)
+
+
 def complete_initializer_args(
     initializer_args: DynamicEmbInitializerArgs,
     embedding_config: Any | None = None,
 ) -> DynamicEmbInitializerArgs:
-    """Fill the missing bounds of UNIFORM initializer arguments.
+    """Fill the missing bounds of UNIFORM and TRUNCATED_NORMAL initializer
+    arguments.
 
-    Step 1 of the planner's option preparation. Only UNIFORM is completed: a
-    ``lower`` or ``upper`` that is None becomes ``-sqrt(1 / num_embeddings)``
-    / ``+sqrt(1 / num_embeddings)`` when ``embedding_config`` is given, else
-    0.0 / 1.0. A bound already set is kept. The argument is never modified.
+    Step 1 of the planner's option preparation. A ``lower`` or ``upper`` that
+    is None becomes ``-sqrt(1 / num_embeddings)`` / ``+sqrt(1 /
+    num_embeddings)`` when ``embedding_config`` is given (the options'
+    documented default for both modes), else 0.0 / 1.0 for UNIFORM and
+    ``mean - 2 * std_dev`` / ``mean + 2 * std_dev`` for TRUNCATED_NORMAL. A
+    bound already set is kept. The argument is never modified.
     The config's ``weight_init_min`` / ``weight_init_max`` (TorchRec's) are
     not used; set, they warn once.
 
@@ -640,15 +697,20 @@ def complete_initializer_args(
     """
     if embedding_config is not None:
         _warn_ignored_weight_init(embedding_config)
-    if initializer_args.mode != DynamicEmbInitializerMode.UNIFORM or (
+    mode = initializer_args.mode
+    if mode not in _BOUNDED_MODES or (
         initializer_args.lower is not None and initializer_args.upper is not None
     ):
         return initializer_args
     if embedding_config is not None:
         bound = math.sqrt(1.0 / _num_embeddings(embedding_config))
         default_lower, default_upper = -bound, bound
-    else:
+    elif mode == DynamicEmbInitializerMode.UNIFORM:
         default_lower, default_upper = 0.0, 1.0
+    else:
+        spread = 2.0 * initializer_args.std_dev
+        default_lower = initializer_args.mean - spread
+        default_upper = initializer_args.mean + spread
     return dataclasses.replace(
         initializer_args,
         lower=default_lower if initializer_args.lower is None else initializer_args.lower,
@@ -752,6 +814,53 @@ def get_sharded_table_capacity(
     return num_buckets * width
 
 
+# The optimizers dynamicemb's rows implement: the member name of the enum that
+# names them (FBGEMM's EmbOptimType or DynamicEmbOptimType) -> the fused row
+# update it runs (cc/embedding/optimizer.h OptimType, by name).
+_EMB_OPTIM_NATIVE = {
+    "SGD": "SGD",
+    "EXACT_SGD": "SGD",
+    "ADAM": "ADAM",
+    "EXACT_ADAGRAD": "EXACT_ADAGRAD",
+    "EXACT_ROWWISE_ADAGRAD": "EXACT_ROWWISE_ADAGRAD",
+    # A member of FBGEMM releases newer than some dynamicemb runs with.
+    "ROWWISE_RMSPROP_AR": "ROWWISE_RMSPROP_AR",
+}
+_DYNAMICEMB_OPTIM_NATIVE = {
+    "FTRL": "FTRL",
+    "ROWWISE_RMSPROP_AR": "ROWWISE_RMSPROP_AR",
+}
+
+
+def implemented_optimizers() -> str:
+    """The optimizers dynamicemb tables implement, as an error message names them."""
+    emb = ", ".join(f"EmbOptimType.{n}" for n in _EMB_OPTIM_NATIVE)
+    own = ", ".join(f"DynamicEmbOptimType.{m.name}" for m in DynamicEmbOptimType)
+    return f"{emb} (the last where FBGEMM has it), {own}"
+
+
+def native_optimizer(optimizer_type: Any) -> str:
+    """The fused row update (the native ``OptimType`` name) an optimizer runs.
+
+    Args:
+        optimizer_type (Union[EmbOptimType, DynamicEmbOptimType]): the
+            ``optimizer`` of ``fused_params``.
+
+    Raises:
+        ValueError: an optimizer dynamicemb does not implement, naming the
+            ones it does.
+    """
+    name = getattr(optimizer_type, "name", None)
+    if isinstance(optimizer_type, DynamicEmbOptimType):
+        return _DYNAMICEMB_OPTIM_NATIVE[name]
+    if _is_emb_optim_type(optimizer_type) and name in _EMB_OPTIM_NATIVE:
+        return _EMB_OPTIM_NATIVE[name]
+    raise ValueError(
+        f"optimizer {optimizer_type!r} is not implemented by dynamicemb tables; they "
+        f"implement {implemented_optimizers()}"
+    )
+
+
 def optimizer_state_dim(optimizer_type: Any, dim: int, dtype: torch.dtype) -> int:
     """Optimizer-state elements stored after the embedding in one row.
 
@@ -763,11 +872,13 @@ def optimizer_state_dim(optimizer_type: Any, dim: int, dtype: torch.dtype) -> in
     optimizer                                 state width
     ========================================  =============================
     EmbOptimType.SGD, EXACT_SGD               0
-    EmbOptimType.ADAM, PARTIAL_ROWWISE_ADAM   ``2 * dim`` (m, then v)
+    EmbOptimType.ADAM                         ``2 * dim`` (m, then v)
     EmbOptimType.EXACT_ADAGRAD                ``dim``
     EmbOptimType.EXACT_ROWWISE_ADAGRAD        16 bytes: ``16 // itemsize``
                                               (one scalar used)
     DynamicEmbOptimType.FTRL                  ``2 * dim`` (linear, accum)
+    DynamicEmbOptimType.ROWWISE_RMSPROP_AR    16 bytes: ``16 // itemsize``
+    (EmbOptimType's too)                      (three scalars used)
     ========================================  =============================
 
     Args:
@@ -780,46 +891,41 @@ def optimizer_state_dim(optimizer_type: Any, dim: int, dtype: torch.dtype) -> in
         int: state elements per row.
 
     Raises:
-        ValueError: an optimizer without a dynamicemb row layout, or a bad
-            ``dim`` / ``dtype``.
+        ValueError: an optimizer dynamicemb does not implement (the message
+            names those it does), or a bad ``dim`` / ``dtype``.
     """
     if not _is_int(dim) or dim <= 0:
         raise ValueError(f"optimizer_state_dim: dim must be a positive int, got {dim!r}")
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"optimizer_state_dim: dtype must be a torch.dtype, got {dtype!r}")
-    if isinstance(optimizer_type, DynamicEmbOptimType):
-        if optimizer_type is DynamicEmbOptimType.FTRL:
-            return 2 * dim
-    elif _is_emb_optim_type(optimizer_type):
-        name = optimizer_type.name
-        if name in ("SGD", "EXACT_SGD"):
-            return 0
-        if name in ("ADAM", "PARTIAL_ROWWISE_ADAM"):
-            return 2 * dim
-        if name == "EXACT_ADAGRAD":
-            return dim
-        if name == "EXACT_ROWWISE_ADAGRAD":
-            return _ROWWISE_ADAGRAD_STATE_BYTES // dtype.itemsize
-    raise ValueError(f"optimizer {optimizer_type!r} is not supported by dynamicemb tables")
+    native = native_optimizer(optimizer_type)
+    if native in ("ADAM", "FTRL"):
+        return 2 * dim
+    if native == "EXACT_ADAGRAD":
+        return dim
+    if native in ("EXACT_ROWWISE_ADAGRAD", "ROWWISE_RMSPROP_AR"):
+        return _ROWWISE_STATE_BYTES // dtype.itemsize
+    return 0
 
 
-# Optimizer-state elements rowwise Adagrad fills of the ones it reserves.
-_ROWWISE_ADAGRAD_STATE_USED = 1
+# Optimizer-state elements a row-wise optimizer fills of the ones it reserves.
+_ROWWISE_STATE_USED = {"EXACT_ROWWISE_ADAGRAD": 1, "ROWWISE_RMSPROP_AR": 3}
 
 
 def saved_state_dim(optimizer_name: str | None, state_dim: int) -> int:
     """Optimizer-state elements of a row as checkpoint files and deltas
     carry it (``TableRows.state_dim``): the row's ``state_dim`` (see
-    ``optimizer_state_dim``), except rowwise Adagrad's, whose reserved 16
-    bytes hold one scalar: that one.
+    ``optimizer_state_dim``), except a row-wise optimizer's, whose reserved
+    16 bytes hold fewer scalars: those (rowwise Adagrad's one, RMSprop AR's
+    three).
 
     Args:
         optimizer_name (Optional[str]): the optimizer's member name
             (``EXACT_ROWWISE_ADAGRAD``, ...); None for rows without state.
         state_dim (int): the row's state elements (0: none).
     """
-    if state_dim and optimizer_name == "EXACT_ROWWISE_ADAGRAD":
-        return _ROWWISE_ADAGRAD_STATE_USED
+    if state_dim and optimizer_name in _ROWWISE_STATE_USED:
+        return _ROWWISE_STATE_USED[optimizer_name]
     return state_dim
 
 

@@ -7,6 +7,8 @@ and imported from there when first used (so that this module imports
 without TorchRec; the Bazel target //dynamicemb declares the dependency).
 """
 
+from dynamicemb._seams import first_use
+
 _NAMES = (
     "DeltaDumpResult",
     "ReplayStats",
@@ -26,6 +28,4 @@ def __getattr__(name: str):
         raise AttributeError(f"module 'dynamicemb.incremental_dump' has no attribute {name!r}")
     from dynamicemb import replication
 
-    value = getattr(replication, name)
-    globals()[name] = value
-    return value
+    return first_use(globals(), name, replication)

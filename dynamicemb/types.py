@@ -337,7 +337,7 @@ class AdmissionStrategy(abc.ABC):
         """
         return 0
 
-    def _with_deprecated_counter(self, counter) -> "AdmissionStrategy | None":
+    def with_deprecated_counter(self, counter) -> "AdmissionStrategy | None":
         """This strategy counting into ``counter``, or None if it counts nothing.
 
         How ``DynamicEmbTableOptions.admission_counter`` (deprecated) is
@@ -443,8 +443,8 @@ class Storage(abc.ABC):
         """Remove keys; keys that are not stored are ignored.
 
         Args:
-            keys (torch.Tensor): ``(n,)`` keys.
-            table_ids (torch.Tensor): ``(n,)`` logical table of each key.
+            keys (torch.Tensor): ``(n,)`` the keys to remove.
+            table_ids (torch.Tensor): ``(n,)`` the logical table of each.
         """
 
     @abc.abstractmethod

@@ -15,6 +15,7 @@ rank 0's result.
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import socket
@@ -160,6 +161,15 @@ def init_from_env(
         (this rank's place, its torch device).
     """
     env = rank_env()
+    # Before the group exists: torch.distributed.nn (which TorchRec imports)
+    # takes the default group as its functions' default arguments when it
+    # is imported. Imported after init_process_group, it would keep the group
+    # alive past destroy_process_group, its threads (gloo's workers and
+    # transport loop, the store's) still running at exit, where a thread
+    # still running or releasing a transfer when the interpreter is torn down
+    # aborts the process ("terminate called without an active exception").
+    import torch.distributed.nn
+
     timeout = datetime.timedelta(seconds=timeout_s)
     group = {"timeout": timeout, "rank": env.rank, "world_size": env.world_size}
     store = _attempt_store(timeout)
@@ -206,16 +216,24 @@ def _launched_rank(rank: int, world_size: int, port: int, fn, more: tuple) -> No
     fn(*more)
 
 
-def spawn_ranks(world_size: int, fn, *more) -> None:
+def spawn_ranks(world_size: int, fn, *more, device: str = "cuda") -> None:
     """Runs ``fn(*more)`` in one process per rank on this host, each with the
     environment torchrun would give it (``rank_env``, a free rendezvous port
     on 127.0.0.1), and waits for them all: what a script does without a
-    launcher, so its ranks run as under torchrun."""
-    mp.spawn(
+    launcher, so its ranks run as under torchrun.
+
+    For ``device`` cuda each rank is a new interpreter (spawn). On the CPU the
+    ranks are forked from a forkserver that imported the script once, so they
+    do not each import torch and TorchRec again."""
+    start_method = "spawn" if device == "cuda" else "forkserver"
+    if start_method == "forkserver":
+        mp.get_context("forkserver").set_forkserver_preload(["__main__"])
+    mp.start_processes(
         _launched_rank,
         args=(world_size, free_port(), fn, more),
         nprocs=world_size,
         join=True,
+        start_method=start_method,
     )
 
 
@@ -231,7 +249,9 @@ def run_job(fn, args, result_path: str | None, refusals: tuple[type[Exception], 
     if launched():
         return _run_rank(fn, args, result_path, refusals)
     try:
-        spawn_ranks(args.world_size, _spawned_rank, fn, args, result_path, refusals)
+        spawn_ranks(
+            args.world_size, _spawned_rank, fn, args, result_path, refusals, device=args.device
+        )
     except mp.ProcessExitedException as e:
         return e.exit_code if e.exit_code > 0 else 128 - e.exit_code
     return 0
@@ -250,7 +270,7 @@ def _run_rank(fn, args, result_path: str | None, refusals: tuple[type[Exception]
             print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     finally:
-        dist.destroy_process_group()
+        tear_down()
     if result is not None and result_path:
         with open(result_path, "w") as f:
             json.dump(result, f, indent=1)
@@ -277,4 +297,13 @@ def run_alone(fn, args) -> None:
     try:
         fn(args)
     finally:
-        dist.destroy_process_group()
+        tear_down()
+
+
+def tear_down() -> None:
+    """Destroys the process group so that its threads are gone before the
+    process exits (``init_from_env`` says why they must be). A model the
+    run built holds the group in reference cycles: they are collected
+    first, so that nothing keeps the group alive past its destruction."""
+    gc.collect()
+    dist.destroy_process_group()

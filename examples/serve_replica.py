@@ -12,20 +12,22 @@ Three commands:
           restarted after a crash continues the stream (in a new epoch when
           the dead job had published past that checkpoint; replicas switch
           to it). Without, a folder that holds a stream already is refused.
-  serve   a replica (one process, CPU or GPU, larger tables than the job's,
-          built for evaluation): loads the folder's checkpoint, then applies
-          deltas as they appear (DeltaFollower, in a thread) while it answers
-          lookups (eval forward): lines "<table> <key> <key> ..." on stdin get
-          the rows back, and --probe prints a lookup summary every second.
-          With --until it stops once it reflects that delta; with --compare
-          it then waits for the job's final checkpoint and compares every
-          row with it.
+  serve   a replica (one process, CPU or GPU): an InferenceEmbeddingTable
+          (rows stored as --dtype: float32, float16, bfloat16, float8_e4m3fn
+          or int8) that loads the folder's checkpoint, then applies deltas as
+          they appear (DeltaFollower, in a thread) while it answers lookups:
+          lines "<table> <key> <key> ..." on stdin get the rows back, and
+          --probe prints a lookup summary every second. It imports none of
+          the training code. With --until it stops once it reflects that
+          delta; with --compare it then waits for the job's final checkpoint
+          and compares every row with it (a table of the same dtype built
+          from that checkpoint holds the same bytes).
   demo    train and serve side by side: the job in the background, the
           replica following it, and the comparison at the end.
 
     python examples/serve_replica.py demo --steps 60
     python examples/serve_replica.py train --folder /tmp/stream --steps 500 &
-    python examples/serve_replica.py serve --folder /tmp/stream --probe
+    python examples/serve_replica.py serve --folder /tmp/stream --probe --dtype int8
     torchrun --standalone --nproc-per-node 2 examples/serve_replica.py train --folder /tmp/stream
 """
 
@@ -45,7 +47,6 @@ TABLES = ("user", "item")
 DIM = 16
 KEY_SPACE = 200_000
 ROWS_PER_RANK = 4096  # of the job's tables: far fewer than the ids they see
-FOLLOWER_ROWS = 65_536  # of the replica's tables: room for all the job holds
 
 
 def build(
@@ -123,21 +124,6 @@ def batch(step: int, rank: int, size: int, device: torch.device):
     ).to(device)
 
 
-def lookup(model, table: str, keys: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """Eval forward of ``keys`` of ``table``: (n, DIM) rows."""
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    # One bag per key in ``table``, empty bags in the others (one batch size).
-    ones = torch.ones(keys.numel(), dtype=torch.int64)
-    kjt = KeyedJaggedTensor(
-        keys=list(TABLES),
-        values=keys,
-        lengths=torch.cat([ones if t == table else ones * 0 for t in TABLES]),
-    ).to(device)
-    with torch.no_grad():
-        return model(kjt)[table].values().cpu()
-
-
 # ------------------------------------------------------------------- train --
 
 
@@ -182,124 +168,131 @@ def train(args) -> int:
     if dist_launch.launched():  # torchrun started this process as a rank
         _train_rank(args)
     else:
-        dist_launch.spawn_ranks(args.world_size, _train_rank, args)
+        dist_launch.spawn_ranks(args.world_size, _train_rank, args, device=args.device)
     return 0
 
 
 # ------------------------------------------------------------------- serve --
 
 
-def _compare_with_final(model, folder: str, device: torch.device) -> int:
-    """Loads the job's final checkpoint into a second replica and looks up
-    every key it holds in both."""
-    from dynamicemb.checkpoint import load
-    from dynamicemb.shard.tables import model_tables
+def serving_table(args, path: str | None = None):
+    """The replica's InferenceEmbeddingTable: sequence lookups of both
+    tables (one feature each), rows stored as ``--dtype``; from the
+    checkpoint at ``path`` if given, else empty."""
+    from dynamicemb import DynamicEmbPoolingMode
+    from dynamicemb.inference import InferenceEmbeddingTable, InferenceTableConfig
 
-    reference = build(1, device, FOLLOWER_ROWS, training=False)
-    load(os.path.join(folder, "final"), reference, show_progress=False)
-    reference.eval()
+    device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
+    kw = {"pooling": DynamicEmbPoolingMode.NONE, "dtype": args.dtype, "device": device}
+    configs = [InferenceTableConfig(t, DIM, [t]) for t in TABLES]
+    if path is not None:
+        return InferenceEmbeddingTable.from_checkpoint(path, configs, **kw)
+    return InferenceEmbeddingTable(configs, **kw)
+
+
+def _compare_with_final(table, folder: str, args) -> int:
+    """Builds a second table of the same dtype from the job's final
+    checkpoint and compares every key and stored row of both."""
+    reference = serving_table(args, os.path.join(folder, "final"))
     worst, total = 0.0, 0
-    for coll, refs in model_tables(reference).items():
-        for name, ref in refs.items():
-            keys = torch.cat([p.keys for p in ref.rows.export_rows(ref.index, 1 << 16)]).cpu()
-            got = lookup(model, name, keys, device)
-            want = lookup(reference, name, keys, device)
-            worst = max(worst, float((got - want).abs().max()) if keys.numel() else 0.0)
-            held = model_tables(model)[coll][name]
-            extra = held.rows.sizes()[held.index] - keys.numel()
-            total += keys.numel()
-            print(f"serve: table {name}: {keys.numel()} keys, {extra} keys more than the job")
-            if extra:
+    for name in TABLES:
+        keys, stored = reference.stored_rows(name)
+        held, ours = table.stored_rows(name)
+        total += keys.numel()
+        extra = held.numel() - keys.numel()
+        print(f"serve: table {name}: {keys.numel()} keys, {extra} keys more than the job")
+        if extra or not torch.equal(held, keys):
+            return 1
+        if keys.numel():
+            diff = table.rows(name, keys) - reference.rows(name, keys)
+            worst = max(worst, float(diff.abs().max()))
+            if not torch.equal(ours, stored):
                 return 1
     print(f"serve: the replica holds the job's {total} keys, max |difference| {worst}")
     return 0 if worst == 0.0 else 1
 
 
 def serve(args) -> int:
-    dist_launch.init_process_group(0, 1, dist_launch.free_port(), args.device, args.threads)
-    try:
-        from dynamicemb.replication import DeltaFollower
-        from dynamicemb.replication.stream import list_deltas
+    from dynamicemb.replication import DeltaFollower
+    from dynamicemb.replication.stream_files import list_deltas
 
-        device = torch.device(args.device, 0) if args.device == "cuda" else torch.device("cpu")
-        model = build(1, device, FOLLOWER_ROWS, training=False)
-        model.eval()
-        follower = DeltaFollower(model, args.folder)
-        deadline = time.monotonic() + args.timeout
-        while not follower.load_checkpoint():
+    torch.set_num_threads(args.threads)
+    table = serving_table(args)
+    follower = DeltaFollower(table, args.folder)
+    deadline = time.monotonic() + args.timeout
+    while not follower.load_checkpoint():
+        if time.monotonic() > deadline:
+            print(f"serve: no checkpoint in {args.folder}", file=sys.stderr)
+            return 1
+        time.sleep(0.2)
+    run, epoch, seq = follower.position
+    print(
+        f"serve: loaded the checkpoint (delta {seq}) of run {run}, epoch {epoch} into a "
+        f"{table.format.name} table of {table.memory()} bytes",
+        flush=True,
+    )
+    done = threading.Event()
+
+    def follow():
+        # Lookups run meanwhile: each reads the rows before or after a delta.
+        while not done.is_set():
+            applied = follower.poll()
+            if applied:
+                held = {n: s.upserted for c in follower.stats.values() for n, s in c.items()}
+                print(f"serve: applied deltas {applied} (last: {held} rows)", flush=True)
+            if args.until and (follower.sequence or 0) >= args.until:
+                done.set()
+            time.sleep(args.poll)
+
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    probe_keys = torch.arange(0, 64)
+    while not done.is_set():
+        if time.monotonic() > deadline:
+            print("serve: timed out", file=sys.stderr)
+            done.set()
+            return 1
+        if args.probe:
+            rows = table.rows(TABLES[0], probe_keys).cpu()
+            found = int((rows.abs().sum(1) > 0).sum())
+            print(
+                f"serve: delta {follower.sequence}, {found} of {len(probe_keys)} probe keys "
+                f"held, row norm {float(rows.norm()):.4f}",
+                flush=True,
+            )
+            time.sleep(1.0)
+        elif args.until:
+            time.sleep(0.2)
+        else:
+            line = sys.stdin.readline()
+            if not line:
+                break
+            parts = line.split()
+            if not parts or parts[0] not in TABLES:
+                print(f"serve: expected '<table> <key> ...' with a table of {TABLES}")
+                continue
+            keys = torch.tensor([int(k) for k in parts[1:]], dtype=torch.int64)
+            rows = table.rows(parts[0], keys).cpu()
+            for k, row in zip(keys.tolist(), rows):
+                print(k, " ".join(f"{v:.5f}" for v in row.tolist()), flush=True)
+    done.set()
+    thread.join()
+    print(
+        f"serve: stopped at delta {follower.sequence}; deltas in the folder: "
+        f"{list_deltas(args.folder)[-3:]}",
+        flush=True,
+    )
+    if args.compare:
+        from dynamicemb.checkpoint.layout import MANIFEST
+
+        final = os.path.join(args.folder, "final", MANIFEST)
+        while not os.path.isfile(final):
             if time.monotonic() > deadline:
-                print(f"serve: no checkpoint in {args.folder}", file=sys.stderr)
+                print("serve: the job's final checkpoint did not appear", file=sys.stderr)
                 return 1
             time.sleep(0.2)
-        run, epoch, seq = follower.position
-        print(f"serve: loaded the checkpoint (delta {seq}) of run {run}, epoch {epoch}", flush=True)
-        lock = threading.Lock()
-        done = threading.Event()
-
-        def follow():
-            while not done.is_set():
-                with lock:
-                    applied = follower.poll()
-                if applied:
-                    held = {n: s.upserted for c in follower.stats.values() for n, s in c.items()}
-                    print(f"serve: applied deltas {applied} (last: {held} rows)", flush=True)
-                if args.until and (follower.sequence or 0) >= args.until:
-                    done.set()
-                time.sleep(args.poll)
-
-        thread = threading.Thread(target=follow, daemon=True)
-        thread.start()
-        probe_keys = torch.arange(0, 64)
-        while not done.is_set():
-            if time.monotonic() > deadline:
-                print("serve: timed out", file=sys.stderr)
-                done.set()
-                return 1
-            if args.probe:
-                with lock:
-                    rows = lookup(model, TABLES[0], probe_keys, device)
-                found = int((rows.abs().sum(1) > 0).sum())
-                print(
-                    f"serve: delta {follower.sequence}, {found} of {len(probe_keys)} probe keys "
-                    f"held, row norm {float(rows.norm()):.4f}",
-                    flush=True,
-                )
-                time.sleep(1.0)
-            elif args.until:
-                time.sleep(0.2)
-            else:
-                line = sys.stdin.readline()
-                if not line:
-                    break
-                parts = line.split()
-                if not parts or parts[0] not in TABLES:
-                    print(f"serve: expected '<table> <key> ...' with a table of {TABLES}")
-                    continue
-                keys = torch.tensor([int(k) for k in parts[1:]], dtype=torch.int64)
-                with lock:
-                    rows = lookup(model, parts[0], keys, device)
-                for k, row in zip(keys.tolist(), rows):
-                    print(k, " ".join(f"{v:.5f}" for v in row.tolist()), flush=True)
-        done.set()
-        thread.join()
-        print(
-            f"serve: stopped at delta {follower.sequence}; deltas in the folder: "
-            f"{list_deltas(args.folder)[-3:]}",
-            flush=True,
-        )
-        if args.compare:
-            from dynamicemb.checkpoint.layout import MANIFEST
-
-            final = os.path.join(args.folder, "final", MANIFEST)
-            while not os.path.isfile(final):
-                if time.monotonic() > deadline:
-                    print("serve: the job's final checkpoint did not appear", file=sys.stderr)
-                    return 1
-                time.sleep(0.2)
-            return _compare_with_final(model, args.folder, device)
-        return 0
-    finally:
-        dist.destroy_process_group()
+        return _compare_with_final(table, args.folder, args)
+    return 0
 
 
 def demo(args) -> int:
@@ -352,6 +345,13 @@ def main(argv=None) -> int:
     cmds["train"].add_argument(
         "--resume", action="store_true", help="continue the folder's stream from its checkpoint"
     )
+    for name in ("serve", "demo"):
+        cmds[name].add_argument(
+            "--dtype",
+            choices=["float32", "float16", "bfloat16", "float8_e4m3fn", "int8"],
+            default="float32",
+            help="how the replica stores rows",
+        )
     for name in ("serve",):
         p = cmds[name]
         p.add_argument("--probe", action="store_true", help="print a lookup every second")

@@ -75,9 +75,40 @@ def parser(description: str, has_gpu: bool) -> argparse.ArgumentParser:
     )
     ap.add_argument(
         "--emb-optimizer",
-        choices=["rowwise_adagrad", "adam"],
+        choices=["rowwise_adagrad", "adam", "rowwise_rmsprop_ar"],
         default="rowwise_adagrad",
-        help="fused optimizer of the embedding tables (adam: on cuda only)",
+        help="fused optimizer of the embedding tables (adam: on cuda only; rowwise_rmsprop_ar: "
+        "the dynamic tables', the static one keeps rowwise_adagrad)",
+    )
+    ap.add_argument(
+        "--ar-alpha",
+        type=float,
+        default=0.0,
+        help="rowwise_rmsprop_ar: adaptive regularization coefficient (default 0)",
+    )
+    ap.add_argument(
+        "--row-warmup-steps",
+        type=int,
+        default=0,
+        help="rowwise_rmsprop_ar: updates over which a new row's step size ramps up (default 0)",
+    )
+    ap.add_argument(
+        "--score-strategy",
+        choices=["step", "timestamp", "lfu", "timestamp_lfu", "decayed_lfu"],
+        default="step",
+        help="what the dynamic tables evict (default step: the least recently used; "
+        "decayed_lfu: (timestamp, lfu) with a score_function, the frequency less one a second)",
+    )
+    ap.add_argument(
+        "--admission-threshold",
+        type=int,
+        default=0,
+        help="admit an id into a dynamic table once seen this often (default 0: every id)",
+    )
+    ap.add_argument(
+        "--refuse-cold-keys",
+        action="store_true",
+        help="a new id colder than its full bucket's lowest is not inserted (refuse_cold_keys)",
     )
     ap.add_argument("--emb-lr", type=float, default=0.05)
     ap.add_argument("--dense-lr", type=float, default=3e-3)

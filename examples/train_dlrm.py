@@ -19,7 +19,8 @@ The tables are planned by DynamicEmbeddingShardingPlanner and sharded by
 DistributedModelParallel with dynamicemb's sharder, in one call
 (dynamicemb.shard.plan_and_shard); the dense part is data parallel.
 Embedding rows are updated in the backward pass by the sharder's fused
-optimizer (rowwise Adagrad or Adam), the dense part by torch's Adam. One
+optimizer (rowwise Adagrad, Adam or row-wise RMSprop AR), the dense part by
+torch's Adam. One
 process per GPU (NCCL) when there is a GPU, else processes on the CPU
 (gloo). Under torchrun, each process is the rank torchrun says (on one node
 or several); started directly, the script runs --world-size ranks on this
@@ -142,7 +143,8 @@ class DataSource:
         if args.preset is not None:
             from dynamicemb.dynamicemb_config import value_row_bytes
 
-            row = value_row_bytes(fused_params(args)["optimizer"], args.dim, torch.float32)
+            optimizer = dynamic_fused_params(args)["optimizer"]
+            row = value_row_bytes(optimizer, args.dim, torch.float32)
             names = click_tsv.categorical_names()
             self.features = criteo_preset.features(Feature, names, args, row)
         elif self.generated:
@@ -208,6 +210,8 @@ def embedding_configs(features: tuple[Feature, ...], dim: int):
 
 
 def fused_params(args) -> dict[str, Any]:
+    """The static table's fused optimizer, and the dynamic tables' but with
+    rowwise_rmsprop_ar (dynamic_fused_params)."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
     if args.emb_optimizer == "adam":
@@ -225,13 +229,59 @@ def fused_params(args) -> dict[str, Any]:
     }
 
 
+def dynamic_fused_params(args) -> dict[str, Any]:
+    """The dynamic tables' fused optimizer. Row-wise RMSprop AR has no
+    FBGEMM kernel of TorchRec's static tables here, so the dynamic tables get
+    it (the sharder's fused_params), the static one keeps rowwise Adagrad (its
+    static_fused_params)."""
+    if args.emb_optimizer != "rowwise_rmsprop_ar":
+        return fused_params(args)
+    from dynamicemb import DynamicEmbOptimType
+
+    return {
+        "optimizer": DynamicEmbOptimType.ROWWISE_RMSPROP_AR,
+        "learning_rate": args.emb_lr,
+        "eps": 1e-8,
+        "ar_alpha": args.ar_alpha,
+        "row_warmup_steps": args.row_warmup_steps,
+    }
+
+
+def decayed_lfu(scores, cur_timestamp):
+    """--score-strategy decayed_lfu's score_function over (timestamp,
+    frequency): the frequency less one per second since the key was last
+    seen (compiled by numba)."""
+    return scores[1] - (cur_timestamp - scores[0]) * 1e-9
+
+
+def eviction_options(args, capacity: int) -> dict[str, Any]:
+    """The dynamic tables' eviction and admission options (--score-strategy,
+    --admission-threshold, --refuse-cold-keys)."""
+    from dynamicemb import DynamicEmbScoreStrategy as S
+    from dynamicemb import FrequencyAdmissionStrategy, KVCounter
+
+    strategy = {
+        "step": S.STEP,  # evict the least recently used
+        "timestamp": S.TIMESTAMP,
+        "lfu": S.LFU,
+        "timestamp_lfu": (S.TIMESTAMP, S.LFU),
+        "decayed_lfu": (S.TIMESTAMP, S.LFU),
+    }[args.score_strategy]
+    out: dict[str, Any] = {"score_strategy": strategy, "refuse_cold_keys": args.refuse_cold_keys}
+    if args.score_strategy == "decayed_lfu":
+        out["score_function"] = decayed_lfu
+    if args.admission_threshold:
+        counter = KVCounter(capacity=max(capacity, 1024), bucket_capacity=128)
+        out["admit_strategy"] = FrequencyAdmissionStrategy(args.admission_threshold, counter)
+    return out
+
+
 def constraints(features: tuple[Feature, ...], args, world_size: int) -> dict[str, Any]:
     from torchrec.distributed.planner.types import ParameterConstraints
 
     from dynamicemb import (
         DynamicEmbInitializerArgs,
         DynamicEmbInitializerMode,
-        DynamicEmbScoreStrategy,
         DynamicEmbTableOptions,
         get_table_value_bytes,
     )
@@ -239,7 +289,7 @@ def constraints(features: tuple[Feature, ...], args, world_size: int) -> dict[st
 
     out: dict[str, Any] = {}
     configs = {c.name: c for c in embedding_configs(features, args.dim)}
-    optimizer = fused_params(args)["optimizer"]
+    optimizer = dynamic_fused_params(args)["optimizer"]
     for f in features:
         if f.dynamic:
             out[f.table] = DynamicEmbParameterConstraints(
@@ -247,7 +297,6 @@ def constraints(features: tuple[Feature, ...], args, world_size: int) -> dict[st
                 use_dynamicemb=True,
                 dynamicemb_options=DynamicEmbTableOptions(
                     bucket_capacity=128,
-                    score_strategy=DynamicEmbScoreStrategy.STEP,  # evict the least recently used
                     dist_type="hash_roundrobin",
                     initializer_args=DynamicEmbInitializerArgs(
                         mode=DynamicEmbInitializerMode.UNIFORM, lower=-0.05, upper=0.05
@@ -256,6 +305,7 @@ def constraints(features: tuple[Feature, ...], args, world_size: int) -> dict[st
                     global_hbm_for_values=get_table_value_bytes(
                         configs[f.table], optimizer, world_size, 128
                     ),
+                    **eviction_options(args, f.capacity),
                 ),
             )
         else:
@@ -282,9 +332,10 @@ def build(features: tuple[Feature, ...], args, env: dist_launch.RankEnv, device,
     if shard is not None:
         model, plan = shard(model, env, device)
     else:
-        # The same fused optimizer for the dynamic tables and the static one.
+        # The dynamic tables' fused optimizer, and the static table's (the same
+        # but with rowwise_rmsprop_ar, which TorchRec's kernels lack).
         sharder = DynamicEmbeddingBagCollectionSharder(
-            fused_params=fused_params(args), static_fused_params=fused_params(args)
+            fused_params=dynamic_fused_params(args), static_fused_params=fused_params(args)
         )
         planner = DynamicEmbeddingShardingPlanner(
             eb_configs=configs,
@@ -369,6 +420,7 @@ def train(env: dist_launch.RankEnv, device: torch.device, args) -> dict[str, Any
     checkpoints, resumed = None, None
     if args.checkpoint_dir is not None:
         checkpoints = train_checkpoint.JobCheckpoints(args.checkpoint_dir, args.keep, device)
+        checkpoints.claim()
         if args.resume:
             resumed = checkpoints.resume(
                 model, dense_opt, model_desc, data_desc, args.dense_lr, args.batch_size
@@ -382,7 +434,8 @@ def train(env: dist_launch.RankEnv, device: torch.device, args) -> dict[str, Any
     else:
         start, position = resumed.step, resumed.trainer["data_position"]
         loss_sum, first_eval = resumed.trainer["loss_sum"], resumed.trainer["eval_first"]
-    log = train_report.RunLog(args, env, device, features, start, loss_sum)
+    loss_world = resumed.entry["world_size"] if resumed is not None else None
+    log = train_report.RunLog(args, env, device, features, start, loss_sum, loss_world)
     stream = source.train(rank, world_size, start, position)
 
     def save(done: int) -> None:
@@ -397,6 +450,7 @@ def train(env: dist_launch.RankEnv, device: torch.device, args) -> dict[str, Any
         )
         log.checkpointed(done, path, seconds)
 
+    log.begin(model)
     began = time.perf_counter()
     for step in range(start, args.steps):
         b = next(stream)
@@ -413,7 +467,7 @@ def train(env: dist_launch.RankEnv, device: torch.device, args) -> dict[str, Any
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     seconds = time.perf_counter() - began
-    log.close()
+    log.close(model)
 
     evals = {"first": first_eval, "final": evaluate(model, held_out, features, device)}
     evals["hidden_model"] = None
@@ -423,6 +477,8 @@ def train(env: dist_launch.RankEnv, device: torch.device, args) -> dict[str, Any
     if metrics is not None:
         metrics.close()  # the figures are final now
     entry = resumed.entry if resumed is not None else None
+    if checkpoints is not None:
+        checkpoints.release()
     return log.summary(model, seconds, evals, data_desc, entry, warm)
 
 
@@ -433,11 +489,13 @@ def warm_start(model, args, lead: bool) -> dict[str, Any]:
     """Fills the dynamic tables from --warm-start; returns the summary's
     "warm_start" entry (rows per table over all ranks)."""
     from dynamicemb.checkpoint import warm_start as fill
+    from dynamicemb.io import DataError
 
     t0 = time.perf_counter()
     try:
         report = fill(model, args.warm_start)
-    except (ValueError, TypeError, FileNotFoundError) as e:
+    except (ValueError, TypeError, OSError, DataError) as e:
+        # Every rank refuses alike (warm_start agrees on any rank's failure).
         raise train_checkpoint.JobError(f"--warm-start {args.warm_start}: {e}") from None
     rows = {t.table: t.loaded for t in report.tables}
     dropped = {t.table: t.dropped for t in report.tables}

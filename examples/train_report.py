@@ -67,11 +67,14 @@ def log_loss_auc(logits: list[torch.Tensor], batches, device: torch.device) -> t
     return loss, auc(logits_t, labels_t)
 
 
-def table_stats(model: torch.nn.Module) -> dict[str, list[int]]:
-    """This rank's [rows held, capacity, evictions, insert failures, inserts]
-    of every dynamic table (table counters of the fused modules)."""
+def table_stats(model: torch.nn.Module, since: dict[str, int] | None = None) -> dict[str, list]:
+    """This rank's [rows held, capacity, evictions, insert failures, inserts,
+    lookups, rejections, refusals] of every dynamic table (table counters and
+    the counts of the fused modules; lookups: the distinct ids of each batch,
+    less ``since``'s)."""
     stats: dict[str, list[int]] = {}
     from dynamicemb.shard import dynamic_embedding_kernels
+    from dynamicemb.storage.stats import StatCol
 
     for kernel in dynamic_embedding_kernels(model):
         table = kernel.emb_module.rows.hash_table
@@ -79,8 +82,12 @@ def table_stats(model: torch.nn.Module) -> dict[str, list[int]]:
         evictions = table.counter("EVICTIONS").tolist()
         failures = table.counter("INSERT_FAILURES").tolist()
         inserts = table.counter("INSERTS").tolist()
+        counts = kernel.emb_module.stats.counts.cpu()
         for t, name in enumerate(kernel.table_names):
+            c = counts[t]
+            looked = int(c[StatCol.LOOKUPS]) - (since or {}).get(name, 0)
             stats[name] = [size[t], table.max_capacity(t), evictions[t], failures[t], inserts[t]]
+            stats[name] += [looked, int(c[StatCol.REJECTIONS]), int(c[StatCol.REFUSALS])]
     return stats
 
 
@@ -288,20 +295,30 @@ class RunLog:
     checkpoints written; rank 0's progress lines; the run's summary.
 
     ``loss_sum``: the loss history of a checkpoint resumed from (each step's
-    loss summed over the ranks that ran it), or None.
+    loss summed over the ranks that ran it, ``loss_world`` of them), or None.
     """
 
     def __init__(
-        self, args, env, device: torch.device, features, start: int, loss_sum=None
+        self,
+        args,
+        env,
+        device: torch.device,
+        features,
+        start: int,
+        loss_sum=None,
+        loss_world: int | None = None,
     ) -> None:
         self.args, self.env, self.device, self.features = args, env, device, features
         self.start = start
         self.lead = env.rank == 0
-        # Per-step loss of this rank; steps before a resume hold the sum over
-        # the ranks on rank 0 (0 elsewhere), so a sum over ranks is right for all.
+        # Per-step loss of this rank; steps before a resume hold, on rank 0
+        # (0 elsewhere), the sum over the ranks scaled to this world size (the
+        # mean times it), so a sum over ranks divided by the world size is
+        # each step's mean whatever world ran it.
         self.loss = torch.zeros(args.steps, device=device)
         if loss_sum is not None and self.lead:
-            self.loss[:start] = loss_sum.to(device)
+            scale = env.world_size / (loss_world or env.world_size)
+            self.loss[:start] = loss_sum.to(device) * scale
         self.report_points = sorted({max(1, round(args.steps * k / 4)) for k in range(1, 5)})
         self.window = max(1, min(args.log_window, args.steps // 4 or 1))
         self.progress = Progress(start, args.steps, args.batch_size * env.world_size, self.lead)
@@ -309,6 +326,13 @@ class RunLog:
         self.seen: dict[str, list[torch.Tensor]] = {f.name: [] for f in features if f.dynamic}
         self.soak: list[list] = []
         self.saved: list[dict[str, Any]] = []
+        self.looked: dict[str, int] = {}  # lookups before training (begin)
+        self.stats: dict[str, list] | None = None  # the tables' after training (close)
+
+    def begin(self, model: torch.nn.Module) -> None:
+        """Notes the lookups so far (the first evaluation's): the summary
+        counts training's."""
+        self.looked = {name: s[5] for name, s in table_stats(model).items()}
 
     def count_ids(self, batch) -> None:
         """Keeps the distinct ids of ``batch``'s dynamic features."""
@@ -338,15 +362,19 @@ class RunLog:
 
     def loss_sums(self, done: int) -> torch.Tensor:
         """The loss history of steps 1 .. ``done``, each summed over the ranks
-        (what a checkpoint carries; every rank calls it)."""
+        (each step's mean times this world size: what a checkpoint carries,
+        with its world size; every rank calls it)."""
         return reduce_sum(self.loss)[:done]
 
     def checkpointed(self, done: int, path: str, seconds: float) -> None:
         self.saved.append({"step": done, "path": path, "seconds": seconds})
         self.progress.write(f"checkpoint after step {done}: {path} ({seconds:.2f} s)")
 
-    def close(self) -> None:
+    def close(self, model: torch.nn.Module) -> None:
+        """Ends the progress bar; reads the tables' counters before the final
+        evaluation looks more ids up."""
         self.progress.close()
+        self.stats = table_stats(model, self.looked)
 
     def summary(
         self, model, seconds: float, evals: dict, data: dict, resumed, warm
@@ -360,7 +388,7 @@ class RunLog:
         window = self.window
         moving = [(p, window_mean(mean_loss, p, min(window, p))) for p in self.report_points]
         # Table counters of every rank.
-        stats = table_stats(model)
+        stats = self.stats if self.stats is not None else table_stats(model, self.looked)
         order = [f.table for f in self.features]
         names = sorted(stats, key=lambda n: order.index(n) if n in order else len(order))
         local = torch.tensor([stats[n] for n in names], dtype=torch.int64)
@@ -374,13 +402,18 @@ class RunLog:
         by_feature = {f.table: f for f in self.features}
         tables = {}
         for i, name in enumerate(names):
-            held, capacity, evictions, failures, inserts = local[i].tolist()
+            held, capacity, evictions, failures, inserts, looked, rejected, refused = local[
+                i
+            ].tolist()
             tables[name] = {
                 "rows_held": held,
                 "capacity": capacity,
                 "evictions": evictions,
                 "insert_failures": failures,
                 "inserts": inserts,
+                "train_lookups": looked,
+                "rejections": rejected,
+                "refusals": refused,
                 "distinct_ids": distinct.get(name),
                 "vocab": by_feature[name].vocab,
             }
@@ -455,13 +488,15 @@ def print_summary(s: dict[str, Any]) -> None:
     print("dynamic tables (summed over ranks" + (", since the resume):" if s["resumed"] else "):"))
     print(
         f"  {'table':8s} {'rows held':>10s} {'capacity':>10s} {'distinct ids':>12s} "
-        f"{'inserts':>10s} {'evictions':>10s} {'insert fails':>12s}"
+        f"{'inserts':>10s} {'evictions':>10s} {'insert fails':>12s} {'rejections':>10s} "
+        f"{'refusals':>10s}"
     )
     for name, t in s["tables"].items():
         d = "-" if t["distinct_ids"] is None else f"{t['distinct_ids']:,}"
         print(
             f"  {name:8s} {t['rows_held']:>10,} {t['capacity']:>10,} {d:>12s} "
-            f"{t['inserts']:>10,} {t['evictions']:>10,} {t['insert_failures']:>12,}"
+            f"{t['inserts']:>10,} {t['evictions']:>10,} {t['insert_failures']:>12,} "
+            f"{t['rejections']:>10,} {t['refusals']:>10,}"
         )
     print(
         f"train loss {s['train_loss_first']:.4f} -> {s['train_loss_last']:.4f} (first and last "

@@ -20,7 +20,6 @@ compiles, and checks that the wheel has the same version and license, requires
 exactly this interpreter's torch release and REQUIRES, and offers each extra of
 setup.py with the requirements setup.py gives it for this torch (the torchrec and
 FBGEMM releases tested with it). Exits non-zero and says what is wrong otherwise.
-tools/test.sh runs it.
 
 With --wheel, checks a wheel built against this interpreter's torch instead: the
 same metadata, the LICENSE in its .dist-info, an extension without symbol table
@@ -29,11 +28,13 @@ this torch has CUDA). tools/bench/gpu_round.sh's `wheel` part runs it on the GPU
 machine.
 
 With --fresh-venv, builds the sdist and from it the wheel (this compiles the
-extension: a few minutes), checks the wheel as --wheel does, creates a new venv,
+extension: a few minutes), checks the sdist as above and the wheel as --wheel does
+(the built wheel's metadata in place of the prepared one), creates a new venv,
 installs this torch release and the wheel with the extras of this machine
 (torchrec-cpu and opentelemetry on a CPU torch, then torchrec itself with --no-deps,
 as docs/building.md says; torchrec-cuda and opentelemetry on a CUDA torch), and runs
-examples/quickstart.py there, outside the checkout. tools/test.sh runs it too.
+examples/quickstart.py there, outside the checkout. tools/test.sh runs this one:
+it covers the checks without options, and the extension is compiled once.
 """
 
 import argparse
@@ -222,8 +223,9 @@ def check_wheel(path):
     return 1 if errors else 0
 
 
-def main():
-    import build.util
+def sdist_errors(sdist):
+    """What is wrong with a built sdist: the sources it must carry and its
+    metadata (the module docstring's first list)."""
     import torch
 
     setup_py = setup_py_names()
@@ -232,7 +234,36 @@ def main():
     for pkg, files in packages.items():
         for kind in ("hdrs", "cpu_srcs", "cuda_srcs"):
             wanted.update(f"{pkg}/{f}" for f in files[kind])
+    errors = []
+    name = os.path.basename(sdist)
+    with tarfile.open(sdist) as tar:
+        top = name[: -len(".tar.gz")]
+        members = {m.name[len(top) + 1 :] for m in tar.getmembers() if m.isfile()}
+        pkg_info = metadata(tar.extractfile(f"{top}/PKG-INFO").read().decode())
+    missing = sorted(wanted - members)
+    if missing:
+        errors.append(f"sdist lacks {len(missing)} source files: {missing}")
+    for want in ["torch>=" + setup_py["MIN_TORCH"]] + setup_py["REQUIRES"]:
+        if want not in (pkg_info.get("requires-dist") or []):
+            errors.append(f"sdist requires {pkg_info.get('requires-dist')}, not {want}")
+    if "requires-dist" not in [d.lower() for d in pkg_info.get("dynamic") or []]:
+        errors.append("sdist does not leave Requires-Dist to the wheel build (Dynamic)")
+    errors += common_metadata_errors(pkg_info, "sdist", setup_py["extras"](torch, for_sdist=True))
+    for e in errors:
+        print("check_dist:", e, file=sys.stderr)
+    if not errors:
+        print(
+            f"check_dist: sdist carries all {len(wanted)} sources and the LICENSE; "
+            f"{package_version()}, {LICENSE}, requires torch>={setup_py['MIN_TORCH']}"
+        )
+    return errors
 
+
+def main():
+    import build.util
+    import torch
+
+    setup_py = setup_py_names()
     errors = []
     with tempfile.TemporaryDirectory() as tmp:
         checkout = os.path.join(tmp, "checkout")
@@ -247,34 +278,21 @@ def main():
             print("check_dist: building the sdist failed", file=sys.stderr)
             return 1
         (name,) = [n for n in os.listdir(tmp) if n.endswith(".tar.gz")]
+        errors += sdist_errors(os.path.join(tmp, name))
         with tarfile.open(os.path.join(tmp, name)) as sdist:
-            top = name[: -len(".tar.gz")]
-            members = {m.name[len(top) + 1 :] for m in sdist.getmembers() if m.isfile()}
-            pkg_info = metadata(sdist.extractfile(f"{top}/PKG-INFO").read().decode())
             sdist.extractall(tmp, filter="data")
-        missing = sorted(wanted - members)
-        if missing:
-            errors.append(f"sdist lacks {len(missing)} source files: {missing}")
-        for want in ["torch>=" + setup_py["MIN_TORCH"]] + setup_py["REQUIRES"]:
-            if want not in (pkg_info.get("requires-dist") or []):
-                errors.append(f"sdist requires {pkg_info.get('requires-dist')}, not {want}")
-        if "requires-dist" not in [d.lower() for d in pkg_info.get("dynamic") or []]:
-            errors.append("sdist does not leave Requires-Dist to the wheel build (Dynamic)")
-        errors += common_metadata_errors(
-            pkg_info, "sdist", setup_py["extras"](torch, for_sdist=True)
-        )
-
+        top = name[: -len(".tar.gz")]
         wheel = build.util.project_wheel_metadata(os.path.join(tmp, top), isolated=False)
-        errors += wheel_metadata_errors(wheel, torch)
+        wheel_errors = wheel_metadata_errors(wheel, torch)
+        for e in wheel_errors:
+            print("check_dist:", e, file=sys.stderr)
+        errors += wheel_errors
         extras_of_wheel = sorted(setup_py["extras"](torch, for_sdist=False))
-
-    for e in errors:
-        print("check_dist:", e, file=sys.stderr)
     if not errors:
+        requires = ", ".join([pin(torch)] + setup_py["REQUIRES"])
         print(
-            f"check_dist: sdist carries all {len(wanted)} sources and the LICENSE; sdist and "
-            f"wheel {package_version()}, {LICENSE}, extras {', '.join(extras_of_wheel)}; "
-            "wheel requires " + ", ".join([pin(torch)] + setup_py["REQUIRES"])
+            f"check_dist: the wheel's metadata: {package_version()}, {LICENSE}, extras "
+            f"{', '.join(extras_of_wheel)}; requires {requires}"
         )
     return 1 if errors else 0
 
@@ -305,8 +323,11 @@ def fresh_venv():
         if _run(build, "building the sdist and the wheel").returncode:
             return 1
         (wheel,) = [os.path.join(out, n) for n in os.listdir(out) if n.endswith(".whl")]
+        (sdist,) = [os.path.join(out, n) for n in os.listdir(out) if n.endswith(".tar.gz")]
         print(f"check_dist: built {os.path.basename(wheel)} in {time.monotonic() - start:.0f} s")
-        if check_wheel(wheel):
+        # The sdist the wheel was built from, then the wheel: what the checks
+        # without --fresh-venv check, on the built files.
+        if sdist_errors(sdist) or check_wheel(wheel):
             return 1
         venv = os.path.join(tmp, "venv")
         if _run([sys.executable, "-m", "venv", venv], "creating a venv").returncode:

@@ -3,7 +3,7 @@
 # setup.py) on a handful of the Python suite, on the CPU: a venv of its own
 # ($VENV_NEWEST, default .venv-newest), the extension built for that torch in a copy of
 # the checkout's files (tracked and new, not ignored), and the tests run in that copy.
-# tools/test.sh runs it after the pinned set's suite; a few minutes once the venv exists
+# tools/test.sh runs it beside the pinned set's suite; a few minutes once the venv exists
 # (the first run installs torch and compiles the extension).
 #
 #     bash tools/newest_smoke.sh                # the default files

@@ -2,14 +2,19 @@
 # The project's test command, as given in README.md; .ci/run calls it too.
 # Installs what is missing (tools/setup_env.sh), runs the lint gate (tools/lint.sh), then
 # builds and runs every test with Debian's Bazel 4. Extra arguments go to `bazel test` (e.g. --test_output=all).
-# Then the same checkout as an external repository of examples/bazel_consumer: its tests
-# and the build settings of dynamicemb's targets there (examples/bazel_consumer/test.sh).
-# Last, tools/check_dist.py: what the sdist and the wheel would carry and declare, then
-# the wheel built, installed with its extras into a fresh venv and running
-# examples/quickstart.py there (--fresh-venv: compiles the extension, a few minutes).
+# Beside it, at a lower priority (they take the cores the tests leave idle), and with
+# their output after the tests':
+#   * the same checkout as an external repository of examples/bazel_consumer: its tests
+#     and the build settings of dynamicemb's targets there (examples/bazel_consumer/test.sh);
+#   * tools/check_dist.py --fresh-venv: the sdist and the wheel built once, what they
+#     carry and declare, the wheel installed with its extras into a fresh venv and
+#     running examples/quickstart.py there (it compiles the extension and installs:
+#     minutes);
+#   * the newest tested torch / torchrec / FBGEMM set on a handful of the Python suite
+#     (tools/newest_smoke.sh: a venv of its own, the extension built for that torch).
+# The last two are not run again for the same files and venvs once they have passed
+# (.cache/<name> holds what each passed for; remove it to run it anyway).
 # The API reference is built (Sphinx, warnings as errors) by //tests/docs.
-# Then the newest tested torch / torchrec / FBGEMM set on a handful of the Python suite
-# (tools/newest_smoke.sh: a venv of its own, the extension built for that torch).
 # Ends with one line "bazel: N passed, N failed" (test targets of both workspaces).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -17,13 +22,53 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash tools/setup_env.sh
 bash tools/lint.sh
 log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+consumer_log=$(mktemp)
+dist_log=$(mktemp)
+newest_log=$(mktemp)
+pids=()
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -f "$log" "$consumer_log" "$dist_log" "$newest_log"' EXIT
 rc=0
+
+# What the packaging check and the newest-set smoke test depend on: the files they
+# copy (tracked and new, not ignored; tools/newest_smoke.sh pins its own set), the
+# venv's set-up and the interpreter.
+inputs_key() {
+  {
+    git ls-files -z --cached --others --exclude-standard | xargs -0 sha256sum 2>/dev/null || true
+    cat .venv/.dynamicemb-setup 2>/dev/null || true
+    .venv/bin/python -VV
+  } | sha256sum | cut -d' ' -f1
+}
+key=$(inputs_key)
+
+# once NAME LOG CMD...: runs CMD in the background at a lower priority, its output to
+# LOG, unless it passed for these inputs already (.cache/NAME holds the key it passed for).
+once() {
+  local name=$1 out=$2 stamp=.cache/$1
+  shift 2
+  if [ "$(cat "$stamp" 2>/dev/null)" = "$key" ]; then
+    echo "$name: passed for these files and venvs already ($stamp)" >"$out"
+    return
+  fi
+  (
+    nice -n 10 "$@"
+    mkdir -p .cache
+    echo "$key" >"$stamp"
+  ) >"$out" 2>&1 &
+  pids+=("$!")
+}
+once check-dist-fresh-venv "$dist_log" .venv/bin/python tools/check_dist.py --fresh-venv
+once newest-smoke "$newest_log" bash tools/newest_smoke.sh
+nice -n 10 bash examples/bazel_consumer/test.sh "$@" >"$consumer_log" 2>&1 &
+pids+=("$!")
+
 bazel test //... "$@" 2>&1 | tee "$log" || rc=$?
-bash examples/bazel_consumer/test.sh "$@" 2>&1 | tee -a "$log" || rc=$?
-.venv/bin/python tools/check_dist.py || rc=$?
-.venv/bin/python tools/check_dist.py --fresh-venv || rc=$?
-bash tools/newest_smoke.sh || rc=$?
+for p in "${pids[@]}"; do
+  wait "$p" || rc=$?
+done
+pids=()
+cat "$consumer_log" "$dist_log" "$newest_log"
+cat "$consumer_log" >>"$log"
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log" || true)
 failed=$(grep -cE '^//[^ ]+ +(\(cached\) )?(FAILED|TIMEOUT|NO STATUS|INCOMPLETE)' "$log" || true)
 if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then

@@ -26,6 +26,33 @@ DEMB_HD int ctz64(uint64_t x) {
 #endif
 }
 
+/// Index of the lowest set bit of x (x != 0).
+DEMB_HD int ctz32(uint32_t x) {
+#if defined(__CUDA_ARCH__)
+  return __ffs(static_cast<int>(x)) - 1;
+#else
+  return __builtin_ctz(x);
+#endif
+}
+
+/// Leading zero bits of x (32 for 0).
+DEMB_HD int clz32(uint32_t x) {
+#if defined(__CUDA_ARCH__)
+  return __clz(static_cast<int>(x));
+#else
+  return x ? __builtin_clz(x) : 32;
+#endif
+}
+
+/// Set bits of x.
+DEMB_HD int popc32(uint32_t x) {
+#if defined(__CUDA_ARCH__)
+  return __popc(x);
+#else
+  return __builtin_popcount(x);
+#endif
+}
+
 /// Atomically adds v to *p (relaxed on the host); returns the old value.
 DEMB_HD int64_t atomic_add_i64(int64_t* p, int64_t v) {
 #if defined(__CUDA_ARCH__)

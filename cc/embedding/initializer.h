@@ -8,12 +8,23 @@
 // the normal modes (Box-Muller makes two values from one draw) and e / 4
 // otherwise; truncated normal redraws with the next `attempt`. Host-device
 // inline code, shared by both backends.
+//
+// Truncated normal: on an interval as wide as 2 std_dev or wider, a normal draw
+// kept when it falls inside; on a narrower one (the default bounds +-1/sqrt(N)
+// of a table of N rows against std_dev 1 keep under 2% of normal draws), a
+// uniform draw x in [lower, upper] (block e) kept with probability
+// f(x) / f(m), f the normal density and m the interval's point nearest the
+// mean (at least exp(-2) of the draws are kept when the mean lies within the
+// interval). Either way the distribution is exact; after
+// kTruncatedAttempts rejections the last draw is clamped into the interval.
 #pragma once
 
 #include <cmath>
 #include <cstdint>
 
 #include "cc/common/host_device.h"
+#include "cc/embedding/fp8_rows.h"
+#include "cc/embedding/philox.h"
 #include "cc/storage/row_space.h"
 
 namespace dyn_emb {
@@ -37,29 +48,6 @@ struct InitArgs {
   double mean = 0.0, std_dev = 1.0, lower = 0.0, upper = 1.0, value = 0.0;
   uint64_t seed = 0;
 };
-
-struct Philox4 {
-  uint32_t v[4];
-};
-
-/// Philox4x32-10 (Salmon et al., SC'11): 10 rounds of the multiply-xor round
-/// function with a Weyl-sequence key schedule.
-DEMB_HD Philox4 philox(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0,
-                       uint32_t k1) {
-  for (int round = 0; round < 10; ++round) {
-    const uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0;
-    const uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2;
-    const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1 ^ k0;
-    const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3 ^ k1;
-    c1 = static_cast<uint32_t>(p1);
-    c3 = static_cast<uint32_t>(p0);
-    c0 = n0;
-    c2 = n2;
-    k0 += 0x9E3779B9u;
-    k1 += 0xBB67AE85u;
-  }
-  return Philox4{{c0, c1, c2, c3}};
-}
 
 DEMB_HD Philox4 draw(const InitArgs& a, int64_t key, int64_t table, uint32_t block,
                      uint32_t attempt) {
@@ -107,6 +95,18 @@ DEMB_HD float init_value(const InitArgs& a, int64_t key, int64_t table, int64_t 
                                          static_cast<int>(e % 2)));
     case InitMode::kTruncatedNormal: {
       double x = a.mean;
+      if (a.std_dev > 0.0 && a.upper - a.lower < 2.0 * a.std_dev) {
+        const double m = a.mean < a.lower ? a.lower : (a.mean > a.upper ? a.upper : a.mean);
+        const double scale = -0.5 / (a.std_dev * a.std_dev);
+        for (uint32_t attempt = 0; attempt < kTruncatedAttempts; ++attempt) {
+          const Philox4 r = draw(a, key, table, static_cast<uint32_t>(e), attempt);
+          x = a.lower + (a.upper - a.lower) * unit_open(r.v[0], r.v[1]);
+          const double dx = x - a.mean, dm = m - a.mean;
+          if (unit_open(r.v[2], r.v[3]) <= exp(scale * (dx * dx - dm * dm))) break;
+        }
+        x = x < a.lower ? a.lower : (x > a.upper ? a.upper : x);
+        return static_cast<float>(x);
+      }
       for (uint32_t attempt = 0; attempt < kTruncatedAttempts; ++attempt) {
         x = a.mean +
             a.std_dev * normal_of(draw(a, key, table, static_cast<uint32_t>(e / 2), attempt),
@@ -174,7 +174,21 @@ DEMB_HD void init_values4(const InitArgs& a, int64_t key, int64_t table, int64_t
 /// number of 4-byte words, zeros past dim).
 template <class T>
 DEMB_HD int64_t init_row_elements(const RowInitArgs& a) {
-  return storage::state_offset(a.dim, sizeof(T)) / sizeof(T);
+  return storage::pad4(a.dim * static_cast<int64_t>(sizeof(T))) / static_cast<int64_t>(sizeof(T));
+}
+
+/// The new FP8 row of `key` in `table` at byte `offset` (>= 0): init_value's
+/// values (into `tmp`, 4 * ceil(dim / 4) floats), written as fp8_rows.h
+/// writes a row at step 0.
+DEMB_HD void init_scaled_row(const RowInitArgs& a, int64_t offset, int64_t key, int64_t table,
+                             float* tmp) {
+  for (int64_t blk = 0; 4 * blk < a.dim; ++blk) {
+    float v[4];
+    init_values4(a.init, key, table, blk, v);
+    for (int k = 0; k < 4; ++k) tmp[4 * blk + k] = v[k];
+  }
+  write_scaled_row(reinterpret_cast<storage::Float8E4M3*>(a.space.at(offset)), tmp, a.dim,
+                   static_cast<uint64_t>(key), 0);
 }
 
 /// Writes elements 4 * blk .. 4 * blk + 3 (those below init_row_elements) of
@@ -197,8 +211,7 @@ DEMB_HD void init_row_block(const RowInitArgs& a, int64_t offset, int64_t key, i
 /// except from fill_from on.
 template <class T>
 DEMB_HD void init_state_word(const RowInitArgs& a, int64_t offset, int64_t s) {
-  float* state =
-      reinterpret_cast<float*>(a.space.at(offset) + storage::state_offset(a.dim, sizeof(T)));
+  float* state = reinterpret_cast<float*>(a.space.at(offset) + storage::embedding_bytes<T>(a.dim));
   state[s] = s >= a.fill_from ? a.fill : 0.f;
 }
 

@@ -3,6 +3,8 @@
 
 #include <ATen/Parallel.h>
 
+#include <vector>
+
 namespace dyn_emb {
 namespace embedding {
 namespace cpu {
@@ -22,11 +24,17 @@ template <class T>
 void init_rows_at(const RowInitArgs& a, int64_t n) {
   const int64_t blocks = (init_row_elements<T>(a) + 3) / 4;
   at::parallel_for(0, n, 256, [&](int64_t b, int64_t e) {
+    std::vector<float> tmp;
     for (int64_t i = b; i < e; ++i) {
       const int64_t offset = a.offsets[i];
       if (offset < 0) continue;
-      for (int64_t blk = 0; blk < blocks; ++blk) {
-        init_row_block<T>(a, offset, a.keys[i], a.table_ids[i], blk);
+      if constexpr (storage::Scaled<T>::value) {
+        tmp.resize(static_cast<size_t>(storage::pad4(a.dim)));
+        init_scaled_row(a, offset, a.keys[i], a.table_ids[i], tmp.data());
+      } else {
+        for (int64_t blk = 0; blk < blocks; ++blk) {
+          init_row_block<T>(a, offset, a.keys[i], a.table_ids[i], blk);
+        }
       }
       for (int64_t s = 0; s < a.state_dim; ++s) init_state_word<T>(a, offset, s);
     }
@@ -41,6 +49,8 @@ void init_rows_at(const RowInitArgs& a, int64_t n, storage::ElementType type) {
       return init_rows_at<storage::Half>(a, n);
     case storage::ElementType::kBFloat16:
       return init_rows_at<storage::BFloat16>(a, n);
+    case storage::ElementType::kFloat8E4M3:
+      return init_rows_at<storage::Float8E4M3>(a, n);
     default:
       return init_rows_at<float>(a, n);
   }

@@ -17,6 +17,42 @@ __global__ void init_rows_kernel(InitArgs a, const int64_t* keys, const int64_t*
   out[x] = init_value(a, keys[i], table_ids[i], e);
 }
 
+// The new FP8 row of `key` at `offset` by one warp (all lanes call it): the
+// lanes' blocks of 4 values for the row's largest magnitude, then the same
+// values again (init_values4 gives the same) for their codes; the codes,
+// scale and padding are those init_scaled_row writes on the CPU.
+__device__ void init_scaled_row_warp(const RowInitArgs& a, int64_t offset, int64_t key,
+                                     int64_t table, int lane) {
+  const int64_t blocks = (a.dim + 3) / 4;
+  float amax = 0.f;
+  for (int64_t blk = lane; blk < blocks; blk += kWarp) {
+    float v[4];
+    init_values4(a.init, key, table, blk, v);
+    for (int k = 0; k < 4; ++k) {
+      if (4 * blk + k < a.dim) amax = fmaxf(amax, fabsf(v[k]));
+    }
+  }
+  for (int off = kWarp / 2; off > 0; off /= 2) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  }
+  const float scale = storage::fp8_scale(amax);
+  auto* w = reinterpret_cast<storage::Float8E4M3*>(a.space.at(offset));
+  const int64_t padded = storage::pad4(a.dim);
+  for (int64_t blk = lane; 4 * blk < padded; blk += kWarp) {
+    float v[4];
+    init_values4(a.init, key, table, blk, v);
+    for (int k = 0; k < 4; ++k) {
+      const int64_t d = 4 * blk + k;
+      if (d < a.dim) {
+        w[d] = scaled_code(v[k], scale, static_cast<uint64_t>(key), 0, d);
+      } else if (d < padded) {
+        w[d] = storage::Float8E4M3{0};
+      }
+    }
+  }
+  if (lane == 0) *storage::scale_at(w, a.dim) = scale;
+}
+
 // A warp per 32 entries: each lane reads its entry's offset, key and table
 // ahead, then the warp writes the new rows among them one after another (the
 // values passed by shuffle, so a row waits on no load of its own), the lanes
@@ -41,8 +77,12 @@ __global__ void init_rows_at_kernel(RowInitArgs a, int64_t n) {
     const int64_t offset = __shfl_sync(0xffffffffu, my_offset, src);
     const int64_t key = __shfl_sync(0xffffffffu, my_key, src);
     const int64_t table = __shfl_sync(0xffffffffu, my_table, src);
-    for (int64_t blk = lane; blk < blocks; blk += kWarp) {
-      init_row_block<T>(a, offset, key, table, blk);
+    if constexpr (storage::Scaled<T>::value) {
+      init_scaled_row_warp(a, offset, key, table, lane);
+    } else {
+      for (int64_t blk = lane; blk < blocks; blk += kWarp) {
+        init_row_block<T>(a, offset, key, table, blk);
+      }
     }
     for (int64_t s = lane; s < a.state_dim; s += kWarp) init_state_word<T>(a, offset, s);
   }
@@ -63,6 +103,8 @@ void init_rows_at(const RowInitArgs& a, int64_t n, storage::ElementType type, cu
       return launch_init_rows_at<storage::Half>(a, n, stream);
     case storage::ElementType::kBFloat16:
       return launch_init_rows_at<storage::BFloat16>(a, n, stream);
+    case storage::ElementType::kFloat8E4M3:
+      return launch_init_rows_at<storage::Float8E4M3>(a, n, stream);
     default:
       return launch_init_rows_at<float>(a, n, stream);
   }

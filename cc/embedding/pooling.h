@@ -120,7 +120,16 @@ struct UpdateArgs {
   const int64_t* occ_order = nullptr;    ///< occ_order[occ_offsets[u] .. occ_offsets[u+1])
   const int64_t* occ_bag = nullptr;      ///< (n) bag of each occurrence
   const float* weights = nullptr;        ///< (n) or null
+  /// (U) each key's value, the source of an FP8 row's stochastic rounding
+  /// (sr_key); null: the row's offset is.
+  const int64_t* keys = nullptr;
 };
+
+/// What seeds the stochastic rounding of key u's FP8 row (philox.h): its key,
+/// or its row's offset where the caller gives no keys.
+DEMB_HD uint64_t sr_key(const UpdateArgs& a, int64_t u) {
+  return static_cast<uint64_t>(a.keys != nullptr ? a.keys[u] : a.rows[u]);
+}
 
 /// The output-gradient slice of the occurrence at grouped position i (a key's
 /// occurrences are positions occ_offsets[u] .. occ_offsets[u + 1]), and its

@@ -21,7 +21,7 @@ void pool_forward(const PoolArgs& a, int64_t num_bags) {
       for (int64_t j = a.bag_offsets[b]; j < a.bag_offsets[b + 1]; ++j) {
         const T* v = occ_row<T>(a, j);
         if (v == nullptr) continue;
-        const float w = occ_weight(a.weights, j);
+        const float w = occ_weight(a.weights, j) * storage::row_scale(v, s.dim);
         for (int64_t d = 0; d < s.dim; ++d) o[d] += w * storage::to_float(v[d]);
       }
     }
@@ -31,7 +31,7 @@ void pool_forward(const PoolArgs& a, int64_t num_bags) {
 template <class T>
 void update_backward(const UpdateArgs& a, int64_t num_keys) {
   at::parallel_for(0, num_keys, 64, [&](int64_t begin, int64_t end) {
-    std::vector<float> g;
+    std::vector<float> g, tmp;
     for (int64_t u = begin; u < end; ++u) {
       const int64_t r = a.rows[u];
       if (r < 0) continue;
@@ -42,8 +42,15 @@ void update_backward(const UpdateArgs& a, int64_t num_keys) {
         const float* go = occ_grad_row(a, i, &w);
         for (int64_t d = 0; d < dim; ++d) g[d] += w * go[d];
       }
-      update_row(a.optim, storage::embedding_at<T>(a.space, r),
-                 storage::state_at<T>(a.space, r, dim), g.data(), dim);
+      if constexpr (storage::Scaled<T>::value) {
+        tmp.resize(static_cast<size_t>(dim));
+        update_scaled_row(a.optim, storage::embedding_at<T>(a.space, r),
+                          storage::state_at<T>(a.space, r, dim), g.data(), dim, sr_key(a, u),
+                          tmp.data());
+      } else {
+        update_row(a.optim, storage::embedding_at<T>(a.space, r),
+                   storage::state_at<T>(a.space, r, dim), g.data(), dim);
+      }
     }
   });
 }
@@ -54,6 +61,8 @@ void pool_forward(const PoolArgs& a, int64_t num_bags, storage::ElementType type
       return pool_forward<storage::Half>(a, num_bags);
     case storage::ElementType::kBFloat16:
       return pool_forward<storage::BFloat16>(a, num_bags);
+    case storage::ElementType::kFloat8E4M3:
+      return pool_forward<storage::Float8E4M3>(a, num_bags);
     default:
       return pool_forward<float>(a, num_bags);
   }
@@ -65,6 +74,8 @@ void update_backward(const UpdateArgs& a, int64_t num_keys, storage::ElementType
       return update_backward<storage::Half>(a, num_keys);
     case storage::ElementType::kBFloat16:
       return update_backward<storage::BFloat16>(a, num_keys);
+    case storage::ElementType::kFloat8E4M3:
+      return update_backward<storage::Float8E4M3>(a, num_keys);
     default:
       return update_backward<float>(a, num_keys);
   }

@@ -43,10 +43,16 @@ __device__ void pool_bag(const PoolArgs& a, const BagSlot& s, int64_t j0, int64_
   float* out = a.out + s.offset;
   for (int64_t base = 0; base < s.dim; base += kChunk) {
     float acc[kPer] = {};
-    if (j1 > j0 && v0 != nullptr) add_row<T, Vec>(v0, w0, base, s.dim, lane, acc);
+    // A scaled (FP8) row's weight carries its scale (1 for the others).
+    if (j1 > j0 && v0 != nullptr) {
+      add_row<T, Vec>(v0, w0 * storage::row_scale(v0, s.dim), base, s.dim, lane, acc);
+    }
     for (int64_t j = j0 + 1; j < j1; ++j) {
       const T* v = occ_row<T>(a, j);
-      if (v != nullptr) add_row<T, Vec>(v, occ_weight(a.weights, j), base, s.dim, lane, acc);
+      if (v != nullptr) {
+        const float w = occ_weight(a.weights, j) * storage::row_scale(v, s.dim);
+        add_row<T, Vec>(v, w, base, s.dim, lane, acc);
+      }
     }
     const int64_t d0 = base + 4 * lane;
     if (Vec && d0 < s.dim) {
@@ -115,7 +121,7 @@ __device__ void update_key(const UpdateArgs& a, int64_t u, int lane, const Fill&
   if (r < 0) return;  // uniform across the warp
   const int64_t dim = key_dim(a, u);
   warp_update_row<T, Vec>(a.optim, storage::embedding_at<T>(a.space, r),
-                          storage::state_at<T>(a.space, r, dim), dim, lane, fill);
+                          storage::state_at<T>(a.space, r, dim), dim, lane, fill, sr_key(a, u));
 }
 
 // A key of at most kHotChunk occurrences (two per lane), as the lanes read
@@ -171,12 +177,13 @@ __device__ void occurrences_chunk(const UpdateArgs& a, const KeyOccurrences& o, 
 }
 
 template <class T, bool Vec>
-__device__ void update_plain_key(const UpdateArgs& a, int64_t r, const KeyOccurrences& o, int64_t c,
-                                 int64_t dim, int lane) {
+__device__ void update_plain_key(const UpdateArgs& a, int64_t u, int64_t r, const KeyOccurrences& o,
+                                 int64_t c, int64_t dim, int lane) {
   warp_update_row<T, Vec>(
       a.optim, storage::embedding_at<T>(a.space, r), storage::state_at<T>(a.space, r, dim), dim,
       lane,
-      [&](int64_t base, float (&g)[kPer]) { occurrences_chunk<Vec>(a, o, c, base, dim, lane, g); });
+      [&](int64_t base, float (&g)[kPer]) { occurrences_chunk<Vec>(a, o, c, base, dim, lane, g); },
+      sr_key(a, u));
 }
 
 template <class T>
@@ -194,9 +201,9 @@ __global__ void update_kernel(UpdateArgs a, int64_t num_keys) {
     KeyOccurrences o;
     const int64_t dim = load_occurrences(a, i0, c, lane, o);
     if (key_vectorized<T>(a, r, dim)) {
-      update_plain_key<T, std::is_same_v<T, float>>(a, r, o, c, dim, lane);
+      update_plain_key<T, std::is_same_v<T, float>>(a, u, r, o, c, dim, lane);
     } else {
-      update_plain_key<T, false>(a, r, o, c, dim, lane);
+      update_plain_key<T, false>(a, u, r, o, c, dim, lane);
     }
   }
 }
@@ -377,6 +384,8 @@ void pool_forward(const PoolArgs& a, int64_t num_bags, storage::ElementType type
       return pool_forward<storage::Half>(a, num_bags, stream);
     case storage::ElementType::kBFloat16:
       return pool_forward<storage::BFloat16>(a, num_bags, stream);
+    case storage::ElementType::kFloat8E4M3:
+      return pool_forward<storage::Float8E4M3>(a, num_bags, stream);
     default:
       return pool_forward<float>(a, num_bags, stream);
   }
@@ -426,6 +435,8 @@ void update_backward(const UpdateArgs& a, const HotKeys& h, int64_t num_keys,
       return update_backward<storage::Half>(a, h, num_keys, stream);
     case storage::ElementType::kBFloat16:
       return update_backward<storage::BFloat16>(a, h, num_keys, stream);
+    case storage::ElementType::kFloat8E4M3:
+      return update_backward<storage::Float8E4M3>(a, h, num_keys, stream);
     default:
       return update_backward<float>(a, h, num_keys, stream);
   }

@@ -65,34 +65,101 @@ __device__ __forceinline__ void load_chunk(const float* row, int64_t base, int64
   }
 }
 
-/// Updates a row (its dim weights `w` of T, its state `s`) with one warp;
-/// fill(base, g) writes the lane's coordinates (lane_coord<Vec>) of the
-/// gradient's chunk at `base` into g. Vec needs vectorized(w, dim).
-/// Row-wise Adagrad first sums the row's squared gradient across the warp,
-/// before any coordinate changes. All lanes must call it.
-template <class T, bool Vec = false, class Fill>
-__device__ void warp_update_row(const OptimArgs& optim, T* w, float* s, int64_t dim, int lane,
-                                const Fill& fill) {
-  using storage::from_float;
-  using storage::to_float;
+/// The row factors of the update of a row by one warp (its elements'
+/// values to_float(w[d]) * scale): for a row-wise optimizer (is_rowwise),
+/// the row's mean squared gradient summed across the warp and its state
+/// advanced (row_step) before any coordinate changes; nothing for the other
+/// optimizers. All lanes must call it.
+template <class T, bool Vec, class Fill>
+__device__ RowFactors warp_row_factors(const OptimArgs& optim, const T* w, float* s, int64_t dim,
+                                       int lane, const Fill& fill, float scale) {
   RowFactors rf;
+  if (!is_rowwise(optim.type)) return rf;
   float g[kPer];
-  if (static_cast<OptimType>(optim.type) == OptimType::kExactRowwiseAdagrad) {
-    float sq = 0.f;
-    for (int64_t base = 0; base < dim; base += kChunk) {
+  float sq = 0.f;
+  for (int64_t base = 0; base < dim; base += kChunk) {
+    fill(base, g);
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int64_t d = lane_coord<Vec>(base, lane, k);
+      if (d < dim) sq += rowwise_sq(optim, storage::to_float(w[d]) * scale, g[k]);
+    }
+  }
+  for (int off = kWarp / 2; off > 0; off /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, off);
+  float next[kRowStateFloats];
+  rf = row_step(optim, s, dim > 0 ? sq / static_cast<float>(dim) : 0.f, next);
+  __syncwarp();  // every lane has read the state
+  if (lane == 0) {
+    for (int64_t i = 0; i < kRowStateFloats; ++i) s[i] = next[i];
+  }
+  return rf;
+}
+
+/// Chunks of an FP8 row's new values a warp keeps in its lanes' registers
+/// until the row's scale is known: up to storage::kMaxScaledDim values.
+constexpr int kMaxScaledChunks = 4;
+static_assert(kMaxScaledChunks * kChunk >= storage::kMaxScaledDim,
+              "a warp holds an FP8 row of the largest dim in registers");
+
+/// update_scaled_row (optimizer.h) by one warp: the new values of the lanes'
+/// coordinates (lane_coord<false>) in registers, their largest magnitude
+/// across the warp, then the codes. The same codes as on the CPU for the
+/// same row, gradient and key. dim <= storage::kMaxScaledDim; all lanes must
+/// call it.
+template <class Fill>
+__device__ void warp_update_scaled_row(const OptimArgs& optim, storage::Float8E4M3* w, float* s,
+                                       int64_t dim, int lane, const Fill& fill, uint64_t key) {
+  using storage::to_float;
+  float* scale = storage::scale_at(w, dim);
+  const float old = *scale;
+  const RowFactors rf =
+      warp_row_factors<storage::Float8E4M3, false>(optim, w, s, dim, lane, fill, old);
+  float g[kPer];
+  float x[kMaxScaledChunks][kPer];
+  float amax = 0.f;
+#pragma unroll
+  for (int c = 0; c < kMaxScaledChunks; ++c) {
+    const int64_t base = c * kChunk;
+    if (base < dim) {  // uniform across the warp
       fill(base, g);
 #pragma unroll
       for (int k = 0; k < kPer; ++k) {
-        const int64_t d = lane_coord<Vec>(base, lane, k);
-        if (d < dim) sq += rowwise_sq(optim, to_float(w[d]), g[k]);
+        const int64_t d = lane_coord<false>(base, lane, k);
+        x[c][k] = 0.f;
+        if (d < dim) {
+          float wd = to_float(w[d]) * old;
+          update_coord(optim, wd, s, g[k], d, dim, rf);
+          x[c][k] = wd;
+          amax = fmaxf(amax, fabsf(wd));
+        }
       }
     }
-    for (int off = kWarp / 2; off > 0; off /= 2) sq += __shfl_xor_sync(0xffffffffu, sq, off);
-    const float s0 = s[0] + (dim > 0 ? sq / static_cast<float>(dim) : 0.f);
-    rf = rowwise_factors(optim, s0);
-    __syncwarp();
-    if (lane == 0) s[0] = s0;
   }
+  for (int off = kWarp / 2; off > 0; off /= 2) {
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+  }
+  const float sc = storage::fp8_scale(amax);
+  __syncwarp();  // every lane has read the old codes and scale
+#pragma unroll
+  for (int c = 0; c < kMaxScaledChunks; ++c) {
+    const int64_t base = c * kChunk;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      const int64_t d = lane_coord<false>(base, lane, k);
+      if (base < dim && d < dim) w[d] = scaled_code(x[c][k], sc, key, optim.step, d);
+    }
+  }
+  if (lane == 0) *scale = sc;
+}
+
+/// warp_update_row of a row of float32, float16 or bfloat16.
+template <class T, bool Vec, class Fill>
+__device__ void update_unscaled_row(const OptimArgs& optim, T* w, float* s, int64_t dim, int lane,
+                                    const Fill& fill) {
+  using storage::from_float;
+  using storage::to_float;
+  const RowFactors rf = warp_row_factors<T, Vec>(optim, w, s, dim, lane, fill, 1.f);
+  float g[kPer];
   for (int64_t base = 0; base < dim; base += kChunk) {
     fill(base, g);
     if constexpr (Vec) {
@@ -117,6 +184,23 @@ __device__ void warp_update_row(const OptimArgs& optim, T* w, float* s, int64_t 
         }
       }
     }
+  }
+}
+
+/// Updates a row (its dim weights `w` of T, its state `s`) with one warp;
+/// fill(base, g) writes the lane's coordinates (lane_coord<Vec>) of the
+/// gradient's chunk at `base` into g. Vec needs vectorized(w, dim).
+/// A row-wise optimizer (is_rowwise) first sums the row's squared gradient
+/// across the warp, before any coordinate changes. An FP8 row goes to warp_update_scaled_row
+/// (`key`: its stochastic rounding's). All lanes must call it.
+template <class T, bool Vec = false, class Fill>
+__device__ void warp_update_row(const OptimArgs& optim, T* w, float* s, int64_t dim, int lane,
+                                const Fill& fill, uint64_t key = 0) {
+  if constexpr (storage::Scaled<T>::value) {
+    warp_update_scaled_row(optim, w, s, dim, lane, fill, key);
+  } else {
+    (void)key;
+    update_unscaled_row<T, Vec>(optim, w, s, dim, lane, fill);
   }
 }
 

@@ -93,6 +93,7 @@ inline embedding::RowInitArgs row_init_args(const at::Tensor& seg0, const at::Te
   TORCH_CHECK_VALUE(state_dim >= 0 && fill_from >= 0 && fill_from <= state_dim,
                     "dynamicemb: state_dim (", state_dim, ") and fill_from (", fill_from,
                     ") must satisfy 0 <= fill_from <= state_dim");
+  check_scaled_dim(type, dim);
   embedding::RowInitArgs a;
   a.init = init;
   a.space = row_space(seg0, seg1, "rows");
@@ -104,7 +105,7 @@ inline embedding::RowInitArgs row_init_args(const at::Tensor& seg0, const at::Te
   a.fill_from = fill_from;
   a.fill = static_cast<float>(fill);
   if (offsets.device().is_cpu()) {
-    const int64_t bytes = storage::state_offset(dim, element_size(type)) + 4 * state_dim;
+    const int64_t bytes = storage::embedding_bytes(dim, type) + 4 * state_dim;
     for (int64_t i = 0; i < offsets.numel(); ++i) {
       check_row_offset(a.space, a.offsets[i], bytes, i, "row");
     }
@@ -127,6 +128,7 @@ inline embedding::OptimArgs optim_params(at::ArrayRef<double> optim) {
   const int64_t type = integer(embedding::kFieldType, "type");
   const int64_t wd_mode = integer(embedding::kFieldWeightDecayMode, "weight_decay_mode");
   const int64_t step = integer(embedding::kFieldStep, "step");
+  const int64_t warmup = integer(embedding::kFieldRowWarmupSteps, "row_warmup_steps");
   const double lr = optim[embedding::kFieldLearningRate];
   const double lr_power = optim[embedding::kFieldLearningRatePower];
   TORCH_CHECK_VALUE(type >= 0 && type < embedding::kNumOptimTypes, "dynamicemb: optimizer type ",
@@ -144,12 +146,30 @@ inline embedding::OptimArgs optim_params(at::ArrayRef<double> optim) {
       {embedding::kFieldLearningRatePower, "lr_power"},
       {embedding::kFieldFtrlBeta, "ftrl_beta"},
       {embedding::kFieldL1Reg, "l1"},
-      {embedding::kFieldL2Reg, "l2"}};
+      {embedding::kFieldL2Reg, "l2"},
+      {embedding::kFieldArAlpha, "ar_alpha"},
+      {embedding::kFieldEmaBeta, "ema_beta"},
+      {embedding::kFieldMinShrinkage, "min_shrinkage"}};
   for (const auto& [field, name] : reals) check_finite(optim[field], name);
   if (type == static_cast<int64_t>(embedding::OptimType::kFTRL)) {
     TORCH_CHECK_VALUE(lr > 0, "dynamicemb: FTRL learning_rate must be positive, got ", lr);
     TORCH_CHECK_VALUE(lr_power <= 0, "dynamicemb: FTRL learning_rate_power must be <= 0, got ",
                       lr_power);
+  }
+  if (type == static_cast<int64_t>(embedding::OptimType::kRowwiseRmspropAR)) {
+    const double ema = optim[embedding::kFieldEmaBeta];
+    const double floor = optim[embedding::kFieldMinShrinkage];
+    const double wd = optim[embedding::kFieldWeightDecay];
+    TORCH_CHECK_VALUE(ema >= 0 && ema < 1, "dynamicemb: ROWWISE_RMSPROP_AR ema_beta must be in ",
+                      "[0, 1), got ", ema);
+    TORCH_CHECK_VALUE(floor >= 0 && floor <= 1, "dynamicemb: ROWWISE_RMSPROP_AR min_shrinkage ",
+                      "must be in [0, 1], got ", floor);
+    TORCH_CHECK_VALUE(optim[embedding::kFieldArAlpha] >= 0, "dynamicemb: ROWWISE_RMSPROP_AR ",
+                      "ar_alpha must be >= 0, got ", optim[embedding::kFieldArAlpha]);
+    TORCH_CHECK_VALUE(warmup >= 0, "dynamicemb: ROWWISE_RMSPROP_AR row_warmup_steps must be >= 0, ",
+                      "got ", warmup);
+    TORCH_CHECK_VALUE(wd == 0, "dynamicemb: ROWWISE_RMSPROP_AR takes no weight_decay (its ",
+                      "adaptive regularization is its decay), got ", wd);
   }
   embedding::OptimArgs a;
   a.type = static_cast<int32_t>(type);
@@ -163,6 +183,10 @@ inline embedding::OptimArgs optim_params(at::ArrayRef<double> optim) {
   a.ftrl_beta = static_cast<float>(optim[embedding::kFieldFtrlBeta]);
   a.l1 = static_cast<float>(optim[embedding::kFieldL1Reg]);
   a.l2 = static_cast<float>(optim[embedding::kFieldL2Reg]);
+  a.ar_alpha = static_cast<float>(optim[embedding::kFieldArAlpha]);
+  a.ema_beta = static_cast<float>(optim[embedding::kFieldEmaBeta]);
+  a.min_shrinkage = static_cast<float>(optim[embedding::kFieldMinShrinkage]);
+  a.row_warmup_steps = static_cast<float>(warmup);
   return embedding::with_step(a, step);
 }
 
@@ -190,6 +214,14 @@ inline embedding::OptimArgs optim_args(const at::Tensor& values, const at::Tenso
 }
 
 /// Checks the layout tensors and returns it; num_bags = F * batch.
+/// check_scaled_dim of every feature's dim (on the CPU: a CUDA op reads
+/// nothing on the host; the tables' options bound an FP8 table's dim).
+inline void check_scaled_dims(const at::Tensor& dims, storage::ElementType type) {
+  if (type != storage::ElementType::kFloat8E4M3 || !dims.device().is_cpu()) return;
+  const int64_t* d = dims.data_ptr<int64_t>();
+  for (int64_t f = 0; f < dims.numel(); ++f) check_scaled_dim(type, d[f]);
+}
+
 inline embedding::BagLayout bag_layout(const at::Tensor& cols, const at::Tensor& dims,
                                        int64_t batch, int64_t out_width, int64_t num_bags) {
   check_1d(cols, at::kLong, "cols");
@@ -267,6 +299,7 @@ inline embedding::PoolArgs pool_args(const at::Tensor& seg0, const at::Tensor& s
   const int64_t n = inverse.numel();
   embedding::PoolArgs a;
   a.layout = bag_layout(cols, dims, batch, out_width, bag_offsets.numel() - 1);
+  check_scaled_dims(dims, type);
   a.weights = opt_weights(weights, n, "inverse");
   check_offsets(bag_offsets, n, "bag_offsets");
   check_index_range(inverse, 0, rows.numel(), "inverse entry (an index into rows)");
@@ -274,9 +307,11 @@ inline embedding::PoolArgs pool_args(const at::Tensor& seg0, const at::Tensor& s
   a.rows = rows.data_ptr<int64_t>();
   int64_t num_fill = 0;
   if (fill.has_value()) {
-    const at::ScalarType want = type == storage::ElementType::kFloat16    ? at::kHalf
-                                : type == storage::ElementType::kBFloat16 ? at::kBFloat16
-                                                                          : at::kFloat;
+    // FP8 fill rows are bytes: codes, padding and scale, as the table's rows.
+    const at::ScalarType want = type == storage::ElementType::kFloat16      ? at::kHalf
+                                : type == storage::ElementType::kBFloat16   ? at::kBFloat16
+                                : type == storage::ElementType::kFloat8E4M3 ? at::kByte
+                                                                            : at::kFloat;
     TORCH_CHECK_TYPE(fill->scalar_type() == want, "dynamicemb: fill must be ", want,
                      " (the embedding dtype), got ", fill->scalar_type());
     TORCH_CHECK_VALUE(fill->dim() == 2 && fill->is_contiguous(),
@@ -291,7 +326,7 @@ inline embedding::PoolArgs pool_args(const at::Tensor& seg0, const at::Tensor& s
     const int64_t* bo = bag_offsets.data_ptr<int64_t>();
     const int64_t* inv = inverse.data_ptr<int64_t>();
     for (int64_t b = 0; b + 1 < bag_offsets.numel(); ++b) {
-      const int64_t bytes = embedding::bag_slot(a.layout, b).dim * element_size(type);
+      const int64_t bytes = read_bytes(embedding::bag_slot(a.layout, b).dim, type);
       for (int64_t j = bo[b]; j < bo[b + 1]; ++j) {
         const int64_t r = a.rows[inv[j]];
         if (r >= -1) {
@@ -316,7 +351,7 @@ inline embedding::UpdateArgs update_args(
     const at::Tensor& occ_offsets, const at::Tensor& occ_order, const at::Tensor& occ_bag,
     const c10::optional<at::Tensor>& weights, const at::Tensor& cols, const at::Tensor& dims,
     int64_t batch, storage::ElementType type, const embedding::OptimArgs& optim,
-    const c10::optional<at::Tensor>& adam_bias) {
+    const c10::optional<at::Tensor>& step_values) {
   TORCH_CHECK_VALUE(batch >= 0, "dynamicemb: batch must not be negative, got ", batch);
   TORCH_CHECK_TYPE(grad_out.scalar_type() == at::kFloat,
                    "dynamicemb: grad_out must be float32, got ", grad_out.scalar_type());
@@ -334,18 +369,19 @@ inline embedding::UpdateArgs update_args(
                     ") one per occurrence (", n, ")");
   embedding::UpdateArgs a;
   a.layout = bag_layout(cols, dims, batch, grad_out.size(1), cols.numel() * batch);
+  check_scaled_dims(dims, type);
   a.weights = opt_weights(weights, n, "occ_order");
   check_offsets(occ_offsets, n, "occ_offsets");
   check_index_range(occ_order, 0, n, "occurrence");
   check_index_range(occ_bag, 0, cols.numel() * batch, "bag");
   a.optim = optim;
-  if (adam_bias.has_value()) {
-    TORCH_CHECK_TYPE(adam_bias->scalar_type() == at::kFloat,
-                     "dynamicemb: adam_bias must be float32, got ", adam_bias->scalar_type());
-    TORCH_CHECK_VALUE(adam_bias->numel() == 2 && adam_bias->is_contiguous(),
-                      "dynamicemb: adam_bias must hold 2 contiguous floats, got shape ",
-                      adam_bias->sizes());
-    a.optim.bias = adam_bias->data_ptr<float>();
+  if (step_values.has_value()) {
+    TORCH_CHECK_TYPE(step_values->scalar_type() == at::kFloat,
+                     "dynamicemb: step_values must be float32, got ", step_values->scalar_type());
+    TORCH_CHECK_VALUE(step_values->numel() == 2 && step_values->is_contiguous(),
+                      "dynamicemb: step_values must hold 2 contiguous floats, got shape ",
+                      step_values->sizes());
+    a.optim.step_values = step_values->data_ptr<float>();
   }
   a.space = row_space(seg0, seg1, "values");
   a.grad_out = grad_out.data_ptr<float>();
@@ -357,8 +393,8 @@ inline embedding::UpdateArgs update_args(
     // Each key's row holds its embedding and the optimizer state.
     for (int64_t u = 0; u < rows.numel(); ++u) {
       const int64_t dim = embedding::key_dim(a, u);
-      const int64_t bytes = storage::state_offset(dim, element_size(type)) +
-                            4 * embedding::state_dim(optim.type, dim);
+      const int64_t bytes =
+          storage::embedding_bytes(dim, type) + 4 * embedding::state_dim(optim.type, dim);
       if (a.rows[u] < 0) continue;  // no row, or a fill row of the forward: not updated
       check_row_offset(a.space, a.rows[u], bytes, u, "row");
     }
@@ -392,7 +428,7 @@ inline void check_update_devices(const at::Tensor& seg0, const at::Tensor& seg1,
                                  const at::Tensor& occ_bag,
                                  const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
                                  const at::Tensor& dims,
-                                 const c10::optional<at::Tensor>& adam_bias) {
+                                 const c10::optional<at::Tensor>& step_values) {
   check_devices("embedding_update", {{"rows", &rows},
                                      {"seg0", &seg0},
                                      {"seg1", &seg1},
@@ -405,8 +441,8 @@ inline void check_update_devices(const at::Tensor& seg0, const at::Tensor& seg1,
   if (weights.has_value()) {
     check_devices("embedding_update", {{"rows", &rows}, {"weights", &*weights}});
   }
-  if (adam_bias.has_value()) {
-    check_devices("embedding_update", {{"rows", &rows}, {"adam_bias", &*adam_bias}});
+  if (step_values.has_value()) {
+    check_devices("embedding_update", {{"rows", &rows}, {"step_values", &*step_values}});
   }
 }
 
@@ -502,13 +538,13 @@ void update_with(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor& grad_out,
                  const at::Tensor& rows, const at::Tensor& occ_offsets, const at::Tensor& occ_order,
                  const at::Tensor& occ_bag, const c10::optional<at::Tensor>& weights,
                  const at::Tensor& cols, const at::Tensor& dims, int64_t batch, int64_t type,
-                 const embedding::OptimArgs& optim, const c10::optional<at::Tensor>& adam_bias,
+                 const embedding::OptimArgs& optim, const c10::optional<at::Tensor>& step_values,
                  const Run& run) {
   check_update_devices(seg0, seg1, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols,
-                       dims, adam_bias);
+                       dims, step_values);
   const storage::ElementType et = element_type(type);
   run(update_args(seg0, seg1, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols, dims,
-                  batch, et, optim, adam_bias),
+                  batch, et, optim, step_values),
       et);
 }
 

@@ -53,7 +53,8 @@ py::dict constants() {
                                                    {"EVICTED", tb::InsertStatus::kEvicted},
                                                    {"FAILED", tb::InsertStatus::kFailed},
                                                    {"INVALID", tb::InsertStatus::kInvalid},
-                                                   {"RELEASED", tb::InsertStatus::kReleased}});
+                                                   {"RELEASED", tb::InsertStatus::kReleased},
+                                                   {"REFUSED", tb::InsertStatus::kRefused}});
   d["Admission"] = enum_dict<dyn_emb::admission::Admission>(
       {{"STORED", dyn_emb::admission::Admission::kStored},
        {"ADMITTED", dyn_emb::admission::Admission::kAdmitted},
@@ -88,7 +89,8 @@ py::dict constants() {
                                 {"ADAM", em::OptimType::kAdam},
                                 {"EXACT_ADAGRAD", em::OptimType::kExactAdagrad},
                                 {"EXACT_ROWWISE_ADAGRAD", em::OptimType::kExactRowwiseAdagrad},
-                                {"FTRL", em::OptimType::kFTRL}});
+                                {"FTRL", em::OptimType::kFTRL},
+                                {"ROWWISE_RMSPROP_AR", em::OptimType::kRowwiseRmspropAR}});
   d["WeightDecayMode"] =
       enum_dict<em::WeightDecayMode>({{"NONE", em::WeightDecayMode::kNone},
                                       {"L2", em::WeightDecayMode::kL2},
@@ -105,17 +107,29 @@ py::dict constants() {
                                                {"LEARNING_RATE_POWER", em::kFieldLearningRatePower},
                                                {"FTRL_BETA", em::kFieldFtrlBeta},
                                                {"L1_REG", em::kFieldL1Reg},
-                                               {"L2_REG", em::kFieldL2Reg}});
+                                               {"L2_REG", em::kFieldL2Reg},
+                                               {"AR_ALPHA", em::kFieldArAlpha},
+                                               {"EMA_BETA", em::kFieldEmaBeta},
+                                               {"MIN_SHRINKAGE", em::kFieldMinShrinkage},
+                                               {"ROW_WARMUP_STEPS", em::kFieldRowWarmupSteps}});
   d["ElementType"] = enum_dict<dyn_emb::storage::ElementType>(
       {{"FLOAT32", dyn_emb::storage::ElementType::kFloat32},
        {"FLOAT16", dyn_emb::storage::ElementType::kFloat16},
-       {"BFLOAT16", dyn_emb::storage::ElementType::kBFloat16}});
+       {"BFLOAT16", dyn_emb::storage::ElementType::kBFloat16},
+       {"FLOAT8_E4M3FN", dyn_emb::storage::ElementType::kFloat8E4M3}});
   // Lower case: the names of DynamicEmbTableOptions.dist_type.
   d["DistType"] = enum_dict<dyn_emb::routing::DistType>(
       {{"continuous", dyn_emb::routing::DistType::kContinuous},
        {"roundrobin", dyn_emb::routing::DistType::kRoundRobin},
        {"hash_roundrobin", dyn_emb::routing::DistType::kHashRoundRobin}});
   return d;
+}
+
+/// An OptimType value from Python, checked.
+int32_t checked_optim_type(int64_t type) {
+  TORCH_CHECK_VALUE(type >= 0 && type < em::kNumOptimTypes, "dynamicemb: optimizer type ", type,
+                    " is not one of 0..", em::kNumOptimTypes - 1);
+  return static_cast<int32_t>(type);
 }
 
 /// Hash of keys as the table computes it (for tests and tools).
@@ -148,12 +162,12 @@ PYBIND11_MODULE(_C, m) {
 #endif
   m.def(
       "state_dim",
-      [](int64_t type, int64_t dim) {
-        TORCH_CHECK_VALUE(type >= 0 && type < em::kNumOptimTypes, "dynamicemb: optimizer type ",
-                          type, " is not one of 0..", em::kNumOptimTypes - 1);
-        return em::state_dim(static_cast<int32_t>(type), dim);
-      },
+      [](int64_t type, int64_t dim) { return em::state_dim(checked_optim_type(type), dim); },
       "Floats of optimizer state after a float32 row of `dim` (cc/embedding/optimizer.h).");
+  m.def(
+      "state_used",
+      [](int64_t type, int64_t dim) { return em::state_used(checked_optim_type(type), dim); },
+      "Floats of that state the update reads and writes (what checkpoints carry).");
   m.def("cuda_built", []() {
 #ifdef DEMB_WITH_CUDA
     return true;

@@ -50,7 +50,7 @@ run_meta(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
          at::Tensor& free_rows, at::IntArrayRef /*policies*/, const at::Tensor& score_values,
          int64_t op, bool /*assign_rows*/, int64_t /*total_buckets*/, bool /*has_rows*/,
          const std::optional<at::Tensor>& victim_scores,
-         const std::optional<at::Tensor>& target_slots) {
+         const std::optional<at::Tensor>& target_slots, bool /*refuse_cold*/) {
   check_run_devices(keys, table_ids, table_keys, digests, scores, info, counters, free_rows,
                     score_values, victim_scores, target_slots);
   TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
@@ -150,8 +150,9 @@ at::Tensor check_batch_meta(const at::Tensor& values, const at::Tensor& lengths,
                             const c10::optional<at::Tensor>& weights,
                             const c10::optional<at::Tensor>& offsets,
                             const c10::optional<at::Tensor>& feature_mask, int64_t num_features,
-                            int64_t /*stride*/, int64_t /*weight_rule*/) {
-  check_batch_devices(values, lengths, weights, offsets, feature_mask);
+                            int64_t /*stride*/, int64_t /*weight_rule*/,
+                            const c10::optional<at::Tensor>& feature_rows) {
+  check_batch_devices(values, lengths, weights, offsets, feature_mask, feature_rows);
   return at::empty({routing::kVerdictWords + num_features}, values.options().dtype(at::kLong));
 }
 
@@ -173,9 +174,9 @@ void embedding_update_meta(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor&
                            const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
                            const at::Tensor& dims, c10::SymInt /*batch*/, int64_t /*element_type*/,
                            at::ArrayRef<double> /*optim*/,
-                           const c10::optional<at::Tensor>& adam_bias) {
+                           const c10::optional<at::Tensor>& step_values) {
   check_update_devices(seg0, seg1, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols,
-                       dims, adam_bias);
+                       dims, step_values);
 }
 
 at::Tensor counter_add_meta(const at::Tensor& keys, const at::Tensor& table_ids,

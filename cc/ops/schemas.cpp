@@ -55,6 +55,8 @@ TORCH_LIBRARY(dynamicemb, m) {
   //   target_slots: place only, (n) int64: the slot each key is to occupy, in
   //     its home bucket (the CPU kernel refuses any other; CUDA marks the entry
   //     INVALID).
+  //   refuse_cold: insert_and_evict only: a new key colder than its full
+  //     bucket's victim is not stored (REFUSED; cc/table/operations.h, "Refusal").
   // Result:
   //   slots (n) int64, status (n) int8 InsertStatus (erase: 0 removed, 3 absent),
   //   evicted keys (n), scores (n, num_scores), slots (n), table ids (n), the
@@ -64,8 +66,8 @@ TORCH_LIBRARY(dynamicemb, m) {
       "table_run(Tensor keys, Tensor table_ids, Tensor(a!) table_keys, Tensor(b!) digests, "
       "Tensor(c!) scores, Tensor info, Tensor(d!) counters, Tensor(e!) free_rows, int[] policies, "
       "Tensor score_values, int op, bool assign_rows, int total_buckets, bool has_rows, "
-      "Tensor? victim_scores=None, Tensor? target_slots=None) -> (Tensor, Tensor, Tensor, Tensor, "
-      "Tensor, Tensor, Tensor)");
+      "Tensor? victim_scores=None, Tensor? target_slots=None, bool refuse_cold=False) -> (Tensor, "
+      "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 
   // The admission counter's add (cc/admission/counter.h): insert_and_evict of
   // the keys into a counter table (one score word, the count) adding
@@ -204,13 +206,16 @@ TORCH_LIBRARY(dynamicemb, m) {
   //   weights: (n) floating or None; offsets: int32/int64, only offsets[0]
   //   read, or None; feature_mask: (num_features) bool, the features whose
   //   keys and weights are checked, or None (all); weight_rule: 0 (weights
-  //   not read), 1 (finite), 2 (finite whole numbers >= 0).
+  //   not read), 1 (finite), 2 (finite whole numbers >= 0); feature_rows:
+  //   (num_features) int64, a feature's ids must lie in [0, rows) where
+  //   rows > 0 (a static table's), or None (no bounds).
   // Result:
   //   (4 + num_features) int64: the verdict row (code, a, b, c; zeros when
   //   good) and the lengths per feature.
   m.def(
       "check_batch(Tensor values, Tensor lengths, Tensor? weights, Tensor? offsets, "
-      "Tensor? feature_mask, int num_features, int stride, int weight_rule) -> Tensor");
+      "Tensor? feature_mask, int num_features, int stride, int weight_rule, "
+      "Tensor? feature_rows=None) -> Tensor");
 
   // Every bag's (weighted) sum of its rows, written into TorchRec's output
   // layout (cc/embedding/pooling.h).
@@ -221,7 +226,9 @@ TORCH_LIBRARY(dynamicemb, m) {
   //   occurrence; bag_offsets: (F * batch + 1); weights: (n) float32 or None;
   //   cols, dims: (F) first output column and dim of each feature;
   //   element_type: the embeddings' storage::ElementType (0 float32, 1
-  //   float16, 2 bfloat16); fill: (m, width) rows of that type, or None, of
+  //   float16, 2 bfloat16, 3 FP8 e4m3fn rows with a scale, at most
+  //   storage::kMaxScaledDim wide); fill: (m, width) rows of that type (FP8:
+  //   uint8, the rows' bytes), or None, of
   //   keys stored nowhere: rows[u] = -2 - i reads fill row i; tiled: the
   //   caller's promise that the features' columns [cols[f], cols[f] + dims[f])
   //   cover [0, out_width) (every column is then written, and the output is
@@ -242,14 +249,16 @@ TORCH_LIBRARY(dynamicemb, m) {
   //   row of embedding_pool) not updated; occ_offsets (U + 1), occ_order (n):
   //   each key's occurrences; occ_bag (n): the bag of each occurrence;
   //   weights, cols, dims, element_type as embedding_pool; optim as
-  //   optimizer_step; adam_bias: optional (2) float32 on the op's device,
-  //   Adam's bias corrections 1 - beta1^t and 1 - beta2^t, used instead of
-  //   computing them from optim's step (so that a traced backward takes the
-  //   iteration as data, not as a constant).
+  //   optimizer_step; step_values: optional (2) float32 on the op's device,
+  //   used instead of what optim's step gives (so that a traced backward takes
+  //   the iteration as data, not as a constant): Adam's bias corrections
+  //   1 - beta1^t and 1 - beta2^t (the adam_bias op), RMSprop AR's t (then
+  //   unused).
   m.def(
       "embedding_update(Tensor(a!) seg0, Tensor(b!) seg1, Tensor grad_out, Tensor rows, "
       "Tensor occ_offsets, Tensor occ_order, Tensor occ_bag, Tensor? weights, Tensor cols, "
-      "Tensor dims, SymInt batch, int element_type, float[] optim, Tensor? adam_bias=None) -> ()");
+      "Tensor dims, SymInt batch, int element_type, float[] optim, Tensor? step_values=None) -> "
+      "()");
 
   // The distinct (table, key) pairs of a batch (dynamicemb/embedding/unique.py),
   // padded: every per-pair output has the batch's length n, the distinct
@@ -287,7 +296,7 @@ TORCH_LIBRARY(dynamicemb, m) {
       "bool sequence) -> (Tensor, Tensor)");
 
   // Adam's bias corrections at 1-based iteration `step`: (2) float32,
-  // 1 - betas[i]^step, for embedding_update's adam_bias. One op, so that an
+  // 1 - betas[i]^step, for embedding_update's step_values. One op, so that an
   // eager step and a traced one (where `step` is symbolic and a compiler
   // would generate its own pow) compute them alike, bit for bit.
   m.def("adam_bias(Tensor betas, SymInt step) -> Tensor");

@@ -45,8 +45,18 @@ inline storage::ElementType element_type(int64_t type) {
   return static_cast<storage::ElementType>(type);
 }
 
-inline int64_t element_size(storage::ElementType type) {
-  return type == storage::ElementType::kFloat32 ? 4 : 2;
+/// Refuses a row of an FP8 table wider than a kernel takes.
+inline void check_scaled_dim(storage::ElementType type, int64_t dim) {
+  TORCH_CHECK_VALUE(type != storage::ElementType::kFloat8E4M3 || dim <= storage::kMaxScaledDim,
+                    "dynamicemb: an FP8 row has at most ", storage::kMaxScaledDim,
+                    " elements, got dim ", dim);
+}
+
+/// Bytes a reader of a row's embedding touches: its elements, and the scale
+/// of an FP8 row (cc/storage/row_space.h).
+inline int64_t read_bytes(int64_t dim, storage::ElementType type) {
+  return type == storage::ElementType::kFloat8E4M3 ? storage::embedding_bytes(dim, type)
+                                                   : dim * storage::element_size(type);
 }
 
 /// A CPU row offset: -1 (no row), or a multiple of 4 with `bytes` bytes in

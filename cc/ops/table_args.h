@@ -306,7 +306,7 @@ inline table::RunArgs run_args(const at::Tensor& keys, const at::Tensor& table_i
                                at::Tensor& order, at::IntArrayRef policies,
                                const at::Tensor& score_values, int64_t op, bool assign_rows,
                                RunOutputs& out, const std::optional<at::Tensor>& victim_scores,
-                               const std::optional<at::Tensor>& target_slots) {
+                               const std::optional<at::Tensor>& target_slots, bool refuse_cold) {
   table::RunArgs r;
   r.keys = keys.data_ptr<int64_t>();
   r.table_ids = table_ids.data_ptr<int64_t>();
@@ -323,6 +323,7 @@ inline table::RunArgs run_args(const at::Tensor& keys, const at::Tensor& table_i
   r.victim_scores = victim_scores.has_value() ? victim_scores->data_ptr<double>() : nullptr;
   r.targets = op == static_cast<int64_t>(table::RunOp::kPlace) ? target_slots->data_ptr<int64_t>()
                                                                : nullptr;
+  r.refuse_cold = refuse_cold;
   return r;
 }
 

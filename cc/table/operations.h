@@ -36,6 +36,16 @@
 // (kAccumulate) and a key leaves the moment its count reaches the admission
 // threshold.
 //
+// # Refusal
+//
+// insert_and_evict may be given `refuse_cold` (RunArgs): a new key that would
+// evict, in a full bucket of an evicting table, a victim whose score words
+// are above its own (the words it would enter with, compared as the victim
+// order compares them, before any victim score) is not stored and evicts
+// nothing: kRefused, slot -1. A key that would be the bucket's coldest does
+// not displace a warmer one (an LFU newcomer seen once, a CUSTOMIZED score
+// below the bucket's). The victim stays for the run's next new key.
+//
 // # Place (replay)
 //
 // place writes each key at a slot the caller names (where the key sits in
@@ -117,7 +127,7 @@ DEMB_HD bool update_or_release(const TableRef& t, const RunArgs& r, int32_t i, i
   const int32_t ns = t.num_scores;
   int64_t* s = t.scores + slot * ns;
   int64_t next[kMaxScores] = {};
-  for (int32_t c = 0; c < ns; ++c) next[c] = s[c];
+  for (int32_t c = 0; c < kMaxScores; ++c) next[c] = c < ns ? s[c] : 0;
   update_score(r.score, i, ns, next, /*atomic=*/false);
   const bool release = released(r, next[0]);
   if (lead) {
@@ -125,10 +135,24 @@ DEMB_HD bool update_or_release(const TableRef& t, const RunArgs& r, int32_t i, i
     if (release) {
       clear_slot(t, slot);
     } else {
-      for (int32_t c = 0; c < ns; ++c) s[c] = next[c];
+      for (int32_t c = 0; c < kMaxScores; ++c) {
+        if (c < ns) s[c] = next[c];
+      }
     }
   }
   return release;
+}
+
+/// Whether new key `i` would enter with score words below those of `slot`
+/// ("Refusal"; compared as score_less compares, word by word, without an
+/// array that would take local memory in the tile kernels).
+DEMB_HD bool colder_than(const TableRef& t, const ScoreArgs& a, int32_t i, int64_t slot) {
+  const int64_t* s = t.scores + slot * t.num_scores;
+  for (int32_t c = 0; c < t.num_scores; ++c) {
+    const int64_t w = initial_score(a, i, c);
+    if (w != s[c]) return w < s[c];
+  }
+  return false;
 }
 
 /// Counter changes of one run, added to the table's counters by the caller.
@@ -179,14 +203,10 @@ struct VictimLess {
   const TableRef* t;
   const RunArgs* r;
   DEMB_HD bool operator()(int64_t a, int64_t b) const {
-    const int64_t ka = victim_key(*r, a), kb = victim_key(*r, b);
-    if (ka != kb) return ka < kb;
-    const int32_t ns = t->num_scores;
-    for (int32_t c = 0; c < ns; ++c) {
-      const int64_t sa = t->scores[a * ns + c], sb = t->scores[b * ns + c];
-      if (sa != sb) return sa < sb;
-    }
-    return a < b;
+    int64_t wa[kVictimWords], wb[kVictimWords];
+    victim_words(*t, *r, a, wa);
+    victim_words(*t, *r, b, wb);
+    return victim_before(wa, a, wb, b);
   }
 };
 
@@ -315,8 +335,9 @@ DEMB_HD RunDeltas place_key(const TableRef& t, const RunArgs& r, const Home& h, 
 // exactly as the hint saw it when the first new key's turn comes (only this
 // run writes to it, and only to touched slots), the run's new keys are those
 // m and stay in a full bucket, so the run takes the hints instead of probing
-// for an empty slot and selecting its victims. The CUDA backend computes
-// hints with a warp per run, reading the bucket coalesced.
+// for an empty slot and selecting its victims. The CUDA backend's earlier
+// kernel (DEMB_CUDA_RUN_LANES=1) computes hints with a warp per run, reading
+// the bucket coalesced; its tiles (tile_run.h) need none.
 //
 // Cost: O(run log run) for the repeats, O(width log run) for the victims,
 // O(width / 8) for the empty positions: never the run's length times the
@@ -520,6 +541,11 @@ DEMB_HD RunDeltas run_keys(const TableRef& t, const RunArgs& r, int64_t begin, i
       }
       if (taken < num_victims) {
         const int64_t vslot = hinted ? r.victim_hint[begin + taken] : r.ev_slots[begin + taken];
+        if (r.refuse_cold && colder_than(t, r.score, i, vslot)) {  // "Refusal"
+          result(i, -1, InsertStatus::kRefused);
+          pr.sync();
+          continue;
+        }
         target = vslot - h.start;
         const int64_t at = begin + taken++;  // the record of the run's taken-th eviction
         if (lead) {

@@ -73,7 +73,9 @@ DEMB_HD int64_t initial_score(const ScoreArgs& a, int64_t index, int32_t c) {
 /// theirs.
 DEMB_HD void update_score(const ScoreArgs& a, int64_t index, int32_t num_scores, int64_t* s,
                           bool atomic) {
-  for (int32_t c = 0; c < num_scores; ++c) {
+  // A constant trip count: an array s stays in registers on the GPU.
+  for (int32_t c = 0; c < kMaxScores; ++c) {
+    if (c >= num_scores) break;
     switch (static_cast<ScorePolicy>(a.policy[c])) {
       case ScorePolicy::kAssign:
         s[c] = score_input(a, index, c);
@@ -113,6 +115,29 @@ DEMB_HD int64_t victim_rank_key(double v) {
 /// key, or 0 (all equal) when the call has none.
 DEMB_HD int64_t victim_key(const RunArgs& r, int64_t slot) {
   return r.victim_scores ? victim_rank_key(r.victim_scores[slot]) : 0;
+}
+
+/// Words of a slot's place in the victim order, compared lexicographically
+/// before the position: its victim_key, then its score words (0 past
+/// num_scores).
+constexpr int32_t kVictimWords = 1 + kMaxScores;
+
+/// The victim order's words of `slot` (see kVictimWords).
+DEMB_HD void victim_words(const TableRef& t, const RunArgs& r, int64_t slot,
+                          int64_t w[kVictimWords]) {
+  w[0] = victim_key(r, slot);
+  for (int32_t c = 0; c < kMaxScores; ++c)
+    w[1 + c] = c < t.num_scores ? t.scores[slot * t.num_scores + c] : 0;
+}
+
+/// The victim order: whether the slot with words `a` at `pa` is evicted
+/// before the one with words `b` at `pb` (the smaller words first, then the
+/// lower slot).
+DEMB_HD bool victim_before(const int64_t* a, int64_t pa, const int64_t* b, int64_t pb) {
+  for (int32_t c = 0; c < kVictimWords; ++c) {
+    if (a[c] != b[c]) return a[c] < b[c];
+  }
+  return pa < pb;
 }
 
 }  // namespace table

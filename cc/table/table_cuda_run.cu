@@ -18,6 +18,7 @@
 #include "cc/table/table_cuda.h"
 #include "cc/table/table_cuda_shared.cuh"
 #include "cc/table/tile_probe.cuh"
+#include "cc/table/tile_run.h"
 
 namespace dyn_emb {
 namespace table {
@@ -27,33 +28,45 @@ namespace {
 
 // Sort keys of K, an unsigned type wide enough for total_buckets (32 bits
 // for most tables: a third less to move in each pass of the sort).
+// `wide` (when given) is set where an entry's bucket is wider than
+// kTileMaxWidth: its run is not a tile's.
 template <class K>
 __global__ void sort_key_kernel(TableRef t, const int64_t* keys, const int64_t* table_ids,
                                 int64_t n, int64_t total_buckets, K* out, int32_t* iota,
-                                const int32_t* ok) {
+                                const int32_t* ok, int32_t* wide) {
   const int64_t i = global_thread();
   if (i >= n) return;
   const int64_t k = *ok ? sort_key_of(t, keys[i], table_ids[i]) : INT64_MAX;
   out[i] = static_cast<K>(k == INT64_MAX ? total_buckets : k);
   iota[i] = static_cast<int32_t>(i);
+  if (wide && k != INT64_MAX &&
+      t.info[table_ids[i] * kInfoCols + kInfoBucketCapacity] > kTileMaxWidth) {
+    *wide = 1;
+  }
 }
 
 // The slot of each batch entry whose key is in the table when the call
-// starts, -1 otherwise (resident_slot, operations.h): one tile per entry.
+// starts, -1 otherwise (resident_slot, operations.h): one tile per entry, in
+// a grid-stride loop. With `wide`: nothing unless it is set, and only the
+// entries whose bucket is wider than kTileMaxWidth (the tiles of tile_run.h
+// find the others themselves).
 template <int L, bool Wide>
 __global__ void prefind_kernel(TableRef t, const int64_t* keys, const int64_t* table_ids, int64_t n,
-                               int64_t* slots, const int32_t* ok) {
+                               int64_t* slots, const int32_t* ok, const int32_t* wide) {
+  if (wide && !*wide) return;
   const auto g = cg::tiled_partition<L>(cg::this_thread_block());
-  const int64_t i = tile_index<L>();
-  if (i >= n) return;
-  const int64_t key = keys[i], table = table_ids[i];
-  int64_t slot = -1;
-  if (*ok && valid_input(t, key, table)) {
-    const Home h = home_of(t, table, key);
-    const int64_t pos = tile_find<L, Wide>(g, t, h, key, h.digest);
-    if (pos >= 0) slot = h.start + pos;
+  const int64_t tiles = gridDim.x * static_cast<int64_t>(blockDim.x) / L;
+  for (int64_t i = tile_index<L>(); i < n; i += tiles) {
+    const int64_t key = keys[i], table = table_ids[i];
+    int64_t slot = -1;
+    if (*ok && valid_input(t, key, table)) {
+      const Home h = home_of(t, table, key);
+      if (wide && h.width <= kTileMaxWidth) continue;
+      const int64_t pos = tile_find<L, Wide>(g, t, h, key, h.digest);
+      if (pos >= 0) slot = h.start + pos;
+    }
+    if (g.thread_rank() == 0) slots[i] = slot;
   }
-  if (g.thread_rank() == 0) slots[i] = slot;
 }
 
 // Longest run given victim hints (longer runs select their victims), and
@@ -64,8 +77,8 @@ constexpr int kHintSlots = 8;
 // Whether run slot `a` goes before `b` in the victim order, given the score
 // word of each when the call has one word and no victim scores (`fast`),
 // else by VictimLess.
-__device__ __forceinline__ bool victim_before(const VictimLess& less, bool fast, int64_t a,
-                                              int64_t wa, int64_t b, int64_t wb) {
+__device__ __forceinline__ bool hint_before(const VictimLess& less, bool fast, int64_t a,
+                                            int64_t wa, int64_t b, int64_t wb) {
   if (b < 0) return a >= 0;
   if (a < 0) return false;
   return fast ? (wa != wb ? wa < wb : a < b) : less(a, b);
@@ -140,14 +153,14 @@ __global__ void victim_hint_kernel(TableRef t, RunArgs r, const K* sorted_keys, 
 #pragma unroll
       for (int j = 0; j < kHintSlots; ++j) {
         const int64_t slot = h.start + lane + 32 * j;
-        if (!(taken >> j & 1) && victim_before(less, fast, slot, w[j], best, best_w)) {
+        if (!(taken >> j & 1) && hint_before(less, fast, slot, w[j], best, best_w)) {
           best = slot;
           best_w = w[j];
         }
       }
       for (int off = 16; off > 0; off >>= 1) {
         const int64_t o = warp.shfl_down(best, off), ow = warp.shfl_down(best_w, off);
-        if (victim_before(less, fast, o, ow, best, best_w)) {
+        if (hint_before(less, fast, o, ow, best, best_w)) {
           best = o;
           best_w = ow;
         }
@@ -237,82 +250,38 @@ void rebuild_row_allocators(const TableRef& t, const int32_t* ok, ScratchAllocat
   check_launch("rebuild row allocators");
 }
 
-constexpr int kCounterDeltas = 4;
-__device__ __forceinline__ int delta_column(int c) {
-  return c == 0   ? kCounterSize
-         : c == 1 ? kCounterInsertFailures
-         : c == 2 ? kCounterEvictions
-                  : kCounterInserts;
-}
-
-// One tile per sorted position; the tile at the first position of a run
-// processes the run. Batches are sorted by table, so a block's runs nearly
-// always share one table: their counter changes are summed in shared memory
-// and added with one atomic per counter per block (one global atomic per run
-// on a single address would serialize the whole batch).
-// Processes the run starting at p (if p starts one) with L lanes: one thread
-// and the sequential probe when L == 1, else a tile.
-template <int L, class Tile>
-__device__ RunDeltas run_at(const Tile& g, const TableRef& t, const RunArgs& r, int64_t p,
-                            int64_t end) {
-  if constexpr (L == 1) {
-    return run_keys(t, r, p, end, SequentialProbe{});
-  } else {
-    return run_keys(t, r, p, end, TileProbe<L, Tile>{g});
-  }
-}
-
-// Held to three blocks of kBlock per SM (80 registers, no spills): the
-// victim paths would otherwise take the register count, and the occupancy
-// every run needs, down to two.
-template <int L, class K>
+// The runs one thread each (the thread at the first position of a run),
+// given the prefind (r.slots), in a grid-stride loop: every run and the
+// invalid entries, or with `wide` only the runs whose bucket is wider than
+// kTileMaxWidth (nothing unless it is set). Held to three blocks of kBlock
+// per SM (80 registers, no spills): the victim paths would otherwise take the
+// register count, and the occupancy every run needs, down to two.
 __global__ void __launch_bounds__(kBlock, 3)
-    run_kernel(TableRef t, RunArgs r, const K* sorted_keys, int64_t n, int64_t total_buckets) {
-  __shared__ unsigned long long block_sum[kCounterDeltas];
-  __shared__ int64_t block_table;
-  const auto g = cg::tiled_partition<L == 1 ? 32 : L>(cg::this_thread_block());
-  const bool leader = L == 1 || g.thread_rank() == 0;
-  const int64_t p = tile_index<L>();
-  if (threadIdx.x == 0) {
-    const int64_t p0 = (blockIdx.x * static_cast<int64_t>(blockDim.x)) / L;
-    block_table = p0 < n && static_cast<int64_t>(sorted_keys[p0]) != total_buckets
-                      ? r.table_ids[r.order[p0]]
-                      : -1;
-    for (int c = 0; c < kCounterDeltas; ++c) block_sum[c] = 0;
-  }
-  __syncthreads();
-  if (p < n) {
-    const K k = sorted_keys[p];
-    if (static_cast<int64_t>(k) == total_buckets) {
-      if (leader) {
-        const int32_t i = r.order[p];
-        r.slots[i] = -1;
-        r.status[i] = static_cast<int8_t>(InsertStatus::kInvalid);
-        if (r.row_work) r.row_work[i] = -1;
-      }
-    } else if (p == 0 || sorted_keys[p - 1] != k) {
+    run_kernel(TableRef t, RunArgs r, SortedKeys sk, int64_t n, int64_t total_buckets,
+               const int32_t* wide) {
+  if (wide && !*wide) return;
+  __shared__ BlockCounters counters;
+  const int64_t p0 = blockIdx.x * static_cast<int64_t>(blockDim.x);
+  counters.start([&] { return p0 < n && sk[p0] != total_buckets ? r.table_ids[r.order[p0]] : -1; });
+  const int64_t threads = gridDim.x * static_cast<int64_t>(blockDim.x);
+  for (int64_t p = global_thread(); p < n; p += threads) {
+    const int64_t k = sk[p];
+    if (k == total_buckets) {
+      if (wide) continue;
+      const int32_t i = r.order[p];
+      r.slots[i] = -1;
+      r.status[i] = static_cast<int8_t>(InsertStatus::kInvalid);
+      if (r.row_work) r.row_work[i] = -1;
+    } else if (p == 0 || sk[p - 1] != k) {
+      const int32_t first = r.order[p];
+      const int64_t table = r.table_ids[first];
+      if (wide && t.info[table * kInfoCols + kInfoBucketCapacity] <= kTileMaxWidth) continue;
       int64_t end = p + 1;
-      while (end < n && sorted_keys[end] == k) ++end;
-      const RunDeltas d = run_at<L>(g, t, r, p, end);
-      const int64_t delta[kCounterDeltas] = {d.size, d.failures, d.evictions, d.inserts};
-      if (leader) {
-        const int64_t table = r.table_ids[r.order[p]];
-        for (int c = 0; c < kCounterDeltas; ++c) {
-          if (!delta[c]) continue;
-          if (table == block_table) {
-            atomicAdd(&block_sum[c], static_cast<unsigned long long>(delta[c]));
-          } else {
-            atomic_add_i64(t.counters + table * kCounterCols + delta_column(c), delta[c]);
-          }
-        }
-      }
+      while (end < n && sk[end] == k) ++end;
+      counters.add(t, table, run_keys(t, r, p, end, SequentialProbe{}));
     }
   }
-  __syncthreads();
-  if (threadIdx.x < kCounterDeltas && block_table >= 0 && block_sum[threadIdx.x]) {
-    atomic_add_i64(t.counters + block_table * kCounterCols + delta_column(threadIdx.x),
-                   static_cast<int64_t>(block_sum[threadIdx.x]));
-  }
+  counters.finish(t);
 }
 
 // Segment key of a batch index for the row pass: its table, or num_tables for
@@ -400,15 +369,15 @@ __global__ void evict_gather_kernel(const int64_t* sel, const int64_t* count, in
 
 // The batch's positions in `order`, sorted by home bucket (invalid entries,
 // key total_buckets, last; `iota` the positions before); returns the sorted
-// keys, of K.
+// keys, of K. `wide`: see sort_key_kernel.
 template <class K>
 const K* sort_by_bucket(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_buckets,
                         int end_bit, const int32_t* ok, int32_t* iota, int32_t* order,
-                        ScratchAllocator& scratch, cudaStream_t stream) {
+                        int32_t* wide, ScratchAllocator& scratch, cudaStream_t stream) {
   K* keys_in = alloc<K>(scratch, n);
   K* keys_sorted = alloc<K>(scratch, n);
   sort_key_kernel<K><<<grid_for(n), kBlock, 0, stream>>>(t, r.keys, r.table_ids, n, total_buckets,
-                                                         keys_in, iota, ok);
+                                                         keys_in, iota, ok, wide);
   check_launch("sort keys");
   size_t bytes = 0;
   check_cuda(cub::DeviceRadixSort::SortPairs(nullptr, bytes, keys_in, keys_sorted, iota, order, n,
@@ -430,16 +399,28 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
 
   const int32_t* ok = layout_ok(t, has_rows ? t.num_free_rows : INT64_MAX, total_buckets, has_rows,
                                 scratch, stream);
-  // The slots of the keys in the table when the call starts (read-only: one
-  // tile per key, before the runs).
-  with_find_lanes(t, [&](auto lanes, auto wide) {
-    constexpr int L = decltype(lanes)::value;
-    prefind_kernel<L, decltype(wide)::value>
-        <<<tile_grid_for<L>(n), kBlock, 0, stream>>>(t, r.keys, r.table_ids, n, r.slots, ok);
-  });
-  check_launch("prefind");
+  // insert and insert_and_evict run by tiles (tile_run.h), unless
+  // DEMB_CUDA_RUN_LANES=1 asks for a thread per run. The tiles find the
+  // resident keys of their runs themselves; the prefind looks up the others.
+  const int lanes = tile_lanes(t, total_buckets);
+  const bool tiles = lanes > 1 && (r.op == RunOp::kInsert || r.op == RunOp::kInsertEvict);
+  int32_t* wide = nullptr;
+  if (tiles) {
+    wide = alloc<int32_t>(scratch, 1);
+    check_cuda(cudaMemsetAsync(wide, 0, sizeof(int32_t), stream), "memset");
+  } else {
+    // The slots of the keys in the table when the call starts (read-only: one
+    // tile per key, before the runs).
+    with_find_lanes(t, [&](auto lanes_c, auto wide_c) {
+      constexpr int L = decltype(lanes_c)::value;
+      prefind_kernel<L, decltype(wide_c)::value><<<tile_grid_for<L>(n), kBlock, 0, stream>>>(
+          t, r.keys, r.table_ids, n, r.slots, ok, nullptr);
+    });
+    check_launch("prefind");
+  }
 
   // The runs write eviction records (and keep their scratch) by position.
+  const bool records = r.ev_keys != nullptr;
   RunArgs w = r;
   w.score = with_timer(r.score, ns, scratch, stream);
   w.ev_keys = alloc<int64_t>(scratch, n);
@@ -447,20 +428,33 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
   w.ev_slots = alloc<int64_t>(scratch, n);
   w.ev_tables = alloc<int64_t>(scratch, n);
   w.ev_flags = alloc<uint8_t>(scratch, n);
-  check_cuda(cudaMemsetAsync(w.ev_flags, 0, static_cast<size_t>(n), stream), "memset");
+  if (records) check_cuda(cudaMemsetAsync(w.ev_flags, 0, static_cast<size_t>(n), stream), "memset");
   if (!has_rows)
     w.row_work = nullptr;
   else if (!w.row_work)
     w.row_work = alloc<int64_t>(scratch, n);
 
-  // Sorted by home bucket, then the victim hints (after the prefind: they
-  // read r.slots) and the runs, on sort keys of K.
+  // Sorted by home bucket, then the runs on sort keys of K: by tiles, then
+  // the runs of buckets too wide for a tile (given their prefind), or with
+  // the victim hints (after the prefind: they read r.slots) one thread per run.
   int32_t* iota = alloc<int32_t>(scratch, n);
   const int end_bit = bits_for(total_buckets);
   auto sorted_runs = [&](auto key_type) {
     using K = decltype(key_type);
     const K* sorted =
-        sort_by_bucket<K>(t, r, n, total_buckets, end_bit, ok, iota, order, scratch, stream);
+        sort_by_bucket<K>(t, r, n, total_buckets, end_bit, ok, iota, order, wide, scratch, stream);
+    const SortedKeys sk{sorted, sizeof(K) == 4};
+    if (tiles) {
+      with_find_lanes(t, [&](auto lanes_c, auto wide_c) {
+        constexpr int L = decltype(lanes_c)::value;
+        prefind_kernel<L, decltype(wide_c)::value><<<grid_strided(n * L), kBlock, 0, stream>>>(
+            t, r.keys, r.table_ids, n, r.slots, ok, wide);
+      });
+      check_launch("prefind");
+      tile_runs(lanes, t, w, sk, n, total_buckets, records, stream);
+      run_kernel<<<grid_strided(n), kBlock, 0, stream>>>(t, w, sk, n, total_buckets, wide);
+      return;
+    }
     if (r.op == RunOp::kInsertEvict) {
       int64_t* hint = alloc<int64_t>(scratch, n);
       victim_hint_kernel<K>
@@ -468,10 +462,7 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
       check_launch("victim hints");
       w.victim_hint = hint;
     }
-    with_lanes<1, 8, 16, 32>(run_lanes(), [&](auto lanes) {
-      constexpr int L = decltype(lanes)::value;
-      run_kernel<L, K><<<tile_grid_for<L>(n), kBlock, 0, stream>>>(t, w, sorted, n, total_buckets);
-    });
+    run_kernel<<<grid_for(n), kBlock, 0, stream>>>(t, w, sk, n, total_buckets, nullptr);
   };
   // 32-bit keys when every bucket and the invalid key (total_buckets) fit; a
   // negative total_buckets (a layout `ok` refuses) keeps the 64-bit keys, in

@@ -75,6 +75,10 @@ struct RunArgs {
   /// victims of its bucket computed before the runs, or -1 ("Victim hints",
   /// operations.h). Read only where they are exact.
   const int64_t* victim_hint = nullptr;
+  /// insert_and_evict of evicting tables: a new key whose score words would
+  /// be below those of its full bucket's next victim is not stored (see
+  /// operations.h, "Refusal").
+  bool refuse_cold = false;
 };
 
 }  // namespace table

@@ -2,18 +2,15 @@
 //
 // Tile-parallel probing of one bucket, for the CUDA backend's kernels.
 //
-// The kernels give each key (find) or each bucket run (insert, erase) a tile
-// of L lanes (4 per key for find, 1 per run for insert by default, the fastest
-// on an H200; DEMB_CUDA_FIND_LANES / DEMB_CUDA_RUN_LANES pick 2, 4, 8, 16 or
-// 32 for find, 1, 8, 16 or 32 for runs, 1 being one thread per run, for timing
+// The find kernels give each key a tile of L lanes (4 by default, the fastest
+// on an H200; DEMB_CUDA_FIND_LANES picks 2, 4, 8, 16 or 32 for timing
 // variants). In tile_probe a lane reads 8 digests (one 8-byte word) per step,
-// so with 16 lanes a 128-slot bucket is one coalesced 128-byte read; the find
-// kernels' tile_probe_wide reads 16 bytes or more per lane. The answers are those of
+// so with 16 lanes a 128-slot bucket is one coalesced 128-byte read;
+// tile_probe_wide reads 16 bytes or more per lane. The answers are those of
 // the sequential function the CPU backend runs (layout.h):
 //   tile_probe == probe  (the only key match, or the lowest empty slot)
-// The victims of a full bucket are selected once per run by lane 0
-// (select_victims, operations.h). Only lane 0 writes; the tile syncs before
-// the next key reads the bucket.
+// The runs of insert and insert_and_evict have tiles of their own
+// (tile_run.h, tile_lanes below).
 #pragma once
 
 #include <cooperative_groups.h>
@@ -106,18 +103,6 @@ __device__ int64_t tile_find(const Tile& g, const TableRef& t, const Home& h, in
   }
 }
 
-// The tile-parallel probe run_keys (operations.h) is given on the GPU.
-template <int L, class Tile>
-struct TileProbe {
-  const Tile& g;
-  __device__ int64_t find(const TableRef& t, const Home& h, int64_t key, uint8_t digest,
-                          int64_t from) const {
-    return tile_probe<L>(g, t, h, key, digest, from);
-  }
-  __device__ bool leader() const { return g.thread_rank() == 0; }
-  __device__ void sync() const { g.sync(); }
-};
-
 template <int L>
 __device__ __forceinline__ int64_t tile_index() {
   return global_thread() / L;
@@ -131,9 +116,12 @@ unsigned tile_grid_for(int64_t n) {
 /// default 4).
 int find_lanes();
 
-/// Lanes per run of insert and erase, from DEMB_CUDA_RUN_LANES (1, 8, 16 or
-/// 32; default 1).
-int run_lanes();
+/// Lanes per run of insert and insert_and_evict, from DEMB_CUDA_RUN_LANES
+/// (read once): 4, 8, 16 or 32 lanes of a tile (tile_run.h), 1 for one thread per
+/// run with the victim hints (the earlier kernel, for timing against it);
+/// unset or anything else: 32 lanes for tables whose buckets are wider than
+/// 256 slots on average, 8 otherwise. erase and place run one thread per run.
+int tile_lanes(const TableRef& t, int64_t total_buckets);
 
 /// Calls f(std::integral_constant<int, L>{}) for L == lanes, L one of Ls,
 /// else for L == 16: the one switch from a lane count to a kernel instance.

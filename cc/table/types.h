@@ -44,6 +44,8 @@ enum class InsertStatus : int8_t {
   kFailed = 3,    ///< not placed: bucket full and nothing may be evicted
   kInvalid = 4,   ///< reserved key or table id out of range (unchecked calls)
   kReleased = 5,  ///< score word 0 reached RunArgs::release_at: not stored (see operations.h)
+  kRefused =
+      6,  ///< new key colder than its full bucket's victim: not stored (RunArgs::refuse_cold)
 };
 
 /// RunArgs::release_at of a call that releases nothing.

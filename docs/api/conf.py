@@ -51,6 +51,7 @@ MODULES = [
     ("dynamicemb.checkpoint", "Checkpoints"),
     ("dynamicemb.incremental_dump", "Incremental dumps and replays (the specification's names)"),
     ("dynamicemb.replication", "Replication"),
+    ("dynamicemb.inference", "Serving: the inference table"),
     ("dynamicemb.metrics", "Metrics"),
     ("dynamicemb.io", "I/O: collectives, verified files, object stores"),
     ("dynamicemb.twin", "TorchRec twins"),

@@ -71,12 +71,7 @@ class MultiTableFrequencyAdmitter(_OwnInitializer, PaddedAdmitter):
         self.threshold = int(threshold)
         self.counter = counter
 
-    def admit(
-        self,
-        keys: torch.Tensor,
-        table_ids: torch.Tensor,
-        frequencies: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def admit(self, keys, table_ids, frequencies=None) -> torch.Tensor:
         counts = self.counter.add_and_release(
             keys, table_ids, _frequencies(keys, frequencies), self.threshold
         )
@@ -129,12 +124,7 @@ class MultiTableProbabilisticAdmitter(_OwnInitializer):
         self.generator = torch.Generator(device=torch.device(device))
         self.generator.manual_seed(int(seed))
 
-    def admit(
-        self,
-        keys: torch.Tensor,
-        table_ids: torch.Tensor,
-        frequencies: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def admit(self, keys, table_ids, frequencies=None) -> torch.Tensor:
         if self._log_reject is None:  # p == 1
             return torch.ones(keys.shape, dtype=torch.bool, device=keys.device)
         draws = torch.rand(

@@ -22,7 +22,7 @@ import torch
 from dynamicemb._checks import as_int, as_tensor, is_int
 from dynamicemb.dynamicemb_config import BUCKET_ALIGNMENT, align_to_table_size
 from dynamicemb.storage import Footprint, by_memory, table_metadata_bytes
-from dynamicemb.table import ScoredHashTable, check_keys, enums, ops
+from dynamicemb.table import ScoredHashTable, check_keys, enums, first_repeat, ops
 from dynamicemb.types import Counter, KVCounter, MemoryType
 
 __all__ = [
@@ -398,12 +398,10 @@ def check_counter_entries(keys: torch.Tensor, counts: torch.Tensor, where: str) 
         raise ValueError(
             f"{where}: key {int(keys[i])} at index {i} has a negative count ({int(counts[i])})"
         )
-    uniq, inverse, repeats = torch.unique(keys, return_inverse=True, return_counts=True)
-    if uniq.numel() != keys.numel():
-        i = int((repeats[inverse] > 1).nonzero()[0])
-        raise ValueError(
-            f"{where}: key {int(keys[i])} at index {i} appears {int(repeats[inverse[i]])} times"
-        )
+    repeat = first_repeat(keys)
+    if repeat is not None:
+        i, times = repeat
+        raise ValueError(f"{where}: key {int(keys[i])} at index {i} appears {times} times")
 
 
 def counter_entries(counter: Counter, table_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,23 +11,77 @@ carries the dynamic tables' rows, written and read here (model_state.py), so
 ``torch.distributed.checkpoint`` of the model's state dict saves and loads
 them at any world size; ``state_dict_without_rows()`` leaves them out.
 ``DynamicEmbStateful`` puts the dynamic tables into a DCP state of their own
-(dcp.py).
+(dcp.py). ``dcp_reader`` is a DCP reader that runs no code from the files
+(dcp_reader.py): DCP's own unpickles them. No format of ours is pickled.
 ``warm_start`` (an addition of ours, beyond the spec) fills dynamic tables
 with the rows of a TorchRec collection's state_dict or DCP checkpoint
 (warm_start.py). Paths may be fsspec URLs (``s3://...``: dynamicemb.io.fs).
 
-Importing this package needs TorchRec.
+Its names are imported on first use; ``DynamicEmbDump``, ``DynamicEmbLoad``
+and the others that reach a model's tables need TorchRec.
 """
+
+import sys
+import types
 
 import torch
 import torch.distributed as dist
 
-from dynamicemb.checkpoint.dcp import DynamicEmbStateful
-from dynamicemb.checkpoint.dump import DumpReport, dump
+from dynamicemb._seams import first_use
 from dynamicemb.checkpoint.layout import CheckpointError
-from dynamicemb.checkpoint.load import LoadReport, TableLoad, load
-from dynamicemb.checkpoint.model_state import state_dict_without_rows
-from dynamicemb.checkpoint.warm_start import WarmStartReport, warm_start
+
+# The public names of the modules below, imported on first use: a reader of
+# checkpoints (layout.py, files.py, read.py) needs none of the training side
+# (dump, load and warm_start reach a model's tables through the sharders).
+_MODULES = {
+    "DynamicEmbStateful": "dcp",
+    "dcp_reader": "dcp_reader",
+    "DumpReport": "dump",
+    "dump": "dump",
+    "LoadReport": "load",
+    "TableLoad": "load",
+    "load": "load",
+    "state_dict_without_rows": "model_state",
+    "WarmStartReport": "warm_start",
+    "warm_start": "warm_start",
+}
+
+
+class _Package(types.ModuleType):
+    """This package: its ``dcp_reader``, ``dump``, ``load`` and
+    ``warm_start`` are the functions of the modules of the same names. The import system binds a
+    loaded module to its package's attribute of the module's name, which
+    would hide the function; the function is kept."""
+
+    def __setattr__(self, name: str, value) -> None:
+        if _MODULES.get(name) == name and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+def __getattr__(name: str):
+    # By module path: ``from dynamicemb.checkpoint import dump`` would ask
+    # this function again. The modules are read from sys.modules below.
+    module = _MODULES.get(name)
+    if module == "dcp":
+        import dynamicemb.checkpoint.dcp
+    elif module == "dcp_reader":
+        import dynamicemb.checkpoint.dcp_reader
+    elif module == "dump":
+        import dynamicemb.checkpoint.dump
+    elif module == "load":
+        import dynamicemb.checkpoint.load
+    elif module == "model_state":
+        import dynamicemb.checkpoint.model_state
+    elif module == "warm_start":
+        import dynamicemb.checkpoint.warm_start  # noqa: F401
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return first_use(globals(), name, sys.modules[f"{__name__}.{module}"])
+
 
 __all__ = [
     "CheckpointError",
@@ -38,6 +92,7 @@ __all__ = [
     "LoadReport",
     "TableLoad",
     "WarmStartReport",
+    "dcp_reader",
     "dump",
     "load",
     "state_dict_without_rows",
@@ -78,6 +133,8 @@ def DynamicEmbDump(
         ValueError: an unknown collection or table in ``table_names``, or
             ``path`` holds something other than a dynamicemb checkpoint.
     """
+    from dynamicemb.checkpoint.dump import dump
+
     dump(path, model, table_names, bool(optim), pg)
 
 
@@ -121,4 +178,6 @@ def DynamicEmbLoad(
         ValueError: a table's dim, optimizer or score columns differ from
             the checkpoint's.
     """
+    from dynamicemb.checkpoint.load import load
+
     load(path, model, table_names, optim, pg)

@@ -1,7 +1,6 @@
 """DynamicEmbDump: every rank writes the rows it holds, rank 0 publishes."""
 
 import logging
-import os
 import sys
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -81,7 +80,7 @@ def counter_description(ref: TableRef, entries: int) -> dict[str, Any]:
 
 
 def _write_table(
-    folder: str, ref: TableRef, optim: bool, rank: int, world: int, pool, progress
+    folder: fs.Location, ref: TableRef, optim: bool, rank: int, world: int, pool, progress
 ) -> Shard:
     rows_, t = ref.rows, ref.index
     sd = rows_.state_dim(t) if optim else 0
@@ -89,7 +88,7 @@ def _write_table(
     kinds = [KEYS, VALUES] + ([OPT_VALUES] if sd else []) + ([SCORES] if has_scores else [])
     writers = {
         k: io_files.CheckedWriter(
-            os.path.join(folder, shard_file(ref.name, k, rank, world)), CHECKSUM_BLOCK_BYTES
+            folder.join(shard_file(ref.name, k, rank, world)), CHECKSUM_BLOCK_BYTES
         )
         for k in kinds
     }
@@ -119,8 +118,7 @@ def _write_table(
         if counter is not None:  # its keys and counts, through Counter.dump
             for k in (COUNTER_KEYS, COUNTER_VALUES):
                 writers[k] = io_files.CheckedWriter(
-                    os.path.join(folder, shard_file(ref.name, k, rank, world)),
-                    CHECKSUM_BLOCK_BYTES,
+                    folder.join(shard_file(ref.name, k, rank, world)), CHECKSUM_BLOCK_BYTES
                 )
             counter.dump(writers[COUNTER_KEYS], writers[COUNTER_VALUES], t)
             progress.update(writers[COUNTER_KEYS].nbytes + writers[COUNTER_VALUES].nbytes)
@@ -210,16 +208,17 @@ def dump(
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     error, tmp = None, None
-    if group.rank == 0:
-        try:
+    try:
+        path = fs.at(path)  # the one resolution of the path to its filesystem
+        if group.rank == 0:
             files.prepare_target(path)
             tmp = io_files.make_tmp(path)
             for folder in sorted({ref.collection for ref in refs}):
-                fs.of(tmp).mkdir(os.path.join(tmp, folder))
-        except BaseException as e:
-            error = e
+                tmp.fs.mkdir(tmp.join(folder))
+    except BaseException as e:
+        error = e
     group.agree(error)
-    tmp = group.broadcast_object(tmp)
+    tmp = path.on(group.broadcast_object(tmp))
     try:
         est = sum(
             ref.rows.sizes()[ref.index] * ref.rows.export_row_bytes(ref.index, optim)
@@ -230,12 +229,12 @@ def dump(
         try:
             with ThreadPoolExecutor(IO_THREADS) as pool:
                 for ref in refs:
-                    folder = os.path.join(tmp, ref.collection)
+                    folder = tmp.join(ref.collection)
                     shards[(ref.collection, ref.name)] = _write_table(
                         folder, ref, optim, group.rank, group.world_size, pool, progress
                     )
             for folder in {ref.collection for ref in refs}:
-                io_files.fsync_path(os.path.join(tmp, folder))
+                io_files.fsync_path(tmp.join(folder))
         except BaseException as e:
             error = e
         group.agree(error)
@@ -249,11 +248,11 @@ def dump(
                         ref, optim, group.world_size, [g[key] for g in gathered], counters=True
                     )
                     info = io_files.write_small(
-                        os.path.join(tmp, ref.collection), meta_file(ref.name), meta.encode()
+                        tmp.join(ref.collection), meta_file(ref.name), meta.encode()
                     )
                     collections.setdefault(ref.collection, {})[ref.name] = info.to_json()
                 for folder in collections:
-                    io_files.fsync_path(os.path.join(tmp, folder))
+                    io_files.fsync_path(tmp.join(folder))
                 body = {
                     "format": FORMAT_NAME,
                     "version": FORMAT_VERSION,
@@ -269,12 +268,12 @@ def dump(
         group.agree(error)
     except BaseException:
         if group.rank == 0 and tmp is not None:
-            fs.of(tmp).rmtree(tmp)
+            tmp.fs.rmtree(tmp)
         raise
     seconds = progress.close()
     rows = sum(s.rows for g in gathered for s in g.values())
     nbytes = sum(s.nbytes for g in gathered for s in g.values())
-    report = DumpReport(fs.of(path).absolute(path), len(refs), rows, nbytes, seconds)
+    report = DumpReport(path.fs.absolute(path), len(refs), rows, nbytes, seconds)
     if group.rank == 0:
         line = (
             f"DynamicEmbDump: {report.tables} tables, {rows} rows, {nbytes / 2**20:.1f} MiB "

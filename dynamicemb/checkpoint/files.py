@@ -41,14 +41,15 @@ def _complete(folder: str) -> dict[str, Any] | None:
         return None
 
 
-def resolve(path: str) -> tuple[str, dict[str, Any] | None]:
+def resolve(path: str) -> tuple[fs.Location, dict[str, Any] | None]:
     """The folder a load reads for ``path`` and its manifest (None: a legacy
     checkpoint). Reads only; see the module docstring.
 
     Raises:
         CheckpointError: no checkpoint at ``path``.
     """
-    if not fs.of(path).renames:
+    path = fs.at(path)
+    if not path.fs.renames:
         folder = committed(path, MANIFEST)
         if folder is None:
             raise CheckpointError(
@@ -56,7 +57,7 @@ def resolve(path: str) -> tuple[str, dict[str, Any] | None]:
                 f"its {MANIFEST})"
             )
         return folder, read_manifest(folder)
-    path = fs.local_path(path)
+    path = path.on(fs.local_path(path))
     if os.path.isfile(os.path.join(path, MANIFEST)):
         return path, read_manifest(path)
     if os.path.isdir(path):
@@ -78,7 +79,8 @@ def prepare_target(path: str) -> None:
     raises when ``path`` holds something that is not a dynamicemb
     checkpoint (a file, or a folder that is neither empty nor a checkpoint).
     """
-    store = fs.of(path)
+    path = fs.at(path)
+    store = path.fs
     if not store.renames:  # an object store: nothing beside it; publish cleans up
         if store.isfile(path):
             raise ValueError(f"cannot dump to {path!r}: it exists and is not a folder")
@@ -89,7 +91,7 @@ def prepare_target(path: str) -> None:
                 f"({MANIFEST}); dump to a new or empty prefix"
             )
         return
-    path = os.path.abspath(fs.local_path(path))
+    path = path.on(os.path.abspath(fs.local_path(path)))
     if os.path.lexists(path):
         if not os.path.isdir(path) or os.path.islink(path):
             raise ValueError(f"cannot dump to {path!r}: it exists and is not a folder")
@@ -105,6 +107,6 @@ def prepare_target(path: str) -> None:
             folder = None
         if folder is not None:
             os.rename(folder, path)  # a crash left the newest complete one beside it
-            fsync_path(os.path.dirname(path))
+            fsync_path(path.on(os.path.dirname(path)))
     for folder in siblings(path, TMP_TAG) + siblings(path, OLD_TAG):
         shutil.rmtree(folder, ignore_errors=True)

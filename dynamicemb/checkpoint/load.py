@@ -63,7 +63,12 @@ from dynamicemb.checkpoint.layout import (
     Shard,
     TableMeta,
     legacy_file,
-    meta_file,
+)
+from dynamicemb.checkpoint.read import (
+    check_shard_sizes,
+    check_table_keys,
+    read_shard,
+    table_meta,
 )
 from dynamicemb.dynamicemb_config import DynamicEmbScoreStrategy
 from dynamicemb.io import Group, fs
@@ -71,8 +76,6 @@ from dynamicemb.io import files as io_files
 from dynamicemb.io.files import IO_THREADS, chunk_rows
 from dynamicemb.shard.routing import route_keys
 from dynamicemb.shard.tables import TableRef
-from dynamicemb.storage.score_function import evaluate_scores
-from dynamicemb.table import check_keys
 
 log = logging.getLogger("dynamicemb.checkpoint")
 
@@ -229,75 +232,8 @@ def check_meta(meta: TableMeta, ref: TableRef, optim: bool) -> bool:
     return with_state
 
 
-# A step or delta sequence must leave room for the next one in an int64.
-_MAX_COUNT = 2**63 - 2
-
-
-def check_meta_values(meta: TableMeta, what: str, world_size: int) -> None:
-    """Refuses the values of a meta JSON that no dump writes (a file edited by
-    hand, with its checksums recomputed): a step or delta sequence out of
-    ``[0, 2**63 - 2]``, a shard's rank out of ``[0, world_size)`` or repeated,
-    a negative row count, a file name that is not a plain name (``../x``,
-    ``a/b``), a block size that is not positive.
-
-    Raises:
-        CheckpointError: naming the field and its value.
-    """
-    for name, value in (("step", meta.step), ("delta_sequence", meta.delta_sequence)):
-        if value is not None and not 0 <= value <= _MAX_COUNT:
-            raise CheckpointError(
-                f"{what}: the checkpoint's {name} {value} is out of range [0, {_MAX_COUNT}]"
-            )
-    if meta.checksum_block_bytes <= 0:
-        raise CheckpointError(
-            f"{what}: the checkpoint's checksum_block_bytes {meta.checksum_block_bytes} is not "
-            "positive"
-        )
-    ranks = set()
-    for shard in meta.shards:
-        if not 0 <= shard.rank < max(world_size, 1) or shard.rank in ranks:
-            raise CheckpointError(
-                f"{what}: the checkpoint lists a shard of rank {shard.rank} "
-                f"({'repeated' if shard.rank in ranks else f'world_size {world_size}'})"
-            )
-        ranks.add(shard.rank)
-        if shard.rows < 0:
-            raise CheckpointError(
-                f"{what}: the shard of rank {shard.rank} has a negative row count {shard.rows}"
-            )
-        for kind, info in sorted(shard.files.items()):
-            try:
-                io_files.check_name(info.name, f"the {kind} file")
-            except ValueError as e:
-                raise CheckpointError(f"{what}: the shard of rank {shard.rank}: {e}") from None
-            if info.nbytes < 0:
-                raise CheckpointError(
-                    f"{what}: the meta JSON records {info.nbytes} bytes for {info.name}"
-                )
-
-
-def check_rows(plan: "_Plan", rows: dict[str, torch.Tensor]) -> None:
-    """Refuses a reserved or repeated key among the rows a rank received
-    (every copy of a key reaches the rank that owns it).
-
-    Raises:
-        CheckpointError: naming the key.
-    """
-    keys = rows[KEYS].reshape(-1)
-    try:
-        check_keys(keys, f"{plan.what}: the checkpoint's keys")
-    except ValueError as e:
-        raise CheckpointError(str(e)) from None
-    uniq, counts = torch.unique(keys, return_counts=True)
-    if uniq.numel() != keys.numel():
-        i = int(counts.argmax())
-        raise CheckpointError(
-            f"{plan.what}: key {int(uniq[i])} appears {int(counts[i])} times in the checkpoint"
-        )
-
-
-def _plan(root: str, manifest: dict | None, ref: TableRef, optim: bool) -> _Plan:
-    folder = os.path.join(root, ref.collection)
+def _plan(root: fs.Location, manifest: dict | None, ref: TableRef, optim: bool) -> _Plan:
+    folder = root.join(ref.collection)
     if manifest is None:
         if not os.path.isdir(folder):
             raise CheckpointError(
@@ -306,32 +242,9 @@ def _plan(root: str, manifest: dict | None, ref: TableRef, optim: bool) -> _Plan
             )
         meta = _legacy_meta(folder, ref)
     else:
-        colls = manifest["collections"]
-        if ref.collection not in colls:
-            raise CheckpointError(
-                f"{ref.label}: the checkpoint at {root} has no collection {ref.collection!r} "
-                f"(it has {sorted(colls)})"
-            )
-        if ref.name not in colls[ref.collection]:
-            raise CheckpointError(
-                f"{ref.label}: the checkpoint at {root} has no table {ref.name!r} in "
-                f"{ref.collection!r} (it has {sorted(colls[ref.collection])})"
-            )
-        info = FileInfo.from_json(colls[ref.collection][ref.name])
-        data = io_files.read_small(folder, info, meta_file(ref.name), ref.label, CheckpointError)
-        meta = TableMeta.decode(data, os.path.join(folder, meta_file(ref.name)))
-    check_meta_values(meta, ref.label, meta.world_size)
+        folder, meta = table_meta(root, manifest, ref.collection, ref.name, ref.label)
     with_state = check_meta(meta, ref, optim)
-    for shard in meta.shards:
-        for kind in _kinds(meta):
-            dtype, ncols = _columns(meta, kind)
-            want = shard.rows * ncols * dtype.itemsize
-            if shard.files[kind].nbytes != want:
-                raise CheckpointError(
-                    f"{ref.label}: the meta JSON records {shard.files[kind].nbytes} bytes for "
-                    f"{shard.files[kind].name}, {shard.rows} rows need {want}"
-                )
-        io_files.check_sizes(folder, list(shard.files.values()), ref.label, CheckpointError)
+    check_shard_sizes(folder, meta, _kinds(meta), ref.label, _columns)
     has_files = meta.admission_counter is not None
     counter = {
         (True, True): LOAD_COUNTER,
@@ -385,25 +298,9 @@ def _assign(shards: list[Shard], world: int) -> list[list[Shard]]:
 
 
 def _read_shard(plan: _Plan, shard: Shard, pool, progress) -> dict[str, torch.Tensor]:
-    """One dumping rank's rows of a table, every file read whole and its
-    blocks verified (the files in parallel)."""
-    meta = plan.meta
-    out = {}
-    tasks = []
-    for k in _kinds(meta):
-        dtype, ncols = _columns(meta, k)
-        out[k] = torch.empty(shard.rows, ncols, dtype=dtype)
-        info = shard.files[k]
-
-        def task(info=info, t=out[k]):
-            io_files.read_verified(
-                plan.folder, info, meta.checksum_block_bytes, plan.what, t, CheckpointError
-            )
-            progress.update(info.nbytes)
-
-        tasks.append(task)
-    io_files.run_tasks(tasks, pool)
-    return out
+    return read_shard(
+        plan.folder, plan.meta, shard, _kinds(plan.meta), plan.what, pool, progress, _columns
+    )
 
 
 def _chunks(plan: _Plan, shards: list[Shard], rows: int, pool, progress):
@@ -526,21 +423,11 @@ def _read_counter(plan: _Plan, group: Group, pool, progress):
 
 
 def _order(plan: _Plan, scores: torch.Tensor | None) -> torch.Tensor | None:
-    """Rows best first (the keys eviction would keep), None: as they are."""
-    rows = plan.ref.rows
-    cols = rows.score_columns()
-    if cols is None or scores is None or scores.shape[0] < 2:
+    """Rows best first (the keys eviction would keep: ``TableRows.keep_order``),
+    None: as they are."""
+    if scores is None or scores.shape[0] < 2:
         return None
-    if rows.score_function is not None:
-        now = int(rows.timer().item())
-        rank = evaluate_scores(rows.score_function, scores, now)
-        return torch.argsort(rank, descending=True, stable=True)
-    internal = torch.empty_like(scores)
-    internal[:, cols] = scores
-    order = torch.arange(scores.shape[0])
-    for c in reversed(range(internal.shape[1])):  # lexicographic: last column first
-        order = order[torch.argsort(internal[order, c], descending=True, stable=True)]
-    return order
+    return plan.ref.rows.keep_order(scores)
 
 
 def _apply(plan: _Plan, rows: dict[str, torch.Tensor], chunk: int) -> tuple[int, int]:
@@ -671,6 +558,7 @@ def load(
     plans: list[_Plan] = []
     error = None
     try:
+        path = fs.at(path)  # the one resolution of the path to its filesystem
         root, manifest = files.resolve(path)
         plans = [_plan(root, manifest, ref, optim) for ref in refs]
     except BaseException as e:
@@ -709,7 +597,7 @@ def load(
     error = None
     try:
         for p, rows in zip(plans, received):
-            check_rows(p, rows)
+            check_table_keys(rows[KEYS], p.what)
     except BaseException as e:
         error = e
     group.agree(error)
@@ -717,7 +605,7 @@ def load(
     results = apply_all(plans, received, group, counters)
     seconds = progress.close()
     totals = group.all_reduce([v for r in results for v in r] + [mine])
-    report = LoadReport(fs.of(path).absolute(path), nbytes=totals[-1], seconds=seconds)
+    report = LoadReport(path.fs.absolute(path), nbytes=totals[-1], seconds=seconds)
     for i, p in enumerate(plans):
         report.tables.append(
             TableLoad(p.ref.collection, p.ref.name, p.meta.rows, totals[2 * i], totals[2 * i + 1])

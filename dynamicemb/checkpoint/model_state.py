@@ -107,7 +107,7 @@ def _group(module: Any, call: str) -> Group:
 
 
 def _key(module: Any, prefix: str, ref: TableRef) -> str:
-    return f"{prefix}{module._STATE_DICT_COLLECTION}.{ref.name}.{ENTRY}"
+    return f"{prefix}{module.STATE_DICT_COLLECTION}.{ref.name}.{ENTRY}"
 
 
 def _saves_state(ref: TableRef) -> bool:

@@ -30,17 +30,11 @@ import abc
 
 import torch
 
-from dynamicemb.dynamicemb_config import value_row_bytes
 from dynamicemb.embedding.initializer import MultiTableInitializer
+from dynamicemb.embedding.row_init import ModuleRowInit, fill_width
 from dynamicemb.storage.stats import StatCol
 from dynamicemb.table import ScoredHashTable, enums
 from dynamicemb.types import MultiTableAdmitter
-
-
-def fill_refs(positions: torch.Tensor) -> torch.Tensor:
-    """The rows values that read fill rows ``positions`` (-2 - i:
-    fill_row_ref of cc/embedding/pooling.h)."""
-    return -2 - positions
 
 
 class PaddedAdmitter(abc.ABC):
@@ -102,8 +96,11 @@ class ModuleAdmission:
 
     Args:
         module (BatchedDynamicEmbeddingTablesV2): its storage, statistics,
-            initializers and find-or-insert.
+            dims, seed and layout.
         admitter (MultiTableAdmitter): the tables' admitter.
+        row_init (ModuleRowInit): the module's initializers and fill rows.
+        find_or_insert (Callable): the module's training find-or-insert of
+            distinct keys (``keys, tids, counts, step, num_keys, lookup=``).
 
     Attributes:
         padded (bool): the admitter decides for padded batches in one op
@@ -111,11 +108,15 @@ class ModuleAdmission:
         initializer (MultiTableInitializer): writes the rejected keys' rows.
     """
 
-    def __init__(self, module, admitter: MultiTableAdmitter) -> None:
+    def __init__(
+        self, module, admitter: MultiTableAdmitter, row_init: ModuleRowInit, find_or_insert
+    ) -> None:
         self.module = module
         self.admitter = admitter
+        self.row_init = row_init
+        self.find_or_insert = find_or_insert
         self.initializer: MultiTableInitializer = (
-            admitter.non_admitted_initializer or module._initializers[False]
+            admitter.non_admitted_initializer or row_init.initializers[False]
         )
         # Its groups built here, not in a (captured or traced) training step.
         self.initializer.groups(module.dims, module.device)
@@ -126,9 +127,7 @@ class ModuleAdmission:
             and isinstance(admitter, PaddedAdmitter)
             and admitter.takes_padded(store)
         )
-        dtype = module.embedding_dtype
-        # A fill row: the widest embedding, padded as a stored row's is (init_rows_at writes it so).
-        self._fill_width = value_row_bytes(None, module.max_dim, dtype, False) // dtype.itemsize
+        self._fill_width = fill_width(module)
 
     def graph_state(self) -> tuple | None:
         """The admitter's part of a CUDA graph's state, or None when its
@@ -148,24 +147,19 @@ class ModuleAdmission:
         m.stats.add(StatCol.ADMISSIONS, per_table[:, 0])
         m.stats.add(StatCol.REJECTIONS, per_table[:, 1])
         lookup = status <= int(enums.Admission.ADMITTED)  # stored or admitted
-        rows = m._find_or_insert(keys, tids, counts, step, su.num_unique, lookup=lookup)
+        rows = self.find_or_insert(keys, tids, counts, step, su.num_unique, lookup=lookup)
         return self._fill_rejected(rows, status == int(enums.Admission.REJECTED), keys, tids)
 
     def _fill_rejected(self, rows, rejected, keys, tids):
-        """(rows, fill): the j-th rejected entry reads fill row j, the
-        initializer's row of its key at the embedding dtype (as a stored row
-        reads it). The buffer has the batch's length (the number rejected is
-        on the device); its first rows are written, nothing is selected."""
+        """(rows, fill): the rejected entries, and the keys the table
+        refused (``refuse_cold_keys``), read fill rows
+        (``ModuleRowInit.fill_marked``)."""
         m = self.module
-        n = keys.numel()
-        fill = torch.empty((n, self._fill_width), dtype=m.embedding_dtype, device=m.device)
-        rank = torch.cumsum(rejected, 0) - 1  # of each rejected entry among them
-        at = torch.where(rejected, rank * (self._fill_width * fill.element_size()), -1)
-        space = (fill.view(torch.uint8).reshape(-1), fill.new_empty(0, dtype=torch.uint8))
-        self.initializer.write_at(
-            space, at, keys, tids, m.dims, m._init_table_ids, m.seed, m.layout.element_type
+        if m.refusal is not None:
+            rejected = rejected | m.refusal.refused(rows)
+        return self.row_init.fill_marked(
+            rows, rejected, keys, tids, self.initializer, self._fill_width
         )
-        return torch.where(rejected, fill_refs(rank), rows), fill
 
     def _rows_exact(self, su, counts, step):
         """rows() of an exact batch through ``MultiTableAdmitter.admit``."""
@@ -176,8 +170,10 @@ class ModuleAdmission:
         keep = torch.ones(keys.shape, dtype=torch.bool, device=m.device)
         keep = keep.index_fill_(0, rejected, False).nonzero().squeeze(1)
         kept = [x.index_select(0, keep) for x in (keys, tids, counts)]
-        rows = torch.full_like(keys, -1).index_copy_(0, keep, m._find_or_insert(*kept, step))
-        return m._with_fill(rows, rejected, keys, tids, self.initializer)
+        rows = torch.full_like(keys, -1).index_copy_(0, keep, self.find_or_insert(*kept, step))
+        if m.refusal is not None:
+            rejected = torch.cat([rejected, m.refusal.refused(rows).nonzero().squeeze(1)])
+        return self.row_init.with_fill(rows, rejected, keys, tids, self.initializer)
 
     def _admit(self, keys, tids, counts):
         """Puts the batch's keys that are stored nowhere to the admitter.

@@ -25,14 +25,14 @@ from dynamicemb.dynamicemb_config import (
     DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
 )
-from dynamicemb.embedding.admission import ModuleAdmission, create_admitter, fill_refs
+from dynamicemb.embedding.admission import ModuleAdmission, create_admitter
 from dynamicemb.embedding.cuda_graphs import (
     LookupGraphs,
     PrefetchGraphs,
     graphs_enabled_by_default,
 )
 from dynamicemb.embedding.initializer import MultiTableInitializer
-from dynamicemb.embedding.inputs import check_values
+from dynamicemb.embedding.inputs import check_batch_values
 from dynamicemb.embedding.insert_failures import InsertFailures
 from dynamicemb.embedding.module_warnings import (
     default_optimizer,
@@ -40,6 +40,7 @@ from dynamicemb.embedding.module_warnings import (
     warn_if_host_only,
 )
 from dynamicemb.embedding.optimizer import RowOptimizer
+from dynamicemb.embedding.refusal import ModuleRefusal
 from dynamicemb.embedding.row_init import ModuleRowInit
 from dynamicemb.embedding.unique import segmented_unique
 from dynamicemb.storage import (
@@ -57,7 +58,13 @@ from dynamicemb.types import MemoryType
 S = DynamicEmbScoreStrategy
 
 # Options every fused table must agree on: one storage serves them all.
-_SHARED_STORAGE_OPTIONS = ("caching", "external_storage", "evicted_item_mode", "training")
+_SHARED_STORAGE_OPTIONS = (
+    "caching",
+    "external_storage",
+    "evicted_item_mode",
+    "training",
+    "refuse_cold_keys",
+)
 
 
 class _Pool(torch.autograd.Function):
@@ -72,7 +79,7 @@ class _Pool(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_out):
-        ctx.module._apply_gradients(grad_out, ctx.batch_args)
+        ctx.module.apply_gradients(grad_out, ctx.batch_args)
         if not torch.compiler.is_compiling():  # a traced step replays no CUDA graph
             ctx.batch_args.updated = True
         return (None,) * 3
@@ -98,10 +105,11 @@ class _Batch:
     batch: int
     out_width: int
     fill: torch.Tensor | None
-    # Adam's bias corrections at this step, made in the forward: the iteration
+    # What the update reads of this step (RowOptimizer.reads_step: Adam's bias
+    # corrections, RMSprop AR's step), made in the forward: the iteration
     # reaches the backward as data (an int would be a constant of a backward
     # traced by torch.compile). None for the other optimizers.
-    adam_bias: torch.Tensor | None = None
+    step_values: torch.Tensor | None = None
     # Set once the backward has updated the batch's rows (a batch of a CUDA
     # graph's tensors holds them until then: LookupGraphs).
     updated: bool = False
@@ -147,7 +155,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             ``admit_strategy``: all tables or none have one, and theirs agree
             on ``get_grouped_key``; the module builds one admitter for them
             (``create_admitter``), ``admitter``, and feeds the ADMISSIONS and
-            REJECTIONS columns of its ``stats``.
+            REJECTIONS columns of its ``stats``; ``refuse_cold_keys``, REFUSALS.
         feature_table_map (List[int], optional): table of each feature
             (default: feature t uses table t).
         pooling_mode (DynamicEmbPoolingMode): SUM, MEAN or NONE.
@@ -294,20 +302,26 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             self.stats.feed(StatCol.CACHE_HITS, StatCol.CACHE_MISSES)
             self.storage.cache_observer = self._count_cache_lookups
             self._table_ids_to_end = torch.arange(n + 1, device=self.device)
-        self._init_table_ids = torch.tensor(
-            self.initializer_table_ids, dtype=torch.int64, device=self.device
+        self._row_init = ModuleRowInit(
+            self,
+            torch.tensor(self.initializer_table_ids, dtype=torch.int64, device=self.device),
+            {
+                False: MultiTableInitializer([o.initializer_args for o in self.table_options]),
+                True: MultiTableInitializer([o.eval_initializer_args for o in self.table_options]),
+            },
         )
-        self._initializers = {
-            False: MultiTableInitializer([o.initializer_args for o in self.table_options]),
-            True: MultiTableInitializer([o.eval_initializer_args for o in self.table_options]),
-        }
+        # The keys the tables refuse (refuse_cold_keys; refusal.py).
+        self.refusal = (
+            ModuleRefusal(self, self._row_init) if self.table_options[0].refuse_cold_keys else None
+        )
         self.admitter = create_admitter(self.table_options, self.device)
         # The training step's admission stage (dynamicemb/embedding/admission.py).
         self._admission = None
         if self.admitter is not None:
             self.stats.feed(StatCol.ADMISSIONS, StatCol.REJECTIONS)
-            self._admission = ModuleAdmission(self, self.admitter)
-        self._row_init = ModuleRowInit(self)
+            self._admission = ModuleAdmission(
+                self, self.admitter, self._row_init, self._find_or_insert
+            )
         # The tables' rows as checkpoints, replication and metrics reach them.
         self.rows = TableRows(
             self.storage,
@@ -324,7 +338,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         )
         # The new rows' initializer groups, built here rather than in a
         # (possibly traced) training step.
-        self._initializers[False].groups(self.dims, self.device)
+        self._row_init.initializers[False].groups(self.dims, self.device)
         # Output layout of pooled batches: feature f's dims[f] columns start at
         # cols[f], the features side by side (TorchRec's KeyedTensor order).
         fdims = [self.dims[t] for t in self.feature_table_map]
@@ -348,8 +362,11 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         # Whether a CUDA module replays the training lookups of batch shapes
         # it has seen from CUDA graphs (dynamicemb/embedding/cuda_graphs.py).
         self.cuda_graphs = graphs_enabled_by_default()
-        self._graphs = LookupGraphs() if self.device.type == "cuda" else None
-        self._prefetch_graphs = PrefetchGraphs() if self.device.type == "cuda" else None
+        cuda = self.device.type == "cuda"
+        self._graphs = LookupGraphs(self._graph_state, self._lookup) if cuda else None
+        self._prefetch_graphs = (
+            PrefetchGraphs(self._prefetch_graph_state, self._prefetch_rows) if cuda else None
+        )
 
     # ------------------------------------------------------------ storage --
 
@@ -509,7 +526,10 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             # One op in eager and traced steps alike: a torch.pow here would
             # be specialized on the step by torch.compile (torch 2.11 guards
             # on exponents 1 and 2) or computed by the compiler's own pow.
-            b.adam_bias = ops().adam_bias(self._adam_betas, self.step)
+            b.step_values = ops().adam_bias(self._adam_betas, self.step)
+        elif self.training and self.optimizer.reads_step:
+            # The step itself (exact in float32 up to 2**24 steps).
+            b.step_values = torch.full((2,), self.step, dtype=torch.float32, device=self.device)
         return _Pool.apply(self._placeholder, self, b)
 
     def trains(self) -> bool:
@@ -685,7 +705,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         weights = None if pooling_weights is None else pooling_weights.to(dev).contiguous()
         freq = None if frequency_counters is None else frequency_counters.to(dev).contiguous()
         if self.check_values:
-            check_values(indices, offsets, freq, weights)
+            check_batch_values(indices, offsets, freq, weights)
         if freq is not None:
             freq = freq.long() if freq.is_floating_point() else freq.to(torch.int64)
         return indices, offsets, freq, weights
@@ -700,8 +720,11 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         keys, tids = su.keys, su.table_ids
         if padded:
             rows = self._find_or_insert(keys, tids, counts, step, su.num_unique, su.valid())
-            return rows, None
-        return self._find_or_insert(keys, tids, counts, step), None
+        else:
+            rows = self._find_or_insert(keys, tids, counts, step)
+        if self.refusal is not None:
+            return self.refusal.fill(rows, keys, tids)
+        return rows, None
 
     def _find_or_insert(
         self, keys, tids, counts, step, num_keys=None, valid=None, lookup=None
@@ -715,14 +738,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         if S.CUSTOMIZED in self.strategies:
             custom = self._custom_score_t[tids].reshape(-1, 1)  # each key its table's
         try:
+            score = BatchScore(step, custom)
             rows = self.storage.train_rows(
-                keys,
-                tids,
-                counts,
-                BatchScore(step, custom),
-                self._row_init,
-                num_keys=num_keys,
-                lookup=lookup,
+                keys, tids, counts, score, self._row_init, num_keys=num_keys, lookup=lookup
             )
         except BaseException:
             # The storage failed the step and put its rows back (an external
@@ -730,7 +748,10 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             self.step -= 1
             raise
         valid = lookup if lookup is not None else valid
-        self._failures.count(rows < 0 if valid is None else (rows < 0) & valid, tids)
+        failed = rows == -1  # an insert failed (REFUSED_ROW, a refusal, is no failure)
+        self._failures.count(failed if valid is None else failed & valid, tids)
+        if self.refusal is not None:
+            self.refusal.count(rows, tids)
         return rows
 
     def report_insert_failures(self) -> list[int]:
@@ -742,35 +763,23 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
     def initial_embeddings(self, keys, tids, eval_mode: bool = False) -> torch.Tensor:
         """(n, max dim) float32: the initializer's (or the eval initializer's)
         row of each key, zeros past its table's dim."""
-        return self._initializers[eval_mode](keys, tids, self.dims, self._init_table_ids, self.seed)
+        return self._row_init.initial(keys, tids, eval_mode)
 
     def _rows_eval(self, keys, tids):
         """(rows, fill): keys stored nowhere read the eval initializer's rows
         from the fill buffer."""
         rows = self.storage.eval_rows(keys, tids)
         missing = (rows < 0).nonzero().squeeze(1)
-        return self._with_fill(rows, missing, keys, tids, self._initializers[True])
-
-    def _with_fill(self, rows, idx, keys, tids, initializer: MultiTableInitializer):
-        """(rows, fill): the distinct keys at ``idx``, stored nowhere, read
-        ``initializer``'s rows (at the embedding dtype, as a stored row would
-        read them) from a fill buffer; None when there are none."""
-        if idx.numel() == 0:
-            return rows, None
-        fill = initializer(
-            keys.index_select(0, idx),
-            tids.index_select(0, idx),
-            self.dims,
-            self._init_table_ids,
-            self.seed,
-        ).to(self.embedding_dtype)
-        refs = fill_refs(torch.arange(idx.numel(), device=self.device))
-        return rows.index_copy(0, idx, refs), fill
+        init = self._row_init
+        return init.with_fill(rows, missing, keys, tids, init.initializers[True])
 
     # ----------------------------------------------------------- backward --
 
-    def _apply_gradients(self, grad_out: torch.Tensor, b: "_Batch") -> None:
-        """grad_out: the gradient of the forward's output, in its layout."""
+    def apply_gradients(self, grad_out: torch.Tensor, b: "_Batch") -> None:
+        """The backward of a lookup (its pooling function's): the fused
+        optimizer's update of the rows batch ``b`` read, ``grad_out`` the
+        gradient of the forward's output in its layout; then the storage's
+        ``after_update``."""
         with record_function("dynamicemb:update"):
             if self.training_state:
                 self.optimizer.fused_update(

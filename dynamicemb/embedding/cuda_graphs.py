@@ -176,9 +176,20 @@ class _ShapeGraphs:
 
 class LookupGraphs(_ShapeGraphs):
     """The CUDA graphs of one module's training lookups, by batch shape
-    (``_ShapeGraphs``)."""
+    (``_ShapeGraphs``).
+
+    Args:
+        state (Callable): the module's graph state (``() -> tuple | None``:
+            None when its lookup may not be captured).
+        run (Callable): the module's lookup of a batch from the tables' state
+            alone (``(indices, offsets, freq, step) -> batch``).
+    """
 
     what = "lookup"
+
+    def __init__(self, state, run) -> None:
+        super().__init__()
+        self.state, self.run = state, run
 
     def lookup(self, module, indices, offsets, freq):
         """The batch of a replayed lookup, or None: the module runs it
@@ -187,7 +198,7 @@ class LookupGraphs(_ShapeGraphs):
             return None
         if torch.is_inference_mode_enabled():
             return None
-        state = module._graph_state()
+        state = self.state()
         if state is None:
             return None
         key = (indices.numel(), offsets.numel(), freq is not None)
@@ -220,7 +231,7 @@ class LookupGraphs(_ShapeGraphs):
         inputs = tuple(None if x is None else x.clone() for x in (indices, offsets, freq))
         step = torch.zeros((1, 1), dtype=torch.int64, device=indices.device)
         module.storage.graphs.before_lookup()
-        got = self._record(indices.device, lambda: module._lookup(*inputs, step))
+        got = self._record(indices.device, lambda: self.run(*inputs, step))
         if got is None:
             return None
         graph, batch = got
@@ -231,11 +242,14 @@ class LookupGraphs(_ShapeGraphs):
 
 @dataclass
 class _PrefetchGraph:
-    """One captured prefetch: the graph, its input buffers, its state."""
+    """One captured prefetch: the graph, its input buffers, its state and
+    what the storage's host part does after each replay of it
+    (``graphs.prefetch_taken``)."""
 
     graph: Any
     inputs: tuple
     state: tuple
+    taken: Any = None
 
 
 class PrefetchGraphs(_ShapeGraphs):
@@ -248,12 +262,18 @@ class PrefetchGraphs(_ShapeGraphs):
 
     what = "prefetch"
 
+    def __init__(self, state, run) -> None:
+        """``state``: the module's prefetch graph state (``() -> tuple |
+        None``); ``run``: its prefetch's kernels (``(indices, offsets)``)."""
+        super().__init__()
+        self.state, self.run = state, run
+
     def prefetch(self, module, indices, offsets) -> bool:
         """Whether the prefetch ran from a graph (else the module runs it
         eagerly)."""
         if self.failed or torch.cuda.is_current_stream_capturing():
             return False
-        state = module._prefetch_graph_state()
+        state = self.state()
         if state is None:
             return False
         key = (indices.numel(), offsets.numel())
@@ -263,17 +283,17 @@ class PrefetchGraphs(_ShapeGraphs):
                 return False
             inputs = (indices.clone(), offsets.clone())
             module.storage.graphs.before_prefetch()
-            got = self._record(indices.device, lambda: module._prefetch_rows(*inputs))
+            got = self._record(indices.device, lambda: self.run(*inputs))
             if got is None:
                 return False
-            g = _PrefetchGraph(got[0], inputs, state)
+            g = _PrefetchGraph(got[0], inputs, state, module.storage.graphs.prefetch_taken())
             self._keep(key, g)
         with record_function("dynamicemb:prefetch_graph"):
             module.storage.graphs.before_prefetch()
             for buf, x in zip(g.inputs, (indices, offsets)):
                 buf.copy_(x)
             g.graph.replay()
-            module.storage.graphs.after_prefetch()
+            module.storage.graphs.after_prefetch(g.taken)
         self.graphs.move_to_end(key)
         self.replays += 1
         return True

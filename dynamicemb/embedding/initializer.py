@@ -6,7 +6,7 @@ in whatever order. ``MultiTableInitializer`` applies each table's own
 arguments to the keys of several fused tables.
 """
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -14,7 +14,6 @@ import torch
 from dynamicemb._checks import device_of
 from dynamicemb.dynamicemb_config import (
     DynamicEmbInitializerArgs,
-    DynamicEmbInitializerMode,
     complete_initializer_args,
 )
 from dynamicemb.table import constants, ops
@@ -32,11 +31,12 @@ def init_rows(
     Args:
         keys (torch.Tensor): (n) int64.
         dim (int): row width.
-        args (DynamicEmbInitializerArgs): the initializer; UNIFORM bounds left
-            as None become 0.0 and 1.0 (``complete_initializer_args`` without a
-            table config). TRUNCATED_NORMAL samples ``mean + std_dev * N(0, 1)``
-            restricted to ``[lower, upper]`` (default +-2 std_dev around the
-            mean). DEBUG gives every element ``key mod DEBUG_MODULUS``.
+        args (DynamicEmbInitializerArgs): the initializer; bounds left as
+            None are completed without a table config
+            (``complete_initializer_args``: 0.0 and 1.0 for UNIFORM, +-2
+            std_dev around the mean for TRUNCATED_NORMAL). TRUNCATED_NORMAL
+            samples ``mean + std_dev * N(0, 1)`` restricted to ``[lower,
+            upper]``. DEBUG gives every element ``key mod DEBUG_MODULUS``.
         table_ids (torch.Tensor, optional): (n) int64, part of the generator's
             key, so the same key differs between tables; zeros by default.
         seed (int): the generator's seed.
@@ -62,9 +62,6 @@ def initializer_op_args(
         raise TypeError(f"args must be DynamicEmbInitializerArgs, got {type(args).__name__}")
     args = complete_initializer_args(args)
     lower, upper = args.lower, args.upper
-    if args.mode == DynamicEmbInitializerMode.TRUNCATED_NORMAL:
-        lower = args.mean - 2.0 * args.std_dev if lower is None else lower
-        upper = args.mean + 2.0 * args.std_dev if upper is None else upper
     lower = 0.0 if lower is None else float(lower)
     upper = 1.0 if upper is None else float(upper)
     mode = int(constants()["InitMode"][args.mode.name])
@@ -187,39 +184,6 @@ class MultiTableInitializer:
             ]
         return self._groups[key]
 
-    def rows_by_group(
-        self,
-        keys: torch.Tensor,
-        table_ids: torch.Tensor,
-        dims: Sequence[int],
-        generator_table_ids: torch.Tensor | None = None,
-        seed: int = 0,
-    ) -> Iterator[tuple[torch.Tensor | None, int, torch.Tensor]]:
-        """Initial rows group by group.
-
-        Args:
-            keys (torch.Tensor): (n) int64.
-            table_ids (torch.Tensor): (n) int64, each key's table.
-            dims (Sequence[int]): the width of each table.
-            generator_table_ids (Optional[torch.Tensor]): (num_tables) int64,
-                the table id each table's rows are generated with (see
-                ``init_rows``); default: its own.
-            seed (int): the generator's seed.
-
-        Yields:
-            (selection, dim, rows): the keys of one group (a bool mask over
-            ``keys``, or None for all of them), the group's width and their
-            (m, dim) float32 rows.
-        """
-        init_ids = table_ids if generator_table_ids is None else generator_table_ids[table_ids]
-        groups = self.groups(dims, keys.device)
-        for g in groups:
-            if len(groups) == 1:
-                yield None, g.dim, init_rows(keys, g.dim, g.args, init_ids, seed)
-                continue
-            sel = torch.isin(table_ids, g.tables)
-            yield sel, g.dim, init_rows(keys[sel], g.dim, g.args, init_ids[sel], seed)
-
     def write_at(
         self,
         space: tuple[torch.Tensor, torch.Tensor],
@@ -241,7 +205,7 @@ class MultiTableInitializer:
             space: the row space's two segments.
             offsets (torch.Tensor): (n) int64 byte offsets, -1 to skip.
             keys, table_ids, dims, generator_table_ids, seed: as for
-                ``rows_by_group``.
+                ``__call__``.
             element_type (int): the rows' native ElementType.
             state (Optional[Callable]): a group's optimizer-state width and
                 fill (``init_rows_at``'s ``state_dim``, ``state_fill``);
@@ -267,12 +231,24 @@ class MultiTableInitializer:
         seed: int = 0,
     ) -> torch.Tensor:
         """Initial rows of ``keys``, as (n, max(dims)) float32: row i has its
-        table's width of values, zeros after them. Arguments as for
-        ``rows_by_group``."""
+        table's width of values, zeros after them; one ``init_rows`` per group.
+
+        Args:
+            keys (torch.Tensor): (n) int64.
+            table_ids (torch.Tensor): (n) int64, each key's table.
+            dims (Sequence[int]): the width of each table.
+            generator_table_ids (Optional[torch.Tensor]): (num_tables) int64,
+                the table id each table's rows are generated with (see
+                ``init_rows``); default: its own.
+            seed (int): the generator's seed.
+        """
         out = torch.zeros(keys.numel(), max(int(d) for d in dims), device=keys.device)
-        for sel, dim, rows in self.rows_by_group(keys, table_ids, dims, generator_table_ids, seed):
-            if sel is None:
-                out[:, :dim] = rows
-            else:
-                out[sel, :dim] = rows
+        init_ids = table_ids if generator_table_ids is None else generator_table_ids[table_ids]
+        groups = self.groups(dims, keys.device)
+        for g in groups:
+            if len(groups) == 1:
+                out[:, : g.dim] = init_rows(keys, g.dim, g.args, init_ids, seed)
+                continue
+            sel = torch.isin(table_ids, g.tables)
+            out[sel, : g.dim] = init_rows(keys[sel], g.dim, g.args, init_ids[sel], seed)
         return out

@@ -1,55 +1,69 @@
-"""The value checks of the embedding module's forward and their errors: the
-first failed check named, with the first bad entry and its position."""
+"""The value checks of a batch's keys and weights, one rule for the embedding
+module's forward and for a sharded collection's batch check
+(dynamicemb.shard.batch_checks): the op ``check_batch``
+(cc/routing/batch_check.h) finds the first reserved key and the first weight
+that breaks its rule; this module names the rules and words the module's
+errors for bad input values (the first failed check, with the first bad
+entry and its position)."""
+
+import enum
 
 import torch
 
-from dynamicemb.table import first_valid_key, reserved_key_error
+from dynamicemb.table import ops, reserved_key_error
+
+# What a batch's weights are, the rule each follows, and that rule's code in
+# check_batch's weight_rule (cc/routing/batch_check.h, WeightRule).
+COUNTERS, POOLING = "frequency counters", "pooling weights"
+WEIGHT_RULES = {COUNTERS: "finite whole numbers >= 0", POOLING: "finite"}
+WEIGHT_RULE_CODES = {None: 0, POOLING: 1, COUNTERS: 2}
 
 
-def check_values(indices, offsets, freq, weights) -> None:
-    """The value checks of forward's arguments, each a count of bad entries,
-    read in one synchronization; raises naming the first bad argument."""
+class Finding(enum.IntEnum):
+    """check_batch's finding codes (cc/routing/batch_check.h, BatchCode), the
+    first of which its verdict row (code, a, b, c) reports."""
+
+    OK = 0
+    OFFSETS_START = 8  # a: first offset
+    NEGATIVE_LENGTH = 9  # a: position, b: length
+    LENGTHS_SUM = 10  # a: sum of the lengths, b: values
+    RESERVED_KEY = 11  # a: position in the values, b: key, c: feature
+    BAD_WEIGHT = 12  # a: position, b: the weight's float64 bits, c: feature
+
+
+def check_batch_values(indices, offsets, freq, weights) -> None:
+    """The embedding module's value checks of a batch in TBE layout (one
+    ``check_batch`` over its bags, the offsets' ends beside it), read in one
+    synchronization; raises ``ValueError`` naming the argument, the first bad
+    entry and its position."""
     n = indices.numel()
-    steps = offsets[1:] - offsets[:-1]
-    checks = {
-        "offsets_start": offsets[:1] != 0,
-        "offsets_end": offsets[-1:] != n,
-        "offsets_step": steps < 0,
-        "indices": indices < first_valid_key(),
-    }
-    if freq is not None:
-        f64 = freq.double()
-        checks["frequency_counters"] = ~torch.isfinite(f64) | (f64 < 0) | (f64 != f64.round())
-    if weights is not None:
-        checks["pooling_weights"] = ~torch.isfinite(weights)
-    bad = torch.stack([c.sum() for c in checks.values()]).tolist()
-    if any(bad):
-        raise_bad_input(dict(zip(checks, bad)), checks, indices, offsets, freq, weights)
-
-
-def raise_bad_input(bad, checks, indices, offsets, freq, weights) -> None:
-    """The error of forward's first failed value check, naming the
-    argument, the first bad entry and its position."""
-    n = indices.numel()
-    if bad["offsets_start"] or bad["offsets_end"]:
+    lengths = offsets[1:] - offsets[:-1]
+    kind = COUNTERS if freq is not None else POOLING if weights is not None else None
+    verdict = ops().check_batch(
+        indices,
+        lengths,
+        freq.double() if freq is not None else weights,
+        None,
+        None,
+        1,
+        max(lengths.numel(), 1),
+        WEIGHT_RULE_CODES[kind],
+    )
+    start, end, code, a, b, _ = torch.cat([offsets[:1], offsets[-1:], verdict[:4]]).tolist()
+    if start != 0 or end != n:
         raise ValueError(
-            f"offsets must run from 0 to the number of indices ({n}), got "
-            f"{int(offsets[0])} to {int(offsets[-1])}"
+            f"offsets must run from 0 to the number of indices ({n}), got {start} to {end}"
         )
-    if bad["offsets_step"]:
-        i = int(checks["offsets_step"].nonzero()[0, 0]) + 1
+    if code == Finding.NEGATIVE_LENGTH:
+        i = a + 1
         raise ValueError(
             f"offsets must not decrease, got {int(offsets[i - 1])} then {int(offsets[i])} at "
             f"index {i}"
         )
-    if bad["indices"]:
-        i = int(checks["indices"].nonzero()[0, 0])
-        raise reserved_key_error("indices", int(indices[i]), i)
-    if bad.get("frequency_counters"):
-        i = int(checks["frequency_counters"].nonzero()[0, 0])
-        raise ValueError(
-            "frequency_counters must be finite whole numbers >= 0, got "
-            f"{freq[i].item()} at index {i}"
+    if code == Finding.RESERVED_KEY:
+        raise reserved_key_error("indices", b, a)
+    if code == Finding.BAD_WEIGHT:
+        name, bad = (
+            ("frequency_counters", freq) if freq is not None else ("pooling_weights", weights)
         )
-    i = int(checks["pooling_weights"].nonzero()[0, 0])
-    raise ValueError(f"pooling_weights must be finite, got {weights[i].item()} at index {i}")
+        raise ValueError(f"{name} must be {WEIGHT_RULES[kind]}, got {bad[a].item()} at index {a}")

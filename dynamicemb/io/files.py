@@ -27,7 +27,9 @@ the previous version or the new one, whole; docs/checkpoint.md has the
 argument. Readers find a folder's files through ``committed``.
 
 Every reader raises its ``error`` argument's class (``DataError`` by
-default), so each format reports bad data in its own terms.
+default), so each format reports bad data in its own terms. Paths are taken
+as ``fs.Location``s (a plain path is resolved to its filesystem where it
+enters, ``fs.at``), and the paths made from them keep their filesystem.
 """
 
 import json
@@ -131,9 +133,11 @@ def decode_manifest(
     try:
         body = json.loads(data)
         checksum = body.pop("checksum")
-    except (ValueError, KeyError, AttributeError, TypeError) as e:
-        raise error(f"{where}: manifest is not valid ({e})") from None
-    if zlib.crc32(_canonical(body)) != checksum:
+        crc = zlib.crc32(_canonical(body))
+    except (ValueError, KeyError, AttributeError, TypeError, RecursionError) as e:
+        # RecursionError: arrays nested too deep for the parser.
+        raise error(f"{where}: manifest is not valid ({type(e).__name__}: {e})") from None
+    if crc != checksum:
         raise error(f"{where}: manifest checksum mismatch (the file is corrupted)")
     if body.get("format") != fmt or body.get("version") != version:
         raise error(
@@ -143,10 +147,10 @@ def decode_manifest(
     return body
 
 
-def _read_whole(path: str, prefix: str, error: ErrorType) -> bytes:
+def _read_whole(path: fs.Location, prefix: str, error: ErrorType) -> bytes:
     """All of ``path``; a missing file is an ``error`` that starts with ``prefix``."""
     try:
-        return fs.of(path).read_bytes(path)
+        return path.fs.read_bytes(path)
     except FileNotFoundError:
         raise error(f"{prefix}{path} does not exist") from None
 
@@ -155,7 +159,7 @@ def read_manifest(
     folder: str, manifest: str, fmt: str, version: int, error: ErrorType = DataError
 ) -> dict[str, Any]:
     """The checked body of ``folder``'s manifest file ``manifest``."""
-    where = os.path.join(folder, manifest)
+    where = fs.at(folder).join(manifest)
     return decode_manifest(_read_whole(where, "", error), where, fmt, version, error)
 
 
@@ -163,7 +167,8 @@ def write_manifest(tmp: str, body: dict[str, Any], manifest: str) -> None:
     """Writes the manifest ``manifest`` into ``tmp`` and fsyncs it and the
     folder: the last write before publishing."""
     body = dict(body, created_unix_ns=time.time_ns())
-    fs.of(tmp).write_bytes(os.path.join(tmp, manifest), encode_manifest(body))
+    tmp = fs.at(tmp)
+    tmp.fs.write_bytes(tmp.join(manifest), encode_manifest(body))
     fsync_path(tmp)
 
 
@@ -172,7 +177,8 @@ def write_manifest(tmp: str, body: dict[str, Any], manifest: str) -> None:
 
 def fsync_path(path: str) -> None:
     """fsync of a file or folder by name (nothing in an object store)."""
-    fs.of(path).fsync(path)
+    path = fs.at(path)
+    path.fs.fsync(path)
 
 
 class CheckedWriter:
@@ -182,10 +188,10 @@ class CheckedWriter:
     """
 
     def __init__(self, path: str, block: int) -> None:
-        self.path = path
+        self.path = fs.at(path)
         self.block = block
-        self.fs = fs.of(path)
-        self.f = self.fs.open_write(path)
+        self.fs = self.path.fs
+        self.f = self.fs.open_write(self.path)
         self.nbytes = 0
         self.crcs: list[int] = []
         self._crc = 0  # CRC of the current, unfinished block
@@ -220,12 +226,12 @@ def read_verified(
     """Reads the file ``info`` names into ``out`` (a contiguous tensor of
     exactly its size) and verifies the CRC-32 of every ``block`` bytes
     (``info.crc32`` None: none)."""
-    path = os.path.join(folder, info.name)
+    path = fs.at(folder).join(info.name)
     mv = memoryview(out.reshape(-1).view(torch.uint8).numpy())
     if len(mv) != info.nbytes:
         raise error(f"{what}: {path}: {len(mv)} bytes expected, {info.nbytes} recorded")
     try:
-        got = fs.of(path).read_into(path, mv)
+        got = path.fs.read_into(path, mv)
     except FileNotFoundError:
         raise error(f"{what}: {path} does not exist") from None
     if got != info.nbytes:
@@ -251,8 +257,8 @@ def read_verified(
 def write_small(folder: str, name: str, data: bytes) -> FileInfo:
     """A whole small file (a meta JSON), fsynced; returns its info with a
     single CRC-32 over all of it."""
-    full = os.path.join(folder, name)
-    fs.of(full).write_bytes(full, data)
+    full = fs.at(folder).join(name)
+    full.fs.write_bytes(full, data)
     return FileInfo(name, len(data), [zlib.crc32(data)])
 
 
@@ -261,7 +267,7 @@ def read_small(
 ) -> bytes:
     """A small file ``write_small`` wrote, checked against ``info`` (None:
     unchecked)."""
-    full = os.path.join(folder, name)
+    full = fs.at(folder).join(name)
     data = _read_whole(full, f"{what}: ", error)
     if info is not None and (len(data) != info.nbytes or [zlib.crc32(data)] != info.crc32):
         raise error(
@@ -276,10 +282,11 @@ def check_sizes(
 ) -> None:
     """Every file exists with the size its meta records (a truncated or
     missing file is reported before anything is read)."""
+    folder = fs.at(folder)
     for info in infos:
-        full = os.path.join(folder, info.name)
+        full = folder.join(info.name)
         try:
-            size = fs.of(full).size(full)
+            size = full.fs.size(full)
         except FileNotFoundError:
             raise error(f"{what}: {full} does not exist") from None
         if size != info.nbytes:
@@ -299,33 +306,37 @@ def new_token() -> str:
 def siblings(path: str, tag: str) -> list[str]:
     """The folders beside ``path`` named ``<path><tag>...`` (``TMP_TAG``,
     ``OLD_TAG``), sorted (none in an object store, which makes none)."""
-    store = fs.of(path)
-    if not store.renames:
+    path = fs.at(path)
+    if not path.fs.renames:
         return []
     parent, base = os.path.split(os.path.abspath(fs.local_path(path)))
     if not os.path.isdir(parent):
         return []
-    return [os.path.join(parent, n) for n in sorted(os.listdir(parent)) if n.startswith(base + tag)]
+    return [
+        path.on(os.path.join(parent, n))
+        for n in sorted(os.listdir(parent))
+        if n.startswith(base + tag)
+    ]
 
 
 def versions(path: str) -> list[tuple[int, str]]:
     """An object store's versions of folder ``path`` (``make_tmp``),
     committed or not: (number, folder), ascending."""
-    found = [(_VERSION.match(n), n) for n in fs.of(path).listdir(path)]
-    return sorted((int(m.group(1)), os.path.join(path, n)) for m, n in found if m)
+    path = fs.at(path)
+    found = [(_VERSION.match(n), n) for n in path.fs.listdir(path)]
+    return sorted((int(m.group(1)), path.join(n)) for m, n in found if m)
 
 
 def make_tmp(path: str) -> str:
     """A new, empty folder to write what ``publish`` puts at ``path``: beside
     it, or in an object store the next version prefix inside it."""
-    store = fs.of(path)
-    if not store.renames:
+    path = fs.at(path)
+    if not path.fs.renames:
         last = max([n for n, _ in versions(path)] + [0])
-        return os.path.join(path, f"{VERSION_TAG}{last + 1:08d}")
-    path = os.path.abspath(fs.local_path(path))
-    parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
-    tmp = path + TMP_TAG + new_token()
+        return path.join(f"{VERSION_TAG}{last + 1:08d}")
+    local = os.path.abspath(fs.local_path(path))
+    os.makedirs(os.path.dirname(local), exist_ok=True)
+    tmp = path.on(local + TMP_TAG + new_token())
     os.mkdir(tmp)
     return tmp
 
@@ -334,15 +345,16 @@ def publish(tmp: str, path: str) -> None:
     """Puts the finished folder ``tmp`` at ``path`` (see the module
     docstring). In an object store ``tmp``'s manifest has committed it
     already: everything else in ``path`` is removed."""
-    store = fs.of(path)
+    path = fs.at(path)
+    store = path.fs
     if not store.renames:
         for name in store.listdir(path):
-            other = os.path.join(path, name)
+            other = path.join(name)
             if other != tmp:
                 store.rmtree(other)
         return
     path = os.path.abspath(fs.local_path(path))
-    parent = os.path.dirname(path)
+    parent = fs.Location(os.path.dirname(path), store)
     fsync_path(parent)  # the tmp folder's own entry
     if os.path.lexists(path):
         old = path + OLD_TAG + new_token()
@@ -361,23 +373,25 @@ def committed(path: str, manifest: str) -> str | None:
     manifest is there; in an object store its highest version holding its
     manifest, else ``path`` itself when it holds the manifest (a folder
     copied there whole)."""
-    store = fs.of(path)
+    path = fs.at(path)
+    store = path.fs
     if not store.renames:
         for _, folder in reversed(versions(path)):
-            if store.isfile(os.path.join(folder, manifest)):
+            if store.isfile(folder.join(manifest)):
                 return folder
-    return path if store.isfile(os.path.join(path, manifest)) else None
+    return path if store.isfile(path.join(manifest)) else None
 
 
 def committed_children(folder: str, manifest: str) -> dict[str, str]:
     """The published folders right inside ``folder`` (``committed``): name ->
     the folder holding it, names sorted. In an object store, one listing."""
-    store = fs.of(folder)
+    folder = fs.at(folder)
+    store = folder.fs
     if store.renames:
         out = {}
         for name in store.listdir(folder):
-            path = os.path.join(folder, name)
-            if store.isfile(os.path.join(path, manifest)):
+            path = folder.join(name)
+            if store.isfile(path.join(manifest)):
                 out[name] = path
         return out
     best: dict[str, tuple[int, str]] = {}
@@ -392,7 +406,7 @@ def committed_children(folder: str, manifest: str) -> dict[str, str]:
                 continue
             n = int(m.group(1))
         if n >= best.get(parts[0], (-1, ""))[0]:
-            best[parts[0]] = (n, os.path.join(folder, *parts[:-1]))
+            best[parts[0]] = (n, folder.join(*parts[:-1]))
     return {name: best[name][1] for name in sorted(best)}
 
 

@@ -154,6 +154,13 @@ FIGURES: tuple[Figure, ...] = (
         needs="admission",
     ),
     Figure(
+        "dynamicemb.table.refusals",
+        COUNTER,
+        "{key}",
+        "New keys not inserted: colder than their full bucket's lowest (refuse_cold_keys).",
+        _stat(StatCol.REFUSALS),
+    ),
+    Figure(
         "dynamicemb.cache.hits",
         COUNTER,
         "{key}",

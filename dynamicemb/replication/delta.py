@@ -35,13 +35,20 @@ from typing import Any
 
 import torch
 
+from dynamicemb._checks import is_int
 from dynamicemb.io.dtypes import dtype_name
+from dynamicemb.table import check_keys, first_repeat
 
 __all__ = [
     "TENSOR_COLUMNS",
     "DeltaDumpResult",
     "DeltaError",
+    "check_delta_checksum",
+    "check_delta_keys",
+    "check_delta_meta",
+    "check_delta_values",
     "delta_checksum",
+    "delta_column",
     "meta_description",
     "options_description",
 ]
@@ -185,3 +192,101 @@ def delta_checksum(entry: dict[str, Any]) -> int:
     for c in TENSOR_COLUMNS:
         crc = _crc_tensor(crc, entry[c])
     return _crc_tensor(crc, meta.get("slot_index"))
+
+
+# ------------------------------------------- checks every replay makes --
+# ``what`` opens each message (``replay: table 't0' of 'model.sparse.ebc'``).
+
+
+def delta_column(
+    entry: dict[str, Any],
+    column: str,
+    ndim: int,
+    what: str,
+    dtype: torch.dtype | None = None,
+    rows: int | None = None,
+    optional: bool = False,
+) -> torch.Tensor | None:
+    """A column of a table's delta, checked: an ``ndim``-D tensor (of
+    ``dtype``, with ``rows`` rows, where given; None where ``optional``).
+
+    Raises:
+        ValueError: naming the column and what it is instead.
+    """
+    t = entry[column]
+    if t is None and optional:
+        return None
+    if not isinstance(t, torch.Tensor) or t.dim() != ndim:
+        raise ValueError(
+            f"{what}: the delta's {column} is not a {ndim}-D tensor ({type(t).__name__})"
+        )
+    if dtype is not None and t.dtype != dtype:
+        raise ValueError(f"{what}: the delta's {column} are {t.dtype}, not {dtype}")
+    if rows is not None and t.shape[0] != rows:
+        raise ValueError(f"{what}: the delta's {column} has {t.shape[0]} rows for {rows} keys")
+    return t
+
+
+def check_delta_meta(entry: dict[str, Any], what: str) -> dict[str, Any]:
+    """A table's delta's meta, checked for what every replay reads: a dict
+    with an int ``num_scores``, int ``sequence`` and ``checksum`` where
+    present (a delta built by hand has neither) and ``table_options``.
+
+    Raises:
+        ValueError: naming the entry that is missing or wrong.
+    """
+    meta = entry["meta"]
+    if not isinstance(meta, dict):
+        raise ValueError(f"{what}: the delta has no meta dict")
+    if not is_int(meta.get("num_scores")):
+        raise ValueError(f"{what}: the delta's meta has no int 'num_scores'")
+    for name in ("sequence", "checksum"):
+        if meta.get(name) is not None and not is_int(meta[name]):
+            raise ValueError(f"{what}: the delta's meta {name!r} is {meta[name]!r}, not an int")
+    if meta.get("table_options") is None:
+        raise ValueError(f"{what}: the delta's meta has no table_options")
+    return meta
+
+
+def check_delta_checksum(entry: dict[str, Any], what: str) -> None:
+    """Refuses a table's delta whose checksum (where it has one) does not
+    match its contents.
+
+    Raises:
+        DeltaError: the delta is corrupted.
+    """
+    meta = entry["meta"]
+    if meta.get("checksum") is not None and delta_checksum(entry) != meta["checksum"]:
+        raise DeltaError(
+            f"{what}: delta {meta.get('sequence')} is corrupted: its checksum "
+            f"{meta['checksum']} does not match its contents ({delta_checksum(entry)}); a delta "
+            "edited on purpose (keys filtered) drops meta['checksum'] or sets it to "
+            "delta_checksum(delta.table(i))"
+        )
+
+
+def check_delta_values(entry: dict[str, Any], rows: int, dim: int, what: str) -> torch.Tensor:
+    """A table's delta's values, checked: (``rows``, ``dim``) floating point.
+
+    Raises:
+        ValueError: values of another shape or dtype (naming both).
+    """
+    values = delta_column(entry, "values", 2, what, rows=rows)
+    if values.shape[1] != dim or not values.is_floating_point():
+        raise ValueError(
+            f"{what}: the delta's values are {values.dtype} {tuple(values.shape)}, not (N, "
+            f"{dim}) floating point"
+        )
+    return values
+
+
+def check_delta_keys(keys: torch.Tensor, what: str) -> None:
+    """Refuses a reserved key, or one held twice, among a delta's keys
+    written by key.
+
+    Raises:
+        ValueError: naming the key (reserved) or saying a key repeats.
+    """
+    check_keys(keys, f"{what}: the delta's keys")
+    if first_repeat(keys) is not None:
+        raise ValueError(f"{what}: the delta holds a key twice")

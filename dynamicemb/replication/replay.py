@@ -37,11 +37,20 @@ import torch
 
 from dynamicemb._checks import is_int
 from dynamicemb.dynamicemb_config import ReplayContent
-from dynamicemb.replication.delta import DeltaDumpResult, DeltaError, delta_checksum
+from dynamicemb.replication.delta import (
+    DeltaDumpResult,
+    DeltaError,
+    check_delta_checksum,
+    check_delta_keys,
+    check_delta_meta,
+    check_delta_values,
+    delta_column,
+)
+from dynamicemb.replication.follow import chain_error
 from dynamicemb.replication.scores import table_scores
 from dynamicemb.replication.tables import check_routable, owned, world_of
 from dynamicemb.shard.tables import TableRef, collection_key, model_tables
-from dynamicemb.table import check_keys, enums
+from dynamicemb.table import enums
 from dynamicemb.types import ReplayStats
 
 __all__ = ["check_follows", "layout_mismatch", "replay_by_key", "replay_increment"]
@@ -85,32 +94,11 @@ def _fail(ref: TableRef, message: str) -> ValueError:
     return ValueError(f"replay: {ref.label}: {message}")
 
 
-def _tensor(ref, entry, column, dim, dtype=None, rows=None, optional=False) -> torch.Tensor | None:
-    t = entry[column]
-    if t is None and optional:
-        return None
-    if not isinstance(t, torch.Tensor) or t.dim() != dim:
-        raise _fail(ref, f"the delta's {column} is not a {dim}-D tensor ({type(t).__name__})")
-    if dtype is not None and t.dtype != dtype:
-        raise _fail(ref, f"the delta's {column} are {t.dtype}, not {dtype}")
-    if rows is not None and t.shape[0] != rows:
-        raise _fail(ref, f"the delta's {column} has {t.shape[0]} rows for {rows} keys")
-    return t
-
-
 def _check_entry(ref: TableRef, entry: dict[str, Any], content: ReplayContent, by_key: bool):
     """Everything a replay of one table needs, checked; returns its sequence
     (None: the delta is not numbered)."""
-    meta = entry["meta"]
-    if not isinstance(meta, dict):
-        raise _fail(ref, "the delta has no meta dict")
-    if not is_int(meta.get("num_scores")):
-        raise _fail(ref, "the delta's meta has no int 'num_scores'")
-    for field in ("sequence", "checksum"):  # optional: a delta built by hand has neither
-        if meta.get(field) is not None and not is_int(meta[field]):
-            raise _fail(ref, f"the delta's meta {field!r} is {meta[field]!r}, not an int")
-    if meta.get("table_options") is None:
-        raise _fail(ref, "the delta's meta has no table_options")
+    what = f"replay: {ref.label}"
+    meta = check_delta_meta(entry, what)
     if not by_key:
         check_routable(ref, "replay_increment")
     ref.rows.check_delta("replay_by_key" if by_key else "replay_increment")
@@ -118,15 +106,9 @@ def _check_entry(ref: TableRef, entry: dict[str, Any], content: ReplayContent, b
         raise NotImplementedError(
             f"replay: {ref.label}: the delta comes from a table with dist_type='continuous'"
         )
-    keys = _tensor(ref, entry, "keys", 1, torch.int64)
+    keys = delta_column(entry, "keys", 1, what, torch.int64)
     n = keys.numel()
-    if meta.get("checksum") is not None and delta_checksum(entry) != meta["checksum"]:
-        raise DeltaError(
-            f"replay: {ref.label}: delta {meta.get('sequence')} is corrupted: its checksum "
-            f"{meta['checksum']} does not match its contents ({delta_checksum(entry)}); a delta "
-            "edited on purpose (keys filtered) drops meta['checksum'] or sets it to "
-            "delta_checksum(delta.table(i))"
-        )
+    check_delta_checksum(entry, what)
     m, t = ref.rows, ref.index
     mismatch = layout_mismatch(ref, meta)
     if not by_key and mismatch is not None:
@@ -143,14 +125,8 @@ def _check_entry(ref: TableRef, entry: dict[str, Any], content: ReplayContent, b
                 f"layout mismatch, table_options.{field}: delta {getattr(opts, field)}, table "
                 f"{getattr(mine, field)}",
             )
-    values = _tensor(ref, entry, "values", 2, rows=n)
-    if values.shape[1] != m.dims[t] or not values.is_floating_point():
-        raise _fail(
-            ref,
-            f"the delta's values are {values.dtype} {tuple(values.shape)}, not (N, "
-            f"{m.dims[t]}) floating point",
-        )
-    scores = _tensor(ref, entry, "scores", 2, torch.int64, rows=n)
+    check_delta_values(entry, n, m.dims[t], what)
+    scores = delta_column(entry, "scores", 2, what, torch.int64, rows=n)
     num_scores = m.layout_of(t)["num_scores"]
     if scores.shape[1] != num_scores or meta["num_scores"] != num_scores:
         raise _fail(
@@ -158,7 +134,7 @@ def _check_entry(ref: TableRef, entry: dict[str, Any], content: ReplayContent, b
         )
     sd = m.state_dim(t)
     if ReplayContent.OPTIMIZER_STATE in content and sd:
-        state = _tensor(ref, entry, "optimizer_states", 2, rows=n, optional=True)
+        state = delta_column(entry, "optimizer_states", 2, what, rows=n, optional=True)
         if state is None or state.shape[1] != sd:
             got = "none" if state is None else f"width {state.shape[1]}"
             raise _fail(
@@ -167,7 +143,7 @@ def _check_entry(ref: TableRef, entry: dict[str, Any], content: ReplayContent, b
                 "ReplayContent.OPTIMIZER_STATE to reset taken-over rows instead",
             )
     for column in ("erased_keys", "evicted_keys"):
-        _tensor(ref, entry, column, 1, torch.int64, optional=True)
+        delta_column(entry, column, 1, what, torch.int64, optional=True)
     if by_key and not m.no_eviction and entry["evicted_keys"] is None:
         raise _fail(
             ref,
@@ -187,9 +163,7 @@ def _check_entry(ref: TableRef, entry: dict[str, Any], content: ReplayContent, b
             if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= cap):
                 raise _fail(ref, f"the delta's rows are not all in [0, {cap})")
     else:
-        check_keys(keys, f"replay: {ref.label}: the delta's keys")
-        if torch.unique(keys).numel() != n:
-            raise _fail(ref, "the delta holds a key twice")
+        check_delta_keys(keys, what)
     return meta.get("sequence")
 
 
@@ -325,30 +299,10 @@ def check_follows(
 
 
 def _chain_error(ref: TableRef, meta: dict[str, Any], switch_from: int | None) -> str | None:
-    seq = meta.get("sequence")
-    if not is_int(seq):
-        return "the delta is not numbered (no meta['sequence'])"
-    if not _ours(ref, meta):
-        return f"delta {seq} is rank {meta['rank']}'s, this is rank {world_of(ref)[0]}"
+    if is_int(meta.get("sequence")) and not _ours(ref, meta):
+        return f"delta {meta['sequence']} is rank {meta['rank']}'s, this is rank {world_of(ref)[0]}"
     m, t = ref.rows, ref.index
-    source = m.delta_source[t]
-    if source is not None and meta.get("run") != source["run"]:
-        return (
-            f"delta {seq} is foreign: it comes from run {meta.get('run')}, the table follows "
-            f"run {source['run']}"
-        )
-    epoch = meta.get("epoch", 0)
-    if source is not None and epoch != source["epoch"] and switch_from != source["epoch"]:
-        return f"delta {seq} is of epoch {epoch}, the table follows epoch {source['epoch']}"
-    current = m.delta_sequence[t]
-    if current is None:
-        return None
-    if seq <= current:
-        return f"delta {seq} is a duplicate: the table reflects delta {current} already"
-    if seq > current + 1:
-        missing = f"{current + 1}..{seq - 1}"
-        return f"delta {seq} does not follow delta {current}: deltas {missing} are missing"
-    return None
+    return chain_error(m.delta_source[t], m.delta_sequence[t], meta, switch_from)
 
 
 def _replay(model, deltas, content, by_key: bool) -> dict[str, dict[str, ReplayStats]]:

@@ -24,8 +24,6 @@ What the stream guarantees:
 """
 
 import os
-import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -37,6 +35,7 @@ from dynamicemb.io import Group, fs
 from dynamicemb.io.files import TMP_TAG
 from dynamicemb.replication.delta import DeltaDumpResult, DeltaError
 from dynamicemb.replication.dump import dump_delta, new_source
+from dynamicemb.replication.follow import DeltaFollower, StreamReplica
 from dynamicemb.replication.replay import (
     check_follows,
     layout_mismatch,
@@ -52,9 +51,7 @@ from dynamicemb.replication.stream_files import (
     list_deltas,
     list_stream,
     options_from,
-    path_of,
     read_delta,
-    read_delta_manifest,
     stream_state,
     write_delta,
 )
@@ -66,6 +63,8 @@ __all__ = [
     "DELTA_FORMAT",
     "DeltaFollower",
     "DeltaPublisher",
+    "ModelReplica",
+    "StreamReplica",
     "delta_path",
     "list_deltas",
     "list_stream",
@@ -182,7 +181,6 @@ class DeltaPublisher:
         self, model: torch.nn.Module, folder: str, pg: dist.ProcessGroup | None = None
     ) -> None:
         self.model = model
-        self.folder = folder
         self.group = Group(pg, DeltaError)
         self.threshold = get_score(model)
         if self.threshold is None:
@@ -190,12 +188,14 @@ class DeltaPublisher:
         mine = _model_source(model)
         sequence = max(ref.rows.delta_sequence[ref.index] or 0 for ref in _refs(model))
         decided, error = None, None
-        if self.group.rank == 0:
-            try:
-                fs.of(folder).makedirs(folder)
-                decided = _continuation(folder, mine, sequence, stream_state(folder))
-            except BaseException as e:
-                error = e
+        try:
+            # The stream folder, resolved to its filesystem once for all.
+            self.folder = fs.at(folder)
+            if self.group.rank == 0:
+                self.folder.fs.makedirs(self.folder)
+                decided = _continuation(self.folder, mine, sequence, stream_state(self.folder))
+        except BaseException as e:
+            error = e
         self.group.agree(error)
         self.source, self.sequence = self.group.broadcast_object(decided)
         _stamp(model, self.sequence, self.source)
@@ -219,17 +219,17 @@ class DeltaPublisher:
         path."""
         from dynamicemb.checkpoint import dump
 
-        path = os.path.join(self.folder, CHECKPOINT_DIR)
+        path = self.folder.join(CHECKPOINT_DIR)
         _stamp(self.model, self.sequence, self.source)
         dump(path, self.model, optim=optim, pg=self.group.pg, show_progress=False)
         if prune and self.group.rank == 0:
-            store = fs.of(self.folder)
+            store = self.folder.fs
             for epoch, seq in list_stream(self.folder):
                 if epoch != self.epoch or seq <= self.sequence:
                     store.rmtree(delta_path(self.folder, seq, epoch))
             for name in store.listdir(self.folder):  # left by a publisher that died
                 if name.startswith("delta-") and TMP_TAG in name:
-                    store.rmtree(os.path.join(self.folder, name))
+                    store.rmtree(self.folder.join(name))
         self.group.barrier()
         return path
 
@@ -263,134 +263,46 @@ class DeltaPublisher:
         return seq
 
 
-@dataclass
-class _Walk:
-    """The deltas that take a position along the stream's path."""
-
-    steps: list[tuple[int, int]]
-    end: tuple[int, int]  # (index of its epoch on the path, sequence)
-    complete: bool  # caught up with the stream's newest delta (or checkpoint)
-
-
-def _walk(state: StreamState, source: dict[str, Any] | None, seq: int | None) -> _Walk | None:
-    """The deltas from a position (``source``, ``seq``) to the head of the
-    stream's path; None: the position is not on the path (another run, an
-    abandoned epoch, an unknown sequence)."""
-    order, last = path_of(state.head)
-    if seq is None:
-        return None
-    if source is None:
-        epoch = order[0]  # a replica that applied nothing yet: the start of the path
-    else:
-        if source["run"] != state.head["run"] or source["epoch"] not in last:
-            return None
-        epoch = int(source["epoch"])
-    if seq > last[epoch]:
-        return None
-    steps = []
-    for i in range(order.index(epoch), len(order)):
-        x = order[i]
-        while seq < last[x] and (x, seq + 1) in state.deltas:
-            seq += 1
-            steps.append((x, seq))
-        if i + 1 < len(order) and seq < last[x]:  # an ancestor's delta is missing
-            return _Walk(steps, (i, seq), False)
-    return _Walk(steps, (len(order) - 1, seq), seq >= state.head_sequence)
-
-
-class DeltaFollower:
-    """The serving side of a stream folder: loads its checkpoint, then
-    replays its deltas in order as they appear.
-
-    Every rank of a sharded replica calls every method; rank 0 decides what
-    to apply. A follower whose next delta is gone from the folder (pruned
-    after a newer checkpoint), or whose position a restarted trainer
-    abandoned, loads the checkpoint again.
-
-    Args:
-        model (torch.nn.Module): the sharded serving model.
-        folder (str): the stream folder.
-        content (ReplayContent): what a replay writes besides embeddings.
-        mode (str): ``"slot"`` (``replay_increment``: the replica has the
-            source's layout and was built only by replays), ``"key"``
-            (``replay_by_key``: any layout), or ``"auto"`` (the default):
-            by slot while the replica was built by replays alone and its
-            layout matches the delta's, else by key.
-        pg (Optional[dist.ProcessGroup]): the sharding's group.
+class ModelReplica(StreamReplica):
+    """The dynamic tables of a sharded model as a ``StreamReplica``: what
+    ``DeltaFollower`` follows for a model. A checkpoint loads with
+    ``DynamicEmbLoad`` (with its optimizer state when it has some and the
+    tables keep state); a delta replays by slot or by key (``mode``, as
+    ``DeltaFollower`` says) after ``check_follows``.
     """
-
-    MODES = ("auto", "slot", "key")
-    # Consecutive polls that may fail to read a delta or checkpoint (one being
-    # replaced or pruned meanwhile) before the error is raised.
-    MAX_MISSES = 3
 
     def __init__(
         self,
         model: torch.nn.Module,
-        folder: str,
         content: ReplayContent = ReplayContent.ALL,
         mode: str = "auto",
         pg: dist.ProcessGroup | None = None,
     ) -> None:
-        if mode not in self.MODES:
-            raise ValueError(f"DeltaFollower: mode must be one of {self.MODES}, got {mode!r}")
         self.model = model
-        self.folder = folder
         self.content = content
         self.mode = mode
         self.group = Group(pg, DeltaError)
         self.loaded_checkpoint = False
-        self.stats: dict[str, dict[str, ReplayStats]] = {}
-        self._misses = 0
 
-    @property
-    def sequence(self) -> int | None:
-        """The delta sequence the model reflects."""
-        return _model_sequence(self.model)
+    def stream_position(self) -> tuple[dict[str, Any] | None, int | None]:
+        return _model_source(self.model), _model_sequence(self.model)
 
-    @property
-    def position(self) -> tuple[str | None, int, int | None]:
-        """(run, epoch, sequence) the model reflects (run None: no delta or
-        checkpoint of a stream applied yet)."""
-        source = _model_source(self.model)
-        if source is None:
-            return None, 0, self.sequence
-        return source["run"], source["epoch"], self.sequence
-
-    def load_checkpoint(self) -> bool:
-        """Loads ``<folder>/checkpoint`` if there is one (with its optimizer
-        state when it has some and the replica's tables keep state); returns
-        whether."""
+    def load_stream_checkpoint(self, path: str) -> None:
         from dynamicemb.checkpoint import files as checkpoint_files
         from dynamicemb.checkpoint import load
 
-        try:
-            _, manifest = checkpoint_files.resolve(os.path.join(self.folder, CHECKPOINT_DIR))
-        except CheckpointError:
-            manifest = None
-        optim = manifest is not None and bool(manifest.get("optim"))
-        there, optim = self.group.broadcast_object((manifest is not None, optim))
-        if not there:
-            return False
-        optim = optim and all(ref.rows.training_state for ref in _refs(self.model))
-        for attempt in range(self.MAX_MISSES + 1):
+        path = fs.at(path)  # the one resolution of the path to its filesystem
+        optim = False
+        if self.group.rank == 0:
             try:
-                load(
-                    os.path.join(self.folder, CHECKPOINT_DIR),
-                    self.model,
-                    optim=optim,
-                    pg=self.group.pg,
-                    show_progress=False,
-                )
-                break
+                _, manifest = checkpoint_files.resolve(path)
+                optim = manifest is not None and bool(manifest.get("optim"))
             except CheckpointError:
-                # Replaced while being read (a load that fails changes
-                # nothing): read the newer one.
-                if attempt == self.MAX_MISSES:
-                    raise
-                time.sleep(0.1)
+                pass
+        optim = self.group.broadcast_object(optim)
+        optim = optim and all(ref.rows.training_state for ref in _refs(self.model))
+        load(path, self.model, optim=optim, pg=self.group.pg, show_progress=False)
         self.loaded_checkpoint = True
-        return True
 
     def _by_key(self, deltas: dict[str, DeltaDumpResult]) -> bool:
         if self.mode != "auto":
@@ -406,110 +318,16 @@ class DeltaFollower:
                     return True
         return False
 
-    def _plan(self) -> list | None:
-        """What to apply, in order: "checkpoint" or (epoch, sequence); None:
-        the folder could not be read this time."""
-        try:
-            state = stream_state(self.folder)
-        except (CheckpointError, DeltaError):
-            # A delta or checkpoint replaced or pruned while being read: the
-            # next poll reads what is there then.
-            self._misses += 1
-            if self._misses > self.MAX_MISSES:
-                raise
-            return None
-        if state.head is None:
-            return []
-        run, _, seq = self.position
-        source = _model_source(self.model)
-        if run is not None and run != state.head["run"]:
-            raise DeltaError(
-                f"DeltaFollower: the newest delta in {self.folder} comes from run "
-                f"{state.head['run']}, foreign to the run {run} the replica follows; nothing "
-                "applied (load the folder's checkpoint, load_checkpoint, to follow a new stream "
-                "there)"
-            )
-        mine = _walk(state, source, seq)
-        if mine is not None and mine.complete:
-            return mine.steps
-        if state.checkpoint is not None:
-            theirs = _walk(state, *state.checkpoint)
-            if theirs is not None and (mine is None or theirs.end > mine.end or theirs.complete):
-                return ["checkpoint"] + theirs.steps
-        if mine is None:
-            raise DeltaError(
-                f"DeltaFollower: the replica's position (epoch {source and source['epoch']}, "
-                f"delta {seq}) is not on the stream's path and no checkpoint is"
-            )
-        if not mine.steps:
-            raise DeltaError(
-                f"DeltaFollower: the delta after {seq} is missing from {self.folder} and no "
-                "checkpoint covers it"
-            )
-        return mine.steps
-
-    def poll(self) -> list[int]:
-        """Applies every delta published since the last one the model
-        reflects, in order (loading the checkpoint where the stream says);
-        returns their sequence numbers.
-
-        Raises:
-            DeltaError: a delta or stream of another run, a delta that does
-                not follow, a missing delta no checkpoint covers (the model
-                is left as after the last delta applied).
-        """
-        plan, error = None, None
-        if self.group.rank == 0:
-            try:
-                plan = self._plan()
-            except (CheckpointError, DeltaError) as e:
-                error = e
-        self.group.agree(error)
-        plan = self.group.broadcast_object(plan)
-        if plan is None:
-            return []
-        if not plan:
-            self._misses = 0
-        applied = []
-        for item in plan:
-            try:
-                if item == "checkpoint":
-                    self.load_checkpoint()
-                    continue
-                epoch, seq = item
-                path = delta_path(self.folder, seq, epoch)
-                body = read_delta_manifest(path)
-                got, deltas = read_delta(path, body)
-            except (CheckpointError, DeltaError):
-                # Replaced or pruned while being read (a newer checkpoint was
-                # published): the next poll starts from what is there then.
-                self._misses += 1
-                if self._misses > self.MAX_MISSES:
-                    raise
-                break
-            self._misses = 0
-            if (got, body["epoch"]) != (seq, epoch):
-                raise DeltaError(
-                    f"DeltaFollower: {path} holds delta {got} of epoch {body['epoch']}"
-                )
-            source = _model_source(self.model)
-            switch = source["epoch"] if source is not None and source["epoch"] != epoch else None
-            check_follows(self.model, deltas, switch_from=switch)
-            replay = replay_by_key if self._by_key(deltas) else replay_increment
-            self.stats = replay(self.model, deltas, self.content)
-            for ref in _refs(self.model):
-                if ref.rows.delta_source[ref.index] is not None:
-                    lineage = [list(x) for x in body["lineage"]]
-                    ref.rows.delta_source[ref.index]["lineage"] = lineage
-            applied.append(seq)
-        return applied
-
-    def follow(self, stop, interval: float = 0.5, on_applied=None) -> None:
-        """Polls until ``stop()`` is true, sleeping ``interval`` seconds
-        between polls; calls ``on_applied(sequences)`` after each poll that
-        applied something."""
-        while not stop():
-            applied = self.poll()
-            if applied and on_applied is not None:
-                on_applied(applied)
-            time.sleep(interval)
+    def apply_stream_delta(
+        self,
+        deltas: dict[str, DeltaDumpResult],
+        lineage: list[list[int]],
+        switch_from: int | None,
+    ) -> dict[str, dict[str, ReplayStats]]:
+        check_follows(self.model, deltas, switch_from=switch_from)
+        replay = replay_by_key if self._by_key(deltas) else replay_increment
+        stats = replay(self.model, deltas, self.content)
+        for ref in _refs(self.model):
+            if ref.rows.delta_source[ref.index] is not None:
+                ref.rows.delta_source[ref.index]["lineage"] = [list(x) for x in lineage]
+        return stats

@@ -40,7 +40,8 @@ from typing import Any
 import torch
 
 from dynamicemb.checkpoint import files as checkpoint_files
-from dynamicemb.checkpoint.layout import CheckpointError, TableMeta, meta_file
+from dynamicemb.checkpoint.layout import CheckpointError
+from dynamicemb.checkpoint.read import table_meta
 from dynamicemb.dynamicemb_config import DynamicEmbScoreStrategy, DynamicEmbTableOptions
 from dynamicemb.io import dtypes, files, fs
 from dynamicemb.io.files import CHECKSUM_BLOCK_BYTES, FileInfo, check_name
@@ -79,8 +80,8 @@ _DELTA_DIR = re.compile(r"^delta-(\d{6})-(\d{12})$")
 _COLUMNS = TENSOR_COLUMNS + ("slot_index",)
 
 
-def delta_path(folder: str, sequence: int, epoch: int = 0) -> str:
-    return os.path.join(folder, f"delta-{epoch:06d}-{sequence:012d}")
+def delta_path(folder: str, sequence: int, epoch: int = 0) -> fs.Location:
+    return fs.at(folder).join(f"delta-{epoch:06d}-{sequence:012d}")
 
 
 def list_stream(folder: str) -> list[tuple[int, int]]:
@@ -152,7 +153,7 @@ def write_delta(
     """
     run, epoch = _source_of(deltas)
     path = delta_path(folder, sequence, epoch)
-    store = fs.of(path)
+    store = path.fs
     if store.renames and store.exists(path) or files.committed(path, DELTA_MANIFEST):
         raise ValueError(f"delta {sequence} of epoch {epoch} exists already at {path}")
     tmp = files.make_tmp(path)
@@ -160,7 +161,7 @@ def write_delta(
         collections: dict[str, list[dict[str, Any]]] = {}
         for coll, delta in deltas.items():
             check_name(coll, "collection")
-            store.mkdir(os.path.join(tmp, coll))
+            store.mkdir(tmp.join(coll))
             tables = []
             for i in range(len(delta)):
                 entry = delta.table(i)
@@ -172,9 +173,7 @@ def write_delta(
                     if t is None:
                         continue
                     t = t.detach().contiguous().cpu()
-                    w = files.CheckedWriter(
-                        os.path.join(tmp, coll, f"{name}_{c}"), CHECKSUM_BLOCK_BYTES
-                    )
+                    w = files.CheckedWriter(tmp.join(coll, f"{name}_{c}"), CHECKSUM_BLOCK_BYTES)
                     try:
                         w.write(memoryview(t.reshape(-1).view(torch.uint8).numpy()))
                         info = w.close()
@@ -195,7 +194,7 @@ def write_delta(
                         "columns": stored,
                     }
                 )
-            files.fsync_path(os.path.join(tmp, coll))
+            files.fsync_path(tmp.join(coll))
             collections[coll] = tables
         body = {
             "format": DELTA_FORMAT,
@@ -222,8 +221,40 @@ def write_delta(
 def read_delta_manifest(path: str) -> dict[str, Any]:
     """The verified manifest of a published delta (run, epoch, lineage,
     sequence, collections)."""
+    path = fs.at(path)
     path = files.committed(path, DELTA_MANIFEST) or path
     return files.read_manifest(path, DELTA_MANIFEST, DELTA_FORMAT, DELTA_VERSION, DeltaError)
+
+
+def _dtype(name: Any, where: str) -> torch.dtype:
+    return torch.int64 if name == "int64" else dtypes.dtype_of(name, where, DeltaError)
+
+
+def _check_file(coll: Any, table: Any, column: Any, info: dict[str, Any]) -> None:
+    """A column's file as the format names it (``<table>_<column>`` in the
+    collection's folder, nothing else: a manifest naming ``../x`` is refused)
+    and of the size its dtype and shape give.
+
+    Raises:
+        ValueError: naming what is wrong.
+    """
+    check_name(coll, "collection")
+    check_name(table, "table name")
+    if column not in _COLUMNS:
+        raise ValueError(f"table {table!r} has an unknown column {column!r}")
+    name = info["file"]["file"]
+    if name != f"{table}_{column}":
+        raise ValueError(
+            f"table {table!r} names the file {name!r} for its {column}, not {table}_{column}"
+        )
+    shape = info["shape"]
+    if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise ValueError(f"table {table!r}: the shape of its {column} is {shape!r}")
+    itemsize = _dtype(info["dtype"], "the manifest").itemsize
+    if math.prod(shape) * itemsize != int(info["file"]["bytes"]):
+        raise ValueError(
+            f"table {table!r}: its {column} of shape {shape} is not {info['file']['bytes']} bytes"
+        )
 
 
 def read_delta(
@@ -236,27 +267,32 @@ def read_delta(
         (sequence, {collection path: DeltaDumpResult}).
 
     Raises:
-        DeltaError: a missing, truncated or corrupted file (named).
+        DeltaError: a missing, truncated or corrupted file (named), or a
+            manifest that names a file other than the format's (a path
+            outside the delta's folder, ``../x``) or is malformed.
     """
+    path = fs.at(path)
     path = files.committed(path, DELTA_MANIFEST) or path
     where = os.path.join(path, DELTA_MANIFEST)
     if body is None:
         body = read_delta_manifest(path)
-    block = int(body["checksum_block_bytes"])
+    try:
+        block = int(body["checksum_block_bytes"])
+        for coll, tables in body["collections"].items():
+            for t in tables:
+                for c, info in t["columns"].items():
+                    _check_file(coll, t["table"], c, info)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise DeltaError(f"{where}: the manifest is malformed: {e}") from None
     out: dict[str, DeltaDumpResult] = {}
     for coll, tables in body["collections"].items():
         result = DeltaDumpResult()
         for t in tables:
             cols: dict[str, torch.Tensor | None] = dict.fromkeys(_COLUMNS)
             for c, info in t["columns"].items():
-                dtype = (
-                    torch.int64
-                    if info["dtype"] == "int64"
-                    else dtypes.dtype_of(info["dtype"], where, DeltaError)
-                )
-                tensor = torch.empty(info["shape"], dtype=dtype)
+                tensor = torch.empty(info["shape"], dtype=_dtype(info["dtype"], where))
                 files.read_verified(
-                    os.path.join(path, coll),
+                    path.join(coll),
                     FileInfo.from_json(info["file"]),
                     block,
                     f"delta {body['sequence']} table {t['table']!r}",
@@ -326,22 +362,15 @@ def checkpoint_position(folder: str) -> tuple[dict[str, Any] | None, int | None]
     """(source, sequence) the stream's checkpoint records (None: no
     checkpoint, or one whose tables disagree)."""
     try:
-        where, manifest = checkpoint_files.resolve(os.path.join(folder, CHECKPOINT_DIR))
+        where, manifest = checkpoint_files.resolve(fs.at(folder).join(CHECKPOINT_DIR))
     except CheckpointError:
         return None
     if manifest is None:
         return None
     found = set()
     for coll, tables in manifest["collections"].items():
-        for name, info in tables.items():
-            data = files.read_small(
-                os.path.join(where, coll),
-                FileInfo.from_json(info),
-                meta_file(name),
-                name,
-                CheckpointError,
-            )
-            meta = TableMeta.decode(data, name)
+        for name in tables:
+            _, meta = table_meta(where, manifest, coll, name, name)
             found.add((repr(meta.delta_source), meta.delta_sequence))
             source = meta.delta_source
     if len(found) != 1:

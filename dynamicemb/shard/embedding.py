@@ -8,8 +8,8 @@ a sharding of their own (``DYNAMICEMB_SHARDING_KEY``); every other table of the
 collection keeps TorchRec's sharding, kernel and state dict.
 """
 
+import inspect
 import logging
-import sys
 from typing import Any
 
 import torch
@@ -140,14 +140,14 @@ class _DynamicTablesMixin:
     unsharded module's method listing its table configs
     (``_MODULE_CONFIGS``), its own attribute holding them
     (``_CONFIGS_ATTR``) and its key in the state dict
-    (``_STATE_DICT_COLLECTION``).
+    (``STATE_DICT_COLLECTION``).
     """
 
     _TORCHREC_CLASS: type[Any]
     _FUSED_PARAMS_ARG: int
     _MODULE_CONFIGS: str
     _CONFIGS_ATTR: str
-    _STATE_DICT_COLLECTION: str
+    STATE_DICT_COLLECTION: str
 
     @classmethod
     def create_grouped_sharding_infos(
@@ -224,9 +224,25 @@ class _DynamicTablesMixin:
                 weights = COUNTERS
             else:
                 weights = POOLING if self._is_weighted else None
+            # The static tables' rows bound their features' ids.
+            dynamic_tables = set(_dynamic_table_names(self.module_sharding_plan))
+            static_rows = {
+                feature: config.num_embeddings
+                for config in getattr(self, self._CONFIGS_ATTR)
+                if config.name not in dynamic_tables
+                for feature in config.feature_names
+            }
             check = None
             if features:
-                check = BatchCheck(features, self._device, self._env.process_group, every, weights)
+                check = BatchCheck(
+                    features,
+                    self._device,
+                    self._env.process_group,
+                    every,
+                    weights,
+                    static_rows=static_rows,
+                    pooled=by_type is None,
+                )
                 _RAW_ID_RANGES.features.update(features)
             self.__dict__["_dynamicemb_check"] = check
         return self.__dict__["_dynamicemb_check"]
@@ -268,7 +284,7 @@ class _DynamicTablesMixin:
         _drop_dynamic_weights(
             state_dict,
             prefix,
-            self._STATE_DICT_COLLECTION,
+            self.STATE_DICT_COLLECTION,
             _dynamic_table_names(self.module_sharding_plan),
         )
         self._TORCHREC_CLASS._pre_load_state_dict_hook(self, state_dict, prefix, *args)
@@ -288,7 +304,7 @@ class ShardedDynamicEmbeddingCollection(_DynamicTablesMixin, ShardedEmbeddingCol
     _FUSED_PARAMS_ARG = 0  # of create_grouped_sharding_infos' positional arguments
     _MODULE_CONFIGS = "embedding_configs"
     _CONFIGS_ATTR = "_embedding_configs"
-    _STATE_DICT_COLLECTION = "embeddings"
+    STATE_DICT_COLLECTION = "embeddings"
 
     @classmethod
     def create_embedding_sharding(
@@ -353,7 +369,7 @@ class ShardedDynamicEmbeddingBagCollection(_DynamicTablesMixin, ShardedEmbedding
     _TORCHREC_CLASS = ShardedEmbeddingBagCollection
     _MODULE_CONFIGS = "embedding_bag_configs"
     _CONFIGS_ATTR = "_embedding_bag_configs"
-    _STATE_DICT_COLLECTION = "embedding_bags"
+    STATE_DICT_COLLECTION = "embedding_bags"
     _FUSED_PARAMS_ARG = 1  # after the prefix
 
     @classmethod
@@ -463,7 +479,8 @@ class _DynamicSharderMixin:
         return _with_row_wise(super().sharding_types(compute_device_type))
 
     def compute_kernels(self, sharding_type: str, compute_device_type: str) -> list[str]:
-        _refuse_foreign_enumerator(self, sys._getframe(1).f_locals.get("self"))
+        caller = inspect.currentframe().f_back
+        _refuse_foreign_enumerator(self, caller.f_locals.get("self"))
         return _with_customized_kernel(
             super().compute_kernels(sharding_type, compute_device_type), sharding_type
         )

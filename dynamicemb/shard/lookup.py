@@ -232,9 +232,9 @@ def _set_dynamic_kernel_args(
 ) -> None:
     # Read by _create_embedding_kernel, which the parent's constructor calls
     # (before nn.Module's own attributes exist, hence object.__setattr__).
-    object.__setattr__(lookup, "_dynamicemb_table_options", dict(table_options))
-    object.__setattr__(lookup, "_dynamicemb_table_ids", dict(table_ids))
-    object.__setattr__(lookup, "_dynamicemb_world_size", world_size)
+    object.__setattr__(lookup, "dynamicemb_table_options", dict(table_options))
+    object.__setattr__(lookup, "dynamicemb_table_ids", dict(table_ids))
+    object.__setattr__(lookup, "dynamicemb_world_size", world_size)
 
 
 def _dynamic_kernel(
@@ -252,10 +252,10 @@ def _dynamic_kernel(
         )
     return DynamicEmbeddingKernel(
         config,
-        lookup._dynamicemb_table_options,
-        lookup._dynamicemb_table_ids,
+        lookup.dynamicemb_table_options,
+        lookup.dynamicemb_table_ids,
         pooling,
-        lookup._dynamicemb_world_size,
+        lookup.dynamicemb_world_size,
         device,
     )
 

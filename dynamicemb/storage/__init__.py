@@ -30,6 +30,7 @@ from dynamicemb.storage.layout import RowLayout
 from dynamicemb.storage.scores import BatchScore
 from dynamicemb.storage.table_rows import TableRows
 from dynamicemb.storage.types import (
+    REFUSED_ROW,
     Accounting,
     Archive,
     Backing,
@@ -48,6 +49,7 @@ from dynamicemb.storage.types import (
 
 __all__ = [
     "CACHE_BUCKET_CAPACITY",
+    "REFUSED_ROW",
     "Accounting",
     "Archive",
     "Backing",

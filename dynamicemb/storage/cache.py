@@ -31,6 +31,7 @@ from torch.profiler import record_function
 
 from dynamicemb.storage import padded
 from dynamicemb.storage import space as sp
+from dynamicemb.storage.cache_prefetch import PrefetchSteps
 from dynamicemb.storage.cache_staging import Located, Staged, StagedSteps, Undo, select_values
 from dynamicemb.storage.hash_storage import HashTableStorage
 from dynamicemb.storage.layout import RowLayout
@@ -38,7 +39,6 @@ from dynamicemb.storage.scores import (
     BatchScore,
     batch_policies,
     carry_scores,
-    initial_scores,
 )
 from dynamicemb.storage.types import (
     Backing,
@@ -46,23 +46,13 @@ from dynamicemb.storage.types import (
     ExportedRows,
     Footprint,
     HostBacking,
-    RowInit,
     StepGraphs,
     TableStorage,
 )
-from dynamicemb.table import PAD_KEY, enums
+from dynamicemb.table import enums
 
 
-def _member(keys: torch.Tensor, of: torch.Tensor) -> torch.Tensor:
-    """(n) bool: ``keys[i]`` is one of ``of`` (a sorted copy searched:
-    ``torch.isin`` reads on the host on a GPU)."""
-    if of.numel() == 0:
-        return torch.zeros_like(keys, dtype=torch.bool)
-    s = torch.sort(of).values
-    return s[torch.searchsorted(s, keys).clamp(max=s.numel() - 1)] == keys
-
-
-class CachedStorage(StagedSteps, TableStorage):
+class CachedStorage(StagedSteps, PrefetchSteps, TableStorage):
     """A device cache (or none) over a backing tier (``Backing``). Over a
     host table it is a ``CachedHashStorage``, which adds the faces of the hash
     table holding every key.
@@ -120,6 +110,7 @@ class CachedStorage(StagedSteps, TableStorage):
         zero = torch.zeros((), dtype=torch.int64, device=device)
         self.overflows, self.prefetched = zero, zero.clone()
         self.host_reads, self.host_writes = zero.clone(), zero.clone()
+        # The companion's hooks: a lookup's, a prefetch's.
         self.graphs = StepGraphs(
             state=self._graph_state,
             before_lookup=self._begin_step,
@@ -129,6 +120,7 @@ class CachedStorage(StagedSteps, TableStorage):
             before_prefetch=self._before_prefetch,
             prefetch_rows=self._prefetch_rows,
             after_prefetch=self._after_prefetch,
+            prefetch_taken=self._take_writes,
         )
 
     # ---------------------------------------------------------- streams --
@@ -138,9 +130,16 @@ class CachedStorage(StagedSteps, TableStorage):
         if self._prefetch_event is not None:
             torch.cuda.current_stream(self.device).wait_event(self._prefetch_event)
             self._prefetch_event = None
+        self._wait_writes()
         # What a later prefetch on another stream waits for: the work queued
         # on this call's stream so far.
         self._record_train()
+
+    def _wait_writes(self) -> None:
+        """Orders this call after the victims' rows on their way to the host
+        table (``HostWrites``)."""
+        if self._direct:
+            self.backing.writes.wait()
 
     # ------------------------------------------------------------ lookups --
 
@@ -175,7 +174,8 @@ class CachedStorage(StagedSteps, TableStorage):
         if cache is None or backing is None:
             return None
         own = (self.overflows, self.host_reads, self.host_writes, self.backing.dropped)
-        return (*cache, *backing, *(x.data_ptr() for x in own))
+        writes = self.backing.writes
+        return (*cache, *backing, *(x.data_ptr() for x in own), writes.rows, writes.max_rows)
 
     def _begin_step(self) -> None:
         """Before a training lookup (``graphs.before_lookup``): after a
@@ -185,17 +185,32 @@ class CachedStorage(StagedSteps, TableStorage):
         self.after_update()
 
     def _in_flight(self):
-        """``graphs.lookup_state``: the batch in flight."""
-        return self._held, self._overflow, self._last_score
+        """``graphs.lookup_state``: the batch in flight, and the victims' rows
+        the captured lookup staged (written after each replay)."""
+        return self._held, self._overflow, self._last_score, self._take_writes()
 
     def _replayed(self, state) -> None:
-        """``graphs.replayed``: the batch in flight of a replayed lookup."""
-        self._held, self._overflow, self._last_score = state
+        """``graphs.replayed``: the batch in flight of a replayed lookup; its
+        victims' rows on their way to the host table."""
+        self._held, self._overflow, self._last_score, writes = state
         self._staged = self._space_staged = self._undo = None
         self._record_train()
+        self._submit_writes(writes)
+
+    def _take_writes(self):
+        """The victims' rows a captured call staged (``HostWrites.take``)."""
+        return self.backing.writes.take() if self._direct else []
+
+    def _submit_writes(self, writes=None) -> None:
+        """Sends the victims' rows staged by this call (and ``writes``, a
+        replayed graph's) to the host table on the bus stream."""
+        if self._direct:
+            with record_function("dynamicemb:cache_write_back"):
+                self.backing.writes.put(writes or [])
+                self.backing.writes.submit()
 
     def train_rows(
-        self, keys, tids, counts, score: BatchScore, init: RowInit, num_keys=None, lookup=None
+        self, keys, tids, counts, score: BatchScore, init, num_keys=None, lookup=None
     ) -> torch.Tensor:
         if self._direct:
             return padded.train_padded(
@@ -206,7 +221,7 @@ class CachedStorage(StagedSteps, TableStorage):
     def _capturing(self) -> bool:
         return self.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
 
-    def _train_cached(self, keys, tids, counts, score: BatchScore, init: RowInit) -> torch.Tensor:
+    def _train_cached(self, keys, tids, counts, score: BatchScore, init) -> torch.Tensor:
         """The training lookup of a cache over a host table (``_direct``), on
         exact (CPU) or padded (GPU) batches, reading nothing on the host
         unless the backing table still grows; what it sets on the host a
@@ -244,7 +259,7 @@ class CachedStorage(StagedSteps, TableStorage):
             loc = self._locate(miss | over, keys, tids)
             self.host_reads += loc.found.sum()
             ns, no, nmiss = loc.sub.take(slots, offsets, miss)
-            self._write_back_victims(victims, loc)
+            self._write_back_victims(victims, loc, evicted)
         with record_function("dynamicemb:cache_fill"):
             self._fill_misses(loc, nmiss, ns, no, policies, vals, init)
         with record_function("dynamicemb:cache_overflow"):
@@ -255,8 +270,13 @@ class CachedStorage(StagedSteps, TableStorage):
                 offsets = torch.where(over, rows, offsets)
             else:
                 offsets = offsets.index_copy(0, osub.idx, rows)
+            # A victim whose host slot a key placed there since took (a full
+            # host table evicted it) is not written: its row is lost, as
+            # the last tier's victims are.
+            self.backing.drop_moved_writes()
         if not capturing:
             self._record_train()
+            self._submit_writes()
         return offsets
 
     def _fill_misses(self, loc: Located, nmiss, slots, offsets, policies, vals, init) -> None:
@@ -321,11 +341,14 @@ class CachedStorage(StagedSteps, TableStorage):
         found, src, offsets, scores = self.backing.locate(k, t)
         return Located(sub, k, t, found, src, offsets, scores)
 
-    def _write_back_victims(self, victims, loc: Located) -> None:
+    def _write_back_victims(self, victims, loc: Located, evicted=None) -> None:
         """Writes the cache rows of evicted keys back to the backing tier
         (their scores with them where both tiers keep the same), the keys
         ``loc`` found there protected from eviction until their rows are
-        read."""
+        read. Over a host table the rows are staged (``HostWrites``): copied
+        out of their cache slots now, written to the host table on the bus
+        stream (``_submit_writes``); ``evicted``'s count says how many
+        there are."""
         if victims is None:
             return
         vk, vt, vs, vscores = victims
@@ -341,6 +364,10 @@ class CachedStorage(StagedSteps, TableStorage):
             kt, ks = kept.take(ot, oslots)
             okept = (kept.keys(ok), kt, self.backing.scores_at(ks))
             protect = okept if protect is None else tuple(map(torch.cat, zip(protect, okept)))
+        staged = {}
+        if self._direct:
+            count = None if evicted is None or vk.numel() != evicted.keys.numel() else evicted.count
+            staged = {"staged": True, "count": count}
         self.backing.write_back(
             vk,
             vt,
@@ -349,6 +376,7 @@ class CachedStorage(StagedSteps, TableStorage):
             vscores if self._carry else None,
             protect=protect,
             expand=False,
+            **staged,
         )
 
     def _carry_scores(self, slots, carried_mask, bscores, policies, vals) -> None:
@@ -428,153 +456,6 @@ class CachedStorage(StagedSteps, TableStorage):
         if self.cache is not None:
             held |= self.cache.contains(keys, tids)
         return held
-
-    # ----------------------------------------------------------- prefetch --
-
-    takes_padded_prefetch = True
-
-    def prefetch(self, keys, tids, forward_stream=None) -> None:
-        """Brings the keys of a coming batch that the backing tier holds into
-        the cache, on the current stream, without reading anything on the
-        host (with an evicting backing table that does not grow): after the
-        last training lookup or update (an event recorded on the stream they
-        ran on, which the pipeline's ``forward_stream`` need not be: it is
-        not used), and before the next lookup (which waits for this one's
-        event). ``keys`` may be padded (``PAD_KEY``)."""
-        if self.cache is None or keys.numel() == 0:
-            return
-        cuda = self.device.type == "cuda"
-        if not cuda:  # its table kernels refuse PAD_KEY
-            keep = (keys != PAD_KEY).nonzero().squeeze(1)
-            keys, tids = keys[keep], tids[keep]
-        # Room in the backing tier for every key this can write back (only a
-        # backing table that can grow needs it, and reads counts on the host).
-        room = self.backing.room_for(tids, keys != PAD_KEY)
-        if room is not None and self._overflow_in_backing():
-            # Growing the backing table would move the rows the batch in
-            # flight's update is still to write there: no prefetch this time
-            # (the next forward finds or inserts every key itself).
-            return
-        self._before_prefetch(room)
-        self._prefetch_rows(keys, tids)
-        self._after_prefetch()
-
-    def _overflow_in_backing(self) -> bool:
-        """Whether the batch in flight has rows in the backing table that its
-        update is still to write (reads a count on the host)."""
-        return self._overflow is not None and bool((self._overflow[2] >= 0).any())
-
-    def _prefetch_graph_state(self) -> tuple | None:
-        """``graphs.prefetch_state``: what a CUDA graph of ``_prefetch_rows``
-        would capture (the tiers' ``graphs.state`` and the tensors of the
-        batch in flight it reads), or None when it may not be captured (a
-        backing tier that stages, grows or may raise; the CPU)."""
-        state = self._graph_state() if self.device.type == "cuda" else None
-        if state is None:
-            return None
-        flight = tuple(
-            None if x is None else tuple(t.data_ptr() for t in x)
-            for x in (self._held, self._overflow)
-        )
-        # The last batch's score, which prefetched keys start from: a tensor
-        # (a replayed lookup's step) by address, a number by value.
-        score = tuple(
-            x.data_ptr() if isinstance(x, torch.Tensor) else ("value", x)
-            for x in (self._last_score.step, self._last_score.custom)
-        )
-        return (*state, flight, score)
-
-    def _before_prefetch(self, room=None) -> None:
-        """The host's part of a prefetch before its kernels (``_prefetch_rows``,
-        eager or replayed from a CUDA graph: ``graphs.before_prefetch``): the
-        backing tier's ``room`` reserved, the current stream after the last
-        training lookup."""
-        if self.device.type != "cuda":
-            if room is not None:
-                self.backing.reserve(room)
-            return
-        stream = torch.cuda.current_stream(self.device)
-        if room is not None:
-            # Made on the stream the training lookups run on: the
-            # write-backs on this stream then never reallocate the backing
-            # table (whose old blocks that stream's allocator would reuse
-            # while this one still read them).
-            with torch.cuda.stream(self._train_stream):
-                self.backing.reserve(room)
-            stream.wait_stream(self._train_stream)
-        stream.wait_event(self._train_event)
-
-    def _after_prefetch(self) -> None:
-        """The host's part of a prefetch after its kernels
-        (``graphs.after_prefetch``): the event the next lookup waits for."""
-        if self.device.type == "cuda":
-            self._prefetch_event = torch.cuda.Event()
-            self._prefetch_event.record(torch.cuda.current_stream(self.device))
-
-    def _prefetch_rows(self, keys, tids) -> None:
-        """A prefetch's kernels (``prefetch``, ``graphs.prefetch_rows``),
-        reading nothing on the host on a GPU: ``keys`` may be padded there."""
-        cand = self.cache.table.find(keys, tids) < 0
-        st = self._staged
-        if st is not None:
-            # Rows the batch in flight stages are stale in the backing tier.
-            cand &= ~_member(keys, st.keys)
-        if self._overflow is not None:
-            # Rows its update is still to write in the backing tier.
-            cand &= ~_member(keys, self._overflow[0])
-        self._prefetch_into_cache(self._locate(cand, keys, tids))
-
-    def _prefetch_into_cache(self, loc: Located) -> None:
-        """Inserts the keys ``loc`` found in the backing tier into the cache
-        and copies their rows in; the victims go back first, without evicting
-        those rows."""
-        cache = self.cache
-        sub = sp.Subset(loc.found)
-        fk, (ft, f_off) = sub.keys(loc.keys), sub.take(loc.tids, loc.offsets)
-        if loc.scores is None or not self._carry:
-            policies, vals = batch_policies(self.strategies, self._last_score, torch.zeros_like(fk))
-            fscores = initial_scores(policies, vals, fk.numel(), cache.table.timer(), self.device)
-        else:
-            (fscores,) = sub.take(loc.scores)
-        # The batch in flight holds its cache slots until its backward: they
-        # go into the same call, which never evicts a slot it holds, with the
-        # scores they have.
-        held = 0
-        all_keys, all_tids, all_scores = fk, ft, fscores
-        if self._held is not None and self._held[0].numel():
-            hk, ht, hs = self._held
-            h = sp.Subset(hs >= 0)
-            ht, hs = h.take(ht, hs)
-            hk = h.keys(hk)
-            held = hk.numel()
-            all_keys = torch.cat([hk, fk])
-            all_tids = torch.cat([ht, ft])
-            all_scores = torch.cat([cache.table.scores[hs.clamp(min=0)], fscores])
-        assign = [enums.ScorePolicy.ASSIGN] * cache.table.num_scores
-        counters = self._counters() if self._fallible else None
-        slots, status, evicted = cache.insert(all_keys, all_tids, assign, all_scores, expand=False)
-        victims = self._victims(evicted)
-        victim_rows = self._rows_at(victims) if self._fallible else None
-        slots, status = slots[held:], status[held:]
-        placed = (status == enums.InsertStatus.INSERTED) | (status == enums.InsertStatus.EVICTED)
-        try:
-            self._write_back_victims(victims, loc)
-        except BaseException:
-            if counters is not None:  # the cache as it was before this prefetch
-                self.host_writes.copy_(counters[2])
-                new = sp.Subset(placed)
-                undo = Undo(counters, (new.keys(fk), *new.take(ft)), victims, victim_rows)
-                self._restore_cache(undo)
-            raise
-        self.prefetched += placed.sum()
-        self.host_reads += placed.sum()
-        sp.copy_rows(
-            cache.space(),
-            torch.where(placed, cache.offsets(slots, ft), -1),
-            loc.src,
-            f_off,
-            self.layout.row_bytes_of(ft),
-        )
 
     # -------------------------------------------------------------- flush --
 

@@ -28,11 +28,13 @@ from dynamicemb.dynamicemb_config import (
 from dynamicemb.storage import padded
 from dynamicemb.storage import space as sp
 from dynamicemb.storage.hash_delta import HashDelta
+from dynamicemb.storage.host_writes import HostWrites
 from dynamicemb.storage.layout import RowLayout
 from dynamicemb.storage.placement import Placement, bucket_widths, initial_layout
 from dynamicemb.storage.rows import rows_buffer, write_initial_rows
 from dynamicemb.storage.scores import BatchScore, batch_policies, table_score_columns
 from dynamicemb.storage.types import (
+    REFUSED_ROW,
     ExportedRows,
     Footprint,
     HostBacking,
@@ -140,10 +142,17 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
             )
         self._scorer = None if scorer_factory is None else scorer_factory()
         self._first_valid = first_valid_key()
+        # Training inserts refuse new keys colder than their full bucket's
+        # lowest (DynamicEmbTableOptions.refuse_cold_keys); a cache never does.
+        self.refuse_cold = capacities is None and self.options[0].refuse_cold_keys
         # Plain ints: torch.compile compares tensors with ints, not enum members.
         self._found = int(enums.InsertStatus.FOUND)
+        self._refused = int(enums.InsertStatus.REFUSED)
         # Keys a write-back could not place (their bucket full of its own keys).
         self.dropped = torch.zeros((), dtype=torch.int64, device=device)
+        # Rows written into this table's host rows off the step's stream (a
+        # cache's victims: ``write_back(staged=True)``).
+        self.writes = HostWrites(layout, device)
         self.graphs = StepGraphs(state=self._graph_state)
         self._place(self._rows())
 
@@ -203,7 +212,9 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
         return self.placement.offsets(self.local_rows(slots, tids), tids)
 
     def _move_rows(self, old: "Placement", old_space, old_off: torch.Tensor, tids, new_local):
-        """After a relayout: copies rows from the old row space to the new."""
+        """After a relayout: copies rows from the old row space to the new
+        (after the rows on their way into the old one)."""
+        self.writes.wait()
         new_off = self.placement.offsets(new_local, tids)
         sp.copy_rows(
             self.rows_space.tensors,
@@ -214,13 +225,6 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
         )
 
     # ---------------------------------------------------------- expansion --
-
-    def _table_state(self):
-        return self.table._state(), list(self.table._max_caps)
-
-    def _restore_table(self, state) -> None:
-        self.table._restore(state[0])
-        self.table._max_caps = state[1]
 
     def reserve(self, incoming: Sequence[int]) -> None:
         """Expands the evicting tables that ``incoming[t]`` new keys could take
@@ -237,7 +241,7 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
             if grow:
                 self._grow(grow, needed)
             return
-        state = self._table_state()
+        state = self.table.state()
         old_placement, old_space = self.placement, self.rows_space
         old_slot_offsets = self._slot_offsets
         moved = self.table.reserve(list(incoming))
@@ -249,7 +253,7 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
         try:
             self._place(self._rows())
         except BaseException:
-            self._restore_table(state)
+            self.table.restore(state)
             self._set_placement(old_placement, old_space)
             raise
         self._move_rows(
@@ -344,9 +348,12 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
         values=None,
         evict: bool = True,
         expand: bool = True,
+        train: bool = False,
     ):
         """Find-or-insert (expanding first when ``expand``), evicting from full
         buckets when ``evict`` (NO_EVICTION tables never evict: they grow).
+        A training insert (``train``) refuses, with ``refuse_cold``, the new
+        keys colder than their full bucket's lowest (status REFUSED).
 
         Returns:
             (slots, status, evicted): per key its slot (-1: not stored) and
@@ -362,8 +369,9 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
             res = self.table.insert(keys, tids, policies=policies, scores=values)
             return res.slots, res.status, None
         victim = None if self._scorer is None else self._scorer(self.table, keys, tids)
+        refuse = train and self.refuse_cold
         res = self.table.insert_and_evict(
-            keys, tids, policies=policies, scores=values, victim_scores=victim
+            keys, tids, policies=policies, scores=values, victim_scores=victim, refuse_cold=refuse
         )
         if self.retain_evicted:
             self.record_evicted(res.evicted.compact())
@@ -444,12 +452,19 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
         """Training find-or-insert by the table's own score strategy, new
         keys' rows written: ``(slots, offsets)``, -1 where not stored."""
         policies, vals = batch_policies(self.strategies, score, counts)
-        slots, status, _ = self.insert(keys, tids, policies, vals, expand=expand)
+        slots, status, _ = self.insert(keys, tids, policies, vals, expand=expand, train=True)
         offsets = self.offsets(slots, tids)
         # Every entry goes to the writer, all but the new keys at -1: no
         # selection of the new keys, whose number only the device knows.
         self.write_new_rows(torch.where(self._new(status), offsets, -1), keys, tids, init)
-        return slots, offsets
+        return slots, self.mark_refused(offsets, status)
+
+    def mark_refused(self, rows: torch.Tensor, status: torch.Tensor) -> torch.Tensor:
+        """``rows`` with ``REFUSED_ROW`` where a training insert refused a
+        key (see ``train_rows``); as they are without ``refuse_cold``."""
+        if not self.refuse_cold:
+            return rows
+        return torch.where(status == self._refused, REFUSED_ROW, rows)
 
     def _new(self, status: torch.Tensor) -> torch.Tensor:
         """(n) bool of an insert's statuses: the entries whose rows are new
@@ -536,7 +551,17 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
         self._expand_for(keys, tids)
 
     def write_back(
-        self, keys, tids, src, src_offsets, scores, protect=None, expand: bool = True, before=None
+        self,
+        keys,
+        tids,
+        src,
+        src_offsets,
+        scores,
+        protect=None,
+        expand: bool = True,
+        before=None,
+        staged: bool = False,
+        count=None,
     ) -> None:
         """Stores rows a cache gives back (from the row space ``src``), with
         their scores (``ASSIGN``; None under NO_EVICTION). The table expands
@@ -549,7 +574,12 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
         whose rows are still to be read: they go into the same call with their
         own scores, found and untouched, so that no key written back evicts
         them (``insert_and_evict`` never evicts a key of its batch).
-        ``before`` does not apply: the table cannot fail midway."""
+        ``before`` does not apply: the table cannot fail midway.
+
+        ``staged``: the rows go through ``writes`` (gathered now into device
+        memory, written to their host rows on a side stream; ``count``: ()
+        int64, the entries with a row, a valid prefix), so that the rows of
+        ``src`` may be reused at once; otherwise they are copied now."""
         if keys.numel() == 0:
             return
         if expand:
@@ -567,7 +597,24 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
             slots, status, _ = self.insert(keys, tids, assign, scores, expand=False)
             keys, tids, slots, status = keys[head:], tids[head:], slots[head:], status[head:]
         self.dropped += (status == enums.InsertStatus.FAILED).sum()
-        self.write(slots, tids, src, src_offsets)
+        if not staged:
+            self.write(slots, tids, src, src_offsets)
+            return
+        self.writes.stage(
+            self.rows_space.tensors,
+            self.offsets(slots, tids),
+            src,
+            src_offsets,
+            self.layout.row_bytes_of(tids),
+            keys=keys,
+            slots=slots,
+            count=count,
+        )
+
+    def drop_moved_writes(self) -> None:
+        """Drops the staged rows whose slot another key took since
+        (``HostWrites.drop_moved``)."""
+        self.writes.drop_moved(self.table.keys)
 
     # -------------------------------------------------------- checkpoints --
 
@@ -633,15 +680,7 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
         holds_keys = bool((t.size() > 0).any())
         segs = (self.rows_space.seg0, self.rows_space.seg1)
         return {
-            "table": {
-                k: v.clone()
-                if isinstance(v, torch.Tensor)
-                else list(v)
-                if isinstance(v, list)
-                else v
-                for k, v in t._state().items()
-            },
-            "max_caps": list(t._max_caps),
+            "table": t.state(copy=True),
             "placement": self.placement.snapshot(),
             "rows_space": self.rows_space,
             # Rows mean nothing in an empty table.
@@ -651,8 +690,8 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
         }
 
     def restore(self, snapshot: dict) -> None:
-        self.table._restore(snapshot["table"])
-        self.table._max_caps = snapshot["max_caps"]
+        self.writes.wait()
+        self.table.restore(snapshot["table"])
         self._set_placement(snapshot["placement"].snapshot(), snapshot["rows_space"])
         if snapshot["rows"] is not None:
             for seg, saved in zip((self.rows_space.seg0, self.rows_space.seg1), snapshot["rows"]):

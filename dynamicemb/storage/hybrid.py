@@ -12,9 +12,12 @@ pinned memory, into a staging buffer on the device (a new key's row is
 initialized there, never read); the pooling and update kernels address the
 device rows and that buffer (the row space of the step: ``space()``), never
 host memory. After the update (``after_update``) each staged row goes back
-once, in one copy: into host memory, or, when the clock below gives it a
-device row, into device memory, whose previous row goes out to the host row
-the staged one leaves. A batch whose rows are all in device memory is the
+once: into device memory when the clock below gives it a device row (whose
+previous row goes out to the host row the staged one leaves, gathered into
+device memory first), else to its host row. The writes into host memory run
+on a side stream (``HostWrites``: the staged rows straight from their
+buffer), and the next step waits for them only where it reads host rows
+again (its staging copy). A batch whose rows are all in device memory is the
 all-device table's step.
 
 Which device row a staged row takes is a clock over each split table's
@@ -99,7 +102,7 @@ class HybridStorage(HashTableStorage):
             # reads nothing on the host and takes no device memory for rows).
             return super()._train_rows(keys, tids, counts, score, init)
         policies, vals = batch_policies(self.strategies, score, counts)
-        slots, status, _ = self.insert(keys, tids, policies, vals)
+        slots, status, _ = self.insert(keys, tids, policies, vals, train=True)
         # After an expansion too: growth adds host rows, a split table stays split.
         p = self.placement
         local = self.local_rows(slots, tids)
@@ -111,11 +114,12 @@ class HybridStorage(HashTableStorage):
         n = int(host.sum())
         if n == 0:
             self.write_new_rows(torch.where(new, offsets, -1), keys, tids, init)
-            return offsets
+            return self.mark_refused(offsets, status)
         pos = torch.nonzero_static(host, size=n).squeeze(1)
         st_tids, st_host, st_new = tids[pos], offsets[pos], new[pos]
         buffer = torch.empty((n, self.layout.max_row_bytes), dtype=torch.uint8, device=self.device)
         st_off = sp.staging_offsets(n, self.layout, self.device)
+        self.writes.wait()  # the last step's rows on their way to host memory
         sp.copy_rows(
             sp.as_space(buffer),
             torch.where(st_new, -1, st_off),
@@ -129,7 +133,7 @@ class HybridStorage(HashTableStorage):
         self._staged = _Staged(buffer, st_tids, st_host, p.map_index(local[pos], st_tids))
         self._kernel_space = kernels
         self.host_reads += n - st_new.sum()
-        return rows
+        return self.mark_refused(rows, status)
 
     def _mark_used(self, offsets, tids, on_device) -> None:
         """Marks the device rows of split tables a batch uses (``on_device``
@@ -156,23 +160,23 @@ class HybridStorage(HashTableStorage):
         self._staged = None
         n = st.tids.numel()
         rb = self.layout.row_bytes_of(st.tids)
+        space = self.rows_space.tensors
         promote, victim = self._clock(st)
-        # The displaced device rows first: the staged rows take their place.
+        # The displaced device rows first (gathered now, written to the host
+        # rows the promoted ones leave on the bus stream): the staged rows
+        # take their place.
+        displaced = torch.where(promote, victim, -1)
+        self.writes.stage(space, st.host, space, displaced, rb, every=True)
         sp.copy_rows(
-            self.rows_space.tensors,
-            torch.where(promote, st.host, -1),
-            self.rows_space.tensors,
-            victim,
-            rb,
-        )
-        dst = torch.where(promote, victim, st.host)
-        sp.copy_rows(
-            self.rows_space.tensors,
-            dst,
+            space,
+            displaced,
             sp.as_space(st.buffer),
             sp.staging_offsets(n, self.layout, self.device),
             rb,
         )
+        # The others to their host rows, straight from the staging buffer.
+        self.writes.queue(space, torch.where(promote, -1, st.host), st.buffer, rb)
+        self.writes.submit()
         self.host_writes += n
 
     def _clock(self, st: _Staged) -> tuple[torch.Tensor, torch.Tensor]:
@@ -226,36 +230,44 @@ class HybridStorage(HashTableStorage):
         )
         st.published = True
 
+    def _finish(self) -> None:
+        """Writes back a batch that never got its update and orders what
+        follows after every row on its way to host memory."""
+        self.after_update()
+        self.writes.wait()
+
     def eval_rows(self, keys, tids) -> torch.Tensor:
+        self.writes.wait()
         self._publish()
         self._kernel_space = None
         return super().eval_rows(keys, tids)
 
     def read(self, slots, tids) -> torch.Tensor:
+        self.writes.wait()
         self._publish()
         return super().read(slots, tids)
 
     def flush(self) -> None:
-        self.after_update()
+        self._finish()
 
     def purge(self) -> None:
-        self.after_update()
+        self._finish()
 
     def import_rows(self, table, keys, scores, embeddings, optimizer_state, init):
-        self.after_update()
+        self._finish()
         return super().import_rows(table, keys, scores, embeddings, optimizer_state, init)
 
     def clear_tables(self, tables: Sequence[int]) -> None:
-        self.after_update()
+        self._finish()
         super().clear_tables(tables)
 
     def reserve_rows(self, table: int, incoming: int) -> None:
-        self.after_update()
+        self._finish()
         super().reserve_rows(table, incoming)
 
     def snapshot(self) -> dict:
-        self.after_update()
+        self._finish()
         return super().snapshot()
 
     def settle(self, writing: bool) -> None:
-        self.after_update()
+        self._finish()

@@ -145,40 +145,8 @@ class Placement:
             size1,
             torch.tensor(t, dtype=torch.int64, device=device).t().contiguous(),
         )
-        p.remap = p._identity_remap(device)
+        p.remap = _identity_remap(p, device)
         return p
-
-    def _identity_remap(self, device) -> "Remap | None":
-        split = [split_table(r, d) for r, d in zip(self.rows, self.dev_rows)]
-        if not any(split):
-            return None
-        base, dbase, at, dat = [], [], 0, 0
-        for r, d, s in zip(self.rows, self.dev_rows, split):
-            base.append(at if s else -1)
-            dbase.append(dat if s else -1)
-            at, dat = at + (r if s else 0), dat + (d if s else 0)
-        split_t = torch.tensor(split, dtype=torch.bool, device=device)
-        tables = torch.arange(len(split), dtype=torch.int64, device=device)
-        rows_t = torch.tensor(self.rows, dtype=torch.int64, device=device)
-        dev_t = torch.tensor(self.dev_rows, dtype=torch.int64, device=device)
-        base_t = torch.tensor(base, dtype=torch.int64, device=device)
-        dbase_t = torch.tensor(dbase, dtype=torch.int64, device=device)
-        tids = torch.repeat_interleave(tables, torch.where(split_t, rows_t, 0), output_size=at)
-        local = torch.arange(at, dtype=torch.int64, device=device) - base_t[tids]
-        dev_tids = torch.repeat_interleave(tables, torch.where(split_t, dev_t, 0), output_size=dat)
-        owner = torch.arange(dat, dtype=torch.int64, device=device)
-        owner = owner - dbase_t[dev_tids] + base_t[dev_tids]
-        ordinal = (torch.cumsum(split_t.to(torch.int64), 0) - 1).masked_fill(~split_t, -1)
-        return Remap(
-            base_t,
-            dbase_t,
-            ordinal,
-            torch.tensor([t for t, x in enumerate(split) if x], dtype=torch.int64, device=device),
-            self.formula(local, tids),
-            owner,
-            torch.zeros(dat, dtype=torch.int32, device=device),
-            torch.zeros(sum(split), dtype=torch.int64, device=device),
-        )
 
     def one_tier(self) -> bool:
         """Every row of every table in one segment."""
@@ -214,3 +182,38 @@ class Placement:
         if self.remap is None:
             return self
         return dataclasses.replace(self, remap=self.remap.copy())
+
+
+def _identity_remap(p: Placement, device) -> Remap | None:
+    """The row map of a new placement's split tables (every row where ``p``
+    puts it), or None when no table is split."""
+    split = [split_table(r, d) for r, d in zip(p.rows, p.dev_rows)]
+    if not any(split):
+        return None
+    base, dbase, at, dat = [], [], 0, 0
+    for r, d, s in zip(p.rows, p.dev_rows, split):
+        base.append(at if s else -1)
+        dbase.append(dat if s else -1)
+        at, dat = at + (r if s else 0), dat + (d if s else 0)
+    split_t = torch.tensor(split, dtype=torch.bool, device=device)
+    tables = torch.arange(len(split), dtype=torch.int64, device=device)
+    rows_t = torch.tensor(p.rows, dtype=torch.int64, device=device)
+    dev_t = torch.tensor(p.dev_rows, dtype=torch.int64, device=device)
+    base_t = torch.tensor(base, dtype=torch.int64, device=device)
+    dbase_t = torch.tensor(dbase, dtype=torch.int64, device=device)
+    tids = torch.repeat_interleave(tables, torch.where(split_t, rows_t, 0), output_size=at)
+    local = torch.arange(at, dtype=torch.int64, device=device) - base_t[tids]
+    dev_tids = torch.repeat_interleave(tables, torch.where(split_t, dev_t, 0), output_size=dat)
+    owner = torch.arange(dat, dtype=torch.int64, device=device)
+    owner = owner - dbase_t[dev_tids] + base_t[dev_tids]
+    ordinal = (torch.cumsum(split_t.to(torch.int64), 0) - 1).masked_fill(~split_t, -1)
+    return Remap(
+        base_t,
+        dbase_t,
+        ordinal,
+        torch.tensor([t for t, x in enumerate(split) if x], dtype=torch.int64, device=device),
+        p.formula(local, tids),
+        owner,
+        torch.zeros(dat, dtype=torch.int32, device=device),
+        torch.zeros(sum(split), dtype=torch.int64, device=device),
+    )

@@ -37,6 +37,8 @@ class StatCol(enum.IntEnum):
         REJECTIONS (int): missing keys admission turned away.
         CACHE_HITS (int): distinct keys found in the cache tier.
         CACHE_MISSES (int): distinct keys the cache tier did not hold.
+        REFUSALS (int): new keys not inserted because they were colder than
+            their full bucket's lowest (``refuse_cold_keys``).
     """
 
     LOOKUPS = 0
@@ -44,6 +46,7 @@ class StatCol(enum.IntEnum):
     REJECTIONS = 2
     CACHE_HITS = 3
     CACHE_MISSES = 4
+    REFUSALS = 5
 
 
 class TableStats:

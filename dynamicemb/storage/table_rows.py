@@ -47,10 +47,11 @@ from dynamicemb.dynamicemb_config import (
     saved_state_dim,
 )
 from dynamicemb.storage.layout import RowLayout
+from dynamicemb.storage.score_function import evaluate_scores
 from dynamicemb.storage.scores import table_score_columns
 from dynamicemb.storage.stats import TableStats
 from dynamicemb.storage.types import DeltaRows, ExportedRows, HashTier, RowInit, TableStorage
-from dynamicemb.table import ScoredHashTable, enums
+from dynamicemb.table import ScoredHashTable, enums, keep_order
 from dynamicemb.types import MemoryType, MultiTableAdmitter
 
 S = DynamicEmbScoreStrategy
@@ -206,6 +207,25 @@ class TableRows:
         """For each score column in ``score_strategy`` tuple order, the table
         score word holding it; None under NO_EVICTION (whose word is a row)."""
         return None if self.no_eviction else table_score_columns(self.strategies)
+
+    def keep_order(self, scores: torch.Tensor) -> torch.Tensor | None:
+        """Keys best first, as the tables' eviction keeps them
+        (``dynamicemb.table.keep_order``, the victim order of
+        cc/table/scores.h): by the ``score_function``'s victim scores first
+        when the tables have one (evaluated at one reading of the clock), then
+        by their score words. ``scores``: (n, num_scores) int64 on the CPU, in
+        ``score_strategy`` order. Returns a permutation of ``range(n)``; None
+        under NO_EVICTION, which evicts nothing."""
+        cols = self.score_columns()
+        if cols is None:
+            return None
+        words = torch.empty_like(scores)
+        words[:, cols] = scores
+        victim = None
+        if self.score_function is not None:
+            now = int(self.timer().item())
+            victim = evaluate_scores(self.score_function, scores, now)
+        return keep_order(words, victim)
 
     def export_row_bytes(self, table: int, optim: bool = True, slots: bool = False) -> int:
         """Bytes of one exported row of ``table``: its key, embedding (at

@@ -44,10 +44,16 @@ from typing import Any
 
 import torch
 
+from dynamicemb.storage.host_writes import HostWrites
 from dynamicemb.storage.layout import RowLayout
 from dynamicemb.storage.scores import BatchScore
 from dynamicemb.table import ScoredHashTable
 from dynamicemb.types import MemoryType
+
+# StepRows.train_rows' row of a key its table refused (``refuse_cold_keys``):
+# stored nowhere, like -1, but not a failure; the module gives it a fill row.
+# Far below the fill rows' references (-2 - i, cc/embedding/pooling.h).
+REFUSED_ROW = -(2**62)
 
 # ------------------------------------------------------------------- rows --
 
@@ -169,8 +175,13 @@ class StepGraphs:
             captured or replayed: what ``prefetch`` does on the host first.
         prefetch_rows: ``(keys, tids) -> None``: ``prefetch``'s kernels,
             reading nothing on the host.
-        after_prefetch: ``() -> None``, after a prefetch's kernels ran from a
-            graph: what ``prefetch`` does on the host last.
+        after_prefetch: ``(taken) -> None``, after a prefetch's kernels ran
+            from a graph (``taken``: ``prefetch_taken``'s): what ``prefetch``
+            does on the host last.
+        prefetch_taken: ``() -> Any``, after a prefetch is captured: what the
+            captured ``prefetch_rows`` left for the host to do after its
+            kernels (the graph's own tensors), which each replay passes to
+            ``after_prefetch``.
     """
 
     state: Callable[[], tuple | None] = _nothing
@@ -180,7 +191,8 @@ class StepGraphs:
     prefetch_state: Callable[[], tuple | None] = _nothing
     before_prefetch: Callable[[], None] = _nothing
     prefetch_rows: Callable[[torch.Tensor, torch.Tensor], None] = _nothing
-    after_prefetch: Callable[[], None] = _nothing
+    after_prefetch: Callable[[Any], None] = _nothing
+    prefetch_taken: Callable[[], Any] = _nothing
 
 
 # ---------------------------------------------------------------- faces --
@@ -251,7 +263,8 @@ class StepRows(abc.ABC):
 
         Returns:
             torch.Tensor: (n) int64 byte offsets, -1 where a key could not be
-            stored (it reads zeros and is not updated).
+            stored (it reads zeros and is not updated), ``REFUSED_ROW`` where
+            the table refused a new key (``refuse_cold_keys``).
         """
 
     @abc.abstractmethod
@@ -530,15 +543,29 @@ class HostBacking(Backing):
     hash table's pinned, mapped rows): the keys a cache cannot take are found
     or inserted there, and a step reads nothing on the host.
 
+    Its ``write_back`` also takes ``staged=True`` (and ``count``, the
+    entries with a row: a valid prefix): the rows are gathered into device
+    memory at once and written to the host rows off the step's stream
+    (``writes``), so that the cache may reuse their slots at once.
+
     Attributes:
         dropped (torch.Tensor): () int64 on the device, keys a write-back
             could not place (their bucket full of keys it protects).
         graphs (StepGraphs): its ``state`` is part of what a CUDA graph of the
             cache's step captures.
+        writes (HostWrites): the rows on their way to its host rows
+            (dynamicemb/storage/host_writes.py), which every reader or
+            writer of them waits for first.
     """
 
     dropped: torch.Tensor
     graphs: StepGraphs
+    writes: HostWrites
+
+    @abc.abstractmethod
+    def drop_moved_writes(self) -> None:
+        """Drops the staged rows whose slot another key took since they were
+        staged (``HostWrites.drop_moved``)."""
 
     @abc.abstractmethod
     def space(self) -> tuple[torch.Tensor, torch.Tensor]:

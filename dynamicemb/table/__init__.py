@@ -6,11 +6,18 @@ extension's ops, constants and enumerations through the names here:
 ``ops()`` (``torch.ops.dynamicemb``, registered on first use), ``constants()``
 and ``enums`` (the C++ enumerations), ``extension()`` (the module itself),
 the one rule for key values, ``check_keys``, and the key of a batch's
-padding entries, ``PAD_KEY``.
+padding entries, ``PAD_KEY``; and the victim order for keys the table does
+not hold yet, ``keep_order``.
 """
 
 from dynamicemb.table._native import constants, enums, extension, ops
-from dynamicemb.table.keys import check_keys, first_valid_key, pad_key, reserved_key_error
+from dynamicemb.table.keys import (
+    check_keys,
+    first_repeat,
+    first_valid_key,
+    pad_key,
+    reserved_key_error,
+)
 from dynamicemb.table.results import EvictedKeys, ExportedBatch, InsertResult, gather_rows
 from dynamicemb.table.scored_hash_table import ScoredHashTable
 from dynamicemb.table.sizes import (
@@ -20,6 +27,7 @@ from dynamicemb.table.sizes import (
     slot_bytes,
     state_bytes,
 )
+from dynamicemb.table.victims import keep_order
 
 
 def __getattr__(name: str):
@@ -42,8 +50,10 @@ __all__ = [
     "constants",
     "enums",
     "extension",
+    "first_repeat",
     "first_valid_key",
     "gather_rows",
+    "keep_order",
     "no_eviction_key_slots",
     "ops",
     "pad_key",

@@ -1,27 +1,13 @@
 """Argument helpers of ``ScoredHashTable``: per-table options, int lists,
-flags, repeated values."""
+flags."""
 
 from collections.abc import Sequence
-
-import torch
 
 from dynamicemb._checks import as_int
 
 IntOrSeq = int | Sequence[int]
 
 INT64_MIN = -(2**63)
-
-
-def _repeats(values: torch.Tensor, groups: torch.Tensor | None = None) -> bool:
-    """Whether a value repeats (within its group, when ``groups`` is given):
-    sorted, a repeat is a neighbour."""
-    if groups is not None and bool((groups != groups[0]).any()):
-        order = torch.argsort(groups, stable=True)
-        order = order[torch.argsort(values[order], stable=True)]
-        v, g = values[order], groups[order]
-        return bool(((v[1:] == v[:-1]) & (g[1:] == g[:-1])).any())
-    v = torch.sort(values).values
-    return bool((v[1:] == v[:-1]).any())
 
 
 def _per_table(value: IntOrSeq, n: int, name: str) -> list:

@@ -1,6 +1,7 @@
 """Which key values a table takes: every int64 but the reserved ones below
 ``FIRST_VALID_KEY`` (``kFirstValidKey`` of cc/table/types.h), which mark slot
-states. One check and one message for every place a key enters."""
+states. One check and one message for every place a key enters; and one
+rule for a key given twice (``first_repeat``)."""
 
 import torch
 
@@ -27,6 +28,25 @@ def reserved_key_error(what: str, key: int, index: int) -> ValueError:
         f"{what}: key {key} at index {index} is reserved (keys below {first_valid_key()} mark "
         "slot states)"
     )
+
+
+def first_repeat(values: torch.Tensor, groups: torch.Tensor | None = None):
+    """The first entry of ``values`` whose value appears again (within its
+    group, when ``groups`` gives one per entry): ``(its index, the times its
+    value appears)``, or None when no value repeats. Reads the device once."""
+    if values.numel() < 2:
+        return None
+    if groups is None:
+        _, inverse, counts = torch.unique(values, return_inverse=True, return_counts=True)
+    else:
+        pairs = torch.stack([groups.reshape(-1), values.reshape(-1)])
+        _, inverse, counts = torch.unique(pairs, dim=1, return_inverse=True, return_counts=True)
+    times = counts[inverse]
+    repeated = (times > 1).nonzero()
+    if repeated.numel() == 0:
+        return None
+    i = int(repeated[0, 0])
+    return i, int(times[i])
 
 
 def check_keys(keys: torch.Tensor, what: str) -> None:

@@ -20,10 +20,9 @@ from dynamicemb.table._args import (
     _ints,
     _optional_ints,
     _per_table,
-    _repeats,
 )
 from dynamicemb.table._native import constants, enums, ops
-from dynamicemb.table.keys import check_keys
+from dynamicemb.table.keys import check_keys, first_repeat
 from dynamicemb.table.results import EvictedKeys, ExportedBatch, InsertResult
 from dynamicemb.table.sizes import (
     DIGEST_DTYPE,
@@ -383,8 +382,10 @@ class ScoredHashTable:
         victim_scores=None,
         target_slots=None,
         counters=None,
+        refuse_cold=False,
     ) -> InsertResult:
         _flag(assign_rows, "assign_rows")
+        _flag(refuse_cold, "refuse_cold")
         keys, table_ids = self._batch(keys, table_ids)
         policies, values = self._scores(keys.numel(), policies, scores)
         inserts = op in (enums.RunOp.INSERT, enums.RunOp.INSERT_EVICT)
@@ -415,6 +416,7 @@ class ScoredHashTable:
             self.has_rows,
             victim_scores,
             target_slots,
+            refuse_cold,
         )
         return InsertResult(out[0], out[1], EvictedKeys(out[2], out[3], out[4], out[5], out[6]))
 
@@ -440,6 +442,7 @@ class ScoredHashTable:
         scores=None,
         assign_rows=False,
         victim_scores=None,
+        refuse_cold=False,
     ):
         """Find-or-insert; a full bucket evicts its minimum-score key that this
         batch has not touched, so a key of the batch is never evicted by it.
@@ -450,9 +453,19 @@ class ScoredHashTable:
                 custom eviction score per slot, ranking victims before the
                 score words (the victim order: cc/table/scores.h). Only the
                 buckets of ``home_starts(keys)`` are read.
+            refuse_cold (bool): a new key whose score words would be below
+                those of its full bucket's victim is not stored and evicts
+                nothing (status REFUSED; cc/table/operations.h, "Refusal").
         """
         return self._run(
-            enums.RunOp.INSERT_EVICT, keys, table_ids, policies, scores, assign_rows, victim_scores
+            enums.RunOp.INSERT_EVICT,
+            keys,
+            table_ids,
+            policies,
+            scores,
+            assign_rows,
+            victim_scores,
+            refuse_cold=refuse_cold,
         )
 
     def place(
@@ -530,9 +543,9 @@ class ScoredHashTable:
                     f"in its home bucket, slots {int(starts[i])}..{int(starts[i] + widths[i]) - 1}"
                     f" of table {int(table_ids[i])}"
                 )
-            if _repeats(keys, table_ids):
+            if first_repeat(keys, table_ids) is not None:
                 raise ValueError("dynamicemb: place got a key twice")
-            if _repeats(slots):
+            if first_repeat(slots) is not None:
                 raise ValueError("dynamicemb: place got a slot twice")
         return keys, table_ids, slots
 
@@ -710,7 +723,7 @@ class ScoredHashTable:
         # once complete, so a reader on another thread (a metrics collection)
         # sees the old counters or the new ones, never a half-built state.
         counters = torch.zeros_like(saved)
-        state = self._state()
+        state = self.state()
         try:
             # An allocation that fails (out of memory) leaves the table as it was.
             self._allocate(caps, widths, rows)
@@ -735,12 +748,12 @@ class ScoredHashTable:
                     nw = int(self.info_host[t, col.ROW_OFFSET])
                     self.free_rows[nw : nw + top] = old_free[o : o + top]
         except BaseException:
-            self._restore(state)
+            self.restore(state)
             raise
         failed = res.status != enums.InsertStatus.INSERTED
         if bool(failed.any()):
             i = int(failed.nonzero()[0])
-            self._restore(state)
+            self.restore(state)
             raise RuntimeError(
                 f"dynamicemb: relayout could not place key {int(old.keys[i])} of table "
                 f"{int(old.table_ids[i])}; the new capacities {caps} are too small"
@@ -764,11 +777,24 @@ class ScoredHashTable:
         "_capacities",
         "_widths",
         "_row_caps",
+        "_max_caps",
     )
 
-    def _state(self) -> dict:
-        return {k: getattr(self, k) for k in self._STATE}
+    def state(self, copy: bool = False) -> dict:
+        """Everything the table is (its state tensors, its layout and maximum
+        capacities), for ``restore``: the tensors themselves, or with
+        ``copy`` clones of them, which later changes in place do not reach."""
+        out = {}
+        for k in self._STATE:
+            v = getattr(self, k)
+            if isinstance(v, list):
+                v = list(v)
+            elif copy and isinstance(v, torch.Tensor):
+                v = v.clone()
+            out[k] = v
+        return out
 
-    def _restore(self, state: dict) -> None:
+    def restore(self, state: dict) -> None:
+        """Puts back what ``state`` returned."""
         for k, v in state.items():
             setattr(self, k, v)

@@ -5,7 +5,7 @@
 # targets and what dynamicemb's targets compile with: C++20, device code for the archs
 # of cc/sources.bzl, the static cudart. The CUDA checks read
 # the planned command lines (bazel aquery/cquery): nothing is compiled for them.
-# tools/test.sh (and so .ci/run) runs it after dynamicemb's own tests.
+# tools/test.sh (and so .ci/run) runs it beside dynamicemb's own tests.
 #
 # The interpreter is $PYTHON_BIN_PATH, by default the checkout's .venv. Extra arguments
 # go to `bazel test`.

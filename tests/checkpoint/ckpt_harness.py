@@ -77,6 +77,12 @@ def fused_params(optimizer: str) -> dict[str, Any]:
             "l2_reg": 0.001,
             "initial_accumulator_value": 0.1,
         }
+    if optimizer == "rmsprop_ar":
+        return {
+            **base,
+            "optimizer": DynamicEmbOptimType.ROWWISE_RMSPROP_AR,
+            **h.RMSPROP_AR,
+        }
     raise ValueError(f"unknown optimizer {optimizer!r}")
 
 

@@ -68,3 +68,33 @@ def test_score_columns_and_function_order():
     got = evaluate_scores(fn, scores, 10)
     want = torch.tensor([fn(tuple(r), 10) for r in scores.tolist()], dtype=torch.float64)
     assert torch.equal(got, want)
+
+
+def _resolutions(rank, world, root):
+    """How often a dump and a load resolve a path to its filesystem."""
+    from dynamicemb.checkpoint import dump, load
+    from dynamicemb.io import fs
+    from tests.checkpoint import ckpt_harness as c
+    from tests.shard import shard_harness as h
+
+    case = c.Case("paths", "ec", [h.TableSpec("t0", 64, 4)], key_range=(0, 100))
+    model = c.build(case, world)
+    c.train(model, case, rank, steps=1)
+    calls, real = [], fs.of
+    fs.of = lambda p: calls.append(str(p)) or real(p)
+    try:
+        path = os.path.join(root, "ckpt")
+        dump(path, model, optim=True, show_progress=False)
+        dumped = list(calls)
+        load(path, model, optim=True, show_progress=False)
+    finally:
+        fs.of = real
+    return dumped, calls[len(dumped) :]
+
+
+def test_a_dump_and_a_load_resolve_the_path_once(tmp_path):
+    from tests.shard import shard_harness as h
+
+    path = os.path.join(str(tmp_path), "ckpt")
+    for dumped, loaded in h.run_world(_resolutions, 2, str(tmp_path)):
+        assert dumped == [path] and loaded == [path]

@@ -124,7 +124,9 @@ def test_memory_type_has_device_and_host():
 
 
 def test_optim_type_ftrl_is_a_plain_enum_value():
-    assert [m.name for m in DynamicEmbOptimType] == ["FTRL"]
+    # The spec's FTRL, then the optimizers added since, with FBGEMM's values.
+    assert [m.name for m in DynamicEmbOptimType] == ["FTRL", "ROWWISE_RMSPROP_AR"]
+    assert DynamicEmbOptimType.ROWWISE_RMSPROP_AR.value == "row_wise_rmsprop_ar"
     assert DynamicEmbOptimType.FTRL.value == "ftrl"
     assert DynamicEmbOptimType("ftrl") is DynamicEmbOptimType.FTRL
     assert DynamicEmbOptimType.FTRL != "ftrl"
@@ -133,8 +135,9 @@ def test_optim_type_ftrl_is_a_plain_enum_value():
 def test_optim_type_never_equals_any_emb_optim_type():
     split_configs = pytest.importorskip("fbgemm_gpu.split_embedding_configs")
     for member in split_configs.EmbOptimType:
-        assert DynamicEmbOptimType.FTRL != member
-        assert member != DynamicEmbOptimType.FTRL
+        for ours in DynamicEmbOptimType:
+            assert ours != member
+            assert member != ours
 
 
 def test_replay_content_flags_compose():
@@ -592,9 +595,27 @@ def test_completion_returns_a_new_object_and_leaves_the_input_alone():
     assert (completed.lower, completed.upper) == (-0.5, 0.5)
 
 
+def test_truncated_normal_bounds_as_documented():
+    # The options' documentation: lower and upper default to +-1/sqrt(N) for
+    # UNIFORM and TRUNCATED_NORMAL; without a config, +-2 std_dev around the mean.
+    args = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.TRUNCATED_NORMAL)
+    completed = complete_initializer_args(args, emb_config(4096))
+    assert (completed.lower, completed.upper) == (-1 / 64, 1 / 64)
+    assert (args.lower, args.upper) == (None, None)
+    args = DynamicEmbInitializerArgs(
+        mode=DynamicEmbInitializerMode.TRUNCATED_NORMAL, mean=1.0, std_dev=0.5, upper=1.25
+    )
+    completed = complete_initializer_args(args)
+    assert (completed.lower, completed.upper) == (0.0, 1.25)
+
+
 @pytest.mark.parametrize(
     "mode",
-    [m for m in DynamicEmbInitializerMode if m is not DynamicEmbInitializerMode.UNIFORM],
+    [
+        m
+        for m in DynamicEmbInitializerMode
+        if m not in (DynamicEmbInitializerMode.UNIFORM, DynamicEmbInitializerMode.TRUNCATED_NORMAL)
+    ],
 )
 def test_other_modes_are_returned_unchanged(mode):
     args = DynamicEmbInitializerArgs(mode=mode)
@@ -702,13 +723,14 @@ def test_optimizer_state_dim_rule():
     assert optimizer_state_dim(EmbOptimType.SGD, 16, f32) == 0
     assert optimizer_state_dim(EmbOptimType.EXACT_SGD, 16, f32) == 0
     assert optimizer_state_dim(EmbOptimType.ADAM, 16, f32) == 32
-    assert optimizer_state_dim(EmbOptimType.PARTIAL_ROWWISE_ADAM, 16, f32) == 32
     assert optimizer_state_dim(EmbOptimType.EXACT_ADAGRAD, 16, f32) == 16
     # 16 bytes per row, whatever the dtype.
     assert optimizer_state_dim(EmbOptimType.EXACT_ROWWISE_ADAGRAD, 16, f32) == 4
     assert optimizer_state_dim(EmbOptimType.EXACT_ROWWISE_ADAGRAD, 16, f16) == 8
     assert optimizer_state_dim(EmbOptimType.EXACT_ROWWISE_ADAGRAD, 16, torch.bfloat16) == 8
     assert optimizer_state_dim(DynamicEmbOptimType.FTRL, 16, f32) == 32
+    assert optimizer_state_dim(DynamicEmbOptimType.ROWWISE_RMSPROP_AR, 16, f32) == 4
+    assert optimizer_state_dim(DynamicEmbOptimType.ROWWISE_RMSPROP_AR, 16, f16) == 8
 
 
 def test_ftrl_state_dim_needs_no_fbgemm():
@@ -724,8 +746,9 @@ def test_optimizer_state_dim_rejects_non_optimizers_naming_them(bad):
 
 def test_optimizer_state_dim_rejects_unsupported_emb_optim_type():
     EmbOptimType = _emb_optim_type()
-    with pytest.raises(ValueError, match="LAMB"):
-        optimizer_state_dim(EmbOptimType.LAMB, 16, torch.float32)
+    for member in (EmbOptimType.LAMB, EmbOptimType.PARTIAL_ROWWISE_ADAM):
+        with pytest.raises(ValueError, match=f"{member.name}.*implement EmbOptimType.SGD"):
+            optimizer_state_dim(member, 16, torch.float32)
 
 
 def test_value_bytes_per_optimizer():

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dynamicemb import BUCKET_ALIGNMENT, DynamicEmbInitializerMode, DynamicEmbOptimType
-from dynamicemb.dynamicemb_config import DIST_TYPES, optimizer_state_dim
+from dynamicemb.dynamicemb_config import DIST_TYPES, optimizer_state_dim, saved_state_dim
 from dynamicemb.embedding import RowOptimizer
 from dynamicemb.table import constants, extension
 
@@ -46,6 +46,7 @@ OPTIMIZERS = [
     split_configs.EmbOptimType.EXACT_ADAGRAD,
     split_configs.EmbOptimType.EXACT_ROWWISE_ADAGRAD,
     DynamicEmbOptimType.FTRL,
+    DynamicEmbOptimType.ROWWISE_RMSPROP_AR,
 ]
 
 
@@ -55,6 +56,15 @@ def test_optimizer_state_width_is_the_kernels(optimizer):
     for dim in (1, 2, 31, 32, 33, 128, 129):
         want = extension().state_dim(int(native_type), dim)
         assert optimizer_state_dim(optimizer, dim, torch.float32) == want
+        # What checkpoints and deltas carry of it: what the update uses.
+        used = extension().state_used(int(native_type), dim)
+        assert saved_state_dim(optimizer.name, want) == used
+
+
+def test_every_native_optimizer_is_one_an_optimizer_type_runs():
+    from dynamicemb.dynamicemb_config import native_optimizer
+
+    assert {native_optimizer(o) for o in OPTIMIZERS} == set(constants()["OptimType"])
 
 
 def test_optimizer_fields_are_row_optimizer_fields():

@@ -42,4 +42,24 @@ def reference_step(opt, w, s, g, t):
             (torch.sign(lin) * opt.l1_reg - lin) / denom,
         )
         return new_w, torch.cat([lin, n1])
+    if name == "ROWWISE_RMSPROP_AR":
+        return rmsprop_ar_step(opt, w, s, g, t)
     raise AssertionError(name)
+
+
+def rmsprop_ar_step(opt, w, s, g, t):
+    """Row-wise RMSprop with adaptive regularization (FBGEMM's rule, its
+    docstring's equations) plus the warm-up of new rows, in float64. s: the
+    row's state (ema of mean(g^2), step of its last update (0: never), its
+    updates so far, a spare)."""
+    s = s.clone()
+    v = opt.ema_beta * s[0] + (1 - opt.ema_beta) * (g * g).mean()
+    gap = 1.0 if s[1] == 0 else t - float(s[1])
+    lam = min(1.0, max(0.0, opt.learning_rate * opt.ar_alpha * gap))
+    shrink = max(opt.min_shrinkage, 1.0 - lam)
+    warm = 1.0
+    if opt.row_warmup_steps:
+        warm = min(1.0, (float(s[2]) + 1) / opt.row_warmup_steps)
+    k = opt.learning_rate * warm / (math.sqrt(float(v)) + opt.eps)
+    s[0], s[1], s[2] = v, t, s[2] + 1
+    return shrink * w - k * g, s

@@ -130,8 +130,12 @@ def _dense_output(outs, pooling, dims, ftm, batch, n_indices):
             DynamicEmbOptimType.FTRL,
             dict(learning_rate=0.5, l1_reg=0.001, l2_reg=0.01, ftrl_beta=1.0),
         ),
+        (
+            DynamicEmbOptimType.ROWWISE_RMSPROP_AR,
+            dict(learning_rate=0.2, ar_alpha=0.4, row_warmup_steps=3),
+        ),
     ],
-    ids=["sgd", "adam", "adagrad", "rowwise", "ftrl"],
+    ids=["sgd", "adam", "adagrad", "rowwise", "ftrl", "rmsprop_ar"],
 )
 def test_ten_steps_match_the_dense_reference(device, pooling, optimizer, kw):
     dims = [4, 4] if pooling == Pool.NONE else [4, 8]

@@ -30,6 +30,10 @@ OPTIMIZERS = {
     "sgd": (EmbOptimType.EXACT_SGD, {}),
     "adam": (EmbOptimType.ADAM, {}),
     "ftrl": (DynamicEmbOptimType.FTRL, {"initial_accumulator_value": 0.1}),
+    "rmsprop_ar": (
+        DynamicEmbOptimType.ROWWISE_RMSPROP_AR,
+        {"ar_alpha": 0.5, "row_warmup_steps": 2},
+    ),
 }
 
 
@@ -113,6 +117,7 @@ S = DynamicEmbScoreStrategy
         ("sgd", "SUM", S.STEP),
         ("adam", "NONE", S.LFU),
         ("ftrl", "MEAN", S.TIMESTAMP),
+        ("rmsprop_ar", "SUM", S.LFU),
     ],
 )
 def test_compiled_training_step_has_one_graph_and_trains_like_eager(optimizer, pooling, strategy):
@@ -121,6 +126,8 @@ def test_compiled_training_step_has_one_graph_and_trains_like_eager(optimizer, p
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
-@pytest.mark.parametrize("optimizer,pooling", [("sgd", "SUM"), ("adam", "NONE")])
+@pytest.mark.parametrize(
+    "optimizer,pooling", [("sgd", "SUM"), ("adam", "NONE"), ("rmsprop_ar", "SUM")]
+)
 def test_cuda_compiled_training_step(optimizer, pooling, backend):
     _check_compiled_training("cuda", optimizer, pooling, S.STEP, backend)

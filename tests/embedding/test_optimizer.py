@@ -64,6 +64,22 @@ CASES = [
         ),
     ),
     (
+        "rmsprop_ar",
+        lambda: RowOptimizer(
+            DynamicEmbOptimType.ROWWISE_RMSPROP_AR, learning_rate=0.2, ar_alpha=0.5, ema_beta=0.9
+        ),
+    ),
+    (
+        "rmsprop_ar_floor_warmup",
+        lambda: RowOptimizer(
+            DynamicEmbOptimType.ROWWISE_RMSPROP_AR,
+            learning_rate=0.3,
+            ar_alpha=2.0,
+            min_shrinkage=0.6,
+            row_warmup_steps=4,
+        ),
+    ),
+    (
         "ftrl_fixed_rate",
         lambda: RowOptimizer(
             DynamicEmbOptimType.FTRL, learning_rate=0.5, learning_rate_power=0.0, ftrl_beta=1.0
@@ -170,3 +186,44 @@ def test_adam_bias_is_one_minus_beta_to_the_step(device, step):
 def test_adam_bias_refuses_a_step_below_one():
     with pytest.raises(ValueError, match="step must be >= 1 .1-based., got 0"):
         ops().adam_bias(torch.tensor([0.9, 0.999]), 0)
+
+
+# The optimizers the docs say dynamicemb tables implement (docs/training.md,
+# "Embedding optimizers"), named by their enums' member names.
+IMPLEMENTED = {
+    "SGD",
+    "EXACT_SGD",
+    "ADAM",
+    "EXACT_ADAGRAD",
+    "EXACT_ROWWISE_ADAGRAD",
+    "FTRL",
+    "ROWWISE_RMSPROP_AR",
+}
+ALL_TYPES = list(EmbOptimType) + list(DynamicEmbOptimType)
+
+
+@pytest.mark.parametrize("member", ALL_TYPES, ids=lambda m: f"{type(m).__name__}.{m.name}")
+def test_every_optimizer_type_trains_or_is_refused_when_the_module_is_built(member):
+    from dynamicemb import DynamicEmbPoolingMode, DynamicEmbTableOptions
+    from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
+
+    opts = [DynamicEmbTableOptions(dim=DIM, max_capacity=256)]
+    keys, offsets = torch.tensor([5, 9]), torch.tensor([0, 2])
+    if member.name not in IMPLEMENTED:
+        with pytest.raises(ValueError) as info:
+            BatchedDynamicEmbeddingTablesV2(
+                opts, None, DynamicEmbPoolingMode.SUM, member, learning_rate=0.1
+            )
+        message = str(info.value)
+        assert repr(member) in message
+        for name in IMPLEMENTED:
+            assert name in message, (name, message)
+        return
+    m = BatchedDynamicEmbeddingTablesV2(
+        opts, None, DynamicEmbPoolingMode.SUM, member, learning_rate=0.1
+    )
+    first = m(keys, offsets)
+    first.sum().backward()
+    with torch.no_grad():
+        second = m(keys, offsets)
+    assert not torch.equal(first.detach(), second), "the step changed no row"

@@ -7,7 +7,7 @@ import zlib
 import pytest
 import torch
 
-from dynamicemb.io import Group, dtypes
+from dynamicemb.io import Group, dtypes, fs
 from dynamicemb.io import files as io_files
 from dynamicemb.io.files import DataError, FileInfo
 
@@ -63,6 +63,12 @@ def test_a_published_folder_and_its_manifest(tmp_path):
         io_files.read_manifest(path, "m.json", "fmt", 3, _Format)
     with pytest.raises(_Format, match="does not exist"):
         io_files.read_manifest(path, "none.json", "fmt", 3, _Format)
+    # Arrays nested too deep to parse: refused as any bad manifest.
+    depth = 100_000
+    with open(os.path.join(path, "m.json"), "wb") as f:
+        f.write(b'{"checksum": 1, "x": ' + b"[" * depth + b"]" * depth + b"}")
+    with pytest.raises(_Format, match="manifest is not valid \\(RecursionError"):
+        io_files.read_manifest(path, "m.json", "fmt", 3, _Format)
 
 
 def test_dtype_names_round_trip_and_unknown_names_are_refused():
@@ -93,3 +99,30 @@ def test_chunks_and_a_world_of_one():
     with pytest.raises(KeyError):
         g.agree(KeyError("mine"))
     g.agree(None)
+
+
+def test_a_path_is_resolved_to_its_filesystem_once(tmp_path, monkeypatch):
+    """A Location carries its filesystem: publishing a folder into it and
+    reading it back resolves nothing again (``fs.of`` once, by ``fs.at``)."""
+    calls = []
+    real = fs.of
+    monkeypatch.setattr(fs, "of", lambda p: calls.append(p) or real(p))
+    path = fs.at(str(tmp_path / "pub"))
+    tmp = io_files.make_tmp(path)
+    io_files.write_small(tmp, "a.json", b"{}")
+    w = io_files.CheckedWriter(tmp.join("f"), block=64)
+    w.write(b"x" * 100)
+    info = w.close()
+    io_files.fsync_path(tmp)
+    io_files.write_manifest(tmp, {"format": "fmt", "version": 1}, "m.json")
+    io_files.publish(tmp, path)
+    folder = io_files.committed(path, "m.json")
+    assert folder == path and io_files.read_manifest(folder, "m.json", "fmt", 1)
+    assert io_files.read_small(folder, None, "a.json", "t") == b"{}"
+    io_files.check_sizes(folder, [info], "t")
+    out = torch.empty(100, dtype=torch.uint8)
+    io_files.read_verified(folder, info, 64, "t", out)
+    assert calls == [str(tmp_path / "pub")]
+    # A plain path is resolved where it enters.
+    io_files.read_small(str(tmp_path / "pub"), None, "a.json", "t")
+    assert len(calls) == 2

@@ -6,7 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+import dynamicemb
+
+# The folder of the dynamicemb this test imports, the one with the built
+# extension beside it (under Bazel, the runfiles tree: its files are links into
+# the source tree, which has no extension, so the path is not resolved).
+ROOT = Path(dynamicemb.__file__).parent.parent
 
 SCRIPT = """
 import sys

@@ -123,6 +123,7 @@ def test_figures_equal_the_tables(reader):
     assert set(got) == {f.name for f in FIGURES} - {
         "dynamicemb.table.admissions",
         "dynamicemb.table.rejections",
+        "dynamicemb.table.refusals",
         "dynamicemb.cache.hits",
         "dynamicemb.cache.misses",
     }
@@ -266,6 +267,7 @@ def test_admission_and_cache_figures_join_when_fed(reader):
     fed = {
         StatCol.ADMISSIONS: "dynamicemb.table.admissions",
         StatCol.REJECTIONS: "dynamicemb.table.rejections",
+        StatCol.REFUSALS: "dynamicemb.table.refusals",
         StatCol.CACHE_HITS: "dynamicemb.cache.hits",
         StatCol.CACHE_MISSES: "dynamicemb.cache.misses",
     }
@@ -285,6 +287,7 @@ def test_admission_and_cache_figures_join_when_fed(reader):
         masks = {
             StatCol.ADMISSIONS: admitted,
             StatCol.REJECTIONS: ~admitted,
+            StatCol.REFUSALS: admitted & hit,
             StatCol.CACHE_HITS: hit,
             StatCol.CACHE_MISSES: ~hit,
         }

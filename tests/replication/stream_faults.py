@@ -7,11 +7,11 @@ which ``os.makedirs`` calls too, ``os.rename``, ``os.fsync``, the local store's
 at operation ``at`` it raises ``OSError(ENOSPC)`` (a disk that is full) or,
 with ``kill``, SIGKILLs its own process (a publisher that dies there).
 
-``python -m tests.replication.stream_faults FOLDER WHERE`` is a publisher
-of the fault tests' case that publishes ``CLEAN`` deltas, then dies in the
-next publish: at the middle of its operations (``WHERE=middle``: files
-written, no manifest) or at its last (``WHERE=last``: the delta renamed into
-place, the publisher never told).
+``main(FOLDER, WHERE)`` (by hand: ``python -m tests.replication.stream_faults
+FOLDER WHERE``) is a publisher of the fault tests' case that publishes
+``CLEAN`` deltas, then dies in the next publish: at the middle of its
+operations (``WHERE=middle``: files written, no manifest) or at its last
+(``WHERE=last``: the delta renamed into place, the publisher never told).
 """
 
 import contextlib

@@ -1,7 +1,8 @@
 """The serving replica example (examples/serve_replica.py) runs as the README
 says: its demo trains on two gloo processes publishing a delta per step, a
-replica follows them while answering lookups, and ends holding every key of
-the job with the job's rows."""
+replica (an inference table of INT8 rows) follows them while answering
+lookups, and ends holding every key of the job with the job's rows (the
+bytes a table built from the job's final checkpoint holds)."""
 
 import os
 import re
@@ -24,7 +25,8 @@ def test_the_demo_replica_ends_equal_to_the_job(tmp_path):
     env["PYTHONPATH"] = os.pathsep.join([p for p in sys.path if p] + [env.get("PYTHONPATH", "")])
     out = subprocess.run(
         [sys.executable, str(_script()), "demo", "--device", "cpu", "--steps", "12"]
-        + ["--checkpoint-every", "5", "--batch-size", "128", "--folder", str(tmp_path / "s")],
+        + ["--checkpoint-every", "5", "--batch-size", "128", "--folder", str(tmp_path / "s")]
+        + ["--dtype", "int8"],
         capture_output=True,
         text=True,
         timeout=300,

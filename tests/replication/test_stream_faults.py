@@ -27,8 +27,6 @@ restarted trainer's) at the run, epoch and sequence the follower reports.
 
 import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
@@ -248,22 +246,13 @@ def _restarts_after_kills(rank, world, folders):
 
 
 def test_the_stream_under_faults(tmp_path):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
     folders = {w: str(tmp_path / f"killed-{w}") for w in ("middle", "last")}
-    kids = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.replication.stream_faults", folder, where],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for where, folder in folders.items()
-    ]
+    kids = [h.Process(sf.main, folder, where) for where, folder in folders.items()]
     (out,) = h.run_world(_in_process, 1, str(tmp_path))
     assert out["ops"] > 20
     for kid in kids:
-        log = kid.communicate(timeout=120)[0].decode(errors="replace")
-        assert kid.returncode == -9, log[-2000:]
+        code, log = kid.join(timeout=120)
+        assert code == -9, log[-2000:]
     (killed,) = h.run_world(_restarts_after_kills, 1, folders)
     clean = list(range(1, sf.CLEAN + 1))
     assert killed["middle"]["listed"] == [(0, s) for s in clean]

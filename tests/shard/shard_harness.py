@@ -1,7 +1,15 @@
-"""Multi-process harness of the sharder tests: one process per rank
-(torch.multiprocessing spawn), gloo on the CPU or NCCL with one GPU per rank
-(``run_world(..., device_type="cuda")``), a free port, and timeouts so that a
-hang fails the test instead of blocking it.
+"""Multi-process harness of the sharder tests: one process per rank, gloo on
+the CPU or NCCL with one GPU per rank (``run_world(..., device_type="cuda")``),
+a free port, and timeouts so that a hang fails the test instead of blocking it.
+
+The ranks of a CPU world are forked by a forkserver that imported torch,
+TorchRec and dynamicemb once (``world_preload.py``): a world starts in a
+fraction of a second instead of each rank importing them anew (seconds of
+CPU per rank). Each rank is still a new process with the caller's
+environment, working directory and ``sys.path``; what the ranks print is
+written to the caller's stderr when the world ends. NCCL ranks are spawned
+(CUDA is never initialized before they start either way). ``Process`` runs
+a function in a process forked so, outside any world.
 
 Scenarios run in the workers (``run_scenarios``) build a model with an
 EmbeddingCollection or EmbeddingBagCollection, shard it with
@@ -13,7 +21,10 @@ outputs with a dense float64 model in one process.
 import contextlib
 import dataclasses
 import io
+import os
 import queue
+import sys
+import tempfile
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -55,7 +66,10 @@ def _worker(
     args: tuple,
     results,
     device_type: str = "cpu",
+    forked: tuple[dict[str, str], str] | None = None,
 ) -> None:
+    if forked is not None:
+        _take_callers_place(*forked)
     torch.set_num_threads(1)
     try:
         dist_launch.init_process_group(rank, world_size, port, device_type, 1, timeout_s=90)
@@ -69,7 +83,72 @@ def _worker(
         results.put((rank, "error", traceback.format_exc()))
     finally:
         if dist.is_initialized():
-            dist.destroy_process_group()
+            dist_launch.tear_down()
+
+
+def _take_callers_place(environ: dict[str, str], output: str) -> None:
+    """In a process the forkserver forked: the environment of the process that
+    asked for it, and stdout and stderr appended to ``output`` (the caller shows
+    it: the forkserver's own are those of whatever test started it)."""
+    os.environ.clear()
+    os.environ.update(environ)
+    fd = os.open(output, os.O_WRONLY | os.O_APPEND)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _forked_state() -> tuple[dict[str, str], str]:
+    """What ``_take_callers_place`` needs: this environment and a new output file."""
+    fd, output = tempfile.mkstemp(prefix="dynamicemb-test-", suffix=".log")
+    os.close(fd)
+    return dict(os.environ), output
+
+
+def _read_output(output: str) -> str:
+    with open(output, errors="replace") as f:
+        text = f.read()
+    os.unlink(output)
+    return text
+
+
+def _run_forked(fn: Callable, args: tuple, forked: tuple[dict[str, str], str]) -> None:
+    _take_callers_place(*forked)
+    fn(*args)
+
+
+class Process:
+    """``fn(*args)`` in a process forked as a CPU world's ranks are (the
+    caller's environment, torch, TorchRec and dynamicemb imported), not a rank
+    of a world; ``join`` gives its exit code and output."""
+
+    def __init__(self, fn: Callable, *args: Any) -> None:
+        self._forked = _forked_state()
+        self._process = _context("cpu").Process(
+            target=_run_forked, args=(fn, args, self._forked), daemon=True
+        )
+        self._process.start()
+
+    def join(self, timeout: float) -> tuple[int | None, str]:
+        """Waits up to ``timeout`` seconds. Returns (exit code, negative for a
+        signal; None when it was still running, then it is killed), output."""
+        self._process.join(timeout)
+        code = self._process.exitcode
+        if code is None:
+            self._process.kill()
+            self._process.join(10)
+        return code, _read_output(self._forked[1])
+
+
+def _context(device_type: str):
+    """The start method of a world's ranks: a forkserver with torch, TorchRec
+    and dynamicemb imported for CPU worlds (started with the first one), spawn
+    for NCCL worlds."""
+    if device_type != "cpu":
+        return mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["tests.shard.world_preload"])
+    return ctx
 
 
 def run_world(
@@ -96,12 +175,15 @@ def run_world(
         raise RuntimeError(
             f"{world_size} ranks need {world_size} GPUs, {torch.cuda.device_count()} visible"
         )
-    ctx = mp.get_context("spawn")
+    ctx = _context(device_type)
     results = ctx.Queue()
     port = dist_launch.free_port()
+    forked = _forked_state() if ctx.get_start_method() == "forkserver" else None
     procs = [
         ctx.Process(
-            target=_worker, args=(r, world_size, port, fn, args, results, device_type), daemon=True
+            target=_worker,
+            args=(r, world_size, port, fn, args, results, device_type, forked),
+            daemon=True,
         )
         for r in range(world_size)
     ]
@@ -136,6 +218,8 @@ def run_world(
             if p.is_alive():
                 p.kill()
                 p.join(timeout=5)
+        if forked is not None:
+            sys.stderr.write(_read_output(forked[1]))
     if errors:
         raise RuntimeError("\n".join(errors))
     return [outs[r] for r in range(world_size)]
@@ -174,7 +258,7 @@ class Scenario:
     name: str
     kind: str  # "ec" or "ebc"
     tables: list[TableSpec]
-    optimizer: str = "sgd"  # sgd or adam
+    optimizer: str = "sgd"  # sgd, adam or rmsprop_ar (RMSPROP_AR below)
     learning_rate: float = 0.1
     steps: int = 3
     batch_size: int = 3
@@ -242,9 +326,24 @@ def initializer_args(spec: TableSpec):
     return DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.UNIFORM, lower=-0.5, upper=0.5)
 
 
+# Row-wise RMSprop AR's hyper-parameters in the rmsprop_ar scenarios: a strong
+# decay and a warm-up, so that the steps between a row's updates and its
+# updates so far both show in the outputs.
+RMSPROP_AR = {"ar_alpha": 0.8, "ema_beta": 0.9, "min_shrinkage": 0.3, "row_warmup_steps": 2}
+
+
 def fused_params(scenario: Scenario) -> dict[str, Any]:
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
+    from dynamicemb import DynamicEmbOptimType
+
+    if scenario.optimizer == "rmsprop_ar":
+        return {
+            "optimizer": DynamicEmbOptimType.ROWWISE_RMSPROP_AR,
+            "learning_rate": scenario.learning_rate,
+            "eps": 1e-8,
+            **RMSPROP_AR,
+        }
     if scenario.optimizer == "sgd":
         return {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": scenario.learning_rate}
     if scenario.optimizer == "adam":
@@ -531,7 +630,7 @@ class _DenseTable:
         self.table_id = table_id
         self.static_weight = static_weight
         self.rows: dict[int, torch.Tensor] = {}
-        self.state: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.state: dict[int, Any] = {}  # Adam's (m, v); RMSprop AR's state
         # Admission: the counts of keys waiting, and per step the keys kept out.
         self.waiting: dict[int, int] = {}
         self.rejected: set[int] = set()
@@ -683,6 +782,15 @@ def _apply(scenario: Scenario, table: _DenseTable, key: int, grad: torch.Tensor,
     w = table.rows[key] if key in table.rows else table.row(key)
     if scenario.optimizer == "sgd":
         table.rows[key] = w - lr * grad
+        return
+    if scenario.optimizer == "rmsprop_ar":
+        from types import SimpleNamespace
+
+        from tests.embedding.optimizer_reference import rmsprop_ar_step
+
+        opt = SimpleNamespace(learning_rate=lr, eps=1e-8, **RMSPROP_AR)
+        s = table.state.get(key, torch.zeros(4, dtype=torch.float64))
+        table.rows[key], table.state[key] = rmsprop_ar_step(opt, w, s, grad, step)
         return
     b1, b2, eps = 0.9, 0.999, 1e-8
     m, v = table.state.get(key, (torch.zeros_like(w), torch.zeros_like(w)))

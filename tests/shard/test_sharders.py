@@ -49,6 +49,10 @@ def _world2_scenarios():
     out += [
         _ec("ec_adam", "roundrobin", optimizer="adam", learning_rate=0.05),
         _ebc("ebc_adam", "hash_roundrobin", optimizer="adam", learning_rate=0.05),
+        # Row-wise RMSprop AR: rows skip steps, so the step each rank's module
+        # counts reaches every row's update.
+        _ec("ec_rmsprop_ar", "roundrobin", optimizer="rmsprop_ar", learning_rate=0.2, steps=6),
+        _ebc("ebc_rmsprop_ar", "hash_roundrobin", optimizer="rmsprop_ar", learning_rate=0.2),
         # Dedup on and off, with and without KJT weights (frequency counters).
         _ec("ec_dedup", "hash_roundrobin", use_index_dedup=True),
         _ec("ec_nodedup_counts", "continuous", seq_weights=True),

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tests.shard.shard_harness import _Model as Model
+from tests.shard.shard_harness import ScenarioModel as Model
 from tests.shard.shard_harness import run_world, worker_device  # noqa: F401 (re-exported)
 
 # The collection's path: Model holds it as ``coll``.

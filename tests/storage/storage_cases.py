@@ -114,6 +114,18 @@ def batches(steps: int, num_features: int, batch: int = 24, vocab: int = 2000, s
     return out
 
 
+def fixed_batches(steps: int, batch: int = 24, hotness: int = 3, vocab: int = 2000):
+    """Pooled batches of two features and one shape (``hotness`` ids per
+    bag), keys from a power law: what a CUDA graph of the lookup replays."""
+    g = torch.Generator().manual_seed(3)
+    bags = 2 * batch
+    offsets = torch.arange(0, bags * hotness + 1, hotness)
+    return [
+        ((vocab * torch.rand(bags * hotness, generator=g) ** 3).long(), offsets)
+        for _ in range(steps)
+    ]
+
+
 def train(m, steps, prefetch: bool = False, device="cpu", first: int = 0):
     """Trains ``m`` on ``steps`` (a fixed gradient per step; ``first``: the
     index of the first step); returns the outputs. With ``prefetch``, batch

@@ -35,7 +35,7 @@ def test_the_dmp_benchmark_prints_a_row_per_configuration():
             continue
         assert float(step) > 0, cells
         if not config.startswith("torchrec"):
-            assert float(cells[5]) > 0 and cells[9] != "-", cells  # / all-HBM, moved
+            assert float(cells[5]) > 0 and cells[7] != "-", cells  # / all-HBM, moved
         assert kind in ("ebc", "ec")
 
 
@@ -54,7 +54,12 @@ def test_the_stage_profile_prints_the_cache_stages():
     out = _run(
         "storage_stages.py",
         *("--device", "cpu", "--tables", "2", "--rows", "1280", "--dim", "8"),
-        *("--lookups", "64", "--warmup", "2", "--steps", "2"),
+        *("--lookups", "64", "--warmup", "2", "--steps", "2", "--timed", "2"),
     )
     for stage in ("cache_insert", "cache_backing", "cache_fill", "cache_overflow", "update"):
         assert f"dynamicemb:{stage}" in out, out[-3000:]
+    assert "dynamicemb:cache_write_back" in out, out[-3000:]
+    # The step of each variant: victims staged or written at once, with and
+    # without prefetch.
+    steps = [line for line in out.splitlines() if "ms/step" in line]
+    assert len(steps) == 4, out[-3000:]

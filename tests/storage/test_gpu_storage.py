@@ -12,7 +12,15 @@ from dynamicemb import DynamicEmbScoreStrategy as Score
 from dynamicemb.storage import space as sp
 from dynamicemb.types import MemoryType
 from tests.embedding.sync_guard import cuda_syncs
-from tests.storage.storage_cases import MODES, batches, module, rows_of, seen_keys, train
+from tests.storage.storage_cases import (
+    MODES,
+    batches,
+    fixed_batches,
+    module,
+    rows_of,
+    seen_keys,
+    train,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -157,18 +165,6 @@ def test_cuda_prefetch_never_synchronizes():
     m(*data[7]).sum().backward()  # waits for the prefetch; trains as without it
 
 
-def _fixed_batches(steps: int, batch: int = 24, hotness: int = 3, vocab: int = 2000):
-    """Pooled batches of two features and one shape (``hotness`` ids per
-    bag), keys from a power law: what a CUDA graph of the lookup replays."""
-    g = torch.Generator().manual_seed(3)
-    bags = 2 * batch
-    offsets = torch.arange(0, bags * hotness + 1, hotness)
-    return [
-        ((vocab * torch.rand(bags * hotness, generator=g) ** 3).long(), offsets)
-        for _ in range(steps)
-    ]
-
-
 @pytest.mark.parametrize("prefetch", [False, True], ids=["lookup", "prefetch"])
 @pytest.mark.parametrize("mode", ["cache", "cache_small"])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
@@ -177,7 +173,7 @@ def test_cuda_cache_lookups_replayed_from_graphs_train_as_eager_ones(mode, optim
     # training lookup from a CUDA graph; with prefetch between the forward and
     # the backward (TorchRec's prefetch pipeline) as well. Everything equals
     # the eager lookups: outputs, rows, what the tiers hold and the counters.
-    data = [(i.cuda(), o.cuda()) for i, o in _fixed_batches(12)]
+    data = [(i.cuda(), o.cuda()) for i, o in fixed_batches(12)]
     graphed = module(mode, (8, 12), optimizer, device="cuda")
     eager = module(mode, (8, 12), optimizer, device="cuda")
     eager.cuda_graphs = False
@@ -202,7 +198,7 @@ def test_cuda_cache_lookups_replayed_from_graphs_train_as_eager_ones(mode, optim
 def test_cuda_cache_step_replayed_from_a_graph_never_synchronizes():
     m = module("cache", (8, 12), "adam", device="cuda")
     m.check_values = False
-    data = [(i.cuda(), o.cuda()) for i, o in _fixed_batches(8)]
+    data = [(i.cuda(), o.cuda()) for i, o in fixed_batches(8)]
     # The shape seen, captured, replayed; the prefetches too.
     train(m, data[:5], prefetch=True, device="cuda")
     assert m._graphs.replays > 0 and m._prefetch_graphs.replays > 0

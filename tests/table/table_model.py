@@ -22,6 +22,9 @@ Semantics modelled:
     batch is never a victim (so no key of the batch is ever evicted by it); a
     key with no slot is FAILED and counted. erase: one key after another in
     (bucket, index) order.
+  * refuse_cold (insert_and_evict): a new key whose initial score words are
+    below those of the victim it would evict is not stored (REFUSED) and
+    evicts nothing.
   * NO_EVICTION tables: never evict; score word 0 is the key's value row, handed
     out after all runs, in batch order per table, first from the free stack
     (top first), then fresh rows; a key that gets no row is not stored (FAILED,
@@ -51,7 +54,7 @@ BUCKET_ALIGNMENT = 16
 # ScorePolicy
 NONE, ASSIGN, ACCUMULATE, TIMER = 0, 1, 2, 3
 # InsertStatus
-FOUND, INSERTED, EVICTED, FAILED, INVALID, RELEASED = 0, 1, 2, 3, 4, 5
+FOUND, INSERTED, EVICTED, FAILED, INVALID, RELEASED, REFUSED = 0, 1, 2, 3, 4, 5, 6
 # RunOp
 OP_INSERT, OP_INSERT_EVICT, OP_ERASE, OP_PLACE = 0, 1, 2, 3
 # CounterCol
@@ -235,8 +238,20 @@ class TableModel:
             out.append(slot)
         return out
 
-    def run(self, op, keys, table_ids, policies=None, values=None, assign_rows=False, now=None):
-        """insert / insert_and_evict / erase of one batch; TIMER uses `now`."""
+    def run(
+        self,
+        op,
+        keys,
+        table_ids,
+        policies=None,
+        values=None,
+        assign_rows=False,
+        now=None,
+        refuse_cold=False,
+    ):
+        """insert / insert_and_evict / erase of one batch; TIMER uses `now`.
+        With refuse_cold, a new key whose initial score words are below its
+        full bucket's victim's is not stored (REFUSED)."""
         self.now = now
         keys, table_ids = list(keys), list(table_ids)
         n = len(keys)
@@ -290,6 +305,10 @@ class TableModel:
                     if cands:
                         target = min(cands, key=lambda p: (tuple(self.scores[start + p]), p))
                         status = EVICTED
+                        initial = self._initial(policies, values, i)
+                        if refuse_cold and initial < self.scores[start + target]:
+                            res.slots[i], res.status[i] = -1, REFUSED
+                            continue
                 if target < 0:
                     res.slots[i], res.status[i] = -1, FAILED
                     cnt[INSERT_FAILURES] += 1
@@ -433,9 +452,11 @@ class TableModel:
         return self.run(OP_INSERT, keys, table_ids, policies, values, assign_rows, now)
 
     def insert_and_evict(
-        self, keys, table_ids, policies=None, values=None, assign_rows=False, now=None
+        self, keys, table_ids, policies=None, values=None, assign_rows=False, now=None, refuse=False
     ):
-        return self.run(OP_INSERT_EVICT, keys, table_ids, policies, values, assign_rows, now)
+        return self.run(
+            OP_INSERT_EVICT, keys, table_ids, policies, values, assign_rows, now, refuse_cold=refuse
+        )
 
     def erase(self, keys, table_ids) -> list[bool]:
         res = self.run(OP_ERASE, keys, table_ids)

@@ -30,7 +30,13 @@ from tests.table.table_testlib import (
 # hash of negative and large keys.
 KEY_POOL = list(range(72)) + [-1, -7, M.FIRST_VALID_KEY, M.FIRST_VALID_KEY + 1, 2**63 - 1, 2**62]
 WIDE_POOL = KEY_POOL + list(range(-100, 0)) + list(range(72, 200))
-STATUS = {M.FOUND: "FOUND", M.INSERTED: "INSERTED", M.EVICTED: "EVICTED", M.FAILED: "FAILED"}
+STATUS = {
+    M.FOUND: "FOUND",
+    M.INSERTED: "INSERTED",
+    M.EVICTED: "EVICTED",
+    M.FAILED: "FAILED",
+    M.REFUSED: "REFUSED",
+}
 
 CONFIGS = {
     # name: constructor arguments shared by the table and the model
@@ -100,16 +106,20 @@ def make_machine(config: dict, device: str):
                         return int(self.table.scores[s, cols[0]])
             return None
 
-        def _run(self, op, batch, policies, values):
+        def _run(self, op, batch, policies, values, refuse=False):
             keys = [k for k, _ in batch]
             tids = [t for _, t in batch]
             kt, tt = i64(keys), i64(tids)
             vt = i64([v for row in values for v in row]).reshape(len(values), self.ns)
-            call = self.table.insert if op == M.OP_INSERT else self.table.insert_and_evict
             stack_before = [len(f) for f in self.model.free_stack]
-            res = call(kt, tt, policies=policies, scores=vt)
+            if op == M.OP_INSERT:
+                res = self.table.insert(kt, tt, policies=policies, scores=vt)
+            else:
+                res = self.table.insert_and_evict(
+                    kt, tt, policies=policies, scores=vt, refuse_cold=refuse
+                )
             now = self._clock_reading(res.slots.cpu().tolist(), tids, policies)
-            exp = self.model.run(op, keys, tids, policies, values, now=now)
+            exp = self.model.run(op, keys, tids, policies, values, now=now, refuse_cold=refuse)
             assert res.slots.cpu().tolist() == exp.slots
             assert status_names(res.status) == [STATUS[s] for s in exp.status]
             assert evicted_records(res) == exp.evicted
@@ -146,6 +156,16 @@ def make_machine(config: dict, device: str):
             """A large, well-mixed batch from a seeded PRNG (hypothesis' own
             lists favour repeated, simple values)."""
             self._random_batch(M.OP_INSERT_EVICT, random.Random(seed), n)
+
+        @rule(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 100))
+        def insert_and_evict_refusing_cold_keys(self, seed, n):
+            """A seeded batch whose new keys that are colder than their full
+            bucket's victim are refused (per-key scores, so some are)."""
+            rnd = random.Random(seed)
+            batch = [(rnd.choice(WIDE_POOL), rnd.randrange(2)) for _ in range(n)]
+            policies = [rnd.choice([M.ASSIGN, M.ACCUMULATE]) for _ in range(self.ns)]
+            values = [[rnd.randint(-3, 9) for _ in range(self.ns)] for _ in range(n)]
+            self._run(M.OP_INSERT_EVICT, batch, policies, values, refuse=True)
 
         @rule(
             batch=batches,

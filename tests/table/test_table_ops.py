@@ -70,6 +70,7 @@ def test_extension_constants_are_the_values_of_types_h():
         "FAILED": 3,
         "INVALID": 4,
         "RELEASED": 5,
+        "REFUSED": 6,
     }
     assert dict(c["RunOp"]) == {"INSERT": 0, "INSERT_EVICT": 1, "ERASE": 2, "PLACE": 3}
     assert {k: c["CounterCol"][k] for k in ("SIZE", "INSERT_FAILURES", "EVICTIONS")} == {

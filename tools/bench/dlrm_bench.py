@@ -214,7 +214,7 @@ def run(env: dist_launch.RankEnv, device: torch.device, args) -> dict | None:
         result["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
     if not lead:
         return None
-    held, capacity, evictions, failures, inserts = local.tolist()
+    held, capacity, evictions, failures, inserts, *_ = local.tolist()
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print()
     print("`" + " ".join(["python", "tools/bench/dlrm_bench.py"] + sys.argv[1:]) + "`")
@@ -264,6 +264,11 @@ def parse_args(argv: list[str] | None = None):
     if min(ours.steps, ours.rounds) < 1 or ours.warmup < 0:
         ap.error("--steps and --rounds must be positive, --warmup not negative")
     args = train_dlrm.parse_args(rest)  # the job's options, checked as the job checks them
+    if args.emb_optimizer == "rowwise_rmsprop_ar":
+        ap.error(
+            "--emb-optimizer rowwise_rmsprop_ar: TorchRec's static tables have no kernel for it, "
+            "so the two models would train differently"
+        )
     for k, v in vars(ours).items():
         setattr(args, k, v)
     return args

@@ -2,23 +2,47 @@
 # One device round: build and run the GPU tests, then the embedding and table
 # benchmarks, writing each output to $OUT (default: .gpu_round/) as well.
 #
-#   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|multigpu|checkpoint|metrics|storage|replication|sharded|soak|wheel|resume]...
+#   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|evict|evict_tests|evict_bench|multigpu|checkpoint|metrics|storage|replication|inference|sharded|soak|wheel|resume]...
 #   (default: tests, embedding, table, admission)
+#
+# evict: the run kernels of insert and insert_and_evict in one call of under ten
+# minutes (EVICT_DEADLINE, default 570 s from the part's start, build included; each
+# step under a timeout that keeps to it, skipped when too little time is left), in
+# order: the `gpu` tests of tests/table and tests/admission with the default kernel
+# (tiles, cc/table/tile_run.h); the table benchmark of insert_and_evict and insert
+# under the earlier kernel (DEMB_CUDA_RUN_LANES=1), the default and tiles of 4, 8, 16
+# and 32 lanes, one process each, with HierarchicalKV's figures beside them
+# (tools/bench/table_gpu_bench.py --run-lanes; EVICT_LANES, EVICT_BENCH_ARGS, default
+# --dims 32 64 --reps 5); the tiles' and the parity tests under 32, 1, 16 and 4 lanes;
+# the per-kernel profiles of insert_and_evict at load 0.5 and 1.0 under the earlier
+# kernel and the default (tools/bench/table_gpu_profile.py); the cache's stages
+# (tools/bench/storage_stages.py, its buckets 1,024 slots wide) under both; the
+# `gpu` tests of tests/storage. Summary in $OUT/evict.txt, each step's output in
+# $OUT/evict_*.txt. evict_tests runs the tests alone, evict_bench the figures alone.
 #
 # storage: the `gpu` tests of tests/storage, then tools/bench/storage_dmp_bench.py
 # through DistributedModelParallel on one GPU (10 tables x 1,677,721 rows, dim 128,
-# 65,536 ids per feature and step): the EBC with SGD and Adam at HBM budgets of 10 %
-# and 50 % (TorchRec fused and fused_uvm_caching, the dynamic all-HBM, cached and
-# hybrid tables; the two caches through TorchRec's prefetch pipeline at 10 %), then
-# the EC with SGD at 10 %. Summary in $OUT/storage.txt, the tests' output in
-# storage_tests.txt, each benchmark's in storage_dmp_{ebc,ec}.txt and .json.
-# STORAGE_DMP_ARGS is appended to both benchmarks' flags (e.g. "--rows 400000" for
-# a smaller size, "--profile-steps 3" for where each configuration's step spends its
-# time; the full one holds 26 GiB of Adam rows, twice for a cache over a host table). STORAGE_MODULE_BENCH=1 adds the module-level tools/bench/storage_bench.py
-# (STORAGE_BENCH_ARGS replaces its size flags; default 2 tables x 1,000,000 rows).
-# Timeouts in seconds: STORAGE_TESTS_TIMEOUT (240), STORAGE_EBC_TIMEOUT (240),
-# STORAGE_EC_TIMEOUT (75), STORAGE_BENCH_TIMEOUT (150): at most about 9 minutes after the
-# build, fewer when each configuration builds in a few seconds.
+# 65,536 ids per feature and step, every batch new to the tables): the EBC, then the
+# EC, each with SGD and Adam at HBM budgets of 10 % and 50 % (the dynamic all-HBM,
+# cached and hybrid tables and TorchRec's fused_uvm_caching; the two caches through
+# TorchRec's prefetch pipeline at 10 %; the EBC with TorchRec's fused beside them),
+# each row with the bytes it moved, its own floor and its targets; then
+# tools/bench/storage_stages.py (the cache's step with its victims staged and
+# written at once, with and without prefetch; its stages; the bus's speed each way
+# rows can cross it). Summary in $OUT/storage.txt, the tests' output in
+# storage_tests.txt, each benchmark's in storage_dmp_{ebc,ec}.txt and .json, the
+# stages in storage_stages.txt. STORAGE_PARTS picks the parts ("tests ebc ec
+# stages", the default; e.g. "tests ebc" in one device call and "ec stages" in the
+# next). STORAGE_DMP_ARGS is appended to both benchmarks' flags (e.g. "--rows
+# 400000" for a smaller size, "--profile-steps 3" for where each configuration's
+# step spends its time; the full one holds 26 GiB of Adam rows, twice for a cache
+# over a host table). STORAGE_MODULE_BENCH=1 adds the module-level
+# tools/bench/storage_bench.py (STORAGE_BENCH_ARGS replaces its size flags; default
+# 2 tables x 1,000,000 rows). Timeouts in seconds: STORAGE_TESTS_TIMEOUT (180, the
+# tests 8 at a time with pytest-xdist), STORAGE_EBC_TIMEOUT (210), STORAGE_EC_TIMEOUT
+# (170), STORAGE_STAGES_TIMEOUT (100), STORAGE_BENCH_TIMEOUT (150): at most about 11
+# minutes after the build, each part printing its rows as they come (two device
+# calls: STORAGE_PARTS="tests ebc", then "ec stages").
 #
 # wheel: the wheel as pip builds it here (`pip wheel --no-build-isolation --no-deps`,
 # CUDA, the archs of cc/sources.bzl), then `tools/check_dist.py --wheel`: it requires
@@ -264,22 +288,27 @@ sharded_part() {
 }
 
 storage_part() {
-  local sum="$OUT/storage.txt" rc t0 kind
+  local sum="$OUT/storage.txt" rc t0 kind parts=" ${STORAGE_PARTS:-tests ebc ec stages} " par=()
   : > "$sum"
   "$PY" -c "import torch; print(f'torch {torch.__version__},', torch.cuda.get_device_name(0))" 2>&1 | tee -a "$sum"
   build_cuda "$sum" || return
-  t0=$(date +%s)
-  timeout -k 10 "${STORAGE_TESTS_TIMEOUT:-240}" "$PY" -m pytest -m gpu tests/storage -q --tb=short -rs \
-    -p no:cacheprovider > "$OUT/storage_tests.txt" 2>&1
-  rc=$?
-  echo "tests: $(status_word $rc "${STORAGE_TESTS_TIMEOUT:-240}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
-  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/storage_tests.txt" | tail -20 | tee -a "$sum"
+  if [[ $parts == *" tests "* ]]; then
+    "$PY" -c "import xdist" > /dev/null 2>&1 && par=(-n 8)
+    t0=$(date +%s)
+    timeout -k 10 "${STORAGE_TESTS_TIMEOUT:-180}" "$PY" -m pytest -m gpu tests/storage -q --tb=short -rs \
+      -p no:cacheprovider ${par[@]+"${par[@]}"} > "$OUT/storage_tests.txt" 2>&1
+    rc=$?
+    echo "tests: $(status_word $rc "${STORAGE_TESTS_TIMEOUT:-180}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+    grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/storage_tests.txt" | tail -20 | tee -a "$sum"
+  fi
   for kind in ebc ec; do
+    [[ $parts == *" $kind "* ]] || continue
     local flags=(--kinds ebc --optimizers sgd adam --budgets 0.1 0.5 --prefetch-budgets 0.1)
-    local limit=${STORAGE_EBC_TIMEOUT:-240}
+    local limit=${STORAGE_EBC_TIMEOUT:-210}
     if [ "$kind" = ec ]; then
-      flags=(--kinds ec --optimizers sgd --budgets 0.1 --configs torchrec_hbm dynamic_hbm torchrec_uvm cache hybrid)
-      limit=${STORAGE_EC_TIMEOUT:-75}
+      flags=(--kinds ec --optimizers sgd adam --budgets 0.1 0.5 --prefetch-budgets 0.1
+        --configs dynamic_hbm torchrec_uvm cache hybrid torchrec_uvm_prefetch cache_prefetch)
+      limit=${STORAGE_EC_TIMEOUT:-170}
     fi
     t0=$(date +%s)
     # shellcheck disable=SC2086
@@ -288,9 +317,17 @@ storage_part() {
       > "$OUT/storage_dmp_$kind.txt" 2>&1
     rc=$?
     echo "benchmark ($kind): $(status_word $rc "$limit") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
-    grep -E '^(NVIDIA|CPU|ebc |ec )|^\||^`' "$OUT/storage_dmp_$kind.txt" | tee -a "$sum"
+    grep -E '^(NVIDIA|CPU|ebc |ec |target )|^\||^`' "$OUT/storage_dmp_$kind.txt" | tee -a "$sum"
     [ $rc -ne 0 ] && grep -v "registered at\|backend fallback" "$OUT/storage_dmp_$kind.txt" | tail -15
   done
+  if [[ $parts == *" stages "* ]]; then
+    t0=$(date +%s)
+    timeout -k 10 "${STORAGE_STAGES_TIMEOUT:-100}" "$PY" tools/bench/storage_stages.py --device cuda \
+      > "$OUT/storage_stages.txt" 2>&1
+    rc=$?
+    echo "stages: $(status_word $rc "${STORAGE_STAGES_TIMEOUT:-100}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+    grep -E "^==|ms/step|GB/s|cache_|run_kernel|copy_rows_kernel|lookup_graph" "$OUT/storage_stages.txt" | tee -a "$sum"
+  fi
   if [ "${STORAGE_MODULE_BENCH:-0}" = 1 ]; then
     # shellcheck disable=SC2086
     timeout -k 10 "${STORAGE_BENCH_TIMEOUT:-150}" "$PY" tools/bench/storage_bench.py --device cuda \
@@ -298,6 +335,88 @@ storage_part() {
       | grep -v "registered at\|backend fallback\|Warning\|warn(" | tee -a "$sum"
   fi
   return 0
+}
+
+# The run kernels of insert and insert_and_evict (evict, evict_tests, evict_bench):
+# steps in order of importance, each under a timeout that keeps the part within
+# EVICT_DEADLINE seconds of its start (skipped when too little is left).
+evict_part() {
+  local what=$1 sum="$OUT/$1.txt" start deadline par=() lanes lf tag
+  start=$(date +%s)
+  deadline=$(( start + ${EVICT_DEADLINE:-570} ))
+  : > "$sum"
+  "$PY" -c "import torch; print(f'torch {torch.__version__},', torch.cuda.get_device_name(0))" 2>&1 | tee -a "$sum"
+  build_cuda "$sum" || return
+  "$PY" -c "import xdist" > /dev/null 2>&1 && par=(-n 8)
+  # step NAME CAP_S LOG CMD...: runs CMD (output to LOG) under min(CAP_S, time left).
+  step() {
+    local name=$1 cap=$2 log=$3 left rc t0
+    shift 3
+    left=$(( deadline - $(date +%s) - 5 ))
+    if [ "$left" -lt 30 ]; then
+      echo "$name: skipped ($left s left)" | tee -a "$sum"
+      return
+    fi
+    [ "$cap" -gt "$left" ] && cap=$left
+    t0=$(date +%s)
+    timeout -k 5 "$cap" "$@" > "$log" 2>&1
+    rc=$?
+    echo "$name: $(status_word $rc "$cap") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+  }
+  # Tests: the table's and the counter's GPU tests with the default kernel, then
+  # the tiles' and the parity tests under every other run-lane value.
+  local parity=(tests/table/test_cuda_tile_runs.py tests/table/test_cuda_parity.py
+    tests/admission/test_counter.py)
+  tests_default() {
+    step "gpu tests, default kernel" 300 "$OUT/evict_tests_default.txt" "$PY" -m pytest -m gpu \
+      tests/table tests/admission -q --tb=short -p no:cacheprovider ${par[@]+"${par[@]}"}
+    grep -E "passed|failed" "$OUT/evict_tests_default.txt" | tail -1 | tee -a "$sum"
+    grep -E "^(FAILED|ERROR)" "$OUT/evict_tests_default.txt" | head -10 | tee -a "$sum"
+  }
+  tests_lanes() {
+    for lanes in 32 1 16 4; do
+      step "parity tests, DEMB_CUDA_RUN_LANES=$lanes" 120 "$OUT/evict_tests_$lanes.txt" \
+        env DEMB_CUDA_RUN_LANES=$lanes "$PY" -m pytest -m gpu "${parity[@]}" -q --tb=short \
+        -p no:cacheprovider ${par[@]+"${par[@]}"}
+      grep -E "passed|failed" "$OUT/evict_tests_$lanes.txt" | tail -1 | tee -a "$sum"
+      grep -E "^(FAILED|ERROR)" "$OUT/evict_tests_$lanes.txt" | head -5 | tee -a "$sum"
+    done
+  }
+  tests_storage() {
+    step "storage gpu tests" 240 "$OUT/evict_tests_storage.txt" "$PY" -m pytest -m gpu \
+      tests/storage -q --tb=short -p no:cacheprovider ${par[@]+"${par[@]}"}
+    grep -E "passed|failed" "$OUT/evict_tests_storage.txt" | tail -1 | tee -a "$sum"
+  }
+  # Figures: the inserts under each kernel with HierarchicalKV's beside them,
+  # the per-kernel profiles, the cache's stages.
+  bench() {
+    # shellcheck disable=SC2086
+    step "table benchmark" 240 "$OUT/evict_table.txt" "$PY" tools/bench/table_gpu_bench.py \
+      --run-lanes ${EVICT_LANES:-1 0 4 8 16 32} ${EVICT_BENCH_ARGS:---dims 32 64 --reps 5}
+    sed -n '/^insert_and_evict, B keys/,$p' "$OUT/evict_table.txt" | tee -a "$sum"
+  }
+  profiles() {
+    for lanes in 1 0; do
+      for lf in 0.5 1.0; do
+        tag="lanes${lanes}_lf$lf"
+        step "profile, DEMB_CUDA_RUN_LANES=$lanes, load $lf" 90 "$OUT/evict_profile_$tag.txt" \
+          env DEMB_CUDA_RUN_LANES=$lanes "$PY" tools/bench/table_gpu_profile.py --load-factor "$lf"
+        grep -E "kernel|Kernel|Self CUDA time total" "$OUT/evict_profile_$tag.txt" | head -12 | tee -a "$sum"
+      done
+    done
+  }
+  stages() {
+    for lanes in 1 0; do
+      step "cache stages, DEMB_CUDA_RUN_LANES=$lanes" 150 "$OUT/evict_stages_lanes$lanes.txt" \
+        env DEMB_CUDA_RUN_LANES=$lanes "$PY" tools/bench/storage_stages.py --device cuda
+      grep -E "cache_insert|run_kernel|lookup_graph" "$OUT/evict_stages_lanes$lanes.txt" | head -8 | tee -a "$sum"
+    done
+  }
+  case $what in
+    evict) tests_default; bench; tests_lanes; profiles; stages; tests_storage ;;
+    evict_tests) tests_default; tests_lanes; tests_storage ;;
+    evict_bench) bench; profiles; stages ;;
+  esac
 }
 
 parts=("$@")
@@ -338,6 +457,9 @@ for part in "${parts[@]}"; do
       ;;
     variants)
       timeout 400 bash tools/bench/table_gpu_variants.sh --dims 32 64 2>&1 | tee "$OUT/table_variants.txt"
+      ;;
+    evict|evict_tests|evict_bench)
+      evict_part "$part"
       ;;
     multigpu)
       multigpu_part
@@ -396,6 +518,21 @@ for part in "${parts[@]}"; do
         -q --tb=short -p no:cacheprovider 2>&1 | tail -15 | tee -a "$OUT/replication.txt"
       timeout -k 10 "${REPL_DEMO_TIMEOUT:-300}" "$PY" examples/serve_replica.py demo --device cuda \
         --steps 100 2>&1 | grep "^serve\|^train" | tail -8 | tee -a "$OUT/replication.txt"
+      ;;
+    inference)
+      # The inference table's GPU tests (CUDA against the CPU, export and compile on the
+      # device) and its lookups against TorchRec's and FBGEMM's INT8 on one GPU
+      # (docs/benchmarks/inference.md), then the serving example following a job.
+      : > "$OUT/inference.txt"
+      build_cuda "$OUT/inference.txt" || continue
+      timeout -k 10 "${INFER_TESTS_TIMEOUT:-600}" "$PY" -m pytest -m gpu tests/inference \
+        -q --tb=short -p no:cacheprovider 2>&1 | tail -15 | tee -a "$OUT/inference.txt"
+      # shellcheck disable=SC2086
+      timeout -k 10 "${INFER_BENCH_TIMEOUT:-900}" "$PY" tools/bench/inference_bench.py --device cuda \
+        ${INFER_BENCH_ARGS:---rows 5000000 --dim 128 --tables 4 --batch 8192 --compile} 2>&1 \
+        | grep -v "registered at\|backend fallback\|Warning\|warn(" | tee -a "$OUT/inference.txt"
+      timeout -k 10 "${INFER_DEMO_TIMEOUT:-300}" "$PY" examples/serve_replica.py demo --device cuda \
+        --steps 60 --dtype int8 2>&1 | grep "^serve\|^train" | tail -4 | tee -a "$OUT/inference.txt"
       ;;
     *) echo "unknown part $part"; exit 2 ;;
   esac

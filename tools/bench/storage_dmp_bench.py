@@ -15,7 +15,11 @@ DistributedModelParallel on one rank (NCCL on the GPU, gloo on the CPU) with
 the fused optimizer. A step is forward, the sum of the outputs, backward
 (which runs the fused update); each configuration is built, warmed up
 (``--warmup`` steps), then timed over ``--steps`` steps (the median, the
-device synchronized around each step), on the same batches. The
+device synchronized around each step), on the same batches. Every batch is
+drawn anew from the power law (as a training job never sees a batch twice):
+each step, warm-up or timed, trains a batch the tables have not seen, whose
+ids the earlier batches share only as often as the power law repeats them.
+The
 configurations (``--configs``), at each HBM budget ``--budgets`` (a share of
 the tables' value bytes, embeddings and optimizer state):
 
@@ -33,17 +37,22 @@ the tables' value bytes, embeddings and optimizer state):
   ``prefetch_pipeline``), at ``--prefetch-budgets``.
 
 Each row prints the median step, its ratio to the all-HBM dynamic step and to
-TorchRec's cache at the same budget, and the bus floor: the bytes a step must
-move between host and device over the host-device bandwidth measured in the
-run with pinned copies (``--`` on the CPU). A table that keeps the budget's
+TorchRec's cache at the same budget, the bytes the dynamic storage moved per
+step (its counters of rows read from and written to host memory), its *own
+floor* and the step's ratio to it, and the bus floor. The own floor is the
+all-HBM dynamic step plus the bytes moved per step over the host-device
+bandwidth measured in the run with pinned copies (reads to the device,
+writes back; ``--`` on the CPU): what the step would take if its only cost
+beyond the all-HBM step were its own transfers at the speed of the bus, not
+overlapped. The bus floor is the bytes a step must move between host and
+device over the same bandwidth. A table that keeps the budget's
 share of its rows in HBM must read each distinct row of the step outside that
 share from host memory and write it back (the distinct rows times one minus
 the budget, times the row bytes, each way), and the step's ids come from the
 host (8 bytes each); the floor is the reads over the host-to-device bandwidth
-plus the writes over the device-to-host bandwidth. For the dynamic tables the
-rows their storage actually moved per step are printed as well (its
-counters: a storage that keeps the rows used again in HBM moves fewer than
-the floor's share). On the CPU TorchRec has neither a UVM cache nor (FBGEMM)
+plus the writes over the device-to-host bandwidth (a storage that keeps the
+rows used again in HBM moves fewer than the floor's share). On the CPU
+TorchRec has neither a UVM cache nor (FBGEMM)
 a CPU Adam: those rows read n/a.
 
 ``--profile-steps N`` trains N more batches after the timed ones, new to
@@ -96,7 +105,8 @@ def make_batches(args, device: torch.device) -> list:
 
     g = torch.Generator(device=device).manual_seed(0)
     out = []
-    for _ in range(args.warmup + args.steps + args.profile_steps):
+    # Two more than trained: the prefetch pipeline reads two batches ahead.
+    for _ in range(args.warmup + args.steps + args.profile_steps + 2):
         values = torch.cat(
             [power_law(g, args.batch, args.rows, args.alpha, device) for _ in range(args.tables)]
         )
@@ -261,7 +271,7 @@ def stepper(model, config: str, batches: list, device) -> Callable[[int], None]:
     # the backward, so this one has a parameter of its own and nothing to do.
     dummy = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1, device=device))], lr=0.0)
     pipeline = PrefetchTrainPipelineSparseDist(model, dummy, device, execute_all_batches=False)
-    it = iter(batches + batches[:2])  # the pipeline reads two batches ahead
+    it = iter(batches)
 
     def step(i: int) -> None:
         pipeline.progress(it)
@@ -324,13 +334,12 @@ def run_config(args, kind, config, optimizer, budget, batches, device) -> dict[s
     if dynamic:
         after = storage_counters(model)
         rb = after["row_bytes"]
-        res["moved_mb"] = (
-            (after["reads"] - before["reads"] + after["writes"] - before["writes"])
-            * rb
-            / args.steps
-            / 1e6
-        )
-        res["moved_rows"] = (after["reads"] - before["reads"], after["writes"] - before["writes"])
+        reads, writes = after["reads"] - before["reads"], after["writes"] - before["writes"]
+        res["moved_mb"] = (reads + writes) * rb / args.steps / 1e6
+        res["moved_rows"] = (reads, writes)
+        # Bytes per step each way: to the device (rows read from host
+        # memory) and back (rows written to it).
+        res["moved_bytes"] = (reads * rb / args.steps, writes * rb / args.steps)
         res["device_gib"], res["host_gib"] = storage_memory(model)
     if args.profile_steps and not config.endswith("_prefetch"):
         res["profile"] = profile_steps(args, step, device)
@@ -494,17 +503,27 @@ def supported(device: torch.device, config: str, optimizer: str) -> str | None:
     return None
 
 
+def own_floor_ms(res: dict, hbm_ms: float | None, bw) -> float | None:
+    """A dynamic configuration's own floor: the all-HBM dynamic step plus
+    the bytes its storage moved per step over the pinned-copy bandwidth
+    measured in the run (reads to the device, writes back)."""
+    moved = res.get("moved_bytes")
+    if moved is None or hbm_ms is None or bw is None:
+        return None
+    return hbm_ms + 1e3 * (moved[0] / bw[0] + moved[1] / bw[1])
+
+
 def cell(x, fmt: str = "{:.2f}") -> str:
     return "-" if x is None else fmt.format(x)
 
 
-def table_lines(args, results: list[dict], floors: dict) -> list[str]:
+def table_lines(args, results: list[dict], floors: dict, bw) -> list[str]:
     head = (
         "| kind | optimizer | configuration | HBM budget | step ms | / dynamic all-HBM | "
-        "/ TorchRec UVM same budget | bus floor ms | floor + dynamic all-HBM ms | "
-        "moved MB/step | device GiB | host GiB |"
+        "/ TorchRec UVM same budget | moved MB/step | own floor ms | / own floor | "
+        "bus floor ms | device GiB | host GiB |"
     )
-    lines = [head, "|" + "---|" * 12]
+    lines = [head, "|" + "---|" * 13]
     by = {(r["kind"], r["optimizer"], r["config"], r["budget"]): r for r in results}
 
     def ms(key) -> float | None:
@@ -516,6 +535,7 @@ def table_lines(args, results: list[dict], floors: dict) -> list[str]:
         uvm = "torchrec_uvm_prefetch" if r["config"].endswith("_prefetch") else "torchrec_uvm"
         theirs = ms((k, o, uvm, b))
         fl = floors.get((o, b))
+        own = own_floor_ms(r, ref, bw)
         cells = [
             k,
             o,
@@ -524,14 +544,58 @@ def table_lines(args, results: list[dict], floors: dict) -> list[str]:
             r.get("skipped") or cell(step),
             cell(step / ref if step and ref else None),
             cell(step / theirs if step and theirs else None),
-            cell(fl),
-            cell(fl + ref if fl is not None and ref else None),
             cell(r.get("moved_mb"), "{:.3g}"),
+            cell(own),
+            cell(step / own if step and own else None),
+            cell(fl),
             cell(r.get("device_gib")),
             cell(r.get("host_gib")),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     return lines
+
+
+# The targets each row is held to: (configuration, optimizer or None for
+# both, budgets or None for all, what the step is divided by, the bound).
+TARGETS = [
+    ("cache", "sgd", None, "torchrec_uvm", 1.0),
+    ("cache", "adam", None, "torchrec_uvm", 0.5),
+    ("cache", None, None, "own floor", 1.3),
+    ("hybrid", None, (0.1,), "torchrec_uvm", 1.0),
+    ("cache_prefetch", None, None, "dynamic_hbm", 1.2),
+]
+
+
+def target_lines(results: list[dict], bw) -> list[str]:
+    """Each row against its targets (``TARGETS``): met or missed, and by
+    how much."""
+    by = {(r["kind"], r["optimizer"], r["config"], r["budget"]): r for r in results}
+    out = []
+    for r in results:
+        step = r.get("step_ms")
+        if step is None:
+            continue
+        for config, opt, budgets, over, bound in TARGETS:
+            if r["config"] != config or opt not in (None, r["optimizer"]):
+                continue
+            if budgets is not None and r["budget"] not in budgets:
+                continue
+            hbm = by.get((r["kind"], r["optimizer"], "dynamic_hbm", None), {}).get("step_ms")
+            if over == "own floor":
+                ref = own_floor_ms(r, hbm, bw)
+            elif over == "dynamic_hbm":
+                ref = hbm
+            else:
+                ref = by.get((r["kind"], r["optimizer"], over, r["budget"]), {}).get("step_ms")
+            if not ref:
+                continue
+            ratio = step / ref
+            budget = "" if r["budget"] is None else f" {r['budget']:.0%}"
+            out.append(
+                f"target {r['kind']} {r['optimizer']} {config}{budget}: {ratio:.2f}x {over} "
+                f"(at most {bound}x): {'met' if ratio <= bound else 'missed'}"
+            )
+    return out
 
 
 def run(args) -> None:
@@ -576,7 +640,8 @@ def run(args) -> None:
     print()
     print("`" + " ".join(["python", "tools/bench/storage_dmp_bench.py"] + sys.argv[1:]) + "`")
     print()
-    for line in table_lines(args, results, floors) + profile_lines(results):
+    lines = table_lines(args, results, floors, bw) + [""] + target_lines(results, bw)
+    for line in lines + profile_lines(results):
         print(line)
     if args.json:
         with open(args.json, "w") as f:

@@ -1,25 +1,50 @@
-"""Where a cache's training step spends its device time, stage by stage.
+"""Where a cache's training step spends its time, stage by stage, and how
+fast rows cross the bus each way they could.
 
     python tools/bench/storage_stages.py [--device cuda] [--tables 10] [--rows 1677824]
-        [--dim 128] [--lookups 65536] [--budget 0.1] [--warmup 12] [--steps 4]
+        [--dim 128] [--lookups 65536] [--budget 0.1] [--optimizer sgd|adam] [--warmup 12]
+        [--steps 4] [--timed 10] [--transport-gib 4] [--parts steps stages transport]
 
 A ``BatchedDynamicEmbeddingTablesV2`` of ``--tables`` tables (dim ``--dim``,
 ``--rows`` rows each, a multiple of the bucket capacity 128) with
 ``caching=True`` and a device cache of ``--budget`` of each table's rows,
-SGD, pooled SUM, hotness 1, ``--lookups`` ids per table and step from a power
-law (exponent 1.05). ``--warmup`` batches train first; then ``--steps`` new
-batches (new to the tables, as in training: misses, victims, new rows) train
-under torch.profiler, first with the training lookup run eagerly, then
-replayed from its CUDA graph. Prints, per step, the device time (kernels
-launched inside the range) and host time of each ``dynamicemb:`` range (the
-cache's stages: ``cache_insert``, ``cache_backing``, ``cache_fill``,
-``cache_overflow``; ``unique``, ``pool``, ``update``, ``lookup_graph``) and
-of the kernels that dominate them (the table's runs, ``copy_rows``).
+``--optimizer``, pooled SUM, hotness 1, ``--lookups`` ids per table and step
+from a power law (exponent 1.05). ``--warmup`` batches train first; every
+batch after is new (new to the tables, as in training: misses, victims, new
+rows). The parts (``--parts``):
+
+* ``steps``: the mean step (forward, backward with the fused update) over
+  ``--timed`` steps, the device synchronized before and after them, of the
+  cache with its victims' rows staged and written to host memory on a side
+  stream (the default) and written at once through the mapped pointer
+  (``HostWrites.max_rows = 0``), each without and with the next batch
+  prefetched on a side stream between the forward and the backward (as
+  TorchRec's prefetch pipeline runs it); the rows each moved per step.
+* ``stages``: ``--steps`` steps under torch.profiler, the training lookup
+  run eagerly and then replayed from its CUDA graph: per step, the device
+  time (kernels launched inside the range) and host time of each
+  ``dynamicemb:`` range (the cache's stages: ``cache_insert``,
+  ``cache_backing``, ``cache_fill``, ``cache_overflow``,
+  ``cache_write_back``; ``unique``, ``pool``, ``update``, ``lookup_graph``)
+  and of the kernels that dominate them (the table's runs, ``copy_rows``).
+* ``transport`` (GPU): as many rows of the step's width as a step wrote back
+  (measured in ``steps``, or ``--lookups`` per table), moved between device
+  memory and random rows of a pinned host region of ``--transport-gib`` GiB,
+  each way: by ``copy_rows`` through the mapped pointer (the rows in random
+  order, and sorted by address), by ``copy_rows`` to or from one contiguous
+  pinned buffer, by the copy engine (one copy of the contiguous rows), and
+  by the host (``index_copy_`` / ``index_select`` between the pinned buffer
+  and the random rows, torch's threads): the GB/s of each, which says whether
+  staging through the copy engine and a host scatter would beat the kernel's
+  scattered writes; then the kernel's scattered writes and reads again with
+  the host region in 2 MiB transparent huge pages registered with CUDA
+  (whether 4 KiB pages bound them; n/a where the kernel grants none).
 """
 
 import argparse
 import os
 import sys
+import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -30,15 +55,23 @@ from embedding_bench import power_law
 from dynamicemb import DynamicEmbPoolingMode, DynamicEmbTableOptions
 from dynamicemb.dynamicemb_config import value_row_bytes
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
+from dynamicemb.storage import space as sp
+from dynamicemb.types import MemoryType
 
 # The kernels printed beside the ranges (by a part of their name).
 KERNELS = ("run_kernel", "copy_rows_kernel", "prefind")
+PARTS = ("steps", "stages", "transport")
+
+
+def optimizer_type(name: str):
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    return EmbOptimType.ADAM if name == "adam" else EmbOptimType.EXACT_SGD
 
 
 def build(args, device: torch.device) -> BatchedDynamicEmbeddingTablesV2:
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
-
-    rb = value_row_bytes(EmbOptimType.EXACT_SGD, args.dim, torch.float32)
+    opt = optimizer_type(args.optimizer)
+    rb = value_row_bytes(opt, args.dim, torch.float32)
     options = [
         DynamicEmbTableOptions(
             dim=args.dim,
@@ -52,12 +85,17 @@ def build(args, device: torch.device) -> BatchedDynamicEmbeddingTablesV2:
     m = BatchedDynamicEmbeddingTablesV2(
         options,
         pooling_mode=DynamicEmbPoolingMode.SUM,
-        optimizer=EmbOptimType.EXACT_SGD,
+        optimizer=opt,
         device=device,
         learning_rate=0.01,
     )
     m.check_values = False
     return m
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def stage_lines(prof, steps: int) -> list[str]:
@@ -71,34 +109,236 @@ def stage_lines(prof, steps: int) -> list[str]:
     return out
 
 
-def run(args) -> None:
-    device = torch.device(args.device)
-    m = build(args, device)
-    g = torch.Generator().manual_seed(0)
-    n = args.tables * args.lookups
-    offsets = torch.arange(n + 1, device=device)
+class Run:
+    """The module, its batches (each new) and the loops that train it."""
 
-    def batch():
-        ids = [power_law(g, args.lookups, args.rows, 1.05) for _ in range(args.tables)]
-        return torch.cat(ids).to(device)
+    def __init__(self, args) -> None:
+        self.args = args
+        self.device = torch.device(args.device)
+        self.m = build(args, self.device)
+        self.g = torch.Generator().manual_seed(0)
+        n = args.tables * args.lookups
+        self.offsets = torch.arange(n + 1, device=self.device)
+        self.side = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
 
-    for _ in range(args.warmup):
-        m(batch(), offsets).sum().backward()
+    def batch(self) -> torch.Tensor:
+        a = self.args
+        ids = [power_law(self.g, a.lookups, a.rows, 1.05) for _ in range(a.tables)]
+        return torch.cat(ids).to(self.device)
+
+    def train(self, batches, prefetch: bool) -> None:
+        """Trains ``batches``, each prefetched (on a side stream on a GPU)
+        between the forward and the backward of the one before it."""
+        m = self.m
+        for i, b in enumerate(batches):
+            out = m(b, self.offsets)
+            if prefetch and i + 1 < len(batches):
+                if self.side is not None:
+                    self.side.wait_stream(torch.cuda.current_stream(self.device))
+                    with torch.cuda.stream(self.side):
+                        m.prefetch(batches[i + 1], self.offsets)
+                else:
+                    m.prefetch(batches[i + 1], self.offsets)
+            out.sum().backward()
+
+    def moved(self) -> int:
+        s = self.m.storage
+        return int(s.host_reads) + int(s.host_writes)
+
+
+def steps_part(run: Run) -> int:
+    """Prints the mean step of each variant; returns the rows a step wrote
+    back (its victims) in the default variant."""
+    a, m = run.args, run.m
+    writes = m.storage.backing.writes
+    rb = max(m.layout.row_bytes)
+    victims = None
+    print(f"== steps: mean of {a.timed} new batches each, {a.optimizer}, budget {a.budget}")
+    for staged in (True, False):
+        writes.max_rows = None if staged else 0
+        for prefetch in (False, True):
+            batches = [run.batch() for _ in range(a.timed + 1)]
+            run.train(batches[:2], prefetch)  # a first step of this variant
+            before, w0 = run.moved(), int(m.storage.host_writes)
+            sync(run.device)
+            t = time.perf_counter()
+            run.train(batches[1:], prefetch)
+            sync(run.device)
+            ms = 1e3 * (time.perf_counter() - t) / a.timed
+            per = (run.moved() - before) / a.timed
+            if staged and not prefetch:
+                victims = (int(m.storage.host_writes) - w0) // a.timed
+            how = "staged, written on a side stream" if staged else "written at once"
+            print(
+                f"   victims {how:34s} prefetch {'yes' if prefetch else 'no ':3s}: "
+                f"{ms:7.2f} ms/step, {per:,.0f} rows moved ({per * rb / 1e6:.1f} MB)",
+                flush=True,
+            )
+    writes.max_rows = None
+    return victims
+
+
+def stages_part(run: Run) -> None:
+    a, device = run.args, run.device
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
     for graphs in (False, True) if device.type == "cuda" else (False,):
-        m.cuda_graphs = graphs
-        batches = [batch() for _ in range(args.steps)]
-        if device.type == "cuda":
-            torch.cuda.synchronize()
+        run.m.cuda_graphs = graphs
+        batches = [run.batch() for _ in range(a.steps)]
+        sync(device)
         with profile(activities=activities) as prof:
-            for b in batches:
-                m(b, offsets).sum().backward()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-        print(f"== budget {args.budget}, lookup {'from its CUDA graph' if graphs else 'eager'}")
-        print("\n".join(stage_lines(prof, args.steps)))
+            run.train(batches, prefetch=False)
+            sync(device)
+        print(f"== budget {a.budget}, lookup {'from its CUDA graph' if graphs else 'eager'}")
+        print("\n".join(stage_lines(prof, a.steps)))
+
+
+def _rate(fn, nbytes: int, device: torch.device, reps: int = 5) -> float:
+    """GB/s of ``fn`` moving ``nbytes`` (once warm)."""
+    fn()
+    sync(device)
+    t = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    sync(device)
+    return reps * nbytes / (time.perf_counter() - t) / 1e9
+
+
+_HUGE = 2 << 20  # a transparent huge page
+
+
+def _anon_huge_bytes() -> int:
+    """This process's anonymous memory in huge pages (/proc/self/smaps_rollup)."""
+    try:
+        with open("/proc/self/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("AnonHugePages:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def huge_region(nbytes: int, device: torch.device):
+    """``(keep, device view, huge bytes)``: host memory of ``nbytes`` in
+    2 MiB transparent huge pages (``MADV_HUGEPAGE``, where the kernel grants
+    them), pinned and mapped into the device's address space with
+    ``cudaHostRegister``; or ``(None, why, 0)``."""
+    import mmap
+
+    size = -(-nbytes // _HUGE) * _HUGE
+    try:
+        before = _anon_huge_bytes()
+        buf = mmap.mmap(-1, size + _HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        buf.madvise(mmap.MADV_HUGEPAGE)
+        whole = torch.frombuffer(buf, dtype=torch.uint8)
+        start = -whole.data_ptr() % _HUGE
+        host = whole[start : start + size]
+        host.fill_(0)  # every page backed before it is pinned
+        huge = _anon_huge_bytes() - before
+        mapped = 2  # cudaHostRegisterMapped
+        err = torch.cuda.cudart().cudaHostRegister(host.data_ptr(), size, mapped)
+        if int(err) != 0:
+            return None, f"cudaHostRegister failed ({err})", 0
+
+        class View:  # the same pointer on the device (unified addressing)
+            __cuda_array_interface__ = {
+                "shape": (size,),
+                "typestr": "|u1",
+                "data": (host.data_ptr(), False),
+                "version": 3,
+            }
+
+        return (buf, whole, host), torch.as_tensor(View(), device=device), huge
+    except Exception as e:  # no THP, no registration: the line reads n/a
+        return None, f"{type(e).__name__}: {e}", 0
+
+
+def transport_part(args, rows: int, rb: int) -> None:
+    """Prints the GB/s of each way of moving ``rows`` rows of ``rb`` bytes
+    (see the module docstring)."""
+    device = torch.device(args.device)
+    region = int(args.transport_gib * 2**30) // rb
+    rows = max(1, min(rows, region))
+    host = sp.allocate(region * rb, MemoryType.HOST, device)
+    pinned = sp.allocate(rows * rb, MemoryType.HOST, device)
+    g = torch.Generator().manual_seed(1)
+    pick = torch.randperm(region, generator=g)[:rows]
+    scattered = (pick * rb).to(device)
+    ordered = torch.sort(scattered).values
+    packed = torch.arange(rows, device=device) * rb
+    dev = torch.randint(0, 256, (rows * rb,), dtype=torch.uint8, device=device)
+    nbytes = torch.full((rows,), rb, dtype=torch.int64, device=device)
+    hseg, pseg, dseg = (
+        (host.data, host.data.new_empty(0)),
+        (pinned.data, pinned.data.new_empty(0)),
+        (dev, dev.new_empty(0)),
+    )
+    table = host.host_view.view(region, rb)
+    stage = pinned.host_view.view(rows, rb)
+    total = rows * rb
+    print(
+        f"== transport: {rows:,} rows of {rb} bytes ({total / 1e6:.1f} MB), host region "
+        f"{args.transport_gib:g} GiB, {torch.get_num_threads()} host threads"
+    )
+
+    def kernel(dst, dst_off, src, src_off):
+        return lambda: sp.copy_rows(dst, dst_off, src, src_off, nbytes)
+
+    ways = [
+        ("device -> host rows, copy_rows, random order", kernel(hseg, scattered, dseg, packed)),
+        ("device -> host rows, copy_rows, sorted by address", kernel(hseg, ordered, dseg, packed)),
+        ("device -> contiguous pinned buffer, copy_rows", kernel(pseg, packed, dseg, packed)),
+        (
+            "device -> contiguous pinned buffer, copy engine",
+            lambda: pinned.host_view.copy_(dev, non_blocking=True),
+        ),
+        ("pinned buffer -> host rows, host index_copy_", lambda: table.index_copy_(0, pick, stage)),
+        ("host rows -> device, copy_rows, random order", kernel(dseg, packed, hseg, scattered)),
+        ("contiguous pinned buffer -> device, copy_rows", kernel(dseg, packed, pseg, packed)),
+        (
+            "contiguous pinned buffer -> device, copy engine",
+            lambda: dev.copy_(pinned.host_view, non_blocking=True),
+        ),
+        (
+            "host rows -> pinned buffer, host index_select",
+            lambda: torch.index_select(table, 0, pick, out=stage),
+        ),
+    ]
+    for what, fn in ways:
+        print(f"   {what:52s} {_rate(fn, total, device):6.1f} GB/s", flush=True)
+    # The same host rows in 2 MiB pages: whether the scattered writes are
+    # bound by the device's translation of 4 KiB host pages.
+    keep, huge, got = huge_region(region * rb, device)
+    if keep is None:
+        print(f"   host rows in 2 MiB pages: n/a ({huge})")
+        return
+    print(f"   host rows in 2 MiB pages ({got / 2**30:.2f} GiB of the region in huge pages):")
+    hhuge = (huge, huge.new_empty(0))
+    for what, fn in (
+        ("device -> host rows, copy_rows, random order", kernel(hhuge, scattered, dseg, packed)),
+        ("host rows -> device, copy_rows, random order", kernel(dseg, packed, hhuge, scattered)),
+    ):
+        print(f"   {what:52s} {_rate(fn, total, device):6.1f} GB/s", flush=True)
+    sync(device)
+    torch.cuda.cudart().cudaHostUnregister(keep[2].data_ptr())
+
+
+def run(args) -> None:
+    r = Run(args)
+    for _ in range(args.warmup):
+        r.train([r.batch()], prefetch=False)
+    victims = None
+    if "steps" in args.parts:
+        victims = steps_part(r)
+    if "stages" in args.parts:
+        stages_part(r)
+    if "transport" in args.parts and r.device.type == "cuda":
+        rb = max(r.m.layout.row_bytes)
+        rows = victims if victims else args.tables * args.lookups // 4
+        del r
+        transport_part(args, rows, rb)
 
 
 def parse_args(argv=None):
@@ -109,13 +349,20 @@ def parse_args(argv=None):
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--lookups", type=int, default=65536)
     ap.add_argument("--budget", type=float, default=0.1)
+    ap.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
     ap.add_argument("--warmup", type=int, default=12)
-    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=4, help="profiled steps")
+    ap.add_argument("--timed", type=int, default=10, help="timed steps per variant")
+    ap.add_argument("--transport-gib", type=float, default=4.0)
+    ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     args = ap.parse_args(argv)
-    if args.rows % 128 or min(args.tables, args.rows, args.dim, args.lookups, args.steps) < 1:
-        ap.error("--rows must be a positive multiple of 128; sizes and --steps positive")
+    sizes = (args.tables, args.rows, args.dim, args.lookups, args.steps, args.timed)
+    if args.rows % 128 or min(sizes) < 1:
+        ap.error("--rows must be a positive multiple of 128; sizes and step counts positive")
     if not 0.0 < args.budget <= 1.0:
         ap.error(f"--budget must be a share in (0, 1], got {args.budget}")
+    if args.transport_gib <= 0:
+        ap.error(f"--transport-gib must be positive, got {args.transport_gib}")
     return args
 
 

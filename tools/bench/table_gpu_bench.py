@@ -3,6 +3,7 @@ benchmarks measure it: one batch of 1,048,576 keys per operation, on a table
 pre-filled to a load factor, fp32 values of a given dim copied in or out.
 
     python tools/bench/table_gpu_bench.py [--dims 8 32 64] [--load-factors 0.5 0.75 1.0]
+    python tools/bench/table_gpu_bench.py --run-lanes 1 0 4 8 16 32 [--dims 32 64]
 
 Prints a markdown table in billions of keys per second, with, from the same
 run, a plain PyTorch baseline (sorted keys + searchsorted + index_select) and
@@ -10,10 +11,22 @@ the device copy bandwidth as the floor. Finds and the baseline are timed over
 BACK_TO_BACK calls in a row (the host prepares the next call while the device
 runs this one, as in a training loop); finds also one call at a time (the
 host's launch latency included), as inserts are.
+
+With --run-lanes, the inserts alone under each value of DEMB_CUDA_RUN_LANES
+(read once per process, so each in a process of its own, one after another
+on the same device): 1 the thread per run with victim hints (the earlier
+kernel), 4, 8, 16 or 32 lanes of a tile per run, 0 the tiles' default; then one
+table of insert_and_evict and insert side by side, with HierarchicalKV's
+figures at the same dim and load factor beside them (HKV_POINTS).
 """
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 
 import torch
 
@@ -21,6 +34,19 @@ from dynamicemb.table import ScoredHashTable, enums
 
 BATCH = 1 << 20
 BACK_TO_BACK = 10
+OPS = ("find", "insert", "insert_and_evict", "baseline")
+
+# HierarchicalKV's insert_and_evict (its own benchmark, LRU, fp32 values), B
+# keys/s, by (dim, load factor): (figure, where it comes from).
+HKV_POINTS = {
+    (32, 0.5): (1.52, "H100 NVL, HKV's published figures, 128M keys"),
+    (8, 0.5): (1.81, "H200, measured with HKV's benchmark"),
+    (8, 0.75): (1.86, "H200, measured with HKV's benchmark"),
+    (8, 1.0): (0.81, "H200, measured with HKV's benchmark"),
+    (64, 0.5): (1.48, "H200, measured with HKV's benchmark"),
+    (64, 0.75): (1.42, "H200, measured with HKV's benchmark"),
+    (64, 1.0): (0.77, "H200, measured with HKV's benchmark"),
+}
 
 
 def timed(fn, reps):
@@ -67,7 +93,7 @@ class Fresh:
         return k
 
 
-def bench_dim(dim, capacity, load_factors, reps, out):
+def bench_dim(dim, capacity, load_factors, reps, out, ops=OPS):
     table = ScoredHashTable([capacity], bucket_capacities=128, device="cuda", validate=False)
     # Rows past `capacity` take the writes of keys that got no slot (one row
     # each, so a failed insert costs what a stored one does).
@@ -103,8 +129,9 @@ def bench_dim(dim, capacity, load_factors, reps, out):
         def find():
             return table.find_gather(probe, values)
 
-        t_find_one = timed(find, reps)
-        t_find = timed_calls(find, reps)
+        nan = float("nan")
+        t_find_one = timed(find, reps) if "find" in ops else nan
+        t_find = timed_calls(find, reps) if "find" in ops else nan
 
         # insert / insert_and_evict of new keys with their values written.
         batches = [fresh(BATCH) for _ in range(reps)]
@@ -125,11 +152,14 @@ def bench_dim(dim, capacity, load_factors, reps, out):
             for dst, src in zip((table.keys, table.digests, table.scores, table.counters), saved):
                 dst.copy_(src)
 
-        t_ins = timed(lambda: upsert(False), reps)
-        restore()
-        it = iter([fresh(BATCH) for _ in range(reps)])
-        t_ie = timed(lambda: upsert(True), reps)
-        restore()
+        t_ins = t_ie = nan
+        if "insert" in ops:
+            t_ins = timed(lambda: upsert(False), reps)
+            restore()
+        if "insert_and_evict" in ops:
+            it = iter([fresh(BATCH) for _ in range(reps)])
+            t_ie = timed(lambda: upsert(True), reps)
+            restore()
         saved.clear()
 
         # Baseline: sorted keys + searchsorted + index_select on the same keys.
@@ -142,7 +172,7 @@ def bench_dim(dim, capacity, load_factors, reps, out):
             torch.index_select(base_vals, 0, perm[pos], out=out_buf)
             return hit
 
-        t_base = timed_calls(base_find, reps)
+        t_base = timed_calls(base_find, reps) if "baseline" in ops else nan
         out.append(
             (
                 dim,
@@ -166,6 +196,47 @@ def bench_dim(dim, capacity, load_factors, reps, out):
         )
 
 
+def compare_run_lanes(args):
+    """The inserts under each DEMB_CUDA_RUN_LANES value, each in a process of
+    its own, and one table of them with HierarchicalKV's figures."""
+    runs = {}
+    for lanes in args.run_lanes:
+        with tempfile.NamedTemporaryFile(suffix=".json") as f:
+            cmd = [sys.executable, os.path.abspath(__file__), "--json", f.name, "--ops"]
+            cmd += ["insert", "insert_and_evict", "--reps", str(args.reps)]
+            cmd += ["--capacity-log2", str(args.capacity_log2), "--dims"]
+            cmd += [str(d) for d in args.dims] + ["--load-factors"]
+            cmd += [str(lf) for lf in args.load_factors]
+            env = dict(os.environ, DEMB_CUDA_RUN_LANES=str(lanes))
+            print(f"== DEMB_CUDA_RUN_LANES={lanes}", flush=True)
+            subprocess.run(cmd, env=env, check=True)
+            with open(f.name) as fh:
+                runs[lanes] = {(r["dim"], r["load_factor"]): r for r in json.load(fh)}
+    names = {1: "thread per run (1)", 0: "tiles (default)"}
+    heads = [names.get(lanes, f"tile of {lanes}") for lanes in args.run_lanes]
+    base = args.run_lanes[0]
+    for op in ("insert_and_evict", "insert"):
+        print(f"\n{op}, B keys/s (ratio to {names.get(base, base)} in the same run)\n")
+        hkv = op == "insert_and_evict"
+        tail = " | HierarchicalKV |" if hkv else " |"
+        print("| dim | load factor | " + " | ".join(heads) + tail)
+        print("|---|---|" + "---|" * (len(heads) + (1 if hkv else 0)))
+        for dim in args.dims:
+            for lf in args.load_factors:
+                row = [runs[lanes][(dim, lf)] for lanes in args.run_lanes]
+                real = row[0]["real_load_factor"]
+                cells = [f"{r[op]:.3f} ({r[op] / row[0][op]:.2f}x)" for r in row]
+                line = f"| {dim} | {lf} ({real:.3f}) | " + " | ".join(cells) + " |"
+                if hkv:
+                    point = HKV_POINTS.get((dim, lf))
+                    line += f" {point[0]:.2f} ({point[1]}) |" if point else " - |"
+                print(line)
+    print(
+        "\ntargets (insert_and_evict): 1.5 B keys/s at dim 32 and load 0.5 on an H100 "
+        "(1.8 at dim 64 on an H200), 0.8 at load 1.0"
+    )
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--dims", type=int, nargs="+", default=[8, 32, 64])
@@ -174,15 +245,31 @@ def main():
     ap.add_argument(
         "--capacity-log2", type=int, default=27, help="dims below 64; dim 64 uses one less"
     )
+    ap.add_argument("--ops", nargs="+", choices=OPS, default=list(OPS), help="what to time")
+    ap.add_argument("--json", help="also write the figures here")
+    ap.add_argument(
+        "--run-lanes",
+        type=int,
+        nargs="+",
+        help="time the inserts under each DEMB_CUDA_RUN_LANES value (1: the earlier kernel)",
+    )
     args = ap.parse_args()
     print(torch.cuda.get_device_name(0), "torch", torch.__version__)
-    bw = copy_bandwidth()
+    if args.run_lanes:
+        compare_run_lanes(args)
+        return
+    bw = copy_bandwidth() if "find" in args.ops else float("nan")
     print(f"device copy bandwidth (read + write): {bw / 1e12:.2f} TB/s")
     rows = []
     for dim in args.dims:
         cap = 1 << (args.capacity_log2 - (1 if dim >= 64 else 0))
-        bench_dim(dim, cap, args.load_factors, args.reps, rows)
+        bench_dim(dim, cap, args.load_factors, args.reps, rows, args.ops)
         torch.cuda.empty_cache()
+    if args.json:
+        keys = ("dim", "capacity", "load_factor", "real_load_factor", "find", "find_one_call")
+        keys += ("insert", "insert_and_evict", "baseline")
+        with open(args.json, "w") as f:
+            json.dump([dict(zip(keys, r)) for r in rows], f)
     print()
     print(
         "| dim | capacity | load factor | find B/s | find, one call B/s | insert B/s | "
