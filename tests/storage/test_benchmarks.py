@@ -3,26 +3,9 @@ running: the one through DistributedModelParallel (every configuration a
 row, TorchRec's CPU-less ones n/a), the module-level one and the cache's
 per-stage profile."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _run(script: str, *args: str) -> str:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]))
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "tools", "bench", script), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout
+from tests.bench.bench_run import run as _run
 
 
 def test_the_dmp_benchmark_prints_a_row_per_configuration():
