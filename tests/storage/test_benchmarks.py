@@ -59,6 +59,9 @@ def test_the_stage_profile_prints_the_cache_stages():
     for stage in ("cache_insert", "cache_backing", "cache_fill", "cache_overflow", "update"):
         assert f"dynamicemb:{stage}" in out, out[-3000:]
     assert "dynamicemb:cache_write_back" in out, out[-3000:]
+    # The prefetch's stages, in the profile of the steps that prefetch.
+    for stage in ("prefetch_find", "prefetch_insert", "prefetch_write_back", "prefetch_fill"):
+        assert f"dynamicemb:{stage}" in out, out[-3000:]
     # The step of each variant: victims staged or written at once, with and
     # without prefetch.
     steps = [line for line in out.splitlines() if "ms/step" in line]

@@ -27,9 +27,9 @@
 # cached and hybrid tables and TorchRec's fused_uvm_caching; the two caches through
 # TorchRec's prefetch pipeline at 10 %; the EBC with TorchRec's fused beside them),
 # each row with the bytes it moved, its own floor and its targets; then
-# tools/bench/storage_stages.py (the cache's step with its victims staged and
-# written at once, with and without prefetch; its stages; the bus's speed each way
-# rows can cross it). Summary in $OUT/storage.txt, the tests' output in
+# tools/bench/storage_stages.py (the cache's step with its victims written at once
+# and staged, with and without prefetch; its stages, and the prefetch's; the bus's
+# speed each way rows can cross it). Summary in $OUT/storage.txt, the tests' output in
 # storage_tests.txt, each benchmark's in storage_dmp_{ebc,ec}.txt and .json, the
 # stages in storage_stages.txt. STORAGE_PARTS picks the parts ("tests ebc ec
 # stages", the default; e.g. "tests ebc" in one device call and "ec stages" in the
@@ -40,7 +40,7 @@
 # tools/bench/storage_bench.py (STORAGE_BENCH_ARGS replaces its size flags; default
 # 2 tables x 1,000,000 rows). Timeouts in seconds: STORAGE_TESTS_TIMEOUT (180, the
 # tests 8 at a time with pytest-xdist), STORAGE_EBC_TIMEOUT (210), STORAGE_EC_TIMEOUT
-# (170), STORAGE_STAGES_TIMEOUT (100), STORAGE_BENCH_TIMEOUT (150): at most about 11
+# (170), STORAGE_STAGES_TIMEOUT (150), STORAGE_BENCH_TIMEOUT (150): at most about 12
 # minutes after the build, each part printing its rows as they come (two device
 # calls: STORAGE_PARTS="tests ebc", then "ec stages").
 #
@@ -366,11 +366,11 @@ storage_part() {
   done
   if [[ $parts == *" stages "* ]]; then
     t0=$(date +%s)
-    timeout -k 10 "${STORAGE_STAGES_TIMEOUT:-100}" "$PY" tools/bench/storage_stages.py --device cuda \
+    timeout -k 10 "${STORAGE_STAGES_TIMEOUT:-150}" "$PY" tools/bench/storage_stages.py --device cuda \
       > "$OUT/storage_stages.txt" 2>&1
     rc=$?
-    echo "stages: $(status_word $rc "${STORAGE_STAGES_TIMEOUT:-100}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
-    grep -E "^==|ms/step|GB/s|cache_|run_kernel|copy_rows_kernel|lookup_graph" "$OUT/storage_stages.txt" | tee -a "$sum"
+    echo "stages: $(status_word $rc "${STORAGE_STAGES_TIMEOUT:-150}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+    grep -E "^==|ms/step|GB/s|cache_|prefetch_|run_kernel|copy_rows_kernel|lookup_graph" "$OUT/storage_stages.txt" | tee -a "$sum"
   fi
   if [ "${STORAGE_MODULE_BENCH:-0}" = 1 ]; then
     # shellcheck disable=SC2086
