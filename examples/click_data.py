@@ -108,7 +108,7 @@ class ClickData:
                 # Categorical with a skew of its own.
                 ids = power_law_ranks(g, n, f.capacity, 1.2) - 1
             w = hidden_weight(ids, salt=i + 101)
-            bag = torch.repeat_interleave(torch.arange(batch_size), lens)
+            bag = torch.repeat_interleave(torch.arange(batch_size), lens, output_size=n)
             mean_w = torch.zeros(batch_size, dtype=torch.float64).index_add_(0, bag, w) / lens
             logit = logit + self.SPARSE_SCALE * mean_w
             values.append(ids)

@@ -10,6 +10,7 @@ import signal
 from collections.abc import Callable
 
 import click_tsv  # examples/click_tsv.py, next to this script
+import criteo_preset  # examples/criteo_preset.py
 import dist_launch  # examples/dist_launch.py
 import torch
 import train_checkpoint  # examples/train_checkpoint.py
@@ -34,10 +35,44 @@ def parser(description: str, has_gpu: bool) -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--steps", type=int, default=2000, help="training steps (default: 2000)")
     ap.add_argument(
-        "--batch-size", type=int, default=256, help="examples per rank and step (default: 256)"
+        "--batch-size",
+        type=int,
+        default=None,
+        help=f"examples per rank and step (default: {DEFAULTS[None]['batch_size']}; "
+        f"{DEFAULTS[criteo_preset.NAME]['batch_size']:,} with --preset criteo)",
     )
     dist_launch.add_device_args(ap, has_gpu)
-    ap.add_argument("--dim", type=int, default=16, help="embedding dim (default: 16)")
+    ap.add_argument(
+        "--dim",
+        type=int,
+        default=None,
+        help=f"embedding dim (default: {DEFAULTS[None]['dim']}; "
+        f"{DEFAULTS[criteo_preset.NAME]['dim']} with --preset criteo)",
+    )
+    ap.add_argument(
+        "--preset",
+        choices=[criteo_preset.NAME],
+        default=None,
+        help="criteo: the shape of TorchRec's DLRM examples (criteo_preset.py): 26 features of "
+        "Criteo 1TB's cardinalities, one id each, TorchRec's DLRM or DLRM_DCN, dim "
+        f"{criteo_preset.DIM}, batch {criteo_preset.BATCH_SIZE:,} per rank, the tables sized "
+        "to --emb-budget-gib",
+    )
+    ap.add_argument(
+        "--interaction",
+        choices=list(criteo_preset.INTERACTIONS),
+        default="dot",
+        help="with --preset: DLRM's pairwise dot products (dot, the default) or a DCN-v2 cross "
+        "network (dcn)",
+    )
+    ap.add_argument(
+        "--emb-budget-gib",
+        type=float,
+        default=None,
+        help="with --preset: device memory of all dynamic tables' rows, embeddings and "
+        f"optimizer state, over all ranks (default {criteo_preset.EMB_BUDGET_GIB:g}); the "
+        "largest features' tables are capped to fit",
+    )
     ap.add_argument(
         "--emb-optimizer",
         choices=["rowwise_adagrad", "adam", "rowwise_rmsprop_ar"],
@@ -188,6 +223,7 @@ def check(ap: argparse.ArgumentParser, args: argparse.Namespace, has_gpu: bool, 
     """Refuses (``ap.error``) what ``args`` cannot run, naming the option,
     before anything is started; fills in the default world size."""
     dist_launch.check_device_args(ap, args, has_gpu)
+    check_preset(ap, args)
     if args.emb_optimizer == "adam" and args.device == "cpu":
         # The static table's FBGEMM kernel (TorchRec's FUSED) has no Adam on
         # the CPU; the dynamic tables would run it.
@@ -247,6 +283,33 @@ def check(ap: argparse.ArgumentParser, args: argparse.Namespace, has_gpu: bool, 
             f"--steps {args.steps}: the newest checkpoint in {args.checkpoint_dir} is after "
             f"step {found.step} already"
         )
+
+
+# The sizes a run takes unless told: without a preset, and with each.
+DEFAULTS = {
+    None: {"dim": 16, "batch_size": 256},
+    criteo_preset.NAME: {"dim": criteo_preset.DIM, "batch_size": criteo_preset.BATCH_SIZE},
+}
+
+
+def check_preset(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Fills in the preset's sizes where not given; refuses the preset's
+    options without it."""
+    for name, value in DEFAULTS[args.preset].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.preset is None:
+        for flag, value, default in (
+            ("--interaction", args.interaction, "dot"),
+            ("--emb-budget-gib", args.emb_budget_gib, None),
+        ):
+            if value != default:
+                ap.error(f"{flag} needs --preset {criteo_preset.NAME}")
+        return
+    if args.emb_budget_gib is None:
+        args.emb_budget_gib = criteo_preset.EMB_BUDGET_GIB
+    if not args.emb_budget_gib > 0:
+        ap.error(f"--emb-budget-gib must be positive, got {args.emb_budget_gib}")
 
 
 CRASH_POINTS = ("step", "dump", "published")

@@ -49,9 +49,14 @@ i; dynamicemb.checkpoint.warm_start).
 With --metrics-port, rank r serves the tables' OpenTelemetry figures for
 Prometheus at http://<host>:PORT+r/metrics (dynamicemb.metrics).
 
-Beside it: train_args.py (the options and their checks), train_report.py
-(progress, evaluation, the summary), train_checkpoint.py, click_data.py,
-click_tsv.py and dist_launch.py.
+--preset criteo runs the shape of TorchRec's DLRM examples instead
+(criteo_preset.py: 26 features of Criteo 1TB's cardinalities, TorchRec's
+DLRM or DLRM_DCN, dim 128, batch 8,192 per rank); tools/bench/dlrm_bench.py
+times it against the same model on TorchRec's static tables.
+
+Beside it: train_args.py (the options and their checks), job_model.py (the
+model), train_report.py (progress, evaluation, the summary),
+train_checkpoint.py, click_data.py, click_tsv.py and dist_launch.py.
 """
 
 import json
@@ -67,7 +72,9 @@ from typing import Any
 import checkout  # noqa: F401 (examples/checkout.py: this checkout's dynamicemb)
 import click_data  # examples/click_data.py, next to this script
 import click_tsv  # examples/click_tsv.py
+import criteo_preset  # examples/criteo_preset.py
 import dist_launch  # examples/dist_launch.py
+import job_model  # examples/job_model.py
 import torch
 import train_args  # examples/train_args.py
 import train_checkpoint  # examples/train_checkpoint.py
@@ -133,14 +140,23 @@ class DataSource:
         self.batch_size = args.batch_size
         self.eval_count = args.eval_batches
         self.generated = args.data is None
-        if self.generated:
-            self.data = click_data.ClickData(args.alpha, args.seed, FEATURES)
+        if args.preset is not None:
+            from dynamicemb.dynamicemb_config import value_row_bytes
+
+            optimizer = dynamic_fused_params(args)["optimizer"]
+            row = value_row_bytes(optimizer, args.dim, torch.float32)
+            names = click_tsv.categorical_names()
+            self.features = criteo_preset.features(Feature, names, args, row)
+        elif self.generated:
             self.features = FEATURES
+        else:
+            self.features = file_features(args.table_capacity)
+        if self.generated:
+            self.data = click_data.ClickData(args.alpha, args.seed, self.features)
             return
         self.id_format = args.id_format
         self.files = click_tsv.list_files(args.data)
         self.eval_files = click_tsv.list_files(args.eval_data) if args.eval_data else None
-        self.features = file_features(args.table_capacity)
 
     def describe(self) -> dict[str, Any]:
         if self.generated:
@@ -173,64 +189,6 @@ class DataSource:
         )
         lines = click_data.FileBatches(stream)
         return [next(lines) for _ in range(self.eval_count)]
-
-
-# --------------------------------------------------------------------- model --
-
-
-def mlp(sizes: list[int], last_activation: bool) -> torch.nn.Sequential:
-    layers: list[torch.nn.Module] = []
-    for i in range(len(sizes) - 1):
-        layers.append(torch.nn.Linear(sizes[i], sizes[i + 1]))
-        if i < len(sizes) - 2 or last_activation:
-            layers.append(torch.nn.ReLU())
-    return torch.nn.Sequential(*layers)
-
-
-class DLRM(torch.nn.Module):
-    """Bottom MLP, pooled embeddings, pairwise dot interaction, top MLP."""
-
-    def __init__(self, ebc: torch.nn.Module, dim: int, features: tuple[Feature, ...]) -> None:
-        super().__init__()
-        self.sparse_arch = ebc
-        bottom, top = self.layer_sizes(dim, len(features))
-        self.bottom_mlp = mlp(bottom, last_activation=True)
-        self.top_mlp = mlp(top, last_activation=False)
-        n = len(features) + 1
-        rows, cols = torch.triu_indices(n, n, offset=1)
-        self.register_buffer("pair_rows", rows, persistent=False)
-        self.register_buffer("pair_cols", cols, persistent=False)
-        self.feature_names = [f.name for f in features]
-
-    @staticmethod
-    def layer_sizes(dim: int, num_sparse: int) -> tuple[list[int], list[int]]:
-        """The bottom and top MLPs' layer widths."""
-        n = num_sparse + 1
-        return [click_data.NUM_DENSE, 64, dim], [dim + n * (n - 1) // 2, 64, 32, 1]
-
-    def forward(self, dense: torch.Tensor, sparse) -> torch.Tensor:
-        x = self.bottom_mlp(dense)
-        pooled = self.sparse_arch(sparse).to_dict()
-        stacked = torch.stack([x] + [pooled[f] for f in self.feature_names], dim=1)
-        dots = torch.bmm(stacked, stacked.transpose(1, 2))
-        pairs = dots[:, self.pair_rows, self.pair_cols]
-        return self.top_mlp(torch.cat([x, pairs], dim=1)).squeeze(1)
-
-
-def model_description(features: tuple[Feature, ...], args) -> dict[str, Any]:
-    """What makes a checkpoint this model's: its tables, dims, layers and
-    embedding optimizer (train_checkpoint.check_matches)."""
-    bottom, top = DLRM.layer_sizes(args.dim, len(features))
-    return {
-        "tables": {
-            f.table: {"feature": f.name, "capacity": f.capacity, "dynamic": f.dynamic}
-            for f in features
-        },
-        "dim": args.dim,
-        "bottom_mlp": bottom,
-        "top_mlp": top,
-        "emb_optimizer": args.emb_optimizer,
-    }
 
 
 # ---------------------------------------------------------------------- plan --
@@ -357,10 +315,11 @@ def constraints(features: tuple[Feature, ...], args, world_size: int) -> dict[st
     return out
 
 
-def build(features: tuple[Feature, ...], args, env: dist_launch.RankEnv, device: torch.device):
+def build(features: tuple[Feature, ...], args, env: dist_launch.RankEnv, device, shard=None):
     """The sharded model, its plan and the dense optimizer: the tables are
     planned over the ranks by DynamicEmbeddingShardingPlanner and sharded by
-    DistributedModelParallel with dynamicemb's sharder (plan_and_shard)."""
+    DistributedModelParallel with dynamicemb's sharder (plan_and_shard), or
+    by ``shard(model, env, device)`` giving (the sharded model, its plan)."""
     from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
     from dynamicemb.planner import DynamicEmbeddingShardingPlanner, topology
@@ -369,24 +328,27 @@ def build(features: tuple[Feature, ...], args, env: dist_launch.RankEnv, device:
     torch.manual_seed(args.seed)  # the same initial dense weights on every rank
     configs = embedding_configs(features, args.dim)
     ebc = EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
-    model = DLRM(ebc, args.dim, features)
-    # The dynamic tables' fused optimizer, and the static table's (the same
-    # but with rowwise_rmsprop_ar, which TorchRec's kernels lack).
-    sharder = DynamicEmbeddingBagCollectionSharder(
-        fused_params=dynamic_fused_params(args), static_fused_params=fused_params(args)
-    )
-    planner = DynamicEmbeddingShardingPlanner(
-        eb_configs=configs,
-        topology=topology(
-            world_size=env.world_size,
-            compute_device=device.type,
-            local_world_size=env.local_world_size,
-        ),
-        constraints=constraints(features, args, env.world_size),
-        batch_size=args.batch_size,
-        debug=False,
-    )
-    model, plan = plan_and_shard(model, planner, [sharder], device)
+    model = job_model.make_model(ebc, features, args)
+    if shard is not None:
+        model, plan = shard(model, env, device)
+    else:
+        # The dynamic tables' fused optimizer, and the static table's (the same
+        # but with rowwise_rmsprop_ar, which TorchRec's kernels lack).
+        sharder = DynamicEmbeddingBagCollectionSharder(
+            fused_params=dynamic_fused_params(args), static_fused_params=fused_params(args)
+        )
+        planner = DynamicEmbeddingShardingPlanner(
+            eb_configs=configs,
+            topology=topology(
+                world_size=env.world_size,
+                compute_device=device.type,
+                local_world_size=env.local_world_size,
+            ),
+            constraints=constraints(features, args, env.world_size),
+            batch_size=args.batch_size,
+            debug=False,
+        )
+        model, plan = plan_and_shard(model, planner, [sharder], device)
     # Embedding rows (dynamic and static) are updated by the fused optimizer
     # in the backward pass; the rest is dense and data parallel.
     dense_params = [
@@ -407,6 +369,22 @@ def to_kjt(batch: click_data.Batch, features: tuple[Feature, ...], device: torch
         values=batch.values.to(device, non_blocking=True),
         lengths=batch.lengths.to(device, non_blocking=True),
     )
+
+
+def train_step(
+    model, dense_opt, batch: click_data.Batch, features, device, after_backward=None
+) -> torch.Tensor:
+    """One training step on ``batch``: forward, the loss, backward (the
+    tables' fused optimizer updating their rows in it), ``after_backward()``,
+    the dense optimizer's step. Returns the loss."""
+    logits = model(batch.dense.to(device), to_kjt(batch, features, device))
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, batch.labels.to(device))
+    dense_opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if after_backward is not None:
+        after_backward()
+    dense_opt.step()
+    return loss
 
 
 def evaluate(model, batches, features, device) -> tuple[float, float] | None:
@@ -430,7 +408,7 @@ def train(env: dist_launch.RankEnv, device: torch.device, args) -> dict[str, Any
     if lead:
         print(train_report.header(args, env, source), flush=True)
     model, plan, dense_opt = build(features, args, env, device)
-    model_desc, data_desc = model_description(features, args), source.describe()
+    model_desc, data_desc = job_model.model_description(features, args), source.describe()
     crash = train_args.crash_hook(args, rank)
     metrics = None
     if args.metrics_port is not None:
@@ -442,6 +420,7 @@ def train(env: dist_launch.RankEnv, device: torch.device, args) -> dict[str, Any
     checkpoints, resumed = None, None
     if args.checkpoint_dir is not None:
         checkpoints = train_checkpoint.JobCheckpoints(args.checkpoint_dir, args.keep, device)
+        checkpoints.claim()
         if args.resume:
             resumed = checkpoints.resume(
                 model, dense_opt, model_desc, data_desc, args.dense_lr, args.batch_size
@@ -455,7 +434,8 @@ def train(env: dist_launch.RankEnv, device: torch.device, args) -> dict[str, Any
     else:
         start, position = resumed.step, resumed.trainer["data_position"]
         loss_sum, first_eval = resumed.trainer["loss_sum"], resumed.trainer["eval_first"]
-    log = train_report.RunLog(args, env, device, features, start, loss_sum)
+    loss_world = resumed.entry["world_size"] if resumed is not None else None
+    log = train_report.RunLog(args, env, device, features, start, loss_sum, loss_world)
     stream = source.train(rank, world_size, start, position)
 
     def save(done: int) -> None:
@@ -475,12 +455,9 @@ def train(env: dist_launch.RankEnv, device: torch.device, args) -> dict[str, Any
     for step in range(start, args.steps):
         b = next(stream)
         log.count_ids(b)
-        logits = model(b.dense.to(device), to_kjt(b, features, device))
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, b.labels.to(device))
-        dense_opt.zero_grad(set_to_none=True)
-        loss.backward()
-        crash("step", step + 1)
-        dense_opt.step()
+        loss = train_step(
+            model, dense_opt, b, features, device, lambda s=step: crash("step", s + 1)
+        )
         log.step(step, loss, model)
         done = step + 1
         if checkpoints is not None and (
@@ -500,6 +477,8 @@ def train(env: dist_launch.RankEnv, device: torch.device, args) -> dict[str, Any
     if metrics is not None:
         metrics.close()  # the figures are final now
     entry = resumed.entry if resumed is not None else None
+    if checkpoints is not None:
+        checkpoints.release()
     return log.summary(model, seconds, evals, data_desc, entry, warm)
 
 
@@ -510,11 +489,13 @@ def warm_start(model, args, lead: bool) -> dict[str, Any]:
     """Fills the dynamic tables from --warm-start; returns the summary's
     "warm_start" entry (rows per table over all ranks)."""
     from dynamicemb.checkpoint import warm_start as fill
+    from dynamicemb.io import DataError
 
     t0 = time.perf_counter()
     try:
         report = fill(model, args.warm_start)
-    except (ValueError, TypeError, FileNotFoundError) as e:
+    except (ValueError, TypeError, OSError, DataError) as e:
+        # Every rank refuses alike (warm_start agrees on any rank's failure).
         raise train_checkpoint.JobError(f"--warm-start {args.warm_start}: {e}") from None
     rows = {t.table: t.loaded for t in report.tables}
     dropped = {t.table: t.dropped for t in report.tables}
@@ -536,7 +517,7 @@ def describe(args) -> tuple[dict[str, Any], dict[str, Any]]:
     """The (model, data) descriptions of the job ``args`` make: what makes a
     checkpoint this job's."""
     source = DataSource(args)
-    return model_description(source.features, args), source.describe()
+    return job_model.model_description(source.features, args), source.describe()
 
 
 def parse_args(argv: list[str] | None = None):

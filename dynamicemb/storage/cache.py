@@ -291,6 +291,7 @@ class CachedStorage(StagedSteps, PrefetchSteps, TableStorage):
             loc.src,
             loc.offsets,
             self.layout.row_bytes_of(loc.tids),
+            by=self._host_side("src"),
         )
         new = torch.where(fill & ~loc.found, offsets, -1)
         self.cache.write_new_rows(new, loc.keys, loc.tids, init)
@@ -386,6 +387,13 @@ class CachedStorage(StagedSteps, PrefetchSteps, TableStorage):
         fresh = self.cache.table.scores[slots.clamp(min=0)]
         carried = carry_scores(policies, vals, bscores, fresh)
         sp.scatter_rows(self.cache.table.scores, torch.where(carried_mask, slots, -1), carried)
+
+    def _host_side(self, side: str) -> str | None:
+        """``copy_rows``'s ``by`` for a copy whose ``side`` is the backing
+        tier's rows: that side over a host table (its rows in host memory,
+        reached in address order), None over an external tier (a staging
+        buffer in device memory)."""
+        return side if self._direct else None
 
     def _record_train(self) -> None:
         """Marks the end of the work of a training lookup (or of its update)

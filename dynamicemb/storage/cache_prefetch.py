@@ -8,6 +8,7 @@ cache and evicts nothing: its lookup then moves nothing over the bus
 """
 
 import torch
+from torch.profiler import record_function
 
 from dynamicemb.storage import space as sp
 from dynamicemb.storage.cache_staging import Located, Undo
@@ -116,16 +117,18 @@ class PrefetchSteps:
     def _prefetch_rows(self, keys, tids) -> None:
         """A prefetch's kernels (``prefetch``, ``graphs.prefetch_rows``),
         reading nothing on the host on a GPU: ``keys`` may be padded there."""
-        slots = self.cache.table.find(keys, tids)
-        cand = slots < 0
-        st = self._staged
-        if st is not None:
-            # Rows the batch in flight stages are stale in the backing tier.
-            cand &= ~_member(keys, st.keys)
-        if self._overflow is not None:
-            # Rows its update is still to write in the backing tier.
-            cand &= ~_member(keys, self._overflow[0])
-        self._prefetch_into_cache(self._locate(cand, keys, tids), (keys, tids, slots))
+        with record_function("dynamicemb:prefetch_find"):
+            slots = self.cache.table.find(keys, tids)
+            cand = slots < 0
+            st = self._staged
+            if st is not None:
+                # Rows the batch in flight stages are stale in the backing tier.
+                cand &= ~_member(keys, st.keys)
+            if self._overflow is not None:
+                # Rows its update is still to write in the backing tier.
+                cand &= ~_member(keys, self._overflow[0])
+            loc = self._locate(cand, keys, tids)
+        self._prefetch_into_cache(loc, (keys, tids, slots))
 
     def _prefetch_into_cache(self, loc: Located, cached=None) -> None:
         """Inserts the keys ``loc`` found in the backing tier into the cache
@@ -137,55 +140,63 @@ class PrefetchSteps:
         ``cached``: ``(keys, tids, slots)`` of the coming batch, slot -1
         where the cache does not hold the key: those it holds keep their
         slots."""
-        cache = self.cache
-        sub = sp.Subset(loc.sub.on if self._direct else loc.found)
-        fk, (ft, f_off, found) = sub.keys(loc.keys), sub.take(loc.tids, loc.offsets, loc.found)
-        policies, vals = batch_policies(self.strategies, self._last_score, torch.zeros_like(fk))
-        fscores = initial_scores(policies, vals, fk.numel(), cache.table.timer(), self.device)
-        if loc.scores is not None and self._carry:
-            (carried,) = sub.take(loc.scores)
-            fscores = torch.where(found.unsqueeze(1), carried, fscores)
-        # The batch in flight holds its cache slots until its backward, and
-        # the coming batch's cached keys are to stay: they go into the same
-        # call, which never evicts a slot it holds, with the scores they have.
-        kept = [k for k in (self._held, cached) if k is not None and k[0].numel()]
-        held = 0
-        all_keys, all_tids, all_scores = fk, ft, fscores
-        if kept:
-            hk, ht, hs = (torch.cat(x) for x in zip(*kept))
-            h = sp.Subset(hs >= 0)
-            ht, hs = h.take(ht, hs)
-            hk = h.keys(hk)
-            held = hk.numel()
-            all_keys = torch.cat([hk, fk])
-            all_tids = torch.cat([ht, ft])
-            all_scores = torch.cat([cache.table.scores[hs.clamp(min=0)], fscores])
-        assign = [enums.ScorePolicy.ASSIGN] * cache.table.num_scores
-        counters = self._counters() if self._fallible else None
-        slots, status, evicted = cache.insert(all_keys, all_tids, assign, all_scores, expand=False)
-        victims = self._victims(evicted)
-        victim_rows = self._rows_at(victims) if self._fallible else None
-        slots, status = slots[held:], status[held:]
-        placed = (status == enums.InsertStatus.INSERTED) | (status == enums.InsertStatus.EVICTED)
-        try:
-            self._write_back_victims(victims, loc, evicted)
-        except BaseException:
-            if counters is not None:  # the cache as it was before this prefetch
-                self.host_writes.copy_(counters[2])
-                new = sp.Subset(placed)
-                undo = Undo(counters, (new.keys(fk), *new.take(ft)), victims, victim_rows)
-                self._restore_cache(undo)
-            raise
-        came = placed & found
-        self.prefetched += came.sum()
-        self.host_reads += came.sum()
-        sp.copy_rows(
-            cache.space(),
-            torch.where(came, cache.offsets(slots, ft), -1),
-            loc.src,
-            f_off,
-            self.layout.row_bytes_of(ft),
-        )
-        if self._direct:
-            room = sp.Subset(placed & ~found)
-            cache.table.erase(room.keys(fk), *room.take(ft))
+        with record_function("dynamicemb:prefetch_insert"):
+            cache = self.cache
+            sub = sp.Subset(loc.sub.on if self._direct else loc.found)
+            fk, (ft, f_off, found) = sub.keys(loc.keys), sub.take(loc.tids, loc.offsets, loc.found)
+            policies, vals = batch_policies(self.strategies, self._last_score, torch.zeros_like(fk))
+            fscores = initial_scores(policies, vals, fk.numel(), cache.table.timer(), self.device)
+            if loc.scores is not None and self._carry:
+                (carried,) = sub.take(loc.scores)
+                fscores = torch.where(found.unsqueeze(1), carried, fscores)
+            # The batch in flight holds its cache slots until its backward, and
+            # the coming batch's cached keys are to stay: they go into the same
+            # call, which never evicts a slot it holds, with the scores they have.
+            kept = [k for k in (self._held, cached) if k is not None and k[0].numel()]
+            held = 0
+            all_keys, all_tids, all_scores = fk, ft, fscores
+            if kept:
+                hk, ht, hs = (torch.cat(x) for x in zip(*kept))
+                h = sp.Subset(hs >= 0)
+                ht, hs = h.take(ht, hs)
+                hk = h.keys(hk)
+                held = hk.numel()
+                all_keys = torch.cat([hk, fk])
+                all_tids = torch.cat([ht, ft])
+                all_scores = torch.cat([cache.table.scores[hs.clamp(min=0)], fscores])
+            assign = [enums.ScorePolicy.ASSIGN] * cache.table.num_scores
+            counters = self._counters() if self._fallible else None
+            slots, status, evicted = cache.insert(
+                all_keys, all_tids, assign, all_scores, expand=False
+            )
+        with record_function("dynamicemb:prefetch_write_back"):
+            victims = self._victims(evicted)
+            victim_rows = self._rows_at(victims) if self._fallible else None
+            slots, status = slots[held:], status[held:]
+            placed = (status == enums.InsertStatus.INSERTED) | (
+                status == enums.InsertStatus.EVICTED
+            )
+            try:
+                self._write_back_victims(victims, loc, evicted)
+            except BaseException:
+                if counters is not None:  # the cache as it was before this prefetch
+                    self.host_writes.copy_(counters[2])
+                    new = sp.Subset(placed)
+                    undo = Undo(counters, (new.keys(fk), *new.take(ft)), victims, victim_rows)
+                    self._restore_cache(undo)
+                raise
+        with record_function("dynamicemb:prefetch_fill"):
+            came = placed & found
+            self.prefetched += came.sum()
+            self.host_reads += came.sum()
+            sp.copy_rows(
+                cache.space(),
+                torch.where(came, cache.offsets(slots, ft), -1),
+                loc.src,
+                f_off,
+                self.layout.row_bytes_of(ft),
+                by=self._host_side("src"),
+            )
+            if self._direct:
+                room = sp.Subset(placed & ~found)
+                cache.table.erase(room.keys(fk), *room.take(ft))

@@ -499,13 +499,15 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
 
     def write(self, slots: torch.Tensor, tids: torch.Tensor, src, src_offsets) -> None:
         """Copies rows from ``src`` (a row space) at ``src_offsets`` into table
-        slots (-1 skipped)."""
+        slots (-1 skipped), in address order where rows are in host memory."""
+        host = self.rows_space.bytes_in(MemoryType.HOST) > 0
         sp.copy_rows(
             self.rows_space.tensors,
             self.offsets(slots, tids),
             src,
             src_offsets,
             self.layout.row_bytes_of(tids),
+            by="dst" if host else None,
         )
 
     # ------------------------------------------------------ backing a cache --

@@ -18,6 +18,12 @@ up everything after it. ``HostWrites`` takes those writes off that stream:
   lookup, a prefetch, a flush, a checkpoint, an expansion that moves rows)
   makes its stream wait for the writes (an event: the host never waits).
 
+Every write reaches its host rows in ascending address order (scattered
+rows cross the bus about twice as fast so): ``stage`` sorts its entries by
+destination once (``space.address_order``), so that the rows it writes at
+once, its staging buffer and the writes ``submit`` makes are in that order;
+``queue``-d rows are sorted when submitted.
+
 A staged write whose destination is no longer its key's by the time it is
 submitted (a key the same step inserted into a full host table evicted it:
 the row is lost as it would have been, overwritten) is dropped
@@ -28,7 +34,11 @@ most ``rows`` of its entries (a number the host keeps, which grows, in powers
 of two, with the largest number of rows a call needed, read back from pinned
 memory a step or more later, never waited for) and writes the rest at once
 through the mapped pointer, as before. Which path a row takes changes no
-result. ``max_rows`` caps ``rows`` (None: no cap).
+result. ``max_rows`` caps ``rows`` (None: no cap). By default it is 0
+(``AT_ONCE``): every row ``stage`` gets is written at once, on the step's
+stream, which measured faster than the side stream (docs/storage.md, "Rows
+over the bus"); ``queue``-d rows, already in device memory, still go on the
+side stream. A hybrid table stages its rows (``max_rows`` None).
 
 On the CPU there is no stream: a staged write runs at the next ``wait``, as
 late as a GPU may run it, so that the CPU tests see any reader that does not
@@ -44,6 +54,8 @@ import torch
 from dynamicemb.storage import space as sp
 from dynamicemb.storage.layout import RowLayout
 
+# ``max_rows`` by default: nothing staged, every row written at once.
+AT_ONCE = 0
 # Rows staged per call before anything was measured; ``rows`` never shrinks.
 INITIAL_ROWS = 1024
 # Head room over the largest number of rows a call needed.
@@ -66,6 +78,7 @@ class StagedWrite:
     slots: torch.Tensor | None = None
     count: torch.Tensor | None = None
     captured: bool = False
+    ordered: bool = False  # dst_offsets ascending already (``stage``)
 
 
 class HostWrites:
@@ -78,14 +91,14 @@ class HostWrites:
 
     Attributes:
         max_rows (Optional[int]): at most this many rows staged per call
-            (None: as many as ``rows``).
+            (None: as many as ``rows``; by default ``AT_ONCE``, none).
         rows (int): the rows a call stages at most now.
     """
 
     def __init__(self, layout: RowLayout, device: torch.device) -> None:
         self.layout = layout
         self.device = device
-        self.max_rows: int | None = None
+        self.max_rows: int | None = AT_ONCE
         self.rows = INITIAL_ROWS
         self._pending: list[StagedWrite] = []
         self._cuda = device.type == "cuda"
@@ -133,8 +146,16 @@ class HostWrites:
         into a staging buffer and written by ``submit``, the rest written now.
         ``keys``/``slots``: see ``StagedWrite``; ``count``: () int64, the
         entries with a row (a valid prefix), or None; ``every``: stage every
-        entry (a caller whose buffers are already that size)."""
+        entry (a caller whose buffers are already that size). The entries are
+        taken in ascending order of ``dst_offsets`` (those with a row first,
+        in a valid prefix again)."""
         n = dst_offsets.numel()
+        if n == 0:
+            return
+        order = sp.address_order(dst_offsets, (dst_offsets >= 0) & (src_offsets >= 0))
+        dst_offsets, src_offsets, nbytes = dst_offsets[order], src_offsets[order], nbytes[order]
+        keys = None if keys is None else keys[order]
+        slots = None if slots is None else slots[order]
         r = self.capacity(n, every)
         if r < n:
             sp.copy_rows(dst, dst_offsets[r:], src, src_offsets[r:], nbytes[r:])
@@ -160,12 +181,14 @@ class HostWrites:
                 None if slots is None else slots[:r],
                 count,
                 self._cuda and torch.cuda.is_current_stream_capturing(),
+                ordered=True,
             )
         )
 
     def queue(self, dst, dst_offsets: torch.Tensor, buffer: torch.Tensor, nbytes) -> None:
         """Rows already in a staging buffer (row i of ``buffer`` to ``dst``
-        at ``dst_offsets[i]``, -1 skipped), written by ``submit``."""
+        at ``dst_offsets[i]``, -1 skipped), written by ``submit`` (in
+        address order)."""
         if dst_offsets.numel():
             self._pending.append(StagedWrite(dst, dst_offsets, buffer, nbytes))
 
@@ -202,6 +225,12 @@ class HostWrites:
         self._pending = []
         return out
 
+    def _write(self, w: StagedWrite) -> None:
+        """Copies a staged write's rows to their host rows, in address order."""
+        off = sp.staging_offsets(w.dst_offsets.numel(), self.layout, self.device)
+        by = None if w.ordered else "dst"
+        sp.copy_rows(w.dst, w.dst_offsets, sp.as_space(w.buffer), off, w.nbytes, by=by)
+
     def submit(self) -> None:
         """Writes the staged rows to their host rows on the bus stream (after
         the current stream's work so far); on the CPU they wait for
@@ -221,9 +250,7 @@ class HostWrites:
             for w in writes:
                 for t in (w.dst_offsets, w.buffer, w.nbytes):
                     t.record_stream(bus)
-                src = sp.as_space(w.buffer)
-                off = sp.staging_offsets(w.dst_offsets.numel(), self.layout, self.device)
-                sp.copy_rows(w.dst, w.dst_offsets, src, off, w.nbytes)
+                self._write(w)
             self._most_host.copy_(self._most, non_blocking=True)
             self._done = torch.cuda.Event()
             self._done.record(bus)
@@ -233,8 +260,7 @@ class HostWrites:
         so far (on the CPU: runs them now)."""
         if not self._cuda:
             for w in self._ready():
-                off = sp.staging_offsets(w.dst_offsets.numel(), self.layout, self.device)
-                sp.copy_rows(w.dst, w.dst_offsets, sp.as_space(w.buffer), off, w.nbytes)
+                self._write(w)
             return
         if torch.cuda.is_current_stream_capturing():
             return  # waited for before the capture (a graph replays after a wait)

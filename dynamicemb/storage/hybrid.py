@@ -8,7 +8,7 @@ device rows or pinned host rows in place) steps as follows. A training
 lookup finds or inserts the batch's distinct keys as the
 all-device table does (``HashTableStorage``). The rows of the keys whose rows
 are in host memory are then gathered, in one ``copy_rows`` of wide reads of the
-pinned memory, into a staging buffer on the device (a new key's row is
+pinned memory in address order, into a staging buffer on the device (a new key's row is
 initialized there, never read); the pooling and update kernels address the
 device rows and that buffer (the row space of the step: ``space()``), never
 host memory. After the update (``after_update``) each staged row goes back
@@ -74,6 +74,9 @@ class HybridStorage(HashTableStorage):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        # Its rows go to host memory on the side stream, the device rows the
+        # staged ones displace (gathered into device memory first) with them.
+        self.writes.max_rows = None
         self._staged: _Staged | None = None
         self._kernel_space: tuple[torch.Tensor, torch.Tensor] | None = None
         zero = torch.zeros((), dtype=torch.int64, device=self.device)
@@ -126,6 +129,7 @@ class HybridStorage(HashTableStorage):
             self.rows_space.tensors,
             st_host,
             self.layout.row_bytes_of(st_tids),
+            by="src",
         )
         rows = offsets.index_copy(0, pos, p.size0 + st_off)
         kernels = (self.rows_space.seg0.data, buffer.view(-1))
@@ -227,6 +231,7 @@ class HybridStorage(HashTableStorage):
             sp.as_space(st.buffer),
             sp.staging_offsets(st.tids.numel(), self.layout, self.device),
             self.layout.row_bytes_of(st.tids),
+            by="dst",
         )
         st.published = True
 

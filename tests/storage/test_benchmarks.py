@@ -3,26 +3,9 @@ running: the one through DistributedModelParallel (every configuration a
 row, TorchRec's CPU-less ones n/a), the module-level one and the cache's
 per-stage profile."""
 
-import os
-import subprocess
-import sys
-
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _run(script: str, *args: str) -> str:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, *sys.path]))
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "tools", "bench", script), *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc.stdout
+from tests.bench.bench_run import run as _run
 
 
 def test_the_dmp_benchmark_prints_a_row_per_configuration():
@@ -76,6 +59,9 @@ def test_the_stage_profile_prints_the_cache_stages():
     for stage in ("cache_insert", "cache_backing", "cache_fill", "cache_overflow", "update"):
         assert f"dynamicemb:{stage}" in out, out[-3000:]
     assert "dynamicemb:cache_write_back" in out, out[-3000:]
+    # The prefetch's stages, in the profile of the steps that prefetch.
+    for stage in ("prefetch_find", "prefetch_insert", "prefetch_write_back", "prefetch_fill"):
+        assert f"dynamicemb:{stage}" in out, out[-3000:]
     # The step of each variant: victims staged or written at once, with and
     # without prefetch.
     steps = [line for line in out.splitlines() if "ms/step" in line]

@@ -10,7 +10,7 @@ import torch
 
 from dynamicemb import DynamicEmbScoreStrategy as Score
 from dynamicemb.storage import space as sp
-from dynamicemb.storage.host_writes import INITIAL_ROWS, HostWrites
+from dynamicemb.storage.host_writes import AT_ONCE, INITIAL_ROWS, HostWrites
 from dynamicemb.storage.layout import RowLayout
 from dynamicemb.types import MemoryType
 from tests.devices import DEVICES
@@ -47,9 +47,9 @@ def _assert_same(a, b) -> None:
     "mode,prefetch", [("cache", False), ("cache", True), ("cache_small", False), ("hybrid", False)]
 )
 def test_staged_host_writes_train_like_rows_written_at_once(mode, prefetch, max_rows, device):
-    # max_rows 0: every row written through the mapped pointer at once (the
-    # step before the staging); None: every row staged; 3: the first three
-    # of each call staged, the others written at once.
+    # max_rows 0 (the default): every row written through the mapped
+    # pointer at once; None: every row staged; 3: the first three of each
+    # call (in address order) staged, the others written at once.
     direct = _trained(mode, 0, device, prefetch)
     staged = _trained(mode, max_rows, device, prefetch)
     _assert_same(staged, direct)
@@ -122,16 +122,18 @@ def test_staged_rows_are_written_at_the_next_wait_on_the_cpu():
     src_off = torch.tensor([0, 1, 2, -1, 4, 5]) * rb
     dst_off = torch.tensor([7, 0, -1, 3, 5, 2]) * rb
     nbytes = torch.full((6,), rb)
-    w.max_rows = 4  # the first four staged, the last two written at once
+    # In address order (destination rows 0, 2, 5, 7; the two entries without
+    # a row after them): the first two staged, the others written at once.
+    w.max_rows = 2
     w.stage(space, dst_off.clamp(min=-1), (src, empty), src_off.clamp(min=-1), nbytes)
     want = before.clone().view(8, rb)
     s = src.view(6, rb)
-    for i, j in ((4, 5), (5, 2)):
+    for i, j in ((4, 5), (0, 7)):
         want[j] = s[i]
     assert torch.equal(dst.view(8, rb), want)
     src.zero_()  # the staged rows were copied out: their source is free
     w.wait()
-    for i, j in ((0, 7), (1, 0)):
+    for i, j in ((1, 0), (5, 2)):
         want[j] = _rows(6, rb, 0).view(6, rb)[i]
     assert torch.equal(dst.view(8, rb), want)
     w.wait()  # nothing left
@@ -142,6 +144,7 @@ def test_queued_rows_and_dropped_rows():
     layout = _layout()
     rb = layout.max_row_bytes
     w = HostWrites(layout, torch.device("cpu"))
+    w.max_rows = None  # every row staged
     buf, dst = _rows(3, rb, 2).view(3, rb), _rows(4, rb, 3)
     before = dst.clone().view(4, rb)
     space = (dst, dst.new_empty(0))
@@ -166,8 +169,79 @@ def test_queued_rows_and_dropped_rows():
     assert torch.equal(dst.view(4, rb), want)
 
 
+def _shuffled_case(n: int, seed: int):
+    """n source rows to n distinct destination rows of a host segment of
+    2n, in random order, some entries without a row on either side."""
+    layout = _layout()
+    rb = layout.max_row_bytes
+    g = torch.Generator().manual_seed(seed)
+    src, dst = _rows(n, rb, seed), _rows(2 * n, rb, seed + 1)
+    src_rows = torch.randperm(n, generator=g)
+    dst_rows = torch.randperm(2 * n, generator=g)[:n]
+    src_rows[::7], dst_rows[3::11] = -1, -1
+    want = dst.clone().view(2 * n, rb)
+    for i, j in zip(src_rows.tolist(), dst_rows.tolist()):
+        if i >= 0 and j >= 0:
+            want[j] = src.view(n, rb)[i]
+    return layout, src, dst, src_rows * rb, dst_rows * rb, want
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("by", [None, "dst", "src"])
+def test_copy_rows_in_address_order_lands_each_row_at_its_place(by, device):
+    layout, src, dst, src_off, dst_off, want = _shuffled_case(200, 5)
+    src, dst, src_off, dst_off = (t.to(device) for t in (src, dst, src_off, dst_off))
+    rb = layout.max_row_bytes
+    nbytes = torch.full((200,), rb, device=device)
+    sp.copy_rows((dst, dst.new_empty(0)), dst_off, (src, src.new_empty(0)), src_off, nbytes, by=by)
+    assert torch.equal(dst.view(-1, rb).cpu(), want)
+
+
+def test_address_order_sorts_the_valid_entries_and_leaves_the_others_last():
+    offsets = torch.tensor([48, -1, 16, 32, 16, 0, 64])
+    valid = torch.tensor([True, False, True, True, True, False, True])
+    order = sp.address_order(offsets, valid)
+    # 16 twice in their order (entries 2 then 4); the invalid 1 and 5 last.
+    assert order.tolist() == [2, 4, 3, 0, 6, 1, 5]
+    with pytest.raises(ValueError, match="'host'"):
+        sp.copy_rows((offsets,), offsets, (offsets,), offsets, offsets, by="host")
+
+
+@pytest.mark.parametrize("max_rows", [None, 0, 37])
+def test_shuffled_write_back_rows_land_at_their_host_rows(max_rows):
+    # Rows given in random order, staged (all, none or some): each lands on
+    # its own host row, whatever order the copies take.
+    n = 200
+    layout, src, dst, src_off, dst_off, want = _shuffled_case(n, 6)
+    rb = layout.max_row_bytes
+    w = HostWrites(layout, torch.device("cpu"))
+    w.max_rows = max_rows
+    keys = torch.arange(n) + 1000
+    slots = (dst_off // rb).clamp(min=-1)
+    space = (dst, dst.new_empty(0))
+    nbytes = torch.full((n,), rb)
+    w.stage(space, dst_off, (src, src.new_empty(0)), src_off, nbytes, keys=keys, slots=slots)
+    src.zero_()  # the staged rows were copied out
+    # Every slot still holds its key except the lowest one written (the
+    # first in address order: staged whenever any is), whose row must not land.
+    keys_at = torch.full((2 * n,), -5)
+    keys_at[slots[slots >= 0]] = keys[slots >= 0]
+    moved = (slots >= 0) & (src_off >= 0)
+    gone = int(torch.where(moved, slots, 2 * n).argmin())
+    keys_at[slots[gone]] = 7
+    w.drop_moved(keys_at)
+    w.wait()
+    got = dst.view(2 * n, rb)
+    staged = w.capacity(n) > 0
+    if staged:  # the dropped row kept what the host row held
+        want[slots[gone]] = _rows(2 * n, rb, 7).view(2 * n, rb)[slots[gone]]
+    assert torch.equal(got, want)
+
+
 def test_rows_staged_per_call():
     w = HostWrites(_layout(), torch.device("cpu"))
+    assert w.max_rows == AT_ONCE and w.capacity(5000) == 0  # by default none staged
+    w.max_rows = None
     assert w.capacity(5000) == 5000  # the CPU stages every row
     w.max_rows = 7
     assert w.capacity(5000) == 7 and w.capacity(3) == 3
@@ -183,7 +257,9 @@ def _cuda_case(n: int):
     dst.host_view.zero_()
     src = torch.arange(1, n * rb + 1, device=dev).to(torch.uint8)
     rows = (torch.arange(n, device=dev) * rb, torch.full((n,), rb, device=dev))
-    return HostWrites(layout, dev), dst, (src, src.new_empty(0)), rows
+    w = HostWrites(layout, dev)
+    w.max_rows = None  # staged
+    return w, dst, (src, src.new_empty(0)), rows
 
 
 @pytest.mark.gpu

@@ -13,13 +13,18 @@ SparseAdam. Every version is built first; then they take turns, step by
 step, so that a drift of the machine's speed weighs on each alike. Prints the
 median of each version's timed steps after warm-up.
 
+The dynamic tables are pre-filled with ``reps + 3`` batches (their hot keys
+in the table, as in a job that has run a while); then every step of every
+version, warm-up and timed (and those of ``--ops`` and ``--profile``), trains
+on a batch no version saw before, a new draw of the same power law (a batch
+seen twice finds every key and hides the insert path): each step brings
+keys the tables miss. The versions take the same batches in the same order.
+
 ``--admission T`` also times, in the same run, the same module with a
 ``FrequencyAdmissionStrategy(T)`` on every table (a counter share of ``rows``
-slots per table) and prints its overhead over the module without. Both are
-pre-filled with the same batches, then both are timed on new draws of the
-same power law (instead of the pre-fill batches), so each step brings keys
-the tables miss: the module without admission inserts them, the one with it
-counts them and admits those seen T times.
+slots per table) and prints its overhead over the module without: the
+module without admission inserts the keys it misses, the one with it counts
+them and admits those seen T times.
 
 ``--ops`` prints how many torch ops the host issues in one step of each
 module (on a GPU a lookup replayed from a CUDA graph is one).
@@ -47,6 +52,9 @@ def power_law(g, n, rows, alpha):
     a = 1.0 - alpha
     return (((rows**a - 1.0) * u + 1.0) ** (1.0 / a)).long().clamp(max=rows) - 1
 
+
+# Warm-up steps of each version before the timed ones.
+WARMUP = 3
 
 # What a step is timed with: wall-clock time, or (--cpu-time) the process's
 # CPU time, which on a shared CPU machine leaves out the other processes' load.
@@ -127,15 +135,16 @@ def main():
     T, N, D = args.tables, args.lookups, args.dim
     g = torch.Generator().manual_seed(0)
 
-    def draw():
+    def draw(n):
         return [
             torch.cat([power_law(g, N, args.rows, 1.05) for _ in range(T)]).to(dev)
-            for _ in range(args.reps + 3)
+            for _ in range(n)
         ]
 
-    batches = draw()
-    # With --admission: new draws, whose tail keys miss (see the docstring).
-    timed_batches = batches if args.admission is None else draw()
+    prefill = draw(args.reps + 3)
+    # A new batch for each step a version takes: the warm-up's and the timed
+    # ones (timed_turns), one for --ops, three for --profile (see the docstring).
+    batches = draw(WARMUP + args.reps + (1 if args.ops else 0) + (3 if args.profile else 0))
     offsets = torch.arange(T * N + 1, device=dev)  # hotness 1: one index per bag
     pooling = DynamicEmbPoolingMode.SUM if args.pooling == "sum" else DynamicEmbPoolingMode.NONE
     opt = EmbOptimType.EXACT_SGD if args.optimizer == "sgd" else EmbOptimType.ADAM
@@ -155,9 +164,9 @@ def main():
             for _ in range(T)
         ]
         m = BatchedDynamicEmbeddingTablesV2(opts, None, pooling, opt, device=dev, learning_rate=0.1)
-        for b in batches:  # pre-fill: every row the timed steps touch exists (or was counted)
+        for b in prefill:  # the hot keys in the table (or counted), the tail's to come
             m(b, offsets)
-        it = iter(timed_batches * 2)
+        it = iter(batches)
 
         def step():
             m(next(it), offsets).sum().backward()
@@ -181,7 +190,7 @@ def main():
         else torch.optim.SparseAdam(params, lr=0.1)
     )
     per_table = torch.arange(N + 1, device=dev)
-    it2 = iter(batches * 2)
+    it2 = iter(batches)
 
     def base_step():
         idx = next(it2)
@@ -194,11 +203,11 @@ def main():
     # Every version in turns, step by step: a drift of the machine's speed
     # weighs on each alike.
     steps = [s for s in (ours_step, adm_step, tbe, base_step) if s is not None]
-    times = dict(zip(steps, timed_turns(steps, dev, args.reps)))
+    times = dict(zip(steps, timed_turns(steps, dev, args.reps, WARMUP)))
     t_ours, t_base = times[ours_step], times[base_step]
     t_adm, t_tbe = times.get(adm_step), times.get(tbe)
     if adm_step is not None:
-        per_step = (adm.stats.counts.sum(0).cpu() - before) / (args.reps + 3)
+        per_step = (adm.stats.counts.sum(0).cpu() - before) / (WARMUP + args.reps)
     if args.ops:
         ops = [f"{op_count(ours_step, dev)} without admission"]
         if adm_step is not None:
@@ -327,7 +336,7 @@ def tbe_step(args, dev, batches, offsets, opt):
     except (AssertionError, RuntimeError, NotImplementedError) as e:
         print(f"FBGEMM TBE skipped: {str(e).splitlines()[0]}")
         return None
-    it = iter(batches * 2)
+    it = iter(batches)
 
     def step():
         tbe(next(it), offsets).sum().backward()

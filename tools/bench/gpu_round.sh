@@ -2,7 +2,7 @@
 # One device round: build and run the GPU tests, then the embedding and table
 # benchmarks, writing each output to $OUT (default: .gpu_round/) as well.
 #
-#   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|evict|evict_tests|evict_bench|multigpu|checkpoint|metrics|storage|replication|inference|sharded|soak|wheel|resume]...
+#   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|evict|evict_tests|evict_bench|multigpu|checkpoint|metrics|storage|replication|inference|sharded|dlrm|soak|wheel|resume]...
 #   (default: tests, embedding, table, admission)
 #
 # evict: the run kernels of insert and insert_and_evict in one call of under ten
@@ -27,9 +27,9 @@
 # cached and hybrid tables and TorchRec's fused_uvm_caching; the two caches through
 # TorchRec's prefetch pipeline at 10 %; the EBC with TorchRec's fused beside them),
 # each row with the bytes it moved, its own floor and its targets; then
-# tools/bench/storage_stages.py (the cache's step with its victims staged and
-# written at once, with and without prefetch; its stages; the bus's speed each way
-# rows can cross it). Summary in $OUT/storage.txt, the tests' output in
+# tools/bench/storage_stages.py (the cache's step with its victims written at once
+# and staged, with and without prefetch; its stages, and the prefetch's; the bus's
+# speed each way rows can cross it). Summary in $OUT/storage.txt, the tests' output in
 # storage_tests.txt, each benchmark's in storage_dmp_{ebc,ec}.txt and .json, the
 # stages in storage_stages.txt. STORAGE_PARTS picks the parts ("tests ebc ec
 # stages", the default; e.g. "tests ebc" in one device call and "ec stages" in the
@@ -40,7 +40,7 @@
 # tools/bench/storage_bench.py (STORAGE_BENCH_ARGS replaces its size flags; default
 # 2 tables x 1,000,000 rows). Timeouts in seconds: STORAGE_TESTS_TIMEOUT (180, the
 # tests 8 at a time with pytest-xdist), STORAGE_EBC_TIMEOUT (210), STORAGE_EC_TIMEOUT
-# (170), STORAGE_STAGES_TIMEOUT (100), STORAGE_BENCH_TIMEOUT (150): at most about 11
+# (170), STORAGE_STAGES_TIMEOUT (150), STORAGE_BENCH_TIMEOUT (150): at most about 12
 # minutes after the build, each part printing its rows as they come (two device
 # calls: STORAGE_PARTS="tests ebc", then "ec stages").
 #
@@ -89,6 +89,18 @@
 # (240), SHARDED_BENCH_TIMEOUT (240 per run); SHARDED_BENCH_ARGS replaces the
 # step counts.
 #
+# dlrm: on one GPU, in under five minutes once the extension is built (DLRM_MC_TIMEOUT
+# 150 and DLRM_BENCH_TIMEOUT 120 seconds): the sharded EmbeddingCollection step
+# (tools/bench/sharded_ec_bench.py, the `sharded` part's shape: 10 tables x 1,677,721
+# rows, dim 128, 104,857 ids per feature, SGD and Adam) with ids drawn from ten times
+# the rows, TorchRec's planner and table_wise plans (ids modulo the rows) beside its
+# managed-collision tables (--mc mch, sized as the dynamic tables, evicting) and the
+# dynamic tables; then the main job's --preset criteo model with DCN
+# (tools/bench/dlrm_bench.py: 26 Criteo-sized tables capped to 24 GiB, dim 128, batch
+# 8,192) with dynamic tables and with TorchRec's static tables, examples/s of each.
+# Writes $OUT/dlrm.txt (the summary), dlrm_mc.txt and .json, dlrm_bench.txt and
+# .json; DLRM_MC_ARGS and DLRM_BENCH_ARGS replace the step counts.
+#
 # resume: the main job under torchrun on every visible GPU (NCCL), checkpointing
 # every 100 of RESUME_STEPS (400) steps, once uninterrupted and once with rank 0
 # SIGKILLed in step 250 and restarted by torchrun (--max-restarts 1 --resume);
@@ -135,6 +147,14 @@ build_cuda() {
   echo "build: $(status_word $rc "${MG_BUILD_TIMEOUT:-300}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
   [ $rc -ne 0 ] && tail -30 "$OUT/build.txt"
   return $rc
+}
+
+# Starts the summary file $1 of a one-GPU part: emptied, then torch's version and
+# the GPU's name, then build_cuda's outcome. Fails when the build does.
+begin_part() {
+  : > "$1"
+  "$PY" -c "import torch; print(f'torch {torch.__version__},', torch.cuda.get_device_name(0))" 2>&1 | tee -a "$1"
+  build_cuda "$1"
 }
 
 metrics_part() {
@@ -287,11 +307,35 @@ sharded_part() {
   return 0
 }
 
+dlrm_part() {
+  local sum="$OUT/dlrm.txt" rc t0
+  begin_part "$sum" || return
+  t0=$(date +%s)
+  # shellcheck disable=SC2086
+  timeout -k 10 "${DLRM_MC_TIMEOUT:-150}" "$PY" tools/bench/sharded_ec_bench.py --device cuda \
+    --world-size 1 --collection ec --batch 104857 --tables 10 --features 10 --hotness 1 \
+    --dim 128 --rows 1677721 --id-space 16777210 --optimizer sgd adam \
+    --plans planner table_wise --mc mch ${DLRM_MC_ARGS:---warmup 5 --steps 20} \
+    --json "$OUT/dlrm_mc.json" > "$OUT/dlrm_mc.txt" 2>&1
+  rc=$?
+  echo "managed collisions: $(status_word $rc "${DLRM_MC_TIMEOUT:-150}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+  grep -E '^\||^`|^\*|^[0-9]+ x ' "$OUT/dlrm_mc.txt" | tee -a "$sum"
+  [ $rc -ne 0 ] && grep -v "registered at\|backend fallback" "$OUT/dlrm_mc.txt" | tail -15
+  t0=$(date +%s)
+  # shellcheck disable=SC2086
+  timeout -k 10 "${DLRM_BENCH_TIMEOUT:-120}" "$PY" tools/bench/dlrm_bench.py --device cuda \
+    --world-size 1 --preset criteo --interaction dcn ${DLRM_BENCH_ARGS:---warmup 5 --steps 20 --rounds 3} \
+    --json "$OUT/dlrm_bench.json" > "$OUT/dlrm_bench.txt" 2>&1
+  rc=$?
+  echo "dlrm_bench: $(status_word $rc "${DLRM_BENCH_TIMEOUT:-120}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+  grep -E '^\||^`|^(dynamic|static)[: ]|^both|^DLRM on|^[0-9]+ x ' "$OUT/dlrm_bench.txt" | tee -a "$sum"
+  [ $rc -ne 0 ] && grep -v "registered at\|backend fallback" "$OUT/dlrm_bench.txt" | tail -15
+  return 0
+}
+
 storage_part() {
   local sum="$OUT/storage.txt" rc t0 kind parts=" ${STORAGE_PARTS:-tests ebc ec stages} " par=()
-  : > "$sum"
-  "$PY" -c "import torch; print(f'torch {torch.__version__},', torch.cuda.get_device_name(0))" 2>&1 | tee -a "$sum"
-  build_cuda "$sum" || return
+  begin_part "$sum" || return
   if [[ $parts == *" tests "* ]]; then
     "$PY" -c "import xdist" > /dev/null 2>&1 && par=(-n 8)
     t0=$(date +%s)
@@ -322,11 +366,11 @@ storage_part() {
   done
   if [[ $parts == *" stages "* ]]; then
     t0=$(date +%s)
-    timeout -k 10 "${STORAGE_STAGES_TIMEOUT:-100}" "$PY" tools/bench/storage_stages.py --device cuda \
+    timeout -k 10 "${STORAGE_STAGES_TIMEOUT:-150}" "$PY" tools/bench/storage_stages.py --device cuda \
       > "$OUT/storage_stages.txt" 2>&1
     rc=$?
-    echo "stages: $(status_word $rc "${STORAGE_STAGES_TIMEOUT:-100}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
-    grep -E "^==|ms/step|GB/s|cache_|run_kernel|copy_rows_kernel|lookup_graph" "$OUT/storage_stages.txt" | tee -a "$sum"
+    echo "stages: $(status_word $rc "${STORAGE_STAGES_TIMEOUT:-150}") in $(( $(date +%s) - t0 )) s" | tee -a "$sum"
+    grep -E "^==|ms/step|GB/s|cache_|prefetch_|run_kernel|copy_rows_kernel|lookup_graph" "$OUT/storage_stages.txt" | tee -a "$sum"
   fi
   if [ "${STORAGE_MODULE_BENCH:-0}" = 1 ]; then
     # shellcheck disable=SC2086
@@ -344,9 +388,7 @@ evict_part() {
   local what=$1 sum="$OUT/$1.txt" start deadline par=() lanes lf tag
   start=$(date +%s)
   deadline=$(( start + ${EVICT_DEADLINE:-570} ))
-  : > "$sum"
-  "$PY" -c "import torch; print(f'torch {torch.__version__},', torch.cuda.get_device_name(0))" 2>&1 | tee -a "$sum"
-  build_cuda "$sum" || return
+  begin_part "$sum" || return
   "$PY" -c "import xdist" > /dev/null 2>&1 && par=(-n 8)
   # step NAME CAP_S LOG CMD...: runs CMD (output to LOG) under min(CAP_S, time left).
   step() {
@@ -477,6 +519,9 @@ for part in "${parts[@]}"; do
       ;;
     sharded)
       sharded_part
+      ;;
+    dlrm)
+      dlrm_part
       ;;
     resume)
       resume_part

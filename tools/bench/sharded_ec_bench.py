@@ -2,8 +2,9 @@
 
     python tools/bench/sharded_ec_bench.py [--device cuda|cpu] [--world-size W]
         [--collection ec|ebc] [--batch 65536] [--tables 1] [--features 26]
-        [--hotness 10] [--dim 128] [--rows 10000000] [--optimizer adam [sgd ...]]
-        [--plans planner table_wise row_wise] [--dedup]
+        [--hotness 10] [--dim 128] [--rows 10000000] [--id-space N]
+        [--optimizer adam [sgd ...]] [--plans planner table_wise row_wise]
+        [--mc mch zch] [--mch-policy distance_lfu|lru] [--dedup]
         [--warmup 5] [--steps 20] [--profile-steps 0] [--json FILE]
 
 An EmbeddingCollection (``--collection ec``, sequence lookups) or an
@@ -22,14 +23,29 @@ run, on the same batches:
   sharded by TorchRec's own sharder: ``planner`` with no constraints at all
   (what a user who leaves the choice to TorchRec gets), ``table_wise`` and
   ``row_wise`` constrained to that sharding type and the FUSED kernel
-  (FBGEMM's TBE). The plan each got is printed.
+  (FBGEMM's TBE). The plan each got is printed;
+* TorchRec's managed-collision tables, one version per ``--mc`` entry
+  (tools/bench/sharded_mc.py: ``mch``, MCHManagedCollisionModule with its
+  eviction policy, ``--mch-policy``, merging new ids every
+  ``--mc-eviction-interval`` steps; ``zch``, HashZchManagedCollisionModule
+  with LRU eviction), ``rows`` rows per table as the dynamic tables, sharded
+  row-wise by ManagedCollisionEmbeddingCollectionSharder (or its EBC twin).
+  A kind this machine's TorchRec or FBGEMM cannot train is a row "n/a" with
+  the reason.
 
 ``--batch`` is the global batch, split over the ranks; every sample has
 ``--hotness`` ids per feature, drawn from a power law (exponent ``--alpha``)
-over ``[0, rows)`` and scattered by a fixed bijection (hot ids are not the
-small ones). A train step is forward, backward of the sum of the outputs, and
-the fused optimizer update (in the backward); each step gets fresh ids (made
-before the step's clock starts). All versions are built first and then take
+over ``[0, id_space)`` (``--id-space``, default ``rows``) and scattered by a
+fixed bijection (hot ids are not the small ones). Where the ids range beyond
+the rows, the dynamic and managed-collision tables take them raw and evict,
+and TorchRec's static tables take them modulo their rows (before the clock
+starts, as the batch is made). A train step is forward, backward of the sum
+of the outputs, and the fused optimizer update (in the backward). Every
+step of every version gets a batch it has not seen (a batch seen twice
+would find all its ids in the table and hide the insert path): the warm-up,
+timed, pipelined and profiled steps each draw new ones, all made before the
+step's clock starts, and the versions train on the same batches in turn.
+All versions are built first and then take
 turns step by step, so that drift in the machine's speed during the run
 weighs on all alike. For each version: the median step time after warm-up
 with a synchronization after every step (the slowest rank's median), the
@@ -38,14 +54,17 @@ and the pipelined step time (``--steps`` steps issued back to back, one
 synchronization at the end: what a training loop that never waits sees, the
 larger of the host's and the device's time). For each optimizer a markdown
 table gives every version's times and the ratio of dynamicemb's to each
-TorchRec plan's, with the HBM floor: the bytes a step must move on a rank (its
-keys in, its outputs out and their gradients in, each distinct row and its
-optimizer state read and written once) over the device's copy bandwidth
-measured in the run.
+TorchRec version's; below it the ratio to the faster of TorchRec's planner
+and table_wise (what a user with bounded ids picks) and to the faster
+managed-collision version (with unbounded ids), with the HBM floor: the
+bytes a step must move on a rank (its keys in, its outputs out and their
+gradients in, each distinct row and its optimizer state read and written
+once) over the device's copy bandwidth measured in the run.
 
 ``--profile-steps N`` (CUDA) profiles N more steps of each version with
 torch.profiler and prints, per step, the device time of each stage (input
-distribution, routing, de-duplication, unique, find-or-insert, the lookup
+distribution, routing, a managed-collision module's remap (and eviction),
+de-duplication, unique, find-or-insert, the lookup
 replayed from a CUDA graph (unique and find-or-insert in one), pooling,
 output distribution, backward, update; kernels attributed by the range their
 launch falls in: dynamicemb's ``dynamicemb:*`` ranges, and the benchmark's
@@ -77,6 +96,7 @@ from torch.profiler import record_function
 # examples/dist_launch.py
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
 import dist_launch
+import sharded_mc  # tools/bench/sharded_mc.py, next to this script
 
 # An odd prime: id = rank * MULT mod rows is a bijection of [0, rows) unless
 # MULT divides rows.
@@ -86,6 +106,7 @@ MULT = 2654435761
 STAGES = [
     "input_dist",
     "routing",
+    "remap",
     "dedup",
     "unique",
     "find_or_insert",
@@ -135,12 +156,26 @@ def power_law(
     return (r * MULT) % rows
 
 
-def make_batch(args, step: int, rank: int, local_batch: int, device: torch.device):
+# What a batch is for: every batch a version trains on is new to it (a batch
+# seen twice finds all its ids in the table and hides the insert path), so
+# each phase of the run draws from seeds of its own, and no phase repeats an
+# index. The versions train on the same batches (the same ids) in turn.
+PHASES = {"build": 0, "timed": 1, "pipelined": 2, "profiled": 3, "sync_check": 4}
+# More than the batches of any phase.
+PHASE_BATCHES = 1_000_003
+
+
+def make_batch(args, phase: str, index: int, rank: int, local_batch: int, device: torch.device):
+    """Batch ``index`` of ``phase`` for ``rank``: ids from a power law over
+    ``[0, args.id_space)``, each (phase, index, rank) drawn from its own seed."""
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    g = torch.Generator(device=device).manual_seed(1_000_003 * step + 7919 * rank + 1)
+    if not 0 <= index < PHASE_BATCHES:
+        raise ValueError(f"batch index {index} of phase {phase!r} is outside [0, {PHASE_BATCHES})")
+    seed = (PHASES[phase] * PHASE_BATCHES + index) * 7919 + rank + 1
+    g = torch.Generator(device=device).manual_seed(seed)
     n = args.features * local_batch * args.hotness
-    values = power_law(g, n, args.rows, args.alpha, device)
+    values = power_law(g, n, args.id_space, args.alpha, device)
     lengths = torch.full(
         (args.features * local_batch,), args.hotness, dtype=torch.int64, device=device
     )
@@ -169,12 +204,54 @@ COLLECTION = "emb"
 # TorchRec's plans: None leaves the choice to its planner, else the one
 # sharding type allowed (with the FUSED kernel).
 PLANS = {"planner": None, "table_wise": "table_wise", "row_wise": "row_wise"}
+# TorchRec's static tables: ids modulo their rows.
+STATIC = {f"torchrec:{p}" for p in PLANS}
+
+
+def mc_kind(which: str) -> str | None:
+    """The managed-collision kind of version ``which`` (``torchrec:mch``:
+    mch), None for the others."""
+    kind = which.partition(":")[2]
+    return kind if which.startswith("torchrec:") and kind in sharded_mc.MC_KINDS else None
+
+
+def version_batch(which: str, kjt, args):
+    """The batch as version ``which`` takes it: TorchRec's static tables take
+    the ids modulo their rows (as a static table must, when the ids range
+    beyond them: ``--id-space``), the dynamic and managed-collision tables
+    the raw ids."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    if which not in STATIC or args.id_space <= args.rows:
+        return kjt
+    return KeyedJaggedTensor(
+        keys=kjt.keys(), values=kjt.values() % args.rows, lengths=kjt.lengths()
+    )
+
+
+# The batches each version trained on, by (phase, index), for the optimizer
+# being timed (run_optimizer starts it afresh with the versions it builds).
+TRAINED: dict[str, set[tuple[str, int]]] = collections.defaultdict(set)
+
+
+def train_batch(which: str, args, phase: str, index: int, rank: int, local_batch: int, device):
+    """Batch ``index`` of ``phase`` as version ``which`` takes it
+    (version_batch), made before its step's clock starts; refuses a batch the
+    version trained on before."""
+    if (phase, index) in TRAINED[which]:
+        raise RuntimeError(
+            f"{which} would train on batch {index} of phase {phase!r} twice: a batch seen "
+            "twice finds its ids in the table and hides the insert path"
+        )
+    TRAINED[which].add((phase, index))
+    return version_batch(which, make_batch(args, phase, index, rank, local_batch, device), args)
 
 
 class Model(torch.nn.Module):
-    """One EmbeddingCollection or (SUM) EmbeddingBagCollection, ``emb``."""
+    """One EmbeddingCollection or (SUM) EmbeddingBagCollection, ``emb``; with
+    ``mc`` (sharded_mc.MC_KINDS), behind TorchRec's managed-collision modules."""
 
-    def __init__(self, args) -> None:
+    def __init__(self, args, mc: str | None = None, world_size: int = 1) -> None:
         super().__init__()
         from torchrec.modules.embedding_configs import (
             EmbeddingBagConfig,
@@ -208,7 +285,10 @@ class Model(torch.nn.Module):
             for t, name in enumerate(table_names(args.tables))
         ]
         collection = EmbeddingBagCollection if bags else EmbeddingCollection
-        self.emb = collection(tables=self.configs, device=torch.device("meta"))
+        meta = torch.device("meta")
+        self.emb = collection(tables=self.configs, device=meta)
+        if mc is not None:
+            self.emb = sharded_mc.wrap(mc, self.emb, self.configs, args, world_size, meta)
 
     def forward(self, kjt):
         return self.emb(kjt)
@@ -273,14 +353,26 @@ def torchrec_plan_and_shard(model: torch.nn.Module, planner, sharder, device: to
 def build_torchrec(
     args, optimizer: str, world_size: int, device: torch.device, local_batch: int, plan: str
 ):
-    """TorchRec's tables, planned as ``PLANS[plan]`` says."""
+    """TorchRec's tables, planned as ``PLANS[plan]`` says, or behind its
+    managed-collision modules (``plan`` one of sharded_mc.MC_KINDS)."""
     from torchrec.distributed.embedding import EmbeddingCollectionSharder
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.types import ParameterConstraints
 
-    model = Model(args)
     params = fused_params(optimizer, args.lr)
+    if plan in sharded_mc.MC_KINDS:
+        model = Model(args, mc=plan, world_size=world_size)
+        planner = EmbeddingShardingPlanner(
+            topology=topology(world_size, device),
+            batch_size=local_batch,
+            constraints=sharded_mc.constraints(model.configs),
+            debug=False,
+        )
+        return torchrec_plan_and_shard(
+            model, planner, sharded_mc.sharder(args.collection, params), device
+        )
+    model = Model(args)
     if args.collection == "ebc":
         sharder = EmbeddingBagCollectionSharder(fused_params=params)
     else:
@@ -305,7 +397,7 @@ def build_torchrec(
 
 def build(which: str, args, optimizer: str, world_size: int, device, local_batch: int):
     """A version by its name: ``dynamicemb``, ``dynamicemb:eager`` (no CUDA
-    graphs of the lookup) or ``torchrec:<plan>``."""
+    graphs of the lookup), ``torchrec:<plan>`` or ``torchrec:<mc kind>``."""
     if which.startswith("dynamicemb"):
         from dynamicemb.shard import dynamic_embedding_kernels
 
@@ -334,6 +426,8 @@ def _sync(device: torch.device) -> None:
 def train_step(model, kjt, args) -> None:
     """Forward, the loss (which waits for the output dist), backward."""
     out = model(kjt)
+    if isinstance(out, tuple):  # a sharded managed-collision collection: (out, remapped ids)
+        out = out[0]
     with record_function("bench:output_wait"):
         if args.collection == "ebc":  # a KeyedTensor
             loss = out.values().sum()
@@ -357,7 +451,7 @@ def time_steps(
     for step in range(args.warmup + args.steps):
         shift = step % len(names)
         for which in names[shift:] + names[:shift]:
-            kjt = make_batch(args, step, rank, local_batch, device)
+            kjt = train_batch(which, args, "timed", step, rank, local_batch, device)
             _sync(device)
             dist.barrier()  # every rank starts the step together
             t0 = time.perf_counter()
@@ -374,21 +468,25 @@ def time_pipelined(
     models: dict[str, Any], args, rank: int, local_batch: int, device, rounds: int = 3
 ) -> dict[str, float]:
     """Per version, seconds per step of ``args.steps`` steps issued back to
-    back with one synchronization at the end (batches made before), the
-    median of ``rounds`` rounds; the versions take turns round by round."""
+    back with one synchronization at the end (the round's batches made
+    before, new ones each round), the median of ``rounds`` rounds; the
+    versions take turns round by round, on the same batches."""
     names = list(models)
-    batches = [make_batch(args, 30_000 + s, rank, local_batch, device) for s in range(args.steps)]
     per_step: dict[str, list[float]] = {w: [] for w in names}
     for r in range(rounds):
         shift = r % len(names)
         for which in names[shift:] + names[:shift]:
+            inputs = [
+                train_batch(which, args, "pipelined", r * args.steps + s, rank, local_batch, device)
+                for s in range(args.steps)
+            ]
             _sync(device)
             dist.barrier()
             t0 = time.perf_counter()
-            for kjt in batches:
+            for kjt in inputs:
                 train_step(models[which], kjt, args)
             _sync(device)
-            per_step[which].append((time.perf_counter() - t0) / len(batches))
+            per_step[which].append((time.perf_counter() - t0) / len(inputs))
     return {w: statistics.median(per_step[w]) for w in names}
 
 
@@ -434,6 +532,8 @@ def _stage_of(kernel: str, ranges: list[str]) -> str:
         if r in OUR_RANGES:
             return OUR_RANGES[r]
     outer = [r for r in ranges if r.startswith("bench:")]
+    if sharded_mc.MC_RANGE in ranges and not (outer and outer[0] == "bench:lookup"):
+        return "remap"  # a managed-collision module's (its lookup's inside is the table's)
     where = outer[0] if outer else ""
     name = kernel.lower()
     if where == "bench:input_dist":
@@ -489,7 +589,7 @@ def analyze_trace(path: str, steps: int) -> dict[str, Any]:
     # Host time in each range (the profiler's own cost included).
     host_us: dict[str, float] = collections.defaultdict(float)
     for start, end, name in ranges:
-        if name in OUR_RANGES or name.startswith("bench:"):
+        if name in OUR_RANGES or name.startswith("bench:") or name == sharded_mc.MC_RANGE:
             host_us[name] += end - start
     return {
         "stages_ms": {s: stage_us.get(s, 0.0) / 1e3 / steps for s in STAGES},
@@ -501,7 +601,7 @@ def analyze_trace(path: str, steps: int) -> dict[str, Any]:
 
 
 def profile_steps(
-    model, args, rank: int, local_batch: int, device, trace_name: str
+    which: str, model, args, rank: int, local_batch: int, device, trace_name: str
 ) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
@@ -509,7 +609,9 @@ def profile_steps(
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
     n = args.profile_steps
-    batches = [make_batch(args, 10_000 + s, rank, local_batch, device) for s in range(n + 1)]
+    batches = [
+        train_batch(which, args, "profiled", s, rank, local_batch, device) for s in range(n + 1)
+    ]
     train_step(model, batches[0], args)  # after the instrumenting, once unprofiled
     _sync(device)
     with profile(activities=activities) as prof:
@@ -526,7 +628,7 @@ def profile_steps(
     if device.type != "cuda":
         return result
     # Synchronizations of one step as torch counts them.
-    kjt = make_batch(args, 20_000, rank, local_batch, device)
+    kjt = train_batch(which, args, "sync_check", 0, rank, local_batch, device)
     _sync(device)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -569,7 +671,7 @@ def floor_bytes(args, optimizer: str, rank: int, local_batch: int, device) -> fl
     row = value_row_bytes(params["optimizer"], args.dim, torch.float32)
     distinct = []
     for step in range(args.warmup, args.warmup + min(args.steps, 3)):
-        kjt = make_batch(args, step, rank, local_batch, device)
+        kjt = make_batch(args, "timed", step, rank, local_batch, device)
         values = kjt.values().view(args.tables, -1)  # features of a table are adjacent
         distinct.append(sum(int(torch.unique(v).numel()) for v in values))
     n = local_batch * args.features * args.hotness
@@ -612,22 +714,30 @@ def run_optimizer(args, optimizer: str, rank: int, world_size: int, device) -> l
     local_batch = args.batch // world_size
     models: dict[str, Any] = {}
     results: dict[str, dict[str, Any]] = {}
+    TRAINED.clear()
     for which in args.which:
+        kind = mc_kind(which)
+        if kind is not None:
+            why = sharded_mc.unavailable(kind, args.collection, device.type, world_size, args.rows)
+            if why is not None:
+                results[which] = {"which": which, "optimizer": optimizer, "skipped": why}
+                continue
         before = _allocated(device)
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
         start = time.perf_counter()
         try:
             model, plan = build(which, args, optimizer, world_size, device, local_batch)
-            train_step(model, make_batch(args, 0, rank, local_batch, device), args)
+            kjt = train_batch(which, args, "build", 0, rank, local_batch, device)
+            train_step(model, kjt, args)
             _sync(device)
         except torch.OutOfMemoryError:
             # The versions built before hold their tables (one GPU: no rank waits).
             model = plan = None
             gc.collect()
             torch.cuda.empty_cache()
-            if rank == 0:
-                print(f"{which}: {optimizer}, skipped: out of device memory", flush=True)
+            skipped = "out of device memory"
+            results[which] = {"which": which, "optimizer": optimizer, "skipped": skipped}
             continue
         results[which] = {
             "which": which,
@@ -650,11 +760,23 @@ def run_optimizer(args, optimizer: str, rank: int, world_size: int, device) -> l
             stats = dynamic_table_stats(model).to(device)
             dist.all_reduce(stats)
             res["rows_held"], res["evictions"], res["insert_failures"] = stats.tolist()
+        elif mc_kind(which) is not None:
+            held = torch.tensor([sharded_mc.rows_held(model)], dtype=torch.int64, device=device)
+            dist.all_reduce(held)
+            res["rows_held"] = int(held)
         if args.profile_steps:
             instrument(model)
             res["profile"] = profile_steps(
-                model, args, rank, local_batch, device, f"{which.replace(':', '_')}_{optimizer}"
+                which,
+                model,
+                args,
+                rank,
+                local_batch,
+                device,
+                f"{which.replace(':', '_')}_{optimizer}",
             )
+    for which in models:
+        results[which]["batches"] = len(TRAINED[which])  # each a new one (train_batch)
     del models, model
     gc.collect()
     if device.type == "cuda":
@@ -664,14 +786,19 @@ def run_optimizer(args, optimizer: str, rank: int, world_size: int, device) -> l
 
 
 def _line(r: dict) -> str:
+    if "skipped" in r:
+        return f"{r['which']}: {r['optimizer']}, skipped: {r['skipped']}"
     extra = ""
-    if r["which"].startswith("dynamicemb"):
+    if "evictions" in r:
         extra = (
             f", rows held {r['rows_held']:,}, evictions {r['evictions']:,}, "
             f"insert failures {r['insert_failures']:,} (all ranks)"
         )
+    elif "rows_held" in r:
+        extra = f", ids held {r['rows_held']:,} (all ranks)"
     if "peak_gib" in r:
         extra += f", peak memory {r['peak_gib']:.1f} GiB"
+    extra += f", {r['batches']} batches, each new to it"
     return (
         f"{r['which']}: {r['optimizer']}, {r['plan']}, built in {r['built_s']:.1f} s, "
         f"median step {r['step_ms']:.2f} ms (host {r['host_ms']:.2f} ms), pipelined "
@@ -738,7 +865,7 @@ def run(rank: int, world_size: int, args) -> None:
     print(
         f"{world_size} x {name}, {args.collection.upper()}, global batch {args.batch:,}, "
         f"{args.tables} tables, {args.features} features, hotness {args.hotness}, dim {args.dim}, "
-        f"{args.rows:,} rows, dedup {dedup}"
+        f"{args.rows:,} rows, ids over {args.id_space:,}, dedup {dedup}"
     )
     print()
     print(
@@ -749,8 +876,11 @@ def run(rank: int, world_size: int, args) -> None:
     summary = []
     for optimizer in args.optimizer:
         rows = [r for r in results if r["optimizer"] == optimizer]
-        ours = next((r for r in rows if r["which"] == "dynamicemb"), None)
+        ours = next((r for r in rows if r["which"] == "dynamicemb" and "skipped" not in r), None)
         for r in rows:
+            if "skipped" in r:
+                print(f"| {optimizer} | {r['which']} | n/a ({r['skipped']}) | | | | | |")
+                continue
             ratios = ["-", "-"]
             if ours is not None and r is not ours:
                 ratios = [f"{ours[k] / r[k]:.2f}" for k in ("step_ms", "pipelined_ms")]
@@ -761,20 +891,28 @@ def run(rank: int, world_size: int, args) -> None:
             )
         fl = floors.get(optimizer)
         entry = {"optimizer": optimizer, "floor_ms": None if fl is None else 1e3 * fl}
-        # What a user would pick: the faster of TorchRec's own plan and table_wise.
-        best = [r for r in rows if r["which"] in ("torchrec:planner", "torchrec:table_wise")]
-        if ours is not None and best:
+        ran = [r for r in rows if "skipped" not in r]
+        # What a user would pick: the faster of TorchRec's own plan and table_wise
+        # (ids bounded), or of its managed-collision tables (ids unbounded).
+        picks = {
+            "best": [r for r in ran if r["which"] in ("torchrec:planner", "torchrec:table_wise")],
+            "best_mc": [r for r in ran if mc_kind(r["which"]) is not None],
+        }
+        for pick, best in picks.items():
+            if ours is None or not best:
+                continue
             for k in ("step_ms", "pipelined_ms"):
                 fastest = min(best, key=lambda r, k=k: r[k])
-                entry[f"best_{k}"] = {"version": fastest["which"], "ratio": ours[k] / fastest[k]}
+                entry[f"{pick}_{k}"] = {"version": fastest["which"], "ratio": ours[k] / fastest[k]}
         summary.append(entry)
     print()
     for entry in summary:
         line = f"* {entry['optimizer']}:"
-        for k, what in (("step_ms", "step"), ("pipelined_ms", "pipelined")):
-            if f"best_{k}" in entry:
-                b = entry[f"best_{k}"]
-                line += f" dynamicemb / {b['version']} {b['ratio']:.2f} ({what});"
+        for pick in ("best", "best_mc"):
+            for k, what in (("step_ms", "step"), ("pipelined_ms", "pipelined")):
+                if f"{pick}_{k}" in entry:
+                    b = entry[f"{pick}_{k}"]
+                    line += f" dynamicemb / {b['version']} {b['ratio']:.2f} ({what});"
         if entry["floor_ms"] is not None:
             line += f" HBM floor {entry['floor_ms']:.2f} ms"
         print(line.rstrip(";"), flush=True)
@@ -832,7 +970,17 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--hotness", type=int, default=10, help="ids per feature and sample")
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument(
-        "--rows", type=int, default=10_000_000, help="id space and TorchRec's rows, per table"
+        "--rows",
+        type=int,
+        default=10_000_000,
+        help="rows of each table (dynamic, static and managed-collision alike)",
+    )
+    ap.add_argument(
+        "--id-space",
+        type=int,
+        default=None,
+        help="ids drawn from [0, ID_SPACE) (default: --rows); beyond the rows the dynamic "
+        "and managed-collision tables evict, the static ones take the ids modulo their rows",
     )
     ap.add_argument("--alpha", type=float, default=1.05, help="power-law exponent of the ids")
     ap.add_argument(
@@ -877,6 +1025,27 @@ def parse_args(argv: list[str] | None = None):
         help="TorchRec's plans to time: its planner unconstrained, or one sharding type "
         "with the FUSED kernel",
     )
+    ap.add_argument(
+        "--mc",
+        nargs="*",
+        choices=list(sharded_mc.MC_KINDS),
+        default=[],
+        help="also time TorchRec's managed-collision tables (tools/bench/sharded_mc.py): mch "
+        "(MCHManagedCollisionModule), zch (HashZchManagedCollisionModule)",
+    )
+    ap.add_argument(
+        "--mch-policy",
+        choices=list(sharded_mc.MCH_POLICIES),
+        default=sharded_mc.MCH_POLICIES[0],
+        help=f"the eviction policy of --mc mch (default {sharded_mc.MCH_POLICIES[0]})",
+    )
+    ap.add_argument(
+        "--mc-eviction-interval",
+        type=int,
+        default=1,
+        metavar="STEPS",
+        help="steps between --mc mch's merges of new ids (default 1: every step)",
+    )
     ap.add_argument("--no-dynamicemb", action="store_true", help="time TorchRec's plans only")
     ap.add_argument(
         "--eager",
@@ -886,7 +1055,7 @@ def parse_args(argv: list[str] | None = None):
     ap.add_argument("--threads", type=int, default=1, help="torch threads per CPU process")
     args = ap.parse_args(argv)
     dist_launch.check_device_args(ap, args, has_gpu)
-    args.which = [f"torchrec:{p}" for p in args.plans]
+    args.which = [f"torchrec:{p}" for p in args.plans] + [f"torchrec:{k}" for k in args.mc]
     if not args.no_dynamicemb:
         args.which.append("dynamicemb")
     if args.eager:
@@ -897,16 +1066,19 @@ def parse_args(argv: list[str] | None = None):
         ap.error("--dedup: the EmbeddingBagCollection sharders have no index dedup")
     if args.batch % args.world_size:
         ap.error(f"--batch {args.batch} is not a multiple of the world size {args.world_size}")
-    if args.rows % MULT == 0:
-        ap.error(f"--rows must not be a multiple of {MULT}")
+    if args.id_space is None:
+        args.id_space = args.rows
+    if args.id_space % MULT == 0:
+        ap.error(f"--id-space (default --rows) must not be a multiple of {MULT}")
     if args.tables < 1 or args.features % args.tables:
         ap.error(f"--features {args.features} must split evenly over --tables {args.tables}")
     if (
-        min(args.batch, args.features, args.hotness, args.dim, args.rows, args.steps) < 1
+        min(args.batch, args.features, args.hotness, args.dim, args.rows, args.id_space) < 1
+        or min(args.steps, args.mc_eviction_interval) < 1
         or args.warmup < 0
         or args.profile_steps < 0
     ):
-        ap.error("sizes and --steps must be positive")
+        ap.error("sizes, --steps and --mc-eviction-interval must be positive")
     return args
 
 
@@ -915,8 +1087,8 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"sharded {args.collection.upper()}, {args.world_size} {args.device} rank(s): global batch "
         f"{args.batch:,}, {args.tables} table(s) x {args.features // args.tables} feature(s) x "
-        f"hotness {args.hotness}, dim {args.dim}, ids power law alpha {args.alpha} over "
-        f"{args.rows:,} per table, {', '.join(args.optimizer)}, "
+        f"hotness {args.hotness}, dim {args.dim}, {args.rows:,} rows per table, ids power law "
+        f"alpha {args.alpha} over {args.id_space:,}, {', '.join(args.optimizer)}, "
         f"dedup {'on' if args.dedup else 'off'}, "
         f"{args.warmup} warm-up + {args.steps} timed steps"
         + (f" + {args.profile_steps} profiled" if args.profile_steps else ""),

@@ -15,13 +15,16 @@ rows). The parts (``--parts``):
 
 * ``steps``: the mean step (forward, backward with the fused update) over
   ``--timed`` steps, the device synchronized before and after them, of the
-  cache with its victims' rows staged and written to host memory on a side
-  stream (the default) and written at once through the mapped pointer
-  (``HostWrites.max_rows = 0``), each without and with the next batch
-  prefetched on a side stream between the forward and the backward (as
-  TorchRec's prefetch pipeline runs it); the rows each moved per step.
+  cache with its victims' rows written at once through the mapped pointer
+  (``HostWrites.max_rows = 0``, the default) and staged and written to host
+  memory on a side stream (``max_rows = None``), every host-bound copy in
+  address order, each without and with the next batch prefetched on a side
+  stream between the forward and the backward (as TorchRec's prefetch
+  pipeline runs it); the rows each moved per step.
 * ``stages``: ``--steps`` steps under torch.profiler, the training lookup
-  run eagerly and then replayed from its CUDA graph: per step, the device
+  run eagerly, then replayed from its CUDA graph, then eagerly with the next
+  batch prefetched on a side stream (``prefetch_find``, ``prefetch_insert``,
+  ``prefetch_write_back``, ``prefetch_fill``): per step, the device
   time (kernels launched inside the range) and host time of each
   ``dynamicemb:`` range (the cache's stages: ``cache_insert``,
   ``cache_backing``, ``cache_fill``, ``cache_overflow``,
@@ -148,13 +151,14 @@ class Run:
 
 def steps_part(run: Run) -> int:
     """Prints the mean step of each variant; returns the rows a step wrote
-    back (its victims) in the default variant."""
+    back (its victims) with the victims written at once."""
     a, m = run.args, run.m
     writes = m.storage.backing.writes
     rb = max(m.layout.row_bytes)
     victims = None
     print(f"== steps: mean of {a.timed} new batches each, {a.optimizer}, budget {a.budget}")
-    for staged in (True, False):
+    default = writes.max_rows
+    for staged in (False, True):
         writes.max_rows = None if staged else 0
         for prefetch in (False, True):
             batches = [run.batch() for _ in range(a.timed + 1)]
@@ -166,15 +170,16 @@ def steps_part(run: Run) -> int:
             sync(run.device)
             ms = 1e3 * (time.perf_counter() - t) / a.timed
             per = (run.moved() - before) / a.timed
-            if staged and not prefetch:
+            if not staged and not prefetch:
                 victims = (int(m.storage.host_writes) - w0) // a.timed
             how = "staged, written on a side stream" if staged else "written at once"
+            how += " (default)" if writes.max_rows == default else ""
             print(
-                f"   victims {how:34s} prefetch {'yes' if prefetch else 'no ':3s}: "
+                f"   victims {how:44s} prefetch {'yes' if prefetch else 'no ':3s}: "
                 f"{ms:7.2f} ms/step, {per:,.0f} rows moved ({per * rb / 1e6:.1f} MB)",
                 flush=True,
             )
-    writes.max_rows = None
+    writes.max_rows = default
     return victims
 
 
@@ -183,15 +188,20 @@ def stages_part(run: Run) -> None:
     activities = [ProfilerActivity.CPU]
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
-    for graphs in (False, True) if device.type == "cuda" else (False,):
+    default = run.m.cuda_graphs
+    graphed = device.type == "cuda"
+    for graphs, prefetch in [(False, False)] + [(True, False)] * graphed + [(False, True)]:
         run.m.cuda_graphs = graphs
-        batches = [run.batch() for _ in range(a.steps)]
+        batches = [run.batch() for _ in range(a.steps + 1)]
+        run.train(batches[:1], prefetch=False)  # a first step of this variant
         sync(device)
         with profile(activities=activities) as prof:
-            run.train(batches, prefetch=False)
+            run.train(batches[1:], prefetch)
             sync(device)
-        print(f"== budget {a.budget}, lookup {'from its CUDA graph' if graphs else 'eager'}")
+        how = "from its CUDA graph" if graphs else "eager"
+        print(f"== budget {a.budget}, lookup {how}, prefetch {'yes' if prefetch else 'no'}")
         print("\n".join(stage_lines(prof, a.steps)))
+    run.m.cuda_graphs = default
 
 
 def _rate(fn, nbytes: int, device: torch.device, reps: int = 5) -> float:
