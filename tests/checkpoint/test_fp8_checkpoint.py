@@ -1,4 +1,4 @@
-"""A table of FP8 rows (``embedding_dtype=torch.float8_e4m3fn``) through a
+"""A pooled table of FP8 rows (``embedding_dtype=torch.float8_e4m3fn``) through a
 checkpoint: the files say the dtype and hold the rows' bytes (codes, padding,
 scale); loaded at the same or another world size the table is bit for bit
 the one that was written, trains on as it does (an FP8 row's rounding depends
@@ -19,19 +19,15 @@ FP8 = torch.float8_e4m3fn
 
 
 def _case(dtype=FP8) -> c.Case:
+    """A pooled collection of a dynamic FP8 table beside a static one; STEP
+    scores, so a model trained on after a load scores as the original."""
     from dynamicemb import DynamicEmbScoreStrategy
 
-    return c.Case(
-        "fp8",
-        "ec",
-        [T(NAME, 64, 8, dist_type="roundrobin"), T("static", 16, 8, dynamic=False)],
-        optimizer="rowwise_adagrad",
-        score_strategy=DynamicEmbScoreStrategy.STEP,
-        steps=4,
-        key_range=(-20, 200),
-        batch_size=6,
-        options={"embedding_dtype": dtype},
-    )
+    tables = [T(NAME, 64, 8, dist_type="roundrobin"), T("static", 16, 8, dynamic=False)]
+    shape = dict(steps=4, key_range=(-20, 200), batch_size=6)
+    strategy = DynamicEmbScoreStrategy.STEP
+    options = {"embedding_dtype": dtype}
+    return c.Case("fp8", "ebc", tables, "rowwise_adagrad", strategy, options=options, **shape)
 
 
 def _write(rank, world, root):
