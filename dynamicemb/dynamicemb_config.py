@@ -66,12 +66,15 @@ __all__ = [
     "complete_initializer_args",
     "get_sharded_table_capacity",
     "EMBEDDING_DTYPES",
+    "MAX_SCALED_DIM",
     "OPTIMIZER_STATE_DTYPE",
+    "SCALED_DTYPES",
     "embedding_config_dtype",
     "get_table_value_bytes",
     "implemented_optimizers",
     "native_optimizer",
     "optimizer_state_dim",
+    "embedding_row_bytes",
     "value_row_bytes",
 ]
 
@@ -94,7 +97,15 @@ DEFAULT_DIST_TYPE = "roundrobin"
 _ROWWISE_STATE_BYTES = 16
 
 # The dtypes a table's embeddings may be stored at.
-EMBEDDING_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+EMBEDDING_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float8_e4m3fn)
+
+# The embedding dtypes whose rows carry a scale: a row of FP8 codes, padded to
+# 4 bytes, then its float32 scale (cc/storage/row_space.h, "FP8 rows").
+SCALED_DTYPES = (torch.float8_e4m3fn,)
+
+# The widest row of a scaled dtype (cc/storage/row_space.h, kMaxScaledDim: a
+# GPU warp keeps a row's new values in registers until its scale is known).
+MAX_SCALED_DIM = 512
 
 # The dtype of the optimizer state in a row, whatever the embedding's: the
 # arithmetic is float32 (as FBGEMM keeps float32 state next to float16 weights).
@@ -267,10 +278,13 @@ class DynamicEmbTableOptions:
 
     Attributes:
         embedding_dtype (Optional[torch.dtype]): dtype the embeddings are
-            stored at: float32, float16 or bfloat16 (None: float32, or in a
-            sharded model the table config's ``data_type``). The optimizer
-            state and the arithmetic stay float32 (``value_row_bytes``). Also
-            the precision a checkpoint stores.
+            stored at: float32, float16, bfloat16 or ``torch.float8_e4m3fn``
+            (FP8: e4m3fn codes with a float32 power-of-two scale per row,
+            written by stochastic rounding; dim at most ``MAX_SCALED_DIM``)
+            (None: float32, or in a sharded model the table config's
+            ``data_type``). The optimizer state and the arithmetic stay
+            float32 (``value_row_bytes``). Also the precision a checkpoint
+            stores.
         dim (Optional[int]): embedding width; the planner sets it from
             ``BaseEmbeddingConfig.embedding_dim``, the embedding kernel from
             the sharded ``local_cols``. A value given that differs only
@@ -461,6 +475,15 @@ class DynamicEmbTableOptions:
             raise ValueError(
                 "DynamicEmbTableOptions.embedding_dtype must be one of "
                 f"{EMBEDDING_DTYPES} or None, got {self.embedding_dtype!r}"
+            )
+        if (
+            self.embedding_dtype in SCALED_DTYPES
+            and self.dim is not None
+            and self.dim > MAX_SCALED_DIM
+        ):
+            raise ValueError(
+                f"DynamicEmbTableOptions: a {self.embedding_dtype} row has at most "
+                f"{MAX_SCALED_DIM} elements, got dim {self.dim}"
             )
         if self.index_type is not None and not _is_integer_dtype(self.index_type):
             raise ValueError(
@@ -929,6 +952,24 @@ def saved_state_dim(optimizer_name: str | None, state_dim: int) -> int:
     return state_dim
 
 
+def embedding_row_bytes(dim: int, embedding_dtype: torch.dtype, what: str = "embedding") -> int:
+    """Bytes of the embedding part of a row (and of a checkpoint's value row):
+    ``dim`` elements of ``embedding_dtype`` padded to a multiple of 4 bytes;
+    for a scaled dtype (FP8) the row's float32 scale after them. For dim 3:
+    12 bytes in float32, 8 in float16, 4 + 4 in FP8.
+
+    Raises:
+        ValueError: an ``embedding_dtype`` not in ``EMBEDDING_DTYPES`` (named
+            with ``what``).
+    """
+    if embedding_dtype not in EMBEDDING_DTYPES:
+        raise ValueError(
+            f"{what}: embedding_dtype must be one of {EMBEDDING_DTYPES}, got {embedding_dtype!r}"
+        )
+    padded = _ceil_div(dim * embedding_dtype.itemsize, _ROW_ALIGNMENT) * _ROW_ALIGNMENT
+    return padded + (4 if embedding_dtype in SCALED_DTYPES else 0)
+
+
 def value_row_bytes(
     optimizer_type: Any,
     dim: int,
@@ -937,8 +978,10 @@ def value_row_bytes(
 ) -> int:
     """Bytes of one value row of a table.
 
-    The single rule for the row layout: ``dim`` elements of
-    ``embedding_dtype``, padded to a multiple of 4 bytes, then (in training)
+    The single rule for the row layout: the embedding
+    (``embedding_row_bytes``: ``dim`` elements of ``embedding_dtype`` padded
+    to a multiple of 4 bytes, and for FP8 the row's float32 scale), then (in
+    training)
     ``optimizer_state_dim(optimizer_type, dim, OPTIMIZER_STATE_DTYPE)``
     float32 elements of optimizer state. For dim 3 in float16 with Adam:
     6 bytes padded to 8, plus 6 floats, 32 bytes.
@@ -960,12 +1003,7 @@ def value_row_bytes(
     """
     if not _is_int(dim) or dim <= 0:
         raise ValueError(f"value_row_bytes: dim must be a positive int, got {dim!r}")
-    if embedding_dtype not in EMBEDDING_DTYPES:
-        raise ValueError(
-            f"value_row_bytes: embedding_dtype must be one of {EMBEDDING_DTYPES}, "
-            f"got {embedding_dtype!r}"
-        )
-    embedding = _ceil_div(dim * embedding_dtype.itemsize, _ROW_ALIGNMENT) * _ROW_ALIGNMENT
+    embedding = embedding_row_bytes(dim, embedding_dtype, "value_row_bytes")
     if not training or optimizer_type is None:
         return embedding
     state = optimizer_state_dim(optimizer_type, dim, OPTIMIZER_STATE_DTYPE)

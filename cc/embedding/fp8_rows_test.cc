@@ -96,7 +96,7 @@ TEST(Fp8Rows, AnUpdateRescalesTheRowAndKeepsItsState) {
   std::vector<float> v(dim, 0.01f), g(dim, -1.f), tmp(dim);
   write_scaled_row(row.codes(), v.data(), dim, 5, 0);
   const float before = row.scale();
-  update_scaled_row(a, row.codes(), row.state(), g.data(), dim, 5, tmp.data());
+  update_scaled_row(a, row.codes(), row.state(), g.data(), dim, 5, 3, tmp.data());
   // Adam moved every value by about lr: the scale followed the largest.
   float amax = 0.f;
   for (float x : tmp) amax = std::fmax(amax, std::fabs(x));
@@ -129,7 +129,7 @@ TEST(Fp8Rows, StepsSmallerThanHalfACodeAccumulateOnAverage) {
     write_scaled_row(row.codes(), v.data(), dim, 1000 + r, 0);
     for (int64_t s = 1; s <= steps; ++s) {
       OptimArgs at = with_step(a, s);
-      update_scaled_row(at, row.codes(), row.state(), g.data(), dim, 1000 + r, tmp.data());
+      update_scaled_row(at, row.codes(), row.state(), g.data(), dim, 1000 + r, s, tmp.data());
     }
     EXPECT_EQ(row.value(0), 1.f);  // no gradient: the largest keeps the scale
     mean += (row.value(1) + row.value(2) + row.value(3)) / 3.0;

@@ -289,10 +289,10 @@ DEMB_HD void update_row(const OptimArgs& a, T* w, float* s, const float* g, int6
 /// `dim` codes at `w` and their scale, its state `s`, with the gradient `g`.
 /// The new values are computed in float32 into `tmp` (dim floats), then the
 /// row gets the scale of their largest magnitude and each code its value
-/// rounded stochastically with the bits of (`key`, the step, the element):
-/// the same row, gradient and key give the same codes on every backend.
+/// rounded stochastically with the bits of (`key`, `step`, the element):
+/// the same row, gradient, key and step give the same codes on every backend.
 DEMB_HD void update_scaled_row(const OptimArgs& a, storage::Float8E4M3* w, float* s, const float* g,
-                               int64_t dim, uint64_t key, float* tmp) {
+                               int64_t dim, uint64_t key, int64_t step, float* tmp) {
   using storage::to_float;
   float* scale = storage::scale_at(w, dim);
   const float old = *scale;
@@ -306,7 +306,7 @@ DEMB_HD void update_scaled_row(const OptimArgs& a, storage::Float8E4M3* w, float
   }
   const float sc = storage::fp8_scale(amax);
   *scale = sc;
-  for (int64_t d = 0; d < dim; ++d) w[d] = scaled_code(tmp[d], sc, key, a.step, d);
+  for (int64_t d = 0; d < dim; ++d) w[d] = scaled_code(tmp[d], sc, key, step, d);
 }
 
 }  // namespace embedding

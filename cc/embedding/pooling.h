@@ -123,12 +123,22 @@ struct UpdateArgs {
   /// (U) each key's value, the source of an FP8 row's stochastic rounding
   /// (sr_key); null: the row's offset is.
   const int64_t* keys = nullptr;
+  /// (1) the step of that rounding (sr_step); null: optim.step is.
+  const int64_t* rounding_step = nullptr;
 };
 
 /// What seeds the stochastic rounding of key u's FP8 row (philox.h): its key,
 /// or its row's offset where the caller gives no keys.
 DEMB_HD uint64_t sr_key(const UpdateArgs& a, int64_t u) {
   return static_cast<uint64_t>(a.keys != nullptr ? a.keys[u] : a.rows[u]);
+}
+
+/// The step that seeds the stochastic rounding of the FP8 rows an update
+/// writes (philox.h): the caller's, or optim.step where it gives none. With
+/// the key's, a row gets the same bits in whichever tier and at whichever
+/// place it is updated.
+DEMB_HD int64_t sr_step(const UpdateArgs& a) {
+  return a.rounding_step != nullptr ? *a.rounding_step : a.optim.step;
 }
 
 /// The output-gradient slice of the occurrence at grouped position i (a key's

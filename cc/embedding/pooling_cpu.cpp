@@ -46,7 +46,7 @@ void update_backward(const UpdateArgs& a, int64_t num_keys) {
         tmp.resize(static_cast<size_t>(dim));
         update_scaled_row(a.optim, storage::embedding_at<T>(a.space, r),
                           storage::state_at<T>(a.space, r, dim), g.data(), dim, sr_key(a, u),
-                          tmp.data());
+                          sr_step(a), tmp.data());
       } else {
         update_row(a.optim, storage::embedding_at<T>(a.space, r),
                    storage::state_at<T>(a.space, r, dim), g.data(), dim);

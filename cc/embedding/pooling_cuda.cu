@@ -121,7 +121,8 @@ __device__ void update_key(const UpdateArgs& a, int64_t u, int lane, const Fill&
   if (r < 0) return;  // uniform across the warp
   const int64_t dim = key_dim(a, u);
   warp_update_row<T, Vec>(a.optim, storage::embedding_at<T>(a.space, r),
-                          storage::state_at<T>(a.space, r, dim), dim, lane, fill, sr_key(a, u));
+                          storage::state_at<T>(a.space, r, dim), dim, lane, fill, sr_key(a, u),
+                          sr_step(a));
 }
 
 // A key of at most kHotChunk occurrences (two per lane), as the lanes read
@@ -183,7 +184,7 @@ __device__ void update_plain_key(const UpdateArgs& a, int64_t u, int64_t r, cons
       a.optim, storage::embedding_at<T>(a.space, r), storage::state_at<T>(a.space, r, dim), dim,
       lane,
       [&](int64_t base, float (&g)[kPer]) { occurrences_chunk<Vec>(a, o, c, base, dim, lane, g); },
-      sr_key(a, u));
+      sr_key(a, u), sr_step(a));
 }
 
 template <class T>

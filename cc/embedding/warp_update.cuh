@@ -108,7 +108,8 @@ static_assert(kMaxScaledChunks * kChunk >= storage::kMaxScaledDim,
 /// call it.
 template <class Fill>
 __device__ void warp_update_scaled_row(const OptimArgs& optim, storage::Float8E4M3* w, float* s,
-                                       int64_t dim, int lane, const Fill& fill, uint64_t key) {
+                                       int64_t dim, int lane, const Fill& fill, uint64_t key,
+                                       int64_t step) {
   using storage::to_float;
   float* scale = storage::scale_at(w, dim);
   const float old = *scale;
@@ -146,7 +147,7 @@ __device__ void warp_update_scaled_row(const OptimArgs& optim, storage::Float8E4
 #pragma unroll
     for (int k = 0; k < kPer; ++k) {
       const int64_t d = lane_coord<false>(base, lane, k);
-      if (base < dim && d < dim) w[d] = scaled_code(x[c][k], sc, key, optim.step, d);
+      if (base < dim && d < dim) w[d] = scaled_code(x[c][k], sc, key, step, d);
     }
   }
   if (lane == 0) *scale = sc;
@@ -192,14 +193,15 @@ __device__ void update_unscaled_row(const OptimArgs& optim, T* w, float* s, int6
 /// gradient's chunk at `base` into g. Vec needs vectorized(w, dim).
 /// A row-wise optimizer (is_rowwise) first sums the row's squared gradient
 /// across the warp, before any coordinate changes. An FP8 row goes to warp_update_scaled_row
-/// (`key`: its stochastic rounding's). All lanes must call it.
+/// (`key`, `step`: its stochastic rounding's). All lanes must call it.
 template <class T, bool Vec = false, class Fill>
 __device__ void warp_update_row(const OptimArgs& optim, T* w, float* s, int64_t dim, int lane,
-                                const Fill& fill, uint64_t key = 0) {
+                                const Fill& fill, uint64_t key = 0, int64_t step = 0) {
   if constexpr (storage::Scaled<T>::value) {
-    warp_update_scaled_row(optim, w, s, dim, lane, fill, key);
+    warp_update_scaled_row(optim, w, s, dim, lane, fill, key, step);
   } else {
     (void)key;
+    (void)step;
     update_unscaled_row<T, Vec>(optim, w, s, dim, lane, fill);
   }
 }

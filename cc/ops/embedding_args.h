@@ -351,7 +351,7 @@ inline embedding::UpdateArgs update_args(
     const at::Tensor& occ_offsets, const at::Tensor& occ_order, const at::Tensor& occ_bag,
     const c10::optional<at::Tensor>& weights, const at::Tensor& cols, const at::Tensor& dims,
     int64_t batch, storage::ElementType type, const embedding::OptimArgs& optim,
-    const c10::optional<at::Tensor>& step_values) {
+    const c10::optional<at::Tensor>& step_values, const c10::optional<at::Tensor>& rounding) {
   TORCH_CHECK_VALUE(batch >= 0, "dynamicemb: batch must not be negative, got ", batch);
   TORCH_CHECK_TYPE(grad_out.scalar_type() == at::kFloat,
                    "dynamicemb: grad_out must be float32, got ", grad_out.scalar_type());
@@ -389,6 +389,14 @@ inline embedding::UpdateArgs update_args(
   a.occ_offsets = occ_offsets.data_ptr<int64_t>();
   a.occ_order = occ_order.data_ptr<int64_t>();
   a.occ_bag = occ_bag.data_ptr<int64_t>();
+  if (rounding.has_value()) {
+    check_1d(*rounding, at::kLong, "rounding");
+    TORCH_CHECK_VALUE(rounding->numel() == rows.numel() + 1,
+                      "dynamicemb: rounding must hold a key per row and the step (",
+                      rows.numel() + 1, " values), got ", rounding->numel());
+    a.keys = rounding->data_ptr<int64_t>();
+    a.rounding_step = a.keys + rows.numel();
+  }
   if (rows.device().is_cpu()) {
     // Each key's row holds its embedding and the optimizer state.
     for (int64_t u = 0; u < rows.numel(); ++u) {
@@ -428,7 +436,8 @@ inline void check_update_devices(const at::Tensor& seg0, const at::Tensor& seg1,
                                  const at::Tensor& occ_bag,
                                  const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
                                  const at::Tensor& dims,
-                                 const c10::optional<at::Tensor>& step_values) {
+                                 const c10::optional<at::Tensor>& step_values,
+                                 const c10::optional<at::Tensor>& rounding) {
   check_devices("embedding_update", {{"rows", &rows},
                                      {"seg0", &seg0},
                                      {"seg1", &seg1},
@@ -443,6 +452,9 @@ inline void check_update_devices(const at::Tensor& seg0, const at::Tensor& seg1,
   }
   if (step_values.has_value()) {
     check_devices("embedding_update", {{"rows", &rows}, {"step_values", &*step_values}});
+  }
+  if (rounding.has_value()) {
+    check_devices("embedding_update", {{"rows", &rows}, {"rounding", &*rounding}});
   }
 }
 
@@ -539,12 +551,12 @@ void update_with(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor& grad_out,
                  const at::Tensor& occ_bag, const c10::optional<at::Tensor>& weights,
                  const at::Tensor& cols, const at::Tensor& dims, int64_t batch, int64_t type,
                  const embedding::OptimArgs& optim, const c10::optional<at::Tensor>& step_values,
-                 const Run& run) {
+                 const c10::optional<at::Tensor>& rounding, const Run& run) {
   check_update_devices(seg0, seg1, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols,
-                       dims, step_values);
+                       dims, step_values, rounding);
   const storage::ElementType et = element_type(type);
   run(update_args(seg0, seg1, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols, dims,
-                  batch, et, optim, step_values),
+                  batch, et, optim, step_values, rounding),
       et);
 }
 

@@ -48,11 +48,11 @@ void embedding_update_cuda(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor&
                            const at::Tensor& occ_order, const at::Tensor& occ_bag,
                            const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
                            const at::Tensor& dims, int64_t batch, int64_t element_type,
-                           at::ArrayRef<double> optim,
-                           const c10::optional<at::Tensor>& step_values) {
+                           at::ArrayRef<double> optim, const c10::optional<at::Tensor>& step_values,
+                           const c10::optional<at::Tensor>& rounding) {
   const c10::cuda::CUDAGuard guard(rows.device());
   update_with(seg0, seg1, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols, dims,
-              batch, element_type, optim_params(optim), step_values,
+              batch, element_type, optim_params(optim), step_values, rounding,
               [&](const embedding::UpdateArgs& a, storage::ElementType et) {
                 at::Tensor keep;
                 const embedding::cuda::HotKeys h =

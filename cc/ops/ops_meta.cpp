@@ -174,9 +174,10 @@ void embedding_update_meta(at::Tensor& seg0, at::Tensor& seg1, const at::Tensor&
                            const c10::optional<at::Tensor>& weights, const at::Tensor& cols,
                            const at::Tensor& dims, c10::SymInt /*batch*/, int64_t /*element_type*/,
                            at::ArrayRef<double> /*optim*/,
-                           const c10::optional<at::Tensor>& step_values) {
+                           const c10::optional<at::Tensor>& step_values,
+                           const c10::optional<at::Tensor>& rounding) {
   check_update_devices(seg0, seg1, grad_out, rows, occ_offsets, occ_order, occ_bag, weights, cols,
-                       dims, step_values);
+                       dims, step_values, rounding);
 }
 
 at::Tensor counter_add_meta(const at::Tensor& keys, const at::Tensor& table_ids,

@@ -253,12 +253,14 @@ TORCH_LIBRARY(dynamicemb, m) {
   //   used instead of what optim's step gives (so that a traced backward takes
   //   the iteration as data, not as a constant): Adam's bias corrections
   //   1 - beta1^t and 1 - beta2^t (the adam_bias op), RMSprop AR's t (then
-  //   unused).
+  //   unused); rounding: optional (U + 1) int64 on the op's device, each
+  //   distinct key and then the step, the seeds of the stochastic rounding of
+  //   FP8 rows (without it: each row's offset and optim's step).
   m.def(
       "embedding_update(Tensor(a!) seg0, Tensor(b!) seg1, Tensor grad_out, Tensor rows, "
       "Tensor occ_offsets, Tensor occ_order, Tensor occ_bag, Tensor? weights, Tensor cols, "
-      "Tensor dims, SymInt batch, int element_type, float[] optim, Tensor? step_values=None) -> "
-      "()");
+      "Tensor dims, SymInt batch, int element_type, float[] optim, Tensor? step_values=None, "
+      "Tensor? rounding=None) -> ()");
 
   // The distinct (table, key) pairs of a batch (dynamicemb/embedding/unique.py),
   // padded: every per-pair output has the batch's length n, the distinct

@@ -7,11 +7,15 @@ A checkpoint is a folder::
       <collection>/                               e.g. model.sparse.ebc
         <table>_meta.json                         per-table meta (below)
         <table>_keys.rank_<r>.world_size_<W>      int64 keys
-        <table>_values.rank_<r>.world_size_<W>    (n, embedding_dim) at embedding_dtype
+        <table>_values.rank_<r>.world_size_<W>    (n, embedding_dim) at embedding_dtype (*)
         <table>_opt_values.rank_<r>.world_size_<W>  (n, optim_state_dim) at optim_state_dtype
         <table>_scores.rank_<r>.world_size_<W>    (n, num_scores) int64, score_strategy order
         <table>_counter_keys.rank_<r>.world_size_<W>    (c) admission counter keys
         <table>_counter_values.rank_<r>.world_size_<W>  (c) int64, their counts
+
+(*) For FP8 (``float8_e4m3fn``) a value row is the table's stored row: the
+``embedding_dim`` e4m3fn codes, zeros to 4 bytes, the row's float32 scale
+(``dynamicemb.io.embeddings``).
 
 ``<collection>`` is the collection's name, its module path in the model, the
 model itself being ``model`` (``model.sparse.ebc``;
@@ -47,7 +51,7 @@ from typing import Any
 
 import torch
 
-from dynamicemb.io import dtypes
+from dynamicemb.io import dtypes, embeddings
 from dynamicemb.io.files import CHECKSUM_ALGORITHM, CHECKSUM_BLOCK_BYTES, DataError, FileInfo
 
 FORMAT_NAME = "dynamicemb-checkpoint"
@@ -170,7 +174,7 @@ class TableMeta:
         if kind == KEYS:
             return torch.int64, 1
         if kind == VALUES:
-            return self.embedding_dtype, self.embedding_dim
+            return embeddings.columns(self.embedding_dtype, self.embedding_dim)
         if kind == OPT_VALUES:
             assert self.optim_state_dtype is not None
             return self.optim_state_dtype, self.optim_state_dim

@@ -71,7 +71,7 @@ from dynamicemb.checkpoint.read import (
     table_meta,
 )
 from dynamicemb.dynamicemb_config import DynamicEmbScoreStrategy
-from dynamicemb.io import Group, fs
+from dynamicemb.io import Group, embeddings, fs
 from dynamicemb.io import files as io_files
 from dynamicemb.io.files import IO_THREADS, chunk_rows
 from dynamicemb.shard.routing import route_keys
@@ -442,6 +442,8 @@ def _apply(plan: _Plan, rows: dict[str, torch.Tensor], chunk: int) -> tuple[int,
             state = None
     if not plan.with_state:
         state = None
+    # Another precision: decoded and encoded at the table's (warned in load).
+    emb = embeddings.convert(emb, meta.embedding_dim, meta.embedding_dtype, rows_.value_dtype)
     scores = rows.get(SCORES)
     if rows_.score_columns() is not None and scores is None:
         scores = torch.zeros(keys.numel(), rows_.num_scores, dtype=torch.int64)

@@ -38,7 +38,7 @@ from dynamicemb.checkpoint.dcp_reader import dcp_load, dcp_reader
 from dynamicemb.checkpoint.dump import group_of, tables_of
 from dynamicemb.checkpoint.layout import KEYS, VALUES, TableMeta
 from dynamicemb.checkpoint.load import TableLoad, _Plan, apply_all
-from dynamicemb.io import fs
+from dynamicemb.io import embeddings, fs
 from dynamicemb.io.files import chunk_rows
 from dynamicemb.shard.routing import route_keys
 from dynamicemb.shard.tables import TableRef
@@ -269,7 +269,7 @@ def _mine(ref: TableRef, weight: torch.Tensor, ids: torch.Tensor | None, group) 
         else:
             e = weight[lo:hi]
         keys.append(k)
-        embs.append(e.to(ref.rows.value_dtype))
+        embs.append(embeddings.encode(e, ref.rows.value_dtype))
     return {KEYS: torch.cat(keys).reshape(-1, 1), VALUES: torch.cat(embs)}
 
 

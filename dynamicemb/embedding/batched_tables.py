@@ -110,6 +110,9 @@ class _Batch:
     # reaches the backward as data (an int would be a constant of a backward
     # traced by torch.compile). None for the other optimizers.
     step_values: torch.Tensor | None = None
+    # FP8 rows: the distinct keys, and them then the step (embedding_update's rounding).
+    keys: torch.Tensor | None = None
+    rounding: torch.Tensor | None = None
     # Set once the backward has updated the batch's rows (a batch of a CUDA
     # graph's tensors holds them until then: LookupGraphs).
     updated: bool = False
@@ -530,6 +533,8 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         elif self.training and self.optimizer.reads_step:
             # The step itself (exact in float32 up to 2**24 steps).
             b.step_values = torch.full((2,), self.step, dtype=torch.float32, device=self.device)
+        if self.trains() and self.layout.scaled:
+            b.rounding = torch.cat([b.keys, b.keys.new_full((1,), self.step)])
         return _Pool.apply(self._placeholder, self, b)
 
     def trains(self) -> bool:
@@ -611,6 +616,7 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
                 self._out_width,
                 fill,
             )
+        b.keys = su.keys
         return b
 
     def _graph_state(self) -> tuple | None:

@@ -191,7 +191,9 @@ class RowOptimizer:
         (cc/embedding/pooling.h: rows are byte offsets into the space),
         ``element_type`` the embeddings' native ElementType. ``step`` is
         1-based; an update that reads it (``reads_step``) takes it from
-        ``batch.step_values`` when set."""
+        ``batch.step_values`` when set. An FP8 row's stochastic rounding
+        takes its key and the step from ``batch.rounding`` (its row's offset
+        and ``step`` without it)."""
         b = batch
         values = getattr(b, "step_values", None)
         # Only some updates read the step, and from the batch when it has it.
@@ -211,4 +213,5 @@ class RowOptimizer:
             int(element_type),
             self.packed(step),
             values,
+            getattr(b, "rounding", None),
         )

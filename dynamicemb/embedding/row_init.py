@@ -7,7 +7,9 @@ import torch
 
 from dynamicemb.dynamicemb_config import value_row_bytes
 from dynamicemb.embedding.initializer import MultiTableInitializer
+from dynamicemb.io import embeddings as emb
 from dynamicemb.storage import RowInit, RowLayout
+from dynamicemb.storage import space as sp
 
 
 def fill_refs(positions: torch.Tensor) -> torch.Tensor:
@@ -16,11 +18,17 @@ def fill_refs(positions: torch.Tensor) -> torch.Tensor:
     return -2 - positions
 
 
+def fill_dtype(module) -> torch.dtype:
+    """The element dtype of a module's fill rows: its embedding dtype, or
+    uint8 for FP8 (rows of codes and scale, as stored rows are)."""
+    return emb.columns(module.embedding_dtype, 1)[0]
+
+
 def fill_width(module) -> int:
     """Elements of a fill row: the widest embedding, padded as a stored row's
-    is (init_rows_at writes it so)."""
+    is, an FP8 row's scale included (init_rows_at writes it so)."""
     dtype = module.embedding_dtype
-    return value_row_bytes(None, module.max_dim, dtype, False) // dtype.itemsize
+    return value_row_bytes(None, module.max_dim, dtype, False) // fill_dtype(module).itemsize
 
 
 class ModuleRowInit(RowInit):
@@ -85,13 +93,13 @@ class ModuleRowInit(RowInit):
         if idx.numel() == 0:
             return rows, None
         m = self.module
-        fill = initializer(
-            keys.index_select(0, idx),
-            tids.index_select(0, idx),
-            m.dims,
-            self.table_ids,
-            m.seed,
-        ).to(m.embedding_dtype)
+        tids = tids.index_select(0, idx)
+        initial = initializer(keys.index_select(0, idx), tids, m.dims, self.table_ids, m.seed)
+        if emb.is_scaled(m.embedding_dtype):
+            fill = torch.zeros((idx.numel(), fill_width(m)), dtype=torch.uint8, device=m.device)
+            sp.pack_rows(fill, tids, m.layout, initial)
+        else:
+            fill = initial.to(m.embedding_dtype)
         refs = fill_refs(torch.arange(idx.numel(), device=m.device))
         return rows.index_copy(0, idx, refs), fill
 
@@ -102,7 +110,7 @@ class ModuleRowInit(RowInit):
         first rows are written, nothing is selected."""
         m = self.module
         n = keys.numel()
-        fill = torch.empty((n, width), dtype=m.embedding_dtype, device=m.device)
+        fill = torch.empty((n, width), dtype=fill_dtype(m), device=m.device)
         rank = torch.cumsum(marked, 0) - 1  # of each marked entry among them
         at = torch.where(marked, rank * (width * fill.element_size()), -1)
         space = (fill.view(torch.uint8).reshape(-1), fill.new_empty(0, dtype=torch.uint8))

@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from dynamicemb._checks import is_int
-from dynamicemb.io import Group
+from dynamicemb.io import Group, embeddings
 from dynamicemb.io.files import chunk_rows
 from dynamicemb.replication.delta import DeltaDumpResult, DeltaError, delta_checksum
 from dynamicemb.replication.scores import delta_scores
@@ -73,7 +73,10 @@ def _local_rows(ref: TableRef, threshold: int) -> dict[str, Any]:
     return {
         "table_names": ref.name,
         "keys": torch.cat([p.keys for p in parts]).cpu(),
-        "values": torch.cat([p.embeddings for p in parts]).cpu(),
+        # (n, dim) floating point, FP8 rows decoded (exact in float32).
+        "values": embeddings.as_values(
+            torch.cat([p.embeddings for p in parts]).cpu(), m.dims[t], m.value_dtype
+        ),
         "optimizer_states": (torch.cat([p.optimizer_state for p in parts]).cpu() if sd else None),
         "scores": delta_scores(m, torch.cat([p.words for p in parts]), current).cpu(),
         "meta": dict(

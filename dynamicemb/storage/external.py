@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from dynamicemb._checks import is_int
+from dynamicemb.io import embeddings as emb
 from dynamicemb.storage import space as sp
 from dynamicemb.storage.layout import RowLayout
 from dynamicemb.storage.rows import rows_buffer
@@ -277,7 +278,7 @@ class ExternalBacking(Backing):
             yield ExportedRows(
                 keys=keys.to(self.device),
                 scores=scores.to(self.device),
-                embeddings=values[:, :d].to(self.layout.dtype),
+                embeddings=emb.encode(values[:, :d], self.layout.dtype),
                 optimizer_state=values[:, d:] if spec.value_dim > d else None,
             )
 

@@ -634,11 +634,11 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
 
     def rows_of(self, keys, slots, tids, scores, table: int, cols) -> ExportedRows:
         emb, state = sp.unpack_rows(self.read(slots, tids), tids, self.layout, False)
-        dim, sd = self.layout.dims[table], self.layout.state_dims[table]
+        width, sd = self.layout.embedding_columns(table), self.layout.state_dims[table]
         return ExportedRows(
             keys=keys,
             scores=None if cols is None else scores[:, cols],
-            embeddings=emb[:, :dim],
+            embeddings=emb[:, :width],
             optimizer_state=state[:, :sd] if sd else None,
         )
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from dynamicemb.io import embeddings as emb
 from dynamicemb.storage.layout import RowLayout
 from dynamicemb.table import PAD_KEY, extension, ops
 from dynamicemb.types import MemoryType
@@ -223,17 +224,21 @@ def pack_rows(
 ) -> None:
     """Writes rows into a staging buffer: for the rows ``index`` (all when
     None) of tables ``tids`` (one per written row), the embedding
-    (``embeddings``: (m, >= dim) float32 or the layout's dtype, converted
-    with round to nearest even) and the optimizer state (``state``: (m, >=
-    state_dim) float32). A part given as None is left as it is."""
+    (``embeddings``: (m, >= dim) float32, converted with round to nearest
+    even (``dynamicemb.io.embeddings.encode``), or as the layout's dtype
+    stores them (``embeddings.columns``: for FP8 the uint8 rows, copied as
+    they are)) and the optimizer state (``state``: (m, >= state_dim)
+    float32). A part given as None is left as it is."""
     rows = torch.arange(buffer.shape[0], device=buffer.device) if index is None else index
-    esize = layout.dtype.itemsize
+    stored = embeddings is not None and embeddings.dtype == emb.columns(layout.dtype, 1)[0]
     for dim, sdim, soff, sel in layout.dim_groups(tids):
         r = rows if sel is None else rows[sel]
         if embeddings is not None:
             e = embeddings if sel is None else embeddings[sel]
-            e = e[:, :dim].to(layout.dtype).contiguous()
-            buffer[r, : dim * esize] = e.view(torch.uint8).reshape(r.numel(), dim * esize)
+            width = emb.columns(layout.dtype, dim)[1]
+            e = e[:, :width] if stored else emb.encode(e[:, :dim], layout.dtype)
+            e = e.contiguous().view(torch.uint8).reshape(r.numel(), -1)
+            buffer[r, : e.shape[1]] = e
         if state is not None and sdim:
             s = state if sel is None else state[sel]
             s = s[:, :sdim].to(torch.float32).contiguous()
@@ -246,23 +251,30 @@ def unpack_rows(
     """The rows of a staging buffer (row i of table ``tids[i]``) as
     ``(embeddings (n, max dim), state (n, max state_dim) float32)``, zeros past
     each table's widths; embeddings in float32 (exact) or, with
-    ``float_embeddings=False``, at the layout's dtype."""
+    ``float_embeddings=False``, as the layout's dtype stores them
+    (``dynamicemb.io.embeddings.columns``: for FP8 (n, max embedding bytes)
+    uint8 rows, codes and scale)."""
     n = buffer.shape[0]
-    esize = layout.dtype.itemsize
-    dtype = torch.float32 if float_embeddings else layout.dtype
-    emb = torch.zeros((n, max(layout.dims)), dtype=dtype, device=buffer.device)
+    if float_embeddings:
+        dtype, width = torch.float32, max(layout.dims)
+    else:
+        dtype, width = emb.columns(layout.dtype, max(layout.dims))
+    out = torch.zeros((n, width), dtype=dtype, device=buffer.device)
     state = torch.zeros((n, max(layout.state_dims)), dtype=torch.float32, device=buffer.device)
     for dim, sdim, soff, sel in layout.dim_groups(tids):
         b = buffer if sel is None else buffer[sel]
-        e = b[:, : dim * esize].contiguous().view(layout.dtype).to(dtype)
+        stored_dtype, cols = emb.columns(layout.dtype, dim)
+        e = b[:, : cols * stored_dtype.itemsize].contiguous().view(stored_dtype)
+        if float_embeddings:
+            e, cols = emb.decode(e, dim, layout.dtype), dim
         if sel is None:
-            emb[:, :dim] = e
+            out[:, :cols] = e
         else:
-            emb[sel, :dim] = e
+            out[sel, :cols] = e
         if sdim:
             s = b[:, soff : soff + 4 * sdim].contiguous().view(torch.float32)
             if sel is None:
                 state[:, :sdim] = s
             else:
                 state[sel, :sdim] = s
-    return emb, state
+    return out, state

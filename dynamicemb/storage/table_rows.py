@@ -44,6 +44,7 @@ from dynamicemb.dynamicemb_config import (
     OPTIMIZER_STATE_DTYPE,
     DynamicEmbScoreStrategy,
     DynamicEmbTableOptions,
+    embedding_row_bytes,
     saved_state_dim,
 )
 from dynamicemb.storage.layout import RowLayout
@@ -229,11 +230,13 @@ class TableRows:
 
     def export_row_bytes(self, table: int, optim: bool = True, slots: bool = False) -> int:
         """Bytes of one exported row of ``table``: its key, embedding (at
-        ``value_dtype``), optimizer state when ``optim`` (at
+        ``value_dtype``, its padding and an FP8 row's scale included:
+        ``embedding_row_bytes``), optimizer state when ``optim`` (at
         ``optim_state_dtype``), score words, and its slot when ``slots``."""
         state = self.state_dim(table) * self.optim_state_dtype.itemsize if optim else 0
         ints = 1 + self.num_scores + (1 if slots else 0)
-        return ints * _INT64_BYTES + self.dims[table] * self.value_dtype.itemsize + state
+        emb_bytes = embedding_row_bytes(self.dims[table], self.value_dtype)
+        return ints * _INT64_BYTES + emb_bytes + state
 
     def sizes(self) -> list[int]:
         """Keys stored per table, in any tier (reads the device)."""

@@ -97,7 +97,9 @@ class ExportedRows:
         keys (torch.Tensor): (n) int64.
         scores (torch.Tensor, optional): (n, num_scores) int64 in
             ``score_strategy`` tuple order; None under NO_EVICTION.
-        embeddings (torch.Tensor): (n, dim) at the table's embedding dtype.
+        embeddings (torch.Tensor): (n, dim) at the table's embedding dtype
+            (FP8: (n, embedding bytes) uint8, the rows' codes and scale:
+            ``dynamicemb.io.embeddings.columns``).
         optimizer_state (torch.Tensor, optional): (n, state_dim) float32;
             None when the rows carry no optimizer state.
         slots (torch.Tensor, optional): (n) int64, each key's slot in its

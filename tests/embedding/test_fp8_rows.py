@@ -16,7 +16,7 @@ import torch
 
 from dynamicemb import DynamicEmbInitializerArgs, DynamicEmbInitializerMode, DynamicEmbOptimType
 from dynamicemb.embedding.initializer import init_rows, init_rows_at, initializer_op_args
-from dynamicemb.table import constants
+from dynamicemb.table import constants, ops
 from tests.devices import DEVICES
 from tests.embedding import test_pooling_ops as po
 
@@ -252,3 +252,38 @@ def test_cuda_new_fp8_rows_are_the_cpu_ones():
         init_rows_at(space, offsets, keys, keys * 0, dim, initializer_op_args(args), 9, FP8, sd)
         got[device] = space[0].cpu()
     assert torch.equal(got["cuda"], got["cpu"])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_an_fp8_row_given_its_key_and_step_is_rounded_alike_at_any_place(device):
+    """embedding_update's ``rounding`` (each distinct key, then the step)
+    seeds the rounding: the same rows stored at other places (a cache, a
+    staging buffer) get the same bytes; without it the place seeds it and
+    they differ. A ``rounding`` of another length is refused naming it."""
+    dim = 8
+    t = po.batch(device, seed=31, dims=(dim, dim), width=dim, num_rows=30)
+    t["values"] *= 0.05
+    rows = fp8_rows(t["values"], 0)
+    moved = torch.randperm(30, generator=torch.Generator().manual_seed(1)).to(device)
+    t2 = dict(t, rows=torch.where(t["rows"] >= 0, moved[t["rows"].clamp(min=0)], -1))
+    rows2 = torch.empty_like(rows)
+    rows2[moved] = rows
+    grad = torch.randn(t["B"], 2 * dim, device=device)
+    occ, order = po.occurrences(t)
+    keys = torch.arange(t["rows"].numel(), device=device) * 7919 + (1 << 40)
+    rounding = torch.cat([keys, keys.new_full((1,), 9)])
+    got = {}
+    for given in (rounding, None):
+        for name, tt, rr in (("here", t, rows), ("moved", t2, rows2)):
+            seg = po.split_space(rr.clone(), tt["rows"], 11, FP8)
+            args = po.update_args(tt, grad, occ, order, po.SGD, 0.3, 9, seg=seg)
+            ops().embedding_update(*args, None, given)
+            got[name] = torch.cat([seg[0], seg[1]]).view(30, -1)
+        here, there = got["here"], got["moved"][moved]
+        updated = torch.unique(t["rows"][t["rows"] >= 0])
+        assert torch.equal(here, there) == (given is not None)
+        assert not torch.equal(here[updated], rows[updated])
+    seg = po.split_space(rows.clone(), t["rows"], 11, FP8)
+    with pytest.raises(ValueError, match="rounding"):
+        ops().embedding_update(*po.update_args(t, grad, occ, order, seg=seg), None, keys)
+    assert torch.equal(torch.cat([seg[0], seg[1]]).view(30, -1), rows)
