@@ -54,7 +54,8 @@ def test_the_entry_point_has_an_example_that_parses_and_imports(module, name):
         if isinstance(node, ast.ImportFrom):
             imported = importlib.import_module(node.module)
             for alias in node.names:
-                assert hasattr(imported, alias.name), f"{name}'s example: {node.module}.{alias.name}"
+                where = f"{name}'s example: {node.module}.{alias.name}"
+                assert hasattr(imported, alias.name), where
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 importlib.import_module(alias.name)
