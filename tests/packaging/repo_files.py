@@ -1,6 +1,7 @@
 """The checkout's files, found from the test's working directory (the
 runfiles root under Bazel) or from this file (pytest in the tree)."""
 
+import importlib.util
 import shutil
 from pathlib import Path
 
@@ -10,6 +11,15 @@ def repo_root() -> Path:
         if (root / "MODULE.bazel").is_file() and (root / "setup.py").is_file():
             return root
     raise FileNotFoundError("MODULE.bazel and setup.py")
+
+
+def tool(name: str):
+    """tools/<name>.py, loaded as a module (its main() not run)."""
+    path = repo_root() / "tools" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def setup_py_names() -> dict:
