@@ -31,7 +31,7 @@ With --fresh-venv, builds the sdist and from it the wheel (this compiles the
 extension: a few minutes), checks the sdist as above and the wheel as --wheel does
 (the built wheel's metadata in place of the prepared one), creates a new venv,
 installs this torch release and the wheel with the extras of this machine
-(torchrec-cpu and opentelemetry on a CPU torch, then torchrec itself with --no-deps,
+(torchrec-cpu-deps and opentelemetry on a CPU torch, then torchrec itself with --no-deps,
 as docs/building.md says; torchrec-cuda and opentelemetry on a CUDA torch), checks
 that `pip check` reports nothing there (on a CPU torch nothing but torchrec's
 requirement of the CUDA FBGEMM, CPU_TORCHREC_LINE), and runs
@@ -328,7 +328,7 @@ def fresh_venv():
     import torch
 
     cuda = bool(torch.version.cuda)
-    wanted = ["torchrec-cuda", "opentelemetry"] if cuda else ["torchrec-cpu", "opentelemetry"]
+    wanted = ["torchrec-cuda", "opentelemetry"] if cuda else ["torchrec-cpu-deps", "opentelemetry"]
     extras = setup_py_names()["extras"](torch, for_sdist=False)
     torchrec = [r for r in extras["torchrec-cuda"] if r.startswith("torchrec")]
     with tempfile.TemporaryDirectory() as tmp:
