@@ -76,3 +76,18 @@ def test_the_sharded_models_state_dict_carries_the_dynamic_rows():
     keys = next(line for line in ran.stdout.splitlines() if line.startswith("KEYS"))
     assert "embedding_bags.item.weight" in keys and "embedding_bags.user.dynamicemb_rows" in keys
     assert "SAME True True" in ran.stdout, ran.stdout
+
+
+def test_examples_set_no_process_wide_warning_filter():
+    """A filter set at a script's top level hides every library's warnings from
+    the program that copies it; the examples show what they warn instead."""
+    import ast
+
+    found = []
+    for script in sorted((repo_root() / "examples").glob("*.py")):
+        for node in ast.walk(ast.parse(script.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                if node.func.attr in ("filterwarnings", "simplefilter", "resetwarnings"):
+                    found.append(f"{script.name}:{node.lineno}")
+    assert len(list((repo_root() / "examples").glob("*.py"))) >= 10
+    assert found == []
