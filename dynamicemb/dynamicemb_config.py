@@ -3,7 +3,7 @@
 The per-table options (``DynamicEmbTableOptions``), initializer arguments,
 the public enums, and the sizing rules the sharding planner applies to them:
 
-* ``complete_initializer_args``: fill missing UNIFORM bounds.
+* ``complete_initializer_args``: fill missing UNIFORM / TRUNCATED_NORMAL bounds.
 * ``get_sharded_table_capacity``: per-rank row capacity after sharding and
   bucket alignment (what the planner writes to ``max_capacity``).
 * ``get_table_value_bytes``: bytes of all ranks' value rows (embedding and
@@ -207,8 +207,9 @@ class DynamicEmbInitializerArgs:
     """Arguments for initializing dynamic embedding rows.
 
     ``lower``/``upper`` left as None are completed by
-    ``complete_initializer_args`` (for UNIFORM: ``±sqrt(1 / num_embeddings)``
-    given the table's embedding config, else 0.0 and 1.0).
+    ``complete_initializer_args``: for UNIFORM and TRUNCATED_NORMAL,
+    ``±sqrt(1 / num_embeddings)`` given the table's embedding config, else
+    0.0 and 1.0 (UNIFORM) or ``mean ∓ 2 * std_dev`` (TRUNCATED_NORMAL).
 
     Attributes:
         mode (DynamicEmbInitializerMode): the initialization. A string value
@@ -675,16 +676,23 @@ def _warn_ignored_weight_init(embedding_config: Any) -> None:
         )
 
 
+# The modes whose bounds complete_initializer_args fills.
+_BOUNDED_MODES = (DynamicEmbInitializerMode.UNIFORM, DynamicEmbInitializerMode.TRUNCATED_NORMAL)
+
+
 def complete_initializer_args(
     initializer_args: DynamicEmbInitializerArgs,
     embedding_config: Any | None = None,
 ) -> DynamicEmbInitializerArgs:
-    """Fill the missing bounds of UNIFORM initializer arguments.
+    """Fill the missing bounds of UNIFORM and TRUNCATED_NORMAL initializer
+    arguments.
 
-    Step 1 of the planner's option preparation. Only UNIFORM is completed: a
-    ``lower`` or ``upper`` that is None becomes ``-sqrt(1 / num_embeddings)``
-    / ``+sqrt(1 / num_embeddings)`` when ``embedding_config`` is given, else
-    0.0 / 1.0. A bound already set is kept. The argument is never modified.
+    Step 1 of the planner's option preparation. A ``lower`` or ``upper`` that
+    is None becomes ``-sqrt(1 / num_embeddings)`` / ``+sqrt(1 /
+    num_embeddings)`` when ``embedding_config`` is given (the options'
+    documented default for both modes), else 0.0 / 1.0 for UNIFORM and
+    ``mean - 2 * std_dev`` / ``mean + 2 * std_dev`` for TRUNCATED_NORMAL. A
+    bound already set is kept. The argument is never modified.
     The config's ``weight_init_min`` / ``weight_init_max`` (TorchRec's) are
     not used; set, they warn once.
 
@@ -704,15 +712,20 @@ def complete_initializer_args(
     """
     if embedding_config is not None:
         _warn_ignored_weight_init(embedding_config)
-    if initializer_args.mode != DynamicEmbInitializerMode.UNIFORM or (
+    mode = initializer_args.mode
+    if mode not in _BOUNDED_MODES or (
         initializer_args.lower is not None and initializer_args.upper is not None
     ):
         return initializer_args
     if embedding_config is not None:
         bound = math.sqrt(1.0 / _num_embeddings(embedding_config))
         default_lower, default_upper = -bound, bound
-    else:
+    elif mode == DynamicEmbInitializerMode.UNIFORM:
         default_lower, default_upper = 0.0, 1.0
+    else:
+        spread = 2.0 * initializer_args.std_dev
+        default_lower = initializer_args.mean - spread
+        default_upper = initializer_args.mean + spread
     return dataclasses.replace(
         initializer_args,
         lower=default_lower if initializer_args.lower is None else initializer_args.lower,

@@ -51,8 +51,9 @@ def construct_twin_module(
     plain ``ParameterConstraints`` it carries). ``model`` is not modified.
 
     A dynamic table's initializer is its options' ``initializer_args``,
-    completed with its config as the planner does (UNIFORM bounds
-    ``±sqrt(1 / num_embeddings)``); prepared options give the same.
+    completed with its config as the planner does (UNIFORM and
+    TRUNCATED_NORMAL bounds ``±sqrt(1 / num_embeddings)``); prepared options
+    give the same.
 
     Args:
         model (nn.Module): the model, before sharding. Dynamic tables may be

@@ -28,6 +28,7 @@ a checkpoint needs to go on, at any world size or batch size.
 import gzip
 import math
 import os
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -71,9 +72,32 @@ def list_files(path: str) -> list[str]:
 
 
 def _open(path: str):
-    if path.endswith(".gz"):
-        return gzip.open(path, "rt", encoding="ascii", newline="\n")
-    return open(path, encoding="ascii", newline="\n")
+    """The file's bytes (decoded line by line: ``parse_line`` names a byte
+    that is not ASCII by its line and field)."""
+    return gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")
+
+
+def _field_name(i: int) -> str:
+    if i == 0:
+        return "label"
+    return f"I{i}" if i <= NUM_DENSE else f"C{i - NUM_DENSE}"
+
+
+def _decode(line: bytes | str, where: str) -> str:
+    """A line as text (ASCII, as the format is).
+
+    Raises:
+        ValueError: naming ``where``, the field and the byte that is not ASCII.
+    """
+    if isinstance(line, str):
+        return line
+    try:
+        return line.decode("ascii")
+    except UnicodeDecodeError as e:
+        field = _field_name(line[: e.start].count(b"\t"))
+        raise ValueError(
+            f"{where}: {field} holds the byte 0x{line[e.start]:02x}, which is not ASCII"
+        ) from None
 
 
 def to_key(value: int) -> int:
@@ -91,13 +115,13 @@ class Record:
     ids: list[int | None]  # NUM_CATEGORICAL keys, None: missing
 
 
-def parse_line(line: str, base: int, where: str) -> Record:
+def parse_line(line: str | bytes, base: int, where: str) -> Record:
     """One line of the format (``base`` 16 or 10 for the ids).
 
     Raises:
         ValueError: naming ``where`` (file and line) and the bad field.
     """
-    fields = line.rstrip("\n").rstrip("\r").split("\t")
+    fields = _decode(line, where).rstrip("\n").rstrip("\r").split("\t")
     if len(fields) != NUM_FIELDS:
         raise ValueError(f"{where}: {len(fields)} tab-separated fields, expected {NUM_FIELDS}")
     label = fields[0]
@@ -108,8 +132,11 @@ def parse_line(line: str, base: int, where: str) -> Record:
         try:
             x = int(tok) if tok else 0
         except ValueError:
-            raise ValueError(f"{where}: I{i + 1} {tok!r} is not an integer") from None
-        dense.append(math.log1p(x) if x > 0 else 0.0)
+            raise ValueError(f"{where}: I{i + 1} {_shown(tok)} is not an integer") from None
+        try:
+            dense.append(math.log1p(x) if x > 0 else 0.0)
+        except OverflowError:
+            raise ValueError(f"{where}: I{i + 1} {_shown(tok)} is too large a count") from None
     ids: list[int | None] = []
     for i, tok in enumerate(fields[1 + NUM_DENSE :]):
         if not tok:
@@ -119,11 +146,18 @@ def parse_line(line: str, base: int, where: str) -> Record:
             v = int(tok, base)
         except ValueError:
             kind = "hexadecimal" if base == 16 else "decimal"
-            raise ValueError(f"{where}: C{i + 1} {tok!r} is not a {kind} id") from None
+            raise ValueError(f"{where}: C{i + 1} {_shown(tok)} is not a {kind} id") from None
         if not -(1 << 63) <= v < _U64:
-            raise ValueError(f"{where}: C{i + 1} {tok!r} does not fit in 64 bits")
+            raise ValueError(f"{where}: C{i + 1} {_shown(tok)} does not fit in 64 bits")
         ids.append(to_key(v))
     return Record(int(label), dense, ids)
+
+
+def _shown(tok: str, limit: int = 40) -> str:
+    """A field as a message shows it (a long one cut, its length said)."""
+    if len(tok) <= limit:
+        return repr(tok)
+    return f"{tok[:limit]!r}... ({len(tok)} characters)"
 
 
 def format_line(label: int, dense: list[int | None], ids: list[int | None], base: int) -> str:
@@ -185,18 +219,24 @@ class ClickFiles:
         empty_epoch = c.file == 0 and c.line == 0  # a whole epoch ahead
         while True:
             path = self.files[c.file]
-            with _open(path) as f:
-                n = 0
-                for n, line in enumerate(f, 1):
-                    if n <= c.line:
-                        continue
-                    empty_epoch = False
-                    yield line, f"{path}:{n}", Cursor(c.epoch, c.file, n)
-                if c.line > n:
-                    raise ValueError(
-                        f"data position {c} is past the end of {path} ({n} lines): the files "
-                        "changed since the checkpoint"
-                    )
+            n = 0
+            try:
+                with _open(path) as f:
+                    for n, line in enumerate(f, 1):
+                        if n <= c.line:
+                            continue
+                        empty_epoch = False
+                        yield line, f"{path}:{n}", Cursor(c.epoch, c.file, n)
+            except (EOFError, OSError, zlib.error) as e:
+                # A truncated or damaged gzip file, or one that is not gzip.
+                raise ValueError(
+                    f"{path}: cannot be read after line {n} ({type(e).__name__}: {e})"
+                ) from None
+            if c.line > n:
+                raise ValueError(
+                    f"data position {c} is past the end of {path} ({n} lines): the files "
+                    "changed since the checkpoint"
+                )
             if c.file + 1 < len(self.files):
                 c = Cursor(c.epoch, c.file + 1, 0)
                 continue

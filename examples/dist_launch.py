@@ -15,6 +15,7 @@ rank 0's result.
 
 import argparse
 import datetime
+import gc
 import json
 import os
 import socket
@@ -160,6 +161,15 @@ def init_from_env(
         (this rank's place, its torch device).
     """
     env = rank_env()
+    # Before the group exists: torch.distributed.nn (which TorchRec imports)
+    # takes the default group as its functions' default arguments when it
+    # is imported. Imported after init_process_group, it would keep the group
+    # alive past destroy_process_group, its threads (gloo's workers and
+    # transport loop, the store's) still running at exit, where a thread
+    # still running or releasing a transfer when the interpreter is torn down
+    # aborts the process ("terminate called without an active exception").
+    import torch.distributed.nn
+
     timeout = datetime.timedelta(seconds=timeout_s)
     group = {"timeout": timeout, "rank": env.rank, "world_size": env.world_size}
     store = _attempt_store(timeout)
@@ -260,7 +270,7 @@ def _run_rank(fn, args, result_path: str | None, refusals: tuple[type[Exception]
             print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     finally:
-        dist.destroy_process_group()
+        tear_down()
     if result is not None and result_path:
         with open(result_path, "w") as f:
             json.dump(result, f, indent=1)
@@ -287,4 +297,13 @@ def run_alone(fn, args) -> None:
     try:
         fn(args)
     finally:
-        dist.destroy_process_group()
+        tear_down()
+
+
+def tear_down() -> None:
+    """Destroys the process group so that its threads are gone before the
+    process exits (``init_from_env`` says why they must be). A model the
+    run built holds the group in reference cycles: they are collected
+    first, so that nothing keeps the group alive past its destruction."""
+    gc.collect()
+    dist.destroy_process_group()

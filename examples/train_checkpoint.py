@@ -12,7 +12,7 @@ atomically.
                            of the static tables
         trainer.pt         the dense optimizer's state, every rank's RNG state,
                            the loss history, the first evaluation, the data
-                           position
+                           position (torch.save, read with weights_only=True)
         job.json           the manifest, written last: the step, the world
                            size, the model and data the checkpoint belongs
                            to, and the size and CRC-32s of trainer.pt and of
@@ -24,7 +24,10 @@ writes them checksummed, verifies everything before a load changes a table,
 carries the admission counters, and reshards by key to any world size; so
 the state dict given to DCP here leaves them out (state_dict_without_rows).
 The rest is what TorchRec and torch already checkpoint well: DCP reshards the
-static tables' sharded tensors, and saves a replicated dense tensor once.
+static tables' sharded tensors, and saves a replicated dense tensor once. Nothing read back runs
+code: DCP's folder is read with ``dynamicemb.checkpoint.dcp_reader`` (DCP's
+own reader would unpickle its files), ``trainer.pt`` with
+``weights_only=True``.
 
 Publishing: every rank writes into ``step_<N>.dynamicemb-tmp-<token>``; when
 all have finished, rank 0 writes ``job.json`` (fsynced) and renames the
@@ -34,8 +37,17 @@ folder to ``step_<N>`` (the library's ``make_tmp`` / ``write_manifest`` /
 of a killed job, a folder being pruned) is ignored, and removed by rank 0 at
 the next save. ``--keep K`` keeps the K newest checkpoints: an older one
 loses its ``job.json`` first, so a prune cut short leaves no folder that
-reads as a checkpoint. One job writes to a folder at a time; every rank must
-see it (a shared filesystem on several nodes, or an object store).
+reads as a checkpoint. One job writes to a folder at a time: rank 0 holds
+``.dynamicemb-job-lock`` (its host and process) while the job runs, and a
+second job on the folder is refused naming it; a lock whose process is gone
+(a killed job, on the same host) is taken over. Every rank must see the
+folder (a shared filesystem on several nodes, or an object store, where the
+lock is written when absent, without an atomic create).
+
+A resume loads the newest complete checkpoint; one that cannot be loaded (a
+damaged file: a CRC-32 that does not match, a DCP folder that cannot be
+read) is named and skipped for the next older one (``--keep``), so an
+automatic restart goes on from it.
 
 ``--checkpoint-dir`` may be an fsspec URL (``s3://bucket/run``): there a
 checkpoint is written into ``step_<N>/.dynamicemb-version-<n>/`` and its
@@ -57,6 +69,8 @@ import torch
 FORMAT = "dynamicemb-train-job"
 VERSION = 1
 MANIFEST = "job.json"
+# The job writing to a --checkpoint-dir: its host, process and start.
+LOCK = ".dynamicemb-job-lock"
 TABLES = "tables"
 TORCHREC = "torchrec"
 TRAINER = "trainer.pt"
@@ -242,6 +256,22 @@ def _pruned(d: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _gone(owner: dict[str, Any]) -> bool:
+    """Whether the job a ``LOCK`` names has ended: its process is gone (on
+    this host; a job on another host is taken as alive)."""
+    import socket
+
+    if owner.get("host") != socket.gethostname() or not isinstance(owner.get("pid"), int):
+        return False
+    try:
+        os.kill(owner["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def _rng_state(device: torch.device) -> dict[str, torch.Tensor | None]:
     cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
     return {"cpu": torch.get_rng_state(), "cuda": cuda}
@@ -259,10 +289,79 @@ class JobCheckpoints:
         comm, _ = _io()
         self.group = comm.Group(None)
 
+    def claim(self) -> None:
+        """Makes this job the one writing to the folder (every rank calls
+        it): rank 0 creates ``LOCK`` (local files: exclusively; an object
+        store: when absent), taking over one whose process is gone (same
+        host, no such process: a job killed, restarted by its launcher).
+
+        Raises:
+            JobError: another job holds the folder (named), on every rank.
+        """
+        error = None
+        if self.group.rank == 0:
+            try:
+                self._lock()
+            except JobError as e:
+                error = e
+            except Exception as e:  # the store's own error
+                error = JobError(f"--checkpoint-dir {self.named}: cannot take its lock ({e})")
+        self.group.verdict(error)  # the same JobError on every rank
+
+    def release(self) -> None:
+        """Removes this job's ``LOCK`` (rank 0; every rank may call it)."""
+        if self.group.rank == 0 and self._locked:
+            _store(self.root).remove(os.path.join(self.root, LOCK))
+            self._locked = False
+
+    _locked = False
+
+    def _lock(self) -> None:
+        import json
+        import socket
+
+        store = _store(self.root)
+        store.makedirs(self.root)
+        path = os.path.join(self.root, LOCK)
+        mine = {"host": socket.gethostname(), "pid": os.getpid(), "started": time.time()}
+        for _ in range(2):
+            if store.renames:
+                try:
+                    fd = os.open(store.absolute(path), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                except FileExistsError:
+                    pass
+                else:
+                    with os.fdopen(fd, "w") as f:
+                        json.dump(mine, f)
+                    self._locked = True
+                    return
+            elif not store.exists(path):
+                store.write_bytes(path, json.dumps(mine).encode())
+                self._locked = True
+                return
+            try:
+                owner = json.loads(store.read_bytes(path))
+            except (OSError, ValueError):
+                owner = {}
+            if not _gone(owner):
+                since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(owner.get("started", 0)))
+                raise JobError(
+                    f"--checkpoint-dir {self.named} is in use by another job (host "
+                    f"{owner.get('host')}, process {owner.get('pid')}, since {since}): two jobs "
+                    f"writing one folder would overwrite each other's checkpoints; wait for it "
+                    f"to end, or remove {path} if it is gone"
+                )
+            store.remove(path)  # its job is gone: take the folder over
+        raise JobError(f"--checkpoint-dir {self.named}: cannot take {path}")
+
     def newest(self) -> Found | None:
         """Rank 0's newest complete checkpoint, on every rank."""
+        found = self.all_complete()
+        return found[-1] if found else None
+
+    def all_complete(self) -> list[Found]:
+        """Rank 0's complete checkpoints, oldest first, on every rank."""
         found = complete(self.root) if self.group.rank == 0 else None
-        found = found[-1] if found else None
         return self.group.broadcast_object(found)
 
     def resume(
@@ -281,21 +380,38 @@ class JobCheckpoints:
         resumed from and, at another world size, how the job was resharded
         (``batch_size`` examples per rank).
 
+        A checkpoint that cannot be loaded (a damaged file: every rank finds
+        so alike) is skipped for the next older complete one (``--keep``), so
+        an automatic restart goes on from it; a load that changed part of the
+        model before it failed is overwritten whole by the older one's.
+
         Returns:
             The resume, or None when there is no checkpoint yet (rank 0 says
             so): the job starts at step 0.
 
         Raises:
-            JobError: the newest checkpoint is of another model or data.
+            JobError: the newest checkpoint is of another model or data, or
+                none of the complete checkpoints can be loaded (each named).
         """
-        found = self.newest()
-        if found is None:
+        candidates = self.all_complete()
+        if not candidates:
             if self.group.rank == 0:
                 print(f"--resume: no checkpoint in {self.named} yet, starting at step 0")
             return None
-        check_matches(found, model_desc, data_desc)
+        check_matches(candidates[-1], model_desc, data_desc)
         t0 = time.perf_counter()
-        trainer, report = self.load(found, model, dense_opt)
+        failed = []
+        for found in reversed(candidates):
+            try:
+                check_matches(found, model_desc, data_desc)
+                trainer, report = self.load(found, model, dense_opt)
+                break
+            except Exception as e:  # agreed: every rank fails the same load
+                failed.append(f"{found.path}: {e}")
+                if self.group.rank == 0:
+                    print(f"--resume: cannot load {found.path} ({e})", flush=True)
+        else:
+            raise JobError("--resume: no checkpoint can be loaded: " + "; ".join(failed))
         for group in dense_opt.param_groups:
             group["lr"] = dense_lr
         dropped = {t.table: t.dropped for t in report.tables} if report is not None else {}
@@ -412,9 +528,8 @@ class JobCheckpoints:
         Returns:
             (the trainer state saved with it, the tables' LoadReport).
         """
-        import torch.distributed.checkpoint as dcp
-
         from dynamicemb.checkpoint import load, state_dict_without_rows
+        from dynamicemb.checkpoint.dcp_reader import dcp_load
 
         _, files = _io()
         g = self.group
@@ -432,7 +547,11 @@ class JobCheckpoints:
         g.agree(error)
         report = load(os.path.join(found.path, TABLES), model, optim=True, show_progress=False)
         state = self._torchrec_state(model)
-        dcp.load(state, checkpoint_id=os.path.join(found.path, TORCHREC))
+        # DCP's own reader would unpickle the folder's files: a crafted
+        # checkpoint would run code (its CRC-32s, recomputable, authenticate
+        # nothing). dcp_load reads with dcp_reader, which runs none, and names
+        # the folder and what failed (every rank alike).
+        dcp_load(state, os.path.join(found.path, TORCHREC))
         with state_dict_without_rows():  # the tables were loaded from tables/
             model.load_state_dict(state["model"])
         if "fused_optim" in state:

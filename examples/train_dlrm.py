@@ -442,6 +442,7 @@ def train(env: dist_launch.RankEnv, device: torch.device, args) -> dict[str, Any
     checkpoints, resumed = None, None
     if args.checkpoint_dir is not None:
         checkpoints = train_checkpoint.JobCheckpoints(args.checkpoint_dir, args.keep, device)
+        checkpoints.claim()
         if args.resume:
             resumed = checkpoints.resume(
                 model, dense_opt, model_desc, data_desc, args.dense_lr, args.batch_size
@@ -455,7 +456,8 @@ def train(env: dist_launch.RankEnv, device: torch.device, args) -> dict[str, Any
     else:
         start, position = resumed.step, resumed.trainer["data_position"]
         loss_sum, first_eval = resumed.trainer["loss_sum"], resumed.trainer["eval_first"]
-    log = train_report.RunLog(args, env, device, features, start, loss_sum)
+    loss_world = resumed.entry["world_size"] if resumed is not None else None
+    log = train_report.RunLog(args, env, device, features, start, loss_sum, loss_world)
     stream = source.train(rank, world_size, start, position)
 
     def save(done: int) -> None:
@@ -500,6 +502,8 @@ def train(env: dist_launch.RankEnv, device: torch.device, args) -> dict[str, Any
     if metrics is not None:
         metrics.close()  # the figures are final now
     entry = resumed.entry if resumed is not None else None
+    if checkpoints is not None:
+        checkpoints.release()
     return log.summary(model, seconds, evals, data_desc, entry, warm)
 
 
@@ -510,11 +514,13 @@ def warm_start(model, args, lead: bool) -> dict[str, Any]:
     """Fills the dynamic tables from --warm-start; returns the summary's
     "warm_start" entry (rows per table over all ranks)."""
     from dynamicemb.checkpoint import warm_start as fill
+    from dynamicemb.io import DataError
 
     t0 = time.perf_counter()
     try:
         report = fill(model, args.warm_start)
-    except (ValueError, TypeError, FileNotFoundError) as e:
+    except (ValueError, TypeError, OSError, DataError) as e:
+        # Every rank refuses alike (warm_start agrees on any rank's failure).
         raise train_checkpoint.JobError(f"--warm-start {args.warm_start}: {e}") from None
     rows = {t.table: t.loaded for t in report.tables}
     dropped = {t.table: t.dropped for t in report.tables}

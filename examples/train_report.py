@@ -295,20 +295,30 @@ class RunLog:
     checkpoints written; rank 0's progress lines; the run's summary.
 
     ``loss_sum``: the loss history of a checkpoint resumed from (each step's
-    loss summed over the ranks that ran it), or None.
+    loss summed over the ranks that ran it, ``loss_world`` of them), or None.
     """
 
     def __init__(
-        self, args, env, device: torch.device, features, start: int, loss_sum=None
+        self,
+        args,
+        env,
+        device: torch.device,
+        features,
+        start: int,
+        loss_sum=None,
+        loss_world: int | None = None,
     ) -> None:
         self.args, self.env, self.device, self.features = args, env, device, features
         self.start = start
         self.lead = env.rank == 0
-        # Per-step loss of this rank; steps before a resume hold the sum over
-        # the ranks on rank 0 (0 elsewhere), so a sum over ranks is right for all.
+        # Per-step loss of this rank; steps before a resume hold, on rank 0
+        # (0 elsewhere), the sum over the ranks scaled to this world size (the
+        # mean times it), so a sum over ranks divided by the world size is
+        # each step's mean whatever world ran it.
         self.loss = torch.zeros(args.steps, device=device)
         if loss_sum is not None and self.lead:
-            self.loss[:start] = loss_sum.to(device)
+            scale = env.world_size / (loss_world or env.world_size)
+            self.loss[:start] = loss_sum.to(device) * scale
         self.report_points = sorted({max(1, round(args.steps * k / 4)) for k in range(1, 5)})
         self.window = max(1, min(args.log_window, args.steps // 4 or 1))
         self.progress = Progress(start, args.steps, args.batch_size * env.world_size, self.lead)
@@ -352,7 +362,8 @@ class RunLog:
 
     def loss_sums(self, done: int) -> torch.Tensor:
         """The loss history of steps 1 .. ``done``, each summed over the ranks
-        (what a checkpoint carries; every rank calls it)."""
+        (each step's mean times this world size: what a checkpoint carries,
+        with its world size; every rank calls it)."""
         return reduce_sum(self.loss)[:done]
 
     def checkpointed(self, done: int, path: str, seconds: float) -> None:

@@ -101,6 +101,35 @@ TEST(Initializer, TruncatedNormalStaysInBounds) {
   EXPECT_NEAR(below_zero / 50000.0, 1.0 / 3.0, 0.02);
 }
 
+// An interval narrower than 2 std_dev draws uniformly and keeps a draw by the
+// density: the exact truncated normal, with no mass piled up at the bounds.
+TEST(Initializer, TruncatedNormalOnANarrowIntervalIsExact) {
+  InitArgs a = args(InitMode::kTruncatedNormal);
+  a.lower = -1.0 / 64, a.upper = 1.0 / 64;  // the default bounds of 4096 rows
+  const int n = 100000;
+  int at_bounds = 0, below_zero = 0;
+  for (int i = 0; i < n; ++i) {
+    const float v = init_value(a, i / 4, 0, i % 4);
+    ASSERT_GE(v, static_cast<float>(a.lower));
+    ASSERT_LE(v, static_cast<float>(a.upper));
+    at_bounds += v == static_cast<float>(a.lower) || v == static_cast<float>(a.upper);
+    below_zero += v < 0;
+  }
+  EXPECT_LT(at_bounds, 5);
+  EXPECT_NEAR(below_zero / static_cast<double>(n), 0.5, 0.01);
+  // N(0, 1) restricted to [1, 2]: P(x < 1.5) = (Phi(1.5) - Phi(1)) / (Phi(2) - Phi(1)).
+  a.lower = 1.0, a.upper = 2.0;
+  int below = 0;
+  for (int i = 0; i < n; ++i) {
+    const float v = init_value(a, i, 0, 0);
+    ASSERT_GE(v, 1.0f);
+    ASSERT_LE(v, 2.0f);
+    below += v < 1.5f;
+  }
+  auto cdf = [](double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); };
+  EXPECT_NEAR(below / static_cast<double>(n), (cdf(1.5) - cdf(1.0)) / (cdf(2.0) - cdf(1.0)), 0.01);
+}
+
 TEST(Initializer, ConstantAndDebugModes) {
   InitArgs c = args(InitMode::kConstant);
   c.value = 0.25;

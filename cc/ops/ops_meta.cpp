@@ -150,8 +150,9 @@ at::Tensor check_batch_meta(const at::Tensor& values, const at::Tensor& lengths,
                             const c10::optional<at::Tensor>& weights,
                             const c10::optional<at::Tensor>& offsets,
                             const c10::optional<at::Tensor>& feature_mask, int64_t num_features,
-                            int64_t /*stride*/, int64_t /*weight_rule*/) {
-  check_batch_devices(values, lengths, weights, offsets, feature_mask);
+                            int64_t /*stride*/, int64_t /*weight_rule*/,
+                            const c10::optional<at::Tensor>& feature_rows) {
+  check_batch_devices(values, lengths, weights, offsets, feature_mask, feature_rows);
   return at::empty({routing::kVerdictWords + num_features}, values.options().dtype(at::kLong));
 }
 

@@ -48,10 +48,12 @@ inline void check_route_args(const at::Tensor& keys, const at::Tensor& feature_i
 inline void check_batch_devices(const at::Tensor& values, const at::Tensor& lengths,
                                 const c10::optional<at::Tensor>& weights,
                                 const c10::optional<at::Tensor>& offsets,
-                                const c10::optional<at::Tensor>& feature_mask) {
+                                const c10::optional<at::Tensor>& feature_mask,
+                                const c10::optional<at::Tensor>& feature_rows) {
   check_devices("check_batch", {{"values", &values}, {"lengths", &lengths}});
-  for (const auto& [name, t] : {std::pair{"weights", &weights}, std::pair{"offsets", &offsets},
-                                std::pair{"feature_mask", &feature_mask}}) {
+  for (const auto& [name, t] :
+       {std::pair{"weights", &weights}, std::pair{"offsets", &offsets},
+        std::pair{"feature_mask", &feature_mask}, std::pair{"feature_rows", &feature_rows}}) {
     if (t->has_value()) check_devices("check_batch", {{"values", &values}, {name, &t->value()}});
   }
 }
@@ -63,8 +65,9 @@ inline void check_batch_args(const at::Tensor& values, const at::Tensor& lengths
                              const c10::optional<at::Tensor>& weights,
                              const c10::optional<at::Tensor>& offsets,
                              const c10::optional<at::Tensor>& feature_mask, int64_t num_features,
-                             int64_t stride, int64_t weight_rule) {
-  check_batch_devices(values, lengths, weights, offsets, feature_mask);
+                             int64_t stride, int64_t weight_rule,
+                             const c10::optional<at::Tensor>& feature_rows) {
+  check_batch_devices(values, lengths, weights, offsets, feature_mask, feature_rows);
   auto check_int = [](const at::Tensor& t, const char* name) {
     TORCH_CHECK_TYPE(t.scalar_type() == at::kInt || t.scalar_type() == at::kLong,
                      "dynamicemb: ", name, " must be int32 or int64, got ", t.scalar_type());
@@ -98,6 +101,11 @@ inline void check_batch_args(const at::Tensor& values, const at::Tensor& lengths
   }
   TORCH_CHECK_VALUE(weight_rule >= 0 && weight_rule <= 2, "dynamicemb: check_batch weight_rule ",
                     weight_rule, " is not 0 (none), 1 (finite) or 2 (counters)");
+  if (feature_rows.has_value()) {
+    check_1d(feature_rows.value(), at::kLong, "feature_rows");
+    TORCH_CHECK_VALUE(feature_rows->numel() == num_features, "dynamicemb: feature_rows has ",
+                      feature_rows->numel(), " entries for ", num_features, " features");
+  }
 }
 
 }  // namespace ops

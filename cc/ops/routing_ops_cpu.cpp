@@ -52,9 +52,10 @@ at::Tensor check_batch_cpu(const at::Tensor& values, const at::Tensor& lengths,
                            const c10::optional<at::Tensor>& weights,
                            const c10::optional<at::Tensor>& offsets,
                            const c10::optional<at::Tensor>& feature_mask, int64_t num_features,
-                           int64_t stride, int64_t weight_rule) {
+                           int64_t stride, int64_t weight_rule,
+                           const c10::optional<at::Tensor>& feature_rows) {
   check_batch_args(values, lengths, weights, offsets, feature_mask, num_features, stride,
-                   weight_rule);
+                   weight_rule, feature_rows);
   check_cpu(values);
   using routing::kNone;
   const int64_t n = values.numel(), num_bags = lengths.numel();
@@ -69,7 +70,8 @@ at::Tensor check_batch_cpu(const at::Tensor& values, const at::Tensor& lengths,
     facts.has_first_offset = true;
     facts.first_offset = offsets->to(at::kLong).data_ptr<int64_t>()[0];
   }
-  std::vector<int64_t> ends(feature_mask.has_value() ? num_bags : 0);
+  const bool by_feature = feature_mask.has_value() || feature_rows.has_value();
+  std::vector<int64_t> ends(by_feature ? num_bags : 0);
   int64_t end = 0;
   for (int64_t i = 0; i < num_bags; ++i) {
     per_feature[i / stride] += l[i];
@@ -81,10 +83,22 @@ at::Tensor check_batch_cpu(const at::Tensor& values, const at::Tensor& lengths,
     if (!ends.empty()) ends[i] = end += l[i] > 0 ? l[i] : 0;
   }
   const bool* mask = feature_mask.has_value() ? feature_mask->data_ptr<bool>() : nullptr;
-  auto checked = [&](int64_t i) {
-    return mask == nullptr || num_bags == 0 ||
-           mask[routing::bag_of(ends.data(), num_bags, i) / stride];
-  };
+  auto feature = [&](int64_t i) { return routing::bag_of(ends.data(), num_bags, i) / stride; };
+  auto checked = [&](int64_t i) { return mask == nullptr || num_bags == 0 || mask[feature(i)]; };
+  if (feature_rows.has_value() && num_bags > 0) {
+    const int64_t* rows = feature_rows->data_ptr<int64_t>();
+    const bool v64 = values.scalar_type() == at::kLong;
+    const void* v = values.data_ptr();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t id =
+          v64 ? static_cast<const int64_t*>(v)[i] : static_cast<const int32_t*>(v)[i];
+      if (!routing::id_ok(id, rows[feature(i)])) {
+        facts.bad_id = static_cast<uint64_t>(i);
+        facts.bad_id_value = id;
+        break;
+      }
+    }
+  }
   if (values.scalar_type() == at::kLong) {
     const int64_t* v = values.data_ptr<int64_t>();
     for (int64_t i = 0; i < n; ++i) {

@@ -48,9 +48,10 @@ at::Tensor check_batch_cuda(const at::Tensor& values, const at::Tensor& lengths,
                             const c10::optional<at::Tensor>& weights,
                             const c10::optional<at::Tensor>& offsets,
                             const c10::optional<at::Tensor>& feature_mask, int64_t num_features,
-                            int64_t stride, int64_t weight_rule) {
+                            int64_t stride, int64_t weight_rule,
+                            const c10::optional<at::Tensor>& feature_rows) {
   check_batch_args(values, lengths, weights, offsets, feature_mask, num_features, stride,
-                   weight_rule);
+                   weight_rule, feature_rows);
   c10::cuda::CUDAGuard guard(values.device());
   routing::cuda::BatchView b;
   b.values = values.data_ptr();
@@ -70,8 +71,9 @@ at::Tensor check_batch_cuda(const at::Tensor& values, const at::Tensor& lengths,
     b.offsets_64 = offsets->scalar_type() == at::kLong;
   }
   at::Tensor ends;
-  if (feature_mask.has_value()) {
-    b.feature_mask = feature_mask->data_ptr<bool>();
+  if (feature_mask.has_value()) b.feature_mask = feature_mask->data_ptr<bool>();
+  if (feature_rows.has_value()) b.feature_rows = feature_rows->data_ptr<int64_t>();
+  if (feature_mask.has_value() || feature_rows.has_value()) {
     ends = at::cumsum(lengths.clamp_min(0), 0, at::kLong);
     b.ends = ends.data_ptr<int64_t>();
   }

@@ -206,13 +206,16 @@ TORCH_LIBRARY(dynamicemb, m) {
   //   weights: (n) floating or None; offsets: int32/int64, only offsets[0]
   //   read, or None; feature_mask: (num_features) bool, the features whose
   //   keys and weights are checked, or None (all); weight_rule: 0 (weights
-  //   not read), 1 (finite), 2 (finite whole numbers >= 0).
+  //   not read), 1 (finite), 2 (finite whole numbers >= 0); feature_rows:
+  //   (num_features) int64, a feature's ids must lie in [0, rows) where
+  //   rows > 0 (a static table's), or None (no bounds).
   // Result:
   //   (4 + num_features) int64: the verdict row (code, a, b, c; zeros when
   //   good) and the lengths per feature.
   m.def(
       "check_batch(Tensor values, Tensor lengths, Tensor? weights, Tensor? offsets, "
-      "Tensor? feature_mask, int num_features, int stride, int weight_rule) -> Tensor");
+      "Tensor? feature_mask, int num_features, int stride, int weight_rule, "
+      "Tensor? feature_rows=None) -> Tensor");
 
   // Every bag's (weighted) sum of its rows, written into TorchRec's output
   // layout (cc/embedding/pooling.h).

@@ -14,6 +14,8 @@
 //   kLengthsSum      sum(lengths) != n                     a: the sum, b: n
 //   kReservedKey     the first reserved key of a checked   a: position, b: key,
 //                    feature (key < first valid key)          c: feature
+//   kBadId           the first id of a bounded feature     a: position, b: id,
+//                    (a static table's) outside [0, rows)     c: feature
 //   kBadWeight       the first bad weight of a checked     a: position,
 //                    feature (weight_ok)                      b: its float64 bits,
 //                                                             c: feature
@@ -38,6 +40,7 @@ enum class BatchCode : int64_t {
   kLengthsSum = 10,
   kReservedKey = 11,
   kBadWeight = 12,
+  kBadId = 15,
 };
 
 /// What the weights of the checked features must be (check_batch's
@@ -68,6 +71,10 @@ DEMB_HD bool weight_ok(double w, int64_t rule) {
   return true;
 }
 
+/// Whether `id` is a row of a feature bounded by `rows` (a static table's
+/// rows; rows <= 0: not bounded).
+DEMB_HD bool id_ok(int64_t id, int64_t rows) { return rows <= 0 || (id >= 0 && id < rows); }
+
 /// The bag holding value `pos`: the number of bags whose inclusive end
 /// (`ends`, the cumulative sums of the lengths clamped at 0) is <= pos,
 /// clamped to the last bag.
@@ -97,6 +104,8 @@ struct BatchFacts {
   int64_t total = 0;            // sum of the lengths
   uint64_t reserved = kNone;    // first reserved key's position
   int64_t reserved_key = 0;
+  uint64_t bad_id = kNone;  // first out-of-bounds id's position
+  int64_t bad_id_value = 0;
   uint64_t bad_weight = kNone;  // first bad weight's position
   int64_t bad_weight_bits = 0;  // its float64 bits
 };
@@ -131,6 +140,11 @@ DEMB_HD void batch_verdict(const BatchFacts& facts, const int64_t* length_per_fe
     code = static_cast<int64_t>(BatchCode::kReservedKey);
     a = static_cast<int64_t>(facts.reserved);
     b = facts.reserved_key;
+    c = feature_of(length_per_feature, num_features, a);
+  } else if (facts.bad_id != kNone) {
+    code = static_cast<int64_t>(BatchCode::kBadId);
+    a = static_cast<int64_t>(facts.bad_id);
+    b = facts.bad_id_value;
     c = feature_of(length_per_feature, num_features, a);
   } else if (facts.bad_weight != kNone) {
     code = static_cast<int64_t>(BatchCode::kBadWeight);

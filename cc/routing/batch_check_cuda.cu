@@ -12,10 +12,10 @@ namespace cuda {
 
 namespace {
 
-// Scratch words: the first negative length's bag, reserved key's position and
-// bad weight's position (kNone: none). The sum of the lengths is kept in
-// out[1] until the verdict overwrites the row.
-constexpr int kNegative = 0, kReserved = 1, kBadWeight = 2;
+// Scratch words: the first negative length's bag, reserved key's position,
+// bad weight's position and out-of-bounds id's position (kNone: none). The
+// sum of the lengths is kept in out[1] until the verdict overwrites the row.
+constexpr int kNegative = 0, kReserved = 1, kBadWeight = 2, kBadIdPos = 3;
 
 __device__ __forceinline__ int64_t load_int(const void* p, bool is64, int64_t i) {
   return is64 ? static_cast<const int64_t*>(p)[i] : static_cast<const int32_t*>(p)[i];
@@ -71,9 +71,13 @@ __global__ void check_batch_kernel(BatchView b, int64_t first_valid_key, int64_t
       }
     }
     if (i < b.n) {
-      bool checked = true;
-      if (b.feature_mask != nullptr) {
-        checked = b.feature_mask[bag_of(b.ends, num_bags, i) / b.stride];
+      // -1: no feature to name (no bags: a finding of the lengths).
+      const int64_t feature =
+          b.ends != nullptr && num_bags > 0 ? bag_of(b.ends, num_bags, i) / b.stride : -1;
+      const bool checked = b.feature_mask == nullptr || feature < 0 || b.feature_mask[feature];
+      if (b.feature_rows != nullptr && feature >= 0 &&
+          !id_ok(load_int(b.values, b.values_64, i), b.feature_rows[feature])) {
+        atomicMin(firsts + kBadIdPos, static_cast<unsigned long long>(i));
       }
       if (checked && b.values_64 && static_cast<const int64_t*>(b.values)[i] < first_valid_key) {
         atomicMin(firsts + kReserved, static_cast<unsigned long long>(i));
@@ -102,6 +106,10 @@ __global__ void check_batch_verdict(BatchView b, int64_t* out, const unsigned lo
   facts.reserved = firsts[kReserved];
   if (facts.reserved != kNone) {
     facts.reserved_key = static_cast<const int64_t*>(b.values)[facts.reserved];
+  }
+  facts.bad_id = firsts[kBadIdPos];
+  if (facts.bad_id != kNone) {
+    facts.bad_id_value = load_int(b.values, b.values_64, static_cast<int64_t>(facts.bad_id));
   }
   facts.bad_weight = firsts[kBadWeight];
   if (facts.bad_weight != kNone) {

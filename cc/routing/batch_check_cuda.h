@@ -26,9 +26,11 @@ struct BatchView {
   int64_t weight_rule = 0;        // WeightRule
   const void* offsets = nullptr;  // first word read, or nullptr
   bool offsets_64 = true;
-  const bool* feature_mask = nullptr;  // (num_features): checked features; nullptr: all
-  const int64_t* ends = nullptr;       // (num_bags) inclusive sums of the lengths clamped at 0;
-                                       // needed with a feature_mask only
+  const bool* feature_mask = nullptr;     // (num_features): checked features; nullptr: all
+  const int64_t* feature_rows = nullptr;  // (num_features): ids in [0, rows) where rows > 0;
+                                          // nullptr: no bounds
+  const int64_t* ends = nullptr;          // (num_bags) inclusive sums of the lengths clamped at 0;
+                                          // needed with a feature_mask or feature_rows only
 };
 
 /// Bytes of device scratch check_batch needs.

@@ -93,8 +93,9 @@ class FrequencyAdmissionStrategy(AdmissionStrategy):
             None for ``DEFAULT_KV_COUNTER`` (2**20 slots).
         initializer_args (Optional[DynamicEmbInitializerArgs]): how the rows of
             rejected keys are initialized; None for the table's own
-            ``initializer_args`` (the only way to get UNIFORM bounds derived
-            from the table's row count: unset bounds here become 0.0 and 1.0).
+            ``initializer_args`` (the only way to get UNIFORM or
+            TRUNCATED_NORMAL bounds derived from the table's row count: unset
+            bounds here are completed without it, ``complete_initializer_args``).
 
     Raises:
         ValueError: a negative threshold, or a counter whose bucket_capacity is

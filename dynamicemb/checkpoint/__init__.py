@@ -11,7 +11,8 @@ carries the dynamic tables' rows, written and read here (model_state.py), so
 ``torch.distributed.checkpoint`` of the model's state dict saves and loads
 them at any world size; ``state_dict_without_rows()`` leaves them out.
 ``DynamicEmbStateful`` puts the dynamic tables into a DCP state of their own
-(dcp.py).
+(dcp.py). ``dcp_reader`` is a DCP reader that runs no code from the files
+(dcp_reader.py): DCP's own unpickles them. No format of ours is pickled.
 ``warm_start`` (an addition of ours, beyond the spec) fills dynamic tables
 with the rows of a TorchRec collection's state_dict or DCP checkpoint
 (warm_start.py). Paths may be fsspec URLs (``s3://...``: dynamicemb.io.fs).
@@ -34,6 +35,7 @@ from dynamicemb.checkpoint.layout import CheckpointError
 # (dump, load and warm_start reach a model's tables through the sharders).
 _MODULES = {
     "DynamicEmbStateful": "dcp",
+    "dcp_reader": "dcp_reader",
     "DumpReport": "dump",
     "dump": "dump",
     "LoadReport": "load",
@@ -46,8 +48,8 @@ _MODULES = {
 
 
 class _Package(types.ModuleType):
-    """This package: its ``dump``, ``load`` and ``warm_start`` are the
-    functions of the modules of the same names. The import system binds a
+    """This package: its ``dcp_reader``, ``dump``, ``load`` and
+    ``warm_start`` are the functions of the modules of the same names. The import system binds a
     loaded module to its package's attribute of the module's name, which
     would hide the function; the function is kept."""
 
@@ -66,6 +68,8 @@ def __getattr__(name: str):
     module = _MODULES.get(name)
     if module == "dcp":
         import dynamicemb.checkpoint.dcp
+    elif module == "dcp_reader":
+        import dynamicemb.checkpoint.dcp_reader
     elif module == "dump":
         import dynamicemb.checkpoint.dump
     elif module == "load":
@@ -88,6 +92,7 @@ __all__ = [
     "LoadReport",
     "TableLoad",
     "WarmStartReport",
+    "dcp_reader",
     "dump",
     "load",
     "state_dict_without_rows",

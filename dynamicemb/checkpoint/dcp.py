@@ -23,6 +23,14 @@ shards, sends each row to the rank owning its key now, and replaces the
 tables' contents all or nothing, as ``DynamicEmbLoad`` does. The format is
 DCP's, not the folder format of ``DynamicEmbDump``; ``state_dict()`` on load
 reads the current tables once (their rows are then replaced).
+
+DCP's own reader unpickles what it reads (its ``.metadata`` file, and these
+rows with ``torch.load(weights_only=False)``): a crafted checkpoint would run
+code. So a ``DynamicEmbStateful`` loads through ``dcp_reader``
+(``dcp.load(state, storage_reader=dcp_reader(path))``, which runs no code
+from the files: ``dcp_reader.py``), and refuses a ``dcp.load`` with DCP's
+own reader, before anything is read, unless it was built with
+``trusted_checkpoint=True`` (for a checkpoint you wrote yourself).
 """
 
 import json
@@ -31,6 +39,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dynamicemb.checkpoint.dcp_reader import dcp_load_reader, is_safe_reader
 from dynamicemb.checkpoint.dump import check_world, group_of, table_meta
 from dynamicemb.checkpoint.layout import (
     KEYS,
@@ -112,6 +121,11 @@ class DynamicEmbStateful:
         optim (bool): save and load the optimizer state too. Defaults to True.
         table_names: as for ``DynamicEmbLoad`` (None: every dynamic table).
         pg (Optional[dist.ProcessGroup]): the sharding's process group.
+        trusted_checkpoint (bool): let a ``dcp.load`` with DCP's own reader,
+            which unpickles the checkpoint's files (running any code a crafted
+            one holds), load the tables: only for checkpoints you wrote.
+            Defaults to False: such a load is refused (load with
+            ``storage_reader=dcp_reader(path)``).
     """
 
     def __init__(
@@ -120,11 +134,13 @@ class DynamicEmbStateful:
         optim: bool = True,
         table_names: dict[str, list[str]] | list[str] | None = None,
         pg: dist.ProcessGroup | None = None,
+        trusted_checkpoint: bool = False,
     ) -> None:
         self.model = model
         self.optim = optim
         self.table_names = table_names
         self.pg = pg
+        self.trusted_checkpoint = trusted_checkpoint
 
     def _refs(self, call: str) -> tuple[list[TableRef], Group]:
         group = group_of(self.pg, call)
@@ -133,6 +149,21 @@ class DynamicEmbStateful:
         return refs, group
 
     def state_dict(self) -> dict[str, Any]:
+        """The rows to save, or what a ``dcp.load`` reads them into.
+
+        Raises:
+            CheckpointError: within a ``dcp.load`` whose reader unpickles
+                (DCP's own), unless ``trusted_checkpoint``: nothing is read.
+        """
+        loading, reader = dcp_load_reader()
+        if loading and not self.trusted_checkpoint and not is_safe_reader(reader):
+            raise CheckpointError(
+                "DynamicEmbStateful: this dcp.load reads the checkpoint with a reader that "
+                "unpickles its files (DCP's own: a crafted checkpoint runs code); load with "
+                "dcp.load(state, storage_reader=dynamicemb.checkpoint.dcp_reader(path)), or, "
+                "for a checkpoint you wrote, build DynamicEmbStateful(model, "
+                "trusted_checkpoint=True)"
+            )
         refs, group = self._refs("DynamicEmbStateful.state_dict")
         metas = {f"{r.collection}/{r.name}": _meta(r, self.optim) for r in refs}
         shards: dict[str, Any] = {}

@@ -6,7 +6,10 @@ same name (or key ``id_maps[table][i]``). The source is the collection's
 ``state_dict()`` (or a model's holding it: every ``...embeddings.<table>
 .weight`` / ``...embedding_bags.<table>.weight``), a file ``torch.save``
 wrote it to, or a ``torch.distributed.checkpoint`` folder of it (local or a
-URL), written at any world size.
+URL), written at any world size. Nothing from the source runs code: a file
+is read with ``torch.load(weights_only=True)``, a DCP folder with
+``dcp_reader`` (its metadata by an unpickler that builds only DCP's own
+classes).
 
 Every rank reads the source (a ``torch.save`` file memory-mapped, a DCP
 folder's tables whole), keeps the rows whose keys it owns by the table's
@@ -18,9 +21,12 @@ Rows get the optimizer's initial state and score 0 (not yet used by this
 job); TorchRec's fused optimizer state is not carried over.
 """
 
+import io
 import os
+import pickle
 import re
 import warnings
+import zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +34,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dynamicemb.checkpoint.dcp_reader import dcp_load, dcp_reader
 from dynamicemb.checkpoint.dump import group_of, tables_of
 from dynamicemb.checkpoint.layout import KEYS, VALUES, TableMeta
 from dynamicemb.checkpoint.load import TableLoad, _Plan, apply_all
@@ -111,40 +118,36 @@ class _Source:
             raise FileNotFoundError(
                 f"warm_start: {path} is neither a file nor a torch.distributed.checkpoint folder"
             )
-        if store.renames:
-            state = torch.load(
-                fs.local_path(path), map_location="cpu", weights_only=True, mmap=True
-            )
-        else:
-            import io
-
-            state = torch.load(io.BytesIO(store.read_bytes(path)), weights_only=True)
+        source = fs.local_path(path) if store.renames else io.BytesIO(store.read_bytes(path))
+        _check_zip(source, path)
+        try:
+            if store.renames:
+                state = torch.load(source, map_location="cpu", weights_only=True, mmap=True)
+            else:
+                state = torch.load(source, weights_only=True)
+        except (RuntimeError, EOFError, ValueError, pickle.UnpicklingError) as e:
+            why = f"{e}".strip().splitlines()[0] if f"{e}".strip() else type(e).__name__
+            raise ValueError(
+                f"warm_start: {path} is not a state_dict torch.save wrote ({type(e).__name__}: "
+                f"{why})"
+            ) from None
         if not isinstance(state, Mapping):
             raise ValueError(f"warm_start: {path} holds a {type(state).__name__}, not a state_dict")
         return state
 
     def _dcp_metadata(self, path: str) -> dict[str, Any]:
-        from torch.distributed.checkpoint import FileSystemReader
         from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-        if fs.is_url(path):
-            from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
-
-            reader = FsspecReader(path)
-        else:
-            reader = FileSystemReader(fs.local_path(path))
         self.dcp = path
-        meta = reader.read_metadata().state_dict_metadata
+        meta = dcp_reader(path).read_metadata().state_dict_metadata
         return {k: v for k, v in meta.items() if isinstance(v, TensorStorageMetadata)}
 
     def weight(self, key: str) -> torch.Tensor:
         if self.dcp is None:
             return _dense(self.state[key], key)
-        import torch.distributed.checkpoint as dcp
-
         meta = self.state[key]
         out = {key: torch.empty(tuple(meta.size), dtype=meta.properties.dtype)}
-        dcp.load(out, checkpoint_id=self.dcp, no_dist=True)
+        dcp_load(out, self.dcp, no_dist=True)
         return out[key]
 
     def key_of(self, table: str, source_table: str) -> str:
@@ -160,6 +163,52 @@ class _Source:
                 )
             )
         return keys[0]
+
+
+def _check_weight(ref: TableRef, weight: torch.Tensor, what: str) -> None:
+    """A source weight a table can be filled from: (rows >= 1, dim) of a
+    floating dtype (an integer or bool weight would be cast into rows).
+
+    Raises:
+        ValueError: naming ``what``, the shape or dtype and the table.
+    """
+    if weight.dim() != 2 or weight.shape[1] != ref.dim:
+        raise ValueError(
+            f"warm_start: {ref.label}: {what} has shape {tuple(weight.shape)}, the table's dim "
+            f"is {ref.dim}"
+        )
+    if weight.shape[0] == 0:
+        shape = tuple(weight.shape)
+        raise ValueError(f"warm_start: {ref.label}: {what} has no rows (shape {shape})")
+    if not weight.is_floating_point():
+        raise ValueError(
+            f"warm_start: {ref.label}: {what} is {weight.dtype}, not a floating-point weight; "
+            "convert it to the embeddings' dtype if it holds embeddings"
+        )
+
+
+def _check_zip(source, path: str) -> None:
+    """The CRC-32 of every member of a torch.save zip file (torch reads the
+    members without checking them: a flipped byte would load silently).
+
+    Raises:
+        ValueError: a member whose bytes do not match their CRC-32, or a zip
+            file that cannot be read, naming ``path``.
+    """
+    if not zipfile.is_zipfile(source):
+        return  # not a zip: torch.load names what it is not
+    if isinstance(source, io.BytesIO):
+        source.seek(0)
+    try:
+        with zipfile.ZipFile(source) as z:
+            bad = z.testzip()
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as e:
+        raise ValueError(f"warm_start: {path} is a damaged zip file ({e})") from None
+    finally:
+        if isinstance(source, io.BytesIO):
+            source.seek(0)
+    if bad is not None:
+        raise ValueError(f"warm_start: {path} is corrupted: its member {bad} fails its CRC-32")
 
 
 def _id_map(id_maps: Mapping[str, Any] | None, ref: TableRef, rows: int) -> torch.Tensor | None:
@@ -254,7 +303,8 @@ def warm_start(
 
     Raises:
         ValueError: a table the model or the source lacks, a dim that differs
-            (naming both), a bad id map. Nothing is changed then.
+            (naming both), a weight without rows or not of a floating dtype
+            (int64, bool: named), a bad id map. Nothing is changed then.
     """
     group = group_of(pg, "warm_start")
     names = list(tables) if tables is not None else None
@@ -268,11 +318,7 @@ def warm_start(
         for ref in refs:
             key = src.key_of(ref.name, sources.get(ref.name, ref.name))
             weight = src.weight(key)
-            if weight.dim() != 2 or weight.shape[1] != ref.dim:
-                raise ValueError(
-                    f"warm_start: {ref.label}: {src.name}'s {key} has shape "
-                    f"{tuple(weight.shape)}, the table's dim is {ref.dim}"
-                )
+            _check_weight(ref, weight, f"{src.name}'s {key}")
             ids = _id_map(id_maps, ref, weight.shape[0])
             plans.append(_plan(ref))
             rows.append(weight.shape[0])

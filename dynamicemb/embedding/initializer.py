@@ -14,7 +14,6 @@ import torch
 from dynamicemb._checks import device_of
 from dynamicemb.dynamicemb_config import (
     DynamicEmbInitializerArgs,
-    DynamicEmbInitializerMode,
     complete_initializer_args,
 )
 from dynamicemb.table import constants, ops
@@ -32,11 +31,12 @@ def init_rows(
     Args:
         keys (torch.Tensor): (n) int64.
         dim (int): row width.
-        args (DynamicEmbInitializerArgs): the initializer; UNIFORM bounds left
-            as None become 0.0 and 1.0 (``complete_initializer_args`` without a
-            table config). TRUNCATED_NORMAL samples ``mean + std_dev * N(0, 1)``
-            restricted to ``[lower, upper]`` (default +-2 std_dev around the
-            mean). DEBUG gives every element ``key mod DEBUG_MODULUS``.
+        args (DynamicEmbInitializerArgs): the initializer; bounds left as
+            None are completed without a table config
+            (``complete_initializer_args``: 0.0 and 1.0 for UNIFORM, +-2
+            std_dev around the mean for TRUNCATED_NORMAL). TRUNCATED_NORMAL
+            samples ``mean + std_dev * N(0, 1)`` restricted to ``[lower,
+            upper]``. DEBUG gives every element ``key mod DEBUG_MODULUS``.
         table_ids (torch.Tensor, optional): (n) int64, part of the generator's
             key, so the same key differs between tables; zeros by default.
         seed (int): the generator's seed.
@@ -62,9 +62,6 @@ def initializer_op_args(
         raise TypeError(f"args must be DynamicEmbInitializerArgs, got {type(args).__name__}")
     args = complete_initializer_args(args)
     lower, upper = args.lower, args.upper
-    if args.mode == DynamicEmbInitializerMode.TRUNCATED_NORMAL:
-        lower = args.mean - 2.0 * args.std_dev if lower is None else lower
-        upper = args.mean + 2.0 * args.std_dev if upper is None else upper
     lower = 0.0 if lower is None else float(lower)
     upper = 1.0 if upper is None else float(upper)
     mode = int(constants()["InitMode"][args.mode.name])

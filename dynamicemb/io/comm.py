@@ -4,7 +4,9 @@ A world of one (no process group, or a group of one rank) needs none, so a
 single process can dump and load without ``torch.distributed``. Failures are
 agreed on: ``agree`` raises on every rank when any rank failed, with the
 failing rank's message (as the group's ``error`` class on the ranks that did
-not fail), so that no rank waits in a collective for one that gave up.
+not fail), so that no rank waits in a collective for one that gave up;
+``verdict`` raises the same error on every rank (the first failing rank's
+class and message) and otherwise hands every rank the others' facts.
 
 A call that is collective (every rank of the group must make it) first has
 the ranks meet (``meet``): each counts itself in the process group's store
@@ -154,6 +156,28 @@ class Group:
             raise error
         rank = next(r for r, m in enumerate(messages) if m is not None)
         raise self.error(f"rank {rank} failed: {messages[rank]}")
+
+    def verdict(self, error: BaseException | None, facts: Any = None) -> list[Any]:
+        """Every rank's ``facts``, by rank, from one all-gather; or, when any
+        rank's ``error`` is set, the first failing rank's error raised on
+        every rank alike: its class (the group's ``error`` class for one
+        that cannot be built from a message) and its message, prefixed by
+        the rank."""
+        if not self.distributed:
+            if error is not None:
+                raise error
+            return [facts]
+        mine = None if error is None else (type(error), f"{error}")
+        got = self.all_gather_object((mine, facts))
+        for rank, (failed, _) in enumerate(got):
+            if failed is not None:
+                cls, message = failed
+                try:
+                    same = cls(f"rank {rank}: {message}")
+                except Exception:
+                    same = self.error(f"rank {rank}: {message}")
+                raise same from error
+        return [f for _, f in got]
 
     def exchange(self, data: torch.Tensor, dest: torch.Tensor) -> torch.Tensor:
         """Sends row i of ``data`` ((n, k) uint8, CPU) to rank ``dest[i]``;

@@ -133,9 +133,11 @@ def decode_manifest(
     try:
         body = json.loads(data)
         checksum = body.pop("checksum")
-    except (ValueError, KeyError, AttributeError, TypeError) as e:
-        raise error(f"{where}: manifest is not valid ({e})") from None
-    if zlib.crc32(_canonical(body)) != checksum:
+        crc = zlib.crc32(_canonical(body))
+    except (ValueError, KeyError, AttributeError, TypeError, RecursionError) as e:
+        # RecursionError: arrays nested too deep for the parser.
+        raise error(f"{where}: manifest is not valid ({type(e).__name__}: {e})") from None
+    if crc != checksum:
         raise error(f"{where}: manifest checksum mismatch (the file is corrupted)")
     if body.get("format") != fmt or body.get("version") != version:
         raise error(

@@ -28,8 +28,23 @@ a URL without them is an ``ImportError`` naming the package. Credentials,
 endpoints and options come from the environment as fsspec and the package
 read them (for s3fs: ``AWS_ACCESS_KEY_ID``, ``AWS_ENDPOINT_URL``, ...;
 ``FSSPEC_S3_<OPTION>``, fsspec's configuration files).
+
+Every request to an S3 store is bounded: it must connect within
+``OBJECT_CONNECT_TIMEOUT_S``, an answer must not stall for
+``OBJECT_READ_TIMEOUT_S``, and the request must have its answer within
+``connect + read`` seconds plus its body's bytes at ``OBJECT_MIN_BYTES_PER_S``
+(aiohttp's read timeout starts only once a body is sent: a server that takes
+a request and never answers, never reads its body or never sends the
+``100 Continue`` botocore asks for, a connection a middlebox dropped, would
+hold it forever). A request that fails so is tried ``OBJECT_ATTEMPTS`` times
+in all (botocore's standard retries; s3fs retries nothing on top). So a call
+fails, as a ``TimeoutError`` naming the path and the limits, in bounded time,
+never hangs. botocore options given in fsspec's configuration
+(``config_kwargs``) take precedence over these.
 """
 
+import asyncio
+import functools
 import os
 import re
 import shutil
@@ -40,6 +55,12 @@ __all__ = ["EXTRA", "Local", "Location", "ObjectStore", "at", "is_url", "local_p
 EXTRA = "s3"
 # Bytes one read of an object asks for (a range request each).
 OBJECT_READ_BYTES = 32 << 20
+# Limits of a request to an S3 store (see the module docstring).
+OBJECT_CONNECT_TIMEOUT_S = 10.0
+OBJECT_READ_TIMEOUT_S = 60.0
+OBJECT_MIN_BYTES_PER_S = 1 << 20
+OBJECT_ATTEMPTS = 3
+_S3 = ("s3", "s3a")
 
 _URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://")
 _FILE_URL = "file://"
@@ -157,6 +178,40 @@ class Local:
         return sorted(out)
 
 
+def _timeouts() -> tuple[type, ...]:
+    """The exceptions of a request that got no answer in time."""
+    out: tuple[type, ...] = (TimeoutError, asyncio.TimeoutError)
+    try:
+        from botocore.exceptions import ConnectTimeoutError, ReadTimeoutError
+
+        out += (ReadTimeoutError, ConnectTimeoutError)
+    except ImportError:
+        pass
+    try:
+        from fsspec.exceptions import FSTimeoutError
+
+        out += (FSTimeoutError,)
+    except ImportError:
+        pass
+    return out
+
+
+def _bounded(method):
+    """An ``ObjectStore`` method whose request that got no answer in time is
+    a ``TimeoutError`` naming the path and the limits."""
+
+    @functools.wraps(method)
+    def call(self, path, *args, **kwargs):
+        try:
+            return method(self, path, *args, **kwargs)
+        except _timeouts() as e:
+            raise TimeoutError(
+                f"{path}: the object store did not answer in time ({limits()}): {e}"
+            ) from None
+
+    return call
+
+
 class ObjectStore:
     """An fsspec filesystem for URLs of one protocol (see the module docstring).
 
@@ -185,14 +240,17 @@ class ObjectStore:
     def absolute(self, path: str) -> str:
         return str(path)
 
+    @_bounded
     def exists(self, path: str) -> bool:
         self._fresh()
         return bool(self.fs.exists(path))
 
+    @_bounded
     def isdir(self, path: str) -> bool:
         self._fresh()
         return bool(self.fs.isdir(path))
 
+    @_bounded
     def isfile(self, path: str) -> bool:
         self._fresh()
         return bool(self.fs.isfile(path))
@@ -200,6 +258,7 @@ class ObjectStore:
     def islink(self, path: str) -> bool:
         return False
 
+    @_bounded
     def listdir(self, path: str) -> list[str]:
         """Names of the objects and prefixes right below ``path``, sorted."""
         self._fresh()
@@ -211,6 +270,7 @@ class ObjectStore:
         names = {e.rstrip("/").rsplit("/", 1)[-1] for e in entries if e.rstrip("/") != base}
         return sorted(names)
 
+    @_bounded
     def size(self, path: str) -> int:
         self._fresh()
         return int(self.fs.size(path))
@@ -221,13 +281,20 @@ class ObjectStore:
     def mkdir(self, path: str) -> None:
         """Nothing: a prefix exists while it holds an object."""
 
+    @_bounded
     def open_write(self, path: str):
         return self.fs.open(path, "wb")
 
     @staticmethod
     def commit(f) -> None:
         """Closes a file of ``open_write``: the object appears, whole."""
-        f.close()
+        try:
+            f.close()
+        except _timeouts() as e:
+            raise TimeoutError(
+                f"{getattr(f, 'path', f)}: the object store did not answer in time "
+                f"({limits()}): {e}"
+            ) from None
 
     @staticmethod
     def discard(f) -> None:
@@ -240,12 +307,15 @@ class ObjectStore:
         except AttributeError:  # a file object whose closed is read-only
             pass
 
+    @_bounded
     def write_bytes(self, path: str, data: bytes) -> None:
         self.fs.pipe_file(path, bytes(data))
 
+    @_bounded
     def read_bytes(self, path: str) -> bytes:
         return self.fs.cat_file(path)
 
+    @_bounded
     def read_into(self, path: str, mv: memoryview) -> int:
         """Reads the start of object ``path`` into ``mv``, ``OBJECT_READ_BYTES``
         per request; returns the bytes read."""
@@ -262,9 +332,11 @@ class ObjectStore:
     def fsync(self, path: str) -> None:
         """Nothing: a closed object is stored."""
 
+    @_bounded
     def remove(self, path: str) -> None:
         self.fs.rm_file(path)
 
+    @_bounded
     def rmtree(self, path: str) -> None:
         """Removes every object below ``path`` (and ``path``), ignoring errors."""
         self._fresh()
@@ -276,6 +348,7 @@ class ObjectStore:
     def rename(self, src: str, dst: str) -> None:
         raise OSError(f"{self.protocol}:// has no rename ({src} -> {dst})")
 
+    @_bounded
     def files_below(self, path: str) -> list[str]:
         """Every object below ``path``, as paths relative to it, sorted (one
         listing, without delimiters)."""
@@ -345,7 +418,7 @@ def of(path: str) -> "Local | ObjectStore":
             f"pip install 'dynamicemb[{EXTRA}]'"
         ) from None
     try:
-        fs = fsspec.filesystem(protocol)
+        fs = fsspec.filesystem(protocol, **_options(protocol))
     except ImportError as e:
         raise ImportError(
             f"{path}: fsspec has no {protocol}:// filesystem installed ({e}); for s3:// "
@@ -353,4 +426,53 @@ def of(path: str) -> "Local | ObjectStore":
         ) from None
     except ValueError as e:
         raise ValueError(f"{path}: not a filesystem fsspec knows ({e})") from None
+    if protocol in _S3:
+        fs.retries = 1  # botocore's attempts are all (s3fs would multiply them)
     return ObjectStore(fs, protocol)
+
+
+def _options(protocol: str) -> dict:
+    """fsspec options of a protocol's filesystem: for S3, the request limits
+    (what fsspec's configuration gives for them wins)."""
+    if protocol not in _S3:
+        return {}
+    from fsspec.config import conf
+
+    config = {
+        "connect_timeout": OBJECT_CONNECT_TIMEOUT_S,
+        "read_timeout": OBJECT_READ_TIMEOUT_S,
+        "retries": {"max_attempts": OBJECT_ATTEMPTS, "mode": "standard"},
+        "http_session_cls": _bounded_session(),
+    }
+    config.update(conf.get(protocol, {}).get("config_kwargs") or {})
+    return {"config_kwargs": config}
+
+
+@functools.cache
+def _bounded_session() -> type:
+    """aiobotocore's HTTP session with a limit on each whole request (the
+    module docstring), a botocore ``ReadTimeoutError`` past it (which
+    botocore retries)."""
+    from aiobotocore.httpsession import AIOHTTPSession
+    from botocore.exceptions import ReadTimeoutError
+
+    class BoundedSession(AIOHTTPSession):
+        async def send(self, request):
+            body = int(request.headers.get("Content-Length") or 0)
+            limit = OBJECT_CONNECT_TIMEOUT_S + OBJECT_READ_TIMEOUT_S + body / OBJECT_MIN_BYTES_PER_S
+            try:
+                return await asyncio.wait_for(super().send(request), limit)
+            except asyncio.TimeoutError:
+                raise ReadTimeoutError(
+                    endpoint_url=request.url, error=f"no answer within {limit:g} s"
+                ) from None
+
+    return BoundedSession
+
+
+def limits() -> str:
+    """The request limits, as an error message states them."""
+    return (
+        f"connect {OBJECT_CONNECT_TIMEOUT_S:g} s, answer {OBJECT_READ_TIMEOUT_S:g} s, "
+        f"{OBJECT_ATTEMPTS} attempts"
+    )

@@ -1,5 +1,6 @@
 """DynamicEmbeddingShardingPlanner: TorchRec's planner for models with dynamic tables."""
 
+import copy
 import dataclasses
 from collections import Counter
 from collections.abc import Sequence
@@ -66,13 +67,15 @@ class DynamicEmbeddingShardingPlanner:
     3. builds TorchRec's planner with a ``DynamicEmbeddingEnumerator`` (unless
        one is given).
 
-    Step 2 updates each dynamic table's constraints: their
-    ``dynamicemb_options`` is replaced by the prepared options, a new object.
-    The options object the user passed is never modified, so one object may
-    serve several tables; and constraints a planner has updated may be given
-    to another planner (of another world size): it prepares them from the
-    options the user gave, unless fields were edited since. Nothing is
-    changed when validation fails.
+    Step 2 updates each dynamic table's ``dynamicemb_options`` in place: the
+    object the user passed holds the prepared values afterwards
+    (``max_capacity``, ``bucket_capacity``, ...). One object given for
+    several tables is updated for the first of them (in ``constraints``
+    order); the others' constraints get a prepared object of their own.
+    Constraints a planner has updated may be given to another planner (of
+    another world size): it prepares them from the options as the user gave
+    them, unless fields were edited since. Nothing is changed when
+    validation fails.
 
     ``plan`` and ``collective_plan`` return TorchRec's ``ShardingPlan`` in
     which the entry of every dynamic table is a
@@ -157,14 +160,15 @@ class DynamicEmbeddingShardingPlanner:
 
         # Prepare every dynamic table before updating any (all or nothing).
         prepared: dict[str, DynamicEmbTableOptions] = {}
+        requests: dict[str, DynamicEmbTableOptions] = {}
         for name, constraint in (constraints or {}).items():
             if not is_dynamic_table(constraint):
                 continue
             try:
+                # A copy: the user's object is updated below.
+                requests[name] = copy.copy(_requested_options(constraint.dynamicemb_options))
                 prepared[name] = prepare_table_options(
-                    _requested_options(constraint.dynamicemb_options),
-                    self._eb_configs[name],
-                    self._world_size,
+                    requests[name], self._eb_configs[name], self._world_size
                 )
             except (TypeError, ValueError) as error:
                 raise type(error)(f"table {name!r}: {error}") from None
@@ -177,10 +181,22 @@ class DynamicEmbeddingShardingPlanner:
                 "a model with dynamic tables needs a DynamicEmbeddingEnumerator, got "
                 f"{type(enumerator).__name__}"
             )
+        updated: set[int] = set()
         for name, options in prepared.items():
             constraint = constraints[name]
-            _record_request(options, constraint.dynamicemb_options)
-            constraint.dynamicemb_options = options
+            given = constraint.dynamicemb_options
+            if given is not None and id(given) not in updated:
+                # The user's object is updated (the spec's step: "it updates
+                # that table's DynamicEmbTableOptions").
+                updated.add(id(given))
+                for f in dataclasses.fields(DynamicEmbTableOptions):
+                    setattr(given, f.name, getattr(options, f.name))
+                prepared[name] = options = given
+            else:
+                # A table whose object an earlier table's preparation updated
+                # gets one of its own.
+                constraint.dynamicemb_options = options
+            _record_request(options, requests[name])
         self._constraints = constraints
         self._dynamic_options = prepared
 

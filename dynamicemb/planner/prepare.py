@@ -253,8 +253,9 @@ _REQUEST_ATTR = "_dynamicemb_request"
 _SNAPSHOT_ATTR = "_dynamicemb_prepared_snapshot"
 
 
-def _record_request(prepared: DynamicEmbTableOptions, given: DynamicEmbTableOptions | None) -> None:
-    request = _requested_options(given)
+def _record_request(prepared: DynamicEmbTableOptions, request: DynamicEmbTableOptions) -> None:
+    """Remembers on ``prepared`` the ``request`` it was prepared from (a
+    ``_requested_options``), and what ``prepared`` looks like now."""
     object.__setattr__(prepared, _REQUEST_ATTR, request)
     object.__setattr__(prepared, _SNAPSHOT_ATTR, dataclasses.replace(prepared))
 

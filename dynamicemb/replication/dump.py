@@ -58,10 +58,9 @@ def _with_carried(ref: TableRef, popped: torch.Tensor, carried: torch.Tensor | N
     return torch.unique(torch.cat([popped, carried]))
 
 
-def _local_entry(ref: TableRef, threshold: int, carried: dict | None = None) -> dict[str, Any]:
-    """One table's rows past ``threshold`` on this rank, on the host, and
-    the removed keys it recorded (drained), with ``carried`` ones (a failed
-    publish's: column -> keys)."""
+def _local_rows(ref: TableRef, threshold: int) -> dict[str, Any]:
+    """One table's rows past ``threshold`` on this rank, on the host (its
+    removed keys are drained later, by ``_drain``)."""
     m, t = ref.rows, ref.index
     current = m.current_score(t)
     layout = m.layout_of(t)
@@ -71,26 +70,12 @@ def _local_entry(ref: TableRef, threshold: int, carried: dict | None = None) -> 
     # chunk's slots, so it scans larger ones (one count read per chunk).
     chunk = max(chunk_rows(row_bytes), DUMP_SCAN_SLOTS)
     parts = list(m.export_changed(t, chunk, threshold))
-    keys = torch.cat([p.keys for p in parts]).cpu()
-    words = torch.cat([p.words for p in parts])
-    evicted = _pop_evicted(m, [t])[t]
-    erased = m.pop_erased([t])[t]
-    carried = carried or {}
-    if evicted is not None:
-        evicted = _with_carried(ref, evicted, carried.get("evicted_keys"))
-    erased = _with_carried(ref, erased, carried.get("erased_keys"))
-    # Keys back in the table by now are not removals.
-    if evicted is not None:
-        evicted = evicted[~m.holds(t, evicted)].cpu()
-    erased = erased[~m.holds(t, erased)].cpu()
     return {
         "table_names": ref.name,
-        "keys": keys,
+        "keys": torch.cat([p.keys for p in parts]).cpu(),
         "values": torch.cat([p.embeddings for p in parts]).cpu(),
         "optimizer_states": (torch.cat([p.optimizer_state for p in parts]).cpu() if sd else None),
-        "scores": delta_scores(m, words, current).cpu(),
-        "erased_keys": erased,
-        "evicted_keys": evicted,
+        "scores": delta_scores(m, torch.cat([p.words for p in parts]), current).cpu(),
         "meta": dict(
             layout,
             current_score=current,
@@ -101,23 +86,38 @@ def _local_entry(ref: TableRef, threshold: int, carried: dict | None = None) -> 
     }
 
 
+def _drain(ref: TableRef, carried: dict | None = None) -> dict[str, torch.Tensor | None]:
+    """The removed keys the table recorded on this rank (drained), with
+    ``carried`` ones (a failed publish's: column -> keys), less the keys back
+    in the table by now (they are not removals)."""
+    m, t = ref.rows, ref.index
+    evicted = _pop_evicted(m, [t])[t]
+    erased = m.pop_erased([t])[t]
+    carried = carried or {}
+    if evicted is not None:
+        evicted = _with_carried(ref, evicted, carried.get("evicted_keys"))
+        evicted = evicted[~m.holds(t, evicted)].cpu()
+    erased = _with_carried(ref, erased, carried.get("erased_keys"))
+    return {"erased_keys": erased[~m.holds(t, erased)].cpu(), "evicted_keys": evicted}
+
+
 _GATHERED = ("keys", "values", "optimizer_states", "scores")
+_REMOVED = ("erased_keys", "evicted_keys")
 
 
-def _gather(entry: dict[str, Any], group: Group) -> dict[str, Any]:
-    """The entry with the rows, slots and removed keys of every rank."""
-    parts = group.all_gather_object(
-        {c: entry[c] for c in _GATHERED + ("erased_keys", "evicted_keys")}
-        | {"slot_index": entry["meta"]["slot_index"]}
-    )
-    out = dict(entry, meta=dict(entry["meta"]))
-    for c in _GATHERED:
-        out[c] = None if entry[c] is None else torch.cat([p[c] for p in parts])
-    out["meta"]["slot_index"] = torch.cat([p["slot_index"] for p in parts])
-    for c in ("erased_keys", "evicted_keys"):
-        if entry[c] is not None:
-            out[c] = torch.unique(torch.cat([p[c] for p in parts]))
-    return out
+def _gathered(entries: list[dict[str, Any]], parts: list[list[dict[str, Any]]]) -> None:
+    """Puts every rank's rows, slots and removed keys (``parts``: by rank,
+    per table) into the entries."""
+    for i, entry in enumerate(entries):
+        mine = [p[i] for p in parts]
+        entry["meta"] = dict(entry["meta"])
+        for c in _GATHERED:
+            if entry[c] is not None:
+                entry[c] = torch.cat([p[c] for p in mine])
+        entry["meta"]["slot_index"] = torch.cat([p["slot_index"] for p in mine])
+        for c in _REMOVED:
+            if entry[c] is not None:
+                entry[c] = torch.unique(torch.cat([p[c] for p in mine]))
 
 
 def incremental_dump(
@@ -139,13 +139,18 @@ def incremental_dump(
     for erases recorded by ``erase_keys``), numbers the delta (the table's
     next ``meta["sequence"]``), names its source (``meta["run"]``,
     ``meta["epoch"]``, ``meta["rank"]``: see ``delta.py``) and checksums it
-    (``meta["checksum"]``).
+    (``meta["checksum"]``). With a process group, the ranks agree before
+    anything is drained: on the tables, and on each table's sequence, the
+    highest next one among the ranks (a rank's own dumps, ``pg=None``, may
+    have advanced its tables' sequences; every rank records the agreed one).
 
     Args:
         model (torch.nn.Module): the model holding dynamic tables.
         score_threshold (Union[int, Dict[str, Dict[str, int]]]): one
             threshold for every table, or collection -> table name ->
-            threshold for the tables named only.
+            threshold for the tables named only (a None threshold, what
+            ``get_score`` gives a table in an external storage, leaves the
+            table out).
         pg (Optional[dist.ProcessGroup]): when given, every rank of the group
             gets the rows of all ranks (all-gather); None: each rank's own.
 
@@ -156,7 +161,10 @@ def incremental_dump(
     Raises:
         ValueError: a bad threshold, an unknown collection or table.
         NotImplementedError: a table with ``dist_type="continuous"``.
-        Nothing is dumped or drained when one of these is raised.
+        DeltaError: the ranks of ``pg`` name different tables.
+        Nothing is dumped or drained when one of these is raised; with a
+        process group, every rank raises the same error (the first failing
+        rank's, naming it).
 
     Example::
 
@@ -214,50 +222,56 @@ def dump_delta(
     delta's ``erased_keys`` / ``evicted_keys``. The removed-key records are
     drained either way."""
     tables = model_tables(model)
-    if not (is_int(score_threshold) or isinstance(score_threshold, dict)):
-        raise ValueError(
-            "incremental_dump: score_threshold must be an int or a dict of collection -> "
-            f"{{table name: int}}, got {score_threshold!r}"
-        )
+    group = Group(pg, DeltaError) if pg is not None else None
+    gathered = group is not None and group.distributed
+    chosen, error = [], None
+    try:
+        chosen = _chosen(tables, score_threshold)
+    except Exception as e:  # refused on every rank alike
+        if not gathered:
+            raise
+        error = e
+    if gathered:
+        # The ranks agree before anything is drained: on the tables, on each
+        # table's sequence (the highest next one: a rank's own dumps may have
+        # advanced it) and on its source (rank 0's where a table has none).
+        names = [(ref.collection, ref.name) for ref, _ in chosen]
+        facts = group.verdict(error, (names, [_next_sequence(ref) for ref, _ in chosen]))
+        if any(f[0] != names for f in facts):
+            raise DeltaError(
+                "incremental_dump: the ranks of the group name different tables "
+                f"{[f[0] for f in facts]}: every rank of the group must dump the same tables"
+            )
+        next_sequences = [max(f[1][i] for f in facts) for i in range(len(names))]
+    else:
+        next_sequences = [_next_sequence(ref) for ref, _ in chosen]
     if not tables:
         return None
-    if is_int(score_threshold):
-        chosen = [(ref, score_threshold) for refs in tables.values() for ref in refs.values()]
-    else:
-        chosen = resolve(tables, score_threshold, "incremental_dump")
-        for ref, value in chosen:
-            if not is_int(value):
-                raise ValueError(
-                    f"incremental_dump: the threshold of {ref.label} must be an int, got {value!r}"
-                )
-    for ref, _ in chosen:
-        check_routable(ref, "incremental_dump")
-        ref.rows.check_delta("incremental_dump")  # raises for an external storage
-    group = Group(pg) if pg is not None else None
-    gathered = group is not None and group.distributed
-    carried = carried or {}
-    entries = []
-    for ref, threshold in chosen:
-        entry = _local_entry(ref, threshold, carried.get((ref.collection, ref.name)))
-        if gathered:
-            entry = _gather(entry, group)
-        entries.append((ref, entry))
-    if sequence is None:
-        sequences = [_next_sequence(ref) for ref, _ in entries]
-    else:
-        sequences = [sequence] * len(entries)
+    sequences = next_sequences if sequence is None else [sequence] * len(chosen)
     fresh = new_source()  # one run for the tables of this dump that have none
-    sources = [source or ref.rows.delta_source[ref.index] or fresh for ref, _ in entries]
+    sources = [source or ref.rows.delta_source[ref.index] or fresh for ref, _ in chosen]
+    entries, error = [], None
+    try:
+        entries = [_local_rows(ref, threshold) for ref, threshold in chosen]
+    except Exception as e:  # reported to every rank before anything is drained
+        if not gathered:
+            raise
+        error = e
     if gathered:
-        everyone = group.all_gather_object(sequences)
-        if any(s != sequences for s in everyone):
-            raise DeltaError(
-                f"incremental_dump: the ranks' tables are at different delta sequences {everyone}: "
-                "every rank of the group must dump the same tables each time"
-            )
-        sources = group.broadcast_object(sources)  # rank 0's run where a table had none
+        sources = group.verdict(error, sources)[0]
+    carried = carried or {}
+    for (ref, _), entry in zip(chosen, entries):
+        entry.update(_drain(ref, carried.get((ref.collection, ref.name))))
+    if gathered:
+        parts = group.all_gather_object(
+            [
+                {c: e[c] for c in _GATHERED + _REMOVED} | {"slot_index": e["meta"]["slot_index"]}
+                for e in entries
+            ]
+        )
+        _gathered(entries, parts)
     out: dict[str, DeltaDumpResult] = {}
-    for (ref, entry), seq, src in zip(entries, sequences, sources):
+    for (ref, _), entry, seq, src in zip(chosen, entries, sequences, sources):
         world = ref.sharding_world_size or 1
         entry["meta"].update(
             sequence=seq,
@@ -268,7 +282,36 @@ def dump_delta(
         )
         entry["meta"]["checksum"] = delta_checksum(entry)
         out.setdefault(ref.collection, DeltaDumpResult()).append(entry)
-    return Dumped(out, [(ref, seq, src) for (ref, _), seq, src in zip(entries, sequences, sources)])
+    return Dumped(out, [(ref, seq, src) for (ref, _), seq, src in zip(chosen, sequences, sources)])
+
+
+def _chosen(tables, score_threshold) -> list[tuple[TableRef, int]]:
+    """The (table, threshold) pairs of a dump, checked.
+
+    Raises:
+        ValueError: a bad threshold, an unknown collection or table.
+        NotImplementedError: a continuous or external-storage table.
+    """
+    if not (is_int(score_threshold) or isinstance(score_threshold, dict)):
+        raise ValueError(
+            "incremental_dump: score_threshold must be an int or a dict of collection -> "
+            f"{{table name: int}}, got {score_threshold!r}"
+        )
+    if is_int(score_threshold):
+        chosen = [(ref, score_threshold) for refs in tables.values() for ref in refs.values()]
+    else:
+        chosen = resolve(tables, score_threshold, "incremental_dump") if tables else []
+        # None: get_score's threshold of a table it cannot score (external storage).
+        chosen = [(ref, value) for ref, value in chosen if value is not None]
+        for ref, value in chosen:
+            if not is_int(value):
+                raise ValueError(
+                    f"incremental_dump: the threshold of {ref.label} must be an int, got {value!r}"
+                )
+    for ref, _ in chosen:
+        check_routable(ref, "incremental_dump")
+        ref.rows.check_delta("incremental_dump")  # raises for an external storage
+    return chosen
 
 
 def _next_sequence(ref: TableRef) -> int:

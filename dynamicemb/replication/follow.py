@@ -155,8 +155,9 @@ class DeltaFollower:
 
     Every rank of a sharded replica calls every method; rank 0 decides what
     to apply. A follower whose next delta is gone from the folder (pruned
-    after a newer checkpoint), or whose position a restarted trainer
-    abandoned, loads the checkpoint again.
+    after a newer checkpoint), whose position a restarted trainer abandoned,
+    or whose tables a replay interrupted part way left at different
+    positions, loads the checkpoint again.
 
     Args:
         model (torch.nn.Module or StreamReplica): the sharded serving model,
@@ -268,7 +269,19 @@ class DeltaFollower:
             return None
         if state.head is None:
             return []
-        source, seq = self.replica.stream_position()
+        try:
+            source, seq = self.replica.stream_position()
+        except DeltaError as e:
+            # Tables at different positions: a replay interrupted after some
+            # of its tables (the others as before it). The checkpoint puts
+            # them all at one position again.
+            if state.checkpoint is None:
+                raise DeltaError(
+                    f"DeltaFollower: {e} (a replay was interrupted) and {self.folder} has no "
+                    "checkpoint to load them all from"
+                ) from None
+            theirs = _walk(state, *state.checkpoint)
+            return ["checkpoint"] + (theirs.steps if theirs is not None else [])
         if source is not None and source["run"] != state.head["run"]:
             raise DeltaError(
                 f"DeltaFollower: the newest delta in {self.folder} comes from run "

@@ -66,14 +66,20 @@ def get_score(model: torch.nn.Module) -> dict[str, dict[str, int]] | None:
         TIMESTAMP (alone or compound): the table device's clock now; STEP:
         the next step; CUSTOMIZED: the score ``set_score`` set (0 before
         any); LFU: 0 (a frequency has no clock); NO_EVICTION: the next fresh
-        row. None (with a warning) when the model has no dynamic tables.
+        row; None for a table whose rows live in an external storage (no
+        dynamicemb hash table scores them: a dump at this threshold leaves
+        the table out). None (with a warning) when the model has no dynamic
+        tables.
     """
     tables = model_tables(model)
     if not tables:
         warnings.warn("get_score: the model has no dynamic embedding tables", stacklevel=2)
         return None
     return {
-        coll: {name: ref.rows.current_score(ref.index) for name, ref in refs.items()}
+        coll: {
+            name: ref.rows.current_score(ref.index) if ref.rows.has_hash_table else None
+            for name, ref in refs.items()
+        }
         for coll, refs in tables.items()
     }
 

@@ -226,6 +226,37 @@ def read_delta_manifest(path: str) -> dict[str, Any]:
     return files.read_manifest(path, DELTA_MANIFEST, DELTA_FORMAT, DELTA_VERSION, DeltaError)
 
 
+def _dtype(name: Any, where: str) -> torch.dtype:
+    return torch.int64 if name == "int64" else dtypes.dtype_of(name, where, DeltaError)
+
+
+def _check_file(coll: Any, table: Any, column: Any, info: dict[str, Any]) -> None:
+    """A column's file as the format names it (``<table>_<column>`` in the
+    collection's folder, nothing else: a manifest naming ``../x`` is refused)
+    and of the size its dtype and shape give.
+
+    Raises:
+        ValueError: naming what is wrong.
+    """
+    check_name(coll, "collection")
+    check_name(table, "table name")
+    if column not in _COLUMNS:
+        raise ValueError(f"table {table!r} has an unknown column {column!r}")
+    name = info["file"]["file"]
+    if name != f"{table}_{column}":
+        raise ValueError(
+            f"table {table!r} names the file {name!r} for its {column}, not {table}_{column}"
+        )
+    shape = info["shape"]
+    if not isinstance(shape, list) or not all(isinstance(n, int) and n >= 0 for n in shape):
+        raise ValueError(f"table {table!r}: the shape of its {column} is {shape!r}")
+    itemsize = _dtype(info["dtype"], "the manifest").itemsize
+    if math.prod(shape) * itemsize != int(info["file"]["bytes"]):
+        raise ValueError(
+            f"table {table!r}: its {column} of shape {shape} is not {info['file']['bytes']} bytes"
+        )
+
+
 def read_delta(
     path: str, body: dict[str, Any] | None = None
 ) -> tuple[int, dict[str, DeltaDumpResult]]:
@@ -236,26 +267,30 @@ def read_delta(
         (sequence, {collection path: DeltaDumpResult}).
 
     Raises:
-        DeltaError: a missing, truncated or corrupted file (named).
+        DeltaError: a missing, truncated or corrupted file (named), or a
+            manifest that names a file other than the format's (a path
+            outside the delta's folder, ``../x``) or is malformed.
     """
     path = fs.at(path)
     path = files.committed(path, DELTA_MANIFEST) or path
     where = os.path.join(path, DELTA_MANIFEST)
     if body is None:
         body = read_delta_manifest(path)
-    block = int(body["checksum_block_bytes"])
+    try:
+        block = int(body["checksum_block_bytes"])
+        for coll, tables in body["collections"].items():
+            for t in tables:
+                for c, info in t["columns"].items():
+                    _check_file(coll, t["table"], c, info)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise DeltaError(f"{where}: the manifest is malformed: {e}") from None
     out: dict[str, DeltaDumpResult] = {}
     for coll, tables in body["collections"].items():
         result = DeltaDumpResult()
         for t in tables:
             cols: dict[str, torch.Tensor | None] = dict.fromkeys(_COLUMNS)
             for c, info in t["columns"].items():
-                dtype = (
-                    torch.int64
-                    if info["dtype"] == "int64"
-                    else dtypes.dtype_of(info["dtype"], where, DeltaError)
-                )
-                tensor = torch.empty(info["shape"], dtype=dtype)
+                tensor = torch.empty(info["shape"], dtype=_dtype(info["dtype"], where))
                 files.read_verified(
                     path.join(coll),
                     FileInfo.from_json(info["file"]),

@@ -12,20 +12,26 @@ collective state).
 
 Each rank's finding is one row of ``FIELDS`` int64 words, ``(code, a, b, c)``
 (``Code``; the words' meaning is the code's). The host-side facts (layout,
-dtypes, devices) are known without a device read; the value checks (negative
-lengths, lengths that do not add up to the values, reserved keys and bad
-weights of the dynamic tables' features) are one op on the batch's device
+dtypes, devices, a batch without samples) are known without a device read;
+the value checks (negative lengths, lengths that do not add up to the values,
+reserved keys and bad weights of the dynamic tables' features, ids of the
+static tables' features outside their rows) are one op on the batch's device
 (``check_batch``, cc/routing/batch_check.h), which also sums the lengths per
-feature. The rows of all ranks
-(each rank fills its own, the others are zeros) are summed by the all-reduce
-and read on the host together with the batch's lengths per feature, which the
-input distribution reads anyway (TorchRec's ``KeyedJaggedTensor.split``): the
-batch is handed on with those lengths cached, so the check adds no host read
-to the step.
+feature. Beside its finding, each rank puts the batch's ``SIGNATURE`` words
+in its row: the dtypes of its values, lengths and weights (-1: none) and its
+stride. Batches that each pass but differ in these between ranks would pair
+mismatched collectives (TorchRec's all-to-alls size their buffers by them), so
+they are refused too: every rank must send the same dtypes and weights, and,
+where the outputs are pooled (an EmbeddingBagCollection's reduce-scatter),
+the same batch size. The rows of all ranks (each rank fills its own, the
+others are zeros) are summed by the all-reduce and read on the host together
+with the batch's lengths per feature, which the input distribution reads
+anyway (TorchRec's ``KeyedJaggedTensor.split``): the batch is handed on with
+those lengths cached, so the check adds no host read to the step.
 """
 
 import enum
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 import torch.distributed as dist
@@ -37,6 +43,9 @@ from ..table import ops, reserved_key_error
 __all__ = ["COUNTERS", "POOLING", "BatchCheck", "Code"]
 
 FIELDS = 4
+# The batch's words each rank compares with the others': values, lengths and
+# weights dtypes (their index in _DTYPES; weights -1: none) and the stride.
+SIGNATURE = ("values", "lengths", "weights", "stride")
 
 # dtypes and device types as they travel in a row (their index; -1: another).
 _DTYPES = (
@@ -75,6 +84,8 @@ class Code(enum.IntEnum):
     BAD_WEIGHT = int(Finding.BAD_WEIGHT)
     MISSING_FEATURE = 13  # a: the feature's index among the collection's
     KEYS_CHANGED = 14  # the KJT's keys are not the first batch's
+    BAD_ID = 15  # a: position in the values, b: id, c: feature (a static table's)
+    NO_SAMPLES = 16  # the batch's stride is 0
 
 
 def _index(seq: Sequence, item) -> int:
@@ -88,6 +99,15 @@ def _dtype_name(i: int) -> str:
 def _device_name(t: int, i: int) -> str:
     name = _DEVICE_TYPES[t] if 0 <= t < len(_DEVICE_TYPES) else "another device type"
     return name if i < 0 else f"{name}:{i}"
+
+
+def _to_device(words: list[int], device: torch.device) -> torch.Tensor:
+    """int64 ``words`` on ``device``, copied without waiting for the device
+    (from pinned memory to a GPU)."""
+    t = torch.tensor(words, dtype=torch.int64)
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def _on_device(t: torch.Tensor, device: torch.device | None) -> bool:
@@ -116,6 +136,11 @@ class BatchCheck:
             must be on it.
         pg (Optional[dist.ProcessGroup]): the group whose ranks must agree
             (None, or a group of one: no collective).
+        static_rows (Optional[Mapping[str, int]]): the rows of each static
+            (TorchRec) table's feature: its ids must lie in [0, rows) (TorchRec's
+            kernels would read row 0 for any other id).
+        pooled (bool): the outputs are pooled (an EmbeddingBagCollection's):
+            every rank's batch must have the same stride.
     """
 
     def __init__(
@@ -125,6 +150,8 @@ class BatchCheck:
         pg: dist.ProcessGroup | None,
         collection_features: Sequence[str] = (),
         weights: str | None = None,
+        static_rows: Mapping[str, int] | None = None,
+        pooled: bool = False,
     ) -> None:
         if weights not in (None, *WEIGHT_RULES):
             raise ValueError(f"weights must be None or one of {sorted(WEIGHT_RULES)}")
@@ -135,6 +162,9 @@ class BatchCheck:
         self._world_size = 1 if pg is None else dist.get_world_size(pg)
         self._rank = 0 if pg is None else dist.get_rank(pg)
         self._masks: dict[tuple[str, ...], torch.Tensor | None] = {}
+        self._static_rows = dict(static_rows or {})
+        self._rows: dict[tuple[str, ...], torch.Tensor | None] = {}
+        self._pooled = pooled
         self._features = list(collection_features)
         self._keys: tuple[str, ...] | None = None  # the first accepted batch's
 
@@ -142,33 +172,44 @@ class BatchCheck:
         """Checks this rank's batch and agrees with the other ranks.
 
         Raises:
-            ValueError: some rank's batch is bad (the same error on every
-                rank, naming that rank, the case and the bad value).
+            ValueError: some rank's batch is bad, or the ranks' batches differ
+                in their dtypes, weights or (pooled) batch size (the same error
+                on every rank, naming the rank(s), the case and the bad value).
             NotImplementedError: some rank's batch has a variable stride per
                 feature.
         """
         row_device = self._device if self._device is not None else torch.device("cpu")
         host = self._host_row(features)
+        signature = [0] * len(SIGNATURE)
         if host is not None:
             local = torch.tensor(host, dtype=torch.int64, device=row_device)
         else:
             local = self._device_row(features).to(row_device)
+            signature = self._signature(features)
+        width = FIELDS + len(SIGNATURE)
         words = local
         if self._world_size > 1:
-            rows = torch.zeros(self._world_size, FIELDS, dtype=torch.int64, device=row_device)
-            rows[self._rank] = local[:FIELDS]
+            rows = torch.zeros(self._world_size, width, dtype=torch.int64, device=row_device)
+            rows[self._rank, :FIELDS] = local[:FIELDS]
+            rows[self._rank, FIELDS:] = _to_device(signature, row_device)
             dist.all_reduce(rows, group=self._pg)
             words = torch.cat([rows.reshape(-1), local[FIELDS:]])
+        else:
+            width = FIELDS
         read = words.tolist()  # the one host read
-        found = [read[r * FIELDS : (r + 1) * FIELDS] for r in range(self._world_size)]
+        found = [read[r * width : (r + 1) * width] for r in range(self._world_size)]
         bad = [r for r, f in enumerate(found) if f[0] != Code.OK]
         if bad:
             raise self._error(features, bad, found)
+        if self._world_size > 1:
+            differ = self._differ([f[FIELDS:] for f in found])
+            if differ is not None:
+                raise ValueError(f"{differ}; the step is refused on every rank")
         if self._keys is None:
             self._keys = tuple(features.keys())
         if features._length_per_key is None:
             # What KeyedJaggedTensor.length_per_key() caches when it reads them.
-            features._length_per_key = read[len(found) * FIELDS :]
+            features._length_per_key = read[len(found) * width :]
 
     # ------------------------------------------------------------ the row --
 
@@ -214,6 +255,41 @@ class BatchCheck:
             return [Code.LENGTHS_NUMEL, lengths.numel(), num_features, stride]
         if weights is not None and weights.numel() != values.numel():
             return [Code.WEIGHTS_NUMEL, weights.numel(), values.numel(), 0]
+        if num_features and stride == 0:
+            return [Code.NO_SAMPLES, 0, 0, 0]
+        return None
+
+    def _signature(self, features: KeyedJaggedTensor) -> list[int]:
+        """The ``SIGNATURE`` words of a batch the host checks passed."""
+        weights = features.weights_or_none()
+        return [
+            _index(_DTYPES, features.values().dtype),
+            _index(_DTYPES, features.lengths().dtype),
+            -1 if weights is None else _index(_DTYPES, weights.dtype),
+            features.stride() if features.keys() else 0,
+        ]
+
+    def _differ(self, signatures: list[list[int]]) -> str | None:
+        """What differs between the ranks' batches (their ``SIGNATURE``
+        words, by rank), or None."""
+        for i, name in enumerate(SIGNATURE):
+            seen = [s[i] for s in signatures]
+            if len(set(seen)) == 1 or (name == "stride" and not self._pooled):
+                continue
+            if name == "stride":
+                what = "batch sizes (strides)"
+                each = [str(v) for v in seen]
+                rule = "pooled outputs need one batch size on every rank"
+            elif name == "weights":
+                what = "weights"
+                each = ["none" if v < 0 else _dtype_name(v) for v in seen]
+                rule = "every rank's batch must carry weights of one dtype, or none"
+            else:
+                what = f"{name} dtypes"
+                each = [_dtype_name(v) for v in seen]
+                rule = f"every rank's {name} must have one dtype"
+            ranks = ", ".join(f"rank {r}'s {v}" for r, v in enumerate(each))
+            return f"the ranks' batches differ in their {what} ({ranks}): {rule}"
         return None
 
     def _device_row(self, features: KeyedJaggedTensor) -> torch.Tensor:
@@ -232,6 +308,7 @@ class BatchCheck:
             num_features,
             features.stride() if num_features else 0,
             WEIGHT_RULE_CODES[self._weights],
+            self._feature_rows(features.keys(), features.values().device),
         )
 
     def _dynamic_mask(self, keys: list[str], device: torch.device) -> torch.Tensor | None:
@@ -246,11 +323,22 @@ class BatchCheck:
             self._masks[names] = mask
         return self._masks[names]
 
+    def _feature_rows(self, keys: list[str], device: torch.device) -> torch.Tensor | None:
+        """The rows bounding each feature's ids (the static tables'; 0: not
+        bounded), a (num_features) int64 tensor made once per list of keys,
+        or None when no feature is bounded."""
+        names = tuple(keys)
+        if names not in self._rows:
+            rows = [self._static_rows.get(name, 0) for name in names]
+            bounded = any(rows)
+            self._rows[names] = torch.tensor(rows, device=device) if bounded else None
+        return self._rows[names]
+
     # ---------------------------------------------------------- the error --
 
     def _error(self, features: KeyedJaggedTensor, bad: list[int], found: list[list[int]]):
         r = bad[0]
-        code, a, b, c = found[r]
+        code, a, b, c = found[r][:FIELDS]
         what = f"rank {r}'s batch"
         if code == Code.VARIABLE_STRIDE:
             return NotImplementedError(
@@ -261,6 +349,15 @@ class BatchCheck:
         if code == Code.RESERVED_KEY:
             feature = keys[c] if 0 <= c < len(keys) else str(c)
             msg = str(reserved_key_error(f"{what}'s values (feature {feature!r})", b, a))
+        elif code == Code.BAD_ID:
+            feature = keys[c] if 0 <= c < len(keys) else str(c)
+            rows = self._static_rows.get(feature)
+            msg = (
+                f"{what}: id {b} at index {a} of feature {feature!r} is not a row of its "
+                f"table, whose ids lie in [0, {rows})"
+            )
+        elif code == Code.NO_SAMPLES:
+            msg = f"{what} has no samples (stride 0): every rank's batch must have some"
         elif code == Code.BAD_WEIGHT:
             feature = keys[c] if 0 <= c < len(keys) else str(c)
             weight = torch.tensor([b], dtype=torch.int64).view(torch.float64).item()

@@ -224,9 +224,25 @@ class _DynamicTablesMixin:
                 weights = COUNTERS
             else:
                 weights = POOLING if self._is_weighted else None
+            # The static tables' rows bound their features' ids.
+            dynamic_tables = set(_dynamic_table_names(self.module_sharding_plan))
+            static_rows = {
+                feature: config.num_embeddings
+                for config in getattr(self, self._CONFIGS_ATTR)
+                if config.name not in dynamic_tables
+                for feature in config.feature_names
+            }
             check = None
             if features:
-                check = BatchCheck(features, self._device, self._env.process_group, every, weights)
+                check = BatchCheck(
+                    features,
+                    self._device,
+                    self._env.process_group,
+                    every,
+                    weights,
+                    static_rows=static_rows,
+                    pooled=by_type is None,
+                )
                 _RAW_ID_RANGES.features.update(features)
             self.__dict__["_dynamicemb_check"] = check
         return self.__dict__["_dynamicemb_check"]

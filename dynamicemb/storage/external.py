@@ -8,6 +8,13 @@ exact whatever ``embedding_dtype``, then the optimizer state). A subclass that
 breaks the contract (a missing method, a wrong row format, a result of the
 wrong type, shape or dtype) is refused with an error naming the class and the
 method.
+
+A step whose ``insert`` raises is put back (``write_back``): every table of
+the call, the one that raised included (it may have written part of its
+rows), gets its earlier rows back. When the storage raises again while being
+put back (still down), the put-back is kept and made before the storage's
+next use (``_settle``): until then every use fails the same way, and once
+the storage answers, it holds what it held before the failed step.
 """
 
 from collections.abc import Iterator, Sequence
@@ -103,6 +110,16 @@ class ExternalBacking(Backing):
                 self._int(method, getattr(self.storage, method)(t))
         for mem in MemoryType:
             self._int("memory_usage", self.storage.memory_usage(mem))
+        # A put-back a failed step could not make (``write_back``).
+        self._pending: tuple | None = None
+
+    def _settle(self) -> None:
+        """Makes the put-back a failed step could not make (the storage was
+        down), before anything else asks the storage; raises (changing
+        nothing else) while it still cannot."""
+        if self._pending is not None:
+            self._put_back(*self._pending)
+            self._pending = None
 
     def _int(self, method: str, value) -> int:
         if not is_int(value) or value < 0:
@@ -124,6 +141,7 @@ class ExternalBacking(Backing):
 
     def _find(self, keys, t: int):
         """(found (n) bool, (n, value_dim) float32 rows) of one table's keys."""
+        self._settle()
         n = keys.numel()
         values = torch.zeros((n, self.tables[t].value_dim), dtype=torch.float32, device=self.device)
         found = self.storage.find(keys, torch.full_like(keys, t), values)
@@ -172,25 +190,31 @@ class ExternalBacking(Backing):
         ``expand`` do not apply (the rows a ``locate`` found are copies).
 
         The rows go one table per ``Storage.insert`` call. When a call raises,
-        the tables written before it are put back as ``before`` says they
-        were, if given: ``(found (n) bool, a staging buffer of n rows)``, per
-        key whether the storage held it and its row then (re-inserted; the
-        others erased); then the error propagates.
+        the tables given rows so far (the one whose call raised included: it
+        may have written some) are put back as ``before`` says they were, if
+        given: ``(found (n) bool, a staging buffer of n rows)``, per key
+        whether the storage held it and its row then (re-inserted; the others
+        erased), now or, when the storage raises again, before its next use
+        (``_settle``); then the error propagates.
         """
         keep = (keys != PAD_KEY).nonzero().squeeze(1)
         keys, tids, src_offsets = keys[keep], tids[keep], src_offsets[keep]
         if keys.numel() == 0:
             return
+        self._settle()
         buf = sp.stage_rows(src, src_offsets, tids, self.layout)
-        written = []
+        touched = []
         try:
             for t, idx in self._by_table(tids):
+                touched.append((t, idx))
                 self.storage.insert(keys[idx], tids[idx], self._values(buf, tids, idx, t), None)
-                written.append((t, idx))
         except BaseException:
-            if before is not None and written:
-                found, rows = before[0][keep], before[1][keep]
-                self._put_back(keys, tids, found, rows, written)
+            if before is not None:
+                pending = (keys, tids, before[0][keep], before[1][keep], touched)
+                try:
+                    self._put_back(*pending)
+                except BaseException:
+                    self._pending = pending  # made before the storage's next use
             raise
 
     def _values(self, buf, tids, idx, t: int) -> torch.Tensor:
@@ -221,6 +245,7 @@ class ExternalBacking(Backing):
     # -------------------------------------------------------- checkpoints --
 
     def export_rows(self, table: int, chunk: int) -> Iterator[ExportedRows]:
+        self._settle()
         spec = self.tables[table]
         for batch in self.storage.export_batches(table, chunk):
             if not isinstance(batch, tuple) or len(batch) != 3:
@@ -257,6 +282,7 @@ class ExternalBacking(Backing):
             )
 
     def import_rows(self, table, keys, scores, embeddings, optimizer_state, init: RowInit):
+        self._settle()
         tids = torch.full_like(keys, table)
         buf = rows_buffer(keys, tids, embeddings, optimizer_state, None, init, self.layout)
         emb, state = sp.unpack_rows(buf, tids, self.layout)

@@ -63,12 +63,8 @@ def _rewrite_dtype(path: str, dtype: torch.dtype, name: str) -> None:
     """Rewrites every value and optimizer-state file at ``dtype`` and fixes
     the meta JSONs and the manifest (sizes, CRC-32s)."""
     folder = os.path.join(path, c.COLLECTION)
-    manifest_name = os.path.join(path, "dynamicemb_checkpoint.json")
-    manifest = json.load(open(manifest_name))
-    manifest.pop("checksum")
-    for table in manifest["collections"][c.COLLECTION]:
-        meta_name = os.path.join(folder, f"{table}_meta.json")
-        meta = json.load(open(meta_name))
+
+    def edit(meta: dict) -> None:
         meta["embedding_dtype"] = meta["optim_state_dtype"] = name
         for shard in meta["shards"]:
             for kind in ("values", "opt_values"):
@@ -80,13 +76,29 @@ def _rewrite_dtype(path: str, dtype: torch.dtype, name: str) -> None:
                     f.write(data)
                 entry["bytes"] = len(data)
                 entry["crc32"] = [zlib.crc32(data)] if data else []
-        data = json.dumps(meta).encode()
-        open(meta_name, "wb").write(data)
-        manifest["collections"][c.COLLECTION][table] = {
-            "file": f"{table}_meta.json",
-            "bytes": len(data),
-            "crc32": [zlib.crc32(data)],
-        }
+
+    manifest = json.load(open(os.path.join(path, "dynamicemb_checkpoint.json")))
+    for table in manifest["collections"][c.COLLECTION]:
+        _edit_meta(path, table, edit)
+
+
+def _edit_meta(path: str, table: str, edit) -> None:
+    """Edits a table's meta JSON and records its new size and CRC-32 in the
+    manifest (so that only the edit is wrong)."""
+    folder = os.path.join(path, c.COLLECTION)
+    meta_name = os.path.join(folder, f"{table}_meta.json")
+    meta = json.load(open(meta_name))
+    edit(meta)
+    data = json.dumps(meta).encode()
+    open(meta_name, "wb").write(data)
+    manifest_name = os.path.join(path, "dynamicemb_checkpoint.json")
+    manifest = json.load(open(manifest_name))
+    manifest.pop("checksum")
+    manifest["collections"][c.COLLECTION][table] = {
+        "file": f"{table}_meta.json",
+        "bytes": len(data),
+        "crc32": [zlib.crc32(data)],
+    }
     manifest["checksum"] = _canonical_crc(manifest)
     open(manifest_name, "w").write(json.dumps(manifest))
 
@@ -168,6 +180,31 @@ def _checks_world(rank, world, root):
     @check("missing_folder")
     def _():
         refused(os.path.join(root, "nothing_here"), CheckpointError, "no dynamicemb checkpoint")
+
+    @check("meta_without_the_dtype_keys")
+    def _():
+        # A meta JSON without embedding_dtype (written before the key existed,
+        # its CRC-32 right): refused naming the key, not read as float32
+        # (docs/architecture.md, "Departures").
+        p = _copy(good, os.path.join(root, "no_dtype"))
+        _edit_meta(p, "t0", lambda meta: meta.pop("embedding_dtype"))
+        refused(p, CheckpointError, "embedding_dtype")
+
+    @check("optimizer_state_stays_float32_in_a_bfloat16_table")
+    def _():
+        # The departure: a 16-bit table's optimizer state is stored at float32.
+        bf16 = c.Case(
+            "bf16",
+            "ec",
+            [T("t0", 40, 4, options={"embedding_dtype": torch.bfloat16})],
+            optimizer="adam",
+        )
+        m = c.build(bf16, world)
+        c.train(m, bf16, rank)
+        p = os.path.join(root, "bf16")
+        DynamicEmbDump(p, m, optim=True)
+        meta = json.load(open(os.path.join(p, c.COLLECTION, "t0_meta.json")))
+        assert (meta["embedding_dtype"], meta["optim_state_dtype"]) == ("bfloat16", "float32")
 
     @check("missing_table")
     def _():
@@ -283,6 +320,8 @@ CHECKS = [
     "corrupted_meta",
     "corrupted_manifest",
     "missing_folder",
+    "meta_without_the_dtype_keys",
+    "optimizer_state_stays_float32_in_a_bfloat16_table",
     "missing_table",
     "no_optimizer_state",
     "dim_mismatch",

@@ -6,7 +6,10 @@ static model sharded at one rank into a dynamic model of two, and with a
 user id map (row i becomes key ids[i]); pooled sums of rows sharded over two
 ranks agree within float32 rounding (the ranks' partial sums are added in
 another order). A table the source lacks, a dim
-that differs and a bad id map are errors naming them, and change nothing."""
+that differs, a weight without rows or of an integer or bool dtype, a bad id
+map, an empty, truncated, foreign or corrupted (a flipped byte) file and a
+DCP folder whose metadata would run code are errors naming them, and change
+nothing (and run nothing)."""
 
 import os
 
@@ -137,10 +140,57 @@ def _one_rank(rank, world, root):
             (dict(source=sd, id_maps={"t0": torch.arange(3)}), "has 3 ids for the source's 64"),
             (dict(source=sd, id_maps={"t0": torch.zeros(ROWS, dtype=torch.int64)}), "repeats"),
             (dict(source=sd, tables={"t0": "t9"}), "no table 't9'"),
+            (
+                dict(source=dict(sd, **{"embeddings.t0.weight": torch.zeros(0, 4)})),
+                r"embeddings.t0.weight has no rows \(shape \(0, 4\)\)",
+            ),
         ]
+        for dtype in (torch.int64, torch.bool):
+            weight = sd["embeddings.t2.weight"].to(dtype)
+            message = f"embeddings.t2.weight is {dtype}, not a floating-point weight"
+            cases.append((dict(source=dict(sd, **{"embeddings.t2.weight": weight})), message))
+        # Files torch.load cannot read, or would read wrong: named, not torch's error.
+        saved = os.path.join(root, "good.pt")
+        torch.save(dict(sd), saved)
+        data = open(saved, "rb").read()
+        for name, content, message in (
+            ("empty.pt", b"", "empty.pt is not a state_dict torch.save wrote"),
+            ("cut.pt", data[: len(data) // 2], "cut.pt is (a damaged zip file|not a state_dict)"),
+            ("text.pt", b"not a checkpoint\n" * 8, "text.pt is not a state_dict torch.save wrote"),
+        ):
+            with open(os.path.join(root, name), "wb") as f:
+                f.write(content)
+            cases.append((dict(source=os.path.join(root, name)), message))
+        # A flipped byte in a stored tensor: torch.load would not notice.
+        at = data.index(sd["embeddings.t0.weight"].numpy().tobytes()[:16])
+        flipped = bytearray(data)
+        flipped[at] ^= 0x40
+        with open(os.path.join(root, "flipped.pt"), "wb") as f:
+            f.write(bytes(flipped))
+        cases.append((dict(source=os.path.join(root, "flipped.pt")), "fails its CRC-32"))
         for kw, message in cases:
             with pytest.raises(ValueError, match=message):
                 warm_start(model, **kw)
+        # A DCP folder whose metadata would call open(marker): refused by
+        # name, and nothing ran.
+        import pickle
+
+        import torch.distributed.checkpoint as dcp
+
+        from dynamicemb.checkpoint import CheckpointError
+
+        crafted, marker = os.path.join(root, "crafted"), os.path.join(root, "ran")
+        dcp.save(dict(sd), checkpoint_id=crafted)
+
+        class Payload:
+            def __reduce__(self):
+                return (open, (marker, "w"))
+
+        with open(os.path.join(crafted, ".metadata"), "wb") as f:
+            f.write(pickle.dumps(Payload()))
+        with pytest.raises(CheckpointError, match="asks for io.open"):
+            warm_start(model, crafted)
+        assert not os.path.exists(marker)
         c.assert_same_tables(c.contents(model), before, what="after the errors")
 
     @checks("a static model of one rank, saved with DCP")

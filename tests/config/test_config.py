@@ -595,9 +595,27 @@ def test_completion_returns_a_new_object_and_leaves_the_input_alone():
     assert (completed.lower, completed.upper) == (-0.5, 0.5)
 
 
+def test_truncated_normal_bounds_as_documented():
+    # The options' documentation: lower and upper default to +-1/sqrt(N) for
+    # UNIFORM and TRUNCATED_NORMAL; without a config, +-2 std_dev around the mean.
+    args = DynamicEmbInitializerArgs(mode=DynamicEmbInitializerMode.TRUNCATED_NORMAL)
+    completed = complete_initializer_args(args, emb_config(4096))
+    assert (completed.lower, completed.upper) == (-1 / 64, 1 / 64)
+    assert (args.lower, args.upper) == (None, None)
+    args = DynamicEmbInitializerArgs(
+        mode=DynamicEmbInitializerMode.TRUNCATED_NORMAL, mean=1.0, std_dev=0.5, upper=1.25
+    )
+    completed = complete_initializer_args(args)
+    assert (completed.lower, completed.upper) == (0.0, 1.25)
+
+
 @pytest.mark.parametrize(
     "mode",
-    [m for m in DynamicEmbInitializerMode if m is not DynamicEmbInitializerMode.UNIFORM],
+    [
+        m
+        for m in DynamicEmbInitializerMode
+        if m not in (DynamicEmbInitializerMode.UNIFORM, DynamicEmbInitializerMode.TRUNCATED_NORMAL)
+    ],
 )
 def test_other_modes_are_returned_unchanged(mode):
     args = DynamicEmbInitializerArgs(mode=mode)

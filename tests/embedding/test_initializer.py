@@ -127,3 +127,24 @@ def test_cuda_rows_equal_cpu_rows(mode):
         assert torch.allclose(gpu, cpu, rtol=0, atol=1e-6)
     else:
         assert torch.equal(gpu, cpu)
+
+
+def test_truncated_normal_rows_of_a_planned_table_keep_the_documented_bounds():
+    # The options' documentation: TRUNCATED_NORMAL's bounds default to
+    # +-1/sqrt(N), N = num_embeddings; std_dev (1.0) is far wider, and the
+    # rows are the normal density on that interval (nearly uniform), with no
+    # mass piled up at the bounds.
+    from torchrec.modules.embedding_configs import EmbeddingConfig
+
+    from dynamicemb import DynamicEmbTableOptions
+    from dynamicemb.planner import prepare_table_options
+
+    config = EmbeddingConfig(name="t", num_embeddings=4096, embedding_dim=16, feature_names=["f"])
+    options = DynamicEmbTableOptions(initializer_args=_args(Mode.TRUNCATED_NORMAL))
+    args = prepare_table_options(options, config, 2).initializer_args
+    rows = init_rows(torch.arange(20000), 16, args).double()
+    bound = 1 / 64
+    assert float(rows.abs().max()) <= bound
+    assert float((rows.abs() >= bound * (1 - 1e-6)).double().mean()) < 1e-3
+    quarters = torch.histc(rows, bins=4, min=-bound, max=bound) / rows.numel()
+    assert torch.allclose(quarters, torch.full((4,), 0.25, dtype=torch.float64), atol=0.01)

@@ -63,6 +63,12 @@ def test_a_published_folder_and_its_manifest(tmp_path):
         io_files.read_manifest(path, "m.json", "fmt", 3, _Format)
     with pytest.raises(_Format, match="does not exist"):
         io_files.read_manifest(path, "none.json", "fmt", 3, _Format)
+    # Arrays nested too deep to parse: refused as any bad manifest.
+    depth = 100_000
+    with open(os.path.join(path, "m.json"), "wb") as f:
+        f.write(b'{"checksum": 1, "x": ' + b"[" * depth + b"]" * depth + b"}")
+    with pytest.raises(_Format, match="manifest is not valid \\(RecursionError"):
+        io_files.read_manifest(path, "m.json", "fmt", 3, _Format)
 
 
 def test_dtype_names_round_trip_and_unknown_names_are_refused():

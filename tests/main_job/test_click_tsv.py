@@ -6,6 +6,7 @@ training on a sample and resuming at the right line after a kill."""
 import gzip
 import math
 import os
+import re
 
 import click_tsv  # examples/click_tsv.py (pyproject: pytest pythonpath)
 import job_harness as j
@@ -45,11 +46,37 @@ def test_a_line_gives_its_label_dense_features_and_ids():
         (_line(dense=["1"] * 12 + ["1.5"]), "x.tsv:7: I13 '1.5' is not an integer"),
         (_line(ids=["a"] * 25 + ["xyz"]), "x.tsv:7: C26 'xyz' is not a hexadecimal id"),
         (_line(ids=["1" * 17] + ["a"] * 25), "x.tsv:7: C1 '11111111111111111' does not fit"),
+        (
+            _line(dense=["9" * 400] + ["1"] * 12),
+            "x.tsv:7: I1 '9999999999999999999999999999999999999999'... (400 characters) is "
+            "too large a count",
+        ),
+        (
+            _line(ids=["f" * 400] + ["a"] * 25),
+            "x.tsv:7: C1 'ffffffffffffffffffffffffffffffffffffffff'... (400 characters) does "
+            "not fit in 64 bits",
+        ),
+        (
+            _line(ids=["a", "b\u00e9"] + ["a"] * 24).encode("latin-1"),
+            "x.tsv:7: C2 holds the byte 0xe9, which is not ASCII",
+        ),
     ],
 )
 def test_a_bad_line_is_named_with_its_file_line_and_field(line, message):
-    with pytest.raises(ValueError, match="^" + message.replace("(", r"\(").replace(".", r"\.")):
+    with pytest.raises(ValueError, match="^" + re.escape(message)):
         click_tsv.parse_line(line, 16, "x.tsv:7")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not_gzip"])
+def test_a_damaged_gzip_file_is_named(tmp_path, damage):
+    lines = [_line() for _ in range(200)]
+    data = gzip.compress("".join(lines).encode())
+    path = tmp_path / "part.tsv.gz"
+    path.write_bytes(data[: len(data) - 40] if damage == "truncated" else b"plain text\n")
+    stream = iter(click_tsv.ClickFiles([str(path)], 4, 0, 1))
+    with pytest.raises(ValueError, match=f"^{path}: cannot be read after line \\d+ \\("):
+        for _ in range(100):
+            next(stream)
 
 
 def _sample(folder, rows: int, files: int, gz: bool, seed: int = 0) -> list[str]:

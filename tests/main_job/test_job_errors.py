@@ -141,3 +141,30 @@ def test_world_size_under_torchrun_is_torchruns(capsys, monkeypatch):
     err = _refused(capsys, [*j.SMALL, "--world-size", "3"])
     assert "--world-size 3 differs from the launcher's WORLD_SIZE 2" in err
     assert train_dlrm.parse_args(j.SMALL).world_size == 2
+
+
+def test_a_folder_another_job_writes_is_refused_and_a_dead_jobs_lock_taken_over(tmp_path):
+    import json
+    import socket
+    import subprocess
+    import sys
+
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    lock = root / train_checkpoint.LOCK
+    # A live job: this process.
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "started": 0}))
+    before = _snapshot(str(root))
+    rc, out = j.run_job([*TINY, "--checkpoint-dir", str(root)])
+    assert rc == 2, out[-4000:]
+    assert f"--checkpoint-dir {root} is in use by another job" in out
+    assert f"process {os.getpid()}" in out and str(lock) in out
+    assert _snapshot(str(root)) == before
+    # A job that is gone (its process ended): taken over, and released at the end.
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], text=True, capture_output=True
+    ).stdout.strip()
+    lock.write_text(json.dumps({"host": socket.gethostname(), "pid": int(gone), "started": 0}))
+    rc, out = j.run_job([*TINY, "--checkpoint-dir", str(root)])
+    assert rc in (0, 1), out[-4000:]
+    assert j.steps_in(str(root)) == [2] and not lock.exists()

@@ -148,3 +148,70 @@ def test_a_checkpoint_reloads_at_another_world_size(reference, tmp_path, world):
         assert int(kept.sum()) == loaded, table
         for c in ("emb", "opt", "scores"):
             assert torch.equal(have[c], want[c][kept]), (table, c)
+
+
+def test_a_resume_at_another_world_size_keeps_the_loss_history(reference, tmp_path):
+    """The steps before a resume at another world size keep their mean
+    losses: the summary's first window and first report equal the
+    uninterrupted run's."""
+    ref_root, ref_summary, _ = reference
+    root = str(tmp_path / "ckpt")
+    shutil.copytree(
+        train_checkpoint.step_dir(ref_root, EVERY), train_checkpoint.step_dir(root, EVERY)
+    )
+    summary = str(tmp_path / "summary.json")
+    argv = [*ARGS, "--world-size", "1", "--checkpoint-dir", root, "--resume"]
+    rc, out = j.run_job([*argv, "--summary-json", summary])
+    assert rc == 0, out[-4000:]
+    s = j.summary(summary)
+    assert s["resumed"]["world_size"] == 2 and s["world_size"] == 1
+    assert s["train_loss_first"] == ref_summary["train_loss_first"]
+    assert s["train_loss_checkpoints"][0] == ref_summary["train_loss_checkpoints"][0]
+
+
+def _craft(step_path: str, marker: str) -> None:
+    """Replaces the checkpoint's DCP metadata with a pickle that would call
+    open(marker), and records the new file in job.json (its CRC-32s are
+    anyone's to recompute)."""
+    import json
+    import pickle
+
+    from dynamicemb.io.files import encode_manifest
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (marker, "w"))
+
+    folder = os.path.join(step_path, train_checkpoint.TORCHREC)
+    with open(os.path.join(folder, ".metadata"), "wb") as f:
+        f.write(pickle.dumps(Payload()))
+    manifest = os.path.join(step_path, train_checkpoint.MANIFEST)
+    with open(manifest) as f:
+        body = json.load(f)
+    del body["checksum"]
+    body["torchrec"] = train_checkpoint._file_infos(folder)
+    with open(manifest, "wb") as f:
+        f.write(encode_manifest(body))
+
+
+def test_a_crafted_newest_checkpoint_runs_nothing_and_the_job_goes_on_from_the_older(
+    reference, tmp_path
+):
+    """The newest checkpoint's DCP folder holds a pickle that would run code:
+    --resume reads it without running anything, names it, and goes on from
+    the older complete checkpoint, ending as the uninterrupted run."""
+    ref_root, ref_summary, ref_final = reference
+    root = str(tmp_path / "ckpt")
+    for step in (EVERY, 2 * EVERY):
+        src = train_checkpoint.step_dir(ref_root, step)
+        shutil.copytree(src, train_checkpoint.step_dir(root, step))
+    marker = str(tmp_path / "ran")
+    _craft(train_checkpoint.step_dir(root, 2 * EVERY), marker)
+    rc, out = _job(root, "--resume")
+    assert rc == 0, out[-4000:]
+    assert not os.path.exists(marker)
+    assert f"--resume: cannot load {train_checkpoint.step_dir(root, 2 * EVERY)}" in out
+    assert "asks for io.open" in out
+    assert "step_00000010 (after step 10" in out
+    got = j.read_checkpoint(train_checkpoint.step_dir(root, STEPS), str(tmp_path))
+    j.assert_same_state(got, ref_final, "resumed from the older checkpoint")

@@ -2,7 +2,8 @@
 EmbeddingBagCollection's rows (a state_dict saved with torch.save): after
 two steps at two ranks the checkpoint holds every source row as key i,
 unchanged (the job's hashed ids never hit keys 0..n-1); a source whose dim
-differs is refused naming the table and both shapes."""
+differs is refused naming the table and both shapes, a file torch.load
+cannot read naming the file."""
 
 import os
 
@@ -59,3 +60,10 @@ def test_a_source_of_another_dim_is_refused(tmp_path):
     assert "has shape (37, 8), the table's dim is 16" in out
     rc, out = j.run_job([*ARGS, "--warm-start", str(tmp_path / "none.pt")])
     assert rc != 0 and "does not exist" in out
+    # A file torch.load cannot read: the job's message naming it, not torch's
+    # traceback.
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")
+    rc, out = j.run_job([*ARGS, "--warm-start", str(empty)])
+    assert rc != 0 and "Traceback" not in out, out[-3000:]
+    assert f"error: --warm-start {empty}: " in out and "is not a state_dict" in out, out[-3000:]

@@ -90,3 +90,36 @@ def s3():
     server = S3Server()
     yield server
     server.stop()
+
+
+class FrozenServer:
+    """An endpoint that accepts connections and never reads nor answers (a
+    server that froze, a connection a middlebox dropped). ``env()`` points a
+    process at it, as ``S3Server.env`` does."""
+
+    def __init__(self) -> None:
+        import socket
+
+        self._socket = socket.socket()
+        self._socket.bind(("127.0.0.1", 0))
+        self._socket.listen(64)
+        self._held = []  # accepted connections, kept open and silent
+        self.endpoint = "http://127.0.0.1:%d" % self._socket.getsockname()[1]
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._socket.accept()
+            except OSError:  # closed by stop()
+                return
+            self._held.append(conn)
+
+    def env(self) -> dict[str, str]:
+        return {**ENV, "AWS_ENDPOINT_URL": self.endpoint}
+
+    def stop(self) -> None:
+        self._socket.close()
+        for conn in self._held:
+            conn.close()

@@ -165,3 +165,36 @@ def test_round_trip_and_sigkill_at_writes_leaves_old_or_new():
     assert r["replaced"] == [".dynamicemb-version-00000002"]  # the first one removed
     assert len(r["left"]) > 1  # versions the killed dumps left
     assert len(r["after"]) == 1 and r["committed"].endswith(r["after"][0])
+
+
+def _dump_to_frozen(rank, world, env):
+    import time
+
+    from dynamicemb import DynamicEmbDump
+    from dynamicemb.io import fs
+
+    os.environ.update(env)
+    # Short limits, so the test is quick: the rule is the same at any value.
+    fs.OBJECT_CONNECT_TIMEOUT_S = fs.OBJECT_READ_TIMEOUT_S = 1.0
+    fs.OBJECT_ATTEMPTS = 2
+    model = c.build(CASE, world)
+    c.train(model, CASE, rank, steps=1)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError) as e:
+        DynamicEmbDump("s3://frozen/ckpt", model, optim=True)
+    return str(e.value), time.monotonic() - start
+
+
+def test_a_checkpoint_write_to_a_server_that_never_answers_fails_in_bounded_time():
+    from tests.object_store.s3_server import FrozenServer
+
+    server = FrozenServer()
+    try:
+        ((message, seconds),) = h.run_world(_dump_to_frozen, 1, server.env())
+    finally:
+        server.stop()
+    assert message.startswith("s3://frozen/ckpt")
+    assert "did not answer in time (connect 1 s, answer 1 s, 2 attempts)" in message
+    # Each of the dump's requests gives up after 2 attempts of at most a few
+    # seconds: bounded (the run_world timeout would catch a hang).
+    assert seconds < 60, seconds

@@ -4,7 +4,6 @@ Expected capacities and bytes are worked out here from the spec's rules (and
 written as numbers), not by calling the code under test.
 """
 
-import dataclasses
 import math
 import os
 import tempfile
@@ -231,18 +230,35 @@ def test_prepare_rejects_a_bucket_width_that_is_not_a_multiple_of_16():
 # ------------------------------------------------------------------ planner
 
 
-def test_planner_prepares_dynamic_tables_and_leaves_the_given_options_alone():
+def test_planner_updates_the_options_the_user_passed():
+    opts = DynamicEmbTableOptions(global_hbm_for_values=4000)
+    constraints = _constraints(dyn_ec=opts)
+    DynamicEmbeddingShardingPlanner(
+        _ec_configs(huge=500) + _ebc_configs(), topology=_topology(2), constraints=constraints
+    )
+    # The spec's step: the planner updates that table's DynamicEmbTableOptions.
+    assert constraints["dyn_ec"].dynamicemb_options is opts
+    assert (opts.dim, opts.bucket_capacity, opts.max_capacity, opts.init_capacity) == (
+        16,
+        128,
+        256,
+        256,
+    )
+    assert opts.local_hbm_for_values == 2000
+    assert opts.initializer_args.lower == pytest.approx(-math.sqrt(1 / 500))
+
+
+def test_planner_prepares_dynamic_tables_sharing_one_options_object():
     shared = DynamicEmbTableOptions(bucket_capacity=MAX_BUCKET_CAPACITY, global_hbm_for_values=4000)
-    given = dataclasses.replace(shared)
     constraints = _constraints(dyn_ec=shared, dyn_ebc=shared)
     static_ec = constraints["static_ec"]
     planner = DynamicEmbeddingShardingPlanner(
         _ec_configs(huge=500) + _ebc_configs(), topology=_topology(2), constraints=constraints
     )
-    assert shared == given  # the object the user passed is unchanged
     ec_opts = constraints["dyn_ec"].dynamicemb_options
     ebc_opts = constraints["dyn_ebc"].dynamicemb_options
-    assert ec_opts is not shared and ebc_opts is not shared
+    # The first table's preparation updates the object; the second gets its own.
+    assert ec_opts is shared and ebc_opts is not shared
     # dyn_ec: 500 rows / 2 = 250 -> 256; dyn_ebc: 1000 / 2 = 500 -> 512.
     assert (ec_opts.dim, ec_opts.bucket_capacity, ec_opts.max_capacity) == (16, 256, 256)
     assert (ebc_opts.dim, ebc_opts.bucket_capacity, ebc_opts.max_capacity) == (8, 512, 512)

@@ -139,3 +139,68 @@ def _refusals(rank, world, folder, device_type):
 @pytest.mark.parametrize("device", DEVICES)
 def test_bad_deltas_are_refused_and_change_nothing(tmp_path, device):
     h.run_world(_refusals, 1, str(tmp_path), device, device_type=device)
+
+
+def _hand_delta():
+    from dynamicemb import DynamicEmbTableOptions
+    from dynamicemb.replication import DeltaDumpResult
+
+    delta = DeltaDumpResult()
+    delta.append(
+        {
+            "table_names": "t0",
+            "keys": torch.tensor([3, 9]),
+            "values": torch.arange(8, dtype=torch.float32).reshape(2, 4),
+            "optimizer_states": None,
+            "scores": torch.tensor([[1], [2]]),
+            "erased_keys": torch.tensor([5]),
+            "evicted_keys": None,
+            "meta": {
+                "current_score": 3,
+                "slot_index": torch.tensor([0, 1]),
+                "current_capacity": 128,
+                "row_capacity": (128,),
+                "bucket_capacity": 128,
+                "num_scores": 1,
+                "world_size": 1,
+                "table_options": DynamicEmbTableOptions(dim=4),
+                "sequence": 1,
+                "run": "r",
+                "epoch": 0,
+                "rank": None,
+            },
+        }
+    )
+    return {"model.coll": delta}
+
+
+def test_a_manifest_naming_files_outside_its_folder_is_refused(tmp_path):
+    import json
+
+    from dynamicemb.io.files import encode_manifest
+    from dynamicemb.replication import DeltaError, read_delta, write_delta
+
+    path = write_delta(str(tmp_path / "stream"), 1, _hand_delta())
+    manifest = os.path.join(path, "dynamicemb_delta.json")
+    with open(manifest, "rb") as f:
+        good = f.read()
+    assert torch.equal(read_delta(path)[1]["model.coll"].keys[0], torch.tensor([3, 9]))
+    # A file outside the delta's folder, and a manifest (its checksum
+    # recomputed: it authenticates nothing) that names it.
+    outside = tmp_path / "t0_keys"
+    outside.write_bytes((tmp_path / path / "model.coll" / "t0_keys").read_bytes())
+    for name in ("../../../t0_keys", str(outside), "t0_values", ".."):
+        body = json.loads(good)
+        del body["checksum"]
+        body["collections"]["model.coll"][0]["columns"]["keys"]["file"]["file"] = name
+        with open(manifest, "wb") as f:
+            f.write(encode_manifest(body))
+        with pytest.raises(DeltaError, match="malformed.*names the file"):
+            read_delta(path)
+    body = json.loads(good)
+    del body["checksum"]
+    body["collections"] = {"../x": body["collections"]["model.coll"]}
+    with open(manifest, "wb") as f:
+        f.write(encode_manifest(body))
+    with pytest.raises(DeltaError, match="collection '../x' cannot name a file"):
+        read_delta(path)

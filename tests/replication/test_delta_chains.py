@@ -9,6 +9,7 @@ order; the replica ends equal to the job rank by rank.
 """
 
 import pytest
+import torch
 import torch.distributed as dist
 
 from dynamicemb import DynamicEmbScoreStrategy as S
@@ -77,3 +78,57 @@ def test_another_ranks_delta_does_not_advance_this_ranks_chain():
         assert out["after_other"] == [0]
         assert out["after_own"] == [1]
         assert out["end"] == [3]
+
+
+def _group_after_local(rank, world):
+    from dynamicemb.incremental_dump import get_score, incremental_dump
+    from dynamicemb.replication import erase_keys
+
+    model = c.build(CASE, world)
+    rows = c.kernels(model)[0].emb_module.rows
+    threshold = get_score(model)
+    c.train(model, CASE, rank, steps=2)
+    held = c.contents(model)["t0"]["keys"]
+    # Keys of this rank, erased and recorded; then a monitor on rank 0 dumps
+    # its own delta (pg=None), which drains rank 0's record.
+    first = held[:3]
+    erase_keys(model, {r.COLL: {"t0": first}})
+    if rank == 0:
+        local = incremental_dump(model, threshold)
+        assert local[r.COLL].meta[0]["sequence"] == 1
+        assert sorted(local[r.COLL].erased_keys[0].tolist()) == sorted(first.tolist())
+    second = held[3:5]
+    erase_keys(model, {r.COLL: {"t0": second}})
+    # What the group's delta must remove: every rank's second erase, and
+    # rank 1's first (no dump of its own drained it).
+    every = [None] * world
+    dist.all_gather_object(every, second if rank == 0 else torch.cat([first, second]))
+    # A group dump refused on one rank (an unknown table): the same error on
+    # every rank, and nothing drained.
+    bad = {r.COLL: {"t0": threshold[r.COLL]["t0"]}}
+    if rank == 1:
+        bad = {r.COLL: {"nope": 0}}
+    with pytest.raises(ValueError) as refused:
+        incremental_dump(model, bad, dist.group.WORLD)
+    group = incremental_dump(model, threshold, dist.group.WORLD)[r.COLL]
+    return {
+        "refused": str(refused.value),
+        "sequence": group.meta[0]["sequence"],
+        "recorded": list(rows.delta_sequence),
+        "erased": sorted(group.erased_keys[0].tolist()),
+        "want_erased": sorted(torch.cat(every).tolist()),
+        "first": sorted(first.tolist()),
+    }
+
+
+def test_a_group_dump_after_a_ranks_own_agrees_on_the_sequence():
+    outs = h.run_world(_group_after_local, 2)
+    assert outs[0]["refused"] == outs[1]["refused"]
+    assert "rank 1" in outs[0]["refused"] and "'nope'" in outs[0]["refused"]
+    for out in outs:
+        # Rank 0's own dump advanced it to 1: the group's delta is 2 on both.
+        assert out["sequence"] == 2 and out["recorded"] == [2]
+        # Drained by no refused dump; rank 0's first erase went out with its
+        # own delta.
+        assert out["erased"] == out["want_erased"]
+        assert not set(outs[0]["first"]) & set(out["erased"])

@@ -95,3 +95,37 @@ def _scores(rank, world):
 
 def test_get_and_set_score_on_a_sharded_model():
     h.run_world(_scores, 2)
+
+
+def _external_scores(rank, world):
+    from dynamicemb.incremental_dump import get_score, incremental_dump
+    from tests.storage.py_dict_storage import PyDictStorage
+
+    cs = c.Case(
+        "mixed",
+        "ec",
+        [
+            h.TableSpec("t0", 64, 4, options={"external_storage": PyDictStorage}),
+            h.TableSpec("t1", 64, 4, options={"score_strategy": S.STEP}),
+        ],
+        key_range=(0, 50),
+    )
+    model = c.build(cs, world)
+    c.train(model, cs, rank, steps=2)
+    threshold = get_score(model)
+    # No dynamicemb hash table scores t0's keys: its score is unavailable.
+    assert threshold == {r.COLL: {"t0": None, "t1": 3}}
+    c.train(model, cs, rank, steps=1, first=2)
+    # A dump at get_score's threshold leaves t0 out and dumps t1's step-3 keys.
+    (delta,) = incremental_dump(model, threshold).values()
+    assert delta.table_names == ["t1"]
+    held = c.contents(model)["t1"]
+    want = held["keys"][held["scores"][:, 0] >= 3]
+    assert sorted(delta.keys[0].tolist()) == sorted(want.tolist()) and want.numel()
+    with pytest.raises(NotImplementedError, match="incremental_dump is not supported"):
+        incremental_dump(model, 0)
+    return True
+
+
+def test_get_score_of_an_external_storage_table_is_none():
+    h.run_world(_external_scores, 1)

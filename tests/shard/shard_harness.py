@@ -83,7 +83,7 @@ def _worker(
         results.put((rank, "error", traceback.format_exc()))
     finally:
         if dist.is_initialized():
-            dist.destroy_process_group()
+            dist_launch.tear_down()
 
 
 def _take_callers_place(environ: dict[str, str], output: str) -> None:

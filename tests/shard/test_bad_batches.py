@@ -7,9 +7,13 @@ do not add up to the values or the stride, float values, weights of the wrong
 size, offsets that do not start at 0, values on another device, a NaN weight
 (an EC's frequency counter, a weighted EBC's pooling weight), features missing
 or in another order than the first batch's, a variable batch size per
-feature. Both ranks catch the error
-(the same message, naming rank 1, the case and the bad value) and go on with
-good batches; every good step's outputs and every table's rows at the end
+feature, an id of a static table's feature outside its rows (-1, or its row
+count: TorchRec's kernels would read row 0), a batch without samples; or a
+batch each rank would take alone but that differs from rank 0's: weights on
+one rank only, int32 values or lengths on one rank, another batch size where
+the outputs are pooled. Both ranks catch the error
+(the same message, naming rank 1 or the ranks' difference, the case and the
+bad value) and go on with good batches; every good step's outputs and every table's rows at the end
 (keys, scores, embeddings, optimizer state) equal those of a run that never saw
 the bad batches. Without the check the ranks pair mismatched collectives.
 """
@@ -72,7 +76,28 @@ BAD = [
     ("variable_stride", (1,)),
     ("missing_feature", (1,)),
     ("negative_length", (0, 1)),
+    ("static_negative", (1,)),
+    ("static_past_rows", (1,)),
+    ("no_samples", (1,)),
+    ("weights_here_only", (1,)),
+    ("int32_values", (1,)),
+    ("int32_lengths", (1,)),
+    ("other_stride", (1,)),
 ]
+# Batches each rank would take alone, refused for differing between ranks.
+DIFFER = "the ranks' batches differ"
+# Refused where the outputs are pooled only (an EmbeddingCollection takes
+# another batch size on each rank).
+POOLED_ONLY = {"other_stride"}
+
+
+def bad_kinds(scenario):
+    static = any(not t.dynamic for t in scenario.tables)
+    return [
+        (k, r)
+        for k, r in BAD
+        if (scenario.kind == "ebc" or k not in POOLED_ONLY) and (static or "static" not in k)
+    ]
 
 
 def _kjt(keys, values, lengths=None, weights=None, offsets=None, stride=None):
@@ -96,6 +121,41 @@ def bad_batch(scenario, kind: str, rank: int):
     end = int(lengths[: (f + 1) * stride].sum())
     assert int(lengths[f * stride : (f + 1) * stride].sum()) > 0
     name = scenario.tables[f].feature
+    if kind.startswith("static"):
+        s = next(i for i, t in enumerate(scenario.tables) if not t.dynamic)
+        start = int(lengths[: s * stride].sum())
+        assert int(lengths[s * stride : (s + 1) * stride].sum()) > 0
+        rows = scenario.tables[s].num_embeddings
+        bad = -1 if kind == "static_negative" else rows
+        values = values.clone()
+        values[start] = bad
+        feature = scenario.tables[s].feature
+        want = f"id {bad} at index {start} of feature {feature!r} is not a row of its table, "
+        return _kjt(keys, values, lengths, weights), want + f"whose ids lie in [0, {rows})"
+    if kind == "no_samples":
+        empty = values[:0]
+        batch = _kjt(keys, empty, lengths[:0], None if weights is None else weights[:0], stride=0)
+        return batch, "has no samples (stride 0)"
+    if kind == "weights_here_only":
+        if weights is None:
+            batch = _kjt(keys, values, lengths, torch.ones(values.numel()))
+            return batch, f"{DIFFER} in their weights (rank 0's none, rank 1's torch.float32)"
+        batch = _kjt(keys, values, lengths)
+        return batch, f"{DIFFER} in their weights (rank 0's torch.float32, rank 1's none)"
+    if kind == "int32_values":
+        want = f"{DIFFER} in their values dtypes (rank 0's torch.int64, rank 1's torch.int32)"
+        return _kjt(keys, values.int(), lengths, weights), want
+    if kind == "int32_lengths":
+        want = f"{DIFFER} in their lengths dtypes (rank 0's torch.int64, rank 1's torch.int32)"
+        return _kjt(keys, values, lengths.int(), weights), want
+    if kind == "other_stride":
+        # Every feature's last sample dropped: a batch of stride - 1.
+        bag = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+        keep = bag % stride != stride - 1
+        lengths = lengths.reshape(len(keys), stride)[:, :-1].reshape(-1)
+        batch = _kjt(keys, values[keep], lengths, None if weights is None else weights[keep])
+        want = f"{DIFFER} in their batch sizes (strides) (rank 0's {stride}, rank 1's {stride - 1})"
+        return batch, want
     if kind == "variable_stride":
         from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -193,7 +253,7 @@ def train_with_bad_batches(rank, world_size, scenarios, with_bad):
         outs, errors = [], []
         for step in range(scenario.steps):
             if with_bad and step in (1, 2):
-                for kind, ranks in BAD:
+                for kind, ranks in bad_kinds(scenario):
                     if rank in ranks:
                         batch, want = bad_batch(scenario, kind, rank)
                     else:
@@ -240,15 +300,17 @@ def _assert_same(got, want, what):
 
 @pytest.mark.parametrize("name", ["ec", "ebc"])
 def test_bad_batch_refused_on_every_rank(runs, name):
-    _, bad, _ = runs
+    scenarios, bad, _ = runs
+    scenario = next(s for s in scenarios if s.name == name)
     errors = [bad[r][name]["errors"] for r in range(2)]
-    assert len(errors[0]) == len(errors[1]) == 2 * len(BAD)
+    assert len(errors[0]) == len(errors[1]) == 2 * len(bad_kinds(scenario))
     for e0, e1 in zip(*errors):
         kind, ranks, _, msg0 = e0
         msg1, want = e1[3], e0[2] if 0 in ranks else e1[2]
         assert msg0 is not None and msg1 is not None, (kind, "not refused")
         assert msg0 == msg1, (kind, msg0, msg1)  # one verdict, one message
-        assert f"rank {ranks[0]}'s batch" in msg0, (kind, msg0)
+        if not want.startswith(DIFFER):
+            assert f"rank {ranks[0]}'s batch" in msg0, (kind, msg0)
         assert want in msg0, (kind, want, msg0)
         assert "refused on every rank" in msg0
         if len(ranks) > 1:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from dynamicemb.table import first_valid_key, ops
 from tests.devices import DEVICES
 
-OFFSETS_START, NEGATIVE_LENGTH, LENGTHS_SUM, RESERVED_KEY, BAD_WEIGHT = 8, 9, 10, 11, 12
+OFFSETS_START, NEGATIVE_LENGTH, LENGTHS_SUM, RESERVED_KEY, BAD_WEIGHT, BAD_ID = 8, 9, 10, 11, 12, 15
 NONE, FINITE, COUNTERS = 0, 1, 2
 
 
@@ -24,7 +24,7 @@ def double_bits(x: float) -> int:
     return torch.tensor([x], dtype=torch.float64).view(torch.int64).item()
 
 
-def reference(values, lengths, weights, offsets, mask, num_features, stride, rule):
+def reference(values, lengths, weights, offsets, mask, num_features, stride, rule, rows=None):
     """The documented verdict row and lengths per feature, in Python."""
     v = values.tolist()
     ln = lengths.tolist()
@@ -36,11 +36,19 @@ def reference(values, lengths, weights, offsets, mask, num_features, stride, rul
         end += max(x, 0)
         ends.append(end)
 
+    def feature_of_bag(i):
+        return min(bisect.bisect_right(ends, i), len(ln) - 1) // stride
+
     def checked(i):
         if mask is None or not ln:
             return True
-        bag = min(bisect.bisect_right(ends, i), len(ln) - 1)
-        return bool(mask[bag // stride])
+        return bool(mask[feature_of_bag(i)])
+
+    def out_of_rows(i):
+        if rows is None or not ln:
+            return False
+        r = int(rows[feature_of_bag(i)])
+        return r > 0 and not 0 <= v[i] < r
 
     def feature(i):
         end = 0
@@ -63,6 +71,7 @@ def reference(values, lengths, weights, offsets, mask, num_features, stride, rul
         if values.dtype == torch.int64 and v[i] < first_valid_key() and checked(i)
     ]
     bad = [i for i in range(n) if w is not None and rule and bad_weight(w[i]) and checked(i)]
+    bad_ids = [i for i in range(n) if out_of_rows(i)]
     if offsets is not None and int(offsets[0]) != 0:
         row = [OFFSETS_START, int(offsets[0]), 0, 0]
     elif negative:
@@ -71,6 +80,8 @@ def reference(values, lengths, weights, offsets, mask, num_features, stride, rul
         row = [LENGTHS_SUM, sum(ln), n, 0]
     elif reserved:
         row = [RESERVED_KEY, reserved[0], v[reserved[0]], feature(reserved[0])]
+    elif bad_ids:
+        row = [BAD_ID, bad_ids[0], v[bad_ids[0]], feature(bad_ids[0])]
     elif bad:
         x = w[bad[0]]
         bits = CANONICAL_NAN if math.isnan(x) else double_bits(x)
@@ -79,13 +90,21 @@ def reference(values, lengths, weights, offsets, mask, num_features, stride, rul
 
 
 def check(batch, device="cpu"):
-    values, lengths, weights, offsets, mask, nf, stride, rule = batch
+    values, lengths, weights, offsets, mask, nf, stride, rule, *rows = batch
 
     def on(t):
         return None if t is None else t.to(device)
 
     out = ops().check_batch(
-        on(values), on(lengths), on(weights), on(offsets), on(mask), nf, stride, rule
+        on(values),
+        on(lengths),
+        on(weights),
+        on(offsets),
+        on(mask),
+        nf,
+        stride,
+        rule,
+        *[on(r) for r in rows],
     )
     assert out.dtype == torch.int64 and out.device.type == torch.device(device).type
     return out.tolist()
@@ -94,9 +113,9 @@ def check(batch, device="cpu"):
 @st.composite
 def batches(draw, max_bags=12):
     """Batches with a few faults each: negative lengths, sums off, reserved
-    keys, bad weights, offsets that do not start at 0; int32 and int64
-    values and lengths; float16 to float64 weights; masks of the checked
-    features."""
+    keys, bad weights, offsets that do not start at 0, ids outside a bounded
+    feature's rows; int32 and int64 values and lengths; float16 to float64
+    weights; masks of the checked features; rows bounding features."""
     nf = draw(st.integers(0, 4))
     stride = draw(st.integers(0 if nf == 0 else 1, max_bags // max(nf, 1)))
     lengths = draw(st.lists(st.integers(0, 3), min_size=nf * stride, max_size=nf * stride))
@@ -133,7 +152,11 @@ def batches(draw, max_bags=12):
     mask = None
     if nf and draw(st.booleans()):
         mask = torch.tensor(draw(st.lists(st.booleans(), min_size=nf, max_size=nf)))
-    return values, lengths, weights, offsets, mask, nf, stride, rule
+    rows = None
+    if draw(st.booleans()):
+        bounds = st.sampled_from([0, 1, 8, 10**6, 2**40])
+        rows = torch.tensor(draw(st.lists(bounds, min_size=nf, max_size=nf)), dtype=torch.int64)
+    return values, lengths, weights, offsets, mask, nf, stride, rule, rows
 
 
 @settings(max_examples=300, deadline=None)
@@ -174,6 +197,21 @@ def test_each_finding_and_its_priority():
     v2 = torch.tensor([5, 6, fvk - 2, 8], dtype=torch.int64)
     want = [RESERVED_KEY, 2, fvk - 2, 1, 2, 2]
     assert check((v2, two, None, None, torch.tensor([False, True]), 2, 1, NONE)) == want
+    # A static table's feature (rows 6): its ids lie in [0, 6); -1 and 6 are
+    # named with their feature, in int32 values too; a dynamic feature's
+    # (rows 0) are not bounded.
+    mask = torch.tensor([False, True])
+    for dtype in (torch.int64, torch.int32):
+        for bad in (-1, 6):
+            v3 = torch.tensor([5, bad, 9, -7], dtype=dtype)
+            got = check((v3, two, None, None, mask, 2, 1, NONE, torch.tensor([6, 0])))
+            assert got == [BAD_ID, 1, bad, 0, 2, 2], (dtype, bad)
+        v3 = torch.tensor([5, 0, 9, -7], dtype=dtype)
+        assert check((v3, two, None, None, mask, 2, 1, NONE, torch.tensor([6, 0])))[:4] == [0] * 4
+    # The reserved key of a dynamic feature comes before an id out of rows.
+    v4 = torch.tensor([7, 0, fvk - 1, 8], dtype=torch.int64)
+    got = check((v4, two, None, None, mask, 2, 1, NONE, torch.tensor([6, 0])))
+    assert got[:4] == [RESERVED_KEY, 2, fvk - 1, 1]
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -202,6 +240,11 @@ def test_bad_arguments_are_refused_naming_them():
         ops().check_batch(v.float(), torch.tensor([1, 1]), None, None, None, 2, 1, NONE)
     with pytest.raises(ValueError, match="feature_mask has 1 entries for 2 features"):
         ops().check_batch(v, torch.tensor([1, 1]), None, None, torch.tensor([True]), 2, 1, NONE)
+    with pytest.raises(ValueError, match="feature_rows has 1 entries for 2 features"):
+        ops().check_batch(v, torch.tensor([1, 1]), None, None, None, 2, 1, NONE, torch.tensor([4]))
+    with pytest.raises(TypeError, match="feature_rows must be"):
+        rows = torch.tensor([4, 4], dtype=torch.int32)
+        ops().check_batch(v, torch.tensor([1, 1]), None, None, None, 2, 1, NONE, rows)
     with pytest.raises(TypeError, match="weights of float16, bfloat16, float32 or float64"):
         w8 = torch.zeros(2, dtype=torch.float8_e4m3fn)
         ops().check_batch(v, torch.tensor([1, 1]), w8, None, None, 2, 1, FINITE)
@@ -229,6 +272,11 @@ def large_batches(draw):
     mask = None
     if draw(st.booleans()):
         mask = torch.rand(nf, generator=g) < 0.5
+    rows = None
+    if draw(st.booleans()):
+        rows = torch.where(torch.rand(nf, generator=g) < 0.5, 10**9, 0).to(torch.int64)
+        if n and draw(st.booleans()):
+            values[int(torch.randint(0, n, (1,), generator=g))] = draw(st.sampled_from([-1, 10**9]))
     rule = draw(st.sampled_from([NONE, FINITE, COUNTERS]))
     int32 = draw(st.booleans())
     return (
@@ -240,6 +288,7 @@ def large_batches(draw):
         nf,
         stride,
         rule,
+        rows,
     )
 
 

@@ -3,7 +3,10 @@ nothing: for a failure at every call the step makes to the storage (``find``
 and ``insert``, in the forward and in the backward), the cache and the
 storage hold afterwards exactly the rows they held before the step (keys,
 embeddings, optimizer state, scores), the module's step did not advance, and
-retrying the batch gives what a run that never failed gives."""
+retrying the batch gives what a run that never failed gives. The same holds
+for an ``insert`` that writes part of its rows before it raises, and for a
+storage that stays down through the put-back (it is put back once it
+answers again)."""
 
 import pytest
 import torch
@@ -24,29 +27,51 @@ class StorageDown(RuntimeError):
 
 class FlakyStorage(PyDictStorage):
     """PyDictStorage whose ``fail_at``-th call of ``find`` or ``insert``
-    (counted together from its construction) raises, having changed
-    nothing. Rows handed to it without scores get score 0, so that runs that
-    write a row a different number of times hold the same scores."""
+    (counted together from its construction) raises, having changed nothing
+    (with ``partial``, a failing ``insert`` writes the first half of its rows
+    first); with ``stay_down``, every call after it raises too (``erase``
+    included) until ``down`` is cleared. Rows handed to it without scores get
+    score 0, so that runs that write a row a different number of times hold
+    the same scores."""
 
     def __init__(self, tables, device) -> None:
         super().__init__(tables, device)
         self.calls = 0
+        self.log: list[str] = []  # the method of every counted call
         self.fail_at: int | None = None
+        self.partial = self.stay_down = self.down = False
 
-    def _call(self, method: str) -> None:
+    def _fails(self, method: str) -> bool:
+        """Whether this call of find or insert fails."""
         self.calls += 1
+        self.log.append(method)
         if self.calls == self.fail_at:
-            raise StorageDown(f"{method} call {self.calls}: the storage is down")
+            self.down = self.stay_down
+            return True
+        return self.down
+
+    def _raise(self, method: str) -> None:
+        raise StorageDown(f"{method} call {self.calls}: the storage is down")
 
     def find(self, keys, table_ids, values):
-        self._call("find")
+        if self._fails("find"):
+            self._raise("find")
         return super().find(keys, table_ids, values)
 
     def insert(self, keys, table_ids, values, scores=None):
-        self._call("insert")
         if scores is None:
             scores = torch.zeros(keys.numel(), self.tables[0].num_scores, dtype=torch.int64)
+        if self._fails("insert"):
+            if self.partial:
+                half = keys.numel() // 2
+                super().insert(keys[:half], table_ids[:half], values[:half], scores[:half])
+            self._raise("insert")
         super().insert(keys, table_ids, values, scores)
+
+    def erase(self, keys, table_ids):
+        if self.down:
+            self._raise("erase")
+        super().erase(keys, table_ids)
 
 
 def _module(caching: bool, strategy):
@@ -138,6 +163,38 @@ def test_a_storage_failing_at_any_call_of_a_step_changes_nothing(caching, strate
         got_next = _step(m, data[WARMUP + 1], WARMUP + 1)
         assert torch.equal(got_next, want_next), f"call {k}: next step's output"
         _assert_same(_state(m), want, f"call {k}: after the retry")
+
+
+@pytest.mark.parametrize("mode", ["partial", "stay_down"])
+@pytest.mark.parametrize("caching", [True, False], ids=["cache16", "no_cache"])
+def test_an_insert_that_writes_part_of_its_rows_or_a_storage_that_stays_down(caching, mode):
+    # The step's inserts fail: one that writes half of its rows first, or
+    # one after which the storage stays down (its put-back fails too, and is
+    # made when the storage answers again).
+    strategy = DynamicEmbScoreStrategy.LFU
+    data = batches(WARMUP + 2, len(DIMS), batch=24)
+    reference, ref_storage = _trained(caching, strategy, data)
+    first = ref_storage.calls
+    want_out = _step(reference, data[WARMUP], WARMUP)
+    inserts = [k for k, m in enumerate(ref_storage.log[first:], 1) if m == "insert"]
+    assert inserts
+    want_next = _step(reference, data[WARMUP + 1], WARMUP + 1)
+    want = _state(reference)
+    for k in inserts:
+        m, storage = _trained(caching, strategy, data)
+        before = _state(m)
+        storage.fail_at = storage.calls + k
+        setattr(storage, mode, True)
+        with pytest.raises(StorageDown):
+            _step(m, data[WARMUP], WARMUP)
+        if mode == "stay_down":
+            with pytest.raises(StorageDown):  # the put-back is owed: nothing else first
+                _state(m)
+            storage.down = False
+        _assert_same(_state(m), before, f"{mode} insert {k}")
+        assert torch.equal(_step(m, data[WARMUP], WARMUP), want_out), f"{mode} insert {k}"
+        assert torch.equal(_step(m, data[WARMUP + 1], WARMUP + 1), want_next), f"{mode} {k}"
+        _assert_same(_state(m), want, f"{mode} insert {k}: after the retry")
 
 
 @pytest.mark.parametrize("caching", [True, False], ids=["cache16", "no_cache"])
