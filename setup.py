@@ -87,7 +87,7 @@ def extras(torch, for_sdist):
         # machine torchrec and the CUDA FBGEMM in one go; on a CPU machine FBGEMM's
         # CPU build and torchrec's other requirements, then torchrec with --no-deps.
         "torchrec-cuda": ["torchrec" + torchrec, "fbgemm-gpu" + fbgemm],
-        "torchrec-cpu": ["fbgemm-gpu-cpu" + fbgemm] + TORCHREC_REQUIRES,
+        "torchrec-cpu-deps": ["fbgemm-gpu-cpu" + fbgemm] + TORCHREC_REQUIRES,
         # A table's score_function: compiled with numba on the CPU, numba-cuda on a GPU.
         "numba": ["numba"],
         "numba-cuda": ["numba", "numba-cuda"],

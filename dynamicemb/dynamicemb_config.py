@@ -386,6 +386,21 @@ class DynamicEmbTableOptions:
     Raises:
         ValueError: a field has a bad value; the message names it.
         TypeError: a field has the wrong kind of object.
+
+    Example::
+
+        from dynamicemb import (DynamicEmbInitializerArgs, DynamicEmbInitializerMode,
+                                DynamicEmbScoreStrategy, DynamicEmbTableOptions)
+        from dynamicemb.planner import DynamicEmbParameterConstraints
+
+        options = DynamicEmbTableOptions(
+            score_strategy=DynamicEmbScoreStrategy.TIMESTAMP,  # evict the least recent
+            initializer_args=DynamicEmbInitializerArgs(
+                mode=DynamicEmbInitializerMode.UNIFORM, lower=-0.01, upper=0.01),
+            global_hbm_for_values=1 << 30,  # bytes of rows on the devices, all ranks
+        )
+        constraints = {"user": DynamicEmbParameterConstraints(
+            sharding_types=["row_wise"], use_dynamicemb=True, dynamicemb_options=options)}
     """
 
     embedding_dtype: torch.dtype | None = None

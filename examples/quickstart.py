@@ -10,7 +10,7 @@ with DynamicEmbDump, changed, and loaded back with DynamicEmbLoad.
     python examples/quickstart.py            # on the GPU when there is one
 
 Needs torch, torchrec and FBGEMM (on a CPU machine the wheel's extra
-``torchrec-cpu``; docs/building.md, "Extras").
+``torchrec-cpu-deps``; docs/building.md, "Extras").
 Prints one line per step and ``quickstart: OK`` at the end; exits non-zero if
 the loss did not fall or the loaded rows differ from the dumped ones.
 """

@@ -31,8 +31,10 @@ With --fresh-venv, builds the sdist and from it the wheel (this compiles the
 extension: a few minutes), checks the sdist as above and the wheel as --wheel does
 (the built wheel's metadata in place of the prepared one), creates a new venv,
 installs this torch release and the wheel with the extras of this machine
-(torchrec-cpu and opentelemetry on a CPU torch, then torchrec itself with --no-deps,
-as docs/building.md says; torchrec-cuda and opentelemetry on a CUDA torch), and runs
+(torchrec-cpu-deps and opentelemetry on a CPU torch, then torchrec itself with --no-deps,
+as docs/building.md says; torchrec-cuda and opentelemetry on a CUDA torch), checks
+that `pip check` reports nothing there (on a CPU torch nothing but torchrec's
+requirement of the CUDA FBGEMM, CPU_TORCHREC_LINE), and runs
 examples/quickstart.py there, outside the checkout. tools/test.sh runs this one:
 it covers the checks without options, and the extension is compiled once.
 """
@@ -306,13 +308,27 @@ def _run(cmd, what, **kwargs):
     return ran
 
 
+# What `pip check` says on a CPU machine after docs/building.md's two steps:
+# torchrec's metadata names the CUDA FBGEMM, whose module fbgemm-gpu-cpu provides
+# under another distribution name. Nothing else may be reported.
+CPU_TORCHREC_LINE = re.compile(r"torchrec \S+ requires fbgemm-gpu, which is not installed\.")
+
+
+def pip_check_problems(output, cuda):
+    """The lines of `pip check`'s output that are problems: every line but, on
+    a CPU machine, torchrec's requirement of the CUDA FBGEMM."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    lines = [line for line in lines if line != "No broken requirements found."]
+    return [line for line in lines if cuda or not CPU_TORCHREC_LINE.fullmatch(line)]
+
+
 def fresh_venv():
     """Builds the wheel, installs it with this machine's extras into a new venv
     and runs examples/quickstart.py there (see the module docstring)."""
     import torch
 
     cuda = bool(torch.version.cuda)
-    wanted = ["torchrec-cuda", "opentelemetry"] if cuda else ["torchrec-cpu", "opentelemetry"]
+    wanted = ["torchrec-cuda", "opentelemetry"] if cuda else ["torchrec-cpu-deps", "opentelemetry"]
     extras = setup_py_names()["extras"](torch, for_sdist=False)
     torchrec = [r for r in extras["torchrec-cuda"] if r.startswith("torchrec")]
     with tempfile.TemporaryDirectory() as tmp:
@@ -340,6 +356,13 @@ def fresh_venv():
         for step in steps:
             if _run(step, "installing into the fresh venv").returncode:
                 return 1
+        checked = subprocess.run([pip[0], "-m", "pip", "check"], capture_output=True, text=True)
+        problems = pip_check_problems(checked.stdout + checked.stderr, cuda)
+        if problems:
+            print(
+                "check_dist: pip check in the fresh venv: " + "; ".join(problems), file=sys.stderr
+            )
+            return 1
         script = os.path.join(tmp, "quickstart.py")
         shutil.copy(os.path.join(ROOT, "examples", "quickstart.py"), script)  # a file alone
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}

@@ -27,6 +27,7 @@ FILES=(
   tests/planner/test_quiet.py
   tests/shard/test_fused_params.py
   tests/packaging/test_quickstart.py
+  tests/main_job/test_exit.py
 )
 if (($#)); then FILES=("$@"); fi
 

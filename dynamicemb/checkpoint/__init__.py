@@ -132,6 +132,15 @@ def DynamicEmbDump(
     Raises:
         ValueError: an unknown collection or table in ``table_names``, or
             ``path`` holds something other than a dynamicemb checkpoint.
+
+    Example::
+
+        from dynamicemb import DynamicEmbDump
+
+        # On every rank of the sharding's group (a collective, like dcp.save):
+        DynamicEmbDump("/ckpt/step_1000", model, optim=True)
+        # The user table of the collection at model.sparse.ebc only:
+        DynamicEmbDump("/ckpt/users", model, table_names={"sparse.ebc": ["user"]})
     """
     from dynamicemb.checkpoint.dump import dump
 
@@ -177,6 +186,13 @@ def DynamicEmbLoad(
             or lacks a table.
         ValueError: a table's dim, optimizer or score columns differ from
             the checkpoint's.
+
+    Example::
+
+        from dynamicemb import DynamicEmbLoad
+
+        # On every rank, into a model sharded at any world size:
+        DynamicEmbLoad("/ckpt/step_1000", model, optim=True)
     """
     from dynamicemb.checkpoint.load import load
 

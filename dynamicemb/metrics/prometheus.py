@@ -114,6 +114,14 @@ def serve_prometheus(
         OSError: the port cannot be bound; nothing is left running and the
             global MeterProvider is untouched, so a call on another port
             works.
+
+    Example::
+
+        from dynamicemb.metrics import instrument, serve_prometheus
+
+        endpoint = serve_prometheus(0, service_name="ctr-trainer")  # a free port
+        instrument(model, meter_provider=endpoint.meter_provider)
+        print(f"http://localhost:{endpoint.port}/metrics")
     """
     from opentelemetry import metrics
 

@@ -277,6 +277,13 @@ def instrument(
 
     Raises:
         ValueError: the model has no dynamic tables.
+
+    Example::
+
+        from dynamicemb.metrics import instrument, serve_prometheus
+
+        endpoint = serve_prometheus(9464 + rank)  # this rank's /metrics
+        instrument(model)  # after sharding; the figures are read when Prometheus scrapes
     """
     rank = _default_rank() if rank is None else int(rank)
     reg = registry(meter_provider)

@@ -120,6 +120,21 @@ class DynamicEmbeddingShardingPlanner:
             constraints exclude row-wise sharding or the customized kernel;
             its options cannot be prepared (bad ``bucket_capacity``, ...).
             The message names the table(s).
+
+    Example::
+
+        from dynamicemb.planner import DynamicEmbeddingShardingPlanner, topology
+
+        # configs: the model's EmbeddingBagConfigs; constraints: one per table,
+        # DynamicEmbParameterConstraints(use_dynamicemb=True, ...) for the dynamic ones.
+        planner = DynamicEmbeddingShardingPlanner(
+            eb_configs=configs,
+            topology=topology(world_size=dist.get_world_size(), compute_device="cuda",
+                              local_world_size=8),
+            constraints=constraints,
+            batch_size=4096,
+        )
+        plan = planner.collective_plan(ebc, [sharder], dist.group.WORLD)  # every rank
     """
 
     def __init__(

@@ -168,6 +168,19 @@ def incremental_dump(
         Nothing is dumped or drained when one of these is raised; with a
         process group, every rank raises the same error (the first failing
         rank's, naming it).
+
+    Example::
+
+        from dynamicemb.incremental_dump import get_score, incremental_dump
+
+        threshold = get_score(model)  # every rank, before the steps to capture
+        for batch in batches:
+            train_step(model, batch)
+        deltas = incremental_dump(model, threshold)  # every rank: its rows since
+        threshold = {  # the next dump's
+            path: {name: meta["current_score"] for name, meta in zip(d.table_names, d.meta)}
+            for path, d in deltas.items()
+        }
     """
     dumped = dump_delta(model, score_threshold, pg)
     if dumped is None:

@@ -366,6 +366,15 @@ def replay_increment(
         NotImplementedError: a table with ``dist_type="continuous"``.
         Every check runs for every table before anything is written: a
         refused replay changes nothing.
+
+    Example::
+
+        from dynamicemb.incremental_dump import incremental_dump, replay_increment
+
+        # The trainer (every rank): the rows since threshold, gathered to all ranks.
+        deltas = incremental_dump(model, threshold, pg=dist.group.WORLD)
+        # A replica of the same layout (world size, capacity, dist_type), every rank:
+        stats = replay_increment(replica, deltas)
     """
     return _replay(model, deltas, content, by_key=False)
 
@@ -391,5 +400,13 @@ def replay_by_key(
 
     Arguments, return value and errors as ``replay_increment``, without the
     layout comparison (dim and score strategy must still match).
+
+    Example::
+
+        from dynamicemb.replication import replay_by_key
+
+        # A replica of any world size or capacity, every rank given every delta:
+        stats = replay_by_key(replica, deltas)
+        print(sum(s.displaced for per_table in stats.values() for s in per_table.values()))
     """
     return _replay(model, deltas, content, by_key=True)

@@ -1,18 +1,13 @@
 """tools/check_bzlmod.py (run by tools/lint.sh on the checkout) finds a repository
 that MODULE.bazel and WORKSPACE do not both provide, on small trees of their files."""
 
-import importlib.util
 import textwrap
 
-from tests.packaging.repo_files import repo_root
+from tests.packaging.repo_files import tool
 
 
 def _tool():
-    path = repo_root() / "tools" / "check_bzlmod.py"
-    spec = importlib.util.spec_from_file_location("check_bzlmod", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return tool("check_bzlmod")
 
 
 def _tree(root, module_bazel, stand_ins=("rules_cc", "rules_python"), build='"@rules_cc//x"'):

@@ -3,14 +3,11 @@ venv, runs here too; the sharded model it builds carries its dynamic table's
 rows in its state_dict(), through torch.save and load_state_dict too."""
 
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
-import dynamicemb
-from tests.packaging.repo_files import repo_root
+from tests.packaging.repo_files import checkout_with_extension, repo_root
 
 
 def _run(args, **kwargs):
@@ -22,23 +19,10 @@ def _run(args, **kwargs):
     )
 
 
-def _checkout(at: Path) -> Path:
-    """A checkout at `at` with the extension built in place, as README.md's
-    commands leave one: the examples' scripts copied, the package the tests
-    import (the one with the extension beside it) linked. Python resolves the
-    links of a script's folder, so under Bazel the runfiles' examples would
-    find the source tree's dynamicemb, which has no extension."""
-    (at / "examples").mkdir(parents=True)
-    for script in (repo_root() / "examples").glob("*.py"):
-        shutil.copy(script, at / "examples")
-    (at / "dynamicemb").symlink_to(Path(dynamicemb.__file__).parent, target_is_directory=True)
-    return at
-
-
 def test_quickstart_trains_dumps_and_loads(tmp_path):
     # As README.md writes it: `python examples/quickstart.py`, nothing on
     # PYTHONPATH, dynamicemb not installed (examples/checkout.py finds it).
-    checkout = _checkout(tmp_path / "checkout")
+    checkout = checkout_with_extension(tmp_path / "checkout")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     ran = subprocess.run(
         [sys.executable, str(checkout / "examples" / "quickstart.py")],
@@ -92,3 +76,18 @@ def test_the_sharded_models_state_dict_carries_the_dynamic_rows():
     keys = next(line for line in ran.stdout.splitlines() if line.startswith("KEYS"))
     assert "embedding_bags.item.weight" in keys and "embedding_bags.user.dynamicemb_rows" in keys
     assert "SAME True True" in ran.stdout, ran.stdout
+
+
+def test_examples_set_no_process_wide_warning_filter():
+    """A filter set at a script's top level hides every library's warnings from
+    the program that copies it; the examples show what they warn instead."""
+    import ast
+
+    found = []
+    for script in sorted((repo_root() / "examples").glob("*.py")):
+        for node in ast.walk(ast.parse(script.read_text())):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                if node.func.attr in ("filterwarnings", "simplefilter", "resetwarnings"):
+                    found.append(f"{script.name}:{node.lineno}")
+    assert len(list((repo_root() / "examples").glob("*.py"))) >= 10
+    assert found == []

@@ -66,11 +66,26 @@ def test_wheel_extras_pin_the_tested_pair_and_the_sdist_the_range():
         assert wheel["torchrec-cuda"] == [f"torchrec=={torchrec}", f"fbgemm-gpu=={fbgemm}"]
         assert wheel["fbgemm-cpu"] == [f"fbgemm-gpu-cpu=={fbgemm}"]
         # The CPU extra never names torchrec (whose metadata requires the CUDA fbgemm-gpu).
-        assert wheel["torchrec-cpu"][0] == f"fbgemm-gpu-cpu=={fbgemm}"
-        assert not any(r.startswith("torchrec") for r in wheel["torchrec-cpu"])
+        assert wheel["torchrec-cpu-deps"][0] == f"fbgemm-gpu-cpu=={fbgemm}"
+        assert not any(r.startswith("torchrec") for r in wheel["torchrec-cpu-deps"])
     (_, rec_lo, fb_lo), (_, rec_hi, fb_hi) = tested[0], tested[-1]
     ranges = [f"torchrec>={rec_lo},<={rec_hi}", f"fbgemm-gpu>={fb_lo},<={fb_hi}"]
     sdist = names["extras"](_torch(tested[-1][0] + ".0"), for_sdist=True)
     assert sdist["torchrec-cuda"] == ranges
     # A wheel for a torch release nobody tested gets the range too.
     assert names["extras"](_torch("9.99.0"), for_sdist=False)["torchrec-cuda"] == ranges
+
+
+def test_each_extra_named_after_a_package_installs_it():
+    """An extra named after a distribution (torchrec-cuda, fbgemm-cpu, numba, ...)
+    installs it; one that installs a package's requirements only says so (-deps)."""
+    names = setup_py_names()
+    release = names["TESTED_WITH"][-1][0]
+    for for_sdist in (False, True):
+        for extra, requires in names["extras"](_torch(release + ".0"), for_sdist).items():
+            package = extra.split("-")[0]
+            if package not in ("torchrec", "fbgemm", "numba", "opentelemetry") or extra.endswith(
+                "-deps"
+            ):
+                continue
+            assert any(r.startswith(package) for r in requires), (extra, requires)
