@@ -19,21 +19,10 @@ from dynamicemb.embedding.initializer import init_rows, init_rows_at, initialize
 from dynamicemb.table import constants, ops
 from tests.devices import DEVICES
 from tests.embedding import test_pooling_ops as po
+from tests.embedding.fp8_reference import pad4, scale_of
 
 FP8 = int(constants()["ElementType"]["FLOAT8_E4M3FN"])
 RMSPROP_AR = DynamicEmbOptimType.ROWWISE_RMSPROP_AR
-
-
-def pad4(n: int) -> int:
-    return -(-n // 4) * 4
-
-
-def scale_of(amax: torch.Tensor) -> torch.Tensor:
-    """The power of two s with amax / s in (224, 448]; 1 for zeros."""
-    m, e = torch.frexp(amax.double() / 448.0)
-    e = torch.where(m == 0.5, e - 1, e)
-    s = torch.ldexp(torch.ones_like(amax, dtype=torch.float64), e)
-    return torch.where(amax > 0, s, torch.ones_like(s)).float()
 
 
 def fp8_rows(values: torch.Tensor, state_dim: int) -> torch.Tensor:

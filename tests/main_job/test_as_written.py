@@ -6,14 +6,15 @@ import os
 import subprocess
 import sys
 
-import train_dlrm  # examples/train_dlrm.py (pyproject: pytest pythonpath)
+from tests.packaging.repo_files import checkout_with_extension
 
 
 def test_the_job_runs_as_the_readme_writes_it(tmp_path):
+    checkout = checkout_with_extension(tmp_path / "checkout")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "RANK", "WORLD_SIZE")}
     args = "--device cpu --steps 4 --batch-size 32 --eval-batches 1 --log-window 2".split()
     ran = subprocess.run(
-        [sys.executable, train_dlrm.__file__, *args],
+        [sys.executable, str(checkout / "examples" / "train_dlrm.py"), *args],
         env=env,
         cwd=tmp_path,
         capture_output=True,

@@ -50,6 +50,8 @@ ELSEWHERE = {
     "torchrun --standalone --nproc-per-node 8 --max-restarts 3 examples/train_dlrm.py "
     "--checkpoint-dir /shared/ckpt --checkpoint-every 500 --resume": "an 8-GPU node; "
     f"{_MAIN_JOB}/test_resume.py runs --max-restarts and --resume under torchrun",
+    "python examples/train_dlrm.py --preset criteo --interaction dcn --emb-budget-gib 24": "24 "
+    f"GiB of rows on a GPU; {_MAIN_JOB}/test_criteo_preset.py runs the preset at a tiny size",
     "pip install fsspec s3fs": "installs into the environment (tools/setup_env.sh has both)",
     "python examples/train_dlrm.py --checkpoint-dir s3://bucket/runs/dlrm --checkpoint-every 500 "
     "--resume": f"a bucket; {_MAIN_JOB}/test_job_s3.py runs it against an S3 server (moto)",

@@ -23,7 +23,7 @@ from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
 from dynamicemb.planner.prepare import dynamic_shard_storage, prepare_table_options
 from dynamicemb.types import MemoryType
 from tests.devices import DEVICES
-from tests.embedding import test_fp8_rows as fp8
+from tests.embedding.fp8_reference import pad4, scale_of
 from tests.storage.storage_cases import (
     assert_trains_like_device,
     table_options,
@@ -47,7 +47,7 @@ def test_fp8_tiers_train_like_the_all_device_module(mode, device):
 def test_an_fp8_row_is_its_codes_padded_its_scale_and_float32_state(dim, optim):
     opt = getattr(EmbOptimType, optim)
     state = {"EXACT_SGD": 0, "ADAM": 2 * dim, "EXACT_ROWWISE_ADAGRAD": 4}[optim]
-    want = fp8.pad4(dim) + 4 + 4 * state
+    want = pad4(dim) + 4 + 4 * state
     assert value_row_bytes(opt, dim, FP8) == want
     m = BatchedDynamicEmbeddingTablesV2(
         [
@@ -60,7 +60,7 @@ def test_an_fp8_row_is_its_codes_padded_its_scale_and_float32_state(dim, optim):
     assert m.layout.row_bytes == [want]
     # Every row in the host tier (the default budget 0): 256 rows of it.
     assert m.storage.footprint().host == 256 * want
-    assert m.rows.export_row_bytes(0, optim=False) == 8 * 2 + fp8.pad4(dim) + 4
+    assert m.rows.export_row_bytes(0, optim=False) == 8 * 2 + pad4(dim) + 4
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -162,7 +162,7 @@ def stochastic_fp8(x: torch.Tensor, bits: np.ndarray) -> torch.Tensor:
 
 def fp8_write(values: torch.Tensor, key: int, step: int) -> torch.Tensor:
     """The values an FP8 row written with float32 ``values`` holds."""
-    scale = fp8.scale_of(values.abs().amax())
+    scale = scale_of(values.abs().amax())
     return stochastic_fp8(values / scale, rounding_bits(key, step, values.numel())) * scale
 
 
