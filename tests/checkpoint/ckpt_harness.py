@@ -11,7 +11,10 @@ the keys with their embedding, optimizer state and score words.
 
 import contextlib
 import dataclasses
+import json
+import os
 import traceback
+import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -348,3 +351,30 @@ def failing_call(cls, method: str, n: int, message: str):
         yield calls
     finally:
         setattr(cls, method, real)
+
+
+def canonical_crc(body: dict) -> int:
+    """The manifest's checksum of its body as a dump writes it (the JSON with
+    sorted keys and no spaces), computed here independently of the library."""
+    return zlib.crc32(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
+
+
+def write_meta(path: str, table: str, meta: dict) -> None:
+    """Writes ``table``'s meta JSON into the checkpoint at ``path`` and records
+    its new size and CRC-32 in the manifest, the manifest's checksum
+    recomputed: a checkpoint whose only fault is what the meta says."""
+    data = json.dumps(meta).encode()
+    with open(os.path.join(path, COLLECTION, f"{table}_meta.json"), "wb") as f:
+        f.write(data)
+    manifest_name = os.path.join(path, "dynamicemb_checkpoint.json")
+    with open(manifest_name) as f:
+        manifest = json.load(f)
+    manifest.pop("checksum")
+    manifest["collections"][COLLECTION][table] = {
+        "file": f"{table}_meta.json",
+        "bytes": len(data),
+        "crc32": [zlib.crc32(data)],
+    }
+    manifest["checksum"] = canonical_crc(manifest)
+    with open(manifest_name, "w") as f:
+        f.write(json.dumps(manifest))

@@ -55,10 +55,6 @@ def _truncate(name: str, drop: int) -> None:
         f.truncate(size - drop)
 
 
-def _canonical_crc(body: dict) -> int:
-    return zlib.crc32(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
-
-
 def _rewrite_dtype(path: str, dtype: torch.dtype, name: str) -> None:
     """Rewrites every value and optimizer-state file at ``dtype`` and fixes
     the meta JSONs and the manifest (sizes, CRC-32s)."""
@@ -85,22 +81,9 @@ def _rewrite_dtype(path: str, dtype: torch.dtype, name: str) -> None:
 def _edit_meta(path: str, table: str, edit) -> None:
     """Edits a table's meta JSON and records its new size and CRC-32 in the
     manifest (so that only the edit is wrong)."""
-    folder = os.path.join(path, c.COLLECTION)
-    meta_name = os.path.join(folder, f"{table}_meta.json")
-    meta = json.load(open(meta_name))
+    meta = json.load(open(os.path.join(path, c.COLLECTION, f"{table}_meta.json")))
     edit(meta)
-    data = json.dumps(meta).encode()
-    open(meta_name, "wb").write(data)
-    manifest_name = os.path.join(path, "dynamicemb_checkpoint.json")
-    manifest = json.load(open(manifest_name))
-    manifest.pop("checksum")
-    manifest["collections"][c.COLLECTION][table] = {
-        "file": f"{table}_meta.json",
-        "bytes": len(data),
-        "crc32": [zlib.crc32(data)],
-    }
-    manifest["checksum"] = _canonical_crc(manifest)
-    open(manifest_name, "w").write(json.dumps(manifest))
+    c.write_meta(path, table, meta)
 
 
 def _write_legacy(path: str, tables, with_state: bool) -> None:

@@ -27,11 +27,6 @@ T = h.TableSpec
 TABLES = [T("t0", 40, 4, dist_type="roundrobin"), T("t1", 40, 4, dist_type="continuous")]
 ADAM = c.Case("adam", "ec", TABLES, optimizer="adam")
 SGD = c.Case("sgd", "ec", TABLES, optimizer="sgd")
-MANIFEST = "dynamicemb_checkpoint.json"
-
-
-def _canonical_crc(body: dict) -> int:
-    return zlib.crc32(json.dumps(body, sort_keys=True, separators=(",", ":")).encode())
 
 
 def edited(good: str, path: str, table: str, edit_meta=None, edit_keys=None) -> str:
@@ -53,18 +48,7 @@ def edited(good: str, path: str, table: str, edit_meta=None, edit_keys=None) -> 
         entry["crc32"] = [zlib.crc32(data[i : i + block]) for i in range(0, len(data), block)]
     if edit_meta is not None:
         edit_meta(meta)
-    data = json.dumps(meta).encode()
-    open(meta_name, "wb").write(data)
-    manifest_name = os.path.join(path, MANIFEST)
-    manifest = json.load(open(manifest_name))
-    manifest.pop("checksum")
-    manifest["collections"][c.COLLECTION][table] = {
-        "file": f"{table}_meta.json",
-        "bytes": len(data),
-        "crc32": [zlib.crc32(data)],
-    }
-    manifest["checksum"] = _canonical_crc(manifest)
-    open(manifest_name, "w").write(json.dumps(manifest))
+    c.write_meta(path, table, meta)
     return path
 
 
