@@ -22,7 +22,10 @@ import argparse
 import collections
 
 import torch
-from embedding_bench import power_law  # tools/bench/embedding_bench.py, next to this script
+from embedding_bench import (  # tools/bench/embedding_bench.py, next to this script
+    host_op,
+    power_law,
+)
 from torch.profiler import ProfilerActivity, profile
 
 from dynamicemb import (
@@ -45,19 +48,6 @@ def config_name(pooling, opt, admit):
     return f"{pooling}-{opt}" + ("-admit" if admit else "")
 
 
-def _is_op(e):
-    return e.name.startswith(("aten::", "dynamicemb::"))
-
-
-def _outermost(e):
-    p = e.cpu_parent
-    while p is not None:
-        if _is_op(p):
-            return False
-        p = p.cpu_parent
-    return True
-
-
 def step_events(step, dev):
     """(host ops, CUDA kernels) of one call of ``step``: names in the order
     they started."""
@@ -67,7 +57,7 @@ def step_events(step, dev):
         if dev.type == "cuda":
             torch.cuda.synchronize()
     events = sorted(prof.events(), key=lambda e: e.time_range.start)
-    host = [e.name for e in events if _is_op(e) and _outermost(e)]
+    host = [e.name for e in events if host_op(e)]
     kernels = [
         e.name
         for e in events
