@@ -308,22 +308,28 @@ def op_count(step, dev):
     calls that no other such call makes."""
     from torch.profiler import ProfilerActivity, profile
 
-    def op(e):
-        return e.name.startswith(("aten::", "dynamicemb::"))
-
-    def outermost(e):
-        p = e.cpu_parent
-        while p is not None:
-            if op(p):
-                return False
-            p = p.cpu_parent
-        return True
-
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         step()
         if dev.type == "cuda":
             torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if op(e) and outermost(e))
+    return sum(1 for e in prof.events() if host_op(e))
+
+
+def _op(e):
+    return e.name.startswith(("aten::", "dynamicemb::"))
+
+
+def host_op(e):
+    """Whether a profiler event is a torch op the step issued from Python: an
+    aten or dynamicemb call that no other such call makes."""
+    if not _op(e):
+        return False
+    p = e.cpu_parent
+    while p is not None:
+        if _op(p):
+            return False
+        p = p.cpu_parent
+    return True
 
 
 def profile_step(step, dev):
