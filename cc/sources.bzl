@@ -65,7 +65,13 @@ EMBEDDING_CORE_HDRS = [
     "unique.h",
 ]
 
-EMBEDDING_CPU_HDRS = ["initializer_cpu.h", "optimizer_cpu.h", "pooling_cpu.h", "unique_cpu.h"]
+EMBEDDING_CPU_HDRS = [
+    "fp8_rows_cpu.h",
+    "initializer_cpu.h",
+    "optimizer_cpu.h",
+    "pooling_cpu.h",
+    "unique_cpu.h",
+]
 
 EMBEDDING_CUDA_HDRS = [
     "initializer_cuda.h",
@@ -78,6 +84,7 @@ EMBEDDING_CUDA_HDRS = [
 EMBEDDING_HDRS = EMBEDDING_CORE_HDRS + EMBEDDING_CPU_HDRS + EMBEDDING_CUDA_HDRS
 
 EMBEDDING_CPU_SRCS = [
+    "fp8_rows_cpu.cpp",
     "initializer_cpu.cpp",
     "optimizer_cpu.cpp",
     "pooling_cpu.cpp",

@@ -1,6 +1,7 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 //
-// Writes of FP8 rows (fp8_rows.h, update_scaled_row in optimizer.h): every
+// Writes of FP8 rows on the CPU (fp8_rows_cpu.h): the bytes of the
+// per-element definition (fp8_rows.h: scaled_code, the CUDA kernels'), every
 // code within one step of its value, the row's scale by its largest
 // magnitude, the same codes for the same inputs, and updates smaller than
 // half a step kept on average by the stochastic rounding, where rounding to
@@ -9,19 +10,36 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <vector>
 
+#include "cc/embedding/fp8_rows_cpu.h"
 #include "cc/embedding/initializer.h"
+#include "cc/embedding/initializer_cpu.h"
 #include "cc/embedding/optimizer.h"
+#include "cc/embedding/philox.h"
 
 namespace dyn_emb {
 namespace embedding {
 namespace {
 
 using storage::Float8E4M3;
+
+// cpu::write_scaled_row with its scratch.
+void write_scaled_row(Float8E4M3* w, const float* v, int64_t dim, uint64_t key, int64_t step) {
+  std::vector<uint32_t> bits(static_cast<size_t>(dim));
+  cpu::write_scaled_row(w, v, dim, key, step, bits.data());
+}
+
+// cpu::update_scaled_row with its scratch.
+void update_scaled_row(const OptimArgs& a, Float8E4M3* w, float* s, const float* g, int64_t dim,
+                       uint64_t key, int64_t step, float* tmp) {
+  std::vector<uint32_t> bits(static_cast<size_t>(dim));
+  cpu::update_scaled_row(a, w, s, g, dim, key, step, tmp, bits.data());
+}
 
 // A row of `dim` FP8 codes with its scale, and `state` floats after it.
 struct Fp8Row {
@@ -78,8 +96,11 @@ TEST(Fp8Rows, AnInitialRowIsTheInitializersRowRounded) {
   Fp8Row row(a.dim, 0);
   a.space = storage::RowSpace{reinterpret_cast<uint8_t*>(row.words.data()),
                               static_cast<int64_t>(row.words.size() * 4), nullptr, 0};
-  std::vector<float> tmp(storage::pad4(a.dim));
-  init_scaled_row(a, 0, 4242, 3, tmp.data());
+  const int64_t offset = 0, key = 4242, table = 3;
+  a.offsets = &offset;
+  a.keys = &key;
+  a.table_ids = &table;
+  cpu::init_rows_at(a, 1, storage::ElementType::kFloat8E4M3);
   for (int64_t d = 0; d < a.dim; ++d) {
     const float want = init_value(a.init, 4242, 3, d);
     EXPECT_LT(std::fabs(row.value(d) - want), step_at(want / row.scale()) * row.scale()) << d;
@@ -140,6 +161,128 @@ TEST(Fp8Rows, StepsSmallerThanHalfACodeAccumulateOnAverage) {
   const double sigma = code_step * std::sqrt(steps / 4.0 / (3.0 * rows));
   EXPECT_NEAR(mean, want, 6 * sigma);
   EXPECT_LT(mean, 0.75 - 3 * code_step);  // it moved (to nearest: not at all)
+}
+
+// The per-element definition of a row write (fp8_rows.h), as the CUDA
+// kernels compute it, into `row`: the reference of the CPU's writes.
+void define_row(Fp8Row& row, const std::vector<float>& v, uint64_t key, int64_t step) {
+  float amax = 0.f;
+  for (float x : v) amax = std::fmax(amax, std::fabs(x));
+  const float scale = storage::fp8_scale(amax);
+  for (int64_t d = 0; d < row.dim; ++d) row.codes()[d] = scaled_code(v[d], scale, key, step, d);
+  *storage::scale_at(row.codes(), row.dim) = scale;
+}
+
+// Rows of values of every kind a write meets: values over many powers of
+// two (codes below the smallest normal among them), zeros, both signs, and
+// rows with an infinity or a NaN.
+std::vector<std::vector<float>> test_rows(int64_t dim, uint32_t seed) {
+  uint32_t x = seed * 2654435761u + 1u;
+  auto next = [&x] {
+    x = x * 1664525u + 1013904223u;
+    return x;
+  };
+  std::vector<std::vector<float>> rows;
+  for (int kind = 0; kind < 5; ++kind) {
+    std::vector<float> v(dim);
+    for (int64_t d = 0; d < dim; ++d) {
+      const uint32_t r = next();
+      const float m = std::ldexp(1.f + static_cast<float>(r >> 8) / 16777216.f,
+                                 -static_cast<int>(r % 24u));  // 2^0 .. 2^-23
+      v[d] = (r & 0x80u) ? -m : m;
+      if (r % 11u == 0) v[d] = 0.f;
+    }
+    if (kind == 1) v[next() % dim] = INFINITY;
+    if (kind == 2) v[next() % dim] = NAN;
+    if (kind == 3) std::fill(v.begin(), v.end(), 0.f);
+    rows.push_back(v);
+  }
+  return rows;
+}
+
+const int64_t kDims[] = {1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 33, 64, 100, 128, 257};
+
+TEST(Fp8Rows, TheTableHoldsEachCodesValue) {
+  for (int c = 0; c < 256; ++c) {
+    const float want = storage::to_float(Float8E4M3{static_cast<uint8_t>(c)});
+    EXPECT_EQ(storage::float_bits(cpu::kFp8Values[c]), storage::float_bits(want)) << c;
+  }
+}
+
+TEST(Fp8Rows, ARowsBitsAreEachElementsDraw) {
+  const uint64_t keys[] = {0, 5, 0xfedcba9876543210ull, ~0ull};
+  const int64_t steps[] = {0, 3, (int64_t{1} << 33) + 7, -2};
+  for (uint64_t key : keys) {
+    for (int64_t step : steps) {
+      for (int64_t n = 0; n <= 300; n += (n < 40 ? 1 : 37)) {
+        std::vector<uint32_t> bits(n + 1, 0xdeadbeefu);
+        cpu::stochastic_bits_row(key, step, n, bits.data());
+        for (int64_t e = 0; e < n; ++e) {
+          ASSERT_EQ(bits[e], stochastic_bits(key, step, e)) << key << " " << step << " " << e;
+        }
+        EXPECT_EQ(bits[n], 0xdeadbeefu);  // nothing written past n
+      }
+    }
+  }
+}
+
+TEST(Fp8Rows, ARowWriteHasThePerElementDefinitionsBytes) {
+  for (int64_t dim : kDims) {
+    for (const auto& v : test_rows(dim, static_cast<uint32_t>(dim))) {
+      for (int64_t step : {int64_t{0}, int64_t{9}}) {
+        Fp8Row got(dim, 0), want(dim, 0);
+        got.words.assign(got.words.size(), 0x55555555u);  // the padding is written
+        write_scaled_row(got.codes(), v.data(), dim, 31 + dim, step);
+        define_row(want, v, 31 + dim, step);
+        ASSERT_EQ(got.words, want.words) << dim << " " << step;
+      }
+    }
+  }
+}
+
+// An FP8 row's update by its definition: each value read as code * scale,
+// updated as update_coord updates it (row-wise optimizers: their factors
+// from the row first), then written as define_row writes it.
+void define_update(const OptimArgs& a, Fp8Row& row, const std::vector<float>& g, uint64_t key,
+                   int64_t step) {
+  const int64_t dim = row.dim;
+  const float old = row.scale();
+  const RowFactors rf = row_factors(a, row.codes(), row.state(), g.data(), dim, old);
+  std::vector<float> v(dim);
+  for (int64_t d = 0; d < dim; ++d) {
+    v[d] = storage::to_float(row.codes()[d]) * old;
+    update_coord(a, v[d], row.state(), g[d], d, dim, rf);
+  }
+  define_row(row, v, key, step);
+}
+
+TEST(Fp8Rows, AnUpdateHasThePerElementDefinitionsBytes) {
+  for (int32_t type = 0; type < kNumOptimTypes; ++type) {
+    for (int64_t dim : kDims) {
+      OptimArgs a;
+      a.type = type;
+      a.lr = 0.3f;
+      a.weight_decay = 0.01f;
+      a.wd_mode = static_cast<int32_t>(WeightDecayMode::kL2);
+      a.l1 = 0.001f;
+      a = with_step(a, 4);
+      const int64_t state = state_dim(type, dim);
+      const auto rows = test_rows(dim, 1000u + static_cast<uint32_t>(dim));
+      const auto grads = test_rows(dim, 2000u + static_cast<uint32_t>(dim));
+      for (size_t i = 0; i < rows.size(); ++i) {
+        Fp8Row got(dim, state);
+        write_scaled_row(got.codes(), rows[i].data(), dim, 7 + i, 0);
+        float* s = got.state();
+        for (int64_t k = 0; k < state; ++k) s[k] = 0.01f * static_cast<float>(k % 7);
+        Fp8Row want = got;
+        std::vector<float> tmp(dim);
+        // The first row's gradient is finite; the others bring an inf, a NaN, zeros.
+        update_scaled_row(a, got.codes(), got.state(), grads[i].data(), dim, 7 + i, 4, tmp.data());
+        define_update(a, want, grads[i], 7 + i, 4);
+        ASSERT_EQ(got.words, want.words) << type << " " << dim << " " << i;
+      }
+    }
+  }
 }
 
 }  // namespace

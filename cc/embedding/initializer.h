@@ -23,7 +23,6 @@
 #include <cstdint>
 
 #include "cc/common/host_device.h"
-#include "cc/embedding/fp8_rows.h"
 #include "cc/embedding/philox.h"
 #include "cc/storage/row_space.h"
 
@@ -177,18 +176,15 @@ DEMB_HD int64_t init_row_elements(const RowInitArgs& a) {
   return storage::pad4(a.dim * static_cast<int64_t>(sizeof(T))) / static_cast<int64_t>(sizeof(T));
 }
 
-/// The new FP8 row of `key` in `table` at byte `offset` (>= 0): init_value's
-/// values (into `tmp`, 4 * ceil(dim / 4) floats), written as fp8_rows.h
-/// writes a row at step 0.
-DEMB_HD void init_scaled_row(const RowInitArgs& a, int64_t offset, int64_t key, int64_t table,
-                             float* tmp) {
+/// The initial values of the row of `key` in `table` into `v` (4 *
+/// ceil(dim / 4) floats: init_value's, and the last block's past dim): what
+/// an FP8 row's first write rounds (fp8_rows.h, at step 0).
+DEMB_HD void init_row_values(const RowInitArgs& a, int64_t key, int64_t table, float* v) {
   for (int64_t blk = 0; 4 * blk < a.dim; ++blk) {
-    float v[4];
-    init_values4(a.init, key, table, blk, v);
-    for (int k = 0; k < 4; ++k) tmp[4 * blk + k] = v[k];
+    float b[4];
+    init_values4(a.init, key, table, blk, b);
+    for (int k = 0; k < 4; ++k) v[4 * blk + k] = b[k];
   }
-  write_scaled_row(reinterpret_cast<storage::Float8E4M3*>(a.space.at(offset)), tmp, a.dim,
-                   static_cast<uint64_t>(key), 0);
 }
 
 /// Writes elements 4 * blk .. 4 * blk + 3 (those below init_row_elements) of

@@ -5,6 +5,8 @@
 
 #include <vector>
 
+#include "cc/embedding/fp8_rows_cpu.h"
+
 namespace dyn_emb {
 namespace embedding {
 namespace cpu {
@@ -25,12 +27,16 @@ void init_rows_at(const RowInitArgs& a, int64_t n) {
   const int64_t blocks = (init_row_elements<T>(a) + 3) / 4;
   at::parallel_for(0, n, 256, [&](int64_t b, int64_t e) {
     std::vector<float> tmp;
+    std::vector<uint32_t> bits;
     for (int64_t i = b; i < e; ++i) {
       const int64_t offset = a.offsets[i];
       if (offset < 0) continue;
       if constexpr (storage::Scaled<T>::value) {
         tmp.resize(static_cast<size_t>(storage::pad4(a.dim)));
-        init_scaled_row(a, offset, a.keys[i], a.table_ids[i], tmp.data());
+        bits.resize(static_cast<size_t>(a.dim));
+        init_row_values(a, a.keys[i], a.table_ids[i], tmp.data());
+        write_scaled_row(reinterpret_cast<storage::Float8E4M3*>(a.space.at(offset)), tmp.data(),
+                         a.dim, static_cast<uint64_t>(a.keys[i]), 0, bits.data());
       } else {
         for (int64_t blk = 0; blk < blocks; ++blk) {
           init_row_block<T>(a, offset, a.keys[i], a.table_ids[i], blk);

@@ -1,5 +1,6 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 #include "cc/common/cuda_launch.cuh"
+#include "cc/embedding/fp8_rows.h"
 #include "cc/embedding/initializer_cuda.h"
 
 namespace dyn_emb {
@@ -20,7 +21,8 @@ __global__ void init_rows_kernel(InitArgs a, const int64_t* keys, const int64_t*
 // The new FP8 row of `key` at `offset` by one warp (all lanes call it): the
 // lanes' blocks of 4 values for the row's largest magnitude, then the same
 // values again (init_values4 gives the same) for their codes; the codes,
-// scale and padding are those init_scaled_row writes on the CPU.
+// scale and padding are those write_scaled_row (fp8_rows_cpu.h) writes on
+// the CPU.
 __device__ void init_scaled_row_warp(const RowInitArgs& a, int64_t offset, int64_t key,
                                      int64_t table, int lane) {
   const int64_t blocks = (a.dim + 3) / 4;

@@ -39,7 +39,6 @@
 #include <cstdint>
 
 #include "cc/common/host_device.h"
-#include "cc/embedding/fp8_rows.h"
 #include "cc/storage/row_space.h"
 
 namespace dyn_emb {
@@ -272,7 +271,8 @@ DEMB_HD RowFactors row_factors(const OptimArgs& a, const T* w, float* s, const f
 }
 
 /// Updates one row in place with its (reduced) gradient `g` (dim): weights w
-/// (dim T's), state s. (An FP8 row: update_scaled_row.)
+/// (dim T's), state s. (An FP8 row: update_scaled_row in fp8_rows_cpu.h, and
+/// warp_update_scaled_row in warp_update.cuh.)
 template <class T>
 DEMB_HD void update_row(const OptimArgs& a, T* w, float* s, const float* g, int64_t dim) {
   using storage::from_float;
@@ -283,30 +283,6 @@ DEMB_HD void update_row(const OptimArgs& a, T* w, float* s, const float* g, int6
     update_coord(a, wd, s, g[d], d, dim, rf);
     w[d] = from_float<T>(wd);
   }
-}
-
-/// Updates an FP8 row in place (cc/storage/row_space.h, "FP8 rows"): its
-/// `dim` codes at `w` and their scale, its state `s`, with the gradient `g`.
-/// The new values are computed in float32 into `tmp` (dim floats), then the
-/// row gets the scale of their largest magnitude and each code its value
-/// rounded stochastically with the bits of (`key`, `step`, the element):
-/// the same row, gradient, key and step give the same codes on every backend.
-DEMB_HD void update_scaled_row(const OptimArgs& a, storage::Float8E4M3* w, float* s, const float* g,
-                               int64_t dim, uint64_t key, int64_t step, float* tmp) {
-  using storage::to_float;
-  float* scale = storage::scale_at(w, dim);
-  const float old = *scale;
-  const RowFactors rf = row_factors(a, w, s, g, dim, old);
-  float amax = 0.f;
-  for (int64_t d = 0; d < dim; ++d) {
-    float wd = to_float(w[d]) * old;
-    update_coord(a, wd, s, g[d], d, dim, rf);
-    tmp[d] = wd;
-    amax = fmaxf(amax, fabsf(wd));
-  }
-  const float sc = storage::fp8_scale(amax);
-  *scale = sc;
-  for (int64_t d = 0; d < dim; ++d) w[d] = scaled_code(tmp[d], sc, key, step, d);
 }
 
 }  // namespace embedding

@@ -5,11 +5,24 @@
 
 #include <vector>
 
+#include "cc/embedding/fp8_rows_cpu.h"
+
 namespace dyn_emb {
 namespace embedding {
 namespace cpu {
 
 // The CPU walks a bag's (a key's) occurrences once and streams whole rows.
+
+namespace {
+
+// An element's value (storage::to_float; an FP8 code's through the table).
+template <class T>
+float value_of(T x) {
+  return storage::to_float(x);
+}
+float value_of(storage::Float8E4M3 x) { return kFp8Values[x.bits]; }
+
+}  // namespace
 
 template <class T>
 void pool_forward(const PoolArgs& a, int64_t num_bags) {
@@ -22,7 +35,7 @@ void pool_forward(const PoolArgs& a, int64_t num_bags) {
         const T* v = occ_row<T>(a, j);
         if (v == nullptr) continue;
         const float w = occ_weight(a.weights, j) * storage::row_scale(v, s.dim);
-        for (int64_t d = 0; d < s.dim; ++d) o[d] += w * storage::to_float(v[d]);
+        for (int64_t d = 0; d < s.dim; ++d) o[d] += w * value_of(v[d]);
       }
     }
   });
@@ -32,6 +45,7 @@ template <class T>
 void update_backward(const UpdateArgs& a, int64_t num_keys) {
   at::parallel_for(0, num_keys, 64, [&](int64_t begin, int64_t end) {
     std::vector<float> g, tmp;
+    std::vector<uint32_t> bits;
     for (int64_t u = begin; u < end; ++u) {
       const int64_t r = a.rows[u];
       if (r < 0) continue;
@@ -44,9 +58,10 @@ void update_backward(const UpdateArgs& a, int64_t num_keys) {
       }
       if constexpr (storage::Scaled<T>::value) {
         tmp.resize(static_cast<size_t>(dim));
+        bits.resize(static_cast<size_t>(dim));
         update_scaled_row(a.optim, storage::embedding_at<T>(a.space, r),
                           storage::state_at<T>(a.space, r, dim), g.data(), dim, sr_key(a, u),
-                          sr_step(a), tmp.data());
+                          sr_step(a), tmp.data(), bits.data());
       } else {
         update_row(a.optim, storage::embedding_at<T>(a.space, r),
                    storage::state_at<T>(a.space, r, dim), g.data(), dim);

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "cc/common/cuda_launch.cuh"
+#include "cc/embedding/fp8_rows.h"
 #include "cc/embedding/optimizer.h"
 
 namespace dyn_emb {
@@ -101,7 +102,7 @@ constexpr int kMaxScaledChunks = 4;
 static_assert(kMaxScaledChunks * kChunk >= storage::kMaxScaledDim,
               "a warp holds an FP8 row of the largest dim in registers");
 
-/// update_scaled_row (optimizer.h) by one warp: the new values of the lanes'
+/// update_scaled_row (fp8_rows_cpu.h) by one warp: the new values of the lanes'
 /// coordinates (lane_coord<false>) in registers, their largest magnitude
 /// across the warp, then the codes. The same codes as on the CPU for the
 /// same row, gradient and key. dim <= storage::kMaxScaledDim; all lanes must

@@ -1,0 +1,211 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+#include "cc/embedding/fp8_rows_cpu.h"
+
+#include <array>
+#include <cmath>
+#include <cstring>
+
+#include "cc/common/host_device.h"
+#include "cc/embedding/fp8_rows.h"
+#include "cc/embedding/philox.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+namespace dyn_emb {
+namespace embedding {
+namespace cpu {
+
+namespace {
+
+// The elements of one row, one lane each, through Philox's rounds (philox.h:
+// philox, whose first output word is c0 after the last round).
+void stochastic_bits_scalar(const StochasticDraws& r, int64_t n, uint32_t* bits) {
+  for (int64_t e = 0; e < n; ++e) {
+    bits[e] = philox(static_cast<uint32_t>(e), r.c1, r.c2, r.c3, r.k0, r.k1).v[0];
+  }
+}
+
+#if defined(__x86_64__)
+
+// The same rounds eight elements at a time. _mm256_mul_epu32 multiplies the
+// even 32-bit lanes into 64-bit products; the odd lanes go through it
+// shifted down. The last round needs only the product that makes c0.
+__attribute__((target("avx2"))) void stochastic_bits_avx2(const StochasticDraws& r, int64_t n,
+                                                          uint32_t* bits) {
+  const __m256i m0 = _mm256_set1_epi64x(kPhiloxM0);
+  const __m256i m1 = _mm256_set1_epi64x(kPhiloxM1);
+  __m256i e = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i eight = _mm256_set1_epi32(8);
+  for (int64_t base = 0; base < n; base += 8) {
+    __m256i c0 = e, c1 = _mm256_set1_epi32(static_cast<int>(r.c1));
+    __m256i c2 = _mm256_set1_epi32(static_cast<int>(r.c2));
+    __m256i c3 = _mm256_set1_epi32(static_cast<int>(r.c3));
+    uint32_t k0 = r.k0, k1 = r.k1;
+    for (int round = 0; round < kPhiloxRounds; ++round) {
+      const __m256i p1e = _mm256_mul_epu32(c2, m1);
+      const __m256i p1o = _mm256_mul_epu32(_mm256_srli_epi64(c2, 32), m1);
+      const __m256i hi1 = _mm256_blend_epi32(_mm256_srli_epi64(p1e, 32), p1o, 0xaa);
+      const __m256i n0 =
+          _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(static_cast<int>(k0)));
+      if (round + 1 < kPhiloxRounds) {
+        const __m256i p0e = _mm256_mul_epu32(c0, m0);
+        const __m256i p0o = _mm256_mul_epu32(_mm256_srli_epi64(c0, 32), m0);
+        const __m256i hi0 = _mm256_blend_epi32(_mm256_srli_epi64(p0e, 32), p0o, 0xaa);
+        c1 = _mm256_blend_epi32(p1e, _mm256_slli_epi64(p1o, 32), 0xaa);
+        c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32(static_cast<int>(k1)));
+        c3 = _mm256_blend_epi32(p0e, _mm256_slli_epi64(p0o, 32), 0xaa);
+      }
+      c0 = n0;
+      k0 += kPhiloxW0;
+      k1 += kPhiloxW1;
+    }
+    if (n - base >= 8) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + base), c0);
+    } else {
+      alignas(32) uint32_t last[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(last), c0);
+      for (int64_t k = 0; k < n - base; ++k) bits[base + k] = last[k];
+    }
+    e = _mm256_add_epi32(e, eight);
+  }
+}
+
+// write_codes eight values at a time: each lane's normal-range code as
+// fp8_stochastic computes it (20 random bits added below the kept mantissa),
+// and the lanes out of that range (below the smallest normal, 448 and up,
+// NaN) through fp8_stochastic itself.
+__attribute__((target("avx2"))) void write_codes_avx2(storage::Float8E4M3* w, const float* v,
+                                                      int64_t dim, float scale,
+                                                      const uint32_t* bits) {
+  const __m256 sc = _mm256_set1_ps(scale);
+  const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
+  const __m256i smallest_normal = _mm256_set1_epi32(0x3c800000);  // 2^-6
+  const __m256i saturated = _mm256_set1_epi32(0x43e00000 - 1);    // below 448
+  const __m256i rebias = _mm256_set1_epi32((127 - 7) << 3);
+  const __m256i max_code = _mm256_set1_epi32(storage::kFp8MaxCode);
+  // The low byte of each 32-bit lane, gathered into the low 4 bytes of each half.
+  const __m256i low_bytes =
+      _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1,
+                       -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+  int64_t d = 0;
+  for (; d + 8 <= dim; d += 8) {
+    const __m256 x = _mm256_div_ps(_mm256_loadu_ps(v + d), sc);
+    const __m256i xi = _mm256_castps_si256(x);
+    const __m256i u = _mm256_and_si256(xi, magnitude);
+    const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(xi, 24), _mm256_set1_epi32(0x80));
+    const __m256i r =
+        _mm256_srli_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits + d)), 12);
+    __m256i code = _mm256_sub_epi32(_mm256_srli_epi32(_mm256_add_epi32(u, r), 20), rebias);
+    code = _mm256_or_si256(_mm256_min_epu32(code, max_code), sign);
+    const __m256i packed = _mm256_shuffle_epi8(code, low_bytes);
+    const uint32_t lo = static_cast<uint32_t>(_mm256_extract_epi32(packed, 0));
+    const uint32_t hi = static_cast<uint32_t>(_mm256_extract_epi32(packed, 4));
+    std::memcpy(w + d, &lo, 4);
+    std::memcpy(w + d + 4, &hi, 4);
+    const __m256i other =
+        _mm256_or_si256(_mm256_cmpgt_epi32(smallest_normal, u), _mm256_cmpgt_epi32(u, saturated));
+    int lanes = _mm256_movemask_ps(_mm256_castsi256_ps(other));
+    while (lanes != 0) {
+      const int k = ctz32(static_cast<uint32_t>(lanes));
+      lanes &= lanes - 1;
+      w[d + k] = storage::fp8_stochastic(v[d + k] / scale, bits[d + k]);
+    }
+  }
+  for (; d < dim; ++d) w[d] = storage::fp8_stochastic(v[d] / scale, bits[d]);
+}
+
+// The largest magnitude of v, as fmaxf over |v[d]| gives it (a NaN is passed
+// over: _mm256_max_ps returns its second operand where either is NaN).
+__attribute__((target("avx2"))) float row_amax_avx2(const float* v, int64_t dim) {
+  const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 m = _mm256_setzero_ps();
+  int64_t d = 0;
+  for (; d + 8 <= dim; d += 8)
+    m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(v + d), magnitude), m);
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, m);
+  float amax = 0.f;
+  for (float x : lanes) amax = fmaxf(amax, x);
+  for (; d < dim; ++d) amax = fmaxf(amax, fabsf(v[d]));
+  return amax;
+}
+
+bool has_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2");
+}
+
+const bool kAvx2 = has_avx2();
+
+#endif
+
+// The codes of the values `v` in a row of scale `scale` (the padding left
+// as it is), from bits[d] (stochastic_bits_row).
+void write_codes(storage::Float8E4M3* w, const float* v, int64_t dim, float scale,
+                 const uint32_t* bits) {
+#if defined(__x86_64__)
+  if (kAvx2) {
+    write_codes_avx2(w, v, dim, scale, bits);
+  } else {
+#endif
+    for (int64_t d = 0; d < dim; ++d) w[d] = storage::fp8_stochastic(v[d] / scale, bits[d]);
+#if defined(__x86_64__)
+  }
+#endif
+  *storage::scale_at(w, dim) = scale;
+}
+
+float row_amax(const float* v, int64_t dim) {
+#if defined(__x86_64__)
+  if (kAvx2) return row_amax_avx2(v, dim);
+#endif
+  float amax = 0.f;
+  for (int64_t d = 0; d < dim; ++d) amax = fmaxf(amax, fabsf(v[d]));
+  return amax;
+}
+
+std::array<float, 256> fp8_values() {
+  std::array<float, 256> t{};
+  for (int code = 0; code < 256; ++code) {
+    t[code] = storage::to_float(storage::Float8E4M3{static_cast<uint8_t>(code)});
+  }
+  return t;
+}
+
+}  // namespace
+
+const std::array<float, 256> kFp8Values = fp8_values();
+
+void stochastic_bits_row(uint64_t key, int64_t step, int64_t n, uint32_t* bits) {
+  const StochasticDraws r = stochastic_draws(key, step);
+#if defined(__x86_64__)
+  if (kAvx2) return stochastic_bits_avx2(r, n, bits);
+#endif
+  stochastic_bits_scalar(r, n, bits);
+}
+
+void read_scaled_row(const storage::Float8E4M3* w, int64_t dim, float* out) {
+  const float scale = *storage::scale_at(w, dim);
+  for (int64_t d = 0; d < dim; ++d) out[d] = kFp8Values[w[d].bits] * scale;
+}
+
+void write_scaled_row(storage::Float8E4M3* w, const float* v, int64_t dim, uint64_t key,
+                      int64_t step, uint32_t* bits) {
+  stochastic_bits_row(key, step, dim, bits);
+  write_codes(w, v, dim, storage::fp8_scale(row_amax(v, dim)), bits);
+  for (int64_t d = dim; d < storage::pad4(dim); ++d) w[d] = storage::Float8E4M3{0};
+}
+
+void update_scaled_row(const OptimArgs& a, storage::Float8E4M3* w, float* s, const float* g,
+                       int64_t dim, uint64_t key, int64_t step, float* tmp, uint32_t* bits) {
+  read_scaled_row(w, dim, tmp);
+  update_row(a, tmp, s, g, dim);
+  stochastic_bits_row(key, step, dim, bits);
+  write_codes(w, tmp, dim, storage::fp8_scale(row_amax(tmp, dim)), bits);
+}
+
+}  // namespace cpu
+}  // namespace embedding
+}  // namespace dyn_emb

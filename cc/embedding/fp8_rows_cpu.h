@@ -1,0 +1,46 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+//
+// The CPU's reads and writes of FP8 rows (cc/storage/row_space.h, "FP8 rows"):
+// the bytes of the per-element definition (fp8_rows.h: scaled_code, the CUDA
+// kernels' too), computed a row at a time. A row's random bits come from
+// Philox in SIMD lanes, eight elements a pass where the CPU has AVX2; codes
+// are read through a table of the 256 values.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "cc/embedding/optimizer.h"
+#include "cc/storage/row_space.h"
+
+namespace dyn_emb {
+namespace embedding {
+namespace cpu {
+
+/// bits[e] = stochastic_bits(key, step, e) for e in [0, n).
+void stochastic_bits_row(uint64_t key, int64_t step, int64_t n, uint32_t* bits);
+
+/// storage::to_float of each of the 256 codes, by its bits.
+extern const std::array<float, 256> kFp8Values;
+
+/// The values of an FP8 row of `dim` codes at `w`: out[d] = code's value * scale.
+void read_scaled_row(const storage::Float8E4M3* w, int64_t dim, float* out);
+
+/// Writes the float32 values `v` (dim) as the FP8 row at `w` of `key` at
+/// `step`: its scale, its codes (scaled_code's), zeros in the padding to 4
+/// bytes. `bits`: scratch of dim words.
+void write_scaled_row(storage::Float8E4M3* w, const float* v, int64_t dim, uint64_t key,
+                      int64_t step, uint32_t* bits);
+
+/// Updates an FP8 row in place: its `dim` codes at `w` and their scale, its
+/// state `s`, with the gradient `g`. The row's values are read into `tmp`
+/// (dim floats) and updated there as a float32 row is (update_row), then
+/// written back as write_scaled_row writes them (the padding left as it
+/// is): the same row, gradient, key and step give the same bytes as the CUDA
+/// kernel's. `bits`: scratch of dim words.
+void update_scaled_row(const OptimArgs& a, storage::Float8E4M3* w, float* s, const float* g,
+                       int64_t dim, uint64_t key, int64_t step, float* tmp, uint32_t* bits);
+
+}  // namespace cpu
+}  // namespace embedding
+}  // namespace dyn_emb
