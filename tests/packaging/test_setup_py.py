@@ -45,8 +45,6 @@ def test_the_compiled_extension_is_every_cpu_source_of_sources_bzl(monkeypatch):
     assert ext.name == "dynamicemb._C"
     assert sorted(ext.sources) == _expected_files("cpu_srcs")
     assert sorted(ext.depends) == sorted(_expected_files("hdrs") + ["cc/sources.bzl"])
-    for path in ext.sources + ext.depends:
-        assert (repo_root() / path).is_file(), path
     assert build_ext is cpp_extension.BuildExtension  # compiles
     cxx = ext.extra_compile_args["cxx"]
     assert "-O3" in cxx and "-Wall" in cxx and "-Wextra" in cxx
