@@ -15,6 +15,12 @@ import dist_launch  # examples/dist_launch.py
 import torch
 import train_checkpoint  # examples/train_checkpoint.py
 
+from dynamicemb import dynamicemb_config
+from dynamicemb.io.dtypes import dtype_name
+
+# --embedding-dtype's values: the library's embedding dtypes by name.
+EMBEDDING_DTYPES = {dtype_name(d): d for d in dynamicemb_config.EMBEDDING_DTYPES}
+
 
 def parse(argv: list[str] | None, description: str, describe: Callable) -> argparse.Namespace:
     """The job's options from ``argv`` (None: the command line), checked: a
@@ -109,6 +115,15 @@ def parser(description: str, has_gpu: bool) -> argparse.ArgumentParser:
         "--refuse-cold-keys",
         action="store_true",
         help="a new id colder than its full bucket's lowest is not inserted (refuse_cold_keys)",
+    )
+    ap.add_argument(
+        "--embedding-dtype",
+        choices=list(EMBEDDING_DTYPES),
+        default="float32",
+        help="the dynamic tables' rows (float32, the default; float16 and bfloat16; "
+        "float8_e4m3fn: eight bits and a per-row scale, written with stochastic rounding); "
+        "the optimizer state stays float32 (docs/storage.md). A checkpoint of another dtype "
+        "is converted on --resume",
     )
     ap.add_argument("--emb-lr", type=float, default=0.05)
     ap.add_argument("--dense-lr", type=float, default=3e-3)
@@ -325,6 +340,11 @@ def _crash_at(text: str) -> tuple[str, int, int]:
         raise argparse.ArgumentTypeError(
             f"{text!r} is not POINT:STEP[:RANK] with POINT one of {', '.join(CRASH_POINTS)}"
         ) from None
+
+
+def embedding_dtype(args: argparse.Namespace) -> torch.dtype:
+    """The dynamic tables' embedding dtype (--embedding-dtype)."""
+    return EMBEDDING_DTYPES[args.embedding_dtype]
 
 
 def crash_hook(args, rank: int):

@@ -29,6 +29,7 @@ host itself, with the same environment torchrun would give them
 
     python examples/train_dlrm.py [--steps N] [--batch-size B] [--world-size W]
                                   [--device cpu|cuda] [--summary-json PATH]
+                                  [--embedding-dtype float32|float16|bfloat16|float8_e4m3fn]
                                   [--data PATH [--eval-data PATH]]
                                   [--checkpoint-dir DIR [--checkpoint-every N]
                                    [--keep K] [--resume]] [--warm-start PATH]
@@ -59,6 +60,7 @@ model), train_report.py (progress, evaluation, the summary),
 train_checkpoint.py, click_data.py, click_tsv.py and dist_launch.py.
 """
 
+import dataclasses
 import json
 import math
 import os
@@ -144,7 +146,7 @@ class DataSource:
             from dynamicemb.dynamicemb_config import value_row_bytes
 
             optimizer = dynamic_fused_params(args)["optimizer"]
-            row = value_row_bytes(optimizer, args.dim, torch.float32)
+            row = value_row_bytes(optimizer, args.dim, train_args.embedding_dtype(args))
             names = click_tsv.categorical_names()
             self.features = criteo_preset.features(Feature, names, args, row)
         elif self.generated:
@@ -290,6 +292,7 @@ def constraints(features: tuple[Feature, ...], args, world_size: int) -> dict[st
     out: dict[str, Any] = {}
     configs = {c.name: c for c in embedding_configs(features, args.dim)}
     optimizer = dynamic_fused_params(args)["optimizer"]
+    dtype = train_args.embedding_dtype(args)
     for f in features:
         if f.dynamic:
             out[f.table] = DynamicEmbParameterConstraints(
@@ -301,9 +304,14 @@ def constraints(features: tuple[Feature, ...], args, world_size: int) -> dict[st
                     initializer_args=DynamicEmbInitializerArgs(
                         mode=DynamicEmbInitializerMode.UNIFORM, lower=-0.05, upper=0.05
                     ),
-                    # Every row in device memory (the ranks share the budget).
+                    embedding_dtype=dtype,
+                    # Every row in device memory (the ranks share the budget),
+                    # its bytes at the rows' dtype (a torch dtype as data_type).
                     global_hbm_for_values=get_table_value_bytes(
-                        configs[f.table], optimizer, world_size, 128
+                        dataclasses.replace(configs[f.table], data_type=dtype),
+                        optimizer,
+                        world_size,
+                        128,
                     ),
                     **eviction_options(args, f.capacity),
                 ),

@@ -427,6 +427,7 @@ class RunLog:
             "start_step": self.start,
             "steps_run": run,
             "batch_size": args.batch_size,
+            "embedding_dtype": args.embedding_dtype,
             "seconds": seconds,
             "steps_per_s": run / seconds if run else 0.0,
             "examples_per_s": run * args.batch_size * world_size / seconds if run else 0.0,

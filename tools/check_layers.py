@@ -108,12 +108,6 @@ FOREIGN_PRIVATE = {
         "the sharded module's override of TorchRec's load hook calls the hook of the "
         "TorchRec class it extends"
     ),
-    ("dynamicemb/shard/lookup.py", "lookup._emb_modules"): (
-        "TorchRec's grouped lookup keeps its kernels there, with no public accessor"
-    ),
-    ("dynamicemb/shard/lookup.py", "lookup._feature_splits"): (
-        "TorchRec's grouped lookup keeps its features' split there, with no public accessor"
-    ),
     ("dynamicemb/shard/lookup.py", "module._lookups"): (
         "TorchRec's sharded modules keep their lookups there, with no public accessor"
     ),

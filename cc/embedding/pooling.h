@@ -82,6 +82,26 @@ DEMB_HD int64_t bag_table(const OccurrenceBags& o, int64_t b) {
   return o.feature_tables[b / o.batch];
 }
 
+/// A training step's failed inserts per table (the op count_failures):
+/// counts[table_ids[i]] += 1 for each entry i with rows[i] == -1 (not stored)
+/// that `valid` marks (every entry where it is null); a table id out of
+/// [0, num_tables) counts nowhere.
+struct FailureCount {
+  const int64_t* rows = nullptr;       ///< (n)
+  const int64_t* table_ids = nullptr;  ///< (n)
+  const bool* valid = nullptr;         ///< (n) or null
+  int64_t* counts = nullptr;           ///< (num_tables), added to
+  int64_t num_tables = 0;
+  int64_t n = 0;
+};
+
+/// The table whose count entry i adds one to, or -1 for none.
+DEMB_HD int64_t failure_table(const FailureCount& a, int64_t i) {
+  if (a.rows[i] != -1 || (a.valid != nullptr && !a.valid[i])) return -1;
+  const int64_t t = a.table_ids[i];
+  return t >= 0 && t < a.num_tables ? t : -1;
+}
+
 struct PoolArgs {
   BagLayout layout;
   storage::RowSpace space;

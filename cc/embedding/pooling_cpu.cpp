@@ -93,6 +93,13 @@ void occurrence_bags(const OccurrenceBags& o, int64_t n, bool sequence, int64_t*
   if (sequence) bags[n] = n;
 }
 
+void count_failures(const FailureCount& a) {
+  for (int64_t i = 0; i < a.n; ++i) {
+    const int64_t t = failure_table(a, i);
+    if (t >= 0) ++a.counts[t];
+  }
+}
+
 }  // namespace cpu
 }  // namespace embedding
 }  // namespace dyn_emb

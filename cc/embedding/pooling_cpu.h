@@ -22,6 +22,9 @@ void update_backward(const UpdateArgs& a, int64_t num_keys, storage::ElementType
 void occurrence_bags(const OccurrenceBags& o, int64_t n, bool sequence, int64_t* bags,
                      int64_t* tables);
 
+/// Adds a step's failed inserts to their tables' counts (FailureCount).
+void count_failures(const FailureCount& a);
+
 }  // namespace cpu
 }  // namespace embedding
 }  // namespace dyn_emb

@@ -331,6 +331,13 @@ __global__ void occurrence_bags_kernel(OccurrenceBags o, int64_t n, bool sequenc
   }
 }
 
+__global__ void count_failures_kernel(FailureCount a) {
+  const int64_t i = global_thread();
+  if (i >= a.n) return;
+  const int64_t t = failure_table(a, i);
+  if (t >= 0) atomicAdd(reinterpret_cast<unsigned long long*>(a.counts + t), 1ULL);
+}
+
 /// Scratch layout of hot_keys: packed, inclusive sums, chunk offsets, hot
 /// counts (int64), the buffer (float), then cub's temporary storage; each
 /// part 256-byte aligned.
@@ -448,6 +455,12 @@ void occurrence_bags(const OccurrenceBags& o, int64_t n, bool sequence, int64_t*
   if (n == 0 && !sequence) return;
   occurrence_bags_kernel<<<grid_for(n + 1), kBlock, 0, stream>>>(o, n, sequence, bags, tables);
   check_launch("occurrence_bags");
+}
+
+void count_failures(const FailureCount& a, cudaStream_t stream) {
+  if (a.n == 0) return;
+  count_failures_kernel<<<grid_for(a.n), kBlock, 0, stream>>>(a);
+  check_launch("count_failures");
 }
 
 }  // namespace cuda

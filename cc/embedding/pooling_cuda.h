@@ -57,6 +57,10 @@ void update_backward(const UpdateArgs& a, const HotKeys& h, int64_t num_keys,
 void occurrence_bags(const OccurrenceBags& o, int64_t n, bool sequence, int64_t* bags,
                      int64_t* tables, cudaStream_t stream);
 
+/// Adds a step's failed inserts to their tables' counts (FailureCount), a
+/// thread per entry, one atomic add per failed one.
+void count_failures(const FailureCount& a, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace embedding
 }  // namespace dyn_emb

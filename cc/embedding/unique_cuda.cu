@@ -1,4 +1,7 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/transform_iterator.h>
+
 #include <cub/cub.cuh>
 
 #include "cc/common/cuda_launch.cuh"
@@ -21,14 +24,33 @@ int64_t slots_for(int64_t n) {
 
 /// The scratch layout: slots (int32, position + 1 or 0), each occurrence's
 /// slot (int32), sort keys in and out (Key), positions in and out (int32),
-/// pair flags and their inclusive sums (int32), then cub's temporary storage
+/// the inclusive sums of the pair flags (int32), then cub's temporary storage
 /// (the sort's or the scan's); each part 256-byte aligned.
 struct Layout {
   int64_t num_slots;
   int pos_bits, key_bits;  // sort key = table << pos_bits | position; key_bits in all
   bool wide;               // 64-bit sort keys
-  size_t slots, occ_slot, key_in, key_out, pos_in, pos_out, flags, through, temp, temp_bytes, total;
+  size_t slots, occ_slot, key_in, key_out, pos_in, pos_out, through, temp, temp_bytes, total;
 };
+
+/// Whether sorted entry i starts a pair: the first entry, or a sort key other
+/// than the one before (read by the scan as it goes: no flags array).
+template <class Key>
+struct StartsPair {
+  const Key* key_out;
+  __host__ __device__ int32_t operator()(int64_t i) const {
+    return i == 0 || key_out[i] != key_out[i - 1] ? 1 : 0;
+  }
+};
+
+template <class Key>
+using PairFlags =
+    thrust::transform_iterator<StartsPair<Key>, thrust::counting_iterator<int64_t>, int32_t>;
+
+template <class Key>
+PairFlags<Key> pair_flags(const Key* key_out) {
+  return PairFlags<Key>(thrust::counting_iterator<int64_t>(0), StartsPair<Key>{key_out});
+}
 
 template <class Key>
 size_t temp_bytes_for(int64_t n, int key_bits) {
@@ -38,7 +60,7 @@ size_t temp_bytes_for(int64_t n, int key_bits) {
                                              static_cast<const int32_t*>(nullptr),
                                              static_cast<int32_t*>(nullptr), n, 0, key_bits),
              "segmented_unique (sort size)");
-  check_cuda(cub::DeviceScan::InclusiveSum(nullptr, scan, static_cast<const int32_t*>(nullptr),
+  check_cuda(cub::DeviceScan::InclusiveSum(nullptr, scan, pair_flags<Key>(nullptr),
                                            static_cast<int32_t*>(nullptr), n),
              "segmented_unique (scan size)");
   return sort > scan ? sort : scan;
@@ -58,8 +80,7 @@ Layout layout_of(int64_t n, int64_t num_tables) {
   l.key_out = l.key_in + scratch_aligned(un * key);
   l.pos_in = l.key_out + scratch_aligned(un * key);
   l.pos_out = l.pos_in + scratch_aligned(un * sizeof(int32_t));
-  l.flags = l.pos_out + scratch_aligned(un * sizeof(int32_t));
-  l.through = l.flags + scratch_aligned(un * sizeof(int32_t));
+  l.through = l.pos_out + scratch_aligned(un * sizeof(int32_t));
   l.temp = l.through + scratch_aligned(un * sizeof(int32_t));
   l.temp_bytes =
       l.wide ? temp_bytes_for<uint64_t>(n, l.key_bits) : temp_bytes_for<uint32_t>(n, l.key_bits);
@@ -118,28 +139,20 @@ __global__ void sort_keys_kernel(const int64_t* table_ids, int64_t n, int64_t nu
   pos_in[i] = static_cast<int32_t>(i);
 }
 
-// A thread per sorted entry: whether it starts a pair.
-template <class Key>
-__global__ void flags_kernel(const Key* key_out, int64_t n, int32_t* flags) {
-  const int64_t i = global_thread();
-  if (i >= n) return;
-  flags[i] = i == 0 || key_out[i] != key_out[i - 1] ? 1 : 0;
-}
-
 // A thread per sorted entry i, of pair g = through[i] - 1: the order and the
 // inverse; the first entry of a pair writes the pair, the first of a table
 // the table offsets up to its table.
 template <class Key>
 __global__ void pairs_kernel(const int64_t* keys, const Key* key_out, const int32_t* pos_out,
-                             const int32_t* flags, const int32_t* through, int64_t n,
-                             int64_t num_tables, int pos_bits, UniqueOutputs out) {
+                             const int32_t* through, int64_t n, int64_t num_tables, int pos_bits,
+                             UniqueOutputs out) {
   const int64_t i = global_thread();
   if (i >= n) return;
   const int64_t g = through[i] - 1;
   const int64_t p = pos_out[i];
   out.order[i] = p;
   out.inverse[p] = g;
-  if (!flags[i]) return;
+  if (!StartsPair<Key>{key_out}(i)) return;
   const int64_t t = static_cast<int64_t>(key_out[i] >> pos_bits);
   out.keys[g] = keys[p];
   out.table_ids[g] = t;
@@ -148,27 +161,22 @@ __global__ void pairs_kernel(const int64_t* keys, const Key* key_out, const int3
   for (int64_t b = from; b <= t && b <= num_tables; ++b) out.table_offsets[b] = g;
 }
 
-// The tables after the last entry's, and the number of distinct pairs.
+// A thread per pair slot v (and per table offset v, max(n, num_tables + 1)
+// threads): counts of the distinct pairs, padding after them; the offsets of
+// the tables after the last entry's, and the number of distinct pairs.
 template <class Key>
-__global__ void tail_kernel(const Key* key_out, const int32_t* through, int64_t n,
-                            int64_t num_tables, int pos_bits, UniqueOutputs out) {
+__global__ void pad_kernel(const Key* key_out, int64_t n, const int32_t* through,
+                           int64_t num_tables, int pos_bits, int64_t pad_key, UniqueOutputs out) {
+  const int64_t v = global_thread();
   const int64_t u = through[n - 1];
-  const int64_t last = static_cast<int64_t>(key_out[n - 1] >> pos_bits);
-  for (int64_t b = last + 1 + threadIdx.x; b <= num_tables; b += blockDim.x) {
-    out.table_offsets[b] = u;
+  if (v <= num_tables && v > static_cast<int64_t>(key_out[n - 1] >> pos_bits)) {
+    out.table_offsets[v] = u;
   }
-  if (threadIdx.x == 0) {
+  if (v == 0) {
     out.num_unique[0] = u;
     out.occ_offsets[n] = n;
   }
-}
-
-// A thread per pair slot v: counts of the distinct pairs, padding after them.
-__global__ void pad_kernel(int64_t n, const int32_t* through, int64_t num_tables, int64_t pad_key,
-                           UniqueOutputs out) {
-  const int64_t v = global_thread();
   if (v >= n) return;
-  const int64_t u = through[n - 1];
   if (v < u) {
     out.counts[v] = (v + 1 < u ? out.occ_offsets[v + 1] : n) - out.occ_offsets[v];
   } else {
@@ -189,7 +197,6 @@ void run(const int64_t* keys, const int64_t* table_ids, int64_t n, int64_t num_t
   auto* key_out = reinterpret_cast<Key*>(scratch + l.key_out);
   auto* pos_in = reinterpret_cast<int32_t*>(scratch + l.pos_in);
   auto* pos_out = reinterpret_cast<int32_t*>(scratch + l.pos_out);
-  auto* flags = reinterpret_cast<int32_t*>(scratch + l.flags);
   auto* through = reinterpret_cast<int32_t*>(scratch + l.through);
   void* temp = scratch + l.temp;
   check_cuda(cudaMemsetAsync(slots, 0, static_cast<size_t>(l.num_slots) * sizeof(int32_t), stream),
@@ -204,17 +211,15 @@ void run(const int64_t* keys, const int64_t* table_ids, int64_t n, int64_t num_t
   check_cuda(cub::DeviceRadixSort::SortPairs(temp, bytes, key_in, key_out, pos_in, pos_out, n, 0,
                                              l.key_bits, stream),
              "segmented_unique (sort)");
-  flags_kernel<Key><<<grid_for(n), kBlock, 0, stream>>>(key_out, n, flags);
-  check_launch("segmented_unique (flags)");
   bytes = l.temp_bytes;
-  check_cuda(cub::DeviceScan::InclusiveSum(temp, bytes, flags, through, n, stream),
-             "segmented_unique (scan)");
-  pairs_kernel<Key><<<grid_for(n), kBlock, 0, stream>>>(keys, key_out, pos_out, flags, through, n,
+  check_cuda(
+      cub::DeviceScan::InclusiveSum(temp, bytes, pair_flags<Key>(key_out), through, n, stream),
+      "segmented_unique (scan)");
+  pairs_kernel<Key><<<grid_for(n), kBlock, 0, stream>>>(keys, key_out, pos_out, through, n,
                                                         num_tables, l.pos_bits, out);
   check_launch("segmented_unique (pairs)");
-  tail_kernel<Key><<<1, kWarp, 0, stream>>>(key_out, through, n, num_tables, l.pos_bits, out);
-  check_launch("segmented_unique (tail)");
-  pad_kernel<<<grid_for(n), kBlock, 0, stream>>>(n, through, num_tables, pad_key, out);
+  pad_kernel<Key><<<grid_for(n > num_tables ? n : num_tables + 1), kBlock, 0, stream>>>(
+      key_out, n, through, num_tables, l.pos_bits, pad_key, out);
   check_launch("segmented_unique (padding)");
 }
 

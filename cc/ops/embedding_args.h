@@ -498,6 +498,45 @@ std::tuple<at::Tensor, at::Tensor> occurrence_bags_with(const at::Tensor& offset
   return {bags, tables};
 }
 
+/// count_failures's arguments (CPU, CUDA, Meta): counts (num_tables), rows
+/// and table_ids (n) int64, valid (n) bool, on one device.
+inline void check_count_failures(const at::Tensor& counts, const at::Tensor& rows,
+                                 const at::Tensor& table_ids,
+                                 const c10::optional<at::Tensor>& valid) {
+  if (valid.has_value()) {
+    check_devices(
+        "count_failures",
+        {{"counts", &counts}, {"rows", &rows}, {"table_ids", &table_ids}, {"valid", &*valid}});
+  } else {
+    check_devices("count_failures",
+                  {{"counts", &counts}, {"rows", &rows}, {"table_ids", &table_ids}});
+  }
+  check_1d(counts, at::kLong, "counts");
+  check_1d(rows, at::kLong, "rows");
+  check_1d(table_ids, at::kLong, "table_ids");
+  if (valid.has_value()) check_1d(*valid, at::kBool, "valid");
+  TORCH_CHECK_VALUE(table_ids.sym_numel() == rows.sym_numel() &&
+                        (!valid.has_value() || valid->sym_numel() == rows.sym_numel()),
+                    "dynamicemb: count_failures takes one table id (and valid flag) per row, got ",
+                    table_ids.sym_numel(), " table ids for ", rows.sym_numel(), " rows");
+}
+
+/// count_failures on one backend: checks, then run(args) adds the counts
+/// (pooling.h, FailureCount).
+template <class Run>
+void count_failures_with(at::Tensor& counts, const at::Tensor& rows, const at::Tensor& table_ids,
+                         const c10::optional<at::Tensor>& valid, const Run& run) {
+  check_count_failures(counts, rows, table_ids, valid);
+  embedding::FailureCount a;
+  a.rows = rows.data_ptr<int64_t>();
+  a.table_ids = table_ids.data_ptr<int64_t>();
+  a.valid = valid.has_value() ? valid->data_ptr<bool>() : nullptr;
+  a.counts = counts.data_ptr<int64_t>();
+  a.num_tables = counts.numel();
+  a.n = rows.numel();
+  run(a);
+}
+
 /// adam_bias's betas: (2) float32 (CPU, CUDA, Meta).
 inline void check_betas(const at::Tensor& betas) {
   TORCH_CHECK_TYPE(betas.scalar_type() == at::kFloat, "dynamicemb: betas must be float32, got ",

@@ -90,10 +90,17 @@ std::tuple<at::Tensor, at::Tensor> occurrence_bags_cpu(const at::Tensor& offsets
       });
 }
 
+void count_failures_cpu(at::Tensor& counts, const at::Tensor& rows, const at::Tensor& table_ids,
+                        const c10::optional<at::Tensor>& valid) {
+  count_failures_with(counts, rows, table_ids, valid,
+                      [](const embedding::FailureCount& a) { embedding::cpu::count_failures(a); });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
   m.impl("adam_bias", &adam_bias_op);
+  m.impl("count_failures", &count_failures_cpu);
   m.impl("occurrence_bags", &occurrence_bags_cpu);
   m.impl("embedding_pool", &embedding_pool_cpu);
   m.impl("embedding_update", &embedding_update_cpu);

@@ -111,10 +111,19 @@ std::tuple<at::Tensor, at::Tensor> occurrence_bags_cuda(const at::Tensor& offset
       });
 }
 
+void count_failures_cuda(at::Tensor& counts, const at::Tensor& rows, const at::Tensor& table_ids,
+                         const c10::optional<at::Tensor>& valid) {
+  const c10::cuda::CUDAGuard guard(rows.device());
+  count_failures_with(counts, rows, table_ids, valid, [](const embedding::FailureCount& a) {
+    embedding::cuda::count_failures(a, c10::cuda::getCurrentCUDAStream().stream());
+  });
+}
+
 }  // namespace
 
 TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
   m.impl("adam_bias", &adam_bias_op);
+  m.impl("count_failures", &count_failures_cuda);
   m.impl("occurrence_bags", &occurrence_bags_cuda);
   m.impl("embedding_pool", &embedding_pool_cuda);
   m.impl("embedding_update", &embedding_update_cuda);

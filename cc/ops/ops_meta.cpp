@@ -13,6 +13,7 @@
 #include "cc/ops/counter_args.h"
 #include "cc/ops/embedding_args.h"
 #include "cc/ops/routing_args.h"
+#include "cc/ops/storage_args.h"
 #include "cc/ops/table_args.h"
 #include "cc/ops/unique_args.h"
 #include "cc/routing/batch_check.h"
@@ -211,6 +212,17 @@ void copy_rows_meta(at::Tensor& dst0, at::Tensor& dst1, const at::Tensor& dst_of
   check_copy_rows_devices(dst0, dst1, dst_offsets, src0, src1, src_offsets, bytes);
 }
 
+std::tuple<at::Tensor, at::Tensor> slot_rows_meta(const at::Tensor& slots, const at::Tensor& status,
+                                                  int64_t /*stride*/, int64_t /*found*/) {
+  check_slot_rows(slots, status);
+  return {at::empty_like(slots), at::empty_like(slots)};
+}
+
+void count_failures_meta(at::Tensor& counts, const at::Tensor& rows, const at::Tensor& table_ids,
+                         const c10::optional<at::Tensor>& valid) {
+  check_count_failures(counts, rows, table_ids, valid);
+}
+
 at::Tensor adam_bias_meta(const at::Tensor& betas, c10::SymInt /*step*/) {
   check_betas(betas);
   return at::empty_like(betas);
@@ -252,6 +264,8 @@ TORCH_LIBRARY_IMPL(dynamicemb, Meta, m) {
   m.impl("init_rows_at", &init_rows_at_meta);
   m.impl("optimizer_step", &optimizer_step_meta);
   m.impl("copy_rows", &copy_rows_meta);
+  m.impl("slot_rows", &slot_rows_meta);
+  m.impl("count_failures", &count_failures_meta);
   m.impl("route_keys", &route_keys_meta);
   m.impl("check_batch", &check_batch_meta);
   m.impl("embedding_pool", &embedding_pool_meta);

@@ -314,4 +314,15 @@ TORCH_LIBRARY(dynamicemb, m) {
   m.def(
       "copy_rows(Tensor(a!) dst0, Tensor(b!) dst1, Tensor dst_offsets, Tensor src0, Tensor src1, "
       "Tensor src_offsets, Tensor bytes) -> ()");
+
+  // The rows of a training insert's slots in a row space of a fixed stride
+  // (cc/storage/copy_rows.h, SlotRowsArgs), in one pass: (rows, new_rows),
+  // (n) int64 each: rows[i] = slots[i] * stride, -1 where slots[i] is -1;
+  // new_rows[i] = rows[i] where status[i] (int8) is not `found`, else -1.
+  m.def("slot_rows(Tensor slots, Tensor status, int stride, int found) -> (Tensor, Tensor)");
+
+  // A training step's failed inserts per table, added in place: counts
+  // (num_tables) int64 += per table the entries i with rows[i] == -1 that
+  // valid (bool, optional: all) marks; table_ids (n) int64 in range.
+  m.def("count_failures(Tensor(a!) counts, Tensor rows, Tensor table_ids, Tensor? valid) -> ()");
 }

@@ -84,6 +84,40 @@ inline void check_copy_rows_devices(const at::Tensor& dst0, const at::Tensor& ds
                               {"bytes", &bytes}});
 }
 
+/// slot_rows on one backend: checks slots (n) int64 and status (n) int8 on
+/// one device and a stride >= 0, allocates (rows, new_rows), then run(args)
+/// writes them (copy_rows.h, SlotRowsArgs).
+inline void check_slot_rows(const at::Tensor& slots, const at::Tensor& status) {
+  check_devices("slot_rows", {{"slots", &slots}, {"status", &status}});
+  check_1d(slots, at::kLong, "slots");
+  check_1d(status, at::kChar, "status");
+  TORCH_CHECK_VALUE(status.sym_numel() == slots.sym_numel(),
+                    "dynamicemb: slot_rows takes one status per slot, got ", status.sym_numel(),
+                    " for ", slots.sym_numel());
+}
+
+template <class Run>
+std::tuple<at::Tensor, at::Tensor> slot_rows_with(const at::Tensor& slots, const at::Tensor& status,
+                                                  int64_t stride, int64_t found, const Run& run) {
+  check_slot_rows(slots, status);
+  TORCH_CHECK_VALUE(stride >= 0, "dynamicemb: slot_rows: stride must not be negative, got ",
+                    stride);
+  TORCH_CHECK_VALUE(found >= -128 && found <= 127,
+                    "dynamicemb: slot_rows: found must be an int8 status, got ", found);
+  at::Tensor rows = at::empty_like(slots);
+  at::Tensor new_rows = at::empty_like(slots);
+  storage::SlotRowsArgs a;
+  a.slots = slots.data_ptr<int64_t>();
+  a.status = status.data_ptr<int8_t>();
+  a.stride = stride;
+  a.found = static_cast<int8_t>(found);
+  a.rows = rows.data_ptr<int64_t>();
+  a.new_rows = new_rows.data_ptr<int64_t>();
+  a.n = slots.numel();
+  run(a);
+  return {rows, new_rows};
+}
+
 /// copy_rows on one backend: checks (offsets and byte counts on the CPU) and
 /// packs the arguments, then run(args) copies.
 template <class Run>

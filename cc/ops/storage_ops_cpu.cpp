@@ -19,9 +19,18 @@ void copy_rows_cpu(at::Tensor& dst0, at::Tensor& dst1, const at::Tensor& dst_off
                  [](const storage::CopyArgs& a) { storage::cpu::copy_rows(a); });
 }
 
+std::tuple<at::Tensor, at::Tensor> slot_rows_cpu(const at::Tensor& slots, const at::Tensor& status,
+                                                 int64_t stride, int64_t found) {
+  return slot_rows_with(slots, status, stride, found,
+                        [](const storage::SlotRowsArgs& a) { storage::cpu::slot_rows(a); });
+}
+
 }  // namespace
 
-TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) { m.impl("copy_rows", &copy_rows_cpu); }
+TORCH_LIBRARY_IMPL(dynamicemb, CPU, m) {
+  m.impl("copy_rows", &copy_rows_cpu);
+  m.impl("slot_rows", &slot_rows_cpu);
+}
 
 }  // namespace ops
 }  // namespace dyn_emb

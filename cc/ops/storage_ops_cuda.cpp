@@ -78,6 +78,14 @@ void free_mapped(void* p) {
   (void)cudaFreeHost(p);
 }
 
+std::tuple<at::Tensor, at::Tensor> slot_rows_cuda(const at::Tensor& slots, const at::Tensor& status,
+                                                  int64_t stride, int64_t found) {
+  const c10::cuda::CUDAGuard guard(slots.device());
+  return slot_rows_with(slots, status, stride, found, [](const storage::SlotRowsArgs& a) {
+    storage::cuda::slot_rows(a, c10::cuda::getCurrentCUDAStream().stream());
+  });
+}
+
 }  // namespace
 
 std::tuple<at::Tensor, at::Tensor> host_mapped_empty(int64_t nbytes, int64_t device) {
@@ -107,7 +115,10 @@ std::tuple<at::Tensor, at::Tensor> host_mapped_empty(int64_t nbytes, int64_t dev
   return {h, d};
 }
 
-TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) { m.impl("copy_rows", &copy_rows_cuda); }
+TORCH_LIBRARY_IMPL(dynamicemb, CUDA, m) {
+  m.impl("copy_rows", &copy_rows_cuda);
+  m.impl("slot_rows", &slot_rows_cuda);
+}
 
 }  // namespace ops
 }  // namespace dyn_emb

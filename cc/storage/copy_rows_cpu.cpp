@@ -19,6 +19,10 @@ void copy_rows(const CopyArgs& a) {
   });
 }
 
+void slot_rows(const SlotRowsArgs& a) {
+  for (int64_t i = 0; i < a.n; ++i) slot_row(a, i);
+}
+
 }  // namespace cpu
 }  // namespace storage
 }  // namespace dyn_emb

@@ -10,6 +10,9 @@ namespace cpu {
 /// @brief Copies the rows of `a` (copy_rows.h), rows in parallel.
 void copy_rows(const CopyArgs& a);
 
+/// @brief Writes the rows of `a` (copy_rows.h, slot_row).
+void slot_rows(const SlotRowsArgs& a);
+
 }  // namespace cpu
 }  // namespace storage
 }  // namespace dyn_emb

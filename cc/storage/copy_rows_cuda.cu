@@ -59,12 +59,23 @@ __global__ void copy_rows_kernel(CopyArgs a) {
   }
 }
 
+__global__ void slot_rows_kernel(SlotRowsArgs a) {
+  const int64_t i = global_thread();
+  if (i < a.n) slot_row(a, i);
+}
+
 }  // namespace
 
 void copy_rows(const CopyArgs& a, cudaStream_t stream) {
   if (a.n == 0) return;
   copy_rows_kernel<<<grid_strided(a.n * kWarp), kBlock, 0, stream>>>(a);
   check_launch("copy_rows");
+}
+
+void slot_rows(const SlotRowsArgs& a, cudaStream_t stream) {
+  if (a.n == 0) return;
+  slot_rows_kernel<<<grid_for(a.n), kBlock, 0, stream>>>(a);
+  check_launch("slot_rows");
 }
 
 }  // namespace cuda

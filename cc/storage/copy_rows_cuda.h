@@ -14,6 +14,9 @@ namespace cuda {
 /// either space may be host memory mapped into the device's address space.
 void copy_rows(const CopyArgs& a, cudaStream_t stream);
 
+/// @brief Writes the rows of `a` (copy_rows.h, slot_row), a thread per entry.
+void slot_rows(const SlotRowsArgs& a, cudaStream_t stream);
+
 }  // namespace cuda
 }  // namespace storage
 }  // namespace dyn_emb

@@ -399,10 +399,11 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
 
   const int32_t* ok = layout_ok(t, has_rows ? t.num_free_rows : INT64_MAX, total_buckets, has_rows,
                                 scratch, stream);
-  // insert and insert_and_evict run by tiles (tile_run.h), unless
-  // DEMB_CUDA_RUN_LANES=1 asks for a thread per run. The tiles find the
-  // resident keys of their runs themselves; the prefind looks up the others.
-  const int lanes = tile_lanes(t, total_buckets);
+  // insert and insert_and_evict run by tiles (tile_run.h) where the runs are
+  // long enough to share a tile's lanes, else a thread per run (tile_lanes).
+  // The tiles find the resident keys of their runs themselves; the prefind
+  // looks up the others.
+  const int lanes = tile_lanes(t, n, total_buckets);
   const bool tiles = lanes > 1 && (r.op == RunOp::kInsert || r.op == RunOp::kInsertEvict);
   int32_t* wide = nullptr;
   if (tiles) {

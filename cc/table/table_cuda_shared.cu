@@ -108,13 +108,15 @@ int find_lanes() {
   return lanes == 1 ? 16 : lanes;
 }
 
-int tile_lanes(const TableRef& t, int64_t total_buckets) {
+int tile_lanes(const TableRef& t, int64_t n, int64_t total_buckets) {
   static const int lanes = [] {
     const int x = lanes_from_env("DEMB_CUDA_RUN_LANES", 0);
     return x == 1 || x == 4 || x == 8 || x == 16 || x == 32 ? x : 0;
   }();
   if (lanes) return lanes;
-  return total_buckets > 0 && t.num_slots / total_buckets > 256 ? 32 : 8;
+  if (total_buckets <= 0) return 8;
+  if (n < kTileMinKeysPerBucket * total_buckets) return 1;
+  return t.num_slots / total_buckets > 256 ? 32 : 8;
 }
 
 void read_timer(int64_t* now, cudaStream_t stream) {

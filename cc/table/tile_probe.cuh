@@ -118,10 +118,14 @@ int find_lanes();
 
 /// Lanes per run of insert and insert_and_evict, from DEMB_CUDA_RUN_LANES
 /// (read once): 4, 8, 16 or 32 lanes of a tile (tile_run.h), 1 for one thread per
-/// run with the victim hints (the earlier kernel, for timing against it);
-/// unset or anything else: 32 lanes for tables whose buckets are wider than
-/// 256 slots on average, 8 otherwise. erase and place run one thread per run.
-int tile_lanes(const TableRef& t, int64_t total_buckets);
+/// run with the victim hints (the earlier kernel); unset or anything else:
+/// one thread per run for a call of fewer than kTileMinKeysPerBucket keys a
+/// bucket on average (runs of a key or two, where a tile's lanes only wait),
+/// else 32 lanes for tables whose buckets are wider than 256 slots on average,
+/// 8 otherwise. Every choice gives the same slots (the parity tests run each).
+/// erase and place run one thread per run.
+inline constexpr int64_t kTileMinKeysPerBucket = 4;
+int tile_lanes(const TableRef& t, int64_t n, int64_t total_buckets);
 
 /// Calls f(std::integral_constant<int, L>{}) for L == lanes, L one of Ls,
 /// else for L == 16: the one switch from a lane count to a kernel instance.

@@ -31,7 +31,7 @@ from dynamicemb.checkpoint.layout import (
 from dynamicemb.io import Group, dtypes, fs
 from dynamicemb.io import files as io_files
 from dynamicemb.io.files import CHECKSUM_BLOCK_BYTES, IO_THREADS, chunk_rows, host_bytes
-from dynamicemb.shard.tables import TableRef, model_tables, select
+from dynamicemb.shard.tables import TableRef, model_tables, select, synchronize
 
 log = logging.getLogger("dynamicemb.checkpoint")
 
@@ -205,8 +205,7 @@ def dump(
     refs = tables_of(model, table_names, group, "DynamicEmbDump")
     if refs is None:
         return None
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    synchronize(refs)
     error, tmp = None, None
     try:
         path = fs.at(path)  # the one resolution of the path to its filesystem

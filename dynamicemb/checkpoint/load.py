@@ -75,7 +75,7 @@ from dynamicemb.io import Group, embeddings, fs
 from dynamicemb.io import files as io_files
 from dynamicemb.io.files import IO_THREADS, chunk_rows
 from dynamicemb.shard.routing import route_keys
-from dynamicemb.shard.tables import TableRef
+from dynamicemb.shard.tables import TableRef, synchronize
 
 log = logging.getLogger("dynamicemb.checkpoint")
 
@@ -487,8 +487,7 @@ def apply_all(
     """Step 3: every plan's rows into its table (and ``counters``, what
     ``_read_counter`` returned per plan, into its admission counter), on
     every rank or on none. Returns (stored, dropped) per plan."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    synchronize([p.ref for p in plans])
     counters = counters or [None] * len(plans)
     tables = {id(p.ref.rows): p.ref.rows for p in plans}
     snapshots, results, error = {}, [], None

@@ -38,15 +38,13 @@ import contextvars
 import warnings
 from typing import Any
 
-import torch
-
 from dynamicemb._warnings import warn_once
 from dynamicemb.checkpoint.dcp import my_shards, received_rows, virtual_shards
 from dynamicemb.checkpoint.dump import check_world, group_of, table_meta
 from dynamicemb.checkpoint.layout import TableMeta
 from dynamicemb.checkpoint.load import _Plan, apply_all, check_meta
 from dynamicemb.io import Group
-from dynamicemb.shard.tables import TableRef, model_tables
+from dynamicemb.shard.tables import TableRef, model_tables, synchronize
 
 __all__ = ["ENTRY", "MODEL_STATE_ROWS", "TableRowsEntry", "state_dict_without_rows"]
 
@@ -126,8 +124,7 @@ class _ModelStateRows:
             return
         group = _group(module, SAVE_CALL)
         check_world(refs, group)
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
+        synchronize(refs)
         for ref in refs:
             meta = table_meta(ref, _saves_state(ref), world=0, shards=[])
             items: dict[str, Any] = {META: meta.encode().decode()}

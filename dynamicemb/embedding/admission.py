@@ -144,8 +144,7 @@ class ModuleAdmission:
         m = self.module
         keys, tids = su.keys, su.table_ids
         status, per_table = self.admitter.admit_padded(keys, tids, su.counts, m.storage.key_table())
-        m.stats.add(StatCol.ADMISSIONS, per_table[:, 0])
-        m.stats.add(StatCol.REJECTIONS, per_table[:, 1])
+        m.stats.add_columns(StatCol.ADMISSIONS, per_table)  # and REJECTIONS, the next column
         lookup = status <= int(enums.Admission.ADMITTED)  # stored or admitted
         rows = self.find_or_insert(keys, tids, counts, step, su.num_unique, lookup=lookup)
         return self._fill_rejected(rows, status == int(enums.Admission.REJECTED), keys, tids)

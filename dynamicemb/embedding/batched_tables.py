@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch.profiler import record_function
 
-from dynamicemb._checks import as_int, as_tensor
+from dynamicemb._checks import as_int
 from dynamicemb.dynamicemb_config import (
     DynamicEmbCheckMode,
     DynamicEmbPoolingMode,
@@ -32,7 +32,7 @@ from dynamicemb.embedding.cuda_graphs import (
     graphs_enabled_by_default,
 )
 from dynamicemb.embedding.initializer import MultiTableInitializer
-from dynamicemb.embedding.inputs import check_batch_values
+from dynamicemb.embedding.inputs import check_forward_inputs
 from dynamicemb.embedding.insert_failures import InsertFailures
 from dynamicemb.embedding.module_warnings import (
     default_optimizer,
@@ -307,7 +307,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             self._table_ids_to_end = torch.arange(n + 1, device=self.device)
         self._row_init = ModuleRowInit(
             self,
-            torch.tensor(self.initializer_table_ids, dtype=torch.int64, device=self.device),
+            None  # each table's own id: no per-key lookup of it in a step
+            if self.initializer_table_ids == list(range(n))
+            else torch.tensor(self.initializer_table_ids, dtype=torch.int64, device=self.device),
             {
                 False: MultiTableInitializer([o.initializer_args for o in self.table_options]),
                 True: MultiTableInitializer([o.eval_initializer_args for o in self.table_options]),
@@ -660,61 +662,9 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
         )[1]
 
     def _check_inputs(self, indices, offsets, frequency_counters, pooling_weights):
-        """Checks forward's arguments (types, shapes, devices, then, with
-        ``check_values``, values, in one host synchronization) and returns them
-        on the module's device:
-        indices and offsets as int64, frequency counters as int64, weights as
-        given. Raises naming the argument; nothing has changed yet."""
-        ints = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
-        as_tensor(indices, "indices", dtypes=ints, dim=1)
-        as_tensor(offsets, "offsets", dtypes=ints, dim=1)
-        num_features = len(self.feature_table_map)
-        if offsets.numel() < 1 or (offsets.numel() - 1) % num_features:
-            raise ValueError(
-                f"offsets has {offsets.numel()} entries, not num_features ({num_features}) * "
-                "batch_size + 1"
-            )
-        n = indices.numel()
-        if pooling_weights is not None:
-            as_tensor(pooling_weights, "pooling_weights", dim=1)
-            if self.pooling_mode != DynamicEmbPoolingMode.SUM:
-                raise ValueError(
-                    f"pooling_weights need pooling mode SUM, got {self.pooling_mode.name}"
-                )
-            if pooling_weights.dtype != torch.float32:
-                raise ValueError(f"pooling_weights must be float32, got {pooling_weights.dtype}")
-            if pooling_weights.numel() != n:
-                raise ValueError(
-                    f"pooling_weights has {pooling_weights.numel()} entries for {n} indices"
-                )
-            if pooling_weights.requires_grad and torch.is_grad_enabled():
-                raise ValueError(
-                    "pooling_weights must not require grad while grad mode is enabled: no "
-                    "gradient is computed for them"
-                )
-            if frequency_counters is not None:
-                raise ValueError("pass either pooling_weights or frequency_counters, not both")
-        if frequency_counters is not None:
-            as_tensor(
-                frequency_counters,
-                "frequency_counters",
-                dtypes=ints + (torch.float32, torch.float64, torch.float16, torch.bfloat16),
-                dim=1,
-            )
-            if frequency_counters.numel() != n:
-                raise ValueError(
-                    f"frequency_counters has {frequency_counters.numel()} entries for {n} indices"
-                )
-        dev = self.device
-        indices = indices.to(dev).long().contiguous()
-        offsets = offsets.to(dev).long().contiguous()
-        weights = None if pooling_weights is None else pooling_weights.to(dev).contiguous()
-        freq = None if frequency_counters is None else frequency_counters.to(dev).contiguous()
-        if self.check_values:
-            check_batch_values(indices, offsets, freq, weights)
-        if freq is not None:
-            freq = freq.long() if freq.is_floating_point() else freq.to(torch.int64)
-        return indices, offsets, freq, weights
+        """Forward's arguments checked and on the module's device
+        (``dynamicemb.embedding.inputs.check_forward_inputs``)."""
+        return check_forward_inputs(self, indices, offsets, frequency_counters, pooling_weights)
 
     def _rows_train(self, su, counts, padded: bool, step):
         """(rows, fill) of the distinct keys ``su`` (a padded batch when
@@ -753,9 +703,8 @@ class BatchedDynamicEmbeddingTablesV2(torch.nn.Module):
             # storage raising: dynamicemb.storage.cache): the step did not happen.
             self.step -= 1
             raise
-        valid = lookup if lookup is not None else valid
-        failed = rows == -1  # an insert failed (REFUSED_ROW, a refusal, is no failure)
-        self._failures.count(failed if valid is None else failed & valid, tids)
+        # Rows at -1: an insert failed (REFUSED_ROW, a refusal, is no failure).
+        self._failures.count(rows, tids, lookup if lookup is not None else valid)
         if self.refusal is not None:
             self.refusal.count(rows, tids)
         return rows

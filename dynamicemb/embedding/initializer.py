@@ -191,7 +191,7 @@ class MultiTableInitializer:
         keys: torch.Tensor,
         table_ids: torch.Tensor,
         dims: Sequence[int],
-        generator_table_ids: torch.Tensor,
+        generator_table_ids: torch.Tensor | None,
         seed: int,
         element_type: int,
         state: Callable[["InitGroup"], tuple[int, tuple[int, float]]] | None = None,
@@ -211,7 +211,7 @@ class MultiTableInitializer:
                 fill (``init_rows_at``'s ``state_dim``, ``state_fill``);
                 None: rows without state.
         """
-        init_ids = generator_table_ids[table_ids]
+        init_ids = _generator_ids(table_ids, generator_table_ids)
         groups = self.groups(dims, keys.device)
         for g in groups:
             sdim, fill = (0, (0, 0.0)) if state is None else state(g)
@@ -243,7 +243,7 @@ class MultiTableInitializer:
             seed (int): the generator's seed.
         """
         out = torch.zeros(keys.numel(), max(int(d) for d in dims), device=keys.device)
-        init_ids = table_ids if generator_table_ids is None else generator_table_ids[table_ids]
+        init_ids = _generator_ids(table_ids, generator_table_ids)
         groups = self.groups(dims, keys.device)
         for g in groups:
             if len(groups) == 1:
@@ -252,3 +252,9 @@ class MultiTableInitializer:
             sel = torch.isin(table_ids, g.tables)
             out[sel, : g.dim] = init_rows(keys[sel], g.dim, g.args, init_ids[sel], seed)
         return out
+
+
+def _generator_ids(table_ids: torch.Tensor, generator_table_ids: torch.Tensor | None):
+    """The table id each key's rows are generated with: its table's entry of
+    ``generator_table_ids``, or its table id itself where that is None."""
+    return table_ids if generator_table_ids is None else generator_table_ids[table_ids]

@@ -10,6 +10,8 @@ import enum
 
 import torch
 
+from dynamicemb._checks import as_tensor
+from dynamicemb.dynamicemb_config import DynamicEmbPoolingMode
 from dynamicemb.table import ops, reserved_key_error
 
 # What a batch's weights are, the rule each follows, and that rule's code in
@@ -67,3 +69,61 @@ def check_batch_values(indices, offsets, freq, weights) -> None:
             ("frequency_counters", freq) if freq is not None else ("pooling_weights", weights)
         )
         raise ValueError(f"{name} must be {WEIGHT_RULES[kind]}, got {bad[a].item()} at index {a}")
+
+
+def check_forward_inputs(module, indices, offsets, frequency_counters, pooling_weights):
+    """Checks a ``BatchedDynamicEmbeddingTablesV2`` forward's arguments
+    (types, shapes, devices, then, with ``check_values``, values, in one host
+    synchronization) and returns them on the module's device: indices and
+    offsets as int64, frequency counters as int64, weights as given. Raises
+    naming the argument; nothing has changed yet."""
+    ints = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+    as_tensor(indices, "indices", dtypes=ints, dim=1)
+    as_tensor(offsets, "offsets", dtypes=ints, dim=1)
+    num_features = len(module.feature_table_map)
+    if offsets.numel() < 1 or (offsets.numel() - 1) % num_features:
+        raise ValueError(
+            f"offsets has {offsets.numel()} entries, not num_features ({num_features}) * "
+            "batch_size + 1"
+        )
+    n = indices.numel()
+    if pooling_weights is not None:
+        as_tensor(pooling_weights, "pooling_weights", dim=1)
+        if module.pooling_mode != DynamicEmbPoolingMode.SUM:
+            raise ValueError(
+                f"pooling_weights need pooling mode SUM, got {module.pooling_mode.name}"
+            )
+        if pooling_weights.dtype != torch.float32:
+            raise ValueError(f"pooling_weights must be float32, got {pooling_weights.dtype}")
+        if pooling_weights.numel() != n:
+            raise ValueError(
+                f"pooling_weights has {pooling_weights.numel()} entries for {n} indices"
+            )
+        if pooling_weights.requires_grad and torch.is_grad_enabled():
+            raise ValueError(
+                "pooling_weights must not require grad while grad mode is enabled: no "
+                "gradient is computed for them"
+            )
+        if frequency_counters is not None:
+            raise ValueError("pass either pooling_weights or frequency_counters, not both")
+    if frequency_counters is not None:
+        as_tensor(
+            frequency_counters,
+            "frequency_counters",
+            dtypes=ints + (torch.float32, torch.float64, torch.float16, torch.bfloat16),
+            dim=1,
+        )
+        if frequency_counters.numel() != n:
+            raise ValueError(
+                f"frequency_counters has {frequency_counters.numel()} entries for {n} indices"
+            )
+    dev = module.device
+    indices = indices.to(dev).long().contiguous()
+    offsets = offsets.to(dev).long().contiguous()
+    weights = None if pooling_weights is None else pooling_weights.to(dev).contiguous()
+    freq = None if frequency_counters is None else frequency_counters.to(dev).contiguous()
+    if module.check_values:
+        check_batch_values(indices, offsets, freq, weights)
+    if freq is not None:
+        freq = freq.long() if freq.is_floating_point() else freq.to(torch.int64)
+    return indices, offsets, freq, weights

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 
 from dynamicemb.dynamicemb_config import DynamicEmbCheckMode
+from dynamicemb.table import ops
 
 
 def _rank() -> str:
@@ -72,13 +73,18 @@ class InsertFailures:
         self._event = torch.cuda.Event() if pin else None
         self._copying = False
 
-    def count(self, failed: torch.Tensor, table_ids: torch.Tensor) -> None:
-        """Counts a step's failed keys (``failed`` (u) bool, ``table_ids`` (u)
-        int64 in range); WARNING and ERROR read them now (see the module doc)."""
+    def count(
+        self, rows: torch.Tensor, table_ids: torch.Tensor, valid: torch.Tensor | None
+    ) -> None:
+        """Counts a step's failed keys: the entries of ``rows`` (u) int64 at -1
+        (an insert failed) that ``valid`` ((u) bool, None: all) marks, by
+        ``table_ids`` (u) int64 in range, in one op (``count_failures``);
+        WARNING and ERROR read them now (see the module doc)."""
         if self.mode == DynamicEmbCheckMode.IGNORE:
-            self.counts.index_add_(0, table_ids, failed.to(torch.int64))
+            ops().count_failures(self.counts, rows, table_ids, valid)
             return
-        step = torch.zeros_like(self.counts).index_add_(0, table_ids, failed.to(torch.int64))
+        step = torch.zeros_like(self.counts)
+        ops().count_failures(step, rows, table_ids, valid)
         self.counts += step
         per_table = step.tolist()  # the mode's one synchronization a step
         failing = [t for t, n in enumerate(per_table) if n]

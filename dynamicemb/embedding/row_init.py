@@ -38,15 +38,19 @@ class ModuleRowInit(RowInit):
     Args:
         module (BatchedDynamicEmbeddingTablesV2): its dims, seed, optimizer,
             embedding dtype and device.
-        table_ids (torch.Tensor): (num_tables) int64 on the module's device,
-            the table ids a key's first row depends on
-            (``initializer_table_ids``).
+        table_ids (torch.Tensor | None): (num_tables) int64 on the module's
+            device, the table ids a key's first row depends on
+            (``initializer_table_ids``); None where each table's is its own
+            (no per-key lookup of them in a step).
         initializers (dict): ``{False: the training initializer, True: the eval
             initializer}`` (``MultiTableInitializer``).
     """
 
     def __init__(
-        self, module, table_ids: torch.Tensor, initializers: dict[bool, MultiTableInitializer]
+        self,
+        module,
+        table_ids: torch.Tensor | None,
+        initializers: dict[bool, MultiTableInitializer],
     ) -> None:
         self.module = module
         self.table_ids = table_ids

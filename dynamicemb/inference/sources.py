@@ -19,15 +19,12 @@ from dynamicemb.checkpoint.read import (
     read_shard,
     table_meta,
 )
-from dynamicemb.dynamicemb_config import DynamicEmbScoreStrategy
 from dynamicemb.inference.formats import RowFormat
 from dynamicemb.replication.delta import (
     DeltaError,
-    check_delta_checksum,
-    check_delta_keys,
+    check_delta_intact,
     check_delta_meta,
-    check_delta_values,
-    delta_column,
+    check_delta_rows,
 )
 from dynamicemb.replication.follow import chain_error
 
@@ -198,21 +195,8 @@ def check_table_delta(
         raise ValueError(
             f"{what}: the delta's table has dim {theirs}, the inference table's is {dim}"
         )
-    keys = delta_column(entry, "keys", 1, what, torch.int64)
-    check_delta_checksum(entry, what)
-    values = check_delta_values(entry, keys.numel(), dim, what)
-    removals = [
-        delta_column(entry, c, 1, what, torch.int64, optional=True)
-        for c in ("erased_keys", "evicted_keys")
-    ]
-    strategies = meta["table_options"].score_strategies()
-    if removals[1] is None and DynamicEmbScoreStrategy.NO_EVICTION not in strategies:
-        raise ValueError(
-            f"{what}: the delta has no evicted_keys: its source does not retain evictions, so an "
-            "inference table cannot remove what it evicted (set evicted_item_mode=RETAIN_KEY on "
-            "the source table)"
-        )
-    check_delta_keys(keys, what)
+    keys = check_delta_intact(entry, what)
+    values, *removals = check_delta_rows(entry, keys, dim, what, by_key="an inference table")
     if meta.get("rank") is not None:
         raise DeltaError(
             f"{what}: delta {meta.get('sequence')} holds the keys of rank {meta['rank']} only; an "

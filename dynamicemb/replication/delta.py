@@ -36,6 +36,7 @@ from typing import Any
 import torch
 
 from dynamicemb._checks import is_int
+from dynamicemb.dynamicemb_config import DynamicEmbScoreStrategy
 from dynamicemb.io.dtypes import dtype_name
 from dynamicemb.table import check_keys, first_repeat
 
@@ -44,8 +45,10 @@ __all__ = [
     "DeltaDumpResult",
     "DeltaError",
     "check_delta_checksum",
+    "check_delta_intact",
     "check_delta_keys",
     "check_delta_meta",
+    "check_delta_rows",
     "check_delta_values",
     "delta_checksum",
     "delta_column",
@@ -290,3 +293,50 @@ def check_delta_keys(keys: torch.Tensor, what: str) -> None:
     check_keys(keys, f"{what}: the delta's keys")
     if first_repeat(keys) is not None:
         raise ValueError(f"{what}: the delta holds a key twice")
+
+
+def check_delta_intact(entry: dict[str, Any], what: str) -> torch.Tensor:
+    """A table's delta's keys, (N) int64, with the delta checked against its
+    checksum where it has one: what every replay reads first.
+
+    Raises:
+        DeltaError: the delta is corrupted.
+        ValueError: keys that are not an int64 vector.
+    """
+    keys = delta_column(entry, "keys", 1, what, torch.int64)
+    check_delta_checksum(entry, what)
+    return keys
+
+
+def check_delta_rows(
+    entry: dict[str, Any], keys: torch.Tensor, dim: int, what: str, by_key: str | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """A table's delta's rows for its ``keys`` (``check_delta_intact``),
+    checked as every replay reads them: (N, ``dim``) floating-point values,
+    and the erased and evicted keys where present. A delta written by key
+    (``by_key`` names the reader) needs the keys its source evicted unless
+    the source is NO_EVICTION (a reader by key cannot see an eviction
+    happen), and no reserved or repeated key.
+
+    Returns:
+        (values, erased_keys, evicted_keys), None where absent.
+
+    Raises:
+        ValueError: a malformed column (named), missing evicted keys, a
+            reserved or repeated key.
+    """
+    values = check_delta_values(entry, keys.numel(), dim, what)
+    erased, evicted = (
+        delta_column(entry, c, 1, what, torch.int64, optional=True)
+        for c in ("erased_keys", "evicted_keys")
+    )
+    if by_key is not None:
+        strategies = entry["meta"]["table_options"].score_strategies()
+        if evicted is None and DynamicEmbScoreStrategy.NO_EVICTION not in strategies:
+            raise ValueError(
+                f"{what}: the delta has no evicted_keys: its source does not retain evictions, "
+                f"so {by_key} cannot remove what it evicted (set evicted_item_mode=RETAIN_KEY "
+                "on the source table)"
+            )
+        check_delta_keys(keys, what)
+    return values, erased, evicted

@@ -40,10 +40,9 @@ from dynamicemb.dynamicemb_config import ReplayContent
 from dynamicemb.replication.delta import (
     DeltaDumpResult,
     DeltaError,
-    check_delta_checksum,
-    check_delta_keys,
+    check_delta_intact,
     check_delta_meta,
-    check_delta_values,
+    check_delta_rows,
     delta_column,
 )
 from dynamicemb.replication.follow import chain_error
@@ -106,9 +105,8 @@ def _check_entry(ref: TableRef, entry: dict[str, Any], content: ReplayContent, b
         raise NotImplementedError(
             f"replay: {ref.label}: the delta comes from a table with dist_type='continuous'"
         )
-    keys = delta_column(entry, "keys", 1, what, torch.int64)
+    keys = check_delta_intact(entry, what)
     n = keys.numel()
-    check_delta_checksum(entry, what)
     m, t = ref.rows, ref.index
     mismatch = layout_mismatch(ref, meta)
     if not by_key and mismatch is not None:
@@ -125,7 +123,8 @@ def _check_entry(ref: TableRef, entry: dict[str, Any], content: ReplayContent, b
                 f"layout mismatch, table_options.{field}: delta {getattr(opts, field)}, table "
                 f"{getattr(mine, field)}",
             )
-    check_delta_values(entry, n, m.dims[t], what)
+    reader = "a replica of another layout" if by_key else None
+    check_delta_rows(entry, keys, m.dims[t], what, by_key=reader)
     scores = delta_column(entry, "scores", 2, what, torch.int64, rows=n)
     num_scores = m.layout_of(t)["num_scores"]
     if scores.shape[1] != num_scores or meta["num_scores"] != num_scores:
@@ -142,15 +141,6 @@ def _check_entry(ref: TableRef, entry: dict[str, Any], content: ReplayContent, b
                 f"the delta holds {got} optimizer state, the table's is {sd} wide; replay without "
                 "ReplayContent.OPTIMIZER_STATE to reset taken-over rows instead",
             )
-    for column in ("erased_keys", "evicted_keys"):
-        delta_column(entry, column, 1, what, torch.int64, optional=True)
-    if by_key and not m.no_eviction and entry["evicted_keys"] is None:
-        raise _fail(
-            ref,
-            "the delta has no evicted_keys: its source does not retain evictions, so a replica "
-            "of another layout cannot remove what it evicted (set evicted_item_mode=RETAIN_KEY "
-            "on the source table)",
-        )
     mine_keys = owned(ref, keys)
     if not by_key:
         slots = meta.get("slot_index")
@@ -162,8 +152,6 @@ def _check_entry(ref: TableRef, entry: dict[str, Any], content: ReplayContent, b
             cap = m.layout_of(t)["row_capacity"][0]
             if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= cap):
                 raise _fail(ref, f"the delta's rows are not all in [0, {cap})")
-    else:
-        check_delta_keys(keys, what)
     return meta.get("sequence")
 
 

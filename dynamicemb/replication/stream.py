@@ -56,7 +56,6 @@ from dynamicemb.replication.stream_files import (
     write_delta,
 )
 from dynamicemb.shard.tables import collection_key, model_tables
-from dynamicemb.types import ReplayStats
 
 __all__ = [
     "CHECKPOINT_DIR",
@@ -318,12 +317,8 @@ class ModelReplica(StreamReplica):
                     return True
         return False
 
-    def apply_stream_delta(
-        self,
-        deltas: dict[str, DeltaDumpResult],
-        lineage: list[list[int]],
-        switch_from: int | None,
-    ) -> dict[str, dict[str, ReplayStats]]:
+    def apply_stream_delta(self, deltas, lineage, switch_from):
+        # Arguments, result and refusals: StreamReplica.apply_stream_delta.
         check_follows(self.model, deltas, switch_from=switch_from)
         replay = replay_by_key if self._by_key(deltas) else replay_increment
         stats = replay(self.model, deltas, self.content)

@@ -10,6 +10,7 @@ collection keeps TorchRec's sharding, kernel and state dict.
 
 import inspect
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -137,6 +138,7 @@ class _DynamicTablesMixin:
     own sharding (``DYNAMICEMB_SHARDING_KEY``), and no dense weights for them.
 
     Each class names its TorchRec parent (``_TORCHREC_CLASS``), the
+    sharding of its dynamic tables (``_DYNAMIC_SHARDING``), the
     unsharded module's method listing its table configs
     (``_MODULE_CONFIGS``), its own attribute holding them
     (``_CONFIGS_ATTR``) and its key in the state dict
@@ -144,6 +146,7 @@ class _DynamicTablesMixin:
     """
 
     _TORCHREC_CLASS: type[Any]
+    _DYNAMIC_SHARDING: type[Any]
     _FUSED_PARAMS_ARG: int
     _MODULE_CONFIGS: str
     _CONFIGS_ATTR: str
@@ -195,6 +198,34 @@ class _DynamicTablesMixin:
             _collection_table_ids(
                 getattr(module, cls._MODULE_CONFIGS)(), table_name_to_parameter_sharding
             ),
+        )
+
+    @classmethod
+    def _create_sharding(
+        cls,
+        dynamic: bool,
+        parent: Callable[..., Any],
+        sharding_infos: list[EmbeddingShardingInfo],
+        env: ShardingEnv,
+        device: torch.device | None,
+        qcomm_codecs_registry: dict[str, Any] | None,
+        **theirs: Any,
+    ) -> Any:
+        """The sharding of one group of tables (TorchRec's
+        ``create_embedding_sharding`` / ``create_embedding_bag_sharding``):
+        ``_DYNAMIC_SHARDING`` for the ``dynamic`` group, else ``parent``'s
+        (the TorchRec method overridden, given ``theirs``, the arguments
+        only it reads)."""
+        if dynamic:
+            return cls._DYNAMIC_SHARDING(
+                sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
+            )
+        return parent(
+            sharding_infos=sharding_infos,
+            env=env,
+            device=device,
+            qcomm_codecs_registry=qcomm_codecs_registry,
+            **theirs,
         )
 
     def input_dist(self, ctx: Any, features: Any) -> Any:
@@ -301,6 +332,7 @@ class ShardedDynamicEmbeddingCollection(_DynamicTablesMixin, ShardedEmbeddingCol
     """
 
     _TORCHREC_CLASS = ShardedEmbeddingCollection
+    _DYNAMIC_SHARDING = DynamicEmbRwSequenceEmbeddingSharding
     _FUSED_PARAMS_ARG = 0  # of create_grouped_sharding_infos' positional arguments
     _MODULE_CONFIGS = "embedding_configs"
     _CONFIGS_ATTR = "_embedding_configs"
@@ -315,16 +347,14 @@ class ShardedDynamicEmbeddingCollection(_DynamicTablesMixin, ShardedEmbeddingCol
         device: torch.device | None = None,
         qcomm_codecs_registry: dict[str, Any] | None = None,
     ):
-        if sharding_type == DYNAMICEMB_SHARDING_KEY:
-            return DynamicEmbRwSequenceEmbeddingSharding(
-                sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
-            )
-        return super().create_embedding_sharding(
+        return cls._create_sharding(
+            sharding_type == DYNAMICEMB_SHARDING_KEY,
+            super().create_embedding_sharding,
+            sharding_infos,
+            env,
+            device,
+            qcomm_codecs_registry,
             sharding_type=sharding_type,
-            sharding_infos=sharding_infos,
-            env=env,
-            device=device,
-            qcomm_codecs_registry=qcomm_codecs_registry,
         )
 
     def _create_hash_size_info(self, *args: Any, **kwargs: Any) -> None:
@@ -367,6 +397,7 @@ class ShardedDynamicEmbeddingBagCollection(_DynamicTablesMixin, ShardedEmbedding
     """
 
     _TORCHREC_CLASS = ShardedEmbeddingBagCollection
+    _DYNAMIC_SHARDING = DynamicEmbRwPooledEmbeddingSharding
     _MODULE_CONFIGS = "embedding_bag_configs"
     _CONFIGS_ATTR = "_embedding_bag_configs"
     STATE_DICT_COLLECTION = "embedding_bags"
@@ -381,16 +412,16 @@ class ShardedDynamicEmbeddingBagCollection(_DynamicTablesMixin, ShardedEmbedding
         permute_embeddings: bool = False,
         qcomm_codecs_registry: dict[str, Any] | None = None,
     ):
-        if sharding_infos and is_dynamicemb_sharding(sharding_infos[0].param_sharding):
-            return DynamicEmbRwPooledEmbeddingSharding(
-                sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry
-            )
-        return super().create_embedding_bag_sharding(
-            sharding_infos=sharding_infos,
-            env=env,
-            device=device,
+        # The dynamic tables come as one group of their own
+        # (_separate_dynamic_tables): its first table says which group it is.
+        return cls._create_sharding(
+            bool(sharding_infos) and is_dynamicemb_sharding(sharding_infos[0].param_sharding),
+            super().create_embedding_bag_sharding,
+            sharding_infos,
+            env,
+            device,
+            qcomm_codecs_registry,
             permute_embeddings=permute_embeddings,
-            qcomm_codecs_registry=qcomm_codecs_registry,
         )
 
 
@@ -475,6 +506,32 @@ class _DynamicSharderMixin:
             return self.fused_params
         return {**(self.fused_params or {}), STATIC_FUSED_PARAMS: self.static_fused_params}
 
+    def _sharded_module_args(self) -> dict[str, Any]:
+        """The sharded module's constructor arguments that only one
+        collection's takes (TorchRec's sharder passes them likewise)."""
+        raise NotImplementedError
+
+    def shard(
+        self,
+        module: Any,
+        params: dict[str, ParameterSharding],
+        env: ShardingEnv,
+        device: torch.device | None = None,
+        module_fqn: str | None = None,
+    ) -> Any:
+        # TorchRec's shard, with the sharded module of dynamic tables
+        # (sharded_module_type) and the fused_params it reads.
+        return self.sharded_module_type(
+            module=module,
+            table_name_to_parameter_sharding=params,
+            env=env,
+            fused_params=self._module_fused_params(),
+            device=device,
+            qcomm_codecs_registry=self.qcomm_codecs_registry,
+            module_fqn=module_fqn,
+            **self._sharded_module_args(),
+        )
+
     def sharding_types(self, compute_device_type: str) -> list[str]:
         return _with_row_wise(super().sharding_types(compute_device_type))
 
@@ -518,24 +575,8 @@ class DynamicEmbeddingCollectionSharder(_DynamicSharderMixin, EmbeddingCollectio
         )
     """
 
-    def shard(
-        self,
-        module: Any,
-        params: dict[str, ParameterSharding],
-        env: ShardingEnv,
-        device: torch.device | None = None,
-        module_fqn: str | None = None,
-    ) -> ShardedDynamicEmbeddingCollection:
-        return ShardedDynamicEmbeddingCollection(
-            module,
-            params,
-            env,
-            self._module_fused_params(),
-            device,
-            qcomm_codecs_registry=self.qcomm_codecs_registry,
-            use_index_dedup=self._use_index_dedup,
-            module_fqn=module_fqn,
-        )
+    def _sharded_module_args(self) -> dict[str, Any]:
+        return {"use_index_dedup": self._use_index_dedup}
 
     @property
     def sharded_module_type(self) -> type[ShardedDynamicEmbeddingCollection]:
@@ -563,28 +604,9 @@ class DynamicEmbeddingBagCollectionSharder(_DynamicSharderMixin, EmbeddingBagCol
         model = DistributedModelParallel(model, plan=plan, sharders=[sharder])
     """
 
-    def shard(
-        self,
-        module: Any,
-        params: dict[str, ParameterSharding],
-        env: ShardingEnv,
-        device: torch.device | None = None,
-        module_fqn: str | None = None,
-    ) -> ShardedDynamicEmbeddingBagCollection:
-        kwargs: dict[str, Any] = {}
+    def _sharded_module_args(self) -> dict[str, Any]:
         order = getattr(self, "_sharded_module_order_overwrite", None)
-        if order is not None:
-            kwargs["sharded_module_order_overwrite"] = order
-        return ShardedDynamicEmbeddingBagCollection(
-            module=module,
-            table_name_to_parameter_sharding=params,
-            env=env,
-            fused_params=self._module_fused_params(),
-            device=device,
-            qcomm_codecs_registry=self.qcomm_codecs_registry,
-            module_fqn=module_fqn,
-            **kwargs,
-        )
+        return {} if order is None else {"sharded_module_order_overwrite": order}
 
     @property
     def sharded_module_type(self) -> type[ShardedDynamicEmbeddingBagCollection]:

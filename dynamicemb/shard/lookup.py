@@ -14,7 +14,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torchrec.distributed.embedding_kernel import BaseEmbedding
 from torchrec.distributed.embedding_lookup import (
     GroupedEmbeddingsLookup,
@@ -214,122 +213,88 @@ class DynamicEmbeddingKernel(BaseEmbedding):
         self._emb_module.purge()
 
 
-def _prefetch(lookup: Any, sparse_features: KeyedJaggedTensor, forward_stream: Any) -> None:
-    """A lookup's prefetch: each group's share of the features to its kernel
-    (TorchRec's sharded module calls it from its prefetch hook, which
-    ``TrainPipelinePrefetch`` runs for the next batch)."""
-    if not lookup._emb_modules:
-        return
-    for kernel, features in zip(lookup._emb_modules, sparse_features.split(lookup._feature_splits)):
-        kernel.prefetch(features, forward_stream)
-
-
-def _set_dynamic_kernel_args(
-    lookup: Any,
-    table_options: dict[str, DynamicEmbTableOptions],
-    table_ids: dict[str, int],
-    world_size: int,
-) -> None:
-    # Read by _create_embedding_kernel, which the parent's constructor calls
-    # (before nn.Module's own attributes exist, hence object.__setattr__).
-    object.__setattr__(lookup, "dynamicemb_table_options", dict(table_options))
-    object.__setattr__(lookup, "dynamicemb_table_ids", dict(table_ids))
-    object.__setattr__(lookup, "dynamicemb_world_size", world_size)
-
-
-def _dynamic_kernel(
-    lookup: Any,
-    config: GroupedEmbeddingConfig,
-    pooling: DynamicEmbPoolingMode,
-    device: torch.device | None,
-) -> DynamicEmbeddingKernel:
-    if config.compute_kernel != EmbeddingComputeKernel.CUSTOMIZED_KERNEL:
-        raise ValueError(
-            "a dynamic embedding sharding holds only tables with compute kernel "
-            f"{EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value!r}, got "
-            f"{config.compute_kernel.value!r} for tables "
-            f"{[t.name for t in config.embedding_tables]}"
-        )
-    return DynamicEmbeddingKernel(
-        config,
-        lookup.dynamicemb_table_options,
-        lookup.dynamicemb_table_ids,
-        pooling,
-        lookup.dynamicemb_world_size,
-        device,
-    )
-
-
-class DynamicEmbGroupedEmbeddingsLookup(GroupedEmbeddingsLookup):
-    """TorchRec's sequence lookup with ``DynamicEmbeddingKernel`` groups.
+class _DynamicLookupMixin:
+    """What both dynamic lookups add to TorchRec's grouped lookups: a
+    ``DynamicEmbeddingKernel`` for each group, built with the tables'
+    options, initializer ids and the sharding's world size, and a prefetch.
 
     Args:
-        grouped_configs (List[GroupedEmbeddingConfig]): the rank's groups.
         table_options (Dict[str, DynamicEmbTableOptions]): options by table.
         table_ids (Dict[str, int]): initializer table ids by table.
         world_size (int): ranks of the sharding.
-        pg, device, env: as for ``GroupedEmbeddingsLookup``.
+        **lookup_args: the TorchRec parent's (``grouped_configs``, ``pg``,
+            ``device``, ``env``, and for the pooled lookup
+            ``feature_processor`` and ``sharding_type``).
     """
+
+    _POOLING: DynamicEmbPoolingMode
 
     def __init__(
         self,
-        grouped_configs: list[GroupedEmbeddingConfig],
+        *,
         table_options: dict[str, DynamicEmbTableOptions],
         table_ids: dict[str, int],
         world_size: int,
-        pg: dist.ProcessGroup | None = None,
-        device: torch.device | None = None,
-        env: Any | None = None,
+        **lookup_args: Any,
     ) -> None:
-        _set_dynamic_kernel_args(self, table_options, table_ids, world_size)
-        super().__init__(grouped_configs=grouped_configs, pg=pg, device=device, env=env)
+        # Read by _dynamic_kernel, which the parent's constructor calls
+        # (before nn.Module's own attributes exist, hence object.__setattr__).
+        object.__setattr__(self, "dynamicemb_table_options", dict(table_options))
+        object.__setattr__(self, "dynamicemb_table_ids", dict(table_ids))
+        object.__setattr__(self, "dynamicemb_world_size", world_size)
+        super().__init__(**lookup_args)
+
+    def _dynamic_kernel(
+        self, config: GroupedEmbeddingConfig, device: torch.device | None
+    ) -> DynamicEmbeddingKernel:
+        if config.compute_kernel != EmbeddingComputeKernel.CUSTOMIZED_KERNEL:
+            raise ValueError(
+                "a dynamic embedding sharding holds only tables with compute kernel "
+                f"{EmbeddingComputeKernel.CUSTOMIZED_KERNEL.value!r}, got "
+                f"{config.compute_kernel.value!r} for tables "
+                f"{[t.name for t in config.embedding_tables]}"
+            )
+        return DynamicEmbeddingKernel(
+            config,
+            self.dynamicemb_table_options,
+            self.dynamicemb_table_ids,
+            self._POOLING,
+            self.dynamicemb_world_size,
+            device,
+        )
+
+    def prefetch(self, sparse_features: KeyedJaggedTensor, forward_stream: Any = None) -> None:
+        """Each group's share of the features to its kernel's prefetch
+        (TorchRec's sharded module calls it from its prefetch hook, which
+        ``TrainPipelinePrefetch`` runs for the next batch)."""
+        if not self._emb_modules:
+            return
+        for kernel, features in zip(self._emb_modules, sparse_features.split(self._feature_splits)):
+            kernel.prefetch(features, forward_stream)
+
+
+class DynamicEmbGroupedEmbeddingsLookup(_DynamicLookupMixin, GroupedEmbeddingsLookup):
+    """TorchRec's sequence lookup with ``DynamicEmbeddingKernel`` groups
+    (arguments: ``_DynamicLookupMixin``)."""
+
+    _POOLING = DynamicEmbPoolingMode.NONE
 
     def _create_embedding_kernel(
         self, config: GroupedEmbeddingConfig, pg: Any, device: Any, *args: Any, **kwargs: Any
     ) -> BaseEmbedding:
-        return _dynamic_kernel(self, config, DynamicEmbPoolingMode.NONE, device)
-
-    def prefetch(self, sparse_features: KeyedJaggedTensor, forward_stream: Any = None) -> None:
-        _prefetch(self, sparse_features, forward_stream)
+        return self._dynamic_kernel(config, device)
 
 
-class DynamicEmbGroupedPooledEmbeddingsLookup(GroupedPooledEmbeddingsLookup):
-    """TorchRec's pooled lookup with ``DynamicEmbeddingKernel`` groups.
+class DynamicEmbGroupedPooledEmbeddingsLookup(_DynamicLookupMixin, GroupedPooledEmbeddingsLookup):
+    """TorchRec's pooled lookup with ``DynamicEmbeddingKernel`` groups
+    (arguments: ``_DynamicLookupMixin``)."""
 
-    Arguments as ``DynamicEmbGroupedEmbeddingsLookup``'s, and
-    ``feature_processor`` and ``sharding_type`` as for
-    ``GroupedPooledEmbeddingsLookup``.
-    """
-
-    def __init__(
-        self,
-        grouped_configs: list[GroupedEmbeddingConfig],
-        table_options: dict[str, DynamicEmbTableOptions],
-        table_ids: dict[str, int],
-        world_size: int,
-        device: torch.device | None = None,
-        pg: dist.ProcessGroup | None = None,
-        feature_processor: Any | None = None,
-        sharding_type: Any | None = None,
-        env: Any | None = None,
-    ) -> None:
-        _set_dynamic_kernel_args(self, table_options, table_ids, world_size)
-        super().__init__(
-            grouped_configs=grouped_configs,
-            device=device,
-            pg=pg,
-            feature_processor=feature_processor,
-            sharding_type=sharding_type,
-            env=env,
-        )
+    _POOLING = DynamicEmbPoolingMode.SUM
 
     def _create_embedding_kernel(
         self, config: GroupedEmbeddingConfig, device: Any, *args: Any, **kwargs: Any
     ) -> BaseEmbedding:
-        return _dynamic_kernel(self, config, DynamicEmbPoolingMode.SUM, device)
-
-    def prefetch(self, sparse_features: KeyedJaggedTensor, forward_stream: Any = None) -> None:
-        _prefetch(self, sparse_features, forward_stream)
+        return self._dynamic_kernel(config, device)
 
 
 def named_dynamic_embedding_kernels(

@@ -213,3 +213,11 @@ def resolve(
                 )
             out.append((tables[coll][name], value))
     return out
+
+
+def synchronize(refs: list[TableRef]) -> None:
+    """Waits for the work queued on each CUDA device the tables' rows are on;
+    tables on the CPU touch no CUDA device (a CPU process forked from one that
+    used CUDA cannot)."""
+    for device in {ref.rows.device for ref in refs if ref.rows.device.type == "cuda"}:
+        torch.cuda.synchronize(device)

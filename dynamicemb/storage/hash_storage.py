@@ -47,6 +47,7 @@ from dynamicemb.table import (
     enums,
     first_valid_key,
     no_eviction_key_slots,
+    ops,
 )
 from dynamicemb.types import MemoryType
 
@@ -453,10 +454,14 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
         keys' rows written: ``(slots, offsets)``, -1 where not stored."""
         policies, vals = batch_policies(self.strategies, score, counts)
         slots, status, _ = self.insert(keys, tids, policies, vals, expand=expand, train=True)
-        offsets = self.offsets(slots, tids)
         # Every entry goes to the writer, all but the new keys at -1: no
         # selection of the new keys, whose number only the device knows.
-        self.write_new_rows(torch.where(self._new(status), offsets, -1), keys, tids, init)
+        if self._slot_stride is not None:  # both in one pass
+            offsets, new = ops().slot_rows(slots, status, self._slot_stride, self._found)
+        else:
+            offsets = self.offsets(slots, tids)
+            new = torch.where(self._new(status), offsets, -1)
+        self.write_new_rows(new, keys, tids, init)
         return slots, self.mark_refused(offsets, status)
 
     def mark_refused(self, rows: torch.Tensor, status: torch.Tensor) -> torch.Tensor:

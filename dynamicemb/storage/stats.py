@@ -39,6 +39,9 @@ class StatCol(enum.IntEnum):
         CACHE_MISSES (int): distinct keys the cache tier did not hold.
         REFUSALS (int): new keys not inserted because they were colder than
             their full bucket's lowest (``refuse_cold_keys``).
+
+    ADMISSIONS and REJECTIONS are next to each other: admission adds both in
+    one kernel (``TableStats.add_columns``).
     """
 
     LOOKUPS = 0
@@ -74,6 +77,11 @@ class TableStats:
         """Adds a (num_tables) int64 count to one column (in place: one
         kernel, where ``+=`` on the column would add and copy back)."""
         self.counts[:, col].add_(per_table)
+
+    def add_columns(self, first: StatCol, per_table: torch.Tensor) -> None:
+        """Adds a (num_tables, k) int64 count to the k columns from ``first``
+        on, in one kernel."""
+        self.counts[:, first : first + per_table.shape[1]].add_(per_table)
 
     def count_segments(
         self, col: StatCol, mask: torch.Tensor, table_offsets: torch.Tensor

@@ -3,9 +3,16 @@ flags."""
 
 from collections.abc import Sequence
 
+import torch
+
 from dynamicemb._checks import as_int
 
 IntOrSeq = int | Sequence[int]
+
+# A call's ``scores``, the values its ASSIGN score words take: one int for
+# every word, one int per word, or an int64 tensor of one row or one row per
+# key, num_scores wide (ScoredHashTable._scores reads it).
+ScoreValues = int | Sequence[int] | torch.Tensor
 
 INT64_MIN = -(2**63)
 

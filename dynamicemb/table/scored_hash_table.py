@@ -16,6 +16,7 @@ from dynamicemb._checks import as_int, as_real, as_tensor, device_of, is_int
 from dynamicemb.table._args import (
     INT64_MIN,
     IntOrSeq,
+    ScoreValues,
     _flag,
     _ints,
     _optional_ints,
@@ -270,7 +271,7 @@ class ScoredHashTable:
         self,
         n: int,
         policies: Sequence[int] | None,
-        scores: int | Sequence[int] | torch.Tensor | None,
+        scores: ScoreValues | None,
     ) -> tuple[list[int], torch.Tensor]:
         w = self.num_scores
         if policies is None:
@@ -320,7 +321,7 @@ class ScoredHashTable:
         keys: torch.Tensor,
         table_ids: torch.Tensor | None = None,
         policies: Sequence[int] | None = None,
-        scores: int | Sequence[int] | torch.Tensor | None = None,
+        scores: ScoreValues | None = None,
         update: bool = False,
     ) -> torch.Tensor:
         """Slots of the keys (-1 where absent); with ``update``, applies the
@@ -334,7 +335,7 @@ class ScoredHashTable:
         values: torch.Tensor,
         table_ids: torch.Tensor | None = None,
         policies: Sequence[int] | None = None,
-        scores: int | Sequence[int] | torch.Tensor | None = None,
+        scores: ScoreValues | None = None,
         update: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``find`` fused with the copy of each found key's value row.
@@ -474,7 +475,7 @@ class ScoredHashTable:
         slots: torch.Tensor,
         table_ids: torch.Tensor | None = None,
         policies: Sequence[int] | None = None,
-        scores: int | Sequence[int] | torch.Tensor | None = None,
+        scores: ScoreValues | None = None,
         assign_rows: bool = False,
         checked: bool = False,
     ) -> InsertResult:
@@ -504,7 +505,7 @@ class ScoredHashTable:
             slots = slots.to(self.device).contiguous()
         else:
             keys, table_ids, slots = self.check_place(keys, slots, table_ids)
-        res = self._run(
+        return self._run(
             enums.RunOp.PLACE,
             keys,
             table_ids,
@@ -513,7 +514,6 @@ class ScoredHashTable:
             assign_rows=assign_rows,
             target_slots=slots,
         )
-        return res
 
     def check_place(
         self, keys: torch.Tensor, slots: torch.Tensor, table_ids: torch.Tensor | None = None

@@ -18,6 +18,7 @@ from dynamicemb import (
 from dynamicemb import DynamicEmbInitializerMode as Mode
 from dynamicemb import DynamicEmbPoolingMode as Pool
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
+from dynamicemb.table import ops
 from tests.devices import DEVICES
 from tests.embedding.sync_guard import STEP_READS, cuda_syncs_raise, forbid_host_syncs
 
@@ -173,3 +174,47 @@ def test_cuda_default_report_never_synchronizes():
             torch.cuda.synchronize()  # the copy completes between the steps
     said = _said(caught)
     assert len(said) == 1 and "'user'" in said[0], said
+
+
+def _failure_case(device, n=500, num_tables=5):
+    g = torch.Generator().manual_seed(n)
+    stored = torch.randint(0, 99, (n,), generator=g)
+    rows = torch.where(torch.rand(n, generator=g) < 0.3, -1, stored)
+    rows[:3] = -2  # REFUSED_ROW-like values: no failure
+    tids = torch.randint(0, num_tables, (n,), generator=g)
+    valid = torch.rand(n, generator=g) < 0.7
+    return rows.to(device), tids.to(device), valid.to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("masked", [False, True])
+def test_count_failures_adds_each_tables_rows_at_minus_one(device, masked):
+    """count_failures against index_add: per table, the rows at -1 (those
+    ``valid`` marks), added to what the counters held."""
+    rows, tids, valid = _failure_case(device)
+    counts = torch.arange(5, dtype=torch.int64, device=device) * 100
+    ops().count_failures(counts, rows, tids, valid if masked else None)
+    failed = (rows.cpu() == -1) & (valid.cpu() if masked else True)
+    want = (torch.arange(5) * 100).index_add_(0, tids.cpu(), failed.long())
+    assert torch.equal(counts.cpu(), want)
+
+
+def test_count_failures_refuses_bad_input():
+    rows, tids, valid = _failure_case("cpu", 6)
+    counts = torch.zeros(5, dtype=torch.int64)
+    with pytest.raises(ValueError, match="one table id .* per row, got 5 table ids for 6 rows"):
+        ops().count_failures(counts, rows, tids[:5], None)
+    with pytest.raises(ValueError, match="one table id .* per row"):
+        ops().count_failures(counts, rows, tids, valid[:5])
+    with pytest.raises(TypeError, match="valid must be Bool"):
+        ops().count_failures(counts, rows, tids, valid.long())
+    assert counts.tolist() == [0] * 5
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_count_failures_opcheck(device):
+    """The op's schema (the counts written in place), its fake kernel against
+    the real one, and tracing."""
+    rows, tids, valid = _failure_case(device)
+    counts = torch.zeros(5, dtype=torch.int64, device=device)
+    torch.library.opcheck(ops().count_failures.default, (counts, rows, tids, valid))

@@ -64,12 +64,20 @@ def test_segmented_unique_on_each_device(device):
 @pytest.mark.gpu
 @pytest.mark.parametrize(
     "n, distinct, num_tables",
-    [(1, 1, 1), (5000, 300, 3), (300_000, 200_000, 10), (70_000, 2**62, 40_000)],
+    [
+        (1, 1, 1),
+        (3, 2, 8),
+        (200, 50, 1000),
+        (5000, 300, 3),
+        (300_000, 200_000, 10),
+        (70_000, 2**62, 40_000),
+    ],
 )
 def test_segmented_unique_cuda_matches_the_cpu(n, distinct, num_tables):
     """The CUDA kernel (a hash set, one radix sort) gives the CPU kernel's
-    results, padding included: few and many distinct pairs, many tables, keys
-    over the whole int64 range."""
+    results, padding included: few and many distinct pairs, more tables than
+    keys (the offsets of the tables after the last key's), keys over the whole
+    int64 range."""
     g = torch.Generator().manual_seed(n)
     keys = torch.randint(0, distinct, (n,), generator=g) - distinct // 2
     tables = torch.randint(0, num_tables, (n,), generator=g)

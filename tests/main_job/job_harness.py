@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 
 import torch
 import train_checkpoint  # examples/train_checkpoint.py (pyproject: pytest pythonpath)
@@ -94,21 +95,42 @@ def _read(path: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor
     )
 
 
+_FLOATS = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def fp8_values(rows: torch.Tensor, dim: int) -> torch.Tensor:
+    """float32 values of FP8 rows as a checkpoint file holds them (uint8:
+    ``dim`` e4m3fn codes, zeros to a multiple of 4 bytes, then the row's
+    float32 scale): code * scale."""
+    codes = rows[:, :dim].contiguous().view(torch.float8_e4m3fn).float()
+    scale = rows[:, -4:].contiguous().view(torch.float32)
+    return codes * scale
+
+
+def _values_of(meta: dict) -> tuple[torch.dtype, tuple[int, ...], Callable]:
+    """(file dtype, row shape, to float values) of a table's embeddings."""
+    dim, name = meta["embedding_dim"], meta["embedding_dtype"]
+    if name == "float8_e4m3fn":
+        return torch.uint8, (-(-dim // 4) * 4 + 4,), lambda rows: fp8_values(rows, dim)
+    return _FLOATS[name], (dim,), lambda rows: rows
+
+
 def read_tables(folder: str) -> dict[str, dict[str, torch.Tensor]]:
     """Every dynamic table of a DynamicEmbDump folder, all ranks' rows
-    merged, sorted by key: table -> keys, emb, opt, scores."""
+    merged, sorted by key: table -> keys, emb (at the table's dtype; FP8 rows
+    as float32 values), opt, scores."""
     with open(os.path.join(folder, "dynamicemb_checkpoint.json")) as f:
         manifest = json.load(f)
-    dtypes = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
     out = {}
     for coll, tables in manifest["collections"].items():
         for name in tables:
             with open(os.path.join(folder, coll, f"{name}_meta.json")) as f:
                 meta = json.load(f)
+            values_dtype, values_shape, as_values = _values_of(meta)
             cols = {
                 "keys": (torch.int64, ()),
-                "values": (dtypes[meta["embedding_dtype"]], (meta["embedding_dim"],)),
-                "opt_values": (dtypes[meta["optim_state_dtype"]], (meta["optim_state_dim"],)),
+                "values": (values_dtype, values_shape),
+                "opt_values": (_FLOATS[meta["optim_state_dtype"]], (meta["optim_state_dim"],)),
                 "scores": (torch.int64, (len(meta["score_strategy"]),)),
             }
             parts: dict[str, list[torch.Tensor]] = {c: [] for c in cols}
@@ -124,7 +146,7 @@ def read_tables(folder: str) -> dict[str, dict[str, torch.Tensor]]:
             order = torch.argsort(merged["keys"])
             out[name] = {
                 "keys": merged["keys"][order],
-                "emb": merged["values"][order],
+                "emb": as_values(merged["values"][order]),
                 "opt": merged["opt_values"][order],
                 "scores": merged["scores"][order],
             }

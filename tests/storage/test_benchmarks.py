@@ -1,7 +1,8 @@
 """The storage benchmarks run, at a tiny size on the CPU, so that they keep
 running: the one through DistributedModelParallel (every configuration a
-row, TorchRec's CPU-less ones n/a), the module-level one and the cache's
-per-stage profile."""
+row, TorchRec's CPU-less ones n/a), the module-level one, the cache's
+per-stage profile, the train step with rows in another dtype against float32
+and the comparison of the two FP8 formats."""
 
 import pytest
 
@@ -66,3 +67,21 @@ def test_the_stage_profile_prints_the_cache_stages():
     # without prefetch.
     steps = [line for line in out.splitlines() if "ms/step" in line]
     assert len(steps) == 4, out[-3000:]
+
+
+def test_the_step_in_another_dtype_is_timed_against_float32():
+    out = _run(
+        "embedding_bench.py",
+        *("--device", "cpu", "--tables", "2", "--lookups", "128", "--rows", "3000"),
+        *("--dim", "8", "--reps", "2", "--embedding-dtype", "float8_e4m3fn"),
+    )
+    assert "| BatchedDynamicEmbeddingTablesV2, rows in float8_e4m3fn | " in out, out[-3000:]
+    assert "rows in float8_e4m3fn against float32: step time " in out, out[-3000:]
+    assert "(row bytes 12 against 32)" in out  # SGD, dim 8: pad4(8) + 4 against 8 * 4
+
+
+def test_the_fp8_formats_are_compared():
+    out = _run("fp8_formats.py", "--seeds", "1", "--dim", "16")
+    rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
+    # Two heads, two kinds of rows, 2 learning rates x 3 dtypes.
+    assert len(rows) == 2 + 2 + 6, out[-3000:]

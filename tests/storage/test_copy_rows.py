@@ -56,3 +56,45 @@ def test_copy_rows_opcheck(device):
     kernel against the real one, and tracing."""
     dst, dst_off, src, src_off, nbytes = _case(device)
     torch.library.opcheck(ops().copy_rows.default, (*dst, dst_off, *src, src_off, nbytes))
+
+
+def _slot_case(device, n=300):
+    g = torch.Generator().manual_seed(n)
+    slots = torch.randint(-1, 1000, (n,), generator=g)
+    status = torch.randint(0, 6, (n,), generator=g).to(torch.int8)
+    return slots.to(device), status.to(device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_slot_rows_gives_each_slot_its_row_and_the_new_ones_theirs(device):
+    """slot_rows against dense torch arithmetic: a slot's row at slot * stride,
+    -1 where not stored; the new rows (status other than found) the same, the
+    found ones -1."""
+    slots, status = _slot_case(device)
+    rows, new = ops().slot_rows(slots, status, 136, 2)
+    s, st = slots.cpu(), status.cpu()
+    want = torch.where(s >= 0, s * 136, -1)
+    assert torch.equal(rows.cpu(), want)
+    assert torch.equal(new.cpu(), torch.where(st != 2, want, -1))
+    empty = ops().slot_rows(slots[:0], status[:0], 136, 2)
+    assert [t.numel() for t in empty] == [0, 0]
+
+
+def test_slot_rows_refuses_bad_input():
+    slots, status = _slot_case("cpu", 4)
+    with pytest.raises(ValueError, match="one status per slot, got 3 for 4"):
+        ops().slot_rows(slots, status[:3], 8, 0)
+    with pytest.raises(ValueError, match="stride must not be negative, got -8"):
+        ops().slot_rows(slots, status, -8, 0)
+    with pytest.raises(TypeError, match="status must be Char"):
+        ops().slot_rows(slots, status.long(), 8, 0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_slot_rows_opcheck(device):
+    """The op's schema, its fake kernel against the real one, and tracing."""
+    torch.library.opcheck(
+        ops().slot_rows.default,
+        (*_slot_case(device), 64, 1),
+        test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"),
+    )

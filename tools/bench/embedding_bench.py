@@ -2,7 +2,7 @@
 
     python tools/bench/embedding_bench.py [--device cpu] [--tables 4] [--lookups 16384]
         [--dim 64] [--rows 200000] [--optimizer sgd|adam] [--pooling sum|none]
-        [--admission THRESHOLD] [--ops] [--profile]
+        [--admission THRESHOLD] [--embedding-dtype DTYPE] [--ops] [--profile]
 
 One step = forward + backward + optimizer update, keys drawn from a power law
 (exponent 1.05) over `rows` ids per table, hotness 1. Baselines in the same
@@ -26,6 +26,11 @@ slots per table) and prints its overhead over the module without: the
 module without admission inserts the keys it misses, the one with it counts
 them and admits those seen T times.
 
+``--embedding-dtype D`` (float16, bfloat16, float8_e4m3fn) also times, in the
+same run, the same module with rows of that dtype (the optimizer state stays
+float32) and prints its step time against the float32 module's (``--profile``:
+the kernels of each).
+
 ``--ops`` prints how many torch ops the host issues in one step of each
 module (on a GPU a lookup replayed from a CUDA graph is one).
 """
@@ -42,8 +47,9 @@ from dynamicemb import (
     FrequencyAdmissionStrategy,
     KVCounter,
 )
-from dynamicemb.dynamicemb_config import value_row_bytes
+from dynamicemb.dynamicemb_config import EMBEDDING_DTYPES, value_row_bytes
 from dynamicemb.embedding import BatchedDynamicEmbeddingTablesV2
+from dynamicemb.io.dtypes import dtype_name
 from dynamicemb.storage.stats import StatCol
 
 
@@ -113,6 +119,11 @@ def main():
         help="also time the step with a FrequencyAdmissionStrategy of this threshold",
     )
     ap.add_argument(
+        "--embedding-dtype",
+        choices=[dtype_name(d) for d in EMBEDDING_DTYPES if d != torch.float32],
+        help="also time the step with rows of this dtype, against float32's",
+    )
+    ap.add_argument(
         "--profile", action="store_true", help="print our step's kernels by device time"
     )
     ap.add_argument(
@@ -149,17 +160,17 @@ def main():
     pooling = DynamicEmbPoolingMode.SUM if args.pooling == "sum" else DynamicEmbPoolingMode.NONE
     opt = EmbOptimType.EXACT_SGD if args.optimizer == "sgd" else EmbOptimType.ADAM
     cap = 1 << (2 * args.rows - 1).bit_length()
-    # Every row in device memory (the all-device table).
-    hbm = cap * value_row_bytes(opt, D, torch.float32)
 
-    def module(admit_strategy=None):
+    def module(admit_strategy=None, dtype=torch.float32):
         opts = [
             DynamicEmbTableOptions(
                 dim=D,
                 max_capacity=cap,
                 bucket_capacity=128,
-                local_hbm_for_values=hbm,
+                # Every row in device memory (the all-device table).
+                local_hbm_for_values=cap * value_row_bytes(opt, D, dtype),
                 admit_strategy=admit_strategy,
+                embedding_dtype=dtype,
             )
             for _ in range(T)
         ]
@@ -181,6 +192,10 @@ def main():
         )
         adm, adm_step = module(strategy)
         before = adm.stats.counts.sum(0).cpu()
+    low_step = None
+    if args.embedding_dtype is not None:
+        low_dtype = getattr(torch, args.embedding_dtype)
+        _, low_step = module(dtype=low_dtype)
 
     bags = [torch.nn.EmbeddingBag(args.rows, D, mode="sum", sparse=True).to(dev) for _ in range(T)]
     params = [p for b in bags for p in b.parameters()]
@@ -202,10 +217,10 @@ def main():
     tbe = tbe_step(args, dev, batches, offsets, opt)
     # Every version in turns, step by step: a drift of the machine's speed
     # weighs on each alike.
-    steps = [s for s in (ours_step, adm_step, tbe, base_step) if s is not None]
+    steps = [s for s in (ours_step, adm_step, low_step, tbe, base_step) if s is not None]
     times = dict(zip(steps, timed_turns(steps, dev, args.reps, WARMUP)))
     t_ours, t_base = times[ours_step], times[base_step]
-    t_adm, t_tbe = times.get(adm_step), times.get(tbe)
+    t_adm, t_tbe, t_low = times.get(adm_step), times.get(tbe), times.get(low_step)
     if adm_step is not None:
         per_step = (adm.stats.counts.sum(0).cpu() - before) / (WARMUP + args.reps)
     if args.ops:
@@ -217,6 +232,8 @@ def main():
         profile_step(ours_step, dev)
         if adm_step is not None:
             profile_step(adm_step, dev)
+        if low_step is not None:
+            profile_step(low_step, dev)
     print(
         f"device {dev}, {T} tables x {N} lookups, dim {D}, {args.optimizer}, pooling "
         f"{args.pooling}, "
@@ -231,6 +248,11 @@ def main():
         print(
             f"| BatchedDynamicEmbeddingTablesV2, FrequencyAdmissionStrategy({args.admission}) "
             f"| {t_adm * 1e3:.2f} | {t_adm / ref:.2f} |"
+        )
+    if t_low is not None:
+        print(
+            f"| BatchedDynamicEmbeddingTablesV2, rows in {args.embedding_dtype} "
+            f"| {t_low * 1e3:.2f} | {t_low / ref:.2f} |"
         )
     if t_tbe:
         print(f"| FBGEMM SplitTableBatchedEmbeddingBagsCodegen | {t_tbe * 1e3:.2f} | 1.00 |")
@@ -248,6 +270,12 @@ def main():
             f"admission overhead: {100 * (t_adm / t_ours - 1):+.1f} % "
             f"(per step {per_step[StatCol.ADMISSIONS]:.0f} keys admitted, "
             f"{per_step[StatCol.REJECTIONS]:.0f} rejected{graphs})"
+        )
+    if t_low is not None:
+        print(
+            f"rows in {args.embedding_dtype} against float32: step time {t_low / t_ours:.3f}x "
+            f"(row bytes {value_row_bytes(opt, D, low_dtype)} against "
+            f"{value_row_bytes(opt, D, torch.float32)})"
         )
     if dev.type == "cuda":
         uniq = statistics.mean(
@@ -280,22 +308,28 @@ def op_count(step, dev):
     calls that no other such call makes."""
     from torch.profiler import ProfilerActivity, profile
 
-    def op(e):
-        return e.name.startswith(("aten::", "dynamicemb::"))
-
-    def outermost(e):
-        p = e.cpu_parent
-        while p is not None:
-            if op(p):
-                return False
-            p = p.cpu_parent
-        return True
-
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         step()
         if dev.type == "cuda":
             torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if op(e) and outermost(e))
+    return sum(1 for e in prof.events() if host_op(e))
+
+
+def _op(e):
+    return e.name.startswith(("aten::", "dynamicemb::"))
+
+
+def host_op(e):
+    """Whether a profiler event is a torch op the step issued from Python: an
+    aten or dynamicemb call that no other such call makes."""
+    if not _op(e):
+        return False
+    p = e.cpu_parent
+    while p is not None:
+        if _op(p):
+            return False
+        p = p.cpu_parent
+    return True
 
 
 def profile_step(step, dev):

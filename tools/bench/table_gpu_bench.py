@@ -212,7 +212,7 @@ def compare_run_lanes(args):
             subprocess.run(cmd, env=env, check=True)
             with open(f.name) as fh:
                 runs[lanes] = {(r["dim"], r["load_factor"]): r for r in json.load(fh)}
-    names = {1: "thread per run (1)", 0: "tiles (default)"}
+    names = {1: "thread per run (1)", 0: "default (by keys a bucket)"}
     heads = [names.get(lanes, f"tile of {lanes}") for lanes in args.run_lanes]
     base = args.run_lanes[0]
     for op in ("insert_and_evict", "insert"):
