@@ -15,6 +15,12 @@ Environment:
     CUDA_HOME/CUDA_PATH   the CUDA toolkit (default: /usr/local/cuda, or nvcc on PATH)
     MAX_JOBS              parallel compile jobs (ninja)
     DEMB_STRIP=0          keep the extension's symbol table (it is stripped by default)
+    DEMB_PREBUILT_EXTENSION=/abs/path/_C.so
+                          package this extension, already built against the same torch
+                          (e.g. Bazel's //dynamicemb:_C.so), instead of compiling one; it
+                          is copied and stripped as DEMB_STRIP says (tools/test.sh's
+                          packaging check: the extension compiled once for the tests and
+                          the wheel)
 
 A wheel requires the torch release it was built against (the extension is bound
 to its C++ ABI), and its extras the torchrec and FBGEMM releases tested with that
@@ -25,6 +31,7 @@ with, and the tested range of torchrec and FBGEMM.
 import os
 import re
 import shutil
+import subprocess
 import sys
 
 from setuptools import setup
@@ -184,6 +191,48 @@ def build_cuda_wanted(torch):
     return can
 
 
+PREBUILT = "DEMB_PREBUILT_EXTENSION"
+
+
+def prebuilt_extension():
+    """The path DEMB_PREBUILT_EXTENSION names (checked), or None."""
+    path = os.environ.get(PREBUILT)
+    if not path:
+        return None
+    if not os.path.isabs(path):
+        sys.exit("setup.py: %s=%r is not an absolute path" % (PREBUILT, path))
+    if not os.path.isfile(path):
+        sys.exit("setup.py: %s=%r is not a file" % (PREBUILT, path))
+    with open(path, "rb") as f:
+        if f.read(4) != b"\x7fELF":
+            sys.exit("setup.py: %s=%r is not a shared library (ELF)" % (PREBUILT, path))
+    return path
+
+
+def strip_all(path):
+    """Drops the symbol table and debug info of a built extension (as -Wl,--strip-all)."""
+    strip = shutil.which("strip")
+    if strip is None:
+        sys.exit("setup.py: no `strip` on PATH to strip %s (or set DEMB_STRIP=0)" % path)
+    subprocess.run([strip, "--strip-all", path], check=True)
+
+
+def packaging_build_ext(base, prebuilt):
+    """build_ext that copies `prebuilt` where the extension would be built."""
+
+    class PackagePrebuilt(base):
+        def build_extensions(self):
+            for ext in self.extensions:
+                dest = self.get_ext_fullpath(ext.name)
+                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                shutil.copyfile(prebuilt, dest)
+                os.chmod(dest, 0o755)
+                if os.environ.get("DEMB_STRIP", "1") != "0":
+                    strip_all(dest)
+
+    return PackagePrebuilt
+
+
 def extension_modules():
     import torch
 
@@ -195,6 +244,14 @@ def extension_modules():
     sources = [os.path.join(d, f) for d, p in packages.items() for f in p["cpu_srcs"]]
     depends = [os.path.join(d, f) for d, p in packages.items() for f in p["hdrs"]]
     depends.append("cc/sources.bzl")
+
+    prebuilt = prebuilt_extension()
+    if prebuilt is not None:
+        print("setup.py: packaging the prebuilt %s as dynamicemb._C" % prebuilt)
+        from setuptools import Extension
+
+        ext = Extension(name="dynamicemb._C", sources=sources, depends=depends)
+        return [ext], packaging_build_ext(cpp_extension.BuildExtension, prebuilt), torch
 
     std = cxx_std(torch)
     # -Wall -Wextra speak of our code only: torch's headers are searched as

@@ -4,6 +4,7 @@ and the wheel installed with its extras into a fresh venv.
     python tools/check_dist.py                       # the sdist and the wheel's metadata
     python tools/check_dist.py --wheel dist/X.whl    # a wheel built on this machine
     python tools/check_dist.py --fresh-venv          # build, install, run the quickstart
+    python tools/check_dist.py --fresh-venv --extension .bazel/bin/dynamicemb/_C.so
 
 Builds the sdist (`python -m build --sdist --no-isolation`) from a copy of the
 checkout's files (tracked and new, not ignored: no stale build state) and checks
@@ -35,8 +36,12 @@ installs this torch release and the wheel with the extras of this machine
 as docs/building.md says; torchrec-cuda and opentelemetry on a CUDA torch), checks
 that `pip check` reports nothing there (on a CPU torch nothing but torchrec's
 requirement of the CUDA FBGEMM, CPU_TORCHREC_LINE), and runs
-examples/quickstart.py there, outside the checkout. tools/test.sh runs this one:
-it covers the checks without options, and the extension is compiled once.
+examples/quickstart.py there, outside the checkout. With --extension, the wheel
+carries that extension, already built against this torch, instead of one compiled
+by setup.py (DEMB_PREBUILT_EXTENSION of setup.py: copied and stripped); everything
+else is built and checked as above. tools/test.sh runs --fresh-venv with Bazel's
+//dynamicemb:_C.so: it covers the checks without options, and the extension is
+compiled once, for the tests and the wheel.
 """
 
 import argparse
@@ -300,8 +305,10 @@ def main():
 
 
 def _run(cmd, what, **kwargs):
-    """Runs cmd; on failure prints its output and says what failed. True on success."""
+    """Runs cmd; says how long it took, and on failure prints its output and what failed."""
+    start = time.monotonic()
     ran = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    print(f"check_dist: {what}: {time.monotonic() - start:.0f} s", flush=True)
     if ran.returncode:
         print(ran.stdout[-6000:] + ran.stderr[-6000:], file=sys.stderr)
         print(f"check_dist: {what} failed ({' '.join(map(str, cmd))})", file=sys.stderr)
@@ -322,9 +329,10 @@ def pip_check_problems(output, cuda):
     return [line for line in lines if cuda or not CPU_TORCHREC_LINE.fullmatch(line)]
 
 
-def fresh_venv():
-    """Builds the wheel, installs it with this machine's extras into a new venv
-    and runs examples/quickstart.py there (see the module docstring)."""
+def fresh_venv(extension=None):
+    """Builds the wheel (with `extension`, a prebuilt dynamicemb._C, when given),
+    installs it with this machine's extras into a new venv and runs
+    examples/quickstart.py there (see the module docstring)."""
     import torch
 
     cuda = bool(torch.version.cuda)
@@ -336,11 +344,19 @@ def fresh_venv():
         copy_checkout(checkout)
         start = time.monotonic()
         build = [sys.executable, "-m", "build", "--no-isolation", "--outdir", out, checkout]
-        if _run(build, "building the sdist and the wheel").returncode:
+        env = dict(os.environ)
+        env.pop("DEMB_PREBUILT_EXTENSION", None)
+        if extension is not None:
+            env["DEMB_PREBUILT_EXTENSION"] = os.path.abspath(extension)
+        if _run(build, "building the sdist and the wheel", env=env).returncode:
             return 1
         (wheel,) = [os.path.join(out, n) for n in os.listdir(out) if n.endswith(".whl")]
         (sdist,) = [os.path.join(out, n) for n in os.listdir(out) if n.endswith(".tar.gz")]
-        print(f"check_dist: built {os.path.basename(wheel)} in {time.monotonic() - start:.0f} s")
+        made = f"with {extension}" if extension else "compiling the extension"
+        print(
+            f"check_dist: built {os.path.basename(wheel)} ({made}) "
+            f"in {time.monotonic() - start:.0f} s"
+        )
         # The sdist the wheel was built from, then the wheel: what the checks
         # without --fresh-venv check, on the built files.
         if sdist_errors(sdist) or check_wheel(wheel):
@@ -348,7 +364,10 @@ def fresh_venv():
         venv = os.path.join(tmp, "venv")
         if _run([sys.executable, "-m", "venv", venv], "creating a venv").returncode:
             return 1
-        pip = [os.path.join(venv, "bin", "python"), "-m", "pip", "install", "-q"]
+        # --no-compile: no .pyc files written for every module of torch and the rest
+        # (about half of the install's time); what the quickstart imports is
+        # compiled when it is imported.
+        pip = [os.path.join(venv, "bin", "python"), "-m", "pip", "install", "-q", "--no-compile"]
         # torch in the same call, so the resolver keeps this release.
         steps = [pip + [pin(torch), f"{wheel}[{','.join(wanted)}]"]]
         if not cuda:  # torchrec's metadata asks for the CUDA fbgemm-gpu (docs/building.md)
@@ -363,10 +382,17 @@ def fresh_venv():
                 "check_dist: pip check in the fresh venv: " + "; ".join(problems), file=sys.stderr
             )
             return 1
-        script = os.path.join(tmp, "quickstart.py")
-        shutil.copy(os.path.join(ROOT, "examples", "quickstart.py"), script)  # a file alone
+        # The script with examples/checkout.py, which it imports (and which leaves
+        # an installed dynamicemb alone), in a folder of their own.
+        examples = os.path.join(tmp, "examples")
+        os.mkdir(examples)
+        for name in ("quickstart.py", "checkout.py"):
+            shutil.copy(os.path.join(ROOT, "examples", name), examples)
+        script = os.path.join(examples, "quickstart.py")
         env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-        ran = _run([pip[0], script], "examples/quickstart.py in the fresh venv", cwd=tmp, env=env)
+        ran = _run(
+            [pip[0], script], "examples/quickstart.py in the fresh venv", cwd=examples, env=env
+        )
         if ran.returncode or not ran.stdout.strip().endswith("quickstart: OK"):
             return 1
     print(
@@ -385,7 +411,13 @@ if __name__ == "__main__":
         action="store_true",
         help="build the wheel, install it with its extras into a new venv, run the quickstart",
     )
+    parser.add_argument(
+        "--extension",
+        help="with --fresh-venv: package this prebuilt dynamicemb._C instead of compiling one",
+    )
     args = parser.parse_args()
+    if args.extension and not args.fresh_venv:
+        parser.error("--extension goes with --fresh-venv")
     if args.fresh_venv:
-        sys.exit(fresh_venv())
+        sys.exit(fresh_venv(args.extension))
     sys.exit(check_wheel(args.wheel) if args.wheel else main())

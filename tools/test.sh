@@ -8,8 +8,9 @@
 #     and the build settings of dynamicemb's targets there (examples/bazel_consumer/test.sh);
 #   * tools/check_dist.py --fresh-venv: the sdist and the wheel built once, what they
 #     carry and declare, the wheel installed with its extras into a fresh venv and
-#     running examples/quickstart.py there (it compiles the extension and installs:
-#     minutes);
+#     running examples/quickstart.py there (under a minute: the wheel carries the
+#     extension Bazel built for the tests, //dynamicemb:_C.so, built first for it;
+#     setup.py's own compile is what tools/run_gpu_tests.sh runs);
 #   * the newest tested torch / torchrec / FBGEMM set on a handful of the Python suite
 #     (tools/newest_smoke.sh: a venv of its own, the extension built for that torch).
 # The last two are not run again for the same files and venvs once they have passed
@@ -25,8 +26,9 @@ log=$(mktemp)
 consumer_log=$(mktemp)
 dist_log=$(mktemp)
 newest_log=$(mktemp)
+extension=$(mktemp --suffix=.so)
 pids=()
-trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -f "$log" "$consumer_log" "$dist_log" "$newest_log"' EXIT
+trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -f "$log" "$consumer_log" "$dist_log" "$newest_log" "$extension"' EXIT
 rc=0
 
 # What the packaging check and the newest-set smoke test depend on: the files they
@@ -57,12 +59,21 @@ once() {
   ) >"$out" 2>&1 &
   pids+=("$!")
 }
-once check-dist-fresh-venv "$dist_log" .venv/bin/python tools/check_dist.py --fresh-venv
 once newest-smoke "$newest_log" bash tools/newest_smoke.sh
 nice -n 10 bash examples/bazel_consumer/test.sh "$@" >"$consumer_log" 2>&1 &
 pids+=("$!")
 
-bazel test //... "$@" 2>&1 | tee "$log" || rc=$?
+# The extension first (most tests need it anyway), then the packaging check on a copy
+# of it beside the tests.
+if bazel build //dynamicemb:_C.so 2>&1 | tee "$log"; then
+  cp .bazel/bin/dynamicemb/_C.so "$extension"
+  once check-dist-fresh-venv "$dist_log" .venv/bin/python tools/check_dist.py --fresh-venv \
+    --extension "$extension"
+else
+  rc=1
+fi
+
+bazel test //... "$@" 2>&1 | tee -a "$log" || rc=$?
 for p in "${pids[@]}"; do
   wait "$p" || rc=$?
 done
