@@ -5,6 +5,9 @@ the settings every target of dynamicemb compiles with, so that they hold whereve
 targets are built, dynamicemb's own workspace or one that depends on it, whatever its
 .bazelrc says:
   * C++20 (COPTS; torch 2.13's headers need it), for nvcc too (CUDA_COPTS);
+  * the host code optimized at -O3, as setup.py builds it, in Bazel's default
+    (fastbuild) mode too, since its kernels are the library's CPU backend (-c dbg
+    keeps Bazel's debug flags);
   * device code for the archs of CUDA_ARCHS in cc/sources.bzl, the archs setup.py
     builds for too, unless --@rules_cuda//cuda:archs is given (then those).
 The CUDA runtime is rules_cuda's choice (--@rules_cuda//cuda:runtime): the offline
@@ -23,6 +26,13 @@ COPTS = ["-std=c++20"]
 
 CUDA_COPTS = ["-std=c++20"]
 
+def optimized():
+    """-O3 unless the build is -c dbg (a later -O wins over the mode's own)."""
+    return select({
+        str(Label("//bazel:debug_build")): [],
+        "//conditions:default": ["-O3"],
+    })
+
 def cuda_archs():
     """rules_cuda arch specs: SASS for each of CUDA_ARCHS, unless the flag is given."""
     return select({
@@ -31,13 +41,18 @@ def cuda_archs():
     })
 
 def cc_library(copts = [], **kwargs):
-    _cc_library(copts = COPTS + copts, **kwargs)
+    _cc_library(copts = COPTS + optimized() + copts, **kwargs)
 
 def cc_binary(copts = [], **kwargs):
-    _cc_binary(copts = COPTS + copts, **kwargs)
+    _cc_binary(copts = COPTS + optimized() + copts, **kwargs)
 
 def cc_test(copts = [], **kwargs):
-    _cc_test(copts = COPTS + copts, **kwargs)
+    _cc_test(copts = COPTS + optimized() + copts, **kwargs)
 
 def cuda_library(copts = [], **kwargs):
-    _cuda_library(archs = cuda_archs(), copts = CUDA_COPTS + copts, **kwargs)
+    _cuda_library(
+        archs = cuda_archs(),
+        copts = CUDA_COPTS + copts,
+        host_copts = optimized(),
+        **kwargs
+    )
