@@ -5,9 +5,9 @@ the settings every target of dynamicemb compiles with, so that they hold whereve
 targets are built, dynamicemb's own workspace or one that depends on it, whatever its
 .bazelrc says:
   * C++20 (COPTS; torch 2.13's headers need it), for nvcc too (CUDA_COPTS);
-  * the host code optimized at -O3, as setup.py builds it, in Bazel's default
-    (fastbuild) mode too, since its kernels are the library's CPU backend (-c dbg
-    keeps Bazel's debug flags);
+  * the libraries' host code optimized at -O3, as setup.py builds it, in Bazel's
+    default (fastbuild) mode too, since its kernels are the library's CPU backend
+    (-c dbg keeps Bazel's debug flags; a test's own code keeps the mode's flags);
   * device code for the archs of CUDA_ARCHS in cc/sources.bzl, the archs setup.py
     builds for too, unless --@rules_cuda//cuda:archs is given (then those).
 The CUDA runtime is rules_cuda's choice (--@rules_cuda//cuda:runtime): the offline
@@ -47,7 +47,7 @@ def cc_binary(copts = [], **kwargs):
     _cc_binary(copts = COPTS + optimized() + copts, **kwargs)
 
 def cc_test(copts = [], **kwargs):
-    _cc_test(copts = COPTS + optimized() + copts, **kwargs)
+    _cc_test(copts = COPTS + copts, **kwargs)
 
 def cuda_library(copts = [], **kwargs):
     _cuda_library(

@@ -130,38 +130,46 @@ def batch(step: int, rank: int, size: int, device: torch.device):
 def _train_rank(args) -> None:
     """One rank of the job, as the launcher's environment says."""
     env, device = dist_launch.init_from_env(args.device, 1)
-    rank, world = env.rank, env.world_size
     try:
-        from dynamicemb.checkpoint import dump, load
-        from dynamicemb.checkpoint.layout import MANIFEST
-        from dynamicemb.replication import DeltaPublisher
-        from dynamicemb.replication.stream import CHECKPOINT_DIR
-
-        model = build(world, device, ROWS_PER_RANK, training=True, local_world=env.local_world_size)
-        resumed = os.path.join(args.folder, CHECKPOINT_DIR)
-        if args.resume and os.path.isfile(os.path.join(resumed, MANIFEST)):
-            load(resumed, model, show_progress=False)
-        publisher = DeltaPublisher(model, args.folder)
-        if rank == 0 and args.verbose:
-            print(f"train: run {publisher.run}, epoch {publisher.epoch}", flush=True)
-        publisher.checkpoint()
-        for step in range(args.steps):
-            out = model(batch(step, rank, args.batch_size, device))
-            sum(v.values().sum() for v in out.values()).backward()
-            if (step + 1) % args.publish_every == 0:
-                seq = publisher.publish()
-                if rank == 0 and args.verbose:
-                    print(f"train: step {step + 1}, delta {seq}", flush=True)
-            if (step + 1) % args.checkpoint_every == 0:
-                publisher.checkpoint()
-            time.sleep(args.step_delay)
-        if args.steps % args.publish_every:
-            publisher.publish()
-        dump(os.path.join(args.folder, "final"), model, show_progress=False)
-        if rank == 0:
-            print(f"train: done, {args.steps} steps, final checkpoint written", flush=True)
+        _train_steps(args, env, device)
+        # Every rank past its last collective before any tears the group down
+        # (dist_launch.tear_down says why), the model garbage by then.
+        dist.barrier()
     finally:
-        dist.destroy_process_group()
+        dist_launch.tear_down()
+
+
+def _train_steps(args, env, device) -> None:
+    """The trainer's work on one rank: publish deltas, then a final dump."""
+    from dynamicemb.checkpoint import dump, load
+    from dynamicemb.checkpoint.layout import MANIFEST
+    from dynamicemb.replication import DeltaPublisher
+    from dynamicemb.replication.stream import CHECKPOINT_DIR
+
+    rank, world = env.rank, env.world_size
+    model = build(world, device, ROWS_PER_RANK, training=True, local_world=env.local_world_size)
+    resumed = os.path.join(args.folder, CHECKPOINT_DIR)
+    if args.resume and os.path.isfile(os.path.join(resumed, MANIFEST)):
+        load(resumed, model, show_progress=False)
+    publisher = DeltaPublisher(model, args.folder)
+    if rank == 0 and args.verbose:
+        print(f"train: run {publisher.run}, epoch {publisher.epoch}", flush=True)
+    publisher.checkpoint()
+    for step in range(args.steps):
+        out = model(batch(step, rank, args.batch_size, device))
+        sum(v.values().sum() for v in out.values()).backward()
+        if (step + 1) % args.publish_every == 0:
+            seq = publisher.publish()
+            if rank == 0 and args.verbose:
+                print(f"train: step {step + 1}, delta {seq}", flush=True)
+        if (step + 1) % args.checkpoint_every == 0:
+            publisher.checkpoint()
+        time.sleep(args.step_delay)
+    if args.steps % args.publish_every:
+        publisher.publish()
+    dump(os.path.join(args.folder, "final"), model, show_progress=False)
+    if rank == 0:
+        print(f"train: done, {args.steps} steps, final checkpoint written", flush=True)
 
 
 def train(args) -> int:

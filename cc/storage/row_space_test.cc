@@ -160,8 +160,12 @@ TEST(Float8Test, RoundsToNearestEvenAndSaturates) {
     for (double t : {0.25, 0.5, 0.75}) {
       const float x = static_cast<float>(lo + t * (hi - lo));
       const double got = to_float(from_float<Float8E4M3>(x));
-      if (t < 0.5) EXPECT_EQ(got, lo) << x;
-      if (t > 0.5) EXPECT_EQ(got, hi) << x;
+      if (t < 0.5) {
+        EXPECT_EQ(got, lo) << x;
+      }
+      if (t > 0.5) {
+        EXPECT_EQ(got, hi) << x;
+      }
       if (t == 0.5) {  // a tie: the even code (its mantissa's last bit 0)
         const uint8_t code = from_float<Float8E4M3>(x).bits;
         EXPECT_EQ(code & 1, 0) << x;
