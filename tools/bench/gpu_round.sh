@@ -9,11 +9,15 @@
 # minutes (EVICT_DEADLINE, default 570 s from the part's start, build included; each
 # step under a timeout that keeps to it, skipped when too little time is left), in
 # order: the `gpu` tests of tests/table and tests/admission with the default kernel
-# (tiles, cc/table/tile_run.h); the table benchmark of insert_and_evict and insert
+# choice (by the call's keys a bucket); the table benchmark of insert_and_evict and insert
 # under the earlier kernel (DEMB_CUDA_RUN_LANES=1), the default and tiles of 4, 8, 16
 # and 32 lanes, one process each, with HierarchicalKV's figures beside them
 # (tools/bench/table_gpu_bench.py --run-lanes; EVICT_LANES, EVICT_BENCH_ARGS, default
-# --dims 32 64 --reps 5); the tiles' and the parity tests under 32, 1, 16 and 4 lanes;
+# --dims 32 64 --reps 5), then into tables of 2^c slots (EVICT_SWEEP, default
+# "26 24 22": 2, 8 and 32 of a call's 2^20 keys a bucket of 128 on average) under a
+# thread per run and tiles of 8 and 32, for where the default's switch between them
+# belongs (kTileMinKeysPerBucket); the tiles' and the parity tests under 32, 1, 16
+# and 4 lanes;
 # the per-kernel profiles of insert_and_evict at load 0.5 and 1.0 under the earlier
 # kernel and the default (tools/bench/table_gpu_profile.py); the cache's stages
 # (tools/bench/storage_stages.py, its buckets 1,024 slots wide) under both; the
@@ -436,6 +440,16 @@ evict_part() {
     step "table benchmark" 240 "$OUT/evict_table.txt" "$PY" tools/bench/table_gpu_bench.py \
       --run-lanes ${EVICT_LANES:-1 0 4 8 16 32} ${EVICT_BENCH_ARGS:---dims 32 64 --reps 5}
     sed -n '/^insert_and_evict, B keys/,$p' "$OUT/evict_table.txt" | tee -a "$sum"
+    # The same inserts into smaller tables (more of a call's keys a bucket:
+    # 2^20 keys into 2^c slots of buckets of 128), under each kernel forced,
+    # for where the default's switch from a thread per run to tiles belongs.
+    for c in ${EVICT_SWEEP:-26 24 22}; do
+      step "table benchmark, 2^$c slots" 90 "$OUT/evict_table_$c.txt" "$PY" \
+        tools/bench/table_gpu_bench.py --run-lanes 1 8 32 --dims 32 --load-factors 0.5 1.0 \
+        --reps 3 --capacity-log2 "$c"
+      sed -n '/^insert_and_evict, B keys/,/^insert, B keys/p' "$OUT/evict_table_$c.txt" \
+        | grep '^|' | tee -a "$sum"
+    done
   }
   profiles() {
     for lanes in 1 0; do
