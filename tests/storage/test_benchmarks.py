@@ -2,20 +2,51 @@
 running: the one through DistributedModelParallel (every configuration a
 row, TorchRec's CPU-less ones n/a), the module-level one, the cache's
 per-stage profile, the train step with rows in another dtype against float32
-and the comparison of the two FP8 formats."""
+and the comparison of the two FP8 formats. They run one after another in one
+new process (torch, TorchRec and dynamicemb imported once), each test reading
+its benchmark's output."""
 
 import pytest
 
-from tests.bench.bench_run import run as _run
+from tests.bench.bench_run import run_each
 
-
-def test_the_dmp_benchmark_prints_a_row_per_configuration():
-    out = _run(
+CALLS = {
+    "dmp": (
         "storage_dmp_bench.py",
         *("--device", "cpu", "--tables", "2", "--rows", "3000", "--dim", "8", "--batch", "48"),
         *("--warmup", "1", "--steps", "2", "--budgets", "0.1", "0.5", "--prefetch-budgets", "0.1"),
         *("--kinds", "ebc", "ec", "--optimizers", "sgd", "adam", "--profile-steps", "1"),
-    )
+    ),
+    **{
+        f"module-{optimizer}": (
+            "storage_bench.py",
+            *("--device", "cpu", "--tables", "1", "--rows", "3000", "--dim", "8"),
+            *("--lookups", "128", "--optimizer", optimizer, "--ratios", "0.5"),
+            *("--steps", "2", "--warmup", "1"),
+        )
+        for optimizer in ("sgd", "adam")
+    },
+    "stages": (
+        "storage_stages.py",
+        *("--device", "cpu", "--tables", "2", "--rows", "1280", "--dim", "8"),
+        *("--lookups", "64", "--warmup", "2", "--steps", "2", "--timed", "2"),
+    ),
+    "dtype": (
+        "embedding_bench.py",
+        *("--device", "cpu", "--tables", "2", "--lookups", "128", "--rows", "3000"),
+        *("--dim", "8", "--reps", "2", "--embedding-dtype", "float8_e4m3fn"),
+    ),
+    "fp8": ("fp8_formats.py", "--seeds", "1", "--dim", "16"),
+}
+
+
+@pytest.fixture(scope="module")
+def outputs():
+    return run_each(CALLS)
+
+
+def test_the_dmp_benchmark_prints_a_row_per_configuration(outputs):
+    out = outputs["dmp"]
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("| ebc", "| ec"))]
     # --profile-steps: a summary for every row that ran outside the prefetch pipeline.
     profiled = [line for line in out.splitlines() if "per step (under the profiler)" in line]
@@ -41,22 +72,14 @@ def test_the_dmp_benchmark_prints_a_row_per_configuration():
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
-def test_the_module_benchmark_runs(optimizer):
-    out = _run(
-        "storage_bench.py",
-        *("--device", "cpu", "--tables", "1", "--rows", "3000", "--dim", "8", "--lookups", "128"),
-        *("--optimizer", optimizer, "--ratios", "0.5", "--steps", "2", "--warmup", "1"),
-    )
+def test_the_module_benchmark_runs(outputs, optimizer):
+    out = outputs[f"module-{optimizer}"]
     rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
     assert len(rows) == 1 + 4  # the head, all-device, hybrid, the cache without and with prefetch
 
 
-def test_the_stage_profile_prints_the_cache_stages():
-    out = _run(
-        "storage_stages.py",
-        *("--device", "cpu", "--tables", "2", "--rows", "1280", "--dim", "8"),
-        *("--lookups", "64", "--warmup", "2", "--steps", "2", "--timed", "2"),
-    )
+def test_the_stage_profile_prints_the_cache_stages(outputs):
+    out = outputs["stages"]
     for stage in ("cache_insert", "cache_backing", "cache_fill", "cache_overflow", "update"):
         assert f"dynamicemb:{stage}" in out, out[-3000:]
     assert "dynamicemb:cache_write_back" in out, out[-3000:]
@@ -69,19 +92,15 @@ def test_the_stage_profile_prints_the_cache_stages():
     assert len(steps) == 4, out[-3000:]
 
 
-def test_the_step_in_another_dtype_is_timed_against_float32():
-    out = _run(
-        "embedding_bench.py",
-        *("--device", "cpu", "--tables", "2", "--lookups", "128", "--rows", "3000"),
-        *("--dim", "8", "--reps", "2", "--embedding-dtype", "float8_e4m3fn"),
-    )
+def test_the_step_in_another_dtype_is_timed_against_float32(outputs):
+    out = outputs["dtype"]
     assert "| BatchedDynamicEmbeddingTablesV2, rows in float8_e4m3fn | " in out, out[-3000:]
     assert "rows in float8_e4m3fn against float32: step time " in out, out[-3000:]
     assert "(row bytes 12 against 32)" in out  # SGD, dim 8: pad4(8) + 4 against 8 * 4
 
 
-def test_the_fp8_formats_are_compared():
-    out = _run("fp8_formats.py", "--seeds", "1", "--dim", "16")
+def test_the_fp8_formats_are_compared(outputs):
+    out = outputs["fp8"]
     rows = [line for line in out.splitlines() if line.startswith("| ") and "---" not in line]
     # Two heads, two kinds of rows, 2 learning rates x 3 dtypes.
     assert len(rows) == 2 + 2 + 6, out[-3000:]
