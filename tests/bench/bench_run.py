@@ -3,12 +3,15 @@ this process's sys.path on PYTHONPATH (the checkout's dynamicemb); or several,
 one after another in one new process (``run_each``), so that torch, TorchRec
 and dynamicemb are imported once for all of them."""
 
+import contextlib
+import io
 import json
 import os
 import runpy
 import subprocess
 import sys
 import tempfile
+import traceback
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -66,8 +69,7 @@ def run_each(calls: dict[str, tuple[str, ...]], timeout: float = 600) -> Outputs
     """Runs the benchmarks ``calls`` names (name -> (script, *args)) one
     after another in one new process, each as ``python tools/bench/<script>
     args`` would run it: as ``__main__`` with its folder first on sys.path,
-    its own argv, exit status and standard output and error (the file
-    descriptors, so that what it starts is included)."""
+    its own argv, exit status and standard output and error."""
     with tempfile.TemporaryDirectory() as tmp:
         plan = os.path.join(tmp, "calls.json")
         with open(plan, "w") as f:
@@ -84,48 +86,26 @@ def run_each(calls: dict[str, tuple[str, ...]], timeout: float = 600) -> Outputs
             return Outputs(json.load(f))
 
 
-def _run_here(argv: list[str], out: str, err: str) -> int:
-    """Runs ``argv[0]`` as ``__main__`` in this process with ``argv``, file
-    descriptors 1 and 2 writing to the files ``out`` and ``err``; returns
-    its exit status."""
-    saved = (os.dup(1), os.dup(2), sys.argv, sys.path[:])
-    sys.stdout.flush()
-    sys.stderr.flush()
-    with open(out, "wb") as o, open(err, "wb") as e:
-        os.dup2(o.fileno(), 1)
-        os.dup2(e.fileno(), 2)
+def _run_here(argv: list[str]) -> list:
+    """Runs ``argv[0]`` as ``__main__`` in this process with ``argv``;
+    returns [its exit status, what it printed to sys.stdout, to sys.stderr]."""
+    saved = sys.argv, sys.path[:]
+    out, err = io.StringIO(), io.StringIO()
     sys.argv, sys.path[:0] = list(argv), [os.path.dirname(argv[0])]
-    try:
-        runpy.run_path(argv[0], run_name="__main__")
-        rc = 0
-    except SystemExit as e:
-        rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        if e.code is not None and not isinstance(e.code, int):
-            print(e.code, file=sys.stderr)
-    except BaseException:
-        import traceback
-
-        traceback.print_exc()
-        rc = 1
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(saved[0], 1)
-        os.dup2(saved[1], 2)
-        os.close(saved[0])
-        os.close(saved[1])
-        sys.argv, sys.path[:] = saved[2], saved[3]
-    return rc
-
-
-def table_rows(out: str, first_cell: str) -> list[list[str]]:
-    """The cells of the markdown rows of ``out`` whose first cell is ``first_cell``."""
-    rows = []
-    for line in out.splitlines():
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if line.startswith("|") and cells[0] == first_cell:
-            rows.append(cells)
-    return rows
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            runpy.run_path(argv[0], run_name="__main__")
+            rc = 0
+        except SystemExit as e:
+            rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            if e.code is not None and not isinstance(e.code, int):
+                print(e.code, file=sys.stderr)
+        except BaseException:
+            traceback.print_exc()
+            rc = 1
+        finally:
+            sys.argv, sys.path[:] = saved
+    return [rc, out.getvalue(), err.getvalue()]
 
 
 def _main(plan: str, tmp: str) -> None:
@@ -133,12 +113,7 @@ def _main(plan: str, tmp: str) -> None:
     (name -> [exit status, stdout, stderr]) into ``tmp``/results.json."""
     with open(plan) as f:
         calls = json.load(f)
-    results = {}
-    for i, (name, argv) in enumerate(calls.items()):
-        out, err = os.path.join(tmp, f"{i}.out"), os.path.join(tmp, f"{i}.err")
-        rc = _run_here(argv, out, err)
-        with open(out, errors="replace") as o, open(err, errors="replace") as e:
-            results[name] = [rc, o.read(), e.read()]
+    results = {name: _run_here(argv) for name, argv in calls.items()}
     with open(os.path.join(tmp, "results.json"), "w") as f:
         json.dump(results, f)
 
