@@ -14,6 +14,7 @@ rank 0's result.
 """
 
 import argparse
+import contextlib
 import datetime
 import gc
 import json
@@ -211,7 +212,10 @@ def init_process_group(
     init_from_env(device, threads, timeout_s)
 
 
-def _launched_rank(rank: int, world_size: int, port: int, fn, more: tuple) -> None:
+def _launched_rank(rank: int, world_size: int, port: int, environ: dict, fn, more: tuple) -> None:
+    # The launching process's environment now (a forkserver's is that of its start).
+    os.environ.clear()
+    os.environ.update(environ)
     _set_rank_env(rank, world_size, port)
     fn(*more)
 
@@ -247,11 +251,69 @@ def spawn_ranks(world_size: int, fn, *more, device: str = "cuda") -> None:
         mp.get_context("forkserver").set_forkserver_preload(["__main__", *RANK_MODULES])
     mp.start_processes(
         _launched_rank,
-        args=(world_size, free_port(), fn, more),
+        args=(world_size, free_port(), dict(os.environ), fn, more),
         nprocs=world_size,
         join=True,
         start_method=start_method,
     )
+
+
+@contextlib.contextmanager
+def output_to(path: str):
+    """Inside the block, this process's sys.stdout and sys.stderr and its file
+    descriptors 1 and 2 (those of any process it starts too) append to the
+    file ``path``."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = os.dup(1), os.dup(2)
+    with open(path, "ab") as f:
+        os.dup2(f.fileno(), 1)
+        os.dup2(f.fileno(), 2)
+    try:
+        with (
+            open(path, "a", buffering=1) as text,
+            contextlib.redirect_stdout(text),
+            contextlib.redirect_stderr(text),
+        ):
+            yield
+    finally:
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
+
+
+_forkserver_log = None  # the log of the forkserver run_here started
+
+
+def run_here(main, argv: list[str], log: str) -> tuple[int, str]:
+    """Runs a script's ``main(argv)`` in this process, as its command line
+    would (an exit status; SystemExit's too), with its output appended to
+    ``log``; returns (exit status, that output). Its CPU ranks fork from
+    this process's forkserver, which the first call starts with
+    ``RANK_MODULES`` imported and its output (its ranks') to ``log``: every
+    later call imports nothing again, and must pass the same ``log``."""
+    global _forkserver_log
+    from multiprocessing import forkserver
+
+    if _forkserver_log is None:
+        mp.get_context("forkserver").set_forkserver_preload(list(RANK_MODULES))
+        with output_to(log):
+            forkserver.ensure_running()
+        _forkserver_log = log
+    if log != _forkserver_log:
+        raise ValueError(f"run_here: log {log}, but the ranks write to {_forkserver_log}")
+    start, saved_argv = os.path.getsize(log), sys.argv
+    sys.argv = [main.__globals__["__file__"], *argv]  # the script's name in its messages
+    with output_to(log):
+        try:
+            rc = main(argv)
+        except SystemExit as e:  # refused options
+            rc = e.code if isinstance(e.code, int) else 2
+        finally:
+            sys.argv = saved_argv
+    with open(log, errors="replace") as f:
+        f.seek(start)
+        return rc, f.read()
 
 
 def run_job(fn, args, result_path: str | None, refusals: tuple[type[Exception], ...] = ()) -> int:

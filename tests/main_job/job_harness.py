@@ -4,12 +4,16 @@ files (the dynamic tables' key, value, optimizer and score files by their
 meta JSON; the TorchRec part through DCP's own conversion; trainer.pt), so
 two runs can be compared row by row and tensor by tensor."""
 
+import atexit
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable
 
+import dist_launch  # examples/dist_launch.py
 import torch
 import train_checkpoint  # examples/train_checkpoint.py (pyproject: pytest pythonpath)
 import train_dlrm  # examples/train_dlrm.py
@@ -31,9 +35,16 @@ def _run(cmd: list[str], timeout: float) -> tuple[int, str]:
     return proc.returncode, proc.stdout
 
 
-def run_job(argv: list[str], timeout: float = RUN_TIMEOUT_S) -> tuple[int, str]:
-    """Runs the job directly (its own launcher); returns (exit status, output)."""
-    return _run([sys.executable, train_dlrm.__file__, *argv], timeout)
+_LOG = os.path.join(tempfile.mkdtemp(prefix="main-job-"), "jobs.log")
+atexit.register(shutil.rmtree, os.path.dirname(_LOG), True)
+
+
+def run_job(argv: list[str]) -> tuple[int, str]:
+    """Runs the job directly (its own launcher), its ``main`` in this process
+    (dist_launch.run_here: the ranks forked from one forkserver, which
+    imports torch, TorchRec and dynamicemb once for the test session);
+    returns (exit status, output). test_as_written runs its command line."""
+    return dist_launch.run_here(train_dlrm.main, argv, _LOG)
 
 
 def torchrun_cmd(torchrun_args: list[str], argv: list[str]) -> list[str]:

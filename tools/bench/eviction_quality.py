@@ -275,74 +275,23 @@ def job_variants(names, admission: bool, refuse: bool, optimizers: bool) -> list
     return out
 
 
-class _Jobs:
-    """Runs the main job (examples/train_dlrm.py's ``main``) from this
-    process, as its command line would: its ranks fork from this process's
-    forkserver, which imports torch, TorchRec and dynamicemb once for every
-    option. The jobs' output goes to a log file, not to this report."""
-
-    def __init__(self, log: str) -> None:
-        import multiprocessing
-        from multiprocessing import forkserver
-
+def job_protocol(device, steps: int, variants) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        # The job's main from this process (dist_launch.run_here): torch,
+        # TorchRec and dynamicemb imported once for every option.
         sys.path.insert(0, os.path.join(ROOT, "examples"))
         import dist_launch
         import train_dlrm
 
-        self._main, self._log = train_dlrm.main, log
-        # The forkserver (and every rank forked from it) writes to the log.
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["__main__", *dist_launch.RANK_MODULES])
-        with self._output_to_log():
-            forkserver.ensure_running()
-
-    def _output_to_log(self):
-        import contextlib
-
-        @contextlib.contextmanager
-        def redirected():
-            sys.stdout.flush()
-            sys.stderr.flush()
-            saved = os.dup(1), os.dup(2)
-            with open(self._log, "ab") as f:
-                os.dup2(f.fileno(), 1)
-                os.dup2(f.fileno(), 2)
-            try:
-                yield
-            finally:
-                sys.stdout.flush()
-                sys.stderr.flush()
-                os.dup2(saved[0], 1)
-                os.dup2(saved[1], 2)
-                os.close(saved[0])
-                os.close(saved[1])
-
-        return redirected()
-
-    def run(self, argv: list[str]) -> tuple[int, str]:
-        """(exit status, the job's output)."""
-        start = os.path.getsize(self._log) if os.path.exists(self._log) else 0
-        with self._output_to_log():
-            try:
-                rc = self._main(argv)
-            except SystemExit as e:  # a refused option
-                rc = e.code if isinstance(e.code, int) else 2
-        with open(self._log, errors="replace") as f:
-            f.seek(start)
-            return rc, f.read()
-
-
-def job_protocol(device, steps: int, variants) -> list[dict]:
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        jobs = _Jobs(os.path.join(tmp, "jobs.log"))
+        log = os.path.join(tmp, "jobs.log")
         for option, flags in variants:
             summary = os.path.join(tmp, "summary.json")
             argv = [
                 *("--device", device.type, "--world-size", "1", "--steps", str(steps)),
                 *("--batch-size", "256", "--summary-json", summary, *flags),
             ]
-            rc, out = jobs.run(argv)
+            rc, out = dist_launch.run_here(train_dlrm.main, argv, log)
             if rc not in (0, 1):  # 1: the loss did not fall (reported)
                 cmd = " ".join(["examples/train_dlrm.py", *argv])
                 raise RuntimeError(f"{option}: {cmd} (exit status {rc})\n{out[-4000:]}")
