@@ -86,6 +86,16 @@ def run_each(calls: dict[str, tuple[str, ...]], timeout: float = 600) -> Outputs
             return Outputs(json.load(f))
 
 
+def table_rows(out: str, first_cell: str) -> list[list[str]]:
+    """The cells of the markdown rows of ``out`` whose first cell is ``first_cell``."""
+    rows = []
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells[0] == first_cell:
+            rows.append(cells)
+    return rows
+
+
 def _run_here(argv: list[str]) -> list:
     """Runs ``argv[0]`` as ``__main__`` in this process with ``argv``;
     returns [its exit status, what it printed to sys.stdout, to sys.stderr]."""
