@@ -41,7 +41,6 @@ import time
 import checkout  # noqa: F401 (examples/checkout.py: this checkout's dynamicemb)
 import dist_launch  # examples/dist_launch.py, next to this script
 import torch
-import torch.distributed as dist
 
 TABLES = ("user", "item")
 DIM = 16
@@ -127,19 +126,7 @@ def batch(step: int, rank: int, size: int, device: torch.device):
 # ------------------------------------------------------------------- train --
 
 
-def _train_rank(args) -> None:
-    """One rank of the job, as the launcher's environment says."""
-    env, device = dist_launch.init_from_env(args.device, 1)
-    try:
-        _train_steps(args, env, device)
-        # Every rank past its last collective before any tears the group down
-        # (dist_launch.tear_down says why), the model garbage by then.
-        dist.barrier()
-    finally:
-        dist_launch.tear_down()
-
-
-def _train_steps(args, env, device) -> None:
+def _train_steps(env, device, args) -> None:
     """The trainer's work on one rank: publish deltas, then a final dump."""
     from dynamicemb.checkpoint import dump, load
     from dynamicemb.checkpoint.layout import MANIFEST
@@ -173,11 +160,9 @@ def _train_steps(args, env, device) -> None:
 
 
 def train(args) -> int:
-    if dist_launch.launched():  # torchrun started this process as a rank
-        _train_rank(args)
-    else:
-        dist_launch.spawn_ranks(args.world_size, _train_rank, args, device=args.device)
-    return 0
+    """The job's ranks (under torchrun this process is one of them), each
+    ending as the main job's do (``dist_launch.run_job``)."""
+    return dist_launch.run_job(_train_steps, args, None)
 
 
 # ------------------------------------------------------------------- serve --
