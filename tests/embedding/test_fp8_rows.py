@@ -19,7 +19,7 @@ from dynamicemb.embedding.initializer import init_rows, init_rows_at, initialize
 from dynamicemb.table import constants, ops
 from tests.devices import DEVICES
 from tests.embedding import test_pooling_ops as po
-from tests.embedding.fp8_reference import pad4, scale_of
+from tests.embedding.fp8_reference import fp8_values, pad4, scale_of
 
 FP8 = int(constants()["ElementType"]["FLOAT8_E4M3FN"])
 RMSPROP_AR = DynamicEmbOptimType.ROWWISE_RMSPROP_AR
@@ -42,10 +42,8 @@ def fp8_rows(values: torch.Tensor, state_dim: int) -> torch.Tensor:
 def decode(rows: torch.Tensor, dim: int, state_dim: int) -> torch.Tensor:
     """fp8_rows back to float32 (n, dim + state_dim): the rows' values."""
     p = pad4(dim)
-    scale = rows[:, p : p + 4].contiguous().view(torch.float32)
-    emb = rows[:, :dim].contiguous().view(torch.float8_e4m3fn).float() * scale
     state = rows[:, p + 4 : p + 4 + 4 * state_dim].contiguous().view(torch.float32)
-    return torch.cat([emb, state], dim=1)
+    return torch.cat([fp8_values(rows, dim), state], dim=1)
 
 
 def scales(rows: torch.Tensor, dim: int) -> torch.Tensor:

@@ -18,6 +18,8 @@ import torch
 import train_checkpoint  # examples/train_checkpoint.py (pyproject: pytest pythonpath)
 import train_dlrm  # examples/train_dlrm.py
 
+from tests.embedding.fp8_reference import fp8_values, pad4
+
 # A small run: few steps, small batches, two windows of ten steps.
 SMALL = "--device cpu --batch-size 64 --eval-batches 2 --log-window 10".split()
 RUN_TIMEOUT_S = 240
@@ -109,20 +111,11 @@ def _read(path: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor
 _FLOATS = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def fp8_values(rows: torch.Tensor, dim: int) -> torch.Tensor:
-    """float32 values of FP8 rows as a checkpoint file holds them (uint8:
-    ``dim`` e4m3fn codes, zeros to a multiple of 4 bytes, then the row's
-    float32 scale): code * scale."""
-    codes = rows[:, :dim].contiguous().view(torch.float8_e4m3fn).float()
-    scale = rows[:, -4:].contiguous().view(torch.float32)
-    return codes * scale
-
-
 def _values_of(meta: dict) -> tuple[torch.dtype, tuple[int, ...], Callable]:
     """(file dtype, row shape, to float values) of a table's embeddings."""
     dim, name = meta["embedding_dim"], meta["embedding_dtype"]
     if name == "float8_e4m3fn":
-        return torch.uint8, (-(-dim // 4) * 4 + 4,), lambda rows: fp8_values(rows, dim)
+        return torch.uint8, (pad4(dim) + 4,), lambda rows: fp8_values(rows, dim)
     return _FLOATS[name], (dim,), lambda rows: rows
 
 
