@@ -337,17 +337,19 @@ def fresh_venv(extension=None):
 
     cuda = bool(torch.version.cuda)
     wanted = ["torchrec-cuda", "opentelemetry"] if cuda else ["torchrec-cpu-deps", "opentelemetry"]
-    extras = setup_py_names()["extras"](torch, for_sdist=False)
+    setup_py = setup_py_names()
+    extras = setup_py["extras"](torch, for_sdist=False)
     torchrec = [r for r in extras["torchrec-cuda"] if r.startswith("torchrec")]
     with tempfile.TemporaryDirectory() as tmp:
         checkout, out = os.path.join(tmp, "checkout"), os.path.join(tmp, "dist")
         copy_checkout(checkout)
         start = time.monotonic()
         build = [sys.executable, "-m", "build", "--no-isolation", "--outdir", out, checkout]
+        prebuilt = setup_py["PREBUILT"]  # the variable setup.py reads
         env = dict(os.environ)
-        env.pop("DEMB_PREBUILT_EXTENSION", None)
+        env.pop(prebuilt, None)
         if extension is not None:
-            env["DEMB_PREBUILT_EXTENSION"] = os.path.abspath(extension)
+            env[prebuilt] = os.path.abspath(extension)
         if _run(build, "building the sdist and the wheel", env=env).returncode:
             return 1
         (wheel,) = [os.path.join(out, n) for n in os.listdir(out) if n.endswith(".whl")]
