@@ -2,9 +2,10 @@
 //
 // Writing an FP8 row (cc/storage/row_space.h, "FP8 rows"): the scale of its
 // values' largest magnitude, then each code rounded stochastically with the
-// bits of (key, step, element) (philox.h). The initializers (step 0) and the
-// optimizers (their step) write rows this way, on both backends: the CUDA
-// kernels a code per lane, the CPU a row at a time (fp8_rows_cpu.h).
+// bits of (key, step, element) (philox.h: a draw serves four elements). The
+// initializers (step 0) and the optimizers (their step) write rows this way,
+// on both backends: the CUDA kernels a code per lane, the CPU a row at a time
+// (fp8_rows_cpu.h).
 #pragma once
 
 #include <cstdint>

@@ -19,27 +19,31 @@ namespace cpu {
 
 namespace {
 
-// The elements of one row, one lane each, through Philox's rounds (philox.h:
-// philox, whose first output word is c0 after the last round).
+// The draws of one row, one after another (philox.h: stochastic_bits).
 void stochastic_bits_scalar(const StochasticDraws& r, int64_t n, uint32_t* bits) {
-  for (int64_t e = 0; e < n; ++e) {
-    bits[e] = philox(static_cast<uint32_t>(e), r.c1, r.c2, r.c3, r.k0, r.k1).v[0];
+  for (int64_t j = 0; j * kBitsPerDraw < n; ++j) {
+    const Philox4 p = philox(static_cast<uint32_t>(j), r.c1, r.c2, r.c3, r.k0, r.k1);
+    for (int w = 0; w < kBitsPerDraw && j * kBitsPerDraw + w < n; ++w) {
+      bits[j * kBitsPerDraw + w] = p.v[w];
+    }
   }
 }
 
 #if defined(__x86_64__)
 
-// The same rounds eight elements at a time. _mm256_mul_epu32 multiplies the
-// even 32-bit lanes into 64-bit products; the odd lanes go through it
-// shifted down. The last round needs only the product that makes c0.
+// The same rounds for eight draws at a time, one a lane (the bits of 32
+// elements). _mm256_mul_epu32 multiplies the even 32-bit lanes into 64-bit
+// products; the odd lanes go through it shifted down. The four output words
+// of the eight draws are then transposed into element order.
 __attribute__((target("avx2"))) void stochastic_bits_avx2(const StochasticDraws& r, int64_t n,
                                                           uint32_t* bits) {
   const __m256i m0 = _mm256_set1_epi64x(kPhiloxM0);
   const __m256i m1 = _mm256_set1_epi64x(kPhiloxM1);
-  __m256i e = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256i j = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
   const __m256i eight = _mm256_set1_epi32(8);
-  for (int64_t base = 0; base < n; base += 8) {
-    __m256i c0 = e, c1 = _mm256_set1_epi32(static_cast<int>(r.c1));
+  constexpr int64_t kPerStep = 8 * kBitsPerDraw;
+  for (int64_t base = 0; base < n; base += kPerStep) {
+    __m256i c0 = j, c1 = _mm256_set1_epi32(static_cast<int>(r.c1));
     __m256i c2 = _mm256_set1_epi32(static_cast<int>(r.c2));
     __m256i c3 = _mm256_set1_epi32(static_cast<int>(r.c3));
     uint32_t k0 = r.k0, k1 = r.k1;
@@ -47,28 +51,36 @@ __attribute__((target("avx2"))) void stochastic_bits_avx2(const StochasticDraws&
       const __m256i p1e = _mm256_mul_epu32(c2, m1);
       const __m256i p1o = _mm256_mul_epu32(_mm256_srli_epi64(c2, 32), m1);
       const __m256i hi1 = _mm256_blend_epi32(_mm256_srli_epi64(p1e, 32), p1o, 0xaa);
-      const __m256i n0 =
-          _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(static_cast<int>(k0)));
-      if (round + 1 < kPhiloxRounds) {
-        const __m256i p0e = _mm256_mul_epu32(c0, m0);
-        const __m256i p0o = _mm256_mul_epu32(_mm256_srli_epi64(c0, 32), m0);
-        const __m256i hi0 = _mm256_blend_epi32(_mm256_srli_epi64(p0e, 32), p0o, 0xaa);
-        c1 = _mm256_blend_epi32(p1e, _mm256_slli_epi64(p1o, 32), 0xaa);
-        c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32(static_cast<int>(k1)));
-        c3 = _mm256_blend_epi32(p0e, _mm256_slli_epi64(p0o, 32), 0xaa);
-      }
-      c0 = n0;
+      const __m256i p0e = _mm256_mul_epu32(c0, m0);
+      const __m256i p0o = _mm256_mul_epu32(_mm256_srli_epi64(c0, 32), m0);
+      const __m256i hi0 = _mm256_blend_epi32(_mm256_srli_epi64(p0e, 32), p0o, 0xaa);
+      c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(static_cast<int>(k0)));
+      c1 = _mm256_blend_epi32(p1e, _mm256_slli_epi64(p1o, 32), 0xaa);
+      c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32(static_cast<int>(k1)));
+      c3 = _mm256_blend_epi32(p0e, _mm256_slli_epi64(p0o, 32), 0xaa);
       k0 += kPhiloxW0;
       k1 += kPhiloxW1;
     }
-    if (n - base >= 8) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + base), c0);
-    } else {
-      alignas(32) uint32_t last[8];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(last), c0);
-      for (int64_t k = 0; k < n - base; ++k) bits[base + k] = last[k];
-    }
-    e = _mm256_add_epi32(e, eight);
+    // Lane d of c0..c3 holds draw d's words; element 4d + w takes word w.
+    const __m256i ab_lo = _mm256_unpacklo_epi32(c0, c1);  // draws 0 1 | 4 5: words 0 1
+    const __m256i ab_hi = _mm256_unpackhi_epi32(c0, c1);  // draws 2 3 | 6 7: words 0 1
+    const __m256i cd_lo = _mm256_unpacklo_epi32(c2, c3);
+    const __m256i cd_hi = _mm256_unpackhi_epi32(c2, c3);
+    const __m256i d04 = _mm256_unpacklo_epi64(ab_lo, cd_lo);  // draw 0 | draw 4
+    const __m256i d15 = _mm256_unpackhi_epi64(ab_lo, cd_lo);
+    const __m256i d26 = _mm256_unpacklo_epi64(ab_hi, cd_hi);
+    const __m256i d37 = _mm256_unpackhi_epi64(ab_hi, cd_hi);
+    alignas(32) uint32_t out[kPerStep];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out), _mm256_permute2x128_si256(d04, d15, 0x20));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out + 8),
+                       _mm256_permute2x128_si256(d26, d37, 0x20));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out + 16),
+                       _mm256_permute2x128_si256(d04, d15, 0x31));
+    _mm256_store_si256(reinterpret_cast<__m256i*>(out + 24),
+                       _mm256_permute2x128_si256(d26, d37, 0x31));
+    const int64_t take = n - base < kPerStep ? n - base : kPerStep;
+    std::memcpy(bits + base, out, static_cast<size_t>(take) * sizeof(uint32_t));
+    j = _mm256_add_epi32(j, eight);
   }
 }
 

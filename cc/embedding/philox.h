@@ -49,10 +49,14 @@ DEMB_HD Philox4 philox(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint3
 constexpr uint32_t kStochasticKey = 0x53524E44u;
 
 /// The draws of the stochastic rounding of one row write: Philox's counter
-/// words c1..c3 and key; element e's draw has c0 = e (stochastic_bits).
+/// words c1..c3 and key; elements 4j..4j+3 take the four words of the draw
+/// whose c0 = j (stochastic_bits).
 struct StochasticDraws {
   uint32_t c1, c2, c3, k0, k1;
 };
+
+/// Elements whose bits one Philox draw gives (its four output words).
+constexpr int kBitsPerDraw = 4;
 
 /// The draws for the row of `key` (or, where the writer has no key, the
 /// row's place) written at optimizer step `step` (0: the row's initial write).
@@ -64,10 +68,21 @@ DEMB_HD StochasticDraws stochastic_draws(uint64_t key, int64_t step) {
 }
 
 /// 32 random bits for the stochastic rounding of element `e` of the row of
-/// `key` written at step `step` (stochastic_draws): the first word of draw e.
+/// `key` written at step `step` (stochastic_draws): word e % 4 of draw e / 4.
 DEMB_HD uint32_t stochastic_bits(uint64_t key, int64_t step, int64_t e) {
   const StochasticDraws r = stochastic_draws(key, step);
-  return philox(static_cast<uint32_t>(e), r.c1, r.c2, r.c3, r.k0, r.k1).v[0];
+  const uint32_t draw = static_cast<uint32_t>(e / kBitsPerDraw);
+  const Philox4 p = philox(draw, r.c1, r.c2, r.c3, r.k0, r.k1);
+  switch (e % kBitsPerDraw) {
+    case 0:
+      return p.v[0];
+    case 1:
+      return p.v[1];
+    case 2:
+      return p.v[2];
+    default:
+      return p.v[3];
+  }
 }
 
 }  // namespace embedding

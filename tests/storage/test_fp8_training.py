@@ -115,9 +115,10 @@ def _rows_of(m, keys, dim):
 
 # ---------------------------------------------------------------------------
 # The reference of an FP8 row's write: the scale of the new values' largest
-# magnitude, then each value / scale rounded stochastically with the 32 bits
-# Philox4x32-10 draws for (key, step, element), written here from the
-# algorithm's definition (Salmon et al., SC'11) in numpy integers.
+# magnitude, then each value / scale rounded stochastically with 32 bits that
+# Philox4x32-10 draws for (key, step, element / 4), one of the draw's four
+# words, written here from the algorithm's definition (Salmon et al., SC'11)
+# in numpy integers.
 _M32 = np.uint64(0xFFFFFFFF)
 
 
@@ -132,15 +133,17 @@ def _philox(c0, c1, c2, c3, k0, k1):
         c = [n0, p1 & _M32, n2, p0 & _M32]
         k0 = (k0 + np.uint64(0x9E3779B9)) & _M32
         k1 = (k1 + np.uint64(0xBB67AE85)) & _M32
-    return c[0]
+    return np.stack(c, axis=-1)
 
 
 def rounding_bits(key: int, step: int, dim: int) -> np.ndarray:
-    """The 32 random bits of each element of the row of ``key`` written at
-    ``step`` (counter: element, step, key; key: "SRND", the step's high word)."""
+    """The 32 random bits of each element e of the row of ``key`` written at
+    ``step``: word e % 4 of the draw of counter (e / 4, step, key) and key
+    ("SRND", the step's high word)."""
     e = np.arange(dim, dtype=np.uint64)
     lo, hi = key & 0xFFFFFFFF, (key >> 32) & 0xFFFFFFFF
-    return _philox(e, step & 0xFFFFFFFF, lo, hi, 0x53524E44, step >> 32)
+    words = _philox(e // np.uint64(4), step & 0xFFFFFFFF, lo, hi, 0x53524E44, step >> 32)
+    return words[np.arange(dim), (e % np.uint64(4)).astype(np.int64)]
 
 
 def stochastic_fp8(x: torch.Tensor, bits: np.ndarray) -> torch.Tensor:
