@@ -24,16 +24,13 @@ pytestmark = pytest.mark.gpu
 GIB, MIB = 1 << 30, 1 << 20
 
 
-def _requested() -> int:
-    """Device bytes the tensors asked for (the caching allocator rounds
-    large blocks up to 2 MiB, which memory_allocated counts)."""
-    return torch.cuda.memory_stats()["requested_bytes.all.current"]
-
-
 def _allocated_by(build):
-    """``build()`` with the allocator's history on: its result, and the
-    device blocks allocated meanwhile and still live, summed by the
-    dynamicemb lines that asked for them, largest first (what a failure
+    """``build()`` with the allocator's history on: its result, the device
+    bytes the tensors it allocated and still holds asked for (blocks the
+    history saw allocated meanwhile, still live: tensors of earlier tests
+    freed meanwhile do not lower it; the caching allocator rounds large blocks
+    up to 2 MiB, which the requested sizes leave out), and those bytes summed
+    by the dynamicemb lines that asked for them, largest first (what a failure
     of the bounds below shows)."""
     torch.cuda.memory._record_memory_history(max_entries=100_000)
     try:
@@ -52,7 +49,7 @@ def _allocated_by(build):
             ours = [x for x, f in zip(ours, frames) if "dynamicemb" in f["filename"]]
             key = " < ".join(ours[:4]) or "outside dynamicemb"
             sites[key] = sites.get(key, 0) + block.get("requested_size", block["size"])
-    return result, sorted(sites.items(), key=lambda kv: -kv[1])[:12]
+    return result, sum(sites.values()), sorted(sites.items(), key=lambda kv: -kv[1])[:12]
 
 
 @pytest.mark.parametrize("caching", [False, True], ids=["hybrid", "cache"])
@@ -70,10 +67,10 @@ def test_a_table_of_several_gib_with_a_1_mib_budget_takes_little_device_memory(c
             mode=DynamicEmbInitializerMode.UNIFORM, lower=-0.1, upper=0.1
         ),
     )
-    gc.collect()  # earlier tests' tensors are not freed while this one measures
+    gc.collect()
     torch.cuda.synchronize()
-    before = _requested()
-    m, sites = _allocated_by(
+    before = torch.cuda.memory_allocated()
+    m, on_device, sites = _allocated_by(
         lambda: BatchedDynamicEmbeddingTablesV2(
             [options],
             pooling_mode=DynamicEmbPoolingMode.SUM,
@@ -82,7 +79,6 @@ def test_a_table_of_several_gib_with_a_1_mib_budget_takes_little_device_memory(c
             learning_rate=0.01,
         )
     )
-    on_device = _requested() - before
     full = rows * rb
     # Rows on the device within the budget; the rest is the keys' metadata
     # (17 bytes a slot against 1536 bytes a row): one table's and its row map
