@@ -49,6 +49,7 @@ def test_the_compiled_extension_is_every_cpu_source_of_sources_bzl(monkeypatch):
     cxx = ext.extra_compile_args["cxx"]
     assert "-O3" in cxx and "-Wall" in cxx and "-Wextra" in cxx
     assert "-Wl,--strip-all" in ext.extra_link_args
+    assert "-g0" in cxx  # no debug info for the stripped link to drop
 
 
 def test_a_prebuilt_extension_keeps_the_sources_and_is_copied_stripped(monkeypatch, tmp_path):
