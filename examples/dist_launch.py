@@ -282,6 +282,15 @@ def output_to(path: str):
             os.close(copy)
 
 
+def exit_status(e: SystemExit) -> int:
+    """The exit status Python gives a process that ``e`` ends: its code when
+    an int, 0 for None, else 1 with the code printed to stderr."""
+    if e.code is None or isinstance(e.code, int):
+        return e.code or 0
+    print(e.code, file=sys.stderr)
+    return 1
+
+
 _forkserver_log = None  # the log of the forkserver run_here started
 
 
@@ -307,8 +316,8 @@ def run_here(main, argv: list[str], log: str) -> tuple[int, str]:
     with output_to(log):
         try:
             rc = main(argv)
-        except SystemExit as e:  # refused options
-            rc = e.code if isinstance(e.code, int) else 2
+        except SystemExit as e:  # refused options (argparse: 2), sys.exit(...)
+            rc = exit_status(e)
         finally:
             sys.argv = saved_argv
     with open(log, errors="replace") as f:

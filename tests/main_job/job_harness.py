@@ -46,7 +46,13 @@ def run_job(argv: list[str]) -> tuple[int, str]:
     (dist_launch.run_here: the ranks forked from one forkserver, which
     imports torch, TorchRec and dynamicemb once for the test session);
     returns (exit status, output). test_as_written runs its command line."""
-    return dist_launch.run_here(train_dlrm.main, argv, _LOG)
+    return run_main(train_dlrm.main, argv)
+
+
+def run_main(main, argv: list[str]) -> tuple[int, str]:
+    """``dist_launch.run_here`` of a script's ``main`` with the session's
+    one forkserver and log; returns (exit status, output)."""
+    return dist_launch.run_here(main, argv, _LOG)
 
 
 def torchrun_cmd(torchrun_args: list[str], argv: list[str]) -> list[str]:

@@ -33,6 +33,16 @@ def _refused(capsys, argv: list[str]) -> str:
     return capsys.readouterr().err
 
 
+@pytest.mark.parametrize("code, status", [(None, 0), (0, 0), (3, 3), ("cannot go on", 1)])
+def test_a_main_run_here_ends_with_the_status_its_command_line_would(code, status):
+    def main(argv):
+        raise SystemExit(code)
+
+    rc, out = j.run_main(main, [])
+    assert rc == status
+    assert ("cannot go on" in out) == (code == "cannot go on")
+
+
 def _snapshot(root: str) -> dict[str, tuple[int, int]]:
     out = {}
     for folder, _, names in os.walk(root):
