@@ -73,6 +73,8 @@ DEMB_HD uint32_t stochastic_bits(uint64_t key, int64_t step, int64_t e) {
   const StochasticDraws r = stochastic_draws(key, step);
   const uint32_t draw = static_cast<uint32_t>(e / kBitsPerDraw);
   const Philox4 p = philox(draw, r.c1, r.c2, r.c3, r.k0, r.k1);
+  // A switch rather than p.v[e % 4]: an index known only at run time would
+  // keep p in a CUDA thread's local memory instead of its registers.
   switch (e % kBitsPerDraw) {
     case 0:
       return p.v[0];
