@@ -285,6 +285,45 @@ TEST(Fp8Rows, AnUpdateHasThePerElementDefinitionsBytes) {
   }
 }
 
+// The CUDA kernels' four codes at a time (scaled_codes4, store_codes4,
+// load_codes4), at every offset from a 4-byte boundary: the per-element
+// definition's codes, zeros in the padding, nothing written past it, and the
+// codes' values read back (zeros past the row's end).
+TEST(Fp8Rows, FourCodesAtATimeAreThePerElementDefinitions) {
+  for (int64_t dim : kDims) {
+    const int64_t padded = storage::pad4(dim);
+    for (const auto& v : test_rows(dim, 500u + static_cast<uint32_t>(dim))) {
+      Fp8Row want(dim, 0);
+      define_row(want, v, 11 + dim, 5);
+      const float scale = want.scale();
+      for (int shift = 0; shift < 4; ++shift) {
+        std::vector<uint8_t> buf(static_cast<size_t>(padded + 8), 0xa5);
+        auto* w = reinterpret_cast<Float8E4M3*>(buf.data() + shift);
+        for (int64_t d0 = 0; d0 < dim; d0 += 4) {
+          float x[4];
+          for (int k = 0; k < 4; ++k) x[k] = d0 + k < dim ? v[d0 + k] : 0.f;
+          store_codes4(w, d0, scaled_codes4(x, scale, 11 + dim, 5, d0 / 4, dim));
+        }
+        for (int64_t d = 0; d < padded; ++d) {
+          const uint8_t code = d < dim ? want.codes()[d].bits : 0;
+          ASSERT_EQ(w[d].bits, code) << dim << " " << shift << " " << d;
+        }
+        for (int64_t b = shift + padded; b < static_cast<int64_t>(buf.size()); ++b) {
+          ASSERT_EQ(buf[b], 0xa5) << dim << " " << shift << " " << b;
+        }
+        for (int64_t d0 = 0; d0 < dim; d0 += 4) {
+          float x[4];
+          load_codes4(w, d0, dim, x);
+          for (int k = 0; k < 4; ++k) {
+            const float code = d0 + k < dim ? storage::to_float(want.codes()[d0 + k]) : 0.f;
+            ASSERT_EQ(storage::float_bits(x[k]), storage::float_bits(code)) << dim << " " << d0;
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace embedding
 }  // namespace dyn_emb

@@ -18,20 +18,28 @@ __global__ void init_rows_kernel(InitArgs a, const int64_t* keys, const int64_t*
   out[x] = init_value(a, keys[i], table_ids[i], e);
 }
 
+// Blocks of 4 values of an FP8 row one lane draws (storage::kMaxScaledDim).
+constexpr int64_t kScaledBlocksPerLane = (storage::kMaxScaledDim / 4 + kWarp - 1) / kWarp;
+
 // The new FP8 row of `key` at `offset` by one warp (all lanes call it): the
-// lanes' blocks of 4 values for the row's largest magnitude, then the same
-// values again (init_values4 gives the same) for their codes; the codes,
-// scale and padding are those write_scaled_row (fp8_rows_cpu.h) writes on
-// the CPU.
+// lanes' blocks of 4 values, kept in registers, for the row's largest
+// magnitude, then each block's four codes from one draw (scaled_codes4),
+// written as one word; the codes, scale and padding are those
+// write_scaled_row (fp8_rows_cpu.h) writes on the CPU.
 __device__ void init_scaled_row_warp(const RowInitArgs& a, int64_t offset, int64_t key,
                                      int64_t table, int lane) {
   const int64_t blocks = (a.dim + 3) / 4;
+  float v[kScaledBlocksPerLane][4];
   float amax = 0.f;
-  for (int64_t blk = lane; blk < blocks; blk += kWarp) {
-    float v[4];
-    init_values4(a.init, key, table, blk, v);
-    for (int k = 0; k < 4; ++k) {
-      if (4 * blk + k < a.dim) amax = fmaxf(amax, fabsf(v[k]));
+#pragma unroll
+  for (int i = 0; i < kScaledBlocksPerLane; ++i) {
+    const int64_t blk = lane + i * kWarp;
+    if (blk < blocks) {
+      init_values4(a.init, key, table, blk, v[i]);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        if (4 * blk + k < a.dim) amax = fmaxf(amax, fabsf(v[i][k]));
+      }
     }
   }
   for (int off = kWarp / 2; off > 0; off /= 2) {
@@ -39,17 +47,13 @@ __device__ void init_scaled_row_warp(const RowInitArgs& a, int64_t offset, int64
   }
   const float scale = storage::fp8_scale(amax);
   auto* w = reinterpret_cast<storage::Float8E4M3*>(a.space.at(offset));
-  const int64_t padded = storage::pad4(a.dim);
-  for (int64_t blk = lane; 4 * blk < padded; blk += kWarp) {
-    float v[4];
-    init_values4(a.init, key, table, blk, v);
-    for (int k = 0; k < 4; ++k) {
-      const int64_t d = 4 * blk + k;
-      if (d < a.dim) {
-        w[d] = scaled_code(v[k], scale, static_cast<uint64_t>(key), 0, d);
-      } else if (d < padded) {
-        w[d] = storage::Float8E4M3{0};
-      }
+#pragma unroll
+  for (int i = 0; i < kScaledBlocksPerLane; ++i) {
+    const int64_t blk = lane + i * kWarp;
+    if (blk < blocks) {
+      // The padding's codes are 0 (scaled_codes4), written with the word.
+      store_codes4(w, 4 * blk,
+                   scaled_codes4(v[i], scale, static_cast<uint64_t>(key), 0, blk, a.dim));
     }
   }
   if (lane == 0) *storage::scale_at(w, a.dim) = scale;

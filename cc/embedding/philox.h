@@ -67,12 +67,17 @@ DEMB_HD StochasticDraws stochastic_draws(uint64_t key, int64_t step) {
                          static_cast<uint32_t>(s >> 32)};
 }
 
-/// 32 random bits for the stochastic rounding of element `e` of the row of
-/// `key` written at step `step` (stochastic_draws): word e % 4 of draw e / 4.
-DEMB_HD uint32_t stochastic_bits(uint64_t key, int64_t step, int64_t e) {
+/// Draw `j` of the row of `key` written at step `step` (stochastic_draws):
+/// the bits of its elements 4j..4j+3, word k for element 4j + k.
+DEMB_HD Philox4 stochastic_draw(uint64_t key, int64_t step, int64_t j) {
   const StochasticDraws r = stochastic_draws(key, step);
-  const uint32_t draw = static_cast<uint32_t>(e / kBitsPerDraw);
-  const Philox4 p = philox(draw, r.c1, r.c2, r.c3, r.k0, r.k1);
+  return philox(static_cast<uint32_t>(j), r.c1, r.c2, r.c3, r.k0, r.k1);
+}
+
+/// 32 random bits for the stochastic rounding of element `e` of the row of
+/// `key` written at step `step`: word e % 4 of draw e / 4 (stochastic_draw).
+DEMB_HD uint32_t stochastic_bits(uint64_t key, int64_t step, int64_t e) {
+  const Philox4 p = stochastic_draw(key, step, e / kBitsPerDraw);
   // A switch rather than p.v[e % 4]: an index known only at run time would
   // keep p in a CUDA thread's local memory instead of its registers.
   switch (e % kBitsPerDraw) {

@@ -23,7 +23,11 @@ __device__ __forceinline__ void add_row(const T* v, float w, int64_t base, int64
                                         float (&acc)[kPer]) {
   if constexpr (Vec) {
     float x[kPer];
-    load_chunk<true>(v, base, dim, lane, x);  // Vec implies T = float
+    if constexpr (storage::Scaled<T>::value) {
+      load_codes4(v, base + 4 * lane, dim, x);  // the lane's four codes: one word
+    } else {
+      load_chunk<true>(v, base, dim, lane, x);  // float32
+    }
 #pragma unroll
     for (int k = 0; k < kPer; ++k) acc[k] += w * x[k];
   } else {
@@ -71,13 +75,14 @@ __device__ void pool_bag(const PoolArgs& a, const BagSlot& s, int64_t j0, int64_
 // reads bag b0 + l's occurrences and its first occurrence's row and weight,
 // so that the warp, pooling the bags one after another, waits on no index
 // load of its own for a bag of one occurrence (hotness 1, sequences).
-// Vectorized when the rows are float32 and the bag's output slice is 16-byte
-// aligned (a row that is not aligned is read element-wise).
+// Vectorized when the rows are float32 or FP8, the dim a multiple of 4 and
+// the bag's output slice 16-byte aligned (a float32 row that is not aligned
+// is read element-wise, an FP8 row's word a byte at a time).
 template <class T>
 __global__ void pool_kernel(PoolArgs a, int64_t num_bags) {
   const int lane = threadIdx.x % kWarp;
   const int64_t stride = launch_warps() * kWarp;
-  constexpr bool kFloat = std::is_same_v<T, float>;
+  constexpr bool kVec = kVecType<T>;
   for (int64_t b0 = global_thread() / kWarp * kWarp; b0 < num_bags; b0 += stride) {
     const int64_t mine = b0 + lane;
     int64_t j0 = 0, j1 = 0;
@@ -98,8 +103,8 @@ __global__ void pool_kernel(PoolArgs a, int64_t num_bags) {
           __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(v), k));
       const float wk = __shfl_sync(0xffffffffu, w, k);
       const BagSlot s = bag_slot(a.layout, b0 + k);
-      if (kFloat && s.dim % 4 == 0 && aligned16(a.out + s.offset)) {
-        pool_bag<T, kFloat>(a, s, k0, k1, vk, wk, lane);
+      if (kVec && s.dim % 4 == 0 && aligned16(a.out + s.offset)) {
+        pool_bag<T, kVec>(a, s, k0, k1, vk, wk, lane);
       } else {
         pool_bag<T, false>(a, s, k0, k1, vk, wk, lane);
       }
@@ -202,9 +207,9 @@ __global__ void update_kernel(UpdateArgs a, int64_t num_keys) {
     KeyOccurrences o;
     const int64_t dim = load_occurrences(a, i0, c, lane, o);
     if (key_vectorized<T>(a, r, dim)) {
-      update_plain_key<T, std::is_same_v<T, float>>(a, u, r, o, c, dim, lane);
+      update_plain_key<T, kVecType<T>>(a, u, r, o, c, dim, lane);
     } else {
-      update_plain_key<T, false>(a, u, r, o, c, dim, lane);
+      update_plain_key<T, kAlwaysVec<T>>(a, u, r, o, c, dim, lane);
     }
   }
 }
@@ -265,9 +270,9 @@ __global__ void hot_update_kernel(UpdateArgs a, HotKeys h, int64_t num_keys) {
   const float* row = h.buf + k * h.buf_width;
   const int64_t dim = key_dim(a, u);
   if (key_vectorized<T>(a, a.rows[u], dim)) {
-    update_hot_key<T, std::is_same_v<T, float>>(a, u, row, dim, lane);
+    update_hot_key<T, kVecType<T>>(a, u, row, dim, lane);
   } else {
-    update_hot_key<T, false>(a, u, row, dim, lane);
+    update_hot_key<T, kAlwaysVec<T>>(a, u, row, dim, lane);
   }
 }
 

@@ -18,9 +18,11 @@ namespace cuda {
 
 // Rows are handled in chunks of kChunk coordinates, kPer of them per lane:
 // lane l owns coordinates base + l + 32 k (k < kPer) of a chunk, so a warp
-// reads a chunk in coalesced 128-byte pieces of any element type; or, for
-// float32 rows whose coordinates start 16-byte aligned ("vectorized"),
-// base + 4 l + k, so each lane reads its coordinates with one 16-byte load.
+// reads a chunk in coalesced 128-byte pieces of any element type; or
+// ("vectorized") base + 4 l + k: for float32 rows whose coordinates start
+// 16-byte aligned each lane reads its coordinates with one 16-byte load, and
+// an FP8 row's lane reads its four codes as one word and rounds them with
+// one draw (scaled_codes4).
 constexpr int kPer = 4;
 constexpr int64_t kChunk = kWarp * kPer;
 
@@ -34,14 +36,22 @@ __device__ __forceinline__ bool aligned16(const void* p) {
   return (reinterpret_cast<uintptr_t>(p) & 15) == 0;
 }
 
+/// Whether rows of T can be updated vectorized (float32 and FP8), and
+/// whether they always are (FP8: a lane's codes are read a byte at a time
+/// where the row is not 4-byte aligned).
+template <class T>
+constexpr bool kVecType = std::is_same_v<T, float> || storage::Scaled<T>::value;
+template <class T>
+constexpr bool kAlwaysVec = storage::Scaled<T>::value;
+
 /// Whether a row of `dim` T's at `w` is updated vectorized: float32, dim a
-/// multiple of 4, 16-byte aligned.
+/// multiple of 4, 16-byte aligned; any FP8 row.
 template <class T>
 __device__ __forceinline__ bool vectorized(const T* w, int64_t dim) {
   if constexpr (std::is_same_v<T, float>) {
     return dim % 4 == 0 && aligned16(w);
   } else {
-    return false;
+    return kAlwaysVec<T>;
   }
 }
 
@@ -102,37 +112,42 @@ constexpr int kMaxScaledChunks = 4;
 static_assert(kMaxScaledChunks * kChunk >= storage::kMaxScaledDim,
               "a warp holds an FP8 row of the largest dim in registers");
 
-/// update_scaled_row (fp8_rows_cpu.h) by one warp: the new values of the lanes'
-/// coordinates (lane_coord<false>) in registers, their largest magnitude
-/// across the warp, then the codes. The same codes as on the CPU for the
-/// same row, gradient and key. dim <= storage::kMaxScaledDim; all lanes must
-/// call it.
-template <class Fill>
+/// update_scaled_row (fp8_rows_cpu.h) by one warp, vectorized (lane l owns
+/// coordinates base + 4 l + k): the new values in registers, their largest
+/// magnitude across the warp, then each lane's four codes from one draw as
+/// one word. The same codes as on the CPU for the same row, gradient and key.
+/// dim <= storage::kMaxScaledDim; all lanes must call it.
+template <bool Vec, class Fill>
 __device__ void warp_update_scaled_row(const OptimArgs& optim, storage::Float8E4M3* w, float* s,
                                        int64_t dim, int lane, const Fill& fill, uint64_t key,
                                        int64_t step) {
-  using storage::to_float;
+  static_assert(Vec, "an FP8 row is updated vectorized (kAlwaysVec)");
   float* scale = storage::scale_at(w, dim);
   const float old = *scale;
   const RowFactors rf =
-      warp_row_factors<storage::Float8E4M3, false>(optim, w, s, dim, lane, fill, old);
+      warp_row_factors<storage::Float8E4M3, true>(optim, w, s, dim, lane, fill, old);
   float g[kPer];
   float x[kMaxScaledChunks][kPer];
   float amax = 0.f;
 #pragma unroll
   for (int c = 0; c < kMaxScaledChunks; ++c) {
     const int64_t base = c * kChunk;
+    const int64_t d0 = base + 4 * lane;
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) x[c][k] = 0.f;
     if (base < dim) {  // uniform across the warp
       fill(base, g);
+      if (d0 < dim) {
+        float q[kPer];
+        load_codes4(w, d0, dim, q);
 #pragma unroll
-      for (int k = 0; k < kPer; ++k) {
-        const int64_t d = lane_coord<false>(base, lane, k);
-        x[c][k] = 0.f;
-        if (d < dim) {
-          float wd = to_float(w[d]) * old;
-          update_coord(optim, wd, s, g[k], d, dim, rf);
-          x[c][k] = wd;
-          amax = fmaxf(amax, fabsf(wd));
+        for (int k = 0; k < kPer; ++k) {
+          if (d0 + k < dim) {
+            float wd = q[k] * old;
+            update_coord(optim, wd, s, g[k], d0 + k, dim, rf);
+            x[c][k] = wd;
+            amax = fmaxf(amax, fabsf(wd));
+          }
         }
       }
     }
@@ -144,12 +159,8 @@ __device__ void warp_update_scaled_row(const OptimArgs& optim, storage::Float8E4
   __syncwarp();  // every lane has read the old codes and scale
 #pragma unroll
   for (int c = 0; c < kMaxScaledChunks; ++c) {
-    const int64_t base = c * kChunk;
-#pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      const int64_t d = lane_coord<false>(base, lane, k);
-      if (base < dim && d < dim) w[d] = scaled_code(x[c][k], sc, key, step, d);
-    }
+    const int64_t d0 = c * kChunk + 4 * lane;
+    if (d0 < dim) store_codes4(w, d0, scaled_codes4(x[c], sc, key, step, d0 / 4, dim));
   }
   if (lane == 0) *scale = sc;
 }
@@ -191,7 +202,8 @@ __device__ void update_unscaled_row(const OptimArgs& optim, T* w, float* s, int6
 
 /// Updates a row (its dim weights `w` of T, its state `s`) with one warp;
 /// fill(base, g) writes the lane's coordinates (lane_coord<Vec>) of the
-/// gradient's chunk at `base` into g. Vec needs vectorized(w, dim).
+/// gradient's chunk at `base` into g. Vec needs vectorized(w, dim); an FP8
+/// row needs Vec (kAlwaysVec).
 /// A row-wise optimizer (is_rowwise) first sums the row's squared gradient
 /// across the warp, before any coordinate changes. An FP8 row goes to warp_update_scaled_row
 /// (`key`, `step`: its stochastic rounding's). All lanes must call it.
@@ -199,7 +211,7 @@ template <class T, bool Vec = false, class Fill>
 __device__ void warp_update_row(const OptimArgs& optim, T* w, float* s, int64_t dim, int lane,
                                 const Fill& fill, uint64_t key = 0, int64_t step = 0) {
   if constexpr (storage::Scaled<T>::value) {
-    warp_update_scaled_row(optim, w, s, dim, lane, fill, key, step);
+    warp_update_scaled_row<Vec>(optim, w, s, dim, lane, fill, key, step);
   } else {
     (void)key;
     (void)step;
