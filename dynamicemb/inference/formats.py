@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-__all__ = ["FORMATS", "RowFormat", "format_of"]
+__all__ = ["FORMATS", "Pool", "RowFormat", "format_of", "pooler"]
 
 # The largest e4m3fn value: a row's scale maps its largest magnitude onto it.
 FP8_MAX = 448.0
@@ -225,35 +225,100 @@ def format_of(dtype: torch.dtype | str) -> RowFormat:
     )
 
 
-def pool_rows(
-    fmt: RowFormat,
-    fused: bool,
-    storage: torch.Tensor,
-    slots: torch.Tensor,
-    offsets: torch.Tensor,
-    weights: torch.Tensor | None,
-    dim: int,
-) -> torch.Tensor:
-    """Per bag, the weighted sum of the rows at ``slots``: (bags, dim)
-    float32, bag ``b`` summing ``slots[offsets[b]:offsets[b + 1]]``.
-    ``fused``: the device runs PyTorch's fused ``int8`` lookup."""
-    if fmt.storage == torch.float32:
-        return F.embedding_bag(
-            slots,
-            storage,
-            offsets,
-            mode="sum",
-            per_sample_weights=weights,
-            include_last_offset=True,
-        )
-    if fmt.name == "int8" and fused:
-        return torch.ops.quantized.embedding_bag_byte_rowwise_offsets(
-            storage, slots, offsets, False, 0, False, weights, None, True
-        )
-    rows = fmt.decode(storage[slots], dim)
-    ids = torch.arange(rows.shape[0], dtype=slots.dtype, device=slots.device)
+# A pooled lookup's rows: pool(storage, slots, offsets, weights, dim) -> (bags, dim) float32,
+# bag b the weighted sum of the stored rows slots[offsets[b]:offsets[b + 1]].
+Pool = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, "torch.Tensor | None", int], torch.Tensor
+]
+
+# The formats the extension's embedding_pool reads as stored (its
+# ElementType's name): their rows are the training tables' embeddings.
+_NATIVE_TYPES = {"float16": "FLOAT16", "bfloat16": "BFLOAT16", "float8_e4m3fn": "FLOAT8_E4M3FN"}
+
+
+def _pool_float32(storage, slots, offsets, weights, dim):
     return F.embedding_bag(
-        ids, rows, offsets, mode="sum", per_sample_weights=weights, include_last_offset=True
+        slots, storage, offsets, mode="sum", per_sample_weights=weights, include_last_offset=True
+    )
+
+
+def _pool_fused_int8(storage, slots, offsets, weights, dim):
+    return torch.ops.quantized.embedding_bag_byte_rowwise_offsets(
+        storage, slots, offsets, False, 0, False, weights, None, True
+    )
+
+
+def _pool_decoded(fmt: RowFormat) -> Pool:
+    """Gathers the rows, decodes them into float32 and pools the copy."""
+
+    def pool(storage, slots, offsets, weights, dim):
+        rows = fmt.decode(storage[slots], dim)
+        ids = torch.arange(rows.shape[0], dtype=slots.dtype, device=slots.device)
+        return F.embedding_bag(
+            ids, rows, offsets, mode="sum", per_sample_weights=weights, include_last_offset=True
+        )
+
+    return pool
+
+
+def _pool_native(fmt: RowFormat) -> Pool:
+    """The extension's ``embedding_pool``: each bag's rows read as stored
+    (two bytes an element, or an FP8 row's codes and scale) and summed in
+    float32 in one pass, as the training tables' lookups pool."""
+    from dynamicemb.table import constants, ops
+
+    element_type = int(constants()["ElementType"][_NATIVE_TYPES[fmt.name]])
+    embedding_pool = ops().embedding_pool
+
+    def pool(storage, slots, offsets, weights, dim):
+        row_bytes = fmt.row_bytes(dim)
+        bags = offsets.shape[0] - 1
+        # One feature of `bags` samples, its dim the whole output (tiled).
+        cols = torch.zeros(1, dtype=torch.int64, device=slots.device)
+        dims = torch.full((1,), dim, dtype=torch.int64, device=slots.device)
+        occurrences = torch.arange(slots.shape[0], dtype=torch.int64, device=slots.device)
+        return embedding_pool(
+            storage,
+            storage.new_empty(0),
+            slots * row_bytes,
+            occurrences,
+            offsets,
+            weights,
+            cols,
+            dims,
+            bags,
+            dim,
+            element_type,
+            None,
+            True,
+        )
+
+    return pool
+
+
+def pooler(fmt: RowFormat, device: torch.device) -> Pool:
+    """How a pooled lookup of ``fmt``'s rows runs on ``device``, chosen once:
+    ``F.embedding_bag`` over float32 rows; PyTorch's fused ``int8`` lookup
+    where the device has it; the extension's one pass over the stored rows
+    for float16, bfloat16 and FP8 where it has a kernel for the device;
+    else the rows gathered, decoded and pooled."""
+    if fmt.storage == torch.float32:
+        return _pool_float32
+    if fmt.name == "int8" and has_fused_int8(device):
+        return _pool_fused_int8
+    if fmt.name in _NATIVE_TYPES and has_native_pool(device):
+        return _pool_native(fmt)
+    return _pool_decoded(fmt)
+
+
+def has_native_pool(device: torch.device) -> bool:
+    """Whether the extension's ``embedding_pool`` has a kernel for
+    ``device``'s type (its CUDA kernels are built only with CUDA)."""
+    from dynamicemb.table import ops
+
+    ops()  # loads the extension, which registers its kernels
+    return torch._C._dispatch_has_kernel_for_dispatch_key(
+        "dynamicemb::embedding_pool", device.type.upper()
     )
 
 

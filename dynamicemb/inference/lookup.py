@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from dynamicemb.inference.formats import pool_rows
+from dynamicemb.inference.formats import Pool
 from dynamicemb.inference.state import Group, GroupRows
 
 __all__ = ["RandomDefault", "lookup"]
@@ -68,7 +68,7 @@ def lookup(
     dims: list[int],
     pooled: bool,
     mean: bool,
-    fused: bool,
+    pool: Pool,
     randoms: tuple[RandomDefault, ...],
     init_rows,
     seed: int,
@@ -84,7 +84,7 @@ def lookup(
             id in the group, -1 for a table of another group.
         feature_groups, dims: each feature's group and dim.
         pooled, mean: SUM or MEAN (pooled), else NONE.
-        fused: the device runs PyTorch's fused ``int8`` lookup.
+        pool: how the rows of a bag are pooled (formats.pooler).
         randoms, init_rows, seed: the tables with random defaults, the
             ``init_rows`` op (None without them), the generator's seed.
         ids, offsets: the batch (int64); weights: (n) float32 or None.
@@ -116,7 +116,7 @@ def lookup(
             init = init * mine[:, None].to(init.dtype)
             extra = init if extra is None else extra + init
         if pooled:
-            out = pool_rows(group.fmt, fused, grows.storage, slots, offsets, weights, group.dim)
+            out = pool(grows.storage, slots, offsets, weights, group.dim)
             if extra is not None:
                 arange = torch.arange(n, dtype=ids.dtype, device=ids.device)
                 out = out + F.embedding_bag(

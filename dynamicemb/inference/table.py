@@ -24,7 +24,7 @@ from dynamicemb.dynamicemb_config import (
     DynamicEmbInitializerMode,
     DynamicEmbPoolingMode,
 )
-from dynamicemb.inference.formats import RowFormat, format_of, has_fused_int8
+from dynamicemb.inference.formats import RowFormat, format_of, pooler
 from dynamicemb.inference.lookup import RandomDefault, lookup
 from dynamicemb.inference.sources import (
     Checkpoint,
@@ -198,7 +198,7 @@ class InferenceEmbeddingTable(torch.nn.Module, StreamReplica):
             for g in range(len(self._groups))
         ]
         self._randoms, self._defaults = self._default_rows()
-        self._fused = self.format.name == "int8" and has_fused_int8(self.device)
+        self._pool = pooler(self.format, self.device)
         # Writers (checkpoint loads, deltas) one at a time; lookups lock nothing.
         self._lock = threading.Lock()
         self._collections: list[str | None] = [c.collection for c in tables]
@@ -565,7 +565,7 @@ class InferenceEmbeddingTable(torch.nn.Module, StreamReplica):
             self._dims,
             pooled,
             self.pooling == DynamicEmbPoolingMode.MEAN,
-            self._fused,
+            self._pool,
             self._randoms,
             self._init_rows if self._randoms else None,
             self.seed,

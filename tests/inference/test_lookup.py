@@ -75,6 +75,36 @@ def test_pooled_lookups_match_float64_math_within_the_format_bound(job, dtype, m
             torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=1e-6)
 
 
+def _ops_of(fn) -> set[str]:
+    """The names of the ops the profiler saw ``fn`` run."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return {e.key for e in prof.key_averages()}
+
+
+@pytest.mark.parametrize(
+    "dtype", [torch.float16, torch.bfloat16, torch.float8_e4m3fn], ids=lambda d: str(d)[6:]
+)
+def test_two_byte_and_fp8_rows_are_pooled_as_stored_in_one_pass(job, dtype):
+    """The extension's embedding_pool reads the stored rows (no float32 copy
+    of the batch's rows pooled by embedding_bag), and sums what decoding
+    them first gives, within float32 rounding."""
+    cs, path, rows = job
+    names = [t.name for t in cs.tables]
+    configs = [InferenceTableConfig(n, feature_names=f) for n, f in ih.features(cs).items()]
+    table = InferenceEmbeddingTable.from_checkpoint(path, configs, dtype=dtype)
+    ids, offsets, weights = ih.batch(len(names), 6, 4)
+    seen = _ops_of(lambda: table(ids, offsets, weights))
+    assert "dynamicemb::embedding_pool" in seen
+    assert "aten::embedding_bag" not in seen and "aten::_embedding_bag" not in seen
+    # Each id's stored row decoded (table.rows), then pooled in float64.
+    none_held = {n: {"keys": rows[n]["keys"][:0], "emb": rows[n]["emb"][:0]} for n in names}
+    stored = [lambda k, n=n: table.rows(n, k) for n in names]
+    want = ih.reference(none_held, names, ids, offsets, weights, "sum", stored)
+    got = table(ids, offsets, weights).double()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: str(d).split(".")[-1])
 def test_sequence_lookups_read_each_row_within_the_format_bound(job, dtype):
     cs, path, rows = job
