@@ -4,7 +4,8 @@
 // the bytes of the per-element definition (fp8_rows.h: scaled_code, the CUDA
 // kernels' too), computed a row at a time. A row's random bits come from
 // Philox in SIMD lanes, eight elements a pass where the CPU has AVX2; codes
-// are read through a table of the 256 values.
+// are read eight at a time where the CPU has AVX2, else through a table of
+// the 256 values.
 #pragma once
 
 #include <array>
@@ -25,6 +26,10 @@ extern const std::array<float, 256> kFp8Values;
 
 /// The values of an FP8 row of `dim` codes at `w`: out[d] = code's value * scale.
 void read_scaled_row(const storage::Float8E4M3* w, int64_t dim, float* out);
+
+/// o[d] += w * the value of code d, for d < dim (a pooled row: `w` its
+/// weight times its scale); each term a product, then a sum.
+void add_codes(float* o, float w, const storage::Float8E4M3* codes, int64_t dim);
 
 /// Writes the float32 values `v` (dim) as the FP8 row at `w` of `key` at
 /// `step`: its scale, its codes (scaled_code's), zeros in the padding to 4

@@ -209,6 +209,34 @@ TEST(Fp8Rows, TheTableHoldsEachCodesValue) {
   }
 }
 
+// Rows holding every code (at every dim around the eight-at-a-time loops):
+// read_scaled_row gives each code's value times the scale, add_codes adds
+// the weight times each value to what is there, bit for bit as one product
+// and one sum per element.
+TEST(Fp8Rows, ReadsAndPooledSumsGiveEachCodesValue) {
+  for (int64_t dim : {1, 7, 8, 9, 16, 31, 64, 256, 263}) {
+    Fp8Row row(dim, 0);
+    for (int64_t d = 0; d < dim; ++d) {
+      row.codes()[d] = Float8E4M3{static_cast<uint8_t>((d * 37 + 11) % 256)};
+    }
+    *storage::scale_at(row.codes(), dim) = 0.375f;
+    std::vector<float> got(dim), sum(dim), want_sum(dim);
+    cpu::read_scaled_row(row.codes(), dim, got.data());
+    for (int64_t d = 0; d < dim; ++d) {
+      sum[d] = want_sum[d] = 0.25f * static_cast<float>(d) - 3.f;
+    }
+    cpu::add_codes(sum.data(), -1.5f, row.codes(), dim);
+    for (int64_t d = 0; d < dim; ++d) {
+      const float v = storage::to_float(row.codes()[d]);
+      const float want = v * 0.375f;
+      const float term = -1.5f * v;
+      want_sum[d] = want_sum[d] + term;
+      ASSERT_EQ(storage::float_bits(got[d]), storage::float_bits(want)) << dim << " " << d;
+      ASSERT_EQ(storage::float_bits(sum[d]), storage::float_bits(want_sum[d])) << dim << " " << d;
+    }
+  }
+}
+
 TEST(Fp8Rows, ARowsBitsAreEachElementsDraw) {
   const uint64_t keys[] = {0, 5, 0xfedcba9876543210ull, ~0ull};
   const int64_t steps[] = {0, 3, (int64_t{1} << 33) + 7, -2};

@@ -3,6 +3,7 @@
 
 #include <ATen/Parallel.h>
 
+#include <cstdint>
 #include <vector>
 
 #include "cc/embedding/fp8_rows_cpu.h"
@@ -15,27 +16,47 @@ namespace cpu {
 
 namespace {
 
-// An element's value (storage::to_float; an FP8 code's through the table).
-template <class T>
-float value_of(T x) {
-  return storage::to_float(x);
+// Rows are read at random places of tables far larger than the caches: each
+// row's first access misses. The loops ask for the rows kAhead occurrences
+// (keys) ahead, so that several misses are in flight while a row is summed
+// or updated (a row's own loop is too long for the core to reach the next
+// one's loads by itself).
+constexpr int64_t kAhead = 4;
+constexpr int64_t kLine = 64;
+
+/// Asks for the cache lines of `bytes` bytes at `p` (a hint: no fault).
+inline void prefetch_bytes(const void* p, int64_t bytes) {
+  const auto start = reinterpret_cast<uintptr_t>(p) & ~static_cast<uintptr_t>(kLine - 1);
+  const auto end = reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes);
+  for (uintptr_t line = start; line < end; line += kLine) {
+    __builtin_prefetch(reinterpret_cast<const void*>(line));
+  }
 }
-float value_of(storage::Float8E4M3 x) { return kFp8Values[x.bits]; }
 
 }  // namespace
 
 template <class T>
 void pool_forward(const PoolArgs& a, int64_t num_bags) {
   at::parallel_for(0, num_bags, 256, [&](int64_t begin, int64_t end) {
+    const int64_t last = a.bag_offsets[end];
     for (int64_t b = begin; b < end; ++b) {
       const BagSlot s = bag_slot(a.layout, b);
+      // The bag's dim for the rows ahead, which may be another bag's: a hint.
+      const int64_t ahead_bytes = storage::embedding_bytes<T>(s.dim);
       float* o = a.out + s.offset;
       for (int64_t d = 0; d < s.dim; ++d) o[d] = 0.f;
       for (int64_t j = a.bag_offsets[b]; j < a.bag_offsets[b + 1]; ++j) {
+        if (j + kAhead < last) {
+          if (const T* next = occ_row<T>(a, j + kAhead)) prefetch_bytes(next, ahead_bytes);
+        }
         const T* v = occ_row<T>(a, j);
         if (v == nullptr) continue;
         const float w = occ_weight(a.weights, j) * storage::row_scale(v, s.dim);
-        for (int64_t d = 0; d < s.dim; ++d) o[d] += w * value_of(v[d]);
+        if constexpr (storage::Scaled<T>::value) {
+          add_codes(o, w, v, s.dim);  // eight codes at a time
+        } else {
+          for (int64_t d = 0; d < s.dim; ++d) o[d] += w * storage::to_float(v[d]);
+        }
       }
     }
   });
@@ -50,6 +71,11 @@ void update_backward(const UpdateArgs& a, int64_t num_keys) {
       const int64_t r = a.rows[u];
       if (r < 0) continue;
       const int64_t dim = key_dim(a, u);
+      // The row and state of the key ahead, of this key's dim (a hint).
+      if (u + kAhead < end && a.rows[u + kAhead] >= 0) {
+        prefetch_bytes(storage::embedding_at<T>(a.space, a.rows[u + kAhead]),
+                       storage::embedding_bytes<T>(dim) + 4 * state_dim(a.optim.type, dim));
+      }
       g.assign(static_cast<size_t>(dim), 0.f);
       for (int64_t i = a.occ_offsets[u]; i < a.occ_offsets[u + 1]; ++i) {
         float w;
