@@ -296,17 +296,18 @@ def _pool_native(fmt: RowFormat) -> Pool:
     return pool
 
 
-def pooler(fmt: RowFormat, device: torch.device) -> Pool:
+def pooler(fmt: RowFormat, device: torch.device, native: bool = True) -> Pool:
     """How a pooled lookup of ``fmt``'s rows runs on ``device``, chosen once:
     ``F.embedding_bag`` over float32 rows; PyTorch's fused ``int8`` lookup
-    where the device has it; the extension's one pass over the stored rows
-    for float16, bfloat16 and FP8 where it has a kernel for the device;
-    else the rows gathered, decoded and pooled."""
+    where the device has it; with ``native``, the extension's one pass over
+    the stored rows for float16, bfloat16 and FP8 where it has a kernel for
+    the device; else the rows gathered, decoded and pooled (PyTorch's ops
+    alone: what an exported lookup runs)."""
     if fmt.storage == torch.float32:
         return _pool_float32
     if fmt.name == "int8" and has_fused_int8(device):
         return _pool_fused_int8
-    if fmt.name in _NATIVE_TYPES and has_native_pool(device):
+    if native and fmt.name in _NATIVE_TYPES and has_native_pool(device):
         return _pool_native(fmt)
     return _pool_decoded(fmt)
 

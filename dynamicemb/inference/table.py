@@ -198,7 +198,9 @@ class InferenceEmbeddingTable(torch.nn.Module, StreamReplica):
             for g in range(len(self._groups))
         ]
         self._randoms, self._defaults = self._default_rows()
+        # A lookup's pooling; an exported one runs PyTorch's ops alone (export).
         self._pool = pooler(self.format, self.device)
+        self._export_pool = pooler(self.format, self.device, native=False)
         # Writers (checkpoint loads, deltas) one at a time; lookups lock nothing.
         self._lock = threading.Lock()
         self._collections: list[str | None] = [c.collection for c in tables]
@@ -565,7 +567,7 @@ class InferenceEmbeddingTable(torch.nn.Module, StreamReplica):
             self._dims,
             pooled,
             self.pooling == DynamicEmbPoolingMode.MEAN,
-            self._pool,
+            self._export_pool if torch.compiler.is_exporting() else self._pool,
             self._randoms,
             self._init_rows if self._randoms else None,
             self.seed,
@@ -613,7 +615,10 @@ class InferenceEmbeddingTable(torch.nn.Module, StreamReplica):
         """``torch.export`` of a lookup of the example batch (``ids``,
         ``offsets``, ``per_sample_weights``), for batches of any number of
         ids and bags (F B + 1 offsets, B from 0). The program holds the
-        current rows as constants (later deltas do not reach it)."""
+        current rows as constants (later deltas do not reach it), and runs
+        PyTorch's ops alone (rows other than float32 and INT8 decoded before
+        their pooling) unless a table's default rows are random (the
+        extension's initializer)."""
         from torch.export import Dim
         from torch.fx.experimental import _config as fx_config
 
