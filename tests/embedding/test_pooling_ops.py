@@ -465,8 +465,9 @@ def from_typed(rows_bytes: torch.Tensor, dim: int, dtype, state_dim: int) -> tor
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_pool_reads_typed_rows_across_two_segments(device, dtype):
-    t = batch(device, seed=12, dims=(6, 6, 6), width=6, num_rows=40)
+@pytest.mark.parametrize("dim", [6, 19])  # 19: the CPU's eight-at-a-time loops and a tail
+def test_pool_reads_typed_rows_across_two_segments(device, dtype, dim):
+    t = batch(device, seed=12, dims=(dim, dim, dim), width=dim, num_rows=40)
     rows = typed_rows(t["values"], dtype, 0)
     out = pool(t, split_space(rows, t["rows"], 17, element_type(dtype)))
     # The reference pools the stored (rounded) embeddings.
