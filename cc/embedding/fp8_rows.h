@@ -31,7 +31,7 @@ DEMB_HD uint32_t scaled_codes4(const float (&x)[4], float scale, uint64_t key, i
                                int64_t j, int64_t dim) {
   const Philox4 p = stochastic_draw(key, step, j);
   uint32_t word = 0;
-#pragma unroll
+  // Loops of four, which the compilers unroll (p.v stays in registers).
   for (int k = 0; k < 4; ++k) {
     if (4 * j + k < dim) {
       word |= static_cast<uint32_t>(storage::fp8_stochastic(x[k] / scale, p.v[k]).bits) << (8 * k);
@@ -51,7 +51,6 @@ DEMB_HD void load_codes4(const storage::Float8E4M3* w, int64_t d0, int64_t dim, 
   } else {
     for (int k = 0; k < 4; ++k) word |= static_cast<uint32_t>(w[d0 + k].bits) << (8 * k);
   }
-#pragma unroll
   for (int k = 0; k < 4; ++k) {
     const storage::Float8E4M3 q{static_cast<uint8_t>(word >> (8 * k))};
     x[k] = d0 + k < dim ? storage::to_float(q) : 0.f;
