@@ -70,6 +70,7 @@ EMBEDDING_CPU_HDRS = [
     "initializer_cpu.h",
     "optimizer_cpu.h",
     "pooling_cpu.h",
+    "prefetch_cpu.h",
     "unique_cpu.h",
 ]
 

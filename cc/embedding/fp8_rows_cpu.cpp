@@ -230,12 +230,15 @@ std::array<float, 256> fp8_values() {
 
 const std::array<float, 256> kFp8Values = fp8_values();
 
-void stochastic_bits_row(uint64_t key, int64_t step, int64_t n, uint32_t* bits) {
-  const StochasticDraws r = stochastic_draws(key, step);
+void philox_words(const StochasticDraws& r, int64_t n, uint32_t* bits) {
 #if defined(__x86_64__)
   if (kAvx2) return stochastic_bits_avx2(r, n, bits);
 #endif
   stochastic_bits_scalar(r, n, bits);
+}
+
+void stochastic_bits_row(uint64_t key, int64_t step, int64_t n, uint32_t* bits) {
+  philox_words(stochastic_draws(key, step), n, bits);
 }
 
 void read_scaled_row(const storage::Float8E4M3* w, int64_t dim, float* out) {

@@ -12,11 +12,17 @@
 #include <cstdint>
 
 #include "cc/embedding/optimizer.h"
+#include "cc/embedding/philox.h"
 #include "cc/storage/row_space.h"
 
 namespace dyn_emb {
 namespace embedding {
 namespace cpu {
+
+/// bits[4 j + w] = word w of philox(j, r.c1, r.c2, r.c3, r.k0, r.k1), for
+/// 4 j + w in [0, n): a run of Philox draws whose first counter word counts
+/// (eight at a time where the CPU has AVX2).
+void philox_words(const StochasticDraws& r, int64_t n, uint32_t* bits);
 
 /// bits[e] = stochastic_bits(key, step, e) for e in [0, n).
 void stochastic_bits_row(uint64_t key, int64_t step, int64_t n, uint32_t* bits);

@@ -7,7 +7,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <vector>
+
+#include "cc/embedding/initializer_cpu.h"
 
 namespace dyn_emb {
 namespace embedding {
@@ -158,6 +161,52 @@ TEST(Initializer, FourAtATimeEqualsOneAtATime) {
                 << " element " << 4 * blk + k;
           }
         }
+      }
+    }
+  }
+}
+
+// The CPU's rows (the ops init_rows and init_rows_at, whose UNIFORM and
+// NORMAL rows come from runs of Philox draws eight at a time): every element
+// bit for bit init_value's, at dims around the runs' ends, the padding of a
+// float32 row's state zero and its state as the args say.
+TEST(Initializer, TheCpuRowsAreInitValuesRows) {
+  const std::vector<int64_t> keys = {0, 7, -5, int64_t{1} << 40, 123456789};
+  const std::vector<int64_t> tables = {0, 2, 1, 0, 5};
+  const int64_t n = static_cast<int64_t>(keys.size());
+  for (InitMode m : {InitMode::kNormal, InitMode::kTruncatedNormal, InitMode::kUniform,
+                     InitMode::kConstant, InitMode::kDebug}) {
+    InitArgs a = args(m);
+    a.mean = 0.1, a.std_dev = 0.7, a.lower = -0.4, a.upper = 0.3, a.value = 0.5;
+    for (int64_t dim : {1, 2, 3, 4, 5, 7, 8, 31, 33, 64, 65}) {
+      std::vector<float> rows(static_cast<size_t>(n * dim));
+      cpu::init_rows(a, keys.data(), tables.data(), n, dim, rows.data());
+      // Rows of dim floats and 3 state floats, one after another in one segment.
+      const int64_t width = dim + 3;
+      std::vector<float> space(static_cast<size_t>(n * width), -1.f);
+      std::vector<int64_t> offsets(static_cast<size_t>(n));
+      for (int64_t i = 0; i < n; ++i) offsets[i] = i * width * 4;
+      RowInitArgs r;
+      r.init = a;
+      r.space.seg0 = reinterpret_cast<uint8_t*>(space.data());
+      r.space.size0 = n * width * 4;
+      r.offsets = offsets.data();
+      r.keys = keys.data();
+      r.table_ids = tables.data();
+      r.dim = dim;
+      r.state_dim = 3;
+      r.fill_from = 2;
+      r.fill = 0.25f;
+      cpu::init_rows_at(r, n, storage::ElementType::kFloat32);
+      for (int64_t i = 0; i < n; ++i) {
+        for (int64_t e = 0; e < dim; ++e) {
+          const float want = init_value(a, keys[i], tables[i], e);
+          ASSERT_EQ(rows[i * dim + e], want) << static_cast<int>(m) << " " << dim << " " << i;
+          ASSERT_EQ(space[i * width + e], want) << static_cast<int>(m) << " " << dim << " " << i;
+        }
+        EXPECT_EQ(space[i * width + dim], 0.f);
+        EXPECT_EQ(space[i * width + dim + 1], 0.f);
+        EXPECT_EQ(space[i * width + dim + 2], 0.25f);
       }
     }
   }

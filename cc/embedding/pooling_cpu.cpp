@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cc/embedding/fp8_rows_cpu.h"
+#include "cc/embedding/prefetch_cpu.h"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -20,23 +21,6 @@ namespace cpu {
 // The CPU walks a bag's (a key's) occurrences once and streams whole rows.
 
 namespace {
-
-// Rows are read at random places of tables far larger than the caches: each
-// row's first access misses. The loops ask for the rows kAhead occurrences
-// (keys) ahead, so that several misses are in flight while a row is summed
-// or updated (a row's own loop is too long for the core to reach the next
-// one's loads by itself).
-constexpr int64_t kAhead = 4;
-constexpr int64_t kLine = 64;
-
-/// Asks for the cache lines of `bytes` bytes at `p` (a hint: no fault).
-inline void prefetch_bytes(const void* p, int64_t bytes) {
-  const auto start = reinterpret_cast<uintptr_t>(p) & ~static_cast<uintptr_t>(kLine - 1);
-  const auto end = reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes);
-  for (uintptr_t line = start; line < end; line += kLine) {
-    __builtin_prefetch(reinterpret_cast<const void*>(line));
-  }
-}
 
 // o[d] += w * value(d) of a row of float16 (a product, then a sum, as the
 // scalar loop): eight at a time where the CPU converts half precision
@@ -109,10 +93,14 @@ void update_backward(const UpdateArgs& a, int64_t num_keys) {
       const int64_t r = a.rows[u];
       if (r < 0) continue;
       const int64_t dim = key_dim(a, u);
-      // The row and state of the key ahead, of this key's dim (a hint).
+      // The row and state of the key ahead, and its first occurrence's
+      // gradient, of this key's dim (a hint).
       if (u + kAhead < end && a.rows[u + kAhead] >= 0) {
         prefetch_bytes(storage::embedding_at<T>(a.space, a.rows[u + kAhead]),
                        storage::embedding_bytes<T>(dim) + 4 * state_dim(a.optim.type, dim));
+        const int64_t i = a.occ_offsets[u + kAhead];
+        float w;
+        if (i < a.occ_offsets[u + kAhead + 1]) prefetch_bytes(occ_grad_row(a, i, &w), 4 * dim);
       }
       g.assign(static_cast<size_t>(dim), 0.f);
       for (int64_t i = a.occ_offsets[u]; i < a.occ_offsets[u + 1]; ++i) {
