@@ -169,16 +169,28 @@ __attribute__((target("avx2"))) int64_t read_row_avx2(const storage::Float8E4M3*
   return d;
 }
 
+// Eight elements' values of a row, for add_row8: FP8 codes (decode8_avx2),
+// float16 (F16C's conversion).
+struct Fp8Lanes {
+  using Elem = storage::Float8E4M3;
+  __attribute__((target("avx2,f16c"))) static __m256 load(const Elem* p) { return decode8_avx2(p); }
+};
+struct HalfLanes {
+  using Elem = storage::Half;
+  __attribute__((target("avx2,f16c"))) static __m256 load(const Elem* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+};
+
 // o[d] += w * value(d), eight at a time (a product, then a sum: no FMA, as
-// the scalar loop).
-__attribute__((target("avx2"))) int64_t add_row_avx2(float* o, float w,
-                                                     const storage::Float8E4M3* codes,
-                                                     int64_t dim) {
+// the scalar loop); returns the elements done.
+template <class Lanes>
+__attribute__((target("avx2,f16c"))) int64_t add_row8(float* o, float w,
+                                                      const typename Lanes::Elem* v, int64_t dim) {
   const __m256 f = _mm256_set1_ps(w);
   int64_t d = 0;
   for (; d + 8 <= dim; d += 8) {
-    const __m256 sum =
-        _mm256_add_ps(_mm256_loadu_ps(o + d), _mm256_mul_ps(f, decode8_avx2(codes + d)));
+    const __m256 sum = _mm256_add_ps(_mm256_loadu_ps(o + d), _mm256_mul_ps(f, Lanes::load(v + d)));
     _mm256_storeu_ps(o + d, sum);
   }
   return d;
@@ -190,6 +202,13 @@ bool has_avx2() {
 }
 
 const bool kAvx2 = has_avx2();
+
+bool has_avx2_f16c() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
+}
+
+const bool kAvx2F16c = has_avx2_f16c();
 
 #endif
 
@@ -253,9 +272,17 @@ void read_scaled_row(const storage::Float8E4M3* w, int64_t dim, float* out) {
 void add_codes(float* o, float w, const storage::Float8E4M3* codes, int64_t dim) {
   int64_t d = 0;
 #if defined(__x86_64__)
-  if (kAvx2) d = add_row_avx2(o, w, codes, dim);
+  if (kAvx2F16c) d = add_row8<Fp8Lanes>(o, w, codes, dim);
 #endif
   for (; d < dim; ++d) o[d] += w * kFp8Values[codes[d].bits];
+}
+
+void add_halves(float* o, float w, const storage::Half* v, int64_t dim) {
+  int64_t d = 0;
+#if defined(__x86_64__)
+  if (kAvx2F16c) d = add_row8<HalfLanes>(o, w, v, dim);
+#endif
+  for (; d < dim; ++d) o[d] += w * storage::to_float(v[d]);
 }
 
 void write_scaled_row(storage::Float8E4M3* w, const float* v, int64_t dim, uint64_t key,

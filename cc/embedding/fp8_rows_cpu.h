@@ -5,7 +5,7 @@
 // kernels' too), computed a row at a time. A row's random bits come from
 // Philox in SIMD lanes, eight elements a pass where the CPU has AVX2; codes
 // are read eight at a time where the CPU has AVX2, else through a table of
-// the 256 values.
+// the 256 values (and float16 rows' pooled sums eight at a time too).
 #pragma once
 
 #include <array>
@@ -36,6 +36,10 @@ void read_scaled_row(const storage::Float8E4M3* w, int64_t dim, float* out);
 /// o[d] += w * the value of code d, for d < dim (a pooled row: `w` its
 /// weight times its scale); each term a product, then a sum.
 void add_codes(float* o, float w, const storage::Float8E4M3* codes, int64_t dim);
+
+/// add_codes for a float16 row (eight at a time where the CPU converts half
+/// precision, F16C).
+void add_halves(float* o, float w, const storage::Half* v, int64_t dim);
 
 /// Writes the float32 values `v` (dim) as the FP8 row at `w` of `key` at
 /// `step`: its scale, its codes (scaled_code's), zeros in the padding to 4

@@ -10,10 +10,6 @@
 #include "cc/embedding/fp8_rows_cpu.h"
 #include "cc/embedding/prefetch_cpu.h"
 
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-
 namespace dyn_emb {
 namespace embedding {
 namespace cpu {
@@ -22,41 +18,17 @@ namespace cpu {
 
 namespace {
 
-// o[d] += w * value(d) of a row of float16 (a product, then a sum, as the
-// scalar loop): eight at a time where the CPU converts half precision
-// (F16C), else one by one.
-#if defined(__x86_64__)
-__attribute__((target("avx2,f16c"))) int64_t add_half_row_f16c(float* o, float w,
-                                                               const storage::Half* v,
-                                                               int64_t dim) {
-  const __m256 f = _mm256_set1_ps(w);
-  int64_t d = 0;
-  for (; d + 8 <= dim; d += 8) {
-    const __m256 x = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(v + d)));
-    _mm256_storeu_ps(o + d, _mm256_add_ps(_mm256_loadu_ps(o + d), _mm256_mul_ps(f, x)));
-  }
-  return d;
-}
-
-bool has_f16c() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c");
-}
-
-const bool kF16c = has_f16c();
-#endif
-
+// o[d] += w * value(d) of a row (FP8 and float16 eight at a time where the
+// CPU can, fp8_rows_cpu.h).
 template <class T>
 void add_row(float* o, float w, const T* v, int64_t dim) {
-  int64_t d = 0;
   if constexpr (storage::Scaled<T>::value) {
-    return add_codes(o, w, v, dim);  // eight codes at a time
+    add_codes(o, w, v, dim);
   } else if constexpr (std::is_same_v<T, storage::Half>) {
-#if defined(__x86_64__)
-    if (kF16c) d = add_half_row_f16c(o, w, v, dim);
-#endif
+    add_halves(o, w, v, dim);
+  } else {
+    for (int64_t d = 0; d < dim; ++d) o[d] += w * storage::to_float(v[d]);
   }
-  for (; d < dim; ++d) o[d] += w * storage::to_float(v[d]);
 }
 
 }  // namespace
