@@ -252,7 +252,7 @@ def _pool_decoded(fmt: RowFormat) -> Pool:
     """Gathers the rows, decodes them into float32 and pools the copy."""
 
     def pool(storage, slots, offsets, weights, dim):
-        rows = fmt.decode(storage[slots], dim)
+        rows = fmt.decode(storage.index_select(0, slots), dim)
         ids = torch.arange(rows.shape[0], dtype=slots.dtype, device=slots.device)
         return F.embedding_bag(
             ids, rows, offsets, mode="sum", per_sample_weights=weights, include_last_offset=True

