@@ -42,14 +42,16 @@ DEMB_HD uint32_t scaled_codes4(const float (&x)[4], float scale, uint64_t key, i
 
 /// The values of codes d0..d0+3 (d0 a multiple of 4) of an FP8 row of `dim`
 /// at `w` (0 past its end): one 4-byte load where aligned, else a byte at a
-/// time; the four bytes lie inside the row's codes, padded to 4 bytes
-/// (storage::embedding_bytes).
+/// time; for d0 < dim the four bytes lie inside the row's codes, padded to 4
+/// bytes (storage::embedding_bytes), and from dim on nothing is read.
 DEMB_HD void load_codes4(const storage::Float8E4M3* w, int64_t d0, int64_t dim, float (&x)[4]) {
   uint32_t word = 0;
-  if ((reinterpret_cast<uintptr_t>(w + d0) & 3) == 0) {
-    word = *reinterpret_cast<const uint32_t*>(w + d0);
-  } else {
-    for (int k = 0; k < 4; ++k) word |= static_cast<uint32_t>(w[d0 + k].bits) << (8 * k);
+  if (d0 < dim) {  // a lane of a chunk past the row's end reads nothing
+    if ((reinterpret_cast<uintptr_t>(w + d0) & 3) == 0) {
+      word = *reinterpret_cast<const uint32_t*>(w + d0);
+    } else {
+      for (int k = 0; k < 4; ++k) word |= static_cast<uint32_t>(w[d0 + k].bits) << (8 * k);
+    }
   }
   for (int k = 0; k < 4; ++k) {
     const storage::Float8E4M3 q{static_cast<uint8_t>(word >> (8 * k))};

@@ -209,6 +209,22 @@ TEST(Fp8Rows, TheTableHoldsEachCodesValue) {
   }
 }
 
+// A lane whose four codes start past the row's end (a chunk's lanes beyond
+// a row narrower than the chunk) gets zeros and reads nothing: its address,
+// far past any buffer, would fault if read.
+TEST(Fp8Rows, CodesPastTheRowsEndAreZerosAndNotRead) {
+  std::vector<uint32_t> words(4, 0x3c3c3c3cu);
+  const auto* w = reinterpret_cast<const Float8E4M3*>(words.data());
+  float x[4] = {1.f, 1.f, 1.f, 1.f};
+  load_codes4(w, int64_t{1} << 44, 16, x);
+  for (float v : x) EXPECT_EQ(v, 0.f);
+  load_codes4(w, 12, 14, x);  // the last word: two codes, two zeros
+  EXPECT_EQ(x[0], storage::to_float(Float8E4M3{0x3c}));
+  EXPECT_EQ(x[1], storage::to_float(Float8E4M3{0x3c}));
+  EXPECT_EQ(x[2], 0.f);
+  EXPECT_EQ(x[3], 0.f);
+}
+
 // Rows holding every code (at every dim around the eight-at-a-time loops):
 // read_scaled_row gives each code's value times the scale, add_codes adds
 // the weight times each value to what is there, bit for bit as one product
