@@ -1,7 +1,9 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 #include "cc/embedding/unique_cpu.h"
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/from_blob.h>
+#include <ATen/ops/sort.h>
 
 #include <algorithm>
 #include <tuple>

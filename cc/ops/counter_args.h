@@ -4,7 +4,7 @@
 // cc/admission), shared by their CPU, CUDA and Meta kernels.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include "cc/ops/table_args.h"
 #include "cc/ops/tensor_checks.h"

@@ -3,7 +3,9 @@
 // CPU kernels of counter_add and counter_admit. Every argument, key, table id
 // and frequency is checked before the counter is touched, so a rejected call
 // changes nothing.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <tuple>

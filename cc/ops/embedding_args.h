@@ -7,7 +7,11 @@
 // bounds (the module builds them).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/pow.h>
+#include <ATen/ops/rsub.h>
+#include <ATen/ops/zeros.h>
 
 #include <algorithm>
 #include <cmath>

@@ -2,7 +2,8 @@
 //
 // CPU kernels of the embedding ops: init_rows, optimizer_step, embedding_pool
 // embedding_update and occurrence_bags (schemas in schemas.cpp).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 #include <torch/library.h>
 
 #include "cc/embedding/initializer_cpu.h"

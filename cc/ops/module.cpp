@@ -3,7 +3,9 @@
 // The Python module `dynamicemb._C`: importing it loads the op library;
 // constants() hands the C++ enumerations and layout constants to Python (table,
 // admission, embedding, storage and routing), so each is defined once, in C++.
-#include <torch/extension.h>
+// torch's pybind11 with its Tensor casters; not <torch/extension.h> (tools/lint.sh).
+#include <ATen/ops/empty_like.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <initializer_list>
 #include <utility>

@@ -6,7 +6,9 @@
 // (SymInt): the value checks of the real kernels are not repeated. Like every
 // kernel, each first checks that its tensors share one device (check_devices):
 // a meta tensor among real ones dispatches here.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 #include <torch/library.h>
 
 #include "cc/admission/counter.h"

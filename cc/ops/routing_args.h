@@ -4,7 +4,7 @@
 // Meta kernels.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <utility>
 

@@ -2,8 +2,10 @@
 //
 // CPU kernels of route_keys (cc/routing/routing.h) and check_batch
 // (cc/routing/batch_check.h); schemas in schemas.cpp.
-#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <cstring>

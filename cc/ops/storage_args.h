@@ -5,7 +5,8 @@
 // embedding_update and copy_rows.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty_like.h>
 
 #include <tuple>
 

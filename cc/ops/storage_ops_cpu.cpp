@@ -2,7 +2,7 @@
 //
 // CPU kernel of the storage tiers' row moves, copy_rows (schema in
 // schemas.cpp; cc/storage/copy_rows.h).
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
 #include "cc/ops/storage_args.h"

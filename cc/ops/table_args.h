@@ -5,7 +5,9 @@
 // kernels.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
 
 #include <optional>
 #include <tuple>

@@ -2,7 +2,10 @@
 //
 // CPU kernels of the table ops. Every argument, and every key and table id,
 // is checked before the table is touched, so a rejected call changes nothing.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/full.h>
+#include <ATen/ops/zeros.h>
 #include <torch/library.h>
 
 #include <utility>

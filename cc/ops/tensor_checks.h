@@ -5,7 +5,7 @@
 // (TORCH_CHECK_*), named with the bad value.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 
 #include <initializer_list>
 #include <utility>

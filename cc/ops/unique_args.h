@@ -5,7 +5,8 @@
 // (ops_meta.cpp).
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
 
 #include <tuple>
 

@@ -3,7 +3,7 @@
 // CPU kernel of segmented_unique (schema in schemas.cpp): its checks and
 // results around the kernel of cc/embedding/unique_cpu.h. One op, so that a
 // training step pays one call from Python for it instead of some forty.
-#include <ATen/ATen.h>
+#include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
 #include "cc/embedding/unique_cpu.h"
