@@ -33,8 +33,10 @@ missing_bare=()
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 for p in "${APT_PACKAGES[@]}"; do installed "$p" || missing+=("$p"); done
 for p in "${APT_BARE[@]}"; do installed "$p" || missing_bare+=("$p"); done
-if ((${#missing[@]} + ${#missing_bare[@]})); then
-  SUDO=""
+# apt runs beside pip below (neither needs the other; on a fresh machine each takes
+# about a minute); npm waits for it.
+apt_install() {
+  local SUDO=""
   if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
   log "apt-get install ${missing[*]} ${missing_bare[*]}"
   $SUDO apt-get update -q
@@ -45,9 +47,20 @@ if ((${#missing[@]} + ${#missing_bare[@]})); then
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends \
       "${missing_bare[@]}"
   fi
+}
+apt_pid=""
+if ((${#missing[@]} + ${#missing_bare[@]})); then
+  apt_install &
+  apt_pid=$!
 else
   log "apt packages present"
 fi
+wait_apt() {
+  if [ -n "$apt_pid" ]; then
+    wait "$apt_pid"
+    apt_pid=""
+  fi
+}
 
 # ---------------------------------------------------------------- Python venv
 # torchrec is installed with --no-deps: its metadata requires `fbgemm-gpu`, the CUDA
@@ -102,6 +115,7 @@ else
   log "pip: torchrec (--no-deps)"
   pip_install --no-deps "$TORCHREC"
   "$PY" -c "$CHECK"
+  wait_apt
   log "npm: $BUILDIFIER (into $VENV/lint)"
   mkdir -p "$VENV/lint"
   (cd "$VENV/lint" && npm install --silent --no-save --no-audit --no-fund "$BUILDIFIER" >/dev/null)
@@ -111,3 +125,4 @@ else
   fi
   echo "$STAMP_CONTENT" > "$STAMP"
 fi
+wait_apt
