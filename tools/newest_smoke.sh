@@ -37,10 +37,12 @@ PY=$VENV/bin/python
 if [ ! -f "$STAMP" ] || [ "$(cat "$STAMP")" != "$STAMP_CONTENT" ]; then
   [ -x "$PY" ] || "$PYTHON" -m venv "$VENV"
   log "pip: $TORCH $FBGEMM and torchrec's requirements"
-  "$PY" -m pip install -q "$TORCH" "$FBGEMM" "${REQS[@]}" \
+  # --no-compile: the modules the smoke imports are compiled when first imported, not
+  # every module of torch's CUDA wheel and its CUDA libraries at install.
+  "$PY" -m pip install -q --no-compile "$TORCH" "$FBGEMM" "${REQS[@]}" \
     2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
   log "pip: $TORCHREC (--no-deps: its metadata asks for the CUDA fbgemm-gpu)"
-  "$PY" -m pip install -q --no-deps "$TORCHREC" \
+  "$PY" -m pip install -q --no-compile --no-deps "$TORCHREC" \
     2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
   echo "$STAMP_CONTENT" > "$STAMP"
 fi
@@ -54,4 +56,5 @@ log "building the extension for this torch (CPU) in $WORK"
 (cd "$WORK" && DEMB_BUILD_CUDA=0 "$PY" setup.py -q build_ext --inplace >"$WORK/build.log" 2>&1) ||
   { tail -40 "$WORK/build.log" >&2; exit 1; }
 cd "$WORK"
-"$PY" -m pytest -q -p no:cacheprovider "${FILES[@]}"
+# As .bazelrc sets for the tests: it runs beside them, its OpenMP threads passive.
+OMP_WAIT_POLICY=PASSIVE "$PY" -m pytest -q -p no:cacheprovider "${FILES[@]}"
