@@ -2,7 +2,7 @@
 # The project's test command, as given in README.md; .ci/run calls it too.
 # Installs what is missing (tools/setup_env.sh), runs the lint gate (tools/lint.sh), then
 # builds and runs every test with Debian's Bazel 4. Extra arguments go to `bazel test` (e.g. --test_output=all).
-# Beside it, at a lower priority (they take the cores the tests leave idle), and with
+# Beside it, at the lowest priority (they take the cores the tests leave idle), and with
 # their output after the tests':
 #   * the same checkout as an external repository of examples/bazel_consumer: its tests
 #     and the build settings of dynamicemb's targets there (examples/bazel_consumer/test.sh);
@@ -43,7 +43,16 @@ inputs_key() {
 }
 key=$(inputs_key)
 
-# once NAME LOG CMD...: runs CMD in the background at a lower priority, its output to
+# low CMD...: runs CMD at the lowest priority. Linux shares the cores between sessions
+# (autogroups) equally, whatever the nice of their processes, and a Bazel server is a
+# session of its own: CMD gets a session whose group's nice is 19, so it takes the cores
+# that the tests (the Bazel server's group) leave idle.
+low() {
+  setsid -w bash -c 'echo 19 >/proc/self/autogroup 2>/dev/null || true; exec nice -n 19 "$@"' \
+    low "$@"
+}
+
+# once NAME LOG CMD...: runs CMD in the background at the lowest priority, its output to
 # LOG, unless it passed for these inputs already (.cache/NAME holds the key it passed for).
 once() {
   local name=$1 out=$2 stamp=.cache/$1
@@ -53,14 +62,18 @@ once() {
     return
   fi
   (
-    nice -n 10 "$@"
+    low "$@"
     mkdir -p .cache
     echo "$key" >"$stamp"
   ) >"$out" 2>&1 &
   pids+=("$!")
 }
 once newest-smoke "$newest_log" bash tools/newest_smoke.sh
-nice -n 10 bash examples/bazel_consumer/test.sh "$@" >"$consumer_log" 2>&1 &
+# The consumer workspace's Bazel server is a session of its own too: started first, and
+# its group lowered as low's.
+low bash -c 'server=$(cd examples/bazel_consumer && bazel info server_pid 2>/dev/null) &&
+  echo 19 >"/proc/$server/autogroup" 2>/dev/null
+  exec bash examples/bazel_consumer/test.sh "$@"' consumer "$@" >"$consumer_log" 2>&1 &
 pids+=("$!")
 
 # The extension first (most tests need it anyway), then the packaging check on a copy
