@@ -20,25 +20,30 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-bash tools/setup_env.sh
-bash tools/lint.sh
 log=$(mktemp)
 consumer_log=$(mktemp)
 dist_log=$(mktemp)
 newest_log=$(mktemp)
 extension=$(mktemp --suffix=.so)
+sessions=$(mktemp -d)
 pids=()
-trap 'for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -f "$log" "$consumer_log" "$dist_log" "$newest_log" "$extension"' EXIT
+# The background sessions (low, below) get no Ctrl-C of their own: each is ended here.
+end_sessions() {
+  local f
+  for f in "$sessions"/*; do
+    [ -f "$f" ] && kill -- "-$(cat "$f")" 2>/dev/null || true
+  done
+}
+trap 'end_sessions; for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$log" "$consumer_log" "$dist_log" "$newest_log" "$extension" "$sessions"' EXIT
 rc=0
 
 # What the packaging check and the newest-set smoke test depend on: the files they
-# copy (tracked and new, not ignored; tools/newest_smoke.sh pins its own set), the
-# venv's set-up and the interpreter.
+# copy (tracked and new, not ignored; tools/setup_env.sh and tools/newest_smoke.sh pin
+# their venvs' sets) and the interpreter that makes the venvs.
 inputs_key() {
   {
     git ls-files -z --cached --others --exclude-standard | xargs -0 sha256sum 2>/dev/null || true
-    cat .venv/.dynamicemb-setup 2>/dev/null || true
-    .venv/bin/python -VV
+    "${PYTHON:-python3}" -VV
   } | sha256sum | cut -d' ' -f1
 }
 key=$(inputs_key)
@@ -48,8 +53,8 @@ key=$(inputs_key)
 # session of its own: CMD gets a session whose group's nice is 19, so it takes the cores
 # that the tests (the Bazel server's group) leave idle.
 low() {
-  setsid -w bash -c 'echo 19 >/proc/self/autogroup 2>/dev/null || true; exec nice -n 19 "$@"' \
-    low "$@"
+  setsid -w bash -c 'echo $$ >"$0"; echo 19 >/proc/self/autogroup 2>/dev/null || true
+    exec nice -n 19 "$@"' "$(mktemp -p "$sessions")" "$@"
 }
 
 # once NAME LOG CMD...: runs CMD in the background at the lowest priority, its output to
@@ -68,7 +73,13 @@ once() {
   ) >"$out" 2>&1 &
   pids+=("$!")
 }
+# The newest-set smoke needs neither the apt packages nor the checkout's venv (a venv of
+# its own, pip and the C++ compiler): it starts first, its pip beside setup_env's.
 once newest-smoke "$newest_log" bash tools/newest_smoke.sh
+
+bash tools/setup_env.sh
+bash tools/lint.sh
+
 # The consumer workspace's Bazel server is a session of its own too: started first, and
 # its group lowered as low's.
 low bash -c 'server=$(cd examples/bazel_consumer && bazel info server_pid 2>/dev/null) &&
