@@ -39,23 +39,18 @@ mapfile -t cxx < <(files '*.h' '*.cc' '*.cpp' '*.cu' '*.cuh')
 mapfile -t bzl_ours < <(files 'BUILD' '*BUILD.bazel' '*.bzl' 'WORKSPACE' 'MODULE.bazel' | grep -v '^third_party/offline/' || true)
 mapfile -t bzl_offline < <(files 'third_party/offline/*' | grep -E '(BUILD|BUILD\.bazel|\.bzl)$' || true)
 
-# The CPU build's sources include ATen/core/Tensor.h and the per-operator headers
-# (ATen/ops/<op>.h) they use: <ATen/ATen.h> declares every operator and
-# <torch/extension.h> all of libtorch's C++ API: with them the extension's CPU compiles
-# took 112 s, 77 s without (module.cpp 24.6 s -> 9.8; CI builds the extension three times). The CUDA-only files
-# (*_cuda.cpp, *.cu, cuda_scratch.h) are built only where a GPU build is made.
-whole_aten() {
-  grep -lE '#include <(ATen/ATen\.h|torch/extension\.h)>' "${cxx[@]}" |
-    grep -vE '(_cuda\.cpp|\.cuh?|cuda_scratch\.h)$' || true
-}
-mapfile -t whole < <(whole_aten)
-if ((${#whole[@]})); then
-  echo "lint: include ATen/core/Tensor.h and ATen/ops/<op>.h, not ATen/ATen.h or torch/extension.h: ${whole[*]}" >&2
-  status=1
-fi
 status=0
 run() {
   if ! "$@"; then status=1; fi
+}
+# refuse WHAT [FILE...]: the gate fails naming the files, when there are any.
+refuse() {
+  local what=$1
+  shift
+  if (($#)); then
+    echo "lint: $what: $*" >&2
+    status=1
+  fi
 }
 if ((fix)); then
   "$RUFF" check --fix -q .
@@ -76,11 +71,22 @@ direct_rules() {
   grep -lE 'load\("@rules_(cc//cc|cuda//cuda):defs\.bzl"' "${bzl_ours[@]}" |
     grep -vE '^(bazel|examples)/' || true
 }
+# The CPU build's sources include ATen/core/Tensor.h and the per-operator headers
+# (ATen/ops/<op>.h) they use: <ATen/ATen.h> declares every operator and
+# <torch/extension.h> all of libtorch's C++ API: with them the extension's CPU compiles
+# took 112 s, 77 s without (module.cpp 24.6 s -> 9.8; CI builds the extension three
+# times). The CUDA-only files (*_cuda.cpp, *.cu, cuda_scratch.h) are built only where a
+# GPU build is made.
+whole_aten() {
+  grep -lE '#include <(ATen/ATen\.h|torch/extension\.h)>' "${cxx[@]}" |
+    grep -vE '(_cuda\.cpp|\.cuh?|cuda_scratch\.h)$' || true
+}
 mapfile -t direct < <(direct_rules)
-if ((${#direct[@]})); then
-  echo "lint: load cc_* and cuda_library from //bazel:defs.bzl, not @rules_cc or @rules_cuda: ${direct[*]}" >&2
-  status=1
-fi
+refuse "load cc_* and cuda_library from //bazel:defs.bzl, not @rules_cc or @rules_cuda" \
+  "${direct[@]}"
+mapfile -t whole < <(whole_aten)
+refuse "include ATen/core/Tensor.h and ATen/ops/<op>.h, not ATen/ATen.h or torch/extension.h" \
+  "${whole[@]}"
 # The package's structure: layers, Bazel deps, the one door to the extension,
 # module length (tools/check_layers.py says which rules).
 run "$VENV/bin/python" tools/check_layers.py
