@@ -18,16 +18,15 @@ atomically.
                            to, and the size and CRC-32s of trainer.pt and of
                            every file in torchrec/
 
-Why two formats: the dynamic tables are hash tables, not tensors. A sharded
-model's state_dict() can carry their rows into DCP, but DynamicEmbDump
-writes them checksummed, verifies everything before a load changes a table,
-carries the admission counters, and reshards by key to any world size; so
-the state dict given to DCP here leaves them out (state_dict_without_rows).
-The rest is what TorchRec and torch already checkpoint well: DCP reshards the
-static tables' sharded tensors, and saves a replicated dense tensor once. Nothing read back runs
-code: DCP's folder is read with ``dynamicemb.checkpoint.dcp_reader`` (DCP's
-own reader would unpickle its files), ``trainer.pt`` with
-``weights_only=True``.
+Why two formats: the dynamic tables are hash tables, not tensors. A sharded model's
+state_dict() can carry their rows into DCP, but DynamicEmbDump writes them checksummed,
+verifies everything before a load changes a table, carries the admission counters, and
+reshards by key to any world size; so the state dict given to DCP here leaves them out
+(state_dict_without_rows). The rest is what TorchRec and torch already checkpoint well:
+DCP reshards the static tables' sharded tensors, and saves a replicated dense tensor
+once. Nothing read back runs code: DCP's folder is read with
+``dynamicemb.checkpoint.dcp_reader`` (DCP's own reader would unpickle its files),
+``trainer.pt`` with ``weights_only=True``.
 
 Publishing: every rank writes into ``step_<N>.dynamicemb-tmp-<token>``; when
 all have finished, rank 0 writes ``job.json`` (fsynced) and renames the

@@ -14,7 +14,9 @@
    (``dynamicemb.storage``), never through the embedding package (the
    training module ``BatchedDynamicEmbeddingTablesV2`` included, by any path).
 5. No module of the package is longer than ``MAX_LINES`` lines
-   (``dynamicemb_config.py``, whose path and contents the spec fixes, aside).
+   (``dynamicemb_config.py``, whose path and contents the spec fixes, aside), and no
+   file of ``examples/`` longer than ``MAX_EXAMPLE_LINES``: an example is read top
+   to bottom, its machinery in modules beside it.
 6. A serving package (``SERVING``: ``dynamicemb/inference``) imports only
    the readers of the packages below it (``SERVING_IMPORTS``), never their
    training side (the embedding module, the sharders, the storage tiers, a
@@ -44,6 +46,7 @@ import re
 import sys
 
 MAX_LINES = 800
+MAX_EXAMPLE_LINES = 600
 LONG_MODULES = {"dynamicemb/dynamicemb_config.py"}
 
 # Layer of each package, bottom up; "core" is the top-level modules everything
@@ -244,6 +247,11 @@ def build_deps(pkg_dir: pathlib.Path) -> set[str] | None:
 
 def check(root: pathlib.Path) -> list[str]:
     errors = []
+    for path in sorted((root / "examples").glob("*.py")):
+        lines = len(path.read_text().splitlines())
+        if lines > MAX_EXAMPLE_LINES:
+            rel = path.relative_to(root).as_posix()
+            errors.append(f"{rel}: {lines} lines, more than {MAX_EXAMPLE_LINES}: split it")
     pkg_root = root / "dynamicemb"
     subpackages = {p.name for p in pkg_root.iterdir() if (p / "__init__.py").is_file()}
     foreign_used: set = set()
