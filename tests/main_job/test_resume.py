@@ -215,3 +215,31 @@ def test_a_crafted_newest_checkpoint_runs_nothing_and_the_job_goes_on_from_the_o
     assert "step_00000010 (after step 10" in out
     got = j.read_checkpoint(train_checkpoint.step_dir(root, STEPS), str(tmp_path))
     j.assert_same_state(got, ref_final, "resumed from the older checkpoint")
+
+
+def test_a_damaged_newest_checkpoint_is_named_and_the_job_goes_on_from_the_older(
+    reference, tmp_path
+):
+    """A byte of the newest checkpoint's trainer.pt flipped (the CRC-32 that
+    job.json records no longer matches): --resume names the checkpoint and the
+    file, and goes on from the older complete checkpoint, ending as the
+    uninterrupted run."""
+    ref_root, _, ref_final = reference
+    root = str(tmp_path / "ckpt")
+    for step in (EVERY, 2 * EVERY):
+        src = train_checkpoint.step_dir(ref_root, step)
+        shutil.copytree(src, train_checkpoint.step_dir(root, step))
+    newest = train_checkpoint.step_dir(root, 2 * EVERY)
+    trainer = os.path.join(newest, train_checkpoint.TRAINER)
+    with open(trainer, "r+b") as f:
+        f.seek(os.path.getsize(trainer) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x40]))
+    rc, out = _job(root, "--resume")
+    assert rc == 0, out[-4000:]
+    assert f"--resume: cannot load {newest}" in out, out[-4000:]
+    assert train_checkpoint.TRAINER in out, out[-4000:]
+    assert "step_00000010 (after step 10" in out
+    got = j.read_checkpoint(train_checkpoint.step_dir(root, STEPS), str(tmp_path))
+    j.assert_same_state(got, ref_final, "resumed from the older checkpoint")
