@@ -70,7 +70,6 @@ namespace {
 
 template <class T>
 void init_rows_at(const RowInitArgs& a, int64_t n) {
-  const int64_t blocks = (init_row_elements<T>(a) + 3) / 4;
   const int64_t elements = init_row_elements<T>(a);
   at::parallel_for(0, n, 256, [&](int64_t b, int64_t e) {
     std::vector<float> tmp(static_cast<size_t>(storage::pad4(a.dim)));
@@ -83,20 +82,18 @@ void init_rows_at(const RowInitArgs& a, int64_t n) {
         prefetch_bytes<true>(a.space.at(a.offsets[i + kAhead]), row_bytes);
       }
       if (offset < 0) continue;
-      const bool run = run_row_values(a.init, a.keys[i], a.table_ids[i], a.dim, tmp.data(), bits);
+      if (!run_row_values(a.init, a.keys[i], a.table_ids[i], a.dim, tmp.data(), bits)) {
+        init_row_values(a, a.keys[i], a.table_ids[i], tmp.data());
+      }
       if constexpr (storage::Scaled<T>::value) {
-        if (!run) init_row_values(a, a.keys[i], a.table_ids[i], tmp.data());
         bits.resize(static_cast<size_t>(a.dim));
         write_scaled_row(reinterpret_cast<storage::Float8E4M3*>(a.space.at(offset)), tmp.data(),
                          a.dim, static_cast<uint64_t>(a.keys[i]), 0, bits.data());
-      } else if (run) {
+      } else {
+        // init_row_block's elements: the values, zeros past dim.
         T* row = reinterpret_cast<T*>(a.space.at(offset));
         for (int64_t d = 0; d < elements; ++d) {
           row[d] = storage::from_float<T>(d < a.dim ? tmp[d] : 0.f);
-        }
-      } else {
-        for (int64_t blk = 0; blk < blocks; ++blk) {
-          init_row_block<T>(a, offset, a.keys[i], a.table_ids[i], blk);
         }
       }
       for (int64_t s = 0; s < a.state_dim; ++s) init_state_word<T>(a, offset, s);
