@@ -52,9 +52,13 @@ key=$(inputs_key)
 # (autogroups) equally, whatever the nice of their processes, and a Bazel server is a
 # session of its own: CMD gets a session whose group's nice is 19, so it takes the cores
 # that the tests (the Bazel server's group) leave idle.
+# lower PID: PID's session group at nice 19 (a process may lower its own user's groups).
+lower() {
+  echo 19 >"/proc/$1/autogroup" 2>/dev/null || true
+}
+export -f lower
 low() {
-  setsid -w bash -c 'echo $$ >"$0"; echo 19 >/proc/self/autogroup 2>/dev/null || true
-    exec nice -n 19 "$@"' "$(mktemp -p "$sessions")" "$@"
+  setsid -w bash -c 'echo $$ >"$0"; lower $$; exec nice -n 19 "$@"' "$(mktemp -p "$sessions")" "$@"
 }
 
 # once NAME LOG CMD...: runs CMD in the background at the lowest priority, its output to
@@ -81,9 +85,8 @@ bash tools/setup_env.sh
 bash tools/lint.sh
 
 # The consumer workspace's Bazel server is a session of its own too: started first, and
-# its group lowered as low's.
-low bash -c 'server=$(cd examples/bazel_consumer && bazel info server_pid 2>/dev/null) &&
-  echo 19 >"/proc/$server/autogroup" 2>/dev/null
+# its group lowered.
+low bash -c 'lower "$(cd examples/bazel_consumer && bazel info server_pid 2>/dev/null)"
   exec bash examples/bazel_consumer/test.sh "$@"' consumer "$@" >"$consumer_log" 2>&1 &
 pids+=("$!")
 
