@@ -87,8 +87,14 @@ def test_an_fp8_update_holds_the_float32_update_within_a_step(device, optim):
     after = torch.cat([seg[0], seg[1]]).view(30, -1)
     got = decode(after, dim, sd)
     want = ref["values"]
-    # The state is float32, as for every row type: exactly the reference's.
-    torch.testing.assert_close(got[:, dim:], want[:, dim:], rtol=0, atol=0)
+    # The state is float32, as for every row type: the reference's. On the GPU
+    # a row-wise optimizer sums the row's squared gradient across a warp's
+    # lanes, and an FP8 row gives each lane four consecutive values where a
+    # float32 row of this dim (not a multiple of 4) gives it every 32nd: the
+    # sum's order, and so its last bit, may differ there; elsewhere exactly.
+    rowwise_gpu = device != "cpu" and optim in (po.ROWWISE, RMSPROP_AR)
+    rtol = 2.0**-22 if rowwise_gpu else 0.0
+    torch.testing.assert_close(got[:, dim:], want[:, dim:], rtol=rtol, atol=0)
     # An updated row's scale follows its new largest magnitude and each
     # value is one of the two codes around the float32 result; the other
     # rows are as they were.
