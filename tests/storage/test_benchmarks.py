@@ -6,7 +6,10 @@ and the comparison of the two FP8 formats. They run one after another in one
 new process (torch, TorchRec and dynamicemb imported once), each test reading
 its benchmark's output."""
 
+import re
+
 import pytest
+import torch
 
 from tests.bench.bench_run import run_each
 
@@ -16,6 +19,13 @@ CALLS = {
         *("--device", "cpu", "--tables", "2", "--rows", "3000", "--dim", "8", "--batch", "48"),
         *("--warmup", "1", "--steps", "2", "--budgets", "0.1", "0.5", "--prefetch-budgets", "0.1"),
         *("--kinds", "ebc", "ec", "--optimizers", "sgd", "adam", "--profile-steps", "1"),
+        *("--fill", "0"),  # one warm-up batch: the fill is the next call's
+    ),
+    "dmp-fill": (
+        "storage_dmp_bench.py",
+        *("--device", "cpu", "--tables", "1", "--rows", "3000", "--dim", "8", "--batch", "48"),
+        *("--warmup", "1", "--steps", "2", "--budgets", "0.1", "--kinds", "ebc"),
+        *("--optimizers", "sgd", "--configs", "dynamic_hbm", "cache"),
     ),
     **{
         f"module-{optimizer}": (
@@ -71,6 +81,29 @@ def test_the_dmp_benchmark_prints_a_row_per_configuration(outputs):
         assert kind in ("ebc", "ec")
 
 
+def test_the_dmp_benchmark_warms_up_until_the_cache_is_full(outputs):
+    """The warm-up lasts until its batches hold 1.2 times the rows the cache
+    keeps (--fill's default; 10 % of 3,000 rows), counted here from the same
+    draws (the power law's ranks; the benchmark scatters them by a bijection,
+    which keeps their count) with a set; the full cache then evicts in the
+    timed steps: it writes rows back to host memory."""
+    out = outputs["dmp-fill"]
+    m = re.search(r"median of 2 steps after (\d+) \(holding ([\d,]+)\+ distinct rows", out)
+    assert m, out[-3000:]
+    warm, target = int(m.group(1)), int(m.group(2).replace(",", ""))
+    assert target == int(1.2 * 0.1 * 3000)
+    g = torch.Generator().manual_seed(0)
+    a = 1.0 - 1.05
+    seen, batches = set(), 0
+    while len(seen) < target:
+        u = torch.rand(48, generator=g, dtype=torch.float64)
+        seen.update((((3000**a - 1.0) * u + 1.0) ** (1.0 / a)).long().clamp(1, 3000).tolist())
+        batches += 1
+    assert warm == batches > 1, out[-3000:]
+    cache = [c.split(" | ") for c in out.splitlines() if c.startswith("| ebc | sgd | cache |")]
+    assert len(cache) == 1 and float(cache[0][7]) > 0, out[-3000:]  # moved MB/step
+
+
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_the_module_benchmark_runs(outputs, optimizer):
     out = outputs[f"module-{optimizer}"]
@@ -86,6 +119,9 @@ def test_the_stage_profile_prints_the_cache_stages(outputs):
     # The prefetch's stages, in the profile of the steps that prefetch.
     for stage in ("prefetch_find", "prefetch_insert", "prefetch_write_back", "prefetch_fill"):
         assert f"dynamicemb:{stage}" in out, out[-3000:]
+    # Warmed up until the cache is full (1.2 times its 128 rows a table).
+    m = re.search(r"== warm-up: \d+ new batches, ([\d,]+)\+ distinct rows a table", out)
+    assert m and int(m.group(1).replace(",", "")) >= int(1.2 * 0.1 * 1280), out[-3000:]
     # The step of each variant: victims staged or written at once, with and
     # without prefetch.
     steps = [line for line in out.splitlines() if "ms/step" in line]

@@ -59,6 +59,45 @@ def power_law(g, n, rows, alpha):
     return (((rows**a - 1.0) * u + 1.0) ** (1.0 / a)).long().clamp(max=rows) - 1
 
 
+class SeenRows:
+    """The distinct rows of each of ``tables`` tables of ``rows`` rows that
+    the batches so far hold: how far a stream of new batches has filled a
+    cache (a cache of c rows a table is full, and evicts, once its batches
+    hold more than c distinct rows in every table)."""
+
+    def __init__(self, tables: int, rows: int, device) -> None:
+        self.mask = torch.zeros((tables, rows), dtype=torch.bool, device=device)
+
+    def add(self, ids: torch.Tensor) -> None:
+        """A batch's ids, the same number for each table, table after table."""
+        self.mask.scatter_(1, ids.view(self.mask.shape[0], -1), True)
+
+    def fewest(self) -> int:
+        """The distinct rows of the table with the fewest."""
+        return int(self.mask.sum(1).min())
+
+
+# The warm-up of a cache's benchmark lasts until its batches hold this many
+# times the rows the largest cache keeps, in every table: the caches full and
+# evicting when timing starts, as in a job past its first steps.
+FILL = 1.2
+# Warm-up batches at most, however far a fill asks.
+MAX_FILL_BATCHES = 2000
+
+
+def add_warmup_args(ap, warmup: int, cache: str) -> None:
+    """``--warmup`` and ``--fill`` of a cache's benchmark (``cache``: which
+    cache's rows the fill counts)."""
+    ap.add_argument("--warmup", type=int, default=warmup, help="warm-up batches, at least")
+    ap.add_argument(
+        "--fill",
+        type=float,
+        default=FILL,
+        help=f"warm up until the batches hold this many times the rows {cache} keeps, in "
+        "every table (the cache full and evicting when timing starts; 0: --warmup batches)",
+    )
+
+
 # Warm-up steps of each version before the timed ones.
 WARMUP = 3
 

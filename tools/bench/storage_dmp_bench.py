@@ -5,7 +5,7 @@ with part of their rows in HBM against TorchRec's UVM cache at the same budget.
     python tools/bench/storage_dmp_bench.py [--device cuda|cpu] [--kinds ebc ec]
         [--optimizers sgd adam] [--tables 10] [--rows 1677721] [--dim 128]
         [--batch 65536] [--budgets 0.1 0.5] [--prefetch-budgets 0.1] [--configs ...]
-        [--warmup 20] [--steps 20] [--profile-steps 0] [--json FILE]
+        [--warmup 20] [--fill 1.2] [--steps 20] [--profile-steps 0] [--json FILE]
 
 ``--tables`` tables of ``--rows`` rows and dim ``--dim``, one feature each,
 hotness 1, ``--batch`` ids per feature and step drawn from a power law
@@ -13,9 +13,14 @@ hotness 1, ``--batch`` ids per feature and step drawn from a power law
 pooled SUM (EBC) or sequence (EC), planned and sharded by
 DistributedModelParallel on one rank (NCCL on the GPU, gloo on the CPU) with
 the fused optimizer. A step is forward, the sum of the outputs, backward
-(which runs the fused update); each configuration is built, warmed up
-(``--warmup`` steps), then timed over ``--steps`` steps (the median, the
-device synchronized around each step), on the same batches. Every batch is
+(which runs the fused update); each configuration is built, warmed up,
+then timed over ``--steps`` steps (the median, the device synchronized
+around each step), on the same batches. The warm-up is ``--warmup`` steps
+at least, and lasts until its batches hold, in every table, ``--fill``
+(1.2) times the rows the largest budget keeps in HBM: each cache is full and
+evicts when timing starts, as in a job past its first steps, not an empty
+cache that only inserts (10 % of this shape's rows take about 16 batches,
+50 % about 200). Every batch is
 drawn anew from the power law (as a training job never sees a batch twice):
 each step, warm-up or timed, trains a batch the tables have not seen, whose
 ids the earlier batches share only as often as the power law repeats them.
@@ -82,6 +87,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dist_launch
+from embedding_bench import MAX_FILL_BATCHES, SeenRows, add_warmup_args
 from sharded_ec_bench import MULT, feature_names, power_law, torchrec_plan_and_shard
 
 CONFIGS = [
@@ -97,20 +103,46 @@ CONFIGS = [
 ALL_HBM = ("torchrec_hbm", "dynamic_hbm")
 
 
+def fill_rows(args) -> int:
+    """The distinct rows a table's warm-up batches must hold: ``--fill``
+    times the rows the largest budget of a configuration run keeps in HBM
+    (0 when every configuration keeps all its rows there)."""
+    shares = [0.0]
+    if any(c not in ALL_HBM and not c.endswith("_prefetch") for c in args.configs):
+        shares += args.budgets
+    if any(c.endswith("_prefetch") for c in args.configs):
+        shares += args.prefetch_budgets
+    return int(args.fill * max(shares) * args.rows)
+
+
 def make_batches(args, device: torch.device) -> list:
     """The run's batches (TorchRec ``Batch``es of one KJT each, on the
-    device), made before any timing: the same for every configuration."""
+    device), made before any timing: the same for every configuration. The
+    warm-up is ``--warmup`` batches, or more until they hold ``fill_rows``
+    distinct rows in every table (``args.warmup`` is set to the count)."""
     from torchrec.datasets.utils import Batch
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     g = torch.Generator(device=device).manual_seed(0)
+    target = fill_rows(args)
+    seen = SeenRows(args.tables, args.rows, device) if target else None
+    lengths = torch.ones(args.tables * args.batch, dtype=torch.int64, device=device)
     out = []
+    warm = None if target else args.warmup
     # Two more than trained: the prefetch pipeline reads two batches ahead.
-    for _ in range(args.warmup + args.steps + args.profile_steps + 2):
+    while warm is None or len(out) < warm + args.steps + args.profile_steps + 2:
         values = torch.cat(
             [power_law(g, args.batch, args.rows, args.alpha, device) for _ in range(args.tables)]
         )
-        lengths = torch.ones(args.tables * args.batch, dtype=torch.int64, device=device)
+        if warm is None:
+            seen.add(values)
+            if len(out) + 1 >= args.warmup and seen.fewest() >= target:
+                warm = len(out) + 1
+            elif len(out) + 1 >= MAX_FILL_BATCHES:
+                raise SystemExit(
+                    f"--fill {args.fill}: {MAX_FILL_BATCHES} warm-up batches hold "
+                    f"{seen.fewest():,} distinct rows in a table, not {target:,}: lower --fill"
+                )
         kjt = KeyedJaggedTensor(keys=feature_names(args.tables), values=values, lengths=lengths)
         out.append(
             Batch(
@@ -119,6 +151,7 @@ def make_batches(args, device: torch.device) -> list:
                 labels=torch.zeros(args.batch, device=device),
             )
         )
+    args.warmup = warm
     return out
 
 
@@ -608,6 +641,7 @@ def run(args) -> None:
         f"{name}, torch {torch.__version__}: {args.tables} tables x {args.rows:,} rows, dim "
         f"{args.dim}, {args.batch:,} ids per feature and step ({distinct:,.0f} distinct rows), "
         f"median of {args.steps} steps after {args.warmup}"
+        + (f" (holding {fill_rows(args):,}+ distinct rows a table)" if fill_rows(args) else "")
         + (
             ""
             if bw is None
@@ -680,7 +714,7 @@ def parse_args(argv: list[str] | None = None):
         help="budgets of the prefetch pipeline's rows (default: --budgets)",
     )
     ap.add_argument("--configs", nargs="+", choices=CONFIGS, default=CONFIGS)
-    ap.add_argument("--warmup", type=int, default=20)
+    add_warmup_args(ap, 20, "the largest budget")
     ap.add_argument("--steps", type=int, default=20, help="timed steps")
     ap.add_argument("--threads", type=int, default=1, help="torch threads on the CPU")
     ap.add_argument(
@@ -703,6 +737,10 @@ def parse_args(argv: list[str] | None = None):
         args.prefetch_budgets = args.budgets
     if any(not 0.0 < b < 1.0 for b in args.budgets + args.prefetch_budgets):
         ap.error(f"budgets must be shares in (0, 1), got {args.budgets + args.prefetch_budgets}")
+    if not 0.0 <= args.fill * max(args.budgets + args.prefetch_budgets) <= 1.0:
+        ap.error(
+            f"--fill {args.fill} times the largest budget must be a share of the rows in [0, 1]"
+        )
     return args
 
 

@@ -3,18 +3,24 @@ fast rows cross the bus each way they could.
 
     python tools/bench/storage_stages.py [--device cuda] [--tables 10] [--rows 1677824]
         [--dim 128] [--lookups 65536] [--budget 0.1] [--optimizer sgd|adam] [--warmup 12]
-        [--steps 4] [--timed 10] [--transport-gib 4] [--parts steps stages transport]
+        [--fill 1.2] [--steps 4] [--timed 5] [--rounds 2] [--transport-gib 4]
+        [--parts steps stages transport]
 
 A ``BatchedDynamicEmbeddingTablesV2`` of ``--tables`` tables (dim ``--dim``,
 ``--rows`` rows each, a multiple of the bucket capacity 128) with
 ``caching=True`` and a device cache of ``--budget`` of each table's rows,
 ``--optimizer``, pooled SUM, hotness 1, ``--lookups`` ids per table and step
-from a power law (exponent 1.05). ``--warmup`` batches train first; every
-batch after is new (new to the tables, as in training: misses, victims, new
-rows). The parts (``--parts``):
+from a power law (exponent 1.05). New batches train first, ``--warmup`` at
+least, until they hold ``--fill`` (1.2) times the rows the cache keeps, in
+every table: the cache full and evicting, as in a job past its first steps,
+before any part measures it (each variant measured on a cache still filling
+would move fewer rows than the ones after it). Every batch after is new (new
+to the tables, as in training: misses, victims, new rows). The parts
+(``--parts``):
 
 * ``steps``: the mean step (forward, backward with the fused update) over
-  ``--timed`` steps, the device synchronized before and after them, of the
+  ``--rounds`` turns of ``--timed`` steps (the variants taking turns), the
+  device synchronized before and after each turn, of the
   cache with its victims' rows written at once through the mapped pointer
   (``HostWrites.max_rows = 0``, the default) and staged and written to host
   memory on a side stream (``max_rows = None``), every host-bound copy in
@@ -53,7 +59,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from embedding_bench import power_law
+from embedding_bench import MAX_FILL_BATCHES, SeenRows, add_warmup_args, power_law
 
 from dynamicemb import DynamicEmbPoolingMode, DynamicEmbTableOptions
 from dynamicemb.dynamicemb_config import value_row_bytes
@@ -129,19 +135,22 @@ class Run:
         ids = [power_law(self.g, a.lookups, a.rows, 1.05) for _ in range(a.tables)]
         return torch.cat(ids).to(self.device)
 
-    def train(self, batches, prefetch: bool) -> None:
+    def train(self, batches, prefetch: bool, ahead=None) -> None:
         """Trains ``batches``, each prefetched (on a side stream on a GPU)
-        between the forward and the backward of the one before it."""
+        between the forward and the backward of the one before it; the last
+        one's backward waits on the prefetch of ``ahead`` (the batch the
+        next call trains first), if given."""
         m = self.m
         for i, b in enumerate(batches):
             out = m(b, self.offsets)
-            if prefetch and i + 1 < len(batches):
+            after = batches[i + 1] if i + 1 < len(batches) else ahead
+            if prefetch and after is not None:
                 if self.side is not None:
                     self.side.wait_stream(torch.cuda.current_stream(self.device))
                     with torch.cuda.stream(self.side):
-                        m.prefetch(batches[i + 1], self.offsets)
+                        m.prefetch(after, self.offsets)
                 else:
-                    m.prefetch(batches[i + 1], self.offsets)
+                    m.prefetch(after, self.offsets)
             out.sum().backward()
 
     def moved(self) -> int:
@@ -151,36 +160,54 @@ class Run:
 
 def steps_part(run: Run) -> int:
     """Prints the mean step of each variant; returns the rows a step wrote
-    back (its victims) with the victims written at once."""
+    back (its victims) with the victims written at once. The variants take
+    turns, ``--rounds`` times ``--timed`` steps each (the rows a step moves
+    drift up as the host table comes to hold more of the batches' keys:
+    turns, every other one in the reverse order, spread that drift over
+    every variant alike); each turn starts with
+    an untimed step, and where the variant prefetches, every step, timed or
+    not, prefetches the batch after it (the last timed one a batch no step
+    trains), so each timed step holds one prefetch."""
     a, m = run.args, run.m
     writes = m.storage.backing.writes
     rb = max(m.layout.row_bytes)
-    victims = None
-    print(f"== steps: mean of {a.timed} new batches each, {a.optimizer}, budget {a.budget}")
     default = writes.max_rows
-    for staged in (False, True):
-        writes.max_rows = None if staged else 0
-        for prefetch in (False, True):
-            batches = [run.batch() for _ in range(a.timed + 1)]
-            run.train(batches[:2], prefetch)  # a first step of this variant
+    variants = [(staged, prefetch) for staged in (False, True) for prefetch in (False, True)]
+    secs = dict.fromkeys(variants, 0.0)
+    moved = dict.fromkeys(variants, 0)
+    writes_at_once = 0
+    for turn in range(a.rounds):
+        # Every other turn backwards: a steady drift weighs on each variant alike.
+        for staged, prefetch in variants if turn % 2 == 0 else variants[::-1]:
+            writes.max_rows = None if staged else 0
+            batches = [run.batch() for _ in range(a.timed + 2)]
+            run.train(batches[:1], prefetch, ahead=batches[1])
             before, w0 = run.moved(), int(m.storage.host_writes)
             sync(run.device)
             t = time.perf_counter()
-            run.train(batches[1:], prefetch)
+            run.train(batches[1:-1], prefetch, ahead=batches[-1])
             sync(run.device)
-            ms = 1e3 * (time.perf_counter() - t) / a.timed
-            per = (run.moved() - before) / a.timed
+            secs[(staged, prefetch)] += time.perf_counter() - t
+            moved[(staged, prefetch)] += run.moved() - before
             if not staged and not prefetch:
-                victims = (int(m.storage.host_writes) - w0) // a.timed
-            how = "staged, written on a side stream" if staged else "written at once"
-            how += " (default)" if writes.max_rows == default else ""
-            print(
-                f"   victims {how:44s} prefetch {'yes' if prefetch else 'no ':3s}: "
-                f"{ms:7.2f} ms/step, {per:,.0f} rows moved ({per * rb / 1e6:.1f} MB)",
-                flush=True,
-            )
+                writes_at_once += int(m.storage.host_writes) - w0
     writes.max_rows = default
-    return victims
+    steps = a.rounds * a.timed
+    print(
+        f"== steps: mean of {steps} new batches each ({a.rounds} turns of {a.timed}), "
+        f"{a.optimizer}, budget {a.budget}"
+    )
+    for staged, prefetch in variants:
+        how = "staged, written on a side stream" if staged else "written at once"
+        how += " (default)" if (None if staged else 0) == default else ""
+        per = moved[(staged, prefetch)] / steps
+        print(
+            f"   victims {how:44s} prefetch {'yes' if prefetch else 'no ':3s}: "
+            f"{1e3 * secs[(staged, prefetch)] / steps:7.2f} ms/step, {per:,.0f} rows moved "
+            f"({per * rb / 1e6:.1f} MB)",
+            flush=True,
+        )
+    return writes_at_once // steps
 
 
 def stages_part(run: Run) -> None:
@@ -335,10 +362,30 @@ def transport_part(args, rows: int, rb: int) -> None:
     torch.cuda.cudart().cudaHostUnregister(keep[2].data_ptr())
 
 
+def warm_up(r: Run) -> None:
+    """Trains new batches, ``--warmup`` at least, until they hold ``--fill``
+    times the rows the cache keeps, in every table (the cache full and
+    evicting before any part measures it)."""
+    a = r.args
+    seen = SeenRows(a.tables, a.rows, r.device)
+    target = int(a.fill * a.budget * a.rows)
+    n = 0
+    while n < a.warmup or seen.fewest() < target:
+        if n >= MAX_FILL_BATCHES:
+            raise SystemExit(
+                f"--fill {a.fill}: {n} warm-up batches hold {seen.fewest():,} distinct rows "
+                f"in a table, not {target:,}: lower --fill"
+            )
+        b = r.batch()
+        seen.add(b)
+        r.train([b], prefetch=False)
+        n += 1
+    print(f"== warm-up: {n} new batches, {seen.fewest():,}+ distinct rows a table", flush=True)
+
+
 def run(args) -> None:
     r = Run(args)
-    for _ in range(args.warmup):
-        r.train([r.batch()], prefetch=False)
+    warm_up(r)
     victims = None
     if "steps" in args.parts:
         victims = steps_part(r)
@@ -360,17 +407,20 @@ def parse_args(argv=None):
     ap.add_argument("--lookups", type=int, default=65536)
     ap.add_argument("--budget", type=float, default=0.1)
     ap.add_argument("--optimizer", choices=["sgd", "adam"], default="sgd")
-    ap.add_argument("--warmup", type=int, default=12)
+    add_warmup_args(ap, 12, "the cache")
     ap.add_argument("--steps", type=int, default=4, help="profiled steps")
-    ap.add_argument("--timed", type=int, default=10, help="timed steps per variant")
+    ap.add_argument("--timed", type=int, default=5, help="timed steps per variant and turn")
+    ap.add_argument("--rounds", type=int, default=2, help="turns of the variants")
     ap.add_argument("--transport-gib", type=float, default=4.0)
     ap.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     args = ap.parse_args(argv)
-    sizes = (args.tables, args.rows, args.dim, args.lookups, args.steps, args.timed)
+    sizes = (args.tables, args.rows, args.dim, args.lookups, args.steps, args.timed, args.rounds)
     if args.rows % 128 or min(sizes) < 1:
         ap.error("--rows must be a positive multiple of 128; sizes and step counts positive")
     if not 0.0 < args.budget <= 1.0:
         ap.error(f"--budget must be a share in (0, 1], got {args.budget}")
+    if not 0.0 <= args.fill * args.budget <= 1.0:
+        ap.error(f"--fill {args.fill} times --budget must be a share of the rows in [0, 1]")
     if args.transport_gib <= 0:
         ap.error(f"--transport-gib must be positive, got {args.transport_gib}")
     return args
