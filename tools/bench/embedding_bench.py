@@ -76,6 +76,22 @@ class SeenRows:
         """The distinct rows of the table with the fewest."""
         return int(self.mask.sum(1).min())
 
+    def warm_up(self, draw, warmup: int, target: int, fill: float):
+        """Yields new batches ``draw()`` (each added), ``warmup`` at least and
+        until every table holds ``target`` distinct rows (``--fill`` ``fill``
+        asked for them); more than MAX_FILL_BATCHES: SystemExit."""
+        n = 0
+        while n < warmup or self.fewest() < target:
+            if n >= MAX_FILL_BATCHES:
+                raise SystemExit(
+                    f"--fill {fill}: {n} warm-up batches hold {self.fewest():,} distinct "
+                    f"rows in a table, not {target:,}: lower --fill"
+                )
+            batch = draw()
+            self.add(batch)
+            n += 1
+            yield batch
+
 
 # The warm-up of a cache's benchmark lasts until its batches hold this many
 # times the rows the largest cache keeps, in every table: the caches full and

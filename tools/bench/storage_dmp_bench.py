@@ -87,7 +87,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dist_launch
-from embedding_bench import MAX_FILL_BATCHES, SeenRows, add_warmup_args
+from embedding_bench import SeenRows, add_warmup_args
 from sharded_ec_bench import MULT, feature_names, power_law, torchrec_plan_and_shard
 
 CONFIGS = [
@@ -124,35 +124,28 @@ def make_batches(args, device: torch.device) -> list:
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     g = torch.Generator(device=device).manual_seed(0)
-    target = fill_rows(args)
-    seen = SeenRows(args.tables, args.rows, device) if target else None
-    lengths = torch.ones(args.tables * args.batch, dtype=torch.int64, device=device)
-    out = []
-    warm = None if target else args.warmup
-    # Two more than trained: the prefetch pipeline reads two batches ahead.
-    while warm is None or len(out) < warm + args.steps + args.profile_steps + 2:
-        values = torch.cat(
+
+    def draw() -> torch.Tensor:
+        return torch.cat(
             [power_law(g, args.batch, args.rows, args.alpha, device) for _ in range(args.tables)]
         )
-        if warm is None:
-            seen.add(values)
-            if len(out) + 1 >= args.warmup and seen.fewest() >= target:
-                warm = len(out) + 1
-            elif len(out) + 1 >= MAX_FILL_BATCHES:
-                raise SystemExit(
-                    f"--fill {args.fill}: {MAX_FILL_BATCHES} warm-up batches hold "
-                    f"{seen.fewest():,} distinct rows in a table, not {target:,}: lower --fill"
-                )
-        kjt = KeyedJaggedTensor(keys=feature_names(args.tables), values=values, lengths=lengths)
-        out.append(
-            Batch(
-                dense_features=torch.zeros((args.batch, 1), device=device),
-                sparse_features=kjt,
-                labels=torch.zeros(args.batch, device=device),
-            )
+
+    seen = SeenRows(args.tables, args.rows, device)
+    values = list(seen.warm_up(draw, args.warmup, fill_rows(args), args.fill))
+    args.warmup = len(values)
+    # Two more than trained: the prefetch pipeline reads two batches ahead.
+    values += [draw() for _ in range(args.steps + args.profile_steps + 2)]
+    lengths = torch.ones(args.tables * args.batch, dtype=torch.int64, device=device)
+    return [
+        Batch(
+            dense_features=torch.zeros((args.batch, 1), device=device),
+            sparse_features=KeyedJaggedTensor(
+                keys=feature_names(args.tables), values=v, lengths=lengths
+            ),
+            labels=torch.zeros(args.batch, device=device),
         )
-    args.warmup = warm
-    return out
+        for v in values
+    ]
 
 
 class BenchModel(torch.nn.Module):
@@ -636,12 +629,13 @@ def run(args) -> None:
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     bw = pinned_bandwidth(device)
     batches = make_batches(args, device)
+    target = fill_rows(args)
     distinct = distinct_rows(args, batches)
     print(
         f"{name}, torch {torch.__version__}: {args.tables} tables x {args.rows:,} rows, dim "
         f"{args.dim}, {args.batch:,} ids per feature and step ({distinct:,.0f} distinct rows), "
         f"median of {args.steps} steps after {args.warmup}"
-        + (f" (holding {fill_rows(args):,}+ distinct rows a table)" if fill_rows(args) else "")
+        + (f" (holding {target:,}+ distinct rows a table)" if target else "")
         + (
             ""
             if bw is None

@@ -59,7 +59,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from embedding_bench import MAX_FILL_BATCHES, SeenRows, add_warmup_args, power_law
+from embedding_bench import SeenRows, add_warmup_args, power_law
 
 from dynamicemb import DynamicEmbPoolingMode, DynamicEmbTableOptions
 from dynamicemb.dynamicemb_config import value_row_bytes
@@ -172,6 +172,10 @@ def steps_part(run: Run) -> int:
     writes = m.storage.backing.writes
     rb = max(m.layout.row_bytes)
     default = writes.max_rows
+
+    def max_rows(staged: bool) -> int | None:  # HostWrites.max_rows of each way
+        return None if staged else 0
+
     variants = [(staged, prefetch) for staged in (False, True) for prefetch in (False, True)]
     secs = dict.fromkeys(variants, 0.0)
     moved = dict.fromkeys(variants, 0)
@@ -179,7 +183,7 @@ def steps_part(run: Run) -> int:
     for turn in range(a.rounds):
         # Every other turn backwards: a steady drift weighs on each variant alike.
         for staged, prefetch in variants if turn % 2 == 0 else variants[::-1]:
-            writes.max_rows = None if staged else 0
+            writes.max_rows = max_rows(staged)
             batches = [run.batch() for _ in range(a.timed + 2)]
             run.train(batches[:1], prefetch, ahead=batches[1])
             before, w0 = run.moved(), int(m.storage.host_writes)
@@ -199,7 +203,7 @@ def steps_part(run: Run) -> int:
     )
     for staged, prefetch in variants:
         how = "staged, written on a side stream" if staged else "written at once"
-        how += " (default)" if (None if staged else 0) == default else ""
+        how += " (default)" if max_rows(staged) == default else ""
         per = moved[(staged, prefetch)] / steps
         print(
             f"   victims {how:44s} prefetch {'yes' if prefetch else 'no ':3s}: "
@@ -368,16 +372,8 @@ def warm_up(r: Run) -> None:
     evicting before any part measures it)."""
     a = r.args
     seen = SeenRows(a.tables, a.rows, r.device)
-    target = int(a.fill * a.budget * a.rows)
     n = 0
-    while n < a.warmup or seen.fewest() < target:
-        if n >= MAX_FILL_BATCHES:
-            raise SystemExit(
-                f"--fill {a.fill}: {n} warm-up batches hold {seen.fewest():,} distinct rows "
-                f"in a table, not {target:,}: lower --fill"
-            )
-        b = r.batch()
-        seen.add(b)
+    for b in seen.warm_up(r.batch, a.warmup, int(a.fill * a.budget * a.rows), a.fill):
         r.train([b], prefetch=False)
         n += 1
     print(f"== warm-up: {n} new batches, {seen.fewest():,}+ distinct rows a table", flush=True)
