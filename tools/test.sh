@@ -6,7 +6,7 @@
 # their output after the tests':
 #   * the same checkout as an external repository of examples/bazel_consumer: its tests
 #     and the build settings of dynamicemb's targets there (examples/bazel_consumer/test.sh;
-#     at an equal share, not the lowest: its tests have Bazel's timeouts);
+#     at an equal share, not the lowest: below);
 #   * tools/check_dist.py --fresh-venv: the sdist and the wheel built once, what they
 #     carry and declare, the wheel installed with its extras into a fresh venv and
 #     running examples/quickstart.py there (under a minute: the wheel carries the
