@@ -39,8 +39,9 @@
 //     of a key the run placed finds it (in chunk 0 from the lane of its
 //     previous occurrence, in later chunks by a scan of the bucket); else the
 //     lowest empty slot (a reduction over the lanes), else the next victim (a
-//     reduction of the lanes' best candidates in victim order; the lane that
-//     gave it recomputes its best), else failure. With refuse_cold a new key
+//     reduction of the lanes' best candidates in victim order; each lane
+//     keeps its first two from one scan of its slots, and scans again only
+//     after giving both), else failure. With refuse_cold a new key
 //     colder than that victim is refused instead (colder_than, operations.h,
 //     "Refusal") and the victim stays the next one. Then every lane writes its
 //     own key, record and results at once, and the repeats apply their
@@ -351,6 +352,7 @@ class TileRun {
     if (Geo::lane_of(pos) != lane_) return;
     const int b = Geo::bit_of(pos);
     cand_.clear(b);
+    has_second_ = false;  // the candidates changed: the next take() scans them
     if (freed) {
       emp_.set(b);
     } else {
@@ -420,7 +422,10 @@ class TileRun {
       if (lane_ == owner) {
         emp_.clear(b);
         ok = (pos == ahead_pos_ ? ahead_key_ : t_.keys[start_ + pos]) == kEmptyKey;
-        if (!ok) cand_.set(b);
+        if (!ok) {
+          cand_.set(b);
+          has_second_ = false;
+        }
       }
       if (pos == ahead_pos_) ahead_pos_ = -1;
       if (g_.shfl(ok, owner)) return pos;
@@ -437,11 +442,12 @@ class TileRun {
     }
   }
 
-  /// This lane's first candidate in victim order.
-  DEMB_TILE TileVictim<NK> lane_best() const {
+  /// This lane's first two candidates in victim order into best_ and
+  /// second_ (pos -1: none).
+  DEMB_TILE void scan_candidates() {
     constexpr int G = Geo::G;
     constexpr int kAhead = NK == 1 ? 4 : 2;  // candidates read before any is compared
-    TileVictim<NK> best;
+    TileVictim<NK> best, second;
     for (int row = 0; row < static_cast<int>(kTileMaxWidth / kTileRow); ++row) {
       const int first = row * static_cast<int>(kTileRow) + lane_ * G;
       if (first >= width_) break;
@@ -456,18 +462,25 @@ class TileRun {
         }
         DEMB_TILE_UNROLL
         for (int s = 0; s < kAhead; ++s) {
-          if (tile_victim_before(c[s], best)) best = c[s];
+          if (tile_victim_before(c[s], best)) {
+            second = best;
+            best = c[s];
+          } else if (tile_victim_before(c[s], second)) {
+            second = c[s];
+          }
         }
       }
     }
-    return best;
+    best_ = best;
+    second_ = second;
+    has_second_ = true;
   }
 
   /// The next victim (pos -1: none left): the first of the lanes' best
   /// candidates in victim order, still a candidate until take().
   DEMB_TILE TileVictim<NK> next_victim() {
     if (!scanned_) {
-      best_ = lane_best();
+      scan_candidates();
       scanned_ = true;
     }
     TileVictim<NK> v = best_;
@@ -483,11 +496,20 @@ class TileRun {
   }
 
   /// Takes victim `pos` (every lane calls it): no longer a candidate, its
-  /// lane finds its next best.
+  /// lane's next best is the second of its last scan while nothing else
+  /// changed its candidates since (a candidate's score words do not change
+  /// during the run), else it scans them again. A bucket's victims are spread
+  /// over its lanes, so a lane seldom gives more than two of a run's: the
+  /// run's victims cost a reduction each, not a scan of a lane's slots each.
   DEMB_TILE void take(int pos) {
     if (Geo::lane_of(pos) == lane_) {
       cand_.clear(Geo::bit_of(pos));
-      best_ = lane_best();
+      if (has_second_) {
+        best_ = second_;
+        has_second_ = false;
+      } else {
+        scan_candidates();
+      }
     }
   }
 
@@ -648,7 +670,8 @@ class TileRun {
   int ahead_pos_ = -1;     ///< the position whose key was read ahead (-1: none)
   int64_t ahead_key_ = 0;  ///< that key (its owner lane's)
   bool scanned_ = false;
-  TileVictim<NK> best_;
+  TileVictim<NK> best_, second_;  ///< this lane's first two candidates (scan_candidates)
+  bool has_second_ = false;       ///< second_ is the next best after best_
   TileDeltas d_;
 };
 
