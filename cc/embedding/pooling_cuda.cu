@@ -192,8 +192,12 @@ __device__ void update_plain_key(const UpdateArgs& a, int64_t u, int64_t r, cons
       sr_key(a, u), sr_step(a));
 }
 
+// An FP8 row's update (its scale, the warp's largest magnitude, a draw a
+// lane) would take 78 registers, three blocks an SM: held to four, as the
+// other element types' run.
 template <class T>
-__global__ void update_kernel(UpdateArgs a, int64_t num_keys) {
+__global__ void __launch_bounds__(kBlock, storage::Scaled<T>::value ? 4 : 1)
+    update_kernel(UpdateArgs a, int64_t num_keys) {
   const int lane = threadIdx.x % kWarp;
   // Every occurrence; a padded batch's padding keys have none and start
   // there, after its distinct keys (the offsets never decrease).
