@@ -283,16 +283,6 @@ class TileRun {
     }
   }
 
-  /// Whether `digest` is among the bucket's (false for inactive lanes).
-  DEMB_TILE bool seen(uint8_t digest, bool active) const {
-    uint64_t any = 0;
-    const uint64_t* d = reinterpret_cast<const uint64_t*>(t_.digests + start_);
-    if (active) {
-      for (int w = 0; w < width_ / 8; ++w) any |= match_bytes(d[w], digest);
-    }
-    return any != 0;
-  }
-
   /// The lane's slots' score words (and victim scores) into L1, for the
   /// victims of a full bucket.
   DEMB_TILE void fetch_scores() const {
@@ -317,10 +307,12 @@ class TileRun {
 
   /// Position of `key` in the bucket as it is now, or -1 (inactive lanes:
   /// -1). Every lane reads the same digest words (read_digests brought them
-  /// to L1), 32 slots at a time.
-  DEMB_TILE int probe(int64_t key, uint8_t digest, bool active) const {
+  /// to L1), 32 slots at a time. `seen` (where given): whether `digest` is
+  /// among the bucket's (a lane that does not find its key reads them all).
+  DEMB_TILE int probe(int64_t key, uint8_t digest, bool active, bool* seen = nullptr) const {
     constexpr int kWords = 4;
     int found = -1;
+    uint64_t any = 0;
     for (int base = 0; base < width_; base += static_cast<int>(kTileRow)) {
       const uint64_t* d = reinterpret_cast<const uint64_t*>(t_.digests + start_ + base);
       for (int w0 = 0; w0 < static_cast<int>(kTileRow / 8) && base + w0 * 8 < width_;
@@ -330,6 +322,7 @@ class TileRun {
         for (int w = 0; w < kWords; ++w) {
           const bool in = base + (w0 + w) * 8 < width_;
           m[w] = active && found < 0 && in ? match_bytes(d[w0 + w], digest) : 0;
+          any |= m[w];
         }
         DEMB_TILE_UNROLL
         for (int w = 0; w < kWords; ++w) {
@@ -342,6 +335,7 @@ class TileRun {
       }
       if (!g_.ballot(active && found < 0)) break;
     }
+    if (seen != nullptr) *seen = any != 0;
     return found;
   }
 
@@ -364,11 +358,12 @@ class TileRun {
   /// `placeholders`: new keys' results are written too (read back by step 2
   /// of a run of several chunks).
   DEMB_TILE void find_resident(TileEntry& e, bool placeholders) {
-    // A key whose digest the bucket lacks is new; for the first, the empty
-    // slot's key or the victims' words are read ahead.
-    const bool ahead = !scanned_ && ahead_pos_ < 0;
-    const bool maybe = ahead ? seen(e.digest, e.has) : e.has;
-    if (ahead && g_.ballot(e.has && !maybe)) {
+    // A key whose digest the bucket lacks is new (the probe's one scan of
+    // the digests tells); for the first, the empty slot's key or the
+    // victims' words are read ahead.
+    bool seen = false;
+    const int pos = probe(e.key, e.digest, e.has, &seen);
+    if (!scanned_ && ahead_pos_ < 0 && g_.ballot(e.has && !seen)) {
       // New keys: read ahead the key of the lowest slot that may be empty
       // (with the candidates' keys below), else fetch the victims' words.
       const int b = emp_.lowest();
@@ -381,7 +376,6 @@ class TileRun {
         fetch_scores();
       }
     }
-    const int pos = probe(e.key, e.digest, maybe);
     if (e.has && r_.row_work) r_.row_work[e.i] = -1;
     const bool found = pos >= 0;
     const int rank = popc32(g_.match_any(found ? pos : -1 - lane_) & lanes_below(lane_));
