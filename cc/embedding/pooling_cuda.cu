@@ -430,8 +430,8 @@ void pool_forward(const PoolArgs& a, int64_t num_bags, cudaStream_t stream) {
 template <class T>
 void update_backward(const UpdateArgs& a, const HotKeys& h, int64_t num_keys, cudaStream_t stream) {
   // A warp per kWarp keys.
-  update_kernel<T><<<grid_strided((num_keys + kWarp - 1) / kWarp * kWarp), kBlock, 0, stream>>>(
-      a, num_keys);
+  update_kernel<T>
+      <<<grid_strided((num_keys + kWarp - 1) / kWarp * kWarp), kBlock, 0, stream>>>(a, num_keys);
   check_launch("embedding_update");
   if (h.max_hot == 0) return;
   hot_chunk_kernel<T><<<grid(h.max_chunks), kBlock, 0, stream>>>(a, h, num_keys);
