@@ -470,23 +470,30 @@ class TileRun {
     has_second_ = true;
   }
 
-  /// The next victim (pos -1: none left): the first of the lanes' best
-  /// candidates in victim order, still a candidate until take().
-  DEMB_TILE TileVictim<NK> next_victim() {
+  /// The next victim's position (-1: none left): the first of the lanes'
+  /// best candidates in victim order, still a candidate until take(). The
+  /// order's words are compared 32 bits at a time, each a reduce_min over the
+  /// lanes still tied (a word's sign bit flipped: unsigned order is then
+  /// signed order), then the position among the lanes tied on every word:
+  /// 2 NK + 1 reductions, one instruction each on the GPU, where a butterfly
+  /// of the words and position took (NK + 1) log2(T) dependent shuffles.
+  DEMB_TILE int next_victim() {
     if (!scanned_) {
       scan_candidates();
       scanned_ = true;
     }
-    TileVictim<NK> v = best_;
+    bool tied = best_.pos >= 0;
     DEMB_TILE_UNROLL
-    for (int off = T / 2; off > 0; off >>= 1) {
-      TileVictim<NK> o;
-      DEMB_TILE_UNROLL
-      for (int c = 0; c < NK; ++c) o.w[c] = g_.shfl_xor(v.w[c], off);
-      o.pos = g_.shfl_xor(v.pos, off);
-      if (tile_victim_before(o, v)) v = o;
+    for (int c = 0; c < NK; ++c) {
+      const uint64_t u = static_cast<uint64_t>(best_.w[c]) ^ (uint64_t{1} << 63);
+      const unsigned hi = static_cast<unsigned>(u >> 32), lo = static_cast<unsigned>(u);
+      const unsigned min_hi = g_.reduce_min(tied ? hi : kNone);  // every lane reduces
+      tied = tied && min_hi == hi;
+      const unsigned min_lo = g_.reduce_min(tied ? lo : kNone);
+      tied = tied && min_lo == lo;
     }
-    return v;
+    const unsigned pos = g_.reduce_min(tied ? static_cast<unsigned>(best_.pos) : kNone);
+    return pos == kNone ? -1 : static_cast<int>(pos);
   }
 
   /// Takes victim `pos` (every lane calls it): no longer a candidate, its
@@ -614,7 +621,7 @@ class TileRun {
           ++d_.size;
           o.status = static_cast<int8_t>(InsertStatus::kInserted);
         } else if (evict_) {
-          const int v = next_victim().pos;
+          const int v = next_victim();
           if (v >= 0 && r_.refuse_cold && colder_than(t_, r_.score, g_.shfl(e.i, j), start_ + v)) {
             o.status = static_cast<int8_t>(InsertStatus::kRefused);  // "Refusal"
           } else if (v >= 0) {
