@@ -343,6 +343,7 @@ class TileRun {
   /// calls it with the same slot).
   DEMB_TILE void mark(int pos, bool freed) {
     if (pos == ahead_pos_) ahead_pos_ = -1;  // the key read ahead is stale
+    if (freed) no_empty_ = false;
     if (Geo::lane_of(pos) != lane_) return;
     const int b = Geo::bit_of(pos);
     cand_.clear(b);
@@ -403,13 +404,18 @@ class TileRun {
 
   /// The lowest empty position, or -1, now held. Its owner confirms a
   /// candidate with the slot's key (its sector of four keys, read once into
-  /// L1); a slot that is not empty becomes a victim candidate.
+  /// L1); a slot that is not empty becomes a victim candidate. Once none is
+  /// left, none is looked for until a release frees one (mark).
   DEMB_TILE int next_empty() {
+    if (no_empty_) return -1;
     for (;;) {
       const int b = emp_.lowest();
       const unsigned lo =
           g_.reduce_min(b >= 0 ? static_cast<unsigned>(Geo::position(lane_, b)) : kNone);
-      if (lo == kNone) return -1;
+      if (lo == kNone) {
+        no_empty_ = true;
+        return -1;
+      }
       const int pos = static_cast<int>(lo);
       const int owner = Geo::lane_of(pos);
       bool ok = false;
@@ -584,6 +590,7 @@ class TileRun {
         is_new && no_evict_ && r_.assign_rows && !assigned_row_valid(r_.score, e.i, inf);
     const bool stays_out = is_new && !no_evict_ && released(r_, initial_score(r_.score, e.i, 0));
     const bool now = release_ && g_.ballot(is_new && (prev >= 0 || held_at >= 0));
+    const unsigned invalids = g_.ballot(invalid), outs = g_.ballot(stays_out);
     Outcome mine;
     for (unsigned m = news; m; m &= m - 1) {
       const int j = ctz32(m);
@@ -611,9 +618,9 @@ class TileRun {
       }
       Outcome o;
       o.status = static_cast<int8_t>(InsertStatus::kFailed);
-      if (g_.shfl(invalid, j)) {
+      if (invalids >> j & 1u) {
         o.status = static_cast<int8_t>(InsertStatus::kInvalid);
-      } else if (g_.shfl(stays_out, j)) {
+      } else if (outs >> j & 1u) {
         o.status = static_cast<int8_t>(InsertStatus::kReleased);
       } else {
         o.pos = next_empty();
@@ -671,6 +678,7 @@ class TileRun {
   int ahead_pos_ = -1;     ///< the position whose key was read ahead (-1: none)
   int64_t ahead_key_ = 0;  ///< that key (its owner lane's)
   bool scanned_ = false;
+  bool no_empty_ = false;  ///< no lane has a slot that may be empty (the tile's, uniform)
   TileVictim<NK> best_, second_;  ///< this lane's first two candidates (scan_candidates)
   bool has_second_ = false;       ///< second_ is the next best after best_
   TileDeltas d_;
