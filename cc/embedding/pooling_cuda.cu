@@ -203,26 +203,28 @@ struct KeyAhead {
   float w;
 };
 
-// A warp per kWarp consecutive keys at a time (grid-strided): lane l first
-// reads key u0 + l's occurrences, row and first occurrence into the warp's
-// shared KeyAhead slice, so that the warp, updating the keys one after
-// another, waits on no index load of its own for a key of one occurrence
-// (kept in shared memory, not registers: the update itself needs them).
+// A warp per `per` (at most kWarp) consecutive keys at a time
+// (grid-strided): lane l < per first reads key u0 + l's occurrences, row and
+// first occurrence into the warp's shared KeyAhead slice, so that the warp,
+// updating the keys one after another, waits on no index load of its own for
+// a key of one occurrence (kept in shared memory, not registers: the update
+// itself needs them).
 // Keys of more than kHotChunk occurrences are the hot kernels'. At most 64
 // registers (four blocks an SM): an FP8 row's update would take 78.
 template <class T>
-__global__ void __launch_bounds__(kBlock, 4) update_kernel(UpdateArgs a, int64_t num_keys) {
+__global__ void __launch_bounds__(kBlock, 4)
+    update_kernel(UpdateArgs a, int64_t num_keys, int per) {
   __shared__ KeyAhead ahead[kBlock];
   const int lane = threadIdx.x % kWarp;
   KeyAhead* warp_ahead = ahead + threadIdx.x / kWarp * kWarp;
-  const int64_t stride = launch_warps() * kWarp;
+  const int64_t stride = launch_warps() * per;
   // Every occurrence; a padded batch's padding keys have none and start
   // there, after its distinct keys (the offsets never decrease).
   const int64_t end = a.occ_offsets[num_keys];
-  for (int64_t u0 = global_thread() / kWarp * kWarp; u0 < num_keys; u0 += stride) {
+  for (int64_t u0 = global_thread() / kWarp * per; u0 < num_keys; u0 += stride) {
     const int64_t mine = u0 + lane;
     KeyAhead m{end, -1, 0, 0, 0, 0, 0.f};
-    if (mine < num_keys) {
+    if (lane < per && mine < num_keys) {
       m.i0 = a.occ_offsets[mine];
       const int64_t c = a.occ_offsets[mine + 1] - m.i0;
       m.count = c > kHotChunk ? kHotChunk + 1 : static_cast<int32_t>(c);
@@ -239,7 +241,7 @@ __global__ void __launch_bounds__(kBlock, 4) update_kernel(UpdateArgs a, int64_t
     __syncwarp();  // the previous keys' slice is read
     warp_ahead[lane] = m;
     __syncwarp();
-    const int count = num_keys - u0 < kWarp ? static_cast<int>(num_keys - u0) : kWarp;
+    const int count = num_keys - u0 < per ? static_cast<int>(num_keys - u0) : per;
     for (int k = 0; k < count; ++k) {  // uniform across the warp
       const KeyAhead& h = warp_ahead[k];
       if (h.i0 == end) return;  // padding, as every later key
@@ -329,6 +331,16 @@ __global__ void hot_update_kernel(UpdateArgs a, HotKeys h, int64_t num_keys) {
 
 /// Blocks of a launch with one warp per item.
 unsigned grid(int64_t warps) { return grid_for(warps * kWarp); }
+
+/// Keys a warp of update_kernel takes at a time (1 to kWarp): as many as
+/// leave every SM its 64 warps' worth, so that a small batch's keys spread
+/// over the device as a key a warp would, and a large one's index loads are
+/// read kWarp keys at once.
+int keys_per_warp(int64_t num_keys) {
+  const int64_t warps = static_cast<int64_t>(device_sms()) * (2048 / kWarp);
+  const int64_t per = (num_keys + warps - 1) / warps;
+  return per < 1 ? 1 : per > kWarp ? kWarp : static_cast<int>(per);
+}
 
 // hot_keys: per distinct key, (hot << 32) | chunks (0 for a key that is not
 // hot); both halves stay below 2^32 through the scan (n / kHotChunk chunks and
@@ -429,9 +441,9 @@ void pool_forward(const PoolArgs& a, int64_t num_bags, cudaStream_t stream) {
 
 template <class T>
 void update_backward(const UpdateArgs& a, const HotKeys& h, int64_t num_keys, cudaStream_t stream) {
-  // A warp per kWarp keys.
+  const int per = keys_per_warp(num_keys);
   update_kernel<T>
-      <<<grid_strided((num_keys + kWarp - 1) / kWarp * kWarp), kBlock, 0, stream>>>(a, num_keys);
+      <<<grid_strided((num_keys + per - 1) / per * kWarp), kBlock, 0, stream>>>(a, num_keys, per);
   check_launch("embedding_update");
   if (h.max_hot == 0) return;
   hot_chunk_kernel<T><<<grid(h.max_chunks), kBlock, 0, stream>>>(a, h, num_keys);

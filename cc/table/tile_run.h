@@ -678,7 +678,7 @@ class TileRun {
   int ahead_pos_ = -1;     ///< the position whose key was read ahead (-1: none)
   int64_t ahead_key_ = 0;  ///< that key (its owner lane's)
   bool scanned_ = false;
-  bool no_empty_ = false;  ///< no lane has a slot that may be empty (the tile's, uniform)
+  bool no_empty_ = false;         ///< no lane has a slot that may be empty (the tile's, uniform)
   TileVictim<NK> best_, second_;  ///< this lane's first two candidates (scan_candidates)
   bool has_second_ = false;       ///< second_ is the next best after best_
   TileDeltas d_;
