@@ -201,7 +201,10 @@ def test_fp8_fill_rows_are_bytes_of_the_rows_layout():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("optim", [po.SGD, po.ADAM, po.ROWWISE], ids=lambda o: o.name)
-def test_cuda_fp8_kernels_write_the_cpu_kernels_codes(optim):
+# A few keys, and about 30,000: more than a GPU's update launch gives a warp
+# each, so its warps take several keys at a time.
+@pytest.mark.parametrize("samples,num_rows", [(5, 30), (20_000, 40_000)], ids=["few", "many"])
+def test_cuda_fp8_kernels_write_the_cpu_kernels_codes(optim, samples, num_rows):
     """The same rows, gradient and keys: the same scales and codes, but where
     the float32 results differ in their last bits (the GPU sums and fuses
     differently) and a stochastic rounding falls between them: one step."""
@@ -209,7 +212,7 @@ def test_cuda_fp8_kernels_write_the_cpu_kernels_codes(optim):
     sd = {po.SGD: 0, po.ADAM: 2 * dim, po.ROWWISE: 4}[optim]
     out = {}
     for device in ("cpu", "cuda"):
-        t = po.batch(device, seed=25, dims=(dim, dim), width=dim + sd, num_rows=30)
+        t = po.batch(device, seed=25, dims=(dim, dim), B=samples, width=dim + sd, num_rows=num_rows)
         t["values"][:, :dim] *= 0.05
         t["values"][:, dim:].abs_()
         rows = fp8_rows(t["values"].cpu(), sd).to(device)
@@ -217,7 +220,7 @@ def test_cuda_fp8_kernels_write_the_cpu_kernels_codes(optim):
         pooled = po.pool(t, seg)
         grad = torch.randn(t["B"], 2 * dim, generator=torch.Generator().manual_seed(3)).to(device)
         po.update(t, grad, optim, lr=0.05, step=7, seg=seg)
-        out[device] = (pooled.cpu(), torch.cat([seg[0], seg[1]]).cpu().view(30, -1))
+        out[device] = (pooled.cpu(), torch.cat([seg[0], seg[1]]).cpu().view(num_rows, -1))
     torch.testing.assert_close(out["cuda"][0], out["cpu"][0], rtol=1e-5, atol=1e-6)
     gpu, cpu = (decode(out[d][1], dim, sd) for d in ("cuda", "cpu"))
     torch.testing.assert_close(gpu[:, dim:], cpu[:, dim:], rtol=1e-5, atol=1e-6)
