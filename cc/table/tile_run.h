@@ -250,6 +250,8 @@ class TileRun {
 
  private:
   static constexpr unsigned kNone = 0xffffffffu;
+  /// Bits of the filter of the digests a run placed (place_new).
+  static constexpr int kPlacedBits = 128;
 
   /// emp and cand from this lane's digests, G of them per row.
   DEMB_TILE void read_digests() {
@@ -581,10 +583,14 @@ class TileRun {
     const unsigned news = g_.ballot(is_new);
     if (!news) return;
     // The previous occurrence of this lane's key in the chunk, else (after
-    // the first chunk) where the run placed it.
+    // the first chunk) where the run placed it: looked for only where a key
+    // the run placed has its digest.
     const unsigned same = g_.match_any(is_new ? e.key : kEmptyKey) & news;
     const int prev = is_new ? highest_bit(same & lanes_below(lane_)) : -1;
-    const int held_at = first_chunk ? -1 : probe(e.key, e.digest, is_new && prev < 0);
+    const int held_at =
+        first_chunk
+            ? -1
+            : probe(e.key, e.digest, is_new && prev < 0 && placed_.test(e.digest % kPlacedBits));
     const int64_t* inf = t_.info + static_cast<int64_t>(table_) * kInfoCols;
     const bool invalid =
         is_new && no_evict_ && r_.assign_rows && !assigned_row_valid(r_.score, e.i, inf);
@@ -651,6 +657,11 @@ class TileRun {
         g_.sync();
       }
     }
+    if (end_ - begin_ > T) {  // chunks follow: the digests of the keys placed
+      for (unsigned m = g_.ballot(is_new && mine.pos >= 0); m; m &= m - 1) {
+        placed_.set(g_.shfl(static_cast<int>(e.digest % kPlacedBits), ctz32(m)));
+      }
+    }
     if (now) return;
     if (is_new && !mine.repeat) write(e, mine);
     g_.sync();
@@ -678,6 +689,8 @@ class TileRun {
   int ahead_pos_ = -1;     ///< the position whose key was read ahead (-1: none)
   int64_t ahead_key_ = 0;  ///< that key (its owner lane's)
   bool scanned_ = false;
+  /// The digests (mod kPlacedBits) of the keys the run placed (the tile's, uniform).
+  TileBits<kPlacedBits> placed_;
   bool no_empty_ = false;         ///< no lane has a slot that may be empty (the tile's, uniform)
   TileVictim<NK> best_, second_;  ///< this lane's first two candidates (scan_candidates)
   bool has_second_ = false;       ///< second_ is the next best after best_
