@@ -37,12 +37,13 @@
 //  2. the new keys in batch order, decided one after another by the whole
 //     tile (no memory access but the confirmation of an empty slot): a repeat
 //     of a key the run placed finds it (in chunk 0 from the lane of its
-//     previous occurrence, in later chunks by a scan of the bucket); else the
-//     lowest empty slot (a reduction over the lanes), else the next victim (a
-//     reduction of the lanes' best candidates in victim order; each lane
-//     keeps its first two from one scan of its slots, and scans again only
-//     after giving both), else failure. With refuse_cold a new key
-//     colder than that victim is refused instead (colder_than, operations.h,
+//     previous occurrence, in later chunks by a scan of the bucket where a
+//     key the run placed has its digest); else the lowest empty slot (a
+//     reduction over the lanes), else the next victim (32-bit reductions of
+//     the lanes' best candidates in victim order; each lane keeps its first
+//     two from one scan of its slots, and scans again only after giving
+//     both), else failure. With refuse_cold a new key colder than that
+//     victim is refused instead (colder_than, operations.h,
 //     "Refusal") and the victim stays the next one. Then every lane writes its
 //     own key, record and results at once, and the repeats apply their
 //     policies in batch order.
