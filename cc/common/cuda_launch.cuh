@@ -27,9 +27,12 @@ inline unsigned grid_for(int64_t threads) {
   return static_cast<unsigned>(g < 1 ? 1 : g);
 }
 
-/// Streaming multiprocessors of the current device (at least 1; read once
-/// per thread and device).
-inline int device_sms() {
+/// Blocks of kBlock threads for a grid-stride loop over `threads` threads:
+/// grid_for(threads), but at most four waves of the current device's SMs (8
+/// blocks each). Starting a block costs time even when its threads have
+/// nothing to do (the padding of a batch): past that many blocks, the
+/// resident warps take the next items instead.
+inline unsigned grid_strided(int64_t threads) {
   static thread_local int device = -1, sms = 0;
   int d = 0;
   if (cudaGetDevice(&d) != cudaSuccess) d = 0;
@@ -37,17 +40,8 @@ inline int device_sms() {
     if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, d) != cudaSuccess) sms = 0;
     device = d;
   }
-  return sms > 0 ? sms : 1;
-}
-
-/// Blocks of kBlock threads for a grid-stride loop over `threads` threads:
-/// grid_for(threads), but at most four waves of the current device's SMs (8
-/// blocks each). Starting a block costs time even when its threads have
-/// nothing to do (the padding of a batch): past that many blocks, the
-/// resident warps take the next items instead.
-inline unsigned grid_strided(int64_t threads) {
   const unsigned all = grid_for(threads);
-  const int64_t cap = static_cast<int64_t>(device_sms()) * (2048 / kBlock) * 4;
+  const int64_t cap = static_cast<int64_t>(sms > 0 ? sms : 1) * (2048 / kBlock) * 4;
   return all < cap ? all : static_cast<unsigned>(cap);
 }
 

@@ -182,87 +182,34 @@ __device__ void occurrences_chunk(const UpdateArgs& a, const KeyOccurrences& o, 
   }
 }
 
-// `key`: the key's sr_key (an FP8 row's rounding; unused for the others).
 template <class T, bool Vec>
-__device__ void update_plain_key(const UpdateArgs& a, uint64_t key, int64_t r,
-                                 const KeyOccurrences& o, int64_t c, int64_t dim, int lane) {
+__device__ void update_plain_key(const UpdateArgs& a, int64_t u, int64_t r, const KeyOccurrences& o,
+                                 int64_t c, int64_t dim, int lane) {
   warp_update_row<T, Vec>(
       a.optim, storage::embedding_at<T>(a.space, r), storage::state_at<T>(a.space, r, dim), dim,
       lane,
       [&](int64_t base, float (&g)[kPer]) { occurrences_chunk<Vec>(a, o, c, base, dim, lane, g); },
-      key, sr_step(a));
+      sr_key(a, u), sr_step(a));
 }
 
-// What update_kernel reads of a key before updating its row: its first
-// occurrence (place in grad_out, weight, dim), occurrences, row and rounding
-// key (sr_key, FP8 rows only).
-struct KeyAhead {
-  int64_t i0, row, at;
-  uint64_t key;
-  int32_t count, dim;
-  float w;
-};
-
-// A warp per `per` (at most kWarp) consecutive keys at a time
-// (grid-strided): lane l < per first reads key u0 + l's occurrences, row and
-// first occurrence into the warp's shared KeyAhead slice, so that the warp,
-// updating the keys one after another, waits on no index load of its own for
-// a key of one occurrence (kept in shared memory, not registers: the update
-// itself needs them).
-// Keys of more than kHotChunk occurrences are the hot kernels'. At most 64
-// registers (four blocks an SM): an FP8 row's update would take 78.
 template <class T>
-__global__ void __launch_bounds__(kBlock, 4)
-    update_kernel(UpdateArgs a, int64_t num_keys, int per) {
-  __shared__ KeyAhead ahead[kBlock];
+__global__ void update_kernel(UpdateArgs a, int64_t num_keys) {
   const int lane = threadIdx.x % kWarp;
-  KeyAhead* warp_ahead = ahead + threadIdx.x / kWarp * kWarp;
-  const int64_t stride = launch_warps() * per;
   // Every occurrence; a padded batch's padding keys have none and start
   // there, after its distinct keys (the offsets never decrease).
   const int64_t end = a.occ_offsets[num_keys];
-  for (int64_t u0 = global_thread() / kWarp * per; u0 < num_keys; u0 += stride) {
-    const int64_t mine = u0 + lane;
-    KeyAhead m{end, -1, 0, 0, 0, 0, 0.f};
-    if (lane < per && mine < num_keys) {
-      m.i0 = a.occ_offsets[mine];
-      const int64_t c = a.occ_offsets[mine + 1] - m.i0;
-      m.count = c > kHotChunk ? kHotChunk + 1 : static_cast<int32_t>(c);
-      m.row = a.rows[mine];
-      if (c > 0 && c <= kHotChunk && m.row >= 0) {
-        const int64_t j = a.occ_order[m.i0];
-        m.w = occ_weight(a.weights, j);
-        const BagSlot s = bag_slot(a.layout, a.occ_bag[j]);
-        m.at = s.offset;
-        m.dim = static_cast<int32_t>(s.dim);
-        if constexpr (storage::Scaled<T>::value) m.key = sr_key(a, mine);
-      }
-    }
-    __syncwarp();  // the previous keys' slice is read
-    warp_ahead[lane] = m;
-    __syncwarp();
-    const int count = num_keys - u0 < per ? static_cast<int>(num_keys - u0) : per;
-    for (int k = 0; k < count; ++k) {  // uniform across the warp
-      const KeyAhead& h = warp_ahead[k];
-      if (h.i0 == end) return;  // padding, as every later key
-      const int64_t c = h.count, r = h.row;
-      if (c > kHotChunk || r < 0) continue;
-      KeyOccurrences o;
-      int64_t dim;
-      if (c == 1) {
-        o.at[0] = lane == 0 ? h.at : 0;
-        o.w[0] = lane == 0 ? h.w : 0.f;
-        o.at[1] = 0;
-        o.w[1] = 0.f;
-        dim = h.dim;
-      } else {
-        dim = load_occurrences(a, h.i0, c, lane, o);
-      }
-      if (key_vectorized<T>(a, r, dim)) {
-        update_plain_key<T, kVecType<T>>(a, h.key, r, o, c, dim, lane);
-      } else {
-        update_plain_key<T, kAlwaysVec<T>>(a, h.key, r, o, c, dim, lane);
-      }
+  for (int64_t u = global_thread() / kWarp; u < num_keys; u += launch_warps()) {
+    const int64_t i0 = a.occ_offsets[u], i1 = a.occ_offsets[u + 1];
+    const int64_t r = a.rows[u];
+    if (i0 == end) break;  // padding, and so is every later key of this warp
+    const int64_t c = i1 - i0;
+    if (c > kHotChunk || r < 0) continue;  // uniform across the warp
+    KeyOccurrences o;
+    const int64_t dim = load_occurrences(a, i0, c, lane, o);
+    if (key_vectorized<T>(a, r, dim)) {
+      update_plain_key<T, kVecType<T>>(a, u, r, o, c, dim, lane);
+    } else {
+      update_plain_key<T, kAlwaysVec<T>>(a, u, r, o, c, dim, lane);
     }
   }
 }
@@ -331,16 +278,6 @@ __global__ void hot_update_kernel(UpdateArgs a, HotKeys h, int64_t num_keys) {
 
 /// Blocks of a launch with one warp per item.
 unsigned grid(int64_t warps) { return grid_for(warps * kWarp); }
-
-/// Keys a warp of update_kernel takes at a time (1 to kWarp): as many as
-/// leave every SM its 64 warps' worth, so that a small batch's keys spread
-/// over the device as a key a warp would, and a large one's index loads are
-/// read kWarp keys at once.
-int keys_per_warp(int64_t num_keys) {
-  const int64_t warps = static_cast<int64_t>(device_sms()) * (2048 / kWarp);
-  const int64_t per = (num_keys + warps - 1) / warps;
-  return per < 1 ? 1 : per > kWarp ? kWarp : static_cast<int>(per);
-}
 
 // hot_keys: per distinct key, (hot << 32) | chunks (0 for a key that is not
 // hot); both halves stay below 2^32 through the scan (n / kHotChunk chunks and
@@ -441,9 +378,7 @@ void pool_forward(const PoolArgs& a, int64_t num_bags, cudaStream_t stream) {
 
 template <class T>
 void update_backward(const UpdateArgs& a, const HotKeys& h, int64_t num_keys, cudaStream_t stream) {
-  const int per = keys_per_warp(num_keys);
-  update_kernel<T>
-      <<<grid_strided((num_keys + per - 1) / per * kWarp), kBlock, 0, stream>>>(a, num_keys, per);
+  update_kernel<T><<<grid_strided(num_keys * kWarp), kBlock, 0, stream>>>(a, num_keys);
   check_launch("embedding_update");
   if (h.max_hot == 0) return;
   hot_chunk_kernel<T><<<grid(h.max_chunks), kBlock, 0, stream>>>(a, h, num_keys);

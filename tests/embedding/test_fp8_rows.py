@@ -201,8 +201,7 @@ def test_fp8_fill_rows_are_bytes_of_the_rows_layout():
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("optim", [po.SGD, po.ADAM, po.ROWWISE], ids=lambda o: o.name)
-# A few keys, and about 30,000: more than a GPU's update launch gives a warp
-# each, so its warps take several keys at a time.
+# A few keys, and about 30,000 (as many as pooling_ops' "large" float32 batch).
 @pytest.mark.parametrize("samples,num_rows", [(5, 30), (20_000, 40_000)], ids=["few", "many"])
 def test_cuda_fp8_kernels_write_the_cpu_kernels_codes(optim, samples, num_rows):
     """The same rows, gradient and keys: the same scales and codes, but where
