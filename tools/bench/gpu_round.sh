@@ -2,7 +2,7 @@
 # One device round: build and run the GPU tests, then the embedding and table
 # benchmarks, writing each output to $OUT (default: .gpu_round/) as well.
 #
-#   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|evict|evict_tests|evict_bench|multigpu|checkpoint|metrics|storage|replication|inference|sharded|dlrm|soak|wheel|resume]...
+#   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|evict|evict_tests|evict_bench|multigpu|checkpoint|metrics|storage|stages_ncu|replication|inference|sharded|dlrm|soak|wheel|resume]...
 #   (default: tests, embedding, table, admission)
 #
 # evict: the run kernels of insert and insert_and_evict in one call of under ten
@@ -47,6 +47,15 @@
 # (170), STORAGE_STAGES_TIMEOUT (150), STORAGE_BENCH_TIMEOUT (150): at most about 12
 # minutes after the build, each part printing its rows as they come (two device
 # calls: STORAGE_PARTS="tests ebc", then "ec stages").
+#
+# stages_ncu: Nsight Compute on the cache's step, where its kernels wait
+# (tools/bench/storage_stages.py --parts steps, its flags STAGES_NCU_ARGS, default
+# "--tables 4 --rounds 1": the cache full and evicting by then): the launches of the
+# kernels whose names match STAGES_NCU_KERNELS (default
+# "tile_run_kernel|copy_rows_kernel"), STAGES_NCU_COUNT (6) of them after the first
+# STAGES_NCU_SKIP (150), with the speed-of-light, memory, occupancy, warp-state,
+# scheduler and SASS source sections. Writes $OUT/stages_ncu.txt;
+# STAGES_NCU_TIMEOUT (300) in seconds.
 #
 # wheel: the wheel as pip builds it here (`pip wheel --no-build-isolation --no-deps`,
 # CUDA, the archs of cc/sources.bzl), then `tools/check_dist.py --wheel`: it requires
@@ -577,6 +586,25 @@ for part in "${parts[@]}"; do
         -q --tb=short -p no:cacheprovider 2>&1 | tail -15 | tee -a "$OUT/replication.txt"
       timeout -k 10 "${REPL_DEMO_TIMEOUT:-300}" "$PY" examples/serve_replica.py demo --device cuda \
         --steps 100 2>&1 | grep "^serve\|^train" | tail -8 | tee -a "$OUT/replication.txt"
+      ;;
+    stages_ncu)
+      : > "$OUT/stages_ncu.txt"
+      build_cuda "$OUT/stages_ncu.txt" || continue
+      ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+      if [ -z "$ncu_bin" ]; then
+        echo "stages_ncu: no ncu on this machine" | tee -a "$OUT/stages_ncu.txt"
+        continue
+      fi
+      # shellcheck disable=SC2086
+      timeout -k 10 "${STAGES_NCU_TIMEOUT:-300}" "$ncu_bin" --clock-control none \
+        --kernel-name "regex:${STAGES_NCU_KERNELS:-tile_run_kernel|copy_rows_kernel}" \
+        --launch-skip "${STAGES_NCU_SKIP:-150}" --launch-count "${STAGES_NCU_COUNT:-6}" \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy \
+        --section WarpStateStats --section SchedulerStats --section SourceCounters \
+        "$PY" tools/bench/storage_stages.py --device cuda --parts steps \
+        ${STAGES_NCU_ARGS:---tables 4 --rounds 1} >> "$OUT/stages_ncu.txt" 2>&1
+      rc=$?
+      echo "stages_ncu: $(status_word $rc "${STAGES_NCU_TIMEOUT:-300}")" | tee -a "$OUT/stages_ncu.txt"
       ;;
     inference)
       # The inference table's GPU tests (CUDA against the CPU, export and compile on the
