@@ -114,6 +114,14 @@ def add_warmup_args(ap, warmup: int, cache: str) -> None:
     )
 
 
+def check_fill(ap, fill: float, share: float, what: str) -> None:
+    """Refuses (``ap.error``) a ``--fill`` whose rows are not a share of a
+    table's: ``fill`` times ``share`` (``what``: the cache's share of the
+    rows) outside [0, 1]."""
+    if not 0.0 <= fill * share <= 1.0:
+        ap.error(f"--fill {fill} times {what} must be a share of the rows in [0, 1]")
+
+
 # Warm-up steps of each version before the timed ones.
 WARMUP = 3
 

@@ -87,7 +87,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples"))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dist_launch
-from embedding_bench import SeenRows, add_warmup_args
+from embedding_bench import SeenRows, add_warmup_args, check_fill
 from sharded_ec_bench import MULT, feature_names, power_law, torchrec_plan_and_shard
 
 CONFIGS = [
@@ -731,10 +731,7 @@ def parse_args(argv: list[str] | None = None):
         args.prefetch_budgets = args.budgets
     if any(not 0.0 < b < 1.0 for b in args.budgets + args.prefetch_budgets):
         ap.error(f"budgets must be shares in (0, 1), got {args.budgets + args.prefetch_budgets}")
-    if not 0.0 <= args.fill * max(args.budgets + args.prefetch_budgets) <= 1.0:
-        ap.error(
-            f"--fill {args.fill} times the largest budget must be a share of the rows in [0, 1]"
-        )
+    check_fill(ap, args.fill, max(args.budgets + args.prefetch_budgets), "the largest budget")
     return args
 
 

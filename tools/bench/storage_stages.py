@@ -59,7 +59,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from embedding_bench import SeenRows, add_warmup_args, power_law
+from embedding_bench import SeenRows, add_warmup_args, check_fill, power_law
 
 from dynamicemb import DynamicEmbPoolingMode, DynamicEmbTableOptions
 from dynamicemb.dynamicemb_config import value_row_bytes
@@ -415,8 +415,7 @@ def parse_args(argv=None):
         ap.error("--rows must be a positive multiple of 128; sizes and step counts positive")
     if not 0.0 < args.budget <= 1.0:
         ap.error(f"--budget must be a share in (0, 1], got {args.budget}")
-    if not 0.0 <= args.fill * args.budget <= 1.0:
-        ap.error(f"--fill {args.fill} times --budget must be a share of the rows in [0, 1]")
+    check_fill(ap, args.fill, args.budget, "--budget")
     if args.transport_gib <= 0:
         ap.error(f"--transport-gib must be positive, got {args.transport_gib}")
     return args
