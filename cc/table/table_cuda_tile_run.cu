@@ -49,41 +49,53 @@ struct DeviceTile {
   }
 };
 
-// Sorted positions a tile of T lanes looks at: T for tiles of 32 lanes, whose
-// buckets (wider than 256 slots on average, tile_lanes) take runs of dozens
-// of keys, so that such a run costs one tile's start and not one per key;
-// one for the narrower tiles, whose runs of a few keys each keep a tile.
+// Tiles of 32 lanes serve buckets wider than 256 slots on average
+// (tile_lanes), whose runs hold dozens of keys: such a tile looks at 32 sorted
+// positions (its lanes read which of them start a run or hold an invalid
+// entry, and it takes those one after another), so that a run costs one
+// tile's start and not one per key, and its block is that one warp, so that a
+// long run holds no other tile's block and runs on every SM do not wait for
+// block slots (16 blocks of a warp per SM, up to 128 registers). Narrower tiles, whose runs hold a few keys each,
+// keep a tile per sorted position in blocks of kBlock (three per SM with one
+// word, two with three).
 template <int T>
 constexpr int64_t kTilePositions = T == kWarp ? T : 1;
-
-// One tile per kTilePositions<T> sorted positions: its lanes read whether
-// their positions start a run or hold an invalid entry, then the tile takes
-// those positions one after another (tile_run_at; the runs of buckets wider
-// than kTileMaxWidth are run_kernel's). NK: the words of the victim order
-// (tile_run.h). Held to three blocks of kBlock per SM with one word (80
-// registers), two with three.
+template <int T>
+constexpr int kTileBlock = T == kWarp ? kWarp : kBlock;
 template <int T, int NK>
-__global__ void __launch_bounds__(kBlock, NK == 1 ? 3 : 2)
+constexpr int kTileBlocksPerSm = T == kWarp ? 16 : (NK == 1 ? 3 : 2);
+
+// The tile's runs (tile_run_at; the runs of buckets wider than kTileMaxWidth
+// are run_kernel's). NK: the words of the victim order (tile_run.h).
+template <int T, int NK>
+__global__ void __launch_bounds__(kTileBlock<T>, kTileBlocksPerSm<T, NK>)
     tile_run_kernel(TableRef t, RunArgs r, SortedKeys sk, int64_t n, int64_t total_buckets,
                     bool records) {
   constexpr int64_t P = kTilePositions<T>;
   __shared__ BlockCounters counters;
   const DeviceTile<T> g{cg::tiled_partition<T>(cg::this_thread_block())};
   const int64_t q0 = tile_index<T>() * P;
-  const int64_t p0 = blockIdx.x * static_cast<int64_t>(kBlock / T) * P;
+  const int64_t p0 = blockIdx.x * static_cast<int64_t>(kTileBlock<T> / T) * P;
   counters.start([&] { return p0 < n && sk[p0] != total_buckets ? r.table_ids[r.order[p0]] : -1; });
-  const int64_t q = q0 + g.lane();
-  bool visit = false;
-  if (g.lane() < P && q < n) {
-    const int64_t k = sk[q];
-    visit = k == total_buckets || q == 0 || sk[q - 1] != k;
-  }
-  for (unsigned m = g.ballot(visit); m; m &= m - 1) {
-    int64_t table = -1;
-    RunDeltas d;
-    if (tile_run_at<T, NK>(g, t, r, sk, q0 + ctz32(m), n, total_buckets, records, &table, &d) &&
+  int64_t table = -1;
+  RunDeltas d;
+  if constexpr (P == 1) {
+    if (q0 < n && tile_run_at<T, NK>(g, t, r, sk, q0, n, total_buckets, records, &table, &d) &&
         g.lane() == 0) {
       counters.add(t, table, d);
+    }
+  } else {
+    const int64_t q = q0 + g.lane();
+    bool visit = false;
+    if (g.lane() < P && q < n) {
+      const int64_t k = sk[q];
+      visit = k == total_buckets || q == 0 || sk[q - 1] != k;
+    }
+    for (unsigned m = g.ballot(visit); m; m &= m - 1) {
+      if (tile_run_at<T, NK>(g, t, r, sk, q0 + ctz32(m), n, total_buckets, records, &table, &d) &&
+          g.lane() == 0) {
+        counters.add(t, table, d);
+      }
     }
   }
   counters.finish(t);
@@ -96,12 +108,13 @@ void tile_runs(int lanes, const TableRef& t, const RunArgs& r, SortedKeys sorted
   const bool words = t.num_scores > 1 || r.victim_scores != nullptr;
   with_lanes<4, 8, 16, 32>(lanes, [&](auto lanes_c) {
     constexpr int T = decltype(lanes_c)::value;
-    const unsigned tiles = tile_grid_for<T>((n + kTilePositions<T> - 1) / kTilePositions<T>);
+    constexpr int B = kTileBlock<T>;
+    const int64_t tiles = (n + kTilePositions<T> - 1) / kTilePositions<T>;
+    const auto grid = static_cast<unsigned>((tiles * T + B - 1) / B);
     if (words) {
-      tile_run_kernel<T, kVictimWords>
-          <<<tiles, kBlock, 0, stream>>>(t, r, sorted, n, total_buckets, records);
+      tile_run_kernel<T, kVictimWords><<<grid, B, 0, stream>>>(t, r, sorted, n, total_buckets, records);
     } else {
-      tile_run_kernel<T, 1><<<tiles, kBlock, 0, stream>>>(t, r, sorted, n, total_buckets, records);
+      tile_run_kernel<T, 1><<<grid, B, 0, stream>>>(t, r, sorted, n, total_buckets, records);
     }
   });
   check_launch("tile runs");
