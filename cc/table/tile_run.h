@@ -309,36 +309,63 @@ class TileRun {
   }
 
   /// Position of `key` in the bucket as it is now, or -1 (inactive lanes:
-  /// -1). Every lane reads the same digest words (read_digests brought them
-  /// to L1), 32 slots at a time. `seen` (where given): whether `digest` is
+  /// -1). Each lane reads the bucket's digests 32 slots at a time (read_digests
+  /// brought them to L1) and holds the positions whose digest is its key's,
+  /// kHeld of them, then reads their keys together: one wait for a key's
+  /// slots, where reading each key as its digest matched waited once per
+  /// match (about five in a full bucket of 1,024 slots, and the tile waits on
+  /// the slowest lane each time). `seen` (where given): whether `digest` is
   /// among the bucket's (a lane that does not find its key reads them all).
   DEMB_TILE int probe(int64_t key, uint8_t digest, bool active, bool* seen = nullptr) const {
-    constexpr int kWords = 4;
+    constexpr int kHeld = 4;   // positions whose keys are read together
+    constexpr int kGroup = 32; // slots whose digests are read together
+    const uint64_t* d = reinterpret_cast<const uint64_t*>(t_.digests + start_);
     int found = -1;
-    uint64_t any = 0;
-    for (int base = 0; base < width_; base += static_cast<int>(kTileRow)) {
-      const uint64_t* d = reinterpret_cast<const uint64_t*>(t_.digests + start_ + base);
-      for (int w0 = 0; w0 < static_cast<int>(kTileRow / 8) && base + w0 * 8 < width_;
-           w0 += kWords) {
-        uint64_t m[kWords];
+    bool any = false;
+    int from = active ? 0 : width_;  // the next slot this lane looks at
+    while (g_.ballot(from < width_)) {
+      uint64_t held = 0;  // positions, 16 bits each
+      int n = 0;
+      while (from < width_ && n < kHeld) {
+        const int g0 = from & ~(kGroup - 1);
+        uint64_t m[kGroup / 8];
         DEMB_TILE_UNROLL
-        for (int w = 0; w < kWords; ++w) {
-          const bool in = base + (w0 + w) * 8 < width_;
-          m[w] = active && found < 0 && in ? match_bytes(d[w0 + w], digest) : 0;
-          any |= m[w];
+        for (int w = 0; w < kGroup / 8; ++w) {
+          const int lo = from - (g0 + 8 * w);  // slots of the word before `from`
+          m[w] = g0 + 8 * w < width_ && lo < 8 ? match_bytes(d[g0 / 8 + w], digest) : 0;
+          if (lo > 0 && lo < 8) m[w] &= ~uint64_t{0} << (8 * lo);
         }
+        int next = g0 + kGroup;
+        bool full = false;
         DEMB_TILE_UNROLL
-        for (int w = 0; w < kWords; ++w) {
-          while (m[w] && found < 0) {
-            const int pos = base + (w0 + w) * 8 + (ctz64(m[w]) >> 3);
-            if (t_.keys[start_ + pos] == key) found = pos;
-            m[w] &= m[w] - 1;
+        for (int w = 0; w < kGroup / 8; ++w) {
+          while (m[w] && !full) {
+            const int pos = g0 + 8 * w + (ctz64(m[w]) >> 3);
+            if (n == kHeld) {
+              next = pos;
+              full = true;
+            } else {
+              held |= static_cast<uint64_t>(pos) << (16 * n);
+              ++n;
+              m[w] &= m[w] - 1;
+            }
           }
         }
+        from = next;
       }
-      if (!g_.ballot(active && found < 0)) break;
+      any = any || n > 0;
+      int64_t k[kHeld];
+      DEMB_TILE_UNROLL
+      for (int j = 0; j < kHeld; ++j) {
+        k[j] = j < n ? t_.keys[start_ + static_cast<int64_t>(held >> (16 * j) & 0xffff)] : 0;
+      }
+      DEMB_TILE_UNROLL
+      for (int j = 0; j < kHeld; ++j) {
+        if (j < n && found < 0 && k[j] == key) found = static_cast<int>(held >> (16 * j) & 0xffff);
+      }
+      if (found >= 0) from = width_;
     }
-    if (seen != nullptr) *seen = any != 0;
+    if (seen != nullptr) *seen = any;
     return found;
   }
 
