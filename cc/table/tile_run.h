@@ -377,7 +377,7 @@ class TileRun {
     if (Geo::lane_of(pos) != lane_) return;
     const int b = Geo::bit_of(pos);
     cand_.clear(b);
-    has_second_ = false;  // the candidates changed: the next take() scans them
+    forget();  // the candidates changed: the next take() scans them
     if (freed) {
       emp_.set(b);
     } else {
@@ -454,7 +454,7 @@ class TileRun {
         ok = (pos == ahead_pos_ ? ahead_key_ : t_.keys[start_ + pos]) == kEmptyKey;
         if (!ok) {
           cand_.set(b);
-          has_second_ = false;
+          forget();
         }
       }
       if (pos == ahead_pos_) ahead_pos_ = -1;
@@ -472,12 +472,14 @@ class TileRun {
     }
   }
 
-  /// This lane's first two candidates in victim order into best_ and
-  /// second_ (pos -1: none).
+  /// This lane's first candidate in victim order into best_, the later ones
+  /// with the same words (ties, in slot order) into ties_, and the first
+  /// candidate with other words into second_ (pos -1: none).
   DEMB_TILE void scan_candidates() {
     constexpr int G = Geo::G;
     constexpr int kAhead = NK == 1 ? 4 : 2;  // candidates read before any is compared
     TileVictim<NK> best, second;
+    Bits ties;
     for (int row = 0; row < static_cast<int>(kTileMaxWidth / kTileRow); ++row) {
       const int first = row * static_cast<int>(kTileRow) + lane_ * G;
       if (first >= width_) break;
@@ -492,9 +494,13 @@ class TileRun {
         }
         DEMB_TILE_UNROLL
         for (int s = 0; s < kAhead; ++s) {
-          if (tile_victim_before(c[s], best)) {
+          // Slots come in order: a candidate with best's words is after it.
+          if (c[s].pos >= 0 && best.pos >= 0 && same_words(c[s], best)) {
+            ties.set(row * G + s0 + s);
+          } else if (tile_victim_before(c[s], best)) {
             second = best;
             best = c[s];
+            ties = Bits{};
           } else if (tile_victim_before(c[s], second)) {
             second = c[s];
           }
@@ -503,7 +509,23 @@ class TileRun {
     }
     best_ = best;
     second_ = second;
+    ties_ = ties;
     has_second_ = true;
+  }
+
+  /// Whether two candidates have the same words in the victim order.
+  static DEMB_TILE bool same_words(const TileVictim<NK>& a, const TileVictim<NK>& b) {
+    bool same = true;
+    DEMB_TILE_UNROLL
+    for (int c = 0; c < NK; ++c) same = same && a.w[c] == b.w[c];
+    return same;
+  }
+
+  /// The candidates changed (a slot found, freed or found taken): the next
+  /// take() scans them again.
+  DEMB_TILE void forget() {
+    has_second_ = false;
+    ties_ = Bits{};
   }
 
   /// The next victim's position (-1: none left): the first of the lanes'
@@ -533,15 +555,21 @@ class TileRun {
   }
 
   /// Takes victim `pos` (every lane calls it): no longer a candidate, its
-  /// lane's next best is the second of its last scan while nothing else
-  /// changed its candidates since (a candidate's score words do not change
-  /// during the run), else it scans them again. A bucket's victims are spread
-  /// over its lanes, so a lane seldom gives more than two of a run's: the
-  /// run's victims cost a reduction each, not a scan of a lane's slots each.
+  /// lane's next best is the next of its ties, else the second of its last
+  /// scan, while nothing else changed its candidates since (a candidate's
+  /// score words do not change during the run), else it scans them again.
+  /// A bucket's victims are spread over its lanes, and the slots a step
+  /// filled share their score (a timestamp, a count of one), so a lane
+  /// seldom scans twice in a run: the run's victims cost a reduction each,
+  /// not a scan of a lane's slots each.
   DEMB_TILE void take(int pos) {
     if (Geo::lane_of(pos) == lane_) {
       cand_.clear(Geo::bit_of(pos));
-      if (has_second_) {
+      const int tie = ties_.lowest();
+      if (tie >= 0) {
+        ties_.clear(tie);
+        best_.pos = Geo::position(lane_, tie);
+      } else if (has_second_) {
         best_ = second_;
         has_second_ = false;
       } else {
@@ -721,7 +749,8 @@ class TileRun {
   TileBits<kPlacedBits> placed_;
   bool no_empty_ = false;         ///< no lane has a slot that may be empty (the tile's, uniform)
   TileVictim<NK> best_, second_;  ///< this lane's first two candidates (scan_candidates)
-  bool has_second_ = false;       ///< second_ is the next best after best_
+  Bits ties_;                     ///< its candidates after best_ with best_'s words
+  bool has_second_ = false;       ///< second_ is the next best after best_ and ties_
   TileDeltas d_;
 };
 
