@@ -49,15 +49,15 @@ struct DeviceTile {
   }
 };
 
-// Tiles of 32 lanes serve buckets wider than 256 slots on average
-// (tile_lanes), whose runs hold dozens of keys: such a tile looks at 32 sorted
-// positions (its lanes read which of them start a run or hold an invalid
-// entry, and it takes those one after another), so that a run costs one
-// tile's start and not one per key, and its block is that one warp, so that a
-// long run holds no other tile's block and runs on every SM do not wait for
-// block slots (16 blocks of a warp per SM, up to 128 registers). Narrower tiles, whose runs hold a few keys each,
-// keep a tile per sorted position in blocks of kBlock (three per SM with one
-// word, two with three).
+// Tiles of 32 lanes serve buckets wider than 256 slots on average (tile_lanes),
+// whose runs hold dozens of keys: such a tile looks at 32 sorted positions (its
+// lanes read which of them start a run or hold an invalid entry, and it takes
+// those one after another), so that a run costs one tile's start and not one
+// per key; and its block is that one warp, so that a long run holds no other
+// tile's block and the runs on every SM do not wait for block slots (16 blocks
+// of a warp per SM, up to 128 registers). Narrower tiles, whose runs hold a
+// few keys each, keep a tile per sorted position in blocks of kBlock (three
+// per SM with one victim word, two with three).
 template <int T>
 constexpr int64_t kTilePositions = T == kWarp ? T : 1;
 template <int T>
@@ -112,7 +112,8 @@ void tile_runs(int lanes, const TableRef& t, const RunArgs& r, SortedKeys sorted
     const int64_t tiles = (n + kTilePositions<T> - 1) / kTilePositions<T>;
     const auto grid = static_cast<unsigned>((tiles * T + B - 1) / B);
     if (words) {
-      tile_run_kernel<T, kVictimWords><<<grid, B, 0, stream>>>(t, r, sorted, n, total_buckets, records);
+      tile_run_kernel<T, kVictimWords>
+          <<<grid, B, 0, stream>>>(t, r, sorted, n, total_buckets, records);
     } else {
       tile_run_kernel<T, 1><<<grid, B, 0, stream>>>(t, r, sorted, n, total_buckets, records);
     }

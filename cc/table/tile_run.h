@@ -317,8 +317,8 @@ class TileRun {
   /// the slowest lane each time). `seen` (where given): whether `digest` is
   /// among the bucket's (a lane that does not find its key reads them all).
   DEMB_TILE int probe(int64_t key, uint8_t digest, bool active, bool* seen = nullptr) const {
-    constexpr int kHeld = 4;   // positions whose keys are read together
-    constexpr int kGroup = 32; // slots whose digests are read together
+    constexpr int kHeld = 4;    // positions whose keys are read together
+    constexpr int kGroup = 32;  // slots whose digests are read together
     const uint64_t* d = reinterpret_cast<const uint64_t*>(t_.digests + start_);
     int found = -1;
     bool any = false;
