@@ -51,8 +51,8 @@ struct DeviceTile {
 
 // Tiles of 32 lanes serve buckets wider than 256 slots on average (tile_lanes),
 // whose runs hold dozens of keys: such a tile looks at 32 sorted positions (its
-// lanes read which of them start a run or hold an invalid entry, and it takes
-// those one after another), so that a run costs one tile's start and not one
+// lanes write the results of those without a bucket and find which start a
+// run, and it takes those one after another), so that a run costs one tile's start and not one
 // per key; and its block is that one warp, so that a long run holds no other
 // tile's block and the runs on every SM do not wait for block slots (16 blocks
 // of a warp per SM, up to 128 registers). Narrower tiles, whose runs hold a
@@ -85,11 +85,17 @@ __global__ void __launch_bounds__(kTileBlock<T>, kTileBlocksPerSm<T, NK>)
       counters.add(t, table, d);
     }
   } else {
+    // Each lane writes its own entry's results when it has no bucket; the
+    // tile visits the run starts.
     const int64_t q = q0 + g.lane();
     bool visit = false;
     if (g.lane() < P && q < n) {
       const int64_t k = sk[q];
-      visit = k == total_buckets || q == 0 || sk[q - 1] != k;
+      if (k == total_buckets) {
+        tile_invalid(r, r.order[q]);
+      } else {
+        visit = q == 0 || sk[q - 1] != k;
+      }
     }
     for (unsigned m = g.ballot(visit); m; m &= m - 1) {
       if (tile_run_at<T, NK>(g, t, r, sk, q0 + ctz32(m), n, total_buckets, records, &table, &d) &&

@@ -754,6 +754,14 @@ class TileRun {
   TileDeltas d_;
 };
 
+/// The results of batch entry `index`, which has no bucket (an invalid key,
+/// or one the call leaves out).
+DEMB_TILE void tile_invalid(const RunArgs& r, int32_t index) {
+  r.slots[index] = -1;
+  r.status[index] = static_cast<int8_t>(InsertStatus::kInvalid);
+  if (r.row_work) r.row_work[index] = -1;
+}
+
 /// The tile at sorted position p of a run-wise insert or insert_and_evict
 /// (the sort keys `sk[q]`, q < n, the invalid entries' total_buckets, sorted
 /// by bucket): an invalid entry's results, or, when p starts a run whose
@@ -772,11 +780,7 @@ DEMB_TILE bool tile_run_at(const Tile& g, const TableRef& t, const RunArgs& r, c
   const int32_t index = p + lane < n ? r.order[p + lane] : 0;
   const int64_t k = g.shfl(mine, 1);
   if (k == total_buckets) {
-    if (lane == 0) {
-      r.slots[index] = -1;
-      r.status[index] = static_cast<int8_t>(InsertStatus::kInvalid);
-      if (r.row_work) r.row_work[index] = -1;
-    }
+    if (lane == 0) tile_invalid(r, index);
     return false;
   }
   if (g.shfl(mine, 0) == k) return false;  // p does not start a run
