@@ -26,8 +26,9 @@
 // The run's keys are taken T at a time, lane j holding sorted position
 // begin + c * T + j of chunk c:
 //  1. every key is looked up in the bucket as it is (each lane scans the
-//     whole bucket's digests, the same words for every lane), which is the
-//     prefind (a key is never moved, only freed, before its turn); found keys
+//     whole bucket's digests and reads the keys of four matching slots at a
+//     time), which is the prefind (a key is never moved, only freed, before
+//     its turn); found keys
 //     apply their policies, repeats of one slot one after another in batch
 //     order; found slots become held, released ones empty. A key whose
 //     digest the bucket lacks is new: the key of the lowest slot that may be
@@ -41,8 +42,9 @@
 //     key the run placed has its digest); else the lowest empty slot (a
 //     reduction over the lanes), else the next victim (32-bit reductions of
 //     the lanes' best candidates in victim order; each lane keeps its first
-//     two from one scan of its slots, and scans again only after giving
-//     both), else failure. With refuse_cold a new key colder than that
+//     one, the later ones with the same words and the first with other words
+//     from one scan of its slots, and scans again only after giving those),
+//     else failure. With refuse_cold a new key colder than that
 //     victim is refused instead (colder_than, operations.h,
 //     "Refusal") and the victim stays the next one. Then every lane writes its
 //     own key, record and results at once, and the repeats apply their
