@@ -25,16 +25,15 @@
 //
 // The run's keys are taken T at a time, lane j holding sorted position
 // begin + c * T + j of chunk c:
-//  1. every key is looked up in the bucket as it is (each lane scans the
-//     whole bucket's digests and reads the keys of four matching slots at a
-//     time), which is the prefind (a key is never moved, only freed, before
-//     its turn); found keys
-//     apply their policies, repeats of one slot one after another in batch
-//     order; found slots become held, released ones empty. A key whose
+//  1. every key is looked up in the bucket as it is (each lane scans the whole
+//     bucket's digests and reads the keys of four matching slots at a time),
+//     which is the prefind (a key is never moved, only freed, before its turn);
+//     found keys apply their policies, repeats of one slot one after another in
+//     batch order; found slots become held, released ones empty. A key whose
 //     digest the bucket lacks is new: the key of the lowest slot that may be
-//     empty is read ahead for it, with the other keys' candidates, or, in a
-//     full bucket of insert_and_evict, the lanes' score words are fetched
-//     into L1 for the victims;
+//     empty is read ahead for it, with the other keys' candidates, or, in a full
+//     bucket of insert_and_evict, the lanes' score words are fetched into L1 for
+//     the victims;
 //  2. the new keys in batch order, decided one after another by the whole
 //     tile (no memory access but the confirmation of an empty slot): a repeat
 //     of a key the run placed finds it (in chunk 0 from the lane of its
