@@ -119,6 +119,10 @@ def test_the_stage_profile_prints_the_cache_stages(outputs):
     # The prefetch's stages, in the profile of the steps that prefetch.
     for stage in ("prefetch_find", "prefetch_insert", "prefetch_write_back", "prefetch_fill"):
         assert f"dynamicemb:{stage}" in out, out[-3000:]
+    # Every profiled step of that variant prefetches once (and trains a batch
+    # the step before prefetched).
+    finds = [line for line in out.splitlines() if "dynamicemb:prefetch_find" in line]
+    assert finds and all(line.endswith("calls 1.0") for line in finds), finds
     # Warmed up until the cache is full (1.2 times its 128 rows a table).
     m = re.search(r"== warm-up: \d+ new batches, ([\d,]+)\+ distinct rows a table", out)
     assert m and int(m.group(1).replace(",", "")) >= int(1.2 * 0.1 * 1280), out[-3000:]

@@ -28,8 +28,9 @@ to the tables, as in training: misses, victims, new rows). The parts
   stream between the forward and the backward (as TorchRec's prefetch
   pipeline runs it); the rows each moved per step.
 * ``stages``: ``--steps`` steps under torch.profiler, the training lookup
-  run eagerly, then replayed from its CUDA graph, then eagerly with the next
-  batch prefetched on a side stream (``prefetch_find``, ``prefetch_insert``,
+  run eagerly, then replayed from its CUDA graph, then eagerly with each
+  step's batch prefetched by the step before and the next batch prefetched
+  on a side stream (``prefetch_find``, ``prefetch_insert``,
   ``prefetch_write_back``, ``prefetch_fill``): per step, the device
   time (kernels launched inside the range) and host time of each
   ``dynamicemb:`` range (the cache's stages: ``cache_insert``,
@@ -223,11 +224,14 @@ def stages_part(run: Run) -> None:
     graphed = device.type == "cuda"
     for graphs, prefetch in [(False, False)] + [(True, False)] * graphed + [(False, True)]:
         run.m.cuda_graphs = graphs
-        batches = [run.batch() for _ in range(a.steps + 1)]
-        run.train(batches[:1], prefetch=False)  # a first step of this variant
+        # With prefetch, every profiled step trains a batch the step before
+        # prefetched and prefetches the next (the last a batch no step trains),
+        # as in the steps part.
+        batches = [run.batch() for _ in range(a.steps + 2)]
+        run.train(batches[:1], prefetch, ahead=batches[1])  # a first step of this variant
         sync(device)
         with profile(activities=activities) as prof:
-            run.train(batches[1:], prefetch)
+            run.train(batches[1:-1], prefetch, ahead=batches[-1])
             sync(device)
         how = "from its CUDA graph" if graphs else "eager"
         print(f"== budget {a.budget}, lookup {how}, prefetch {'yes' if prefetch else 'no'}")
