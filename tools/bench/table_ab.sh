@@ -1,11 +1,14 @@
 #!/bin/bash
-# The table benchmark for two builds on one machine, in turns: a base checkout
-# (its sources in BASE_DIR, e.g. `git archive REV | tar -x -C BASE_DIR`) against
-# this one. Both are built with CUDA (in parallel), then
-# tools/bench/table_gpu_bench.py of this checkout runs against each build's
-# package, ROUNDS times (default 2), base first.
+# A benchmark for two builds on one machine, in turns: a base checkout (its
+# sources in BASE_DIR, e.g. `git archive REV | tar -x -C BASE_DIR`) against
+# this one. Both are built with CUDA (in parallel), then the benchmark of this
+# checkout runs against each build's package, ROUNDS times (default 2), base
+# first: tools/bench/$AB_BENCH (default table_gpu_bench.py), its lines that
+# match AB_LINES (an extended regex; default the table benchmark's rows).
 #
-#   bash tools/bench/table_ab.sh BASE_DIR [table_gpu_bench.py args]
+#   bash tools/bench/table_ab.sh BASE_DIR [the benchmark's args]
+#   AB_BENCH=storage_stages.py AB_LINES="ms/step|tile_run_kernel|lookup_graph" \
+#     bash tools/bench/table_ab.sh BASE_DIR --device cuda --tables 4 --parts steps stages
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 BASE=$(cd "$1" && pwd)
@@ -27,7 +30,7 @@ for round in $(seq "${ROUNDS:-2}"); do
     root=$PWD
     [ "$side" = base ] && root=$BASE
     echo "== $side, round $round"
-    PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" "$PY" tools/bench/table_gpu_bench.py "$@" \
-      | grep -E "^\| [0-9]+ "
+    PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" "$PY" "tools/bench/${AB_BENCH:-table_gpu_bench.py}" \
+      "$@" | grep -E "${AB_LINES:-^\| [0-9]+ }"
   done
 done
