@@ -36,7 +36,8 @@ to the tables, as in training: misses, victims, new rows). The parts
   ``dynamicemb:`` range (the cache's stages: ``cache_insert``,
   ``cache_backing``, ``cache_fill``, ``cache_overflow``,
   ``cache_write_back``; ``unique``, ``pool``, ``update``, ``lookup_graph``)
-  and of the kernels that dominate them (the table's runs, ``copy_rows``).
+  and of the kernels that dominate them (the table's runs, ``copy_rows``),
+  then the step's heaviest kernels by device time (on a GPU).
 * ``transport`` (GPU): as many rows of the step's width as a step wrote back
   (measured in ``steps``, or ``--lookups`` per table), moved between device
   memory and random rows of a pinned host region of ``--transport-gib`` GiB,
@@ -57,6 +58,7 @@ import sys
 import time
 
 import torch
+from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -70,6 +72,8 @@ from dynamicemb.types import MemoryType
 
 # The kernels printed beside the ranges (by a part of their name).
 KERNELS = ("run_kernel", "copy_rows_kernel", "prefind")
+# How many of the step's kernels the stages part lists by device time.
+TOP_KERNELS = 15
 PARTS = ("steps", "stages", "transport")
 
 
@@ -110,12 +114,24 @@ def sync(device: torch.device) -> None:
 
 def stage_lines(prof, steps: int) -> list[str]:
     out = []
-    for e in prof.key_averages():
+    events = prof.key_averages()
+    for e in events:
         if e.key.startswith("dynamicemb:") or any(k in e.key for k in KERNELS):
             out.append(
                 f"   {e.key[:70]:70s} device {e.device_time_total / 1e3 / steps:.3f} ms  "
                 f"host {e.cpu_time_total / 1e3 / steps:.3f} ms  calls {e.count / steps:.1f}"
             )
+    # The step's heaviest device kernels, whichever range launched them (the
+    # sorts, selections and copies between the table's kernels).
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    kernels.sort(key=lambda e: -e.self_device_time_total)
+    if kernels:
+        out.append(f"   the {min(TOP_KERNELS, len(kernels))} kernels with the most device time:")
+    for e in kernels[:TOP_KERNELS]:
+        out.append(
+            f"   {e.key[:70]:70s} device {e.self_device_time_total / 1e3 / steps:.3f} ms  "
+            f"calls {e.count / steps:.1f}"
+        )
     return out
 
 
