@@ -21,9 +21,9 @@ constexpr int kBlock = 256;
 /// Lanes of a warp.
 constexpr int kWarp = 32;
 
-/// Blocks of kBlock threads covering `threads` threads; at least one.
-inline unsigned grid_for(int64_t threads) {
-  const int64_t g = (threads + kBlock - 1) / kBlock;
+/// Blocks of `block` threads covering `threads` threads; at least one.
+inline unsigned grid_for(int64_t threads, int block = kBlock) {
+  const int64_t g = (threads + block - 1) / block;
   return static_cast<unsigned>(g < 1 ? 1 : g);
 }
 

@@ -52,12 +52,12 @@ struct DeviceTile {
 // Tiles of 32 lanes serve buckets wider than 256 slots on average (tile_lanes),
 // whose runs hold dozens of keys: such a tile looks at 32 sorted positions (its
 // lanes write the results of those without a bucket and find which start a
-// run, and it takes those one after another), so that a run costs one tile's start and not one
-// per key; and its block is that one warp, so that a long run holds no other
-// tile's block and the runs on every SM do not wait for block slots (16 blocks
-// of a warp per SM, up to 128 registers). Narrower tiles, whose runs hold a
-// few keys each, keep a tile per sorted position in blocks of kBlock (three
-// per SM with one victim word, two with three).
+// run, and it takes those one after another), so that a run costs one tile's
+// start and not one per key; and its block is that one warp, so that a long
+// run holds no other tile's block and the runs on every SM do not wait for
+// block slots (16 blocks of a warp per SM, up to 128 registers). Narrower
+// tiles, whose runs hold a few keys each, keep a tile per sorted position in
+// blocks of kBlock (three per SM with one victim word, two with three).
 template <int T>
 constexpr int64_t kTilePositions = T == kWarp ? T : 1;
 template <int T>
@@ -115,8 +115,7 @@ void tile_runs(int lanes, const TableRef& t, const RunArgs& r, SortedKeys sorted
   with_lanes<4, 8, 16, 32>(lanes, [&](auto lanes_c) {
     constexpr int T = decltype(lanes_c)::value;
     constexpr int B = kTileBlock<T>;
-    const int64_t tiles = (n + kTilePositions<T> - 1) / kTilePositions<T>;
-    const auto grid = static_cast<unsigned>((tiles * T + B - 1) / B);
+    const unsigned grid = tile_grid_for<T>((n + kTilePositions<T> - 1) / kTilePositions<T>, B);
     if (words) {
       tile_run_kernel<T, kVictimWords>
           <<<grid, B, 0, stream>>>(t, r, sorted, n, total_buckets, records);

@@ -109,8 +109,8 @@ __device__ __forceinline__ int64_t tile_index() {
 }
 
 template <int L>
-unsigned tile_grid_for(int64_t n) {
-  return grid_for(n * L);
+unsigned tile_grid_for(int64_t n, int block = kBlock) {
+  return grid_for(n * L, block);
 }
 /// Lanes per key of find, from DEMB_CUDA_FIND_LANES (2, 4, 8, 16 or 32;
 /// default 4).
