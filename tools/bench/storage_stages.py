@@ -122,8 +122,15 @@ def stage_lines(prof, steps: int) -> list[str]:
                 f"host {e.cpu_time_total / 1e3 / steps:.3f} ms  calls {e.count / steps:.1f}"
             )
     # The step's heaviest device kernels, whichever range launched them (the
-    # sorts, selections and copies between the table's kernels).
-    kernels = [e for e in events if e.device_type == DeviceType.CUDA]
+    # sorts, selections and copies between the table's kernels); not the
+    # ranges' own spans on the device timeline (user annotations).
+    kernels = [
+        e
+        for e in events
+        if e.device_type == DeviceType.CUDA
+        and not getattr(e, "is_user_annotation", False)
+        and not e.key.startswith("dynamicemb:")
+    ]
     kernels.sort(key=lambda e: -e.self_device_time_total)
     if kernels:
         out.append(f"   the {min(TOP_KERNELS, len(kernels))} kernels with the most device time:")
