@@ -203,11 +203,13 @@ def test_fp8_fill_rows_are_bytes_of_the_rows_layout():
 @pytest.mark.parametrize("optim", [po.SGD, po.ADAM, po.ROWWISE], ids=lambda o: o.name)
 # A few keys, and about 30,000 (as many as pooling_ops' "large" float32 batch).
 @pytest.mark.parametrize("samples,num_rows", [(5, 30), (20_000, 40_000)], ids=["few", "many"])
-def test_cuda_fp8_kernels_write_the_cpu_kernels_codes(optim, samples, num_rows):
+# More than a warp's lanes in one chunk of 128; three chunks, the last one
+# partial (a warp keeps the later chunks' new values apart until the scale).
+@pytest.mark.parametrize("dim", [40, 300])
+def test_cuda_fp8_kernels_write_the_cpu_kernels_codes(optim, samples, num_rows, dim):
     """The same rows, gradient and keys: the same scales and codes, but where
     the float32 results differ in their last bits (the GPU sums and fuses
     differently) and a stochastic rounding falls between them: one step."""
-    dim = 40  # more than a warp's lanes, one chunk
     sd = {po.SGD: 0, po.ADAM: 2 * dim, po.ROWWISE: 4}[optim]
     out = {}
     for device in ("cpu", "cuda"):
