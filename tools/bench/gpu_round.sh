@@ -43,9 +43,9 @@
 # over a host table). STORAGE_MODULE_BENCH=1 adds the module-level
 # tools/bench/storage_bench.py (STORAGE_BENCH_ARGS replaces its size flags; default
 # 2 tables x 1,000,000 rows). Timeouts in seconds: STORAGE_TESTS_TIMEOUT (180, the
-# tests 8 at a time with pytest-xdist), STORAGE_EBC_TIMEOUT (210), STORAGE_EC_TIMEOUT
-# (170), STORAGE_STAGES_TIMEOUT (150), STORAGE_BENCH_TIMEOUT (150): at most about 12
-# minutes after the build, each part printing its rows as they come (two device
+# tests 8 at a time with pytest-xdist), STORAGE_EBC_TIMEOUT (240), STORAGE_EC_TIMEOUT
+# (240: the EC with every cache full took 198 s on an H100), STORAGE_STAGES_TIMEOUT
+# (150), STORAGE_BENCH_TIMEOUT (150): at most about 14 minutes after the build, each part printing its rows as they come (two device
 # calls: STORAGE_PARTS="tests ebc", then "ec stages").
 #
 # stages_ncu: Nsight Compute on the cache's step, where its kernels wait
@@ -361,11 +361,11 @@ storage_part() {
   for kind in ebc ec; do
     [[ $parts == *" $kind "* ]] || continue
     local flags=(--kinds ebc --optimizers sgd adam --budgets 0.1 0.5 --prefetch-budgets 0.1)
-    local limit=${STORAGE_EBC_TIMEOUT:-210}
+    local limit=${STORAGE_EBC_TIMEOUT:-240}
     if [ "$kind" = ec ]; then
       flags=(--kinds ec --optimizers sgd adam --budgets 0.1 0.5 --prefetch-budgets 0.1
         --configs dynamic_hbm torchrec_uvm cache hybrid torchrec_uvm_prefetch cache_prefetch)
-      limit=${STORAGE_EC_TIMEOUT:-170}
+      limit=${STORAGE_EC_TIMEOUT:-240}
     fi
     t0=$(date +%s)
     # shellcheck disable=SC2086

@@ -41,6 +41,10 @@ the tables' value bytes, embeddings and optimizer state):
   prefetched on a side stream while batch i trains; TorchRec's with
   ``prefetch_pipeline``), at ``--prefetch-budgets``.
 
+The all-HBM dynamic step, every other dynamic row's reference, is timed
+again after the rest of its kind and optimizer (the first configurations a
+process times can run slow), and the faster of its two medians is kept.
+
 Each row prints the median step, its ratio to the all-HBM dynamic step and to
 TorchRec's cache at the same budget, the bytes the dynamic storage moved per
 step (its counters of rows read from and written to host memory), its *own
@@ -624,6 +628,26 @@ def target_lines(results: list[dict], bw) -> list[str]:
     return out
 
 
+def retime_all_hbm(args, results: list[dict], kind, optimizer, batches, device) -> None:
+    """Times the all-HBM dynamic step of (``kind``, ``optimizer``) again
+    after the rest of its group, when others followed it: the first
+    configurations a process times can run slow, and this one is the
+    reference of the group's ratios and own floors. The faster of the two
+    is kept (``step_ms``), both in ``step_ms_runs``."""
+    group = [r for r in results if (r["kind"], r["optimizer"]) == (kind, optimizer)]
+    first = next((r for r in group if r["config"] == "dynamic_hbm" and "step_ms" in r), None)
+    if first is None or group[-1] is first:
+        return
+    again = run_config(args, kind, "dynamic_hbm", optimizer, None, batches, device)["step_ms"]
+    first["step_ms_runs"] = [first["step_ms"], again]
+    first["step_ms"] = min(first["step_ms"], again)
+    print(
+        f"{kind} {optimizer} dynamic_hbm again: {again:.2f} ms (first "
+        f"{first['step_ms_runs'][0]:.2f}; the faster is the reference)",
+        flush=True,
+    )
+
+
 def run(args) -> None:
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
@@ -649,7 +673,8 @@ def run(args) -> None:
         for b in [None, *args.budgets]:
             floors[(o, b)] = floor_ms(args, o, b, distinct, bw)
     results = []
-    for kind, optimizer, config, budget in plan(args):
+    rows = plan(args)
+    for n, (kind, optimizer, config, budget) in enumerate(rows):
         why = supported(device, config, optimizer)
         if why is not None:
             res = {"kind": kind, "config": config, "optimizer": optimizer, "budget": budget}
@@ -665,6 +690,8 @@ def run(args) -> None:
                 flush=True,
             )
         results.append(res)
+        if n + 1 == len(rows) or rows[n + 1][:2] != (kind, optimizer):
+            retime_all_hbm(args, results, kind, optimizer, batches, device)
     print()
     print("`" + " ".join(["python", "tools/bench/storage_dmp_bench.py"] + sys.argv[1:]) + "`")
     print()
