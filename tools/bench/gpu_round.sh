@@ -2,7 +2,7 @@
 # One device round: build and run the GPU tests, then the embedding and table
 # benchmarks, writing each output to $OUT (default: .gpu_round/) as well.
 #
-#   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|evict|evict_tests|evict_bench|multigpu|checkpoint|metrics|storage|stages_ncu|replication|inference|sharded|dlrm|soak|wheel|resume]...
+#   bash tools/bench/gpu_round.sh [tests|embedding|table|admission|variants|evict|evict_tests|evict_bench|multigpu|checkpoint|metrics|storage|stages_ncu|replication|inference|fp8|sharded|dlrm|soak|wheel|resume]...
 #   (default: tests, embedding, table, admission)
 #
 # evict: the run kernels of insert and insert_and_evict in one call of under ten
@@ -65,6 +65,14 @@
 #
 # Needs a CUDA machine; the torchrec/fbgemm bundle in .gpupkg/ for the FBGEMM
 # baselines (see docs/testing.md).
+#
+# fp8: rows in eight bits on the device in one call: the FP8 GPU tests (CUDA against
+# the CPU: tests/embedding/test_fp8_rows.py, tests/storage/test_fp8_training.py), the
+# train step in FP8 against float32 in one run with the kernels of each
+# (tools/bench/embedding_bench.py --embedding-dtype float8_e4m3fn --profile: SGD at
+# 10 x 1,677,721 rows, Adam at 500,000 rows a table, which fit one H100 together),
+# then the inference table's lookups of every row format (tools/bench/inference_bench.py,
+# 4 tables of 2M keys, dim 128). Into $OUT/fp8.txt; FP8_TIMEOUT (120) in seconds a step.
 #
 # admission: the GPU tests of admission and of the lookup's CUDA graphs
 # (tests/admission, tests/embedding/test_cuda_graphs.py, test_sync_free.py; output in
@@ -605,6 +613,22 @@ for part in "${parts[@]}"; do
         ${STAGES_NCU_ARGS:---tables 4 --rounds 1} >> "$OUT/stages_ncu.txt" 2>&1
       rc=$?
       echo "stages_ncu: $(status_word $rc "${STAGES_NCU_TIMEOUT:-300}")" | tee -a "$OUT/stages_ncu.txt"
+      ;;
+    fp8)
+      : > "$OUT/fp8.txt"
+      build_cuda "$OUT/fp8.txt" || continue
+      timeout -k 10 "${FP8_TIMEOUT:-120}" "$PY" -m pytest -m gpu tests/embedding/test_fp8_rows.py \
+        tests/storage/test_fp8_training.py -q --tb=short -p no:cacheprovider 2>&1 | tail -5 \
+        | tee -a "$OUT/fp8.txt"
+      for opt_rows in "sgd 1677721" "adam 500000"; do
+        read -r opt rows <<< "$opt_rows"
+        timeout -k 10 "${FP8_TIMEOUT:-120}" "$PY" tools/bench/embedding_bench.py --device cuda \
+          --profile --tables 10 --lookups 104857 --dim 128 --rows "$rows" --optimizer "$opt" \
+          --embedding-dtype float8_e4m3fn 2>&1 | tail -${TAIL:-40} | tee -a "$OUT/fp8.txt"
+      done
+      timeout -k 10 "${FP8_TIMEOUT:-120}" "$PY" tools/bench/inference_bench.py --device cuda \
+        --rows 2000000 --dim 128 --tables 4 --batch 8192 --repeats 20 2>&1 \
+        | grep -v "registered at\|backend fallback\|Warning\|warn(" | tee -a "$OUT/fp8.txt"
       ;;
     inference)
       # The inference table's GPU tests (CUDA against the CPU, export and compile on the
