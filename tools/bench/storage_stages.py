@@ -47,8 +47,8 @@ to the tables, as in training: misses, victims, new rows). The parts
   by the host (``index_copy_`` / ``index_select`` between the pinned buffer
   and the random rows, torch's threads): the GB/s of each, which says whether
   staging through the copy engine and a host scatter would beat the kernel's
-  scattered writes; then the kernel's scattered writes and reads again with
-  the host region in 2 MiB transparent huge pages registered with CUDA
+  scattered writes; then the kernel's scattered writes and reads again (both
+  orders) with the host region in 2 MiB transparent huge pages registered with CUDA
   (whether 4 KiB pages bound them; n/a where the kernel grants none).
 """
 
@@ -364,6 +364,7 @@ def transport_part(args, rows: int, rb: int) -> None:
         ),
         ("pinned buffer -> host rows, host index_copy_", lambda: table.index_copy_(0, pick, stage)),
         ("host rows -> device, copy_rows, random order", kernel(dseg, packed, hseg, scattered)),
+        ("host rows -> device, copy_rows, sorted by address", kernel(dseg, packed, hseg, ordered)),
         ("contiguous pinned buffer -> device, copy_rows", kernel(dseg, packed, pseg, packed)),
         (
             "contiguous pinned buffer -> device, copy engine",
@@ -376,7 +377,7 @@ def transport_part(args, rows: int, rb: int) -> None:
     ]
     for what, fn in ways:
         print(f"   {what:52s} {_rate(fn, total, device):6.1f} GB/s", flush=True)
-    # The same host rows in 2 MiB pages: whether the scattered writes are
+    # The same host rows in 2 MiB pages: whether the scattered copies are
     # bound by the device's translation of 4 KiB host pages.
     keep, huge, got = huge_region(region * rb, device)
     if keep is None:
@@ -386,7 +387,9 @@ def transport_part(args, rows: int, rb: int) -> None:
     hhuge = (huge, huge.new_empty(0))
     for what, fn in (
         ("device -> host rows, copy_rows, random order", kernel(hhuge, scattered, dseg, packed)),
+        ("device -> host rows, copy_rows, sorted by address", kernel(hhuge, ordered, dseg, packed)),
         ("host rows -> device, copy_rows, random order", kernel(dseg, packed, hhuge, scattered)),
+        ("host rows -> device, copy_rows, sorted by address", kernel(dseg, packed, hhuge, ordered)),
     ):
         print(f"   {what:52s} {_rate(fn, total, device):6.1f} GB/s", flush=True)
     sync(device)
