@@ -45,8 +45,9 @@
 # 2 tables x 1,000,000 rows). Timeouts in seconds: STORAGE_TESTS_TIMEOUT (180, the
 # tests 8 at a time with pytest-xdist), STORAGE_EBC_TIMEOUT (240), STORAGE_EC_TIMEOUT
 # (240: the EC with every cache full took 198 s on an H100), STORAGE_STAGES_TIMEOUT
-# (150), STORAGE_BENCH_TIMEOUT (150): at most about 14 minutes after the build, each part printing its rows as they come (two device
-# calls: STORAGE_PARTS="tests ebc", then "ec stages").
+# (150), STORAGE_BENCH_TIMEOUT (150): at most about 14 minutes after the build, each
+# part printing its rows as they come (two device calls: STORAGE_PARTS="tests ebc",
+# then "ec stages").
 #
 # stages_ncu: Nsight Compute on the cache's step, where its kernels wait
 # (tools/bench/storage_stages.py --parts steps, its flags STAGES_NCU_ARGS, default
@@ -145,6 +146,12 @@ if [ -f .gpupkg/bin/remote_setup.sh ]; then
   source .gpupkg/bin/remote_setup.sh > /dev/null 2>&1
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# A benchmark's output without the extension's op-registration lines and
+# Python's warnings.
+without_noise() {
+  grep -v "registered at\|backend fallback\|Warning\|warn("
+}
+
 # "ok", "timed out after N s" or "failed (exit N)" for a command's status.
 status_word() {
   case $1 in
@@ -397,7 +404,7 @@ storage_part() {
     # shellcheck disable=SC2086
     timeout -k 10 "${STORAGE_BENCH_TIMEOUT:-150}" "$PY" tools/bench/storage_bench.py --device cuda \
       ${STORAGE_BENCH_ARGS:---tables 2 --rows 1000000 --dim 128 --optimizer adam --steps 8 --warmup 2} 2>&1 \
-      | grep -v "registered at\|backend fallback\|Warning\|warn(" | tee -a "$sum"
+      | without_noise | tee -a "$sum"
   fi
   return 0
 }
@@ -543,7 +550,7 @@ for part in "${parts[@]}"; do
       # shellcheck disable=SC2086
       timeout -k 10 "${CKPT_BENCH_TIMEOUT:-600}" "$PY" tools/bench/checkpoint_bench.py --device cuda \
         ${CKPT_BENCH_ARGS:---tables 10 --rows 1600000 --dim 128} 2>&1 \
-        | grep -v "registered at\|backend fallback\|Warning\|warn(" | tee -a "$OUT/checkpoint.txt"
+        | without_noise | tee -a "$OUT/checkpoint.txt"
       ;;
     metrics)
       metrics_part
@@ -589,7 +596,7 @@ for part in "${parts[@]}"; do
       # shellcheck disable=SC2086
       timeout -k 10 "${REPL_BENCH_TIMEOUT:-900}" "$PY" tools/bench/replication_bench.py --device cuda \
         ${REPL_BENCH_ARGS:---rows 10000000 --dim 128} 2>&1 \
-        | grep -v "registered at\|backend fallback\|Warning\|warn(" | tee -a "$OUT/replication.txt"
+        | without_noise | tee -a "$OUT/replication.txt"
       timeout -k 10 "${REPL_TESTS_TIMEOUT:-600}" "$PY" -m pytest -m gpu tests/replication tests/table/test_place.py \
         -q --tb=short -p no:cacheprovider 2>&1 | tail -15 | tee -a "$OUT/replication.txt"
       timeout -k 10 "${REPL_DEMO_TIMEOUT:-300}" "$PY" examples/serve_replica.py demo --device cuda \
@@ -628,7 +635,7 @@ for part in "${parts[@]}"; do
       done
       timeout -k 10 "${FP8_TIMEOUT:-120}" "$PY" tools/bench/inference_bench.py --device cuda \
         --rows 2000000 --dim 128 --tables 4 --batch 8192 --repeats 20 2>&1 \
-        | grep -v "registered at\|backend fallback\|Warning\|warn(" | tee -a "$OUT/fp8.txt"
+        | without_noise | tee -a "$OUT/fp8.txt"
       ;;
     inference)
       # The inference table's GPU tests (CUDA against the CPU, export and compile on the
@@ -641,7 +648,7 @@ for part in "${parts[@]}"; do
       # shellcheck disable=SC2086
       timeout -k 10 "${INFER_BENCH_TIMEOUT:-900}" "$PY" tools/bench/inference_bench.py --device cuda \
         ${INFER_BENCH_ARGS:---rows 5000000 --dim 128 --tables 4 --batch 8192 --compile} 2>&1 \
-        | grep -v "registered at\|backend fallback\|Warning\|warn(" | tee -a "$OUT/inference.txt"
+        | without_noise | tee -a "$OUT/inference.txt"
       timeout -k 10 "${INFER_DEMO_TIMEOUT:-300}" "$PY" examples/serve_replica.py demo --device cuda \
         --steps 60 --dtype int8 2>&1 | grep "^serve\|^train" | tail -4 | tee -a "$OUT/inference.txt"
       ;;
