@@ -53,9 +53,10 @@ run_meta(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
          at::Tensor& free_rows, at::IntArrayRef /*policies*/, const at::Tensor& score_values,
          int64_t op, bool /*assign_rows*/, int64_t /*total_buckets*/, bool /*has_rows*/,
          const std::optional<at::Tensor>& victim_scores,
-         const std::optional<at::Tensor>& target_slots, bool /*refuse_cold*/) {
+         const std::optional<at::Tensor>& target_slots, bool /*refuse_cold*/,
+         const std::optional<at::Tensor>& held_slots) {
   check_run_devices(keys, table_ids, table_keys, digests, scores, info, counters, free_rows,
-                    score_values, victim_scores, target_slots);
+                    score_values, victim_scores, target_slots, held_slots);
   TORCH_CHECK_TYPE(keys.scalar_type() == at::kLong, "dynamicemb: keys must be int64, got ",
                    keys.scalar_type());
   check_op(op);

@@ -57,6 +57,10 @@ TORCH_LIBRARY(dynamicemb, m) {
   //     INVALID).
   //   refuse_cold: insert_and_evict only: a new key colder than its full
   //     bucket's victim is not stored (REFUSED; cc/table/operations.h, "Refusal").
+  //   held_slots: insert and insert_and_evict only, optional (num_slots) uint8
+  //     or bool on the table's device, 8-byte aligned: nonzero slots are held
+  //     by the call from its start, never victims (cc/table/operations.h,
+  //     "Held slots").
   // Result:
   //   slots (n) int64, status (n) int8 InsertStatus (erase: 0 removed, 3 absent),
   //   evicted keys (n), scores (n, num_scores), slots (n), table ids (n), the
@@ -66,8 +70,8 @@ TORCH_LIBRARY(dynamicemb, m) {
       "table_run(Tensor keys, Tensor table_ids, Tensor(a!) table_keys, Tensor(b!) digests, "
       "Tensor(c!) scores, Tensor info, Tensor(d!) counters, Tensor(e!) free_rows, int[] policies, "
       "Tensor score_values, int op, bool assign_rows, int total_buckets, bool has_rows, "
-      "Tensor? victim_scores=None, Tensor? target_slots=None, bool refuse_cold=False) -> (Tensor, "
-      "Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? victim_scores=None, Tensor? target_slots=None, bool refuse_cold=False, "
+      "Tensor? held_slots=None) -> (Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor)");
 
   // The admission counter's add (cc/admission/counter.h): insert_and_evict of
   // the keys into a counter table (one score word, the count) adding

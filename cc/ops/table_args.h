@@ -52,7 +52,8 @@ inline void check_run_devices(const at::Tensor& keys, const at::Tensor& table_id
                               const at::Tensor& counters, const at::Tensor& free_rows,
                               const at::Tensor& score_values,
                               const std::optional<at::Tensor>& victim_scores,
-                              const std::optional<at::Tensor>& target_slots) {
+                              const std::optional<at::Tensor>& target_slots,
+                              const std::optional<at::Tensor>& held_slots) {
   check_find_devices("table_run", keys, table_ids, table_keys, digests, scores, info, score_values);
   check_devices("table_run", {{"keys", &keys}, {"counters", &counters}, {"free_rows", &free_rows}});
   if (victim_scores.has_value()) {
@@ -60,6 +61,9 @@ inline void check_run_devices(const at::Tensor& keys, const at::Tensor& table_id
   }
   if (target_slots.has_value()) {
     check_devices("table_run", {{"keys", &keys}, {"target_slots", &*target_slots}});
+  }
+  if (held_slots.has_value()) {
+    check_devices("table_run", {{"keys", &keys}, {"held_slots", &*held_slots}});
   }
 }
 
@@ -220,6 +224,29 @@ inline void check_victim_scores(const std::optional<at::Tensor>& v, const at::Te
               ", got ", v->device());
 }
 
+/// Checks run's optional held slots: a (num_slots) uint8 or bool mask on the
+/// table's device, its first byte 8-byte aligned (the tiles read it as they
+/// read the digests), for insert and insert_and_evict only.
+inline void check_held_slots(const std::optional<at::Tensor>& h, int64_t op,
+                             const at::Tensor& table_keys) {
+  if (!h.has_value()) return;
+  TORCH_CHECK_VALUE(
+      op == static_cast<int64_t>(table::RunOp::kInsert) ||
+          op == static_cast<int64_t>(table::RunOp::kInsertEvict),
+      "dynamicemb: held_slots is for insert and insert_and_evict (op 0 or 1), got op ", op);
+  TORCH_CHECK_TYPE(h->scalar_type() == at::kByte || h->scalar_type() == at::kBool,
+                   "dynamicemb: held_slots must be uint8 or bool, got ", h->scalar_type());
+  TORCH_CHECK_VALUE(h->dim() == 1 && h->numel() == table_keys.numel() && h->is_contiguous(),
+                    "dynamicemb: held_slots must be a contiguous (", table_keys.numel(),
+                    ") tensor, one per slot, got shape ", h->sizes());
+  TORCH_CHECK(h->device() == table_keys.device(),
+              "dynamicemb: held_slots must be on the table's device ", table_keys.device(),
+              ", got ", h->device());
+  TORCH_CHECK_VALUE(reinterpret_cast<uintptr_t>(h->data_ptr()) % 8 == 0,
+                    "dynamicemb: held_slots must start at an 8-byte aligned address (a tensor "
+                    "of its own, not a view at an offset)");
+}
+
 inline void check_op(int64_t op) {
   TORCH_CHECK_VALUE(
       op >= 0 && op <= static_cast<int64_t>(table::RunOp::kPlace),
@@ -260,15 +287,17 @@ inline void check_run(const at::Tensor& keys, const at::Tensor& table_ids,
                       const at::Tensor& free_rows, at::IntArrayRef policies,
                       const at::Tensor& score_values, int64_t op,
                       const std::optional<at::Tensor>& victim_scores,
-                      const std::optional<at::Tensor>& target_slots) {
+                      const std::optional<at::Tensor>& target_slots,
+                      const std::optional<at::Tensor>& held_slots) {
   check_run_devices(keys, table_ids, table_keys, digests, scores, info, counters, free_rows,
-                    score_values, victim_scores, target_slots);
+                    score_values, victim_scores, target_slots, held_slots);
   check_find("table_run", keys, table_ids, table_keys, digests, scores, info, policies,
              score_values);
   check_counters(counters, free_rows, info, table_keys);
   check_op(op);
   check_victim_scores(victim_scores, table_keys);
   check_targets(target_slots, op, keys);
+  check_held_slots(held_slots, op, table_keys);
 }
 
 /// The checks of the ops that read the keys and info only (table_count,
@@ -308,7 +337,8 @@ inline table::RunArgs run_args(const at::Tensor& keys, const at::Tensor& table_i
                                at::Tensor& order, at::IntArrayRef policies,
                                const at::Tensor& score_values, int64_t op, bool assign_rows,
                                RunOutputs& out, const std::optional<at::Tensor>& victim_scores,
-                               const std::optional<at::Tensor>& target_slots, bool refuse_cold) {
+                               const std::optional<at::Tensor>& target_slots, bool refuse_cold,
+                               const std::optional<at::Tensor>& held_slots) {
   table::RunArgs r;
   r.keys = keys.data_ptr<int64_t>();
   r.table_ids = table_ids.data_ptr<int64_t>();
@@ -326,6 +356,8 @@ inline table::RunArgs run_args(const at::Tensor& keys, const at::Tensor& table_i
   r.targets = op == static_cast<int64_t>(table::RunOp::kPlace) ? target_slots->data_ptr<int64_t>()
                                                                : nullptr;
   r.refuse_cold = refuse_cold;
+  r.held_slots =
+      held_slots.has_value() ? static_cast<const uint8_t*>(held_slots->data_ptr()) : nullptr;
   return r;
 }
 

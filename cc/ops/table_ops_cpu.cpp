@@ -105,9 +105,10 @@ run_cpu(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_k
         at::Tensor& free_rows, at::IntArrayRef policies, const at::Tensor& score_values, int64_t op,
         bool assign_rows, int64_t total_buckets, bool has_rows,
         const std::optional<at::Tensor>& victim_scores,
-        const std::optional<at::Tensor>& target_slots, bool refuse_cold) {
+        const std::optional<at::Tensor>& target_slots, bool refuse_cold,
+        const std::optional<at::Tensor>& held_slots) {
   check_run(keys, table_ids, table_keys, digests, scores, info, counters, free_rows, policies,
-            score_values, op, victim_scores, target_slots);
+            score_values, op, victim_scores, target_slots, held_slots);
   check_cpu(keys);
   const int64_t n = keys.numel();
   {
@@ -154,7 +155,7 @@ run_cpu(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_k
 
   const table::TableRef t = table_ref(table_keys, digests, scores, info, &counters, &free_rows);
   table::RunArgs r = run_args(keys, table_ids, order, policies, score_values, op, assign_rows, out,
-                              victim_scores, target_slots, refuse_cold);
+                              victim_scores, target_slots, refuse_cold, held_slots);
   r.ev_flags = flags.data_ptr<uint8_t>();
   r.row_work = has_rows ? row_work.data_ptr<int64_t>() : nullptr;
   const int64_t evicted = table::cpu::run_op(t, r, n, total_buckets, scratch.data_ptr<int64_t>());

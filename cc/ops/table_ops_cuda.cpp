@@ -63,9 +63,10 @@ run_cuda(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
          at::Tensor& free_rows, at::IntArrayRef policies, const at::Tensor& score_values,
          int64_t op, bool assign_rows, int64_t total_buckets, bool has_rows,
          const std::optional<at::Tensor>& victim_scores,
-         const std::optional<at::Tensor>& target_slots, bool refuse_cold) {
+         const std::optional<at::Tensor>& target_slots, bool refuse_cold,
+         const std::optional<at::Tensor>& held_slots) {
   check_run(keys, table_ids, table_keys, digests, scores, info, counters, free_rows, policies,
-            score_values, op, victim_scores, target_slots);
+            score_values, op, victim_scores, target_slots, held_slots);
   const int64_t n = keys.numel();
   TORCH_CHECK(total_buckets >= 1, "dynamicemb: total_buckets must be positive, got ",
               total_buckets);
@@ -75,7 +76,7 @@ run_cuda(const at::Tensor& keys, const at::Tensor& table_ids, at::Tensor& table_
   TorchScratch scratch(keys);
   const table::TableRef t = table_ref(table_keys, digests, scores, info, &counters, &free_rows);
   table::RunArgs r = run_args(keys, table_ids, order, policies, score_values, op, assign_rows, out,
-                              victim_scores, target_slots, refuse_cold);
+                              victim_scores, target_slots, refuse_cold, held_slots);
   table::cuda::run_op(t, r, n, total_buckets, has_rows, out.num_evicted.data_ptr<int64_t>(),
                       scratch, c10::cuda::getCurrentCUDAStream().stream());
   return out.tuple();

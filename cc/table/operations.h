@@ -46,6 +46,18 @@
 // not displace a warmer one (an LFU newcomer seen once, a CUSTOMIZED score
 // below the bucket's). The victim stays for the run's next new key.
 //
+// # Held slots
+//
+// insert and insert_and_evict may be given `held_slots` (RunArgs): a slot
+// marked there is held by the call from its start, as the slot of a key the
+// batch found is: never a victim. A bucket whose untouched slots are all
+// held fails its new keys (kFailed). Nothing else changes: the held slots'
+// keys and score words stay as they are, and an empty held slot is filled
+// as any empty slot. The other keys' results are those of a call whose
+// batch starts with the held slots' keys, their score words assigned as they
+// are, without the runs of those keys (the cache's prefetch holds the slots
+// of the batch in flight and of the coming batch's cached keys so).
+//
 // # Place (replay)
 //
 // place writes each key at a slot the caller names (where the key sits in
@@ -211,9 +223,10 @@ struct VictimLess {
 };
 
 /// The `limit` first victims of a full bucket, in victim order: its slots not
-/// in `touched` (ascending slots the run holds, `num_touched` of them),
-/// selected with a max-heap of `limit` entries. Writes them to out[0, count)
-/// and returns count. O(width log limit), whatever the run's length.
+/// in `touched` (ascending slots the run holds, `num_touched` of them) nor
+/// held (r.held_slots), selected with a max-heap of `limit` entries. Writes
+/// them to out[0, count) and returns count. O(width log limit), whatever the
+/// run's length.
 DEMB_HD int64_t select_victims(const TableRef& t, const RunArgs& r, const Home& h,
                                const int64_t* touched, int64_t num_touched, int64_t limit,
                                int64_t* out) {
@@ -224,7 +237,9 @@ DEMB_HD int64_t select_victims(const TableRef& t, const RunArgs& r, const Home& 
       ++next_touched;
       continue;
     }
-    if (size < limit) {  // push: sift the new entry up
+    if (r.held_slots && r.held_slots[slot]) continue;  // "Held slots"
+    if (size < limit) {
+      // push: sift the new entry up
       int64_t i = size++;
       out[i] = slot;
       while (i > 0 && less(out[(i - 1) / 2], out[i])) {

@@ -456,7 +456,7 @@ void run_op(const TableRef& t, const RunArgs& r, int64_t n, int64_t total_bucket
       run_kernel<<<grid_strided(n), kBlock, 0, stream>>>(t, w, sk, n, total_buckets, wide);
       return;
     }
-    if (r.op == RunOp::kInsertEvict) {
+    if (r.op == RunOp::kInsertEvict && !r.held_slots) {  // the hints know no held slots
       int64_t* hint = alloc<int64_t>(scratch, n);
       victim_hint_kernel<K>
           <<<grid_for(n), kBlock, 0, stream>>>(t, r, sorted, n, total_buckets, hint, ok);

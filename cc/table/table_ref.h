@@ -79,6 +79,10 @@ struct RunArgs {
   /// be below those of its full bucket's next victim is not stored (see
   /// operations.h, "Refusal").
   bool refuse_cold = false;
+  /// (num_slots) by slot, or null: nonzero where the call holds the slot as
+  /// if it had found the slot's key (never a victim; see operations.h,
+  /// "Held slots"). Read only for the slots of full buckets.
+  const uint8_t* held_slots = nullptr;
 };
 
 }  // namespace table

@@ -16,8 +16,9 @@
 //   emp   may be empty: the digest is the empty digest (a key's digest can be
 //         too: the slot's key, read when the slot's turn comes, confirms), or
 //         freed by a release;
-//   cand  a victim candidate: held a key when the run started, neither found
-//         nor filled by the run since (a slot the run holds is never a victim).
+//   cand  a victim candidate: held a key when the run started, neither held
+//         by the call (RunArgs::held_slots) nor found or filled by the run
+//         since (a slot the run holds is never a victim).
 // The victims of a full bucket are its candidates in victim order
 // (victim_words / victim_before, scores.h).
 //
@@ -283,8 +284,31 @@ class TileRun {
       }
       const uint64_t mask = in == 64 ? ~uint64_t{0} : (uint64_t{1} << in) - 1;
       emp_.put(row * G, e & mask);
-      cand_.put(row * G, ~e & mask);
+      cand_.put(row * G, ~(e | held_bits(start_ + off, in)) & mask);
     }
+  }
+
+  /// Bit s: slot first + s (s < in) is held ("Held slots", operations.h),
+  /// read as the digests are, eight bytes at a time.
+  DEMB_TILE uint64_t held_bits(int64_t first, int in) const {
+    if (!r_.held_slots) return 0;
+    constexpr int G = Geo::G;
+    const uint8_t* b = r_.held_slots + first;
+    uint64_t h = 0;
+    DEMB_TILE_UNROLL
+    for (int q = 0; q < (G + 7) / 8; ++q) {
+      uint64_t word = 0;
+      if constexpr (G >= 8) {
+        if (q * 8 < in) word = reinterpret_cast<const uint64_t*>(b)[q];
+      } else {
+        word = *reinterpret_cast<const uint32_t*>(b);
+      }
+      DEMB_TILE_UNROLL
+      for (int k = 0; k < (G < 8 ? G : 8); ++k) {
+        h |= static_cast<uint64_t>(static_cast<uint8_t>(word >> (8 * k)) != 0) << (8 * q + k);
+      }
+    }
+    return h;
   }
 
   /// The lane's slots' score words (and victim scores) into L1, for the
@@ -435,8 +459,9 @@ class TileRun {
 
   /// The lowest empty position, or -1, now held. Its owner confirms a
   /// candidate with the slot's key (its sector of four keys, read once into
-  /// L1); a slot that is not empty becomes a victim candidate. Once none is
-  /// left, none is looked for until a release frees one (mark).
+  /// L1); a slot that is not empty becomes a victim candidate unless the call
+  /// holds it. Once none is left, none is looked for until a release frees
+  /// one (mark).
   DEMB_TILE int next_empty() {
     if (no_empty_) return -1;
     for (;;) {
@@ -453,7 +478,7 @@ class TileRun {
       if (lane_ == owner) {
         emp_.clear(b);
         ok = (pos == ahead_pos_ ? ahead_key_ : t_.keys[start_ + pos]) == kEmptyKey;
-        if (!ok) {
+        if (!ok && !(r_.held_slots && r_.held_slots[start_ + pos])) {
           cand_.set(b);
           forget();
         }

@@ -175,6 +175,7 @@ struct Scenario {
   ScoreArgs score;
   std::vector<int64_t> values;  // (n, ns)
   std::vector<double> victim_scores;
+  std::vector<uint8_t> held;  // RunArgs::held_slots when not empty
   std::vector<int64_t> keys, table_ids;
 };
 
@@ -198,6 +199,7 @@ struct Side {
     r.release_at = s.release_at;
     r.scores_out = scores_out.data();
     r.victim_scores = s.with_victim_scores ? s.victim_scores.data() : nullptr;
+    r.held_slots = s.held.empty() ? nullptr : s.held.data();
     bool rows = false;
     for (const int64_t x : s.rows) rows = rows || x > 0;
     if (!rows) r.row_work = nullptr;
@@ -288,6 +290,10 @@ Scenario random_scenario(std::mt19937_64& rng) {
   s.victim_scores.resize(slots);
   for (auto& v : s.victim_scores) v = pick(7) == 0 ? std::nan("") : static_cast<double>(pick(3));
   s.refuse_cold = pick(3) == 0;
+  if (pick(3) == 0) {  // a third of the slots held by the call
+    s.held.resize(slots);
+    for (auto& h : s.held) h = pick(3) == 0 ? static_cast<uint8_t>(1 + pick(255)) : 0;
+  }
   return s;
 }
 
@@ -368,7 +374,7 @@ void check_random(uint64_t seed, int scenarios) {
       ASSERT_TRUE(same_batch<T>(ref, tile, s, seed + k * 31 + step))
           << "T " << T << " scenario " << k << " step " << step << " n " << s.keys.size() << " ns "
           << s.ns << " op " << static_cast<int>(s.op) << " release " << s.release_at
-          << " refuse_cold " << s.refuse_cold;
+          << " refuse_cold " << s.refuse_cold << " held " << !s.held.empty();
       refused += std::count(tile.out.status.begin(), tile.out.status.end(),
                             static_cast<int8_t>(InsertStatus::kRefused));
     }
@@ -455,6 +461,56 @@ void check_refusals() {
   EXPECT_EQ(tile.h.counters[kCounterEvictions], 3);
   EXPECT_EQ(tile.h.counters[kCounterInsertFailures], 0);
   EXPECT_EQ(tile.h.counters[kCounterSize], 16);
+}
+
+template <int T>
+void check_held() {
+  // A full bucket of 16 keys scored by slot (the victim order is the slots'
+  // order); the call holds the six lowest and two others: eight new keys
+  // evict the eight untouched ones in order, two more fail.
+  std::vector<int64_t> keys, values;
+  for (int64_t k = 0; k < 16; ++k) {
+    keys.push_back(1000 + k);
+    values.push_back(10 + k);
+  }
+  Scenario s = one_table(16, keys, values);
+  s.score.policy[0] = static_cast<int32_t>(ScorePolicy::kAssign);
+  Side ref(s), tile(s);
+  ASSERT_TRUE(same_batch<T>(ref, tile, s, 6));
+  std::vector<int64_t> slot_of(16);
+  for (int64_t k = 0; k < 16; ++k) slot_of[k] = tile.out.slots[k];
+  s.held.assign(16, 0);
+  for (int64_t k : {0, 1, 2, 3, 4, 5, 9, 12}) s.held[slot_of[k]] = 1;
+  s.keys.clear();
+  s.values.clear();
+  for (int64_t k = 0; k < 10; ++k) {
+    s.keys.push_back(1 + k);
+    s.values.push_back(1);
+  }
+  s.table_ids.assign(s.keys.size(), 0);
+  s.score.values = s.values.data();
+  ASSERT_TRUE(same_batch<T>(ref, tile, s, 7));
+  std::vector<int64_t> victims;
+  for (size_t p = 0; p < tile.out.ev_flags.size(); ++p) {
+    if (tile.out.ev_flags[p]) victims.push_back(tile.out.ev_keys[p]);
+  }
+  std::sort(victims.begin(), victims.end());
+  EXPECT_EQ(victims, (std::vector<int64_t>{1006, 1007, 1008, 1010, 1011, 1013, 1014, 1015}));
+  constexpr int8_t kE = static_cast<int8_t>(InsertStatus::kEvicted);
+  constexpr int8_t kX = static_cast<int8_t>(InsertStatus::kFailed);
+  EXPECT_EQ(tile.out.status, (std::vector<int8_t>{kE, kE, kE, kE, kE, kE, kE, kE, kX, kX}));
+  for (int64_t k : {0, 1, 2, 3, 4, 5, 9, 12}) {
+    EXPECT_EQ(tile.h.keys[slot_of[k]], 1000 + k);
+    EXPECT_EQ(tile.h.scores[slot_of[k]], 10 + k);
+  }
+  EXPECT_EQ(tile.h.counters[kCounterInsertFailures], 2);
+}
+
+TEST(TileRun, HeldSlotsAreNeverVictimsAsInTheSequentialRuns) {
+  check_held<4>();
+  check_held<8>();
+  check_held<16>();
+  check_held<32>();
 }
 
 TEST(TileRun, RefusesColdNewcomersAsTheSequentialRuns) {

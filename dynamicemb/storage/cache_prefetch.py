@@ -130,6 +130,19 @@ class PrefetchSteps:
             loc = self._locate(cand, keys, tids)
         self._prefetch_into_cache(loc, (keys, tids, slots))
 
+    def _held_mask(self, cached) -> torch.Tensor:
+        """(cache slots) bool: the slots of the batch in flight (``_held``) and
+        of the coming batch's cached keys (``cached``), which a prefetch's
+        insert must not evict."""
+        n = self.cache.table.num_slots
+        # One entry past the slots takes the -1s (keys the cache does not
+        # hold), so that nothing is read on the host.
+        mask = torch.zeros(n + 1, dtype=torch.bool, device=self.device)
+        for k in (self._held, cached):
+            if k is not None and k[2].numel():
+                mask[torch.where(k[2] >= 0, k[2], n)] = True
+        return mask[:n]
+
     def _prefetch_into_cache(self, loc: Located, cached=None) -> None:
         """Inserts the keys ``loc`` found in the backing tier into the cache
         and copies their rows in; the victims go back first, without evicting
@@ -150,29 +163,16 @@ class PrefetchSteps:
                 (carried,) = sub.take(loc.scores)
                 fscores = torch.where(found.unsqueeze(1), carried, fscores)
             # The batch in flight holds its cache slots until its backward, and
-            # the coming batch's cached keys are to stay: they go into the same
-            # call, which never evicts a slot it holds, with the scores they have.
-            kept = [k for k in (self._held, cached) if k is not None and k[0].numel()]
-            held = 0
-            all_keys, all_tids, all_scores = fk, ft, fscores
-            if kept:
-                hk, ht, hs = (torch.cat(x) for x in zip(*kept))
-                h = sp.Subset(hs >= 0)
-                ht, hs = h.take(ht, hs)
-                hk = h.keys(hk)
-                held = hk.numel()
-                all_keys = torch.cat([hk, fk])
-                all_tids = torch.cat([ht, ft])
-                all_scores = torch.cat([cache.table.scores[hs.clamp(min=0)], fscores])
+            # the coming batch's cached keys are to stay: the call holds their
+            # slots (never evicts them; "Held slots", cc/table/operations.h).
             assign = [enums.ScorePolicy.ASSIGN] * cache.table.num_scores
             counters = self._counters() if self._fallible else None
             slots, status, evicted = cache.insert(
-                all_keys, all_tids, assign, all_scores, expand=False
+                fk, ft, assign, fscores, expand=False, held_slots=self._held_mask(cached)
             )
         with record_function("dynamicemb:prefetch_write_back"):
             victims = self._victims(evicted)
             victim_rows = self._rows_at(victims) if self._fallible else None
-            slots, status = slots[held:], status[held:]
             placed = (status == enums.InsertStatus.INSERTED) | (
                 status == enums.InsertStatus.EVICTED
             )

@@ -350,11 +350,14 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
         evict: bool = True,
         expand: bool = True,
         train: bool = False,
+        held_slots: torch.Tensor | None = None,
     ):
         """Find-or-insert (expanding first when ``expand``), evicting from full
         buckets when ``evict`` (NO_EVICTION tables never evict: they grow).
         A training insert (``train``) refuses, with ``refuse_cold``, the new
         keys colder than their full bucket's lowest (status REFUSED).
+        ``held_slots``: a (num_slots) bool mask of slots the eviction leaves
+        alone (``ScoredHashTable.insert_and_evict``).
 
         Returns:
             (slots, status, evicted): per key its slot (-1: not stored) and
@@ -372,7 +375,13 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
         victim = None if self._scorer is None else self._scorer(self.table, keys, tids)
         refuse = train and self.refuse_cold
         res = self.table.insert_and_evict(
-            keys, tids, policies=policies, scores=values, victim_scores=victim, refuse_cold=refuse
+            keys,
+            tids,
+            policies=policies,
+            scores=values,
+            victim_scores=victim,
+            refuse_cold=refuse,
+            held_slots=held_slots,
         )
         if self.retain_evicted:
             self.record_evicted(res.evicted.compact())

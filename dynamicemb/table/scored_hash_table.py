@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import torch
 
-from dynamicemb._checks import as_int, as_real, as_tensor, device_of, is_int
+from dynamicemb._checks import as_int, as_real, as_tensor, device_of
 from dynamicemb.table._args import (
     INT64_MIN,
     IntOrSeq,
@@ -20,7 +20,9 @@ from dynamicemb.table._args import (
     _flag,
     _ints,
     _optional_ints,
+    _per_slot,
     _per_table,
+    _score_values,
 )
 from dynamicemb.table._native import constants, enums, ops
 from dynamicemb.table.keys import check_keys, first_repeat
@@ -283,36 +285,7 @@ class ScoredHashTable:
             if p not in self._policy_values:
                 names = ", ".join(f"{m.value} ({m.name})" for m in enums.ScorePolicy)
                 raise ValueError(f"policies[{c}] is {p}, not a score policy: {names}")
-        if isinstance(scores, torch.Tensor):
-            as_tensor(scores, "scores", dtypes=(torch.int64,))
-            if scores.dim() > 2:
-                raise ValueError(f"scores must be 1-D or 2-D, got shape {tuple(scores.shape)}")
-            values = scores.reshape(-1, w) if scores.dim() < 2 else scores
-            if values.shape[1] != w:
-                raise ValueError(
-                    f"scores must have {w} values per row, got shape {tuple(scores.shape)}"
-                )
-            if values.shape[0] not in (1, n):
-                raise ValueError(f"scores must have 1 or {n} rows, got {values.shape[0]}")
-            return policies, values.to(self.device).contiguous()
-        if scores is None:
-            vals = [0] * w
-        elif is_int(scores):
-            vals = [int(scores)] * w
-        else:
-            vals = _ints(scores, "scores")
-            if len(vals) != w:
-                raise ValueError(f"expected {w} score values, got {len(vals)}")
-        for v in vals:
-            if not INT64_MIN <= v < 2**63:
-                raise ValueError(f"score {v} does not fit int64")
-        # Built on the device with fills: a host tensor copied to the GPU would
-        # synchronize the stream on every call.
-        values = torch.full((1, w), vals[0], dtype=torch.int64, device=self.device)
-        for c in range(1, w):
-            if vals[c] != vals[0]:
-                values[0, c].fill_(vals[c])
-        return policies, values
+        return policies, _score_values(scores, n, w, self.device)
 
     # -------------------------------------------------------- operations --
 
@@ -384,6 +357,7 @@ class ScoredHashTable:
         target_slots=None,
         counters=None,
         refuse_cold=False,
+        held_slots=None,
     ) -> InsertResult:
         _flag(assign_rows, "assign_rows")
         _flag(refuse_cold, "refuse_cold")
@@ -393,13 +367,13 @@ class ScoredHashTable:
         if assign_rows and inserts and self.validate and self.device.type != "cpu" and keys.numel():
             self._check_rows(keys, table_ids, values)
         if victim_scores is not None:
-            as_tensor(victim_scores, "victim_scores", dtypes=(torch.float64,))
-            if victim_scores.shape != (self.num_slots,):
-                raise ValueError(
-                    f"victim_scores must have one entry per slot ({self.num_slots}), got shape "
-                    f"{tuple(victim_scores.shape)}"
-                )
-            victim_scores = victim_scores.to(self.device).contiguous()
+            victim_scores = _per_slot(
+                victim_scores, "victim_scores", torch.float64, self.num_slots, self.device
+            )
+        if held_slots is not None:
+            held_slots = _per_slot(
+                held_slots, "held_slots", torch.bool, self.num_slots, self.device
+            )
         out = ops().table_run(
             keys,
             table_ids,
@@ -418,6 +392,7 @@ class ScoredHashTable:
             victim_scores,
             target_slots,
             refuse_cold,
+            held_slots,
         )
         return InsertResult(out[0], out[1], EvictedKeys(out[2], out[3], out[4], out[5], out[6]))
 
@@ -444,6 +419,7 @@ class ScoredHashTable:
         assign_rows=False,
         victim_scores=None,
         refuse_cold=False,
+        held_slots=None,
     ):
         """Find-or-insert; a full bucket evicts its minimum-score key that this
         batch has not touched, so a key of the batch is never evicted by it.
@@ -457,6 +433,13 @@ class ScoredHashTable:
             refuse_cold (bool): a new key whose score words would be below
                 those of its full bucket's victim is not stored and evicts
                 nothing (status REFUSED; cc/table/operations.h, "Refusal").
+            held_slots (torch.Tensor, optional): (num_slots) bool, slots the
+                call holds from its start as if this batch had found their
+                keys: never evicted by it, their keys and scores unchanged (a
+                bucket with nothing else to evict fails its new keys). The
+                other keys' results are those of the batch after the held
+                slots' keys with their own scores assigned, without their work
+                (cc/table/operations.h, "Held slots").
         """
         return self._run(
             enums.RunOp.INSERT_EVICT,
@@ -467,6 +450,7 @@ class ScoredHashTable:
             assign_rows,
             victim_scores,
             refuse_cold=refuse_cold,
+            held_slots=held_slots,
         )
 
     def place(

@@ -436,6 +436,7 @@ evict_part() {
   # Tests: the table's and the counter's GPU tests with the default kernel, then
   # the tiles' and the parity tests under every other run-lane value.
   local parity=(tests/table/test_cuda_tile_runs.py tests/table/test_cuda_parity.py
+    tests/table/test_held_slots.py
     tests/admission/test_counter.py)
   tests_default() {
     step "gpu tests, default kernel" 300 "$OUT/evict_tests_default.txt" "$PY" -m pytest -m gpu \
