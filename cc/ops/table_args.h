@@ -211,17 +211,22 @@ inline void check_counters(const at::Tensor& counters, const at::Tensor& free_ro
               "dynamicemb: free_rows must be on the table's device");
 }
 
+/// Checks a per-slot argument of run: a contiguous (num_slots) tensor on the
+/// table's device (its dtype: the caller).
+inline void check_per_slot(const at::Tensor& v, const char* name, const at::Tensor& table_keys) {
+  TORCH_CHECK_VALUE(v.dim() == 1 && v.numel() == table_keys.numel() && v.is_contiguous(),
+                    "dynamicemb: ", name, " must be a contiguous (", table_keys.numel(),
+                    ") tensor, one per slot, got shape ", v.sizes());
+  TORCH_CHECK(v.device() == table_keys.device(), "dynamicemb: ", name,
+              " must be on the table's device ", table_keys.device(), ", got ", v.device());
+}
+
 /// Checks run's optional victim scores: (num_slots) float64 on the table's device.
 inline void check_victim_scores(const std::optional<at::Tensor>& v, const at::Tensor& table_keys) {
   if (!v.has_value()) return;
   TORCH_CHECK_TYPE(v->scalar_type() == at::kDouble,
                    "dynamicemb: victim_scores must be float64, got ", v->scalar_type());
-  TORCH_CHECK_VALUE(v->dim() == 1 && v->numel() == table_keys.numel() && v->is_contiguous(),
-                    "dynamicemb: victim_scores must be a contiguous (", table_keys.numel(),
-                    ") tensor, one per slot, got shape ", v->sizes());
-  TORCH_CHECK(v->device() == table_keys.device(),
-              "dynamicemb: victim_scores must be on the table's device ", table_keys.device(),
-              ", got ", v->device());
+  check_per_slot(*v, "victim_scores", table_keys);
 }
 
 /// Checks run's optional held slots: a (num_slots) uint8 or bool mask on the
@@ -236,12 +241,7 @@ inline void check_held_slots(const std::optional<at::Tensor>& h, int64_t op,
       "dynamicemb: held_slots is for insert and insert_and_evict (op 0 or 1), got op ", op);
   TORCH_CHECK_TYPE(h->scalar_type() == at::kByte || h->scalar_type() == at::kBool,
                    "dynamicemb: held_slots must be uint8 or bool, got ", h->scalar_type());
-  TORCH_CHECK_VALUE(h->dim() == 1 && h->numel() == table_keys.numel() && h->is_contiguous(),
-                    "dynamicemb: held_slots must be a contiguous (", table_keys.numel(),
-                    ") tensor, one per slot, got shape ", h->sizes());
-  TORCH_CHECK(h->device() == table_keys.device(),
-              "dynamicemb: held_slots must be on the table's device ", table_keys.device(),
-              ", got ", h->device());
+  check_per_slot(*h, "held_slots", table_keys);
   TORCH_CHECK_VALUE(reinterpret_cast<uintptr_t>(h->data_ptr()) % 8 == 0,
                     "dynamicemb: held_slots must start at an 8-byte aligned address (a tensor "
                     "of its own, not a view at an offset)");

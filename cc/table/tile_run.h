@@ -256,7 +256,8 @@ class TileRun {
   /// Bits of the filter of the digests a run placed (place_new).
   static constexpr int kPlacedBits = 128;
 
-  /// emp and cand from this lane's digests, G of them per row.
+  /// emp and cand from this lane's digests (and the held slots), G of them
+  /// per row.
   DEMB_TILE void read_digests() {
     constexpr int G = Geo::G;
     const uint8_t empty = empty_digest();
@@ -268,33 +269,23 @@ class TileRun {
       // The slots of the group in the bucket: all of them unless G (32)
       // exceeds the width's multiple of 16.
       const int in = width_ - off < G ? static_cast<int>(width_ - off) : G;
-      uint64_t e = 0;  // bit s: slot off + s has the empty digest
-      DEMB_TILE_UNROLL
-      for (int q = 0; q < (G + 7) / 8; ++q) {
-        uint64_t word = 0;
-        if constexpr (G >= 8) {
-          if (q * 8 < in) word = reinterpret_cast<const uint64_t*>(d)[q];
-        } else {
-          word = *reinterpret_cast<const uint32_t*>(d);
-        }
-        DEMB_TILE_UNROLL
-        for (int b = 0; b < (G < 8 ? G : 8); ++b) {
-          e |= static_cast<uint64_t>(static_cast<uint8_t>(word >> (8 * b)) == empty) << (8 * q + b);
-        }
-      }
+      // bit s: slot off + s has the empty digest; is held by the call
+      const uint64_t e = byte_bits(d, in, [&](uint8_t x) { return x == empty; });
+      const uint64_t held =
+          r_.held_slots ? byte_bits(r_.held_slots + start_ + off, in, [](uint8_t x) { return x; })
+                        : 0;
       const uint64_t mask = in == 64 ? ~uint64_t{0} : (uint64_t{1} << in) - 1;
       emp_.put(row * G, e & mask);
-      cand_.put(row * G, ~(e | held_bits(start_ + off, in)) & mask);
+      cand_.put(row * G, ~(e | held) & mask);
     }
   }
 
-  /// Bit s: slot first + s (s < in) is held ("Held slots", operations.h),
-  /// read as the digests are, eight bytes at a time.
-  DEMB_TILE uint64_t held_bits(int64_t first, int in) const {
-    if (!r_.held_slots) return 0;
+  /// Bit s: p(b[s]) for the lane's G bytes of a row at b (s < in; digests,
+  /// held slots), read eight at a time.
+  template <class P>
+  static DEMB_TILE uint64_t byte_bits(const uint8_t* b, int in, const P& p) {
     constexpr int G = Geo::G;
-    const uint8_t* b = r_.held_slots + first;
-    uint64_t h = 0;
+    uint64_t bits = 0;
     DEMB_TILE_UNROLL
     for (int q = 0; q < (G + 7) / 8; ++q) {
       uint64_t word = 0;
@@ -305,10 +296,11 @@ class TileRun {
       }
       DEMB_TILE_UNROLL
       for (int k = 0; k < (G < 8 ? G : 8); ++k) {
-        h |= static_cast<uint64_t>(static_cast<uint8_t>(word >> (8 * k)) != 0) << (8 * q + k);
+        bits |= static_cast<uint64_t>(p(static_cast<uint8_t>(word >> (8 * k))) ? 1 : 0)
+                << (8 * q + k);
       }
     }
-    return h;
+    return bits;
   }
 
   /// The lane's slots' score words (and victim scores) into L1, for the

@@ -13,6 +13,32 @@ def i64(values, device="cpu") -> torch.Tensor:
     return torch.tensor(list(values), dtype=torch.int64, device=device)
 
 
+def raw_run(t: ScoredHashTable, keys, op: int, victim_scores=None, held_slots=None):
+    """The raw table_run op (no Python checks) of one batch on table 0 of
+    ``t``, every policy NONE."""
+    n, w = len(keys), t.num_scores
+    return torch.ops.dynamicemb.table_run(
+        i64(keys),
+        i64([0] * n),
+        t.keys,
+        t.digests,
+        t.scores,
+        t.info,
+        t.counters,
+        t.free_rows,
+        [0] * w,
+        torch.zeros((1, w), dtype=torch.int64),
+        op,
+        False,
+        t.total_buckets,
+        False,
+        victim_scores,
+        None,
+        False,
+        held_slots,
+    )
+
+
 def snapshot(table: ScoredHashTable) -> dict[str, object]:
     """Copies of every tensor of the table state, plus its Python layout."""
     snap = {k: getattr(table, k).detach().clone().cpu() for k in STATE_TENSORS}

@@ -12,7 +12,7 @@ import torch
 
 from dynamicemb.table import ScoredHashTable, enums
 from tests.devices import DEVICES
-from tests.table.table_testlib import assert_same_snapshot, i64, snapshot
+from tests.table.table_testlib import assert_same_snapshot, i64, raw_run, snapshot
 
 ASSIGN, ACCUMULATE = 1, 2
 STATE = ("keys", "digests", "scores", "counters", "free_rows", "info")
@@ -184,45 +184,42 @@ def test_a_full_bucket_evicts_its_unheld_slots_in_victim_order_then_fails(device
     assert int(t.counters[0, enums.CounterCol.INSERT_FAILURES]) == before + 2
 
 
-def _raw_run(t, op, held):
-    return torch.ops.dynamicemb.table_run(
-        i64([200]),
-        i64([0]),
-        t.keys,
-        t.digests,
-        t.scores,
-        t.info,
-        t.counters,
-        t.free_rows,
-        [0],
-        torch.zeros((1, 1), dtype=torch.int64),
-        op,
-        False,
-        t.total_buckets,
-        False,
-        None,
-        None,
-        False,
-        held,
-    )
-
-
 def test_bad_held_slots_are_refused_and_change_nothing():
     t = ScoredHashTable([32], bucket_capacities=None, num_scores=1)
     t.insert(i64(range(100, 132)), policies=[ASSIGN], scores=i64(range(32)))
     before = snapshot(t)
-    with pytest.raises(TypeError, match="held_slots"):
-        t.insert_and_evict(i64([200]), held_slots=torch.zeros(32, dtype=torch.int64))
-    with pytest.raises(ValueError, match=r"one entry per slot \(32\), got shape \(31,\)"):
-        t.insert_and_evict(i64([200]), held_slots=torch.zeros(31, dtype=torch.bool))
-    with pytest.raises(ValueError, match=r"held_slots must be a contiguous \(32\) tensor"):
-        _raw_run(t, 1, torch.zeros(16, dtype=torch.uint8))
-    with pytest.raises(ValueError, match=r"8-byte aligned"):
-        _raw_run(t, 1, torch.zeros(33, dtype=torch.uint8)[1:])
-    with pytest.raises(ValueError, match=r"insert and insert_and_evict \(op 0 or 1\), got op 2"):
-        _raw_run(t, 2, torch.zeros(32, dtype=torch.uint8))
-    with pytest.raises(TypeError, match=r"uint8 or bool, got Float"):
-        _raw_run(t, 1, torch.zeros(32, dtype=torch.float32))
+    u8, b8 = torch.uint8, torch.bool
+    bad = [
+        (TypeError, "held_slots", lambda: t.insert_and_evict(i64([200]), held_slots=i64([0] * 32))),
+        (
+            ValueError,
+            r"one entry per slot \(32\), got shape \(31,\)",
+            lambda: t.insert_and_evict(i64([200]), held_slots=torch.zeros(31, dtype=b8)),
+        ),
+        (
+            ValueError,
+            r"held_slots must be a contiguous \(32\) tensor",
+            lambda: raw_run(t, [200], 1, held_slots=torch.zeros(16, dtype=u8)),
+        ),
+        (
+            ValueError,
+            r"8-byte aligned",
+            lambda: raw_run(t, [200], 1, held_slots=torch.zeros(33, dtype=u8)[1:]),
+        ),
+        (
+            ValueError,
+            r"insert and insert_and_evict \(op 0 or 1\), got op 2",
+            lambda: raw_run(t, [200], 2, held_slots=torch.zeros(32, dtype=u8)),
+        ),
+        (
+            TypeError,
+            r"uint8 or bool, got Float",
+            lambda: raw_run(t, [200], 1, held_slots=torch.zeros(32, dtype=torch.float32)),
+        ),
+    ]
+    for error, match, call in bad:
+        with pytest.raises(error, match=match):
+            call()
     assert_same_snapshot(before, snapshot(t))
     # A view at an odd offset is copied by the table, not refused.
     mask = torch.zeros(33, dtype=torch.bool)[1:]

@@ -9,7 +9,13 @@ import torch
 
 from dynamicemb.table import ScoredHashTable
 from tests.devices import DEVICES
-from tests.table.table_testlib import assert_same_snapshot, i64, keys_in_bucket, snapshot
+from tests.table.table_testlib import (
+    assert_same_snapshot,
+    i64,
+    keys_in_bucket,
+    raw_run,
+    snapshot,
+)
 
 ASSIGN = 1
 
@@ -77,23 +83,7 @@ def test_bad_victim_scores_are_refused_and_change_nothing():
     with pytest.raises(ValueError, match=r"one entry per slot \(16\), got shape \(15,\)"):
         t.insert_and_evict(i64([200]), victim_scores=torch.zeros(15, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"victim_scores must be a contiguous \(16\) tensor"):
-        torch.ops.dynamicemb.table_run(
-            i64([200]),
-            i64([0]),
-            t.keys,
-            t.digests,
-            t.scores,
-            t.info,
-            t.counters,
-            t.free_rows,
-            [0, 0],
-            torch.zeros((1, 2), dtype=torch.int64),
-            1,
-            False,
-            t.total_buckets,
-            False,
-            torch.zeros(8, dtype=torch.float64),
-        )
+        raw_run(t, [200], 1, victim_scores=torch.zeros(8, dtype=torch.float64))
     assert_same_snapshot(before, snapshot(t))
 
 
