@@ -31,56 +31,91 @@ void stochastic_bits_scalar(const StochasticDraws& r, int64_t n, uint32_t* bits)
 
 #if defined(__x86_64__)
 
-// The same rounds for eight draws at a time, one a lane (the bits of 32
-// elements). _mm256_mul_epu32 multiplies the even 32-bit lanes into 64-bit
-// products; the odd lanes go through it shifted down. The four output words
-// of the eight draws are then transposed into element order.
-__attribute__((target("avx2"))) void stochastic_bits_avx2(const StochasticDraws& r, int64_t n,
-                                                          uint32_t* bits) {
+// Eight Philox states, one a lane: counter words c0..c3.
+struct Lanes8 {
+  __m256i c0, c1, c2, c3;
+};
+
+// The rounds of G groups of eight draws at once, one a lane (the bits of 32
+// elements a group), interleaved: each round's multiplies wait on the one
+// before, and the groups' chains fill that wait. _mm256_mul_epu32 multiplies
+// the even 32-bit lanes into 64-bit products; the odd lanes go through it
+// shifted down.
+template <int G>
+__attribute__((target("avx2"))) inline void philox_rounds_avx2(Lanes8 (&x)[G], uint32_t k0,
+                                                               uint32_t k1) {
   const __m256i m0 = _mm256_set1_epi64x(kPhiloxM0);
   const __m256i m1 = _mm256_set1_epi64x(kPhiloxM1);
-  __m256i j = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-  const __m256i eight = _mm256_set1_epi32(8);
-  constexpr int64_t kPerStep = 8 * kBitsPerDraw;
-  for (int64_t base = 0; base < n; base += kPerStep) {
-    __m256i c0 = j, c1 = _mm256_set1_epi32(static_cast<int>(r.c1));
-    __m256i c2 = _mm256_set1_epi32(static_cast<int>(r.c2));
-    __m256i c3 = _mm256_set1_epi32(static_cast<int>(r.c3));
-    uint32_t k0 = r.k0, k1 = r.k1;
-    for (int round = 0; round < kPhiloxRounds; ++round) {
-      const __m256i p1e = _mm256_mul_epu32(c2, m1);
-      const __m256i p1o = _mm256_mul_epu32(_mm256_srli_epi64(c2, 32), m1);
+  for (int round = 0; round < kPhiloxRounds; ++round) {
+    const __m256i key0 = _mm256_set1_epi32(static_cast<int>(k0));
+    const __m256i key1 = _mm256_set1_epi32(static_cast<int>(k1));
+    for (int g = 0; g < G; ++g) {
+      Lanes8& s = x[g];
+      const __m256i p1e = _mm256_mul_epu32(s.c2, m1);
+      const __m256i p1o = _mm256_mul_epu32(_mm256_srli_epi64(s.c2, 32), m1);
       const __m256i hi1 = _mm256_blend_epi32(_mm256_srli_epi64(p1e, 32), p1o, 0xaa);
-      const __m256i p0e = _mm256_mul_epu32(c0, m0);
-      const __m256i p0o = _mm256_mul_epu32(_mm256_srli_epi64(c0, 32), m0);
+      const __m256i p0e = _mm256_mul_epu32(s.c0, m0);
+      const __m256i p0o = _mm256_mul_epu32(_mm256_srli_epi64(s.c0, 32), m0);
       const __m256i hi0 = _mm256_blend_epi32(_mm256_srli_epi64(p0e, 32), p0o, 0xaa);
-      c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(static_cast<int>(k0)));
-      c1 = _mm256_blend_epi32(p1e, _mm256_slli_epi64(p1o, 32), 0xaa);
-      c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32(static_cast<int>(k1)));
-      c3 = _mm256_blend_epi32(p0e, _mm256_slli_epi64(p0o, 32), 0xaa);
-      k0 += kPhiloxW0;
-      k1 += kPhiloxW1;
+      s.c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, s.c1), key0);
+      s.c1 = _mm256_blend_epi32(p1e, _mm256_slli_epi64(p1o, 32), 0xaa);
+      s.c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, s.c3), key1);
+      s.c3 = _mm256_blend_epi32(p0e, _mm256_slli_epi64(p0o, 32), 0xaa);
     }
-    // Lane d of c0..c3 holds draw d's words; element 4d + w takes word w.
-    const __m256i ab_lo = _mm256_unpacklo_epi32(c0, c1);  // draws 0 1 | 4 5: words 0 1
-    const __m256i ab_hi = _mm256_unpackhi_epi32(c0, c1);  // draws 2 3 | 6 7: words 0 1
-    const __m256i cd_lo = _mm256_unpacklo_epi32(c2, c3);
-    const __m256i cd_hi = _mm256_unpackhi_epi32(c2, c3);
-    const __m256i d04 = _mm256_unpacklo_epi64(ab_lo, cd_lo);  // draw 0 | draw 4
-    const __m256i d15 = _mm256_unpackhi_epi64(ab_lo, cd_lo);
-    const __m256i d26 = _mm256_unpacklo_epi64(ab_hi, cd_hi);
-    const __m256i d37 = _mm256_unpackhi_epi64(ab_hi, cd_hi);
-    alignas(32) uint32_t out[kPerStep];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(out), _mm256_permute2x128_si256(d04, d15, 0x20));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(out + 8),
-                       _mm256_permute2x128_si256(d26, d37, 0x20));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(out + 16),
-                       _mm256_permute2x128_si256(d04, d15, 0x31));
-    _mm256_store_si256(reinterpret_cast<__m256i*>(out + 24),
-                       _mm256_permute2x128_si256(d26, d37, 0x31));
-    const int64_t take = n - base < kPerStep ? n - base : kPerStep;
-    std::memcpy(bits + base, out, static_cast<size_t>(take) * sizeof(uint32_t));
-    j = _mm256_add_epi32(j, eight);
+    k0 += kPhiloxW0;
+    k1 += kPhiloxW1;
+  }
+}
+
+// The words of eight draws (lane d of c0..c3: draw d's words) into `take`
+// entries of bits in element order (element 4d + w: word w of draw d).
+__attribute__((target("avx2"))) inline void store_words_avx2(const Lanes8& s, int64_t take,
+                                                             uint32_t* bits) {
+  const __m256i ab_lo = _mm256_unpacklo_epi32(s.c0, s.c1);  // draws 0 1 | 4 5: words 0 1
+  const __m256i ab_hi = _mm256_unpackhi_epi32(s.c0, s.c1);  // draws 2 3 | 6 7: words 0 1
+  const __m256i cd_lo = _mm256_unpacklo_epi32(s.c2, s.c3);
+  const __m256i cd_hi = _mm256_unpackhi_epi32(s.c2, s.c3);
+  const __m256i d04 = _mm256_unpacklo_epi64(ab_lo, cd_lo);  // draw 0 | draw 4
+  const __m256i d15 = _mm256_unpackhi_epi64(ab_lo, cd_lo);
+  const __m256i d26 = _mm256_unpacklo_epi64(ab_hi, cd_hi);
+  const __m256i d37 = _mm256_unpackhi_epi64(ab_hi, cd_hi);
+  alignas(32) uint32_t out[8 * kBitsPerDraw];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out), _mm256_permute2x128_si256(d04, d15, 0x20));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out + 8),
+                     _mm256_permute2x128_si256(d26, d37, 0x20));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out + 16),
+                     _mm256_permute2x128_si256(d04, d15, 0x31));
+  _mm256_store_si256(reinterpret_cast<__m256i*>(out + 24),
+                     _mm256_permute2x128_si256(d26, d37, 0x31));
+  std::memcpy(bits, out, static_cast<size_t>(take) * sizeof(uint32_t));
+}
+
+// Group `g` of a row's draws: counters 8 g .. 8 g + 7 (lane d: c0 = 8 g + d).
+__attribute__((target("avx2"))) inline Lanes8 draw_group(const StochasticDraws& r, int64_t g) {
+  return Lanes8{_mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                 _mm256_set1_epi32(static_cast<int>(8 * g))),
+                _mm256_set1_epi32(static_cast<int>(r.c1)),
+                _mm256_set1_epi32(static_cast<int>(r.c2)),
+                _mm256_set1_epi32(static_cast<int>(r.c3))};
+}
+
+// The draws of one row, eight a group, two groups at a time while more than
+// one is left.
+__attribute__((target("avx2"))) void stochastic_bits_avx2(const StochasticDraws& r, int64_t n,
+                                                          uint32_t* bits) {
+  constexpr int64_t kPerGroup = 8 * kBitsPerDraw;
+  int64_t g = 0;
+  for (; n - g * kPerGroup > kPerGroup; g += 2) {
+    Lanes8 x[2] = {draw_group(r, g), draw_group(r, g + 1)};
+    philox_rounds_avx2<2>(x, r.k0, r.k1);
+    const int64_t rest = n - (g + 1) * kPerGroup;
+    store_words_avx2(x[0], kPerGroup, bits + g * kPerGroup);
+    store_words_avx2(x[1], rest < kPerGroup ? rest : kPerGroup, bits + (g + 1) * kPerGroup);
+  }
+  if (g * kPerGroup < n) {
+    Lanes8 x[1] = {draw_group(r, g)};
+    philox_rounds_avx2<1>(x, r.k0, r.k1);
+    store_words_avx2(x[0], n - g * kPerGroup, bits + g * kPerGroup);
   }
 }
 
