@@ -130,19 +130,6 @@ class PrefetchSteps:
             loc = self._locate(cand, keys, tids)
         self._prefetch_into_cache(loc, (keys, tids, slots))
 
-    def _held_mask(self, cached) -> torch.Tensor:
-        """(cache slots) bool: the slots of the batch in flight (``_held``) and
-        of the coming batch's cached keys (``cached``), which a prefetch's
-        insert must not evict."""
-        n = self.cache.table.num_slots
-        # One entry past the slots takes the -1s (keys the cache does not
-        # hold), so that nothing is read on the host.
-        mask = torch.zeros(n + 1, dtype=torch.bool, device=self.device)
-        for k in (self._held, cached):
-            if k is not None and k[2].numel():
-                mask[torch.where(k[2] >= 0, k[2], n)] = True
-        return mask[:n]
-
     def _prefetch_into_cache(self, loc: Located, cached=None) -> None:
         """Inserts the keys ``loc`` found in the backing tier into the cache
         and copies their rows in; the victims go back first, without evicting
@@ -167,8 +154,9 @@ class PrefetchSteps:
             # slots (never evicts them; "Held slots", cc/table/operations.h).
             assign = [enums.ScorePolicy.ASSIGN] * cache.table.num_scores
             counters = self._counters() if self._fallible else None
+            held = [k[2] for k in (self._held, cached) if k is not None]
             slots, status, evicted = cache.insert(
-                fk, ft, assign, fscores, expand=False, held_slots=self._held_mask(cached)
+                fk, ft, assign, fscores, expand=False, held_slots=cache.table.slot_mask(*held)
             )
         with record_function("dynamicemb:prefetch_write_back"):
             victims = self._victims(evicted)

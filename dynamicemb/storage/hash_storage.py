@@ -587,9 +587,9 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
         counted in ``dropped``. Entries of ``PAD_KEY`` are left out.
 
         ``protect``: ``(keys, table ids, scores)`` of keys a ``locate`` found
-        whose rows are still to be read: they go into the same call with their
-        own scores, found and untouched, so that no key written back evicts
-        them (``insert_and_evict`` never evicts a key of its batch).
+        whose rows are still to be read: the call holds their slots
+        (``held_slots``, found again by one find), so that no key written back
+        evicts them; their scores stay as they are.
         ``before`` does not apply: the table cannot fail midway.
 
         ``staged``: the rows go through ``writes`` (gathered now into device
@@ -603,15 +603,13 @@ class HashTableStorage(TableStorage, HashDelta, HostBacking):
         if self.no_eviction:  # never evicts: nothing to protect
             slots, status, _ = self.insert(keys, tids, expand=False)
         else:
-            head = 0
+            held = None
             if protect is not None:
-                pk, pt, ps = protect
-                head = pk.numel()
-                keys, tids = torch.cat([pk, keys]), torch.cat([pt, tids])
-                scores = torch.cat([ps, scores])
+                held = self.table.slot_mask(self.table.find(protect[0], protect[1]))
             assign = [enums.ScorePolicy.ASSIGN] * self.table.num_scores
-            slots, status, _ = self.insert(keys, tids, assign, scores, expand=False)
-            keys, tids, slots, status = keys[head:], tids[head:], slots[head:], status[head:]
+            slots, status, _ = self.insert(
+                keys, tids, assign, scores, expand=False, held_slots=held
+            )
         self.dropped += (status == enums.InsertStatus.FAILED).sum()
         if not staged:
             self.write(slots, tids, src, src_offsets)

@@ -533,6 +533,18 @@ class ScoredHashTable:
                 raise ValueError("dynamicemb: place got a slot twice")
         return keys, table_ids, slots
 
+    def slot_mask(self, *slots: torch.Tensor) -> torch.Tensor:
+        """(num_slots) bool, True at every slot of the int64 ``slots`` tensors
+        (-1 entries mark nothing), on the table's device and read nothing on
+        the host: an ``insert_and_evict``'s ``held_slots``."""
+        n = self.num_slots
+        # One entry past the slots takes the -1s.
+        mask = torch.zeros(n + 1, dtype=torch.bool, device=self.device)
+        for s in slots:
+            if s.numel():
+                mask[torch.where(s >= 0, s, n)] = True
+        return mask[:n]
+
     def home_starts(
         self, keys: torch.Tensor, table_ids: torch.Tensor | None = None
     ) -> torch.Tensor:
