@@ -247,3 +247,12 @@ def test_cuda_held_slots_match_the_cpu(num_scores):
         for name in ("keys", "scores", "slots", "table_ids"):
             assert torch.equal(getattr(ea, name), getattr(eb, name).cpu()), f"evicted {name}"
         _same_state(a, b, f"share {share}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_slot_mask_marks_the_given_slots_and_skips_minus_one(device):
+    t = ScoredHashTable([32], bucket_capacities=None, num_scores=1, device=device)
+    mask = t.slot_mask(i64([3, -1, 7, 3], device), i64([], device), i64([31, -1], device))
+    assert mask.shape == (32,) and mask.dtype == torch.bool
+    assert mask.nonzero().squeeze(1).cpu().tolist() == [3, 7, 31]
+    assert not t.slot_mask().any()
