@@ -5,19 +5,27 @@ The index of a group of tables holds, sorted by (key, table)::
     keys    (N + 1) int64   the keys, then a sentinel (the largest int64)
     tables  (N + 1) int32   each key's table in the group, then the largest
                             int32; absent when the group has one table
+    masks   (N + 1)         the tables that hold each entry's key, bit t for
+                            table t (0 for the sentinel): uint8 for up to 8
+                            tables, int16, int32 or int64 for up to 16, 32 or
+                            63; absent with one table or more than 63
     slots   (N + 1) int32   each key's row in the group's row storage
                             (int64 when the storage has 2**31 rows or more)
 
 A lookup of (key, table) is ``torch.searchsorted`` over the keys, the lower
-bound of the key, then, for a group of T tables, ``ceil(log2(T + 1))``
-halvings of the window of T entries from there (a key is held by at most T
-tables, each once), the lower bound of (key, table). Every step is a torch
-op over the batch, so a lookup exports (``torch.export``) and compiles
-(``torch.compile(fullgraph=True)``) as plain ATen, on any device, and the
-index costs 12 bytes a key (8 with one table), against at least 34 for a
-scored hash table at its largest load of a half (docs/benchmarks/inference.md
-measures both). The sentinel keeps every search inside the arrays: the
-lower bound of any key is at most N.
+bound of the key: the first of its entries, one a table that holds it, in
+table order. With ``masks``, the entry of table t lies as many entries
+further as the key's mask has bits below t, and the key is there when its
+mask has bit t. Without masks, for a group of T tables, ``ceil(log2(T + 1))``
+halvings of the window of T entries from the key's lower bound (a key is
+held by at most T tables, each once) find the lower bound of (key, table).
+Every step is a torch op over the batch, so a lookup exports
+(``torch.export``) and compiles (``torch.compile(fullgraph=True)``) as plain
+ATen, on any device. The index costs 12 bytes a key with one table (its key
+and slot), 16 with more (its table), and its mask's 1 to 8 more with 2 to 63
+tables, against at least 34 for a scored hash table at its largest load of
+a half (docs/benchmarks/inference.md measures both). The sentinel keeps
+every search inside the arrays: the lower bound of any key is at most N.
 
 An index is immutable. A change (``merged``) builds a new one aside: the
 kept entries and the new ones, merged in order by the same search.
@@ -32,6 +40,61 @@ __all__ = ["Index", "lower_bound"]
 _KEY_END = torch.iinfo(torch.int64).max
 _TABLE_END = torch.iinfo(torch.int32).max
 _INT32_SLOTS = torch.iinfo(torch.int32).max
+
+
+# The widest mask: bit t of an int64 for table t < 63 (a shift by 63 would
+# reach the sign bit).
+_MASK_TABLES = 63
+# Bits of each table a key's mask can hold, by its dtype.
+_MASK_DTYPES = ((8, torch.uint8), (16, torch.int16), (32, torch.int32), (63, torch.int64))
+
+
+def mask_dtype(num_tables: int) -> torch.dtype | None:
+    """The dtype of a group's ``masks`` (None: the group has none)."""
+    if num_tables <= 1 or num_tables > _MASK_TABLES:
+        return None
+    return next(d for bits, d in _MASK_DTYPES if num_tables <= bits)
+
+
+def entry_bytes(num_tables: int) -> int:
+    """Bytes an entry of a group of ``num_tables`` tables takes: its key, its
+    slot (int32), its table and its mask where the group has them."""
+    if num_tables <= 1:
+        return 8 + 4
+    dtype = mask_dtype(num_tables)
+    return 8 + 4 + 4 + (0 if dtype is None else dtype.itemsize)
+
+
+def key_masks(keys: torch.Tensor, tables: torch.Tensor, num_tables: int) -> torch.Tensor:
+    """(N + 1) masks of sorted entries (``keys`` and int64 ``tables`` with
+    their sentinels): each entry's bit t set where table t holds its key."""
+    n = keys.shape[0]
+    start = torch.ones(n, dtype=torch.bool, device=keys.device)
+    start[1:] = keys[1:] != keys[:-1]
+    run = torch.cumsum(start.long(), 0) - 1
+    bits = torch.bitwise_left_shift(torch.ones_like(tables), tables.clamp(max=_MASK_TABLES - 1))
+    bits[-1] = 0  # the sentinel
+    # The tables of a key are distinct: their bits' sum is their union.
+    per_run = torch.zeros(n, dtype=torch.int64, device=keys.device).index_add_(0, run, bits)
+    return per_run.index_select(0, run).to(mask_dtype(num_tables))
+
+
+def _bits_below(masks: torch.Tensor, at: torch.Tensor, table: torch.Tensor, num_tables: int):
+    """(mask, below) of entries ``at``: each one's mask (int64) and the number
+    of its bits below ``table`` (int64, in [0, num_tables))."""
+    m = masks.index_select(0, at).long()
+    if masks.dtype != torch.int64:  # int16 and int32 masks read back sign-extended
+        m = m & ((1 << num_tables) - 1)
+    x = m & (torch.bitwise_left_shift(torch.ones_like(table), table) - 1)
+    # The bits of x (below 2**63) counted in place: pairs, nibbles, then
+    # bytes summed as far as the group's tables reach.
+    x = x - ((x >> 1) & 0x5555555555555555)
+    x = (x & 0x3333333333333333) + ((x >> 2) & 0x3333333333333333)
+    x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0F
+    for shift in (8, 16, 32):
+        if num_tables > shift:
+            x = x + (x >> shift)
+    return m, x & 0x7F
 
 
 def window_steps(num_tables: int) -> int:
@@ -77,6 +140,7 @@ class Index:
     tables: torch.Tensor | None
     slots: torch.Tensor
     num_tables: int
+    masks: torch.Tensor | None = None
 
     @property
     def size(self) -> int:
@@ -85,19 +149,34 @@ class Index:
 
     @property
     def nbytes(self) -> int:
-        parts = [self.keys, self.slots] + ([] if self.tables is None else [self.tables])
-        return sum(t.numel() * t.element_size() for t in parts)
+        parts = [self.keys, self.slots, self.tables, self.masks]
+        return sum(t.numel() * t.element_size() for t in parts if t is not None)
 
     def find(
         self, query: torch.Tensor, query_tables: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(entry, found): each query's entry (its lower bound) and whether
-        it holds the query's key (and table)."""
+        """(entry, found): whether the index holds each query's key (and
+        table), and where found its entry."""
+        if self.masks is not None and query_tables is not None:
+            return self._find_by_masks(query, query_tables)
         pos = lower_bound(self.keys, self.tables, query, query_tables, self.num_tables)
         found = (self.keys.index_select(0, pos) == query) & (pos < self.keys.shape[0] - 1)
         if self.tables is not None:
             found &= self.tables.index_select(0, pos) == query_tables
         return pos, found
+
+    def _find_by_masks(
+        self, query: torch.Tensor, query_tables: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """find through the keys' masks (see the module docstring)."""
+        pos = torch.searchsorted(self.keys, query)
+        t = query_tables.long()
+        ok = (t >= 0) & (t < self.num_tables)
+        t = torch.where(ok, t, 0)
+        m, below = _bits_below(self.masks, pos, t, self.num_tables)
+        found = (self.keys.index_select(0, pos) == query) & (pos < self.keys.shape[0] - 1)
+        found &= ok & ((m >> t) & 1 == 1)
+        return pos + below, found
 
     def locate(
         self, query: torch.Tensor, query_tables: torch.Tensor | None
@@ -131,12 +210,15 @@ class Index:
         slot_dtype = torch.int64 if wide else torch.int32
         keys = torch.cat([keys, torch.tensor([_KEY_END], dtype=torch.int64, device=device)])
         slots = torch.cat([slots.to(slot_dtype), torch.zeros(1, dtype=slot_dtype, device=device)])
+        masks = None
         if num_tables > 1:
             end = torch.tensor([_TABLE_END], dtype=torch.int32, device=device)
             tables = torch.cat([tables.to(torch.int32), end])
+            if mask_dtype(num_tables) is not None:
+                masks = key_masks(keys, tables.long(), num_tables)
         else:
             tables = None
-        return Index(keys, tables, slots, num_tables)
+        return Index(keys, tables, slots, num_tables, masks)
 
     def entries(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(keys, tables, slots) of every entry, in order (tables int64)."""

@@ -146,7 +146,7 @@ class GroupRows:
 def _mark_dynamic(index: Index, storage: torch.Tensor) -> None:
     """Sizes that change from one state to the next are not specialized on
     by ``torch.compile``: a swapped state reuses the compiled lookup."""
-    for t in (index.keys, index.tables, index.slots, storage):
+    for t in (index.keys, index.tables, index.masks, index.slots, storage):
         if t is not None and t.shape[0] > 1:
             torch._dynamo.maybe_mark_dynamic(t, 0)
 

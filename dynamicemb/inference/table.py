@@ -25,6 +25,7 @@ from dynamicemb.dynamicemb_config import (
     DynamicEmbPoolingMode,
 )
 from dynamicemb.inference.formats import RowFormat, format_of, pooler
+from dynamicemb.inference.index import entry_bytes
 from dynamicemb.inference.lookup import RandomDefault, lookup
 from dynamicemb.inference.sources import (
     Checkpoint,
@@ -665,8 +666,7 @@ class InferenceEmbeddingTable(torch.nn.Module, StreamReplica):
         """Bytes a key of a table of ``dim`` takes in a group of
         ``num_tables`` tables: its stored row and its index entry (without
         the storage's spare room)."""
-        index = 8 + 4 + (4 if num_tables > 1 else 0)
-        return format_of(dtype).row_bytes(dim) + index
+        return format_of(dtype).row_bytes(dim) + entry_bytes(num_tables)
 
 
 def _describe(t) -> str:
