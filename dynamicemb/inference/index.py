@@ -155,8 +155,8 @@ class Index:
     def find(
         self, query: torch.Tensor, query_tables: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(entry, found): whether the index holds each query's key (and
-        table), and where found its entry."""
+        """(entry, found): each query's entry where found (meaningless
+        elsewhere), and whether the index holds its key (and table)."""
         if self.masks is not None and query_tables is not None:
             return self._find_by_masks(query, query_tables)
         pos = lower_bound(self.keys, self.tables, query, query_tables, self.num_tables)
