@@ -542,7 +542,9 @@ class ScoredHashTable:
         mask = torch.zeros(n + 1, dtype=torch.bool, device=self.device)
         for s in slots:
             if s.numel():
-                mask[torch.where(s >= 0, s, n)] = True
+                # index_fill_: a scalar the kernel takes, no host tensor copied
+                # (which a CUDA graph's capture refuses).
+                mask.index_fill_(0, torch.where(s >= 0, s, n), True)
         return mask[:n]
 
     def home_starts(
