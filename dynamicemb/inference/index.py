@@ -82,9 +82,9 @@ def key_masks(keys: torch.Tensor, tables: torch.Tensor, num_tables: int) -> torc
 def _bits_below(masks: torch.Tensor, at: torch.Tensor, table: torch.Tensor, num_tables: int):
     """(mask, below) of entries ``at``: each one's mask (int64) and the number
     of its bits below ``table`` (int64, in [0, num_tables))."""
+    # Bits at and above num_tables (an int16 or int32 mask's sign, extended)
+    # are never read: only those below ``table`` are counted.
     m = masks.index_select(0, at).long()
-    if masks.dtype != torch.int64:  # int16 and int32 masks read back sign-extended
-        m = m & ((1 << num_tables) - 1)
     x = m & (torch.bitwise_left_shift(torch.ones_like(table), table) - 1)
     # The bits of x (below 2**63) counted in place: pairs, nibbles, then
     # bytes summed as far as the group's tables reach.
@@ -160,10 +160,15 @@ class Index:
         if self.masks is not None and query_tables is not None:
             return self._find_by_masks(query, query_tables)
         pos = lower_bound(self.keys, self.tables, query, query_tables, self.num_tables)
-        found = (self.keys.index_select(0, pos) == query) & (pos < self.keys.shape[0] - 1)
+        found = self._holds_key(pos, query)
         if self.tables is not None:
             found &= self.tables.index_select(0, pos) == query_tables
         return pos, found
+
+    def _holds_key(self, pos: torch.Tensor, query: torch.Tensor) -> torch.Tensor:
+        """Whether entry ``pos`` of each query holds its key (the sentinel
+        holds none)."""
+        return (self.keys.index_select(0, pos) == query) & (pos < self.keys.shape[0] - 1)
 
     def _find_by_masks(
         self, query: torch.Tensor, query_tables: torch.Tensor
@@ -174,8 +179,7 @@ class Index:
         ok = (t >= 0) & (t < self.num_tables)
         t = torch.where(ok, t, 0)
         m, below = _bits_below(self.masks, pos, t, self.num_tables)
-        found = (self.keys.index_select(0, pos) == query) & (pos < self.keys.shape[0] - 1)
-        found &= ok & ((m >> t) & 1 == 1)
+        found = self._holds_key(pos, query) & ok & ((m >> t) & 1 == 1)
         return pos + below, found
 
     def locate(
