@@ -66,6 +66,7 @@ EMBEDDING_CORE_HDRS = [
 ]
 
 EMBEDDING_CPU_HDRS = [
+    "cpu_features.h",
     "fp8_rows_cpu.h",
     "initializer_cpu.h",
     "optimizer_cpu.h",

@@ -2,7 +2,7 @@
 //
 // The CPU's FP8 row work alone, one thread: the stochastic rounding's draws
 // of a row (stochastic_bits_row), and an Adam update of an FP8 row
-// (update_scaled_row) against a float32 row's (update_row), each row laid out
+// (update_scaled_row) against a float32 row's (update_float_row), each row laid out
 // as in a table (its embedding part, then its two state vectors), the rows
 // visited in a shuffled order and asked for kAhead rows ahead as the step's
 // update asks (prefetch_cpu.h), at dims 16, 64 and 128. Prints ns a row, the
@@ -18,6 +18,7 @@
 
 #include "cc/embedding/fp8_rows_cpu.h"
 #include "cc/embedding/optimizer.h"
+#include "cc/embedding/optimizer_cpu.h"
 #include "cc/embedding/prefetch_cpu.h"
 #include "cc/storage/row_space.h"
 
@@ -95,7 +96,7 @@ int main(int argc, char** argv) {
     const double f32_update = ns_a_row(rows, [&](int64_t i) {
       ahead(f32, f32_stride, i);
       float* w = reinterpret_cast<float*>(&f32[order[i] * f32_stride]);
-      dyn_emb::embedding::update_row(a, w, w + dim, grad.data(), dim);
+      cpu::update_float_row(a, w, w + dim, grad.data(), dim);
     });
     std::printf("| %lld | %.1f | %.1f | %.1f | %.2fx |%s\n", static_cast<long long>(dim), draws,
                 fp8_update, f32_update, fp8_update / f32_update, sink == 1 ? " " : "");

@@ -6,7 +6,9 @@
 #include <cstring>
 
 #include "cc/common/host_device.h"
+#include "cc/embedding/cpu_features.h"
 #include "cc/embedding/fp8_rows.h"
+#include "cc/embedding/optimizer_cpu.h"
 #include "cc/embedding/philox.h"
 
 #if defined(__x86_64__)
@@ -126,7 +128,11 @@ __attribute__((target("avx2"))) void stochastic_bits_avx2(const StochasticDraws&
 __attribute__((target("avx2"))) void write_codes_avx2(storage::Float8E4M3* w, const float* v,
                                                       int64_t dim, float scale,
                                                       const uint32_t* bits) {
-  const __m256 sc = _mm256_set1_ps(scale);
+  // scale is a power of two (fp8_scale), so v * (1 / scale) is v / scale
+  // exactly, a multiply for a divide, wherever 1 / scale is finite; where it
+  // is not (a scale below 2^-127), every lane's product is infinite or NaN
+  // and goes to fp8_stochastic's division below.
+  const __m256 inv = _mm256_set1_ps(1.f / scale);
   const __m256i magnitude = _mm256_set1_epi32(0x7fffffff);
   const __m256i smallest_normal = _mm256_set1_epi32(0x3c800000);  // 2^-6
   const __m256i saturated = _mm256_set1_epi32(0x43e00000 - 1);    // below 448
@@ -138,7 +144,7 @@ __attribute__((target("avx2"))) void write_codes_avx2(storage::Float8E4M3* w, co
                        -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
   int64_t d = 0;
   for (; d + 8 <= dim; d += 8) {
-    const __m256 x = _mm256_div_ps(_mm256_loadu_ps(v + d), sc);
+    const __m256 x = _mm256_mul_ps(_mm256_loadu_ps(v + d), inv);
     const __m256i xi = _mm256_castps_si256(x);
     const __m256i u = _mm256_and_si256(xi, magnitude);
     const __m256i sign = _mm256_and_si256(_mm256_srli_epi32(xi, 24), _mm256_set1_epi32(0x80));
@@ -231,17 +237,6 @@ __attribute__((target("avx2,f16c"))) int64_t add_row8(float* o, float w,
   return d;
 }
 
-bool has_avx2() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2");
-}
-
-const bool kAvx2 = has_avx2();
-
-// AVX2 and F16C's half-precision conversion (add_row8); defined after kAvx2,
-// so initialized after it.
-const bool kAvx2F16c = kAvx2 && __builtin_cpu_supports("f16c");
-
 #endif
 
 // The codes of the values `v` in a row of scale `scale` (the padding left
@@ -327,7 +322,7 @@ void write_scaled_row(storage::Float8E4M3* w, const float* v, int64_t dim, uint6
 void update_scaled_row(const OptimArgs& a, storage::Float8E4M3* w, float* s, const float* g,
                        int64_t dim, uint64_t key, int64_t step, float* tmp, uint32_t* bits) {
   read_scaled_row(w, dim, tmp);
-  update_row(a, tmp, s, g, dim);
+  update_float_row(a, tmp, s, g, dim);
   stochastic_bits_row(key, step, dim, bits);
   write_codes(w, tmp, dim, storage::fp8_scale(row_amax(tmp, dim)), bits);
 }

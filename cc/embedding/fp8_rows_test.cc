@@ -183,7 +183,9 @@ std::vector<std::vector<float>> test_rows(int64_t dim, uint32_t seed) {
     return x;
   };
   std::vector<std::vector<float>> rows;
-  for (int kind = 0; kind < 5; ++kind) {
+  // Kinds 5 and 6: rows of the smallest and largest magnitudes, whose
+  // scales' reciprocals are not normal floats.
+  for (int kind = 0; kind < 7; ++kind) {
     std::vector<float> v(dim);
     for (int64_t d = 0; d < dim; ++d) {
       const uint32_t r = next();
@@ -195,6 +197,10 @@ std::vector<std::vector<float>> test_rows(int64_t dim, uint32_t seed) {
     if (kind == 1) v[next() % dim] = INFINITY;
     if (kind == 2) v[next() % dim] = NAN;
     if (kind == 3) std::fill(v.begin(), v.end(), 0.f);
+    if (kind == 5)
+      for (float& e : v) e = std::ldexp(e, -125);
+    if (kind == 6)
+      for (float& e : v) e = std::ldexp(e, 127);
     rows.push_back(v);
   }
   return rows;

@@ -3,9 +3,62 @@
 
 #include <ATen/Parallel.h>
 
+#include "cc/embedding/cpu_features.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 namespace dyn_emb {
 namespace embedding {
 namespace cpu {
+
+namespace {
+
+#if defined(__x86_64__)
+// Adam's update_coord on coordinates [0, dim - dim % 8), eight at a time;
+// returns the coordinates done.
+__attribute__((target("avx2"))) int64_t adam_row_avx2(const OptimArgs& a, float* w, float* s,
+                                                      const float* g, int64_t dim) {
+  const __m256 b1 = _mm256_set1_ps(a.beta1), b2 = _mm256_set1_ps(a.beta2);
+  const __m256 ob1 = _mm256_set1_ps(1.f - a.beta1), ob2 = _mm256_set1_ps(1.f - a.beta2);
+  const __m256 c1 = _mm256_set1_ps(a.step_values ? a.step_values[0] : a.bias1);
+  const __m256 c2 = _mm256_set1_ps(a.step_values ? a.step_values[1] : a.bias2);
+  const __m256 lr = _mm256_set1_ps(a.lr), eps = _mm256_set1_ps(a.eps);
+  const __m256 decay = _mm256_set1_ps(a.weight_decay);
+  float* m = s;
+  float* v = s + dim;
+  int64_t d = 0;
+  for (; d + 8 <= dim; d += 8) {
+    const __m256 gd = _mm256_loadu_ps(g + d);
+    const __m256 wd = _mm256_loadu_ps(w + d);
+    const __m256 md =
+        _mm256_add_ps(_mm256_mul_ps(b1, _mm256_loadu_ps(m + d)), _mm256_mul_ps(ob1, gd));
+    const __m256 vd = _mm256_add_ps(_mm256_mul_ps(b2, _mm256_loadu_ps(v + d)),
+                                    _mm256_mul_ps(_mm256_mul_ps(ob2, gd), gd));
+    const __m256 den = _mm256_add_ps(_mm256_sqrt_ps(_mm256_div_ps(vd, c2)), eps);
+    const __m256 step =
+        _mm256_add_ps(_mm256_div_ps(_mm256_div_ps(md, c1), den), _mm256_mul_ps(decay, wd));
+    _mm256_storeu_ps(m + d, md);
+    _mm256_storeu_ps(v + d, vd);
+    _mm256_storeu_ps(w + d, _mm256_sub_ps(wd, _mm256_mul_ps(lr, step)));
+  }
+  return d;
+}
+#endif
+
+}  // namespace
+
+void update_float_row(const OptimArgs& a, float* w, float* s, const float* g, int64_t dim) {
+#if defined(__x86_64__)
+  if (kAvx2 && a.type == static_cast<int32_t>(OptimType::kAdam)) {
+    const int64_t done = adam_row_avx2(a, w, s, g, dim);
+    for (int64_t d = done; d < dim; ++d) update_coord(a, w[d], s, g[d], d, dim, RowFactors{});
+    return;
+  }
+#endif
+  update_row(a, w, s, g, dim);
+}
 
 void optimizer_step(const OptimArgs& a, float* values, int64_t width, const int64_t* rows,
                     const float* grads, int64_t n, int64_t dim) {
@@ -13,7 +66,7 @@ void optimizer_step(const OptimArgs& a, float* values, int64_t width, const int6
     for (int64_t i = b; i < e; ++i) {
       if (rows[i] < 0) continue;
       float* row = values + rows[i] * width;
-      update_row(a, row, row + dim, grads + i * dim, dim);
+      update_float_row(a, row, row + dim, grads + i * dim, dim);
     }
   });
 }

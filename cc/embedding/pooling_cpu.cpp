@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cc/embedding/fp8_rows_cpu.h"
+#include "cc/embedding/optimizer_cpu.h"
 #include "cc/embedding/prefetch_cpu.h"
 
 namespace dyn_emb {
@@ -86,6 +87,9 @@ void update_backward(const UpdateArgs& a, int64_t num_keys) {
         update_scaled_row(a.optim, storage::embedding_at<T>(a.space, r),
                           storage::state_at<T>(a.space, r, dim), g.data(), dim, sr_key(a, u),
                           sr_step(a), tmp.data(), bits.data());
+      } else if constexpr (std::is_same_v<T, float>) {
+        update_float_row(a.optim, storage::embedding_at<T>(a.space, r),
+                         storage::state_at<T>(a.space, r, dim), g.data(), dim);
       } else {
         update_row(a.optim, storage::embedding_at<T>(a.space, r),
                    storage::state_at<T>(a.space, r, dim), g.data(), dim);

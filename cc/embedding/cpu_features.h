@@ -1,0 +1,25 @@
+// Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
+//
+// What the CPU's vector loops may use, asked of the CPU once: the AVX2 paths
+// (x86-64 only) and F16C's half-precision conversion beside them.
+#pragma once
+
+namespace dyn_emb {
+namespace embedding {
+namespace cpu {
+
+#if defined(__x86_64__)
+inline bool ask_avx2() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2");
+}
+inline const bool kAvx2 = ask_avx2();
+inline const bool kAvx2F16c = kAvx2 && __builtin_cpu_supports("f16c");
+#else
+inline constexpr bool kAvx2 = false;
+inline constexpr bool kAvx2F16c = false;
+#endif
+
+}  // namespace cpu
+}  // namespace embedding
+}  // namespace dyn_emb
