@@ -1,7 +1,8 @@
 // Copyright dynamicemb authors. Licensed under the Apache License, Version 2.0.
 //
 // What the CPU's vector loops may use, asked of the CPU once: the AVX2 paths
-// (x86-64 only) and F16C's half-precision conversion beside them.
+// (x86-64 only), F16C's half-precision conversion beside them, and AVX-512's
+// sixteen lanes (the Philox draws).
 #pragma once
 
 namespace dyn_emb {
@@ -15,9 +16,11 @@ inline bool ask_avx2() {
 }
 inline const bool kAvx2 = ask_avx2();
 inline const bool kAvx2F16c = kAvx2 && __builtin_cpu_supports("f16c");
+inline const bool kAvx512 = kAvx2 && __builtin_cpu_supports("avx512f");
 #else
 inline constexpr bool kAvx2 = false;
 inline constexpr bool kAvx2F16c = false;
+inline constexpr bool kAvx512 = false;
 #endif
 
 }  // namespace cpu

@@ -121,6 +121,93 @@ __attribute__((target("avx2"))) void stochastic_bits_avx2(const StochasticDraws&
   }
 }
 
+// Sixteen Philox states, one a lane: counter words c0..c3.
+struct Lanes16 {
+  __m512i c0, c1, c2, c3;
+};
+
+// philox_rounds_avx2 on sixteen lanes a group.
+template <int G>
+__attribute__((target("avx512f"))) inline void philox_rounds_avx512(Lanes16 (&x)[G], uint32_t k0,
+                                                                    uint32_t k1) {
+  const __m512i m0 = _mm512_set1_epi64(kPhiloxM0);
+  const __m512i m1 = _mm512_set1_epi64(kPhiloxM1);
+  const __mmask16 odd = 0xaaaa;
+  for (int round = 0; round < kPhiloxRounds; ++round) {
+    const __m512i key0 = _mm512_set1_epi32(static_cast<int>(k0));
+    const __m512i key1 = _mm512_set1_epi32(static_cast<int>(k1));
+    for (int g = 0; g < G; ++g) {
+      Lanes16& s = x[g];
+      const __m512i p1e = _mm512_mul_epu32(s.c2, m1);
+      const __m512i p1o = _mm512_mul_epu32(_mm512_srli_epi64(s.c2, 32), m1);
+      const __m512i hi1 = _mm512_mask_blend_epi32(odd, _mm512_srli_epi64(p1e, 32), p1o);
+      const __m512i p0e = _mm512_mul_epu32(s.c0, m0);
+      const __m512i p0o = _mm512_mul_epu32(_mm512_srli_epi64(s.c0, 32), m0);
+      const __m512i hi0 = _mm512_mask_blend_epi32(odd, _mm512_srli_epi64(p0e, 32), p0o);
+      s.c0 = _mm512_xor_si512(_mm512_xor_si512(hi1, s.c1), key0);
+      s.c1 = _mm512_mask_blend_epi32(odd, p1e, _mm512_slli_epi64(p1o, 32));
+      s.c2 = _mm512_xor_si512(_mm512_xor_si512(hi0, s.c3), key1);
+      s.c3 = _mm512_mask_blend_epi32(odd, p0e, _mm512_slli_epi64(p0o, 32));
+    }
+    k0 += kPhiloxW0;
+    k1 += kPhiloxW1;
+  }
+}
+
+// The words of sixteen draws into `take` entries of bits in element order.
+// Block i (128 bits) of the unpacked vectors holds draw 4 i + k of d<k>: a
+// 4 x 4 transpose of blocks puts the draws in order.
+__attribute__((target("avx512f"))) inline void store_words_avx512(const Lanes16& s, int64_t take,
+                                                                  uint32_t* bits) {
+  const __m512i ab_lo = _mm512_unpacklo_epi32(s.c0, s.c1);
+  const __m512i ab_hi = _mm512_unpackhi_epi32(s.c0, s.c1);
+  const __m512i cd_lo = _mm512_unpacklo_epi32(s.c2, s.c3);
+  const __m512i cd_hi = _mm512_unpackhi_epi32(s.c2, s.c3);
+  const __m512i d0 = _mm512_unpacklo_epi64(ab_lo, cd_lo);  // draws 0, 4, 8, 12
+  const __m512i d1 = _mm512_unpackhi_epi64(ab_lo, cd_lo);  // draws 1, 5, 9, 13
+  const __m512i d2 = _mm512_unpacklo_epi64(ab_hi, cd_hi);
+  const __m512i d3 = _mm512_unpackhi_epi64(ab_hi, cd_hi);
+  const __m512i t0 = _mm512_shuffle_i64x2(d0, d1, 0x44);  // d0 blocks 0 1, d1 blocks 0 1
+  const __m512i t1 = _mm512_shuffle_i64x2(d2, d3, 0x44);
+  const __m512i t2 = _mm512_shuffle_i64x2(d0, d1, 0xee);  // blocks 2 3
+  const __m512i t3 = _mm512_shuffle_i64x2(d2, d3, 0xee);
+  alignas(64) uint32_t out[16 * kBitsPerDraw];
+  _mm512_store_si512(out, _mm512_shuffle_i64x2(t0, t1, 0x88));       // draws 0-3
+  _mm512_store_si512(out + 16, _mm512_shuffle_i64x2(t0, t1, 0xdd));  // draws 4-7
+  _mm512_store_si512(out + 32, _mm512_shuffle_i64x2(t2, t3, 0x88));
+  _mm512_store_si512(out + 48, _mm512_shuffle_i64x2(t2, t3, 0xdd));
+  std::memcpy(bits, out, static_cast<size_t>(take) * sizeof(uint32_t));
+}
+
+// Group `g` of a row's draws, sixteen a group.
+__attribute__((target("avx512f"))) inline Lanes16 draw_group16(const StochasticDraws& r,
+                                                               int64_t g) {
+  return Lanes16{
+      _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                       _mm512_set1_epi32(static_cast<int>(16 * g))),
+      _mm512_set1_epi32(static_cast<int>(r.c1)), _mm512_set1_epi32(static_cast<int>(r.c2)),
+      _mm512_set1_epi32(static_cast<int>(r.c3))};
+}
+
+// stochastic_bits_avx2 sixteen draws a group.
+__attribute__((target("avx512f"))) void stochastic_bits_avx512(const StochasticDraws& r, int64_t n,
+                                                               uint32_t* bits) {
+  constexpr int64_t kPerGroup = 16 * kBitsPerDraw;
+  int64_t g = 0;
+  for (; n - g * kPerGroup > kPerGroup; g += 2) {
+    Lanes16 x[2] = {draw_group16(r, g), draw_group16(r, g + 1)};
+    philox_rounds_avx512<2>(x, r.k0, r.k1);
+    const int64_t rest = n - (g + 1) * kPerGroup;
+    store_words_avx512(x[0], kPerGroup, bits + g * kPerGroup);
+    store_words_avx512(x[1], rest < kPerGroup ? rest : kPerGroup, bits + (g + 1) * kPerGroup);
+  }
+  if (g * kPerGroup < n) {
+    Lanes16 x[1] = {draw_group16(r, g)};
+    philox_rounds_avx512<1>(x, r.k0, r.k1);
+    store_words_avx512(x[0], n - g * kPerGroup, bits + g * kPerGroup);
+  }
+}
+
 // write_codes eight values at a time: each lane's normal-range code as
 // fp8_stochastic computes it (20 random bits added below the kept mantissa),
 // and the lanes out of that range (below the smallest normal, 448 and up,
@@ -276,11 +363,27 @@ std::array<float, 256> fp8_values() {
 
 const std::array<float, 256> kFp8Values = fp8_values();
 
-void philox_words(const StochasticDraws& r, int64_t n, uint32_t* bits) {
+bool philox_path_runs(PhiloxPath path) {
+  switch (path) {
+    case PhiloxPath::kAvx512:
+      return kAvx512;
+    case PhiloxPath::kAvx2:
+      return kAvx2;
+    default:
+      return true;
+  }
+}
+
+void philox_words_by(PhiloxPath path, const StochasticDraws& r, int64_t n, uint32_t* bits) {
 #if defined(__x86_64__)
-  if (kAvx2) return stochastic_bits_avx2(r, n, bits);
+  if (path == PhiloxPath::kAvx512 && kAvx512) return stochastic_bits_avx512(r, n, bits);
+  if (path != PhiloxPath::kScalar && kAvx2) return stochastic_bits_avx2(r, n, bits);
 #endif
   stochastic_bits_scalar(r, n, bits);
+}
+
+void philox_words(const StochasticDraws& r, int64_t n, uint32_t* bits) {
+  philox_words_by(PhiloxPath::kAvx512, r, n, bits);
 }
 
 void stochastic_bits_row(uint64_t key, int64_t step, int64_t n, uint32_t* bits) {

@@ -21,8 +21,17 @@ namespace cpu {
 
 /// bits[4 j + w] = word w of philox(j, r.c1, r.c2, r.c3, r.k0, r.k1), for
 /// 4 j + w in [0, n): a run of Philox draws whose first counter word counts
-/// (eight at a time where the CPU has AVX2).
+/// (sixteen at a time where the CPU has AVX-512, eight with AVX2).
 void philox_words(const StochasticDraws& r, int64_t n, uint32_t* bits);
+
+/// The ways philox_words can run, widest last; the same words from each.
+enum class PhiloxPath : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+
+/// Whether this CPU runs `path` (kScalar: always).
+bool philox_path_runs(PhiloxPath path);
+
+/// philox_words by `path`, or the widest path below it this CPU runs.
+void philox_words_by(PhiloxPath path, const StochasticDraws& r, int64_t n, uint32_t* bits);
 
 /// bits[e] = stochastic_bits(key, step, e) for e in [0, n).
 void stochastic_bits_row(uint64_t key, int64_t step, int64_t n, uint32_t* bits);

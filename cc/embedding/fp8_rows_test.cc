@@ -271,6 +271,15 @@ TEST(Fp8Rows, ARowsBitsAreEachElementsDraw) {
           ASSERT_EQ(bits[e], stochastic_bits(key, step, e)) << key << " " << step << " " << e;
         }
         EXPECT_EQ(bits[n], 0xdeadbeefu);  // nothing written past n
+        // Each way the CPU can draw them (philox_words_by), the same words.
+        for (const auto path :
+             {cpu::PhiloxPath::kScalar, cpu::PhiloxPath::kAvx2, cpu::PhiloxPath::kAvx512}) {
+          if (!cpu::philox_path_runs(path)) continue;
+          std::vector<uint32_t> by(n + 1, 0xdeadbeefu);
+          cpu::philox_words_by(path, stochastic_draws(key, step), n, by.data());
+          ASSERT_EQ(by, bits) << key << " " << step << " " << n << " path "
+                              << static_cast<int>(path);  // nothing past n either
+        }
       }
     }
   }
