@@ -10,9 +10,9 @@ namespace embedding {
 namespace cpu {
 
 /// @brief update_row of a float32 row: w (dim), its state s, gradient g.
-/// Adam's coordinates go eight at a time where the CPU has AVX2 (its
-/// operations in update_coord's order, each rounded as there: no fused
-/// multiply-add), to the same values.
+/// The coordinates go eight at a time where the CPU has AVX2 (every
+/// optimizer but FTRL; the operations in update_coord's order, each rounded
+/// as there: no fused multiply-add), to the same values.
 void update_float_row(const OptimArgs& a, float* w, float* s, const float* g, int64_t dim);
 
 /// @brief update_float_row for each i with rows[i] >= 0: values[rows[i]] (width

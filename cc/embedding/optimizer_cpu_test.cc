@@ -3,8 +3,8 @@
 // The CPU's update of float32 rows (optimizer_cpu.h: update_float_row, whose
 // Adam runs eight coordinates at a time) against update_row, the per-coordinate
 // definition: the same bits of every weight and state, at dims around the
-// vector width, with the step's bias corrections as fields and as data, with
-// and without weight decay, for every optimizer.
+// vector width, with the step's bias corrections as fields and as data, under
+// each weight decay mode, for every optimizer.
 #include "cc/embedding/optimizer_cpu.h"
 
 #include <gtest/gtest.h>
@@ -37,11 +37,12 @@ TEST(OptimizerCpu, AFloatRowsUpdateHasUpdateRowsBits) {
   for (int32_t type = 0; type < kNumOptimTypes; ++type) {
     for (const int64_t dim : {1, 7, 8, 9, 16, 31, 64, 67, 128}) {
       for (const bool as_data : {false, true}) {
-        for (const float decay : {0.f, 0.01f}) {
+        for (const int32_t mode : {0, 1, 2}) {
           OptimArgs a;
           a.type = type;
           a.lr = 0.05f;
-          a.weight_decay = decay;
+          a.weight_decay = mode == 0 ? 0.f : 0.01f;
+          a.wd_mode = mode;
           a = with_step(a, 7);
           if (as_data) a.step_values = step_values;
           const int64_t width = dim + state_dim(type, dim);
@@ -68,7 +69,7 @@ TEST(OptimizerCpu, AFloatRowsUpdateHasUpdateRowsBits) {
       }
     }
   }
-  EXPECT_EQ(cases, kNumOptimTypes * 9 * 2 * 2);
+  EXPECT_EQ(cases, kNumOptimTypes * 9 * 2 * kNumWeightDecayModes);
 }
 
 }  // namespace
