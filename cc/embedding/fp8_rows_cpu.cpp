@@ -12,7 +12,14 @@
 #include "cc/embedding/philox.h"
 
 #if defined(__x86_64__)
+// GCC 12's AVX-512 intrinsics start from a register left undefined on
+// purpose (_mm512_undefined_epi32), which -W(maybe-)uninitialized reports in
+// the header wherever they are inlined.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 #endif
 
 namespace dyn_emb {
@@ -38,31 +45,58 @@ struct Lanes8 {
   __m256i c0, c1, c2, c3;
 };
 
-// The rounds of G groups of eight draws at once, one a lane (the bits of 32
-// elements a group), interleaved: each round's multiplies wait on the one
-// before, and the groups' chains fill that wait. _mm256_mul_epu32 multiplies
-// the even 32-bit lanes into 64-bit products; the odd lanes go through it
-// shifted down.
-template <int G>
-__attribute__((target("avx2"))) inline void philox_rounds_avx2(Lanes8 (&x)[G], uint32_t k0,
+// A Philox round's vector operations on eight 32-bit lanes (AVX2) and on
+// sixteen (AVX-512), by overload, so that the rounds are written once.
+__attribute__((target("avx2"))) inline __m256i mul_even(__m256i a, uint32_t m) {
+  return _mm256_mul_epu32(a, _mm256_set1_epi64x(m));
+}
+__attribute__((target("avx512f"))) inline __m512i mul_even(__m512i a, uint32_t m) {
+  return _mm512_mul_epu32(a, _mm512_set1_epi64(m));
+}
+__attribute__((target("avx2"))) inline __m256i shift64(__m256i a, int left) {
+  return left ? _mm256_slli_epi64(a, 32) : _mm256_srli_epi64(a, 32);
+}
+__attribute__((target("avx512f"))) inline __m512i shift64(__m512i a, int left) {
+  return left ? _mm512_slli_epi64(a, 32) : _mm512_srli_epi64(a, 32);
+}
+// The even lanes of `even`, the odd lanes of `odd`.
+__attribute__((target("avx2"))) inline __m256i even_odd(__m256i even, __m256i odd) {
+  return _mm256_blend_epi32(even, odd, 0xaa);
+}
+__attribute__((target("avx512f"))) inline __m512i even_odd(__m512i even, __m512i odd) {
+  return _mm512_mask_blend_epi32(0xaaaa, even, odd);
+}
+// a ^ b ^ key in every lane.
+__attribute__((target("avx2"))) inline __m256i xor_key(__m256i a, __m256i b, uint32_t key) {
+  return _mm256_xor_si256(_mm256_xor_si256(a, b), _mm256_set1_epi32(static_cast<int>(key)));
+}
+__attribute__((target("avx512f"))) inline __m512i xor_key(__m512i a, __m512i b, uint32_t key) {
+  return _mm512_xor_si512(_mm512_xor_si512(a, b), _mm512_set1_epi32(static_cast<int>(key)));
+}
+
+// The templates below hold vectors without a vector target of their own:
+// always inlined into a caller that has one, no call passes them, so the
+// ABI -Wpsabi warns of is never used.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+// The rounds of G groups of draws at once, one a lane of State's vectors
+// c0..c3 (Lanes8, Lanes16), interleaved: each round's multiplies wait on
+// the one before, and the groups' chains fill that wait. The even lanes
+// multiply into 64-bit products; the odd lanes go through it shifted down.
+// Inlined into each width's caller, which gives it its vector target.
+template <class State, int G>
+__attribute__((always_inline)) inline void philox_rounds_lanes(State (&x)[G], uint32_t k0,
                                                                uint32_t k1) {
-  const __m256i m0 = _mm256_set1_epi64x(kPhiloxM0);
-  const __m256i m1 = _mm256_set1_epi64x(kPhiloxM1);
   for (int round = 0; round < kPhiloxRounds; ++round) {
-    const __m256i key0 = _mm256_set1_epi32(static_cast<int>(k0));
-    const __m256i key1 = _mm256_set1_epi32(static_cast<int>(k1));
     for (int g = 0; g < G; ++g) {
-      Lanes8& s = x[g];
-      const __m256i p1e = _mm256_mul_epu32(s.c2, m1);
-      const __m256i p1o = _mm256_mul_epu32(_mm256_srli_epi64(s.c2, 32), m1);
-      const __m256i hi1 = _mm256_blend_epi32(_mm256_srli_epi64(p1e, 32), p1o, 0xaa);
-      const __m256i p0e = _mm256_mul_epu32(s.c0, m0);
-      const __m256i p0o = _mm256_mul_epu32(_mm256_srli_epi64(s.c0, 32), m0);
-      const __m256i hi0 = _mm256_blend_epi32(_mm256_srli_epi64(p0e, 32), p0o, 0xaa);
-      s.c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, s.c1), key0);
-      s.c1 = _mm256_blend_epi32(p1e, _mm256_slli_epi64(p1o, 32), 0xaa);
-      s.c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, s.c3), key1);
-      s.c3 = _mm256_blend_epi32(p0e, _mm256_slli_epi64(p0o, 32), 0xaa);
+      State& s = x[g];
+      const auto p1e = mul_even(s.c2, kPhiloxM1), p1o = mul_even(shift64(s.c2, 0), kPhiloxM1);
+      const auto p0e = mul_even(s.c0, kPhiloxM0), p0o = mul_even(shift64(s.c0, 0), kPhiloxM0);
+      s.c0 = xor_key(even_odd(shift64(p1e, 0), p1o), s.c1, k0);
+      s.c1 = even_odd(p1e, shift64(p1o, 1));
+      s.c2 = xor_key(even_odd(shift64(p0e, 0), p0o), s.c3, k1);
+      s.c3 = even_odd(p0e, shift64(p0o, 1));
     }
     k0 += kPhiloxW0;
     k1 += kPhiloxW1;
@@ -71,8 +105,8 @@ __attribute__((target("avx2"))) inline void philox_rounds_avx2(Lanes8 (&x)[G], u
 
 // The words of eight draws (lane d of c0..c3: draw d's words) into `take`
 // entries of bits in element order (element 4d + w: word w of draw d).
-__attribute__((target("avx2"))) inline void store_words_avx2(const Lanes8& s, int64_t take,
-                                                             uint32_t* bits) {
+__attribute__((target("avx2"))) inline void store_words(const Lanes8& s, int64_t take,
+                                                        uint32_t* bits) {
   const __m256i ab_lo = _mm256_unpacklo_epi32(s.c0, s.c1);  // draws 0 1 | 4 5: words 0 1
   const __m256i ab_hi = _mm256_unpackhi_epi32(s.c0, s.c1);  // draws 2 3 | 6 7: words 0 1
   const __m256i cd_lo = _mm256_unpacklo_epi32(s.c2, s.c3);
@@ -93,32 +127,12 @@ __attribute__((target("avx2"))) inline void store_words_avx2(const Lanes8& s, in
 }
 
 // Group `g` of a row's draws: counters 8 g .. 8 g + 7 (lane d: c0 = 8 g + d).
-__attribute__((target("avx2"))) inline Lanes8 draw_group(const StochasticDraws& r, int64_t g) {
-  return Lanes8{_mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
-                                 _mm256_set1_epi32(static_cast<int>(8 * g))),
-                _mm256_set1_epi32(static_cast<int>(r.c1)),
-                _mm256_set1_epi32(static_cast<int>(r.c2)),
-                _mm256_set1_epi32(static_cast<int>(r.c3))};
-}
-
-// The draws of one row, eight a group, two groups at a time while more than
-// one is left.
-__attribute__((target("avx2"))) void stochastic_bits_avx2(const StochasticDraws& r, int64_t n,
-                                                          uint32_t* bits) {
-  constexpr int64_t kPerGroup = 8 * kBitsPerDraw;
-  int64_t g = 0;
-  for (; n - g * kPerGroup > kPerGroup; g += 2) {
-    Lanes8 x[2] = {draw_group(r, g), draw_group(r, g + 1)};
-    philox_rounds_avx2<2>(x, r.k0, r.k1);
-    const int64_t rest = n - (g + 1) * kPerGroup;
-    store_words_avx2(x[0], kPerGroup, bits + g * kPerGroup);
-    store_words_avx2(x[1], rest < kPerGroup ? rest : kPerGroup, bits + (g + 1) * kPerGroup);
-  }
-  if (g * kPerGroup < n) {
-    Lanes8 x[1] = {draw_group(r, g)};
-    philox_rounds_avx2<1>(x, r.k0, r.k1);
-    store_words_avx2(x[0], n - g * kPerGroup, bits + g * kPerGroup);
-  }
+__attribute__((target("avx2"))) inline void draw_group(const StochasticDraws& r, int64_t g,
+                                                       Lanes8& out) {
+  out = Lanes8{_mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                _mm256_set1_epi32(static_cast<int>(8 * g))),
+               _mm256_set1_epi32(static_cast<int>(r.c1)), _mm256_set1_epi32(static_cast<int>(r.c2)),
+               _mm256_set1_epi32(static_cast<int>(r.c3))};
 }
 
 // Sixteen Philox states, one a lane: counter words c0..c3.
@@ -126,39 +140,11 @@ struct Lanes16 {
   __m512i c0, c1, c2, c3;
 };
 
-// philox_rounds_avx2 on sixteen lanes a group.
-template <int G>
-__attribute__((target("avx512f"))) inline void philox_rounds_avx512(Lanes16 (&x)[G], uint32_t k0,
-                                                                    uint32_t k1) {
-  const __m512i m0 = _mm512_set1_epi64(kPhiloxM0);
-  const __m512i m1 = _mm512_set1_epi64(kPhiloxM1);
-  const __mmask16 odd = 0xaaaa;
-  for (int round = 0; round < kPhiloxRounds; ++round) {
-    const __m512i key0 = _mm512_set1_epi32(static_cast<int>(k0));
-    const __m512i key1 = _mm512_set1_epi32(static_cast<int>(k1));
-    for (int g = 0; g < G; ++g) {
-      Lanes16& s = x[g];
-      const __m512i p1e = _mm512_mul_epu32(s.c2, m1);
-      const __m512i p1o = _mm512_mul_epu32(_mm512_srli_epi64(s.c2, 32), m1);
-      const __m512i hi1 = _mm512_mask_blend_epi32(odd, _mm512_srli_epi64(p1e, 32), p1o);
-      const __m512i p0e = _mm512_mul_epu32(s.c0, m0);
-      const __m512i p0o = _mm512_mul_epu32(_mm512_srli_epi64(s.c0, 32), m0);
-      const __m512i hi0 = _mm512_mask_blend_epi32(odd, _mm512_srli_epi64(p0e, 32), p0o);
-      s.c0 = _mm512_xor_si512(_mm512_xor_si512(hi1, s.c1), key0);
-      s.c1 = _mm512_mask_blend_epi32(odd, p1e, _mm512_slli_epi64(p1o, 32));
-      s.c2 = _mm512_xor_si512(_mm512_xor_si512(hi0, s.c3), key1);
-      s.c3 = _mm512_mask_blend_epi32(odd, p0e, _mm512_slli_epi64(p0o, 32));
-    }
-    k0 += kPhiloxW0;
-    k1 += kPhiloxW1;
-  }
-}
-
 // The words of sixteen draws into `take` entries of bits in element order.
 // Block i (128 bits) of the unpacked vectors holds draw 4 i + k of d<k>: a
 // 4 x 4 transpose of blocks puts the draws in order.
-__attribute__((target("avx512f"))) inline void store_words_avx512(const Lanes16& s, int64_t take,
-                                                                  uint32_t* bits) {
+__attribute__((target("avx512f"))) inline void store_words(const Lanes16& s, int64_t take,
+                                                           uint32_t* bits) {
   const __m512i ab_lo = _mm512_unpacklo_epi32(s.c0, s.c1);
   const __m512i ab_hi = _mm512_unpackhi_epi32(s.c0, s.c1);
   const __m512i cd_lo = _mm512_unpacklo_epi32(s.c2, s.c3);
@@ -180,32 +166,51 @@ __attribute__((target("avx512f"))) inline void store_words_avx512(const Lanes16&
 }
 
 // Group `g` of a row's draws, sixteen a group.
-__attribute__((target("avx512f"))) inline Lanes16 draw_group16(const StochasticDraws& r,
-                                                               int64_t g) {
-  return Lanes16{
+__attribute__((target("avx512f"))) inline void draw_group(const StochasticDraws& r, int64_t g,
+                                                          Lanes16& out) {
+  out = Lanes16{
       _mm512_add_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
                        _mm512_set1_epi32(static_cast<int>(16 * g))),
       _mm512_set1_epi32(static_cast<int>(r.c1)), _mm512_set1_epi32(static_cast<int>(r.c2)),
       _mm512_set1_epi32(static_cast<int>(r.c3))};
 }
 
-// stochastic_bits_avx2 sixteen draws a group.
+// The draws of one row, a group of State's lanes at a time (a draw a lane,
+// its four words the bits of four elements): two groups at once while more
+// than one is left, then the last alone. Inlined into each width's caller,
+// which gives it its vector target.
+template <class State, int G>
+__attribute__((always_inline)) inline void fill_groups(const StochasticDraws& r, int64_t g,
+                                                       int64_t take, uint32_t* bits) {
+  constexpr int64_t k = sizeof(State::c0) / 4 * kBitsPerDraw;
+  State x[G];
+  for (int i = 0; i < G; ++i) draw_group(r, g + i, x[i]);
+  philox_rounds_lanes<State, G>(x, r.k0, r.k1);
+  for (int i = 0; i < G; ++i) store_words(x[i], i + 1 < G ? k : take, bits + (g + i) * k);
+}
+
+template <class State>
+__attribute__((always_inline)) inline void stochastic_bits_lanes(const StochasticDraws& r,
+                                                                 int64_t n, uint32_t* bits) {
+  constexpr int64_t k = sizeof(State::c0) / 4 * kBitsPerDraw;
+  int64_t g = 0;
+  for (; n - g * k > k; g += 2) {
+    const int64_t rest = n - (g + 1) * k;
+    fill_groups<State, 2>(r, g, rest < k ? rest : k, bits);
+  }
+  if (g * k < n) fill_groups<State, 1>(r, g, n - g * k, bits);
+}
+
+#pragma GCC diagnostic pop
+
+__attribute__((target("avx2"))) void stochastic_bits_avx2(const StochasticDraws& r, int64_t n,
+                                                          uint32_t* bits) {
+  stochastic_bits_lanes<Lanes8>(r, n, bits);
+}
+
 __attribute__((target("avx512f"))) void stochastic_bits_avx512(const StochasticDraws& r, int64_t n,
                                                                uint32_t* bits) {
-  constexpr int64_t kPerGroup = 16 * kBitsPerDraw;
-  int64_t g = 0;
-  for (; n - g * kPerGroup > kPerGroup; g += 2) {
-    Lanes16 x[2] = {draw_group16(r, g), draw_group16(r, g + 1)};
-    philox_rounds_avx512<2>(x, r.k0, r.k1);
-    const int64_t rest = n - (g + 1) * kPerGroup;
-    store_words_avx512(x[0], kPerGroup, bits + g * kPerGroup);
-    store_words_avx512(x[1], rest < kPerGroup ? rest : kPerGroup, bits + (g + 1) * kPerGroup);
-  }
-  if (g * kPerGroup < n) {
-    Lanes16 x[1] = {draw_group16(r, g)};
-    philox_rounds_avx512<1>(x, r.k0, r.k1);
-    store_words_avx512(x[0], n - g * kPerGroup, bits + g * kPerGroup);
-  }
+  stochastic_bits_lanes<Lanes16>(r, n, bits);
 }
 
 // write_codes eight values at a time: each lane's normal-range code as
