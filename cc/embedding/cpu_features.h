@@ -2,7 +2,7 @@
 //
 // What the CPU's vector loops may use, asked of the CPU once: the AVX2 paths
 // (x86-64 only), F16C's half-precision conversion beside them, and AVX-512's
-// sixteen lanes (the Philox draws).
+// F and BW instructions (the Philox draws, the FP8 codes' values).
 #pragma once
 
 namespace dyn_emb {
@@ -16,7 +16,8 @@ inline bool ask_avx2() {
 }
 inline const bool kAvx2 = ask_avx2();
 inline const bool kAvx2F16c = kAvx2 && __builtin_cpu_supports("f16c");
-inline const bool kAvx512 = kAvx2 && __builtin_cpu_supports("avx512f");
+inline const bool kAvx512 =
+    kAvx2F16c && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
 #else
 inline constexpr bool kAvx2 = false;
 inline constexpr bool kAvx2F16c = false;

@@ -329,6 +329,71 @@ __attribute__((target("avx2,f16c"))) int64_t add_row8(float* o, float w,
   return d;
 }
 
+// The float16 bits of each e4m3 magnitude (a code & 0x7f; 0x7f: NaN), for
+// decode32_avx512.
+alignas(64) const std::array<uint16_t, 128> kFp8Halves = [] {
+  std::array<uint16_t, 128> t{};
+  for (int code = 0; code < 128; ++code) {
+    const float v = storage::to_float(storage::Float8E4M3{static_cast<uint8_t>(code)});
+    if (std::isnan(v)) {
+      t[code] = 0x7e00;
+    } else if (v != 0.f) {  // 2^-9 .. 448: a normal float16, its mantissa's 3 bits exact
+      int e = 0;
+      const float m = std::frexp(v, &e);  // v = m * 2^e, m in [0.5, 1)
+      t[code] =
+          static_cast<uint16_t>(((e - 1 + 15) << 10) | static_cast<int>((2.f * m - 1.f) * 1024.f));
+    }
+  }
+  return t;
+}();
+
+// Thirty-two codes' values: their magnitudes' float16 bits looked up (two
+// 64-entry lookups, bit 6 choosing), the sign or-ed in, then converted.
+__attribute__((target("avx512f,avx512bw"))) inline void decode32_avx512(
+    const storage::Float8E4M3* w, __m512& lo, __m512& hi) {
+  const __m512i* t = reinterpret_cast<const __m512i*>(kFp8Halves.data());
+  const __m512i x = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(w)));
+  const __m512i em = _mm512_and_si512(x, _mm512_set1_epi16(0x7f));
+  const __m512i below =
+      _mm512_permutex2var_epi16(_mm512_load_si512(t), em, _mm512_load_si512(t + 1));
+  const __m512i above =
+      _mm512_permutex2var_epi16(_mm512_load_si512(t + 2), em, _mm512_load_si512(t + 3));
+  __m512i h =
+      _mm512_mask_blend_epi16(_mm512_test_epi16_mask(em, _mm512_set1_epi16(0x40)), below, above);
+  h = _mm512_or_si512(h, _mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x80)), 8));
+  lo = _mm512_cvtph_ps(_mm512_castsi512_si256(h));
+  hi = _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1));
+}
+
+// out[d] = value(d) * scale, 32 at a time.
+__attribute__((target("avx512f,avx512bw"))) int64_t read_row_avx512(const storage::Float8E4M3* w,
+                                                                    int64_t dim, float scale,
+                                                                    float* out) {
+  const __m512 s = _mm512_set1_ps(scale);
+  int64_t d = 0;
+  for (; d + 32 <= dim; d += 32) {
+    __m512 lo, hi;
+    decode32_avx512(w + d, lo, hi);
+    _mm512_storeu_ps(out + d, _mm512_mul_ps(lo, s));
+    _mm512_storeu_ps(out + d + 16, _mm512_mul_ps(hi, s));
+  }
+  return d;
+}
+
+// o[d] += w * value(d), 32 at a time (a product, then a sum).
+__attribute__((target("avx512f,avx512bw"))) int64_t
+add_codes_avx512(float* o, float w, const storage::Float8E4M3* codes, int64_t dim) {
+  const __m512 f = _mm512_set1_ps(w);
+  int64_t d = 0;
+  for (; d + 32 <= dim; d += 32) {
+    __m512 lo, hi;
+    decode32_avx512(codes + d, lo, hi);
+    _mm512_storeu_ps(o + d, _mm512_add_ps(_mm512_loadu_ps(o + d), _mm512_mul_ps(f, lo)));
+    _mm512_storeu_ps(o + d + 16, _mm512_add_ps(_mm512_loadu_ps(o + d + 16), _mm512_mul_ps(f, hi)));
+  }
+  return d;
+}
+
 #endif
 
 // The codes of the values `v` in a row of scale `scale` (the padding left
@@ -368,48 +433,58 @@ std::array<float, 256> fp8_values() {
 
 const std::array<float, 256> kFp8Values = fp8_values();
 
-bool philox_path_runs(PhiloxPath path) {
+bool simd_runs(Simd path) {
   switch (path) {
-    case PhiloxPath::kAvx512:
+    case Simd::kAvx512:
       return kAvx512;
-    case PhiloxPath::kAvx2:
-      return kAvx2;
+    case Simd::kAvx2:
+      return kAvx2F16c;
     default:
       return true;
   }
 }
 
-void philox_words_by(PhiloxPath path, const StochasticDraws& r, int64_t n, uint32_t* bits) {
+void philox_words_by(Simd path, const StochasticDraws& r, int64_t n, uint32_t* bits) {
 #if defined(__x86_64__)
-  if (path == PhiloxPath::kAvx512 && kAvx512) return stochastic_bits_avx512(r, n, bits);
-  if (path != PhiloxPath::kScalar && kAvx2) return stochastic_bits_avx2(r, n, bits);
+  if (path == Simd::kAvx512 && kAvx512) return stochastic_bits_avx512(r, n, bits);
+  if (path != Simd::kScalar && kAvx2) return stochastic_bits_avx2(r, n, bits);
 #endif
   stochastic_bits_scalar(r, n, bits);
 }
 
 void philox_words(const StochasticDraws& r, int64_t n, uint32_t* bits) {
-  philox_words_by(PhiloxPath::kAvx512, r, n, bits);
+  philox_words_by(Simd::kAvx512, r, n, bits);
 }
 
 void stochastic_bits_row(uint64_t key, int64_t step, int64_t n, uint32_t* bits) {
   philox_words(stochastic_draws(key, step), n, bits);
 }
 
-void read_scaled_row(const storage::Float8E4M3* w, int64_t dim, float* out) {
+void read_scaled_row_by(Simd path, const storage::Float8E4M3* w, int64_t dim, float* out) {
   const float scale = *storage::scale_at(w, dim);
   int64_t d = 0;
 #if defined(__x86_64__)
-  if (kAvx2) d = read_row_avx2(w, dim, scale, out);
+  if (path == Simd::kAvx512 && kAvx512) d = read_row_avx512(w, dim, scale, out);
+  if (path != Simd::kScalar && kAvx2) d += read_row_avx2(w + d, dim - d, scale, out + d);
 #endif
   for (; d < dim; ++d) out[d] = kFp8Values[w[d].bits] * scale;
 }
 
-void add_codes(float* o, float w, const storage::Float8E4M3* codes, int64_t dim) {
+void read_scaled_row(const storage::Float8E4M3* w, int64_t dim, float* out) {
+  read_scaled_row_by(Simd::kAvx512, w, dim, out);
+}
+
+void add_codes_by(Simd path, float* o, float w, const storage::Float8E4M3* codes, int64_t dim) {
   int64_t d = 0;
 #if defined(__x86_64__)
-  if (kAvx2F16c) d = add_row8<Fp8Lanes>(o, w, codes, dim);
+  if (path == Simd::kAvx512 && kAvx512) d = add_codes_avx512(o, w, codes, dim);
+  if (path != Simd::kScalar && kAvx2F16c) d += add_row8<Fp8Lanes>(o + d, w, codes + d, dim - d);
 #endif
   for (; d < dim; ++d) o[d] += w * kFp8Values[codes[d].bits];
+}
+
+void add_codes(float* o, float w, const storage::Float8E4M3* codes, int64_t dim) {
+  add_codes_by(Simd::kAvx512, o, w, codes, dim);
 }
 
 void add_halves(float* o, float w, const storage::Half* v, int64_t dim) {

@@ -24,14 +24,15 @@ namespace cpu {
 /// (sixteen at a time where the CPU has AVX-512, eight with AVX2).
 void philox_words(const StochasticDraws& r, int64_t n, uint32_t* bits);
 
-/// The ways philox_words can run, widest last; the same words from each.
-enum class PhiloxPath : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
+/// The ways the row functions here can run, widest last; the same results
+/// from each (kAvx512: AVX-512 F and BW; kAvx2: AVX2 and F16C).
+enum class Simd : int { kScalar = 0, kAvx2 = 1, kAvx512 = 2 };
 
 /// Whether this CPU runs `path` (kScalar: always).
-bool philox_path_runs(PhiloxPath path);
+bool simd_runs(Simd path);
 
 /// philox_words by `path`, or the widest path below it this CPU runs.
-void philox_words_by(PhiloxPath path, const StochasticDraws& r, int64_t n, uint32_t* bits);
+void philox_words_by(Simd path, const StochasticDraws& r, int64_t n, uint32_t* bits);
 
 /// bits[e] = stochastic_bits(key, step, e) for e in [0, n).
 void stochastic_bits_row(uint64_t key, int64_t step, int64_t n, uint32_t* bits);
@@ -43,8 +44,16 @@ extern const std::array<float, 256> kFp8Values;
 void read_scaled_row(const storage::Float8E4M3* w, int64_t dim, float* out);
 
 /// o[d] += w * the value of code d, for d < dim (a pooled row: `w` its
-/// weight times its scale); each term a product, then a sum.
+/// weight times its scale); each term a product, then a sum. The codes'
+/// values come from a table of their float16 bits (exact: every e4m3 value
+/// is a float16 one), 32 at a time with AVX-512, or from their bits moved
+/// into float32's fields, eight at a time with AVX2.
 void add_codes(float* o, float w, const storage::Float8E4M3* codes, int64_t dim);
+
+/// read_scaled_row and add_codes by `path`, or the widest path below it
+/// this CPU runs.
+void read_scaled_row_by(Simd path, const storage::Float8E4M3* w, int64_t dim, float* out);
+void add_codes_by(Simd path, float* o, float w, const storage::Float8E4M3* codes, int64_t dim);
 
 /// add_codes for a float16 row (eight at a time where the CPU converts half
 /// precision, F16C).

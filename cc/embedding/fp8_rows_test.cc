@@ -206,6 +206,9 @@ std::vector<std::vector<float>> test_rows(int64_t dim, uint32_t seed) {
   return rows;
 }
 
+// Each way the CPU's row functions can run (cpu::Simd).
+const cpu::Simd kPaths[] = {cpu::Simd::kScalar, cpu::Simd::kAvx2, cpu::Simd::kAvx512};
+
 const int64_t kDims[] = {1, 2, 3, 5, 7, 8, 9, 15, 16, 17, 31, 33, 64, 100, 128, 257};
 
 TEST(Fp8Rows, TheTableHoldsEachCodesValue) {
@@ -236,25 +239,29 @@ TEST(Fp8Rows, CodesPastTheRowsEndAreZerosAndNotRead) {
 // the weight times each value to what is there, bit for bit as one product
 // and one sum per element.
 TEST(Fp8Rows, ReadsAndPooledSumsGiveEachCodesValue) {
-  for (int64_t dim : {1, 7, 8, 9, 16, 31, 64, 256, 263}) {
-    Fp8Row row(dim, 0);
-    for (int64_t d = 0; d < dim; ++d) {
-      row.codes()[d] = Float8E4M3{static_cast<uint8_t>((d * 37 + 11) % 256)};
-    }
-    *storage::scale_at(row.codes(), dim) = 0.375f;
-    std::vector<float> got(dim), sum(dim), want_sum(dim);
-    cpu::read_scaled_row(row.codes(), dim, got.data());
-    for (int64_t d = 0; d < dim; ++d) {
-      sum[d] = want_sum[d] = 0.25f * static_cast<float>(d) - 3.f;
-    }
-    cpu::add_codes(sum.data(), -1.5f, row.codes(), dim);
-    for (int64_t d = 0; d < dim; ++d) {
-      const float v = storage::to_float(row.codes()[d]);
-      const float want = v * 0.375f;
-      const float term = -1.5f * v;
-      want_sum[d] = want_sum[d] + term;
-      ASSERT_EQ(storage::float_bits(got[d]), storage::float_bits(want)) << dim << " " << d;
-      ASSERT_EQ(storage::float_bits(sum[d]), storage::float_bits(want_sum[d])) << dim << " " << d;
+  for (const auto path : kPaths) {
+    if (!cpu::simd_runs(path)) continue;
+    for (int64_t dim : {1, 7, 8, 9, 16, 31, 32, 33, 40, 64, 256, 263}) {
+      Fp8Row row(dim, 0);
+      for (int64_t d = 0; d < dim; ++d) {
+        row.codes()[d] = Float8E4M3{static_cast<uint8_t>((d * 37 + 11) % 256)};
+      }
+      *storage::scale_at(row.codes(), dim) = 0.375f;
+      std::vector<float> got(dim), sum(dim), want_sum(dim);
+      cpu::read_scaled_row_by(path, row.codes(), dim, got.data());
+      for (int64_t d = 0; d < dim; ++d) {
+        sum[d] = want_sum[d] = 0.25f * static_cast<float>(d) - 3.f;
+      }
+      cpu::add_codes_by(path, sum.data(), -1.5f, row.codes(), dim);
+      for (int64_t d = 0; d < dim; ++d) {
+        const float v = storage::to_float(row.codes()[d]);
+        const float want = v * 0.375f;
+        const float term = -1.5f * v;
+        want_sum[d] = want_sum[d] + term;
+        ASSERT_EQ(storage::float_bits(got[d]), storage::float_bits(want)) << dim << " " << d;
+        ASSERT_EQ(storage::float_bits(sum[d]), storage::float_bits(want_sum[d]))
+            << dim << " " << d << " path " << static_cast<int>(path);
+      }
     }
   }
 }
@@ -272,9 +279,8 @@ TEST(Fp8Rows, ARowsBitsAreEachElementsDraw) {
         }
         EXPECT_EQ(bits[n], 0xdeadbeefu);  // nothing written past n
         // Each way the CPU can draw them (philox_words_by), the same words.
-        for (const auto path :
-             {cpu::PhiloxPath::kScalar, cpu::PhiloxPath::kAvx2, cpu::PhiloxPath::kAvx512}) {
-          if (!cpu::philox_path_runs(path)) continue;
+        for (const auto path : kPaths) {
+          if (!cpu::simd_runs(path)) continue;
           std::vector<uint32_t> by(n + 1, 0xdeadbeefu);
           cpu::philox_words_by(path, stochastic_draws(key, step), n, by.data());
           ASSERT_EQ(by, bits) << key << " " << step << " " << n << " path "
