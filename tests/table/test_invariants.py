@@ -236,7 +236,9 @@ def test_long_random_stream_keeps_every_invariant(strategy, shape, device):
 
 
 def _seconds_per_key(table, n, batches, vocab_start):
-    """Median seconds per key of insert_and_evict batches of n new keys."""
+    """Least seconds per key of insert_and_evict batches of n new keys (the
+    least: another process's burst on a shared machine slows a batch, never
+    speeds one up)."""
     times = []
     for b in range(batches):
         keys = torch.arange(vocab_start + b * n, vocab_start + (b + 1) * n, device=table.device)
@@ -245,7 +247,7 @@ def _seconds_per_key(table, n, batches, vocab_start):
         if table.device.type == "cuda":
             torch.cuda.synchronize()
         times.append((time.perf_counter() - start) / n)
-    return sorted(times)[len(times) // 2]
+    return min(times)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -259,5 +261,5 @@ def test_time_per_key_stays_bounded_as_the_table_grows(device, one_bucket):
         t = ScoredHashTable([cap], bucket_capacities=None if one_bucket else 128, device=device)
         t.insert_and_evict(torch.arange(1, cap + 1, device=device), policies=[TIMER])  # full
         n = cap // 2 if one_bucket else 1024
-        per_key.append(_seconds_per_key(t, n, 5, 10**9))
+        per_key.append(_seconds_per_key(t, n, 7, 10**9))
     assert per_key[1] < 4 * per_key[0] + 2e-7, per_key
