@@ -179,10 +179,14 @@ __attribute__((target("avx512f"))) inline void draw_group(const StochasticDraws&
 // its four words the bits of four elements): two groups at once while more
 // than one is left, then the last alone. Inlined into each width's caller,
 // which gives it its vector target.
+// Elements whose bits a group of State's draws gives: four a 32-bit lane.
+template <class State>
+constexpr int64_t kGroupBits = sizeof(State::c0) / 4 * kBitsPerDraw;
+
 template <class State, int G>
 __attribute__((always_inline)) inline void fill_groups(const StochasticDraws& r, int64_t g,
                                                        int64_t take, uint32_t* bits) {
-  constexpr int64_t k = sizeof(State::c0) / 4 * kBitsPerDraw;
+  constexpr int64_t k = kGroupBits<State>;
   State x[G];
   for (int i = 0; i < G; ++i) draw_group(r, g + i, x[i]);
   philox_rounds_lanes<State, G>(x, r.k0, r.k1);
@@ -192,7 +196,7 @@ __attribute__((always_inline)) inline void fill_groups(const StochasticDraws& r,
 template <class State>
 __attribute__((always_inline)) inline void stochastic_bits_lanes(const StochasticDraws& r,
                                                                  int64_t n, uint32_t* bits) {
-  constexpr int64_t k = sizeof(State::c0) / 4 * kBitsPerDraw;
+  constexpr int64_t k = kGroupBits<State>;
   int64_t g = 0;
   for (; n - g * k > k; g += 2) {
     const int64_t rest = n - (g + 1) * k;
@@ -444,10 +448,20 @@ bool simd_runs(Simd path) {
   }
 }
 
+namespace {
+
+// Whether a call by `path` takes the `way` path: no wider than asked, and
+// this CPU runs it.
+bool takes(Simd path, Simd way) {
+  return static_cast<int>(path) >= static_cast<int>(way) && simd_runs(way);
+}
+
+}  // namespace
+
 void philox_words_by(Simd path, const StochasticDraws& r, int64_t n, uint32_t* bits) {
 #if defined(__x86_64__)
-  if (path == Simd::kAvx512 && kAvx512) return stochastic_bits_avx512(r, n, bits);
-  if (path != Simd::kScalar && kAvx2) return stochastic_bits_avx2(r, n, bits);
+  if (takes(path, Simd::kAvx512)) return stochastic_bits_avx512(r, n, bits);
+  if (takes(path, Simd::kAvx2)) return stochastic_bits_avx2(r, n, bits);
 #endif
   stochastic_bits_scalar(r, n, bits);
 }
@@ -464,8 +478,8 @@ void read_scaled_row_by(Simd path, const storage::Float8E4M3* w, int64_t dim, fl
   const float scale = *storage::scale_at(w, dim);
   int64_t d = 0;
 #if defined(__x86_64__)
-  if (path == Simd::kAvx512 && kAvx512) d = read_row_avx512(w, dim, scale, out);
-  if (path != Simd::kScalar && kAvx2) d += read_row_avx2(w + d, dim - d, scale, out + d);
+  if (takes(path, Simd::kAvx512)) d = read_row_avx512(w, dim, scale, out);
+  if (takes(path, Simd::kAvx2)) d += read_row_avx2(w + d, dim - d, scale, out + d);
 #endif
   for (; d < dim; ++d) out[d] = kFp8Values[w[d].bits] * scale;
 }
@@ -477,8 +491,8 @@ void read_scaled_row(const storage::Float8E4M3* w, int64_t dim, float* out) {
 void add_codes_by(Simd path, float* o, float w, const storage::Float8E4M3* codes, int64_t dim) {
   int64_t d = 0;
 #if defined(__x86_64__)
-  if (path == Simd::kAvx512 && kAvx512) d = add_codes_avx512(o, w, codes, dim);
-  if (path != Simd::kScalar && kAvx2F16c) d += add_row8<Fp8Lanes>(o + d, w, codes + d, dim - d);
+  if (takes(path, Simd::kAvx512)) d = add_codes_avx512(o, w, codes, dim);
+  if (takes(path, Simd::kAvx2)) d += add_row8<Fp8Lanes>(o + d, w, codes + d, dim - d);
 #endif
   for (; d < dim; ++d) o[d] += w * kFp8Values[codes[d].bits];
 }
